@@ -1,0 +1,167 @@
+//! The kernel ABI of vnat.
+//!
+//! Every type here is stored in a BPF map and read by both the eBPF programs
+//! (`vnat-ebpf`) and userspace (`vnat-daemon`). The rules (see STYLE.md):
+//! `#[repr(C)]`, explicit padding, no `bool`/enum/`Option` fields, a
+//! compile-time size check beside each type, and byte order in the field name.
+//! Changing any of these is an ABI break for pinned maps: bump [`ABI_VERSION`].
+#![no_std]
+
+mod stats;
+pub use stats::*;
+
+/// Bumped whenever a map layout below changes; pinned maps from an older ABI
+/// are refused (and must be removed) rather than misread.
+pub const ABI_VERSION: u32 = 1;
+
+pub const AF_INET: u8 = 2;
+pub const AF_INET6: u8 = 10;
+pub const PROTO_TCP: u8 = 6;
+pub const PROTO_UDP: u8 = 17;
+
+/// Map names. They are also the file names of the pins under the bpffs dir.
+pub const MAP_CONNS: &str = "VNAT_CONNS";
+pub const MAP_EGRESS_NAT: &str = "VNAT_EGRESS_NAT";
+pub const MAP_INGRESS_NAT: &str = "VNAT_INGRESS_NAT";
+pub const MAP_STATS: &str = "VNAT_STATS";
+pub const MAP_CONFIG: &str = "VNAT_CONFIG";
+
+/// Program names (the function names in `vnat-ebpf`).
+pub const PROG_SOCKOPS: &str = "vnat_sockops";
+pub const PROG_UDP_CONNECT4: &str = "vnat_udp_connect4";
+pub const PROG_UDP_CONNECT6: &str = "vnat_udp_connect6";
+pub const PROG_UDP_SENDMSG4: &str = "vnat_udp_sendmsg4";
+pub const PROG_UDP_SENDMSG6: &str = "vnat_udp_sendmsg6";
+pub const PROG_UDP_RECVMSG4: &str = "vnat_udp_recvmsg4";
+pub const PROG_UDP_RECVMSG6: &str = "vnat_udp_recvmsg6";
+pub const PROG_TC_EGRESS: &str = "vnat_tc_egress";
+pub const PROG_TC_INGRESS: &str = "vnat_tc_ingress";
+
+/// Capacity of the connection map. Entries are allocated on demand
+/// (BPF_F_NO_PREALLOC), so an idle host pays almost nothing for it.
+pub const CONNS_MAX_ENTRIES: u32 = 262_144;
+/// Capacity of each NAT map (one entry per translated flow and direction).
+pub const NAT_MAX_ENTRIES: u32 = 131_072;
+
+/// One transport flow as it appears in a packet: `src` is the sender.
+///
+/// In [`MAP_CONNS`] the key is written from the local host's point of view,
+/// i.e. as an outgoing packet would carry it (`src` = local, `dst` = remote),
+/// using the *virtual* endpoints. In the NAT maps the key is the tuple of the
+/// packet before rewriting.
+///
+/// IPv4 addresses live in word 0 and words 1..4 are zero. All address words
+/// and ports are in network byte order, exactly as they are in the packet.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FlowKey {
+    pub src_addr_be: [u32; 4],
+    pub dst_addr_be: [u32; 4],
+    pub src_port_be: u16,
+    pub dst_port_be: u16,
+    /// [`AF_INET`] or [`AF_INET6`].
+    pub family: u8,
+    /// [`PROTO_TCP`] or [`PROTO_UDP`].
+    pub proto: u8,
+    pub _pad: [u8; 2],
+}
+const _: () = assert!(core::mem::size_of::<FlowKey>() == 40);
+
+impl FlowKey {
+    /// The same flow seen from the other side (or the other direction).
+    pub const fn reversed(&self) -> FlowKey {
+        FlowKey {
+            src_addr_be: self.dst_addr_be,
+            dst_addr_be: self.src_addr_be,
+            src_port_be: self.dst_port_be,
+            dst_port_be: self.src_port_be,
+            family: self.family,
+            proto: self.proto,
+            _pad: [0; 2],
+        }
+    }
+}
+
+/// How a connection came to be recorded ([`ConnRecord::origin`]).
+pub const ORIGIN_TCP_ACTIVE: u8 = 1;
+pub const ORIGIN_TCP_PASSIVE: u8 = 2;
+pub const ORIGIN_UDP_CONNECT: u8 = 3;
+pub const ORIGIN_UDP_SENDMSG: u8 = 4;
+pub const ORIGIN_UDP_RECVMSG: u8 = 5;
+
+/// Value of [`MAP_CONNS`]: what the kernel knows about one recorded flow.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConnRecord {
+    /// `bpf_get_socket_cookie`: stable for the socket's lifetime.
+    pub cookie: u64,
+    /// cgroup v2 id of the process that created/used the socket, 0 if the
+    /// program ran outside process context and could not tell.
+    pub cgroup_id: u64,
+    /// The network namespace the socket lives in (`bpf_get_netns_cookie`).
+    pub netns_cookie: u64,
+    /// CLOCK_BOOTTIME (ns) when recorded; suspend-aware.
+    pub first_seen_ns: u64,
+    /// CLOCK_BOOTTIME (ns) of the last update (UDP refreshes it, at most
+    /// once per [`UDP_REFRESH_NS`]).
+    pub last_seen_ns: u64,
+    /// Thread group id of the process, 0 if unknown.
+    pub pid: u32,
+    /// TCP only: next sequence number to send / expected, at establishment.
+    pub snd_nxt: u32,
+    pub rcv_nxt: u32,
+    /// One of the `ORIGIN_*` constants.
+    pub origin: u8,
+    pub _pad: [u8; 3],
+    /// Command name of the process (`bpf_get_current_comm`), NUL padded.
+    pub comm: [u8; 16],
+}
+const _: () = assert!(core::mem::size_of::<ConnRecord>() == 72);
+
+/// UDP records are refreshed at most this often, so a busy UDP sender does
+/// not write the map on every datagram.
+pub const UDP_REFRESH_NS: u64 = 1_000_000_000;
+
+/// The packet must leave through `redirect_ifindex` with freshly resolved
+/// L2 addresses (`bpf_redirect_neigh`), because its destination changed.
+pub const NAT_F_REDIRECT: u32 = 1;
+
+/// Value of the NAT maps: the tuple a matching packet is rewritten to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NatRewrite {
+    pub src_addr_be: [u32; 4],
+    pub dst_addr_be: [u32; 4],
+    pub src_port_be: u16,
+    pub dst_port_be: u16,
+    /// Interface for [`NAT_F_REDIRECT`]; 0 otherwise.
+    pub redirect_ifindex: u32,
+    /// `NAT_F_*` bits.
+    pub flags: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(core::mem::size_of::<NatRewrite>() == 48);
+
+/// Only record sockets of this network namespace (a program attached to a
+/// cgroup sees that cgroup's sockets in every namespace).
+pub const CFG_F_NETNS_FILTER: u32 = 1;
+
+/// Value of the single-slot [`MAP_CONFIG`] array.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DatapathConfig {
+    pub netns_cookie: u64,
+    pub flags: u32,
+    pub abi_version: u32,
+}
+const _: () = assert!(core::mem::size_of::<DatapathConfig>() == 16);
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all of these are repr(C), made only of integers and arrays of
+    // integers, with every padding byte spelled out as a field.
+    unsafe impl aya::Pod for super::FlowKey {}
+    unsafe impl aya::Pod for super::ConnRecord {}
+    unsafe impl aya::Pod for super::NatRewrite {}
+    unsafe impl aya::Pod for super::DatapathConfig {}
+}

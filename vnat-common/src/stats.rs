@@ -1,0 +1,48 @@
+//! Counters in [`crate::MAP_STATS`], a per-CPU array indexed by these.
+//!
+//! Every verdict other than a plain "not ours, pass" is counted under one of
+//! these names, so an operator can tell *why* a packet was dropped or
+//! redirected without per-packet logs.
+
+macro_rules! counters {
+    ($($(#[$doc:meta])* $name:ident = $idx:literal, $text:literal;)*) => {
+        $($(#[$doc])* pub const $name: u32 = $idx;)*
+        /// Number of counters.
+        pub const STAT_COUNT: u32 = 0 $(+ { let _ = $idx; 1 })*;
+        /// Stable names of the counters, indexed like the constants.
+        pub const STAT_NAMES: [&str; STAT_COUNT as usize] = [$($text),*];
+    };
+}
+
+counters! {
+    /// An outgoing packet was rewritten from virtual to physical endpoints.
+    STAT_EGRESS_TRANSLATED = 0, "egress_translated";
+    /// An incoming packet was rewritten from physical to virtual endpoints.
+    STAT_INGRESS_TRANSLATED = 1, "ingress_translated";
+    /// A translated packet was redirected to re-resolve its next hop.
+    STAT_EGRESS_REDIRECTED = 2, "egress_redirected";
+    /// Dropped: a translated packet could not be rewritten (store failed);
+    /// sending it half-rewritten would be worse.
+    STAT_DROP_REWRITE_FAILED = 3, "drop_rewrite_failed";
+    /// Dropped: the checksum update helper failed.
+    STAT_DROP_CSUM_FAILED = 4, "drop_csum_failed";
+    /// Dropped: bpf_redirect_neigh refused the target interface.
+    STAT_DROP_REDIRECT_FAILED = 5, "drop_redirect_failed";
+    /// Passed untranslated: a non-first IPv4 fragment of a translated flow
+    /// cannot be matched (no ports). Counted only when a fragment is seen.
+    STAT_PASS_FRAGMENT = 6, "pass_fragment";
+    /// Passed untranslated: IPv6 with extension headers before TCP/UDP.
+    STAT_PASS_IPV6_EXTHDR = 7, "pass_ipv6_exthdr";
+    /// A TCP connection was recorded by sock_ops.
+    STAT_SOCKOPS_RECORDED = 8, "sockops_recorded";
+    /// A TCP connection record was removed on close.
+    STAT_SOCKOPS_REMOVED = 9, "sockops_removed";
+    /// A TCP connection could not be recorded: the map is full.
+    STAT_CONNS_MAP_FULL = 10, "conns_map_full";
+    /// A socket of another network namespace was ignored.
+    STAT_OTHER_NETNS = 11, "other_netns";
+    /// A UDP flow was recorded (first time seen).
+    STAT_UDP_RECORDED = 12, "udp_recorded";
+    /// Passed untranslated: the packet was too short for its headers.
+    STAT_PASS_TRUNCATED = 13, "pass_truncated";
+}

@@ -1,0 +1,1 @@
+//! VCMP protocol core (sans-IO). See issue 3.
