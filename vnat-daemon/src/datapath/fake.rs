@@ -1,0 +1,172 @@
+//! An in-memory [`Datapath`] for unit tests of the logic above the kernel.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
+
+use super::{
+    validate_translation, CgroupAttachment, ConnState, ConnectionInfo, Datapath, DatapathError,
+    DatapathStatus, Translation, VirtualFlow,
+};
+
+/// Holds connections and translations in memory; tests add connections with
+/// [`FakeDatapath::add_connection`] as if the kernel had recorded them.
+#[derive(Debug, Default)]
+pub struct FakeDatapath {
+    conns: BTreeMap<u64, ConnectionInfo>,
+    translations: BTreeMap<VirtualFlow, Translation>,
+    cgroups: Vec<PathBuf>,
+    /// When set, the next mutating call fails with this (consumed) error,
+    /// so tests can check that failures change nothing above.
+    pub fail_next: Option<DatapathError>,
+}
+
+impl FakeDatapath {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Record a connection as the kernel would on establishment.
+    pub fn add_connection(&mut self, flow: VirtualFlow, pid: Option<u32>) -> u64 {
+        let id = flow.id();
+        self.conns.insert(
+            id,
+            ConnectionInfo {
+                id,
+                proto: flow.proto,
+                virtual_local: flow.local,
+                virtual_remote: flow.remote,
+                physical_local: flow.local,
+                physical_remote: flow.remote,
+                state: ConnState::Native,
+                cookie: id,
+                cgroup_id: 1,
+                cgroup: Some("/".into()),
+                pid,
+                command: pid.map(|_| "fake".into()),
+                age_secs: 0,
+            },
+        );
+        id
+    }
+
+    /// Forget a connection as the kernel would on close.
+    pub fn close_connection(&mut self, id: u64) {
+        self.conns.remove(&id);
+    }
+
+    fn take_failure(&mut self) -> Result<(), DatapathError> {
+        match self.fail_next.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Datapath for FakeDatapath {
+    fn status(&self) -> Result<DatapathStatus, DatapathError> {
+        Ok(DatapathStatus {
+            bpffs: PathBuf::from("/fake"),
+            netns_cookie: 1,
+            programs_loaded: vec!["fake".into()],
+            cgroups: self
+                .cgroups
+                .iter()
+                .enumerate()
+                .map(|(i, p)| CgroupAttachment { path: p.clone(), id: i as u64 + 1 })
+                .collect(),
+            tc: Vec::new(),
+            connections: self.conns.len() as u64,
+            translations: self.translations.len() as u64,
+            counters: Vec::new(),
+        })
+    }
+
+    fn connections(&self) -> Result<Vec<ConnectionInfo>, DatapathError> {
+        Ok(self
+            .conns
+            .values()
+            .map(|c| {
+                let mut c = c.clone();
+                let flow = VirtualFlow { proto: c.proto, local: c.virtual_local, remote: c.virtual_remote };
+                if let Some(t) = self.translations.get(&flow) {
+                    c.physical_local = t.physical_local;
+                    c.physical_remote = t.physical_remote;
+                    c.state = ConnState::Translated;
+                }
+                c
+            })
+            .collect())
+    }
+
+    fn enable_cgroup(&mut self, path: &Path) -> Result<(), DatapathError> {
+        self.take_failure()?;
+        if !self.cgroups.iter().any(|p| p == path) {
+            self.cgroups.push(path.to_path_buf());
+        }
+        Ok(())
+    }
+
+    fn disable_cgroup(&mut self, path: &Path) -> Result<(), DatapathError> {
+        self.take_failure()?;
+        let before = self.cgroups.len();
+        self.cgroups.retain(|p| p != path);
+        if self.cgroups.len() == before {
+            return Err(DatapathError::CgroupNotEnabled { path: path.to_path_buf() });
+        }
+        Ok(())
+    }
+
+    fn install_translation(&mut self, t: &Translation) -> Result<(), DatapathError> {
+        validate_translation(t)?;
+        self.take_failure()?;
+        self.translations.insert(t.flow, *t);
+        Ok(())
+    }
+
+    fn remove_translation(&mut self, flow: &VirtualFlow) -> Result<(), DatapathError> {
+        self.take_failure()?;
+        self.translations
+            .remove(flow)
+            .map(|_| ())
+            .ok_or(DatapathError::NoSuchTranslation { flow: *flow })
+    }
+
+    fn translations(&self) -> Result<Vec<Translation>, DatapathError> {
+        Ok(self.translations.values().copied().collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::datapath::Proto;
+
+    fn flow() -> VirtualFlow {
+        VirtualFlow { proto: Proto::Tcp, local: "198.18.1.2:4000".parse().unwrap(), remote: "198.18.3.2:80".parse().unwrap() }
+    }
+
+    #[test]
+    fn translation_shows_in_ls_and_failure_changes_nothing() {
+        let mut dp = FakeDatapath::new();
+        let id = dp.add_connection(flow(), Some(7));
+        let t = Translation { flow: flow(), physical_local: "198.18.2.2:4000".parse().unwrap(), physical_remote: flow().remote };
+        dp.fail_next = Some(DatapathError::NoRoute { addr: t.physical_local.ip() });
+        assert!(dp.install_translation(&t).is_err());
+        assert_eq!(dp.connections().unwrap()[0].state, ConnState::Native);
+        dp.install_translation(&t).unwrap();
+        let c = &dp.connections().unwrap()[0];
+        assert_eq!((c.id, c.state, c.physical_local), (id, ConnState::Translated, t.physical_local));
+    }
+
+    #[test]
+    fn unmoved_or_mixed_family_translation_is_refused() {
+        let mut dp = FakeDatapath::new();
+        let same = Translation { flow: flow(), physical_local: flow().local, physical_remote: flow().remote };
+        assert!(matches!(dp.install_translation(&same), Err(DatapathError::InvalidTranslation { .. })));
+        let mixed = Translation { physical_local: "[fd00::1]:4000".parse().unwrap(), ..same };
+        assert!(matches!(dp.install_translation(&mixed), Err(DatapathError::InvalidTranslation { .. })));
+        assert!(dp.translations().unwrap().is_empty());
+    }
+}

@@ -1,0 +1,44 @@
+//! The datapath manager: the only code in vnat that touches the kernel.
+//!
+//! Everything above it (the control API, the VCMP driver) talks to the
+//! [`Datapath`] trait. [`kernel::KernelDatapath`] is the real one (eBPF maps,
+//! cgroup and tc attachments, addresses on `lo`, host routes);
+//! [`fake::FakeDatapath`] keeps the same state in memory for unit tests of the
+//! logic above it.
+
+pub mod fake;
+mod types;
+
+pub use types::*;
+
+/// What the daemon can ask of the kernel.
+///
+/// Every mutating call is all-or-nothing: on error the kernel state is as it
+/// was before the call.
+pub trait Datapath {
+    /// What is loaded, attached and pinned, with the counters.
+    fn status(&self) -> Result<DatapathStatus, DatapathError>;
+
+    /// Every recorded connection of this network namespace, translated or not.
+    fn connections(&self) -> Result<Vec<ConnectionInfo>, DatapathError>;
+
+    /// Start recording the sockets of processes in this cgroup v2 directory.
+    fn enable_cgroup(&mut self, path: &std::path::Path) -> Result<(), DatapathError>;
+
+    /// Stop recording them (recorded connections and translations stay).
+    fn disable_cgroup(&mut self, path: &std::path::Path) -> Result<(), DatapathError>;
+
+    /// Install (or replace) the translation of one flow: forward and reverse
+    /// NAT entries, the tc attachment on the interface that reaches the
+    /// remote physical endpoint, the moved-away local virtual address on `lo`
+    /// and the host route for a moved remote virtual address, together.
+    fn install_translation(&mut self, t: &Translation) -> Result<(), DatapathError>;
+
+    /// Remove the translation of the flow whose virtual endpoints are given,
+    /// undoing everything [`Datapath::install_translation`] set up for it
+    /// that no other translation still needs.
+    fn remove_translation(&mut self, flow: &VirtualFlow) -> Result<(), DatapathError>;
+
+    /// The installed translations.
+    fn translations(&self) -> Result<Vec<Translation>, DatapathError>;
+}
