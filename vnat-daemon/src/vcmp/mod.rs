@@ -1,1 +1,34 @@
-//! VCMP protocol core (sans-IO). See issue 3.
+//! VCMP protocol core (sans-IO), issue 3; paper section 3.3, DESIGN.md section 4.
+//!
+//! Nothing here touches a socket, a clock, a BPF map or tokio: time
+//! ([`Timestamp`]) and randomness (`RngCore + CryptoRng`) are inputs;
+//! datagrams to send, timers and datapath events are outputs.
+
+pub mod wire;
+
+use std::time::Duration;
+
+/// A point in time: nanoseconds of CLOCK_BOOTTIME (suspend-aware, so a laptop
+/// that slept does not confuse the retransmission and expiry timers).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Timestamp(pub u64);
+
+impl Timestamp {
+    pub fn from_nanos(n: u64) -> Timestamp {
+        Timestamp(n)
+    }
+    pub fn as_nanos(self) -> u64 {
+        self.0
+    }
+    /// `self + d`, saturating.
+    pub fn add(self, d: Duration) -> Timestamp {
+        Timestamp(
+            self.0
+                .saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+        )
+    }
+    /// Time elapsed since `earlier` (zero if `earlier` is later).
+    pub fn since(self, earlier: Timestamp) -> Duration {
+        Duration::from_nanos(self.0.saturating_sub(earlier.0))
+    }
+}

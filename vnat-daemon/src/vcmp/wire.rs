@@ -1,0 +1,674 @@
+//! VCMP wire format: explicit big-endian encoding, exact parsing.
+//!
+//! Every datagram starts with an 8-byte header:
+//!
+//! ```text
+//!  0        8        16       24       32
+//! +--------+--------+--------+--------+
+//! |version |  kind  | family | count  |   family/count: record messages
+//! +--------+--------+--------+--------+
+//! |            request id             |   echoed by replies
+//! +--------+--------+--------+--------+
+//! ```
+//!
+//! Record messages (SUSP_PRIMARY, SUSP_SECONDARY, UPD, UPD_R, KEYX, LOOKUP,
+//! LOOKUP_R, STORE, CHALLENGE, RESPONSE) then carry `count` records of one
+//! fixed size. The first 20 bytes of an IPv4 record are the 32-bit aligned
+//! per-connection layout of the paper's Figures 3-6 and 3-7 (section
+//! 3.3.2.3); the IPv6 record keeps the same word order with 128-bit
+//! addresses. A kind-specific extension (an x25519 public value or a
+//! challenge nonce), a 12-byte trailer (protocol, flags, sequence number)
+//! and a 16-byte HMAC-SHA256 tag follow:
+//!
+//! ```text
+//! version(8) command(8) R_Vir_Port(16)
+//! R_Vir_Addr (32 or 128)
+//! L_Vir_Addr (32 or 128)
+//! L_Phys_Addr (32 or 128)
+//! L_Vir_Port(16) L_Phys_Port(16)
+//! extension (0, 16 or 32 bytes)
+//! proto(8) flags(8) reserved(16)
+//! sequence number (64)
+//! tag (128)
+//! ```
+//!
+//! "L" is always the sender of the record and "R" its receiver, as in the
+//! paper. Parsing checks the version, the kind, the exact length for the
+//! kind and count, and that reserved bits are zero, so that every accepted
+//! datagram has exactly one encoding (the MAC is computed over that
+//! encoding).
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use crate::datapath::Proto;
+
+/// VCMP protocol version carried in every header and record.
+pub const VERSION: u8 = 1;
+/// Length of the datagram header.
+pub const HEADER_LEN: usize = 8;
+/// Length of the truncated HMAC-SHA256 tag on each record (RFC 4868 style
+/// truncation to 128 bits keeps more records in one datagram).
+pub const TAG_LEN: usize = 16;
+/// Length of the full HMAC-SHA256 tags in the pairing handshake.
+pub const PAIR_TAG_LEN: usize = 32;
+/// Length of the record trailer (proto, flags, reserved, sequence).
+pub const TRAILER_LEN: usize = 12;
+/// Length of a challenge nonce.
+pub const NONCE_LEN: usize = 16;
+/// Most records one datagram can carry (the count field is 8 bits).
+pub const MAX_RECORDS: usize = 255;
+/// IPv4 + UDP header overhead, subtracted from the path MTU.
+const V4_OVERHEAD: usize = 28;
+/// IPv6 + UDP header overhead.
+const V6_OVERHEAD: usize = 48;
+
+/// Message kinds (the `command` byte).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Kind {
+    SuspPrimary = 1,
+    SuspSecondary = 2,
+    Upd = 3,
+    UpdR = 4,
+    KeyX = 5,
+    Lookup = 6,
+    LookupR = 7,
+    Store = 8,
+    StoreR = 9,
+    Challenge = 10,
+    Response = 11,
+    PairInit = 12,
+    PairResp = 13,
+    PairFin = 14,
+    Error = 15,
+}
+
+impl Kind {
+    pub fn from_u8(b: u8) -> Option<Kind> {
+        use Kind::*;
+        Some(match b {
+            1 => SuspPrimary,
+            2 => SuspSecondary,
+            3 => Upd,
+            4 => UpdR,
+            5 => KeyX,
+            6 => Lookup,
+            7 => LookupR,
+            8 => Store,
+            9 => StoreR,
+            10 => Challenge,
+            11 => Response,
+            12 => PairInit,
+            13 => PairResp,
+            14 => PairFin,
+            15 => Error,
+            _ => return None,
+        })
+    }
+
+    /// Whether datagrams of this kind carry connection records.
+    pub fn carries_records(self) -> bool {
+        use Kind::*;
+        matches!(
+            self,
+            SuspPrimary
+                | SuspSecondary
+                | Upd
+                | UpdR
+                | KeyX
+                | Lookup
+                | LookupR
+                | Store
+                | Challenge
+                | Response
+        )
+    }
+
+    /// The command byte records inside a datagram of this kind must carry:
+    /// a LOOKUP_R returns the STORE records it holds, verbatim, so that the
+    /// looker can check the storer's MAC (paper section 3.3.2.1).
+    pub fn record_command(self) -> Kind {
+        match self {
+            Kind::LookupR => Kind::Store,
+            k => k,
+        }
+    }
+
+    /// Length of the kind-specific record extension.
+    pub fn ext_len(self) -> usize {
+        match self {
+            Kind::KeyX => 32,
+            Kind::Challenge | Kind::Response => NONCE_LEN,
+            _ => 0,
+        }
+    }
+}
+
+/// Address family of the records in one datagram.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    fn code(self) -> u8 {
+        match self {
+            Family::V4 => 4,
+            Family::V6 => 6,
+        }
+    }
+    fn addr_len(self) -> usize {
+        match self {
+            Family::V4 => 4,
+            Family::V6 => 16,
+        }
+    }
+    pub fn of(addr: &SocketAddr) -> Family {
+        if addr.is_ipv4() {
+            Family::V4
+        } else {
+            Family::V6
+        }
+    }
+}
+
+/// Size of one record of `kind` in `family`, tag included.
+pub fn record_len(family: Family, kind: Kind) -> usize {
+    4 + 3 * family.addr_len() + 4 + kind.record_command().ext_len() + TRAILER_LEN + TAG_LEN
+}
+
+/// How many records of `kind` fit in one datagram on a path with `mtu`
+/// (at least one, at most [`MAX_RECORDS`]).
+pub fn records_per_datagram(mtu: usize, family: Family, kind: Kind) -> usize {
+    let overhead = match family {
+        Family::V4 => V4_OVERHEAD,
+        Family::V6 => V6_OVERHEAD,
+    };
+    let room = mtu.saturating_sub(overhead + HEADER_LEN);
+    (room / record_len(family, kind)).clamp(1, MAX_RECORDS)
+}
+
+/// Kind-specific record extension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ext {
+    None,
+    /// The sender's ephemeral x25519 public value (KEYX).
+    Key([u8; 32]),
+    /// A path-validation nonce (CHALLENGE/RESPONSE).
+    Nonce([u8; NONCE_LEN]),
+}
+
+/// One per-connection record. `sender_*` is the paper's `L_*`, `receiver_vir`
+/// its `R_Vir_*`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub command: Kind,
+    pub proto: Proto,
+    pub receiver_vir: SocketAddr,
+    pub sender_vir: SocketAddr,
+    pub sender_phys: SocketAddr,
+    pub ext: Ext,
+    pub seq: u64,
+    pub tag: [u8; TAG_LEN],
+}
+
+/// Largest signed part of a record (IPv6 with a 32-byte extension).
+pub const MAX_SIGNED_LEN: usize = 4 + 48 + 4 + 32 + TRAILER_LEN;
+
+impl Record {
+    pub fn family(&self) -> Family {
+        Family::of(&self.sender_vir)
+    }
+
+    /// Write the bytes covered by the tag into `buf` and return their length.
+    /// Fails when the addresses are not all of one family or the extension
+    /// does not match the command.
+    pub fn write_signed(&self, buf: &mut [u8; MAX_SIGNED_LEN]) -> Result<usize, WireError> {
+        let family = self.family();
+        for a in [&self.receiver_vir, &self.sender_phys] {
+            if Family::of(a) != family {
+                return Err(WireError::MixedFamilies);
+            }
+        }
+        let ext_ok = matches!(
+            (self.command.ext_len(), &self.ext),
+            (0, Ext::None) | (32, Ext::Key(_)) | (NONCE_LEN, Ext::Nonce(_))
+        );
+        if !ext_ok || !self.command.carries_records() || self.command == Kind::LookupR {
+            return Err(WireError::BadExtension { kind: self.command });
+        }
+        let mut w = Writer { buf, at: 0 };
+        w.put(&[VERSION, self.command as u8]);
+        w.put(&self.receiver_vir.port().to_be_bytes());
+        w.ip(self.receiver_vir.ip());
+        w.ip(self.sender_vir.ip());
+        w.ip(self.sender_phys.ip());
+        w.put(&self.sender_vir.port().to_be_bytes());
+        w.put(&self.sender_phys.port().to_be_bytes());
+        match &self.ext {
+            Ext::None => {}
+            Ext::Key(k) => w.put(k),
+            Ext::Nonce(n) => w.put(n),
+        }
+        w.put(&[self.proto.number(), 0, 0, 0]);
+        w.put(&self.seq.to_be_bytes());
+        Ok(w.at)
+    }
+}
+
+struct Writer<'a> {
+    buf: &'a mut [u8; MAX_SIGNED_LEN],
+    at: usize,
+}
+
+impl Writer<'_> {
+    fn put(&mut self, b: &[u8]) {
+        self.buf[self.at..self.at + b.len()].copy_from_slice(b);
+        self.at += b.len();
+    }
+    fn ip(&mut self, ip: IpAddr) {
+        match ip {
+            IpAddr::V4(v4) => self.put(&v4.octets()),
+            IpAddr::V6(v6) => self.put(&v6.octets()),
+        }
+    }
+}
+
+/// Error codes of the ERROR message. Errors are unauthenticated, so they are
+/// advisory: counted and reported, never acted upon.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u16)]
+pub enum ErrorCode {
+    UnsupportedVersion = 1,
+    UnknownConnection = 2,
+    Busy = 3,
+    PeerKeyMismatch = 4,
+}
+
+impl ErrorCode {
+    fn from_u16(v: u16) -> Option<ErrorCode> {
+        Some(match v {
+            1 => ErrorCode::UnsupportedVersion,
+            2 => ErrorCode::UnknownConnection,
+            3 => ErrorCode::Busy,
+            4 => ErrorCode::PeerKeyMismatch,
+            _ => return None,
+        })
+    }
+}
+
+/// A decoded VCMP datagram.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Message {
+    /// Any record-carrying kind. `records` is empty only for a LOOKUP_R that
+    /// found nothing.
+    Records {
+        kind: Kind,
+        request_id: u32,
+        family: Family,
+        records: Vec<Record>,
+    },
+    /// Acknowledges a STORE; `accepted` records were kept.
+    StoreR {
+        request_id: u32,
+        accepted: u8,
+    },
+    /// Pairing, message 1: initiator's host key and ephemeral value.
+    PairInit {
+        request_id: u32,
+        static_pub: [u8; 32],
+        eph_pub: [u8; 32],
+    },
+    /// Pairing, message 2: responder's host key, ephemeral value, and its
+    /// confirmation tag over the transcript.
+    PairResp {
+        request_id: u32,
+        static_pub: [u8; 32],
+        eph_pub: [u8; 32],
+        tag: [u8; PAIR_TAG_LEN],
+    },
+    /// Pairing, message 3: initiator's confirmation tag.
+    PairFin {
+        request_id: u32,
+        tag: [u8; PAIR_TAG_LEN],
+    },
+    Error {
+        request_id: u32,
+        code: ErrorCode,
+    },
+}
+
+/// Why a datagram could not be parsed or built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    #[error("datagram of {len} bytes is shorter than the {HEADER_LEN}-byte header")]
+    Truncated { len: usize },
+    #[error("unsupported VCMP version {0}")]
+    BadVersion(u8),
+    #[error("unknown message kind {0}")]
+    UnknownKind(u8),
+    #[error("{kind:?} must be {expected} bytes long, got {got}")]
+    BadLength {
+        kind: Kind,
+        expected: usize,
+        got: usize,
+    },
+    #[error("unknown address family code {0}")]
+    BadFamily(u8),
+    #[error("{kind:?} may not carry {count} records")]
+    BadCount { kind: Kind, count: usize },
+    #[error("record command {got} inside a {kind:?} datagram")]
+    CommandMismatch { kind: Kind, got: u8 },
+    #[error("record version {0} differs from the datagram's")]
+    RecordVersion(u8),
+    #[error("unknown transport protocol number {0}")]
+    BadProto(u8),
+    #[error("reserved bits are not zero")]
+    Reserved,
+    #[error("unknown error code {0}")]
+    BadErrorCode(u16),
+    #[error("a record's addresses are not all of one family")]
+    MixedFamilies,
+    #[error("record extension does not match command {kind:?}")]
+    BadExtension { kind: Kind },
+}
+
+impl WireError {
+    /// Stable name for counters.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            WireError::Truncated { .. } => "truncated",
+            WireError::BadVersion(_) => "bad_version",
+            WireError::UnknownKind(_) => "unknown_kind",
+            WireError::BadLength { .. } => "bad_length",
+            WireError::BadFamily(_) => "bad_family",
+            WireError::BadCount { .. } => "bad_count",
+            WireError::CommandMismatch { .. } => "command_mismatch",
+            WireError::RecordVersion(_) => "record_version",
+            WireError::BadProto(_) => "bad_proto",
+            WireError::Reserved => "reserved_bits",
+            WireError::BadErrorCode(_) => "bad_error_code",
+            WireError::MixedFamilies => "mixed_families",
+            WireError::BadExtension { .. } => "bad_extension",
+        }
+    }
+}
+
+fn header(out: &mut Vec<u8>, kind: Kind, b2: u8, b3: u8, request_id: u32) {
+    out.extend_from_slice(&[VERSION, kind as u8, b2, b3]);
+    out.extend_from_slice(&request_id.to_be_bytes());
+}
+
+/// Start a record datagram; records are appended with [`push_record`].
+/// The count byte is patched by [`push_record`].
+pub fn begin_records(out: &mut Vec<u8>, kind: Kind, family: Family, request_id: u32) {
+    header(out, kind, family.code(), 0, request_id);
+}
+
+/// Append one record whose signed bytes are `signed` and tag is `tag` to a
+/// datagram started with [`begin_records`].
+pub fn push_record(out: &mut Vec<u8>, signed: &[u8], tag: &[u8; TAG_LEN]) -> Result<(), WireError> {
+    let count = out.get(3).copied().unwrap_or(u8::MAX);
+    if out.len() < HEADER_LEN || usize::from(count) >= MAX_RECORDS {
+        return Err(WireError::BadCount {
+            kind: Kind::Upd,
+            count: MAX_RECORDS + 1,
+        });
+    }
+    out.extend_from_slice(signed);
+    out.extend_from_slice(tag);
+    out[3] = count + 1;
+    Ok(())
+}
+
+impl Message {
+    /// Encode into bytes. Record tags must already be filled in.
+    pub fn encode(&self) -> Result<Vec<u8>, WireError> {
+        let mut out = Vec::with_capacity(128);
+        match self {
+            Message::Records {
+                kind,
+                request_id,
+                family,
+                records,
+            } => {
+                if !kind.carries_records()
+                    || records.len() > MAX_RECORDS
+                    || (records.is_empty() && *kind != Kind::LookupR)
+                {
+                    return Err(WireError::BadCount {
+                        kind: *kind,
+                        count: records.len(),
+                    });
+                }
+                begin_records(&mut out, *kind, *family, *request_id);
+                let mut buf = [0u8; MAX_SIGNED_LEN];
+                for r in records {
+                    if r.command != kind.record_command() || r.family() != *family {
+                        return Err(WireError::CommandMismatch {
+                            kind: *kind,
+                            got: r.command as u8,
+                        });
+                    }
+                    let n = r.write_signed(&mut buf)?;
+                    push_record(&mut out, &buf[..n], &r.tag)?;
+                }
+                if records.is_empty() {
+                    out[3] = 0;
+                }
+            }
+            Message::StoreR {
+                request_id,
+                accepted,
+            } => header(&mut out, Kind::StoreR, 0, *accepted, *request_id),
+            Message::PairInit {
+                request_id,
+                static_pub,
+                eph_pub,
+            } => {
+                header(&mut out, Kind::PairInit, 0, 0, *request_id);
+                out.extend_from_slice(static_pub);
+                out.extend_from_slice(eph_pub);
+            }
+            Message::PairResp {
+                request_id,
+                static_pub,
+                eph_pub,
+                tag,
+            } => {
+                header(&mut out, Kind::PairResp, 0, 0, *request_id);
+                out.extend_from_slice(static_pub);
+                out.extend_from_slice(eph_pub);
+                out.extend_from_slice(tag);
+            }
+            Message::PairFin { request_id, tag } => {
+                header(&mut out, Kind::PairFin, 0, 0, *request_id);
+                out.extend_from_slice(tag);
+            }
+            Message::Error { request_id, code } => {
+                header(&mut out, Kind::Error, 0, 0, *request_id);
+                out.extend_from_slice(&(*code as u16).to_be_bytes());
+                out.extend_from_slice(&[0, 0]);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Parse one datagram. Never panics; checks version, kind and the exact
+    /// length before looking at anything else.
+    pub fn decode(b: &[u8]) -> Result<Message, WireError> {
+        if b.len() < HEADER_LEN {
+            return Err(WireError::Truncated { len: b.len() });
+        }
+        if b[0] != VERSION {
+            return Err(WireError::BadVersion(b[0]));
+        }
+        let kind = Kind::from_u8(b[1]).ok_or(WireError::UnknownKind(b[1]))?;
+        let request_id = u32::from_be_bytes([b[4], b[5], b[6], b[7]]);
+        let exact = |expected: usize| {
+            if b.len() == expected {
+                Ok(())
+            } else {
+                Err(WireError::BadLength {
+                    kind,
+                    expected,
+                    got: b.len(),
+                })
+            }
+        };
+        if kind.carries_records() {
+            let family = match b[2] {
+                4 => Family::V4,
+                6 => Family::V6,
+                other => return Err(WireError::BadFamily(other)),
+            };
+            let count = usize::from(b[3]);
+            if count == 0 && kind != Kind::LookupR {
+                return Err(WireError::BadCount { kind, count });
+            }
+            let rlen = record_len(family, kind);
+            exact(HEADER_LEN + count * rlen)?;
+            let mut records = Vec::with_capacity(count);
+            for chunk in b[HEADER_LEN..].chunks_exact(rlen) {
+                records.push(decode_record(chunk, kind, family)?);
+            }
+            return Ok(Message::Records {
+                kind,
+                request_id,
+                family,
+                records,
+            });
+        }
+        let key = |at: usize| -> [u8; 32] {
+            let mut k = [0u8; 32];
+            k.copy_from_slice(&b[at..at + 32]);
+            k
+        };
+        match kind {
+            Kind::StoreR => {
+                exact(HEADER_LEN)?;
+                if b[2] != 0 {
+                    return Err(WireError::Reserved);
+                }
+                Ok(Message::StoreR {
+                    request_id,
+                    accepted: b[3],
+                })
+            }
+            Kind::PairInit => {
+                exact(HEADER_LEN + 64)?;
+                zero_pair(b)?;
+                Ok(Message::PairInit {
+                    request_id,
+                    static_pub: key(8),
+                    eph_pub: key(40),
+                })
+            }
+            Kind::PairResp => {
+                exact(HEADER_LEN + 64 + PAIR_TAG_LEN)?;
+                zero_pair(b)?;
+                Ok(Message::PairResp {
+                    request_id,
+                    static_pub: key(8),
+                    eph_pub: key(40),
+                    tag: key(72),
+                })
+            }
+            Kind::PairFin => {
+                exact(HEADER_LEN + PAIR_TAG_LEN)?;
+                zero_pair(b)?;
+                Ok(Message::PairFin {
+                    request_id,
+                    tag: key(8),
+                })
+            }
+            Kind::Error => {
+                exact(HEADER_LEN + 4)?;
+                zero_pair(b)?;
+                if b[10] != 0 || b[11] != 0 {
+                    return Err(WireError::Reserved);
+                }
+                let v = u16::from_be_bytes([b[8], b[9]]);
+                let code = ErrorCode::from_u16(v).ok_or(WireError::BadErrorCode(v))?;
+                Ok(Message::Error { request_id, code })
+            }
+            // Record kinds were handled above.
+            _ => Err(WireError::UnknownKind(b[1])),
+        }
+    }
+}
+
+fn zero_pair(b: &[u8]) -> Result<(), WireError> {
+    if b[2] != 0 || b[3] != 0 {
+        return Err(WireError::Reserved);
+    }
+    Ok(())
+}
+
+/// Decode one record of exactly `record_len(family, kind)` bytes.
+fn decode_record(c: &[u8], kind: Kind, family: Family) -> Result<Record, WireError> {
+    if c[0] != VERSION {
+        return Err(WireError::RecordVersion(c[0]));
+    }
+    let command = kind.record_command();
+    if c[1] != command as u8 {
+        return Err(WireError::CommandMismatch { kind, got: c[1] });
+    }
+    let al = family.addr_len();
+    let ip = |at: usize| -> IpAddr {
+        match family {
+            Family::V4 => IpAddr::V4(Ipv4Addr::new(c[at], c[at + 1], c[at + 2], c[at + 3])),
+            Family::V6 => {
+                let mut o = [0u8; 16];
+                o.copy_from_slice(&c[at..at + 16]);
+                IpAddr::V6(Ipv6Addr::from(o))
+            }
+        }
+    };
+    let port = |at: usize| u16::from_be_bytes([c[at], c[at + 1]]);
+    let r_vir_port = port(2);
+    let r_vir = ip(4);
+    let l_vir = ip(4 + al);
+    let l_phys = ip(4 + 2 * al);
+    let ports = 4 + 3 * al;
+    let l_vir_port = port(ports);
+    let l_phys_port = port(ports + 2);
+    let mut at = ports + 4;
+    let ext = match command.ext_len() {
+        32 => {
+            let mut k = [0u8; 32];
+            k.copy_from_slice(&c[at..at + 32]);
+            Ext::Key(k)
+        }
+        NONCE_LEN => {
+            let mut n = [0u8; NONCE_LEN];
+            n.copy_from_slice(&c[at..at + NONCE_LEN]);
+            Ext::Nonce(n)
+        }
+        _ => Ext::None,
+    };
+    at += command.ext_len();
+    let proto = Proto::from_number(c[at]).ok_or(WireError::BadProto(c[at]))?;
+    if c[at + 1] != 0 || c[at + 2] != 0 || c[at + 3] != 0 {
+        return Err(WireError::Reserved);
+    }
+    let mut s = [0u8; 8];
+    s.copy_from_slice(&c[at + 4..at + 12]);
+    let mut tag = [0u8; TAG_LEN];
+    tag.copy_from_slice(&c[at + 12..at + 12 + TAG_LEN]);
+    Ok(Record {
+        command,
+        proto,
+        receiver_vir: SocketAddr::new(r_vir, r_vir_port),
+        sender_vir: SocketAddr::new(l_vir, l_vir_port),
+        sender_phys: SocketAddr::new(l_phys, l_phys_port),
+        ext,
+        seq: u64::from_be_bytes(s),
+        tag,
+    })
+}
+
+#[cfg(test)]
+#[path = "wire_tests.rs"]
+mod tests;

@@ -1,0 +1,283 @@
+//! Golden-byte tests: every message is checked against bytes written out by
+//! hand, field by field, in both directions.
+
+use super::*;
+
+fn sa(s: &str) -> SocketAddr {
+    s.parse().expect("test address")
+}
+
+fn cat(parts: &[&[u8]]) -> Vec<u8> {
+    parts.concat()
+}
+
+/// Assert both directions: encode(msg) == bytes and decode(bytes) == msg.
+fn golden(msg: &Message, bytes: &[u8]) {
+    let enc = msg.encode().expect("golden message must encode");
+    assert_eq!(
+        enc, bytes,
+        "encoding of {msg:?} differs from the golden bytes"
+    );
+    let dec = Message::decode(bytes).expect("golden bytes must decode");
+    assert_eq!(&dec, msg, "decoding the golden bytes gave another message");
+}
+
+const TAG: [u8; 16] = [0xAA; 16];
+
+/// An IPv4 record: client 10.0.0.1:40000 (sender, now at 192.168.1.7:40001)
+/// talking to server 10.0.0.2:22.
+fn rec4(command: Kind, ext: Ext, seq: u64) -> Record {
+    Record {
+        command,
+        proto: Proto::Tcp,
+        receiver_vir: sa("10.0.0.2:22"),
+        sender_vir: sa("10.0.0.1:40000"),
+        sender_phys: sa("192.168.1.7:40001"),
+        ext,
+        seq,
+        tag: TAG,
+    }
+}
+
+/// Hand-written bytes of `rec4` (Figure 3-6 layout, then extension,
+/// trailer, tag).
+fn rec4_bytes(command: u8, ext: &[u8], seq: u8) -> Vec<u8> {
+    cat(&[
+        &[1, command, 0x00, 0x16], // version, command, R_Vir_Port 22
+        &[10, 0, 0, 2],            // R_Vir_Addr
+        &[10, 0, 0, 1],            // L_Vir_Addr
+        &[192, 168, 1, 7],         // L_Phys_Addr
+        &[0x9c, 0x40, 0x9c, 0x41], // L_Vir_Port 40000, L_Phys_Port 40001
+        ext,
+        &[6, 0, 0, 0],               // proto TCP, flags, reserved
+        &[0, 0, 0, 0, 0, 0, 0, seq], // sequence number
+        &TAG,
+    ])
+}
+
+fn records(kind: Kind, family: Family, records: Vec<Record>) -> Message {
+    Message::Records {
+        kind,
+        request_id: 0x01020304,
+        family,
+        records,
+    }
+}
+
+#[test]
+fn golden_simple_record_kinds_v4() {
+    for (kind, code) in [
+        (Kind::SuspPrimary, 1u8),
+        (Kind::SuspSecondary, 2),
+        (Kind::Upd, 3),
+        (Kind::UpdR, 4),
+        (Kind::Lookup, 6),
+        (Kind::Store, 8),
+    ] {
+        let msg = records(kind, Family::V4, vec![rec4(kind, Ext::None, 7)]);
+        let bytes = cat(&[&[1, code, 4, 1, 1, 2, 3, 4], &rec4_bytes(code, &[], 7)]);
+        assert_eq!(bytes.len(), 8 + 48, "{kind:?}");
+        golden(&msg, &bytes);
+    }
+}
+
+#[test]
+fn golden_upd_two_records_v4() {
+    let mut second = rec4(Kind::Upd, Ext::None, 9);
+    second.proto = Proto::Udp;
+    let msg = records(
+        Kind::Upd,
+        Family::V4,
+        vec![rec4(Kind::Upd, Ext::None, 8), second],
+    );
+    let mut r2 = rec4_bytes(3, &[], 9);
+    r2[20] = 17; // proto UDP
+    let bytes = cat(&[&[1, 3, 4, 2, 1, 2, 3, 4], &rec4_bytes(3, &[], 8), &r2]);
+    golden(&msg, &bytes);
+}
+
+#[test]
+fn golden_keyx_v4() {
+    let msg = records(
+        Kind::KeyX,
+        Family::V4,
+        vec![rec4(Kind::KeyX, Ext::Key([0x55; 32]), 3)],
+    );
+    let bytes = cat(&[&[1, 5, 4, 1, 1, 2, 3, 4], &rec4_bytes(5, &[0x55; 32], 3)]);
+    assert_eq!(bytes.len(), 8 + 80);
+    golden(&msg, &bytes);
+}
+
+#[test]
+fn golden_challenge_and_response_v4() {
+    for (kind, code) in [(Kind::Challenge, 10u8), (Kind::Response, 11)] {
+        let msg = records(
+            kind,
+            Family::V4,
+            vec![rec4(kind, Ext::Nonce([0x11; 16]), 2)],
+        );
+        let bytes = cat(&[
+            &[1, code, 4, 1, 1, 2, 3, 4],
+            &rec4_bytes(code, &[0x11; 16], 2),
+        ]);
+        golden(&msg, &bytes);
+    }
+}
+
+#[test]
+fn golden_lookup_r_carries_store_records() {
+    let msg = records(
+        Kind::LookupR,
+        Family::V4,
+        vec![rec4(Kind::Store, Ext::None, 5)],
+    );
+    let bytes = cat(&[&[1, 7, 4, 1, 1, 2, 3, 4], &rec4_bytes(8, &[], 5)]);
+    golden(&msg, &bytes);
+    let empty = records(Kind::LookupR, Family::V4, vec![]);
+    golden(&empty, &[1, 7, 4, 0, 1, 2, 3, 4]);
+}
+
+#[test]
+fn golden_upd_v6() {
+    let rec = Record {
+        command: Kind::Upd,
+        proto: Proto::Udp,
+        receiver_vir: sa("[2001:db8::2]:53"),
+        sender_vir: sa("[2001:db8::1]:5353"),
+        sender_phys: sa("[fd00::7]:6000"),
+        ext: Ext::None,
+        seq: 0x0102030405060708,
+        tag: TAG,
+    };
+    let msg = records(Kind::Upd, Family::V6, vec![rec]);
+    let mut a2 = [0u8; 16];
+    a2[0..4].copy_from_slice(&[0x20, 0x01, 0x0d, 0xb8]);
+    let mut a1 = a2;
+    a2[15] = 2;
+    a1[15] = 1;
+    let mut p = [0u8; 16];
+    p[0] = 0xfd;
+    p[15] = 7;
+    let bytes = cat(&[
+        &[1, 3, 6, 1, 1, 2, 3, 4],
+        &[1, 3, 0x00, 0x35],
+        &a2,
+        &a1,
+        &p,
+        &[0x14, 0xe9, 0x17, 0x70],
+        &[17, 0, 0, 0],
+        &[1, 2, 3, 4, 5, 6, 7, 8],
+        &TAG,
+    ]);
+    assert_eq!(bytes.len(), 8 + 84);
+    golden(&msg, &bytes);
+}
+
+#[test]
+fn golden_store_r_pairing_and_error() {
+    golden(
+        &Message::StoreR {
+            request_id: 0xdeadbeef,
+            accepted: 3,
+        },
+        &[1, 9, 0, 3, 0xde, 0xad, 0xbe, 0xef],
+    );
+    golden(
+        &Message::PairInit {
+            request_id: 5,
+            static_pub: [0x01; 32],
+            eph_pub: [0x02; 32],
+        },
+        &cat(&[&[1, 12, 0, 0, 0, 0, 0, 5], &[0x01; 32], &[0x02; 32]]),
+    );
+    golden(
+        &Message::PairResp {
+            request_id: 5,
+            static_pub: [0x03; 32],
+            eph_pub: [0x04; 32],
+            tag: [0x05; 32],
+        },
+        &cat(&[
+            &[1, 13, 0, 0, 0, 0, 0, 5],
+            &[0x03; 32],
+            &[0x04; 32],
+            &[0x05; 32],
+        ]),
+    );
+    golden(
+        &Message::PairFin {
+            request_id: 5,
+            tag: [0x06; 32],
+        },
+        &cat(&[&[1, 14, 0, 0, 0, 0, 0, 5], &[0x06; 32]]),
+    );
+    golden(
+        &Message::Error {
+            request_id: 9,
+            code: ErrorCode::UnknownConnection,
+        },
+        &[1, 15, 0, 0, 0, 0, 0, 9, 0, 2, 0, 0],
+    );
+}
+
+#[test]
+fn rejects_malformed() {
+    let good = cat(&[&[1, 3, 4, 1, 1, 2, 3, 4], &rec4_bytes(3, &[], 7)]);
+    assert!(Message::decode(&good).is_ok(), "baseline must parse");
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (good[..7].to_vec(), "truncated"),
+        (cat(&[&[2], &good[1..]]), "bad_version"),
+        (cat(&[&[1, 99], &good[2..]]), "unknown_kind"),
+        (good[..good.len() - 1].to_vec(), "bad_length"),
+        (cat(&[&good, &[0]]), "bad_length"),
+        (cat(&[&[1, 3, 5], &good[3..]]), "bad_family"),
+        (cat(&[&[1, 3, 4, 0], &good[4..8]]), "bad_count"),
+        (cat(&[&[1, 3, 4, 2], &good[4..]]), "bad_length"),
+        (cat(&[&good[..9], &[4], &good[10..]]), "command_mismatch"),
+        (cat(&[&good[..8], &[9], &good[9..]]), "record_version"),
+        (cat(&[&good[..28], &[1], &good[29..]]), "bad_proto"),
+        (cat(&[&good[..29], &[1], &good[30..]]), "reserved_bits"),
+        (vec![1, 9, 1, 0, 0, 0, 0, 0], "reserved_bits"),
+        (vec![1, 15, 0, 0, 0, 0, 0, 9, 0, 77, 0, 0], "bad_error_code"),
+        (vec![1, 15, 0, 0, 0, 0, 0, 9, 0, 2, 0, 1], "reserved_bits"),
+        (vec![1, 14, 0, 0, 0, 0, 0, 9], "bad_length"),
+    ];
+    for (bytes, reason) in cases {
+        let err = Message::decode(&bytes).expect_err("malformed datagram must be refused");
+        assert_eq!(err.reason(), reason, "{bytes:?} gave {err}");
+    }
+}
+
+#[test]
+fn encode_refuses_inconsistent_records() {
+    let mut mixed = rec4(Kind::Upd, Ext::None, 1);
+    mixed.sender_phys = sa("[::1]:5");
+    assert_eq!(
+        records(Kind::Upd, Family::V4, vec![mixed]).encode(),
+        Err(WireError::MixedFamilies)
+    );
+    let wrong_ext = rec4(Kind::Upd, Ext::Key([0; 32]), 1);
+    assert!(records(Kind::Upd, Family::V4, vec![wrong_ext])
+        .encode()
+        .is_err());
+    assert!(records(Kind::Upd, Family::V4, vec![]).encode().is_err());
+}
+
+#[test]
+fn batch_sizes_follow_the_mtu() {
+    assert_eq!(record_len(Family::V4, Kind::Upd), 48);
+    assert_eq!(record_len(Family::V6, Kind::Upd), 84);
+    assert_eq!(
+        records_per_datagram(1500, Family::V4, Kind::Upd),
+        (1500 - 36) / 48
+    );
+    assert_eq!(
+        records_per_datagram(1280, Family::V6, Kind::Upd),
+        (1280 - 56) / 84
+    );
+    assert_eq!(records_per_datagram(100, Family::V6, Kind::Upd), 1);
+    assert_eq!(
+        records_per_datagram(65535, Family::V4, Kind::Upd),
+        MAX_RECORDS
+    );
+}
