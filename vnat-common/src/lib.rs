@@ -34,6 +34,7 @@ pub const PROG_UDP_SENDMSG4: &str = "vnat_udp_sendmsg4";
 pub const PROG_UDP_SENDMSG6: &str = "vnat_udp_sendmsg6";
 pub const PROG_UDP_RECVMSG4: &str = "vnat_udp_recvmsg4";
 pub const PROG_UDP_RECVMSG6: &str = "vnat_udp_recvmsg6";
+pub const PROG_UDP_RELEASE: &str = "vnat_udp_release";
 pub const PROG_TC_EGRESS: &str = "vnat_tc_egress";
 pub const PROG_TC_INGRESS: &str = "vnat_tc_ingress";
 
@@ -126,6 +127,11 @@ pub const UDP_REFRESH_NS: u64 = 1_000_000_000;
 /// L2 addresses (`bpf_redirect_neigh`), because its destination changed.
 pub const NAT_F_REDIRECT: u32 = 1;
 
+/// vnat added the flow's local virtual address to `lo` (it was not there
+/// before), so it removes it when the last translation using it goes.
+/// Stored in the pinned map, so a restarted vnatd still knows.
+pub const NAT_F_LO_ADDR_OURS: u32 = 2;
+
 /// Value of the NAT maps: the tuple a matching packet is rewritten to.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -165,3 +171,23 @@ mod pod {
     unsafe impl aya::Pod for super::NatRewrite {}
     unsafe impl aya::Pod for super::DatapathConfig {}
 }
+
+/// Map of UDP sockets that called connect() before they had a local port
+/// (the cgroup connect hook runs before the kernel autobinds). Userspace
+/// completes these from sock_diag (by socket cookie) into [`MAP_CONNS`].
+pub const MAP_UDP_PENDING: &str = "VNAT_UDP_PENDING";
+pub const UDP_PENDING_MAX_ENTRIES: u32 = 16_384;
+
+/// Value of [`MAP_UDP_PENDING`] (keyed by socket cookie, u64).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UdpPending {
+    /// The flow as far as it is known: `dst` is the peer; `src` is the bound
+    /// address (zero if wildcard) and port zero.
+    pub key: FlowKey,
+    pub record: ConnRecord,
+}
+const _: () = assert!(core::mem::size_of::<UdpPending>() == 112);
+
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for UdpPending {}

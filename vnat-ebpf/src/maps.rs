@@ -1,0 +1,51 @@
+//! Maps shared by every program. All are pinned by name, so a restarted
+//! vnatd (and every program instance it loads) reuses the same maps and
+//! translation survives the process that loaded them.
+
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray},
+};
+use vnat_common::{
+    ConnRecord, DatapathConfig, FlowKey, NatRewrite, CFG_F_NETNS_FILTER, CONNS_MAX_ENTRIES,
+    NAT_MAX_ENTRIES, STAT_COUNT,
+};
+
+/// BPF_F_NO_PREALLOC: entries are allocated on insert, so the capacity costs
+/// nothing until used.
+const NO_PREALLOC: u32 = 1;
+
+#[map]
+pub static VNAT_CONNS: HashMap<FlowKey, ConnRecord> =
+    HashMap::pinned(CONNS_MAX_ENTRIES, NO_PREALLOC);
+
+#[map]
+pub static VNAT_EGRESS_NAT: HashMap<FlowKey, NatRewrite> =
+    HashMap::pinned(NAT_MAX_ENTRIES, NO_PREALLOC);
+
+#[map]
+pub static VNAT_INGRESS_NAT: HashMap<FlowKey, NatRewrite> =
+    HashMap::pinned(NAT_MAX_ENTRIES, NO_PREALLOC);
+
+#[map]
+pub static VNAT_STATS: PerCpuArray<u64> = PerCpuArray::pinned(STAT_COUNT, 0);
+
+#[map]
+pub static VNAT_CONFIG: Array<DatapathConfig> = Array::pinned(1, 0);
+
+#[inline(always)]
+pub fn count(stat: u32) {
+    if let Some(slot) = VNAT_STATS.get_ptr_mut(stat) {
+        // Per-CPU slot: no other writer, a plain add is enough.
+        unsafe { *slot += 1 };
+    }
+}
+
+/// Whether a socket in the namespace with this cookie belongs to us.
+#[inline(always)]
+pub fn netns_is_ours(netns_cookie: u64) -> bool {
+    match VNAT_CONFIG.get(0) {
+        Some(cfg) if cfg.flags & CFG_F_NETNS_FILTER != 0 => cfg.netns_cookie == netns_cookie,
+        _ => true,
+    }
+}

@@ -1,0 +1,156 @@
+//! sock_ops: record every TCP connection of an enabled cgroup when it is
+//! established, forget it when it closes.
+
+use aya_ebpf::{
+    bindings::{
+        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB,
+        BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG, BPF_SOCK_OPS_TCP_CONNECT_CB,
+    },
+    helpers::{
+        bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
+        bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_ktime_get_boot_ns,
+    },
+    macros::{map, sock_ops},
+    maps::LruHashMap,
+    programs::SockOpsContext,
+};
+use vnat_common::{
+    ConnRecord, FlowKey, AF_INET, AF_INET6, ORIGIN_TCP_ACTIVE, ORIGIN_TCP_PASSIVE, PROTO_TCP,
+    STAT_CONNS_MAP_FULL, STAT_OTHER_NETNS, STAT_SOCKOPS_RECORDED, STAT_SOCKOPS_REMOVED,
+};
+
+use crate::maps::{count, netns_is_ours, VNAT_CONNS};
+
+/// `TCP_CLOSE` from include/net/tcp_states.h.
+const TCP_CLOSE: u32 = 7;
+const KERNEL_AF_INET: u32 = 2;
+const KERNEL_AF_INET6: u32 = 10;
+
+/// Who called connect(), keyed by socket cookie. TCP_CONNECT_CB runs in the
+/// connecting process's context, ACTIVE_ESTABLISHED usually in softirq where
+/// "current" is whoever was interrupted, so the owner is captured here.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Owner {
+    pub cgroup_id: u64,
+    pub pid: u32,
+    pub _pad: u32,
+    pub comm: [u8; 16],
+}
+
+#[map]
+static VNAT_CONNECTING: LruHashMap<u64, Owner> = LruHashMap::with_max_entries(16_384, 0);
+
+#[sock_ops]
+pub fn vnat_sockops(ctx: SockOpsContext) -> u32 {
+    match ctx.op() {
+        BPF_SOCK_OPS_TCP_CONNECT_CB => on_connect(&ctx),
+        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => on_established(&ctx, ORIGIN_TCP_ACTIVE),
+        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => on_established(&ctx, ORIGIN_TCP_PASSIVE),
+        BPF_SOCK_OPS_STATE_CB => on_state(&ctx),
+        _ => {}
+    }
+    // sock_ops return value is ignored by the kernel for these callbacks.
+    1
+}
+
+fn on_connect(ctx: &SockOpsContext) {
+    let netns = unsafe { bpf_get_netns_cookie(ctx.ops as *mut _) };
+    if !netns_is_ours(netns) {
+        return;
+    }
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.ops as *mut _) };
+    let owner = Owner {
+        cgroup_id: unsafe { bpf_get_current_cgroup_id() },
+        pid: (bpf_get_current_pid_tgid() >> 32) as u32,
+        _pad: 0,
+        comm: bpf_get_current_comm().unwrap_or([0; 16]),
+    };
+    let _ = VNAT_CONNECTING.insert(&cookie, &owner, 0);
+}
+
+/// Read the connection's 4-tuple from the context, local side first.
+/// The remote port is big-endian in the upper 16 bits, the local port is in
+/// host order (see DESIGN.md §3, sock_ops context quirks).
+#[inline(always)]
+fn key_of(ctx: &SockOpsContext) -> Option<FlowKey> {
+    let ops = ctx.ops;
+    let mut key = FlowKey { proto: PROTO_TCP, ..FlowKey::default() };
+    match ctx.family() {
+        KERNEL_AF_INET => {
+            key.family = AF_INET;
+            key.src_addr_be[0] = unsafe { (*ops).local_ip4 };
+            key.dst_addr_be[0] = unsafe { (*ops).remote_ip4 };
+        }
+        KERNEL_AF_INET6 => {
+            key.family = AF_INET6;
+            // The verifier only allows 4-byte reads of these arrays: a plain
+            // array copy becomes a wider load and is rejected
+            // ("invalid bpf_context access off=... size=8").
+            unsafe {
+                let l = core::ptr::addr_of!((*ops).local_ip6) as *const u32;
+                let r = core::ptr::addr_of!((*ops).remote_ip6) as *const u32;
+                key.src_addr_be[0] = core::ptr::read_volatile(l);
+                key.src_addr_be[1] = core::ptr::read_volatile(l.add(1));
+                key.src_addr_be[2] = core::ptr::read_volatile(l.add(2));
+                key.src_addr_be[3] = core::ptr::read_volatile(l.add(3));
+                key.dst_addr_be[0] = core::ptr::read_volatile(r);
+                key.dst_addr_be[1] = core::ptr::read_volatile(r.add(1));
+                key.dst_addr_be[2] = core::ptr::read_volatile(r.add(2));
+                key.dst_addr_be[3] = core::ptr::read_volatile(r.add(3));
+            }
+        }
+        _ => return None,
+    }
+    let local_port = unsafe { (*ops).local_port } as u16;
+    key.src_port_be = local_port.to_be();
+    // The kernel loads skc_dport (already network order) as a 16-bit value and
+    // shifts it into the upper half, so the upper half *is* the be16 port.
+    key.dst_port_be = (unsafe { (*ops).remote_port } >> 16) as u16;
+    Some(key)
+}
+
+fn on_established(ctx: &SockOpsContext, origin: u8) {
+    let netns = unsafe { bpf_get_netns_cookie(ctx.ops as *mut _) };
+    if !netns_is_ours(netns) {
+        count(STAT_OTHER_NETNS);
+        return;
+    }
+    let Some(key) = key_of(ctx) else { return };
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.ops as *mut _) };
+    let now = unsafe { bpf_ktime_get_boot_ns() };
+    let mut rec = ConnRecord {
+        cookie,
+        netns_cookie: netns,
+        first_seen_ns: now,
+        last_seen_ns: now,
+        snd_nxt: unsafe { (*ctx.ops).snd_nxt },
+        rcv_nxt: unsafe { (*ctx.ops).rcv_nxt },
+        origin,
+        ..ConnRecord::default()
+    };
+    if let Some(owner) = unsafe { VNAT_CONNECTING.get(&cookie) } {
+        rec.cgroup_id = owner.cgroup_id;
+        rec.pid = owner.pid;
+        rec.comm = owner.comm;
+        let _ = VNAT_CONNECTING.remove(&cookie);
+    }
+    if VNAT_CONNS.insert(&key, &rec, 0).is_err() {
+        count(STAT_CONNS_MAP_FULL);
+        return;
+    }
+    count(STAT_SOCKOPS_RECORDED);
+    // Ask for state-change callbacks so the record goes away on close.
+    let _ = ctx.set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32);
+}
+
+fn on_state(ctx: &SockOpsContext) {
+    // arg(1) is the new state.
+    if ctx.arg(1) != TCP_CLOSE {
+        return;
+    }
+    let Some(key) = key_of(ctx) else { return };
+    if VNAT_CONNS.remove(&key).is_ok() {
+        count(STAT_SOCKOPS_REMOVED);
+    }
+}

@@ -1,0 +1,268 @@
+//! tc translators: rewrite a moved flow's addresses and ports between its
+//! virtual and physical endpoints (DESIGN.md §3).
+//!
+//! Egress: key = the packet as the local TCP/UDP stack sent it (virtual
+//! endpoints), value = the physical endpoints to put on the wire.
+//! Ingress: key = the packet as it arrived (physical endpoints), value = the
+//! virtual endpoints the local stack expects.
+//!
+//! A packet that matches no entry costs one map lookup and is passed
+//! untouched; nothing is counted for it.
+
+use aya_ebpf::{
+    bindings::{TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT},
+    helpers::bpf_redirect_neigh,
+    macros::classifier,
+    maps::HashMap,
+    programs::TcContext,
+};
+use vnat_common::{
+    FlowKey, NatRewrite, AF_INET, AF_INET6, NAT_F_REDIRECT, PROTO_TCP, PROTO_UDP,
+    STAT_DROP_CSUM_FAILED, STAT_DROP_REDIRECT_FAILED, STAT_DROP_REWRITE_FAILED,
+    STAT_EGRESS_REDIRECTED, STAT_EGRESS_TRANSLATED, STAT_INGRESS_TRANSLATED,
+    STAT_PASS_FRAGMENT, STAT_PASS_IPV6_EXTHDR, STAT_PASS_TRUNCATED,
+};
+
+use crate::maps::{count, VNAT_EGRESS_NAT, VNAT_INGRESS_NAT};
+
+const ETH_HLEN: usize = 14;
+const ETH_P_IP: u16 = 0x0800;
+const ETH_P_IPV6: u16 = 0x86DD;
+/// Offsets inside the IPv4 header.
+const IP4_FRAG_OFF: usize = 6;
+const IP4_PROTO_OFF: usize = 9;
+const IP4_CSUM_OFF: usize = 10;
+const IP4_SADDR_OFF: usize = 12;
+const IP4_DADDR_OFF: usize = 16;
+/// Offsets inside the IPv6 header.
+const IP6_NEXTHDR_OFF: usize = 6;
+const IP6_SADDR_OFF: usize = 8;
+const IP6_DADDR_OFF: usize = 24;
+const IP6_HLEN: usize = 40;
+/// Offsets of the checksum inside the L4 header.
+const TCP_CSUM_OFF: usize = 16;
+const UDP_CSUM_OFF: usize = 6;
+
+/// bpf_l4_csum_replace flags (include/uapi/linux/bpf.h).
+const BPF_F_PSEUDO_HDR: u64 = 1 << 4;
+const BPF_F_MARK_MANGLED_0: u64 = 1 << 5;
+
+/// Why a packet was not simply passed: every such verdict is counted under
+/// one of these (the `STAT_*` index), never returned as a bare integer.
+#[derive(Clone, Copy)]
+pub struct Drop(u32);
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dir {
+    Egress,
+    Ingress,
+}
+
+#[classifier]
+pub fn vnat_tc_egress(ctx: TcContext) -> i32 {
+    verdict(try_translate(&ctx, Dir::Egress))
+}
+
+#[classifier]
+pub fn vnat_tc_ingress(ctx: TcContext) -> i32 {
+    verdict(try_translate(&ctx, Dir::Ingress))
+}
+
+/// The one place a result becomes a verdict, so no path can compute a
+/// verdict and then lose it.
+#[inline(always)]
+fn verdict(r: Result<i32, Drop>) -> i32 {
+    match r {
+        Ok(v) => v,
+        Err(Drop(stat)) => {
+            count(stat);
+            TC_ACT_SHOT
+        }
+    }
+}
+
+/// Where the interesting fields of a parsed packet are.
+struct Parsed {
+    key: FlowKey,
+    /// Offset of the L3 header and of the L4 header.
+    l3: usize,
+    l4: usize,
+}
+
+#[inline(always)]
+fn try_translate(ctx: &TcContext, dir: Dir) -> Result<i32, Drop> {
+    let Some(p) = parse(ctx) else { return Ok(TC_ACT_OK) };
+    let map: &HashMap<FlowKey, NatRewrite> = match dir {
+        Dir::Egress => &VNAT_EGRESS_NAT,
+        Dir::Ingress => &VNAT_INGRESS_NAT,
+    };
+    let Some(nat) = (unsafe { map.get(&p.key) }) else { return Ok(TC_ACT_OK) };
+    let nat = *nat;
+    rewrite(ctx, &p, &nat)?;
+    if dir == Dir::Ingress {
+        count(STAT_INGRESS_TRANSLATED);
+        return Ok(TC_ACT_OK);
+    }
+    count(STAT_EGRESS_TRANSLATED);
+    if nat.flags & NAT_F_REDIRECT != 0 {
+        // tc egress runs after neighbour resolution for the *old*
+        // destination; send the packet out again with L2 resolved for the new
+        // one (bpf_redirect_neigh does the FIB lookup on the rewritten daddr).
+        let r = unsafe { bpf_redirect_neigh(nat.redirect_ifindex, core::ptr::null_mut(), 0, 0) };
+        if r as i32 != TC_ACT_REDIRECT {
+            return Err(Drop(STAT_DROP_REDIRECT_FAILED));
+        }
+        count(STAT_EGRESS_REDIRECTED);
+        return Ok(TC_ACT_REDIRECT);
+    }
+    Ok(TC_ACT_OK)
+}
+
+/// Parse Ethernet + IPv4/IPv6 + TCP/UDP ports. `None` means "not ours".
+#[inline(always)]
+fn parse(ctx: &TcContext) -> Option<Parsed> {
+    let proto = u16::from_be(ctx.load::<u16>(12).ok()?);
+    let l3 = ETH_HLEN;
+    let mut key = FlowKey::default();
+    let l4 = match proto {
+        ETH_P_IP => {
+            let vihl: u8 = ctx.load(l3).ok()?;
+            // Honour IHL: options move the L4 header.
+            let ihl = (vihl & 0x0f) as usize;
+            if vihl >> 4 != 4 || ihl < 5 {
+                count(STAT_PASS_TRUNCATED);
+                return None;
+            }
+            key.proto = ctx.load(l3 + IP4_PROTO_OFF).ok()?;
+            if key.proto != PROTO_TCP && key.proto != PROTO_UDP {
+                return None;
+            }
+            let frag = u16::from_be(ctx.load::<u16>(l3 + IP4_FRAG_OFF).ok()?);
+            if frag & 0x1fff != 0 {
+                // A non-first fragment has no ports and cannot be matched.
+                count(STAT_PASS_FRAGMENT);
+                return None;
+            }
+            key.family = AF_INET;
+            key.src_addr_be[0] = ctx.load(l3 + IP4_SADDR_OFF).ok()?;
+            key.dst_addr_be[0] = ctx.load(l3 + IP4_DADDR_OFF).ok()?;
+            l3 + ihl * 4
+        }
+        ETH_P_IPV6 => {
+            key.proto = ctx.load(l3 + IP6_NEXTHDR_OFF).ok()?;
+            if key.proto != PROTO_TCP && key.proto != PROTO_UDP {
+                // Extension headers (or ICMPv6, ...): not a flow we translate.
+                if is_ipv6_exthdr(key.proto) {
+                    count(STAT_PASS_IPV6_EXTHDR);
+                }
+                return None;
+            }
+            key.family = AF_INET6;
+            key.src_addr_be = ctx.load(l3 + IP6_SADDR_OFF).ok()?;
+            key.dst_addr_be = ctx.load(l3 + IP6_DADDR_OFF).ok()?;
+            l3 + IP6_HLEN
+        }
+        _ => return None,
+    };
+    let Ok(ports) = ctx.load::<[u16; 2]>(l4) else {
+        count(STAT_PASS_TRUNCATED);
+        return None;
+    };
+    key.src_port_be = ports[0];
+    key.dst_port_be = ports[1];
+    Some(Parsed { key, l3, l4 })
+}
+
+#[inline(always)]
+fn is_ipv6_exthdr(nh: u8) -> bool {
+    matches!(nh, 0 | 43 | 44 | 50 | 51 | 60 | 135 | 139 | 140)
+}
+
+/// Rewrite addresses and ports with incremental checksum updates.
+#[inline(always)]
+fn rewrite(ctx: &TcContext, p: &Parsed, nat: &NatRewrite) -> Result<(), Drop> {
+    let (csum_off, mangled) = if p.key.proto == PROTO_TCP {
+        (p.l4 + TCP_CSUM_OFF, 0)
+    } else {
+        // UDPv4 may carry a zero ("no") checksum: MARK_MANGLED_0 leaves it
+        // zero, and turns a computed 0 into 0xffff.
+        (p.l4 + UDP_CSUM_OFF, BPF_F_MARK_MANGLED_0)
+    };
+    if p.key.family == AF_INET {
+        let (sa, da) = (p.l3 + IP4_SADDR_OFF, p.l3 + IP4_DADDR_OFF);
+        addr4(ctx, p.l3, sa, csum_off, mangled, p.key.src_addr_be[0], nat.src_addr_be[0])?;
+        addr4(ctx, p.l3, da, csum_off, mangled, p.key.dst_addr_be[0], nat.dst_addr_be[0])?;
+    } else {
+        addr6(ctx, p.l3 + IP6_SADDR_OFF, csum_off, mangled, &p.key.src_addr_be, &nat.src_addr_be)?;
+        addr6(ctx, p.l3 + IP6_DADDR_OFF, csum_off, mangled, &p.key.dst_addr_be, &nat.dst_addr_be)?;
+    }
+    port(ctx, p.l4, csum_off, mangled, p.key.src_port_be, nat.src_port_be)?;
+    port(ctx, p.l4 + 2, csum_off, mangled, p.key.dst_port_be, nat.dst_port_be)?;
+    Ok(())
+}
+
+#[inline(always)]
+fn addr4(
+    ctx: &TcContext,
+    l3: usize,
+    off: usize,
+    csum_off: usize,
+    mangled: u64,
+    old: u32,
+    new: u32,
+) -> Result<(), Drop> {
+    if old == new {
+        return Ok(());
+    }
+    ctx.l4_csum_replace(csum_off, old as u64, new as u64, BPF_F_PSEUDO_HDR | mangled | 4)
+        .map_err(|_| Drop(STAT_DROP_CSUM_FAILED))?;
+    ctx.l3_csum_replace(l3 + IP4_CSUM_OFF, old as u64, new as u64, 4)
+        .map_err(|_| Drop(STAT_DROP_CSUM_FAILED))?;
+    ctx.store(off, &new, 0).map_err(|_| Drop(STAT_DROP_REWRITE_FAILED))
+}
+
+#[inline(always)]
+fn addr6(
+    ctx: &TcContext,
+    off: usize,
+    csum_off: usize,
+    mangled: u64,
+    old: &[u32; 4],
+    new: &[u32; 4],
+) -> Result<(), Drop> {
+    if old == new {
+        return Ok(());
+    }
+    // IPv6 has no header checksum; the address is part of the L4
+    // pseudo-header. The helper takes 2 or 4 bytes at a time, so update word
+    // by word.
+    for i in 0..4 {
+        if old[i] != new[i] {
+            ctx.l4_csum_replace(
+                csum_off,
+                old[i] as u64,
+                new[i] as u64,
+                BPF_F_PSEUDO_HDR | mangled | 4,
+            )
+            .map_err(|_| Drop(STAT_DROP_CSUM_FAILED))?;
+        }
+    }
+    ctx.store(off, new, 0).map_err(|_| Drop(STAT_DROP_REWRITE_FAILED))
+}
+
+#[inline(always)]
+fn port(
+    ctx: &TcContext,
+    off: usize,
+    csum_off: usize,
+    mangled: u64,
+    old: u16,
+    new: u16,
+) -> Result<(), Drop> {
+    if old == new {
+        return Ok(());
+    }
+    ctx.l4_csum_replace(csum_off, old as u64, new as u64, mangled | 2)
+        .map_err(|_| Drop(STAT_DROP_CSUM_FAILED))?;
+    ctx.store(off, &new, 0).map_err(|_| Drop(STAT_DROP_REWRITE_FAILED))
+}
