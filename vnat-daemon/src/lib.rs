@@ -1,5 +1,6 @@
 //! vnatd's library: the datapath manager (the only code that touches the
 //! kernel), the VCMP protocol core (no I/O), and the control API.
 
+pub mod control;
 pub mod datapath;
 pub mod vcmp;

@@ -1,0 +1,247 @@
+//! The client side of the control socket, used by vnatctl and tests.
+
+use std::{
+    io,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use tokio::{
+    io::{AsyncWriteExt, BufReader},
+    net::{
+        unix::{OwnedReadHalf, OwnedWriteHalf},
+        UnixStream,
+    },
+};
+
+use super::{
+    lines::{read_line_bounded, Line},
+    proto::{
+        ErrorKind, Outcome, Reply, Request, RequestEnvelope, ResponseEnvelope, StatusReply,
+        MAX_RESPONSE_LINE, PROTOCOL_VERSION,
+    },
+};
+use crate::datapath::ConnectionInfo;
+
+/// Default bound on connecting and on each request's round trip.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What went wrong talking to vnatd.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot reach vnatd at {}: {}; {}", path.display(), os_reason(source), unreachable_hint(source))]
+    Unreachable {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("vnatd at {} did not answer within {} s; check its log (journalctl -u vnatd)", path.display(), timeout.as_secs())]
+    Timeout { path: PathBuf, timeout: Duration },
+    #[error("lost the connection to vnatd at {}: {}; check its log (journalctl -u vnatd)", path.display(), os_reason(source))]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("vnatd at {} sent an answer this vnatctl cannot read ({violation}); use a vnatctl from the same release as vnatd", path.display())]
+    Protocol {
+        path: PathBuf,
+        violation: ProtocolViolation,
+    },
+    /// vnatd understood the request and refused it.
+    #[error("{message}")]
+    Daemon { kind: ErrorKind, message: String },
+}
+
+/// How an answer from vnatd broke the protocol.
+#[derive(Debug, thiserror::Error)]
+pub enum ProtocolViolation {
+    #[error("it closed the connection without answering")]
+    Closed,
+    #[error("the answer is longer than {MAX_RESPONSE_LINE} bytes")]
+    TooLong,
+    #[error("the answer is not a valid response: {0}")]
+    Malformed(#[source] serde_json::Error),
+    #[error("it speaks control protocol version {found}, this client {PROTOCOL_VERSION}")]
+    Version { found: u32 },
+    #[error("a {got} answer to a {asked} request")]
+    UnexpectedReply {
+        asked: &'static str,
+        got: &'static str,
+    },
+}
+
+impl ClientError {
+    /// Whether the daemon could not be talked to at all (vnatctl exit code 3),
+    /// as opposed to a daemon that answered with an error.
+    pub fn is_unreachable(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Unreachable { .. } | ClientError::Timeout { .. }
+        )
+    }
+}
+
+/// A connection to vnatd's control socket. Requests are answered in order.
+pub struct ControlClient {
+    path: PathBuf,
+    reader: BufReader<OwnedReadHalf>,
+    writer: OwnedWriteHalf,
+    timeout: Duration,
+}
+
+impl ControlClient {
+    /// Connect with [`DEFAULT_TIMEOUT`].
+    pub async fn connect(path: &Path) -> Result<Self, ClientError> {
+        Self::connect_with_timeout(path, DEFAULT_TIMEOUT).await
+    }
+
+    /// Connect; `timeout` bounds the connect and each later request.
+    pub async fn connect_with_timeout(path: &Path, timeout: Duration) -> Result<Self, ClientError> {
+        let stream = tokio::time::timeout(timeout, UnixStream::connect(path))
+            .await
+            .map_err(|_| ClientError::Timeout {
+                path: path.to_path_buf(),
+                timeout,
+            })?
+            .map_err(|source| ClientError::Unreachable {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        let (read, writer) = stream.into_split();
+        Ok(Self {
+            path: path.to_path_buf(),
+            reader: BufReader::new(read),
+            writer,
+            timeout,
+        })
+    }
+
+    /// Send one request and wait for its answer. A daemon-side error comes
+    /// back as [`ClientError::Daemon`].
+    pub async fn request(&mut self, request: Request) -> Result<Reply, ClientError> {
+        let timeout = self.timeout;
+        tokio::time::timeout(timeout, self.round_trip(request))
+            .await
+            .map_err(|_| ClientError::Timeout {
+                path: self.path.clone(),
+                timeout,
+            })?
+    }
+
+    pub async fn status(&mut self) -> Result<StatusReply, ClientError> {
+        match self.request(Request::Status).await? {
+            Reply::Status(status) => Ok(*status),
+            other => Err(self.unexpected("status", &other)),
+        }
+    }
+
+    pub async fn list(&mut self) -> Result<Vec<ConnectionInfo>, ClientError> {
+        match self.request(Request::List).await? {
+            Reply::Connections { connections } => Ok(connections),
+            other => Err(self.unexpected("list", &other)),
+        }
+    }
+
+    pub async fn enable_cgroup(&mut self, path: &Path) -> Result<PathBuf, ClientError> {
+        match self
+            .request(Request::EnableCgroup {
+                path: path.to_path_buf(),
+            })
+            .await?
+        {
+            Reply::CgroupEnabled { path } => Ok(path),
+            other => Err(self.unexpected("enable_cgroup", &other)),
+        }
+    }
+
+    pub async fn disable_cgroup(&mut self, path: &Path) -> Result<PathBuf, ClientError> {
+        match self
+            .request(Request::DisableCgroup {
+                path: path.to_path_buf(),
+            })
+            .await?
+        {
+            Reply::CgroupDisabled { path } => Ok(path),
+            other => Err(self.unexpected("disable_cgroup", &other)),
+        }
+    }
+
+    async fn round_trip(&mut self, request: Request) -> Result<Reply, ClientError> {
+        let io_err = |source| ClientError::Io {
+            path: self.path.clone(),
+            source,
+        };
+        let mut line = serde_json::to_vec(&RequestEnvelope {
+            version: PROTOCOL_VERSION,
+            request,
+        })
+        .map_err(|e| io_err(io::Error::other(e)))?;
+        line.push(b'\n');
+        self.writer.write_all(&line).await.map_err(io_err)?;
+        let protocol = |violation| ClientError::Protocol {
+            path: self.path.clone(),
+            violation,
+        };
+        let answer = match read_line_bounded(&mut self.reader, MAX_RESPONSE_LINE)
+            .await
+            .map_err(io_err)?
+        {
+            Line::Data(answer) => answer,
+            Line::Eof => return Err(protocol(ProtocolViolation::Closed)),
+            Line::TooLong => return Err(protocol(ProtocolViolation::TooLong)),
+        };
+        // Check the version before the shape, so a newer daemon's unknown
+        // reply types are reported as a version mismatch, not as garbage.
+        if let Ok(v) = serde_json::from_slice::<VersionOnly>(&answer) {
+            if v.version != PROTOCOL_VERSION {
+                return Err(protocol(ProtocolViolation::Version { found: v.version }));
+            }
+        }
+        let response: ResponseEnvelope = serde_json::from_slice(&answer)
+            .map_err(|e| protocol(ProtocolViolation::Malformed(e)))?;
+        match response.outcome {
+            Outcome::Ok(reply) => Ok(reply),
+            Outcome::Error(body) => Err(ClientError::Daemon {
+                kind: body.kind,
+                message: body.message,
+            }),
+        }
+    }
+
+    fn unexpected(&self, asked: &'static str, got: &Reply) -> ClientError {
+        let got = match got {
+            Reply::Status(_) => "status",
+            Reply::Connections { .. } => "connections",
+            Reply::CgroupEnabled { .. } => "cgroup_enabled",
+            Reply::CgroupDisabled { .. } => "cgroup_disabled",
+        };
+        ClientError::Protocol {
+            path: self.path.clone(),
+            violation: ProtocolViolation::UnexpectedReply { asked, got },
+        }
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct VersionOnly {
+    version: u32,
+}
+
+/// "No such file or directory" rather than "No such file or directory (os
+/// error 2)": the sentence is for people.
+fn os_reason(e: &io::Error) -> String {
+    match e.raw_os_error() {
+        Some(code) => nix::errno::Errno::from_raw(code).desc().to_string(),
+        None => e.to_string(),
+    }
+}
+
+fn unreachable_hint(e: &io::Error) -> &'static str {
+    match e.kind() {
+        io::ErrorKind::PermissionDenied => {
+            "the control socket is only open to its owner; run vnatctl as root (or with sudo)"
+        }
+        _ => "is vnatd running? (start it with: systemctl start vnatd)",
+    }
+}
