@@ -4,6 +4,10 @@
 //! ([`Timestamp`]) and randomness (`RngCore + CryptoRng`) are inputs;
 //! datagrams to send, timers and datapath events are outputs.
 
+pub mod crypto;
+pub mod location;
+pub mod replay;
+pub mod roles;
 pub mod wire;
 
 use std::time::Duration;

@@ -1,0 +1,338 @@
+//! Locating a moved peer (paper section 3.3.2.1, Figure 3-5): the order of
+//! places each role asks, and the location-server store every vnatd runs.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use super::roles::Role;
+use super::wire::Record;
+use super::Timestamp;
+use crate::datapath::Proto;
+
+/// A step of the chain, named as in the paper.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Step {
+    P1,
+    P2,
+    P3,
+    S1,
+    S2,
+    S3,
+}
+
+/// One place to query and store at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChainStep {
+    pub step: Step,
+    pub target: SocketAddr,
+    /// The target is the peer's old location: if the peer did not move it
+    /// is still there, so an update is sent along with the query.
+    pub peer_old: bool,
+}
+
+/// The chain for `role`: the primary asks the secondary's old location (P1),
+/// then its own (P2), then each location server (P3); the secondary asks its
+/// own old location first (S1), then the primary's (S2), then the servers
+/// (S3). P(4)/S(4), the update, follows whichever step finds the peer.
+pub fn chain(
+    role: Role,
+    peer_old: IpAddr,
+    own_old: IpAddr,
+    servers: &[SocketAddr],
+    port: u16,
+) -> Vec<ChainStep> {
+    let peer = ChainStep {
+        step: Step::P1,
+        target: SocketAddr::new(peer_old, port),
+        peer_old: true,
+    };
+    let own = ChainStep {
+        step: Step::P2,
+        target: SocketAddr::new(own_old, port),
+        peer_old: false,
+    };
+    let mut steps = match role {
+        Role::Primary => vec![peer, own],
+        Role::Secondary => vec![
+            ChainStep {
+                step: Step::S1,
+                ..own
+            },
+            ChainStep {
+                step: Step::S2,
+                ..peer
+            },
+        ],
+    };
+    let server_step = if role == Role::Primary {
+        Step::P3
+    } else {
+        Step::S3
+    };
+    for s in servers {
+        steps.push(ChainStep {
+            step: server_step,
+            target: *s,
+            peer_old: false,
+        });
+    }
+    steps
+}
+
+/// Whose location a stored record gives: (protocol, owner's virtual
+/// endpoint, the other end's virtual endpoint).
+pub type LocKey = (Proto, SocketAddr, SocketAddr);
+
+/// Limits of the location store (bounded memory).
+#[derive(Clone, Copy, Debug)]
+pub struct StoreLimits {
+    pub max_entries: usize,
+    pub max_per_key: usize,
+    pub max_per_source: usize,
+    pub ttl: Duration,
+}
+
+impl Default for StoreLimits {
+    fn default() -> Self {
+        StoreLimits {
+            max_entries: 65_536,
+            max_per_key: 4,
+            max_per_source: 4_096,
+            ttl: Duration::from_secs(600),
+        }
+    }
+}
+
+struct Stored {
+    record: Record,
+    source: IpAddr,
+    expires: Timestamp,
+}
+
+/// The location-server role. The server holds no connection keys: it keeps
+/// the STORE records exactly as signed by their owner, and the peer that
+/// looks them up checks the owner's tag with the connection key. So a forged
+/// record can take space but never misdirect anyone; to keep a forger from
+/// pushing out the real record, each key holds a few records (highest
+/// sequence numbers win) and each source address has its own quota.
+pub struct LocationStore {
+    limits: StoreLimits,
+    entries: HashMap<LocKey, Vec<Stored>>,
+    per_source: HashMap<IpAddr, usize>,
+    total: usize,
+}
+
+impl LocationStore {
+    pub fn new(limits: StoreLimits) -> LocationStore {
+        LocationStore {
+            limits,
+            entries: HashMap::new(),
+            per_source: HashMap::new(),
+            total: 0,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.total
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.total == 0
+    }
+
+    fn forget(per_source: &mut HashMap<IpAddr, usize>, total: &mut usize, s: &Stored) {
+        *total -= 1;
+        if let Some(n) = per_source.get_mut(&s.source) {
+            *n -= 1;
+            if *n == 0 {
+                per_source.remove(&s.source);
+            }
+        }
+    }
+
+    /// Drop expired records.
+    pub fn expire(&mut self, now: Timestamp) {
+        let (ps, total) = (&mut self.per_source, &mut self.total);
+        self.entries.retain(|_, v| {
+            v.retain(|s| {
+                let keep = s.expires > now;
+                if !keep {
+                    Self::forget(ps, total, s);
+                }
+                keep
+            });
+            !v.is_empty()
+        });
+    }
+
+    /// Keep `rec` (a STORE record) sent from `source`. Returns whether it
+    /// was kept.
+    pub fn store(&mut self, now: Timestamp, source: IpAddr, rec: Record) -> bool {
+        let key = (rec.proto, rec.sender_vir, rec.receiver_vir);
+        let expires = now.add(self.limits.ttl);
+        if let Some(v) = self.entries.get_mut(&key) {
+            if let Some(same) = v.iter_mut().find(|s| s.record == rec) {
+                same.expires = expires;
+                return true;
+            }
+        }
+        if self.total >= self.limits.max_entries {
+            self.expire(now);
+        }
+        let from_source = self.per_source.get(&source).copied().unwrap_or(0);
+        if self.total >= self.limits.max_entries || from_source >= self.limits.max_per_source {
+            return false;
+        }
+        let v = self.entries.entry(key).or_default();
+        if v.len() >= self.limits.max_per_key {
+            // Replace the lowest sequence number if the new one is higher.
+            let Some((i, lowest)) = v.iter().enumerate().min_by_key(|(_, s)| s.record.seq) else {
+                return false;
+            };
+            if lowest.record.seq >= rec.seq {
+                return false;
+            }
+            let old = v.swap_remove(i);
+            Self::forget(&mut self.per_source, &mut self.total, &old);
+        }
+        v.push(Stored {
+            record: rec,
+            source,
+            expires,
+        });
+        self.total += 1;
+        *self.per_source.entry(source).or_default() += 1;
+        true
+    }
+
+    /// Records stored for `owner` of the connection with `other`.
+    pub fn lookup(
+        &self,
+        now: Timestamp,
+        proto: Proto,
+        owner: SocketAddr,
+        other: SocketAddr,
+    ) -> Vec<Record> {
+        self.entries
+            .get(&(proto, owner, other))
+            .map(|v| {
+                v.iter()
+                    .filter(|s| s.expires > now)
+                    .map(|s| s.record)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vcmp::wire::{Ext, Kind};
+
+    fn sa(s: &str) -> SocketAddr {
+        s.parse().expect("addr")
+    }
+
+    fn rec(seq: u64) -> Record {
+        Record {
+            command: Kind::Store,
+            proto: Proto::Tcp,
+            receiver_vir: sa("10.0.0.2:22"),
+            sender_vir: sa("10.0.0.1:1000"),
+            sender_phys: sa("10.9.0.1:1000"),
+            ext: Ext::None,
+            seq,
+            tag: [seq as u8; 16],
+        }
+    }
+
+    #[test]
+    fn chain_orders_follow_figure_3_5() {
+        let (peer, own) = (
+            "10.0.0.2".parse().expect("ip"),
+            "10.0.0.1".parse().expect("ip"),
+        );
+        let servers = [sa("10.5.5.5:2031")];
+        let p = chain(Role::Primary, peer, own, &servers, 2031);
+        let s = chain(Role::Secondary, peer, own, &servers, 2031);
+        let view = |c: &[ChainStep]| {
+            c.iter()
+                .map(|s| (s.step, s.target, s.peer_old))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            view(&p),
+            vec![
+                (Step::P1, sa("10.0.0.2:2031"), true),
+                (Step::P2, sa("10.0.0.1:2031"), false),
+                (Step::P3, servers[0], false)
+            ]
+        );
+        assert_eq!(
+            view(&s),
+            vec![
+                (Step::S1, sa("10.0.0.1:2031"), false),
+                (Step::S2, sa("10.0.0.2:2031"), true),
+                (Step::S3, servers[0], false)
+            ]
+        );
+    }
+
+    #[test]
+    fn store_is_bounded_and_expires() {
+        let limits = StoreLimits {
+            max_entries: 3,
+            max_per_key: 2,
+            max_per_source: 10,
+            ttl: Duration::from_secs(1),
+        };
+        let mut s = LocationStore::new(limits);
+        let src: IpAddr = "10.0.0.1".parse().expect("ip");
+        let t0 = Timestamp(0);
+        assert!(s.store(t0, src, rec(1)));
+        assert!(s.store(t0, src, rec(2)));
+        assert!(s.store(t0, src, rec(3)), "higher seq replaces the lowest");
+        assert!(
+            !s.store(t0, src, rec(1)),
+            "lower seq than all kept is refused"
+        );
+        assert_eq!(s.len(), 2);
+        let mut seqs: Vec<u64> = s
+            .lookup(t0, Proto::Tcp, sa("10.0.0.1:1000"), sa("10.0.0.2:22"))
+            .iter()
+            .map(|r| r.seq)
+            .collect();
+        seqs.sort();
+        assert_eq!(seqs, vec![2, 3]);
+        let mut other = rec(9);
+        other.sender_vir = sa("10.0.0.1:1001");
+        assert!(s.store(t0, src, other));
+        let mut third = rec(9);
+        third.sender_vir = sa("10.0.0.1:1002");
+        assert!(!s.store(t0, src, third), "global cap");
+        let later = Timestamp(2_000_000_000);
+        assert!(s
+            .lookup(later, Proto::Tcp, sa("10.0.0.1:1000"), sa("10.0.0.2:22"))
+            .is_empty());
+        assert!(s.store(later, src, third), "expired records make room");
+        assert_eq!(s.len(), 1);
+    }
+
+    #[test]
+    fn per_source_quota() {
+        let limits = StoreLimits {
+            max_per_source: 1,
+            ..StoreLimits::default()
+        };
+        let mut s = LocationStore::new(limits);
+        let (a, b): (IpAddr, IpAddr) = (
+            "10.0.0.1".parse().expect("ip"),
+            "10.0.0.3".parse().expect("ip"),
+        );
+        assert!(s.store(Timestamp(0), a, rec(1)));
+        assert!(!s.store(Timestamp(0), a, rec(2)));
+        assert!(s.store(Timestamp(0), b, rec(2)));
+    }
+}
