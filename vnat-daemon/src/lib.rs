@@ -2,5 +2,6 @@
 //! kernel), the VCMP protocol core (no I/O), and the control API.
 
 pub mod control;
+pub mod daemon;
 pub mod datapath;
 pub mod vcmp;

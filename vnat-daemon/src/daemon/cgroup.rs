@@ -1,0 +1,76 @@
+//! Finding the cgroup v2 root, the default cgroup to enable (the whole host).
+
+use std::path::PathBuf;
+
+use super::config::ConfigError;
+
+const MOUNTS: &str = "/proc/self/mounts";
+
+/// The mount point of the first cgroup2 filesystem in this mount namespace:
+/// `/sys/fs/cgroup` on unified hosts, `/sys/fs/cgroup/unified` on hybrid ones.
+pub fn cgroup2_root() -> Result<PathBuf, ConfigError> {
+    let text = std::fs::read_to_string(MOUNTS).map_err(|source| ConfigError::Mounts {
+        path: MOUNTS.into(),
+        source,
+    })?;
+    cgroup2_root_in(&text).ok_or(ConfigError::NoCgroup2Mount)
+}
+
+/// The same, from the text of a mounts file.
+pub fn cgroup2_root_in(mounts: &str) -> Option<PathBuf> {
+    mounts.lines().find_map(|line| {
+        let mut fields = line.split(' ');
+        let (_source, target, fstype) = (fields.next()?, fields.next()?, fields.next()?);
+        (fstype == "cgroup2").then(|| PathBuf::from(unescape(target)))
+    })
+}
+
+/// The kernel writes space, tab, newline and backslash in mount points as
+/// three-digit octal escapes (`mangle` in fs/proc_namespace.c).
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|b| (b'0'..=b'7').contains(b)));
+        match (bytes[i], octal) {
+            (b'\\', Some(d)) => {
+                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
+                i += 4;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hybrid_host_root_is_the_unified_mount() {
+        let mounts = "tmpfs /sys/fs/cgroup tmpfs rw,relatime,mode=755 0 0\n\
+                      cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0\n\
+                      cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0\n";
+        assert_eq!(
+            cgroup2_root_in(mounts),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
+    }
+
+    #[test]
+    fn escaped_mount_point_and_no_cgroup2() {
+        let mounts = "none /mnt/my\\040cg\\134x cgroup2 rw 0 0\n";
+        assert_eq!(
+            cgroup2_root_in(mounts),
+            Some(PathBuf::from("/mnt/my cg\\x"))
+        );
+        assert_eq!(cgroup2_root_in("proc /proc proc rw 0 0\n"), None);
+    }
+}

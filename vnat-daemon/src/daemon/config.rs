@@ -1,0 +1,316 @@
+//! vnatd's settings: flags (clap) over the TOML config file over defaults.
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+};
+
+use serde::Deserialize;
+
+use crate::control::DEFAULT_CONTROL_PATH;
+
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/vnat/vnatd.toml";
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/vnat";
+pub const DEFAULT_BPFFS: &str = "/sys/fs/bpf/vnat";
+/// The VCMP port of the paper (section 3.3).
+pub const DEFAULT_LISTEN: &str = "0.0.0.0:2031";
+pub const DEFAULT_LOG_LEVEL: &str = "info";
+
+const LONG_ABOUT: &str = "\
+vnatd keeps this host's TCP and UDP connections alive when an endpoint moves
+to another IP address (roaming, suspend and resume elsewhere, process
+migration). eBPF programs record the connections of the enabled cgroups and
+rewrite the packets of connections that moved; vnatd manages them and serves
+vnatctl on its control socket.
+
+Settings come from the config file, and flags override it. Paths given as
+flags may be relative to the current directory; paths in the file must be
+absolute.
+
+Config file (every key optional; these are the defaults):
+
+    control   = \"/run/vnat/vnatd.sock\"
+    state_dir = \"/var/lib/vnat\"
+    bpffs     = \"/sys/fs/bpf/vnat\"
+    listen    = \"0.0.0.0:2031\"
+    cgroups   = [\"/sys/fs/cgroup/unified\"]   # default: the cgroup2 mount root
+    log_level = \"info\"                       # or a filter: \"info,vnat_daemon=debug\"
+    log_format = \"text\"                      # or \"json\"
+
+Examples:
+
+    # the whole host, default paths (what the systemd unit runs)
+    vnatd
+
+    # only one service's connections, verbose
+    vnatd --cgroup /sys/fs/cgroup/unified/system.slice/app.service --log-level debug
+
+    # a second instance for another network namespace: its own socket, state and pins
+    vnatd --control /run/vnat/ns1.sock --state-dir /var/lib/vnat/ns1 --bpffs /sys/fs/bpf/vnat-ns1
+
+Stopping vnatd (SIGTERM or Ctrl-C) leaves the eBPF programs and maps pinned,
+so connections that moved keep being translated until vnatd starts again.
+
+Exit status: 0 after a clean stop, 1 on a runtime error, 2 on a usage or
+config error.";
+
+/// How log lines are written (to stderr, which systemd sends to the journal).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// The command line. Every setting is optional here so that "not given" can
+/// fall back to the config file.
+#[derive(Debug, clap::Parser)]
+#[command(name = "vnatd", version, about = "The vnat daemon: keeps connections alive when endpoints move.", long_about = LONG_ABOUT)]
+pub struct Args {
+    /// Config file (TOML). A missing default file is fine; a missing file given here is an error.
+    #[arg(long, value_name = "FILE", help = format!("Config file (TOML) [default: {DEFAULT_CONFIG_PATH}]"))]
+    pub config: Option<PathBuf>,
+    /// Control socket that vnatctl talks to.
+    #[arg(long, value_name = "PATH", help = format!("Control socket that vnatctl talks to [default: {DEFAULT_CONTROL_PATH}]"))]
+    pub control: Option<PathBuf>,
+    /// Directory for vnatd's saved state (created mode 0700).
+    #[arg(long, value_name = "DIR", help = format!("Directory for saved state, created 0700 [default: {DEFAULT_STATE_DIR}]"))]
+    pub state_dir: Option<PathBuf>,
+    /// bpffs directory where programs and maps are pinned.
+    #[arg(long, value_name = "DIR", help = format!("bpffs directory for the pinned programs and maps [default: {DEFAULT_BPFFS}]"))]
+    pub bpffs: Option<PathBuf>,
+    /// Address and port for VCMP with peers' vnatd.
+    #[arg(long, value_name = "ADDR:PORT", value_parser = parse_listen,
+          help = format!("Address and port for VCMP with peers (not used yet) [default: {DEFAULT_LISTEN}]"))]
+    pub listen: Option<SocketAddr>,
+    /// cgroup v2 directory whose connections vnat manages; repeat for several.
+    #[arg(
+        long = "cgroup",
+        value_name = "DIR",
+        help = "cgroup v2 directory whose connections vnat manages; repeatable [default: the cgroup2 mount root, i.e. the whole host]"
+    )]
+    pub cgroups: Vec<PathBuf>,
+    /// Log filter.
+    #[arg(long, value_name = "FILTER",
+          help = format!("Log level or filter, e.g. debug or info,vnat_daemon=trace [default: RUST_LOG, else {DEFAULT_LOG_LEVEL}]"))]
+    pub log_level: Option<String>,
+    /// Log line format.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "FORMAT",
+        help = "Log line format [default: text]"
+    )]
+    pub log_format: Option<LogFormat>,
+}
+
+fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    s.parse()
+        .map_err(|_| format!("expected ADDR:PORT such as {DEFAULT_LISTEN} or [::]:2031"))
+}
+
+/// The config file. Unknown keys are refused so that a typo is not silently
+/// ignored.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub control: Option<PathBuf>,
+    pub state_dir: Option<PathBuf>,
+    pub bpffs: Option<PathBuf>,
+    pub listen: Option<SocketAddr>,
+    pub cgroups: Option<Vec<PathBuf>>,
+    pub log_level: Option<String>,
+    pub log_format: Option<LogFormat>,
+}
+
+/// The effective settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// The file that was read, if any.
+    pub config_file: Option<PathBuf>,
+    pub control: PathBuf,
+    pub state_dir: PathBuf,
+    pub bpffs: PathBuf,
+    pub listen: SocketAddr,
+    pub cgroups: Vec<PathBuf>,
+    pub log_level: String,
+    pub log_format: LogFormat,
+}
+
+/// A bad flag or config file (vnatd exit status 2).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read the config file {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid config file {}{}: {message}", path.display(), line.map(|l| format!(" line {l}")).unwrap_or_default())]
+    Parse {
+        path: PathBuf,
+        line: Option<usize>,
+        message: String,
+    },
+    #[error("{key} = {} in the config file {} is relative; use an absolute path", value.display(), file.display())]
+    RelativePath {
+        file: PathBuf,
+        key: &'static str,
+        value: PathBuf,
+    },
+    #[error("cannot make {} absolute: {source}", path.display())]
+    Absolute {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid log level {value:?}: {source}; use error, warn, info, debug, trace or a filter such as info,vnat_daemon=debug")]
+    LogLevel {
+        value: String,
+        #[source]
+        source: tracing_subscriber::filter::ParseError,
+    },
+    #[error("no cgroup2 filesystem is mounted, so there is no root cgroup to enable; mount one (mount -t cgroup2 none /sys/fs/cgroup) or pass --cgroup")]
+    NoCgroup2Mount,
+    #[error("cannot read {}: {source}", path.display())]
+    Mounts {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl ConfigError {
+    /// Whether this is the user's input being wrong (exit status 2) rather
+    /// than the machine (exit status 1).
+    pub fn is_usage(&self) -> bool {
+        !matches!(
+            self,
+            ConfigError::NoCgroup2Mount | ConfigError::Mounts { .. }
+        )
+    }
+}
+
+/// Read the config file: `explicit` (from `--config`) must exist; the
+/// default one may be missing.
+pub fn load_file(explicit: Option<&Path>) -> Result<(Option<PathBuf>, FileConfig), ConfigError> {
+    load_file_or(explicit, Path::new(DEFAULT_CONFIG_PATH))
+}
+
+/// [`load_file`] with another default path (for tests).
+pub fn load_file_or(
+    explicit: Option<&Path>,
+    default: &Path,
+) -> Result<(Option<PathBuf>, FileConfig), ConfigError> {
+    let path = explicit.unwrap_or(default).to_path_buf();
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && explicit.is_none() => {
+            return Ok((None, FileConfig::default()))
+        }
+        Err(source) => return Err(ConfigError::Read { path, source }),
+    };
+    let config = parse_file(&path, &text)?;
+    Ok((Some(path), config))
+}
+
+/// Parse config text; `path` is for messages.
+pub fn parse_file(path: &Path, text: &str) -> Result<FileConfig, ConfigError> {
+    let config: FileConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+        path: path.to_path_buf(),
+        line: e.span().map(|s| {
+            text.as_bytes()[..s.start.min(text.len())]
+                .iter()
+                .filter(|b| **b == b'\n')
+                .count()
+                + 1
+        }),
+        // toml's Display is a multi-line snippet; keep its one-line message.
+        message: e.message().trim().to_string(),
+    })?;
+    let relative = |key, value: &Option<PathBuf>| match value {
+        Some(v) if !v.is_absolute() => Err(ConfigError::RelativePath {
+            file: path.to_path_buf(),
+            key,
+            value: v.clone(),
+        }),
+        _ => Ok(()),
+    };
+    relative("control", &config.control)?;
+    relative("state_dir", &config.state_dir)?;
+    relative("bpffs", &config.bpffs)?;
+    for c in config.cgroups.iter().flatten() {
+        relative("cgroups", &Some(c.clone()))?;
+    }
+    Ok(config)
+}
+
+impl Settings {
+    /// Merge flags over the file over defaults. `cgroup_root` is only called
+    /// when neither gives a cgroup; `rust_log` is the RUST_LOG value.
+    pub fn resolve(
+        args: Args,
+        config_file: Option<PathBuf>,
+        file: FileConfig,
+        rust_log: Option<String>,
+        cgroup_root: impl FnOnce() -> Result<PathBuf, ConfigError>,
+    ) -> Result<Settings, ConfigError> {
+        let abs = |p: PathBuf| {
+            std::path::absolute(&p).map_err(|source| ConfigError::Absolute { path: p, source })
+        };
+        let pick = |flag: Option<PathBuf>,
+                    file: Option<PathBuf>,
+                    default: &str|
+         -> Result<PathBuf, ConfigError> {
+            match flag {
+                Some(p) => abs(p),
+                None => Ok(file.unwrap_or_else(|| PathBuf::from(default))),
+            }
+        };
+        let control = pick(args.control, file.control, DEFAULT_CONTROL_PATH)?;
+        let state_dir = pick(args.state_dir, file.state_dir, DEFAULT_STATE_DIR)?;
+        let bpffs = pick(args.bpffs, file.bpffs, DEFAULT_BPFFS)?;
+        let listen = match args.listen.or(file.listen) {
+            Some(l) => l,
+            None => DEFAULT_LISTEN
+                .parse()
+                .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 2031))),
+        };
+        let log_level = args
+            .log_level
+            .or(file.log_level)
+            .or(rust_log.filter(|s| !s.trim().is_empty()))
+            .unwrap_or_else(|| DEFAULT_LOG_LEVEL.to_string());
+        // Validate now, so a typo is a config error and not a silent default.
+        tracing_subscriber::EnvFilter::builder()
+            .parse(&log_level)
+            .map_err(|source| ConfigError::LogLevel {
+                value: log_level.clone(),
+                source,
+            })?;
+        let log_format = args
+            .log_format
+            .or(file.log_format)
+            .unwrap_or(LogFormat::Text);
+        let cgroups = if !args.cgroups.is_empty() {
+            args.cgroups
+                .into_iter()
+                .map(abs)
+                .collect::<Result<Vec<_>, _>>()?
+        } else if let Some(c) = file.cgroups.filter(|c| !c.is_empty()) {
+            c
+        } else {
+            vec![cgroup_root()?]
+        };
+        Ok(Settings {
+            config_file,
+            control,
+            state_dir,
+            bpffs,
+            listen,
+            cgroups,
+            log_level,
+            log_format,
+        })
+    }
+}

@@ -1,0 +1,172 @@
+//! The vnatd process: settings, logging, state directory, and the run loop
+//! that ties the control socket to the datapath. The binary
+//! (`src/bin/vnatd.rs`) only parses flags, opens the kernel datapath and
+//! waits for signals.
+
+pub mod cgroup;
+pub mod config;
+
+#[cfg(test)]
+mod tests;
+
+use std::{
+    future::Future,
+    io,
+    os::unix::fs::{DirBuilderExt, PermissionsExt},
+    path::{Path, PathBuf},
+};
+
+use crate::{
+    control::{share, ControlListener, DaemonInfo, Handler, ServerError},
+    datapath::{Datapath, DatapathError},
+};
+use config::{ConfigError, LogFormat, Settings};
+
+/// Why vnatd could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("cannot create the state directory {}: {source}; create it or pass --state-dir", path.display())]
+    StateDir {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("the state directory {} exists and is not a directory; remove it or pass --state-dir", path.display())]
+    StateDirNotADirectory { path: PathBuf },
+    #[error(transparent)]
+    Control(#[from] ServerError),
+    #[error("cannot start the datapath: {0}")]
+    Datapath(#[from] DatapathError),
+    /// Until the kernel datapath is wired into vnatd.
+    #[error("the kernel datapath is not yet available in this build of vnatd")]
+    DatapathUnavailable,
+    #[error("cannot {what}: {source}")]
+    Runtime {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot set up logging: {source}")]
+    Logging {
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+impl DaemonError {
+    /// vnatd's exit status: 2 for a usage or config error, 1 otherwise.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            DaemonError::Config(e) if e.is_usage() => 2,
+            _ => 1,
+        }
+    }
+}
+
+/// Install the tracing subscriber (stderr; systemd puts it in the journal).
+pub fn init_logging(settings: &Settings) -> Result<(), DaemonError> {
+    let filter = tracing_subscriber::EnvFilter::builder()
+        .parse(&settings.log_level)
+        .map_err(|source| ConfigError::LogLevel {
+            value: settings.log_level.clone(),
+            source,
+        })?;
+    // Colour only on a terminal: the journal and log files want plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&io::stderr());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_writer(io::stderr);
+    let result = match settings.log_format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+    result.map_err(|source| DaemonError::Logging { source })
+}
+
+/// Create the state directory 0700 if missing; warn if an existing one is
+/// open to others (it will hold keys).
+pub fn prepare_state_dir(path: &Path) -> Result<(), DaemonError> {
+    match std::fs::metadata(path) {
+        Ok(meta) if !meta.is_dir() => {
+            return Err(DaemonError::StateDirNotADirectory {
+                path: path.to_path_buf(),
+            })
+        }
+        Ok(meta) => {
+            if meta.permissions().mode() & 0o077 != 0 {
+                tracing::warn!(
+                    state_dir = %path.display(),
+                    mode = format!("{:o}", meta.permissions().mode() & 0o777),
+                    "the state directory is accessible to other users; chmod 700 it"
+                );
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(path)
+            .map_err(|source| DaemonError::StateDir {
+                path: path.to_path_buf(),
+                source,
+            }),
+        Err(source) => Err(DaemonError::StateDir {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// What `vnatctl status` reports about the daemon itself.
+pub fn daemon_info(settings: &Settings) -> DaemonInfo {
+    DaemonInfo {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        pid: std::process::id(),
+        uptime_secs: 0,
+        control: settings.control.clone(),
+        state_dir: settings.state_dir.clone(),
+        listen: settings.listen,
+        configured_cgroups: settings.cgroups.clone(),
+    }
+}
+
+/// Run vnatd until `shutdown` completes.
+///
+/// The control socket is bound *before* the datapath is opened: binding is
+/// what detects another live vnatd on the same socket, and that one must not
+/// have its pins reconciled or its cgroups re-attached under it. On a clean
+/// stop the socket is removed and the datapath is left pinned.
+pub async fn run<F, S>(
+    settings: &Settings,
+    open_datapath: F,
+    shutdown: S,
+) -> Result<(), DaemonError>
+where
+    F: FnOnce(&Settings) -> Result<Box<dyn Datapath + Send>, DaemonError>,
+    S: Future<Output = ()>,
+{
+    prepare_state_dir(&settings.state_dir)?;
+    let listener = ControlListener::bind(&settings.control)?;
+    // On error the listener is dropped here, which removes the socket file.
+    let datapath = open_datapath(settings)?;
+    let handler = Handler::new(share(datapath), daemon_info(settings));
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        control = %settings.control.display(),
+        state_dir = %settings.state_dir.display(),
+        bpffs = %settings.bpffs.display(),
+        listen = %settings.listen,
+        cgroups = ?settings.cgroups,
+        config = ?settings.config_file,
+        "vnatd started"
+    );
+    listener.serve(handler, shutdown).await;
+    tracing::info!(
+        bpffs = %settings.bpffs.display(),
+        "vnatd stopped; the eBPF programs and maps stay pinned, so translated connections keep working until vnatd starts again"
+    );
+    Ok(())
+}
