@@ -30,6 +30,12 @@ const PROCEED: i32 = 1;
 pub static VNAT_UDP_PENDING: LruHashMap<u64, UdpPending> =
     LruHashMap::pinned(UDP_PENDING_MAX_ENTRIES, 0);
 
+/// Socket cookie to the last flow recorded for it. The release hook cannot
+/// read a socket's addresses (the verifier allows src_* only in post_bind
+/// programs), so it finds the record to remove through this.
+#[map]
+static VNAT_UDP_SOCKS: LruHashMap<u64, FlowKey> = LruHashMap::with_max_entries(65_536, 0);
+
 #[cgroup_sock_addr(connect4)]
 pub fn vnat_udp_connect4(ctx: SockAddrContext) -> i32 {
     record(&ctx, AF_INET, ORIGIN_UDP_CONNECT);
@@ -66,9 +72,9 @@ pub fn vnat_udp_recvmsg6(ctx: SockAddrContext) -> i32 {
     PROCEED
 }
 
-/// Forget the flow of a connected UDP socket when it is closed. Flows of
-/// unconnected sockets (one socket, many peers) are garbage-collected by the
-/// daemon by socket cookie.
+/// Forget a UDP socket's (last) flow when it is closed. Older flows of an
+/// unconnected socket that talked to many peers are garbage-collected by the
+/// daemon.
 #[cgroup_sock(sock_release)]
 pub fn vnat_udp_release(ctx: SockContext) -> i32 {
     let sk = ctx.sock;
@@ -77,10 +83,10 @@ pub fn vnat_udp_release(ctx: SockContext) -> i32 {
     }
     let cookie = unsafe { bpf_get_socket_cookie(sk as *mut _) };
     let _ = VNAT_UDP_PENDING.remove(&cookie);
-    if let Some(key) = sock_key(sk) {
-        if key.dst_port_be != 0 {
-            let _ = VNAT_CONNS.remove(&key);
-        }
+    if let Some(key) = unsafe { VNAT_UDP_SOCKS.get(&cookie) } {
+        let key = *key;
+        let _ = VNAT_CONNS.remove(&key);
+        let _ = VNAT_UDP_SOCKS.remove(&cookie);
     }
     PROCEED
 }
@@ -185,5 +191,6 @@ fn record(ctx: &SockAddrContext, family: u8, origin: u8) {
         count(STAT_CONNS_MAP_FULL);
         return;
     }
+    let _ = VNAT_UDP_SOCKS.insert(&cookie, &key, 0);
     count(STAT_UDP_RECORDED);
 }

@@ -7,6 +7,7 @@
 //! logic above it.
 
 pub mod fake;
+pub mod kernel;
 mod types;
 
 pub use types::*;

@@ -1,0 +1,241 @@
+//! Attaching programs to cgroups and interfaces, with every link pinned under
+//! `<bpffs>/links/` so the attachment outlives the process that made it.
+//!
+//! Pin names: `cg<cgroup id>_<program>` and `tc<ifindex>_<egress|ingress>`.
+//! A restarted vnatd replaces each pinned link with one running its own
+//! program (new link first, then rename over the old pin), so nothing is ever
+//! left unattached in between.
+
+use std::{
+    fs,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    programs::{
+        links::{FdLink, PinnedLink},
+        tc::{SchedClassifierLink, TcAttachOptions},
+        CgroupAttachMode, CgroupSock, CgroupSockAddr, LinkOrder, SchedClassifier, SockOps,
+        TcAttachType,
+    },
+    Ebpf,
+};
+use vnat_common::{PROG_SOCKOPS, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_UDP_RELEASE};
+
+use super::{
+    net,
+    object::{links_dir, prog, SOCK_ADDR_PROGRAMS},
+};
+use crate::datapath::DatapathError;
+
+const CGROUP2_SUPER_MAGIC: i64 = 0x63677270;
+
+fn attach_err<E: std::error::Error + Send + Sync + 'static>(
+    program: &'static str,
+    target: &str,
+) -> impl FnOnce(E) -> DatapathError {
+    let target = target.to_string();
+    move |e| DatapathError::Attach { program, target, source: Box::new(e) }
+}
+
+/// The cgroup v2 id of a directory (its kernfs inode number).
+pub fn cgroup_id(path: &Path) -> Result<u64, DatapathError> {
+    let not = || DatapathError::NotACgroup { path: path.to_path_buf() };
+    let st = nix::sys::statfs::statfs(path).map_err(|_| not())?;
+    if st.filesystem_type().0 as i64 != CGROUP2_SUPER_MAGIC {
+        return Err(not());
+    }
+    let md = fs::metadata(path).map_err(|_| not())?;
+    if !md.is_dir() {
+        return Err(not());
+    }
+    Ok(md.ino())
+}
+
+/// The cgroup2 mount point of this mount namespace.
+pub fn cgroup2_mount() -> Option<PathBuf> {
+    let mounts = fs::read_to_string("/proc/self/mounts").ok()?;
+    mounts.lines().find_map(|l| {
+        let mut f = l.split_whitespace();
+        let (_, dir, fstype) = (f.next()?, f.next()?, f.next()?);
+        (fstype == "cgroup2").then(|| PathBuf::from(dir))
+    })
+}
+
+/// Find the directory of a cgroup id under the cgroup2 mount (for display).
+pub fn cgroup_path(id: u64) -> Option<PathBuf> {
+    fn walk(dir: &Path, id: u64, depth: u32) -> Option<PathBuf> {
+        if fs::metadata(dir).ok()?.ino() == id {
+            return Some(dir.to_path_buf());
+        }
+        if depth == 0 {
+            return None;
+        }
+        for e in fs::read_dir(dir).ok()?.flatten() {
+            if e.file_type().ok()?.is_dir() {
+                if let Some(p) = walk(&e.path(), id, depth - 1) {
+                    return Some(p);
+                }
+            }
+        }
+        None
+    }
+    walk(&cgroup2_mount()?, id, 8)
+}
+
+/// Pin `link` at `dst` atomically replacing whatever was pinned there.
+fn pin_replace(link: FdLink, dst: &Path, program: &'static str) -> Result<(), DatapathError> {
+    // bpffs refuses names with a dot ("reserved for future use", EPERM).
+    let mut tmp = dst.as_os_str().to_owned();
+    tmp.push("_new");
+    let tmp = PathBuf::from(tmp);
+    let _ = fs::remove_file(&tmp);
+    let target = dst.display().to_string();
+    link.pin(&tmp).map_err(attach_err(program, &target))?;
+    fs::rename(&tmp, dst).map_err(|e| DatapathError::Kernel { what: format!("renaming pin {target}"), source: e })
+}
+
+fn cg_pins(bpffs: &Path, id: u64) -> Vec<PathBuf> {
+    let mut names = vec![PROG_SOCKOPS, PROG_UDP_RELEASE];
+    names.extend(SOCK_ADDR_PROGRAMS);
+    names.iter().map(|n| links_dir(bpffs).join(format!("cg{id}_{n}"))).collect()
+}
+
+/// Attach the recorders to one cgroup (or re-attach with this process's
+/// programs). All or nothing.
+pub fn attach_cgroup(ebpf: &mut Ebpf, bpffs: &Path, path: &Path) -> Result<u64, DatapathError> {
+    let id = cgroup_id(path)?;
+    let target = path.display().to_string();
+    let dir = fs::File::open(path).map_err(|_| DatapathError::NotACgroup { path: path.to_path_buf() })?;
+    let mut new_links: Vec<(FdLink, &'static str)> = Vec::new();
+    {
+        let p: &mut SockOps = prog(ebpf, PROG_SOCKOPS)?;
+        let l = p.attach(&dir, CgroupAttachMode::AllowMultiple).map_err(attach_err(PROG_SOCKOPS, &target))?;
+        let l = p.take_link(l).map_err(attach_err(PROG_SOCKOPS, &target))?;
+        new_links.push((FdLink::try_from(l).map_err(attach_err(PROG_SOCKOPS, &target))?, PROG_SOCKOPS));
+    }
+    for name in SOCK_ADDR_PROGRAMS {
+        let p: &mut CgroupSockAddr = prog(ebpf, name)?;
+        let l = p.attach(&dir, CgroupAttachMode::AllowMultiple).map_err(attach_err(name, &target))?;
+        let l = p.take_link(l).map_err(attach_err(name, &target))?;
+        new_links.push((FdLink::try_from(l).map_err(attach_err(name, &target))?, name));
+    }
+    {
+        let p: &mut CgroupSock = prog(ebpf, PROG_UDP_RELEASE)?;
+        let l = p.attach(&dir, CgroupAttachMode::AllowMultiple).map_err(attach_err(PROG_UDP_RELEASE, &target))?;
+        let l = p.take_link(l).map_err(attach_err(PROG_UDP_RELEASE, &target))?;
+        new_links.push((FdLink::try_from(l).map_err(attach_err(PROG_UDP_RELEASE, &target))?, PROG_UDP_RELEASE));
+    }
+    // Every link exists (dropping them here would detach them all); only now
+    // publish them as pins.
+    for (link, name) in new_links {
+        pin_replace(link, &links_dir(bpffs).join(format!("cg{id}_{name}")), name)?;
+    }
+    Ok(id)
+}
+
+/// Detach the recorders from a cgroup by removing its pins.
+pub fn detach_cgroup(bpffs: &Path, id: u64) -> Result<(), DatapathError> {
+    let mut found = false;
+    for pin in cg_pins(bpffs, id) {
+        if fs::remove_file(&pin).is_ok() {
+            found = true;
+        }
+    }
+    if !found {
+        return Err(DatapathError::CgroupNotEnabled { path: cgroup_path(id).unwrap_or_else(|| PathBuf::from(format!("id {id}"))) });
+    }
+    Ok(())
+}
+
+/// Cgroup ids with pinned recorder links.
+pub fn pinned_cgroups(bpffs: &Path) -> Vec<u64> {
+    let mut ids: Vec<u64> = pinned_names(bpffs)
+        .iter()
+        .filter_map(|n| n.strip_prefix("cg")?.split_once('_')?.0.parse().ok())
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+fn pinned_names(bpffs: &Path) -> Vec<String> {
+    fs::read_dir(links_dir(bpffs))
+        .map(|d| d.flatten().filter_map(|e| e.file_name().into_string().ok()).collect())
+        .unwrap_or_default()
+}
+
+fn tc_pin(bpffs: &Path, ifindex: u32, egress: bool) -> PathBuf {
+    links_dir(bpffs).join(format!("tc{ifindex}_{}", if egress { "egress" } else { "ingress" }))
+}
+
+/// Interfaces with pinned tc links.
+pub fn pinned_tc(bpffs: &Path) -> Vec<u32> {
+    let mut ids: Vec<u32> = pinned_names(bpffs)
+        .iter()
+        .filter_map(|n| n.strip_prefix("tc")?.split_once('_')?.0.parse().ok())
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// Attach both tc translators to an interface with TCX, or, when pins exist
+/// from an earlier process, swap this process's programs into those links
+/// atomically.
+pub fn attach_tc(ebpf: &mut Ebpf, bpffs: &Path, ifindex: u32) -> Result<(), DatapathError> {
+    let ifname = net::ifname(ifindex)?;
+    let mut made: Vec<PathBuf> = Vec::new();
+    for (name, egress) in [(PROG_TC_INGRESS, false), (PROG_TC_EGRESS, true)] {
+        let pin = tc_pin(bpffs, ifindex, egress);
+        let r = attach_one_tc(ebpf, name, egress, &ifname, &pin);
+        match r {
+            Ok(fresh) => {
+                if fresh {
+                    made.push(pin);
+                }
+            }
+            Err(e) => {
+                // All or nothing: undo a half attachment.
+                for p in made {
+                    let _ = fs::remove_file(p);
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn attach_one_tc(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    egress: bool,
+    ifname: &str,
+    pin: &Path,
+) -> Result<bool, DatapathError> {
+    let p: &mut SchedClassifier = prog(ebpf, name)?;
+    let (id, fresh) = match PinnedLink::from_pin(pin) {
+        Ok(old) => {
+            let link = SchedClassifierLink::try_from(FdLink::from(old)).map_err(attach_err(name, ifname))?;
+            (p.attach_to_link(link).map_err(attach_err(name, ifname))?, false)
+        }
+        Err(_) => {
+            let kind = if egress { TcAttachType::Egress } else { TcAttachType::Ingress };
+            let opts = TcAttachOptions::TcxOrder(LinkOrder::default());
+            (p.attach_with_options(ifname, kind, opts).map_err(attach_err(name, ifname))?, true)
+        }
+    };
+    let link = p.take_link(id).map_err(attach_err(name, ifname))?;
+    let link = FdLink::try_from(link).map_err(attach_err(name, ifname))?;
+    pin_replace(link, pin, name)?;
+    Ok(fresh)
+}
+
+/// Remove both tc translators from an interface.
+pub fn detach_tc(bpffs: &Path, ifindex: u32) {
+    for egress in [true, false] {
+        let _ = fs::remove_file(tc_pin(bpffs, ifindex, egress));
+    }
+}

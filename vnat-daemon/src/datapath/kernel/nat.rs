@@ -1,0 +1,79 @@
+//! The pair of NAT entries that translate one flow, built from a
+//! [`Translation`] and read back into one (the pinned egress map is the
+//! record of every installed translation).
+
+use vnat_common::{FlowKey, NatRewrite};
+
+use crate::datapath::{flow_key, key_endpoints, Translation, VirtualFlow};
+
+/// Forward (egress) and reverse (ingress) entries of one translation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NatPair {
+    pub egress_key: FlowKey,
+    pub egress: NatRewrite,
+    pub ingress_key: FlowKey,
+    pub ingress: NatRewrite,
+}
+
+fn rewrite(src: std::net::SocketAddr, dst: std::net::SocketAddr, ifindex: u32, flags: u32) -> NatRewrite {
+    let k = flow_key(crate::datapath::Proto::Tcp, src, dst);
+    NatRewrite {
+        src_addr_be: k.src_addr_be,
+        dst_addr_be: k.dst_addr_be,
+        src_port_be: k.src_port_be,
+        dst_port_be: k.dst_port_be,
+        redirect_ifindex: ifindex,
+        flags,
+        _pad: 0,
+    }
+}
+
+/// Egress: virtual (as the local stack sends) to physical (on the wire).
+/// Ingress: physical (as received) to virtual (as the local stack expects).
+pub fn pair_for(t: &Translation, ifindex: u32, flags: u32) -> NatPair {
+    let f = &t.flow;
+    NatPair {
+        egress_key: flow_key(f.proto, f.local, f.remote),
+        egress: rewrite(t.physical_local, t.physical_remote, ifindex, flags),
+        ingress_key: flow_key(f.proto, t.physical_remote, t.physical_local),
+        ingress: rewrite(f.remote, f.local, ifindex, 0),
+    }
+}
+
+/// The translation an egress entry describes.
+pub fn translation_of(key: &FlowKey, v: &NatRewrite) -> Option<Translation> {
+    let flow = VirtualFlow::from_key(key)?;
+    let phys = FlowKey {
+        src_addr_be: v.src_addr_be,
+        dst_addr_be: v.dst_addr_be,
+        src_port_be: v.src_port_be,
+        dst_port_be: v.dst_port_be,
+        ..*key
+    };
+    let (physical_local, physical_remote) = key_endpoints(&phys)?;
+    Some(Translation { flow, physical_local, physical_remote })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::datapath::Proto;
+
+    #[test]
+    fn pair_is_symmetric_and_reads_back() {
+        let t = Translation {
+            flow: VirtualFlow { proto: Proto::Udp, local: "198.18.1.2:4000".parse().unwrap(), remote: "198.18.3.2:53".parse().unwrap() },
+            physical_local: "198.18.2.2:4001".parse().unwrap(),
+            physical_remote: "198.18.3.2:53".parse().unwrap(),
+        };
+        let p = pair_for(&t, 7, 0);
+        // A packet rewritten by egress, seen from the peer and sent back, is
+        // exactly the ingress key.
+        let on_wire = FlowKey { src_addr_be: p.egress.src_addr_be, dst_addr_be: p.egress.dst_addr_be, src_port_be: p.egress.src_port_be, dst_port_be: p.egress.dst_port_be, ..p.egress_key };
+        assert_eq!(on_wire.reversed(), p.ingress_key);
+        let restored = FlowKey { src_addr_be: p.ingress.src_addr_be, dst_addr_be: p.ingress.dst_addr_be, src_port_be: p.ingress.src_port_be, dst_port_be: p.ingress.dst_port_be, ..p.ingress_key };
+        assert_eq!(restored, p.egress_key.reversed());
+        assert_eq!(translation_of(&p.egress_key, &p.egress), Some(t));
+        assert_eq!(p.egress_key.proto, vnat_common::PROTO_UDP);
+    }
+}

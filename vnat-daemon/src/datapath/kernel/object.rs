@@ -1,0 +1,172 @@
+//! Loading the eBPF object with its maps pinned under the bpffs directory.
+
+use std::{
+    fs,
+    os::fd::AsRawFd,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    maps::{Array, HashMap, MapData, PerCpuArray},
+    programs::{CgroupSock, CgroupSockAddr, SchedClassifier, SockOps},
+    Ebpf, EbpfLoader,
+};
+use vnat_common::{
+    ConnRecord, DatapathConfig, FlowKey, NatRewrite, UdpPending, ABI_VERSION, CFG_F_NETNS_FILTER,
+    MAP_CONFIG, MAP_CONNS, MAP_EGRESS_NAT, MAP_INGRESS_NAT, MAP_STATS, MAP_UDP_PENDING,
+    PROG_SOCKOPS, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_UDP_CONNECT4, PROG_UDP_CONNECT6,
+    PROG_UDP_RECVMSG4, PROG_UDP_RECVMSG6, PROG_UDP_RELEASE, PROG_UDP_SENDMSG4,
+    PROG_UDP_SENDMSG6,
+};
+
+use crate::datapath::DatapathError;
+
+/// The eBPF object built by build.rs (empty when built with AYA_BUILD_SKIP).
+pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/vnat"));
+
+/// The cgroup sock_addr programs, in attach order.
+pub const SOCK_ADDR_PROGRAMS: [&str; 6] = [
+    PROG_UDP_CONNECT4,
+    PROG_UDP_CONNECT6,
+    PROG_UDP_SENDMSG4,
+    PROG_UDP_SENDMSG6,
+    PROG_UDP_RECVMSG4,
+    PROG_UDP_RECVMSG6,
+];
+
+/// Typed handles on the pinned maps.
+pub struct Maps {
+    pub conns: HashMap<MapData, FlowKey, ConnRecord>,
+    pub egress: HashMap<MapData, FlowKey, NatRewrite>,
+    pub ingress: HashMap<MapData, FlowKey, NatRewrite>,
+    pub stats: PerCpuArray<MapData, u64>,
+    pub config: Array<MapData, DatapathConfig>,
+    pub udp_pending: HashMap<MapData, u64, UdpPending>,
+}
+
+pub struct Loaded {
+    pub ebpf: Ebpf,
+    pub maps: Maps,
+    pub netns_cookie: u64,
+}
+
+fn map_err(map: &'static str) -> impl FnOnce(aya::maps::MapError) -> DatapathError {
+    move |e| DatapathError::Map { map, source: Box::new(e) }
+}
+
+fn load_err<E: std::error::Error + Send + Sync + 'static>(e: E) -> DatapathError {
+    DatapathError::Load { source: Box::new(e) }
+}
+
+/// Make sure `dir` is a directory on bpffs (creating it if needed).
+pub fn prepare_bpffs(dir: &Path) -> Result<(), DatapathError> {
+    const BPF_FS_MAGIC: i64 = 0xcafe4a11;
+    let bad = |reason: String| DatapathError::Bpffs { path: dir.to_path_buf(), reason };
+    fs::create_dir_all(dir).map_err(|e| bad(format!("cannot create it: {e}")))?;
+    let st = nix::sys::statfs::statfs(dir).map_err(|e| bad(format!("statfs failed: {e}")))?;
+    if st.filesystem_type().0 as i64 != BPF_FS_MAGIC {
+        return Err(bad("it is not on a bpf filesystem".into()));
+    }
+    fs::create_dir_all(dir.join("links")).map_err(|e| bad(format!("cannot create links/: {e}")))?;
+    Ok(())
+}
+
+/// The network namespace cookie of the calling thread's namespace.
+pub fn own_netns_cookie() -> Result<u64, DatapathError> {
+    let kernel = |what: &str, e: std::io::Error| DatapathError::Kernel { what: what.into(), source: e };
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0")
+        .or_else(|_| std::net::UdpSocket::bind("[::1]:0"))
+        .map_err(|e| kernel("opening a socket to read the netns cookie", e))?;
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SO_NETNS_COOKIE (71) since Linux 5.14.
+    let rc = unsafe {
+        libc::getsockopt(sock.as_raw_fd(), libc::SOL_SOCKET, 71, (&mut cookie as *mut u64).cast(), &mut len)
+    };
+    if rc != 0 {
+        return Err(kernel("getsockopt(SO_NETNS_COOKIE)", std::io::Error::last_os_error()));
+    }
+    Ok(cookie)
+}
+
+/// Load (or re-attach to) the datapath: maps come from the pins in `bpffs`
+/// when they exist, so translations installed by an earlier process stay.
+pub fn load(bpffs: &Path) -> Result<Loaded, DatapathError> {
+    if EBPF_OBJECT.is_empty() {
+        return Err(DatapathError::NoEbpfObject);
+    }
+    prepare_bpffs(bpffs)?;
+    let mut ebpf = EbpfLoader::new()
+        .default_map_pin_directory(bpffs)
+        .load(EBPF_OBJECT)
+        .map_err(load_err)?;
+
+    {
+        let p: &mut SockOps = prog(&mut ebpf, PROG_SOCKOPS)?;
+        p.load().map_err(load_err)?;
+    }
+    for name in SOCK_ADDR_PROGRAMS {
+        let p: &mut CgroupSockAddr = prog(&mut ebpf, name)?;
+        p.load().map_err(load_err)?;
+    }
+    {
+        let p: &mut CgroupSock = prog(&mut ebpf, PROG_UDP_RELEASE)?;
+        p.load().map_err(load_err)?;
+    }
+    for name in [PROG_TC_EGRESS, PROG_TC_INGRESS] {
+        let p: &mut SchedClassifier = prog(&mut ebpf, name)?;
+        p.load().map_err(load_err)?;
+    }
+
+    let take = |ebpf: &mut Ebpf, name: &'static str| {
+        ebpf.take_map(name).ok_or_else(|| DatapathError::Load {
+            source: format!("map {name} missing from the eBPF object").into(),
+        })
+    };
+    let maps = Maps {
+        conns: HashMap::try_from(take(&mut ebpf, MAP_CONNS)?).map_err(map_err(MAP_CONNS))?,
+        egress: HashMap::try_from(take(&mut ebpf, MAP_EGRESS_NAT)?).map_err(map_err(MAP_EGRESS_NAT))?,
+        ingress: HashMap::try_from(take(&mut ebpf, MAP_INGRESS_NAT)?).map_err(map_err(MAP_INGRESS_NAT))?,
+        stats: PerCpuArray::try_from(take(&mut ebpf, MAP_STATS)?).map_err(map_err(MAP_STATS))?,
+        config: Array::try_from(take(&mut ebpf, MAP_CONFIG)?).map_err(map_err(MAP_CONFIG))?,
+        udp_pending: HashMap::try_from(take(&mut ebpf, MAP_UDP_PENDING)?)
+            .map_err(map_err(MAP_UDP_PENDING))?,
+    };
+    let mut loaded = Loaded { ebpf, maps, netns_cookie: own_netns_cookie()? };
+    check_and_set_config(bpffs, &mut loaded)?;
+    Ok(loaded)
+}
+
+fn check_and_set_config(bpffs: &Path, l: &mut Loaded) -> Result<(), DatapathError> {
+    let existing = l.maps.config.get(&0, 0).map_err(map_err(MAP_CONFIG))?;
+    if existing.abi_version != 0 && existing.abi_version != ABI_VERSION {
+        return Err(DatapathError::AbiMismatch {
+            path: bpffs.to_path_buf(),
+            found: existing.abi_version,
+            expected: ABI_VERSION,
+        });
+    }
+    if existing.abi_version != 0 && existing.netns_cookie != l.netns_cookie {
+        return Err(DatapathError::Bpffs {
+            path: bpffs.to_path_buf(),
+            reason: "its pins belong to a vnatd of another network namespace; give each namespace its own --bpffs".into(),
+        });
+    }
+    let cfg = DatapathConfig { netns_cookie: l.netns_cookie, flags: CFG_F_NETNS_FILTER, abi_version: ABI_VERSION };
+    l.maps.config.set(0, cfg, 0).map_err(map_err(MAP_CONFIG))
+}
+
+pub fn prog<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, DatapathError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    let p = ebpf.program_mut(name).ok_or_else(|| DatapathError::Load {
+        source: format!("program {name} missing from the eBPF object").into(),
+    })?;
+    p.try_into().map_err(load_err)
+}
+
+/// Where the link pins live.
+pub fn links_dir(bpffs: &Path) -> PathBuf {
+    bpffs.join("links")
+}

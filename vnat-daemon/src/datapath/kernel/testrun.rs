@@ -1,0 +1,65 @@
+//! BPF_PROG_TEST_RUN: run a loaded program on a crafted packet and get the
+//! verdict and the packet as the program left it. Used by the tests of the
+//! tc translators; needs root (CAP_BPF/CAP_NET_ADMIN), no attachment.
+
+use std::os::fd::RawFd;
+
+/// `union bpf_attr`, the `test` member (include/uapi/linux/bpf.h).
+#[repr(C)]
+#[derive(Default)]
+struct TestRunAttr {
+    prog_fd: u32,
+    retval: u32,
+    data_size_in: u32,
+    data_size_out: u32,
+    data_in: u64,
+    data_out: u64,
+    repeat: u32,
+    duration: u32,
+    ctx_size_in: u32,
+    ctx_size_out: u32,
+    ctx_in: u64,
+    ctx_out: u64,
+    flags: u32,
+    cpu: u32,
+    batch_size: u32,
+    _pad: u32,
+}
+
+const BPF_PROG_TEST_RUN: libc::c_long = 10;
+
+/// What a test run returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TestRun {
+    /// The program's return value (TC_ACT_*).
+    pub verdict: u32,
+    /// The packet after the program ran.
+    pub packet: Vec<u8>,
+}
+
+/// Run program `prog_fd` once on `packet` (an Ethernet frame).
+pub fn run(prog_fd: RawFd, packet: &[u8]) -> std::io::Result<TestRun> {
+    let mut out = vec![0u8; packet.len() + 256];
+    let mut attr = TestRunAttr {
+        prog_fd: prog_fd as u32,
+        data_size_in: packet.len() as u32,
+        data_size_out: out.len() as u32,
+        data_in: packet.as_ptr() as u64,
+        data_out: out.as_mut_ptr() as u64,
+        repeat: 1,
+        ..Default::default()
+    };
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_PROG_TEST_RUN,
+            &mut attr as *mut TestRunAttr,
+            std::mem::size_of::<TestRunAttr>(),
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    out.truncate(attr.data_size_out as usize);
+    Ok(TestRun { verdict: attr.retval, packet: out })
+}
