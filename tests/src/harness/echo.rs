@@ -1,0 +1,139 @@
+//! A real echo peer: socat, as the integration tests' server side.
+use std::{
+    net::SocketAddr,
+    os::unix::process::CommandExt,
+    process::{Child, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use nix::{
+    sys::signal::{killpg, Signal},
+    unistd::Pid,
+};
+
+use super::Netns;
+
+/// vnat-stream's default `--datagram-size`.
+pub const UDP_DATAGRAM_SIZE: usize = 512;
+
+/// `socat` echoing everything back, in a namespace. TCP:
+/// `socat TCP-LISTEN:PORT,bind=ADDR,reuseaddr,fork EXEC:cat`; UDP:
+/// `socat -T 600 -b SIZE UDP-LISTEN:PORT,bind=ADDR,fork PIPE`. Construction
+/// returns once the socket is listening; drop kills socat and its forked
+/// children.
+pub struct EchoServer {
+    child: Child,
+    pub addr: SocketAddr,
+    pub udp: bool,
+}
+
+impl EchoServer {
+    /// TCP echo on `addr` (an unspecified IP listens on all addresses of
+    /// that family).
+    pub fn tcp(ns: &Netns, addr: SocketAddr) -> EchoServer {
+        let listen = format!(
+            "{}-LISTEN:{},{},reuseaddr,fork",
+            family(addr, "TCP"),
+            addr.port(),
+            bind(addr)
+        );
+        Self::start(ns, addr, false, &[&listen, "EXEC:cat"])
+    }
+
+    /// UDP echo on `addr` for datagrams of vnat-stream's default size (512
+    /// bytes); socat forks one child per peer address, which lives until
+    /// 600 s without traffic.
+    pub fn udp(ns: &Netns, addr: SocketAddr) -> EchoServer {
+        Self::udp_sized(ns, addr, UDP_DATAGRAM_SIZE)
+    }
+
+    /// UDP echo for datagrams of `size` bytes (vnat-stream's
+    /// `--datagram-size`). PIPE is a byte stream: with socat's default 8 KiB
+    /// buffer, datagrams queued in the pipe come back merged into one (or cut
+    /// across two). Reading exactly `size` bytes at a time keeps every echoed
+    /// datagram identical to the one sent.
+    pub fn udp_sized(ns: &Netns, addr: SocketAddr, size: usize) -> EchoServer {
+        let listen = format!(
+            "{}-LISTEN:{},{},fork",
+            family(addr, "UDP"),
+            addr.port(),
+            bind(addr)
+        );
+        let size = size.to_string();
+        Self::start(ns, addr, true, &["-T", "600", "-b", &size, &listen, "PIPE"])
+    }
+
+    fn start(ns: &Netns, addr: SocketAddr, udp: bool, args: &[&str]) -> EchoServer {
+        let mut cmd = ns.cmd("socat");
+        cmd.args(args).stdin(Stdio::null()).stdout(Stdio::null());
+        // Own process group, so that drop also reaches the children that
+        // socat forks per connection.
+        cmd.process_group(0);
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start socat in netns {}: {e}", ns.name()));
+        let mut server = EchoServer { child, addr, udp };
+        server.wait_listening(ns);
+        server
+    }
+
+    fn wait_listening(&mut self, ns: &Netns) {
+        let proto = if self.udp { "-lun" } else { "-ltn" };
+        let filter = format!("sport = :{}", self.addr.port());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "socat ({}) in netns {} exited at once: {status}",
+                    self.describe(),
+                    ns.name()
+                );
+            }
+            let out = ns.try_run(&["ss", "-H", proto, &filter]);
+            if out.status.success() && !out.stdout.iter().all(u8::is_ascii_whitespace) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "socat ({}) in netns {} is not listening after 5 s",
+                self.describe(),
+                ns.name()
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} echo on {}",
+            if self.udp { "UDP" } else { "TCP" },
+            self.addr
+        )
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+fn family(addr: SocketAddr, proto: &str) -> String {
+    format!("{proto}{}", if addr.is_ipv4() { "4" } else { "6" })
+}
+
+fn bind(addr: SocketAddr) -> String {
+    match addr {
+        SocketAddr::V4(a) => format!("bind={}", a.ip()),
+        // ipv6only: an IPv6 listener must not also take IPv4 connections as
+        // v4-mapped addresses, which would be a different socket family for
+        // vnat's programs than a real IPv4 peer.
+        SocketAddr::V6(a) => format!("bind=[{}],ipv6only=1", a.ip()),
+    }
+}
+
+impl Drop for EchoServer {
+    fn drop(&mut self) {
+        let _ = killpg(Pid::from_raw(self.child.id() as i32), Signal::SIGKILL);
+        let _ = self.child.wait();
+    }
+}

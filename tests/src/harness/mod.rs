@@ -1,0 +1,103 @@
+//! The namespace-host harness; see the crate documentation.
+mod bpffs;
+mod cgroup;
+mod echo;
+mod netns;
+mod stream;
+mod topology;
+
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    path::PathBuf,
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+pub use bpffs::{ensure_bpffs_mounted, BpffsDir, BPFFS_ROOT};
+pub use cgroup::{cgroup2_mount, Cgroup};
+pub use echo::{EchoServer, UDP_DATAGRAM_SIZE};
+pub use netns::{veth, Netns};
+pub use stream::{StreamClient, StreamOptions, StreamStatus};
+pub use topology::{netem_available, LaptopRouterServer, LaptopRouterServerBuilder, SameLink};
+
+/// `<pid>-<n>`: unique among everything this process creates, and across
+/// processes (cargo runs test binaries one after another, but a demo or a
+/// second `cargo test` may run beside them).
+pub fn unique_suffix() -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{}-{}", std::process::id(), n)
+}
+
+/// Path of a binary of this workspace (`vnatd`, `vnatctl`, `vnat-stream`,
+/// ...) built in the same target directory and profile as the running
+/// executable.
+///
+/// Integration tests run from `target/<profile>/deps/`, binaries such as the
+/// demo from `target/<profile>/`; both find their siblings in
+/// `target/<profile>/`. `VNAT_BIN_DIR` overrides the directory. Cargo builds a
+/// package's own binaries before its integration tests, but not other
+/// packages' binaries: `cargo xtask test` builds vnatd and vnatctl first.
+pub fn bin_path(name: &str) -> PathBuf {
+    let dir = match std::env::var_os("VNAT_BIN_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => {
+            let exe =
+                std::env::current_exe().expect("cannot find the path of the running executable");
+            let mut dir = exe
+                .parent()
+                .expect("the running executable has no directory")
+                .to_path_buf();
+            if dir.ends_with("deps") {
+                dir.pop();
+            }
+            dir
+        }
+    };
+    let path = dir.join(name);
+    assert!(
+        path.is_file(),
+        "{} does not exist: build it first (cargo build -p vnat-daemon -p vnatctl -p vnat-tests --bins, \
+         same profile), or point VNAT_BIN_DIR at the directory that holds it",
+        path.display()
+    );
+    path
+}
+
+/// Address family, for tests that run once per family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+/// One host's address on one subnet: always IPv4, IPv6 when the topology was
+/// built with IPv6.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dual {
+    pub v4: Ipv4Addr,
+    pub v6: Option<Ipv6Addr>,
+}
+
+impl Dual {
+    /// The IPv6 address; panics if the topology was built without IPv6.
+    pub fn v6(&self) -> Ipv6Addr {
+        self.v6
+            .expect("this topology was built without IPv6: use the builder's .ipv6(true)")
+    }
+
+    pub fn get(&self, family: Family) -> IpAddr {
+        match family {
+            Family::V4 => IpAddr::V4(self.v4),
+            Family::V6 => IpAddr::V6(self.v6()),
+        }
+    }
+
+    /// Every configured address with its prefix length (24 for IPv4, 64 for IPv6).
+    pub fn with_prefixes(&self) -> Vec<(IpAddr, u8)> {
+        let mut v = vec![(IpAddr::V4(self.v4), 24)];
+        if let Some(v6) = self.v6 {
+            v.push((IpAddr::V6(v6), 64));
+        }
+        v
+    }
+}

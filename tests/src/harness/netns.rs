@@ -1,0 +1,362 @@
+//! Network namespaces, entered without `ip netns exec`.
+//!
+//! `ip netns exec` remounts /sys in a private mount namespace, which hides
+//! bpffs and the cgroup2 mount from the program it runs; vnatd and the tests
+//! need both. Child processes therefore enter a namespace with setns(2) in a
+//! `pre_exec` hook (no remount, no extra process), and in-process work runs on
+//! a thread that setns'd (setns(CLONE_NEWNET) changes only the calling thread).
+use std::{
+    ffi::OsStr,
+    fs::File,
+    io,
+    net::{IpAddr, SocketAddr, TcpStream},
+    os::{fd::AsRawFd, unix::process::CommandExt},
+    path::PathBuf,
+    process::{Command, Output},
+    sync::Arc,
+    thread,
+    time::{Duration, Instant},
+};
+
+use nix::{
+    sched::{setns, CloneFlags},
+    sys::signal::{kill, Signal},
+    unistd::Pid,
+};
+
+use super::unique_suffix;
+
+/// A uniquely named network namespace (`vt-<tag>-<pid>-<n>`) with `lo` up.
+/// Dropping it kills the processes still inside and deletes it.
+pub struct Netns {
+    name: String,
+    /// Kept open for setns; shared with `pre_exec` closures of commands that
+    /// may outlive a borrow of `self`.
+    fd: Arc<File>,
+}
+
+impl Netns {
+    /// Creates `vt-<tag>-<pid>-<n>`. Keep `tag` short and plain (letters,
+    /// digits, `-`).
+    pub fn new(tag: &str) -> Netns {
+        let name = format!("vt-{tag}-{}", unique_suffix());
+        run_host(&["ip", "netns", "add", &name]);
+        let path = PathBuf::from("/run/netns").join(&name);
+        let fd = match File::open(&path) {
+            Ok(f) => Arc::new(f),
+            Err(e) => {
+                let _ = Command::new("ip").args(["netns", "del", &name]).output();
+                panic!("cannot open {}: {e}", path.display());
+            }
+        };
+        let ns = Netns { name, fd };
+        ns.ip(&["link", "set", "lo", "up"]);
+        // Make the namespace independent of the host's defaults (a new netns
+        // copies init_net's settings when net.core.devconf_inherit_init_net is
+        // set): no reverse-path filter, so translated packets are judged only
+        // by vnat; no IPv6 DAD, so addresses and link-local routes are usable
+        // at once (set before any veth is created here, which inherits
+        // `default`).
+        ns.set_sysctl("net/ipv4/conf/all/rp_filter", "0");
+        ns.set_sysctl("net/ipv4/conf/default/rp_filter", "0");
+        ns.set_sysctl("net/ipv6/conf/all/accept_dad", "0");
+        ns.set_sysctl("net/ipv6/conf/default/accept_dad", "0");
+        ns
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `/run/netns/<name>`, for `nsenter --net=<path>` or `--netns` options.
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from("/run/netns").join(&self.name)
+    }
+
+    /// A command that runs `program` inside this namespace (setns in the
+    /// child before exec; /sys, bpffs and cgroup2 stay visible). Add
+    /// arguments, stdio, more `pre_exec` hooks as with any `Command`.
+    pub fn cmd(&self, program: impl AsRef<OsStr>) -> Command {
+        let mut cmd = Command::new(program);
+        let fd = Arc::clone(&self.fd);
+        // SAFETY: the hook only calls setns(2), which is async-signal-safe,
+        // and allocates nothing.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        cmd
+    }
+
+    /// Runs `args[0]` with `args[1..]` inside the namespace and returns its
+    /// output; panics with the command and its stderr if it fails.
+    pub fn run<S: AsRef<OsStr>>(&self, args: &[S]) -> Output {
+        let out = self.try_run(args);
+        if !out.status.success() {
+            panic!(
+                "in netns {}: `{}` failed ({}): {}",
+                self.name,
+                show(args),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        out
+    }
+
+    /// Like [`Netns::run`] but returns the output whatever the exit status.
+    pub fn try_run<S: AsRef<OsStr>>(&self, args: &[S]) -> Output {
+        assert!(!args.is_empty(), "Netns::run needs a program");
+        self.cmd(&args[0])
+            .args(&args[1..])
+            .output()
+            .unwrap_or_else(|e| panic!("in netns {}: cannot run `{}`: {e}", self.name, show(args)))
+    }
+
+    /// Stdout of a successful [`Netns::run`], as a string.
+    pub fn run_stdout<S: AsRef<OsStr>>(&self, args: &[S]) -> String {
+        String::from_utf8_lossy(&self.run(args).stdout).into_owned()
+    }
+
+    /// `ip -n <name> ARGS`; panics with ip's message on failure. (`ip -n`
+    /// switches namespace inside the ip process only.)
+    pub fn ip(&self, args: &[&str]) -> Output {
+        let mut full = vec!["ip", "-n", &self.name];
+        full.extend_from_slice(args);
+        run_host(&full)
+    }
+
+    /// Runs `f` on a fresh thread that has entered this namespace, and
+    /// returns its result (a panic in `f` is re-raised here). Sockets, BPF
+    /// attachments by ifindex and /proc/sys/net writes made by `f` apply to
+    /// this namespace.
+    pub fn run_in<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        let fd = &self.fd;
+        let name = &self.name;
+        thread::scope(|s| {
+            let handle = s.spawn(move || {
+                setns(fd.as_ref(), CloneFlags::CLONE_NEWNET)
+                    .unwrap_or_else(|e| panic!("setns into netns {name}: {e}"));
+                f()
+            });
+            match handle.join() {
+                Ok(v) => v,
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        })
+    }
+
+    /// Writes `/proc/sys/<key>` inside the namespace, e.g.
+    /// `set_sysctl("net/ipv4/ip_forward", "1")` (dots work too).
+    pub fn set_sysctl(&self, key: &str, value: &str) {
+        let path = sysctl_path(key);
+        self.run_in(|| {
+            std::fs::write(&path, value).unwrap_or_else(|e| {
+                panic!(
+                    "in netns {}: writing {value} to {}: {e}",
+                    self.name,
+                    path.display()
+                )
+            })
+        });
+    }
+
+    /// Reads `/proc/sys/<key>` inside the namespace (trimmed).
+    pub fn sysctl(&self, key: &str) -> String {
+        let path = sysctl_path(key);
+        self.run_in(|| {
+            std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| {
+                    panic!("in netns {}: reading {}: {e}", self.name, path.display())
+                })
+                .trim()
+                .to_string()
+        })
+    }
+
+    /// IPv4 and IPv6 forwarding on (for routers).
+    pub fn enable_forwarding(&self) {
+        self.set_sysctl("net/ipv4/ip_forward", "1");
+        self.set_sysctl("net/ipv6/conf/all/forwarding", "1");
+    }
+
+    pub fn link_up(&self, dev: &str) {
+        self.ip(&["link", "set", dev, "up"]);
+    }
+
+    pub fn link_down(&self, dev: &str) {
+        self.ip(&["link", "set", dev, "down"]);
+    }
+
+    /// Adds `addr/prefix` to `dev`; IPv6 addresses get `nodad` so they are
+    /// usable at once.
+    pub fn add_addr(&self, dev: &str, addr: IpAddr, prefix: u8) {
+        let cidr = format!("{addr}/{prefix}");
+        match addr {
+            IpAddr::V4(_) => self.ip(&["addr", "add", &cidr, "dev", dev]),
+            IpAddr::V6(_) => self.ip(&["-6", "addr", "add", &cidr, "dev", dev, "nodad"]),
+        };
+    }
+
+    pub fn del_addr(&self, dev: &str, addr: IpAddr, prefix: u8) {
+        let cidr = format!("{addr}/{prefix}");
+        self.ip(&["addr", "del", &cidr, "dev", dev]);
+    }
+
+    /// `ip route replace DEST via VIA dev DEV` (DEST is a CIDR or `default`);
+    /// the family follows `via`.
+    pub fn route_via(&self, dest: &str, via: IpAddr, dev: &str) {
+        let via = via.to_string();
+        let family = if via.contains(':') { "-6" } else { "-4" };
+        self.ip(&[family, "route", "replace", dest, "via", &via, "dev", dev]);
+    }
+
+    /// `ip route replace default via VIA dev DEV`.
+    pub fn default_route(&self, via: IpAddr, dev: &str) {
+        self.route_via("default", via, dev);
+    }
+
+    /// Pids of the processes whose network namespace this is.
+    pub fn pids(&self) -> Vec<i32> {
+        let out = Command::new("ip")
+            .args(["netns", "pids", &self.name])
+            .output();
+        match out {
+            Ok(out) => String::from_utf8_lossy(&out.stdout)
+                .split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// True if a TCP connection attempt from this namespace to `addr` is
+    /// answered (accepted or refused) within `timeout`: plain reachability
+    /// without ping (iputils is not a dependency) and without a listener.
+    pub fn reachable(&self, addr: IpAddr, timeout: Duration) -> bool {
+        // Port 9 (discard) is normally closed: a RST is the answer we expect.
+        let target = SocketAddr::new(addr, 9);
+        self.run_in(|| match TcpStream::connect_timeout(&target, timeout) {
+            Ok(_) => true,
+            Err(e) => e.kind() == io::ErrorKind::ConnectionRefused,
+        })
+    }
+
+    /// Waits up to `timeout` for [`Netns::reachable`]; panics if it never is.
+    pub fn wait_reachable(&self, addr: IpAddr, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.reachable(addr, Duration::from_millis(500)) {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "from netns {}: {addr} is not reachable after {timeout:?}",
+                    self.name
+                );
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        // Processes left inside (servers, clients of a failed test) would keep
+        // the namespace and its veths alive: stop them, gently first.
+        let me = std::process::id() as i32;
+        for signal in [Signal::SIGTERM, Signal::SIGKILL] {
+            let pids: Vec<i32> = self.pids().into_iter().filter(|&p| p != me).collect();
+            if pids.is_empty() {
+                break;
+            }
+            for pid in &pids {
+                let _ = kill(Pid::from_raw(*pid), signal);
+            }
+            let deadline = Instant::now() + Duration::from_millis(500);
+            while Instant::now() < deadline && self.pids().iter().any(|p| *p != me) {
+                thread::sleep(Duration::from_millis(20));
+            }
+        }
+        // Never panic in drop (a second panic during unwinding aborts).
+        match Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output()
+        {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => eprintln!(
+                "warning: ip netns del {} failed: {}",
+                self.name,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+            Err(e) => eprintln!("warning: cannot run ip netns del {}: {e}", self.name),
+        }
+    }
+}
+
+/// Creates a veth pair with one end, `a_if`, in `a` and the other, `b_if`,
+/// in `b`, both up. The ends are created directly in their namespaces, so the
+/// names only need to be unique there (and at most 15 bytes).
+pub fn veth(a: &Netns, a_if: &str, b: &Netns, b_if: &str) {
+    assert!(
+        a_if.len() <= 15 && b_if.len() <= 15,
+        "interface names are at most 15 bytes: {a_if}, {b_if}"
+    );
+    run_host(&[
+        "ip",
+        "link",
+        "add",
+        a_if,
+        "netns",
+        a.name(),
+        "type",
+        "veth",
+        "peer",
+        "name",
+        b_if,
+        "netns",
+        b.name(),
+    ]);
+    a.link_up(a_if);
+    b.link_up(b_if);
+}
+
+/// Runs a command in the test's own namespace; panics with its stderr on failure.
+pub(crate) fn run_host(args: &[&str]) -> Output {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run `{}`: {e}", args.join(" ")));
+    if !out.status.success() {
+        panic!(
+            "`{}` failed ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    out
+}
+
+fn sysctl_path(key: &str) -> PathBuf {
+    let key = key.trim_start_matches('/').trim_start_matches("proc/sys/");
+    // net.ipv4.ip_forward style keys; interface names may contain dots only
+    // in the slash form.
+    let key = if key.contains('/') {
+        key.to_string()
+    } else {
+        key.replace('.', "/")
+    };
+    PathBuf::from("/proc/sys").join(key)
+}
+
+fn show<S: AsRef<OsStr>>(args: &[S]) -> String {
+    args.iter()
+        .map(|a| a.as_ref().to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
+}

@@ -1,0 +1,331 @@
+//! The Rust side of `vnat-stream`: spawn it in a namespace, follow its JSON
+//! status lines, wait for progress, stop it and get the final summary.
+use std::{
+    io::{BufRead, BufReader, Read},
+    net::SocketAddr,
+    process::{Child, Command, Stdio},
+    sync::{Arc, Condvar, Mutex},
+    thread::{self, JoinHandle},
+    time::{Duration, Instant},
+};
+
+use nix::{
+    sys::signal::{kill, Signal},
+    unistd::Pid,
+};
+use serde_json::Value;
+
+use super::{bin_path, Netns};
+
+/// What `vnat-stream client` is told to do.
+#[derive(Clone, Debug)]
+pub struct StreamOptions {
+    pub connect: SocketAddr,
+    pub udp: bool,
+    /// Bytes per second to send (None: the tool's default, 100000; Some(0):
+    /// as fast as the socket takes them).
+    pub rate_bytes_per_sec: Option<u64>,
+    /// Stop by itself after this many seconds.
+    pub duration_secs: Option<u64>,
+    /// Local address to bind before connecting.
+    pub bind: Option<std::net::IpAddr>,
+}
+
+impl StreamOptions {
+    pub fn tcp(connect: SocketAddr) -> Self {
+        StreamOptions {
+            connect,
+            udp: false,
+            rate_bytes_per_sec: None,
+            duration_secs: None,
+            bind: None,
+        }
+    }
+
+    pub fn udp(connect: SocketAddr) -> Self {
+        StreamOptions {
+            udp: true,
+            ..Self::tcp(connect)
+        }
+    }
+
+    pub fn rate(mut self, bytes_per_sec: u64) -> Self {
+        self.rate_bytes_per_sec = Some(bytes_per_sec);
+        self
+    }
+
+    pub fn duration_secs(mut self, secs: u64) -> Self {
+        self.duration_secs = Some(secs);
+        self
+    }
+
+    pub fn bind(mut self, ip: std::net::IpAddr) -> Self {
+        self.bind = Some(ip);
+        self
+    }
+
+    /// The command that runs `vnat-stream client` with these options in `ns`,
+    /// for callers that add more (e.g. `Cgroup::join_on_spawn`) before
+    /// [`StreamClient::from_command`].
+    pub fn command(&self, ns: &Netns) -> Command {
+        let mut cmd = ns.cmd(bin_path("vnat-stream"));
+        cmd.arg("client")
+            .arg("--connect")
+            .arg(self.connect.to_string());
+        if self.udp {
+            cmd.arg("--udp");
+        }
+        if let Some(r) = self.rate_bytes_per_sec {
+            cmd.arg("--rate-bytes-per-sec").arg(r.to_string());
+        }
+        if let Some(d) = self.duration_secs {
+            cmd.arg("--duration-secs").arg(d.to_string());
+        }
+        if let Some(b) = self.bind {
+            cmd.arg("--bind").arg(b.to_string());
+        }
+        cmd
+    }
+}
+
+/// One status line of `vnat-stream` (the raw JSON is in `json`; UDP lines
+/// carry extra fields such as `lost` and `duplicates`).
+#[derive(Clone, Debug)]
+pub struct StreamStatus {
+    pub t_ms: u64,
+    pub sent: u64,
+    pub verified: u64,
+    pub max_gap_ms: u64,
+    pub local: String,
+    pub remote: String,
+    pub error: Option<String>,
+    pub is_final: bool,
+    pub json: Value,
+}
+
+impl StreamStatus {
+    fn parse(line: &str) -> Option<StreamStatus> {
+        let json: Value = serde_json::from_str(line).ok()?;
+        let u = |k: &str| json.get(k).and_then(Value::as_u64).unwrap_or(0);
+        let s = |k: &str| {
+            json.get(k)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        };
+        Some(StreamStatus {
+            t_ms: u("t_ms"),
+            sent: u("sent"),
+            verified: u("verified"),
+            max_gap_ms: u("max_gap_ms"),
+            local: s("local"),
+            remote: s("remote"),
+            error: json
+                .get("error")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            is_final: json.get("final").and_then(Value::as_bool).unwrap_or(false),
+            json,
+        })
+    }
+}
+
+#[derive(Default)]
+struct Shared {
+    latest: Option<StreamStatus>,
+    final_status: Option<StreamStatus>,
+    /// stdout closed: the process is gone (or about to be).
+    closed: bool,
+    stderr: String,
+}
+
+/// A running `vnat-stream client`. Dropping it kills the process.
+pub struct StreamClient {
+    child: Child,
+    shared: Arc<(Mutex<Shared>, Condvar)>,
+    threads: Vec<JoinHandle<()>>,
+    what: String,
+}
+
+impl StreamClient {
+    /// Starts `vnat-stream client` with `opts` inside `ns`.
+    pub fn spawn(ns: &Netns, opts: &StreamOptions) -> StreamClient {
+        let what = format!(
+            "vnat-stream {} to {} in netns {}",
+            if opts.udp { "UDP" } else { "TCP" },
+            opts.connect,
+            ns.name()
+        );
+        let mut c = Self::from_command(opts.command(ns));
+        c.what = what;
+        c
+    }
+
+    /// Starts a prepared `vnat-stream client` command (see
+    /// [`StreamOptions::command`]); stdout and stderr are taken over.
+    pub fn from_command(mut cmd: Command) -> StreamClient {
+        let what = format!("{:?}", cmd.get_program());
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+        let shared = Arc::new((Mutex::new(Shared::default()), Condvar::new()));
+        let stdout = child.stdout.take().expect("piped stdout");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let sh = Arc::clone(&shared);
+        let out_thread = thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let Some(status) = StreamStatus::parse(&line) else {
+                    continue;
+                };
+                let (lock, cv) = &*sh;
+                let mut s = lock.lock().unwrap_or_else(|e| e.into_inner());
+                if status.is_final {
+                    s.final_status = Some(status.clone());
+                }
+                s.latest = Some(status);
+                cv.notify_all();
+            }
+            let (lock, cv) = &*sh;
+            lock.lock().unwrap_or_else(|e| e.into_inner()).closed = true;
+            cv.notify_all();
+        });
+        let sh = Arc::clone(&shared);
+        let err_thread = thread::spawn(move || {
+            let mut text = String::new();
+            let _ = BufReader::new(stderr).read_to_string(&mut text);
+            sh.0.lock().unwrap_or_else(|e| e.into_inner()).stderr = text;
+        });
+        StreamClient {
+            child,
+            shared,
+            threads: vec![out_thread, err_thread],
+            what,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The most recent status line, if any arrived yet.
+    pub fn latest(&self) -> Option<StreamStatus> {
+        self.shared
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .latest
+            .clone()
+    }
+
+    /// Waits until at least `n` bytes were echoed back and verified; panics if
+    /// the stream reports an error, exits, or `timeout` passes first.
+    pub fn wait_verified_at_least(&self, n: u64, timeout: Duration) -> StreamStatus {
+        self.wait_until(timeout, &format!("{n} verified bytes"), |s| s.verified >= n)
+    }
+
+    /// Waits until a status line satisfies `done`; panics (with the latest
+    /// status) if the stream reports an error, exits, or `timeout` passes.
+    pub fn wait_until(
+        &self,
+        timeout: Duration,
+        what: &str,
+        done: impl Fn(&StreamStatus) -> bool,
+    ) -> StreamStatus {
+        let deadline = Instant::now() + timeout;
+        let (lock, cv) = &*self.shared;
+        let mut s = lock.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(latest) = &s.latest {
+                if let Some(err) = &latest.error {
+                    panic!(
+                        "{} failed while waiting for {what}: {err}; latest status: {}",
+                        self.what, latest.json
+                    );
+                }
+                if done(latest) {
+                    return latest.clone();
+                }
+            }
+            if s.closed || s.final_status.is_some() {
+                panic!(
+                    "{} ended while waiting for {what}; latest status: {}; stderr: {}",
+                    self.what,
+                    show(&s.latest),
+                    s.stderr.trim()
+                );
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                panic!(
+                    "{} did not reach {what} within {timeout:?}; latest status: {}",
+                    self.what,
+                    show(&s.latest)
+                );
+            }
+            s = cv
+                .wait_timeout(s, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Sends SIGTERM and returns the final summary line (with `is_final`);
+    /// the caller asserts on it (`error`, `verified == sent`...). Panics if
+    /// no summary arrives within 30 s.
+    pub fn stop(mut self) -> StreamStatus {
+        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
+        self.wait_final(Duration::from_secs(30))
+    }
+
+    /// Waits for the process to finish by itself (after `--duration-secs`)
+    /// and returns its final summary.
+    pub fn wait(mut self, timeout: Duration) -> StreamStatus {
+        self.wait_final(timeout)
+    }
+
+    fn wait_final(&mut self, timeout: Duration) -> StreamStatus {
+        let deadline = Instant::now() + timeout;
+        let (lock, cv) = &*self.shared;
+        let mut s = lock.lock().unwrap_or_else(|e| e.into_inner());
+        while !s.closed && Instant::now() < deadline {
+            s = cv
+                .wait_timeout(s, deadline.saturating_duration_since(Instant::now()))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        let final_status = s.final_status.clone();
+        let latest = show(&s.latest);
+        drop(s);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        let stderr = self
+            .shared
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .stderr
+            .clone();
+        final_status.unwrap_or_else(|| {
+            panic!("{} printed no final summary within {timeout:?}; latest status: {latest}; stderr: {}", self.what, stderr.trim())
+        })
+    }
+}
+
+fn show(s: &Option<StreamStatus>) -> String {
+    s.as_ref()
+        .map_or_else(|| "none".to_string(), |s| s.json.to_string())
+}
+
+impl Drop for StreamClient {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,226 @@
+//! Self-test of the harness, without vnat: the topologies route, socat
+//! echoes, vnat-stream verifies bytes, and drop leaves nothing behind.
+//! Needs root (run through `cargo xtask test`).
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::PathBuf,
+    process::Command,
+    time::Duration,
+};
+
+use vnat_tests::{
+    BpffsDir, Cgroup, EchoServer, Family, LaptopRouterServer, SameLink, StreamClient, StreamOptions,
+};
+
+fn netns_list() -> String {
+    let out = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("running ip netns list");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn assert_netns_gone(names: &[String]) {
+    let list = netns_list();
+    for name in names {
+        assert!(
+            !list
+                .lines()
+                .any(|l| l.split_whitespace().next() == Some(name.as_str())),
+            "netns {name} still exists after drop: {list}"
+        );
+    }
+}
+
+/// Streams `bytes` through an echo server at `server`:`port` from `client`
+/// and checks that every byte came back verified.
+fn stream_through(
+    client: &vnat_tests::Netns,
+    server_ns: &vnat_tests::Netns,
+    server: IpAddr,
+    port: u16,
+    udp: bool,
+) {
+    let addr = SocketAddr::new(server, port);
+    let _echo = if udp {
+        EchoServer::udp(server_ns, addr)
+    } else {
+        EchoServer::tcp(server_ns, addr)
+    };
+    let opts = if udp {
+        StreamOptions::udp(addr)
+    } else {
+        StreamOptions::tcp(addr)
+    }
+    .rate(200_000);
+    let stream = StreamClient::spawn(client, &opts);
+    let status = stream.wait_verified_at_least(100_000, Duration::from_secs(10));
+    assert_eq!(status.error, None);
+    assert_eq!(
+        status.remote,
+        addr.to_string(),
+        "the stream is connected to the wrong address"
+    );
+    let last = stream.stop();
+    assert!(last.is_final);
+    assert_eq!(last.error, None, "stream failed: {}", last.json);
+    assert!(
+        last.verified >= 100_000,
+        "too little verified: {}",
+        last.json
+    );
+    if udp {
+        // A quiet veth loses nothing; losses here mean a harness bug.
+        assert_eq!(
+            last.json["lost"], 0,
+            "UDP datagrams lost on an idle topology: {}",
+            last.json
+        );
+    } else {
+        assert_eq!(
+            last.verified, last.sent,
+            "TCP echo incomplete after stop: {}",
+            last.json
+        );
+    }
+}
+
+#[test]
+fn laptop_router_server_routes_and_echoes_dual_stack() {
+    let names;
+    {
+        let t = LaptopRouterServer::builder()
+            .tag("hself")
+            .ipv6(true)
+            .build();
+        names = vec![
+            t.laptop.name().to_string(),
+            t.router.name().to_string(),
+            t.server.name().to_string(),
+        ];
+        assert!(
+            netns_list().contains(&names[0]),
+            "netns {} not listed after creation",
+            names[0]
+        );
+        assert_eq!(t.router.sysctl("net.ipv4.ip_forward"), "1");
+        assert_eq!(
+            t.laptop.sysctl("net.ipv4.ip_forward"),
+            "0",
+            "sysctl leaked across namespaces"
+        );
+
+        for family in [Family::V4, Family::V6] {
+            let server = t.server_addr.get(family);
+            t.laptop.wait_reachable(server, Duration::from_secs(5));
+            t.server
+                .wait_reachable(t.laptop_a_addr.get(family), Duration::from_secs(5));
+            stream_through(&t.laptop, &t.server, server, 7000, false);
+            stream_through(&t.laptop, &t.server, server, 7001, true);
+        }
+
+        // The roam: A goes away, B comes up; the laptop reaches the server
+        // from its new address and the old one is gone.
+        t.move_laptop_to_b();
+        for family in [Family::V4, Family::V6] {
+            t.laptop
+                .wait_reachable(t.server_addr.get(family), Duration::from_secs(5));
+            assert!(
+                !t.server
+                    .reachable(t.laptop_a_addr.get(family), Duration::from_millis(500)),
+                "the laptop's old {family:?} address still answers after the move"
+            );
+            t.server
+                .wait_reachable(t.laptop_b_addr.get(family), Duration::from_secs(5));
+        }
+        let addrs =
+            String::from_utf8_lossy(&t.laptop.ip(&["-br", "addr", "show", "dev", "wb"]).stdout)
+                .into_owned();
+        assert!(
+            addrs.contains("198.18.2.2/24") && addrs.contains("fd00:5e:2::2/64"),
+            "wb: {addrs}"
+        );
+        t.move_laptop_to_a();
+        t.laptop
+            .wait_reachable(t.server_addr.v4.into(), Duration::from_secs(5));
+    }
+    assert_netns_gone(&names);
+}
+
+#[test]
+fn same_link_routes_echoes_and_renumbers() {
+    let names;
+    {
+        let t = SameLink::new("hsame", true);
+        names = vec![t.laptop.name().to_string(), t.server.name().to_string()];
+        for family in [Family::V4, Family::V6] {
+            let server = t.server_addr.get(family);
+            t.laptop.wait_reachable(server, Duration::from_secs(5));
+            stream_through(&t.laptop, &t.server, server, 7100, false);
+        }
+        stream_through(&t.laptop, &t.server, t.server_addr.v4.into(), 7101, true);
+        t.move_laptop();
+        for family in [Family::V4, Family::V6] {
+            t.server
+                .wait_reachable(t.laptop_new_addr.get(family), Duration::from_secs(5));
+            assert!(!t
+                .server
+                .reachable(t.laptop_addr.get(family), Duration::from_millis(500)));
+        }
+    }
+    assert_netns_gone(&names);
+}
+
+/// Without vnat a TCP connection does not survive the laptop's move: the
+/// checker must report it rather than hang or call it a success. (This is
+/// the failure vnat exists to prevent; here it proves the checker notices.)
+#[test]
+fn stream_reports_a_connection_that_breaks() {
+    let t = SameLink::new("hbrk", false);
+    let addr = SocketAddr::new(t.server_addr.v4.into(), 7200);
+    let echo = EchoServer::tcp(&t.server, addr);
+    let stream = StreamClient::spawn(&t.laptop, &StreamOptions::tcp(addr).rate(50_000));
+    stream.wait_verified_at_least(20_000, Duration::from_secs(10));
+    // Killing the server resets the connection (socat's children are killed).
+    drop(echo);
+    let status = stream.wait(Duration::from_secs(20));
+    let err = status
+        .error
+        .expect("vnat-stream did not report the broken connection");
+    assert!(
+        err.contains("reset") || err.contains("EOF"),
+        "unexpected error: {err}"
+    );
+}
+
+#[test]
+fn cgroup_and_bpffs_dirs_are_created_and_removed() {
+    let (cg_path, bpf_path): (PathBuf, PathBuf);
+    {
+        let cg = Cgroup::new("hself");
+        let bpf = BpffsDir::new("hself");
+        cg_path = cg.path().to_path_buf();
+        bpf_path = bpf.path().to_path_buf();
+        assert!(cg.id() > 1, "cgroup id of {}", cg_path.display());
+        assert!(bpf_path.is_dir());
+
+        // A child that joins on spawn is in the cgroup from the start and is
+        // killed by the drop.
+        let mut cmd = Command::new("sleep");
+        cmd.arg("600");
+        cg.join_on_spawn(&mut cmd);
+        let child = cmd.spawn().expect("spawning sleep");
+        assert_eq!(cg.procs(), vec![child.id()]);
+        std::mem::forget(child);
+    }
+    assert!(
+        !cg_path.exists(),
+        "cgroup {} still exists after drop",
+        cg_path.display()
+    );
+    assert!(
+        !bpf_path.exists(),
+        "bpffs dir {} still exists after drop",
+        bpf_path.display()
+    );
+}

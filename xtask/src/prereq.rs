@@ -1,0 +1,371 @@
+//! `cargo xtask prereq`: check the machine and install what is missing.
+//!
+//! Idempotent and fast when nothing is missing: every check is a file read or
+//! one short command (`dpkg-query`, `rustup component list`,
+//! `bpf-linker --version`); the slow installers run only for what is missing.
+use std::{
+    fs,
+    path::Path,
+    process::{Command, Stdio},
+};
+
+use anyhow::{bail, Context as _, Result};
+
+/// The nightly that builds the eBPF programs (`-Z build-std=core` for
+/// bpfel-unknown-none). Keep in sync with `vnat-daemon/build.rs`.
+pub const EBPF_TOOLCHAIN: &str = "nightly-2026-05-20";
+/// bpf-linker links the eBPF object; 0.13.0 is the release built against LLVM 22,
+/// the LLVM of the pinned nightly.
+pub const BPF_LINKER_VERSION: &str = "0.13.0";
+/// LLVM major version bpf-linker is built against (Debian `llvm-22-dev`).
+pub const LLVM_MAJOR: u32 = 22;
+
+/// Debian packages the tests, the demo and the bpf-linker build need.
+/// llvm/polly are bpf-linker's build and run-time dependencies (it links
+/// libLLVM dynamically); the rest are the real peers and tools the integration
+/// tests drive (socat and iperf3 as servers, sshd, nc, tcpdump for debugging,
+/// nsenter from util-linux to enter namespaces without `ip netns exec`).
+const DEBIAN_PACKAGES: &[&str] = &[
+    "iproute2",
+    "socat",
+    "iperf3",
+    "openssh-server",
+    "openssh-client",
+    "netcat-openbsd",
+    "ethtool",
+    "tcpdump",
+    "util-linux",
+    "llvm-22-dev",
+    "libpolly-22-dev",
+];
+
+/// Oldest kernel the datapath supports: sock_ops, cgroup sock_addr hooks and
+/// `bpf_redirect_neigh` (5.10). TCX needs 6.6; older kernels use clsact.
+const MIN_KERNEL: (u32, u32) = (5, 10);
+const TCX_KERNEL: (u32, u32) = (6, 6);
+
+const ROOT_SENTENCE: &str = "vnat's tests and demo load eBPF programs and create network \
+    namespaces: run as root (sudo -E cargo xtask test)";
+
+/// Runs every check; with `check_only` it installs nothing and fails if
+/// something is missing.
+pub fn run(check_only: bool) -> Result<()> {
+    if !check_only && !is_root()? {
+        bail!("{ROOT_SENTENCE}");
+    }
+    check_kernel()?;
+
+    let mut missing = Vec::new();
+
+    let packages = missing_debian_packages()?;
+    if !packages.is_empty() {
+        if check_only {
+            missing.push(format!("Debian packages: {}", packages.join(" ")));
+        } else {
+            install_debian_packages(&packages)?;
+        }
+    }
+
+    if !ebpf_toolchain_installed()? {
+        if check_only {
+            missing.push(format!("the {EBPF_TOOLCHAIN} toolchain with rust-src"));
+        } else {
+            install_ebpf_toolchain()?;
+        }
+    }
+
+    match bpf_linker_version() {
+        Some(v) if v == BPF_LINKER_VERSION => {}
+        found => {
+            if check_only {
+                missing.push(format!(
+                    "bpf-linker {BPF_LINKER_VERSION} (found: {})",
+                    found.as_deref().unwrap_or("none")
+                ));
+            } else {
+                install_bpf_linker()?;
+            }
+        }
+    }
+
+    if !bpffs_mounted()? {
+        if check_only {
+            missing.push("bpffs mounted at /sys/fs/bpf".to_string());
+        } else {
+            mount_bpffs()?;
+        }
+    }
+
+    if check_only {
+        if !missing.is_empty() {
+            bail!(
+                "missing: {}; run `sudo -E cargo xtask prereq` to install them",
+                missing.join(", ")
+            );
+        }
+        println!("prereq: everything is in place");
+    }
+    Ok(())
+}
+
+/// Effective uid 0, read from /proc so that xtask needs no libc binding.
+fn is_root() -> Result<bool> {
+    let status = fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
+    let uid_line = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .context("no Uid line in /proc/self/status")?;
+    // Fields: real, effective, saved, filesystem.
+    let euid = uid_line
+        .split_whitespace()
+        .nth(1)
+        .context("malformed Uid line in /proc/self/status")?;
+    Ok(euid == "0")
+}
+
+fn check_kernel() -> Result<()> {
+    let release =
+        fs::read_to_string("/proc/sys/kernel/osrelease").context("reading the kernel release")?;
+    let release = release.trim();
+    let version = parse_kernel_version(release)
+        .with_context(|| format!("cannot parse the kernel release `{release}`"))?;
+    if version < MIN_KERNEL {
+        bail!(
+            "kernel {release} is too old: vnat needs Linux {}.{} or newer",
+            MIN_KERNEL.0,
+            MIN_KERNEL.1
+        );
+    }
+    if version < TCX_KERNEL {
+        println!(
+            "note: kernel {release} has no TCX; the datapath will attach tc programs with clsact"
+        );
+    }
+    if !Path::new("/proc/sys/kernel/unprivileged_bpf_disabled").exists() {
+        bail!("this kernel has no bpf() system call (CONFIG_BPF_SYSCALL): vnat needs eBPF");
+    }
+    if !Path::new("/sys/kernel/btf/vmlinux").exists() {
+        bail!("this kernel exposes no BTF at /sys/kernel/btf/vmlinux (CONFIG_DEBUG_INFO_BTF): the eBPF programs need it to load");
+    }
+    if cgroup2_mount()?.is_none() {
+        bail!("no cgroup v2 hierarchy is mounted: mount one (mount -t cgroup2 none /sys/fs/cgroup) so vnat can attach its sock_ops and sock_addr programs");
+    }
+    Ok(())
+}
+
+fn parse_kernel_version(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+/// (mount point, fstype) pairs from /proc/mounts.
+fn mounts() -> Result<Vec<(String, String)>> {
+    let text = fs::read_to_string("/proc/mounts").context("reading /proc/mounts")?;
+    Ok(text
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let _source = f.next()?;
+            Some((f.next()?.to_string(), f.next()?.to_string()))
+        })
+        .collect())
+}
+
+fn cgroup2_mount() -> Result<Option<String>> {
+    Ok(mounts()?
+        .into_iter()
+        .find(|(_, ty)| ty == "cgroup2")
+        .map(|(p, _)| p))
+}
+
+fn bpffs_mounted() -> Result<bool> {
+    Ok(mounts()?
+        .iter()
+        .any(|(p, ty)| p == "/sys/fs/bpf" && ty == "bpf"))
+}
+
+fn mount_bpffs() -> Result<()> {
+    println!("mounting bpffs at /sys/fs/bpf");
+    fs::create_dir_all("/sys/fs/bpf").context("creating /sys/fs/bpf")?;
+    run_quiet(
+        Command::new("mount").args(["-t", "bpf", "bpf", "/sys/fs/bpf"]),
+        "mounting bpffs at /sys/fs/bpf",
+    )
+}
+
+fn missing_debian_packages() -> Result<Vec<String>> {
+    let out = match Command::new("dpkg-query")
+        .args(["-W", "-f=${Package} ${db:Status-Status}\n"])
+        .args(DEBIAN_PACKAGES)
+        .stderr(Stdio::null())
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
+            "this is not a Debian-like machine (no dpkg-query): install these packages by hand, then re-run: {}",
+            DEBIAN_PACKAGES.join(" ")
+        ),
+        Err(e) => return Err(e).context("running dpkg-query"),
+    };
+    // dpkg-query exits 1 when some package is unknown; stdout still lists the
+    // known ones, so the exit status carries no extra information here.
+    let text = String::from_utf8_lossy(&out.stdout);
+    let installed: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(_, status)| *status == "installed")
+        .map(|(name, _)| name.split(':').next().unwrap_or(name))
+        .collect();
+    Ok(DEBIAN_PACKAGES
+        .iter()
+        .filter(|p| !installed.contains(p))
+        .map(|p| p.to_string())
+        .collect())
+}
+
+fn install_debian_packages(packages: &[String]) -> Result<()> {
+    println!("installing Debian packages: {}", packages.join(" "));
+    run_quiet(
+        apt().args(["-q", "update"]),
+        "updating the Debian package lists (apt-get update)",
+    )?;
+    run_quiet(
+        apt()
+            .args(["-q", "-y", "--no-install-recommends", "install"])
+            .args(packages),
+        &format!("installing the Debian packages {}", packages.join(" ")),
+    )
+}
+
+fn apt() -> Command {
+    let mut cmd = Command::new("apt-get");
+    // CI has no terminal: never ask (iperf3 and openssh-server have debconf questions).
+    cmd.env("DEBIAN_FRONTEND", "noninteractive")
+        .stdin(Stdio::null());
+    cmd
+}
+
+fn ebpf_toolchain_installed() -> Result<bool> {
+    let out = match Command::new("rustup")
+        .args(["component", "list", "--installed", "--toolchain", EBPF_TOOLCHAIN])
+        .stderr(Stdio::null())
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
+            "rustup is not installed: the eBPF programs need the {EBPF_TOOLCHAIN} toolchain, which xtask installs with rustup (https://rustup.rs)"
+        ),
+        Err(e) => return Err(e).context("running rustup"),
+    };
+    // A toolchain that is not installed makes rustup fail: that is "missing".
+    Ok(out.status.success()
+        && String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .any(|l| l.trim() == "rust-src"))
+}
+
+fn install_ebpf_toolchain() -> Result<()> {
+    println!("installing Rust toolchain {EBPF_TOOLCHAIN} with rust-src (builds the eBPF programs)");
+    run_quiet(
+        Command::new("rustup").args([
+            "toolchain",
+            "install",
+            EBPF_TOOLCHAIN,
+            "--profile",
+            "minimal",
+            "--component",
+            "rust-src",
+        ]),
+        &format!("installing the Rust toolchain {EBPF_TOOLCHAIN} with rust-src"),
+    )
+}
+
+/// The installed bpf-linker's version, from `bpf-linker --version`
+/// ("bpf-linker 0.13.0"), or None when it is not on PATH.
+fn bpf_linker_version() -> Option<String> {
+    let out = Command::new("bpf-linker")
+        .arg("--version")
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split_whitespace().nth(1).map(str::to_string)
+}
+
+fn install_bpf_linker() -> Result<()> {
+    println!("installing bpf-linker {BPF_LINKER_VERSION} (cargo install, about 2 minutes)");
+    let llvm_prefix = format!("/usr/lib/llvm-{LLVM_MAJOR}");
+    run_quiet(
+        Command::new("cargo").env("LLVM_PREFIX", &llvm_prefix).args([
+            "install",
+            "bpf-linker",
+            "--force",
+            "--version",
+            BPF_LINKER_VERSION,
+            "--no-default-features",
+            "--features",
+            &format!("llvm-{LLVM_MAJOR}"),
+        ]),
+        &format!("installing bpf-linker {BPF_LINKER_VERSION} against LLVM {LLVM_MAJOR} (cargo install bpf-linker)"),
+    )?;
+    match bpf_linker_version() {
+        Some(v) if v == BPF_LINKER_VERSION => Ok(()),
+        Some(v) => bail!(
+            "bpf-linker {BPF_LINKER_VERSION} was installed but `bpf-linker` on PATH is still version {v}: remove the other one or put ~/.cargo/bin first on PATH"
+        ),
+        None => bail!(
+            "bpf-linker {BPF_LINKER_VERSION} was installed but is not on PATH: add ~/.cargo/bin (or $CARGO_HOME/bin) to PATH"
+        ),
+    }
+}
+
+/// Runs an installer with its output captured; on failure the error names
+/// `what` and carries the tail of the output, so the one sentence comes first
+/// and the details are still there to read.
+fn run_quiet(cmd: &mut Command, what: &str) -> Result<()> {
+    let program = cmd.get_program().to_string_lossy().into_owned();
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("{what} failed: cannot run `{program}`"))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = lines[lines.len().saturating_sub(25)..].join("\n");
+    bail!(
+        "{what} failed ({program} exited with {}); its last output:\n{tail}",
+        out.status
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_versions_parse() {
+        assert_eq!(parse_kernel_version("6.18.44-fc-v669"), Some((6, 18)));
+        assert_eq!(parse_kernel_version("5.10.0-28-amd64"), Some((5, 10)));
+        assert_eq!(parse_kernel_version("garbage"), None);
+    }
+
+    /// vnat-daemon/build.rs builds the eBPF crate with its own copy of the
+    /// toolchain name; the two must agree or prereq installs the wrong one.
+    #[test]
+    fn ebpf_toolchain_matches_daemon_build_script() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../vnat-daemon/build.rs");
+        let build_rs = fs::read_to_string(&path).expect("reading vnat-daemon/build.rs");
+        assert!(
+            build_rs.contains(&format!("\"{EBPF_TOOLCHAIN}\"")),
+            "vnat-daemon/build.rs does not name {EBPF_TOOLCHAIN}: keep EBPF_TOOLCHAIN in sync"
+        );
+    }
+}

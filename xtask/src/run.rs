@@ -1,0 +1,250 @@
+//! The test, demo, bench and fuzz flows: thin wrappers around cargo that
+//! print which phase runs and how long it took.
+use std::{
+    ffi::OsString,
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+    time::Instant,
+};
+
+use anyhow::{bail, Context as _, Result};
+
+use crate::prereq::EBPF_TOOLCHAIN;
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Phase {
+    /// Unprivileged tests only (`cargo test`, default members).
+    Unit,
+    /// Privileged integration tests only (vnat-tests).
+    Integration,
+    /// Both, in that order.
+    All,
+}
+
+pub fn workspace_root() -> Result<PathBuf> {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .parent()
+        .map(Path::to_path_buf)
+        .context("xtask's manifest directory has no parent")
+}
+
+fn cargo(root: &Path) -> Command {
+    // `cargo` from PATH (the rustup proxy), run in the workspace so that
+    // rust-toolchain.toml picks the pinned stable toolchain.
+    let mut cmd = Command::new("cargo");
+    cmd.current_dir(root);
+    cmd
+}
+
+fn warn_build_skip() {
+    if std::env::var_os("AYA_BUILD_SKIP").is_some() {
+        println!(
+            "warning: AYA_BUILD_SKIP is set: vnat-daemon is built without its eBPF programs, so anything that loads them will fail"
+        );
+    }
+}
+
+/// Runs `cmd`, inheriting the terminal; Ok(false) if it ran and failed.
+fn status(cmd: &mut Command) -> Result<bool> {
+    let shown = describe(cmd);
+    println!("+ {shown}");
+    let st = cmd
+        .status()
+        .with_context(|| format!("cannot run `{shown}`"))?;
+    Ok(st.success())
+}
+
+fn describe(cmd: &Command) -> String {
+    let mut s = cmd.get_program().to_string_lossy().into_owned();
+    for a in cmd.get_args() {
+        s.push(' ');
+        s.push_str(&a.to_string_lossy());
+    }
+    s
+}
+
+fn must(cmd: &mut Command) -> Result<()> {
+    if status(cmd)? {
+        Ok(())
+    } else {
+        bail!("`{}` failed", describe(cmd))
+    }
+}
+
+fn phase_header(n: usize, total: usize, what: &str) -> Instant {
+    println!("\n==> phase {n}/{total}: {what}");
+    Instant::now()
+}
+
+fn phase_footer(what: &str, started: Instant, ok: bool) {
+    let verdict = if ok { "passed" } else { "FAILED" };
+    println!(
+        "==> {what}: {verdict} in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+pub fn test(root: &Path, phase: Phase, test_threads: u32, args: &[OsString]) -> Result<()> {
+    warn_build_skip();
+    let mut failed = Vec::new();
+    let total = if phase == Phase::All { 2 } else { 1 };
+    let mut n = 0;
+
+    if phase != Phase::Integration {
+        n += 1;
+        let what = "unprivileged tests (cargo test on the default members)";
+        let t = phase_header(n, total, what);
+        // Plain `cargo test` = the workspace's default members; `--workspace`
+        // would pull in vnat-ebpf and the privileged vnat-tests.
+        let ok = status(cargo(root).arg("test").arg("--").args(args))?;
+        phase_footer("unprivileged tests", t, ok);
+        if !ok {
+            failed.push("unprivileged tests");
+        }
+    }
+
+    if phase != Phase::Unit {
+        n += 1;
+        let what = "privileged integration tests (vnat-tests: network namespaces, eBPF)";
+        let t = phase_header(n, total, what);
+        // The tests start vnatd and vnatctl as real processes; cargo builds
+        // only vnat-tests' own binaries for its tests, so build these first
+        // (same profile, same target dir: the harness finds them beside its
+        // own binaries).
+        let ok =
+            status(cargo(root).args(["build", "-p", "vnat-daemon", "-p", "vnatctl", "--bins"]))?
+                && status(
+                    cargo(root)
+                        .args(["test", "-p", "vnat-tests", "--"])
+                        .arg(format!("--test-threads={test_threads}"))
+                        .args(args),
+                )?;
+        phase_footer("privileged integration tests", t, ok);
+        if !ok {
+            failed.push("privileged integration tests");
+        }
+    }
+
+    if !failed.is_empty() {
+        bail!("{} failed", failed.join(" and "));
+    }
+    println!("\nall tests passed");
+    Ok(())
+}
+
+pub fn demo(root: &Path, args: &[OsString]) -> Result<()> {
+    warn_build_skip();
+    let t = Instant::now();
+    println!("==> building vnatd, vnatctl and the demo (release)");
+    must(cargo(root).args([
+        "build",
+        "--release",
+        "-p",
+        "vnat-daemon",
+        "-p",
+        "vnatctl",
+        "-p",
+        "vnat-tests",
+        "--bins",
+    ]))?;
+    println!(
+        "==> built in {:.1} s; running the demo",
+        t.elapsed().as_secs_f64()
+    );
+    must(
+        cargo(root)
+            .args([
+                "run",
+                "--quiet",
+                "--release",
+                "-p",
+                "vnat-tests",
+                "--bin",
+                "vnat-demo",
+                "--",
+            ])
+            .args(args),
+    )
+}
+
+/// Benchmarks are the binaries in bench/src/bin: `NAME.rs` or `NAME/main.rs`.
+fn bench_names(root: &Path) -> Result<Vec<String>> {
+    let dir = root.join("bench/src/bin");
+    let mut names = Vec::new();
+    for entry in fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "rs") {
+            if let Some(stem) = path.file_stem() {
+                names.push(stem.to_string_lossy().into_owned());
+            }
+        } else if path.join("main.rs").is_file() {
+            if let Some(name) = path.file_name() {
+                names.push(name.to_string_lossy().into_owned());
+            }
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+pub fn check_bench_name(root: &Path, name: &str) -> Result<()> {
+    let names = bench_names(root)?;
+    if names.iter().any(|n| n == name) {
+        return Ok(());
+    }
+    let list = if names.is_empty() {
+        "none yet".to_string()
+    } else {
+        names.join(", ")
+    };
+    bail!("unknown benchmark `{name}`: the available ones are {list}")
+}
+
+pub fn bench(root: &Path, name: &str, args: &[OsString]) -> Result<()> {
+    warn_build_skip();
+    println!("==> benchmark {name}");
+    must(
+        cargo(root)
+            .args([
+                "run",
+                "--quiet",
+                "--release",
+                "-p",
+                "vnat-bench",
+                "--bin",
+                name,
+                "--",
+            ])
+            .args(args),
+    )
+}
+
+pub fn fuzz(root: &Path, target: &str, seconds: u64, args: &[OsString]) -> Result<()> {
+    let dir = root.join("fuzz");
+    if !dir.join("Cargo.toml").is_file() {
+        bail!(
+            "there is no fuzz/ crate yet (expected {}), so there is nothing to fuzz",
+            dir.join("Cargo.toml").display()
+        );
+    }
+    let has_cargo_fuzz = Command::new("cargo")
+        .args([&format!("+{EBPF_TOOLCHAIN}"), "fuzz", "--version"])
+        .current_dir(&dir)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_cargo_fuzz {
+        bail!("cargo-fuzz is not installed: run `cargo install cargo-fuzz`, then retry");
+    }
+    println!("==> fuzzing {target} for {seconds} s");
+    // cargo-fuzz needs nightly for -Z sanitizer; reuse the eBPF nightly so
+    // that no second nightly is needed.
+    must(
+        Command::new("cargo")
+            .current_dir(&dir)
+            .args([&format!("+{EBPF_TOOLCHAIN}"), "fuzz", "run", target, "--"])
+            .arg(format!("-max_total_time={seconds}"))
+            .args(args),
+    )
+}
