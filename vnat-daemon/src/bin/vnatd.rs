@@ -13,7 +13,10 @@ use vnat_daemon::{
         config::{load_file, Args, Settings},
         DaemonError,
     },
-    datapath::Datapath,
+    datapath::{
+        kernel::{KernelDatapath, KernelOptions},
+        Datapath,
+    },
 };
 
 fn main() -> ExitCode {
@@ -66,16 +69,13 @@ fn start(args: Args) -> Result<(), DaemonError> {
 }
 
 /// Open (or adopt the pinned) kernel datapath and attach it to the
-/// configured cgroups.
+/// configured cgroups. The only place vnatd names the real datapath; the run
+/// loop and the control API see the `Datapath` trait.
 fn open_datapath(settings: &Settings) -> Result<Box<dyn Datapath + Send>, DaemonError> {
-    // TODO(datapath): replace the body with the following once
-    // `vnat_daemon::datapath::kernel` exists:
-    //
-    //     use vnat_daemon::datapath::kernel::{KernelDatapath, KernelOptions};
-    //     let opts = KernelOptions { bpffs: settings.bpffs.clone(), cgroups: settings.cgroups.clone() };
-    //     Ok(Box::new(KernelDatapath::open(&opts)?))
-    //
-    // (`?` converts DatapathError into DaemonError::Datapath, exit status 1.)
     tracing::debug!(bpffs = %settings.bpffs.display(), cgroups = ?settings.cgroups, "opening the kernel datapath");
-    Err(DaemonError::DatapathUnavailable)
+    let opts = KernelOptions {
+        bpffs: settings.bpffs.clone(),
+        cgroups: settings.cgroups.clone(),
+    };
+    Ok(Box::new(KernelDatapath::open(&opts)?))
 }

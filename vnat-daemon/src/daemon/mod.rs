@@ -39,9 +39,6 @@ pub enum DaemonError {
     Control(#[from] ServerError),
     #[error("cannot start the datapath: {0}")]
     Datapath(#[from] DatapathError),
-    /// Until the kernel datapath is wired into vnatd.
-    #[error("the kernel datapath is not yet available in this build of vnatd")]
-    DatapathUnavailable,
     #[error("cannot {what}: {source}")]
     Runtime {
         what: &'static str,
@@ -90,11 +87,9 @@ pub fn init_logging(settings: &Settings) -> Result<(), DaemonError> {
 /// open to others (it will hold keys).
 pub fn prepare_state_dir(path: &Path) -> Result<(), DaemonError> {
     match std::fs::metadata(path) {
-        Ok(meta) if !meta.is_dir() => {
-            return Err(DaemonError::StateDirNotADirectory {
-                path: path.to_path_buf(),
-            })
-        }
+        Ok(meta) if !meta.is_dir() => Err(DaemonError::StateDirNotADirectory {
+            path: path.to_path_buf(),
+        }),
         Ok(meta) => {
             if meta.permissions().mode() & 0o077 != 0 {
                 tracing::warn!(

@@ -145,7 +145,10 @@ fn bad_files_are_one_sentence_usage_errors() {
         DaemonError::Config(ConfigError::NoCgroup2Mount).exit_code(),
         1
     );
-    assert_eq!(DaemonError::DatapathUnavailable.exit_code(), 1);
+    assert_eq!(
+        DaemonError::Datapath(DatapathError::NoEbpfObject).exit_code(),
+        1
+    );
 }
 
 #[test]

@@ -1,0 +1,327 @@
+//! What vnatctl prints. The JSON shapes here are a contract with users'
+//! scripts: they are spelled out as their own structs (not the daemon's
+//! types serialized as-is) so that a change inside vnatd cannot silently
+//! rename a key, and the tests below pin every key.
+
+use std::{collections::BTreeMap, fmt::Write as _, path::PathBuf};
+
+use serde::Serialize;
+use vnat_daemon::{
+    control::{DaemonInfo, StatusReply},
+    datapath::{ConnectionInfo, DatapathStatus},
+};
+
+/// One element of `vnatctl --json ls`.
+#[derive(Debug, Serialize)]
+pub struct LsRow {
+    pub id: u64,
+    /// "tcp" or "udp".
+    pub proto: String,
+    /// "ip:port", IPv6 as "[ip]:port".
+    pub virtual_local: String,
+    pub virtual_remote: String,
+    pub physical_local: String,
+    pub physical_remote: String,
+    /// "native" or "translated".
+    pub state: String,
+    pub pid: Option<u32>,
+    pub command: Option<String>,
+    pub cgroup: Option<String>,
+    pub cgroup_id: u64,
+    pub cookie: u64,
+    pub age_secs: u64,
+}
+
+impl From<&ConnectionInfo> for LsRow {
+    fn from(c: &ConnectionInfo) -> Self {
+        LsRow {
+            id: c.id,
+            proto: c.proto.to_string(),
+            virtual_local: c.virtual_local.to_string(),
+            virtual_remote: c.virtual_remote.to_string(),
+            physical_local: c.physical_local.to_string(),
+            physical_remote: c.physical_remote.to_string(),
+            state: c.state.to_string(),
+            pid: c.pid,
+            command: c.command.clone(),
+            cgroup: c.cgroup.clone(),
+            cgroup_id: c.cgroup_id,
+            cookie: c.cookie,
+            age_secs: c.age_secs,
+        }
+    }
+}
+
+pub const LS_HEADER: [&str; 10] = [
+    "ID",
+    "PROTO",
+    "VIRTUAL-LOCAL",
+    "VIRTUAL-REMOTE",
+    "PHYSICAL-LOCAL",
+    "PHYSICAL-REMOTE",
+    "STATE",
+    "PID",
+    "COMMAND",
+    "CGROUP",
+];
+
+/// The `ls` table; unknown values are shown as "-".
+pub fn ls_table(rows: &[LsRow]) -> String {
+    let dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.id.to_string(),
+                r.proto.clone(),
+                r.virtual_local.clone(),
+                r.virtual_remote.clone(),
+                r.physical_local.clone(),
+                r.physical_remote.clone(),
+                r.state.clone(),
+                dash(r.pid.map(|p| p.to_string())),
+                dash(r.command.clone()),
+                dash(r.cgroup.clone()),
+            ]
+        })
+        .collect();
+    table(&LS_HEADER, &cells)
+}
+
+/// Left-aligned columns two spaces apart; the last column is not padded so
+/// lines carry no trailing blanks.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let header: Vec<String> = header.iter().map(|h| h.to_string()).collect();
+    for row in std::iter::once(&header).chain(rows) {
+        let last = row.len().saturating_sub(1);
+        for (i, (cell, w)) in row.iter().zip(&widths).enumerate() {
+            if i == last {
+                out.push_str(cell);
+            } else {
+                let _ = write!(out, "{cell:<w$}  ");
+            }
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// `vnatctl --json status`.
+#[derive(Debug, Serialize)]
+pub struct StatusJson {
+    pub daemon: DaemonJson,
+    pub datapath: DatapathJson,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DaemonJson {
+    pub version: String,
+    pub pid: u32,
+    pub uptime_secs: u64,
+    pub control: PathBuf,
+    pub state_dir: PathBuf,
+    pub listen: String,
+    pub configured_cgroups: Vec<PathBuf>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DatapathJson {
+    pub bpffs: PathBuf,
+    pub netns_cookie: u64,
+    pub programs_loaded: Vec<String>,
+    pub cgroups: Vec<CgroupJson>,
+    pub tc: Vec<TcJson>,
+    pub connections: u64,
+    pub translations: u64,
+    /// Counter name to value, so scripts can write `.datapath.counters.NAME`.
+    pub counters: BTreeMap<String, u64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct CgroupJson {
+    pub path: PathBuf,
+    pub id: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TcJson {
+    pub ifname: String,
+    pub ifindex: u32,
+    pub mode: String,
+    pub users: u32,
+}
+
+impl From<&StatusReply> for StatusJson {
+    fn from(s: &StatusReply) -> Self {
+        let DaemonInfo {
+            version,
+            pid,
+            uptime_secs,
+            control,
+            state_dir,
+            listen,
+            configured_cgroups,
+        } = &s.daemon;
+        let d = &s.datapath;
+        StatusJson {
+            daemon: DaemonJson {
+                version: version.clone(),
+                pid: *pid,
+                uptime_secs: *uptime_secs,
+                control: control.clone(),
+                state_dir: state_dir.clone(),
+                listen: listen.to_string(),
+                configured_cgroups: configured_cgroups.clone(),
+            },
+            datapath: DatapathJson {
+                bpffs: d.bpffs.clone(),
+                netns_cookie: d.netns_cookie,
+                programs_loaded: d.programs_loaded.clone(),
+                cgroups: d
+                    .cgroups
+                    .iter()
+                    .map(|c| CgroupJson {
+                        path: c.path.clone(),
+                        id: c.id,
+                    })
+                    .collect(),
+                tc: d
+                    .tc
+                    .iter()
+                    .map(|t| TcJson {
+                        ifname: t.ifname.clone(),
+                        ifindex: t.ifindex,
+                        mode: t.mode.clone(),
+                        users: t.users,
+                    })
+                    .collect(),
+                connections: d.connections,
+                translations: d.translations,
+                counters: d.counters.iter().cloned().collect(),
+            },
+        }
+    }
+}
+
+/// `vnatctl status` for people.
+pub fn status_text(s: &StatusReply) -> String {
+    let DaemonInfo {
+        version,
+        pid,
+        uptime_secs,
+        control,
+        state_dir,
+        listen,
+        ..
+    } = &s.daemon;
+    let d: &DatapathStatus = &s.datapath;
+    let mut out = String::new();
+    let mut line = |key: &str, values: Vec<String>| {
+        for (i, v) in values.iter().enumerate() {
+            let key = if i == 0 { key } else { "" };
+            let _ = writeln!(out, "  {key:<12} {v}");
+        }
+    };
+    line("control", vec![control.display().to_string()]);
+    line("state dir", vec![state_dir.display().to_string()]);
+    line("listen", vec![format!("{listen} (VCMP, not started yet)")]);
+    line(
+        "bpffs",
+        vec![format!(
+            "{} (netns cookie {})",
+            d.bpffs.display(),
+            d.netns_cookie
+        )],
+    );
+    line(
+        "programs",
+        vec![or_none(d.programs_loaded.join(", "), "none loaded")],
+    );
+    let cgroups: Vec<String> = d
+        .cgroups
+        .iter()
+        .map(|c| format!("{} (id {})", c.path.display(), c.id))
+        .collect();
+    line(
+        "cgroups",
+        non_empty(
+            cgroups,
+            "none (enable one with: vnatctl enable --cgroup DIR)",
+        ),
+    );
+    let tc: Vec<String> =
+        d.tc.iter()
+            .map(|t| {
+                format!(
+                    "{} (ifindex {}, {}, {} translated flows)",
+                    t.ifname, t.ifindex, t.mode, t.users
+                )
+            })
+            .collect();
+    line(
+        "tc",
+        non_empty(
+            tc,
+            "none (attached only while a flow on the interface is translated)",
+        ),
+    );
+    line(
+        "connections",
+        vec![format!("{} ({} translated)", d.connections, d.translations)],
+    );
+    let mut text = format!(
+        "vnatd {version}, pid {pid}, up {}\n{out}",
+        duration(*uptime_secs)
+    );
+    if d.counters.is_empty() {
+        text.push_str("\nno counters yet\n");
+    } else {
+        let rows: Vec<Vec<String>> = d
+            .counters
+            .iter()
+            .map(|(k, v)| vec![k.clone(), v.to_string()])
+            .collect();
+        text.push('\n');
+        text.push_str(&table(&["COUNTER", "VALUE"], &rows));
+    }
+    text
+}
+
+fn or_none(s: String, none: &str) -> String {
+    if s.is_empty() {
+        none.to_string()
+    } else {
+        s
+    }
+}
+
+fn non_empty(v: Vec<String>, none: &str) -> Vec<String> {
+    if v.is_empty() {
+        vec![none.to_string()]
+    } else {
+        v
+    }
+}
+
+/// 3725 -> "1h02m05s".
+pub fn duration(secs: u64) -> String {
+    let (d, h, m, s) = (secs / 86400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s}s"),
+        (0, 0, _) => format!("{m}m{s:02}s"),
+        (0, _, _) => format!("{h}h{m:02}m{s:02}s"),
+        _ => format!("{d}d{h:02}h{m:02}m"),
+    }
+}
+
+/// `{"error":{"kind":...,"message":...}}`, what `--json` prints on failure.
+pub fn error_json(kind: &str, message: &str) -> String {
+    serde_json::json!({ "error": { "kind": kind, "message": message } }).to_string()
+}

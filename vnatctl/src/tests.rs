@@ -1,0 +1,322 @@
+//! Rendering and the JSON contract.
+
+use std::path::PathBuf;
+
+use serde_json::{json, Value};
+use vnat_daemon::{
+    control::{DaemonInfo, ErrorKind, StatusReply},
+    datapath::{CgroupAttachment, ConnState, ConnectionInfo, DatapathStatus, Proto, TcAttachment},
+};
+
+use super::{output, select, ClientError, Failure, ProtoArg, StateArg};
+
+fn conn(
+    proto: Proto,
+    vl: &str,
+    vr: &str,
+    pl: &str,
+    state: ConnState,
+    pid: Option<u32>,
+) -> ConnectionInfo {
+    let addr = |s: &str| {
+        s.parse()
+            .unwrap_or_else(|e| panic!("test address {s}: {e}"))
+    };
+    ConnectionInfo {
+        id: 7,
+        proto,
+        virtual_local: addr(vl),
+        virtual_remote: addr(vr),
+        physical_local: addr(pl),
+        physical_remote: addr(vr),
+        state,
+        cookie: 99,
+        cgroup_id: 5,
+        cgroup: pid.map(|_| "/system.slice/app.service".into()),
+        pid,
+        command: pid.map(|_| "curl".into()),
+        age_secs: 12,
+    }
+}
+
+fn sample() -> Vec<ConnectionInfo> {
+    vec![
+        conn(
+            Proto::Udp,
+            "[fd00:1::2]:5353",
+            "[fd00:3::2]:53",
+            "[fd00:2::2]:5353",
+            ConnState::Translated,
+            None,
+        ),
+        conn(
+            Proto::Tcp,
+            "198.18.1.2:40000",
+            "198.18.3.2:5001",
+            "198.18.1.2:40000",
+            ConnState::Native,
+            Some(42),
+        ),
+    ]
+}
+
+#[test]
+fn ls_json_keys_are_the_contract() {
+    let rows = select(sample(), None, None);
+    let v = serde_json::to_value(&rows).expect("serializable");
+    let array = v.as_array().expect("ls --json prints an array");
+    assert_eq!(array.len(), 2);
+    let keys: Vec<&str> = array[0]
+        .as_object()
+        .expect("object")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    let mut expected = vec![
+        "id",
+        "proto",
+        "virtual_local",
+        "virtual_remote",
+        "physical_local",
+        "physical_remote",
+        "state",
+        "pid",
+        "command",
+        "cgroup",
+        "cgroup_id",
+        "cookie",
+        "age_secs",
+    ];
+    let mut keys_sorted = keys.clone();
+    keys_sorted.sort_unstable();
+    expected.sort_unstable();
+    assert_eq!(
+        keys_sorted, expected,
+        "ls --json keys changed: scripts depend on them"
+    );
+    // Sorted by virtual local endpoint: the IPv4 one first.
+    assert_eq!(
+        array[0],
+        json!({
+            "id": 7, "proto": "tcp",
+            "virtual_local": "198.18.1.2:40000", "virtual_remote": "198.18.3.2:5001",
+            "physical_local": "198.18.1.2:40000", "physical_remote": "198.18.3.2:5001",
+            "state": "native", "pid": 42, "command": "curl", "cgroup": "/system.slice/app.service",
+            "cgroup_id": 5, "cookie": 99, "age_secs": 12
+        })
+    );
+    assert_eq!(array[1]["proto"], "udp");
+    assert_eq!(
+        array[1]["virtual_local"], "[fd00:1::2]:5353",
+        "IPv6 endpoints are [ip]:port"
+    );
+    assert_eq!(array[1]["physical_local"], "[fd00:2::2]:5353");
+    assert_eq!(array[1]["state"], "translated");
+    assert_eq!(
+        (array[1]["pid"].clone(), array[1]["command"].clone()),
+        (Value::Null, Value::Null)
+    );
+}
+
+#[test]
+fn ls_filters() {
+    let only = |p, s| {
+        select(sample(), p, s)
+            .iter()
+            .map(|r| r.proto.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(only(Some(ProtoArg::Udp), None), vec!["udp"]);
+    assert_eq!(only(Some(ProtoArg::Tcp), None), vec!["tcp"]);
+    assert_eq!(only(None, Some(StateArg::Translated)), vec!["udp"]);
+    assert_eq!(
+        only(Some(ProtoArg::Tcp), Some(StateArg::Translated)),
+        Vec::<String>::new()
+    );
+}
+
+#[test]
+fn ls_table_has_the_documented_columns_and_dashes() {
+    let text = output::ls_table(&select(sample(), None, None));
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    let header: Vec<&str> = lines[0].split_whitespace().collect();
+    assert_eq!(
+        header,
+        [
+            "ID",
+            "PROTO",
+            "VIRTUAL-LOCAL",
+            "VIRTUAL-REMOTE",
+            "PHYSICAL-LOCAL",
+            "PHYSICAL-REMOTE",
+            "STATE",
+            "PID",
+            "COMMAND",
+            "CGROUP"
+        ]
+    );
+    let tcp: Vec<&str> = lines[1].split_whitespace().collect();
+    assert_eq!(
+        tcp,
+        [
+            "7",
+            "tcp",
+            "198.18.1.2:40000",
+            "198.18.3.2:5001",
+            "198.18.1.2:40000",
+            "198.18.3.2:5001",
+            "native",
+            "42",
+            "curl",
+            "/system.slice/app.service"
+        ]
+    );
+    let udp: Vec<&str> = lines[2].split_whitespace().collect();
+    assert_eq!(&udp[6..], ["translated", "-", "-", "-"]);
+    // Columns line up: every column starts at the header's offset.
+    let col = |line: &str, n: usize| line.match_indices(char::is_whitespace).count() >= n;
+    assert!(lines.iter().all(|l| col(l, 9)));
+    let start = lines[0].find("STATE").expect("STATE column");
+    assert_eq!(&lines[1][start..start + 6], "native");
+    assert_eq!(&lines[2][start..start + 10], "translated");
+    assert!(
+        lines.iter().all(|l| !l.ends_with(' ')),
+        "no trailing blanks"
+    );
+}
+
+#[test]
+fn empty_ls_is_just_the_header() {
+    assert_eq!(output::ls_table(&[]).lines().count(), 1);
+}
+
+fn status() -> StatusReply {
+    StatusReply {
+        daemon: DaemonInfo {
+            version: "0.1.0".into(),
+            pid: 321,
+            uptime_secs: 3725,
+            control: "/run/vnat/vnatd.sock".into(),
+            state_dir: "/var/lib/vnat".into(),
+            listen: "0.0.0.0:2031".parse().expect("addr"),
+            configured_cgroups: vec!["/sys/fs/cgroup/unified".into()],
+        },
+        datapath: DatapathStatus {
+            bpffs: "/sys/fs/bpf/vnat".into(),
+            netns_cookie: 4096,
+            programs_loaded: vec!["vnat_sockops".into(), "vnat_tc_egress".into()],
+            cgroups: vec![CgroupAttachment {
+                path: "/sys/fs/cgroup/unified".into(),
+                id: 1,
+            }],
+            tc: vec![TcAttachment {
+                ifname: "eth0".into(),
+                ifindex: 2,
+                mode: "tcx".into(),
+                users: 3,
+            }],
+            connections: 10,
+            translations: 3,
+            counters: vec![
+                ("tc_rewritten".into(), 1500),
+                ("tc_drop_no_route".into(), 2),
+            ],
+        },
+    }
+}
+
+#[test]
+fn status_text_shows_attachments_counts_and_counters() {
+    let text = output::status_text(&status());
+    for needle in [
+        "vnatd 0.1.0, pid 321, up 1h02m05s",
+        "/sys/fs/cgroup/unified (id 1)",
+        "eth0 (ifindex 2, tcx, 3 translated flows)",
+        "10 (3 translated)",
+        "vnat_sockops, vnat_tc_egress",
+        "0.0.0.0:2031",
+    ] {
+        assert!(text.contains(needle), "status lacks {needle:?}:\n{text}");
+    }
+    let counters: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("COUNTER"))
+        .collect();
+    assert_eq!(counters.len(), 3, "{text}");
+    assert_eq!(
+        counters[1].split_whitespace().collect::<Vec<_>>(),
+        ["tc_rewritten", "1500"]
+    );
+
+    let mut empty = status();
+    empty.datapath.cgroups.clear();
+    empty.datapath.tc.clear();
+    empty.datapath.counters.clear();
+    let text = output::status_text(&empty);
+    assert!(text.contains("vnatctl enable --cgroup DIR"), "{text}");
+    assert!(text.contains("no counters yet"), "{text}");
+}
+
+#[test]
+fn status_json_shape() {
+    let v = serde_json::to_value(output::StatusJson::from(&status())).expect("serializable");
+    assert_eq!(v["daemon"]["pid"], 321);
+    assert_eq!(v["daemon"]["listen"], "0.0.0.0:2031");
+    assert_eq!(
+        v["daemon"]["configured_cgroups"],
+        json!(["/sys/fs/cgroup/unified"])
+    );
+    assert_eq!(
+        v["datapath"]["cgroups"],
+        json!([{ "path": "/sys/fs/cgroup/unified", "id": 1 }])
+    );
+    assert_eq!(
+        v["datapath"]["tc"],
+        json!([{ "ifname": "eth0", "ifindex": 2, "mode": "tcx", "users": 3 }])
+    );
+    assert_eq!(
+        v["datapath"]["counters"],
+        json!({ "tc_rewritten": 1500, "tc_drop_no_route": 2 })
+    );
+    assert_eq!(
+        (
+            v["datapath"]["connections"].clone(),
+            v["datapath"]["translations"].clone()
+        ),
+        (json!(10), json!(3))
+    );
+    assert_eq!(v["datapath"]["bpffs"], "/sys/fs/bpf/vnat");
+}
+
+#[test]
+fn durations() {
+    assert_eq!(output::duration(0), "0s");
+    assert_eq!(output::duration(61), "1m01s");
+    assert_eq!(output::duration(3725), "1h02m05s");
+    assert_eq!(output::duration(90061), "1d01h01m");
+}
+
+#[test]
+fn failures_map_to_exit_codes_and_json_kinds() {
+    let unreachable = Failure::Client(ClientError::Unreachable {
+        path: PathBuf::from("/run/vnat/vnatd.sock"),
+        source: std::io::Error::from_raw_os_error(2),
+    });
+    assert_eq!(
+        (unreachable.exit_code(), unreachable.kind()),
+        (3, "unreachable")
+    );
+    let daemon = Failure::Client(ClientError::Daemon {
+        kind: ErrorKind::Datapath,
+        message: "m".into(),
+    });
+    assert_eq!((daemon.exit_code(), daemon.kind()), (1, "datapath"));
+    let v: Value =
+        serde_json::from_str(&output::error_json("datapath", "cgroup /x is not enabled"))
+            .expect("JSON");
+    assert_eq!(
+        v,
+        json!({ "error": { "kind": "datapath", "message": "cgroup /x is not enabled" } })
+    );
+}
