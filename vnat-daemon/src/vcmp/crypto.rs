@@ -298,6 +298,11 @@ pub fn tags_equal(a: &[u8; PAIR_TAG_LEN], b: &[u8; PAIR_TAG_LEN]) -> bool {
     bool::from(a.ct_eq(b))
 }
 
+/// Constant-time comparison of two challenge nonces.
+pub fn tags_equal16(a: &[u8; 16], b: &[u8; 16]) -> bool {
+    bool::from(a.ct_eq(b))
+}
+
 /// A deterministic random generator built from HMAC-SHA256 in counter mode
 /// (the construction of HMAC-DRBG without reseeding). It is as unpredictable
 /// as its seed: the simulator, the benchmark and the fuzz targets seed it

@@ -5,9 +5,16 @@
 //! datagrams to send, timers and datapath events are outputs.
 
 pub mod crypto;
+pub mod endpoint;
+pub mod export;
 pub mod location;
+mod migrate;
+mod pairing;
+mod recv;
 pub mod replay;
 pub mod roles;
+pub mod stats;
+pub mod tx;
 pub mod wire;
 
 use std::time::Duration;
@@ -36,3 +43,8 @@ impl Timestamp {
         Duration::from_nanos(self.0.saturating_sub(earlier.0))
     }
 }
+
+pub use endpoint::{
+    AbortReason, Config, ConnectionView, Endpoint, EndpointError, Event, DEFAULT_PORT,
+};
+pub use tx::Transmit;

@@ -22,6 +22,8 @@ pub enum Role {
 pub struct RoleState {
     /// The negotiated role, if any.
     pub negotiated: Option<Role>,
+    /// We claimed primary at this suspension.
+    pub claimed: bool,
     /// We sent SUSP_PRIMARY and have not yet seen the outcome.
     pub claim_pending: bool,
 }
@@ -56,13 +58,17 @@ impl RoleState {
 
     /// We are about to suspend and claim primary.
     pub fn claim(&mut self) {
+        self.claimed = true;
         self.claim_pending = true;
         self.negotiated = Some(Role::Primary);
     }
 
     /// The peer claimed primary.
     pub fn on_claim(&mut self, local: &SocketAddr, remote: &SocketAddr) -> ClaimOutcome {
-        if self.claim_pending {
+        // Arbitrate whenever we claimed too, also for a retransmitted claim
+        // that arrives after the first one was arbitrated: the answer is the
+        // same each time and nothing is sent.
+        if self.claimed {
             let role = arbitrate(local, remote);
             self.claim_pending = false;
             self.negotiated = Some(role);

@@ -134,6 +134,14 @@ impl Kind {
         }
     }
 
+    /// Whether the request id is used (location requests and their
+    /// replies). Other record kinds are matched by connection and sequence
+    /// number and must carry zero, so that no unauthenticated bit of them
+    /// can vary.
+    pub fn uses_request_id(self) -> bool {
+        matches!(self, Kind::Lookup | Kind::LookupR | Kind::Store)
+    }
+
     /// Length of the kind-specific record extension.
     pub fn ext_len(self) -> usize {
         match self {
@@ -433,6 +441,9 @@ impl Message {
                 family,
                 records,
             } => {
+                if *request_id != 0 && !kind.uses_request_id() {
+                    return Err(WireError::Reserved);
+                }
                 if !kind.carries_records()
                     || records.len() > MAX_RECORDS
                     || (records.is_empty() && *kind != Kind::LookupR)
@@ -523,6 +534,9 @@ impl Message {
                 6 => Family::V6,
                 other => return Err(WireError::BadFamily(other)),
             };
+            if request_id != 0 && !kind.uses_request_id() {
+                return Err(WireError::Reserved);
+            }
             let count = usize::from(b[3]);
             if count == 0 && kind != Kind::LookupR {
                 return Err(WireError::BadCount { kind, count });

@@ -55,10 +55,26 @@ fn rec4_bytes(command: u8, ext: &[u8], seq: u8) -> Vec<u8> {
     ])
 }
 
+/// Request id used in the tests: location kinds carry one, the others zero.
+fn rid(kind: Kind) -> u32 {
+    if kind.uses_request_id() {
+        0x01020304
+    } else {
+        0
+    }
+}
+
+/// Header bytes for a record datagram written out by hand.
+fn hdr(kind: Kind, family: u8, count: u8) -> Vec<u8> {
+    let mut h = vec![1, kind as u8, family, count];
+    h.extend_from_slice(&rid(kind).to_be_bytes());
+    h
+}
+
 fn records(kind: Kind, family: Family, records: Vec<Record>) -> Message {
     Message::Records {
         kind,
-        request_id: 0x01020304,
+        request_id: rid(kind),
         family,
         records,
     }
@@ -75,7 +91,7 @@ fn golden_simple_record_kinds_v4() {
         (Kind::Store, 8),
     ] {
         let msg = records(kind, Family::V4, vec![rec4(kind, Ext::None, 7)]);
-        let bytes = cat(&[&[1, code, 4, 1, 1, 2, 3, 4], &rec4_bytes(code, &[], 7)]);
+        let bytes = cat(&[&hdr(kind, 4, 1), &rec4_bytes(code, &[], 7)]);
         assert_eq!(bytes.len(), 8 + 48, "{kind:?}");
         golden(&msg, &bytes);
     }
@@ -92,7 +108,7 @@ fn golden_upd_two_records_v4() {
     );
     let mut r2 = rec4_bytes(3, &[], 9);
     r2[20] = 17; // proto UDP
-    let bytes = cat(&[&[1, 3, 4, 2, 1, 2, 3, 4], &rec4_bytes(3, &[], 8), &r2]);
+    let bytes = cat(&[&[1, 3, 4, 2, 0, 0, 0, 0], &rec4_bytes(3, &[], 8), &r2]);
     golden(&msg, &bytes);
 }
 
@@ -103,7 +119,7 @@ fn golden_keyx_v4() {
         Family::V4,
         vec![rec4(Kind::KeyX, Ext::Key([0x55; 32]), 3)],
     );
-    let bytes = cat(&[&[1, 5, 4, 1, 1, 2, 3, 4], &rec4_bytes(5, &[0x55; 32], 3)]);
+    let bytes = cat(&[&[1, 5, 4, 1, 0, 0, 0, 0], &rec4_bytes(5, &[0x55; 32], 3)]);
     assert_eq!(bytes.len(), 8 + 80);
     golden(&msg, &bytes);
 }
@@ -117,7 +133,7 @@ fn golden_challenge_and_response_v4() {
             vec![rec4(kind, Ext::Nonce([0x11; 16]), 2)],
         );
         let bytes = cat(&[
-            &[1, code, 4, 1, 1, 2, 3, 4],
+            &[1, code, 4, 1, 0, 0, 0, 0],
             &rec4_bytes(code, &[0x11; 16], 2),
         ]);
         golden(&msg, &bytes);
@@ -159,7 +175,7 @@ fn golden_upd_v6() {
     p[0] = 0xfd;
     p[15] = 7;
     let bytes = cat(&[
-        &[1, 3, 6, 1, 1, 2, 3, 4],
+        &[1, 3, 6, 1, 0, 0, 0, 0],
         &[1, 3, 0x00, 0x35],
         &a2,
         &a1,
@@ -222,7 +238,7 @@ fn golden_store_r_pairing_and_error() {
 
 #[test]
 fn rejects_malformed() {
-    let good = cat(&[&[1, 3, 4, 1, 1, 2, 3, 4], &rec4_bytes(3, &[], 7)]);
+    let good = cat(&[&[1, 3, 4, 1, 0, 0, 0, 0], &rec4_bytes(3, &[], 7)]);
     assert!(Message::decode(&good).is_ok(), "baseline must parse");
     let cases: Vec<(Vec<u8>, &str)> = vec![
         (good[..7].to_vec(), "truncated"),
@@ -241,6 +257,7 @@ fn rejects_malformed() {
         (vec![1, 15, 0, 0, 0, 0, 0, 9, 0, 77, 0, 0], "bad_error_code"),
         (vec![1, 15, 0, 0, 0, 0, 0, 9, 0, 2, 0, 1], "reserved_bits"),
         (vec![1, 14, 0, 0, 0, 0, 0, 9], "bad_length"),
+        (cat(&[&good[..7], &[1], &good[8..]]), "reserved_bits"),
     ];
     for (bytes, reason) in cases {
         let err = Message::decode(&bytes).expect_err("malformed datagram must be refused");

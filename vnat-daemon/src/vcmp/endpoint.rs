@@ -1,0 +1,673 @@
+//! The VCMP state machine of one vnatd: the public API the daemon drives.
+//!
+//! Inputs: `connection_added`, `suspend`, `resume`, `handle_datagram`,
+//! `handle_timeout`, each with the current [`Timestamp`] and a
+//! cryptographic random generator. Outputs: `poll_transmit` (datagrams),
+//! `poll_event` (datapath actions and reports), `poll_timeout` (when to call
+//! `handle_timeout` next). Receiving is in `recv.rs`, pairing in
+//! `pairing.rs`, the location chain and updates in `migrate.rs`.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use rand_core::{CryptoRng, RngCore};
+
+use super::crypto::{ConnKeys, Ephemeral, HostIdentity, PairSecret, SecretKey};
+use super::location::{LocationStore, Step, StoreLimits};
+use super::migrate::{Migration, Validation, ValidationKey};
+use super::pairing::Handshake;
+use super::replay::ReplayWindow;
+use super::roles::{Role, RoleState};
+use super::stats::Stats;
+use super::tx::{Transmit, TxQueue};
+use super::wire::{self, Ext, Family, Kind, Record, MAX_SIGNED_LEN};
+use super::Timestamp;
+use crate::datapath::VirtualFlow;
+
+/// Default VCMP port (the paper's).
+pub const DEFAULT_PORT: u16 = 2031;
+
+/// Tunables of the protocol core. Defaults are in [`Config::default`].
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// UDP port every vnatd listens on (default 2031).
+    pub port: u16,
+    /// Path MTU used to size batched datagrams (default 1500).
+    pub mtu: usize,
+    /// Location servers asked in step P(3)/S(3), in order.
+    pub location_servers: Vec<SocketAddr>,
+    /// First retransmission timeout (default 200 ms); doubled per retry.
+    pub initial_rto: Duration,
+    /// Largest retransmission timeout (default 3 s).
+    pub max_rto: Duration,
+    /// Transmissions of a request before its step counts as failed (8).
+    pub max_tries: u32,
+    /// How long a host that stored its location waits for the peer before
+    /// running the chain again (default 30 s, paper 3.3.2.1 P(1)).
+    pub park_timeout: Duration,
+    /// Rounds of the chain before the migration is aborted (default 3).
+    pub max_rounds: u32,
+    /// Claim roles with SUSP_PRIMARY at suspend (default true).
+    pub negotiate_roles: bool,
+    /// Run the suspend-time Diffie-Hellman (default true).
+    pub suspend_dh: bool,
+    pub max_connections: usize,
+    pub max_connections_per_peer: usize,
+    pub max_pending_pairings: usize,
+    pub max_queued_datagrams: usize,
+    pub max_events: usize,
+    pub store: StoreLimits,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            port: DEFAULT_PORT,
+            mtu: 1500,
+            location_servers: Vec::new(),
+            initial_rto: Duration::from_millis(200),
+            max_rto: Duration::from_secs(3),
+            max_tries: 8,
+            park_timeout: Duration::from_secs(30),
+            max_rounds: 3,
+            negotiate_roles: true,
+            suspend_dh: true,
+            max_connections: 1 << 20,
+            max_connections_per_peer: 1 << 17,
+            max_pending_pairings: 256,
+            max_queued_datagrams: 16_384,
+            max_events: 1 << 20,
+            store: StoreLimits::default(),
+        }
+    }
+}
+
+/// Why a migration was given up.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AbortReason {
+    #[error(
+        "the peer's location could not be determined: no answer to queries or stores at {tried:?}"
+    )]
+    LocationUnknown { tried: Vec<SocketAddr> },
+    #[error("stored our location {rounds} times but the peer never arrived")]
+    PeerNeverArrived { rounds: u32 },
+    #[error("the connection has no key (pairing with the peer never completed)")]
+    NoKeys,
+}
+
+/// Outputs for the datapath and the control API.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// Translate `flow` to the remote physical endpoint `remote`: the peer
+    /// moved there and proved that it receives there.
+    SetRemote {
+        flow: VirtualFlow,
+        remote: SocketAddr,
+    },
+    /// Path validation of `attempted` failed; `flow` stays at (or returns
+    /// to) the last validated endpoint `remote`.
+    Reverted {
+        flow: VirtualFlow,
+        remote: SocketAddr,
+        attempted: SocketAddr,
+    },
+    /// Our move of `flow` is complete: the peer acknowledged that our end is
+    /// now at `local`.
+    Resumed {
+        flow: VirtualFlow,
+        local: SocketAddr,
+    },
+    /// Our location is stored at `step` and nobody knows the peer's yet: the
+    /// connection stays suspended until the peer arrives.
+    Parked { flow: VirtualFlow, step: Step },
+    /// The migration of `flow` was aborted.
+    MigrationAborted {
+        flow: VirtualFlow,
+        reason: AbortReason,
+    },
+    /// A role was settled at suspend time.
+    RoleDecided { flow: VirtualFlow, role: Role },
+    /// Pairing with the host at `peer` completed; its key is now pinned.
+    Paired { peer: IpAddr, key: [u8; 32] },
+    /// A host at `peer` presented a key other than the pinned one. Refused.
+    PeerKeyChanged {
+        peer: IpAddr,
+        pinned: [u8; 32],
+        offered: [u8; 32],
+    },
+    /// The connection's keys are ready (after pairing).
+    KeysReady { flow: VirtualFlow },
+    /// The suspend-time key agreement replaced the connection's keys.
+    Rekeyed { flow: VirtualFlow },
+    /// The peer sent an (unauthenticated, advisory) error.
+    PeerError {
+        from: SocketAddr,
+        code: wire::ErrorCode,
+    },
+}
+
+/// Errors of the commands.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EndpointError {
+    #[error("connection {0:?} is not known to VCMP; add it with connection_added first")]
+    UnknownConnection(VirtualFlow),
+    #[error("connection {0:?} is already known")]
+    DuplicateConnection(VirtualFlow),
+    #[error("too many connections ({limit}); raise max_connections or close some")]
+    TooManyConnections { limit: usize },
+    #[error("too many connections with peer {peer} ({limit})")]
+    TooManyForPeer { peer: IpAddr, limit: usize },
+    #[error("endpoints of {0:?} are not all of one address family")]
+    MixedFamilies(VirtualFlow),
+    #[error("connection {0:?} has no keys yet; wait for pairing with the peer")]
+    NoKeys(VirtualFlow),
+    #[error("export format version {0} is not supported")]
+    ExportVersion(u32),
+    #[error("exported key is not 64 hex digits")]
+    ExportKey,
+}
+
+/// State of one connection.
+pub(crate) struct Conn {
+    pub flow: VirtualFlow,
+    pub local_phys: SocketAddr,
+    /// Current remote physical endpoint: the last validated one.
+    pub remote_phys: SocketAddr,
+    pub peer_key: Option<[u8; 32]>,
+    pub keys: Option<ConnKeys>,
+    /// Keys before the last suspend-time DH, kept to answer a retransmitted
+    /// KEYX whose answer was lost.
+    pub prev_keys: Option<ConnKeys>,
+    pub send_seq: u64,
+    pub replay: ReplayWindow,
+    /// Highest sequence number of an UPD/UPD_R that moved (or confirmed)
+    /// the binding: only a higher one may move it again (issue 3, item 5).
+    pub binding_seq: u64,
+    /// Highest sequence number of a location record used.
+    pub location_seq: u64,
+    pub role: RoleState,
+    /// Endpoint claimed by the peer, waiting for path validation, with the
+    /// sequence number of the update that claimed it.
+    pub pending_remote: Option<(SocketAddr, u64)>,
+    pub keyx: Option<KeyxState>,
+    /// Our answer to the peer's last KEYX: (peer's value, ours).
+    pub keyx_answer: Option<([u8; 32], [u8; 32])>,
+    /// Remote addresses where the peer proved it receives (bounded).
+    pub validated: Vec<IpAddr>,
+    /// Retransmission of our SUSP_PRIMARY claim.
+    pub claim_retry: Option<(u32, Timestamp)>,
+    pub mig: Option<Migration>,
+}
+
+pub(crate) struct KeyxState {
+    pub eph: Ephemeral,
+    pub tries: u32,
+    pub deadline: Timestamp,
+}
+
+/// The protocol core of one vnatd.
+pub struct Endpoint {
+    pub(crate) cfg: Config,
+    pub(crate) identity: HostIdentity,
+    pub(crate) conns: HashMap<VirtualFlow, Conn>,
+    pub(crate) per_peer: HashMap<IpAddr, usize>,
+    /// Pinned host keys by the address the host had when it paired (or a
+    /// pre-configured one).
+    pub(crate) pins: HashMap<IpAddr, [u8; 32]>,
+    pub(crate) sessions: HashMap<[u8; 32], PairSecret>,
+    pub(crate) handshakes: HashMap<IpAddr, Handshake>,
+    /// Last PAIR_FIN sent to each host, resent if its RESP comes again.
+    pub(crate) fins: HashMap<IpAddr, (u32, Vec<u8>)>,
+    pub(crate) validations: HashMap<ValidationKey, Validation>,
+    pub(crate) requests: HashMap<u32, super::migrate::Request>,
+    pub(crate) store: LocationStore,
+    pub(crate) next_store_expiry: Timestamp,
+    pub(crate) tx: TxQueue,
+    pub(crate) events: VecDeque<Event>,
+    pub(crate) stats: Stats,
+}
+
+/// Per-call context: the time, and values shared by every record produced
+/// while handling one input, so that their datagrams coalesce (one request
+/// id per destination and kind) and their timers fire together (one jitter).
+pub(crate) struct Ctx<'r> {
+    pub now: Timestamp,
+    pub rng: &'r mut dyn RngCore,
+    pub jitter_permille: u64,
+    pub req_ids: HashMap<(SocketAddr, Kind), u32>,
+}
+
+impl<'r> Ctx<'r> {
+    pub fn new(now: Timestamp, rng: &'r mut dyn RngCore) -> Ctx<'r> {
+        // Jitter of +-25% (RFC 8961 section 4 asks for randomised timers so
+        // that hosts do not synchronise).
+        let jitter_permille = 750 + u64::from(rng.next_u32() % 500);
+        Ctx {
+            now,
+            rng,
+            jitter_permille,
+            req_ids: HashMap::new(),
+        }
+    }
+
+    pub fn request_id(&mut self, dst: SocketAddr, kind: Kind) -> u32 {
+        let rng = &mut self.rng;
+        *self
+            .req_ids
+            .entry((dst, kind))
+            .or_insert_with(|| rng.next_u32())
+    }
+
+    pub fn nonce<const N: usize>(&mut self) -> [u8; N] {
+        let mut n = [0u8; N];
+        self.rng.fill_bytes(&mut n);
+        n
+    }
+}
+
+/// Adapter: the public API only accepts `CryptoRng` generators, so the
+/// internal `dyn RngCore` is one.
+pub(crate) struct CryptoDyn<'a, 'r>(pub &'a mut &'r mut dyn RngCore);
+
+impl RngCore for CryptoDyn<'_, '_> {
+    fn next_u32(&mut self) -> u32 {
+        self.0.next_u32()
+    }
+    fn next_u64(&mut self) -> u64 {
+        self.0.next_u64()
+    }
+    fn fill_bytes(&mut self, d: &mut [u8]) {
+        self.0.fill_bytes(d)
+    }
+    fn try_fill_bytes(&mut self, d: &mut [u8]) -> Result<(), rand_core::Error> {
+        self.0.try_fill_bytes(d)
+    }
+}
+impl CryptoRng for CryptoDyn<'_, '_> {}
+
+/// Read-only view of a connection, for the control API and tests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConnectionView {
+    pub flow: VirtualFlow,
+    pub local_phys: SocketAddr,
+    pub remote_phys: SocketAddr,
+    pub pending_remote: Option<SocketAddr>,
+    pub has_keys: bool,
+    pub role: Option<Role>,
+    pub migrating: bool,
+    pub binding_seq: u64,
+    pub send_seq: u64,
+}
+
+impl Endpoint {
+    pub fn new(cfg: Config, identity: HostIdentity) -> Endpoint {
+        let mut tx = TxQueue::new(cfg.mtu, cfg.max_queued_datagrams);
+        for s in &cfg.location_servers {
+            tx.trusted.insert(s.ip());
+        }
+        Endpoint {
+            store: LocationStore::new(cfg.store),
+            tx,
+            cfg,
+            identity,
+            conns: HashMap::new(),
+            per_peer: HashMap::new(),
+            pins: HashMap::new(),
+            sessions: HashMap::new(),
+            handshakes: HashMap::new(),
+            fins: HashMap::new(),
+            validations: HashMap::new(),
+            requests: HashMap::new(),
+            next_store_expiry: Timestamp(0),
+            events: VecDeque::new(),
+            stats: Stats::default(),
+        }
+    }
+
+    /// This host's public identity key.
+    pub fn public_key(&self) -> [u8; 32] {
+        self.identity.public()
+    }
+
+    /// Pre-configure the key of the host at `ip`; pairing with any other
+    /// key from there is refused.
+    pub fn pin_peer(&mut self, ip: IpAddr, key: [u8; 32]) {
+        self.pins.insert(ip, key);
+    }
+
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    pub fn connection(&self, flow: &VirtualFlow) -> Option<ConnectionView> {
+        self.conns.get(flow).map(|c| ConnectionView {
+            flow: c.flow,
+            local_phys: c.local_phys,
+            remote_phys: c.remote_phys,
+            pending_remote: c.pending_remote.map(|p| p.0),
+            has_keys: c.keys.is_some(),
+            role: c.role.negotiated,
+            migrating: c.mig.is_some(),
+            binding_seq: c.binding_seq,
+            send_seq: c.send_seq,
+        })
+    }
+
+    pub fn connections(&self) -> impl Iterator<Item = &VirtualFlow> {
+        self.conns.keys()
+    }
+
+    /// Number of records stored in the location-server role.
+    pub fn stored_locations(&self) -> usize {
+        self.store.len()
+    }
+
+    pub(crate) fn emit(&mut self, e: Event) {
+        if self.events.len() >= self.cfg.max_events {
+            self.stats.reject("event_queue_full");
+            return;
+        }
+        self.events.push_back(e);
+    }
+
+    /// A new connection to track: `flow` is named by its virtual endpoints,
+    /// which are its initial physical ones (paper section 3.1), so at first
+    /// `local_phys == flow.local` and `remote_phys == flow.remote` unless the
+    /// connection was adopted after a move. Starts pairing with the peer's
+    /// host if it is not paired yet.
+    pub fn connection_added<R: RngCore + CryptoRng>(
+        &mut self,
+        now: Timestamp,
+        rng: &mut R,
+        flow: VirtualFlow,
+        local_phys: SocketAddr,
+        remote_phys: SocketAddr,
+    ) -> Result<(), EndpointError> {
+        let fam = Family::of(&flow.local);
+        if [flow.remote, local_phys, remote_phys]
+            .iter()
+            .any(|a| Family::of(a) != fam)
+        {
+            return Err(EndpointError::MixedFamilies(flow));
+        }
+        if self.conns.contains_key(&flow) {
+            return Err(EndpointError::DuplicateConnection(flow));
+        }
+        self.admit(&flow, remote_phys.ip())?;
+        self.conns
+            .insert(flow, Conn::new(flow, local_phys, remote_phys));
+        self.tx.trusted.insert(remote_phys.ip());
+        let mut ctx = Ctx::new(now, rng);
+        if !self.ensure_keys(&flow) {
+            self.start_pairing(&mut ctx, remote_phys.ip());
+        }
+        self.tx.flush(&mut self.stats);
+        Ok(())
+    }
+
+    /// Check the global and per-peer caps for one more connection.
+    pub(crate) fn admit(&mut self, flow: &VirtualFlow, peer: IpAddr) -> Result<(), EndpointError> {
+        if self.conns.len() >= self.cfg.max_connections {
+            return Err(EndpointError::TooManyConnections {
+                limit: self.cfg.max_connections,
+            });
+        }
+        let n = self.per_peer.get(&peer).copied().unwrap_or(0);
+        if n >= self.cfg.max_connections_per_peer {
+            return Err(EndpointError::TooManyForPeer {
+                peer,
+                limit: self.cfg.max_connections_per_peer,
+            });
+        }
+        let _ = flow;
+        *self.per_peer.entry(peer).or_default() += 1;
+        Ok(())
+    }
+
+    /// Forget a closed connection (its keys are wiped on drop).
+    pub fn connection_removed(&mut self, flow: &VirtualFlow) -> bool {
+        match self.conns.remove(flow) {
+            Some(c) => {
+                self.release(&c);
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub(crate) fn release(&mut self, c: &Conn) {
+        let peer = c.flow.remote.ip();
+        if let Some(n) = self.per_peer.get_mut(&peer) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.per_peer.remove(&peer);
+            }
+        }
+    }
+
+    /// Derive the connection's keys if its peer's host is paired. Returns
+    /// whether it has keys.
+    pub(crate) fn ensure_keys(&mut self, flow: &VirtualFlow) -> bool {
+        let my_pub = self.identity.public();
+        let Some(c) = self.conns.get_mut(flow) else {
+            return false;
+        };
+        if c.keys.is_some() {
+            return true;
+        }
+        let Some(peer) = self.pins.get(&c.remote_phys.ip()).copied() else {
+            return false;
+        };
+        let Some(secret) = self.sessions.get(&peer) else {
+            return false;
+        };
+        c.keys = Some(ConnKeys::derive(secret, &my_pub, &peer, flow));
+        c.peer_key = Some(peer);
+        self.emit(Event::KeysReady { flow: *flow });
+        true
+    }
+
+    /// Retransmission timeout for the `tries`-th transmission.
+    pub(crate) fn rto(&self, ctx: &Ctx, tries: u32) -> Duration {
+        let base = self.cfg.initial_rto.saturating_mul(1u32 << tries.min(16));
+        base.min(self.cfg.max_rto) * (ctx.jitter_permille as u32) / 1000
+    }
+
+    /// Sign a record of `kind` for `flow` with a fresh sequence number and
+    /// queue it to `dst`. Returns false (and counts why) if it could not.
+    pub(crate) fn send_record(
+        &mut self,
+        ctx: &mut Ctx,
+        flow: &VirtualFlow,
+        kind: Kind,
+        ext: Ext,
+        dst: SocketAddr,
+    ) -> bool {
+        let Some(c) = self.conns.get_mut(flow) else {
+            return false;
+        };
+        let Some(keys) = &c.keys else {
+            self.stats.reject("send_without_keys");
+            return false;
+        };
+        let key = keys.send.clone();
+        let req = match kind {
+            Kind::Lookup | Kind::Store => ctx.request_id(dst, kind),
+            _ => 0,
+        };
+        c.send_seq += 1;
+        let rec = Record {
+            command: kind,
+            proto: flow.proto,
+            receiver_vir: flow.remote,
+            sender_vir: flow.local,
+            sender_phys: c.local_phys,
+            ext,
+            seq: c.send_seq,
+            tag: [0; wire::TAG_LEN],
+        };
+        self.push_signed(&rec, &key, kind, req, dst)
+    }
+
+    /// Sign `rec` with `key` and queue it in a `kind` datagram.
+    pub(crate) fn push_signed(
+        &mut self,
+        rec: &Record,
+        key: &SecretKey,
+        kind: Kind,
+        req: u32,
+        dst: SocketAddr,
+    ) -> bool {
+        let mut buf = [0u8; MAX_SIGNED_LEN];
+        let Ok(n) = rec.write_signed(&mut buf) else {
+            self.stats.reject("unencodable_record");
+            return false;
+        };
+        let tag = super::crypto::record_tag(key, &buf[..n]);
+        self.tx.push_record(
+            dst,
+            kind,
+            rec.family(),
+            req,
+            &buf[..n],
+            &tag,
+            &mut self.stats,
+        );
+        self.stats.count("records_sent");
+        true
+    }
+
+    /// The next datagram to send, if any.
+    pub fn poll_transmit(&mut self, _now: Timestamp) -> Option<Transmit> {
+        self.tx.flush(&mut self.stats);
+        self.tx.pop(&mut self.stats)
+    }
+
+    /// The next event for the datapath or the control API.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// When `handle_timeout` must be called next.
+    pub fn poll_timeout(&self) -> Option<Timestamp> {
+        let mut t: Option<Timestamp> = None;
+        let mut take = |d: Timestamp| t = Some(t.map_or(d, |x| x.min(d)));
+        for c in self.conns.values() {
+            if let Some(m) = &c.mig {
+                take(m.deadline);
+            }
+            if let Some(k) = &c.keyx {
+                take(k.deadline);
+            }
+            if let Some((_, d)) = c.claim_retry {
+                take(d);
+            }
+        }
+        for h in self.handshakes.values() {
+            take(h.deadline());
+        }
+        for v in self.validations.values() {
+            take(v.deadline);
+        }
+        if !self.store.is_empty() {
+            take(self.next_store_expiry);
+        }
+        t
+    }
+
+    /// Retransmit, give up or expire whatever is due at `now`.
+    pub fn handle_timeout<R: RngCore + CryptoRng>(&mut self, now: Timestamp, rng: &mut R) {
+        let mut ctx = Ctx::new(now, rng);
+        self.pairing_timeouts(&mut ctx);
+        self.role_and_key_timeouts(&mut ctx);
+        self.migration_timeouts(&mut ctx);
+        self.validation_timeouts(&mut ctx);
+        if now >= self.next_store_expiry {
+            self.store.expire(now);
+            self.next_store_expiry = now.add(Duration::from_secs(10));
+        }
+        self.requests.retain(|_, r| r.expires > now);
+        self.tx.flush(&mut self.stats);
+    }
+
+    /// Prepare `flows` for a planned move (paper section 3.3.1): claim the
+    /// primary role and run the suspend-time key agreement. Optional: a move
+    /// without it still works.
+    pub fn suspend<R: RngCore + CryptoRng>(
+        &mut self,
+        now: Timestamp,
+        rng: &mut R,
+        flows: &[VirtualFlow],
+    ) -> Result<(), EndpointError> {
+        for f in flows {
+            if !self.conns.contains_key(f) {
+                return Err(EndpointError::UnknownConnection(*f));
+            }
+        }
+        let mut ctx = Ctx::new(now, rng);
+        for f in flows {
+            self.start_suspend(&mut ctx, f);
+        }
+        self.tx.flush(&mut self.stats);
+        Ok(())
+    }
+
+    /// `flows` now live at new local physical endpoints (the host woke up
+    /// elsewhere, or the connections were imported on a new host): locate
+    /// the peers and update them (paper section 3.3.2).
+    pub fn resume<R: RngCore + CryptoRng>(
+        &mut self,
+        now: Timestamp,
+        rng: &mut R,
+        moves: &[(VirtualFlow, SocketAddr)],
+    ) -> Result<(), EndpointError> {
+        for (f, new_local) in moves {
+            let c = self
+                .conns
+                .get(f)
+                .ok_or(EndpointError::UnknownConnection(*f))?;
+            if c.keys.is_none() {
+                return Err(EndpointError::NoKeys(*f));
+            }
+            if Family::of(new_local) != Family::of(&f.local) {
+                return Err(EndpointError::MixedFamilies(*f));
+            }
+        }
+        let mut ctx = Ctx::new(now, rng);
+        for (f, new_local) in moves {
+            self.start_migration(&mut ctx, f, *new_local);
+        }
+        self.tx.flush(&mut self.stats);
+        Ok(())
+    }
+}
+
+impl Conn {
+    pub fn new(flow: VirtualFlow, local_phys: SocketAddr, remote_phys: SocketAddr) -> Conn {
+        Conn {
+            flow,
+            local_phys,
+            remote_phys,
+            peer_key: None,
+            keys: None,
+            prev_keys: None,
+            send_seq: 0,
+            replay: ReplayWindow::default(),
+            binding_seq: 0,
+            location_seq: 0,
+            role: RoleState::default(),
+            pending_remote: None,
+            keyx: None,
+            keyx_answer: None,
+            validated: vec![remote_phys.ip()],
+            claim_retry: None,
+            mig: None,
+        }
+    }
+
+    /// The peer's VCMP address at its current (validated) location.
+    pub fn peer_vcmp(&self, port: u16) -> SocketAddr {
+        SocketAddr::new(self.remote_phys.ip(), port)
+    }
+}

@@ -1,0 +1,133 @@
+//! Export and import of one connection's VCMP state (keys, sequence
+//! numbers, replay window, mappings), so that it travels with a process
+//! that is checkpointed on one host and restored on another (paper section
+//! 3.3.1.1: "the secret key is part of the connection state saved and
+//! transported by the migration mechanism").
+//!
+//! The export holds the connection's root key: whoever holds it can move
+//! the connection. The daemon must keep it with the same care as the
+//! process image it travels with. The exporting host forgets the
+//! connection, so the two hosts never both use the keys.
+
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
+
+use super::crypto::{ConnKeys, SecretKey};
+use super::endpoint::{Conn, Endpoint, EndpointError};
+use super::replay::ReplayWindow;
+use super::roles::RoleState;
+use crate::datapath::VirtualFlow;
+
+/// Version of the export format.
+pub const EXPORT_VERSION: u32 = 1;
+
+/// A key written as 64 hex digits; wiped when dropped.
+#[derive(Clone, Serialize, Deserialize, Zeroize, ZeroizeOnDrop)]
+#[serde(transparent)]
+pub struct HexKey(pub String);
+
+/// One connection's portable state (serde, e.g. JSON).
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConnectionExport {
+    pub version: u32,
+    pub flow: VirtualFlow,
+    pub local_phys: SocketAddr,
+    pub remote_phys: SocketAddr,
+    /// Host key of the peer the keys were paired with (hex).
+    pub peer_key: Option<String>,
+    /// The connection's root key (hex); wiped when this value is dropped.
+    pub root_key: HexKey,
+    pub send_seq: u64,
+    pub replay: ReplayWindow,
+    pub binding_seq: u64,
+    pub location_seq: u64,
+    pub role: RoleState,
+}
+
+impl std::fmt::Debug for ConnectionExport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectionExport")
+            .field("flow", &self.flow)
+            .field("send_seq", &self.send_seq)
+            .finish_non_exhaustive()
+    }
+}
+
+fn hex(b: &[u8; 32]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<[u8; 32]> {
+    let b = s.as_bytes();
+    if b.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, o) in out.iter_mut().enumerate() {
+        let d = |c: u8| (c as char).to_digit(16);
+        *o = (d(b[2 * i])? * 16 + d(b[2 * i + 1])?) as u8;
+    }
+    Some(out)
+}
+
+impl Endpoint {
+    /// Hand the connection over: returns its state and forgets it here.
+    pub fn export_connection(
+        &mut self,
+        flow: &VirtualFlow,
+    ) -> Result<ConnectionExport, EndpointError> {
+        let c = self
+            .conns
+            .get(flow)
+            .ok_or(EndpointError::UnknownConnection(*flow))?;
+        let keys = c.keys.as_ref().ok_or(EndpointError::NoKeys(*flow))?;
+        let out = ConnectionExport {
+            version: EXPORT_VERSION,
+            flow: *flow,
+            local_phys: c.local_phys,
+            remote_phys: c.remote_phys,
+            peer_key: c.peer_key.as_ref().map(hex),
+            root_key: HexKey(hex(keys.root.expose())),
+            send_seq: c.send_seq,
+            replay: c.replay,
+            binding_seq: c.binding_seq,
+            location_seq: c.location_seq,
+            role: c.role,
+        };
+        if let Some(c) = self.conns.remove(flow) {
+            self.release(&c);
+        }
+        Ok(out)
+    }
+
+    /// Take over a connection exported by another host. Resume it next with
+    /// its new local physical endpoint.
+    pub fn import_connection(&mut self, e: &ConnectionExport) -> Result<(), EndpointError> {
+        if e.version != EXPORT_VERSION {
+            return Err(EndpointError::ExportVersion(e.version));
+        }
+        let root = Zeroizing::new(unhex(&e.root_key.0).ok_or(EndpointError::ExportKey)?);
+        let peer_key = match &e.peer_key {
+            Some(k) => Some(unhex(k).ok_or(EndpointError::ExportKey)?),
+            None => None,
+        };
+        if self.conns.contains_key(&e.flow) {
+            return Err(EndpointError::DuplicateConnection(e.flow));
+        }
+        self.admit(&e.flow, e.remote_phys.ip())?;
+        let mut c = Conn::new(e.flow, e.local_phys, e.remote_phys);
+        c.keys = Some(ConnKeys::from_root(SecretKey::from_bytes(*root), &e.flow));
+        c.peer_key = peer_key;
+        c.send_seq = e.send_seq;
+        c.replay = e.replay;
+        c.binding_seq = e.binding_seq;
+        c.location_seq = e.location_seq;
+        c.role = e.role;
+        self.tx.trusted.insert(e.remote_phys.ip());
+        self.conns.insert(e.flow, c);
+        Ok(())
+    }
+}

@@ -1,0 +1,293 @@
+//! Receive path. Order of checks (STYLE.md): length and type (the decoder),
+//! then the constant-time MAC with the connection's receive key, then the
+//! replay window, then the state change. A record that fails any check is
+//! counted under its reason and changes nothing.
+
+use std::net::SocketAddr;
+
+use rand_core::{CryptoRng, RngCore};
+
+use super::crypto;
+use super::endpoint::{Ctx, Endpoint, Event};
+use super::replay::ReplayError;
+use super::wire::{self, Ext, Family, Kind, Message, Record, MAX_SIGNED_LEN};
+use super::Timestamp;
+use crate::datapath::VirtualFlow;
+
+/// Most stored records returned for one queried connection; keeps the reply
+/// within the anti-amplification limit.
+const MAX_ANSWERS_PER_QUERY: usize = 2;
+
+impl Endpoint {
+    /// Process one datagram received from `from`. Never panics and never
+    /// fails: whatever is refused is counted in [`Endpoint::stats`].
+    pub fn handle_datagram<R: RngCore + CryptoRng>(
+        &mut self,
+        now: Timestamp,
+        rng: &mut R,
+        from: SocketAddr,
+        bytes: &[u8],
+    ) {
+        let mut ctx = Ctx::new(now, rng);
+        self.stats.count("datagrams_received");
+        let msg = match Message::decode(bytes) {
+            Ok(m) => m,
+            Err(e) => {
+                self.stats.reject(e.reason());
+                return;
+            }
+        };
+        match msg {
+            Message::Records {
+                kind,
+                request_id,
+                family,
+                records,
+            } => match kind {
+                Kind::Lookup => {
+                    self.on_lookup(&mut ctx, from, request_id, family, &records, bytes.len())
+                }
+                Kind::Store => self.on_store(&mut ctx, from, request_id, &records, bytes.len()),
+                Kind::LookupR => self.on_lookup_r(&mut ctx, request_id, &records),
+                _ => {
+                    let mut authentic = 0;
+                    for rec in &records {
+                        if self.on_record(&mut ctx, from, kind, rec) {
+                            authentic += 1;
+                        }
+                    }
+                    if authentic > 0 {
+                        self.tx.credit(from.ip(), bytes.len());
+                    }
+                }
+            },
+            Message::StoreR {
+                request_id,
+                accepted,
+            } => self.on_store_r(&mut ctx, request_id, accepted),
+            Message::PairInit {
+                request_id,
+                static_pub,
+                eph_pub,
+            } => {
+                self.tx.credit(from.ip(), bytes.len());
+                self.on_pair_init(&mut ctx, from, request_id, static_pub, eph_pub)
+            }
+            Message::PairResp {
+                request_id,
+                static_pub,
+                eph_pub,
+                tag,
+            } => self.on_pair_resp(from, request_id, static_pub, eph_pub, tag),
+            Message::PairFin { request_id, tag } => self.on_pair_fin(from, request_id, tag),
+            Message::Error { code, .. } => {
+                // Unauthenticated: report, never act on it.
+                self.stats.count("peer_error");
+                self.emit(Event::PeerError { from, code });
+            }
+        }
+        self.tx.flush(&mut self.stats);
+    }
+
+    /// One record of a connection-bound kind. Returns whether it was
+    /// authentic (MAC and replay window passed).
+    fn on_record(&mut self, ctx: &mut Ctx, from: SocketAddr, kind: Kind, rec: &Record) -> bool {
+        // The record names the sender's end as L and ours as R.
+        let flow = VirtualFlow {
+            proto: rec.proto,
+            local: rec.receiver_vir,
+            remote: rec.sender_vir,
+        };
+        let Some(c) = self.conns.get(&flow) else {
+            self.stats.reject("unknown_connection");
+            return false;
+        };
+        let Some(keys) = &c.keys else {
+            self.stats.reject("no_keys");
+            return false;
+        };
+        let mut buf = [0u8; MAX_SIGNED_LEN];
+        let Ok(n) = rec.write_signed(&mut buf) else {
+            self.stats.reject("mixed_families");
+            return false;
+        };
+        let mut under_prev = false;
+        if !crypto::verify_record(&keys.recv, &buf[..n], &rec.tag) {
+            let prev_ok = kind == Kind::KeyX
+                && c.prev_keys
+                    .as_ref()
+                    .is_some_and(|p| crypto::verify_record(&p.recv, &buf[..n], &rec.tag));
+            if !prev_ok {
+                self.stats.reject("bad_mac");
+                return false;
+            }
+            under_prev = true;
+        }
+        if let Err(e) = c.replay.check(rec.seq) {
+            self.stats.reject(match e {
+                ReplayError::TooOld(_) => "replay_too_old",
+                ReplayError::Duplicate(_) => "replay_duplicate",
+            });
+            return false;
+        }
+        let res = match kind {
+            Kind::SuspPrimary => self.on_susp_primary(from, ctx, &flow),
+            Kind::SuspSecondary => self.on_susp_secondary(&flow),
+            Kind::Upd => self.on_upd(ctx, from, &flow, rec),
+            Kind::UpdR => self.on_upd_r(ctx, &flow, rec),
+            Kind::KeyX => self.on_keyx(ctx, from, &flow, rec, under_prev),
+            Kind::Challenge => self.on_challenge(ctx, from, &flow, rec),
+            Kind::Response => self.on_response(&flow, rec),
+            _ => Err("unexpected_kind"),
+        };
+        match res {
+            Ok(()) => {
+                if let Some(c) = self.conns.get_mut(&flow) {
+                    c.replay.commit(rec.seq);
+                }
+                self.stats.count("records_accepted");
+                true
+            }
+            Err(reason) => {
+                self.stats.reject(reason);
+                false
+            }
+        }
+    }
+
+    /// LOOKUP, in the location-server role (every vnatd has it). For a
+    /// connection that is our own, we answer with a fresh record of where
+    /// our end is; otherwise with what was stored for it.
+    fn on_lookup(
+        &mut self,
+        ctx: &mut Ctx,
+        from: SocketAddr,
+        req: u32,
+        family: Family,
+        records: &[Record],
+        len: usize,
+    ) {
+        self.tx.credit(from.ip(), len);
+        let mut answered = false;
+        for rec in records {
+            let flow = VirtualFlow {
+                proto: rec.proto,
+                local: rec.receiver_vir,
+                remote: rec.sender_vir,
+            };
+            if self.own_lookup(ctx, from, req, &flow, rec) {
+                answered = true;
+                continue;
+            }
+            let mut found = self
+                .store
+                .lookup(ctx.now, rec.proto, rec.receiver_vir, rec.sender_vir);
+            found.sort_by_key(|r| std::cmp::Reverse(r.seq));
+            for s in found.iter().take(MAX_ANSWERS_PER_QUERY) {
+                let mut buf = [0u8; MAX_SIGNED_LEN];
+                let Ok(n) = s.write_signed(&mut buf) else {
+                    continue;
+                };
+                self.tx.push_record(
+                    from,
+                    Kind::LookupR,
+                    family,
+                    req,
+                    &buf[..n],
+                    &s.tag,
+                    &mut self.stats,
+                );
+                answered = true;
+            }
+        }
+        if !answered {
+            let mut b = Vec::with_capacity(wire::HEADER_LEN);
+            wire::begin_records(&mut b, Kind::LookupR, family, req);
+            self.tx.push_datagram(from, b, &mut self.stats);
+        }
+        self.stats.count("lookups_served");
+    }
+
+    /// A LOOKUP by our peer for our own end of a connection: authenticate it
+    /// like any record, then answer with our current location.
+    fn own_lookup(
+        &mut self,
+        ctx: &mut Ctx,
+        from: SocketAddr,
+        req: u32,
+        flow: &VirtualFlow,
+        rec: &Record,
+    ) -> bool {
+        let Some(c) = self.conns.get_mut(flow) else {
+            return false;
+        };
+        let Some(keys) = &c.keys else { return false };
+        let mut buf = [0u8; MAX_SIGNED_LEN];
+        let Ok(n) = rec.write_signed(&mut buf) else {
+            return false;
+        };
+        if !crypto::verify_record(&keys.recv, &buf[..n], &rec.tag)
+            || c.replay.check(rec.seq).is_err()
+        {
+            return false;
+        }
+        c.replay.commit(rec.seq);
+        let key = keys.send.clone();
+        c.send_seq += 1;
+        let mine = Record {
+            command: Kind::Store,
+            proto: flow.proto,
+            receiver_vir: flow.remote,
+            sender_vir: flow.local,
+            sender_phys: c.local_phys,
+            ext: Ext::None,
+            seq: c.send_seq,
+            tag: [0; wire::TAG_LEN],
+        };
+        let mut out = [0u8; MAX_SIGNED_LEN];
+        let Ok(m) = mine.write_signed(&mut out) else {
+            return false;
+        };
+        let tag = crypto::record_tag(&key, &out[..m]);
+        self.tx.push_record(
+            from,
+            Kind::LookupR,
+            mine.family(),
+            req,
+            &out[..m],
+            &tag,
+            &mut self.stats,
+        );
+        let _ = ctx;
+        true
+    }
+
+    /// STORE, in the location-server role: keep the records as signed.
+    fn on_store(
+        &mut self,
+        ctx: &mut Ctx,
+        from: SocketAddr,
+        req: u32,
+        records: &[Record],
+        len: usize,
+    ) {
+        self.tx.credit(from.ip(), len);
+        let mut accepted: u8 = 0;
+        for rec in records {
+            if self.store.store(ctx.now, from.ip(), *rec) {
+                accepted = accepted.saturating_add(1);
+            } else {
+                self.stats.reject("store_full");
+            }
+        }
+        if let Ok(b) = (Message::StoreR {
+            request_id: req,
+            accepted,
+        })
+        .encode()
+        {
+            self.tx.push_datagram(from, b, &mut self.stats);
+        }
+        self.stats.count("stores_served");
+    }
+}

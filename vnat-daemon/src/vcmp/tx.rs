@@ -1,0 +1,155 @@
+//! Outgoing datagrams: records bound for the same address, kind and request
+//! are packed into as few datagrams as the path MTU allows (so restoring N
+//! connections costs a few datagrams, DESIGN.md section 4), the queue is
+//! bounded, and an address not yet known to run a vnatd never receives more
+//! than three times the bytes that came from it (anti-amplification, as in
+//! RFC 9000 section 8).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+
+use super::stats::Stats;
+use super::wire::{self, Family, Kind, TAG_LEN};
+
+/// A datagram to send.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transmit {
+    pub dst: SocketAddr,
+    pub payload: Vec<u8>,
+}
+
+/// Factor of the anti-amplification limit.
+pub const AMPLIFICATION_FACTOR: u64 = 3;
+/// Most addresses whose byte counts are tracked at once.
+const MAX_TRACKED: usize = 4096;
+
+type OpenKey = (SocketAddr, Kind, Family, u32);
+
+pub(crate) struct TxQueue {
+    mtu: usize,
+    max_queued: usize,
+    open: HashMap<OpenKey, Vec<u8>>,
+    open_order: Vec<OpenKey>,
+    ready: VecDeque<Transmit>,
+    /// Addresses known to run a vnatd: peers' validated locations, location
+    /// servers, our own old locations. Not subject to the limit.
+    pub(crate) trusted: HashSet<IpAddr>,
+    /// (bytes received, bytes sent) for other addresses.
+    budget: HashMap<IpAddr, (u64, u64)>,
+}
+
+impl TxQueue {
+    pub fn new(mtu: usize, max_queued: usize) -> TxQueue {
+        TxQueue {
+            mtu,
+            max_queued,
+            open: HashMap::new(),
+            open_order: Vec::new(),
+            ready: VecDeque::new(),
+            trusted: HashSet::new(),
+            budget: HashMap::new(),
+        }
+    }
+
+    pub fn is_trusted(&self, ip: &IpAddr) -> bool {
+        self.trusted.contains(ip)
+    }
+
+    /// Count `n` bytes received from (or vouched for by an authenticated
+    /// message naming) `ip`.
+    pub fn credit(&mut self, ip: IpAddr, n: usize) {
+        if self.trusted.contains(&ip) {
+            return;
+        }
+        if self.budget.len() >= MAX_TRACKED && !self.budget.contains_key(&ip) {
+            return;
+        }
+        let e = self.budget.entry(ip).or_default();
+        e.0 = e.0.saturating_add(n as u64);
+    }
+
+    fn push_ready(&mut self, t: Transmit, stats: &mut Stats) {
+        if self.ready.len() >= self.max_queued {
+            stats.reject("tx_queue_full");
+            return;
+        }
+        self.ready.push_back(t);
+    }
+
+    /// Append one signed record to the datagram being built for
+    /// (`dst`, `kind`, `family`, `request_id`).
+    pub fn push_record(
+        &mut self,
+        dst: SocketAddr,
+        kind: Kind,
+        family: Family,
+        request_id: u32,
+        signed: &[u8],
+        tag: &[u8; TAG_LEN],
+        stats: &mut Stats,
+    ) {
+        let key = (dst, kind, family, request_id);
+        let cap = wire::records_per_datagram(self.mtu, family, kind);
+        let buf = self.open.entry(key).or_insert_with(|| {
+            let mut b = Vec::with_capacity(wire::HEADER_LEN + cap * wire::record_len(family, kind));
+            wire::begin_records(&mut b, kind, family, request_id);
+            b
+        });
+        if buf[3] == 0 {
+            self.open_order.push(key);
+        }
+        if wire::push_record(buf, signed, tag).is_err() {
+            stats.reject("tx_record_overflow");
+            return;
+        }
+        if usize::from(buf[3]) >= cap {
+            if let Some(full) = self.open.remove(&key) {
+                self.open_order.retain(|k| *k != key);
+                self.push_ready(Transmit { dst, payload: full }, stats);
+            }
+        }
+    }
+
+    /// Queue a complete datagram.
+    pub fn push_datagram(&mut self, dst: SocketAddr, payload: Vec<u8>, stats: &mut Stats) {
+        self.push_ready(Transmit { dst, payload }, stats);
+    }
+
+    /// Close every datagram under construction (end of one input event).
+    pub fn flush(&mut self, stats: &mut Stats) {
+        for key in std::mem::take(&mut self.open_order) {
+            if let Some(payload) = self.open.remove(&key) {
+                self.push_ready(
+                    Transmit {
+                        dst: key.0,
+                        payload,
+                    },
+                    stats,
+                );
+            }
+        }
+    }
+
+    /// Next datagram that the amplification limit lets through.
+    pub fn pop(&mut self, stats: &mut Stats) -> Option<Transmit> {
+        while let Some(t) = self.ready.pop_front() {
+            let ip = t.dst.ip();
+            if self.trusted.contains(&ip) {
+                return Some(t);
+            }
+            let (rx, tx) = self.budget.get(&ip).copied().unwrap_or((0, 0));
+            let len = t.payload.len() as u64;
+            if tx.saturating_add(len) > rx.saturating_mul(AMPLIFICATION_FACTOR) {
+                stats.reject("amplification_limit");
+                continue;
+            }
+            self.budget.insert(ip, (rx, tx + len));
+            return Some(t);
+        }
+        None
+    }
+
+    pub fn pending(&self) -> usize {
+        self.ready.len() + self.open.len()
+    }
+}
