@@ -20,13 +20,15 @@ use clap::{Parser, Subcommand};
     bin_name = "cargo xtask",
     about = "vnat's developer tasks: prerequisites, tests, the demo, benchmarks and fuzzing.",
     long_about = "vnat's developer tasks: prerequisites, tests, the demo, benchmarks and fuzzing.\n\n\
-        Everything except `prereq --check` needs root: vnat's tests and demo load eBPF programs \
-        and build hosts out of network namespaces. Run as `sudo -E cargo xtask <command>`.\n\n\
+        prereq, test, demo and bench need root: vnat's tests and demo load eBPF programs \
+        and build hosts out of network namespaces. Run them as `sudo -E cargo xtask <command>`; \
+        `prereq --check` and `fuzz` need no root.\n\n\
         Typical use:\n  \
         cargo xtask prereq          install what is missing (Debian packages, eBPF toolchain, bpffs)\n  \
         cargo xtask test            unit tests, then the privileged integration tests\n  \
         cargo xtask demo            build and run the roaming demo\n  \
-        cargo xtask bench NAME      run one benchmark from bench/src/bin"
+        cargo xtask bench NAME      run one benchmark from bench/src/bin\n  \
+        cargo xtask fuzz TARGET     fuzz one parser for a minute (cargo-fuzz, pinned nightly)"
 )]
 struct Cli {
     #[command(subcommand)]

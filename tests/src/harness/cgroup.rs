@@ -4,10 +4,7 @@
 use std::{
     ffi::CString,
     fs, io,
-    os::{
-        fd::FromRawFd,
-        unix::{fs::MetadataExt, process::CommandExt},
-    },
+    os::unix::{fs::MetadataExt, process::CommandExt},
     path::{Path, PathBuf},
     process::Command,
     sync::OnceLock,
@@ -78,6 +75,11 @@ impl Cgroup {
     }
 
     /// Moves process `pid` (all its threads) into this cgroup.
+    ///
+    /// A process is in exactly one cgroup, so moving the test process itself
+    /// here fights with every other test running in parallel: prefer
+    /// [`Cgroup::join_on_spawn`] for the processes whose connections vnat
+    /// should handle.
     pub fn add_pid(&self, pid: u32) {
         let procs = self.path.join("cgroup.procs");
         fs::write(&procs, pid.to_string())
@@ -103,10 +105,9 @@ impl Cgroup {
                 if fd < 0 {
                     return Err(io::Error::last_os_error());
                 }
-                let file = fs::File::from_raw_fd(fd);
                 let n = libc::write(fd, b"0".as_ptr().cast(), 1);
                 let err = io::Error::last_os_error();
-                drop(file);
+                libc::close(fd);
                 if n != 1 {
                     return Err(err);
                 }
