@@ -328,9 +328,12 @@ fn run_tcp(opts: &Opts) -> i32 {
                     }
                 }
             }
+            // Mark the stop *before* sending EOF: on a short path the peer's
+            // FIN can arrive before the next statement runs, and the reader
+            // must then take it as the clean end, not an early close.
+            sender_done.store(true, Ordering::SeqCst);
             // EOF to the peer: cat exits after echoing the rest, socat closes.
             let _ = stream.shutdown(Shutdown::Write);
-            sender_done.store(true, Ordering::SeqCst);
         })
     };
 
@@ -645,7 +648,7 @@ fn print_status(
         let extra = json!({
             "datagrams_sent": s.dgrams_sent,
             "datagrams_verified": s.dgrams_verified,
-            "lost": s.dgrams_sent - s.dgrams_verified,
+            "lost": s.dgrams_sent.saturating_sub(s.dgrams_verified),
             "duplicates": s.duplicates,
             "reordered": s.reordered,
             "transient_errors": s.transient_errors,

@@ -16,6 +16,8 @@ use super::{
 pub struct FakeDatapath {
     conns: BTreeMap<u64, ConnectionInfo>,
     translations: BTreeMap<VirtualFlow, Translation>,
+    /// Translations in phase one (receive side only).
+    pub prepared: BTreeMap<VirtualFlow, Translation>,
     cgroups: Vec<PathBuf>,
     /// When set, the next mutating call fails with this (consumed) error,
     /// so tests can check that failures change nothing above.
@@ -121,12 +123,21 @@ impl Datapath for FakeDatapath {
     fn install_translation(&mut self, t: &Translation) -> Result<(), DatapathError> {
         validate_translation(t)?;
         self.take_failure()?;
+        self.prepared.remove(&t.flow);
         self.translations.insert(t.flow, *t);
+        Ok(())
+    }
+
+    fn prepare_translation(&mut self, t: &Translation) -> Result<(), DatapathError> {
+        validate_translation(t)?;
+        self.take_failure()?;
+        self.prepared.insert(t.flow, *t);
         Ok(())
     }
 
     fn remove_translation(&mut self, flow: &VirtualFlow) -> Result<(), DatapathError> {
         self.take_failure()?;
+        self.prepared.remove(flow);
         self.translations
             .remove(flow)
             .map(|_| ())

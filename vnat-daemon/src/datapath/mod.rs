@@ -35,6 +35,17 @@ pub trait Datapath {
     /// and the host route for a moved remote virtual address, together.
     fn install_translation(&mut self, t: &Translation) -> Result<(), DatapathError>;
 
+    /// Phase one of a move: accept packets from the new physical endpoints
+    /// (reverse entry, tc attachment, address on `lo`, host route) without
+    /// sending from them yet; [`Datapath::install_translation`] completes it.
+    ///
+    /// Why two phases: if one end starts sending from (or to) the new
+    /// address before the other end translates it, the other kernel finds no
+    /// socket for the packet and answers with a reset that kills the
+    /// connection. When both ends are receive-ready before either sends,
+    /// no untranslated packet ever reaches a socket lookup.
+    fn prepare_translation(&mut self, t: &Translation) -> Result<(), DatapathError>;
+
     /// Remove the translation of the flow whose virtual endpoints are given,
     /// undoing everything [`Datapath::install_translation`] set up for it
     /// that no other translation still needs.

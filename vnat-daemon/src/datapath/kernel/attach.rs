@@ -102,6 +102,10 @@ fn cg_pins(bpffs: &Path, id: u64) -> Vec<PathBuf> {
     names.iter().map(|n| links_dir(bpffs).join(format!("cg{id}_{n}"))).collect()
 }
 
+// Links to cgroups are made with BPF_LINK_CREATE, which always attaches in
+// multi mode and rejects BPF_F_ALLOW_MULTI in its flags (EINVAL): hence
+// `CgroupAttachMode::Single` (flags 0) below, which does not mean exclusive.
+
 /// Attach the recorders to one cgroup (or re-attach with this process's
 /// programs). All or nothing.
 pub fn attach_cgroup(ebpf: &mut Ebpf, bpffs: &Path, path: &Path) -> Result<u64, DatapathError> {
@@ -111,19 +115,19 @@ pub fn attach_cgroup(ebpf: &mut Ebpf, bpffs: &Path, path: &Path) -> Result<u64, 
     let mut new_links: Vec<(FdLink, &'static str)> = Vec::new();
     {
         let p: &mut SockOps = prog(ebpf, PROG_SOCKOPS)?;
-        let l = p.attach(&dir, CgroupAttachMode::AllowMultiple).map_err(attach_err(PROG_SOCKOPS, &target))?;
+        let l = p.attach(&dir, CgroupAttachMode::Single).map_err(attach_err(PROG_SOCKOPS, &target))?;
         let l = p.take_link(l).map_err(attach_err(PROG_SOCKOPS, &target))?;
         new_links.push((FdLink::try_from(l).map_err(attach_err(PROG_SOCKOPS, &target))?, PROG_SOCKOPS));
     }
     for name in SOCK_ADDR_PROGRAMS {
         let p: &mut CgroupSockAddr = prog(ebpf, name)?;
-        let l = p.attach(&dir, CgroupAttachMode::AllowMultiple).map_err(attach_err(name, &target))?;
+        let l = p.attach(&dir, CgroupAttachMode::Single).map_err(attach_err(name, &target))?;
         let l = p.take_link(l).map_err(attach_err(name, &target))?;
         new_links.push((FdLink::try_from(l).map_err(attach_err(name, &target))?, name));
     }
     {
         let p: &mut CgroupSock = prog(ebpf, PROG_UDP_RELEASE)?;
-        let l = p.attach(&dir, CgroupAttachMode::AllowMultiple).map_err(attach_err(PROG_UDP_RELEASE, &target))?;
+        let l = p.attach(&dir, CgroupAttachMode::Single).map_err(attach_err(PROG_UDP_RELEASE, &target))?;
         let l = p.take_link(l).map_err(attach_err(PROG_UDP_RELEASE, &target))?;
         new_links.push((FdLink::try_from(l).map_err(attach_err(PROG_UDP_RELEASE, &target))?, PROG_UDP_RELEASE));
     }

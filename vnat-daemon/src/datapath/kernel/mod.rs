@@ -91,6 +91,7 @@ impl KernelDatapath {
     fn reconcile(&mut self) -> Result<(), DatapathError> {
         let translations = self.egress_entries()?;
         let mut needed: std::collections::BTreeSet<u32> = translations.iter().map(|(_, v)| v.redirect_ifindex).collect();
+        needed.extend(self.ingress_entries()?.iter().map(|(_, v)| v.redirect_ifindex));
         needed.remove(&0);
         for ifindex in attach::pinned_tc(&self.bpffs) {
             if !needed.contains(&ifindex) || net::ifname(ifindex).is_err() {
@@ -120,6 +121,10 @@ impl KernelDatapath {
 
     fn egress_entries(&self) -> Result<Vec<(FlowKey, NatRewrite)>, DatapathError> {
         self.loaded.maps.egress.iter().collect::<Result<Vec<_>, _>>().map_err(map_err(MAP_EGRESS_NAT))
+    }
+
+    fn ingress_entries(&self) -> Result<Vec<(FlowKey, NatRewrite)>, DatapathError> {
+        self.loaded.maps.ingress.iter().collect::<Result<Vec<_>, _>>().map_err(map_err(MAP_INGRESS_NAT))
     }
 
     fn egress_get(&self, key: &FlowKey) -> Result<Option<NatRewrite>, DatapathError> {
@@ -183,7 +188,7 @@ impl KernelDatapath {
             }
         }
         let ifindex = v.redirect_ifindex;
-        let still_used = self.egress_entries()?.iter().any(|(_, o)| o.redirect_ifindex == ifindex);
+        let still_used = self.egress_entries()?.iter().chain(self.ingress_entries()?.iter()).any(|(_, o)| o.redirect_ifindex == ifindex);
         if ifindex != 0 && !still_used {
             attach::detach_tc(&self.bpffs, ifindex);
             self.tc_current.remove(&ifindex);
@@ -377,6 +382,52 @@ impl Datapath for KernelDatapath {
     }
 
     fn install_translation(&mut self, t: &Translation) -> Result<(), DatapathError> {
+        self.apply(t, true)
+    }
+
+    fn prepare_translation(&mut self, t: &Translation) -> Result<(), DatapathError> {
+        self.apply(t, false)
+    }
+
+    fn remove_translation(&mut self, flow: &VirtualFlow) -> Result<(), DatapathError> {
+        let key = flow.to_key();
+        // Every reverse entry of the flow: during a move there may be two
+        // (old and new placement), and a prepared-only move has no egress.
+        let reverse: Vec<(FlowKey, NatRewrite)> = self
+            .ingress_entries()?
+            .into_iter()
+            .filter(|(k, v)| restored_key(k, v).reversed() == key)
+            .collect();
+        let egress = self.egress_get(&key)?;
+        let (t, v) = match (egress, reverse.first()) {
+            (Some(v), _) => (translation_of(&key, &v), v),
+            (None, Some((k, v))) => {
+                // Rebuild the translation from the reverse entry: the packet
+                // it matches is (physical remote -> physical local).
+                let t = key_endpoints(k).map(|(pr, pl)| Translation { flow: *flow, physical_local: pl, physical_remote: pr });
+                (t, *v)
+            }
+            (None, None) => return Err(DatapathError::NoSuchTranslation { flow: *flow }),
+        };
+        let t = t.ok_or(DatapathError::NoSuchTranslation { flow: *flow })?;
+        if egress.is_some() {
+            self.loaded.maps.egress.remove(&key).map_err(map_err(MAP_EGRESS_NAT))?;
+        }
+        for (k, _) in &reverse {
+            let _ = self.loaded.maps.ingress.remove(k);
+        }
+        self.release(&t, &v)
+    }
+
+    fn translations(&self) -> Result<Vec<Translation>, DatapathError> {
+        Ok(self.egress_entries()?.iter().filter_map(|(k, v)| translation_of(k, v)).collect())
+    }
+}
+
+impl KernelDatapath {
+    /// Install a translation; with `complete == false` only its receive side
+    /// (see [`Datapath::prepare_translation`]).
+    fn apply(&mut self, t: &Translation, complete: bool) -> Result<(), DatapathError> {
         validate_translation(t)?;
         let route = net::route_get(t.physical_remote.ip(), Some(t.physical_local.ip()))?;
         let egress_key = t.flow.to_key();
@@ -386,14 +437,7 @@ impl Datapath for KernelDatapath {
         if let Some(other) = self.ingress_get(&probe.ingress_key)? {
             // The entry restores (remote virtual -> local virtual); reversed,
             // that is the egress key of the translation that owns it.
-            let restored = FlowKey {
-                src_addr_be: other.src_addr_be,
-                dst_addr_be: other.dst_addr_be,
-                src_port_be: other.src_port_be,
-                dst_port_be: other.dst_port_be,
-                ..probe.ingress_key
-            };
-            if restored.reversed() != egress_key {
+            if restored_key(&probe.ingress_key, &other).reversed() != egress_key {
                 return Err(DatapathError::InvalidTranslation {
                     flow: t.flow,
                     reason: "another translation already uses these physical endpoints",
@@ -439,8 +483,9 @@ impl Datapath for KernelDatapath {
             // With the host route in place the old address leaves where the
             // new one does; if not (a conflicting route), re-resolve the next
             // hop per packet in tc.
+            let next_hop = route.gateway.unwrap_or(t.physical_remote.ip());
             match net::route_get(ip, None) {
-                Ok(r) if r.ifindex == route.ifindex && r.gateway == route.gateway => {}
+                Ok(r) if r.ifindex == route.ifindex && r.gateway.unwrap_or(ip) == next_hop => {}
                 _ => flags |= NAT_F_REDIRECT,
             }
         }
@@ -452,6 +497,15 @@ impl Datapath for KernelDatapath {
             self.tc_current.insert(route.ifindex);
         }
         let pair = pair_for(t, route.ifindex, flags);
+        if !complete {
+            // Receive side only; an earlier placement keeps working until
+            // install_translation switches the send side over.
+            if let Err(e) = self.loaded.maps.ingress.insert(pair.ingress_key, pair.ingress, 0) {
+                undo(added_lo, added_route);
+                return Err(map_err(MAP_INGRESS_NAT)(e));
+            }
+            return Ok(());
+        }
         if let Err(e) = self.write_pair(&pair, old.as_ref().map(|(p, _)| p)) {
             undo(added_lo, added_route);
             return Err(e);
@@ -465,19 +519,6 @@ impl Datapath for KernelDatapath {
         Ok(())
     }
 
-    fn remove_translation(&mut self, flow: &VirtualFlow) -> Result<(), DatapathError> {
-        let key = flow.to_key();
-        let v = self.egress_get(&key)?.ok_or(DatapathError::NoSuchTranslation { flow: *flow })?;
-        let t = translation_of(&key, &v).ok_or(DatapathError::NoSuchTranslation { flow: *flow })?;
-        let pair = pair_for(&t, v.redirect_ifindex, v.flags);
-        self.loaded.maps.egress.remove(&key).map_err(map_err(MAP_EGRESS_NAT))?;
-        let _ = self.loaded.maps.ingress.remove(&pair.ingress_key);
-        self.release(&t, &v)
-    }
-
-    fn translations(&self) -> Result<Vec<Translation>, DatapathError> {
-        Ok(self.egress_entries()?.iter().filter_map(|(k, v)| translation_of(k, v)).collect())
-    }
 }
 
 fn v_ifindex(v: &Option<NatRewrite>) -> u32 {
@@ -485,6 +526,17 @@ fn v_ifindex(v: &Option<NatRewrite>) -> u32 {
 }
 fn v_flags(v: &Option<NatRewrite>) -> u32 {
     v.map_or(0, |v| v.flags)
+}
+
+/// The packet an ingress entry produces: (remote virtual -> local virtual).
+fn restored_key(key: &FlowKey, v: &NatRewrite) -> FlowKey {
+    FlowKey {
+        src_addr_be: v.src_addr_be,
+        dst_addr_be: v.dst_addr_be,
+        src_port_be: v.src_port_be,
+        dst_port_be: v.dst_port_be,
+        ..*key
+    }
 }
 
 /// CLOCK_BOOTTIME in ns, the clock the eBPF side stamps records with.

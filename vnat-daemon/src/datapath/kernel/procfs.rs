@@ -13,10 +13,10 @@ use crate::datapath::Proto;
 pub fn socket_inodes() -> HashMap<(Proto, SocketAddr, SocketAddr), u64> {
     let mut map = HashMap::new();
     for (proto, file) in [
-        (Proto::Tcp, "/proc/net/tcp"),
-        (Proto::Tcp, "/proc/net/tcp6"),
-        (Proto::Udp, "/proc/net/udp"),
-        (Proto::Udp, "/proc/net/udp6"),
+        (Proto::Tcp, "/proc/thread-self/net/tcp"),
+        (Proto::Tcp, "/proc/thread-self/net/tcp6"),
+        (Proto::Udp, "/proc/thread-self/net/udp"),
+        (Proto::Udp, "/proc/thread-self/net/udp6"),
     ] {
         let Ok(text) = fs::read_to_string(file) else { continue };
         for line in text.lines().skip(1) {

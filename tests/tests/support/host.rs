@@ -1,0 +1,85 @@
+//! A namespace host with its own vnat datapath: pins in a private bpffs
+//! directory and a cgroup whose processes are recorded.
+//!
+//! Every datapath call opens the datapath afresh inside the namespace and
+//! drops it afterwards, exactly as a restarted owner would: the pins are the
+//! only state, so each call also exercises reconciliation with the pins.
+
+use std::{process::Command, time::{Duration, Instant}};
+
+use vnat_daemon::datapath::{
+    kernel::{KernelDatapath, KernelOptions},
+    ConnectionInfo, Datapath, Proto,
+};
+use vnat_tests::{BpffsDir, Cgroup, Netns};
+
+pub struct Host<'a> {
+    pub ns: &'a Netns,
+    pub pins: BpffsDir,
+    pub cgroup: Cgroup,
+}
+
+impl<'a> Host<'a> {
+    /// Creates the pins and cgroup and attaches the recorders to the cgroup.
+    pub fn new(ns: &'a Netns, tag: &str) -> Host<'a> {
+        let h = Host { ns, pins: BpffsDir::new(tag), cgroup: Cgroup::new(tag) };
+        h.datapath(|_| ());
+        h
+    }
+
+    pub fn options(&self) -> KernelOptions {
+        KernelOptions { bpffs: self.pins.path().to_path_buf(), cgroups: vec![self.cgroup.path().to_path_buf()] }
+    }
+
+    /// Run `f` on a freshly opened datapath inside the namespace.
+    pub fn datapath<T: Send>(&self, f: impl FnOnce(&mut KernelDatapath) -> T + Send) -> T {
+        let opts = self.options();
+        let name = self.ns.name().to_string();
+        self.ns.run_in(move || {
+            let mut dp = KernelDatapath::open(&opts)
+                .unwrap_or_else(|e| panic!("opening the datapath in {name}: {e}"));
+            f(&mut dp)
+        })
+    }
+
+    /// A command that runs in this host's namespace and cgroup.
+    pub fn command(&self, program: &str) -> Command {
+        let mut cmd = self.ns.cmd(program);
+        self.cgroup.join_on_spawn(&mut cmd);
+        cmd
+    }
+
+    /// Wait until the datapath has recorded a connection matching `pred`.
+    pub fn wait_connection(
+        &self,
+        what: &str,
+        pred: impl Fn(&ConnectionInfo) -> bool + Send + Sync,
+    ) -> ConnectionInfo {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let found = self.datapath(|dp| {
+                dp.sync_udp().expect("sync_udp");
+                dp.connections().expect("listing connections").into_iter().find(|c| pred(c))
+            });
+            if let Some(c) = found {
+                return c;
+            }
+            assert!(Instant::now() < deadline, "{what} was never recorded");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn counter(&self, name: &str) -> u64 {
+        let name = name.to_string();
+        self.datapath(move |dp| {
+            dp.counters().expect("counters").into_iter().find(|(n, _)| *n == name).expect("no such counter").1
+        })
+    }
+
+    pub fn connections(&self, proto: Proto) -> Vec<ConnectionInfo> {
+        self.datapath(move |dp| {
+            dp.sync_udp().expect("sync_udp");
+            dp.connections().expect("listing connections").into_iter().filter(|c| c.proto == proto).collect()
+        })
+    }
+}
