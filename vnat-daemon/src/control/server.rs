@@ -46,6 +46,10 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 pub enum ServerError {
     #[error("another vnatd is already running on the control socket {path}; stop it first (systemctl stop vnatd) or give this one its own --control path")]
     AlreadyRunning { path: PathBuf },
+    #[error(
+        "the control socket must be created inside a tokio runtime; this is a bug in the caller"
+    )]
+    NoRuntime,
     #[error("{path} exists and is not a socket; remove it or pass another --control path")]
     NotASocket { path: PathBuf },
     #[error("the control socket path {path} has no parent directory; pass an absolute path such as /run/vnat/vnatd.sock")]
@@ -92,6 +96,11 @@ impl ControlListener {
     /// it is missing. Refuses if a live vnatd answers on `path`; removes a
     /// socket file nobody listens on. Must be called inside a tokio runtime.
     pub fn bind(path: &Path) -> Result<Self, ServerError> {
+        // tokio's from_std would panic without a reactor; check before any
+        // file is touched.
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(ServerError::NoRuntime);
+        }
         let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
         let parent = parent.ok_or_else(|| ServerError::NoParent {
             path: path.to_path_buf(),

@@ -349,6 +349,17 @@ async fn stale_socket_is_replaced_and_other_files_are_not() {
     assert_eq!(std::fs::read(&path).expect("file kept"), b"not a socket");
 }
 
+#[test]
+fn bind_outside_a_runtime_is_an_error_not_a_panic() {
+    let dir = TempDir::new();
+    let path = dir.path().join("vnatd.sock");
+    assert!(matches!(
+        ControlListener::bind(&path),
+        Err(ServerError::NoRuntime)
+    ));
+    assert!(!path.exists());
+}
+
 #[tokio::test]
 async fn unreachable_daemon_error_is_one_clear_sentence() {
     let dir = TempDir::new();

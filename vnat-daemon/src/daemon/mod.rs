@@ -155,7 +155,10 @@ where
         bpffs = %settings.bpffs.display(),
         listen = %settings.listen,
         cgroups = ?settings.cgroups,
-        config = ?settings.config_file,
+        config = %settings
+            .config_file
+            .as_deref()
+            .map_or_else(|| "none, defaults".to_string(), |p| p.display().to_string()),
         "vnatd started"
     );
     listener.serve(handler, shutdown).await;
