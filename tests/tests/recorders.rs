@@ -1,0 +1,132 @@
+//! The recorders: sock_ops records TCP connections of processes in an
+//! enabled cgroup (and only those) with their socket cookie, cgroup and
+//! owner, and forgets them on close; the sock_addr hooks record UDP flows of
+//! connected and unconnected sockets, IPv4 and IPv6.
+
+mod support;
+
+use std::{
+    net::SocketAddr,
+    process::{Child, Stdio},
+    time::{Duration, Instant},
+};
+
+use support::host::Host;
+use vnat_daemon::datapath::{Datapath, Proto};
+use vnat_tests::{EchoServer, SameLink, StreamClient, StreamOptions};
+
+fn wait_gone(host: &Host, what: &str, pred: impl Fn(&vnat_daemon::datapath::ConnectionInfo) -> bool + Send + Sync + Copy) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while host.datapath(move |dp| dp.connections().unwrap().iter().any(pred)) {
+        assert!(Instant::now() < deadline, "{what} was never removed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+struct Kill(Child);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn tcp_recorded_only_in_enabled_cgroup_and_removed_on_close() {
+    let topo = SameLink::new("rectcp", false);
+    let lap = Host::new(&topo.laptop, "rectcp");
+    let server = SocketAddr::new(topo.server_addr.v4.into(), 7001);
+    let _echo = EchoServer::tcp(&topo.server, server);
+
+    let inside = {
+        let mut cmd = StreamOptions::tcp(server).rate(50_000).command(&topo.laptop);
+        lap.cgroup.join_on_spawn(&mut cmd);
+        StreamClient::from_command(cmd)
+    };
+    let outside = StreamClient::spawn(&topo.laptop, &StreamOptions::tcp(server).rate(50_000));
+    let in_local = inside.wait_verified_at_least(1_000, Duration::from_secs(10)).local;
+    let out_local = outside.wait_verified_at_least(1_000, Duration::from_secs(10)).local;
+
+    let c = lap.wait_connection("the client in the enabled cgroup", |c| c.virtual_remote == server);
+    assert_eq!(c.virtual_local.to_string(), in_local);
+    assert_eq!(c.proto, Proto::Tcp);
+    assert_eq!(c.cgroup_id, lap.cgroup.id(), "recorded cgroup id");
+    assert_eq!(c.pid, Some(inside.pid()), "recorded owner");
+    assert_eq!(c.command.as_deref(), Some("vnat-stream"));
+    assert_ne!(c.cookie, 0);
+    let all = lap.connections(Proto::Tcp);
+    assert!(
+        all.iter().all(|c| c.virtual_local.to_string() != out_local),
+        "a connection of a process outside the enabled cgroup was recorded: {all:?}"
+    );
+    assert_eq!(all.len(), 1, "exactly the one connection is recorded: {all:?}");
+
+    let recorded_before = lap.counter("sockops_recorded");
+    inside.stop();
+    wait_gone(&lap, "the closed connection", move |c| c.virtual_remote == server);
+    assert!(lap.counter("sockops_removed") >= 1);
+    assert_eq!(lap.counter("sockops_recorded"), recorded_before);
+    outside.stop();
+}
+
+/// The server side: an accepted (passive) connection is recorded too, with
+/// its owner found through /proc.
+#[test]
+fn tcp_passive_connections_are_recorded() {
+    let topo = SameLink::new("recpas", true);
+    let srv = Host::new(&topo.server, "recpas");
+    let server = SocketAddr::new(topo.server_addr.v6().into(), 7002);
+    let mut cmd = srv.command("socat");
+    cmd.args([format!("TCP6-LISTEN:{},reuseaddr,fork", server.port()), "EXEC:cat".into()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let socat = Kill(cmd.spawn().expect("starting socat"));
+    std::thread::sleep(Duration::from_millis(300));
+    let client = StreamClient::spawn(&topo.laptop, &StreamOptions::tcp(server).rate(50_000));
+    let local = client.wait_verified_at_least(1_000, Duration::from_secs(10)).local;
+    let c = srv.wait_connection("the accepted connection", |c| c.virtual_local == server);
+    assert_eq!(c.virtual_remote.to_string(), local);
+    assert!(c.pid.is_some(), "the owner of an accepted socket is found: {c:?}");
+    assert_eq!(c.command.as_deref(), Some("socat"));
+    client.stop();
+    drop(socat);
+}
+
+fn udp_flow_recorded(ipv6: bool, connected: bool, tag: &str) {
+    let topo = SameLink::new(tag, ipv6);
+    let lap = Host::new(&topo.laptop, tag);
+    let ip = if ipv6 { topo.server_addr.v6().into() } else { topo.server_addr.v4.into() };
+    let server = SocketAddr::new(ip, 7003);
+    let _echo = EchoServer::udp(&topo.server, server);
+    let fam = if ipv6 { "UDP6" } else { "UDP4" };
+    // socat's UDP-SENDTO sends with sendto() on an unconnected socket;
+    // UDP-CONNECT calls connect() first (before the kernel picks a port).
+    let target = if connected { format!("{fam}-CONNECT:{server}") } else { format!("{fam}-SENDTO:{server}") };
+    let mut cmd = lap.command("socat");
+    cmd.args(["-u", "EXEC:yes", &target]).stdout(Stdio::null()).stderr(Stdio::null());
+    let _sender = Kill(cmd.spawn().expect("starting socat"));
+    let c = lap.wait_connection("the UDP flow", |c| c.proto == Proto::Udp && c.virtual_remote == server);
+    assert_ne!(c.virtual_local.port(), 0);
+    assert_eq!(c.cgroup_id, lap.cgroup.id());
+    assert!(lap.counter("udp_recorded") >= u64::from(!connected));
+}
+
+#[test]
+fn udp_v4_unconnected_sender_is_recorded() {
+    udp_flow_recorded(false, false, "recu4");
+}
+
+#[test]
+fn udp_v6_unconnected_sender_is_recorded() {
+    udp_flow_recorded(true, false, "recu6");
+}
+
+#[test]
+fn udp_v4_connected_sender_is_recorded() {
+    udp_flow_recorded(false, true, "recc4");
+}
+
+#[test]
+fn udp_v6_connected_sender_is_recorded() {
+    udp_flow_recorded(true, true, "recc6");
+}
