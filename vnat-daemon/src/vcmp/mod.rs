@@ -48,3 +48,8 @@ pub use endpoint::{
     AbortReason, Config, ConnectionView, Endpoint, EndpointError, Event, DEFAULT_PORT,
 };
 pub use tx::Transmit;
+
+#[cfg(test)]
+mod sim;
+#[cfg(test)]
+mod sim_tests;

@@ -1,0 +1,272 @@
+//! Deterministic network simulator for the protocol core: virtual time,
+//! seeded loss, duplication, reordering and delay. Hosts are endpoints at
+//! IP addresses; a datagram reaches whichever live host is at its
+//! destination address when it arrives, otherwise it is lost.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use rand_core::RngCore;
+
+use super::crypto::{DrbgRng, HostIdentity};
+use super::endpoint::{Config, Endpoint, Event};
+use super::Timestamp;
+use crate::datapath::{Proto, VirtualFlow};
+
+pub struct Host {
+    pub ep: Endpoint,
+    pub ip: IpAddr,
+    pub alive: bool,
+    pub events: Vec<(Timestamp, Event)>,
+}
+
+/// Link behaviour, applied to every datagram independently.
+#[derive(Clone, Copy, Debug)]
+pub struct Link {
+    pub delay: Duration,
+    /// Extra uniformly random delay (reorders datagrams).
+    pub jitter: Duration,
+    /// Probability of loss (per direction, per datagram), in percent.
+    pub loss_pct: u64,
+    pub dup_pct: u64,
+}
+
+impl Default for Link {
+    fn default() -> Self {
+        Link {
+            delay: Duration::from_micros(1500),
+            jitter: Duration::ZERO,
+            loss_pct: 0,
+            dup_pct: 0,
+        }
+    }
+}
+
+struct InFlight {
+    at: Timestamp,
+    seq: u64,
+    from: SocketAddr,
+    to: SocketAddr,
+    payload: Vec<u8>,
+}
+
+impl PartialEq for InFlight {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl Eq for InFlight {}
+impl PartialOrd for InFlight {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for InFlight {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(o.at, o.seq))
+    }
+}
+
+pub struct Sim {
+    pub now: Timestamp,
+    pub hosts: Vec<Host>,
+    pub link: Link,
+    rng: DrbgRng,
+    net: DrbgRng,
+    queue: BinaryHeap<Reverse<InFlight>>,
+    seq: u64,
+    /// (send time, from, to, kind byte) of every datagram put on the wire.
+    pub wire_log: Vec<(Timestamp, SocketAddr, SocketAddr, u8)>,
+}
+
+pub fn sa(s: &str) -> SocketAddr {
+    s.parse().expect("simulator address")
+}
+
+pub fn ip(s: &str) -> IpAddr {
+    s.parse().expect("simulator ip")
+}
+
+/// A TCP flow as seen from the host at `local`.
+pub fn tcp(local: &str, remote: &str) -> VirtualFlow {
+    VirtualFlow {
+        proto: Proto::Tcp,
+        local: sa(local),
+        remote: sa(remote),
+    }
+}
+
+pub fn reverse(f: &VirtualFlow) -> VirtualFlow {
+    VirtualFlow {
+        proto: f.proto,
+        local: f.remote,
+        remote: f.local,
+    }
+}
+
+impl Sim {
+    pub fn new(seed: u64, link: Link) -> Sim {
+        Sim {
+            now: Timestamp(1_000_000_000),
+            hosts: Vec::new(),
+            link,
+            rng: DrbgRng::from_seed(seed),
+            net: DrbgRng::from_seed(seed ^ 0x5eed_0f_0e7),
+            queue: BinaryHeap::new(),
+            seq: 0,
+            wire_log: Vec::new(),
+        }
+    }
+
+    /// Add a host at `ip` and return its index.
+    pub fn add_host(&mut self, ip_: &str, cfg: Config) -> usize {
+        let id = HostIdentity::generate(&mut self.rng);
+        self.hosts.push(Host {
+            ep: Endpoint::new(cfg, id),
+            ip: ip(ip_),
+            alive: true,
+            events: Vec::new(),
+        });
+        self.hosts.len() - 1
+    }
+
+    pub fn rng(&mut self) -> &mut DrbgRng {
+        &mut self.rng
+    }
+
+    /// Run `f` on host `h` with the simulator's clock and generator, then
+    /// collect what it produced.
+    pub fn with<T>(
+        &mut self,
+        h: usize,
+        f: impl FnOnce(&mut Endpoint, Timestamp, &mut DrbgRng) -> T,
+    ) -> T {
+        let now = self.now;
+        let out = f(&mut self.hosts[h].ep, now, &mut self.rng);
+        self.collect(h);
+        out
+    }
+
+    /// Add the two ends of a TCP connection between hosts `a` (local
+    /// endpoint `fa.local`) and `b`.
+    pub fn connect(&mut self, a: usize, b: usize, fa: VirtualFlow) {
+        let fb = reverse(&fa);
+        self.with(a, |ep, now, rng| {
+            ep.connection_added(now, rng, fa, fa.local, fa.remote)
+                .expect("add flow on a")
+        });
+        self.with(b, |ep, now, rng| {
+            ep.connection_added(now, rng, fb, fb.local, fb.remote)
+                .expect("add flow on b")
+        });
+    }
+
+    fn chance(&mut self, pct: u64) -> bool {
+        pct > 0 && self.net.next_u64() % 100 < pct
+    }
+
+    /// Take the host's datagrams and events.
+    fn collect(&mut self, h: usize) {
+        let now = self.now;
+        while let Some(e) = self.hosts[h].ep.poll_event() {
+            self.hosts[h].events.push((now, e));
+        }
+        let from = SocketAddr::new(self.hosts[h].ip, self.hosts[h].ep.cfg.port);
+        while let Some(t) = self.hosts[h].ep.poll_transmit(now) {
+            self.wire_log
+                .push((now, from, t.dst, t.payload.get(1).copied().unwrap_or(0)));
+            if !self.hosts[h].alive || self.chance(self.link.loss_pct) {
+                continue;
+            }
+            let copies = if self.chance(self.link.dup_pct) { 2 } else { 1 };
+            for _ in 0..copies {
+                let jitter_ns = u64::try_from(self.link.jitter.as_nanos()).unwrap_or(0);
+                let extra = if jitter_ns > 0 {
+                    self.net.next_u64() % jitter_ns
+                } else {
+                    0
+                };
+                let at = now.add(self.link.delay).add(Duration::from_nanos(extra));
+                self.seq += 1;
+                self.queue.push(Reverse(InFlight {
+                    at,
+                    seq: self.seq,
+                    from,
+                    to: t.dst,
+                    payload: t.payload.clone(),
+                }));
+            }
+        }
+    }
+
+    /// Deliver a datagram by hand (an attacker's), now.
+    pub fn inject(&mut self, h: usize, from: SocketAddr, bytes: &[u8]) {
+        self.with(h, |ep, now, rng| ep.handle_datagram(now, rng, from, bytes));
+    }
+
+    fn next_time(&self) -> Option<Timestamp> {
+        let net = self.queue.peek().map(|Reverse(d)| d.at);
+        let timers = self
+            .hosts
+            .iter()
+            .filter(|h| h.alive)
+            .filter_map(|h| h.ep.poll_timeout())
+            .min();
+        match (net, timers) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Run until nothing is left to do or `limit` of virtual time passed.
+    pub fn run_for(&mut self, limit: Duration) {
+        let end = self.now.add(limit);
+        for h in 0..self.hosts.len() {
+            self.collect(h);
+        }
+        while let Some(t) = self.next_time() {
+            if t > end {
+                break;
+            }
+            self.now = self.now.max(t);
+            while self.queue.peek().is_some_and(|Reverse(d)| d.at <= self.now) {
+                let Some(Reverse(d)) = self.queue.pop() else {
+                    break;
+                };
+                let Some(h) = self.hosts.iter().position(|h| h.alive && h.ip == d.to.ip()) else {
+                    continue;
+                };
+                self.with(h, |ep, now, rng| {
+                    ep.handle_datagram(now, rng, d.from, &d.payload)
+                });
+            }
+            for h in 0..self.hosts.len() {
+                if self.hosts[h].alive
+                    && self.hosts[h]
+                        .ep
+                        .poll_timeout()
+                        .is_some_and(|t| t <= self.now)
+                {
+                    self.with(h, |ep, now, rng| ep.handle_timeout(now, rng));
+                }
+            }
+        }
+        self.now = self.now.max(end.min(self.now.add(Duration::ZERO)));
+    }
+
+    /// Events of host `h` matching `pred`.
+    pub fn events<'a>(
+        &'a self,
+        h: usize,
+        pred: impl Fn(&Event) -> bool + 'a,
+    ) -> impl Iterator<Item = &'a (Timestamp, Event)> + 'a {
+        self.hosts[h].events.iter().filter(move |(_, e)| pred(e))
+    }
+
+    /// Move host `h` to a new address (its old one becomes unreachable).
+    pub fn move_host(&mut self, h: usize, new_ip: &str) {
+        self.hosts[h].ip = ip(new_ip);
+    }
+}

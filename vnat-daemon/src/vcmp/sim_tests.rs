@@ -1,0 +1,346 @@
+//! Scenario tests on the simulator (issue 3, item 7).
+
+use std::time::Duration;
+
+use super::endpoint::{AbortReason, Config, Event};
+use super::roles::Role;
+use super::sim::{reverse, sa, tcp, Link, Sim};
+use crate::datapath::VirtualFlow;
+
+const A_IP: &str = "10.0.0.1";
+const B_IP: &str = "10.0.0.2";
+
+/// Hosts A (0) and B (1) with `n` connections from A to B, paired.
+fn setup(seed: u64, link: Link, cfg: Config, n: u16) -> (Sim, Vec<VirtualFlow>) {
+    let mut sim = Sim::new(seed, link);
+    let a = sim.add_host(A_IP, cfg.clone());
+    let b = sim.add_host(B_IP, cfg);
+    let flows: Vec<VirtualFlow> = (0..n)
+        .map(|i| tcp(&format!("{A_IP}:{}", 40000 + i), &format!("{B_IP}:22")))
+        .collect();
+    for f in &flows {
+        sim.connect(a, b, *f);
+    }
+    sim.run_for(Duration::from_secs(30));
+    for f in &flows {
+        let va = sim.hosts[a].ep.connection(f).expect("flow on a");
+        let vb = sim.hosts[b].ep.connection(&reverse(f)).expect("flow on b");
+        assert!(
+            va.has_keys && vb.has_keys,
+            "pairing must give both ends keys for {f:?}"
+        );
+    }
+    (sim, flows)
+}
+
+fn moved(f: &VirtualFlow, new_ip: &str) -> std::net::SocketAddr {
+    std::net::SocketAddr::new(new_ip.parse().expect("ip"), f.local.port())
+}
+
+/// Resume `flows` of host `h` at `new_ip` (the host already moved there).
+fn resume(sim: &mut Sim, h: usize, flows: &[VirtualFlow], new_ip: &str) {
+    let moves: Vec<_> = flows.iter().map(|f| (*f, moved(f, new_ip))).collect();
+    sim.with(h, |ep, now, rng| {
+        ep.resume(now, rng, &moves).expect("resume")
+    });
+}
+
+fn assert_remote(sim: &Sim, h: usize, f: &VirtualFlow, want: std::net::SocketAddr) {
+    let v = sim.hosts[h].ep.connection(f).expect("connection exists");
+    assert_eq!(v.remote_phys, want, "host {h} must map {f:?} to {want}");
+    assert!(
+        sim.events(
+            h,
+            |e| matches!(e, Event::SetRemote { flow, remote } if flow == f && *remote == want)
+        )
+        .next()
+        .is_some(),
+        "host {h} must have told the datapath to use {want} for {f:?}"
+    );
+}
+
+fn resumed(sim: &Sim, h: usize, f: &VirtualFlow) -> bool {
+    sim.events(h, |e| matches!(e, Event::Resumed { flow, .. } if flow == f))
+        .next()
+        .is_some()
+}
+
+#[test]
+fn one_end_moves_in_constant_round_trips() {
+    let mut rounds = Vec::new();
+    for n in [1u16, 10, 200] {
+        let (mut sim, flows) = setup(1, Link::default(), Config::default(), n);
+        sim.with(0, |ep, now, rng| {
+            ep.suspend(now, rng, &flows).expect("suspend")
+        });
+        sim.run_for(Duration::from_secs(1));
+        for f in &flows {
+            assert_eq!(
+                sim.hosts[0].ep.connection(f).and_then(|v| v.role),
+                Some(Role::Primary)
+            );
+            assert_eq!(
+                sim.hosts[1].ep.connection(&reverse(f)).and_then(|v| v.role),
+                Some(Role::Secondary)
+            );
+        }
+        sim.move_host(0, "10.0.1.1");
+        let t0 = sim.now;
+        let sent_before = sim.wire_log.len();
+        resume(&mut sim, 0, &flows, "10.0.1.1");
+        sim.run_for(Duration::from_secs(10));
+        let mut last = t0;
+        for f in &flows {
+            assert!(resumed(&sim, 0, f), "A must see {f:?} resumed");
+            assert_remote(&sim, 1, &reverse(f), moved(f, "10.0.1.1"));
+            for (t, _) in sim.events(1, |e| matches!(e, Event::SetRemote { .. })) {
+                last = last.max(*t);
+            }
+        }
+        // Link delay is 1.5 ms, so one round trip is 3 ms.
+        let rtts = last.since(t0).as_micros() as f64 / 3000.0;
+        let datagrams = sim.wire_log.len() - sent_before;
+        rounds.push((n, rtts, datagrams));
+    }
+    let (_, r1, _) = rounds[0];
+    for (n, r, _) in &rounds {
+        assert!(
+            *r <= 2.0,
+            "restoring {n} connections took {r} round trips (all: {rounds:?})"
+        );
+        assert!(
+            (r - r1).abs() < 0.01,
+            "round trips must not grow with N: {rounds:?}"
+        );
+    }
+    // Datagrams grow only with the bytes (MTU-sized batches of ~30
+    // records): about six records per connection travel in all.
+    let (n, _, d) = rounds[2];
+    assert!(
+        d * 15 <= n as usize * 6,
+        "{n} connections used {d} datagrams: {rounds:?}"
+    );
+}
+
+#[test]
+fn one_end_moves_without_suspend_and_thirty_percent_loss() {
+    let link = Link {
+        loss_pct: 30,
+        dup_pct: 5,
+        jitter: Duration::from_millis(2),
+        ..Link::default()
+    };
+    let (mut sim, flows) = setup(7, link, Config::default(), 20);
+    sim.move_host(0, "10.0.1.1");
+    resume(&mut sim, 0, &flows, "10.0.1.1");
+    sim.run_for(Duration::from_secs(60));
+    for f in &flows {
+        assert!(resumed(&sim, 0, f), "A must see {f:?} resumed despite loss");
+        assert_remote(&sim, 1, &reverse(f), moved(f, "10.0.1.1"));
+    }
+    let retransmits: u64 = (0..2)
+        .map(|h| sim.hosts[h].ep.stats().get("retransmit"))
+        .sum();
+    assert!(retransmits > 0, "30% loss must have caused retransmissions");
+}
+
+#[test]
+fn both_move_with_an_old_location_still_reachable() {
+    // A's process moves from host A to host A2 (export/import); host A
+    // stays up as a location server. B's whole host moves: its old address
+    // is gone. Roles were negotiated: A primary, B secondary.
+    let (mut sim, flows) = setup(3, Link::default(), Config::default(), 5);
+    sim.with(0, |ep, now, rng| {
+        ep.suspend(now, rng, &flows).expect("suspend")
+    });
+    sim.run_for(Duration::from_secs(1));
+    let a2 = sim.add_host("10.0.7.7", Config::default());
+    for f in &flows {
+        let ex = sim.with(0, |ep, _, _| ep.export_connection(f).expect("export"));
+        let json = serde_json::to_string(&ex).expect("export serialises");
+        let back: super::export::ConnectionExport =
+            serde_json::from_str(&json).expect("export parses");
+        sim.with(a2, |ep, _, _| ep.import_connection(&back).expect("import"));
+    }
+    sim.move_host(1, "10.0.2.2");
+    let b_flows: Vec<_> = flows.iter().map(reverse).collect();
+    resume(&mut sim, a2, &flows, "10.0.7.7");
+    resume(&mut sim, 1, &b_flows, "10.0.2.2");
+    sim.run_for(Duration::from_secs(300));
+    for f in &flows {
+        assert!(
+            resumed(&sim, a2, f) && resumed(&sim, 1, &reverse(f)),
+            "both ends must resume {f:?}"
+        );
+        assert_remote(&sim, a2, f, sa(&format!("10.0.2.2:{}", f.remote.port())));
+        assert_remote(&sim, 1, &reverse(f), moved(f, "10.0.7.7"));
+    }
+    assert!(
+        sim.hosts[0].ep.stored_locations() > 0,
+        "the old location must have served as a store"
+    );
+}
+
+#[test]
+fn both_move_and_only_a_location_server_can_tell() {
+    let cfg = Config {
+        location_servers: vec![sa("10.9.9.9:2031")],
+        ..Config::default()
+    };
+    let (mut sim, flows) = setup(4, Link::default(), cfg, 3);
+    let server = sim.add_host("10.9.9.9", Config::default());
+    // No suspend: both default to primary (paper 3.3.2.1, last paragraphs).
+    sim.move_host(0, "10.0.1.1");
+    sim.move_host(1, "10.0.2.2");
+    let b_flows: Vec<_> = flows.iter().map(reverse).collect();
+    resume(&mut sim, 0, &flows, "10.0.1.1");
+    sim.run_for(Duration::from_millis(500));
+    resume(&mut sim, 1, &b_flows, "10.0.2.2");
+    sim.run_for(Duration::from_secs(300));
+    for f in &flows {
+        assert!(
+            resumed(&sim, 0, f) && resumed(&sim, 1, &reverse(f)),
+            "both ends must resume {f:?}"
+        );
+        assert_remote(&sim, 0, f, sa(&format!("10.0.2.2:{}", f.remote.port())));
+        assert_remote(&sim, 1, &reverse(f), moved(f, "10.0.1.1"));
+    }
+    assert!(sim.hosts[server].ep.stats().get("stores_served") > 0);
+}
+
+#[test]
+fn migration_aborts_with_a_reason_when_every_step_fails() {
+    let (mut sim, flows) = setup(5, Link::default(), Config::default(), 2);
+    sim.hosts[1].alive = false;
+    sim.move_host(0, "10.0.1.1");
+    resume(&mut sim, 0, &flows, "10.0.1.1");
+    sim.run_for(Duration::from_secs(600));
+    for f in &flows {
+        let reason = sim
+            .events(
+                0,
+                |e| matches!(e, Event::MigrationAborted { flow, .. } if flow == f),
+            )
+            .map(|(_, e)| e.clone())
+            .next()
+            .expect("migration must be aborted");
+        let Event::MigrationAborted { reason, .. } = reason else {
+            unreachable!("filtered above")
+        };
+        assert_eq!(
+            reason,
+            AbortReason::LocationUnknown {
+                tried: vec![sa("10.0.0.2:2031"), sa("10.0.0.1:2031")]
+            },
+            "abort reason must list the places tried"
+        );
+        assert!(!reason.to_string().is_empty());
+    }
+}
+
+#[test]
+fn crossing_susp_primary_is_arbitrated_by_the_higher_address() {
+    let (mut sim, flows) = setup(6, Link::default(), Config::default(), 3);
+    let b_flows: Vec<_> = flows.iter().map(reverse).collect();
+    sim.with(0, |ep, now, rng| {
+        ep.suspend(now, rng, &flows).expect("suspend a")
+    });
+    sim.with(1, |ep, now, rng| {
+        ep.suspend(now, rng, &b_flows).expect("suspend b")
+    });
+    let before = sim.wire_log.len();
+    sim.run_for(Duration::from_secs(5));
+    for f in &flows {
+        // B (10.0.0.2) has the higher address.
+        assert_eq!(
+            sim.hosts[0].ep.connection(f).and_then(|v| v.role),
+            Some(Role::Secondary)
+        );
+        assert_eq!(
+            sim.hosts[1].ep.connection(&reverse(f)).and_then(|v| v.role),
+            Some(Role::Primary)
+        );
+    }
+    let secondaries = sim.wire_log[before..]
+        .iter()
+        .filter(|(_, _, _, k)| *k == super::wire::Kind::SuspSecondary as u8)
+        .count();
+    assert_eq!(secondaries, 0, "crossing claims must not be answered");
+}
+
+#[test]
+fn pairing_refuses_a_changed_key_loudly() {
+    let (mut sim, _flows) = setup(8, Link::default(), Config::default(), 1);
+    // An impostor takes over B's address with another host key.
+    sim.hosts[1].alive = false;
+    let imp = sim.add_host(B_IP, Config::default());
+    let f = tcp("10.0.0.1:50000", "10.0.0.2:80");
+    sim.with(imp, |ep, now, rng| {
+        ep.connection_added(now, rng, reverse(&f), reverse(&f).local, reverse(&f).remote)
+            .expect("add")
+    });
+    sim.with(0, |ep, now, rng| {
+        ep.connection_added(now, rng, f, f.local, f.remote)
+            .expect("add")
+    });
+    sim.run_for(Duration::from_secs(30));
+    assert!(
+        sim.events(0, |e| matches!(e, Event::PeerKeyChanged { .. }))
+            .next()
+            .is_some()
+            || sim
+                .events(imp, |e| matches!(e, Event::PeerError { .. }))
+                .next()
+                .is_some(),
+        "a changed key must be reported"
+    );
+    assert!(sim.hosts[0].ep.stats().rejected("peer_key_changed") > 0);
+    assert!(
+        !sim.hosts[imp]
+            .ep
+            .connection(&reverse(&f))
+            .expect("flow")
+            .has_keys,
+        "the impostor must get no keys"
+    );
+}
+
+#[test]
+fn failed_validation_reverts_to_the_last_validated_address() {
+    let (mut sim, flows) = setup(9, Link::default(), Config::default(), 1);
+    let f = flows[0];
+    // A claims an address where nobody answers challenges (it never moved
+    // there): B must keep the old binding and report the revert.
+    sim.with(0, |ep, now, rng| {
+        ep.resume(now, rng, &[(f, sa("10.0.66.6:40000"))])
+            .expect("resume")
+    });
+    sim.run_for(Duration::from_secs(120));
+    let b = reverse(&f);
+    assert_eq!(
+        sim.hosts[1].ep.connection(&b).expect("flow").remote_phys,
+        f.local
+    );
+    assert!(
+        sim.events(1, |e| matches!(e, Event::Reverted { flow, remote, attempted } if *flow == b && *remote == f.local && *attempted == sa("10.0.66.6:40000"))).next().is_some(),
+        "B must report the revert"
+    );
+    assert!(
+        sim.events(1, |e| matches!(e, Event::SetRemote { .. }))
+            .next()
+            .is_none(),
+        "no traffic may move"
+    );
+    // Anti-amplification: nothing ever came from 10.0.66.6, so B may send
+    // it nothing, not even the challenge.
+    let to_victim = sim
+        .wire_log
+        .iter()
+        .filter(|(_, _, to, _)| to.ip() == sa("10.0.66.6:1").ip())
+        .count();
+    assert_eq!(
+        to_victim, 0,
+        "B must not send to an address that never sent to it"
+    );
+    assert!(sim.hosts[1].ep.stats().rejected("amplification_limit") > 0);
+}
