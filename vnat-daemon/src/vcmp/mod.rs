@@ -50,6 +50,8 @@ pub use endpoint::{
 pub use tx::Transmit;
 
 #[cfg(test)]
+mod adversary_tests;
+#[cfg(test)]
 mod sim;
 #[cfg(test)]
 mod sim_tests;

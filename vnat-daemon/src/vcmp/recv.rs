@@ -111,12 +111,16 @@ impl Endpoint {
             self.stats.reject("mixed_families");
             return false;
         };
+        // Records still under the keys from before the last suspend-time DH
+        // are accepted until the peer is seen using the new ones (it may not
+        // have received our KEYX answer yet, like a QUIC key phase).
         let mut under_prev = false;
-        if !crypto::verify_record(&keys.recv, &buf[..n], &rec.tag) {
-            let prev_ok = kind == Kind::KeyX
-                && c.prev_keys
-                    .as_ref()
-                    .is_some_and(|p| crypto::verify_record(&p.recv, &buf[..n], &rec.tag));
+        let current = crypto::verify_record(&keys.recv, &buf[..n], &rec.tag);
+        if !current {
+            let prev_ok = c
+                .prev_keys
+                .as_ref()
+                .is_some_and(|p| crypto::verify_record(&p.recv, &buf[..n], &rec.tag));
             if !prev_ok {
                 self.stats.reject("bad_mac");
                 return false;
@@ -144,6 +148,9 @@ impl Endpoint {
             Ok(()) => {
                 if let Some(c) = self.conns.get_mut(&flow) {
                     c.replay.commit(rec.seq);
+                    if current && kind != Kind::KeyX {
+                        c.prev_keys = None;
+                    }
                 }
                 self.stats.count("records_accepted");
                 true

@@ -132,8 +132,23 @@ impl Sim {
         self.hosts.len() - 1
     }
 
-    pub fn rng(&mut self) -> &mut DrbgRng {
-        &mut self.rng
+    /// Run `f` on host `h` and return the datagrams it produced instead of
+    /// putting them on the wire (to replay, forge or reflect them).
+    pub fn capture(
+        &mut self,
+        h: usize,
+        f: impl FnOnce(&mut Endpoint, Timestamp, &mut DrbgRng),
+    ) -> Vec<super::tx::Transmit> {
+        let now = self.now;
+        f(&mut self.hosts[h].ep, now, &mut self.rng);
+        let mut out = Vec::new();
+        while let Some(t) = self.hosts[h].ep.poll_transmit(now) {
+            out.push(t);
+        }
+        while let Some(e) = self.hosts[h].ep.poll_event() {
+            self.hosts[h].events.push((now, e));
+        }
+        out
     }
 
     /// Run `f` on host `h` with the simulator's clock and generator, then
@@ -201,9 +216,10 @@ impl Sim {
         }
     }
 
-    /// Deliver a datagram by hand (an attacker's), now.
-    pub fn inject(&mut self, h: usize, from: SocketAddr, bytes: &[u8]) {
-        self.with(h, |ep, now, rng| ep.handle_datagram(now, rng, from, bytes));
+    /// Deliver a datagram by hand (an attacker's), now, and return what the
+    /// host sent in reply.
+    pub fn inject(&mut self, h: usize, from: SocketAddr, bytes: &[u8]) -> Vec<super::tx::Transmit> {
+        self.capture(h, |ep, now, rng| ep.handle_datagram(now, rng, from, bytes))
     }
 
     fn next_time(&self) -> Option<Timestamp> {

@@ -1,0 +1,354 @@
+//! Rejection tests (issue 3, item 7): forged, replayed, reflected, spliced,
+//! stale and out-of-order messages are refused with no state change and a
+//! counted reason.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use super::endpoint::{Config, ConnectionView, Event};
+use super::sim::{reverse, sa, tcp, Link, Sim};
+use super::tx::Transmit;
+use super::wire::Kind;
+use crate::datapath::VirtualFlow;
+
+const A: usize = 0;
+const B: usize = 1;
+
+fn setup(n: u16) -> (Sim, Vec<VirtualFlow>) {
+    let mut sim = Sim::new(11, Link::default());
+    sim.add_host("10.0.0.1", Config::default());
+    sim.add_host("10.0.0.2", Config::default());
+    let flows: Vec<_> = (0..n)
+        .map(|i| tcp(&format!("10.0.0.1:{}", 40000 + i), "10.0.0.2:22"))
+        .collect();
+    for f in &flows {
+        sim.connect(A, B, *f);
+    }
+    sim.run_for(Duration::from_secs(10));
+    (sim, flows)
+}
+
+fn of_kind(ts: &[Transmit], kind: Kind) -> Vec<u8> {
+    ts.iter()
+        .find(|t| t.payload[1] == kind as u8)
+        .map(|t| t.payload.clone())
+        .unwrap_or_else(|| panic!("no {kind:?} datagram among {} captured", ts.len()))
+}
+
+/// A's UPD claiming `phys` for `flows`.
+fn upd(sim: &mut Sim, flows: &[VirtualFlow], phys: &str) -> Vec<u8> {
+    let moves: Vec<_> = flows.iter().map(|f| (*f, sa(phys))).collect();
+    let ts = sim.capture(A, |ep, now, rng| {
+        ep.resume(now, rng, &moves).expect("resume")
+    });
+    of_kind(&ts, Kind::Upd)
+}
+
+struct Snapshot {
+    views: Vec<Option<ConnectionView>>,
+    events: usize,
+    rejected: u64,
+}
+
+fn snapshot(sim: &Sim, h: usize, flows: &[VirtualFlow]) -> Snapshot {
+    Snapshot {
+        views: flows
+            .iter()
+            .map(|f| sim.hosts[h].ep.connection(f))
+            .collect(),
+        events: sim.hosts[h].events.len(),
+        rejected: sim.hosts[h].ep.stats().rejected_total(),
+    }
+}
+
+/// Deliver `bytes` to host `h` and check it was refused without a trace.
+fn assert_refused(
+    sim: &mut Sim,
+    h: usize,
+    flows: &[VirtualFlow],
+    from: SocketAddr,
+    bytes: &[u8],
+    what: &str,
+) {
+    let before = snapshot(sim, h, flows);
+    let replies = sim.inject(h, from, bytes);
+    let after = snapshot(sim, h, flows);
+    assert_eq!(
+        before.views, after.views,
+        "{what}: connection state changed"
+    );
+    assert_eq!(
+        before.events,
+        after.events,
+        "{what}: an event was emitted: {:?}",
+        sim.hosts[h].events.last()
+    );
+    assert!(replies.is_empty(), "{what}: the host answered");
+    assert!(
+        after.rejected > before.rejected,
+        "{what}: no rejection was counted"
+    );
+}
+
+fn b_flows(flows: &[VirtualFlow]) -> Vec<VirtualFlow> {
+    flows.iter().map(reverse).collect()
+}
+
+#[test]
+fn every_single_bit_flip_is_rejected() {
+    // One record per datagram: records are authenticated one by one, so in
+    // a batch a flip in one record leaves the others (rightly) valid.
+    let (mut sim, flows) = setup(1);
+    let bf = b_flows(&flows);
+    let from = sa("10.0.0.1:2031");
+    let susp = sim.capture(A, |ep, now, rng| {
+        ep.suspend(now, rng, &flows).expect("suspend")
+    });
+    let mut messages = vec![
+        ("SUSP_PRIMARY", of_kind(&susp, Kind::SuspPrimary)),
+        ("KEYX", of_kind(&susp, Kind::KeyX)),
+    ];
+    messages.push(("UPD", upd(&mut sim, &flows, "10.0.0.1:50000")));
+    for (name, good) in &messages {
+        for bit in 0..good.len() * 8 {
+            let mut bad = good.clone();
+            bad[bit / 8] ^= 1 << (bit % 8);
+            assert_refused(
+                &mut sim,
+                B,
+                &bf,
+                from,
+                &bad,
+                &format!("{name} with bit {bit} flipped"),
+            );
+        }
+    }
+    // The untouched messages are still accepted: the forgeries used nothing up.
+    for (name, good) in &messages {
+        let before = sim.hosts[B].ep.stats().get("records_accepted");
+        let replies = sim.inject(B, from, good);
+        assert_eq!(
+            sim.hosts[B].ep.stats().get("records_accepted"),
+            before + 1,
+            "{name} must be accepted after the forgeries"
+        );
+        assert!(
+            !replies.is_empty() || *name == "SUSP_PRIMARY" || *name == "KEYX",
+            "{name}: B must answer"
+        );
+    }
+    assert!(sim.hosts[B].ep.stats().rejected("bad_mac") > 0);
+}
+
+#[test]
+fn replayed_update_is_rejected() {
+    let (mut sim, flows) = setup(1);
+    let bf = b_flows(&flows);
+    let from = sa("10.0.0.1:2031");
+    let u = upd(&mut sim, &flows, "10.0.0.1:50000");
+    let replies = sim.inject(B, from, &u);
+    assert!(!replies.is_empty(), "first copy must be answered");
+    assert_eq!(
+        sim.hosts[B].ep.connection(&bf[0]).map(|v| v.remote_phys),
+        Some(sa("10.0.0.1:50000"))
+    );
+    assert_refused(&mut sim, B, &bf, from, &u, "replayed UPD");
+    assert_eq!(sim.hosts[B].ep.stats().rejected("replay_duplicate"), 1);
+}
+
+#[test]
+fn reflected_messages_are_rejected() {
+    let (mut sim, flows) = setup(1);
+    let bf = b_flows(&flows);
+    let u = upd(&mut sim, &flows, "10.0.0.1:50000");
+    // A's own UPD sent back to A.
+    assert_refused(
+        &mut sim,
+        A,
+        &flows,
+        sa("10.0.0.2:2031"),
+        &u,
+        "UPD reflected to its sender",
+    );
+    // B's UPD_R sent back to B.
+    let replies = sim.inject(B, sa("10.0.0.1:2031"), &u);
+    let upd_r = of_kind(&replies, Kind::UpdR);
+    assert_refused(
+        &mut sim,
+        B,
+        &bf,
+        sa("10.0.0.1:2031"),
+        &upd_r,
+        "UPD_R reflected to its sender",
+    );
+    assert!(
+        sim.hosts[A].ep.stats().rejected("unknown_connection")
+            + sim.hosts[B].ep.stats().rejected("unknown_connection")
+            >= 2
+    );
+}
+
+#[test]
+fn records_spliced_between_connections_are_rejected() {
+    let (mut sim, flows) = setup(2);
+    let bf = b_flows(&flows);
+    let from = sa("10.0.0.1:2031");
+    let u = upd(&mut sim, &flows, "10.0.0.1:50000");
+    assert_eq!(u.len(), 8 + 2 * 48, "both records in one datagram");
+    let (r1, r2) = (&u[8..56], &u[56..104]);
+    // Record 1's body with record 2's tag, and the reverse.
+    let mut swapped = u.clone();
+    swapped[8 + 32..56].copy_from_slice(&r2[32..]);
+    swapped[56 + 32..104].copy_from_slice(&r1[32..]);
+    assert_refused(
+        &mut sim,
+        B,
+        &bf,
+        from,
+        &swapped,
+        "tags swapped between connections",
+    );
+    // Record 1 relabelled as connection 2 (its L_Vir_Port), tag kept.
+    let mut relabelled = u.clone();
+    relabelled[8 + 16..8 + 18].copy_from_slice(&r2[16..18]);
+    relabelled[3] = 1;
+    relabelled.truncate(56);
+    assert_refused(
+        &mut sim,
+        B,
+        &bf,
+        from,
+        &relabelled,
+        "record moved to another connection",
+    );
+    // Record moved into a UPD_R datagram.
+    let mut as_upd_r = u.clone();
+    as_upd_r[1] = Kind::UpdR as u8;
+    assert_refused(
+        &mut sim,
+        B,
+        &bf,
+        from,
+        &as_upd_r,
+        "UPD record in a UPD_R datagram",
+    );
+    assert!(sim.hosts[B].ep.stats().rejected("bad_mac") >= 3);
+    assert!(sim.hosts[B].ep.stats().rejected("command_mismatch") >= 1);
+}
+
+#[test]
+fn stale_and_out_of_window_updates_are_rejected() {
+    let (mut sim, flows) = setup(1);
+    let bf = b_flows(&flows);
+    let from = sa("10.0.0.1:2031");
+    let oldest = upd(&mut sim, &flows, "10.0.0.1:50001");
+    for _ in 0..200 {
+        upd(&mut sim, &flows, "10.0.0.1:50002");
+    }
+    let older = upd(&mut sim, &flows, "10.0.0.1:50003");
+    let newer = upd(&mut sim, &flows, "10.0.0.1:50004");
+    sim.inject(B, from, &newer);
+    assert_eq!(
+        sim.hosts[B].ep.connection(&bf[0]).map(|v| v.remote_phys),
+        Some(sa("10.0.0.1:50004"))
+    );
+    assert_refused(
+        &mut sim,
+        B,
+        &bf,
+        from,
+        &older,
+        "older update after a newer one",
+    );
+    assert_eq!(sim.hosts[B].ep.stats().rejected("stale_update"), 1);
+    assert_refused(
+        &mut sim,
+        B,
+        &bf,
+        from,
+        &oldest,
+        "update older than the replay window",
+    );
+    assert_eq!(sim.hosts[B].ep.stats().rejected("replay_too_old"), 1);
+}
+
+#[test]
+fn forged_lookup_answers_cannot_misdirect() {
+    // A location server (or anyone) answering a lookup with a record not
+    // signed by the peer: A ignores it.
+    let (mut sim, flows) = setup(1);
+    sim.hosts[B].alive = false;
+    sim.move_host(A, "10.0.1.1");
+    let moves = [(flows[0], sa("10.0.1.1:40000"))];
+    let ts = sim.capture(A, |ep, now, rng| {
+        ep.resume(now, rng, &moves).expect("resume")
+    });
+    let lookup = of_kind(&ts, Kind::Lookup);
+    let req = &lookup[4..8];
+    // A STORE record for B's end claiming 10.6.6.6, with a made-up tag.
+    let mut fake = vec![1, Kind::LookupR as u8, 4, 1];
+    fake.extend_from_slice(req);
+    fake.extend_from_slice(&[
+        1,
+        Kind::Store as u8,
+        0x9c,
+        0x40,
+        10,
+        0,
+        0,
+        1,
+        10,
+        0,
+        0,
+        2,
+        10,
+        6,
+        6,
+        6,
+        0,
+        22,
+        0,
+        22,
+        6,
+        0,
+        0,
+        0,
+    ]);
+    fake.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 99]);
+    fake.extend_from_slice(&[0x42; 16]);
+    let before = sim.hosts[A].ep.stats().rejected("bad_mac");
+    let replies = sim.inject(A, sa("10.0.0.2:2031"), &fake);
+    assert!(
+        replies.iter().all(|t| t.dst.ip() != sa("10.6.6.6:1").ip()),
+        "nothing may go to the forged location"
+    );
+    assert_eq!(sim.hosts[A].ep.stats().rejected("bad_mac"), before + 1);
+    assert!(!sim.hosts[A]
+        .events
+        .iter()
+        .any(|(_, e)| matches!(e, Event::SetRemote { .. })));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
+    /// Whatever the order (and duplicates) in which updates arrive, the
+    /// binding ends at the one with the highest sequence number.
+    #[test]
+    fn binding_ends_at_the_highest_sequence_update(
+        order in (1usize..10).prop_flat_map(|k| Just((0..k).collect::<Vec<_>>()).prop_shuffle()),
+        dups in proptest::collection::vec(0usize..10, 0..4),
+    ) {
+        let (mut sim, flows) = setup(1);
+        let bf = b_flows(&flows);
+        let k = order.len();
+        let ups: Vec<Vec<u8>> = (0..k).map(|i| upd(&mut sim, &flows, &format!("10.0.0.1:{}", 50000 + i))).collect();
+        let from = sa("10.0.0.1:2031");
+        for i in order.iter().chain(dups.iter().filter(|d| **d < k)) {
+            sim.inject(B, from, &ups[*i]);
+        }
+        let want = sa(&format!("10.0.0.1:{}", 50000 + k - 1));
+        prop_assert_eq!(sim.hosts[B].ep.connection(&bf[0]).map(|v| v.remote_phys), Some(want));
+    }
+}
