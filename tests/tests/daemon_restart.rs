@@ -5,6 +5,8 @@
 
 mod support;
 
+use vnat_tests::{move_flow, Host};
+
 use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
@@ -13,8 +15,7 @@ use std::{
 };
 
 use serde_json::Value;
-use support::host::Host;
-use vnat_daemon::datapath::{Datapath, Proto, Translation, VirtualFlow};
+use vnat_daemon::datapath::{Proto, VirtualFlow};
 use vnat_tests::{bin_path, EchoServer, LaptopRouterServer, Netns, StreamClient, StreamOptions};
 
 struct Vnatd {
@@ -115,15 +116,7 @@ fn translation_survives_vnatd_sigkill_and_a_new_vnatd_reconciles() {
     let local: SocketAddr = before.local.parse().unwrap();
     let new_local = SocketAddr::new(topo.laptop_b_addr.v4.into(), local.port());
     let flow = VirtualFlow { proto: Proto::Tcp, local, remote: server };
-    let t = Translation { flow, physical_local: new_local, physical_remote: server };
-    lap.datapath(move |dp| dp.prepare_translation(&t)).unwrap();
-    let back = Translation {
-        flow: VirtualFlow { proto: Proto::Tcp, local: server, remote: local },
-        physical_local: server,
-        physical_remote: new_local,
-    };
-    srv.datapath(move |dp| dp.install_translation(&back)).unwrap();
-    lap.datapath(move |dp| dp.install_translation(&t)).unwrap();
+    move_flow(&lap, &srv, flow, new_local);
     let moved = client.wait_verified_at_least(before.verified + 100_000, Duration::from_secs(30));
 
     // Kill the owner: nothing but the pins is left, and data keeps flowing.

@@ -6,10 +6,11 @@
 
 mod support;
 
+use vnat_tests::{move_flow, Host};
+
 use std::{net::SocketAddr, time::{Duration, Instant}};
 
-use support::host::Host;
-use vnat_daemon::datapath::{ConnState, Datapath, Proto, Translation, VirtualFlow};
+use vnat_daemon::datapath::{ConnState, Proto, VirtualFlow};
 use vnat_tests::{EchoServer, Family, LaptopRouterServer, SameLink, StreamClient, StreamOptions};
 
 const RATE: u64 = 400_000;
@@ -23,18 +24,6 @@ fn client(host: &Host, server: SocketAddr, proto: Proto) -> StreamClient {
     let mut cmd = opts.command(host.ns);
     host.cgroup.join_on_spawn(&mut cmd);
     StreamClient::from_command(cmd)
-}
-
-/// Install the translations of a laptop move on both ends, in the order
-/// VCMP uses: the mover becomes receive-ready, the peer switches (UPD), then
-/// the mover switches its send side (UPD_R).
-fn translate_both(lap: &Host, srv: &Host, flow: VirtualFlow, new_local: SocketAddr) {
-    let t = Translation { flow, physical_local: new_local, physical_remote: flow.remote };
-    lap.datapath(move |dp| dp.prepare_translation(&t)).unwrap_or_else(|e| panic!("laptop: {e}"));
-    let back = VirtualFlow { proto: flow.proto, local: flow.remote, remote: flow.local };
-    let tb = Translation { flow: back, physical_local: flow.remote, physical_remote: new_local };
-    srv.datapath(move |dp| dp.install_translation(&tb)).unwrap_or_else(|e| panic!("server: {e}"));
-    lap.datapath(move |dp| dp.install_translation(&t)).unwrap_or_else(|e| panic!("laptop: {e}"));
 }
 
 /// Start a stream, move, translate, and check the same connection goes on.
@@ -60,7 +49,7 @@ fn roam(
     do_move();
     let moved_at = Instant::now();
     let new_local = SocketAddr::new(new_ip, flow.local.port());
-    translate_both(lap, srv, flow, new_local);
+    move_flow(lap, srv, flow, new_local);
     let at_move = c.latest().expect("no status from the stream").verified;
     let after = c.wait_verified_at_least(at_move + 200_000, Duration::from_secs(30));
     eprintln!("{proto}: {} bytes verified after the move, resumed within {:?}", after.verified - at_move, moved_at.elapsed());

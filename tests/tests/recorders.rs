@@ -5,13 +5,14 @@
 
 mod support;
 
+use vnat_tests::Host;
+
 use std::{
     net::SocketAddr,
     process::{Child, Stdio},
     time::{Duration, Instant},
 };
 
-use support::host::Host;
 use vnat_daemon::datapath::{Datapath, Proto};
 use vnat_tests::{EchoServer, SameLink, StreamClient, StreamOptions};
 

@@ -11,7 +11,7 @@ use vnat_daemon::datapath::{
     kernel::{KernelDatapath, KernelOptions},
     ConnectionInfo, Datapath, Proto,
 };
-use vnat_tests::{BpffsDir, Cgroup, Netns};
+use super::{BpffsDir, Cgroup, Netns};
 
 pub struct Host<'a> {
     pub ns: &'a Netns,
@@ -82,4 +82,28 @@ impl<'a> Host<'a> {
             dp.connections().expect("listing connections").into_iter().filter(|c| c.proto == proto).collect()
         })
     }
+}
+
+/// Translate one flow after `mover`'s end of it moved to `new_local`, on
+/// both ends, in the order the migration protocol uses: the mover becomes
+/// receive-ready (prepare), the peer switches both directions (UPD), then
+/// the mover switches its send side (UPD_R). In any other order one kernel
+/// may see an untranslated packet for a socket it lacks and reset the
+/// connection.
+pub fn move_flow(
+    mover: &Host,
+    peer: &Host,
+    flow: vnat_daemon::datapath::VirtualFlow,
+    new_local: std::net::SocketAddr,
+) {
+    use vnat_daemon::datapath::{Datapath, Translation, VirtualFlow};
+    let t = Translation { flow, physical_local: new_local, physical_remote: flow.remote };
+    mover.datapath(move |dp| dp.prepare_translation(&t)).unwrap_or_else(|e| panic!("mover, prepare: {e}"));
+    let back = Translation {
+        flow: VirtualFlow { proto: flow.proto, local: flow.remote, remote: flow.local },
+        physical_local: flow.remote,
+        physical_remote: new_local,
+    };
+    peer.datapath(move |dp| dp.install_translation(&back)).unwrap_or_else(|e| panic!("peer, install: {e}"));
+    mover.datapath(move |dp| dp.install_translation(&t)).unwrap_or_else(|e| panic!("mover, install: {e}"));
 }

@@ -2,6 +2,7 @@
 mod bpffs;
 mod cgroup;
 mod echo;
+mod host;
 mod netns;
 mod stream;
 mod topology;
@@ -15,6 +16,7 @@ use std::{
 pub use bpffs::{ensure_bpffs_mounted, BpffsDir, BPFFS_ROOT};
 pub use cgroup::{cgroup2_mount, Cgroup};
 pub use echo::{EchoServer, UDP_DATAGRAM_SIZE};
+pub use host::{move_flow, Host};
 pub use netns::{veth, Netns};
 pub use stream::{StreamClient, StreamOptions, StreamStatus};
 pub use topology::{netem_available, LaptopRouterServer, LaptopRouterServerBuilder, SameLink};

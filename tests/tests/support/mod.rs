@@ -1,6 +1,5 @@
 //! Shared by the integration tests: crafted packets with checksums computed
-//! from scratch, and namespace hosts with their own datapath.
+//! from scratch, (namespace hosts with a datapath are `vnat_tests::Host`).
 #![allow(dead_code)]
 
-pub mod host;
 pub mod packet;
