@@ -131,3 +131,30 @@ fn udp_v4_connected_sender_is_recorded() {
 fn udp_v6_connected_sender_is_recorded() {
     udp_flow_recorded(true, true, "recc6");
 }
+
+/// A program attached to a cgroup sees that cgroup's sockets in every
+/// network namespace. Two datapaths (two vnatd) in two namespaces enabled on
+/// the same cgroup must each record only their own namespace's connections.
+#[test]
+fn each_namespace_records_only_its_own_sockets() {
+    let topo = SameLink::new("recns", false);
+    let lap = Host::new(&topo.laptop, "recnsl");
+    let srv = Host::new(&topo.server, "recnss");
+    // The server's datapath is enabled on the laptop's cgroup too.
+    let shared = lap.cgroup.path().to_path_buf();
+    let opts = vnat_daemon::datapath::kernel::KernelOptions { bpffs: srv.pins.path().to_path_buf(), cgroups: vec![shared] };
+    topo.server.run_in(move || vnat_daemon::datapath::kernel::KernelDatapath::open(&opts).map(|_| ()))
+        .unwrap_or_else(|e| panic!("enabling the shared cgroup on the server: {e}"));
+
+    let server = SocketAddr::new(topo.server_addr.v4.into(), 7004);
+    let _echo = EchoServer::tcp(&topo.server, server);
+    let mut cmd = StreamOptions::tcp(server).rate(50_000).command(&topo.laptop);
+    lap.cgroup.join_on_spawn(&mut cmd);
+    let client = StreamClient::from_command(cmd);
+    client.wait_verified_at_least(1_000, Duration::from_secs(10));
+    lap.wait_connection("the laptop's connection", |c| c.virtual_remote == server);
+    let on_server = srv.connections(Proto::Tcp);
+    assert!(on_server.is_empty(), "the server's datapath claimed a laptop socket: {on_server:?}");
+    assert!(srv.counter("other_netns") >= 1, "the foreign socket was not counted as ignored");
+    client.stop();
+}
