@@ -4,4 +4,5 @@
 pub mod control;
 pub mod daemon;
 pub mod datapath;
+pub mod mounts;
 pub mod vcmp;

@@ -128,6 +128,28 @@ pub fn daemon_info(settings: &Settings) -> DaemonInfo {
     }
 }
 
+/// How often the datapath's housekeeping runs (UDP record completion and
+/// garbage collection).
+const MAINTENANCE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
+async fn maintain_periodically(datapath: crate::control::SharedDatapath) {
+    let mut tick = tokio::time::interval(MAINTENANCE_INTERVAL);
+    loop {
+        tick.tick().await;
+        let dp = datapath.clone();
+        let r = tokio::task::spawn_blocking(move || match dp.lock() {
+            Ok(mut dp) => dp.maintain(),
+            Err(poisoned) => poisoned.into_inner().maintain(),
+        })
+        .await;
+        match r {
+            Ok(Err(e)) => tracing::warn!(error = %e, "datapath housekeeping failed; retrying"),
+            Err(e) => tracing::warn!(error = %e, "datapath housekeeping task failed"),
+            Ok(Ok(())) => {}
+        }
+    }
+}
+
 /// Run vnatd until `shutdown` completes.
 ///
 /// The control socket is bound *before* the datapath is opened: binding is
@@ -147,7 +169,9 @@ where
     let listener = ControlListener::bind(&settings.control)?;
     // On error the listener is dropped here, which removes the socket file.
     let datapath = open_datapath(settings)?;
-    let handler = Handler::new(share(datapath), daemon_info(settings));
+    let shared = share(datapath);
+    let housekeeping = tokio::spawn(maintain_periodically(shared.clone()));
+    let handler = Handler::new(shared, daemon_info(settings));
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
         control = %settings.control.display(),
@@ -162,6 +186,7 @@ where
         "vnatd started"
     );
     listener.serve(handler, shutdown).await;
+    housekeeping.abort();
     tracing::info!(
         bpffs = %settings.bpffs.display(),
         "vnatd stopped; the eBPF programs and maps stay pinned, so translated connections keep working until vnatd starts again"

@@ -53,4 +53,11 @@ pub trait Datapath {
 
     /// The installed translations.
     fn translations(&self) -> Result<Vec<Translation>, DatapathError>;
+
+    /// Periodic housekeeping (the daemon calls it every few seconds):
+    /// complete UDP records whose socket was unbound at connect() and drop
+    /// UDP records whose socket is gone.
+    fn maintain(&mut self) -> Result<(), DatapathError> {
+        Ok(())
+    }
 }

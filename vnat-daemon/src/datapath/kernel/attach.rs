@@ -53,15 +53,7 @@ pub fn cgroup_id(path: &Path) -> Result<u64, DatapathError> {
     Ok(md.ino())
 }
 
-/// The cgroup2 mount point of this mount namespace.
-pub fn cgroup2_mount() -> Option<PathBuf> {
-    let mounts = fs::read_to_string("/proc/self/mounts").ok()?;
-    mounts.lines().find_map(|l| {
-        let mut f = l.split_whitespace();
-        let (_, dir, fstype) = (f.next()?, f.next()?, f.next()?);
-        (fstype == "cgroup2").then(|| PathBuf::from(dir))
-    })
-}
+pub use crate::mounts::cgroup2_mount;
 
 /// Find the directory of a cgroup id under the cgroup2 mount (for display).
 pub fn cgroup_path(id: u64) -> Option<PathBuf> {

@@ -422,6 +422,10 @@ impl Datapath for KernelDatapath {
     fn translations(&self) -> Result<Vec<Translation>, DatapathError> {
         Ok(self.egress_entries()?.iter().filter_map(|(k, v)| translation_of(k, v)).collect())
     }
+
+    fn maintain(&mut self) -> Result<(), DatapathError> {
+        self.sync_udp()
+    }
 }
 
 impl KernelDatapath {
