@@ -224,3 +224,52 @@ fn cgroup_and_bpffs_dirs_are_created_and_removed() {
         bpf_path.display()
     );
 }
+
+/// The other real peers: sshd runs a remote command, iperf3 moves data, and
+/// tcpdump sees the laptop's address on the server's link.
+#[test]
+fn sshd_iperf3_and_capture_work_across_the_router() {
+    use vnat_tests::{Capture, Iperf3Server, SshServer};
+    let t = LaptopRouterServer::builder().tag("hsrv").build();
+    let server = IpAddr::from(t.server_addr.v4);
+    t.laptop.wait_reachable(server, Duration::from_secs(5));
+
+    let capture = Capture::start(&t.server, &t.server_if, "tcp port 2222");
+    let ssh = SshServer::start(&t.server, SocketAddr::new(server, 2222));
+    let out = ssh
+        .client_cmd(&t.laptop, "echo vnat-$((40+2))")
+        .output()
+        .expect("running ssh");
+    assert!(
+        out.status.success(),
+        "ssh failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "vnat-42");
+    // The server's link carries the laptop's real address (no vnat here).
+    capture.wait_for(&format!("{}.", t.laptop_a_addr.v4), Duration::from_secs(5));
+    let lines = capture.stop();
+    assert!(
+        lines
+            .iter()
+            .all(|l| l.contains("198.18.1.2") && l.contains("198.18.3.2.2222")),
+        "{lines:?}"
+    );
+
+    let iperf = Iperf3Server::start(&t.server, SocketAddr::new(server, 5201));
+    let out = iperf
+        .client_cmd(&t.laptop, &["-t", "1"])
+        .output()
+        .expect("running iperf3");
+    assert!(
+        out.status.success(),
+        "iperf3 failed: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("iperf3 -J output is JSON");
+    let bytes = report["end"]["sum_received"]["bytes"]
+        .as_u64()
+        .expect("iperf3 report has end.sum_received.bytes");
+    assert!(bytes > 0, "iperf3 moved no data: {report}");
+}

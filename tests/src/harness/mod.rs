@@ -1,9 +1,11 @@
 //! The namespace-host harness; see the crate documentation.
 mod bpffs;
+mod capture;
 mod cgroup;
 mod echo;
 mod host;
 mod netns;
+mod servers;
 mod stream;
 mod topology;
 
@@ -14,10 +16,12 @@ use std::{
 };
 
 pub use bpffs::{ensure_bpffs_mounted, BpffsDir, BPFFS_ROOT};
+pub use capture::Capture;
 pub use cgroup::{cgroup2_mount, Cgroup};
 pub use echo::{EchoServer, UDP_DATAGRAM_SIZE};
 pub use host::{move_flow, Host};
 pub use netns::{veth, Netns};
+pub use servers::{Iperf3Server, SshServer};
 pub use stream::{StreamClient, StreamOptions, StreamStatus};
 pub use topology::{netem_available, LaptopRouterServer, LaptopRouterServerBuilder, SameLink};
 
