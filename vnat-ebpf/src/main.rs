@@ -6,15 +6,27 @@
 //!
 //! Shared types live in `vnat-common`; nothing here logs per packet, every
 //! interesting verdict is a counter in `VNAT_STATS`.
-#![no_std]
-#![no_main]
+// Built for bpfel-unknown-none by vnat-daemon/build.rs. On the host target
+// (`cargo build --workspace`, clippy) the crate is an empty program, so that
+// workspace-wide commands work.
+#![cfg_attr(target_arch = "bpf", no_std)]
+#![cfg_attr(target_arch = "bpf", no_main)]
 
+#[cfg(target_arch = "bpf")]
 mod maps;
+#[cfg(target_arch = "bpf")]
 mod sockops;
+#[cfg(target_arch = "bpf")]
 mod tc;
+#[cfg(target_arch = "bpf")]
 mod udp;
 
-#[cfg(not(test))]
+#[cfg(not(target_arch = "bpf"))]
+fn main() {
+    eprintln!("vnat-ebpf holds eBPF programs; vnat-daemon's build script builds them for bpfel-unknown-none");
+}
+
+#[cfg(target_arch = "bpf")]
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo) -> ! {
     // eBPF has no unwinding; the verifier rejects any reachable panic path, so
@@ -22,6 +34,7 @@ fn panic(_info: &core::panic::PanicInfo) -> ! {
     loop {}
 }
 
+#[cfg(target_arch = "bpf")]
 #[unsafe(link_section = "license")]
 #[unsafe(no_mangle)]
 static LICENSE: [u8; 4] = *b"GPL\0";
