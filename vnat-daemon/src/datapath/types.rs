@@ -285,6 +285,28 @@ pub enum DatapathError {
     },
 }
 
+/// Checks shared by every [`crate::datapath::Datapath`] implementation, so
+/// the fake refuses exactly what the kernel one refuses.
+pub fn validate_translation(t: &Translation) -> Result<(), DatapathError> {
+    let bad = |reason| Err(DatapathError::InvalidTranslation { flow: t.flow, reason });
+    let v4 = t.flow.local.is_ipv4();
+    if [t.flow.remote, t.physical_local, t.physical_remote].iter().any(|a| a.is_ipv4() != v4) {
+        return bad("all four endpoints must be of one address family");
+    }
+    for a in [t.flow.local, t.flow.remote, t.physical_local, t.physical_remote] {
+        if a.port() == 0 {
+            return bad("port 0 is not a valid endpoint");
+        }
+        if a.ip().is_unspecified() || a.ip().is_multicast() {
+            return bad("endpoints must be unicast addresses");
+        }
+    }
+    if !t.local_moved() && !t.remote_moved() {
+        return bad("neither end moved; a flow that did not move needs no translation");
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -318,26 +340,4 @@ mod tests {
         assert!(a.id() < (1 << 48));
         assert_eq!(a.id(), a.id());
     }
-}
-
-/// Checks shared by every [`crate::datapath::Datapath`] implementation, so
-/// the fake refuses exactly what the kernel one refuses.
-pub fn validate_translation(t: &Translation) -> Result<(), DatapathError> {
-    let bad = |reason| Err(DatapathError::InvalidTranslation { flow: t.flow, reason });
-    let v4 = t.flow.local.is_ipv4();
-    if [t.flow.remote, t.physical_local, t.physical_remote].iter().any(|a| a.is_ipv4() != v4) {
-        return bad("all four endpoints must be of one address family");
-    }
-    for a in [t.flow.local, t.flow.remote, t.physical_local, t.physical_remote] {
-        if a.port() == 0 {
-            return bad("port 0 is not a valid endpoint");
-        }
-        if a.ip().is_unspecified() || a.ip().is_multicast() {
-            return bad("endpoints must be unicast addresses");
-        }
-    }
-    if !t.local_moved() && !t.remote_moved() {
-        return bad("neither end moved; a flow that did not move needs no translation");
-    }
-    Ok(())
 }

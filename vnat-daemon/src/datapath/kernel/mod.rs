@@ -368,7 +368,7 @@ impl Datapath for KernelDatapath {
                 age_secs: now_ns.saturating_sub(rec.first_seen_ns) / 1_000_000_000,
             });
         }
-        out.sort_by(|a, b| (a.proto, a.virtual_local, a.virtual_remote).cmp(&(b.proto, b.virtual_local, b.virtual_remote)));
+        out.sort_by_key(|c| (c.proto, c.virtual_local, c.virtual_remote));
         Ok(out)
     }
 
