@@ -177,7 +177,11 @@ impl KernelDatapath {
             .collect();
         if t.local_moved() && v.flags & NAT_F_LO_ADDR_OURS != 0 {
             let ip = t.flow.local.ip();
-            if !rest.iter().any(|o| o.local_moved() && o.flow.local.ip() == ip) {
+            let local_words = super::flow_key(t.flow.proto, t.flow.local, t.flow.remote).src_addr_be;
+            let prepared_use = self.ingress_entries()?.iter().any(|(k, v)| {
+                v.flags & NAT_F_LO_ADDR_OURS != 0 && restored_key(k, v).dst_addr_be == local_words
+            });
+            if !prepared_use && !rest.iter().any(|o| o.local_moved() && o.flow.local.ip() == ip) {
                 net::del_lo_addr(ip)?;
             }
         }
@@ -462,10 +466,11 @@ impl KernelDatapath {
         };
         if t.local_moved() {
             let ip = t.flow.local.ip();
-            let ours_already = self
-                .egress_entries()?
-                .iter()
-                .any(|(k, v)| v.flags & NAT_F_LO_ADDR_OURS != 0 && translation_of(k, v).is_some_and(|o| o.flow.local.ip() == ip));
+            let ours_already = self.egress_entries()?.iter().any(|(k, v)| {
+                v.flags & NAT_F_LO_ADDR_OURS != 0 && translation_of(k, v).is_some_and(|o| o.flow.local.ip() == ip)
+            }) || self.ingress_entries()?.iter().any(|(k, v)| {
+                v.flags & NAT_F_LO_ADDR_OURS != 0 && restored_key(k, v).dst_addr_be == super::flow_key(t.flow.proto, t.flow.local, t.flow.remote).src_addr_be
+            });
             if ours_already {
                 flags |= NAT_F_LO_ADDR_OURS;
             } else if !net::lo_addrs()?.contains(&ip) {

@@ -2,7 +2,7 @@
 //! [`Translation`] and read back into one (the pinned egress map is the
 //! record of every installed translation).
 
-use vnat_common::{FlowKey, NatRewrite};
+use vnat_common::{FlowKey, NatRewrite, NAT_F_LO_ADDR_OURS};
 
 use crate::datapath::{flow_key, key_endpoints, Translation, VirtualFlow};
 
@@ -36,7 +36,9 @@ pub fn pair_for(t: &Translation, ifindex: u32, flags: u32) -> NatPair {
         egress_key: flow_key(f.proto, f.local, f.remote),
         egress: rewrite(t.physical_local, t.physical_remote, ifindex, flags),
         ingress_key: flow_key(f.proto, t.physical_remote, t.physical_local),
-        ingress: rewrite(f.remote, f.local, ifindex, 0),
+        // The reverse entry carries the ownership bit too, so a move that was
+        // only prepared still knows what it added.
+        ingress: rewrite(f.remote, f.local, ifindex, flags & NAT_F_LO_ADDR_OURS),
     }
 }
 
