@@ -171,9 +171,13 @@ pub fn demo(root: &Path, args: &[OsString]) -> Result<()> {
 
 /// Benchmarks are the binaries in bench/src/bin: `NAME.rs` or `NAME/main.rs`.
 fn bench_names(root: &Path) -> Result<Vec<String>> {
-    let dir = root.join("bench/src/bin");
+    rs_names(&root.join("bench/src/bin"))
+}
+
+/// Names of the Rust targets in `dir`: `NAME.rs` files and `NAME/main.rs`.
+fn rs_names(dir: &Path) -> Result<Vec<String>> {
     let mut names = Vec::new();
-    for entry in fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))? {
+    for entry in fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
         let path = entry?.path();
         if path.extension().is_some_and(|e| e == "rs") {
             if let Some(stem) = path.file_stem() {
@@ -187,6 +191,14 @@ fn bench_names(root: &Path) -> Result<Vec<String>> {
     }
     names.sort();
     Ok(names)
+}
+
+fn list(names: &[String]) -> String {
+    if names.is_empty() {
+        "none yet".to_string()
+    } else {
+        names.join(", ")
+    }
 }
 
 pub fn check_bench_name(root: &Path, name: &str) -> Result<()> {
@@ -227,6 +239,13 @@ pub fn fuzz(root: &Path, target: &str, seconds: u64, args: &[OsString]) -> Resul
         bail!(
             "there is no fuzz/ crate yet (expected {}), so there is nothing to fuzz",
             dir.join("Cargo.toml").display()
+        );
+    }
+    let targets = rs_names(&dir.join("fuzz_targets"))?;
+    if !targets.iter().any(|t| t == target) {
+        bail!(
+            "unknown fuzz target `{target}`: the available ones are {}",
+            list(&targets)
         );
     }
     let has_cargo_fuzz = Command::new("cargo")
