@@ -9,88 +9,23 @@ use vnat_tests::{move_flow, Host};
 
 use std::{
     net::SocketAddr,
-    path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
-use serde_json::Value;
 use vnat_daemon::datapath::{Proto, VirtualFlow};
-use vnat_tests::{bin_path, EchoServer, LaptopRouterServer, Netns, StreamClient, StreamOptions};
-
-struct Vnatd {
-    child: Child,
-    control: PathBuf,
-}
-
-impl Vnatd {
-    fn start(ns: &Netns, host: &Host, dir: &Path) -> Vnatd {
-        let control = dir.join("vnatd.sock");
-        let child = ns
-            .cmd(bin_path("vnatd"))
-            .arg("--control")
-            .arg(&control)
-            .arg("--state-dir")
-            .arg(dir.join("state"))
-            .arg("--bpffs")
-            .arg(host.pins.path())
-            .arg("--cgroup")
-            .arg(host.cgroup.path())
-            .arg("--config")
-            .arg("/dev/null")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("starting vnatd");
-        let d = Vnatd { child, control };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while d.ctl(&["status"]).is_none() {
-            assert!(Instant::now() < deadline, "vnatd did not come up");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        d
-    }
-
-    /// `vnatctl --json ARGS`, None if it could not reach vnatd.
-    fn ctl(&self, args: &[&str]) -> Option<Value> {
-        let out = Command::new(bin_path("vnatctl"))
-            .arg("--control")
-            .arg(&self.control)
-            .arg("--json")
-            .args(args)
-            .output()
-            .expect("running vnatctl");
-        if out.status.code() == Some(3) {
-            return None;
-        }
-        assert!(out.status.success(), "vnatctl {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-        Some(serde_json::from_slice(&out.stdout).expect("vnatctl printed invalid JSON"))
-    }
-
-    fn kill9(mut self) {
-        self.child.kill().expect("SIGKILL vnatd");
-        self.child.wait().expect("reaping vnatd");
-    }
-}
-
-impl Drop for Vnatd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use vnat_tests::{EchoServer, LaptopRouterServer, StreamClient, StreamOptions, Vnatd};
 
 #[test]
 fn translation_survives_vnatd_sigkill_and_a_new_vnatd_reconciles() {
     let topo = LaptopRouterServer::builder().tag("drst").build();
     let lap = Host::new(&topo.laptop, "drstl");
     let srv = Host::new(&topo.server, "drsts");
-    let tmp = std::env::temp_dir().join(format!("vnat-drst-{}", std::process::id()));
-    let _cleanup = RemoveDir(tmp.clone());
+    let tmp = vnat_tests::TempDir::new("drst");
+    let tmp = tmp.path();
     let server = SocketAddr::new(topo.server_addr.v4.into(), 5001);
     let _echo = EchoServer::tcp(&topo.server, server);
 
-    let vnatd = Vnatd::start(&topo.laptop, &lap, &tmp);
+    let vnatd = Vnatd::start(&lap, &tmp);
     let mut cmd = StreamOptions::tcp(server).rate(300_000).command(&topo.laptop);
     lap.cgroup.join_on_spawn(&mut cmd);
     let client = StreamClient::from_command(cmd);
@@ -124,7 +59,7 @@ fn translation_survives_vnatd_sigkill_and_a_new_vnatd_reconciles() {
     let orphan = client.wait_verified_at_least(moved.verified + 200_000, Duration::from_secs(30));
 
     // A new vnatd adopts the pins.
-    let vnatd = Vnatd::start(&topo.laptop, &lap, &tmp);
+    let vnatd = Vnatd::start(&lap, &tmp);
     let status = vnatd.ctl(&["status"]).unwrap();
     let dp = &status["datapath"];
     assert_eq!(dp["translations"], 1, "status after restart: {status}");
@@ -145,9 +80,3 @@ fn translation_survives_vnatd_sigkill_and_a_new_vnatd_reconciles() {
     assert_eq!(fin.local, before.local, "the client's socket changed");
 }
 
-struct RemoveDir(PathBuf);
-impl Drop for RemoveDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}

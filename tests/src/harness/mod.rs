@@ -2,6 +2,7 @@
 mod bpffs;
 mod capture;
 mod cgroup;
+mod daemon;
 mod echo;
 mod host;
 mod netns;
@@ -18,6 +19,7 @@ use std::{
 pub use bpffs::{ensure_bpffs_mounted, BpffsDir, BPFFS_ROOT};
 pub use capture::Capture;
 pub use cgroup::{cgroup2_mount, Cgroup};
+pub use daemon::{TempDir, Vnatd};
 pub use echo::{EchoServer, UDP_DATAGRAM_SIZE};
 pub use host::{move_flow, Host};
 pub use netns::{veth, Netns};

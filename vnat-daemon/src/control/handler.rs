@@ -33,6 +33,9 @@ pub struct Handler {
     /// `uptime_secs` is filled in at each status request.
     info: Arc<DaemonInfo>,
     started: Instant,
+    /// The VCMP driver, for requests about mobility (absent in tests of the
+    /// datapath-only requests).
+    driver: Option<crate::daemon::driver::CommandSender>,
 }
 
 impl Handler {
@@ -41,7 +44,14 @@ impl Handler {
             datapath,
             info: Arc::new(info),
             started: Instant::now(),
+            driver: None,
         }
+    }
+
+    /// Route mobility requests (suspend, resume, peers) to the VCMP driver.
+    pub fn with_driver(mut self, driver: crate::daemon::driver::CommandSender) -> Self {
+        self.driver = Some(driver);
+        self
     }
 
     /// Parse and answer one line (without its newline).

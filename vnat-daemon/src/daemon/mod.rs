@@ -3,8 +3,12 @@
 //! (`src/bin/vnatd.rs`) only parses flags, opens the kernel datapath and
 //! waits for signals.
 
+mod addrwatch;
 pub mod cgroup;
 pub mod config;
+pub mod driver;
+pub mod identity;
+pub mod mobility;
 
 #[cfg(test)]
 mod tests;
@@ -39,6 +43,8 @@ pub enum DaemonError {
     Control(#[from] ServerError),
     #[error("cannot start the datapath: {0}")]
     Datapath(#[from] DatapathError),
+    #[error(transparent)]
+    Driver(#[from] driver::DriverError),
     #[error("cannot {what}: {source}")]
     Runtime {
         what: &'static str,
@@ -171,7 +177,18 @@ where
     let datapath = open_datapath(settings)?;
     let shared = share(datapath);
     let housekeeping = tokio::spawn(maintain_periodically(shared.clone()));
-    let handler = Handler::new(shared, daemon_info(settings));
+    let driver_cfg = driver::DriverConfig {
+        listen: settings.listen,
+        state_dir: settings.state_dir.clone(),
+        location_servers: Vec::new(),
+    };
+    let driver = driver::Driver::new(driver_cfg, shared.clone()).await?;
+    let (commands_tx, commands_rx) = tokio::sync::mpsc::channel(64);
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let driver_task = tokio::spawn(driver.run(commands_rx, async move {
+        let _ = stop_rx.changed().await;
+    }));
+    let handler = Handler::new(shared, daemon_info(settings)).with_driver(commands_tx);
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
         control = %settings.control.display(),
@@ -187,6 +204,12 @@ where
     );
     listener.serve(handler, shutdown).await;
     housekeeping.abort();
+    let _ = stop_tx.send(true);
+    match driver_task.await {
+        Ok(Err(e)) => tracing::warn!(error = %e, "the VCMP driver stopped with an error"),
+        Err(e) => tracing::warn!(error = %e, "the VCMP driver task failed"),
+        Ok(Ok(())) => {}
+    }
     tracing::info!(
         bpffs = %settings.bpffs.display(),
         "vnatd stopped; the eBPF programs and maps stay pinned, so translated connections keep working until vnatd starts again"

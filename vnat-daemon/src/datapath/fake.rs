@@ -19,6 +19,12 @@ pub struct FakeDatapath {
     /// Translations in phase one (receive side only).
     pub prepared: BTreeMap<VirtualFlow, Translation>,
     cgroups: Vec<PathBuf>,
+    /// What [`Datapath::interface_addresses`] returns (tests change it to
+    /// simulate a move).
+    pub addresses: Vec<(std::net::IpAddr, u32)>,
+    /// Source address per destination for [`Datapath::source_address_for`];
+    /// destinations not listed take the first address of their family.
+    pub sources: BTreeMap<std::net::IpAddr, std::net::IpAddr>,
     /// When set, the next mutating call fails with this (consumed) error,
     /// so tests can check that failures change nothing above.
     pub fail_next: Option<DatapathError>,
@@ -146,6 +152,17 @@ impl Datapath for FakeDatapath {
 
     fn translations(&self) -> Result<Vec<Translation>, DatapathError> {
         Ok(self.translations.values().copied().collect())
+    }
+
+    fn interface_addresses(&self) -> Result<Vec<(std::net::IpAddr, u32)>, DatapathError> {
+        Ok(self.addresses.clone())
+    }
+
+    fn source_address_for(&self, dst: std::net::IpAddr) -> Result<Option<std::net::IpAddr>, DatapathError> {
+        if let Some(s) = self.sources.get(&dst) {
+            return Ok(Some(*s));
+        }
+        Ok(self.addresses.iter().map(|(a, _)| *a).find(|a| a.is_ipv4() == dst.is_ipv4()))
     }
 }
 

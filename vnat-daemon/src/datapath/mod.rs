@@ -6,6 +6,8 @@
 //! [`fake::FakeDatapath`] keeps the same state in memory for unit tests of the
 //! logic above it.
 
+use std::net::IpAddr;
+
 pub mod fake;
 pub mod kernel;
 mod types;
@@ -54,10 +56,31 @@ pub trait Datapath {
     /// The installed translations.
     fn translations(&self) -> Result<Vec<Translation>, DatapathError>;
 
+    /// Addresses configured on this host's interfaces other than `lo` (the
+    /// addresses a moved connection could use), with the interface index.
+    fn interface_addresses(&self) -> Result<Vec<(IpAddr, u32)>, DatapathError>;
+
+    /// The source address the kernel would use to reach `dst`, if it has a
+    /// route.
+    fn source_address_for(&self, dst: IpAddr) -> Result<Option<IpAddr>, DatapathError>;
+
     /// Periodic housekeeping (the daemon calls it every few seconds):
     /// complete UDP records whose socket was unbound at connect() and drop
     /// UDP records whose socket is gone.
     fn maintain(&mut self) -> Result<(), DatapathError> {
         Ok(())
+    }
+
+    /// Restart the data flow of a TCP connection whose socket on this host
+    /// backed off its retransmission timer during an outage, so that it
+    /// retransmits now instead of at the next backed-off timeout (tens of
+    /// seconds after a long outage). Call it once the flow's translation is
+    /// installed, on both hosts: each end's socket may be backed off.
+    ///
+    /// Does nothing to a socket that is not in retransmission backoff, or to
+    /// a UDP flow. The default (the fake) does nothing and says so.
+    fn restart_flow(&mut self, flow: &VirtualFlow) -> Result<RestartOutcome, DatapathError> {
+        let _ = flow;
+        Ok(RestartOutcome::Unsupported)
     }
 }

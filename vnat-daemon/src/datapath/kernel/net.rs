@@ -22,11 +22,14 @@ pub struct RouteInfo {
     pub dev: String,
     pub ifindex: u32,
     pub gateway: Option<IpAddr>,
+    /// The source address the kernel picks for this route.
+    pub prefsrc: Option<IpAddr>,
 }
 
 #[derive(Deserialize)]
 struct JsonRoute {
     dev: Option<String>,
+    prefsrc: Option<IpAddr>,
     gateway: Option<IpAddr>,
     #[serde(rename = "type")]
     kind: Option<String>,
@@ -95,16 +98,22 @@ pub fn route_get(dst: IpAddr, from: Option<IpAddr>) -> Result<RouteInfo, Datapat
         return Err(DatapathError::NoRoute { addr: dst });
     }
     let dev = r.dev.ok_or(DatapathError::NoRoute { addr: dst })?;
-    Ok(RouteInfo { ifindex: ifindex(&dev)?, dev, gateway: r.gateway })
+    Ok(RouteInfo { ifindex: ifindex(&dev)?, dev, gateway: r.gateway, prefsrc: r.prefsrc })
 }
 
 #[derive(Deserialize)]
 struct JsonLink {
+    #[serde(default)]
+    ifindex: u32,
+    #[serde(default)]
+    ifname: String,
     addr_info: Vec<JsonAddr>,
 }
+/// `ip -j addr show scope X` prints `{}` for the addresses the filter hid,
+/// so `local` is optional.
 #[derive(Deserialize)]
 struct JsonAddr {
-    local: IpAddr,
+    local: Option<IpAddr>,
 }
 
 /// Every address currently assigned to `lo`.
@@ -114,7 +123,24 @@ pub fn lo_addrs() -> Result<Vec<IpAddr>, DatapathError> {
         what: "parsing `ip -j addr show dev lo`".into(),
         source: std::io::Error::other(e),
     })?;
-    Ok(links.into_iter().flat_map(|l| l.addr_info).map(|a| a.local).collect())
+    Ok(links.into_iter().flat_map(|l| l.addr_info).filter_map(|a| a.local).collect())
+}
+
+/// Global-scope addresses of every interface but `lo`, with the ifindex.
+pub fn interface_addrs() -> Result<Vec<(IpAddr, u32)>, DatapathError> {
+    let out = ip(&["-j", "addr", "show", "scope", "global"])?;
+    let links: Vec<JsonLink> = serde_json::from_str(&out).map_err(|e| DatapathError::Kernel {
+        what: "parsing `ip -j addr show`".into(),
+        source: std::io::Error::other(e),
+    })?;
+    Ok(links
+        .into_iter()
+        .filter(|l| l.ifname != "lo")
+        .flat_map(|l| {
+            let idx = l.ifindex;
+            l.addr_info.into_iter().filter_map(move |a| Some((a.local?, idx)))
+        })
+        .collect())
 }
 
 /// Keep a moved-away address local (DESIGN.md §3): as a host address on `lo`,

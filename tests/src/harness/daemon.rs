@@ -1,0 +1,103 @@
+//! A real vnatd in a namespace host, and `vnatctl --json` against it.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+use super::{bin_path, Host};
+
+/// vnatd's files for one test host; removed on drop.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!("vnat-test-{tag}-{}", super::unique_suffix()));
+        std::fs::create_dir_all(&p).unwrap_or_else(|e| panic!("creating {}: {e}", p.display()));
+        TempDir(p)
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// vnatd running in `host`'s namespace with its pins and cgroup; killed on
+/// drop.
+pub struct Vnatd {
+    child: Child,
+    pub control: PathBuf,
+}
+
+impl Vnatd {
+    pub fn start(host: &Host, dir: &Path) -> Vnatd {
+        Vnatd::start_with(host, dir, &[])
+    }
+
+    /// Start with extra flags (e.g. `--listen`).
+    pub fn start_with(host: &Host, dir: &Path, extra: &[&str]) -> Vnatd {
+        let ns = host.ns;
+        let control = dir.join("vnatd.sock");
+        let child = ns
+            .cmd(bin_path("vnatd"))
+            .arg("--control")
+            .arg(&control)
+            .arg("--state-dir")
+            .arg(dir.join("state"))
+            .arg("--bpffs")
+            .arg(host.pins.path())
+            .arg("--cgroup")
+            .arg(host.cgroup.path())
+            .arg("--config")
+            .arg("/dev/null")
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting vnatd");
+        let d = Vnatd { child, control };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while d.ctl(&["status"]).is_none() {
+            assert!(Instant::now() < deadline, "vnatd did not come up");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        d
+    }
+
+    /// `vnatctl --json ARGS`, None if it could not reach vnatd.
+    pub fn ctl(&self, args: &[&str]) -> Option<Value> {
+        let out = Command::new(bin_path("vnatctl"))
+            .arg("--control")
+            .arg(&self.control)
+            .arg("--json")
+            .args(args)
+            .output()
+            .expect("running vnatctl");
+        if out.status.code() == Some(3) {
+            return None;
+        }
+        assert!(out.status.success(), "vnatctl {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        Some(serde_json::from_slice(&out.stdout).expect("vnatctl printed invalid JSON"))
+    }
+
+    pub fn kill9(mut self) {
+        self.child.kill().expect("SIGKILL vnatd");
+        self.child.wait().expect("reaping vnatd");
+    }
+}
+
+impl Drop for Vnatd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+

@@ -1,0 +1,115 @@
+//! Automatic mode with real daemons: vnatd on the laptop and on the server
+//! pair when they share a connection; when the laptop changes subnet, the
+//! laptop's vnatd notices (rtnetlink), and the two daemons move the
+//! connection over VCMP with no command. The same socket carries on,
+//! byte-exact, with no reset.
+
+mod support;
+
+use std::{
+    net::SocketAddr,
+    process::{Child, Stdio},
+    time::{Duration, Instant},
+};
+
+use vnat_daemon::datapath::Proto;
+use vnat_tests::{Family, Host, LaptopRouterServer, StreamClient, StreamOptions, TempDir, Vnatd};
+
+struct Kill(Child);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// socat echo server inside the server host's cgroup, so its accepted
+/// connections are recorded by the server's vnatd.
+fn echo(srv: &Host, addr: SocketAddr, proto: Proto) -> Kill {
+    let fam = if addr.is_ipv4() { "4" } else { "6" };
+    let listen = match proto {
+        Proto::Tcp => format!("TCP{fam}-LISTEN:{},reuseaddr,fork", addr.port()),
+        Proto::Udp => format!("UDP{fam}-LISTEN:{},fork", addr.port()),
+    };
+    let mut cmd = srv.command("socat");
+    let mut args = vec![];
+    if proto == Proto::Udp {
+        args.extend(["-T", "600", "-b", "512"]);
+    }
+    cmd.args(&args).args([listen.as_str(), if proto == Proto::Tcp { "EXEC:cat" } else { "PIPE" }]);
+    cmd.stdout(Stdio::null()).stderr(Stdio::null());
+    let child = Kill(cmd.spawn().expect("starting socat"));
+    std::thread::sleep(Duration::from_millis(300));
+    child
+}
+
+fn wait_paired(d: &Vnatd, dir: &TempDir, what: &str) {
+    let peers = dir.path().join("state").join("peers.json");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !std::fs::read_to_string(&peers).map(|s| s.len() > 4).unwrap_or(false) {
+        assert!(Instant::now() < deadline, "{what} never paired with its peer");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = d;
+}
+
+fn roam_automatically(family: Family, proto: Proto, tag: &str) {
+    let topo = LaptopRouterServer::builder().tag(tag).ipv6(family == Family::V6).build();
+    let lap = Host::new(&topo.laptop, &format!("{tag}l"));
+    let srv = Host::new(&topo.server, &format!("{tag}s"));
+    let (ldir, sdir) = (TempDir::new(&format!("{tag}l")), TempDir::new(&format!("{tag}s")));
+    let server = SocketAddr::new(topo.server_addr.get(family), 5001);
+    let _echo = echo(&srv, server, proto);
+    let lapd = Vnatd::start(&lap, ldir.path());
+    let srvd = Vnatd::start(&srv, sdir.path());
+
+    let opts = match proto {
+        Proto::Tcp => StreamOptions::tcp(server),
+        Proto::Udp => StreamOptions::udp(server),
+    }
+    .rate(300_000);
+    let mut cmd = opts.command(&topo.laptop);
+    lap.cgroup.join_on_spawn(&mut cmd);
+    let client = StreamClient::from_command(cmd);
+    let before = client.wait_verified_at_least(50_000, Duration::from_secs(10));
+    wait_paired(&lapd, &ldir, "the laptop's vnatd");
+    wait_paired(&srvd, &sdir, "the server's vnatd");
+
+    let t0 = Instant::now();
+    topo.move_laptop_to_b();
+    let at_move = client.latest().expect("status").verified;
+    let after = client.wait_verified_at_least(at_move + 100_000, Duration::from_secs(20));
+    eprintln!("{tag}: data flowing again {:?} after the move", t0.elapsed());
+
+    let new_local = SocketAddr::new(topo.laptop_b_addr.get(family), before.local.parse::<SocketAddr>().unwrap().port());
+    let ls = lapd.ctl(&["ls", "--state", "translated"]).expect("laptop vnatd unreachable");
+    let rows = ls.as_array().expect("array");
+    assert!(
+        rows.iter().any(|r| r["virtual_local"] == before.local && r["physical_local"] == new_local.to_string()),
+        "the laptop's vnatd does not show the moved connection: {ls}"
+    );
+    let ls = srvd.ctl(&["ls", "--state", "translated"]).expect("server vnatd unreachable");
+    assert!(
+        ls.as_array().unwrap().iter().any(|r| r["physical_remote"] == new_local.to_string()),
+        "the server's vnatd does not translate to the laptop's new address: {ls}"
+    );
+    let fin = client.stop();
+    assert_eq!(fin.error, None, "{:?}", fin.json);
+    assert_eq!(fin.local, before.local, "the client's socket changed");
+    assert!(fin.verified >= after.verified);
+}
+
+#[test]
+fn tcp_v4_automatic() {
+    roam_automatically(Family::V4, Proto::Tcp, "autot4");
+}
+
+#[test]
+fn tcp_v6_automatic() {
+    roam_automatically(Family::V6, Proto::Tcp, "autot6");
+}
+
+#[test]
+fn udp_v4_automatic() {
+    roam_automatically(Family::V4, Proto::Udp, "autou4");
+}

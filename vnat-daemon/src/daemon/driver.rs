@@ -1,0 +1,425 @@
+//! The one I/O driver of VCMP (STYLE.md): it owns the UDP socket, the
+//! clock, the randomness and the timers, feeds the sans-IO protocol core
+//! ([`crate::vcmp::Endpoint`]) and applies its events to the datapath.
+//!
+//! Connections come from the datapath's records (every second and on every
+//! address change); automatic mode moves the ones whose local address
+//! vanished (see [`super::mobility`]). A move is applied in the order that
+//! never lets a kernel reset the connection: receive side first
+//! (`prepare_translation`), then `UPD` to the peer, which switches both
+//! directions when it has validated our new address, then our send side on
+//! `UPD_R`.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    net::{IpAddr, SocketAddr},
+    path::PathBuf,
+    time::Duration,
+};
+
+use rand_core::OsRng;
+use tokio::{net::UdpSocket, sync::{mpsc, oneshot}};
+
+use super::{
+    addrwatch::AddrWatch,
+    identity::{self, PeerStore, StateError},
+    mobility::{self, Tracked},
+};
+use crate::{
+    control::SharedDatapath,
+    datapath::{Datapath, DatapathError, Translation, VirtualFlow},
+    vcmp::{self, crypto::HostIdentity, Endpoint, Event, Timestamp},
+};
+
+/// How often the recorded connections are re-read even without an address
+/// change (new connections to pair for).
+const RESYNC_INTERVAL: Duration = Duration::from_secs(1);
+/// Address changes come in bursts (address removed, link down, route
+/// changes): wait this long after the first before acting.
+const DEBOUNCE: Duration = Duration::from_millis(50);
+
+#[derive(Clone, Debug)]
+pub struct DriverConfig {
+    /// `--listen`: the VCMP address and port.
+    pub listen: SocketAddr,
+    pub state_dir: PathBuf,
+    pub location_servers: Vec<SocketAddr>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    #[error("cannot bind the VCMP socket on {addr}: {source}; is another vnatd running in this network namespace? (choose another with --listen)")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("cannot watch address changes: {0}")]
+    Watch(std::io::Error),
+    #[error(transparent)]
+    State(#[from] StateError),
+}
+
+/// A peer host as `vnatctl peers` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PeerInfo {
+    pub address: IpAddr,
+    /// Pinned x25519 key, hex.
+    pub key: Option<String>,
+    /// Connections with this peer that VCMP tracks.
+    pub connections: usize,
+    /// Connections that have keys, i.e. can move.
+    pub mobile: usize,
+}
+
+/// Requests from the control API.
+pub enum Command {
+    /// Planned suspend (paper 3.3.1): settle roles and keys for these flows.
+    Suspend { flows: Vec<VirtualFlow>, reply: oneshot::Sender<Result<usize, String>> },
+    /// Re-read addresses and connections now and move what needs moving.
+    Resume { reply: oneshot::Sender<Result<usize, String>> },
+    Peers { reply: oneshot::Sender<Vec<PeerInfo>> },
+    /// Which tracked flows can move (have keys).
+    Mobility { reply: oneshot::Sender<HashMap<VirtualFlow, bool>> },
+}
+
+pub type CommandSender = mpsc::Sender<Command>;
+
+/// CLOCK_BOOTTIME: keeps counting while a laptop sleeps (STYLE.md).
+pub fn now() -> Timestamp {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    Timestamp::from_nanos(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+}
+
+/// Run a datapath call on a blocking thread (it may run `ip` or walk /proc).
+async fn with_dp<T: Send + 'static>(
+    dp: &SharedDatapath,
+    f: impl FnOnce(&mut dyn Datapath) -> T + Send + 'static,
+) -> T {
+    let dp = dp.clone();
+    let r = tokio::task::spawn_blocking(move || {
+        let mut guard = match dp.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        f(guard.as_mut())
+    })
+    .await;
+    match r {
+        Ok(v) => v,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+}
+
+/// An IPv4 peer seen through the dual-stack socket arrives as `::ffff:a.b.c.d`.
+fn unmap(a: SocketAddr) -> SocketAddr {
+    match a {
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(IpAddr::V4(v4), v6.port()),
+            None => a,
+        },
+        v4 => v4,
+    }
+}
+
+fn to_socket_family(a: SocketAddr, dual: bool) -> SocketAddr {
+    match (a, dual) {
+        (SocketAddr::V4(v4), true) => SocketAddr::new(IpAddr::V6(v4.ip().to_ipv6_mapped()), v4.port()),
+        _ => a,
+    }
+}
+
+pub struct Driver {
+    cfg: DriverConfig,
+    dp: SharedDatapath,
+    endpoint: Endpoint,
+    peers: PeerStore,
+    sock: UdpSocket,
+    dual: bool,
+    /// Flows whose receive side is ready for the peer's announced address.
+    prepared: HashMap<VirtualFlow, SocketAddr>,
+}
+
+impl Driver {
+    pub async fn new(cfg: DriverConfig, dp: SharedDatapath) -> Result<Driver, DriverError> {
+        let key = identity::load_or_create_identity(&cfg.state_dir)?;
+        let peers = PeerStore::load(&cfg.state_dir)?;
+        let vcfg = vcmp::Config {
+            port: cfg.listen.port(),
+            location_servers: cfg.location_servers.clone(),
+            ..vcmp::Config::default()
+        };
+        let mut endpoint = Endpoint::new(vcfg, HostIdentity::from_bytes(key));
+        for (ip, k) in &peers.peers {
+            endpoint.pin_peer(*ip, *k);
+        }
+        // An unspecified listen address means both families: one dual-stack
+        // socket (binding 0.0.0.0 and [::] on one port would collide).
+        let (bind, dual) = if cfg.listen.ip().is_unspecified() {
+            (SocketAddr::new(IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED), cfg.listen.port()), true)
+        } else {
+            (cfg.listen, false)
+        };
+        let sock = UdpSocket::bind(bind).await.map_err(|source| DriverError::Bind { addr: cfg.listen, source })?;
+        tracing::info!(listen = %cfg.listen, key = %identity::key_hex(&endpoint.public_key()), "VCMP listening");
+        Ok(Driver { cfg, dp, endpoint, peers, sock, dual, prepared: HashMap::new() })
+    }
+
+    /// Run until `shutdown` completes.
+    pub async fn run(
+        mut self,
+        mut commands: mpsc::Receiver<Command>,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> Result<(), DriverError> {
+        let watch = AddrWatch::new().map_err(DriverError::Watch)?;
+        let mut tick = tokio::time::interval(RESYNC_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut buf = vec![0u8; 65536];
+        tokio::pin!(shutdown);
+        loop {
+            let timeout = self.endpoint.poll_timeout().map(|t| t.since(now()));
+            let sleep = tokio::time::sleep(timeout.unwrap_or(Duration::from_secs(3600)));
+            tokio::select! {
+                _ = &mut shutdown => break,
+                r = self.sock.recv_from(&mut buf) => match r {
+                    Ok((n, from)) => self.endpoint.handle_datagram(now(), &mut OsRng, unmap(from), &buf[..n]),
+                    Err(e) => tracing::warn!(error = %e, "VCMP receive failed"),
+                },
+                _ = sleep, if timeout.is_some() => self.endpoint.handle_timeout(now(), &mut OsRng),
+                r = watch.changed() => {
+                    if let Err(e) = r {
+                        tracing::warn!(error = %e, "address watch failed; relying on the periodic resync");
+                    }
+                    tokio::time::sleep(DEBOUNCE).await;
+                    self.resync().await;
+                }
+                _ = tick.tick() => { self.resync().await; }
+                Some(cmd) = commands.recv() => self.command(cmd).await,
+            }
+            // Order matters: become receive-ready for a peer's announced new
+            // address and apply events *before* sending what the core queued
+            // (an UPD_R lets the peer start sending from its new address).
+            self.prepare_pending().await;
+            self.apply_events().await;
+            self.flush().await;
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self) {
+        while let Some(t) = self.endpoint.poll_transmit(now()) {
+            let dst = to_socket_family(t.dst, self.dual);
+            if let Err(e) = self.sock.send_to(&t.payload, dst).await {
+                tracing::debug!(dst = %t.dst, error = %e, "VCMP send failed");
+            }
+        }
+    }
+
+    async fn command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Suspend { flows, reply } => {
+                let r = self.endpoint.suspend(now(), &mut OsRng, &flows).map(|()| flows.len()).map_err(|e| e.to_string());
+                let _ = reply.send(r);
+            }
+            Command::Resume { reply } => {
+                let n = self.resync().await;
+                let _ = reply.send(Ok(n));
+            }
+            Command::Peers { reply } => {
+                let _ = reply.send(self.peer_infos());
+            }
+            Command::Mobility { reply } => {
+                let m = self
+                    .endpoint
+                    .connections()
+                    .filter_map(|f| self.endpoint.connection(f).map(|v| (*f, v.has_keys)))
+                    .collect();
+                let _ = reply.send(m);
+            }
+        }
+    }
+
+    fn peer_infos(&self) -> Vec<PeerInfo> {
+        let mut by_peer: BTreeMap<IpAddr, (usize, usize)> = BTreeMap::new();
+        for f in self.endpoint.connections() {
+            if let Some(v) = self.endpoint.connection(f) {
+                let e = by_peer.entry(v.remote_phys.ip()).or_default();
+                e.0 += 1;
+                e.1 += usize::from(v.has_keys);
+            }
+        }
+        for ip in self.peers.peers.keys() {
+            by_peer.entry(*ip).or_default();
+        }
+        by_peer
+            .into_iter()
+            .map(|(address, (connections, mobile))| PeerInfo {
+                address,
+                key: self.peers.peers.get(&address).map(identity::key_hex),
+                connections,
+                mobile,
+            })
+            .collect()
+    }
+
+    /// Track new connections, forget closed ones, and move the ones whose
+    /// address vanished. Returns the number of moves started.
+    async fn resync(&mut self) -> usize {
+        tracing::trace!("resync");
+        let port = self.cfg.listen.port();
+        let conns = match with_dp(&self.dp, |dp| dp.connections()).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list connections");
+                return 0;
+            }
+        };
+        let mut live = HashSet::new();
+        for c in conns {
+            let flow = VirtualFlow { proto: c.proto, local: c.virtual_local, remote: c.virtual_remote };
+            if !mobility::is_mobile_candidate(&flow, port) {
+                continue;
+            }
+            live.insert(flow);
+            if self.endpoint.connection(&flow).is_none() {
+                let r = self.endpoint.connection_added(now(), &mut OsRng, flow, c.physical_local, c.physical_remote);
+                match r {
+                    Ok(()) => tracing::debug!(?flow, "tracking connection"),
+                    Err(e) => tracing::debug!(?flow, error = %e, "not tracking connection"),
+                }
+            }
+        }
+        let gone: Vec<VirtualFlow> = self.endpoint.connections().filter(|f| !live.contains(f)).copied().collect();
+        for f in gone {
+            self.endpoint.connection_removed(&f);
+        }
+        self.plan_and_move().await
+    }
+
+    async fn plan_and_move(&mut self) -> usize {
+        let tracked: Vec<Tracked> = self
+            .endpoint
+            .connections()
+            .filter_map(|f| self.endpoint.connection(f))
+            .map(|v| Tracked { flow: v.flow, local_phys: v.local_phys, remote_phys: v.remote_phys, migrating: v.migrating })
+            .collect();
+        if tracked.is_empty() {
+            return 0;
+        }
+        let remotes: HashSet<IpAddr> = tracked.iter().map(|t| t.remote_phys.ip()).collect();
+        let (addrs, sources) = with_dp(&self.dp, move |dp| {
+            let addrs: HashSet<IpAddr> = match dp.interface_addresses() {
+                Ok(a) => a.into_iter().map(|(a, _)| a).collect(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot list this host's addresses");
+                    HashSet::new()
+                }
+            };
+            let sources: HashMap<IpAddr, Option<IpAddr>> =
+                remotes.into_iter().map(|r| (r, dp.source_address_for(r).ok().flatten())).collect();
+            (addrs, sources)
+        })
+        .await;
+        let moves = mobility::plan_moves(&tracked, &addrs, |ip| sources.get(&ip).copied().flatten());
+        tracing::trace!(?tracked, ?addrs, ?sources, ?moves, "automatic mode");
+        let mut started = Vec::new();
+        for m in moves {
+            let Some(view) = self.endpoint.connection(&m.flow) else { continue };
+            if !view.has_keys {
+                tracing::warn!(flow = ?m.flow, peer = %m.remote_phys.ip(), "connection lost its address but cannot move: the peer runs no vnatd or pairing has not completed");
+                continue;
+            }
+            if m.new_local != m.flow.local {
+                let t = Translation { flow: m.flow, physical_local: m.new_local, physical_remote: m.remote_phys };
+                if let Err(e) = with_dp(&self.dp, move |dp| dp.prepare_translation(&t)).await {
+                    tracing::warn!(flow = ?m.flow, error = %e, "cannot prepare the move");
+                    continue;
+                }
+            }
+            tracing::info!(flow = ?m.flow, from = %view.local_phys, to = %m.new_local, "resuming connection at a new address");
+            started.push((m.flow, m.new_local));
+        }
+        if started.is_empty() {
+            return 0;
+        }
+        if let Err(e) = self.endpoint.resume(now(), &mut OsRng, &started) {
+            tracing::warn!(error = %e, "cannot start the migration");
+            return 0;
+        }
+        started.len()
+    }
+
+    /// A peer announced a new address in an authenticated update that is
+    /// still being validated: accept its packets from there already (only
+    /// sending waits for validation), so that its connection never meets a
+    /// kernel that resets it.
+    async fn prepare_pending(&mut self) {
+        let pending: Vec<(VirtualFlow, SocketAddr, SocketAddr)> = self
+            .endpoint
+            .connections()
+            .filter_map(|f| self.endpoint.connection(f))
+            .filter_map(|v| {
+                let p = v.pending_remote?;
+                (p != v.remote_phys && self.prepared.get(&v.flow) != Some(&p)).then_some((v.flow, v.local_phys, p))
+            })
+            .collect();
+        for (flow, local, remote) in pending {
+            self.prepared.insert(flow, remote);
+            if local == flow.local && remote == flow.remote {
+                continue;
+            }
+            let t = Translation { flow, physical_local: local, physical_remote: remote };
+            match with_dp(&self.dp, move |dp| dp.prepare_translation(&t)).await {
+                Ok(()) => tracing::debug!(?flow, %remote, "receive side ready for the peer's new address"),
+                Err(e) => tracing::warn!(?flow, error = %e, "cannot prepare for the peer's new address"),
+            }
+        }
+    }
+
+    async fn apply_events(&mut self) {
+        while let Some(ev) = self.endpoint.poll_event() {
+            match ev {
+                Event::SetRemote { flow, remote } | Event::Reverted { flow, remote, .. } => {
+                    self.prepared.remove(&flow);
+                    let local = self.endpoint.connection(&flow).map_or(flow.local, |v| v.local_phys);
+                    self.translate(flow, local, remote).await;
+                }
+                Event::Resumed { flow, local } => {
+                    let remote = self.endpoint.connection(&flow).map_or(flow.remote, |v| v.remote_phys);
+                    self.translate(flow, local, remote).await;
+                }
+                Event::MigrationAborted { flow, reason } => {
+                    tracing::warn!(?flow, %reason, "migration aborted");
+                }
+                Event::Paired { peer, key } => {
+                    tracing::info!(%peer, key = %identity::key_hex(&key), "paired with peer host");
+                    if let Err(e) = self.peers.pin(peer, key) {
+                        tracing::error!(error = %e, "cannot save the peer's key");
+                    }
+                }
+                Event::PeerKeyChanged { peer, pinned, offered } => {
+                    tracing::error!(%peer, pinned = %identity::key_hex(&pinned), offered = %identity::key_hex(&offered),
+                        "peer presented a different host key than the pinned one: refused (if the peer was reinstalled, remove it from peers.json in the state directory)");
+                }
+                other => tracing::debug!(event = ?other, "VCMP event"),
+            }
+        }
+    }
+
+    /// Make the datapath translate `flow` to (local, remote), or stop
+    /// translating it when both are its virtual endpoints again.
+    async fn translate(&self, flow: VirtualFlow, local: SocketAddr, remote: SocketAddr) {
+        let r = with_dp(&self.dp, move |dp| {
+            if local == flow.local && remote == flow.remote {
+                match dp.remove_translation(&flow) {
+                    Err(DatapathError::NoSuchTranslation { .. }) => Ok(()),
+                    r => r,
+                }
+            } else {
+                dp.install_translation(&Translation { flow, physical_local: local, physical_remote: remote })
+            }
+        })
+        .await;
+        match r {
+            Ok(()) => tracing::info!(?flow, %local, %remote, "translation updated"),
+            Err(e) => tracing::error!(?flow, error = %e, "cannot update the translation"),
+        }
+    }
+}

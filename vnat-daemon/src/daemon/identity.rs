@@ -1,0 +1,149 @@
+//! vnatd's persistent state: the host identity key and the pinned peer keys,
+//! written atomically (temp file, fsync, rename, fsync of the directory) so
+//! a crash never leaves a torn file.
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    io::Write,
+    net::IpAddr,
+    os::unix::fs::{OpenOptionsExt, PermissionsExt},
+    path::{Path, PathBuf},
+};
+
+use rand_core::{OsRng, RngCore};
+
+/// Errors of the state files.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("cannot read {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("cannot write {path}: {source}")]
+    Write { path: PathBuf, source: std::io::Error },
+    #[error("{path} is not a 32-byte key; move it away to have vnatd make a new identity (peers will see a changed key)")]
+    BadKey { path: PathBuf },
+    #[error("{path} is readable by others (mode {mode:o}); it holds a secret key: chmod 600 it")]
+    Exposed { path: PathBuf, mode: u32 },
+    #[error("{path} is not valid peer state: {reason}")]
+    BadPeers { path: PathBuf, reason: String },
+}
+
+/// Write `bytes` to `path` atomically with mode 0600.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
+    let err = |source| StateError::Write { path: path.to_path_buf(), source };
+    let tmp = path.with_extension("tmp");
+    let mut f = fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp).map_err(err)?;
+    f.write_all(bytes).map_err(err)?;
+    f.sync_all().map_err(err)?;
+    drop(f);
+    fs::rename(&tmp, path).map_err(err)?;
+    if let Some(dir) = path.parent() {
+        fs::File::open(dir).and_then(|d| d.sync_all()).map_err(err)?;
+    }
+    Ok(())
+}
+
+/// The host's x25519 identity secret, made on first start.
+pub fn load_or_create_identity(state_dir: &Path) -> Result<[u8; 32], StateError> {
+    let path = state_dir.join("identity.key");
+    match fs::read(&path) {
+        Ok(bytes) => {
+            let mode = fs::metadata(&path).map_err(|source| StateError::Read { path: path.clone(), source })?.permissions().mode();
+            if mode & 0o077 != 0 {
+                return Err(StateError::Exposed { path, mode: mode & 0o777 });
+            }
+            bytes.try_into().map_err(|_| StateError::BadKey { path })
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let mut key = [0u8; 32];
+            OsRng.fill_bytes(&mut key);
+            write_atomic(&path, &key)?;
+            Ok(key)
+        }
+        Err(source) => Err(StateError::Read { path, source }),
+    }
+}
+
+/// Peer host keys pinned on first use (or pre-configured), by address.
+#[derive(Debug, Default)]
+pub struct PeerStore {
+    path: PathBuf,
+    pub peers: BTreeMap<IpAddr, [u8; 32]>,
+}
+
+fn hex(k: &[u8; 32]) -> String {
+    k.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<[u8; 32]> {
+    if s.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(s.get(i * 2..i * 2 + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+impl PeerStore {
+    pub fn load(state_dir: &Path) -> Result<PeerStore, StateError> {
+        let path = state_dir.join("peers.json");
+        let text = match fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(PeerStore { path, peers: BTreeMap::new() }),
+            Err(source) => return Err(StateError::Read { path, source }),
+        };
+        let raw: BTreeMap<IpAddr, String> =
+            serde_json::from_str(&text).map_err(|e| StateError::BadPeers { path: path.clone(), reason: e.to_string() })?;
+        let mut peers = BTreeMap::new();
+        for (ip, k) in raw {
+            let key = unhex(&k).ok_or_else(|| StateError::BadPeers { path: path.clone(), reason: format!("key of {ip} is not 64 hex digits") })?;
+            peers.insert(ip, key);
+        }
+        Ok(PeerStore { path, peers })
+    }
+
+    pub fn pin(&mut self, ip: IpAddr, key: [u8; 32]) -> Result<(), StateError> {
+        self.peers.insert(ip, key);
+        let raw: BTreeMap<IpAddr, String> = self.peers.iter().map(|(ip, k)| (*ip, hex(k))).collect();
+        let text = serde_json::to_string_pretty(&raw).map_err(|e| StateError::BadPeers { path: self.path.clone(), reason: e.to_string() })?;
+        write_atomic(&self.path, text.as_bytes())
+    }
+}
+
+/// A public key as printed by `vnatctl peers`.
+pub fn key_hex(k: &[u8; 32]) -> String {
+    hex(k)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identity_is_made_once_private_and_stable() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = load_or_create_identity(dir.path()).unwrap();
+        let b = load_or_create_identity(dir.path()).unwrap();
+        assert_eq!(a, b);
+        let mode = fs::metadata(dir.path().join("identity.key")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        fs::set_permissions(dir.path().join("identity.key"), fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(matches!(load_or_create_identity(dir.path()), Err(StateError::Exposed { .. })));
+        fs::write(dir.path().join("identity.key"), b"short").unwrap();
+        fs::set_permissions(dir.path().join("identity.key"), fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(matches!(load_or_create_identity(dir.path()), Err(StateError::BadKey { .. })));
+    }
+
+    #[test]
+    fn pinned_peers_survive_a_reload_and_bad_files_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = PeerStore::load(dir.path()).unwrap();
+        s.pin("198.18.3.2".parse().unwrap(), [7; 32]).unwrap();
+        let s2 = PeerStore::load(dir.path()).unwrap();
+        assert_eq!(s2.peers.get(&"198.18.3.2".parse().unwrap()), Some(&[7; 32]));
+        fs::write(dir.path().join("peers.json"), r#"{"198.18.3.2": "zz"}"#).unwrap();
+        assert!(matches!(PeerStore::load(dir.path()), Err(StateError::BadPeers { .. })));
+    }
+}

@@ -1,0 +1,128 @@
+//! Automatic mode's decisions (DESIGN.md §5): which connections lost their
+//! local address and where each can continue. Pure functions over the
+//! datapath's and the protocol core's views, so they are unit-tested without
+//! a kernel.
+
+use std::{
+    collections::HashSet,
+    net::{IpAddr, SocketAddr},
+};
+
+use crate::datapath::{Proto, VirtualFlow};
+
+/// One connection as the driver tracks it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tracked {
+    pub flow: VirtualFlow,
+    pub local_phys: SocketAddr,
+    pub remote_phys: SocketAddr,
+    /// A migration of this connection is under way.
+    pub migrating: bool,
+}
+
+/// A decided move: continue `flow` from `new_local`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Move {
+    pub flow: VirtualFlow,
+    pub new_local: SocketAddr,
+    pub remote_phys: SocketAddr,
+}
+
+/// Whether vnat should manage a recorded flow at all: never loopback or
+/// link-local traffic (it cannot move), never VCMP itself.
+pub fn is_mobile_candidate(flow: &VirtualFlow, vcmp_port: u16) -> bool {
+    let local_only = |ip: IpAddr| match ip {
+        IpAddr::V4(v4) => v4.is_loopback() || v4.is_link_local() || v4.is_unspecified(),
+        IpAddr::V6(v6) => {
+            v6.is_loopback() || v6.is_unspecified() || (v6.segments()[0] & 0xffc0) == 0xfe80
+        }
+    };
+    let vcmp = flow.proto == Proto::Udp && (flow.local.port() == vcmp_port || flow.remote.port() == vcmp_port);
+    !vcmp && !local_only(flow.local.ip()) && !local_only(flow.remote.ip())
+}
+
+/// Connections whose local physical address is no longer on any interface,
+/// moved to the address the kernel now uses towards their peer.
+///
+/// A connection whose virtual address came back (the laptop returned home)
+/// moves back to it: continuing from the virtual address ends translation.
+pub fn plan_moves(
+    tracked: &[Tracked],
+    addrs: &HashSet<IpAddr>,
+    source_for: impl Fn(IpAddr) -> Option<IpAddr>,
+) -> Vec<Move> {
+    let mut out = Vec::new();
+    for t in tracked.iter().filter(|t| !t.migrating) {
+        let here = addrs.contains(&t.local_phys.ip());
+        let home = t.local_phys != t.flow.local && addrs.contains(&t.flow.local.ip());
+        let new_ip = if home {
+            Some(t.flow.local.ip())
+        } else if !here {
+            source_for(t.remote_phys.ip()).filter(|ip| addrs.contains(ip) && ip.is_ipv4() == t.flow.local.is_ipv4())
+        } else {
+            None
+        };
+        if let Some(ip) = new_ip {
+            if ip != t.local_phys.ip() {
+                out.push(Move { flow: t.flow, new_local: SocketAddr::new(ip, t.flow.local.port()), remote_phys: t.remote_phys });
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sa(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    fn tracked(local: &str, phys: &str, remote: &str) -> Tracked {
+        let flow = VirtualFlow { proto: Proto::Tcp, local: sa(local), remote: sa(remote) };
+        Tracked { flow, local_phys: sa(phys), remote_phys: sa(remote), migrating: false }
+    }
+
+    fn addrs(list: &[&str]) -> HashSet<IpAddr> {
+        list.iter().map(|a| a.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn a_connection_whose_address_vanished_moves_to_the_routed_source() {
+        let t = [tracked("198.18.1.2:4000", "198.18.1.2:4000", "198.18.3.2:22")];
+        let moves = plan_moves(&t, &addrs(&["198.18.2.2"]), |_| Some("198.18.2.2".parse().unwrap()));
+        assert_eq!(moves, vec![Move { flow: t[0].flow, new_local: sa("198.18.2.2:4000"), remote_phys: sa("198.18.3.2:22") }]);
+    }
+
+    #[test]
+    fn nothing_moves_while_the_address_is_there_or_no_route_exists() {
+        let t = [tracked("198.18.1.2:4000", "198.18.1.2:4000", "198.18.3.2:22")];
+        assert!(plan_moves(&t, &addrs(&["198.18.1.2", "198.18.2.2"]), |_| Some("198.18.2.2".parse().unwrap())).is_empty());
+        // Address gone, no new one yet (cable pulled): wait.
+        assert!(plan_moves(&t, &addrs(&[]), |_| None).is_empty());
+        // A route whose source is not one of ours (stale) is not used.
+        assert!(plan_moves(&t, &addrs(&["198.18.2.2"]), |_| Some("198.18.9.9".parse().unwrap())).is_empty());
+        // An IPv6 source for an IPv4 connection is not used.
+        assert!(plan_moves(&t, &addrs(&["fd00::1"]), |_| Some("fd00::1".parse().unwrap())).is_empty());
+    }
+
+    #[test]
+    fn coming_home_moves_back_to_the_virtual_address_and_migrating_ones_wait() {
+        let mut t = [tracked("198.18.1.2:4000", "198.18.2.2:4000", "198.18.3.2:22")];
+        let moves = plan_moves(&t, &addrs(&["198.18.1.2", "198.18.2.2"]), |_| None);
+        assert_eq!(moves[0].new_local, sa("198.18.1.2:4000"));
+        t[0].migrating = true;
+        assert!(plan_moves(&t, &addrs(&["198.18.1.2"]), |_| None).is_empty());
+    }
+
+    #[test]
+    fn loopback_link_local_and_vcmp_flows_are_not_managed() {
+        let f = |l: &str, r: &str, p| VirtualFlow { proto: p, local: sa(l), remote: sa(r) };
+        assert!(is_mobile_candidate(&f("198.18.1.2:4000", "198.18.3.2:22", Proto::Tcp), 2031));
+        assert!(!is_mobile_candidate(&f("127.0.0.1:4000", "127.0.0.1:22", Proto::Tcp), 2031));
+        assert!(!is_mobile_candidate(&f("[fe80::1]:4000", "[fe80::2]:22", Proto::Tcp), 2031));
+        assert!(!is_mobile_candidate(&f("198.18.1.2:2031", "198.18.3.2:2031", Proto::Udp), 2031));
+        assert!(is_mobile_candidate(&f("198.18.1.2:2031", "198.18.3.2:80", Proto::Tcp), 2031));
+    }
+}
