@@ -343,8 +343,23 @@ impl Datapath for KernelDatapath {
         let mut sockets: Option<StdHashMap<(Proto, SocketAddr, SocketAddr), u64>> = None;
         let mut owners: Option<StdHashMap<u64, u32>> = None;
         let mut out = Vec::with_capacity(records.len());
+        // A UDP socket bound to the wildcard address records 0.0.0.0 / :: as
+        // its local address; its packets carry the source the kernel routes
+        // from, which is what a translation must match.
+        let mut sources: StdHashMap<IpAddr, Option<IpAddr>> = StdHashMap::new();
         for (key, rec) in records {
-            let Some(flow) = VirtualFlow::from_key(&key) else { continue };
+            let Some(mut flow) = VirtualFlow::from_key(&key) else { continue };
+            if flow.local.ip().is_unspecified() {
+                let remote = flow.remote.ip();
+                let src = *sources
+                    .entry(remote)
+                    .or_insert_with(|| net::route_get(remote, None).ok().and_then(|r| r.prefsrc));
+                match src {
+                    Some(ip) => flow.local = SocketAddr::new(ip, flow.local.port()),
+                    None => continue,
+                }
+            }
+            let key = flow.to_key();
             let t = translations.get(&key);
             let mut pid = (rec.pid != 0).then_some(rec.pid);
             if pid.is_none() {
@@ -429,6 +444,18 @@ impl Datapath for KernelDatapath {
 
     fn maintain(&mut self) -> Result<(), DatapathError> {
         self.sync_udp()
+    }
+
+    fn interface_addresses(&self) -> Result<Vec<(IpAddr, u32)>, DatapathError> {
+        net::interface_addrs()
+    }
+
+    fn source_address_for(&self, dst: IpAddr) -> Result<Option<IpAddr>, DatapathError> {
+        match net::route_get(dst, None) {
+            Ok(r) => Ok(r.prefsrc),
+            Err(DatapathError::NoRoute { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 }
 
