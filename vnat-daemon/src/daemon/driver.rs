@@ -406,7 +406,7 @@ impl Driver {
     /// Make the datapath translate `flow` to (local, remote), or stop
     /// translating it when both are its virtual endpoints again.
     async fn translate(&self, flow: VirtualFlow, local: SocketAddr, remote: SocketAddr) {
-        let r = with_dp(&self.dp, move |dp| {
+        let r: Result<(), DatapathError> = with_dp(&self.dp, move |dp| {
             if local == flow.local && remote == flow.remote {
                 match dp.remove_translation(&flow) {
                     Err(DatapathError::NoSuchTranslation { .. }) => Ok(()),
@@ -414,7 +414,16 @@ impl Driver {
                 }
             } else {
                 dp.install_translation(&Translation { flow, physical_local: local, physical_remote: remote })
+            }?;
+            // After an outage TCP has backed off its retransmission timer;
+            // make it retransmit now rather than tens of seconds later
+            // (DESIGN.md §3, "no stall").
+            if flow.proto == crate::datapath::Proto::Tcp {
+                if let Err(e) = dp.restart_flow(&flow) {
+                    tracing::debug!(?flow, error = %e, "could not restart the flow's retransmissions");
+                }
             }
+            Ok(())
         })
         .await;
         match r {
