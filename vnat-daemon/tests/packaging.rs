@@ -1,0 +1,28 @@
+//! The shipped example config and service files are what vnatd accepts.
+
+use std::path::Path;
+
+use vnat_daemon::daemon::config::parse_file;
+
+fn repo(path: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
+}
+
+#[test]
+fn example_config_parses_and_states_the_defaults() {
+    let path = repo("packaging/vnatd.toml");
+    let text = std::fs::read_to_string(&path).expect("packaging/vnatd.toml is missing");
+    parse_file(&path, &text).unwrap_or_else(|e| panic!("the example config is refused: {e}"));
+    for key in ["control = \"/run/vnat/vnatd.sock\"", "state_dir = \"/var/lib/vnat\"", "bpffs = \"/sys/fs/bpf/vnat\"", "listen = \"0.0.0.0:2031\""] {
+        assert!(text.contains(key), "the example config does not show the default {key}");
+    }
+}
+
+#[test]
+fn unit_runs_the_daemon_with_the_config_and_the_sleep_hook_calls_suspend_and_resume() {
+    let unit = std::fs::read_to_string(repo("packaging/systemd/vnatd.service")).unwrap();
+    assert!(unit.contains("ExecStart=/usr/local/sbin/vnatd --config /etc/vnat/vnatd.toml"));
+    assert!(unit.contains("CapabilityBoundingSet=") && unit.contains("NoNewPrivileges=yes"));
+    let hook = std::fs::read_to_string(repo("packaging/systemd/vnat-sleep")).unwrap();
+    assert!(hook.contains("suspend --all") && hook.contains("resume --all"));
+}
