@@ -273,3 +273,44 @@ fn sshd_iperf3_and_capture_work_across_the_router() {
         .expect("iperf3 report has end.sum_received.bytes");
     assert!(bytes > 0, "iperf3 moved no data: {report}");
 }
+
+/// A test that panics half-way (with servers and a stream running) still
+/// leaves no namespace, cgroup or bpffs directory behind.
+#[test]
+fn a_panicking_test_leaves_nothing_behind() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let result = std::thread::spawn(move || {
+        let t = LaptopRouterServer::builder()
+            .tag("hpanic")
+            .ipv6(true)
+            .build();
+        let cg = Cgroup::new("hpanic");
+        let bpf = BpffsDir::new("hpanic");
+        let addr = SocketAddr::new(t.server_addr.v4.into(), 7300);
+        let _echo = EchoServer::tcp(&t.server, addr);
+        let stream = StreamClient::spawn(&t.laptop, &StreamOptions::tcp(addr));
+        stream.wait_verified_at_least(1_000, Duration::from_secs(10));
+        let names = vec![
+            t.laptop.name().to_string(),
+            t.router.name().to_string(),
+            t.server.name().to_string(),
+        ];
+        tx.send((names, cg.path().to_path_buf(), bpf.path().to_path_buf()))
+            .expect("sending names");
+        panic!("deliberate panic to check cleanup on unwind");
+    })
+    .join();
+    assert!(result.is_err(), "the test thread was meant to panic");
+    let (names, cg_path, bpf_path) = rx.recv().expect("names from the test thread");
+    assert_netns_gone(&names);
+    assert!(
+        !cg_path.exists(),
+        "cgroup {} left behind",
+        cg_path.display()
+    );
+    assert!(
+        !bpf_path.exists(),
+        "bpffs dir {} left behind",
+        bpf_path.display()
+    );
+}
