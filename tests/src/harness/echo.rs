@@ -12,7 +12,7 @@ use nix::{
     unistd::Pid,
 };
 
-use super::Netns;
+use super::{Cgroup, Host, Netns};
 
 /// vnat-stream's default `--datagram-size`.
 pub const UDP_DATAGRAM_SIZE: usize = 512;
@@ -64,8 +64,29 @@ impl EchoServer {
         Self::start(ns, addr, true, &["-T", "600", "-b", &size, &listen, "PIPE"])
     }
 
+    /// TCP echo inside a [`Host`]'s namespace *and cgroup*, so that the
+    /// host's vnatd records (and can move) the accepted connections.
+    pub fn tcp_in(host: &Host, addr: SocketAddr) -> EchoServer {
+        let listen = format!("{}-LISTEN:{},{},reuseaddr,fork", family(addr, "TCP"), addr.port(), bind(addr));
+        Self::start_in(host.ns, Some(&host.cgroup), addr, false, &[&listen, "EXEC:cat"])
+    }
+
+    /// UDP echo inside a [`Host`]'s namespace and cgroup.
+    pub fn udp_in(host: &Host, addr: SocketAddr) -> EchoServer {
+        let listen = format!("{}-LISTEN:{},{},fork", family(addr, "UDP"), addr.port(), bind(addr));
+        let size = UDP_DATAGRAM_SIZE.to_string();
+        Self::start_in(host.ns, Some(&host.cgroup), addr, true, &["-T", "600", "-b", &size, &listen, "PIPE"])
+    }
+
     fn start(ns: &Netns, addr: SocketAddr, udp: bool, args: &[&str]) -> EchoServer {
+        Self::start_in(ns, None, addr, udp, args)
+    }
+
+    fn start_in(ns: &Netns, cgroup: Option<&Cgroup>, addr: SocketAddr, udp: bool, args: &[&str]) -> EchoServer {
         let mut cmd = ns.cmd("socat");
+        if let Some(cg) = cgroup {
+            cg.join_on_spawn(&mut cmd);
+        }
         cmd.args(args).stdin(Stdio::null()).stdout(Stdio::null());
         // Own process group, so that drop also reaches the children that
         // socat forks per connection.
