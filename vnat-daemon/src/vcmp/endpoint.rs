@@ -92,8 +92,6 @@ pub enum AbortReason {
     LocationUnknown { tried: Vec<SocketAddr> },
     #[error("stored our location {rounds} times but the peer never arrived")]
     PeerNeverArrived { rounds: u32 },
-    #[error("the connection has no key (pairing with the peer never completed)")]
-    NoKeys,
 }
 
 /// Outputs for the datapath and the control API.
@@ -235,7 +233,9 @@ pub(crate) struct Ctx<'r> {
     pub now: Timestamp,
     pub rng: &'r mut dyn RngCore,
     pub jitter_permille: u64,
-    pub req_ids: HashMap<(SocketAddr, Kind), u32>,
+    pub req_ids: HashMap<(SocketAddr, Kind), (u32, usize)>,
+    /// The id given out last by `request_id`.
+    pub last_req: u32,
 }
 
 impl<'r> Ctx<'r> {
@@ -248,15 +248,26 @@ impl<'r> Ctx<'r> {
             rng,
             jitter_permille,
             req_ids: HashMap::new(),
+            last_req: 0,
         }
     }
 
-    pub fn request_id(&mut self, dst: SocketAddr, kind: Kind) -> u32 {
+    /// Request id for the next `kind` record to `dst`: records of one call
+    /// share an id until a datagram's worth (`cap`) has been given out, so
+    /// each LOOKUP or STORE datagram has its own id and its reply concerns
+    /// at most `cap` connections.
+    pub fn request_id(&mut self, dst: SocketAddr, kind: Kind, cap: usize) -> u32 {
         let rng = &mut self.rng;
-        *self
+        let e = self
             .req_ids
             .entry((dst, kind))
-            .or_insert_with(|| rng.next_u32())
+            .or_insert_with(|| (rng.next_u32(), 0));
+        if e.1 >= cap {
+            *e = (rng.next_u32(), 0);
+        }
+        e.1 += 1;
+        self.last_req = e.0;
+        e.0
     }
 
     pub fn nonce<const N: usize>(&mut self) -> [u8; N] {
@@ -394,7 +405,7 @@ impl Endpoint {
         if self.conns.contains_key(&flow) {
             return Err(EndpointError::DuplicateConnection(flow));
         }
-        self.admit(&flow, remote_phys.ip())?;
+        self.admit(&flow)?;
         self.conns
             .insert(flow, Conn::new(flow, local_phys, remote_phys));
         self.tx.trusted.insert(remote_phys.ip());
@@ -407,7 +418,9 @@ impl Endpoint {
     }
 
     /// Check the global and per-peer caps for one more connection.
-    pub(crate) fn admit(&mut self, flow: &VirtualFlow, peer: IpAddr) -> Result<(), EndpointError> {
+    pub(crate) fn admit(&mut self, flow: &VirtualFlow) -> Result<(), EndpointError> {
+        // Peers are counted by their virtual address, which never changes.
+        let peer = flow.remote.ip();
         if self.conns.len() >= self.cfg.max_connections {
             return Err(EndpointError::TooManyConnections {
                 limit: self.cfg.max_connections,
@@ -420,7 +433,6 @@ impl Endpoint {
                 limit: self.cfg.max_connections_per_peer,
             });
         }
-        let _ = flow;
         *self.per_peer.entry(peer).or_default() += 1;
         Ok(())
     }
@@ -493,7 +505,10 @@ impl Endpoint {
         };
         let key = keys.send.clone();
         let req = match kind {
-            Kind::Lookup | Kind::Store => ctx.request_id(dst, kind),
+            Kind::Lookup | Kind::Store => {
+                let cap = wire::records_per_datagram(self.cfg.mtu, Family::of(&flow.local), kind);
+                ctx.request_id(dst, kind, cap)
+            }
             _ => 0,
         };
         c.send_seq += 1;

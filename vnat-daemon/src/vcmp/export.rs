@@ -117,7 +117,7 @@ impl Endpoint {
         if self.conns.contains_key(&e.flow) {
             return Err(EndpointError::DuplicateConnection(e.flow));
         }
-        self.admit(&e.flow, e.remote_phys.ip())?;
+        self.admit(&e.flow)?;
         let mut c = Conn::new(e.flow, e.local_phys, e.remote_phys);
         c.keys = Some(ConnKeys::from_root(SecretKey::from_bytes(*root), &e.flow));
         c.peer_key = peer_key;

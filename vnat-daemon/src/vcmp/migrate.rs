@@ -6,6 +6,7 @@
 //! records travel in the same datagrams and their timers fire together:
 //! restoring N connections to one peer costs the same round trips as one.
 
+use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 
 use super::crypto::{self, Ephemeral};
@@ -66,7 +67,7 @@ pub(crate) type ValidationKey = (IpAddr, Group);
 pub(crate) struct Validation {
     pub anchor: VirtualFlow,
     pub nonce: [u8; 16],
-    pub flows: Vec<VirtualFlow>,
+    pub flows: HashSet<VirtualFlow>,
     pub tries: u32,
     pub deadline: Timestamp,
 }
@@ -355,7 +356,8 @@ impl Endpoint {
         kind: Kind,
         entry: (VirtualFlow, usize, u32),
     ) {
-        let id = ctx.request_id(dst, kind);
+        let _ = dst;
+        let id = ctx.last_req;
         if !self.requests.contains_key(&id) && self.requests.len() >= MAX_REQUESTS {
             self.stats.reject("request_table_full");
             return;
@@ -561,9 +563,7 @@ impl Endpoint {
         let group = c.peer_key.map_or(Group::Conn(*flow), Group::Host);
         let key = (addr.ip(), group);
         if let Some(v) = self.validations.get_mut(&key) {
-            if !v.flows.contains(flow) {
-                v.flows.push(*flow);
-            }
+            v.flows.insert(*flow);
             return;
         }
         let nonce = ctx.nonce::<16>();
@@ -572,7 +572,7 @@ impl Endpoint {
             Validation {
                 anchor: *flow,
                 nonce,
-                flows: vec![*flow],
+                flows: HashSet::from([*flow]),
                 tries: 1,
                 deadline: ctx.now.add(rto),
             },
@@ -682,7 +682,9 @@ impl Endpoint {
                 continue;
             }
             if !v.flows.contains(&v.anchor) {
-                v.anchor = v.flows[0];
+                if let Some(f) = v.flows.iter().next() {
+                    v.anchor = *f;
+                }
             }
             v.deadline = now.add(self.rto(ctx, v.tries));
             v.tries += 1;

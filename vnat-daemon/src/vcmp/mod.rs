@@ -3,6 +3,25 @@
 //! Nothing here touches a socket, a clock, a BPF map or tokio: time
 //! ([`Timestamp`]) and randomness (`RngCore + CryptoRng`) are inputs;
 //! datagrams to send, timers and datapath events are outputs.
+//!
+//! The driver's loop, in short:
+//!
+//! ```text
+//! let mut ep = Endpoint::new(Config::default(), HostIdentity::from_bytes(saved_key));
+//! ep.connection_added(now, &mut OsRng, flow, local_phys, remote_phys)?;  // sock_ops saw it
+//! ep.suspend(now, &mut OsRng, &flows)?;                  // optional, before a planned move
+//! ep.resume(now, &mut OsRng, &[(flow, new_local_phys)])?; // after the move
+//! ep.handle_datagram(now, &mut OsRng, from, &bytes);     // every datagram on port 2031
+//! ep.handle_timeout(now, &mut OsRng);                    // when poll_timeout() is reached
+//! while let Some(t) = ep.poll_transmit(now) { socket.send_to(&t.payload, t.dst) }
+//! while let Some(e) = ep.poll_event() { /* Event::SetRemote => datapath, ... */ }
+//! ```
+//!
+//! Modules: [`wire`] (codec), [`crypto`] (identities, pairing schedule,
+//! HKDF/HMAC), [`replay`], [`roles`], [`location`] (chain and store),
+//! [`endpoint`] (state and API), `recv` / `migrate` / `pairing` (the
+//! endpoint's receive path, migration and pairing logic), [`tx`] (batching
+//! and anti-amplification), [`export`], [`stats`].
 
 pub mod crypto;
 pub mod endpoint;

@@ -53,8 +53,10 @@ impl Endpoint {
             .is_some_and(|k| self.sessions.contains_key(k))
     }
 
+    /// A host we share a connection with (its address is trusted) or have a
+    /// pin for. O(1): this check guards the DH against strangers.
     fn knows_peer(&self, ip: &IpAddr) -> bool {
-        self.pins.contains_key(ip) || self.conns.values().any(|c| c.remote_phys.ip() == *ip)
+        self.pins.contains_key(ip) || self.tx.trusted.contains(ip)
     }
 
     pub(crate) fn start_pairing(&mut self, ctx: &mut Ctx, ip: IpAddr) {

@@ -79,6 +79,8 @@ pub struct Sim {
     seq: u64,
     /// (send time, from, to, kind byte) of every datagram put on the wire.
     pub wire_log: Vec<(Timestamp, SocketAddr, SocketAddr, u8)>,
+    /// Datagrams the link dropped.
+    pub lost: u64,
 }
 
 pub fn sa(s: &str) -> SocketAddr {
@@ -117,6 +119,7 @@ impl Sim {
             queue: BinaryHeap::new(),
             seq: 0,
             wire_log: Vec::new(),
+            lost: 0,
         }
     }
 
@@ -193,6 +196,7 @@ impl Sim {
             self.wire_log
                 .push((now, from, t.dst, t.payload.get(1).copied().unwrap_or(0)));
             if !self.hosts[h].alive || self.chance(self.link.loss_pct) {
+                self.lost += 1;
                 continue;
             }
             let copies = if self.chance(self.link.dup_pct) { 2 } else { 1 };
@@ -269,7 +273,7 @@ impl Sim {
                 }
             }
         }
-        self.now = self.now.max(end.min(self.now.add(Duration::ZERO)));
+        self.now = self.now.max(end);
     }
 
     /// Events of host `h` matching `pred`.

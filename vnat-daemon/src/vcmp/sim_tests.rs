@@ -130,18 +130,29 @@ fn one_end_moves_without_suspend_and_thirty_percent_loss() {
         jitter: Duration::from_millis(2),
         ..Link::default()
     };
-    let (mut sim, flows) = setup(7, link, Config::default(), 20);
-    sim.move_host(0, "10.0.1.1");
-    resume(&mut sim, 0, &flows, "10.0.1.1");
-    sim.run_for(Duration::from_secs(60));
-    for f in &flows {
-        assert!(resumed(&sim, 0, f), "A must see {f:?} resumed despite loss");
-        assert_remote(&sim, 1, &reverse(f), moved(f, "10.0.1.1"));
+    let (mut lost, mut retransmits) = (0, 0);
+    for seed in 1..=6 {
+        let (mut sim, flows) = setup(seed, link, Config::default(), 20);
+        let lost_before = sim.lost;
+        sim.move_host(0, "10.0.1.1");
+        resume(&mut sim, 0, &flows, "10.0.1.1");
+        sim.run_for(Duration::from_secs(60));
+        for f in &flows {
+            assert!(
+                resumed(&sim, 0, f),
+                "seed {seed}: A must see {f:?} resumed despite loss"
+            );
+            assert_remote(&sim, 1, &reverse(f), moved(f, "10.0.1.1"));
+        }
+        lost += sim.lost - lost_before;
+        retransmits += (0..2)
+            .map(|h| sim.hosts[h].ep.stats().get("retransmit"))
+            .sum::<u64>();
     }
-    let retransmits: u64 = (0..2)
-        .map(|h| sim.hosts[h].ep.stats().get("retransmit"))
-        .sum();
-    assert!(retransmits > 0, "30% loss must have caused retransmissions");
+    assert!(
+        lost > 0 && retransmits > 0,
+        "30% loss must have dropped datagrams ({lost}) and caused retransmissions ({retransmits})"
+    );
 }
 
 #[test]
@@ -266,6 +277,21 @@ fn crossing_susp_primary_is_arbitrated_by_the_higher_address() {
         .filter(|(_, _, _, k)| *k == super::wire::Kind::SuspSecondary as u8)
         .count();
     assert_eq!(secondaries, 0, "crossing claims must not be answered");
+    // The crossing suspend-time key agreements gave both ends the same new
+    // keys: a move right after still authenticates.
+    assert!(
+        sim.hosts[0].ep.stats().get("rekeyed") >= 3 && sim.hosts[1].ep.stats().get("rekeyed") >= 3
+    );
+    sim.move_host(0, "10.0.1.1");
+    resume(&mut sim, 0, &flows, "10.0.1.1");
+    sim.run_for(Duration::from_secs(30));
+    for f in &flows {
+        assert!(
+            resumed(&sim, 0, f),
+            "{f:?} must resume after crossing key agreements"
+        );
+        assert_remote(&sim, 1, &reverse(f), moved(f, "10.0.1.1"));
+    }
 }
 
 #[test]

@@ -51,10 +51,6 @@ impl TxQueue {
         }
     }
 
-    pub fn is_trusted(&self, ip: &IpAddr) -> bool {
-        self.trusted.contains(ip)
-    }
-
     /// Count `n` bytes received from (or vouched for by an authenticated
     /// message naming) `ip`.
     pub fn credit(&mut self, ip: IpAddr, n: usize) {
@@ -147,9 +143,5 @@ impl TxQueue {
             return Some(t);
         }
         None
-    }
-
-    pub fn pending(&self) -> usize {
-        self.ready.len() + self.open.len()
     }
 }

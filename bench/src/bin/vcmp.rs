@@ -1,0 +1,260 @@
+//! VCMP micro-benchmark (issue 3, item 8): restore N connections (default
+//! 10,000) between two hosts whose protocol cores talk directly (no
+//! sockets), and report the local work per record, the cost of verifying
+//! one full batched datagram, the records per datagram and the round trips.
+//!
+//! Run: `cargo run --release -p vnat-bench --bin vcmp -- [--connections N] [--json]`
+//! (wired as `cargo xtask bench vcmp`). The issue's targets (constant round
+//! trips, <= 5 us per record, <= 50 us per batched datagram) are printed next
+//! to the figures; nothing here asserts on timing.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use vnat_daemon::datapath::{Proto, VirtualFlow};
+use vnat_daemon::vcmp::crypto::{DrbgRng, HostIdentity};
+use vnat_daemon::vcmp::wire::{self, Family, Kind};
+use vnat_daemon::vcmp::{Config, Endpoint, Event, Timestamp};
+
+#[derive(Parser)]
+#[command(about = "VCMP protocol-core micro-benchmark")]
+struct Args {
+    /// Connections restored to one peer.
+    #[arg(long, default_value_t = 10_000)]
+    connections: u32,
+    /// Repetitions of the single-datagram verification.
+    #[arg(long, default_value_t = 2_000)]
+    iterations: u32,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+const A_VCMP: &str = "10.0.0.1:2031";
+const A_NEW_VCMP: &str = "10.1.0.1:2031";
+const B_VCMP: &str = "10.0.0.2:2031";
+
+fn sa(s: &str) -> Result<SocketAddr> {
+    s.parse().with_context(|| format!("bad address {s}"))
+}
+
+/// Local (CPU) time spent inside the protocol cores.
+#[derive(Default)]
+struct Clock {
+    spent: Duration,
+}
+
+impl Clock {
+    fn time<T>(&mut self, f: impl FnOnce() -> T) -> T {
+        let t = Instant::now();
+        let out = f();
+        self.spent += t.elapsed();
+        out
+    }
+}
+
+fn drain(ep: &mut Endpoint, now: Timestamp, clock: &mut Clock) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    while let Some(t) = clock.time(|| ep.poll_transmit(now)) {
+        out.push(t.payload);
+    }
+    out
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let n = args.connections;
+    if n == 0 || n > 60_000 {
+        bail!("--connections must be between 1 and 60000 (one port each)");
+    }
+    let mut rng = DrbgRng::from_seed(2031);
+    let mut a = Endpoint::new(Config::default(), HostIdentity::generate(&mut rng));
+    let mut b = Endpoint::new(Config::default(), HostIdentity::generate(&mut rng));
+    let mut now = Timestamp(1_000_000_000);
+    let server = sa("10.0.0.2:22")?;
+    let flows: Vec<VirtualFlow> = (0..n)
+        .map(|i| {
+            Ok(VirtualFlow {
+                proto: Proto::Tcp,
+                local: sa(&format!("10.0.0.1:{}", 1024 + i))?,
+                remote: server,
+            })
+        })
+        .collect::<Result<_>>()?;
+    for f in &flows {
+        let g = VirtualFlow {
+            proto: f.proto,
+            local: f.remote,
+            remote: f.local,
+        };
+        a.connection_added(now, &mut rng, *f, f.local, f.remote)?;
+        b.connection_added(now, &mut rng, g, g.local, g.remote)?;
+    }
+    // Pair the hosts (not part of the measurement).
+    let mut setup = Clock::default();
+    for _ in 0..8 {
+        for d in drain(&mut a, now, &mut setup) {
+            b.handle_datagram(now, &mut rng, sa(A_VCMP)?, &d);
+        }
+        for d in drain(&mut b, now, &mut setup) {
+            a.handle_datagram(now, &mut rng, sa(B_VCMP)?, &d);
+        }
+    }
+    for f in &flows {
+        if !a.connection(f).is_some_and(|v| v.has_keys) {
+            bail!("pairing did not give {f:?} keys");
+        }
+    }
+    while a.poll_event().is_some() {}
+    while b.poll_event().is_some() {}
+
+    // Restore: A moved to 10.1.0.1. Count flights until both sides are done.
+    let moves: Vec<_> = flows
+        .iter()
+        .map(|f| Ok((*f, sa(&format!("10.1.0.1:{}", f.local.port()))?)))
+        .collect::<Result<_>>()?;
+    let mut sender = Clock::default();
+    let mut receiver = Clock::default();
+    now = now.add(Duration::from_millis(10));
+    sender.time(|| a.resume(now, &mut rng, &moves))?;
+    let mut to_b = drain(&mut a, now, &mut sender);
+    let upd_datagrams: Vec<Vec<u8>> = to_b
+        .iter()
+        .filter(|d| d[1] == Kind::Upd as u8)
+        .cloned()
+        .collect();
+    let upd_records: usize = upd_datagrams.iter().map(|d| usize::from(d[3])).sum();
+    let total_datagrams_first = to_b.len();
+    let mut resumed = HashSet::new();
+    let mut bound = HashSet::new();
+    let (a_new, b_addr) = (sa(A_NEW_VCMP)?, sa(B_VCMP)?);
+    let mut half_flights = 0u32;
+    let mut datagrams = 0usize;
+    let mut bytes = 0usize;
+    while !to_b.is_empty() && half_flights < 20 {
+        half_flights += 1;
+        datagrams += to_b.len();
+        bytes += to_b.iter().map(Vec::len).sum::<usize>();
+        for d in &to_b {
+            receiver.time(|| b.handle_datagram(now, &mut rng, a_new, d));
+        }
+        while let Some(e) = b.poll_event() {
+            if let Event::SetRemote { flow, .. } = e {
+                bound.insert(flow);
+            }
+        }
+        let to_a = drain(&mut b, now, &mut receiver);
+        if bound.len() == flows.len() && resumed.len() == flows.len() {
+            break;
+        }
+        if to_a.is_empty() {
+            break;
+        }
+        half_flights += 1;
+        datagrams += to_a.len();
+        bytes += to_a.iter().map(Vec::len).sum::<usize>();
+        for d in &to_a {
+            sender.time(|| a.handle_datagram(now, &mut rng, b_addr, d));
+        }
+        while let Some(e) = a.poll_event() {
+            if let Event::Resumed { flow, .. } = e {
+                resumed.insert(flow);
+            }
+        }
+        to_b = drain(&mut a, now, &mut sender);
+        if bound.len() == flows.len() && resumed.len() == flows.len() {
+            break;
+        }
+    }
+    if resumed.len() != flows.len() || bound.len() != flows.len() {
+        bail!(
+            "restoration incomplete: {} resumed on A, {} rebound on B of {}",
+            resumed.len(),
+            bound.len(),
+            flows.len()
+        );
+    }
+
+    // Verifying one full batched datagram: a UPD datagram delivered again is
+    // decoded and every record's MAC verified before the replay window
+    // refuses it, so its cost is the verification alone.
+    let full = upd_datagrams
+        .iter()
+        .max_by_key(|d| d[3])
+        .context("no UPD datagram")?;
+    let per_datagram = usize::from(full[3]);
+    let from = sa(A_NEW_VCMP)?;
+    let t = Instant::now();
+    for _ in 0..args.iterations {
+        b.handle_datagram(now, &mut rng, from, full);
+    }
+    let verify_us = t.elapsed().as_secs_f64() * 1e6 / f64::from(args.iterations);
+    while b.poll_transmit(now).is_some() {}
+
+    let n_f = f64::from(n);
+    let local_us = (sender.spent + receiver.spent).as_secs_f64() * 1e6 / n_f;
+    let sender_us = sender.spent.as_secs_f64() * 1e6 / n_f;
+    let receiver_us = receiver.spent.as_secs_f64() * 1e6 / n_f;
+    let round_trips = f64::from(half_flights) / 2.0;
+    let capacity = wire::records_per_datagram(1500, Family::V4, Kind::Upd);
+
+    if args.json {
+        let j = serde_json::json!({
+            "connections": n,
+            "round_trips": round_trips,
+            "datagrams": datagrams,
+            "bytes": bytes,
+            "first_flight_datagrams": total_datagrams_first,
+            "upd_records": upd_records,
+            "records_per_datagram": per_datagram,
+            "records_per_datagram_capacity": capacity,
+            "local_us_per_connection": local_us,
+            "sender_us_per_connection": sender_us,
+            "receiver_us_per_connection": receiver_us,
+            "verify_full_datagram_us": verify_us,
+            "verify_us_per_record": verify_us / per_datagram as f64,
+            "targets": {"local_us_per_record": 5.0, "verify_full_datagram_us": 50.0},
+        });
+        println!("{j}");
+    } else {
+        println!("VCMP micro-benchmark: restore {n} connections to one peer (IPv4, MTU 1500)");
+        println!("{:<44} {:>12} {:>10}", "figure", "value", "target");
+        println!(
+            "{:<44} {:>12.1} {:>10}",
+            "round trips (A->B->A = 1)", round_trips, "constant"
+        );
+        println!("{:<44} {:>12} {:>10}", "datagrams exchanged", datagrams, "");
+        println!("{:<44} {:>12} {:>10}", "bytes exchanged", bytes, "");
+        println!(
+            "{:<44} {:>12} {:>10}",
+            "UPD records per datagram", per_datagram, ""
+        );
+        println!(
+            "{:<44} {:>12.2} {:>10}",
+            "local work per connection, both hosts (us)", local_us, "<= 5"
+        );
+        println!(
+            "{:<44} {:>12.2} {:>10}",
+            "  mover: encode, MAC, handle replies (us)", sender_us, ""
+        );
+        println!(
+            "{:<44} {:>12.2} {:>10}",
+            "  peer: verify, apply, answer (us)", receiver_us, ""
+        );
+        println!(
+            "{:<44} {:>12.1} {:>10}",
+            "verify one full UPD datagram (us)", verify_us, "<= 50"
+        );
+        println!(
+            "{:<44} {:>12.2} {:>10}",
+            "  per record (us)",
+            verify_us / per_datagram as f64,
+            ""
+        );
+        println!("(each connection sends about six records in all: LOOKUP, STORE, UPD, UPD_R, LOOKUP_R, STORE_R share)");
+    }
+    Ok(())
+}
