@@ -36,6 +36,12 @@ Config file (every key optional; these are the defaults):
     cgroups   = [\"/sys/fs/cgroup/unified\"]   # default: the cgroup2 mount root
     log_level = \"info\"                       # or a filter: \"info,vnat_daemon=debug\"
     log_format = \"text\"                      # or \"json\"
+    location_servers = []                    # e.g. [\"192.0.2.7:2031\"]
+
+location_servers (or --location-server, repeatable) are other vnatd asked
+where a peer went when both ends of a connection moved and neither old
+location answers (paper section 3.3.2.1, steps P(3)/S(3)). Every vnatd
+already serves as one: point both hosts of a connection at the same one.
 
 Examples:
 
@@ -47,6 +53,9 @@ Examples:
 
     # a second instance for another network namespace: its own socket, state and pins
     vnatd --control /run/vnat/ns1.sock --state-dir /var/lib/vnat/ns1 --bpffs /sys/fs/bpf/vnat-ns1
+
+    # both ends may move at once: ask the vnatd at 192.0.2.7 where the peer went
+    vnatd --location-server 192.0.2.7:2031
 
 Stopping vnatd (SIGTERM or Ctrl-C) leaves the eBPF programs and maps pinned,
 so connections that moved keep being translated until vnatd starts again.
@@ -102,6 +111,32 @@ pub struct Args {
         help = "Log line format [default: text]"
     )]
     pub log_format: Option<LogFormat>,
+    /// vnatd asked last where a moved peer is; repeat for several.
+    #[arg(
+        long = "location-server",
+        value_name = "ADDR:PORT",
+        value_parser = parse_location_server,
+        help = "Another vnatd to ask where a peer went when both ends moved (paper 3.3.2.1 P(3)/S(3)); repeatable, replaces the file's list [default: none]"
+    )]
+    pub location_servers: Vec<SocketAddr>,
+}
+
+fn parse_location_server(s: &str) -> Result<SocketAddr, String> {
+    let a: SocketAddr = s.parse().map_err(|_| {
+        "expected ADDR:PORT such as 192.0.2.7:2031 or [2001:db8::7]:2031".to_string()
+    })?;
+    if !usable_location_server(&a) {
+        return Err(format!(
+            "{a} cannot be asked: give the address and port another vnatd listens on, such as 192.0.2.7:2031"
+        ));
+    }
+    Ok(a)
+}
+
+/// A location server is a destination: an unspecified address or port 0
+/// would send the queries nowhere.
+fn usable_location_server(a: &SocketAddr) -> bool {
+    !a.ip().is_unspecified() && !a.ip().is_multicast() && a.port() != 0
 }
 
 fn parse_listen(s: &str) -> Result<SocketAddr, String> {
@@ -121,6 +156,7 @@ pub struct FileConfig {
     pub cgroups: Option<Vec<PathBuf>>,
     pub log_level: Option<String>,
     pub log_format: Option<LogFormat>,
+    pub location_servers: Option<Vec<SocketAddr>>,
 }
 
 /// The effective settings.
@@ -135,6 +171,9 @@ pub struct Settings {
     pub cgroups: Vec<PathBuf>,
     pub log_level: String,
     pub log_format: LogFormat,
+    /// Location servers for step P(3)/S(3) of the location chain, in the
+    /// order they are asked (default: none).
+    pub location_servers: Vec<SocketAddr>,
 }
 
 /// A bad flag or config file (vnatd exit status 2).
@@ -158,6 +197,8 @@ pub enum ConfigError {
         key: &'static str,
         value: PathBuf,
     },
+    #[error("location_servers entry {value} in the config file {} cannot be asked; give the address and port another vnatd listens on, such as 192.0.2.7:2031", file.display())]
+    LocationServer { file: PathBuf, value: SocketAddr },
     #[error("cannot make {} absolute: {source}", path.display())]
     Absolute {
         path: PathBuf,
@@ -242,6 +283,17 @@ pub fn parse_file(path: &Path, text: &str) -> Result<FileConfig, ConfigError> {
     for c in config.cgroups.iter().flatten() {
         relative("cgroups", &Some(c.clone()))?;
     }
+    if let Some(bad) = config
+        .location_servers
+        .iter()
+        .flatten()
+        .find(|a| !usable_location_server(a))
+    {
+        return Err(ConfigError::LocationServer {
+            file: path.to_path_buf(),
+            value: *bad,
+        });
+    }
     Ok(config)
 }
 
@@ -302,6 +354,13 @@ impl Settings {
         } else {
             vec![cgroup_root()?]
         };
+        // Like --cgroup, the flags replace the file's list rather than add
+        // to it, so one command line says the whole truth.
+        let location_servers = if !args.location_servers.is_empty() {
+            args.location_servers
+        } else {
+            file.location_servers.unwrap_or_default()
+        };
         Ok(Settings {
             config_file,
             control,
@@ -311,6 +370,102 @@ impl Settings {
             cgroups,
             log_level,
             log_format,
+            location_servers,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use clap::Parser;
+
+    use super::*;
+
+    fn resolve(flags: &[&str], file: FileConfig) -> Settings {
+        let args = Args::try_parse_from(std::iter::once("vnatd").chain(flags.iter().copied()))
+            .unwrap_or_else(|e| panic!("flags {flags:?} refused: {e}"));
+        Settings::resolve(args, None, file, None, || Ok(PathBuf::from("/cg2")))
+            .unwrap_or_else(|e| panic!("settings refused: {e}"))
+    }
+
+    fn sa(s: &str) -> SocketAddr {
+        s.parse().unwrap_or_else(|e| panic!("bad address {s}: {e}"))
+    }
+
+    #[test]
+    fn location_servers_default_to_none() {
+        let s = resolve(&[], FileConfig::default());
+        assert!(s.location_servers.is_empty(), "{:?}", s.location_servers);
+    }
+
+    #[test]
+    fn location_servers_from_the_file_and_flags_replace_them() {
+        let text = r#"location_servers = ["198.18.6.2:2031", "[fd00:5e:6::2]:2031"]"#;
+        let file = parse_file(Path::new("t.toml"), text)
+            .unwrap_or_else(|e| panic!("valid file refused: {e}"));
+        let s = resolve(&[], file);
+        assert_eq!(
+            s.location_servers,
+            vec![sa("198.18.6.2:2031"), sa("[fd00:5e:6::2]:2031")],
+            "the file's list, in order"
+        );
+        let file = parse_file(Path::new("t.toml"), text)
+            .unwrap_or_else(|e| panic!("valid file refused: {e}"));
+        let s = resolve(
+            &[
+                "--location-server",
+                "192.0.2.7:2031",
+                "--location-server",
+                "192.0.2.8:4000",
+            ],
+            file,
+        );
+        assert_eq!(
+            s.location_servers,
+            vec![sa("192.0.2.7:2031"), sa("192.0.2.8:4000")],
+            "flags replace the file's list, in the order given"
+        );
+    }
+
+    #[test]
+    fn bad_location_servers_are_refused() {
+        for bad in ["192.0.2.7", "host:2031", "0.0.0.0:2031", "192.0.2.7:0"] {
+            let e = Args::try_parse_from(["vnatd", "--location-server", bad])
+                .err()
+                .unwrap_or_else(|| panic!("--location-server {bad} was accepted"));
+            assert_eq!(e.exit_code(), 2, "{bad}: {e}");
+            assert!(e.to_string().contains("192.0.2.7:2031"), "{bad}: {e}");
+        }
+        match parse_file(Path::new("t.toml"), r#"location_servers = ["192.0.2.7"]"#) {
+            Err(e @ ConfigError::Parse { .. }) => assert!(e.is_usage(), "{e}"),
+            other => panic!("a port-less location server must be refused, got {other:?}"),
+        }
+        match parse_file(Path::new("t.toml"), r#"location_servers = ["[::]:2031"]"#) {
+            Err(e @ ConfigError::LocationServer { .. }) => {
+                assert!(e.is_usage(), "{e}");
+                assert!(e.to_string().contains("[::]:2031"), "{e}");
+            }
+            other => panic!("an unspecified location server must be refused, got {other:?}"),
+        }
+        match parse_file(
+            Path::new("t.toml"),
+            r#"location_server = ["192.0.2.7:2031"]"#,
+        ) {
+            Err(e @ ConfigError::Parse { .. }) => {
+                assert!(e.to_string().contains("location_server"), "{e}")
+            }
+            other => panic!("a misspelt key must be refused, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn help_documents_the_flag_and_the_key() {
+        let help = <Args as clap::CommandFactory>::command()
+            .render_long_help()
+            .to_string();
+        assert!(help.contains("--location-server <ADDR:PORT>"), "{help}");
+        assert!(help.contains("location_servers = []"), "{help}");
     }
 }

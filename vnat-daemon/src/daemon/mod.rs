@@ -180,7 +180,7 @@ where
     let driver_cfg = driver::DriverConfig {
         listen: settings.listen,
         state_dir: settings.state_dir.clone(),
-        location_servers: Vec::new(),
+        location_servers: settings.location_servers.clone(),
     };
     let driver = driver::Driver::new(driver_cfg, shared.clone()).await?;
     let (commands_tx, commands_rx) = tokio::sync::mpsc::channel(64);
@@ -196,6 +196,7 @@ where
         bpffs = %settings.bpffs.display(),
         listen = %settings.listen,
         cgroups = ?settings.cgroups,
+        location_servers = ?settings.location_servers,
         config = %settings
             .config_file
             .as_deref()
