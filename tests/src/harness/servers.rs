@@ -133,12 +133,11 @@ impl SshServer {
         let mut cmd = ns.cmd("/usr/sbin/sshd");
         // -D: stay in the foreground (so drop can stop it), -e: log to stderr.
         cmd.args(["-D", "-e", "-f"]).arg(dir.join("sshd_config"));
-        let server = SshServer {
+        SshServer {
             child: spawn_listening(ns, cmd, addr.port(), "sshd"),
             addr,
             dir,
-        };
-        server
+        }
     }
 
     /// `ssh ... root@ADDR REMOTE_COMMAND` to run in `ns` with the generated
