@@ -12,7 +12,7 @@ pub use stats::*;
 
 /// Bumped whenever a map layout below changes; pinned maps from an older ABI
 /// are refused (and must be removed) rather than misread.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 
 pub const AF_INET: u8 = 2;
 pub const AF_INET6: u8 = 10;
@@ -116,8 +116,27 @@ pub struct ConnRecord {
     pub _pad: [u8; 3],
     /// Command name of the process (`bpf_get_current_comm`), NUL padded.
     pub comm: [u8; 16],
+    /// TCP only: `snd_una - bytes_acked` at establishment (mod 2^32). The
+    /// kernel moves both together (tcp_snd_una_update), so at any later time
+    /// `snd_una == snd_una_base + tcpi_bytes_acked` (mod 2^32): userspace
+    /// learns the current `snd_una` from sock_diag without a per-packet hook.
+    pub snd_una_base: u32,
+    /// TCP only: `rcv_nxt - bytes_received` at establishment (mod 2^32);
+    /// `rcv_nxt == rcv_nxt_base + tcpi_bytes_received` (tcp_rcv_nxt_update).
+    pub rcv_nxt_base: u32,
+    /// TCP only: the oldest unacknowledged sequence number (`snd_una`) at
+    /// the last retransmission timeout (BPF_SOCK_OPS_RTO_CB, called from
+    /// tcp_write_timeout): the sequence number an RFC 6069 ICMP unreachable
+    /// must quote to revert a backoff step (tcp_ld_RTO_revert). Meaningful
+    /// only when [`ConnRecord::rto_count`] is not 0.
+    pub rto_snd_una: u32,
+    /// TCP only: retransmission timeouts seen since the connection was
+    /// recorded (never reset; 0 means `rto_snd_una` was never set).
+    pub rto_count: u32,
+    /// CLOCK_BOOTTIME (ns) of the last retransmission timeout, 0 if none.
+    pub rto_last_ns: u64,
 }
-const _: () = assert!(core::mem::size_of::<ConnRecord>() == 72);
+const _: () = assert!(core::mem::size_of::<ConnRecord>() == 96);
 
 /// UDP records are refreshed at most this often, so a busy UDP sender does
 /// not write the map on every datagram.
@@ -187,7 +206,7 @@ pub struct UdpPending {
     pub key: FlowKey,
     pub record: ConnRecord,
 }
-const _: () = assert!(core::mem::size_of::<UdpPending>() == 112);
+const _: () = assert!(core::mem::size_of::<UdpPending>() == 136);
 
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for UdpPending {}

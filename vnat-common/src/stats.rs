@@ -45,4 +45,7 @@ counters! {
     STAT_UDP_RECORDED = 12, "udp_recorded";
     /// Passed untranslated: the packet was too short for its headers.
     STAT_PASS_TRUNCATED = 13, "pass_truncated";
+    /// A retransmission timeout of a recorded TCP connection was recorded
+    /// (its `snd_una`, for restarting it after an outage).
+    STAT_SOCKOPS_RTO = 14, "sockops_rto";
 }

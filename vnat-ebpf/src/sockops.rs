@@ -1,10 +1,11 @@
 //! sock_ops: record every TCP connection of an enabled cgroup when it is
-//! established, forget it when it closes.
+//! established, note its retransmission timeouts, forget it when it closes.
 
 use aya_ebpf::{
     bindings::{
         BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB,
-        BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG, BPF_SOCK_OPS_TCP_CONNECT_CB,
+        BPF_SOCK_OPS_RTO_CB, BPF_SOCK_OPS_RTO_CB_FLAG, BPF_SOCK_OPS_STATE_CB,
+        BPF_SOCK_OPS_STATE_CB_FLAG, BPF_SOCK_OPS_TCP_CONNECT_CB,
     },
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
@@ -17,6 +18,7 @@ use aya_ebpf::{
 use vnat_common::{
     ConnRecord, FlowKey, AF_INET, AF_INET6, ORIGIN_TCP_ACTIVE, ORIGIN_TCP_PASSIVE, PROTO_TCP,
     STAT_CONNS_MAP_FULL, STAT_OTHER_NETNS, STAT_SOCKOPS_RECORDED, STAT_SOCKOPS_REMOVED,
+    STAT_SOCKOPS_RTO,
 };
 
 use crate::maps::{count, netns_is_ours, VNAT_CONNS};
@@ -48,6 +50,7 @@ pub fn vnat_sockops(ctx: SockOpsContext) -> u32 {
         BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => on_established(&ctx, ORIGIN_TCP_ACTIVE),
         BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => on_established(&ctx, ORIGIN_TCP_PASSIVE),
         BPF_SOCK_OPS_STATE_CB => on_state(&ctx),
+        BPF_SOCK_OPS_RTO_CB => on_rto(&ctx),
         _ => {}
     }
     // sock_ops return value is ignored by the kernel for these callbacks.
@@ -75,7 +78,10 @@ fn on_connect(ctx: &SockOpsContext) {
 #[inline(always)]
 fn key_of(ctx: &SockOpsContext) -> Option<FlowKey> {
     let ops = ctx.ops;
-    let mut key = FlowKey { proto: PROTO_TCP, ..FlowKey::default() };
+    let mut key = FlowKey {
+        proto: PROTO_TCP,
+        ..FlowKey::default()
+    };
     match ctx.family() {
         KERNEL_AF_INET => {
             key.family = AF_INET;
@@ -129,6 +135,13 @@ fn on_established(ctx: &SockOpsContext, origin: u8) {
         origin,
         ..ConnRecord::default()
     };
+    // Only the low 32 bits of the byte counters matter: sequence numbers
+    // wrap at 2^32 too.
+    unsafe {
+        let ops = ctx.ops;
+        rec.snd_una_base = (*ops).snd_una.wrapping_sub((*ops).bytes_acked as u32);
+        rec.rcv_nxt_base = (*ops).rcv_nxt.wrapping_sub((*ops).bytes_received as u32);
+    }
     if let Some(owner) = unsafe { VNAT_CONNECTING.get(&cookie) } {
         rec.cgroup_id = owner.cgroup_id;
         rec.pid = owner.pid;
@@ -140,8 +153,41 @@ fn on_established(ctx: &SockOpsContext, origin: u8) {
         return;
     }
     count(STAT_SOCKOPS_RECORDED);
-    // Ask for state-change callbacks so the record goes away on close.
-    let _ = ctx.set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32);
+    // Ask for state-change callbacks so the record goes away on close, and
+    // for retransmission-timeout callbacks so that the daemon knows the
+    // sequence number to quote when it restarts the connection after an
+    // outage (see `on_rto`). Both cost nothing until they fire.
+    let flags = ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG | BPF_SOCK_OPS_RTO_CB_FLAG;
+    let _ = ctx.set_cb_flags(flags as i32);
+}
+
+/// A retransmission timeout (tcp_write_timeout, called by
+/// tcp_retransmit_timer before it retransmits the oldest segment): remember
+/// `snd_una`, the sequence number of that segment.
+///
+/// After an outage TCP has backed its timer off to tens of seconds. The
+/// daemon restarts the flow by injecting an ICMP unreachable quoting this
+/// sequence number (RFC 6069; the kernel's tcp_ld_RTO_revert only reverts a
+/// backoff step when the quoted sequence number equals snd_una). During an
+/// outage nothing is acknowledged, so the value recorded at the last timeout
+/// is still snd_una when the daemon reads it; if an ACK advanced it since,
+/// the socket is out of backoff (icsk_retransmits is 0) or has timed out
+/// again and this ran again.
+fn on_rto(ctx: &SockOpsContext) {
+    let Some(key) = key_of(ctx) else { return };
+    let Some(rec) = VNAT_CONNS.get_ptr_mut(&key) else {
+        return;
+    };
+    let snd_una = unsafe { (*ctx.ops).snd_una };
+    let now = unsafe { bpf_ktime_get_boot_ns() };
+    // The callbacks of one socket run under its lock, so these plain
+    // stores do not race with each other.
+    unsafe {
+        (*rec).rto_snd_una = snd_una;
+        (*rec).rto_count = (*rec).rto_count.wrapping_add(1);
+        (*rec).rto_last_ns = now;
+    }
+    count(STAT_SOCKOPS_RTO);
 }
 
 fn on_state(ctx: &SockOpsContext) {

@@ -208,6 +208,34 @@ impl Translation {
     }
 }
 
+/// What [`crate::datapath::Datapath::restart_flow`] did to a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "outcome")]
+pub enum RestartOutcome {
+    /// Nothing was sent: the flow is UDP, or its TCP socket is not waiting
+    /// on a backed-off retransmission or probe timer. A healthy connection
+    /// is never touched.
+    NotStalled,
+    /// The kernel retransmitted the oldest unacknowledged segment at once,
+    /// after `messages` ICMP unreachables (one reverted backoff step each).
+    /// `backoff` is the socket's backoff before the first one.
+    Retransmitted { messages: u32, backoff: u8 },
+    /// The backoff was reverted but the oldest segment went out so recently
+    /// that no retransmission was due yet: the timer now fires in
+    /// `next_retransmit_ms` instead of at the backed-off time.
+    Rearmed { messages: u32, backoff: u8, next_retransmit_ms: u32 },
+    /// The socket had nothing in flight and new data waiting behind its
+    /// backed-off probe timer (sending had failed locally): the peer was
+    /// asked for an ACK `probes` times, and on receiving it the socket sent.
+    Resumed { probes: u32, backoff: u8 },
+    /// Nothing changed after `messages` ICMP messages or probes: the
+    /// sequence number was stale, or the peer did not answer. The socket
+    /// goes on at its own timer.
+    Ignored { messages: u32, backoff: u8 },
+    /// This datapath cannot restart flows (the in-memory fake).
+    Unsupported,
+}
+
 /// A cgroup with the recorders attached.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CgroupAttachment {
@@ -262,6 +290,8 @@ pub enum DatapathError {
     InvalidTranslation { flow: VirtualFlow, reason: &'static str },
     #[error("no translation is installed for {flow:?}")]
     NoSuchTranslation { flow: VirtualFlow },
+    #[error("no recorded connection {flow:?} (or its socket is gone): only TCP connections of an enabled cgroup, established while vnat ran, can be restarted")]
+    NoSuchConnection { flow: VirtualFlow },
     #[error("no route to {addr}: the kernel cannot reach the new physical endpoint")]
     NoRoute { addr: IpAddr },
     #[error("{what} failed: {source}")]

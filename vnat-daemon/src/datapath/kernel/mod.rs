@@ -7,6 +7,7 @@ mod nat;
 mod net;
 mod object;
 mod procfs;
+mod restart;
 pub mod testrun;
 
 use std::{
@@ -398,6 +399,16 @@ impl Datapath for KernelDatapath {
     fn disable_cgroup(&mut self, path: &Path) -> Result<(), DatapathError> {
         let id = cgroup_id(path)?;
         attach::detach_cgroup(&self.bpffs, id)
+    }
+
+    fn restart_flow(&mut self, flow: &VirtualFlow) -> Result<super::RestartOutcome, DatapathError> {
+        let key = flow.to_key();
+        let record = match self.loaded.maps.conns.get(&key, 0) {
+            Ok(r) => Some(r),
+            Err(e) if is_not_found(&e) => None,
+            Err(e) => return Err(map_err(MAP_CONNS)(e)),
+        };
+        restart::restart_flow(flow, record.as_ref())
     }
 
     fn install_translation(&mut self, t: &Translation) -> Result<(), DatapathError> {
