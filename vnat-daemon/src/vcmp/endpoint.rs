@@ -541,10 +541,7 @@ impl Endpoint {
         };
         let tag = super::crypto::record_tag(key, &buf[..n]);
         self.tx.push_record(
-            dst,
-            kind,
-            rec.family(),
-            req,
+            (dst, kind, rec.family(), req),
             &buf[..n],
             &tag,
             &mut self.stats,
@@ -600,7 +597,7 @@ impl Endpoint {
         self.validation_timeouts(&mut ctx);
         if now >= self.next_store_expiry {
             self.store.expire(now);
-            self.next_store_expiry = now.add(Duration::from_secs(10));
+            self.next_store_expiry = now.plus(Duration::from_secs(10));
         }
         self.requests.retain(|_, r| r.expires > now);
         self.tx.flush(&mut self.stats);

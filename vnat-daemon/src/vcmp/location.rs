@@ -170,7 +170,7 @@ impl LocationStore {
     /// was kept.
     pub fn store(&mut self, now: Timestamp, source: IpAddr, rec: Record) -> bool {
         let key = (rec.proto, rec.sender_vir, rec.receiver_vir);
-        let expires = now.add(self.limits.ttl);
+        let expires = now.plus(self.limits.ttl);
         if let Some(v) = self.entries.get_mut(&key) {
             if let Some(same) = v.iter_mut().find(|s| s.record == rec) {
                 same.expires = expires;

@@ -92,7 +92,7 @@ impl Endpoint {
         let claim = negotiate && c.role.negotiated != Some(Role::Secondary);
         if claim {
             c.role.claim();
-            c.claim_retry = Some((1, ctx.now.add(rto)));
+            c.claim_retry = Some((1, ctx.now.plus(rto)));
         }
         let mut eph_pub = None;
         if dh && has_keys && c.keyx.is_none() {
@@ -101,7 +101,7 @@ impl Endpoint {
             c.keyx = Some(KeyxState {
                 eph,
                 tries: 1,
-                deadline: ctx.now.add(rto),
+                deadline: ctx.now.plus(rto),
             });
         }
         if claim {
@@ -156,7 +156,7 @@ impl Endpoint {
             }
             if resend_claim {
                 let tries = c.claim_retry.map_or(1, |t| t.0);
-                let d = now.add(self.rto(ctx, tries));
+                let d = now.plus(self.rto(ctx, tries));
                 if let Some(c) = self.conns.get_mut(&f) {
                     c.claim_retry = Some((tries + 1, d));
                 }
@@ -164,7 +164,7 @@ impl Endpoint {
                 self.stats.count("retransmit");
             }
             if let Some((tries, p)) = resend_key {
-                let d = now.add(self.rto(ctx, tries));
+                let d = now.plus(self.rto(ctx, tries));
                 if let Some(k) = self.conns.get_mut(&f).and_then(|c| c.keyx.as_mut()) {
                     k.tries += 1;
                     k.deadline = d;
@@ -320,7 +320,7 @@ impl Endpoint {
         m.lookup = Lookup::Pending;
         m.store_ok = None;
         m.tries = 1;
-        m.deadline = ctx.now.add(rto);
+        m.deadline = ctx.now.plus(rto);
         self.send_step(ctx, flow);
     }
 
@@ -362,7 +362,7 @@ impl Endpoint {
             self.stats.reject("request_table_full");
             return;
         }
-        let expires = ctx.now.add(self.cfg.max_rto * 4);
+        let expires = ctx.now.plus(self.cfg.max_rto * 4);
         let r = self.requests.entry(id).or_insert_with(|| Request {
             kind,
             flows: Vec::new(),
@@ -390,7 +390,7 @@ impl Endpoint {
             return;
         };
         m.phase = Phase::Parked;
-        m.deadline = ctx.now.add(wait);
+        m.deadline = ctx.now.plus(wait);
         let step = m.steps.get(m.idx).map(|s| s.step);
         if let Some(step) = step {
             self.emit(Event::Parked { flow: *flow, step });
@@ -440,7 +440,7 @@ impl Endpoint {
                 .is_some_and(|s| s.peer_old && s.target == target);
         m.phase = Phase::Updating(target);
         m.tries = 1;
-        m.deadline = ctx.now.add(rto);
+        m.deadline = ctx.now.plus(rto);
         if !already_sent {
             self.send_record(ctx, flow, Kind::Upd, Ext::None, target);
         }
@@ -477,7 +477,7 @@ impl Endpoint {
                     }
                 }
                 _ => {
-                    let d = now.add(self.rto(ctx, tries));
+                    let d = now.plus(self.rto(ctx, tries));
                     if let Some(m) = self.conns.get_mut(&f).and_then(|c| c.mig.as_mut()) {
                         m.tries += 1;
                         m.deadline = d;
@@ -574,7 +574,7 @@ impl Endpoint {
                 nonce,
                 flows: HashSet::from([*flow]),
                 tries: 1,
-                deadline: ctx.now.add(rto),
+                deadline: ctx.now.plus(rto),
             },
         );
         self.send_record(
@@ -686,7 +686,7 @@ impl Endpoint {
                     v.anchor = *f;
                 }
             }
-            v.deadline = now.add(self.rto(ctx, v.tries));
+            v.deadline = now.plus(self.rto(ctx, v.tries));
             v.tries += 1;
             let (anchor, nonce) = (v.anchor, v.nonce);
             self.validations.insert(key, v);

@@ -51,7 +51,7 @@ impl Timestamp {
         self.0
     }
     /// `self + d`, saturating.
-    pub fn add(self, d: Duration) -> Timestamp {
+    pub fn plus(self, d: Duration) -> Timestamp {
         Timestamp(
             self.0
                 .saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),

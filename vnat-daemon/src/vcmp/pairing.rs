@@ -70,7 +70,7 @@ impl Endpoint {
         let eph = Ephemeral::generate(&mut CryptoDyn(&mut ctx.rng));
         let id = ctx.rng.next_u32();
         self.send_pair_init(ip, id, &eph);
-        let deadline = ctx.now.add(self.rto(ctx, 0));
+        let deadline = ctx.now.plus(self.rto(ctx, 0));
         self.handshakes.insert(
             ip,
             Handshake::Initiator {
@@ -181,7 +181,7 @@ impl Endpoint {
         };
         let Ok(resp) = msg.encode() else { return };
         self.tx.push_datagram(from, resp.clone(), &mut self.stats);
-        let deadline = ctx.now.add(self.rto(ctx, 0));
+        let deadline = ctx.now.plus(self.rto(ctx, 0));
         self.handshakes.insert(
             ip,
             Handshake::Responder {
@@ -319,7 +319,7 @@ impl Endpoint {
                 self.stats.count("pairing_timed_out");
                 continue;
             }
-            let deadline = ctx.now.add(self.rto(ctx, tries - 1));
+            let deadline = ctx.now.plus(self.rto(ctx, tries - 1));
             match &mut h {
                 Handshake::Initiator {
                     id,

@@ -196,10 +196,7 @@ impl Endpoint {
                     continue;
                 };
                 self.tx.push_record(
-                    from,
-                    Kind::LookupR,
-                    family,
-                    req,
+                    (from, Kind::LookupR, family, req),
                     &buf[..n],
                     &s.tag,
                     &mut self.stats,
@@ -257,10 +254,7 @@ impl Endpoint {
         };
         let tag = crypto::record_tag(&key, &out[..m]);
         self.tx.push_record(
-            from,
-            Kind::LookupR,
-            mine.family(),
-            req,
+            (from, Kind::LookupR, mine.family(), req),
             &out[..m],
             &tag,
             &mut self.stats,

@@ -115,7 +115,7 @@ impl Sim {
             hosts: Vec::new(),
             link,
             rng: DrbgRng::from_seed(seed),
-            net: DrbgRng::from_seed(seed ^ 0x5eed_0f_0e7),
+            net: DrbgRng::from_seed(seed ^ 0x5eed_f0e7),
             queue: BinaryHeap::new(),
             seq: 0,
             wire_log: Vec::new(),
@@ -207,7 +207,7 @@ impl Sim {
                 } else {
                     0
                 };
-                let at = now.add(self.link.delay).add(Duration::from_nanos(extra));
+                let at = now.plus(self.link.delay).plus(Duration::from_nanos(extra));
                 self.seq += 1;
                 self.queue.push(Reverse(InFlight {
                     at,
@@ -242,7 +242,7 @@ impl Sim {
 
     /// Run until nothing is left to do or `limit` of virtual time passed.
     pub fn run_for(&mut self, limit: Duration) {
-        let end = self.now.add(limit);
+        let end = self.now.plus(limit);
         for h in 0..self.hosts.len() {
             self.collect(h);
         }

@@ -23,7 +23,8 @@ pub const AMPLIFICATION_FACTOR: u64 = 3;
 /// Most addresses whose byte counts are tracked at once.
 const MAX_TRACKED: usize = 4096;
 
-type OpenKey = (SocketAddr, Kind, Family, u32);
+/// Where a record goes: (destination, datagram kind, family, request id).
+pub(crate) type OpenKey = (SocketAddr, Kind, Family, u32);
 
 pub(crate) struct TxQueue {
     mtu: usize,
@@ -76,15 +77,12 @@ impl TxQueue {
     /// (`dst`, `kind`, `family`, `request_id`).
     pub fn push_record(
         &mut self,
-        dst: SocketAddr,
-        kind: Kind,
-        family: Family,
-        request_id: u32,
+        key: OpenKey,
         signed: &[u8],
         tag: &[u8; TAG_LEN],
         stats: &mut Stats,
     ) {
-        let key = (dst, kind, family, request_id);
+        let (dst, kind, family, request_id) = key;
         let cap = wire::records_per_datagram(self.mtu, family, kind);
         let buf = self.open.entry(key).or_insert_with(|| {
             let mut b = Vec::with_capacity(wire::HEADER_LEN + cap * wire::record_len(family, kind));
