@@ -93,14 +93,35 @@ enum Outage {
     AfterTimeout(Duration),
 }
 
+/// Where the connection breaks, which decides the timer the laptop's
+/// socket backs off.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Cut {
+    /// The laptop's link goes down with its addresses (the cable is pulled,
+    /// Wi-Fi is lost): the laptop has no route, so new data fails locally.
+    /// With nothing in flight its socket backs off the probe timer; with
+    /// segments in flight, the retransmission timer.
+    Laptop,
+    /// The router stops forwarding (the network beyond the laptop fails):
+    /// the laptop's segments leave and are dropped silently, so its socket
+    /// always backs off the retransmission timer. (Taking the router's link
+    /// down instead would make the laptop's ARP for the router fail, and the
+    /// laptop's own unreachables would revert its IPv4 backoff through
+    /// RFC 6069 during the outage.) At the move forwarding comes back and
+    /// the laptop leaves subnet A.
+    Router,
+}
+
 struct Run {
     tag: &'static str,
     family: Family,
+    cut: Cut,
     outage: Outage,
     restart: bool,
 }
 
 struct Report {
+    cut: Cut,
     outage: Duration,
     /// From the translation being installed to the first newly verified bytes.
     resumed: Duration,
@@ -192,13 +213,21 @@ fn outage_then_move(run: &Run) -> Report {
         client.wait_verified_at_least(s + 100_000, Duration::from_secs(10));
     }
 
-    // The cable is pulled: subnet A's addresses and link go away. Neither
-    // end hears from the other until B comes up.
+    // The outage: neither end hears from the other until B comes up.
     let l = &topo.laptop;
-    for (a, p) in topo.laptop_a_addr.with_prefixes() {
-        l.del_addr(&topo.laptop_if_a, a, p);
+    let unplug_a = || {
+        for (a, p) in topo.laptop_a_addr.with_prefixes() {
+            l.del_addr(&topo.laptop_if_a, a, p);
+        }
+        l.link_down(&topo.laptop_if_a);
+    };
+    match run.cut {
+        Cut::Laptop => unplug_a(),
+        Cut::Router => {
+            topo.router.set_sysctl("net/ipv4/ip_forward", "0");
+            topo.router.set_sysctl("net/ipv6/conf/all/forwarding", "0");
+        }
     }
-    l.link_down(&topo.laptop_if_a);
     let down = Instant::now();
     let rto_before = lap.counter("sockops_rto");
     match run.outage {
@@ -229,6 +258,10 @@ fn outage_then_move(run: &Run) -> Report {
     eprintln!("{}: server before the move: {}", run.tag, sockets(&srv));
 
     // The laptop comes up on B; the flow is translated on both ends.
+    if run.cut == Cut::Router {
+        topo.router.enable_forwarding();
+        unplug_a();
+    }
     topo.plug_laptop_b();
     l.default_route(topo.router_b_addr.v4.into(), &topo.laptop_if_b);
     if v6 {
@@ -250,15 +283,20 @@ fn outage_then_move(run: &Run) -> Report {
         );
         o
     });
+    // Most of restart_flow's time is the harness opening the datapath
+    // afresh (loading the programs) on each host; the restart itself is
+    // measured from when the calls returned.
+    let restarted = translated.elapsed();
     let cap = Duration::from_secs(240);
     client.wait_until(cap, "bytes verified after the move", |s| {
         s.verified > at_move
     });
     let resumed = translated.elapsed();
     eprintln!(
-        "{}: outage {outage:?} (laptop backoff {laptop_backoff}, {rtos} retransmission timeouts), {} restart_flow: data resumed {resumed:?} after the translation",
+        "{}: outage {outage:?} (laptop backoff {laptop_backoff}, {rtos} retransmission timeouts), {} restart_flow: data resumed {resumed:?} after the translation{}",
         run.tag,
         if run.restart { "with" } else { "without" },
+        if run.restart { format!(", {:?} after restart_flow returned", resumed.saturating_sub(restarted)) } else { String::new() },
     );
 
     // The same connection carries on, byte-exact, with no reset.
@@ -272,6 +310,7 @@ fn outage_then_move(run: &Run) -> Report {
     assert_eq!(fin.local, before.local, "the client's socket changed");
     assert!(fin.verified >= after.verified);
     Report {
+        cut: run.cut,
         outage,
         resumed,
         outcomes,
@@ -291,6 +330,12 @@ fn assert_restarted(r: &Report) {
         ) || matches!(lap, RestartOutcome::Rearmed { next_retransmit_ms, .. } if next_retransmit_ms < 1000),
         "the laptop's socket was not restarted: {lap:?}"
     );
+    if r.cut == Cut::Router {
+        assert!(
+            matches!(lap, RestartOutcome::Retransmitted { .. } | RestartOutcome::Rearmed { .. }),
+            "the laptop's segments were in flight, its retransmission timer must have been reverted: {lap:?}"
+        );
+    }
     assert!(
         r.resumed < RESUME_LIMIT,
         "after a {:?} outage, data resumed {:?} after the translation even with restart_flow (limit {RESUME_LIMIT:?})",
@@ -304,6 +349,7 @@ fn tcp_v4_restarts_within_a_round_trip_after_outage() {
     let r = outage_then_move(&Run {
         tag: "rst4",
         family: Family::V4,
+        cut: Cut::Laptop,
         outage: Outage::AfterTimeout(Duration::from_secs(20)),
         restart: true,
     });
@@ -318,6 +364,7 @@ fn tcp_v4_without_restart_waits_for_the_backed_off_timer() {
     let r = outage_then_move(&Run {
         tag: "rstc4",
         family: Family::V4,
+        cut: Cut::Laptop,
         outage: Outage::AfterTimeout(Duration::from_secs(20)),
         restart: false,
     });
@@ -329,11 +376,26 @@ fn tcp_v4_without_restart_waits_for_the_backed_off_timer() {
     );
 }
 
+/// The retransmission-timer case for IPv4: RFC 6069 unreachables.
+#[test]
+fn tcp_v4_restarts_after_outage_beyond_the_laptop() {
+    let r = outage_then_move(&Run {
+        tag: "rst4r",
+        family: Family::V4,
+        cut: Cut::Router,
+        outage: Outage::Fixed(Duration::from_secs(20)),
+        restart: true,
+    });
+    assert_restarted(&r);
+}
+
+/// The retransmission-timer case for IPv6: ICMPv6 no-route unreachables.
 #[test]
 fn tcp_v6_restarts_within_a_round_trip_after_outage() {
     let r = outage_then_move(&Run {
         tag: "rst6",
         family: Family::V6,
+        cut: Cut::Router,
         outage: Outage::Fixed(Duration::from_secs(20)),
         restart: true,
     });
@@ -348,6 +410,7 @@ fn tcp_v4_restarts_after_two_minute_outage() {
     let r = outage_then_move(&Run {
         tag: "rst2m",
         family: Family::V4,
+        cut: Cut::Laptop,
         outage: Outage::Fixed(Duration::from_secs(120)),
         restart: true,
     });
@@ -362,6 +425,7 @@ fn tcp_v4_without_restart_after_two_minute_outage() {
     let r = outage_then_move(&Run {
         tag: "rst2c",
         family: Family::V4,
+        cut: Cut::Laptop,
         outage: Outage::Fixed(Duration::from_secs(120)),
         restart: false,
     });
