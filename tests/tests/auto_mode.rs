@@ -8,40 +8,11 @@ mod support;
 
 use std::{
     net::SocketAddr,
-    process::{Child, Stdio},
     time::{Duration, Instant},
 };
 
 use vnat_daemon::datapath::Proto;
-use vnat_tests::{Family, Host, LaptopRouterServer, StreamClient, StreamOptions, TempDir, Vnatd};
-
-struct Kill(Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// socat echo server inside the server host's cgroup, so its accepted
-/// connections are recorded by the server's vnatd.
-fn echo(srv: &Host, addr: SocketAddr, proto: Proto) -> Kill {
-    let fam = if addr.is_ipv4() { "4" } else { "6" };
-    let listen = match proto {
-        Proto::Tcp => format!("TCP{fam}-LISTEN:{},reuseaddr,fork", addr.port()),
-        Proto::Udp => format!("UDP{fam}-LISTEN:{},fork", addr.port()),
-    };
-    let mut cmd = srv.command("socat");
-    let mut args = vec![];
-    if proto == Proto::Udp {
-        args.extend(["-T", "600", "-b", "512"]);
-    }
-    cmd.args(&args).args([listen.as_str(), if proto == Proto::Tcp { "EXEC:cat" } else { "PIPE" }]);
-    cmd.stdout(Stdio::null()).stderr(Stdio::null());
-    let child = Kill(cmd.spawn().expect("starting socat"));
-    std::thread::sleep(Duration::from_millis(300));
-    child
-}
+use vnat_tests::{EchoServer, Family, Host, LaptopRouterServer, StreamClient, StreamOptions, TempDir, Vnatd};
 
 fn wait_paired(d: &Vnatd, dir: &TempDir, what: &str) {
     let peers = dir.path().join("state").join("peers.json");
@@ -59,7 +30,11 @@ fn roam_automatically(family: Family, proto: Proto, tag: &str) {
     let srv = Host::new(&topo.server, &format!("{tag}s"));
     let (ldir, sdir) = (TempDir::new(&format!("{tag}l")), TempDir::new(&format!("{tag}s")));
     let server = SocketAddr::new(topo.server_addr.get(family), 5001);
-    let _echo = echo(&srv, server, proto);
+    // Inside the server host's cgroup, so its vnatd records the accepted side.
+    let _echo = match proto {
+        Proto::Tcp => EchoServer::tcp_in(&srv, server),
+        Proto::Udp => EchoServer::udp_in(&srv, server),
+    };
     let lapd = Vnatd::start(&lap, ldir.path());
     let srvd = Vnatd::start(&srv, sdir.path());
 
