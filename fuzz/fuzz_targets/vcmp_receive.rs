@@ -17,7 +17,6 @@ use vnat_daemon::vcmp::roles::RoleState;
 use vnat_daemon::vcmp::{Config, Endpoint, Event, Timestamp};
 
 const A: &str = "10.0.0.1:2031";
-const B: &str = "10.0.0.2:2031";
 
 fn sa(s: &str) -> SocketAddr {
     s.parse().expect("address")

@@ -370,3 +370,70 @@ fn failed_validation_reverts_to_the_last_validated_address() {
     );
     assert!(sim.hosts[1].ep.stats().rejected("amplification_limit") > 0);
 }
+
+#[test]
+fn one_end_moves_over_ipv6() {
+    let mut sim = Sim::new(12, Link::default());
+    let a = sim.add_host("fd00::1", Config::default());
+    let b = sim.add_host("fd00::2", Config::default());
+    let flows: Vec<_> = (0..40)
+        .map(|i| tcp(&format!("[fd00::1]:{}", 40000 + i), "[fd00::2]:22"))
+        .collect();
+    for f in &flows {
+        sim.connect(a, b, *f);
+    }
+    sim.run_for(Duration::from_secs(10));
+    sim.move_host(a, "fd00:1::1");
+    let moves: Vec<_> = flows
+        .iter()
+        .map(|f| (*f, sa(&format!("[fd00:1::1]:{}", f.local.port()))))
+        .collect();
+    sim.with(a, |ep, now, rng| {
+        ep.resume(now, rng, &moves).expect("resume")
+    });
+    sim.run_for(Duration::from_secs(10));
+    for (f, new) in &moves {
+        assert!(resumed(&sim, a, f), "{f:?} must resume over IPv6");
+        assert_remote(&sim, b, &reverse(f), *new);
+    }
+}
+
+#[test]
+fn a_preconfigured_pin_refuses_another_key() {
+    let mut sim = Sim::new(13, Link::default());
+    let a = sim.add_host(A_IP, Config::default());
+    let b = sim.add_host(B_IP, Config::default());
+    // A expects another key at B's address.
+    sim.hosts[a].ep.pin_peer(B_IP.parse().expect("ip"), [9; 32]);
+    let f = tcp("10.0.0.1:40000", "10.0.0.2:22");
+    sim.connect(a, b, f);
+    sim.run_for(Duration::from_secs(30));
+    assert!(
+        !sim.hosts[a].ep.connection(&f).expect("flow").has_keys,
+        "A must not pair with an unexpected key"
+    );
+    assert!(
+        !sim.hosts[b]
+            .ep
+            .connection(&reverse(&f))
+            .expect("flow")
+            .has_keys,
+        "nor B with A"
+    );
+    assert!(sim
+        .events(
+            a,
+            |e| matches!(e, Event::PeerKeyChanged { pinned, .. } if *pinned == [9; 32])
+        )
+        .next()
+        .is_some());
+    // With the right key pinned, pairing works.
+    let mut sim = Sim::new(13, Link::default());
+    let a = sim.add_host(A_IP, Config::default());
+    let b = sim.add_host(B_IP, Config::default());
+    let bkey = sim.hosts[b].ep.public_key();
+    sim.hosts[a].ep.pin_peer(B_IP.parse().expect("ip"), bkey);
+    sim.connect(a, b, f);
+    sim.run_for(Duration::from_secs(30));
+    assert!(sim.hosts[a].ep.connection(&f).expect("flow").has_keys);
+}
