@@ -417,6 +417,21 @@ fn tcp_v4_restarts_after_two_minute_outage() {
     assert_restarted(&r);
 }
 
+/// The two minutes with segments in flight: the retransmission timer has
+/// backed off to 102.4 s and several RFC 6069 steps are needed.
+#[test]
+#[ignore = "takes about 2 minutes"]
+fn tcp_v4_restarts_after_two_minute_outage_beyond_the_laptop() {
+    let r = outage_then_move(&Run {
+        tag: "rst2r",
+        family: Family::V4,
+        cut: Cut::Router,
+        outage: Outage::Fixed(Duration::from_secs(120)),
+        restart: true,
+    });
+    assert_restarted(&r);
+}
+
 /// Its control (about 3.5 minutes): without `restart_flow` the socket waits
 /// for the timeout after the one at about 102 s, at about 205 s.
 #[test]

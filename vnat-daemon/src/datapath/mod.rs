@@ -72,13 +72,14 @@ pub trait Datapath {
     }
 
     /// Restart the data flow of a TCP connection whose socket on this host
-    /// backed off its retransmission timer during an outage, so that it
-    /// retransmits now instead of at the next backed-off timeout (tens of
+    /// backed off its retransmission or probe timer during an outage, so
+    /// that it sends now instead of at the next backed-off expiry (tens of
     /// seconds after a long outage). Call it once the flow's translation is
-    /// installed, on both hosts: each end's socket may be backed off.
+    /// installed on both hosts, on both hosts: each end's socket may be
+    /// backed off.
     ///
-    /// Does nothing to a socket that is not in retransmission backoff, or to
-    /// a UDP flow. The default (the fake) does nothing and says so.
+    /// Does nothing to a socket that is not backed off, or to a UDP flow.
+    /// The default (the fake) does nothing and says so.
     fn restart_flow(&mut self, flow: &VirtualFlow) -> Result<RestartOutcome, DatapathError> {
         let _ = flow;
         Ok(RestartOutcome::Unsupported)

@@ -201,17 +201,19 @@ fn ask_peer_for_ack(
         rcv_nxt,
         before.advertised_window(),
     );
+    let mut last = before;
     for probes in 1..=MAX_PROBES {
         // Opened per probe: a raw TCP socket gets a copy of every incoming
         // TCP segment of the namespace while it is open.
         RawSocket::open(flow.local.ip(), RawKind::Tcp)?.send(&segment, flow.remote.ip())?;
-        let now = diag.wait_for_change(flow, record.cookie, &before, PROBE_WAIT)?;
+        let now = diag.wait_for_change(flow, record.cookie, &last, PROBE_WAIT)?;
         match now {
             None => return Err(DatapathError::NoSuchConnection { flow: *flow }),
             Some(s) if !s.probe_backed_off() => {
                 return Ok(RestartOutcome::Resumed { probes, backoff })
             }
-            Some(_) => {}
+            // The probe timer fired by itself meanwhile, or no answer yet.
+            Some(s) => last = s,
         }
     }
     Ok(RestartOutcome::Ignored {
