@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use vnat_daemon::{
     control::DEFAULT_CONTROL_PATH,
     datapath::{ConnState, Proto},
@@ -10,9 +10,15 @@ use vnat_daemon::{
 
 const LONG_ABOUT: &str = "\
 vnatctl talks to vnatd, the vnat daemon, over its control socket: it shows
-what vnat has loaded and which connections it records, and chooses which
-cgroups' connections vnat manages. It usually needs root, because the socket
-is only open to its owner.
+what vnat has loaded and which connections it records, chooses which
+cgroups' connections vnat manages, and drives planned moves. It usually needs
+root, because the socket is only open to its owner.
+
+vnatd moves connections by itself when the host's address changes (automatic
+mode). For a move you plan, such as closing the lid to reopen it on another
+network, run `vnatctl suspend --all` before and `vnatctl resume --all` after:
+the peers then agree fresh keys and roles in advance, and the connections
+move as soon as you resume instead of when vnatd notices the new address.
 
 Examples:
 
@@ -20,6 +26,10 @@ Examples:
     vnatctl ls --state translated
     vnatctl --json ls | jq '.[] | select(.proto == \"tcp\") | .virtual_remote'
     vnatctl enable --cgroup /sys/fs/cgroup/unified/system.slice/app.service
+    vnatctl suspend --all && systemctl suspend; vnatctl resume --all
+    vnatctl peers
+    vnatctl export --pid 4242 --output conns.json   # before checkpointing 4242
+    vnatctl import conns.json                        # on the host it is restored on
     vnatctl --control /run/vnat/ns1.sock status     # a second vnatd
 
 With --json, results are printed to stdout as JSON; errors are printed to
@@ -67,7 +77,134 @@ pub enum Command {
         #[arg(long, value_name = "DIR")]
         cgroup: PathBuf,
     },
+    /// Prepare connections for a planned move: agree roles and fresh keys with their peers now.
+    #[command(long_about = SUSPEND_ABOUT)]
+    Suspend {
+        #[command(flatten)]
+        select: SelectArgs,
+    },
+    /// After a planned move: re-read the host's addresses now and move the connections that lost theirs.
+    #[command(long_about = RESUME_ABOUT)]
+    Resume {
+        #[command(flatten)]
+        select: SelectArgs,
+    },
+    /// The peer hosts vnatd has paired with: address, pinned key, connections, mobile connections.
+    #[command(long_about = PEERS_ABOUT)]
+    Peers,
+    /// Hand connections over to another host (with a checkpointed process); prints their keys.
+    #[command(long_about = EXPORT_ABOUT)]
+    Export {
+        #[command(flatten)]
+        select: SelectArgs,
+        /// Write the export to FILE (created with mode 0600; must not exist) instead of stdout.
+        #[arg(long, short, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+    /// Take over connections exported by another vnatd (`vnatctl export`).
+    #[command(long_about = IMPORT_ABOUT)]
+    Import {
+        /// The file `vnatctl export` wrote, or - for stdin.
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
 }
+
+/// Which connections a command is about: exactly one of these.
+#[derive(Clone, Debug, PartialEq, Eq, Args)]
+#[group(id = "selector", required = true, multiple = false)]
+pub struct SelectArgs {
+    /// Every connection vnatd records.
+    #[arg(long)]
+    pub all: bool,
+    /// Connections by the ID column of `vnatctl ls` (several: --conn 1 --conn 2, or --conn 1 2).
+    #[arg(long = "conn", value_name = "ID", num_args = 1..)]
+    pub conn: Vec<u64>,
+    /// Connections owned by this process.
+    #[arg(long, value_name = "PID")]
+    pub pid: Option<u32>,
+    /// Connections of processes in this cgroup v2 directory or below it (relative paths are made absolute).
+    #[arg(long, value_name = "DIR")]
+    pub cgroup: Option<PathBuf>,
+}
+
+const SUSPEND_ABOUT: &str = "\
+Prepare connections for a planned move (paper section 3.3.1): this host claims
+the primary role and agrees fresh keys with each peer's vnatd, while both
+hosts can still reach each other. Optional: a move without it works too, but
+a suspend makes the resume faster and its keys fresh.
+
+Only connections whose peer runs vnatd can move (`vnatctl ls` shows them as
+mobile); the others are listed as skipped. It is an error if none can move.
+
+Choose the connections with exactly one of --all, --conn ID..., --pid PID or
+--cgroup DIR. A selector that matches no connection is an error and changes
+nothing.
+
+Examples:
+
+    vnatctl suspend --all
+    vnatctl suspend --conn 48211 --conn 9120
+    vnatctl --json suspend --cgroup /sys/fs/cgroup/system.slice/app.service";
+
+const RESUME_ABOUT: &str = "\
+After a planned move: vnatd re-reads the host's addresses now, and every
+connection whose address is gone continues from the address the host now
+uses towards its peer; both vnatds update their translations. Automatic mode
+does the same when it notices the change, so resume is harmless when the
+connections have moved already (it then reports 0 moves started).
+
+vnatd moves every connection that lost its address; the selector names the
+connections you expect to move and must match at least one. Choose exactly
+one of --all, --conn ID..., --pid PID or --cgroup DIR.
+
+Examples:
+
+    vnatctl resume --all
+    vnatctl --json resume --pid 4242";
+
+const PEERS_ABOUT: &str = "\
+The hosts whose vnatd this one has paired with (or knows a pinned key of):
+ADDRESS is the peer's current address, KEY its pinned x25519 host key (hex;
+pinned on first use, kept in peers.json in vnatd's state directory),
+CONNECTIONS the connections with it that VCMP tracks and MOBILE how many of
+them have keys and so can move.
+
+Examples:
+
+    vnatctl peers
+    vnatctl --json peers | jq '.[] | select(.mobile > 0) | .address'";
+
+const EXPORT_ABOUT: &str = "\
+Hand connections over to another host, for a process that is checkpointed
+here and restored there: prints (or writes to --output) a JSON document with
+each connection's VCMP state, its keys included, and its current translation.
+This vnatd forgets the connections' keys: export just before the checkpoint.
+
+The export holds the connections' secret keys: whoever has it can move the
+connections. With --output FILE it is written to a new file of mode 0600;
+keep it with the same care as the process image, and delete it after the
+import. Only mobile connections (`vnatctl ls`) can be exported; if any
+selected one cannot, nothing is exported.
+
+Choose exactly one of --all, --conn ID..., --pid PID or --cgroup DIR.
+
+Examples:
+
+    vnatctl export --pid 4242 --output /root/app-conns.json
+    vnatctl export --conn 48211 | ssh root@new-host vnatctl import -";
+
+const IMPORT_ABOUT: &str = "\
+Take over connections that another vnatd exported (`vnatctl export`), after
+their process is restored on this host. Each connection whose address is not
+one of this host's continues from the address this host uses towards the
+peer, and the peer's vnatd is updated, as after a move. All of the file is
+imported or nothing is.
+
+Examples:
+
+    vnatctl import /root/app-conns.json
+    ssh root@old-host vnatctl export --pid 4242 | vnatctl import -";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ProtoArg {

@@ -5,14 +5,19 @@ mod output;
 #[cfg(test)]
 mod tests;
 
-use std::{io, path::PathBuf, process::ExitCode};
+use std::{
+    io::{self, Read as _, Write as _},
+    os::unix::fs::OpenOptionsExt as _,
+    path::{Path, PathBuf},
+    process::ExitCode,
+};
 
 use clap::Parser;
-use cli::{Cli, Command, ProtoArg, StateArg};
+use cli::{Cli, Command, ProtoArg, SelectArgs, StateArg};
 use output::LsRow;
 use vnat_daemon::{
-    control::{ClientError, ControlClient},
-    datapath::{ConnState, ConnectionInfo, Proto},
+    control::{ClientError, ControlClient, ExportDocument, ListedConnection, Selector},
+    datapath::{ConnState, Proto},
 };
 
 /// Why a command failed; each maps to an exit status and a JSON `kind`.
@@ -28,6 +33,44 @@ enum Failure {
     },
     #[error("cannot start vnatctl's async runtime: {0}")]
     Runtime(#[source] io::Error),
+    #[error("cannot create the export file {}: {source}; choose a path that does not exist yet (nothing was exported)", path.display())]
+    CreateOutput {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// The daemon exported (and forgot) the connections but the file could
+    /// not be written: the document went to stdout so that it is not lost.
+    #[error("vnatd exported the connections but writing {} failed: {source}; the export was printed to stdout instead, keep it secret", path.display())]
+    WriteOutput {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot read the export {}: {source}", name(path))]
+    ReadInput {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "{} is not a vnat export ({source}); give the file `vnatctl export` wrote",
+        name(path)
+    )]
+    ParseInput {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// "-" reads as "stdin" in messages.
+fn name(path: &Path) -> String {
+    if path == Path::new("-") {
+        "from stdin".into()
+    } else {
+        path.display().to_string()
+    }
 }
 
 impl Failure {
@@ -36,8 +79,11 @@ impl Failure {
     fn exit_code(&self) -> u8 {
         match self {
             Failure::Client(e) if e.is_unreachable() => 3,
-            Failure::Client(_) | Failure::Runtime(_) => 1,
-            Failure::Path { .. } => 2,
+            Failure::Client(_)
+            | Failure::Runtime(_)
+            | Failure::CreateOutput { .. }
+            | Failure::WriteOutput { .. } => 1,
+            Failure::Path { .. } | Failure::ReadInput { .. } | Failure::ParseInput { .. } => 2,
         }
     }
 
@@ -49,7 +95,10 @@ impl Failure {
             Failure::Client(ClientError::Io { .. }) => "connection_lost",
             Failure::Client(ClientError::Protocol { .. }) => "protocol",
             Failure::Client(ClientError::Daemon { kind, .. }) => kind.as_str(),
-            Failure::Path { .. } => "usage",
+            Failure::Path { .. } | Failure::ReadInput { .. } | Failure::ParseInput { .. } => {
+                "usage"
+            }
+            Failure::CreateOutput { .. } | Failure::WriteOutput { .. } => "output",
             Failure::Runtime(_) => "internal",
         }
     }
@@ -66,7 +115,9 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(failure) => {
-            if cli.json {
+            // After a failed export write, stdout holds the rescued export
+            // document; an error object after it would make it unparsable.
+            if cli.json && !matches!(failure, Failure::WriteOutput { .. }) {
                 println!(
                     "{}",
                     output::error_json(failure.kind(), &failure.to_string())
@@ -103,28 +154,46 @@ fn run(cli: &Cli) -> Result<String, Failure> {
             source,
         })
     };
-    let command = match &cli.command {
-        Command::Enable { cgroup } => Command::Enable {
-            cgroup: absolute(cgroup)?,
-        },
-        Command::Disable { cgroup } => Command::Disable {
-            cgroup: absolute(cgroup)?,
-        },
-        Command::Status => Command::Status,
-        Command::Ls { proto, state } => Command::Ls {
-            proto: *proto,
-            state: *state,
-        },
+    let selector = |s: &SelectArgs| -> Result<Selector, Failure> {
+        Ok(if s.all {
+            Selector::All
+        } else if let Some(pid) = s.pid {
+            Selector::Pid(pid)
+        } else if let Some(dir) = &s.cgroup {
+            Selector::Cgroup(absolute(dir)?)
+        } else {
+            // clap's group guarantees exactly one; --conn is what is left.
+            Selector::Conns(s.conn.clone())
+        })
+    };
+    let request = match &cli.command {
+        Command::Enable { cgroup } => Plan::Enable(absolute(cgroup)?),
+        Command::Disable { cgroup } => Plan::Disable(absolute(cgroup)?),
+        Command::Status => Plan::Status,
+        Command::Ls { proto, state } => Plan::Ls(*proto, *state),
+        Command::Suspend { select } => Plan::Suspend(selector(select)?),
+        Command::Resume { select } => Plan::Resume(selector(select)?),
+        Command::Peers => Plan::Peers,
+        Command::Export { select, output } => {
+            // Create the file before vnatd forgets anything, so that an
+            // unwritable path fails with nothing exported.
+            let file = match output {
+                Some(path) => Some((absolute(path)?, create_secret(path)?)),
+                None => None,
+            };
+            Plan::Export(selector(select)?, file)
+        }
+        Command::Import { file } => Plan::Import(read_export(file)?),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(Failure::Runtime)?;
+    let json = cli.json;
     runtime.block_on(async {
         let mut client = ControlClient::connect(&cli.control).await?;
-        let json = cli.json;
-        Ok(match command {
-            Command::Status => {
+        Ok(match request {
+            Plan::Status => {
                 let status = client.status().await?;
                 if json {
                     pretty(&output::StatusJson::from(&status))
@@ -132,7 +201,7 @@ fn run(cli: &Cli) -> Result<String, Failure> {
                     output::status_text(&status)
                 }
             }
-            Command::Ls { proto, state } => {
+            Plan::Ls(proto, state) => {
                 let rows = select(client.list().await?, proto, state);
                 if json {
                     pretty(&rows)
@@ -140,32 +209,137 @@ fn run(cli: &Cli) -> Result<String, Failure> {
                     output::ls_table(&rows)
                 }
             }
-            Command::Enable { cgroup } => {
+            Plan::Enable(cgroup) => {
                 let path = client.enable_cgroup(&cgroup).await?;
                 cgroup_result(json, &path, true)
             }
-            Command::Disable { cgroup } => {
+            Plan::Disable(cgroup) => {
                 let path = client.disable_cgroup(&cgroup).await?;
                 cgroup_result(json, &path, false)
             }
+            Plan::Suspend(selector) => {
+                let reply = client.suspend(selector).await?;
+                if json {
+                    pretty(&output::SuspendJson::from(&reply))
+                } else {
+                    output::suspend_text(&reply)
+                }
+            }
+            Plan::Resume(selector) => {
+                let reply = client.resume(selector).await?;
+                if json {
+                    pretty(&output::ResumeJson::from(&reply))
+                } else {
+                    output::resume_text(&reply)
+                }
+            }
+            Plan::Peers => {
+                let rows: Vec<output::PeerRow> =
+                    client.peers().await?.iter().map(Into::into).collect();
+                if json {
+                    pretty(&rows)
+                } else {
+                    output::peers_table(&rows)
+                }
+            }
+            Plan::Export(selector, file) => {
+                let document = client.export(selector).await?;
+                let text = pretty(&document);
+                match file {
+                    None => text,
+                    Some((path, file)) => {
+                        if let Err(source) = write_secret(file, &text) {
+                            // vnatd has already forgotten the connections'
+                            // keys: print the export rather than lose it.
+                            print!("{text}");
+                            return Err(Failure::WriteOutput { path, source });
+                        }
+                        output::export_written(json, &path, &document)
+                    }
+                }
+            }
+            Plan::Import(document) => {
+                let rows: Vec<output::ImportRow> = client
+                    .import(document)
+                    .await?
+                    .iter()
+                    .map(Into::into)
+                    .collect();
+                if json {
+                    pretty(&rows)
+                } else {
+                    output::import_text(&rows)
+                }
+            }
         })
+    })
+}
+
+/// A command with its arguments checked and resolved, ready to send.
+enum Plan {
+    Status,
+    Ls(Option<ProtoArg>, Option<StateArg>),
+    Enable(PathBuf),
+    Disable(PathBuf),
+    Suspend(Selector),
+    Resume(Selector),
+    Peers,
+    Export(Selector, Option<(PathBuf, std::fs::File)>),
+    Import(ExportDocument),
+}
+
+/// A new file only its owner can read: the export holds keys. `create_new`
+/// refuses an existing file (or a symlink planted in its place).
+fn create_secret(path: &Path) -> Result<std::fs::File, Failure> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|source| Failure::CreateOutput {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+fn write_secret(mut file: std::fs::File, text: &str) -> io::Result<()> {
+    file.write_all(text.as_bytes())?;
+    file.sync_all()
+}
+
+fn read_export(path: &Path) -> Result<ExportDocument, Failure> {
+    let read_err = |source| Failure::ReadInput {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut text = Vec::new();
+    if path == Path::new("-") {
+        io::stdin().read_to_end(&mut text).map_err(read_err)?;
+    } else {
+        text = std::fs::read(path).map_err(read_err)?;
+    }
+    serde_json::from_slice(&text).map_err(|source| Failure::ParseInput {
+        path: path.to_path_buf(),
+        source,
     })
 }
 
 /// Filter by the `ls` flags and sort by virtual endpoints, so that the
 /// output order does not depend on the daemon's map iteration order.
 fn select(
-    conns: Vec<ConnectionInfo>,
+    conns: Vec<ListedConnection>,
     proto: Option<ProtoArg>,
     state: Option<StateArg>,
 ) -> Vec<LsRow> {
     let proto: Option<Proto> = proto.map(Into::into);
     let state: Option<ConnState> = state.map(Into::into);
-    let mut conns: Vec<ConnectionInfo> = conns
+    let mut conns: Vec<ListedConnection> = conns
         .into_iter()
-        .filter(|c| proto.is_none_or(|p| c.proto == p) && state.is_none_or(|s| c.state == s))
+        .filter(|c| {
+            proto.is_none_or(|p| c.info.proto == p) && state.is_none_or(|s| c.info.state == s)
+        })
         .collect();
-    conns.sort_by_key(|c| (c.virtual_local, c.virtual_remote, c.proto));
+    conns.sort_by_key(|c| (c.info.virtual_local, c.info.virtual_remote, c.info.proto));
     conns.iter().map(LsRow::from).collect()
 }
 

@@ -3,12 +3,20 @@
 //! types serialized as-is) so that a change inside vnatd cannot silently
 //! rename a key, and the tests below pin every key.
 
-use std::{collections::BTreeMap, fmt::Write as _, path::PathBuf};
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    path::{Path, PathBuf},
+};
 
 use serde::Serialize;
 use vnat_daemon::{
-    control::{DaemonInfo, StatusReply},
-    datapath::{ConnectionInfo, DatapathStatus},
+    control::{
+        DaemonInfo, ExportDocument, ImportedConnection, ListedConnection, ResumeReply, StatusReply,
+        SuspendReply,
+    },
+    daemon::driver::PeerInfo,
+    datapath::DatapathStatus,
 };
 
 /// One element of `vnatctl --json ls`.
@@ -30,10 +38,13 @@ pub struct LsRow {
     pub cgroup_id: u64,
     pub cookie: u64,
     pub age_secs: u64,
+    /// VCMP has keys for it, so it can move (its peer runs vnatd).
+    pub mobile: bool,
 }
 
-impl From<&ConnectionInfo> for LsRow {
-    fn from(c: &ConnectionInfo) -> Self {
+impl From<&ListedConnection> for LsRow {
+    fn from(listed: &ListedConnection) -> Self {
+        let c = &listed.info;
         LsRow {
             id: c.id,
             proto: c.proto.to_string(),
@@ -48,11 +59,12 @@ impl From<&ConnectionInfo> for LsRow {
             cgroup_id: c.cgroup_id,
             cookie: c.cookie,
             age_secs: c.age_secs,
+            mobile: listed.mobile,
         }
     }
 }
 
-pub const LS_HEADER: [&str; 10] = [
+pub const LS_HEADER: [&str; 11] = [
     "ID",
     "PROTO",
     "VIRTUAL-LOCAL",
@@ -60,6 +72,7 @@ pub const LS_HEADER: [&str; 10] = [
     "PHYSICAL-LOCAL",
     "PHYSICAL-REMOTE",
     "STATE",
+    "MOBILE",
     "PID",
     "COMMAND",
     "CGROUP",
@@ -79,6 +92,7 @@ pub fn ls_table(rows: &[LsRow]) -> String {
                 r.physical_local.clone(),
                 r.physical_remote.clone(),
                 r.state.clone(),
+                yes_no(r.mobile),
                 dash(r.pid.map(|p| p.to_string())),
                 dash(r.command.clone()),
                 dash(r.cgroup.clone()),
@@ -86,6 +100,10 @@ pub fn ls_table(rows: &[LsRow]) -> String {
         })
         .collect();
     table(&LS_HEADER, &cells)
+}
+
+fn yes_no(b: bool) -> String {
+    if b { "yes" } else { "no" }.to_string()
 }
 
 /// Left-aligned columns two spaces apart; the last column is not padded so
@@ -324,4 +342,170 @@ pub fn duration(secs: u64) -> String {
 /// `{"error":{"kind":...,"message":...}}`, what `--json` prints on failure.
 pub fn error_json(kind: &str, message: &str) -> String {
     serde_json::json!({ "error": { "kind": kind, "message": message } }).to_string()
+}
+
+/// `vnatctl --json suspend`.
+#[derive(Debug, Serialize)]
+pub struct SuspendJson {
+    /// Ids of the connections whose peers were asked to prepare.
+    pub suspended: Vec<u64>,
+    pub skipped: Vec<SkippedJson>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SkippedJson {
+    pub id: u64,
+    pub reason: String,
+}
+
+impl From<&SuspendReply> for SuspendJson {
+    fn from(r: &SuspendReply) -> Self {
+        SuspendJson {
+            suspended: r.suspended.clone(),
+            skipped: r
+                .skipped
+                .iter()
+                .map(|s| SkippedJson {
+                    id: s.id,
+                    reason: s.reason.clone(),
+                })
+                .collect(),
+        }
+    }
+}
+
+pub fn suspend_text(r: &SuspendReply) -> String {
+    let mut out = format!(
+        "suspended {} connection(s): their peers are agreeing roles and fresh keys; after the move run: vnatctl resume\n",
+        r.suspended.len()
+    );
+    for s in &r.skipped {
+        let _ = writeln!(out, "skipped connection {}: {}", s.id, s.reason);
+    }
+    out
+}
+
+/// `vnatctl --json resume`.
+#[derive(Debug, Serialize)]
+pub struct ResumeJson {
+    pub selected: Vec<u64>,
+    pub moves_started: usize,
+}
+
+impl From<&ResumeReply> for ResumeJson {
+    fn from(r: &ResumeReply) -> Self {
+        ResumeJson {
+            selected: r.selected.clone(),
+            moves_started: r.moves_started,
+        }
+    }
+}
+
+pub fn resume_text(r: &ResumeReply) -> String {
+    if r.moves_started == 0 {
+        "nothing to move: every connection is at an address this host has (automatic mode may have moved them already)\n".into()
+    } else {
+        format!(
+            "started {} move(s); `vnatctl ls` shows the new physical endpoints once the peers confirm\n",
+            r.moves_started
+        )
+    }
+}
+
+/// One element of `vnatctl --json peers`.
+#[derive(Debug, Serialize)]
+pub struct PeerRow {
+    pub address: String,
+    /// Pinned x25519 host key, hex; null if none is pinned yet.
+    pub key: Option<String>,
+    pub connections: usize,
+    pub mobile: usize,
+}
+
+impl From<&PeerInfo> for PeerRow {
+    fn from(p: &PeerInfo) -> Self {
+        PeerRow {
+            address: p.address.to_string(),
+            key: p.key.clone(),
+            connections: p.connections,
+            mobile: p.mobile,
+        }
+    }
+}
+
+pub const PEERS_HEADER: [&str; 4] = ["ADDRESS", "KEY", "CONNECTIONS", "MOBILE"];
+
+pub fn peers_table(rows: &[PeerRow]) -> String {
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|p| {
+            vec![
+                p.address.clone(),
+                p.key.clone().unwrap_or_else(|| "-".into()),
+                p.connections.to_string(),
+                p.mobile.to_string(),
+            ]
+        })
+        .collect();
+    table(&PEERS_HEADER, &cells)
+}
+
+/// What `export --output FILE` prints (the document itself went to FILE).
+pub fn export_written(json: bool, path: &Path, document: &ExportDocument) -> String {
+    let ids: Vec<u64> = document.connections.iter().map(|c| c.id).collect();
+    if json {
+        let mut s = serde_json::json!({ "output": path, "exported": ids }).to_string();
+        s.push('\n');
+        s
+    } else {
+        format!(
+            "exported {} connection(s) to {} (mode 0600); it holds their secret keys: keep it safe, import it with `vnatctl import FILE` on the new host, then delete it\n",
+            ids.len(),
+            path.display()
+        )
+    }
+}
+
+/// One element of `vnatctl --json import`.
+#[derive(Debug, Serialize)]
+pub struct ImportRow {
+    pub id: u64,
+    pub proto: String,
+    pub virtual_local: String,
+    pub virtual_remote: String,
+    pub physical_local: String,
+    pub physical_remote: String,
+    /// A move to `physical_local` was started.
+    pub moving: bool,
+}
+
+impl From<&ImportedConnection> for ImportRow {
+    fn from(c: &ImportedConnection) -> Self {
+        ImportRow {
+            id: c.id,
+            proto: c.proto.to_string(),
+            virtual_local: c.virtual_local.to_string(),
+            virtual_remote: c.virtual_remote.to_string(),
+            physical_local: c.physical_local.to_string(),
+            physical_remote: c.physical_remote.to_string(),
+            moving: c.moving,
+        }
+    }
+}
+
+pub fn import_text(rows: &[ImportRow]) -> String {
+    let mut out = format!("imported {} connection(s)\n", rows.len());
+    for r in rows {
+        let how = if r.moving {
+            "moving there, the peer is being updated"
+        } else {
+            "staying there"
+        };
+        let _ = writeln!(
+            out,
+            "  {} {} {} -> {}: continues from {} ({how})",
+            r.id, r.proto, r.virtual_local, r.virtual_remote, r.physical_local
+        );
+    }
+    out
 }

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use serde_json::{json, Value};
 use vnat_daemon::{
-    control::{DaemonInfo, ErrorKind, StatusReply},
+    control::{DaemonInfo, ErrorKind, ListedConnection, StatusReply},
     datapath::{CgroupAttachment, ConnState, ConnectionInfo, DatapathStatus, Proto, TcAttachment},
 };
 
@@ -17,12 +17,12 @@ fn conn(
     pl: &str,
     state: ConnState,
     pid: Option<u32>,
-) -> ConnectionInfo {
+) -> ListedConnection {
     let addr = |s: &str| {
         s.parse()
             .unwrap_or_else(|e| panic!("test address {s}: {e}"))
     };
-    ConnectionInfo {
+    let info = ConnectionInfo {
         id: 7,
         proto,
         virtual_local: addr(vl),
@@ -36,10 +36,13 @@ fn conn(
         pid,
         command: pid.map(|_| "curl".into()),
         age_secs: 12,
-    }
+    };
+    // The native TCP one has a vnatd peer in this sample; the UDP one not.
+    let mobile = proto == Proto::Tcp;
+    ListedConnection { info, mobile }
 }
 
-fn sample() -> Vec<ConnectionInfo> {
+fn sample() -> Vec<ListedConnection> {
     vec![
         conn(
             Proto::Udp,
@@ -86,6 +89,7 @@ fn ls_json_keys_are_the_contract() {
         "cgroup_id",
         "cookie",
         "age_secs",
+        "mobile",
     ];
     let mut keys_sorted = keys.clone();
     keys_sorted.sort_unstable();
@@ -102,7 +106,7 @@ fn ls_json_keys_are_the_contract() {
             "virtual_local": "198.18.1.2:40000", "virtual_remote": "198.18.3.2:5001",
             "physical_local": "198.18.1.2:40000", "physical_remote": "198.18.3.2:5001",
             "state": "native", "pid": 42, "command": "curl", "cgroup": "/system.slice/app.service",
-            "cgroup_id": 5, "cookie": 99, "age_secs": 12
+            "cgroup_id": 5, "cookie": 99, "age_secs": 12, "mobile": true
         })
     );
     assert_eq!(array[1]["proto"], "udp");
@@ -112,6 +116,7 @@ fn ls_json_keys_are_the_contract() {
     );
     assert_eq!(array[1]["physical_local"], "[fd00:2::2]:5353");
     assert_eq!(array[1]["state"], "translated");
+    assert_eq!(array[1]["mobile"], false);
     assert_eq!(
         (array[1]["pid"].clone(), array[1]["command"].clone()),
         (Value::Null, Value::Null)
@@ -151,6 +156,7 @@ fn ls_table_has_the_documented_columns_and_dashes() {
             "PHYSICAL-LOCAL",
             "PHYSICAL-REMOTE",
             "STATE",
+            "MOBILE",
             "PID",
             "COMMAND",
             "CGROUP"
@@ -167,16 +173,17 @@ fn ls_table_has_the_documented_columns_and_dashes() {
             "198.18.1.2:40000",
             "198.18.3.2:5001",
             "native",
+            "yes",
             "42",
             "curl",
             "/system.slice/app.service"
         ]
     );
     let udp: Vec<&str> = lines[2].split_whitespace().collect();
-    assert_eq!(&udp[6..], ["translated", "-", "-", "-"]);
+    assert_eq!(&udp[6..], ["translated", "no", "-", "-", "-"]);
     // Columns line up: every column starts at the header's offset.
     let col = |line: &str, n: usize| line.match_indices(char::is_whitespace).count() >= n;
-    assert!(lines.iter().all(|l| col(l, 9)));
+    assert!(lines.iter().all(|l| col(l, 10)));
     let start = lines[0].find("STATE").expect("STATE column");
     assert_eq!(&lines[1][start..start + 6], "native");
     assert_eq!(&lines[2][start..start + 10], "translated");

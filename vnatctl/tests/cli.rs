@@ -122,10 +122,18 @@ fn ls_table_and_json() {
             "PHYSICAL-LOCAL",
             "PHYSICAL-REMOTE",
             "STATE",
+            "MOBILE",
             "PID",
             "COMMAND",
             "CGROUP"
         ]
+    );
+    // No VCMP driver in this server: nothing can move.
+    assert!(
+        lines[1..]
+            .iter()
+            .all(|l| l.split_whitespace().nth(7) == Some("no")),
+        "{out}"
     );
     assert!(
         lines[1].contains("198.18.1.2:40000") && lines[1].contains("native"),
@@ -153,6 +161,7 @@ fn ls_table_and_json() {
         "command",
         "cgroup",
         "cookie",
+        "mobile",
     ] {
         assert!(
             rows.iter().all(|r| r.get(key).is_some()),
@@ -161,6 +170,7 @@ fn ls_table_and_json() {
     }
     assert_eq!(rows[1]["virtual_remote"], "[fd00:3::2]:53");
     assert_eq!(rows[0]["pid"], 42);
+    assert_eq!(rows[0]["mobile"], false);
 
     // --json after the subcommand works too (global flag), with filters.
     let o = vnatctl(

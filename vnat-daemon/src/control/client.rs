@@ -17,11 +17,13 @@ use tokio::{
 use super::{
     lines::{read_line_bounded, Line},
     proto::{
-        ErrorKind, Outcome, Reply, Request, RequestEnvelope, ResponseEnvelope, StatusReply,
-        MAX_RESPONSE_LINE, PROTOCOL_VERSION,
+        ErrorKind, ImportedConnection, ListedConnection, Outcome, Reply, Request, RequestEnvelope,
+        ResponseEnvelope, ResumeReply, Selector, StatusReply, SuspendReply, MAX_RESPONSE_LINE,
+        PROTOCOL_VERSION,
     },
+    transfer::ExportDocument,
 };
-use crate::datapath::ConnectionInfo;
+use crate::daemon::driver::PeerInfo;
 
 /// Default bound on connecting and on each request's round trip.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -136,7 +138,7 @@ impl ControlClient {
         }
     }
 
-    pub async fn list(&mut self) -> Result<Vec<ConnectionInfo>, ClientError> {
+    pub async fn list(&mut self) -> Result<Vec<ListedConnection>, ClientError> {
         match self.request(Request::List).await? {
             Reply::Connections { connections } => Ok(connections),
             other => Err(self.unexpected("list", &other)),
@@ -164,6 +166,45 @@ impl ControlClient {
         {
             Reply::CgroupDisabled { path } => Ok(path),
             other => Err(self.unexpected("disable_cgroup", &other)),
+        }
+    }
+
+    pub async fn suspend(&mut self, selector: Selector) -> Result<SuspendReply, ClientError> {
+        match self.request(Request::Suspend { selector }).await? {
+            Reply::Suspended(r) => Ok(r),
+            other => Err(self.unexpected("suspend", &other)),
+        }
+    }
+
+    pub async fn resume(&mut self, selector: Selector) -> Result<ResumeReply, ClientError> {
+        match self.request(Request::Resume { selector }).await? {
+            Reply::Resumed(r) => Ok(r),
+            other => Err(self.unexpected("resume", &other)),
+        }
+    }
+
+    pub async fn peers(&mut self) -> Result<Vec<PeerInfo>, ClientError> {
+        match self.request(Request::Peers).await? {
+            Reply::Peers { peers } => Ok(peers),
+            other => Err(self.unexpected("peers", &other)),
+        }
+    }
+
+    /// The selected connections' state, keys included: a secret.
+    pub async fn export(&mut self, selector: Selector) -> Result<ExportDocument, ClientError> {
+        match self.request(Request::Export { selector }).await? {
+            Reply::Exported { state } => Ok(state),
+            other => Err(self.unexpected("export", &other)),
+        }
+    }
+
+    pub async fn import(
+        &mut self,
+        state: ExportDocument,
+    ) -> Result<Vec<ImportedConnection>, ClientError> {
+        match self.request(Request::Import { state }).await? {
+            Reply::Imported { connections } => Ok(connections),
+            other => Err(self.unexpected("import", &other)),
         }
     }
 
@@ -210,12 +251,7 @@ impl ControlClient {
     }
 
     fn unexpected(&self, asked: &'static str, got: &Reply) -> ClientError {
-        let got = match got {
-            Reply::Status(_) => "status",
-            Reply::Connections { .. } => "connections",
-            Reply::CgroupEnabled { .. } => "cgroup_enabled",
-            Reply::CgroupDisabled { .. } => "cgroup_disabled",
-        };
+        let got = got.type_name();
         ClientError::Protocol {
             path: self.path.clone(),
             violation: ProtocolViolation::UnexpectedReply { asked, got },

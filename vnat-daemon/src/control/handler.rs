@@ -3,18 +3,27 @@
 //! without sockets.
 
 use std::{
-    path::Path,
-    sync::{Arc, Mutex},
+    collections::HashMap,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex, MutexGuard},
     time::Instant,
 };
 
 use serde_json::Value;
+use tokio::sync::oneshot;
 
-use super::proto::{
-    require_absolute, DaemonInfo, ErrorBody, ErrorKind, Outcome, Reply, Request, RequestEnvelope,
-    ResponseEnvelope, StatusReply, PROTOCOL_VERSION,
+use super::{
+    proto::{
+        require_absolute, DaemonInfo, ErrorBody, ErrorKind, ImportedConnection, ListedConnection,
+        Outcome, Reply, Request, RequestEnvelope, ResponseEnvelope, ResumeReply, Selector, Skipped,
+        StatusReply, SuspendReply, PROTOCOL_VERSION,
+    },
+    transfer::{ExportDocument, TransferError},
 };
-use crate::datapath::Datapath;
+use crate::{
+    daemon::driver::{Command, CommandSender},
+    datapath::{ConnectionInfo, Datapath, DatapathError, VirtualFlow},
+};
 
 /// The datapath as the daemon shares it between the control API and (later)
 /// the VCMP driver. A std mutex is enough: every datapath call is short and
@@ -35,7 +44,7 @@ pub struct Handler {
     started: Instant,
     /// The VCMP driver, for requests about mobility (absent in tests of the
     /// datapath-only requests).
-    driver: Option<crate::daemon::driver::CommandSender>,
+    driver: Option<CommandSender>,
 }
 
 impl Handler {
@@ -48,8 +57,9 @@ impl Handler {
         }
     }
 
-    /// Route mobility requests (suspend, resume, peers) to the VCMP driver.
-    pub fn with_driver(mut self, driver: crate::daemon::driver::CommandSender) -> Self {
+    /// Route mobility requests (suspend, resume, peers, export, import) and
+    /// the `mobile` column of `list` to the VCMP driver.
+    pub fn with_driver(mut self, driver: CommandSender) -> Self {
         self.driver = Some(driver);
         self
     }
@@ -67,57 +77,381 @@ impl Handler {
 
     /// Answer one parsed request.
     pub fn handle(&self, request: &Request) -> ResponseEnvelope {
-        if let Request::EnableCgroup { path } | Request::DisableCgroup { path } = request {
-            // Checked before taking the lock: bad input never reaches the datapath.
-            if let Err(message) = require_absolute(path) {
-                return ResponseEnvelope::error(ErrorKind::InvalidArgument, message);
-            }
-        }
-        let mut datapath = match self.datapath.lock() {
-            Ok(guard) => guard,
-            Err(_) => {
-                // A datapath call panicked while holding the lock; its state is
-                // unknown, so refuse rather than act on it.
-                return ResponseEnvelope::error(
-                    ErrorKind::Internal,
-                    "an earlier datapath operation crashed inside vnatd; restart vnatd (translation continues meanwhile)",
-                );
-            }
-        };
         let result = match request {
-            Request::Status => datapath.status().map(|datapath| {
-                let mut daemon = (*self.info).clone();
-                daemon.uptime_secs = self.started.elapsed().as_secs();
-                Reply::Status(Box::new(StatusReply { daemon, datapath }))
-            }),
-            Request::List => datapath
-                .connections()
-                .map(|connections| Reply::Connections { connections }),
-            Request::EnableCgroup { path } => datapath
-                .enable_cgroup(path)
-                .map(|()| Reply::CgroupEnabled { path: path.clone() }),
-            Request::DisableCgroup { path } => datapath
-                .disable_cgroup(path)
-                .map(|()| Reply::CgroupDisabled { path: path.clone() }),
+            Request::Status
+            | Request::List
+            | Request::EnableCgroup { .. }
+            | Request::DisableCgroup { .. } => self.datapath_request(request),
+            Request::Suspend { selector }
+            | Request::Resume { selector }
+            | Request::Export { selector } => self.mobility_request(request, selector),
+            Request::Peers => self
+                .ask(|reply| Command::Peers { reply })
+                .map(|peers| Reply::Peers { peers }),
+            Request::Import { state } => self.import(state),
         };
         match result {
-            Ok(reply) => {
-                log_change(request, None);
-                ResponseEnvelope::ok(reply)
+            Ok(reply) => ResponseEnvelope::ok(reply),
+            Err(e) => ResponseEnvelope::error(e.kind(), e.to_string()),
+        }
+    }
+
+    fn lock(&self) -> Result<MutexGuard<'_, Box<dyn Datapath + Send>>, RequestError> {
+        // A poisoned lock means a datapath call panicked while holding it;
+        // its state is unknown, so refuse rather than act on it.
+        self.datapath.lock().map_err(|_| RequestError::Poisoned)
+    }
+
+    fn datapath_request(&self, request: &Request) -> Result<Reply, RequestError> {
+        if let Request::EnableCgroup { path } | Request::DisableCgroup { path } = request {
+            // Checked before taking the lock: bad input never reaches the datapath.
+            require_absolute(path).map_err(RequestError::InvalidArgument)?;
+        }
+        let result = {
+            let mut datapath = self.lock()?;
+            match request {
+                Request::Status => datapath.status().map(|datapath| {
+                    let mut daemon = (*self.info).clone();
+                    daemon.uptime_secs = self.started.elapsed().as_secs();
+                    Reply::Status(Box::new(StatusReply { daemon, datapath }))
+                }),
+                Request::List => datapath
+                    .connections()
+                    .map(|connections| Reply::Connections {
+                        connections: connections
+                            .into_iter()
+                            .map(|info| ListedConnection {
+                                info,
+                                mobile: false,
+                            })
+                            .collect(),
+                    }),
+                Request::EnableCgroup { path } => datapath
+                    .enable_cgroup(path)
+                    .map(|()| Reply::CgroupEnabled { path: path.clone() }),
+                Request::DisableCgroup { path } => datapath
+                    .disable_cgroup(path)
+                    .map(|()| Reply::CgroupDisabled { path: path.clone() }),
+                _ => return Err(RequestError::Misrouted),
+            }
+            // The datapath lock is released here, before the driver is asked
+            // anything: the driver takes the same lock while it works, so
+            // waiting for it with the lock held could deadlock.
+        };
+        log_change(request, result.as_ref().err());
+        let mut reply = result.map_err(RequestError::Datapath)?;
+        if let Reply::Connections { connections } = &mut reply {
+            self.mark_mobile(connections);
+        }
+        Ok(reply)
+    }
+
+    /// Fill in `mobile` from VCMP. `list` must work without VCMP too (the
+    /// datapath alone, or a stopped driver): then nothing is mobile.
+    fn mark_mobile(&self, connections: &mut [ListedConnection]) {
+        if self.driver.is_none() {
+            return;
+        }
+        match self.ask(|reply| Command::Mobility { reply }) {
+            Ok(mobility) => {
+                for c in connections {
+                    c.mobile = mobility.get(&flow_of(&c.info)).copied().unwrap_or(false);
+                }
             }
             Err(e) => {
-                log_change(request, Some(&e));
-                ResponseEnvelope::error(ErrorKind::Datapath, e.to_string())
+                tracing::warn!(error = %e, "control: cannot tell which connections are mobile")
             }
+        }
+    }
+
+    /// Suspend, resume and export: resolve the selector against the
+    /// datapath's records, then hand the flows to the driver.
+    fn mobility_request(
+        &self,
+        request: &Request,
+        selector: &Selector,
+    ) -> Result<Reply, RequestError> {
+        // Without a driver nothing below can work: say so before anything
+        // else, whatever the selector.
+        if self.driver.is_none() {
+            return Err(RequestError::NoDriver);
+        }
+        let selected = {
+            let connections = self.lock()?.connections().map_err(RequestError::Datapath)?;
+            let mount = if matches!(selector, Selector::Cgroup(_)) {
+                crate::mounts::cgroup2_mount()
+            } else {
+                None
+            };
+            resolve(selector, &connections, mount.as_deref()).map_err(RequestError::Select)?
+        };
+        let ids: Vec<u64> = selected.iter().map(|c| c.id).collect();
+        match request {
+            Request::Suspend { .. } => {
+                let mobility = self.ask(|reply| Command::Mobility { reply })?;
+                let (mobile, skipped) = split_mobile(&selected, &mobility);
+                if mobile.is_empty() {
+                    return Err(RequestError::NothingMobile {
+                        selector: selector.to_string(),
+                        count: selected.len(),
+                    });
+                }
+                let suspended: Vec<u64> = mobile.iter().map(VirtualFlow::id).collect();
+                self.ask(|reply| Command::Suspend {
+                    flows: mobile,
+                    reply,
+                })?
+                .map_err(RequestError::Refused)?;
+                tracing::info!(connections = ?suspended, "control: suspend (planned move)");
+                Ok(Reply::Suspended(SuspendReply { suspended, skipped }))
+            }
+            Request::Resume { .. } => {
+                let moves_started = self
+                    .ask(|reply| Command::Resume { reply })?
+                    .map_err(RequestError::Refused)?;
+                tracing::info!(selected = ?ids, moves_started, "control: resume");
+                Ok(Reply::Resumed(ResumeReply {
+                    selected: ids,
+                    moves_started,
+                }))
+            }
+            Request::Export { .. } => {
+                let flows: Vec<VirtualFlow> = selected.iter().map(flow_of).collect();
+                let state = self
+                    .ask(|reply| Command::Export { flows, reply })?
+                    .map_err(RequestError::Transfer)?;
+                tracing::info!(connections = ?ids, "control: exported connections (VCMP forgets them here)");
+                Ok(Reply::Exported { state })
+            }
+            _ => Err(RequestError::Misrouted),
+        }
+    }
+
+    fn import(&self, state: &ExportDocument) -> Result<Reply, RequestError> {
+        // Refuse a bad document before the driver is involved.
+        state.validate().map_err(RequestError::Transfer)?;
+        let state = state.clone();
+        let outcomes = self
+            .ask(|reply| Command::Import { state, reply })?
+            .map_err(RequestError::Transfer)?;
+        let connections = outcomes
+            .into_iter()
+            .map(|o| ImportedConnection {
+                id: o.flow.id(),
+                proto: o.flow.proto,
+                virtual_local: o.flow.local,
+                virtual_remote: o.flow.remote,
+                physical_local: o.physical_local,
+                physical_remote: o.physical_remote,
+                moving: o.moving,
+            })
+            .collect();
+        Ok(Reply::Imported { connections })
+    }
+
+    /// Send one command to the driver and wait for its answer. Runs on the
+    /// blocking thread the server gives each request, so blocking here is
+    /// what the channels' blocking calls are for.
+    fn ask<T>(
+        &self,
+        command: impl FnOnce(oneshot::Sender<T>) -> Command,
+    ) -> Result<T, RequestError> {
+        let driver = self.driver.as_ref().ok_or(RequestError::NoDriver)?;
+        let (reply, answer) = oneshot::channel();
+        driver
+            .blocking_send(command(reply))
+            .map_err(|_| RequestError::DriverStopped)?;
+        answer
+            .blocking_recv()
+            .map_err(|_| RequestError::DriverStopped)
+    }
+}
+
+/// The virtual flow of a recorded connection.
+fn flow_of(c: &ConnectionInfo) -> VirtualFlow {
+    VirtualFlow {
+        proto: c.proto,
+        local: c.virtual_local,
+        remote: c.virtual_remote,
+    }
+}
+
+/// Split selected connections into the flows VCMP can move and the rest,
+/// with a reason for each of the rest.
+fn split_mobile(
+    selected: &[ConnectionInfo],
+    mobility: &HashMap<VirtualFlow, bool>,
+) -> (Vec<VirtualFlow>, Vec<Skipped>) {
+    let mut mobile = Vec::new();
+    let mut skipped = Vec::new();
+    for c in selected {
+        let flow = flow_of(c);
+        match mobility.get(&flow) {
+            Some(true) => mobile.push(flow),
+            Some(false) => skipped.push(Skipped {
+                id: c.id,
+                reason: "no keys: the peer runs no vnatd, or pairing has not completed".into(),
+            }),
+            None => skipped.push(Skipped {
+                id: c.id,
+                reason: "not managed by VCMP (local traffic, or recorded less than a second ago)"
+                    .into(),
+            }),
+        }
+    }
+    (mobile, skipped)
+}
+
+/// Why a selector matched nothing, or cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum SelectError {
+    #[error("no connection matches {selector}; list the connections with: vnatctl ls")]
+    NoMatch { selector: String },
+    #[error(
+        "no connection has id {}; list the connections with: vnatctl ls",
+        join(missing)
+    )]
+    UnknownIds { missing: Vec<u64> },
+    #[error("give at least one connection id")]
+    NoIds,
+    #[error("the cgroup path {} is relative; pass an absolute path (vnatctl makes paths absolute for you)", path.display())]
+    RelativeCgroup { path: PathBuf },
+}
+
+fn join(ids: &[u64]) -> String {
+    let ids: Vec<String> = ids.iter().map(u64::to_string).collect();
+    ids.join(", ")
+}
+
+/// The recorded connections a selector names. `cgroup_mount` is where
+/// cgroup2 is mounted (the selector may name a directory under it, or give
+/// the mount-relative form that `list` shows). An empty match is an error,
+/// so that a typo never turns into "did nothing, successfully".
+pub fn resolve(
+    selector: &Selector,
+    connections: &[ConnectionInfo],
+    cgroup_mount: Option<&Path>,
+) -> Result<Vec<ConnectionInfo>, SelectError> {
+    let selected: Vec<ConnectionInfo> = match selector {
+        Selector::All => connections.to_vec(),
+        Selector::Conns(ids) => {
+            if ids.is_empty() {
+                return Err(SelectError::NoIds);
+            }
+            let mut missing: Vec<u64> = ids
+                .iter()
+                .copied()
+                .filter(|id| !connections.iter().any(|c| c.id == *id))
+                .collect();
+            if !missing.is_empty() {
+                missing.dedup();
+                return Err(SelectError::UnknownIds { missing });
+            }
+            connections
+                .iter()
+                .filter(|c| ids.contains(&c.id))
+                .cloned()
+                .collect()
+        }
+        Selector::Pid(pid) => connections
+            .iter()
+            .filter(|c| c.pid == Some(*pid))
+            .cloned()
+            .collect(),
+        Selector::Cgroup(path) => {
+            if !path.is_absolute() {
+                return Err(SelectError::RelativeCgroup { path: path.clone() });
+            }
+            let relative = mount_relative(path, cgroup_mount);
+            connections
+                .iter()
+                .filter(|c| {
+                    c.cgroup
+                        .as_deref()
+                        .is_some_and(|cg| cgroup_contains(&relative, Path::new(cg)))
+                })
+                .cloned()
+                .collect()
+        }
+    };
+    if selected.is_empty() {
+        return Err(SelectError::NoMatch {
+            selector: selector.to_string(),
+        });
+    }
+    Ok(selected)
+}
+
+/// `/sys/fs/cgroup/system.slice` -> `/system.slice` when cgroup2 is mounted
+/// at `/sys/fs/cgroup`; a path outside the mount is taken as already in the
+/// mount-relative form (`/system.slice`, as `vnatctl ls` prints it).
+fn mount_relative(path: &Path, mount: Option<&Path>) -> PathBuf {
+    match mount.and_then(|m| path.strip_prefix(m).ok()) {
+        Some(rest) => Path::new("/").join(rest),
+        None => path.to_path_buf(),
+    }
+}
+
+/// Whether the connection's cgroup `cg` is `dir` or below it (whole path
+/// components: `/a` does not contain `/ab`).
+fn cgroup_contains(dir: &Path, cg: &Path) -> bool {
+    cg.starts_with(dir)
+}
+
+/// Why a request failed, and the error kind scripts see.
+#[derive(Debug, thiserror::Error)]
+enum RequestError {
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error(transparent)]
+    Datapath(DatapathError),
+    #[error(transparent)]
+    Select(SelectError),
+    #[error("none of the {count} connection(s) matching {selector} can move yet: their peers run no vnatd or pairing has not completed (vnatctl ls shows which are mobile)")]
+    NothingMobile { selector: String, count: usize },
+    #[error("VCMP refused: {0}")]
+    Refused(String),
+    #[error(transparent)]
+    Transfer(TransferError),
+    #[error("this vnatd runs without its VCMP driver, so it cannot suspend, resume, export or import connections or list peers; run vnatd as a service (not only its control API)")]
+    NoDriver,
+    #[error("vnatd's VCMP driver has stopped; see vnatd's log (journalctl -u vnatd) and restart vnatd (translation continues meanwhile)")]
+    DriverStopped,
+    #[error("an earlier datapath operation crashed inside vnatd; restart vnatd (translation continues meanwhile)")]
+    Poisoned,
+    #[error("vnatd routed a request to the wrong handler; this is a bug, please report it")]
+    Misrouted,
+}
+
+impl RequestError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            RequestError::InvalidArgument(_) | RequestError::Select(SelectError::NoIds) => {
+                ErrorKind::InvalidArgument
+            }
+            RequestError::Select(SelectError::RelativeCgroup { .. }) => ErrorKind::InvalidArgument,
+            RequestError::Select(_) => ErrorKind::NoMatch,
+            RequestError::Datapath(_) => ErrorKind::Datapath,
+            RequestError::Transfer(TransferError::Datapath(_)) => ErrorKind::Datapath,
+            RequestError::Transfer(
+                TransferError::Format { .. }
+                | TransferError::Empty
+                | TransferError::IdMismatch { .. },
+            ) => ErrorKind::InvalidArgument,
+            RequestError::NothingMobile { .. }
+            | RequestError::Refused(_)
+            | RequestError::Transfer(_) => ErrorKind::Mobility,
+            RequestError::NoDriver | RequestError::DriverStopped => ErrorKind::Unavailable,
+            RequestError::Poisoned | RequestError::Misrouted => ErrorKind::Internal,
         }
     }
 }
 
-fn log_change(request: &Request, error: Option<&crate::datapath::DatapathError>) {
+fn log_change(request: &Request, error: Option<&DatapathError>) {
     let (action, path): (&str, &Path) = match request {
         Request::EnableCgroup { path } => ("enable", path),
         Request::DisableCgroup { path } => ("disable", path),
-        Request::Status | Request::List => return,
+        _ => return,
     };
     match error {
         None => tracing::info!(cgroup = %path.display(), "control: {action} cgroup"),

@@ -12,6 +12,7 @@ pub mod handler;
 mod lines;
 pub mod proto;
 pub mod server;
+pub mod transfer;
 
 #[cfg(test)]
 mod tests;
@@ -20,3 +21,4 @@ pub use client::{ClientError, ControlClient};
 pub use handler::{share, Handler, SharedDatapath};
 pub use proto::*;
 pub use server::{ControlListener, ServerError};
+pub use transfer::{ExportDocument, ExportedConnection, TransferError, EXPORT_FORMAT};

@@ -14,16 +14,22 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::datapath::{ConnectionInfo, DatapathStatus};
+use super::transfer::ExportDocument;
+use crate::{
+    daemon::driver::PeerInfo,
+    datapath::{ConnectionInfo, DatapathStatus},
+};
 
 /// The protocol version this build speaks. Bump it on any incompatible change
 /// to [`Request`] or [`Reply`].
 pub const PROTOCOL_VERSION: u32 = 1;
 
-/// Longest accepted line (request or response), newline excluded. Requests are
-/// tiny; the bound only keeps a broken or hostile client from making vnatd
-/// buffer without limit. Responses (a long `ls`) are allowed to be larger.
-pub const MAX_REQUEST_LINE: usize = 64 * 1024;
+/// Longest accepted request line, newline excluded. Most requests are tiny;
+/// an `import` carries about 600 bytes per connection, so 1 MiB takes an
+/// export of well over a thousand connections. The bound only keeps a broken
+/// or hostile client from making vnatd buffer without limit. Responses (a
+/// long `ls`) are allowed to be larger.
+pub const MAX_REQUEST_LINE: usize = 1024 * 1024;
 
 /// Longest response line a client accepts: room for about 100k connections.
 pub const MAX_RESPONSE_LINE: usize = 64 * 1024 * 1024;
@@ -51,12 +57,66 @@ pub enum Request {
     EnableCgroup { path: PathBuf },
     /// Stop recording them.
     DisableCgroup { path: PathBuf },
+    /// Planned move, before it (paper section 3.3.1): settle roles and fresh
+    /// keys with the peers of the selected connections.
+    Suspend { selector: Selector },
+    /// After a planned move: re-read addresses now and move what lost its
+    /// address, instead of waiting for the address watch.
+    Resume { selector: Selector },
+    /// The peer hosts VCMP knows, with their pinned keys.
+    Peers,
+    /// Hand the selected connections' VCMP state (keys included) over, for a
+    /// process that is checkpointed here and restored on another host. This
+    /// vnatd forgets them.
+    Export { selector: Selector },
+    /// Take over connections exported by another vnatd.
+    Import { state: ExportDocument },
 }
 
 impl Request {
     /// The `type` names a server accepts, for the "unknown request" error.
-    pub const TYPES: &'static [&'static str] =
-        &["status", "list", "enable_cgroup", "disable_cgroup"];
+    pub const TYPES: &'static [&'static str] = &[
+        "status",
+        "list",
+        "enable_cgroup",
+        "disable_cgroup",
+        "suspend",
+        "resume",
+        "peers",
+        "export",
+        "import",
+    ];
+}
+
+/// Which recorded connections a request is about. On the wire: `"all"`,
+/// `{"conns":[ID,...]}`, `{"pid":PID}` or `{"cgroup":"/abs/dir"}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Selector {
+    /// Every recorded connection.
+    All,
+    /// Connections by the `id` that `list` reports.
+    Conns(Vec<u64>),
+    /// Connections owned by this process.
+    Pid(u32),
+    /// Connections of processes in this cgroup v2 directory or below it: an
+    /// absolute path under the cgroup2 mount, or the form `list` shows
+    /// (relative to the mount, starting with `/`).
+    Cgroup(PathBuf),
+}
+
+impl std::fmt::Display for Selector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Selector::All => f.write_str("all connections"),
+            Selector::Conns(ids) => {
+                let ids: Vec<String> = ids.iter().map(u64::to_string).collect();
+                write!(f, "connection id {}", ids.join(", "))
+            }
+            Selector::Pid(pid) => write!(f, "pid {pid}"),
+            Selector::Cgroup(path) => write!(f, "cgroup {}", path.display()),
+        }
+    }
 }
 
 /// One response line: the version and either `ok` or `error`.
@@ -98,9 +158,98 @@ impl ResponseEnvelope {
 pub enum Reply {
     // Boxed: the status is much larger than the other replies.
     Status(Box<StatusReply>),
-    Connections { connections: Vec<ConnectionInfo> },
-    CgroupEnabled { path: PathBuf },
-    CgroupDisabled { path: PathBuf },
+    Connections {
+        connections: Vec<ListedConnection>,
+    },
+    CgroupEnabled {
+        path: PathBuf,
+    },
+    CgroupDisabled {
+        path: PathBuf,
+    },
+    Suspended(SuspendReply),
+    Resumed(ResumeReply),
+    Peers {
+        peers: Vec<PeerInfo>,
+    },
+    Exported {
+        state: ExportDocument,
+    },
+    Imported {
+        connections: Vec<ImportedConnection>,
+    },
+}
+
+impl Reply {
+    /// The wire `type` of this reply, for error messages.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Reply::Status(_) => "status",
+            Reply::Connections { .. } => "connections",
+            Reply::CgroupEnabled { .. } => "cgroup_enabled",
+            Reply::CgroupDisabled { .. } => "cgroup_disabled",
+            Reply::Suspended(_) => "suspended",
+            Reply::Resumed(_) => "resumed",
+            Reply::Peers { .. } => "peers",
+            Reply::Exported { .. } => "exported",
+            Reply::Imported { .. } => "imported",
+        }
+    }
+}
+
+/// One element of the `list` answer: the datapath's record plus what VCMP
+/// knows of it. Flattened, so the record's keys stay where they were.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListedConnection {
+    #[serde(flatten)]
+    pub info: ConnectionInfo,
+    /// VCMP holds keys for it, so it can move. False for a peer that runs no
+    /// vnatd, before pairing completes, and when vnatd runs without VCMP.
+    /// Defaults to false so that answers of a vnatd from before this field
+    /// (same protocol version: the change only adds a key) still parse.
+    #[serde(default)]
+    pub mobile: bool,
+}
+
+/// The answer to [`Request::Suspend`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SuspendReply {
+    /// Ids of the connections whose peers were asked to prepare.
+    pub suspended: Vec<u64>,
+    /// Selected connections that cannot move, with the reason.
+    pub skipped: Vec<Skipped>,
+}
+
+/// A selected connection that was left alone.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Skipped {
+    pub id: u64,
+    pub reason: String,
+}
+
+/// The answer to [`Request::Resume`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResumeReply {
+    /// Ids of the connections the selector matched.
+    pub selected: Vec<u64>,
+    /// Moves started by this resume (any connection that lost its address,
+    /// as automatic mode would); 0 when everything already is where it
+    /// should be, for example because automatic mode moved it first.
+    pub moves_started: usize,
+}
+
+/// One connection taken over by [`Request::Import`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImportedConnection {
+    pub id: u64,
+    pub proto: crate::datapath::Proto,
+    pub virtual_local: SocketAddr,
+    pub virtual_remote: SocketAddr,
+    /// Where the local end continues on this host.
+    pub physical_local: SocketAddr,
+    pub physical_remote: SocketAddr,
+    /// A move to `physical_local` was started (the peer is being updated).
+    pub moving: bool,
 }
 
 /// The answer to [`Request::Status`].
@@ -149,6 +298,14 @@ pub enum ErrorKind {
     InvalidArgument,
     /// The datapath refused or failed; nothing was changed.
     Datapath,
+    /// The selector matched no recorded connection; nothing was changed.
+    NoMatch,
+    /// This vnatd has no VCMP driver (or it stopped), so it cannot do
+    /// mobility requests.
+    Unavailable,
+    /// VCMP refused: the connection cannot move (no keys, not tracked) or
+    /// the imported state is unusable; nothing was changed.
+    Mobility,
     /// A bug or a poisoned lock inside vnatd.
     Internal,
 }
@@ -162,6 +319,9 @@ impl ErrorKind {
             ErrorKind::RequestTooLarge => "request_too_large",
             ErrorKind::InvalidArgument => "invalid_argument",
             ErrorKind::Datapath => "datapath",
+            ErrorKind::NoMatch => "no_match",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Mobility => "mobility",
             ErrorKind::Internal => "internal",
         }
     }
@@ -240,11 +400,88 @@ mod tests {
         for t in Request::TYPES {
             let line = match *t {
                 "enable_cgroup" | "disable_cgroup" => format!(r#"{{"type":"{t}","path":"/p"}}"#),
+                "suspend" | "resume" | "export" => {
+                    format!(r#"{{"type":"{t}","selector":"all"}}"#)
+                }
+                "import" => {
+                    format!(r#"{{"type":"{t}","state":{{"vnat_export":1,"connections":[]}}}}"#)
+                }
                 _ => format!(r#"{{"type":"{t}"}}"#),
             };
             serde_json::from_str::<Request>(&line)
                 .unwrap_or_else(|e| panic!("{t} does not parse: {e}"));
         }
+    }
+
+    #[test]
+    fn selector_wire_shapes() {
+        let cases = [
+            (Selector::All, r#""all""#),
+            (Selector::Conns(vec![7, 9]), r#"{"conns":[7,9]}"#),
+            (Selector::Pid(42), r#"{"pid":42}"#),
+            (
+                Selector::Cgroup("/sys/fs/cgroup/app".into()),
+                r#"{"cgroup":"/sys/fs/cgroup/app"}"#,
+            ),
+        ];
+        for (selector, wire) in cases {
+            let req = Request::Suspend {
+                selector: selector.clone(),
+            };
+            let line = serde_json::to_string(&req).expect("serializable");
+            assert_eq!(line, format!(r#"{{"type":"suspend","selector":{wire}}}"#));
+            assert_eq!(
+                serde_json::from_str::<Request>(&line).expect("parses back"),
+                req
+            );
+        }
+        for bad in [
+            r#"{"type":"resume","selector":"some"}"#,
+            r#"{"type":"resume","selector":{"pid":-1}}"#,
+            r#"{"type":"resume","selector":{"pid":1,"all":null}}"#,
+            r#"{"type":"resume"}"#,
+        ] {
+            assert!(
+                serde_json::from_str::<Request>(bad).is_err(),
+                "{bad} must not parse"
+            );
+        }
+    }
+
+    #[test]
+    fn list_reply_keeps_the_record_keys_and_adds_mobile() {
+        use crate::datapath::{ConnState, Proto};
+        let addr = |s: &str| s.parse().expect("test address");
+        let listed = ListedConnection {
+            info: ConnectionInfo {
+                id: 7,
+                proto: Proto::Tcp,
+                virtual_local: addr("198.18.1.2:40000"),
+                virtual_remote: addr("198.18.3.2:5001"),
+                physical_local: addr("198.18.1.2:40000"),
+                physical_remote: addr("198.18.3.2:5001"),
+                state: ConnState::Native,
+                cookie: 1,
+                cgroup_id: 2,
+                cgroup: None,
+                pid: None,
+                command: None,
+                age_secs: 3,
+            },
+            mobile: true,
+        };
+        let v = serde_json::to_value(&listed).expect("serializable");
+        let mut plain = serde_json::to_value(&listed.info).expect("serializable");
+        plain["mobile"] = serde_json::json!(true);
+        assert_eq!(v, plain, "mobile is one more key beside the record's");
+        let back: ListedConnection = serde_json::from_value(v).expect("parses back");
+        assert_eq!(back, listed);
+        // A vnatd from before `mobile` still speaks version 1: its records
+        // read as not mobile (it could not move them either).
+        let old: ListedConnection =
+            serde_json::from_value(serde_json::to_value(&listed.info).expect("serializable"))
+                .expect("a record without mobile parses");
+        assert!(!old.mobile);
     }
 
     #[test]
@@ -256,6 +493,9 @@ mod tests {
             ErrorKind::RequestTooLarge,
             ErrorKind::InvalidArgument,
             ErrorKind::Datapath,
+            ErrorKind::NoMatch,
+            ErrorKind::Unavailable,
+            ErrorKind::Mobility,
             ErrorKind::Internal,
         ] {
             assert_eq!(

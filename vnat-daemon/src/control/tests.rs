@@ -133,11 +133,16 @@ async fn list_and_status_round_trip() {
     let mut client = server.client().await;
     let conns = client.list().await.expect("list");
     assert_eq!(conns.len(), 2, "both connections listed: {conns:?}");
+    assert!(
+        conns.iter().all(|c| !c.mobile),
+        "without a VCMP driver nothing is mobile: {conns:?}"
+    );
     let by_id = |id| {
-        conns
+        &conns
             .iter()
-            .find(|c| c.id == id)
+            .find(|c| c.info.id == id)
             .unwrap_or_else(|| panic!("id {id} missing"))
+            .info
     };
     assert_eq!(by_id(native).state, ConnState::Native);
     assert_eq!(by_id(native).pid, Some(42));
@@ -222,8 +227,9 @@ async fn malformed_input_gets_an_error_and_the_server_stays_up() {
     );
     assert_eq!(e.kind, ErrorKind::UnknownRequest);
     assert!(
-        e.message
-            .contains("status, list, enable_cgroup, disable_cgroup"),
+        e.message.contains(
+            "status, list, enable_cgroup, disable_cgroup, suspend, resume, peers, export, import"
+        ),
         "{}",
         e.message
     );
@@ -275,7 +281,7 @@ async fn oversize_line_is_refused_and_the_server_stays_up() {
     huge.push(b'\n');
     let e = error_of(raw(&mut s, &huge).await);
     assert_eq!(e.kind, ErrorKind::RequestTooLarge);
-    assert!(e.message.contains("65536"), "{}", e.message);
+    assert!(e.message.contains("1048576"), "{}", e.message);
     let mut rest = String::new();
     assert_eq!(
         s.read_line(&mut rest).await.expect("read"),

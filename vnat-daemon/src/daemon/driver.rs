@@ -26,7 +26,10 @@ use super::{
     mobility::{self, Tracked},
 };
 use crate::{
-    control::SharedDatapath,
+    control::{
+        transfer::{self, ExportDocument, ExportedConnection, ImportOutcome, TransferError},
+        SharedDatapath,
+    },
     datapath::{Datapath, DatapathError, Translation, VirtualFlow},
     vcmp::{self, crypto::HostIdentity, Endpoint, Event, Timestamp},
 };
@@ -77,6 +80,12 @@ pub enum Command {
     Peers { reply: oneshot::Sender<Vec<PeerInfo>> },
     /// Which tracked flows can move (have keys).
     Mobility { reply: oneshot::Sender<HashMap<VirtualFlow, bool>> },
+    /// Hand these flows' VCMP state over (keys included) and forget them
+    /// here; all of them or none.
+    Export { flows: Vec<VirtualFlow>, reply: oneshot::Sender<Result<ExportDocument, TransferError>> },
+    /// Take over exported flows (all or none), then move those whose local
+    /// end now lives at another address, as automatic mode does.
+    Import { state: ExportDocument, reply: oneshot::Sender<Result<Vec<ImportOutcome>, TransferError>> },
 }
 
 pub type CommandSender = mpsc::Sender<Command>;
@@ -233,7 +242,71 @@ impl Driver {
                     .collect();
                 let _ = reply.send(m);
             }
+            Command::Export { flows, reply } => {
+                let r = self.export(&flows).await;
+                let _ = reply.send(r);
+            }
+            Command::Import { state, reply } => {
+                let r = self.import(&state).await;
+                let _ = reply.send(r);
+            }
         }
+    }
+
+    async fn export(&mut self, flows: &[VirtualFlow]) -> Result<ExportDocument, TransferError> {
+        // Check every flow before forgetting any: all or nothing.
+        for f in flows {
+            let (id, flow) = (f.id(), transfer::describe(f));
+            match self.endpoint.connection(f) {
+                None => return Err(TransferError::NotTracked { id, flow }),
+                Some(v) if !v.has_keys => return Err(TransferError::NoKeys { id, flow }),
+                Some(_) => {}
+            }
+        }
+        let translations = with_dp(&self.dp, |dp| dp.translations()).await.map_err(TransferError::Datapath)?;
+        let mut connections = Vec::with_capacity(flows.len());
+        for f in flows {
+            let vcmp = self.endpoint.export_connection(f).map_err(|source| TransferError::Export { id: f.id(), source })?;
+            let translation = translations.iter().find(|t| t.flow == *f).copied();
+            tracing::info!(flow = ?f, "connection exported; VCMP forgets it here");
+            connections.push(ExportedConnection { id: f.id(), vcmp, translation });
+        }
+        Ok(ExportDocument { vnat_export: transfer::EXPORT_FORMAT, connections })
+    }
+
+    async fn import(&mut self, state: &ExportDocument) -> Result<Vec<ImportOutcome>, TransferError> {
+        let mut done: Vec<VirtualFlow> = Vec::new();
+        for c in &state.connections {
+            if let Err(source) = self.endpoint.import_connection(&c.vcmp) {
+                // All or nothing: a half-imported set would leave the peer
+                // talking to two hosts about one process.
+                for f in &done {
+                    self.endpoint.connection_removed(f);
+                }
+                return Err(TransferError::Import { id: c.id, source });
+            }
+            done.push(c.vcmp.flow);
+        }
+        // The imported physical local address is the exporting host's: where
+        // it is not an address of this host, move to the routed source.
+        self.plan_and_move().await;
+        let here: HashSet<IpAddr> = with_dp(&self.dp, |dp| dp.interface_addresses())
+            .await
+            .map(|a| a.into_iter().map(|(ip, _)| ip).collect())
+            .unwrap_or_default();
+        let mut out = Vec::with_capacity(done.len());
+        for flow in done {
+            let Some(v) = self.endpoint.connection(&flow) else { continue };
+            let moved = v.local_phys != flow.local || v.remote_phys != flow.remote;
+            if !v.migrating && moved && here.contains(&v.local_phys.ip()) {
+                // Staying at the exported physical endpoints (this host has
+                // that address too): translate as the exporting host did.
+                self.translate(flow, v.local_phys, v.remote_phys).await;
+            }
+            tracing::info!(?flow, local = %v.local_phys, moving = v.migrating, "connection imported");
+            out.push(ImportOutcome { flow, physical_local: v.local_phys, physical_remote: v.remote_phys, moving: v.migrating });
+        }
+        Ok(out)
     }
 
     fn peer_infos(&self) -> Vec<PeerInfo> {
