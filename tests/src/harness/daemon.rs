@@ -88,6 +88,25 @@ impl Vnatd {
         Some(serde_json::from_slice(&out.stdout).expect("vnatctl printed invalid JSON"))
     }
 
+    /// A clean stop: SIGTERM, then wait for vnatd to exit (SIGKILL after
+    /// 10 s, which fails the test). The pins stay, as after any clean stop.
+    pub fn stop(mut self) -> std::process::ExitStatus {
+        use nix::{sys::signal::{kill, Signal}, unistd::Pid};
+        kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM).expect("SIGTERM vnatd");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("waiting for vnatd") {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!("vnatd did not exit within 10 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn kill9(mut self) {
         self.child.kill().expect("SIGKILL vnatd");
         self.child.wait().expect("reaping vnatd");
