@@ -761,8 +761,12 @@ impl Endpoint {
                 && m.lookup == Lookup::Pending
             {
                 m.lookup = Lookup::NotFound;
-                if m.store_ok == Some(true) {
-                    self.park(ctx, &f);
+                match m.store_ok {
+                    Some(true) => self.park(ctx, &f),
+                    // Both query and store failed: on to the next step
+                    // (paper 3.3.2.1, P(2)/P(3)), not after the retries.
+                    Some(false) => self.advance(ctx, &f),
+                    None => {}
                 }
             }
         }
@@ -784,8 +788,13 @@ impl Endpoint {
             };
             if m.phase == Phase::Chain && m.idx == idx && m.round == round && m.store_ok.is_none() {
                 m.store_ok = Some(accepted > 0);
-                if accepted > 0 && m.lookup == Lookup::NotFound {
-                    self.park(ctx, &f);
+                if m.lookup == Lookup::NotFound {
+                    if accepted > 0 {
+                        self.park(ctx, &f);
+                    } else {
+                        // Both failed: next step at once (paper 3.3.2.1).
+                        self.advance(ctx, &f);
+                    }
                 }
             }
         }

@@ -263,6 +263,25 @@ impl Endpoint {
         true
     }
 
+    /// Whether `rec` is a location record this host signed for its own end
+    /// of one of its connections (checked with our send key, so nobody else
+    /// can make a record look like ours).
+    fn signed_by_us(&self, rec: &Record) -> bool {
+        let own = VirtualFlow {
+            proto: rec.proto,
+            local: rec.sender_vir,
+            remote: rec.receiver_vir,
+        };
+        let Some(keys) = self.conns.get(&own).and_then(|c| c.keys.as_ref()) else {
+            return false;
+        };
+        let mut buf = [0u8; MAX_SIGNED_LEN];
+        let Ok(n) = rec.write_signed(&mut buf) else {
+            return false;
+        };
+        crypto::verify_record(&keys.send, &buf[..n], &rec.tag)
+    }
+
     /// STORE, in the location-server role: keep the records as signed.
     fn on_store(
         &mut self,
@@ -275,6 +294,21 @@ impl Endpoint {
         self.tx.credit(from.ip(), len);
         let mut accepted: u8 = 0;
         for rec in records {
+            if self.signed_by_us(rec) {
+                // Our own STORE came back to us: the chain's "own old
+                // location" step (P(2)/S(1), paper 3.3.2.1) reached this
+                // host because a host that moved keeps its old, virtual
+                // address local (on lo, DESIGN.md section 3). Whoever asks
+                // here for us gets our live answer (own_lookup) anyway, and
+                // a host that moved whole cannot be reached at its old
+                // address by the peer: accepting would park us at a place
+                // nobody else can get to, never reaching the location
+                // servers of step P(3)/S(3). Refused, the step fails at
+                // once, as the paper's chain expects of an old location
+                // that is gone.
+                self.stats.reject("own_location");
+                continue;
+            }
             if self.store.store(ctx.now, from.ip(), *rec) {
                 accepted = accepted.saturating_add(1);
             } else {

@@ -18,6 +18,9 @@ use crate::datapath::{Proto, VirtualFlow};
 pub struct Host {
     pub ep: Endpoint,
     pub ip: IpAddr,
+    /// Addresses that reach this host only from itself: the old address a
+    /// moved vnatd keeps on `lo`, which the network no longer routes here.
+    pub local_only: Vec<IpAddr>,
     pub alive: bool,
     pub events: Vec<(Timestamp, Event)>,
 }
@@ -129,6 +132,7 @@ impl Sim {
         self.hosts.push(Host {
             ep: Endpoint::new(cfg, id),
             ip: ip(ip_),
+            local_only: Vec::new(),
             alive: true,
             events: Vec::new(),
         });
@@ -255,7 +259,10 @@ impl Sim {
                 let Some(Reverse(d)) = self.queue.pop() else {
                     break;
                 };
-                let Some(h) = self.hosts.iter().position(|h| h.alive && h.ip == d.to.ip()) else {
+                let (to, by) = (d.to.ip(), d.from.ip());
+                let Some(h) = self.hosts.iter().position(|h| {
+                    h.alive && (h.ip == to || (h.local_only.contains(&to) && h.ip == by))
+                }) else {
                     continue;
                 };
                 self.with(h, |ep, now, rng| {
@@ -288,5 +295,14 @@ impl Sim {
     /// Move host `h` to a new address (its old one becomes unreachable).
     pub fn move_host(&mut self, h: usize, new_ip: &str) {
         self.hosts[h].ip = ip(new_ip);
+    }
+
+    /// Move host `h` as vnatd does: its old address stays local (on `lo`),
+    /// so datagrams the host sends there come back to itself, while nobody
+    /// else's reach it (the network no longer routes it there).
+    pub fn move_host_keeping_old_local(&mut self, h: usize, new_ip: &str) {
+        let old = self.hosts[h].ip;
+        self.move_host(h, new_ip);
+        self.hosts[h].local_only.push(old);
     }
 }

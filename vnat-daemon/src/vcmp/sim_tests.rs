@@ -220,6 +220,61 @@ fn both_move_and_only_a_location_server_can_tell() {
 }
 
 #[test]
+fn both_move_whole_keeping_old_addresses_local_meet_at_the_location_server() {
+    // As vnatd does it: each host keeps its old address on lo, so its own
+    // "old location" step reaches itself. That step must fail (a store at
+    // ourselves is useless: the peer cannot get there), not park the host
+    // there, or neither ever asks the location server (P(3)).
+    let cfg = Config {
+        location_servers: vec![sa("10.9.9.9:2031")],
+        ..Config::default()
+    };
+    let (mut sim, flows) = setup(6, Link::default(), cfg, 2);
+    let server = sim.add_host("10.9.9.9", Config::default());
+    sim.move_host_keeping_old_local(0, "10.0.1.1");
+    sim.move_host_keeping_old_local(1, "10.0.2.2");
+    let b_flows: Vec<_> = flows.iter().map(reverse).collect();
+    let start = sim.now;
+    resume(&mut sim, 0, &flows, "10.0.1.1");
+    resume(&mut sim, 1, &b_flows, "10.0.2.2");
+    sim.run_for(Duration::from_secs(60));
+    for f in &flows {
+        assert!(
+            resumed(&sim, 0, f) && resumed(&sim, 1, &reverse(f)),
+            "both ends must resume {f:?} within 60 s"
+        );
+        assert_remote(&sim, 0, f, sa(&format!("10.0.2.2:{}", f.remote.port())));
+        assert_remote(&sim, 1, &reverse(f), moved(f, "10.0.1.1"));
+    }
+    assert!(
+        sim.hosts[0].ep.stats().rejected("own_location") > 0,
+        "A's store at itself must be refused"
+    );
+    assert!(
+        sim.hosts[1].ep.stats().rejected("own_location") > 0,
+        "B's store at itself must be refused"
+    );
+    assert_eq!(
+        sim.hosts[0].ep.stored_locations(),
+        0,
+        "A must not keep its own record"
+    );
+    assert!(sim.hosts[server].ep.stats().get("stores_served") > 0);
+    // The silent step P(1) costs its retries (about 15 s); the refused one
+    // costs a round trip, not another 15 s.
+    let done = sim
+        .events(0, |e| matches!(e, Event::Resumed { .. }))
+        .map(|(t, _)| *t)
+        .max()
+        .expect("resumed");
+    assert!(
+        done.since(start) < Duration::from_secs(25),
+        "took {:?}",
+        done.since(start)
+    );
+}
+
+#[test]
 fn migration_aborts_with_a_reason_when_every_step_fails() {
     let (mut sim, flows) = setup(5, Link::default(), Config::default(), 2);
     sim.hosts[1].alive = false;
