@@ -224,5 +224,5 @@ fn scenario(tag: &str, before_move: Before) {
     let fin = client.stop();
     assert_eq!(fin.error, None, "{:?}", fin.json);
     assert_eq!(fin.local, before.local, "the client's socket changed");
-    assert!(fin.verified > s.verified, "{:?}", fin.json);
+    assert!(fin.verified >= s.verified, "{:?}", fin.json);
 }

@@ -1,4 +1,5 @@
 //! The namespace-host harness; see the crate documentation.
+mod attacker;
 mod bpffs;
 mod capture;
 mod cgroup;
@@ -16,6 +17,7 @@ use std::{
     sync::atomic::{AtomicU32, Ordering},
 };
 
+pub use attacker::{attach_attacker, ATTACKER_ADDR, ROUTER_D_ADDR, ROUTER_IF_D};
 pub use bpffs::{ensure_bpffs_mounted, BpffsDir, BPFFS_ROOT};
 pub use capture::Capture;
 pub use cgroup::{cgroup2_mount, Cgroup};
