@@ -14,7 +14,7 @@ use std::time::Duration;
 use rand_core::{CryptoRng, RngCore};
 
 use super::crypto::{ConnKeys, Ephemeral, HostIdentity, PairSecret, SecretKey};
-use super::location::{LocationStore, Step, StoreLimits};
+use super::location::LocationStore;
 use super::migrate::{Migration, Validation, ValidationKey};
 use super::pairing::Handshake;
 use super::replay::ReplayWindow;
@@ -25,146 +25,8 @@ use super::wire::{self, Ext, Family, Kind, Record, MAX_SIGNED_LEN};
 use super::Timestamp;
 use crate::datapath::VirtualFlow;
 
-/// Default VCMP port (the paper's).
-pub const DEFAULT_PORT: u16 = 2031;
-
-/// Tunables of the protocol core. Defaults are in [`Config::default`].
-#[derive(Clone, Debug)]
-pub struct Config {
-    /// UDP port every vnatd listens on (default 2031).
-    pub port: u16,
-    /// Path MTU used to size batched datagrams (default 1500).
-    pub mtu: usize,
-    /// Location servers asked in step P(3)/S(3), in order.
-    pub location_servers: Vec<SocketAddr>,
-    /// First retransmission timeout (default 200 ms); doubled per retry.
-    pub initial_rto: Duration,
-    /// Largest retransmission timeout (default 3 s).
-    pub max_rto: Duration,
-    /// Transmissions of a request before its step counts as failed (8).
-    pub max_tries: u32,
-    /// How long a host that stored its location waits for the peer before
-    /// running the chain again (default 30 s, paper 3.3.2.1 P(1)).
-    pub park_timeout: Duration,
-    /// Rounds of the chain before the migration is aborted (default 3).
-    pub max_rounds: u32,
-    /// Claim roles with SUSP_PRIMARY at suspend (default true).
-    pub negotiate_roles: bool,
-    /// Run the suspend-time Diffie-Hellman (default true).
-    pub suspend_dh: bool,
-    pub max_connections: usize,
-    pub max_connections_per_peer: usize,
-    pub max_pending_pairings: usize,
-    pub max_queued_datagrams: usize,
-    pub max_events: usize,
-    pub store: StoreLimits,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            port: DEFAULT_PORT,
-            mtu: 1500,
-            location_servers: Vec::new(),
-            initial_rto: Duration::from_millis(200),
-            max_rto: Duration::from_secs(3),
-            max_tries: 8,
-            park_timeout: Duration::from_secs(30),
-            max_rounds: 3,
-            negotiate_roles: true,
-            suspend_dh: true,
-            max_connections: 1 << 20,
-            max_connections_per_peer: 1 << 17,
-            max_pending_pairings: 256,
-            max_queued_datagrams: 16_384,
-            max_events: 1 << 20,
-            store: StoreLimits::default(),
-        }
-    }
-}
-
-/// Why a migration was given up.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum AbortReason {
-    #[error(
-        "the peer's location could not be determined: no answer to queries or stores at {tried:?}"
-    )]
-    LocationUnknown { tried: Vec<SocketAddr> },
-    #[error("stored our location {rounds} times but the peer never arrived")]
-    PeerNeverArrived { rounds: u32 },
-}
-
-/// Outputs for the datapath and the control API.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Event {
-    /// Translate `flow` to the remote physical endpoint `remote`: the peer
-    /// moved there and proved that it receives there.
-    SetRemote {
-        flow: VirtualFlow,
-        remote: SocketAddr,
-    },
-    /// Path validation of `attempted` failed; `flow` stays at (or returns
-    /// to) the last validated endpoint `remote`.
-    Reverted {
-        flow: VirtualFlow,
-        remote: SocketAddr,
-        attempted: SocketAddr,
-    },
-    /// Our move of `flow` is complete: the peer acknowledged that our end is
-    /// now at `local`.
-    Resumed {
-        flow: VirtualFlow,
-        local: SocketAddr,
-    },
-    /// Our location is stored at `step` and nobody knows the peer's yet: the
-    /// connection stays suspended until the peer arrives.
-    Parked { flow: VirtualFlow, step: Step },
-    /// The migration of `flow` was aborted.
-    MigrationAborted {
-        flow: VirtualFlow,
-        reason: AbortReason,
-    },
-    /// A role was settled at suspend time.
-    RoleDecided { flow: VirtualFlow, role: Role },
-    /// Pairing with the host at `peer` completed; its key is now pinned.
-    Paired { peer: IpAddr, key: [u8; 32] },
-    /// A host at `peer` presented a key other than the pinned one. Refused.
-    PeerKeyChanged {
-        peer: IpAddr,
-        pinned: [u8; 32],
-        offered: [u8; 32],
-    },
-    /// The connection's keys are ready (after pairing).
-    KeysReady { flow: VirtualFlow },
-    /// The suspend-time key agreement replaced the connection's keys.
-    Rekeyed { flow: VirtualFlow },
-    /// The peer sent an (unauthenticated, advisory) error.
-    PeerError {
-        from: SocketAddr,
-        code: wire::ErrorCode,
-    },
-}
-
-/// Errors of the commands.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum EndpointError {
-    #[error("connection {0:?} is not known to VCMP; add it with connection_added first")]
-    UnknownConnection(VirtualFlow),
-    #[error("connection {0:?} is already known")]
-    DuplicateConnection(VirtualFlow),
-    #[error("too many connections ({limit}); raise max_connections or close some")]
-    TooManyConnections { limit: usize },
-    #[error("too many connections with peer {peer} ({limit})")]
-    TooManyForPeer { peer: IpAddr, limit: usize },
-    #[error("endpoints of {0:?} are not all of one address family")]
-    MixedFamilies(VirtualFlow),
-    #[error("connection {0:?} has no keys yet; wait for pairing with the peer")]
-    NoKeys(VirtualFlow),
-    #[error("export format version {0} is not supported")]
-    ExportVersion(u32),
-    #[error("exported key is not 64 hex digits")]
-    ExportKey,
-}
+pub use super::config::{Config, DEFAULT_PORT};
+pub use super::event::{AbortReason, EndpointError, Event};
 
 /// State of one connection.
 pub(crate) struct Conn {
@@ -483,7 +345,11 @@ impl Endpoint {
     /// Retransmission timeout for the `tries`-th transmission.
     pub(crate) fn rto(&self, ctx: &Ctx, tries: u32) -> Duration {
         let base = self.cfg.initial_rto.saturating_mul(1u32 << tries.min(16));
-        base.min(self.cfg.max_rto) * (ctx.jitter_permille as u32) / 1000
+        let capped = base.min(self.cfg.max_rto);
+        // Checked: a huge configured timeout must not overflow (and panic).
+        capped
+            .checked_mul(ctx.jitter_permille as u32)
+            .map_or(capped, |d| d / 1000)
     }
 
     /// Sign a record of `kind` for `flow` with a fresh sequence number and

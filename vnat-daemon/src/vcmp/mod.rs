@@ -23,8 +23,10 @@
 //! endpoint's receive path, migration and pairing logic), [`tx`] (batching
 //! and anti-amplification), [`export`], [`stats`].
 
+pub mod config;
 pub mod crypto;
 pub mod endpoint;
+pub mod event;
 pub mod export;
 pub mod location;
 mod migrate;
@@ -33,7 +35,9 @@ mod recv;
 pub mod replay;
 pub mod roles;
 pub mod stats;
+mod suspend;
 pub mod tx;
+mod update;
 pub mod wire;
 
 use std::time::Duration;

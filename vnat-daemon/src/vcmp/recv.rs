@@ -182,7 +182,7 @@ impl Endpoint {
                 local: rec.receiver_vir,
                 remote: rec.sender_vir,
             };
-            if self.own_lookup(ctx, from, req, &flow, rec) {
+            if self.own_lookup(from, req, &flow, rec) {
                 answered = true;
                 continue;
             }
@@ -214,14 +214,7 @@ impl Endpoint {
 
     /// A LOOKUP by our peer for our own end of a connection: authenticate it
     /// like any record, then answer with our current location.
-    fn own_lookup(
-        &mut self,
-        ctx: &mut Ctx,
-        from: SocketAddr,
-        req: u32,
-        flow: &VirtualFlow,
-        rec: &Record,
-    ) -> bool {
+    fn own_lookup(&mut self, from: SocketAddr, req: u32, flow: &VirtualFlow, rec: &Record) -> bool {
         let Some(c) = self.conns.get_mut(flow) else {
             return false;
         };
@@ -259,7 +252,6 @@ impl Endpoint {
             &tag,
             &mut self.stats,
         );
-        let _ = ctx;
         true
     }
 

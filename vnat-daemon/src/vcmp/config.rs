@@ -1,0 +1,64 @@
+//! Tunables of the protocol core, with their defaults.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use super::location::StoreLimits;
+
+/// Default VCMP port (the paper's).
+pub const DEFAULT_PORT: u16 = 2031;
+
+/// Tunables of the protocol core. Defaults are in [`Config::default`].
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// UDP port every vnatd listens on (default 2031).
+    pub port: u16,
+    /// Path MTU used to size batched datagrams (default 1500).
+    pub mtu: usize,
+    /// Location servers asked in step P(3)/S(3), in order.
+    pub location_servers: Vec<SocketAddr>,
+    /// First retransmission timeout (default 200 ms); doubled per retry.
+    pub initial_rto: Duration,
+    /// Largest retransmission timeout (default 3 s).
+    pub max_rto: Duration,
+    /// Transmissions of a request before its step counts as failed (8).
+    pub max_tries: u32,
+    /// How long a host that stored its location waits for the peer before
+    /// running the chain again (default 30 s, paper 3.3.2.1 P(1)).
+    pub park_timeout: Duration,
+    /// Rounds of the chain before the migration is aborted (default 3).
+    pub max_rounds: u32,
+    /// Claim roles with SUSP_PRIMARY at suspend (default true).
+    pub negotiate_roles: bool,
+    /// Run the suspend-time Diffie-Hellman (default true).
+    pub suspend_dh: bool,
+    pub max_connections: usize,
+    pub max_connections_per_peer: usize,
+    pub max_pending_pairings: usize,
+    pub max_queued_datagrams: usize,
+    pub max_events: usize,
+    pub store: StoreLimits,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            port: DEFAULT_PORT,
+            mtu: 1500,
+            location_servers: Vec::new(),
+            initial_rto: Duration::from_millis(200),
+            max_rto: Duration::from_secs(3),
+            max_tries: 8,
+            park_timeout: Duration::from_secs(30),
+            max_rounds: 3,
+            negotiate_roles: true,
+            suspend_dh: true,
+            max_connections: 1 << 20,
+            max_connections_per_peer: 1 << 17,
+            max_pending_pairings: 256,
+            max_queued_datagrams: 16_384,
+            max_events: 1 << 20,
+            store: StoreLimits::default(),
+        }
+    }
+}

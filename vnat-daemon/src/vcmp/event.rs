@@ -1,0 +1,92 @@
+//! What the protocol core reports: events for the datapath and the control
+//! API, abort reasons, and the errors of its commands.
+
+use std::net::{IpAddr, SocketAddr};
+
+use super::location::Step;
+use super::roles::Role;
+use super::wire;
+use crate::datapath::VirtualFlow;
+
+/// Why a migration was given up.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AbortReason {
+    #[error(
+        "the peer's location could not be determined: no answer to queries or stores at {tried:?}"
+    )]
+    LocationUnknown { tried: Vec<SocketAddr> },
+    #[error("stored our location {rounds} times but the peer never arrived")]
+    PeerNeverArrived { rounds: u32 },
+}
+
+/// Outputs for the datapath and the control API.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// Translate `flow` to the remote physical endpoint `remote`: the peer
+    /// moved there and proved that it receives there.
+    SetRemote {
+        flow: VirtualFlow,
+        remote: SocketAddr,
+    },
+    /// Path validation of `attempted` failed; `flow` stays at (or returns
+    /// to) the last validated endpoint `remote`.
+    Reverted {
+        flow: VirtualFlow,
+        remote: SocketAddr,
+        attempted: SocketAddr,
+    },
+    /// Our move of `flow` is complete: the peer acknowledged that our end is
+    /// now at `local`.
+    Resumed {
+        flow: VirtualFlow,
+        local: SocketAddr,
+    },
+    /// Our location is stored at `step` and nobody knows the peer's yet: the
+    /// connection stays suspended until the peer arrives.
+    Parked { flow: VirtualFlow, step: Step },
+    /// The migration of `flow` was aborted.
+    MigrationAborted {
+        flow: VirtualFlow,
+        reason: AbortReason,
+    },
+    /// A role was settled at suspend time.
+    RoleDecided { flow: VirtualFlow, role: Role },
+    /// Pairing with the host at `peer` completed; its key is now pinned.
+    Paired { peer: IpAddr, key: [u8; 32] },
+    /// A host at `peer` presented a key other than the pinned one. Refused.
+    PeerKeyChanged {
+        peer: IpAddr,
+        pinned: [u8; 32],
+        offered: [u8; 32],
+    },
+    /// The connection's keys are ready (after pairing).
+    KeysReady { flow: VirtualFlow },
+    /// The suspend-time key agreement replaced the connection's keys.
+    Rekeyed { flow: VirtualFlow },
+    /// The peer sent an (unauthenticated, advisory) error.
+    PeerError {
+        from: SocketAddr,
+        code: wire::ErrorCode,
+    },
+}
+
+/// Errors of the commands.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EndpointError {
+    #[error("connection {0:?} is not known to VCMP; add it with connection_added first")]
+    UnknownConnection(VirtualFlow),
+    #[error("connection {0:?} is already known")]
+    DuplicateConnection(VirtualFlow),
+    #[error("too many connections ({limit}); raise max_connections or close some")]
+    TooManyConnections { limit: usize },
+    #[error("too many connections with peer {peer} ({limit})")]
+    TooManyForPeer { peer: IpAddr, limit: usize },
+    #[error("endpoints of {0:?} are not all of one address family")]
+    MixedFamilies(VirtualFlow),
+    #[error("connection {0:?} has no keys yet; wait for pairing with the peer")]
+    NoKeys(VirtualFlow),
+    #[error("export format version {0} is not supported")]
+    ExportVersion(u32),
+    #[error("exported key is not 64 hex digits")]
+    ExportKey,
+}

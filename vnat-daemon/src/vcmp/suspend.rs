@@ -1,0 +1,213 @@
+//! Suspend (paper section 3.3.1): the primary/secondary claim of Figure 3-4
+//! and the suspend-time Diffie-Hellman of 3.3.1.1.
+
+use std::net::SocketAddr;
+
+use super::crypto::Ephemeral;
+use super::endpoint::{CryptoDyn, Ctx, Endpoint, Event, KeyxState};
+use super::roles::{ClaimOutcome, Role};
+use super::wire::{Ext, Kind, Record};
+use crate::datapath::VirtualFlow;
+
+impl Endpoint {
+    pub(crate) fn start_suspend(&mut self, ctx: &mut Ctx, flow: &VirtualFlow) {
+        let port = self.cfg.port;
+        let (negotiate, dh) = (self.cfg.negotiate_roles, self.cfg.suspend_dh);
+        let rto = self.rto(ctx, 0);
+        let Some(c) = self.conns.get_mut(flow) else {
+            return;
+        };
+        let dst = c.peer_vcmp(port);
+        let has_keys = c.keys.is_some();
+        // A peer that already claimed primary made us secondary; we do not
+        // claim in turn (paper 3.3.1.2).
+        let claim = negotiate && c.role.negotiated != Some(Role::Secondary);
+        if claim {
+            c.role.claim();
+            c.claim_retry = Some((1, ctx.now.plus(rto)));
+        }
+        let mut eph_pub = None;
+        if dh && has_keys && c.keyx.is_none() {
+            let eph = Ephemeral::generate(&mut CryptoDyn(&mut ctx.rng));
+            eph_pub = Some(eph.public());
+            c.keyx = Some(KeyxState {
+                eph,
+                tries: 1,
+                deadline: ctx.now.plus(rto),
+            });
+        }
+        if claim {
+            self.send_record(ctx, flow, Kind::SuspPrimary, Ext::None, dst);
+        }
+        if let Some(p) = eph_pub {
+            self.send_record(ctx, flow, Kind::KeyX, Ext::Key(p), dst);
+        }
+    }
+
+    pub(crate) fn role_and_key_timeouts(&mut self, ctx: &mut Ctx) {
+        let now = ctx.now;
+        let port = self.cfg.port;
+        let max = self.cfg.max_tries;
+        let due: Vec<VirtualFlow> = self
+            .conns
+            .values()
+            .filter(|c| {
+                c.claim_retry.is_some_and(|(_, d)| d <= now)
+                    || c.keyx.as_ref().is_some_and(|k| k.deadline <= now)
+            })
+            .map(|c| c.flow)
+            .collect();
+        for f in due {
+            let Some(c) = self.conns.get_mut(&f) else {
+                continue;
+            };
+            let dst = c.peer_vcmp(port);
+            let mut resend_claim = false;
+            if let Some((tries, d)) = c.claim_retry {
+                if d <= now {
+                    if tries >= max {
+                        // Unanswered: we keep the primary role we claimed.
+                        c.claim_retry = None;
+                        c.role.claim_pending = false;
+                        self.stats.count("claim_unanswered");
+                    } else {
+                        resend_claim = true;
+                    }
+                }
+            }
+            let mut resend_key = None;
+            if let Some(k) = &c.keyx {
+                if k.deadline <= now {
+                    if k.tries >= max {
+                        c.keyx = None;
+                        self.stats.count("keyx_unanswered");
+                    } else {
+                        resend_key = Some((k.tries, k.eph.public()));
+                    }
+                }
+            }
+            if resend_claim {
+                let tries = c.claim_retry.map_or(1, |t| t.0);
+                let d = now.plus(self.rto(ctx, tries));
+                if let Some(c) = self.conns.get_mut(&f) {
+                    c.claim_retry = Some((tries + 1, d));
+                }
+                self.send_record(ctx, &f, Kind::SuspPrimary, Ext::None, dst);
+                self.stats.count("retransmit");
+            }
+            if let Some((tries, p)) = resend_key {
+                let d = now.plus(self.rto(ctx, tries));
+                if let Some(k) = self.conns.get_mut(&f).and_then(|c| c.keyx.as_mut()) {
+                    k.tries += 1;
+                    k.deadline = d;
+                }
+                self.send_record(ctx, &f, Kind::KeyX, Ext::Key(p), dst);
+                self.stats.count("retransmit");
+            }
+        }
+    }
+
+    pub(crate) fn on_susp_primary(
+        &mut self,
+        from: SocketAddr,
+        ctx: &mut Ctx,
+        flow: &VirtualFlow,
+    ) -> Result<(), &'static str> {
+        let c = self.conns.get_mut(flow).ok_or("unknown_connection")?;
+        match c.role.on_claim(&flow.local, &flow.remote) {
+            ClaimOutcome::AnswerSecondary => {
+                self.send_record(ctx, flow, Kind::SuspSecondary, Ext::None, from);
+                self.emit(Event::RoleDecided {
+                    flow: *flow,
+                    role: Role::Secondary,
+                });
+            }
+            ClaimOutcome::Arbitrated(role) => {
+                c.claim_retry = None;
+                self.emit(Event::RoleDecided { flow: *flow, role });
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn on_susp_secondary(&mut self, flow: &VirtualFlow) -> Result<(), &'static str> {
+        let c = self.conns.get_mut(flow).ok_or("unknown_connection")?;
+        if !c.role.claimed {
+            return Err("unsolicited_susp_secondary");
+        }
+        let first = c.role.claim_pending;
+        c.role.on_accept();
+        c.claim_retry = None;
+        if first {
+            self.emit(Event::RoleDecided {
+                flow: *flow,
+                role: Role::Primary,
+            });
+        }
+        Ok(())
+    }
+
+    /// Suspend-time Diffie-Hellman (paper 3.3.1.1), authenticated by the
+    /// current connection key and mixed into it. `under_prev`: the record
+    /// verified only under the keys before our last ratchet, i.e. it is a
+    /// retransmission whose answer was lost; answer it again under those.
+    pub(crate) fn on_keyx(
+        &mut self,
+        ctx: &mut Ctx,
+        from: SocketAddr,
+        flow: &VirtualFlow,
+        rec: &Record,
+        under_prev: bool,
+    ) -> Result<(), &'static str> {
+        let Ext::Key(peer_eph) = rec.ext else {
+            return Err("bad_extension");
+        };
+        let c = self.conns.get_mut(flow).ok_or("unknown_connection")?;
+        if under_prev {
+            let (Some((seen, mine)), Some(prev)) = (c.keyx_answer, &c.prev_keys) else {
+                return Err("bad_mac");
+            };
+            if seen != peer_eph {
+                return Err("bad_mac");
+            }
+            let key = prev.send.clone();
+            c.send_seq += 1;
+            let answer = Record {
+                command: Kind::KeyX,
+                proto: flow.proto,
+                receiver_vir: flow.remote,
+                sender_vir: flow.local,
+                sender_phys: c.local_phys,
+                ext: Ext::Key(mine),
+                seq: c.send_seq,
+                tag: [0; 16],
+            };
+            self.push_signed(&answer, &key, Kind::KeyX, 0, from);
+            return Ok(());
+        }
+        let keys = c.keys.as_ref().ok_or("no_keys")?;
+        if let Some(mine) = c.keyx.take() {
+            // We started (or both started): finish with our value, no reply.
+            let Ok(dh) = mine.eph.dh(&peer_eph) else {
+                c.keyx = Some(mine);
+                return Err("low_order_point");
+            };
+            let new = keys.ratchet(&dh, &mine.eph.public(), &peer_eph, flow);
+            c.prev_keys = c.keys.replace(new);
+            c.keyx_answer = None;
+        } else {
+            let eph = Ephemeral::generate(&mut CryptoDyn(&mut ctx.rng));
+            let dh = eph.dh(&peer_eph).map_err(|_| "low_order_point")?;
+            let new = keys.ratchet(&dh, &eph.public(), &peer_eph, flow);
+            let mine = eph.public();
+            // Answer under the old keys: the peer has not ratcheted yet.
+            self.send_record(ctx, flow, Kind::KeyX, Ext::Key(mine), from);
+            let c = self.conns.get_mut(flow).ok_or("unknown_connection")?;
+            c.prev_keys = c.keys.replace(new);
+            c.keyx_answer = Some((peer_eph, mine));
+        }
+        self.stats.count("rekeyed");
+        self.emit(Event::Rekeyed { flow: *flow });
+        Ok(())
+    }
+}

@@ -1,0 +1,218 @@
+//! The update (paper section 3.3.2.3, Figures 3-6 and 3-7) and the path
+//! validation that must succeed before traffic moves to a new address.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+
+use super::crypto;
+use super::endpoint::{Ctx, Endpoint, Event};
+use super::migrate::{Group, Validation, ValidationKey};
+use super::wire::{Ext, Kind, Record};
+use crate::datapath::VirtualFlow;
+
+impl Endpoint {
+    /// UPD (paper 3.3.2.3 (1)): the peer's end is now at `rec.sender_phys`.
+    pub(crate) fn on_upd(
+        &mut self,
+        ctx: &mut Ctx,
+        from: SocketAddr,
+        flow: &VirtualFlow,
+        rec: &Record,
+    ) -> Result<(), &'static str> {
+        self.check_fresh(flow, rec.seq)?;
+        self.propose_binding(ctx, flow, rec.sender_phys, rec.seq);
+        self.send_record(ctx, flow, Kind::UpdR, Ext::None, from);
+        // If we were looking for the peer, it found us (P(1)/S(1) parked).
+        self.complete(flow);
+        Ok(())
+    }
+
+    /// UPD_R (paper 3.3.2.3 (2)): the peer accepted our update and tells us
+    /// where its end is.
+    pub(crate) fn on_upd_r(
+        &mut self,
+        ctx: &mut Ctx,
+        flow: &VirtualFlow,
+        rec: &Record,
+    ) -> Result<(), &'static str> {
+        self.check_fresh(flow, rec.seq)?;
+        self.propose_binding(ctx, flow, rec.sender_phys, rec.seq);
+        self.complete(flow);
+        Ok(())
+    }
+
+    /// Only an update with a higher sequence number than the last applied
+    /// one may move the binding; an older one changes nothing.
+    fn check_fresh(&mut self, flow: &VirtualFlow, seq: u64) -> Result<(), &'static str> {
+        let c = self.conns.get_mut(flow).ok_or("unknown_connection")?;
+        if seq <= c.binding_seq {
+            return Err("stale_update");
+        }
+        c.binding_seq = seq;
+        Ok(())
+    }
+
+    /// The peer claims its end is at `addr`. Switch at once if the peer
+    /// already proved it receives at that address; otherwise validate it
+    /// first (the data path keeps the last validated address meanwhile).
+    fn propose_binding(&mut self, ctx: &mut Ctx, flow: &VirtualFlow, addr: SocketAddr, seq: u64) {
+        let port = self.cfg.port;
+        let rto = self.rto(ctx, 0);
+        let Some(c) = self.conns.get_mut(flow) else {
+            return;
+        };
+        if addr == c.remote_phys {
+            c.pending_remote = None;
+            return;
+        }
+        if c.validated.contains(&addr.ip()) {
+            c.pending_remote = None;
+            c.remote_phys = addr;
+            self.emit(Event::SetRemote {
+                flow: *flow,
+                remote: addr,
+            });
+            return;
+        }
+        c.pending_remote = Some((addr, seq));
+        let group = c.peer_key.map_or(Group::Conn(*flow), Group::Host);
+        let key = (addr.ip(), group);
+        if let Some(v) = self.validations.get_mut(&key) {
+            v.flows.insert(*flow);
+            return;
+        }
+        let nonce = ctx.nonce::<16>();
+        self.validations.insert(
+            key,
+            Validation {
+                anchor: *flow,
+                nonce,
+                flows: HashSet::from([*flow]),
+                tries: 1,
+                deadline: ctx.now.plus(rto),
+            },
+        );
+        self.send_record(
+            ctx,
+            flow,
+            Kind::Challenge,
+            Ext::Nonce(nonce),
+            SocketAddr::new(addr.ip(), port),
+        );
+    }
+
+    pub(crate) fn on_challenge(
+        &mut self,
+        ctx: &mut Ctx,
+        from: SocketAddr,
+        flow: &VirtualFlow,
+        rec: &Record,
+    ) -> Result<(), &'static str> {
+        let Ext::Nonce(n) = rec.ext else {
+            return Err("bad_extension");
+        };
+        self.send_record(ctx, flow, Kind::Response, Ext::Nonce(n), from);
+        Ok(())
+    }
+
+    pub(crate) fn on_response(
+        &mut self,
+        flow: &VirtualFlow,
+        rec: &Record,
+    ) -> Result<(), &'static str> {
+        let Ext::Nonce(n) = rec.ext else {
+            return Err("bad_extension");
+        };
+        let key = self
+            .validations
+            .iter()
+            .find(|(_, v)| v.anchor == *flow && crypto::tags_equal16(&v.nonce, &n))
+            .map(|(k, _)| *k)
+            .ok_or("unexpected_response")?;
+        let Some(v) = self.validations.remove(&key) else {
+            return Err("unexpected_response");
+        };
+        let ip = key.0;
+        self.tx.trusted.insert(ip);
+        self.stats.count("path_validated");
+        for f in v.flows {
+            let Some(c) = self.conns.get_mut(&f) else {
+                continue;
+            };
+            if !c.validated.contains(&ip) {
+                if c.validated.len() >= 4 {
+                    c.validated.remove(0);
+                }
+                c.validated.push(ip);
+            }
+            if let Some((addr, _)) = c.pending_remote {
+                if addr.ip() == ip {
+                    c.pending_remote = None;
+                    c.remote_phys = addr;
+                    self.emit(Event::SetRemote {
+                        flow: f,
+                        remote: addr,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn validation_timeouts(&mut self, ctx: &mut Ctx) {
+        let now = ctx.now;
+        let port = self.cfg.port;
+        let due: Vec<ValidationKey> = self
+            .validations
+            .iter()
+            .filter(|(_, v)| v.deadline <= now)
+            .map(|(k, _)| *k)
+            .collect();
+        for key in due {
+            let Some(mut v) = self.validations.remove(&key) else {
+                continue;
+            };
+            v.flows.retain(|f| self.conns.contains_key(f));
+            if v.flows.is_empty() {
+                continue;
+            }
+            if v.tries >= self.cfg.max_tries {
+                self.stats.count("validation_failed");
+                for f in v.flows {
+                    let Some(c) = self.conns.get_mut(&f) else {
+                        continue;
+                    };
+                    if let Some((addr, _)) = c.pending_remote {
+                        if addr.ip() == key.0 {
+                            c.pending_remote = None;
+                            let remote = c.remote_phys;
+                            self.emit(Event::Reverted {
+                                flow: f,
+                                remote,
+                                attempted: addr,
+                            });
+                        }
+                    }
+                }
+                continue;
+            }
+            if !v.flows.contains(&v.anchor) {
+                if let Some(f) = v.flows.iter().next() {
+                    v.anchor = *f;
+                }
+            }
+            v.deadline = now.plus(self.rto(ctx, v.tries));
+            v.tries += 1;
+            let (anchor, nonce) = (v.anchor, v.nonce);
+            self.validations.insert(key, v);
+            self.stats.count("retransmit");
+            self.send_record(
+                ctx,
+                &anchor,
+                Kind::Challenge,
+                Ext::Nonce(nonce),
+                SocketAddr::new(key.0, port),
+            );
+        }
+    }
+}
