@@ -516,7 +516,10 @@ pub fn parse_request(line: &[u8]) -> Result<Request, ErrorBody> {
             ))
         }
     }
-    serde_json::from_value::<RequestEnvelope>(value)
+    // Typed parse from the bytes again, not from `value`: serde_json's
+    // `Value` cannot hold a u128, which the import document has (the replay
+    // window's bitmap).
+    serde_json::from_slice::<RequestEnvelope>(line)
         .map(|envelope| envelope.request)
         .map_err(|e| {
             bad(

@@ -15,6 +15,8 @@ pub mod server;
 pub mod transfer;
 
 #[cfg(test)]
+mod handler_tests;
+#[cfg(test)]
 mod tests;
 
 pub use client::{ClientError, ControlClient};

@@ -38,6 +38,7 @@ pub struct ExportDocument {
 pub struct ExportedConnection {
     /// The id `vnatctl ls` showed (derived from the virtual endpoints).
     pub id: u64,
+    #[serde(with = "vcmp_text")]
     pub vcmp: ConnectionExport,
     /// The translation installed on the exporting host, if the connection
     /// had moved; for people reading the file (the importing host derives
@@ -47,10 +48,11 @@ pub struct ExportedConnection {
 
 // The control protocol's request type derives `Eq` (its tests compare
 // requests); the export holds a key type without `PartialEq` on purpose, so
-// compare documents by their serialized form.
+// compare documents by their serialized form (a string: `serde_json::Value`
+// cannot hold the replay window's u128).
 impl PartialEq for ExportDocument {
     fn eq(&self, other: &Self) -> bool {
-        match (serde_json::to_value(self), serde_json::to_value(other)) {
+        match (serde_json::to_string(self), serde_json::to_string(other)) {
             (Ok(a), Ok(b)) => a == b,
             _ => false,
         }
@@ -109,6 +111,71 @@ pub enum TransferError {
         #[source]
         source: EndpointError,
     },
+}
+
+/// [`ConnectionExport`] as the document holds it: as VCMP serializes it,
+/// except the replay window's 128-bit bitmap, which is written as 32 hex
+/// digits. Why: the control protocol's messages are internally tagged serde
+/// enums, which buffer their content in a form that has no 128-bit integers
+/// (and `serde_json::Value` has none either), so a u128 inside an `import`
+/// request or an `export` answer could not be read back.
+mod vcmp_text {
+    use serde::{
+        de::Error as _, ser::Error as _, Deserialize, Deserializer, Serialize, Serializer,
+    };
+    use serde_json::{json, Value};
+
+    use crate::vcmp::{export::ConnectionExport, replay::ReplayWindow};
+
+    /// The window as VCMP serializes it, read with serde_json's own parser
+    /// (which does handle u128).
+    #[derive(Deserialize)]
+    struct Native {
+        highest: u64,
+        bitmap: u128,
+    }
+
+    /// The window as the document holds it.
+    #[derive(Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Text {
+        highest: u64,
+        bitmap: String,
+    }
+
+    pub fn serialize<S: Serializer>(e: &ConnectionExport, s: S) -> Result<S::Ok, S::Error> {
+        let native = serde_json::to_string(&e.replay)
+            .and_then(|w| serde_json::from_str::<Native>(&w))
+            .map_err(S::Error::custom)?;
+        let mut plain = e.clone();
+        plain.replay = ReplayWindow::default();
+        let mut v = serde_json::to_value(&plain).map_err(S::Error::custom)?;
+        v["replay"] = json!(Text {
+            highest: native.highest,
+            bitmap: format!("{:032x}", native.bitmap),
+        });
+        v.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<ConnectionExport, D::Error> {
+        let mut v = Value::deserialize(d)?;
+        let text = v
+            .get_mut("replay")
+            .map(Value::take)
+            .ok_or_else(|| D::Error::missing_field("replay"))?;
+        let text: Text = serde_json::from_value(text).map_err(D::Error::custom)?;
+        let bitmap = u128::from_str_radix(&text.bitmap, 16)
+            .map_err(|_| D::Error::custom("the replay bitmap is not 32 hex digits"))?;
+        let native = format!(r#"{{"highest":{},"bitmap":{bitmap}}}"#, text.highest);
+        let replay: ReplayWindow = serde_json::from_str(&native).map_err(D::Error::custom)?;
+        // The rest through serde_json's parser too (ConnectionExport's own
+        // window field is a u128, which `from_value` refuses even when 0).
+        v["replay"] = json!({ "highest": 0, "bitmap": 0 });
+        let mut e: ConnectionExport =
+            serde_json::from_str(&v.to_string()).map_err(D::Error::custom)?;
+        e.replay = replay;
+        Ok(e)
+    }
 }
 
 /// "tcp 198.18.1.2:40000 -> 198.18.3.2:5001", for messages.
