@@ -117,6 +117,19 @@ async fn with_dp<T: Send + 'static>(
     }
 }
 
+/// When both ends moved, the peer may still send to our old (virtual)
+/// address, which stays local here: take those packets in as well (receive
+/// side only), or the kernel would answer them with a reset that the peer's
+/// translation delivers into its socket. See
+/// [`mobility::old_address_receive_side`].
+fn prepare_old_address(dp: &mut dyn Datapath, flow: VirtualFlow, local: SocketAddr, remote: SocketAddr) {
+    if let Some(t) = mobility::old_address_receive_side(flow, local, remote) {
+        if let Err(e) = dp.prepare_translation(&t) {
+            tracing::debug!(?flow, error = %e, "cannot take in the peer's packets to our old address");
+        }
+    }
+}
+
 /// An IPv4 peer seen through the dual-stack socket arrives as `::ffff:a.b.c.d`.
 fn unmap(a: SocketAddr) -> SocketAddr {
     match a {
@@ -439,7 +452,13 @@ impl Driver {
                 continue;
             }
             let t = Translation { flow, physical_local: local, physical_remote: remote };
-            match with_dp(&self.dp, move |dp| dp.prepare_translation(&t)).await {
+            let r = with_dp(&self.dp, move |dp| {
+                dp.prepare_translation(&t)?;
+                prepare_old_address(dp, flow, local, remote);
+                Ok::<(), DatapathError>(())
+            })
+            .await;
+            match r {
                 Ok(()) => tracing::debug!(?flow, %remote, "receive side ready for the peer's new address"),
                 Err(e) => tracing::warn!(?flow, error = %e, "cannot prepare for the peer's new address"),
             }
@@ -455,8 +474,14 @@ impl Driver {
                     self.translate(flow, local, remote).await;
                 }
                 Event::Resumed { flow, local } => {
-                    let remote = self.endpoint.connection(&flow).map_or(flow.remote, |v| v.remote_phys);
-                    self.translate(flow, local, remote).await;
+                    let view = self.endpoint.connection(&flow);
+                    let remote = view.as_ref().map_or(flow.remote, |v| v.remote_phys);
+                    let pending = view.and_then(|v| v.pending_remote);
+                    match mobility::send_side_after_resume(local, remote, pending) {
+                        Some((local, remote)) => self.translate(flow, local, remote).await,
+                        None => tracing::debug!(?flow, %local, ?pending,
+                            "our move is done but the peer moved too: the send side switches once its new address is validated"),
+                    }
                 }
                 Event::MigrationAborted { flow, reason } => {
                     tracing::warn!(?flow, %reason, "migration aborted");
@@ -486,7 +511,9 @@ impl Driver {
                     r => r,
                 }
             } else {
-                dp.install_translation(&Translation { flow, physical_local: local, physical_remote: remote })
+                dp.install_translation(&Translation { flow, physical_local: local, physical_remote: remote })?;
+                prepare_old_address(dp, flow, local, remote);
+                Ok(())
             }?;
             // After an outage TCP has backed off its retransmission timer;
             // make it retransmit now rather than tens of seconds later

@@ -8,7 +8,7 @@ use std::{
     net::{IpAddr, SocketAddr},
 };
 
-use crate::datapath::{Proto, VirtualFlow};
+use crate::datapath::{Proto, Translation, VirtualFlow};
 
 /// One connection as the driver tracks it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,6 +71,48 @@ pub fn plan_moves(
     out
 }
 
+/// Where our send side goes when our own move completes (`Resumed`): to
+/// (`local`, the peer's last validated endpoint), unless the peer moved too
+/// and its new endpoint is still being validated. Then its validated endpoint
+/// is its *old* location, where the peer has no receive side for our new
+/// address, and sending there can only be lost or, if that address still
+/// reaches the peer's host, answered with a reset. So wait: `SetRemote` (or
+/// `Reverted`) follows and switches the send side to the right pair. Until
+/// then the socket's packets leave untranslated, i.e. addressed to the
+/// peer's virtual endpoint, which a host keeps local after it moves.
+pub fn send_side_after_resume(
+    local: SocketAddr,
+    remote_phys: SocketAddr,
+    pending_remote: Option<SocketAddr>,
+) -> Option<(SocketAddr, SocketAddr)> {
+    match pending_remote {
+        Some(p) if p != remote_phys => None,
+        _ => Some((local, remote_phys)),
+    }
+}
+
+/// The extra receive-side entry a both-ends move needs: packets from the
+/// peer's `remote` to our *virtual* address (our old location, kept on `lo`).
+///
+/// The peer sends there while it has not yet learnt (or validated) our new
+/// address, e.g. when our old address is still routed to us (the paper's
+/// section 4.2, step 2: the old location still answers). Without an entry
+/// such a packet matches no socket and the kernel resets it, and the reset
+/// reaches the peer's socket through the peer's translation. Nothing is
+/// needed when our end did not move (the packet is already addressed to the
+/// socket) or the peer's did not (the packet is the socket's own 4-tuple).
+pub fn old_address_receive_side(
+    flow: VirtualFlow,
+    local: SocketAddr,
+    remote: SocketAddr,
+) -> Option<Translation> {
+    (local != flow.local && remote != flow.remote).then_some(Translation {
+        flow,
+        physical_local: flow.local,
+        physical_remote: remote,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -114,6 +156,26 @@ mod tests {
         assert_eq!(moves[0].new_local, sa("198.18.1.2:4000"));
         t[0].migrating = true;
         assert!(plan_moves(&t, &addrs(&["198.18.1.2"]), |_| None).is_empty());
+    }
+
+    #[test]
+    fn our_send_side_waits_for_a_peer_that_moved_too() {
+        let (local, old, new) = (sa("198.18.2.2:4000"), sa("198.18.3.2:22"), sa("198.18.5.2:22"));
+        assert_eq!(send_side_after_resume(local, old, None), Some((local, old)), "the peer stayed");
+        assert_eq!(send_side_after_resume(local, new, Some(new)), Some((local, new)), "nothing new pending");
+        assert_eq!(send_side_after_resume(local, old, Some(new)), None, "the peer's new address is not validated yet");
+    }
+
+    #[test]
+    fn the_old_address_takes_packets_only_when_both_ends_moved() {
+        let flow = VirtualFlow { proto: Proto::Tcp, local: sa("198.18.3.2:22"), remote: sa("198.18.1.2:4000") };
+        let (us_new, peer_new) = (sa("198.18.5.2:22"), sa("198.18.2.2:4000"));
+        assert_eq!(
+            old_address_receive_side(flow, us_new, peer_new),
+            Some(Translation { flow, physical_local: flow.local, physical_remote: peer_new })
+        );
+        assert_eq!(old_address_receive_side(flow, flow.local, peer_new), None, "we did not move");
+        assert_eq!(old_address_receive_side(flow, us_new, flow.remote), None, "the peer did not move");
     }
 
     #[test]
