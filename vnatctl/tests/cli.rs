@@ -9,6 +9,7 @@ use std::{
 use serde_json::Value;
 use vnat_daemon::{
     control::{share, ControlListener, DaemonInfo, Handler},
+    daemon::driver::Command as DriverCommand,
     datapath::{fake::FakeDatapath, Datapath, Proto, Translation, VirtualFlow},
 };
 
@@ -22,6 +23,15 @@ struct Daemon {
 
 impl Daemon {
     fn start() -> Daemon {
+        Daemon::start_with(false)
+    }
+
+    /// With a scripted stand-in for the VCMP driver (see [`fake_driver`]).
+    fn start_with_driver() -> Daemon {
+        Daemon::start_with(true)
+    }
+
+    fn start_with(driver: bool) -> Daemon {
         let dir = tempfile::tempdir().expect("temp dir");
         let socket = dir.path().join("vnatd.sock");
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -60,7 +70,12 @@ impl Daemon {
             let _enter = runtime.enter();
             ControlListener::bind(&socket).expect("bind the control socket")
         };
-        let handler = Handler::new(share(Box::new(dp)), info);
+        let mut handler = Handler::new(share(Box::new(dp)), info);
+        if driver {
+            let (tx, rx) = tokio::sync::mpsc::channel(4);
+            runtime.spawn(fake_driver(rx));
+            handler = handler.with_driver(tx);
+        }
         runtime.spawn(listener.serve(handler, std::future::pending()));
         let cgroup_dir = dir.path().join("cg");
         Daemon {
@@ -76,6 +91,90 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         if let Some(rt) = self.runtime.take() {
             rt.shutdown_background();
+        }
+    }
+}
+
+/// The TCP connection of [`Daemon`]: mobile (its peer runs vnatd); the UDP
+/// one is not.
+fn tcp_flow() -> VirtualFlow {
+    VirtualFlow {
+        proto: Proto::Tcp,
+        local: "198.18.1.2:40000".parse().expect("addr"),
+        remote: "198.18.3.2:5001".parse().expect("addr"),
+    }
+}
+
+/// Answers the VCMP driver's commands from a script: the TCP connection is
+/// mobile, the peer 198.18.3.2 is paired, exports carry a fixed key, imports
+/// move to 198.18.2.2.
+async fn fake_driver(mut rx: tokio::sync::mpsc::Receiver<DriverCommand>) {
+    use vnat_daemon::{
+        control::{transfer::ImportOutcome, ExportDocument, ExportedConnection},
+        daemon::driver::PeerInfo,
+        vcmp::{export::ConnectionExport, export::HexKey, replay::ReplayWindow, roles::RoleState},
+    };
+    let tcp = tcp_flow();
+    while let Some(cmd) = rx.recv().await {
+        match cmd {
+            DriverCommand::Mobility { reply } => {
+                let _ = reply.send(std::collections::HashMap::from([(tcp, true)]));
+            }
+            DriverCommand::Suspend { flows, reply } => {
+                let _ = reply.send(Ok(flows.len()));
+            }
+            DriverCommand::Resume { reply } => {
+                let _ = reply.send(Ok(0));
+            }
+            DriverCommand::Peers { reply } => {
+                let _ = reply.send(vec![PeerInfo {
+                    address: tcp.remote.ip(),
+                    key: Some("ab".repeat(32)),
+                    connections: 1,
+                    mobile: 1,
+                }]);
+            }
+            DriverCommand::Export { flows, reply } => {
+                let mut replay = ReplayWindow::default();
+                replay.commit(3);
+                let connections = flows
+                    .iter()
+                    .map(|f| ExportedConnection {
+                        id: f.id(),
+                        vcmp: ConnectionExport {
+                            version: vnat_daemon::vcmp::export::EXPORT_VERSION,
+                            flow: *f,
+                            local_phys: f.local,
+                            remote_phys: f.remote,
+                            peer_key: Some("cd".repeat(32)),
+                            root_key: HexKey("01".repeat(32)),
+                            send_seq: 5,
+                            replay,
+                            binding_seq: 1,
+                            location_seq: 0,
+                            role: RoleState::default(),
+                        },
+                        translation: None,
+                    })
+                    .collect();
+                let _ = reply.send(Ok(ExportDocument {
+                    vnat_export: 1,
+                    connections,
+                }));
+            }
+            DriverCommand::Import { state, reply } => {
+                let outcomes = state
+                    .connections
+                    .iter()
+                    .map(|c| ImportOutcome {
+                        flow: c.vcmp.flow,
+                        physical_local: "198.18.2.2:40000".parse().expect("addr"),
+                        physical_remote: c.vcmp.remote_phys,
+                        moving: true,
+                    })
+                    .collect();
+                let _ = reply.send(Ok(outcomes));
+            }
         }
     }
 }
@@ -335,4 +434,278 @@ fn changes_by_other_holders_of_the_datapath_show_in_the_next_call() {
         "/sys/fs/cgroup/unified/x"
     );
     runtime.shutdown_background();
+}
+
+#[test]
+fn mobility_commands_without_vcmp_fail_with_one_sentence() {
+    // This in-process server has the datapath only, no VCMP driver.
+    let d = Daemon::start();
+    let export = d.cgroup_dir.with_file_name("export.json");
+    std::fs::write(&export, br#"{"vnat_export":1,"connections":[]}"#).expect("write export");
+    let export = export.display().to_string();
+    for args in [
+        vec!["suspend", "--all"],
+        vec!["resume", "--conn", "1", "2"],
+        vec!["peers"],
+        vec!["export", "--pid", "42"],
+    ] {
+        let o = vnatctl(&d.socket, &args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));
+        let err = stderr(&o);
+        assert!(
+            err.starts_with("vnatctl: this vnatd runs without its VCMP driver")
+                && err.trim_end().lines().count() == 1,
+            "{args:?}: {err}"
+        );
+        assert!(
+            o.stdout.is_empty(),
+            "{args:?}: nothing on stdout without --json"
+        );
+        let mut json_args = vec!["--json"];
+        json_args.extend(&args);
+        let o = vnatctl(&d.socket, &json_args);
+        assert_eq!(o.status.code(), Some(1));
+        assert_eq!(json(&o)["error"]["kind"], "unavailable", "{args:?}");
+    }
+    // An empty export is refused by vnatd before VCMP is involved.
+    let o = vnatctl(&d.socket, &["--json", "import", &export]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_eq!(json(&o)["error"]["kind"], "invalid_argument");
+    // ls still works, and shows nothing as mobile.
+    let o = vnatctl(&d.socket, &["--json", "ls"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(json(&o)
+        .as_array()
+        .is_some_and(|rows| rows.iter().all(|r| r["mobile"] == false)));
+}
+
+#[test]
+fn selector_usage_errors() {
+    let nowhere = Path::new("/nonexistent/vnatd.sock");
+    for args in [
+        vec!["suspend"],
+        vec!["resume", "--all", "--pid", "1"],
+        vec!["export", "--conn"],
+        vec!["suspend", "--conn", "x"],
+        vec!["resume", "--cgroup", "/a", "--conn", "1"],
+        vec!["import"],
+    ] {
+        let o = vnatctl(nowhere, &args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+    }
+    let o = vnatctl(nowhere, &["--json", "suspend"]);
+    assert_eq!(json(&o)["error"]["kind"], "usage");
+
+    // Bad import files are usage errors found before vnatd is contacted.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let missing = dir.path().join("missing.json");
+    let o = vnatctl(nowhere, &["import", &missing.display().to_string()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("cannot read the export"),
+        "{}",
+        stderr(&o)
+    );
+    let garbage = dir.path().join("garbage.json");
+    std::fs::write(&garbage, b"not json").expect("write");
+    let o = vnatctl(
+        nowhere,
+        &["--json", "import", &garbage.display().to_string()],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_eq!(json(&o)["error"]["kind"], "usage");
+    assert!(
+        stderr(&o).contains("is not a vnat export"),
+        "{}",
+        stderr(&o)
+    );
+
+    // An existing output file is never overwritten, and nothing is exported.
+    let existing = dir.path().join("existing.json");
+    std::fs::write(&existing, b"keep me").expect("write");
+    let o = vnatctl(
+        nowhere,
+        &[
+            "export",
+            "--all",
+            "--output",
+            &existing.display().to_string(),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("nothing was exported"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(std::fs::read(&existing).expect("read"), b"keep me");
+}
+
+#[test]
+fn help_teaches_selectors_and_secrets() {
+    let help = |cmd: &str| {
+        let o = Command::new(env!("CARGO_BIN_EXE_vnatctl"))
+            .args([cmd, "--help"])
+            .output()
+            .expect("run");
+        assert_eq!(o.status.code(), Some(0));
+        stdout(&o)
+    };
+    for cmd in ["suspend", "resume", "export"] {
+        let text = help(cmd);
+        for needle in ["--all", "--conn", "--pid", "--cgroup", "Examples:"] {
+            assert!(
+                text.contains(needle),
+                "{cmd} --help lacks {needle}:\n{text}"
+            );
+        }
+    }
+    let export = help("export");
+    assert!(
+        export.contains("secret keys") && export.contains("0600"),
+        "{export}"
+    );
+    assert!(help("import").contains("vnatctl import -"));
+    assert!(help("peers").contains("MOBILE"));
+}
+
+#[test]
+fn planned_mode_commands_with_vcmp() {
+    let d = Daemon::start_with_driver();
+    let id = tcp_flow().id().to_string();
+
+    // ls: the TCP connection is mobile, the UDP one is not.
+    let o = vnatctl(&d.socket, &["ls"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    let mobile: Vec<&str> = out
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().nth(7))
+        .collect();
+    assert_eq!(mobile, ["yes", "no"], "{out}");
+
+    // suspend: the UDP connection is skipped with its reason.
+    let o = vnatctl(&d.socket, &["--json", "suspend", "--all"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v = json(&o);
+    assert_eq!(v["suspended"], serde_json::json!([tcp_flow().id()]), "{v}");
+    assert_eq!(v["skipped"].as_array().map(Vec::len), Some(1), "{v}");
+    let o = vnatctl(&d.socket, &["suspend", "--pid", "42"]);
+    assert!(
+        stdout(&o).starts_with("suspended 1 connection(s)"),
+        "{}",
+        stdout(&o)
+    );
+    // Only the non-mobile connection: refused with the reason.
+    let udp_id = json(&vnatctl(&d.socket, &["--json", "ls", "--proto", "udp"]))[0]["id"]
+        .as_u64()
+        .expect("udp id")
+        .to_string();
+    let o = vnatctl(&d.socket, &["--json", "suspend", "--conn", &udp_id]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_eq!(json(&o)["error"]["kind"], "mobility");
+    // A selector that matches nothing.
+    let o = vnatctl(&d.socket, &["--json", "resume", "--conn", "12345"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(json(&o)["error"]["kind"], "no_match");
+    assert_eq!(
+        stderr(&o).trim_end(),
+        "vnatctl: no connection has id 12345; list the connections with: vnatctl ls"
+    );
+
+    // resume after automatic mode already moved everything: harmless.
+    let o = vnatctl(&d.socket, &["resume", "--all"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).starts_with("nothing to move"), "{}", stdout(&o));
+    let v = json(&vnatctl(&d.socket, &["--json", "resume", "--conn", &id]));
+    assert_eq!(
+        v,
+        serde_json::json!({ "selected": [tcp_flow().id()], "moves_started": 0 })
+    );
+
+    // peers: table and JSON.
+    let o = vnatctl(&d.socket, &["peers"]);
+    let out = stdout(&o);
+    let lines: Vec<Vec<&str>> = out
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        lines[0],
+        ["ADDRESS", "KEY", "CONNECTIONS", "MOBILE"],
+        "{out}"
+    );
+    assert_eq!(
+        lines[1],
+        ["198.18.3.2", "ab".repeat(32).as_str(), "1", "1"],
+        "{out}"
+    );
+    let v = json(&vnatctl(&d.socket, &["--json", "peers"]));
+    assert_eq!(
+        v,
+        serde_json::json!([{ "address": "198.18.3.2", "key": "ab".repeat(32), "connections": 1, "mobile": 1 }])
+    );
+
+    // export to a new 0600 file, then import it.
+    let file = d.cgroup_dir.with_file_name("conns.json");
+    let path = file.display().to_string();
+    let o = vnatctl(
+        &d.socket,
+        &["--json", "export", "--conn", &id, "--output", &path],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(
+        json(&o),
+        serde_json::json!({ "output": path, "exported": [tcp_flow().id()] })
+    );
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(&file)
+        .expect("export written")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "the export holds keys");
+    let doc: Value = serde_json::from_slice(&std::fs::read(&file).expect("read")).expect("JSON");
+    assert_eq!(doc["vnat_export"], 1);
+    assert_eq!(doc["connections"][0]["id"], tcp_flow().id());
+    assert_eq!(doc["connections"][0]["vcmp"]["root_key"], "01".repeat(32));
+    // Without --output the document goes to stdout, --json or not.
+    let o = vnatctl(&d.socket, &["export", "--pid", "42"]);
+    assert_eq!(json(&o)["vnat_export"], 1);
+
+    let o = vnatctl(&d.socket, &["import", &path]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.starts_with("imported 1 connection(s)")
+            && out.contains("continues from 198.18.2.2:40000 (moving"),
+        "{out}"
+    );
+    // From stdin, as JSON.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vnatctl"))
+        .args([
+            "--control",
+            &d.socket.display().to_string(),
+            "--json",
+            "import",
+            "-",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run");
+    {
+        use std::io::Write as _;
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin
+            .write_all(&std::fs::read(&file).expect("read"))
+            .expect("write stdin");
+    }
+    let o = child.wait_with_output().expect("wait");
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v = json(&o);
+    assert_eq!(v[0]["id"], tcp_flow().id(), "{v}");
+    assert_eq!(v[0]["physical_local"], "198.18.2.2:40000");
+    assert_eq!(v[0]["moving"], true);
 }
