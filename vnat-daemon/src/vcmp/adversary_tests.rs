@@ -352,3 +352,50 @@ proptest! {
         prop_assert_eq!(sim.hosts[B].ep.connection(&bf[0]).map(|v| v.remote_phys), Some(want));
     }
 }
+
+#[test]
+fn forged_stores_at_the_peer_are_refused() {
+    // B is a location server for A's connection and holds its key: a
+    // forged STORE for A's end is refused, A's genuine one is kept.
+    let (mut sim, flows) = setup(1);
+    let f = flows[0];
+    let forged = super::wire::Message::Records {
+        kind: Kind::Store,
+        request_id: 5,
+        family: super::wire::Family::V4,
+        records: vec![super::wire::Record {
+            command: Kind::Store,
+            proto: f.proto,
+            receiver_vir: f.remote,
+            sender_vir: f.local,
+            sender_phys: sa("10.6.6.6:40000"),
+            ext: super::wire::Ext::None,
+            seq: u64::MAX,
+            tag: [0x77; 16],
+        }],
+    }
+    .encode()
+    .expect("forged STORE encodes");
+    let replies = sim.inject(B, sa("10.6.6.6:2031"), &forged);
+    assert_eq!(
+        sim.hosts[B].ep.stored_locations(),
+        0,
+        "a forged STORE must not be kept"
+    );
+    assert_eq!(sim.hosts[B].ep.stats().rejected("bad_mac"), 1);
+    assert!(
+        replies.iter().all(|t| t.payload[3] == 0),
+        "STORE_R must say nothing was stored"
+    );
+    let ts = sim.capture(A, |ep, now, rng| {
+        ep.resume(now, rng, &[(f, sa("10.0.1.1:40000"))])
+            .expect("resume")
+    });
+    let genuine = of_kind(&ts, Kind::Store);
+    sim.inject(B, sa("10.0.1.1:2031"), &genuine);
+    assert_eq!(
+        sim.hosts[B].ep.stored_locations(),
+        1,
+        "the genuine STORE must be kept"
+    );
+}

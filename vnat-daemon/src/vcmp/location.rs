@@ -114,8 +114,11 @@ struct Stored {
 /// the STORE records exactly as signed by their owner, and the peer that
 /// looks them up checks the owner's tag with the connection key. So a forged
 /// record can take space but never misdirect anyone; to keep a forger from
-/// pushing out the real record, each key holds a few records (highest
-/// sequence numbers win) and each source address has its own quota.
+/// pushing out the real record, each key holds one record per source address
+/// (a source can only replace its own), full keys refuse newcomers until
+/// their records expire, and each source address has a global quota. When
+/// the location server is the peer itself, it holds the key and checks the
+/// tag before storing (see `recv.rs`).
 pub struct LocationStore {
     limits: StoreLimits,
     entries: HashMap<LocKey, Vec<Stored>>,
@@ -171,9 +174,21 @@ impl LocationStore {
     pub fn store(&mut self, now: Timestamp, source: IpAddr, rec: Record) -> bool {
         let key = (rec.proto, rec.sender_vir, rec.receiver_vir);
         let expires = now.plus(self.limits.ttl);
+        // One slot per source address and key: a source only ever replaces
+        // its own record (with a higher sequence number), never another
+        // source's, so forged records from elsewhere cannot push out the
+        // genuine one whatever sequence numbers they carry.
         if let Some(v) = self.entries.get_mut(&key) {
-            if let Some(same) = v.iter_mut().find(|s| s.record == rec) {
-                same.expires = expires;
+            if let Some(mine) = v.iter_mut().find(|s| s.source == source) {
+                if mine.record == rec {
+                    mine.expires = expires;
+                    return true;
+                }
+                if rec.seq <= mine.record.seq {
+                    return false;
+                }
+                mine.record = rec;
+                mine.expires = expires;
                 return true;
             }
         }
@@ -186,15 +201,9 @@ impl LocationStore {
         }
         let v = self.entries.entry(key).or_default();
         if v.len() >= self.limits.max_per_key {
-            // Replace the lowest sequence number if the new one is higher.
-            let Some((i, lowest)) = v.iter().enumerate().min_by_key(|(_, s)| s.record.seq) else {
-                return false;
-            };
-            if lowest.record.seq >= rec.seq {
-                return false;
-            }
-            let old = v.swap_remove(i);
-            Self::forget(&mut self.per_source, &mut self.total, &old);
+            // Full: the slots are kept by whoever came first, until they
+            // expire (evicting by sequence number would let a forger win).
+            return false;
         }
         v.push(Stored {
             record: rec,
@@ -289,15 +298,21 @@ mod tests {
             ttl: Duration::from_secs(1),
         };
         let mut s = LocationStore::new(limits);
-        let src: IpAddr = "10.0.0.1".parse().expect("ip");
+        let ip = |x: &str| -> IpAddr { x.parse().expect("ip") };
+        let (src, forger, other) = (ip("10.0.0.1"), ip("10.6.6.6"), ip("10.7.7.7"));
         let t0 = Timestamp(0);
         assert!(s.store(t0, src, rec(1)));
-        assert!(s.store(t0, src, rec(2)));
-        assert!(s.store(t0, src, rec(3)), "higher seq replaces the lowest");
+        assert!(s.store(t0, src, rec(2)), "a source replaces its own record");
+        assert!(!s.store(t0, src, rec(1)), "but not with an older one");
         assert!(
-            !s.store(t0, src, rec(1)),
-            "lower seq than all kept is refused"
+            s.store(t0, forger, rec(u64::MAX)),
+            "another source gets its own slot"
         );
+        assert!(
+            !s.store(t0, other, rec(u64::MAX - 1)),
+            "a full key refuses newcomers"
+        );
+        assert!(s.store(t0, src, rec(3)), "the first source keeps its slot");
         assert_eq!(s.len(), 2);
         let mut seqs: Vec<u64> = s
             .lookup(t0, Proto::Tcp, sa("10.0.0.1:1000"), sa("10.0.0.2:22"))
@@ -305,10 +320,10 @@ mod tests {
             .map(|r| r.seq)
             .collect();
         seqs.sort();
-        assert_eq!(seqs, vec![2, 3]);
-        let mut other = rec(9);
-        other.sender_vir = sa("10.0.0.1:1001");
-        assert!(s.store(t0, src, other));
+        assert_eq!(seqs, vec![3, u64::MAX]);
+        let mut other_key = rec(9);
+        other_key.sender_vir = sa("10.0.0.1:1001");
+        assert!(s.store(t0, src, other_key));
         let mut third = rec(9);
         third.sender_vir = sa("10.0.0.1:1002");
         assert!(!s.store(t0, src, third), "global cap");
@@ -331,8 +346,10 @@ mod tests {
             "10.0.0.1".parse().expect("ip"),
             "10.0.0.3".parse().expect("ip"),
         );
+        let mut elsewhere = rec(2);
+        elsewhere.sender_vir = sa("10.0.0.1:1001");
         assert!(s.store(Timestamp(0), a, rec(1)));
-        assert!(!s.store(Timestamp(0), a, rec(2)));
-        assert!(s.store(Timestamp(0), b, rec(2)));
+        assert!(!s.store(Timestamp(0), a, elsewhere), "quota of a reached");
+        assert!(s.store(Timestamp(0), b, elsewhere));
     }
 }

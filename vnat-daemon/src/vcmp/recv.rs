@@ -16,7 +16,7 @@ use crate::datapath::VirtualFlow;
 
 /// Most stored records returned for one queried connection; keeps the reply
 /// within the anti-amplification limit.
-const MAX_ANSWERS_PER_QUERY: usize = 2;
+const MAX_ANSWERS_PER_QUERY: usize = 3;
 
 impl Endpoint {
     /// Process one datagram received from `from`. Never panics and never
@@ -301,6 +301,10 @@ impl Endpoint {
                 self.stats.reject("own_location");
                 continue;
             }
+            if !self.store_is_genuine(rec) {
+                self.stats.reject("bad_mac");
+                continue;
+            }
             if self.store.store(ctx.now, from.ip(), *rec) {
                 accepted = accepted.saturating_add(1);
             } else {
@@ -316,5 +320,32 @@ impl Endpoint {
             self.tx.push_datagram(from, b, &mut self.stats);
         }
         self.stats.count("stores_served");
+    }
+
+    /// A STORE for a connection we are the far end of (our peer keeps its
+    /// location with us, step P(1)) can be checked with the connection key,
+    /// and a forged one is refused; one for a connection we do not know
+    /// cannot be checked here, and is kept as signed for the asker to check.
+    fn store_is_genuine(&self, rec: &Record) -> bool {
+        let flow = VirtualFlow {
+            proto: rec.proto,
+            local: rec.receiver_vir,
+            remote: rec.sender_vir,
+        };
+        let Some(c) = self.conns.get(&flow) else {
+            return true;
+        };
+        let Some(keys) = c.keys.as_ref() else {
+            return true;
+        };
+        let mut buf = [0u8; MAX_SIGNED_LEN];
+        let Ok(n) = rec.write_signed(&mut buf) else {
+            return false;
+        };
+        let signed = &buf[..n];
+        crypto::verify_record(&keys.recv, signed, &rec.tag)
+            || c.prev_keys
+                .as_ref()
+                .is_some_and(|p| crypto::verify_record(&p.recv, signed, &rec.tag))
     }
 }
