@@ -54,9 +54,10 @@ enum Command {
     /// Run the tests: prereq, the unprivileged tests, then the privileged
     /// integration tests (crate vnat-tests).
     ///
-    /// Phase 1 runs `cargo test` on the workspace's default members (no root
-    /// needed, no eBPF attached). Phase 2 builds vnatd and vnatctl and runs
-    /// `cargo test -p vnat-tests -- --test-threads=N`, which creates network
+    /// Phase 1 runs `cargo test --no-fail-fast` on the workspace's default
+    /// members (no root needed, no eBPF attached). Phase 2 builds vnatd and
+    /// vnatctl and runs `cargo test --no-fail-fast -p vnat-tests --
+    /// --test-threads=N`, which creates network
     /// namespaces, cgroups and bpffs pins. Arguments after `--` are passed to
     /// the test binaries of both phases, e.g. a name filter:
     /// `cargo xtask test -- roam`.

@@ -98,7 +98,13 @@ pub fn test(root: &Path, phase: Phase, test_threads: u32, args: &[OsString]) -> 
         let t = phase_header(n, total, what);
         // Plain `cargo test` = the workspace's default members; `--workspace`
         // would pull in vnat-ebpf and the privileged vnat-tests.
-        let ok = status(cargo(root).arg("test").arg("--").args(args))?;
+        // --no-fail-fast: one failing test binary must not hide the others'
+        // results (CI shows every failure in one run).
+        let ok = status(
+            cargo(root)
+                .args(["test", "--no-fail-fast", "--"])
+                .args(args),
+        )?;
         phase_footer("unprivileged tests", t, ok);
         if !ok {
             failed.push("unprivileged tests");
@@ -117,7 +123,7 @@ pub fn test(root: &Path, phase: Phase, test_threads: u32, args: &[OsString]) -> 
             status(cargo(root).args(["build", "-p", "vnat-daemon", "-p", "vnatctl", "--bins"]))?
                 && status(
                     cargo(root)
-                        .args(["test", "-p", "vnat-tests", "--"])
+                        .args(["test", "--no-fail-fast", "-p", "vnat-tests", "--"])
                         .arg(format!("--test-threads={test_threads}"))
                         .args(args),
                 )?;
