@@ -4,7 +4,8 @@
 //! other host's pinned key and a mobile connection; after the move
 //! `vnatctl resume --all` returns and the same socket carries on, byte-exact.
 //! Automatic mode may move the connection before the resume: the resume must
-//! then be harmless.
+//! then be harmless. At the end the connection is exported (keys and
+//! translation in a new 0600 file) and keeps flowing.
 
 use std::{
     net::SocketAddr,
@@ -194,6 +195,41 @@ fn suspend_move_resume_tcp_v4() {
                 && r["mobile"] == true),
         "the laptop's vnatd does not show the moved, mobile connection: {ls}"
     );
+
+    // Export (the real driver's state over the control socket): a new 0600
+    // file with the keys and the translation to the new address. The
+    // translation stays installed, so the stream carries on.
+    let file = ldir.path().join("export.json");
+    let path = file.display().to_string();
+    let exported = lapd
+        .ctl(&["export", "--conn", &id.to_string(), "--output", &path])
+        .expect("laptop vnatd unreachable");
+    assert_eq!(exported["exported"], serde_json::json!([id]), "{exported}");
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(&file)
+        .expect("export file written")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "the export holds keys");
+    let doc: Value = serde_json::from_slice(&std::fs::read(&file).expect("reading the export"))
+        .expect("the export is JSON");
+    assert_eq!(doc["vnat_export"], 1, "{doc}");
+    let conn = &doc["connections"][0];
+    assert_eq!(conn["id"], id, "{doc}");
+    assert!(
+        conn["vcmp"]["root_key"]
+            .as_str()
+            .is_some_and(|k| k.len() == 64 && k.bytes().all(|b| b.is_ascii_hexdigit())),
+        "{doc}"
+    );
+    assert_eq!(
+        conn["translation"]["physical_local"],
+        new_local.to_string(),
+        "{doc}"
+    );
+    let mid = client.latest().expect("status").verified;
+    client.wait_verified_at_least(mid + 30_000, Duration::from_secs(10));
+
     let fin = client.stop();
     assert_eq!(fin.error, None, "{:?}", fin.json);
     assert_eq!(fin.local, before.local, "the client's socket changed");
