@@ -501,11 +501,10 @@ fn lookup_from(attacker: &Netns, from: IpAddr, server_vcmp: SocketAddr, owner_vi
 /// LOOKUP with the laptop's genuine STORE (control), then an attacker
 /// STOREs forged records with high sequence numbers for the same
 /// connection, and after the next move the genuine location must still be
-/// among the answers.
+/// among the answers. (Before 859b0d1 the store kept the highest sequence
+/// numbers of unauthenticated records: the forgeries evicted the genuine
+/// location and the laptop's next STORE was refused.)
 #[test]
-#[ignore = "vnatd bug: the location store accepts unauthenticated STORE records and keeps the highest sequence \
-            numbers per connection, so an off-path attacker's forged records (seq u64::MAX) evict the genuine \
-            location and make the store refuse the laptop's next genuine STORE (STORE_R accepted = 0)"]
 fn forged_stores_do_not_crowd_out_the_genuine_location() {
     let tag = "fsto";
     let topo = LaptopRouterServer::builder().tag(tag).build();
