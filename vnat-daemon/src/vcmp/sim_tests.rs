@@ -5,6 +5,7 @@ use std::time::Duration;
 use super::endpoint::{AbortReason, Config, Event};
 use super::roles::Role;
 use super::sim::{reverse, sa, tcp, Link, Sim};
+use super::wire::Kind;
 use crate::datapath::VirtualFlow;
 
 const A_IP: &str = "10.0.0.1";
@@ -271,6 +272,38 @@ fn both_move_whole_keeping_old_addresses_local_meet_at_the_location_server() {
         done.since(start) < Duration::from_secs(25),
         "took {:?}",
         done.since(start)
+    );
+}
+
+#[test]
+fn the_update_answer_leaves_before_the_challenge_of_the_new_address() {
+    // A peer that moved too learns our new address from UPD_R and must be
+    // ready to receive there before it answers the CHALLENGE, whose answer
+    // switches our send side (daemon/driver.rs). vnatd handles datagrams in
+    // arrival order, so UPD_R must leave first.
+    let (mut sim, flows) = setup(7, Link::default(), Config::default(), 1);
+    sim.move_host(0, "10.0.1.1");
+    let moves = vec![(flows[0], moved(&flows[0], "10.0.1.1"))];
+    let ts = sim.capture(0, |ep, now, rng| {
+        ep.resume(now, rng, &moves).expect("resume")
+    });
+    let upd = ts
+        .iter()
+        .find(|t| t.payload[1] == Kind::Upd as u8)
+        .expect("the mover sends an UPD")
+        .payload
+        .clone();
+    let replies = sim.inject(1, sa("10.0.1.1:2031"), &upd);
+    let kinds: Vec<u8> = replies.iter().map(|t| t.payload[1]).collect();
+    let pos = |k: Kind| {
+        kinds
+            .iter()
+            .position(|b| *b == k as u8)
+            .unwrap_or_else(|| panic!("no {k:?} among the replies {kinds:?}"))
+    };
+    assert!(
+        pos(Kind::UpdR) < pos(Kind::Challenge),
+        "UPD_R must precede the CHALLENGE: {kinds:?}"
     );
 }
 

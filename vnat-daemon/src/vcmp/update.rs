@@ -20,8 +20,16 @@ impl Endpoint {
         rec: &Record,
     ) -> Result<(), &'static str> {
         self.check_fresh(flow, rec.seq)?;
-        self.propose_binding(ctx, flow, rec.sender_phys, rec.seq);
+        // UPD_R leaves before the CHALLENGE of the peer's new address
+        // (datagrams go out in the order they were started). When both ends
+        // moved, UPD_R is how the peer learns our new address, and its
+        // vnatd makes its receive side ready for it before answering
+        // anything else; the peer's RESPONSE is what switches our send side
+        // to it. In the other order a quick RESPONSE could let us send from
+        // our new address to a peer not yet ready for it, whose kernel
+        // would reset the connection.
         self.send_record(ctx, flow, Kind::UpdR, Ext::None, from);
+        self.propose_binding(ctx, flow, rec.sender_phys, rec.seq);
         // If we were looking for the peer, it found us (P(1)/S(1) parked).
         self.complete(flow);
         Ok(())
