@@ -5,8 +5,8 @@
 //!
 //!   vnat-repair serve --listen ADDR:PORT --state FILE
 //!       accept one connection and echo it; on SIGUSR1 checkpoint the socket
-//!       into FILE (sequence numbers, queues, options, window) and exit
-//!       without sending anything (a socket closed in repair mode is silent).
+//!       into FILE (sequence numbers, queues, options, window) and stay
+//!       frozen until killed (a socket closed in repair mode is silent).
 //!   vnat-repair restore --state FILE
 //!       recreate the socket from FILE (bound to the same local address,
 //!       which must be local here) and go on echoing.
@@ -158,10 +158,17 @@ fn restore(st: &Value) -> TcpStream {
     if unsafe { libc::bind(fd, (&sa as *const libc::sockaddr_storage).cast(), len) } != 0 {
         die(format!("bind {local} (is the address local here?): {}", std::io::Error::last_os_error()));
     }
+    // TCP_QUEUE_SEQ reads the sequence number *after* each queue
+    // (write_seq, rcv_nxt); restoring the queue's bytes below advances it
+    // again, so it is set to the sequence number of the queue's first byte.
+    let send_queue = unhex(st["send_queue"].as_str().unwrap_or(""));
+    let recv_queue = unhex(st["recv_queue"].as_str().unwrap_or(""));
+    let snd_start = (get("snd_seq") as u32).wrapping_sub(send_queue.len() as u32);
+    let rcv_start = (get("rcv_seq") as u32).wrapping_sub(recv_queue.len() as u32);
     setsockopt(fd, TCP_REPAIR_QUEUE, &TCP_SEND_QUEUE, "queue");
-    setsockopt(fd, TCP_QUEUE_SEQ, &(get("snd_seq") as u32), "snd seq");
+    setsockopt(fd, TCP_QUEUE_SEQ, &snd_start, "snd seq");
     setsockopt(fd, TCP_REPAIR_QUEUE, &TCP_RECV_QUEUE, "queue");
-    setsockopt(fd, TCP_QUEUE_SEQ, &(get("rcv_seq") as u32), "rcv seq");
+    setsockopt(fd, TCP_QUEUE_SEQ, &rcv_start, "rcv seq");
     // In repair mode connect() only records the peer: no SYN is sent.
     let (pa, plen) = sockaddr(peer);
     if unsafe { libc::connect(fd, (&pa as *const libc::sockaddr_storage).cast(), plen) } != 0 {
@@ -187,8 +194,7 @@ fn restore(st: &Value) -> TcpStream {
     if opts & TCPI_OPT_TIMESTAMPS != 0 {
         setsockopt(fd, TCP_TIMESTAMP, &(get("timestamp") as u32), "TCP_TIMESTAMP");
     }
-    for (queue, key) in [(TCP_RECV_QUEUE, "recv_queue"), (TCP_SEND_QUEUE, "send_queue")] {
-        let data = unhex(st[key].as_str().unwrap_or(""));
+    for (queue, key, data) in [(TCP_RECV_QUEUE, "recv_queue", recv_queue), (TCP_SEND_QUEUE, "send_queue", send_queue)] {
         if data.is_empty() {
             continue;
         }
@@ -272,8 +278,12 @@ fn main() {
                 let st = checkpoint(&s);
                 std::fs::write(arg("--state"), st.to_string()).unwrap_or_else(|e| die(format!("writing state: {e}")));
                 println!("{}", json!({"checkpointed": true, "local": st["local"], "peer": st["peer"]}));
-                // Closing in repair mode sends neither FIN nor RST.
-                drop(s);
+                // Like a frozen process, keep the socket (in repair mode) until
+                // killed: while it exists no reset answers the peer's packets,
+                // and closing it in repair mode later sends neither FIN nor RST.
+                loop {
+                    std::thread::sleep(Duration::from_secs(3600));
+                }
             }
         }
         Some("restore") => {

@@ -37,6 +37,9 @@ use crate::{
 /// How often the recorded connections are re-read even without an address
 /// change (new connections to pair for).
 const RESYNC_INTERVAL: Duration = Duration::from_secs(1);
+/// How long an imported connection may wait for its process to restore
+/// the socket on this host before it is forgotten.
+const IMPORT_GRACE: Duration = Duration::from_secs(60);
 /// Address changes come in bursts (address removed, link down, route
 /// changes): wait this long after the first before acting.
 const DEBOUNCE: Duration = Duration::from_millis(50);
@@ -157,6 +160,10 @@ pub struct Driver {
     dual: bool,
     /// Flows whose receive side is ready for the peer's announced address.
     prepared: HashMap<VirtualFlow, SocketAddr>,
+    /// Imported flows not yet seen in this host's records: the migrated
+    /// process restores its socket after the import (the import puts the
+    /// connection's address in place first), so they are kept meanwhile.
+    imported: HashMap<VirtualFlow, Timestamp>,
 }
 
 impl Driver {
@@ -181,7 +188,7 @@ impl Driver {
         };
         let sock = UdpSocket::bind(bind).await.map_err(|source| DriverError::Bind { addr: cfg.listen, source })?;
         tracing::info!(listen = %cfg.listen, key = %identity::key_hex(&endpoint.public_key()), "VCMP listening");
-        Ok(Driver { cfg, dp, endpoint, peers, sock, dual, prepared: HashMap::new() })
+        Ok(Driver { cfg, dp, endpoint, peers, sock, dual, prepared: HashMap::new(), imported: HashMap::new() })
     }
 
     /// Run until `shutdown` completes.
@@ -299,14 +306,34 @@ impl Driver {
                 return Err(TransferError::Import { id: c.id, source });
             }
             done.push(c.vcmp.flow);
+            self.imported.insert(c.vcmp.flow, now());
         }
-        // The imported physical local address is the exporting host's: where
-        // it is not an address of this host, move to the routed source.
-        self.plan_and_move().await;
+        // Do not move yet: the process restores its socket after the import,
+        // and until that socket exists here a packet the peer sends to this
+        // host would be answered with a reset. Prepare only the receive side
+        // (which also makes the connection's address local, so the restored
+        // socket can bind to it); the move starts when the restored socket
+        // appears in this host's records (see `resync`).
         let here: HashSet<IpAddr> = with_dp(&self.dp, |dp| dp.interface_addresses())
             .await
             .map(|a| a.into_iter().map(|(ip, _)| ip).collect())
             .unwrap_or_default();
+        for flow in &done {
+            let Some(v) = self.endpoint.connection(flow) else { continue };
+            if here.contains(&v.local_phys.ip()) {
+                continue;
+            }
+            let (flow, remote) = (*flow, v.remote_phys);
+            let prepared = with_dp(&self.dp, move |dp| {
+                let src = dp.source_address_for(remote.ip())?.ok_or(DatapathError::NoRoute { addr: remote.ip() })?;
+                let t = Translation { flow, physical_local: SocketAddr::new(src, flow.local.port()), physical_remote: remote };
+                dp.prepare_translation(&t)
+            })
+            .await;
+            if let Err(e) = prepared {
+                tracing::warn!(?flow, error = %e, "cannot prepare the imported connection's address");
+            }
+        }
         let mut out = Vec::with_capacity(done.len());
         for flow in done {
             let Some(v) = self.endpoint.connection(&flow) else { continue };
@@ -372,7 +399,14 @@ impl Driver {
                 }
             }
         }
-        let gone: Vec<VirtualFlow> = self.endpoint.connections().filter(|f| !live.contains(f)).copied().collect();
+        let t = now();
+        self.imported.retain(|f, since| !live.contains(f) && t.since(*since) < IMPORT_GRACE);
+        let gone: Vec<VirtualFlow> = self
+            .endpoint
+            .connections()
+            .filter(|f| !live.contains(f) && !self.imported.contains_key(f))
+            .copied()
+            .collect();
         for f in gone {
             self.endpoint.connection_removed(&f);
         }
@@ -383,6 +417,7 @@ impl Driver {
         let tracked: Vec<Tracked> = self
             .endpoint
             .connections()
+            .filter(|f| !self.imported.contains_key(f))
             .filter_map(|f| self.endpoint.connection(f))
             .map(|v| Tracked { flow: v.flow, local_phys: v.local_phys, remote_phys: v.remote_phys, migrating: v.migrating })
             .collect();
