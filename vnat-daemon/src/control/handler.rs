@@ -1,6 +1,11 @@
-//! Turns one request line into one response, against the datapath. No I/O
-//! here besides the datapath calls, so the whole request logic is tested
-//! without sockets.
+//! Turns one request line into one response, against the datapath and (for
+//! mobility requests) the VCMP driver's command channel. No sockets here, so
+//! the whole request logic is tested with the fake datapath and a scripted
+//! driver.
+//!
+//! Selectors (`all`, connection ids, pid, cgroup) are resolved here against
+//! the datapath's records; an empty match is an error that reaches neither
+//! the datapath nor the driver.
 
 use std::{
     collections::HashMap,
@@ -75,7 +80,9 @@ impl Handler {
         }
     }
 
-    /// Answer one parsed request.
+    /// Answer one parsed request. Mobility requests block until the driver
+    /// answers, so call this from a blocking thread (the server runs it under
+    /// `spawn_blocking`), never from an async task.
     pub fn handle(&self, request: &Request) -> ResponseEnvelope {
         let result = match request {
             Request::Status
