@@ -39,10 +39,11 @@ impl Drop for Kill {
 
 /// socat echo server inside the server host's cgroup, so its accepted
 /// connections are recorded by the server's vnatd.
-fn echo(srv: &Host, port: u16) -> Kill {
+fn echo(srv: &Host, family: Family, port: u16) -> Kill {
+    let fam = if family == Family::V4 { "4" } else { "6" };
     let mut cmd = srv.command("socat");
     cmd.args([
-        format!("TCP4-LISTEN:{port},reuseaddr,fork").as_str(),
+        format!("TCP{fam}-LISTEN:{port},reuseaddr,fork").as_str(),
         "EXEC:cat",
     ]);
     cmd.stdout(Stdio::null()).stderr(Stdio::null());
@@ -91,8 +92,11 @@ enum Case {
     OnlyLocationServerKnows,
 }
 
-fn both_move(case: Case, tag: &str, limit: Duration) {
-    let topo = LaptopRouterServer::builder().tag(tag).build();
+fn both_move(case: Case, family: Family, tag: &str, limit: Duration) {
+    let topo = LaptopRouterServer::builder()
+        .tag(tag)
+        .ipv6(family == Family::V6)
+        .build();
     let e = add_server_link_e(&topo);
     let loc = (case == Case::OnlyLocationServerKnows).then(|| add_location_host(&topo, tag));
     let lap = Host::new(&topo.laptop, &format!("{tag}l"));
@@ -101,8 +105,8 @@ fn both_move(case: Case, tag: &str, limit: Duration) {
         TempDir::new(&format!("{tag}l")),
         TempDir::new(&format!("{tag}s")),
     );
-    let server = SocketAddr::new(topo.server_addr.get(Family::V4), 5001);
-    let _echo = echo(&srv, server.port());
+    let server = SocketAddr::new(topo.server_addr.get(family), 5001);
+    let _echo = echo(&srv, family, server.port());
 
     // The location server: a vnatd of its own, recording nothing (its
     // cgroup stays empty); it only answers LOOKUP and STORE.
@@ -111,7 +115,7 @@ fn both_move(case: Case, tag: &str, limit: Duration) {
     let _locd = loc_host.as_ref().map(|h| Vnatd::start(h, xdir.path()));
     let ls_flag = loc
         .as_ref()
-        .map(|l| SocketAddr::new(l.addr.v4.into(), 2031).to_string());
+        .map(|l| SocketAddr::new(l.addr.get(family), 2031).to_string());
     let extra: Vec<&str> = match &ls_flag {
         Some(a) => vec!["--location-server", a.as_str()],
         None => vec![],
@@ -145,8 +149,8 @@ fn both_move(case: Case, tag: &str, limit: Duration) {
         .parse::<SocketAddr>()
         .expect("vnat-stream's local address")
         .port();
-    let laptop_new = SocketAddr::new(topo.laptop_b_addr.get(Family::V4), port);
-    let server_new = SocketAddr::new(e.server_addr.get(Family::V4), server.port());
+    let laptop_new = SocketAddr::new(topo.laptop_b_addr.get(family), port);
+    let server_new = SocketAddr::new(e.server_addr.get(family), server.port());
     // The data path may already flow through an intermediate placement
     // (the server's old, still routed address) while path validation of
     // the server's new one finishes: allow a few seconds to settle.
@@ -190,7 +194,18 @@ fn both_move(case: Case, tag: &str, limit: Duration) {
 fn both_move_old_server_location_answers() {
     both_move(
         Case::OldServerAddressAnswers,
+        Family::V4,
         "bma",
+        Duration::from_secs(30),
+    );
+}
+
+#[test]
+fn both_move_old_server_location_answers_v6() {
+    both_move(
+        Case::OldServerAddressAnswers,
+        Family::V6,
+        "bma6",
         Duration::from_secs(30),
     );
 }
@@ -204,7 +219,18 @@ fn both_move_old_server_location_answers() {
 fn both_move_only_location_server_knows() {
     both_move(
         Case::OnlyLocationServerKnows,
+        Family::V4,
         "bmb",
+        Duration::from_secs(60),
+    );
+}
+
+#[test]
+fn both_move_only_location_server_knows_v6() {
+    both_move(
+        Case::OnlyLocationServerKnows,
+        Family::V6,
+        "bmb6",
         Duration::from_secs(60),
     );
 }
