@@ -195,11 +195,12 @@ Examples:
     vnatctl export --conn 48211 | ssh root@new-host vnatctl import -";
 
 const IMPORT_ABOUT: &str = "\
-Take over connections that another vnatd exported (`vnatctl export`), after
-their process is restored on this host. Each connection whose address is not
-one of this host's continues from the address this host uses towards the
-peer, and the peer's vnatd is updated, as after a move. All of the file is
-imported or nothing is.
+Take over connections that another vnatd exported (`vnatctl export`), just
+before their process is restored on this host. Each connection whose address
+is not one of this host's continues from the address this host uses towards
+the peer: vnatd prepares that address at once and moves the connection (the
+peer's vnatd is updated, as after a move) as soon as the restored socket
+appears. All of the file is imported or nothing is.
 
 Examples:
 

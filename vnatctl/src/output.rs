@@ -496,16 +496,21 @@ impl From<&ImportedConnection> for ImportRow {
 pub fn import_text(rows: &[ImportRow]) -> String {
     let mut out = format!("imported {} connection(s)\n", rows.len());
     for r in rows {
-        let how = if r.moving {
-            "moving there, the peer is being updated"
+        let _ = if r.moving {
+            writeln!(
+                out,
+                "  {} {} {} -> {}: moving to {}, the peer is being updated",
+                r.id, r.proto, r.virtual_local, r.virtual_remote, r.physical_local
+            )
         } else {
-            "staying there"
+            // vnatd starts the move once the restored socket shows up in
+            // its records (until then a peer's packet would meet no socket).
+            writeln!(
+                out,
+                "  {} {} {} -> {}: at {} for now; it moves to this host's address once the restored socket appears",
+                r.id, r.proto, r.virtual_local, r.virtual_remote, r.physical_local
+            )
         };
-        let _ = writeln!(
-            out,
-            "  {} {} {} -> {}: continues from {} ({how})",
-            r.id, r.proto, r.virtual_local, r.virtual_remote, r.physical_local
-        );
     }
     out
 }

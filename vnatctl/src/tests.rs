@@ -327,3 +327,34 @@ fn failures_map_to_exit_codes_and_json_kinds() {
         json!({ "error": { "kind": "datapath", "message": "cgroup /x is not enabled" } })
     );
 }
+
+#[test]
+fn import_text_says_what_happens_next() {
+    let row = |moving| output::ImportRow {
+        id: 7,
+        proto: "tcp".into(),
+        virtual_local: "198.18.1.2:40000".into(),
+        virtual_remote: "198.18.3.2:5001".into(),
+        physical_local: "198.18.2.2:40000".into(),
+        physical_remote: "198.18.3.2:5001".into(),
+        moving,
+    };
+    let text = output::import_text(&[row(true), row(false)]);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "imported 2 connection(s)");
+    assert!(
+        lines[1].ends_with("moving to 198.18.2.2:40000, the peer is being updated"),
+        "{text}"
+    );
+    assert!(
+        lines[2].contains("once the restored socket appears"),
+        "{text}"
+    );
+    let v = serde_json::to_value(row(true)).expect("serializable");
+    assert_eq!(
+        v,
+        json!({ "id": 7, "proto": "tcp", "virtual_local": "198.18.1.2:40000",
+                "virtual_remote": "198.18.3.2:5001", "physical_local": "198.18.2.2:40000",
+                "physical_remote": "198.18.3.2:5001", "moving": true })
+    );
+}

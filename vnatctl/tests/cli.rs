@@ -678,7 +678,7 @@ fn planned_mode_commands_with_vcmp() {
     let out = stdout(&o);
     assert!(
         out.starts_with("imported 1 connection(s)")
-            && out.contains("continues from 198.18.2.2:40000 (moving"),
+            && out.contains("moving to 198.18.2.2:40000, the peer is being updated"),
         "{out}"
     );
     // From stdin, as JSON.
