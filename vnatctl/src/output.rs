@@ -249,7 +249,7 @@ pub fn status_text(s: &StatusReply) -> String {
     };
     line("control", vec![control.display().to_string()]);
     line("state dir", vec![state_dir.display().to_string()]);
-    line("listen", vec![format!("{listen} (VCMP, not started yet)")]);
+    line("listen", vec![format!("{listen} (VCMP)")]);
     line(
         "bpffs",
         vec![format!(
