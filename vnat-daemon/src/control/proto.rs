@@ -268,7 +268,7 @@ pub struct DaemonInfo {
     pub uptime_secs: u64,
     pub control: PathBuf,
     pub state_dir: PathBuf,
-    /// The VCMP address; parsed and reported, not yet listened on.
+    /// The VCMP address and port (`--listen`).
     pub listen: SocketAddr,
     /// The cgroups vnatd was configured to enable at start.
     pub configured_cgroups: Vec<PathBuf>,
