@@ -100,9 +100,6 @@ fn flows(client: &StreamClient, since: &StreamStatus, what: &str) -> StreamStatu
 /// The brief's sequence: the laptop's vnatd alone is restarted before the
 /// move.
 #[test]
-#[ignore = "vnatd bug: when one vnatd restarts and pairs again, the peer's Endpoint::paired() re-derives keys only \
-            for connections without keys, so the peer keeps the previous session's connection keys, refuses the \
-            restarted side's UPD (bad MAC) and the automatic move never completes"]
 fn live_connection_survives_vnatd_restarts_before_and_after_a_move() {
     scenario("rstl", Before::LaptopOnly);
 }

@@ -280,7 +280,12 @@ impl Endpoint {
 
     fn paired(&mut self, ip: IpAddr, peer: [u8; 32], keys: PairKeys) {
         self.pins.insert(ip, peer);
-        self.sessions.insert(peer, keys.secret);
+        // A new session with a host we were already paired with means the
+        // peer lost its state (its vnatd restarted): it derives every
+        // connection's keys from the new session and numbers its records
+        // from the start, so ours must follow or every update it sends is
+        // refused (bad MAC, then "replay" on the sequence numbers).
+        let renewed = self.sessions.insert(peer, keys.secret).is_some();
         self.tx.trusted.insert(ip);
         self.stats.count("paired");
         self.emit(Event::Paired {
@@ -290,10 +295,21 @@ impl Endpoint {
         let flows: Vec<_> = self
             .conns
             .values()
-            .filter(|c| c.keys.is_none() && c.remote_phys.ip() == ip)
+            .filter(|c| (renewed || c.keys.is_none()) && c.remote_phys.ip() == ip)
             .map(|c| c.flow)
             .collect();
         for f in flows {
+            if renewed {
+                if let Some(c) = self.conns.get_mut(&f) {
+                    // The old keys are gone on the other side: keeping them
+                    // (as `prev_keys`) would only let old records be replayed
+                    // against the fresh window.
+                    c.keys = None;
+                    c.prev_keys = None;
+                    c.replay = Default::default();
+                    c.send_seq = 0;
+                }
+            }
             self.ensure_keys(&f);
         }
     }
