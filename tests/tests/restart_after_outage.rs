@@ -30,6 +30,8 @@ const RATE: u64 = 400_000;
 /// room for the harness (each datapath call loads the programs afresh).
 const RESUME_LIMIT: Duration = Duration::from_secs(2);
 const SERVER_PORT: u16 = 5001;
+/// See [`Outage::AfterTimeout`].
+const AFTER_TIMEOUT_MARGIN: Duration = Duration::from_secs(3);
 
 /// A socat TCP echo server started in the server host's cgroup, so that its
 /// accepted connection is recorded and can be restarted from the server side
@@ -85,9 +87,9 @@ impl Drop for Echo {
 enum Outage {
     /// Exactly this long.
     Fixed(Duration),
-    /// At least this long, then until just after the laptop socket's next
-    /// retransmission timeout: the worst moment to come back, when the next
-    /// timeout is a whole backed-off interval away. This makes the control
+    /// At least this long, then until [`AFTER_TIMEOUT_MARGIN`] after the
+    /// laptop socket's next timeout: a bad moment to come back, when the
+    /// next timeout is almost a whole backed-off interval away. This makes the control
     /// run's delay deterministic instead of depending on where the outage
     /// ends in the backoff schedule.
     AfterTimeout(Duration),
@@ -102,13 +104,12 @@ enum Cut {
     /// With nothing in flight its socket backs off the probe timer; with
     /// segments in flight, the retransmission timer.
     Laptop,
-    /// The router stops forwarding (the network beyond the laptop fails):
-    /// the laptop's segments leave and are dropped silently, so its socket
-    /// always backs off the retransmission timer. (Taking the router's link
-    /// down instead would make the laptop's ARP for the router fail, and the
-    /// laptop's own unreachables would revert its IPv4 backoff through
-    /// RFC 6069 during the outage.) At the move forwarding comes back and
-    /// the laptop leaves subnet A.
+    /// Only the network beyond the laptop fails: the laptop's segments
+    /// leave and are dropped silently, so its socket always backs off the
+    /// retransmission timer. (Taking the router's link down instead would
+    /// make the laptop's ARP for the router fail, and the laptop's own
+    /// unreachables would revert its IPv4 backoff through RFC 6069 during
+    /// the outage.) At the move the laptop leaves subnet A.
     Router,
 }
 
@@ -121,7 +122,6 @@ struct Run {
 }
 
 struct Report {
-    cut: Cut,
     outage: Duration,
     /// From the translation being installed to the first newly verified bytes.
     resumed: Duration,
@@ -221,12 +221,15 @@ fn outage_then_move(run: &Run) -> Report {
         }
         l.link_down(&topo.laptop_if_a);
     };
-    match run.cut {
-        Cut::Laptop => unplug_a(),
-        Cut::Router => {
-            topo.router.set_sysctl("net/ipv4/ip_forward", "0");
-            topo.router.set_sysctl("net/ipv6/conf/all/forwarding", "0");
-        }
+    // The router stops forwarding in both cases, so the network is silent:
+    // no unreachable reaches either end, whose kernels would otherwise
+    // revert their own backoff through RFC 6069 (a router that fails to
+    // resolve the laptop sends host unreachables to the server) and make
+    // the result depend on which segments happened to be in flight.
+    topo.router.set_sysctl("net/ipv4/ip_forward", "0");
+    topo.router.set_sysctl("net/ipv6/conf/all/forwarding", "0");
+    if run.cut == Cut::Laptop {
+        unplug_a();
     }
     let down = Instant::now();
     let rto_before = lap.counter("sockops_rto");
@@ -244,6 +247,11 @@ fn outage_then_move(run: &Run) -> Report {
                 );
                 thread::sleep(Duration::from_millis(20));
             }
+            // The server's socket, if it has segments in flight, times out
+            // on nearly the same schedule (its RTO base may differ by a few
+            // ms, times 2^backoff): let its timeout pass too, so that
+            // neither end is about to retransmit by itself at the move.
+            thread::sleep(AFTER_TIMEOUT_MARGIN);
         }
     }
     let at_move = client.latest().expect("no status from the stream").verified;
@@ -258,8 +266,8 @@ fn outage_then_move(run: &Run) -> Report {
     eprintln!("{}: server before the move: {}", run.tag, sockets(&srv));
 
     // The laptop comes up on B; the flow is translated on both ends.
+    topo.router.enable_forwarding();
     if run.cut == Cut::Router {
-        topo.router.enable_forwarding();
         unplug_a();
     }
     topo.plug_laptop_b();
@@ -271,21 +279,30 @@ fn outage_then_move(run: &Run) -> Report {
     let new_local = SocketAddr::new(topo.laptop_b_addr.get(run.family), flow.local.port());
     move_flow(&lap, &srv, flow, new_local);
     let translated = Instant::now();
-
+    // Each host restarts its own socket, independently: in parallel, so
+    // that the harness's cost of opening each datapath afresh (loading the
+    // programs, which a running vnatd does not pay) counts once.
     let outcomes = run.restart.then(|| {
-        let o = (restart(&lap, flow), restart(&srv, back));
+        thread::scope(|s| {
+            let server = s.spawn(|| restart(&srv, back));
+            let laptop = restart(&lap, flow);
+            (
+                laptop,
+                server
+                    .join()
+                    .unwrap_or_else(|p| std::panic::resume_unwind(p)),
+            )
+        })
+    });
+    if let Some(o) = outcomes {
         eprintln!(
-            "{}: restart_flow took {:?}: laptop {:?}, server {:?}",
+            "{}: restart_flow returned {:?} after the translation: laptop {:?}, server {:?}",
             run.tag,
             translated.elapsed(),
             o.0,
             o.1
         );
-        o
-    });
-    // Most of restart_flow's time is the harness opening the datapath
-    // afresh (loading the programs) on each host; the restart itself is
-    // measured from when the calls returned.
+    }
     let restarted = translated.elapsed();
     let cap = Duration::from_secs(240);
     client.wait_until(cap, "bytes verified after the move", |s| {
@@ -310,7 +327,6 @@ fn outage_then_move(run: &Run) -> Report {
     assert_eq!(fin.local, before.local, "the client's socket changed");
     assert!(fin.verified >= after.verified);
     Report {
-        cut: run.cut,
         outage,
         resumed,
         outcomes,
@@ -318,24 +334,23 @@ fn outage_then_move(run: &Run) -> Report {
 }
 
 fn assert_restarted(r: &Report) {
-    let (lap, _srv) = r.outcomes.expect("restart_flow was called");
+    let (lap, srv) = r.outcomes.expect("restart_flow was called");
     // The laptop's socket is always backed off: its retransmission timer if
-    // it had segments in flight when the cable went, else its probe timer
-    // (new data that could not be sent). The server's may not be (nothing
-    // unacknowledged, or reverted by the router's own unreachables).
-    assert!(
+    // it had segments in flight when the outage began, else its probe timer
+    // (new data that could not be sent). The server's is backed off if it
+    // had segments in flight. Whichever end's restart acts first may
+    // restart the other (its segment carries an ACK), which then finds
+    // nothing to do.
+    let acted = |o: RestartOutcome| {
         matches!(
-            lap,
+            o,
             RestartOutcome::Retransmitted { .. } | RestartOutcome::Resumed { .. }
-        ) || matches!(lap, RestartOutcome::Rearmed { next_retransmit_ms, .. } if next_retransmit_ms < 1000),
-        "the laptop's socket was not restarted: {lap:?}"
+        ) || matches!(o, RestartOutcome::Rearmed { next_retransmit_ms, .. } if next_retransmit_ms < 1000)
+    };
+    assert!(
+        acted(lap) || acted(srv),
+        "neither socket was restarted: laptop {lap:?}, server {srv:?}"
     );
-    if r.cut == Cut::Router {
-        assert!(
-            matches!(lap, RestartOutcome::Retransmitted { .. } | RestartOutcome::Rearmed { .. }),
-            "the laptop's segments were in flight, its retransmission timer must have been reverted: {lap:?}"
-        );
-    }
     assert!(
         r.resumed < RESUME_LIMIT,
         "after a {:?} outage, data resumed {:?} after the translation even with restart_flow (limit {RESUME_LIMIT:?})",
