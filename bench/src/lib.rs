@@ -1,10 +1,11 @@
 //! Shared pieces of vnat's benchmarks (`bench/src/bin/*`): checks of the
-//! environment, namespace hosts with their own datapath, an iperf3 driver and
-//! summary statistics.
+//! environment, namespace hosts with their own datapath, an iperf3 driver,
+//! a userspace delay line and summary statistics.
 //!
 //! Benchmarks build their hosts with the integration tests' harness
 //! (`vnat-tests`), so they need root. Their numbers always come from the run
 //! that prints them.
+pub mod delayline;
 pub mod env;
 pub mod host;
 pub mod iperf;
