@@ -136,6 +136,9 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
 pub struct StatusJson {
     pub daemon: DaemonJson,
     pub datapath: DatapathJson,
+    /// Absent when vnatd's VCMP driver is not running.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vcmp: Option<VcmpJson>,
 }
 
 #[derive(Debug, Serialize)]
@@ -160,6 +163,13 @@ pub struct DatapathJson {
     pub translations: u64,
     /// Counter name to value, so scripts can write `.datapath.counters.NAME`.
     pub counters: BTreeMap<String, u64>,
+}
+
+/// VCMP's counters: `.vcmp.rejected.bad_mac` and so on.
+#[derive(Debug, Serialize)]
+pub struct VcmpJson {
+    pub events: BTreeMap<String, u64>,
+    pub rejected: BTreeMap<String, u64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -224,6 +234,7 @@ impl From<&StatusReply> for StatusJson {
                 translations: d.translations,
                 counters: d.counters.iter().cloned().collect(),
             },
+            vcmp: s.vcmp.as_ref().map(|v| VcmpJson { events: v.events.clone(), rejected: v.rejected.clone() }),
         }
     }
 }
@@ -308,6 +319,16 @@ pub fn status_text(s: &StatusReply) -> String {
             .collect();
         text.push('\n');
         text.push_str(&table(&["COUNTER", "VALUE"], &rows));
+    }
+    if let Some(v) = &s.vcmp {
+        let mut rows: Vec<Vec<String>> = v.events.iter().map(|(k, n)| vec![k.clone(), n.to_string()]).collect();
+        rows.extend(v.rejected.iter().map(|(k, n)| vec![format!("rejected: {k}"), n.to_string()]));
+        text.push('\n');
+        if rows.is_empty() {
+            text.push_str("no VCMP traffic yet\n");
+        } else {
+            text.push_str(&table(&["VCMP", "COUNT"], &rows));
+        }
     }
     text
 }

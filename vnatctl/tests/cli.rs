@@ -126,6 +126,12 @@ async fn fake_driver(mut rx: tokio::sync::mpsc::Receiver<DriverCommand>) {
             DriverCommand::Resume { reply } => {
                 let _ = reply.send(Ok(0));
             }
+            DriverCommand::Counters { reply } => {
+                let mut c = vnat_daemon::control::VcmpCounters::default();
+                c.events.insert("datagrams_received".into(), 5);
+                c.rejected.insert("bad_mac".into(), 2);
+                let _ = reply.send(c);
+            }
             DriverCommand::Peers { reply } => {
                 let _ = reply.send(vec![PeerInfo {
                     address: tcp.remote.ip(),

@@ -97,6 +97,15 @@ impl Handler {
                 .map(|peers| Reply::Peers { peers }),
             Request::Import { state } => self.import(state),
         };
+        // The VCMP counters come from the driver, asked after the datapath
+        // lock is released (the driver takes that lock too).
+        let result = match result {
+            Ok(Reply::Status(mut st)) => {
+                st.vcmp = self.ask(|reply| Command::Counters { reply }).ok();
+                Ok(Reply::Status(st))
+            }
+            other => other,
+        };
         match result {
             Ok(reply) => ResponseEnvelope::ok(reply),
             Err(e) => ResponseEnvelope::error(e.kind(), e.to_string()),
@@ -120,7 +129,7 @@ impl Handler {
                 Request::Status => datapath.status().map(|datapath| {
                     let mut daemon = (*self.info).clone();
                     daemon.uptime_secs = self.started.elapsed().as_secs();
-                    Reply::Status(Box::new(StatusReply { daemon, datapath }))
+                    Reply::Status(Box::new(StatusReply { daemon, datapath, vcmp: None }))
                 }),
                 Request::List => datapath
                     .connections()

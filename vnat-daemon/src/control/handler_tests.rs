@@ -115,6 +115,12 @@ impl FakeDriver {
                         seen.push("resume".into());
                         let _ = reply.send(Ok(1));
                     }
+                    Command::Counters { reply } => {
+                        seen.push("counters".into());
+                        let mut c = crate::control::VcmpCounters::default();
+                        c.rejected.insert("bad_mac".into(), 3);
+                        let _ = reply.send(c);
+                    }
                     Command::Peers { reply } => {
                         seen.push("peers".into());
                         let _ = reply.send(vec![PeerInfo {

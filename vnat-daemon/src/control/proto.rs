@@ -257,6 +257,18 @@ pub struct ImportedConnection {
 pub struct StatusReply {
     pub daemon: DaemonInfo,
     pub datapath: DatapathStatus,
+    /// VCMP's counters: what happened and every rejected datagram or record
+    /// by reason (bad MAC, replay, stale update, ...). Absent when the
+    /// driver is not running.
+    #[serde(default)]
+    pub vcmp: Option<VcmpCounters>,
+}
+
+/// Counters of the VCMP protocol core.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VcmpCounters {
+    pub events: std::collections::BTreeMap<String, u64>,
+    pub rejected: std::collections::BTreeMap<String, u64>,
 }
 
 /// What vnatd itself was started with.

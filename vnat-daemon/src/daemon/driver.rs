@@ -83,6 +83,8 @@ pub enum Command {
     Peers { reply: oneshot::Sender<Vec<PeerInfo>> },
     /// Which tracked flows can move (have keys).
     Mobility { reply: oneshot::Sender<HashMap<VirtualFlow, bool>> },
+    /// The protocol core's counters (`vnatctl status`).
+    Counters { reply: oneshot::Sender<crate::control::VcmpCounters> },
     /// Hand these flows' VCMP state over (keys included) and forget them
     /// here; all of them or none.
     Export { flows: Vec<VirtualFlow>, reply: oneshot::Sender<Result<ExportDocument, TransferError>> },
@@ -164,6 +166,9 @@ pub struct Driver {
     /// process restores its socket after the import (the import puts the
     /// connection's address in place first), so they are kept meanwhile.
     imported: HashMap<VirtualFlow, Timestamp>,
+    /// Exported flows: their process is being checkpointed to another host,
+    /// so they are not tracked again here while their socket still exists.
+    exported: HashSet<VirtualFlow>,
 }
 
 impl Driver {
@@ -188,7 +193,7 @@ impl Driver {
         };
         let sock = UdpSocket::bind(bind).await.map_err(|source| DriverError::Bind { addr: cfg.listen, source })?;
         tracing::info!(listen = %cfg.listen, key = %identity::key_hex(&endpoint.public_key()), "VCMP listening");
-        Ok(Driver { cfg, dp, endpoint, peers, sock, dual, prepared: HashMap::new(), imported: HashMap::new() })
+        Ok(Driver { cfg, dp, endpoint, peers, sock, dual, prepared: HashMap::new(), imported: HashMap::new(), exported: HashSet::new() })
     }
 
     /// Run until `shutdown` completes.
@@ -251,6 +256,11 @@ impl Driver {
                 let n = self.resync().await;
                 let _ = reply.send(Ok(n));
             }
+            Command::Counters { reply } => {
+                let st = self.endpoint.stats();
+                let map = |m: &BTreeMap<&'static str, u64>| m.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+                let _ = reply.send(crate::control::VcmpCounters { events: map(&st.events), rejected: map(&st.rejected) });
+            }
             Command::Peers { reply } => {
                 let _ = reply.send(self.peer_infos());
             }
@@ -289,6 +299,7 @@ impl Driver {
             let vcmp = self.endpoint.export_connection(f).map_err(|source| TransferError::Export { id: f.id(), source })?;
             let translation = translations.iter().find(|t| t.flow == *f).copied();
             tracing::info!(flow = ?f, "connection exported; VCMP forgets it here");
+            self.exported.insert(*f);
             connections.push(ExportedConnection { id: f.id(), vcmp, translation });
         }
         Ok(ExportDocument { vnat_export: transfer::EXPORT_FORMAT, connections })
@@ -391,7 +402,7 @@ impl Driver {
                 continue;
             }
             live.insert(flow);
-            if self.endpoint.connection(&flow).is_none() {
+            if self.endpoint.connection(&flow).is_none() && !self.exported.contains(&flow) {
                 let r = self.endpoint.connection_added(now(), &mut OsRng, flow, c.physical_local, c.physical_remote);
                 match r {
                     Ok(()) => tracing::debug!(?flow, "tracking connection"),
@@ -399,6 +410,7 @@ impl Driver {
                 }
             }
         }
+        self.exported.retain(|f| live.contains(f));
         let t = now();
         self.imported.retain(|f, since| !live.contains(f) && t.since(*since) < IMPORT_GRACE);
         let gone: Vec<VirtualFlow> = self
