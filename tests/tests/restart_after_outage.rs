@@ -447,10 +447,14 @@ fn tcp_v4_restarts_after_two_minute_outage_beyond_the_laptop() {
     assert_restarted(&r);
 }
 
-/// Its control (about 3.5 minutes): without `restart_flow` the socket waits
-/// for the timeout after the one at about 102 s, at about 205 s.
+/// Its control, a measurement (up to about 3.5 minutes): without
+/// `restart_flow` the laptop's socket waits for its timeout after the one
+/// at about 102 s, at about 205 s, unless the server's socket retransmits
+/// earlier and its segment restarts the laptop's (tcp_ack_probe). With a
+/// fixed outage that depends on where the server is in its own schedule,
+/// so only the default control (aligned to the laptop's timeout) asserts.
 #[test]
-#[ignore = "takes about 3.5 minutes"]
+#[ignore = "takes up to 3.5 minutes"]
 fn tcp_v4_without_restart_after_two_minute_outage() {
     let r = outage_then_move(&Run {
         tag: "rst2c",
@@ -459,9 +463,8 @@ fn tcp_v4_without_restart_after_two_minute_outage() {
         outage: Outage::Fixed(Duration::from_secs(120)),
         restart: false,
     });
-    assert!(
-        r.resumed > Duration::from_secs(5),
-        "without restart_flow data resumed {:?}",
-        r.resumed
+    eprintln!(
+        "rst2c: without restart_flow, data resumed {:?} after a {:?} outage",
+        r.resumed, r.outage
     );
 }
