@@ -30,8 +30,11 @@
 //!
 //! Also reported: the first echo of any probe after `t_usable`, vnatd's own
 //! steps from its logs (move started, translations installed) and the
-//! laptop socket's timers at `t_usable` (`ss -tino`). A missed target is a
-//! result (exit 0); a run that fails ends the benchmark with one sentence.
+//! laptop socket's timers at `t_usable` (`ss -tino`). vnatd's logs of every
+//! run are kept in bench/results/ (`handover-SCENARIO-RUN-{laptop,server}.log`)
+//! and `--capture` adds a pcap of the router's view, to see where the time
+//! went. A missed target is a result (exit 0); a run that fails ends the
+//! benchmark with one sentence.
 
 use std::{
     io::{BufRead, BufReader},
