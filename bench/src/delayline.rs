@@ -23,8 +23,7 @@
 use std::{
     collections::VecDeque,
     ffi::CString,
-    io,
-    mem,
+    io, mem,
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -52,7 +51,10 @@ const RCVBUF: libc::c_int = 4 << 20;
 /// process, so timestamps taken here, in the probe and in the benchmark
 /// compare directly.
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: clock_gettime only writes the timespec it is given.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
@@ -61,7 +63,10 @@ pub fn monotonic_ns() -> u64 {
 /// CLOCK_REALTIME in nanoseconds (to place wall-clock log timestamps on the
 /// monotonic clock).
 pub fn realtime_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: as above.
     unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
@@ -132,7 +137,11 @@ impl DelayLine {
                 .context("starting a delay-line thread")?;
             threads.push(t);
         }
-        Ok(DelayLine { stop, delay_ns, threads })
+        Ok(DelayLine {
+            stop,
+            delay_ns,
+            threads,
+        })
     }
 
     pub fn one_way(&self) -> Duration {
@@ -141,7 +150,8 @@ impl DelayLine {
 
     /// Changes the delay for frames read from now on.
     pub fn set_one_way(&self, one_way: Duration) {
-        self.delay_ns.store(one_way.as_nanos() as u64, Ordering::Relaxed);
+        self.delay_ns
+            .store(one_way.as_nanos() as u64, Ordering::Relaxed);
     }
 
     /// Stops both directions and returns what each did (a>b, then b>a).
@@ -166,7 +176,12 @@ impl Drop for DelayLine {
 
 /// One direction: frames read from `from` leave through `to` `delay_ns`
 /// after they were read.
-fn forward(from: &OwnedFd, to: &OwnedFd, delay_ns: &AtomicU64, stop: &AtomicBool) -> DirectionStats {
+fn forward(
+    from: &OwnedFd,
+    to: &OwnedFd,
+    delay_ns: &AtomicU64,
+    stop: &AtomicBool,
+) -> DirectionStats {
     let mut stats = DirectionStats {
         realtime: precise_thread(),
         ..DirectionStats::default()
@@ -195,7 +210,9 @@ fn forward(from: &OwnedFd, to: &OwnedFd, delay_ns: &AtomicU64, stop: &AtomicBool
             stats.bytes += frame.len() as u64;
         }
         let wait = match queue.front() {
-            Some((due, _)) => Duration::from_nanos(due.saturating_sub(monotonic_ns())).min(IDLE_WAKE),
+            Some((due, _)) => {
+                Duration::from_nanos(due.saturating_sub(monotonic_ns())).min(IDLE_WAKE)
+            }
             None => IDLE_WAKE,
         };
         if !readable(from, wait) {
@@ -231,7 +248,10 @@ fn forward(from: &OwnedFd, to: &OwnedFd, delay_ns: &AtomicU64, stop: &AtomicBool
                 stats.oversize += 1;
             }
             let n = n.min(buf.len());
-            queue.push_back((read_at + delay_ns.load(Ordering::Relaxed), buf[..n].to_vec()));
+            queue.push_back((
+                read_at + delay_ns.load(Ordering::Relaxed),
+                buf[..n].to_vec(),
+            ));
         }
     }
     if stats.frames > 0 {
@@ -251,7 +271,11 @@ fn forward(from: &OwnedFd, to: &OwnedFd, delay_ns: &AtomicU64, stop: &AtomicBool
 
 /// Waits up to `wait` for `fd` to become readable.
 fn readable(fd: &OwnedFd, wait: Duration) -> bool {
-    let mut pfd = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
     let ts = libc::timespec {
         tv_sec: wait.as_secs() as libc::time_t,
         tv_nsec: wait.subsec_nanos() as libc::c_long,
@@ -279,13 +303,16 @@ fn packet_socket(ifname: &str) -> Result<OwnedFd> {
             return Err(io::Error::last_os_error()).context("creating an AF_PACKET socket");
         }
         let fd = OwnedFd::from_raw_fd(raw);
-        let setopt = |level, name, value: *const libc::c_void, len: usize, what: &str| -> Result<()> {
-            if libc::setsockopt(fd.as_raw_fd(), level, name, value, len as libc::socklen_t) != 0 {
-                return Err(io::Error::last_os_error())
-                    .with_context(|| format!("setting {what} on the packet socket of {ifname}"));
-            }
-            Ok(())
-        };
+        let setopt =
+            |level, name, value: *const libc::c_void, len: usize, what: &str| -> Result<()> {
+                if libc::setsockopt(fd.as_raw_fd(), level, name, value, len as libc::socklen_t) != 0
+                {
+                    return Err(io::Error::last_os_error()).with_context(|| {
+                        format!("setting {what} on the packet socket of {ifname}")
+                    });
+                }
+                Ok(())
+            };
         let one: libc::c_int = 1;
         // The kernel would otherwise queue a copy of every frame this socket
         // sends back to it (and to the other direction's socket).
@@ -364,7 +391,11 @@ pub struct ServerLinkDelay {
 /// router `rc` - `d0` [delay line] `d1` - server `eth0`, with the same
 /// addresses and server default routes as before. Call it before anything
 /// uses the server's link (the old veth is deleted).
-pub fn delay_server_link(topo: &LaptopRouterServer, tag: &str, one_way: Duration) -> Result<ServerLinkDelay> {
+pub fn delay_server_link(
+    topo: &LaptopRouterServer,
+    tag: &str,
+    one_way: Duration,
+) -> Result<ServerLinkDelay> {
     let ns = Netns::new(tag);
     // The line's own ends take no part in IP: no link-local addresses, no
     // router or neighbour solicitations of their own on the segment.
@@ -383,9 +414,11 @@ pub fn delay_server_link(topo: &LaptopRouterServer, tag: &str, one_way: Duration
     for (a, p) in topo.server_addr.with_prefixes() {
         topo.server.add_addr(&topo.server_if, a, p);
     }
-    topo.server.default_route(topo.router_c_addr.v4.into(), &topo.server_if);
+    topo.server
+        .default_route(topo.router_c_addr.v4.into(), &topo.server_if);
     if topo.ipv6 {
-        topo.server.default_route(topo.router_c_addr.v6().into(), &topo.server_if);
+        topo.server
+            .default_route(topo.router_c_addr.v6().into(), &topo.server_if);
     }
     let line = DelayLine::start(&ns, "d0", "d1", one_way)?;
     Ok(ServerLinkDelay { line, ns })

@@ -204,7 +204,11 @@ struct RunResult {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Some(Sub::Probe { connect, interval_us }) = cli.sub {
+    if let Some(Sub::Probe {
+        connect,
+        interval_us,
+    }) = cli.sub
+    {
         let code = probe::run(connect, Duration::from_micros(interval_us.max(100)));
         return ExitCode::from(code as u8);
     }
@@ -243,7 +247,10 @@ fn run(args: &Args) -> Result<()> {
         "--rtt-ms must be between 0 and 1000, not {}",
         args.rtt_ms
     );
-    let outage = Duration::from_secs(args.outage_secs.unwrap_or(if args.quick { 10 } else { 120 }));
+    let outage = Duration::from_secs(
+        args.outage_secs
+            .unwrap_or(if args.quick { 10 } else { 120 }),
+    );
     let mut scenarios = Vec::new();
     if args.scenario != Scenarios::Outage {
         scenarios.push((Scenario::NoOutage, args.runs.unwrap_or(5)));
@@ -311,10 +318,23 @@ fn measure(scenario: Scenario, rtt_ms: f64, diag: &str, capture: bool) -> Result
     let lapd = Daemon::start(&lap, ldir.path())?;
     let srvd = Daemon::start(&srv, sdir.path())?;
     let _logs = KeepLogs(vec![
-        (lapd.log.clone(), vnat_bench::results_path(&format!("{diag}-laptop")).with_extension("log")),
-        (srvd.log.clone(), vnat_bench::results_path(&format!("{diag}-server")).with_extension("log")),
+        (
+            lapd.log.clone(),
+            vnat_bench::results_path(&format!("{diag}-laptop")).with_extension("log"),
+        ),
+        (
+            srvd.log.clone(),
+            vnat_bench::results_path(&format!("{diag}-server")).with_extension("log"),
+        ),
     ]);
-    let _capture = capture.then(|| Tcpdump::start(&topo.router, &vnat_bench::results_path(diag).with_extension("pcap"))).transpose()?;
+    let _capture = capture
+        .then(|| {
+            Tcpdump::start(
+                &topo.router,
+                &vnat_bench::results_path(diag).with_extension("pcap"),
+            )
+        })
+        .transpose()?;
 
     // The self-check of the delay line: the round trip the benchmark claims.
     let rtts = handshake_rtts(&topo, server.ip(), RTT_SAMPLES)?;
@@ -339,7 +359,10 @@ fn measure(scenario: Scenario, rtt_ms: f64, diag: &str, capture: bool) -> Result
             .filter(|e| e.recv > now - 1_000_000_000)
             .map(|e| ms(e.recv - e.sent))
             .collect();
-        ensure!(!recent.is_empty(), "no probe came back in the second before the move");
+        ensure!(
+            !recent.is_empty(),
+            "no probe came back in the second before the move"
+        );
         Summary::of(&recent).expect("non-empty").median
     };
 
@@ -360,9 +383,19 @@ fn measure(scenario: Scenario, rtt_ms: f64, diag: &str, capture: bool) -> Result
     }
     let t_usable = monotonic_ns();
     let real_offset = realtime_ns() as i128 - monotonic_ns() as i128;
-    let socket = l
-        .try_run(&["ss", "-tinoH", "state", "established", "dport", "=", &format!(":{SERVER_PORT}")]);
-    let socket = String::from_utf8_lossy(&socket.stdout).split_whitespace().collect::<Vec<_>>().join(" ");
+    let socket = l.try_run(&[
+        "ss",
+        "-tinoH",
+        "state",
+        "established",
+        "dport",
+        "=",
+        &format!(":{SERVER_PORT}"),
+    ]);
+    let socket = String::from_utf8_lossy(&socket.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
 
     // The first echo of a probe written after t_usable.
     let deadline = Instant::now() + RESUME_LIMIT;
@@ -393,11 +426,22 @@ fn measure(scenario: Scenario, rtt_ms: f64, diag: &str, capture: bool) -> Result
     let later = log.echoes.iter().filter(|e| e.recv > first.recv).count();
     ensure!(later >= 100, "only {later} probes came back in the 500 ms after the first one: the flow did not carry on");
 
-    let first_echo = log.echoes.iter().find(|e| e.recv > t_usable).expect("the first-byte echo is one");
-    let last_before = log.echoes.iter().rev().find(|e| e.recv <= t_start).map_or(t_start, |e| e.recv);
+    let first_echo = log
+        .echoes
+        .iter()
+        .find(|e| e.recv > t_usable)
+        .expect("the first-byte echo is one");
+    let last_before = log
+        .echoes
+        .iter()
+        .rev()
+        .find(|e| e.recv <= t_start)
+        .map_or(t_start, |e| e.recv);
     let rel = |real: u64| ms_signed(real as i128 - real_offset - t_usable as i128);
     let after_start = |v: Vec<u64>| {
-        v.into_iter().find(|r| (*r as i128 - real_offset) >= t_start as i128).map(rel)
+        v.into_iter()
+            .find(|r| (*r as i128 - real_offset) >= t_start as i128)
+            .map(rel)
     };
     let first_byte = ms(first.recv - t_usable);
     let handover = first_byte - rtt;
@@ -449,9 +493,30 @@ impl Tcpdump {
         }
         let child = ns
             .cmd("tcpdump")
-            .args(["-i", "any", "-nn", "-U", "--immediate-mode", "-s", "200", "-w"])
+            .args([
+                "-i",
+                "any",
+                "-nn",
+                "-U",
+                "--immediate-mode",
+                "-s",
+                "200",
+                "-w",
+            ])
             .arg(path)
-            .args(["tcp", "port", &SERVER_PORT.to_string(), "or", "udp", "port", "2031", "or", "icmp", "or", "arp"])
+            .args([
+                "tcp",
+                "port",
+                &SERVER_PORT.to_string(),
+                "or",
+                "udp",
+                "port",
+                "2031",
+                "or",
+                "icmp",
+                "or",
+                "arp",
+            ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -465,7 +530,10 @@ impl Tcpdump {
 
 impl Drop for Tcpdump {
     fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.0.id() as i32), nix::sys::signal::Signal::SIGINT);
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.0.id() as i32),
+            nix::sys::signal::Signal::SIGINT,
+        );
         let _ = self.0.wait();
     }
 }
@@ -519,12 +587,17 @@ fn wait_mobile(lapd: &Daemon, srvd: &Daemon, local: SocketAddr) -> Result<()> {
     let has = |d: &Daemon, key: &str| {
         d.ctl(&["ls", "--proto", "tcp"]).is_some_and(|v| {
             v.as_array().is_some_and(|a| {
-                a.iter().any(|c| c[key].as_str() == Some(&local_s) && c["mobile"] == Value::Bool(true))
+                a.iter()
+                    .any(|c| c[key].as_str() == Some(&local_s) && c["mobile"] == Value::Bool(true))
             })
         })
     };
     loop {
-        if lapd.paired() && srvd.paired() && has(lapd, "virtual_local") && has(srvd, "virtual_remote") {
+        if lapd.paired()
+            && srvd.paired()
+            && has(lapd, "virtual_local")
+            && has(srvd, "virtual_remote")
+        {
             return Ok(());
         }
         ensure!(
@@ -564,9 +637,15 @@ impl Probe {
         let exe = std::env::current_exe().context("finding the benchmark's own executable")?;
         let mut cmd = host.ns.cmd(exe);
         host.cgroup.join_on_spawn(&mut cmd);
-        cmd.args(["probe", "--connect", &server.to_string(), "--interval-us", "1000"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped());
+        cmd.args([
+            "probe",
+            "--connect",
+            &server.to_string(),
+            "--interval-us",
+            "1000",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped());
         let mut child = cmd.spawn().context("starting the probe client")?;
         let stdout = child.stdout.take().expect("piped");
         let log = Arc::new(Mutex::new(ProbeLog::default()));
@@ -574,7 +653,9 @@ impl Probe {
         let reader = std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
-                let Ok(v) = serde_json::from_str::<Value>(&line) else { continue };
+                let Ok(v) = serde_json::from_str::<Value>(&line) else {
+                    continue;
+                };
                 let mut log = shared.lock().unwrap_or_else(|p| p.into_inner());
                 if let (Some(sent), Some(recv)) = (v["sent_ns"].as_u64(), v["recv_ns"].as_u64()) {
                     log.echoes.push(Echo { sent, recv });
@@ -591,7 +672,11 @@ impl Probe {
                 log.error = Some("the probe client exited".into());
             }
         });
-        Ok(Probe { child, log, reader: Some(reader) })
+        Ok(Probe {
+            child,
+            log,
+            reader: Some(reader),
+        })
     }
 
     fn log(&self) -> std::sync::MutexGuard<'_, ProbeLog> {
@@ -611,7 +696,10 @@ impl Probe {
                     bail!("the probe client could not reach the echo server: {e}");
                 }
             }
-            ensure!(Instant::now() < deadline, "the probe client got no echo within {limit:?}");
+            ensure!(
+                Instant::now() < deadline,
+                "the probe client got no echo within {limit:?}"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -649,13 +737,19 @@ fn summary_json(runs: &[RunResult], f: impl Fn(&RunResult) -> Option<f64>) -> Va
     }
 }
 
-fn report(args: &Args, results: &[(Scenario, Vec<RunResult>)], load_before: Option<f64>, load_after: Option<f64>) -> Value {
+fn report(
+    args: &Args,
+    results: &[(Scenario, Vec<RunResult>)],
+    load_before: Option<f64>,
+    load_after: Option<f64>,
+) -> Value {
     let mut scenarios = serde_json::Map::new();
     for (scenario, runs) in results {
         let met = runs.iter().filter(|r| r.target_met).count();
-        let median_rtt = Summary::of(&runs.iter().map(|r| r.rtt_ms).collect::<Vec<_>>()).map_or(0.0, |s| s.median);
-        let median_handover =
-            Summary::of(&runs.iter().map(|r| r.handover_ms).collect::<Vec<_>>()).map_or(f64::INFINITY, |s| s.median);
+        let median_rtt = Summary::of(&runs.iter().map(|r| r.rtt_ms).collect::<Vec<_>>())
+            .map_or(0.0, |s| s.median);
+        let median_handover = Summary::of(&runs.iter().map(|r| r.handover_ms).collect::<Vec<_>>())
+            .map_or(f64::INFINITY, |s| s.median);
         scenarios.insert(
             scenario.key().into(),
             json!({
@@ -711,12 +805,25 @@ fn table(args: &Args, results: &[(Scenario, Vec<RunResult>)]) -> String {
     let _ = writeln!(
         s,
         "{:<16} {:>4} {:>7} {:>9} {:>22} {:>22} {:>11} {:>12} {:>10}",
-        "scenario", "runs", "rtt ms", "echo rtt", "first byte ms (range)", "handover ms (range)", "first echo", "lap. transl.", "target met"
+        "scenario",
+        "runs",
+        "rtt ms",
+        "echo rtt",
+        "first byte ms (range)",
+        "handover ms (range)",
+        "first echo",
+        "lap. transl.",
+        "target met"
     );
     for (scenario, runs) in results {
-        let sum = |f: &dyn Fn(&RunResult) -> Option<f64>| Summary::of(&runs.iter().filter_map(f).collect::<Vec<_>>());
+        let sum = |f: &dyn Fn(&RunResult) -> Option<f64>| {
+            Summary::of(&runs.iter().filter_map(f).collect::<Vec<_>>())
+        };
         let fmt = |x: Option<Summary>| {
-            x.map_or_else(|| "-".into(), |x| format!("{:.1} ({:.1}-{:.1})", x.median, x.min, x.max))
+            x.map_or_else(
+                || "-".into(),
+                |x| format!("{:.1} ({:.1}-{:.1})", x.median, x.min, x.max),
+            )
         };
         let med = |x: Option<Summary>| x.map_or_else(|| "-".into(), |x| format!("{:.1}", x.median));
         let _ = writeln!(
@@ -730,7 +837,11 @@ fn table(args: &Args, results: &[(Scenario, Vec<RunResult>)]) -> String {
             fmt(sum(&|r| Some(r.handover_ms))),
             med(sum(&|r| Some(r.first_echo_ms))),
             med(sum(&|r| r.laptop_translated_ms)),
-            format!("{}/{}", runs.iter().filter(|r| r.target_met).count(), runs.len()),
+            format!(
+                "{}/{}",
+                runs.iter().filter(|r| r.target_met).count(),
+                runs.len()
+            ),
         );
     }
     s

@@ -38,19 +38,38 @@ impl Daemon {
             .arg(host.pins.path())
             .arg("--cgroup")
             .arg(host.cgroup.path())
-            .args(["--config", "/dev/null", "--log-format", "json", "--log-level", "info"])
+            .args([
+                "--config",
+                "/dev/null",
+                "--log-format",
+                "json",
+                "--log-level",
+                "info",
+            ])
             .stdout(Stdio::null())
             .stderr(err)
             .spawn()
             .context("starting vnatd")?;
-        let mut d = Daemon { child, control, log, state };
+        let mut d = Daemon {
+            child,
+            control,
+            log,
+            state,
+        };
         let deadline = Instant::now() + Duration::from_secs(20);
         while d.ctl(&["status"]).is_none() {
             if let Some(status) = d.child.try_wait()? {
-                bail!("vnatd in {} exited at start ({status}): {}", host.ns.name(), d.last_log_line());
+                bail!(
+                    "vnatd in {} exited at start ({status}): {}",
+                    host.ns.name(),
+                    d.last_log_line()
+                );
             }
             if Instant::now() > deadline {
-                bail!("vnatd in {} did not answer on its control socket within 20 s", host.ns.name());
+                bail!(
+                    "vnatd in {} did not answer on its control socket within 20 s",
+                    host.ns.name()
+                );
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -138,7 +157,10 @@ mod tests {
 
     #[test]
     fn parses_tracing_timestamps() {
-        assert_eq!(parse_rfc3339_ns("1970-01-01T00:00:01.5Z"), Some(1_500_000_000));
+        assert_eq!(
+            parse_rfc3339_ns("1970-01-01T00:00:01.5Z"),
+            Some(1_500_000_000)
+        );
         // date -u -d 2026-11-22T05:52:01Z +%s = 1795326721
         assert_eq!(
             parse_rfc3339_ns("2026-11-22T05:52:01.000123Z"),

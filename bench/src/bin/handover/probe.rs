@@ -98,7 +98,11 @@ fn probe(connect: SocketAddr, interval: Duration) -> io::Result<()> {
             }
         }
         if now >= next_summary {
-            writeln!(out, "{}", serde_json::json!({ "sent": seq, "skipped": skipped, "echoed": echoed }))?;
+            writeln!(
+                out,
+                "{}",
+                serde_json::json!({ "sent": seq, "skipped": skipped, "echoed": echoed })
+            )?;
             out.flush()?;
             next_summary += 1_000_000_000;
         }
@@ -107,9 +111,19 @@ fn probe(connect: SocketAddr, interval: Duration) -> io::Result<()> {
             continue;
         }
         let n = match sock.read(&mut chunk) {
-            Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the echo server closed the connection")),
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the echo server closed the connection",
+                ))
+            }
             Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e)
+                if e.kind() == io::ErrorKind::WouldBlock
+                    || e.kind() == io::ErrorKind::Interrupted =>
+            {
+                continue
+            }
             Err(e) => return Err(e),
         };
         let recv_ns = monotonic_ns();
@@ -125,7 +139,10 @@ fn probe(connect: SocketAddr, interval: Duration) -> io::Result<()> {
                 ));
             }
             echoed += 1;
-            writeln!(out, "{{\"seq\":{s},\"sent_ns\":{sent},\"recv_ns\":{recv_ns}}}")?;
+            writeln!(
+                out,
+                "{{\"seq\":{s},\"sent_ns\":{sent},\"recv_ns\":{recv_ns}}}"
+            )?;
         }
         inbuf.drain(..whole);
         out.flush()?;
@@ -140,13 +157,21 @@ fn write_some(sock: &mut TcpStream, pending: &mut Vec<u8>) -> io::Result<usize> 
             pending.drain(..n);
             Ok(n)
         }
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => Ok(0),
+        Err(e)
+            if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted =>
+        {
+            Ok(0)
+        }
         Err(e) => Err(e),
     }
 }
 
 fn wait_readable(sock: &TcpStream, wait: Duration) -> io::Result<bool> {
-    let mut pfd = libc::pollfd { fd: sock.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    let mut pfd = libc::pollfd {
+        fd: sock.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
     let ts = libc::timespec {
         tv_sec: wait.as_secs() as libc::time_t,
         tv_nsec: wait.subsec_nanos() as libc::c_long,
@@ -155,7 +180,11 @@ fn wait_readable(sock: &TcpStream, wait: Duration) -> io::Result<bool> {
     let rc = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
     if rc < 0 {
         let e = io::Error::last_os_error();
-        return if e.kind() == io::ErrorKind::Interrupted { Ok(false) } else { Err(e) };
+        return if e.kind() == io::ErrorKind::Interrupted {
+            Ok(false)
+        } else {
+            Err(e)
+        };
     }
     Ok(rc > 0 && pfd.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0)
 }
