@@ -37,14 +37,10 @@
 //! benchmark with one sentence.
 
 use std::{
-    io::{BufRead, BufReader},
     net::{IpAddr, SocketAddr, TcpStream},
     panic::{self, AssertUnwindSafe},
     process::{Child, ExitCode, Stdio},
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc, Mutex,
-    },
+    sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
@@ -52,7 +48,7 @@ use anyhow::{bail, ensure, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use nix::libc;
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 use vnat_bench::{
     delayline::{self, monotonic_ns, realtime_ns, DirectionStats},
     env,
@@ -64,8 +60,11 @@ use vnat_tests::{EchoServer, Host, LaptopRouterServer, TempDir};
 mod daemon;
 #[path = "handover/probe.rs"]
 mod probe;
+#[path = "handover/report.rs"]
+mod report;
 
 use daemon::Daemon;
+use probe::Probe;
 
 const SERVER_PORT: u16 = 5001;
 /// TCP handshakes timed to measure the round trip.
@@ -282,15 +281,15 @@ fn run(args: &Args) -> Result<()> {
     }
     let load_after = env::loadavg_1min();
 
-    let report = report(args, &results, load_before, load_after);
-    let table = table(args, &results);
+    let summary = report::report(args, &results, load_before, load_after);
+    let table = report::table(args, &results);
     if args.json {
         eprint!("{table}");
-        println!("{report}");
+        println!("{summary}");
     } else {
         print!("{table}");
     }
-    vnat_bench::write_json(&vnat_bench::results_path("handover"), &report)?;
+    vnat_bench::write_json(&vnat_bench::results_path("handover"), &summary)?;
     Ok(())
 }
 
@@ -609,240 +608,4 @@ fn wait_mobile(lapd: &Daemon, srvd: &Daemon, local: SocketAddr) -> Result<()> {
         ensure!(!INTERRUPTED.load(Ordering::SeqCst), "interrupted");
         std::thread::sleep(Duration::from_millis(100));
     }
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Echo {
-    sent: u64,
-    recv: u64,
-}
-
-#[derive(Default)]
-struct ProbeLog {
-    local: Option<SocketAddr>,
-    echoes: Vec<Echo>,
-    skipped: u64,
-    error: Option<String>,
-}
-
-/// The probe process and what it has reported so far.
-struct Probe {
-    child: Child,
-    log: Arc<Mutex<ProbeLog>>,
-    reader: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Probe {
-    fn spawn(host: &Host, server: SocketAddr) -> Result<Probe> {
-        let exe = std::env::current_exe().context("finding the benchmark's own executable")?;
-        let mut cmd = host.ns.cmd(exe);
-        host.cgroup.join_on_spawn(&mut cmd);
-        cmd.args([
-            "probe",
-            "--connect",
-            &server.to_string(),
-            "--interval-us",
-            "1000",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped());
-        let mut child = cmd.spawn().context("starting the probe client")?;
-        let stdout = child.stdout.take().expect("piped");
-        let log = Arc::new(Mutex::new(ProbeLog::default()));
-        let shared = log.clone();
-        let reader = std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                let Ok(v) = serde_json::from_str::<Value>(&line) else {
-                    continue;
-                };
-                let mut log = shared.lock().unwrap_or_else(|p| p.into_inner());
-                if let (Some(sent), Some(recv)) = (v["sent_ns"].as_u64(), v["recv_ns"].as_u64()) {
-                    log.echoes.push(Echo { sent, recv });
-                } else if let Some(s) = v["skipped"].as_u64() {
-                    log.skipped = s;
-                } else if let Some(l) = v["local"].as_str() {
-                    log.local = l.parse().ok();
-                } else if let Some(e) = v["error"].as_str() {
-                    log.error = Some(e.to_string());
-                }
-            }
-            let mut log = shared.lock().unwrap_or_else(|p| p.into_inner());
-            if log.error.is_none() {
-                log.error = Some("the probe client exited".into());
-            }
-        });
-        Ok(Probe {
-            child,
-            log,
-            reader: Some(reader),
-        })
-    }
-
-    fn log(&self) -> std::sync::MutexGuard<'_, ProbeLog> {
-        self.log.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Waits for the connection and a first echo; returns the local address.
-    fn wait_connected(&self, limit: Duration) -> Result<SocketAddr> {
-        let deadline = Instant::now() + limit;
-        loop {
-            {
-                let log = self.log();
-                if let (Some(local), false) = (log.local, log.echoes.is_empty()) {
-                    return Ok(local);
-                }
-                if let Some(e) = &log.error {
-                    bail!("the probe client could not reach the echo server: {e}");
-                }
-            }
-            ensure!(
-                Instant::now() < deadline,
-                "the probe client got no echo within {limit:?}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Stops the probe and returns everything it reported (an error is only
-    /// what it reported before being stopped).
-    fn stop(mut self) -> ProbeLog {
-        let early = self.log().error.clone();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if let Some(r) = self.reader.take() {
-            let _ = r.join();
-        }
-        let mut log = std::mem::take(&mut *self.log());
-        log.error = early;
-        log
-    }
-}
-
-impl Drop for Probe {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn summary_json(runs: &[RunResult], f: impl Fn(&RunResult) -> Option<f64>) -> Value {
-    let v: Vec<f64> = runs.iter().filter_map(f).collect();
-    match Summary::of(&v) {
-        Some(s) => json!({
-            "median": s.median, "min": s.min, "max": s.max,
-            "spread_percent": s.spread_percent(), "samples": s.samples,
-        }),
-        None => Value::Null,
-    }
-}
-
-fn report(
-    args: &Args,
-    results: &[(Scenario, Vec<RunResult>)],
-    load_before: Option<f64>,
-    load_after: Option<f64>,
-) -> Value {
-    let mut scenarios = serde_json::Map::new();
-    for (scenario, runs) in results {
-        let met = runs.iter().filter(|r| r.target_met).count();
-        let median_rtt = Summary::of(&runs.iter().map(|r| r.rtt_ms).collect::<Vec<_>>())
-            .map_or(0.0, |s| s.median);
-        let median_handover = Summary::of(&runs.iter().map(|r| r.handover_ms).collect::<Vec<_>>())
-            .map_or(f64::INFINITY, |s| s.median);
-        scenarios.insert(
-            scenario.key().into(),
-            json!({
-                "label": scenario.label(),
-                "outage_s": match scenario { Scenario::Outage(d) => d.as_secs(), Scenario::NoOutage => 0 },
-                "runs": runs.len(),
-                "first_byte_ms": summary_json(runs, |r| Some(r.first_byte_ms)),
-                "handover_ms": summary_json(runs, |r| Some(r.handover_ms)),
-                "first_echo_ms": summary_json(runs, |r| Some(r.first_echo_ms)),
-                "rtt_ms": summary_json(runs, |r| Some(r.rtt_ms)),
-                "echo_rtt_ms": summary_json(runs, |r| Some(r.echo_rtt_ms)),
-                "laptop_move_started_ms": summary_json(runs, |r| r.laptop_move_started_ms),
-                "server_translated_ms": summary_json(runs, |r| r.server_translated_ms),
-                "laptop_translated_ms": summary_json(runs, |r| r.laptop_translated_ms),
-                "target_ms": median_rtt + TARGET_SLACK_MS,
-                "target_met_runs": met,
-                "target_met_median": median_handover <= median_rtt + TARGET_SLACK_MS,
-                "per_run": runs,
-            }),
-        );
-    }
-    json!({
-        "benchmark": "handover",
-        "what": "ms from the new address being usable (t_usable: B's address and default route configured) to \
-                 the echo of the first probe written at or after t_usable (first_byte_ms); handover_ms = \
-                 first_byte_ms - measured RTT; target: handover_ms <= RTT + 10 ms",
-        "rtt_target_ms": args.rtt_ms,
-        "delay": "userspace L2 delay line (AF_PACKET) on the router-server link, half the RTT each way",
-        "probe_interval_ms": 1.0,
-        "machine": {
-            "kernel": env::kernel_release(),
-            "cpus": env::cpus(),
-            "loadavg_1min_before": load_before,
-            "loadavg_1min_after": load_after,
-        },
-        "scenarios": scenarios,
-    })
-}
-
-fn table(args: &Args, results: &[(Scenario, Vec<RunResult>)]) -> String {
-    use std::fmt::Write;
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "\nhandover at {} ms RTT (delay line), first byte after the new address is usable; target: handover <= RTT + {TARGET_SLACK_MS} ms",
-        args.rtt_ms
-    );
-    let _ = writeln!(
-        s,
-        "(medians, ms; first byte = echo of the first probe written after t_usable; handover = first byte - rtt; \
-         echo rtt = probe round trip before the move, socat included; lap. transl. = laptop vnatd's translation logged)"
-    );
-    let _ = writeln!(
-        s,
-        "{:<16} {:>4} {:>7} {:>9} {:>22} {:>22} {:>11} {:>12} {:>10}",
-        "scenario",
-        "runs",
-        "rtt ms",
-        "echo rtt",
-        "first byte ms (range)",
-        "handover ms (range)",
-        "first echo",
-        "lap. transl.",
-        "target met"
-    );
-    for (scenario, runs) in results {
-        let sum = |f: &dyn Fn(&RunResult) -> Option<f64>| {
-            Summary::of(&runs.iter().filter_map(f).collect::<Vec<_>>())
-        };
-        let fmt = |x: Option<Summary>| {
-            x.map_or_else(
-                || "-".into(),
-                |x| format!("{:.1} ({:.1}-{:.1})", x.median, x.min, x.max),
-            )
-        };
-        let med = |x: Option<Summary>| x.map_or_else(|| "-".into(), |x| format!("{:.1}", x.median));
-        let _ = writeln!(
-            s,
-            "{:<16} {:>4} {:>7} {:>9} {:>22} {:>22} {:>11} {:>12} {:>10}",
-            scenario.label(),
-            runs.len(),
-            sum(&|r| Some(r.rtt_ms)).map_or("-".into(), |x| format!("{:.2}", x.median)),
-            sum(&|r| Some(r.echo_rtt_ms)).map_or("-".into(), |x| format!("{:.2}", x.median)),
-            fmt(sum(&|r| Some(r.first_byte_ms))),
-            fmt(sum(&|r| Some(r.handover_ms))),
-            med(sum(&|r| Some(r.first_echo_ms))),
-            med(sum(&|r| r.laptop_translated_ms)),
-            format!(
-                "{}/{}",
-                runs.iter().filter(|r| r.target_met).count(),
-                runs.len()
-            ),
-        );
-    }
-    s
 }

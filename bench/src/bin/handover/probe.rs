@@ -16,20 +16,29 @@
 //! partial write is finished before any new one is made). Once a second it
 //! prints `{"sent":N,"skipped":N,"echoed":N}`. It stops at the first
 //! error (`{"error":"..."}`, exit 1) or when killed.
+//!
+//! [`Probe`] is the benchmark's side: it starts the probe and collects
+//! what it prints.
 
 use std::{
-    io::{self, Read, Write},
+    io::{self, BufRead, BufReader, Read, Write},
     net::{SocketAddr, TcpStream},
     os::fd::AsRawFd,
-    time::Duration,
+    process::{Child, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
 };
 
+use anyhow::{bail, ensure, Context, Result};
 use nix::libc;
+use serde_json::Value;
 use vnat_bench::delayline::{monotonic_ns, precise_thread};
+use vnat_tests::Host;
 
 /// Bytes per probe: sequence number, send time.
 pub const PROBE_LEN: usize = 16;
 
+/// The probe process's main.
 pub fn run(connect: SocketAddr, interval: Duration) -> i32 {
     match probe(connect, interval) {
         Ok(()) => 0,
@@ -187,4 +196,121 @@ fn wait_readable(sock: &TcpStream, wait: Duration) -> io::Result<bool> {
         };
     }
     Ok(rc > 0 && pfd.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0)
+}
+
+/// One echoed probe: when it was written and when its echo was read
+/// (CLOCK_MONOTONIC ns).
+#[derive(Clone, Copy, Debug)]
+pub struct Echo {
+    pub sent: u64,
+    pub recv: u64,
+}
+
+#[derive(Default)]
+pub struct ProbeLog {
+    pub local: Option<SocketAddr>,
+    pub echoes: Vec<Echo>,
+    pub skipped: u64,
+    pub error: Option<String>,
+}
+
+/// The probe process and what it has reported so far.
+pub struct Probe {
+    child: Child,
+    log: Arc<Mutex<ProbeLog>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Probe {
+    pub fn spawn(host: &Host, server: SocketAddr) -> Result<Probe> {
+        let exe = std::env::current_exe().context("finding the benchmark's own executable")?;
+        let mut cmd = host.ns.cmd(exe);
+        host.cgroup.join_on_spawn(&mut cmd);
+        cmd.args([
+            "probe",
+            "--connect",
+            &server.to_string(),
+            "--interval-us",
+            "1000",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped());
+        let mut child = cmd.spawn().context("starting the probe client")?;
+        let stdout = child.stdout.take().expect("piped");
+        let log = Arc::new(Mutex::new(ProbeLog::default()));
+        let shared = log.clone();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let Ok(v) = serde_json::from_str::<Value>(&line) else {
+                    continue;
+                };
+                let mut log = shared.lock().unwrap_or_else(|p| p.into_inner());
+                if let (Some(sent), Some(recv)) = (v["sent_ns"].as_u64(), v["recv_ns"].as_u64()) {
+                    log.echoes.push(Echo { sent, recv });
+                } else if let Some(s) = v["skipped"].as_u64() {
+                    log.skipped = s;
+                } else if let Some(l) = v["local"].as_str() {
+                    log.local = l.parse().ok();
+                } else if let Some(e) = v["error"].as_str() {
+                    log.error = Some(e.to_string());
+                }
+            }
+            let mut log = shared.lock().unwrap_or_else(|p| p.into_inner());
+            if log.error.is_none() {
+                log.error = Some("the probe client exited".into());
+            }
+        });
+        Ok(Probe {
+            child,
+            log,
+            reader: Some(reader),
+        })
+    }
+
+    pub fn log(&self) -> std::sync::MutexGuard<'_, ProbeLog> {
+        self.log.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits for the connection and a first echo; returns the local address.
+    pub fn wait_connected(&self, limit: Duration) -> Result<SocketAddr> {
+        let deadline = Instant::now() + limit;
+        loop {
+            {
+                let log = self.log();
+                if let (Some(local), false) = (log.local, log.echoes.is_empty()) {
+                    return Ok(local);
+                }
+                if let Some(e) = &log.error {
+                    bail!("the probe client could not reach the echo server: {e}");
+                }
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "the probe client got no echo within {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Stops the probe and returns everything it reported (an error is only
+    /// what it reported before being stopped).
+    pub fn stop(mut self) -> ProbeLog {
+        let early = self.log().error.clone();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+        let mut log = std::mem::take(&mut *self.log());
+        log.error = early;
+        log
+    }
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

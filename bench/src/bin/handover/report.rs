@@ -1,0 +1,127 @@
+//! The handover benchmark's summary: one JSON object and the table.
+
+use serde_json::{json, Value};
+use vnat_bench::{env, stats::Summary};
+
+use super::{Args, RunResult, Scenario, TARGET_SLACK_MS};
+
+fn summary_json(runs: &[RunResult], f: impl Fn(&RunResult) -> Option<f64>) -> Value {
+    let v: Vec<f64> = runs.iter().filter_map(f).collect();
+    match Summary::of(&v) {
+        Some(s) => json!({
+            "median": s.median, "min": s.min, "max": s.max,
+            "spread_percent": s.spread_percent(), "samples": s.samples,
+        }),
+        None => Value::Null,
+    }
+}
+
+pub fn report(
+    args: &Args,
+    results: &[(Scenario, Vec<RunResult>)],
+    load_before: Option<f64>,
+    load_after: Option<f64>,
+) -> Value {
+    let mut scenarios = serde_json::Map::new();
+    for (scenario, runs) in results {
+        let met = runs.iter().filter(|r| r.target_met).count();
+        let median_rtt = Summary::of(&runs.iter().map(|r| r.rtt_ms).collect::<Vec<_>>())
+            .map_or(0.0, |s| s.median);
+        let median_handover = Summary::of(&runs.iter().map(|r| r.handover_ms).collect::<Vec<_>>())
+            .map_or(f64::INFINITY, |s| s.median);
+        scenarios.insert(
+            scenario.key().into(),
+            json!({
+                "label": scenario.label(),
+                "outage_s": match scenario { Scenario::Outage(d) => d.as_secs(), Scenario::NoOutage => 0 },
+                "runs": runs.len(),
+                "first_byte_ms": summary_json(runs, |r| Some(r.first_byte_ms)),
+                "handover_ms": summary_json(runs, |r| Some(r.handover_ms)),
+                "first_echo_ms": summary_json(runs, |r| Some(r.first_echo_ms)),
+                "rtt_ms": summary_json(runs, |r| Some(r.rtt_ms)),
+                "echo_rtt_ms": summary_json(runs, |r| Some(r.echo_rtt_ms)),
+                "laptop_move_started_ms": summary_json(runs, |r| r.laptop_move_started_ms),
+                "server_translated_ms": summary_json(runs, |r| r.server_translated_ms),
+                "laptop_translated_ms": summary_json(runs, |r| r.laptop_translated_ms),
+                "target_ms": median_rtt + TARGET_SLACK_MS,
+                "target_met_runs": met,
+                "target_met_median": median_handover <= median_rtt + TARGET_SLACK_MS,
+                "per_run": runs,
+            }),
+        );
+    }
+    json!({
+        "benchmark": "handover",
+        "what": "ms from the new address being usable (t_usable: B's address and default route configured) to \
+                 the echo of the first probe written at or after t_usable (first_byte_ms); handover_ms = \
+                 first_byte_ms - measured RTT; target: handover_ms <= RTT + 10 ms",
+        "rtt_target_ms": args.rtt_ms,
+        "delay": "userspace L2 delay line (AF_PACKET) on the router-server link, half the RTT each way",
+        "probe_interval_ms": 1.0,
+        "machine": {
+            "kernel": env::kernel_release(),
+            "cpus": env::cpus(),
+            "loadavg_1min_before": load_before,
+            "loadavg_1min_after": load_after,
+        },
+        "scenarios": scenarios,
+    })
+}
+
+pub fn table(args: &Args, results: &[(Scenario, Vec<RunResult>)]) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "\nhandover at {} ms RTT (delay line), first byte after the new address is usable; target: handover <= RTT + {TARGET_SLACK_MS} ms",
+        args.rtt_ms
+    );
+    let _ = writeln!(
+        s,
+        "(medians, ms; first byte = echo of the first probe written after t_usable; handover = first byte - rtt; \
+         echo rtt = probe round trip before the move, socat included; lap. transl. = laptop vnatd's translation logged)"
+    );
+    let _ = writeln!(
+        s,
+        "{:<16} {:>4} {:>7} {:>9} {:>22} {:>22} {:>11} {:>12} {:>10}",
+        "scenario",
+        "runs",
+        "rtt ms",
+        "echo rtt",
+        "first byte ms (range)",
+        "handover ms (range)",
+        "first echo",
+        "lap. transl.",
+        "target met"
+    );
+    for (scenario, runs) in results {
+        let sum = |f: &dyn Fn(&RunResult) -> Option<f64>| {
+            Summary::of(&runs.iter().filter_map(f).collect::<Vec<_>>())
+        };
+        let fmt = |x: Option<Summary>| {
+            x.map_or_else(
+                || "-".into(),
+                |x| format!("{:.1} ({:.1}-{:.1})", x.median, x.min, x.max),
+            )
+        };
+        let med = |x: Option<Summary>| x.map_or_else(|| "-".into(), |x| format!("{:.1}", x.median));
+        let _ = writeln!(
+            s,
+            "{:<16} {:>4} {:>7} {:>9} {:>22} {:>22} {:>11} {:>12} {:>10}",
+            scenario.label(),
+            runs.len(),
+            sum(&|r| Some(r.rtt_ms)).map_or("-".into(), |x| format!("{:.2}", x.median)),
+            sum(&|r| Some(r.echo_rtt_ms)).map_or("-".into(), |x| format!("{:.2}", x.median)),
+            fmt(sum(&|r| Some(r.first_byte_ms))),
+            fmt(sum(&|r| Some(r.handover_ms))),
+            med(sum(&|r| Some(r.first_echo_ms))),
+            med(sum(&|r| r.laptop_translated_ms)),
+            format!(
+                "{}/{}",
+                runs.iter().filter(|r| r.target_met).count(),
+                runs.len()
+            ),
+        );
+    }
+    s
+}
