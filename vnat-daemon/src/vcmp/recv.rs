@@ -252,6 +252,7 @@ impl Endpoint {
             &tag,
             &mut self.stats,
         );
+        self.stats.count("records_sent");
         true
     }
 
