@@ -1,0 +1,605 @@
+//! `cargo xtask bench restore`: how long vnat takes to restore N live TCP
+//! connections when the laptop's address changes (issue 5, item 2), beside
+//! the VNAT paper's Table 1 (section 6.4: 10/50/100/500 connections in
+//! 0.434/2.374/4.856/24.657 s at about 3.1 ms RTT).
+//!
+//! This is a baseline of the current implementation, not a target check.
+//!
+//! Hosts as in the demo: laptop, router, server (network namespaces), a real
+//! vnatd on the laptop and on the server; the round trip is made `--rtt-ms`
+//! (3) by the userspace delay line on the router-server link
+//! (`vnat_bench::delayline`; this kernel has no netem) and checked with
+//! timed TCP handshakes. Two helpers of this binary run in the hosts'
+//! namespaces and cgroups (so each vnatd records its side of every
+//! connection): `restore echo`, one epoll thread echoing every connection,
+//! and `restore client`, which opens N connections and every 10 ms writes a
+//! timestamped 16-byte message on each (see `restore/client.rs`).
+//!
+//! A run waits until both vnatd list all N connections as mobile
+//! (`vnatctl --json ls`), lets them run a second, then moves the laptop
+//! (`move_laptop_to_b`: A's address removed, link down, B up with its
+//! address and default route). `t0` is when the last of those commands
+//! returned (the new address is usable). A connection counts as restored
+//! when the echo of a message *written* at or after `t0` arrives; `total_s`
+//! is from `t0` to the last connection restored, `per_conn_ms` =
+//! total_s * 1000 / N (the paper's column). A run that has not restored
+//! every connection within `--timeout-s` (120 s + 0.2 s per connection) is
+//! reported as incomplete with how many were restored.
+//!
+//! Where the time goes comes from vnatd's own logs (info level, kept as
+//! `bench/results/restore-nN-rR-{laptop,server}.log`): the laptop logs
+//! "resuming connection at a new address" per connection after preparing its
+//! receive side, each vnatd logs "translation updated" per connection after
+//! installing a translation and restarting the flow. See `restore/phases.rs`.
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    net::{IpAddr, SocketAddr, TcpStream},
+    panic::{self, AssertUnwindSafe},
+    process::{Child, ChildStdin, ExitCode, Stdio},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex,
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, ensure, Context, Result};
+use clap::{Parser, Subcommand};
+use nix::libc;
+use serde::Serialize;
+use serde_json::Value;
+use vnat_bench::{
+    delayline::{self, monotonic_ns, realtime_ns, DirectionStats},
+    env,
+    stats::Summary,
+};
+use vnat_tests::{Host, LaptopRouterServer, TempDir};
+
+#[path = "restore/client.rs"]
+mod client;
+// Shared with the handover benchmark (vnatd with JSON logs in a file);
+// this one does not read events by message.
+#[allow(dead_code)]
+#[path = "handover/daemon.rs"]
+mod daemon;
+#[path = "restore/echo.rs"]
+mod echo;
+#[path = "restore/phases.rs"]
+mod phases;
+#[path = "restore/sys.rs"]
+mod sys;
+#[path = "restore/report.rs"]
+mod report;
+
+use daemon::Daemon;
+use phases::Phases;
+
+const SERVER_PORT: u16 = 5001;
+/// TCP handshakes timed to measure the round trip.
+const RTT_SAMPLES: usize = 20;
+/// The self-check: the measured RTT must be this close to `--rtt-ms`.
+const RTT_TOLERANCE_MS: f64 = 1.0;
+
+/// The VNAT paper's Table 1: connections, total restoration time (s), per
+/// connection (ms), average RTT (ms).
+pub const PAPER: [(usize, f64, f64, f64); 4] =
+    [(10, 0.434, 43.4, 3.104), (50, 2.374, 47.5, 3.134), (100, 4.856, 48.6, 3.159), (500, 24.657, 49.3, 3.147)];
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+#[derive(Parser)]
+#[command(
+    about = "Time to restore N live TCP connections after the laptop's address changes, at 3 ms RTT, \
+             beside the VNAT paper's Table 1. Writes bench/results/restore.json.",
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    sub: Option<Sub>,
+    #[command(flatten)]
+    args: Args,
+}
+
+#[derive(Subcommand)]
+enum Sub {
+    /// The echo server (run by the benchmark in the server's namespace).
+    #[command(hide = true)]
+    Echo {
+        #[arg(long)]
+        listen: SocketAddr,
+    },
+    /// The measuring client (run by the benchmark in the laptop's namespace).
+    #[command(hide = true)]
+    Client {
+        #[arg(long)]
+        connect: SocketAddr,
+        #[arg(long)]
+        conns: usize,
+        #[arg(long, default_value_t = 10)]
+        interval_ms: u64,
+    },
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Numbers of connections to restore (repeatable or a comma list).
+    #[arg(long, value_delimiter = ',', default_values_t = [10usize, 50, 100, 500],
+          value_parser = clap::value_parser!(usize))]
+    conns: Vec<usize>,
+    /// The round trip the delay line makes (half of it each way), in ms;
+    /// 0: no delay line.
+    #[arg(long, default_value_t = 3.0)]
+    rtt_ms: f64,
+    /// Runs per number of connections.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=100))]
+    runs: u16,
+    /// Give up on a run after this many seconds from the move [default:
+    /// 120 + 0.2 per connection].
+    #[arg(long)]
+    timeout_s: Option<f64>,
+    /// How often the client writes on every connection, in ms.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    interval_ms: u64,
+    /// Print one JSON object on stdout (the tables go to stderr).
+    #[arg(long)]
+    json: bool,
+}
+
+/// One run's figures (milliseconds from `t0` unless named otherwise).
+#[derive(Clone, Debug, Serialize)]
+pub struct RunResult {
+    pub conns: usize,
+    /// Median TCP handshake time laptop -> server (through the delay line).
+    pub rtt_ms: f64,
+    /// The same before the line's delay was set (the path's own cost).
+    pub base_rtt_ms: f64,
+    /// The client's median echo round trip in the second before the move.
+    pub echo_rtt_ms: Option<f64>,
+    /// How long the client's write ticks ran late at worst then.
+    pub tick_late_max_ms: Option<f64>,
+    /// How long the move's own commands took.
+    pub move_ms: f64,
+    /// Every connection restored within the timeout.
+    pub complete: bool,
+    pub restored: usize,
+    /// Connections that failed (reset, closed, out of order).
+    pub failed: usize,
+    pub conn_errors: Vec<String>,
+    /// t0 to the last connection restored (only when complete), and
+    /// total_s * 1000 / N.
+    pub total_s: Option<f64>,
+    pub per_conn_ms: Option<f64>,
+    /// The restored connections' times: first, median, 90th percentile, last.
+    pub first_ms: Option<f64>,
+    pub median_ms: Option<f64>,
+    pub p90_ms: Option<f64>,
+    pub last_ms: Option<f64>,
+    /// After the run: connections that echoed one more message.
+    pub verified: Option<usize>,
+    /// vnatd's steps, from its logs.
+    pub phases: Phases,
+    pub timeout_s: f64,
+    pub delay_line: Vec<DirectionStats>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.sub {
+        Some(Sub::Echo { listen }) => return ExitCode::from(echo::run(listen) as u8),
+        Some(Sub::Client { connect, conns, interval_ms }) => {
+            return ExitCode::from(client::run(connect, conns, Duration::from_millis(interval_ms)) as u8)
+        }
+        None => {}
+    }
+    // SAFETY: the handler only stores to an atomic.
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+    // The harness reports setup failures by panicking: print just the
+    // message, as one sentence, after its Drops have cleaned up.
+    panic::set_hook(Box::new(|info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("a panic without a message");
+        eprintln!("restore: {msg}");
+    }));
+    match panic::catch_unwind(AssertUnwindSafe(|| run(&cli.args))) {
+        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Err(e)) => {
+            eprintln!("restore: {e:#}");
+            ExitCode::FAILURE
+        }
+        Err(_) => ExitCode::FAILURE,
+    }
+}
+
+fn run(args: &Args) -> Result<()> {
+    env::require_root("restore")?;
+    if args.rtt_ms > 0.0 {
+        env::require_program("ethtool", "ethtool")?;
+    }
+    ensure!(
+        (0.0..=1000.0).contains(&args.rtt_ms),
+        "--rtt-ms must be between 0 and 1000, not {}",
+        args.rtt_ms
+    );
+    ensure!(
+        args.conns.iter().all(|n| (1..=20_000).contains(n)),
+        "--conns must be between 1 and 20000 (one laptop address and one server port), not {:?}",
+        args.conns
+    );
+    let load_before = env::loadavg_1min();
+    let mut results: Vec<(usize, Vec<RunResult>)> = Vec::new();
+    for &n in &args.conns {
+        let mut done = Vec::new();
+        for i in 0..args.runs {
+            eprintln!("{n} connections: run {}/{} ...", i + 1, args.runs);
+            let r = measure(n, args, &format!("restore-n{n}-r{}", i + 1))
+                .with_context(|| format!("{n} connections, run {}", i + 1))?;
+            eprintln!("  {}", report::run_line(&r));
+            done.push(r);
+        }
+        results.push((n, done));
+        // What is known so far is on disk if a later size fails or hangs.
+        vnat_bench::write_json(
+            &vnat_bench::results_path("restore"),
+            &report::json(args, &results, load_before, env::loadavg_1min()),
+        )?;
+    }
+    let load_after = env::loadavg_1min();
+    let report = report::json(args, &results, load_before, load_after);
+    let table = report::table(args, &results);
+    if args.json {
+        eprint!("{table}");
+        println!("{report}");
+    } else {
+        print!("{table}");
+    }
+    vnat_bench::write_json(&vnat_bench::results_path("restore"), &report)?;
+    Ok(())
+}
+
+fn timeout_for(args: &Args, n: usize) -> Duration {
+    Duration::from_secs_f64(args.timeout_s.unwrap_or(120.0 + 0.2 * n as f64))
+}
+
+/// One run on fresh hosts; vnatd's logs are kept as
+/// `bench/results/DIAG-{laptop,server}.log`.
+fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
+    let topo = LaptopRouterServer::builder().tag("rst").build();
+    let delay = if args.rtt_ms > 0.0 {
+        Some(delayline::delay_server_link(&topo, "rstd", Duration::ZERO)?)
+    } else {
+        None
+    };
+    // Calibration: what the path costs without delay; the line adds the
+    // rest, half each way.
+    let base = handshake_rtts(&topo, topo.server_addr.v4.into(), RTT_SAMPLES)?;
+    let base_rtt = Summary::of(&base).expect("RTT samples").median;
+    if let Some(d) = &delay {
+        d.line.set_one_way(Duration::from_secs_f64((args.rtt_ms - base_rtt).max(0.0) / 2000.0));
+    }
+    let lap = Host::new(&topo.laptop, "rstl");
+    let srv = Host::new(&topo.server, "rsts");
+    let server = SocketAddr::new(topo.server_addr.v4.into(), SERVER_PORT);
+    let echo_server = Helper::spawn(&srv, &["echo", "--listen", &server.to_string()], false)?;
+    echo_server.wait_for("the echo server to listen", Duration::from_secs(10), |l| l.listening)?;
+    let (ldir, sdir) = (TempDir::new("rstl"), TempDir::new("rsts"));
+    let lapd = Daemon::start(&lap, ldir.path())?;
+    let srvd = Daemon::start(&srv, sdir.path())?;
+    let _logs = KeepLogs(vec![
+        (lapd.log.clone(), vnat_bench::results_path(&format!("{diag}-laptop")).with_extension("log")),
+        (srvd.log.clone(), vnat_bench::results_path(&format!("{diag}-server")).with_extension("log")),
+    ]);
+
+    let rtt = if delay.is_some() {
+        let rtts = handshake_rtts(&topo, server.ip(), RTT_SAMPLES)?;
+        let rtt = Summary::of(&rtts).expect("RTT samples").median;
+        ensure!(
+            (rtt - args.rtt_ms).abs() <= RTT_TOLERANCE_MS,
+            "the delay line should make a {} ms round trip but TCP handshakes through it took {rtt:.2} ms \
+             (median of {RTT_SAMPLES}; samples {rtts:.2?}): the machine is too busy for this benchmark or the line is broken",
+            args.rtt_ms
+        );
+        rtt
+    } else {
+        base_rtt
+    };
+
+    let mut client = Helper::spawn(
+        &lap,
+        &["client", "--connect", &server.to_string(), "--conns", &n.to_string(), "--interval-ms", &args.interval_ms.to_string()],
+        true,
+    )?;
+    let setup = Duration::from_secs_f64(30.0 + 0.05 * n as f64);
+    client.wait_for(&format!("{n} connections to be established"), setup, |l| l.connected == Some(n))?;
+    client.wait_for(&format!("all {n} connections to echo"), setup, |l| l.echoing)?;
+    wait_mobile(&lapd, &srvd, n, server, setup)?;
+    // A second of steady traffic: the echo round trip before the move.
+    sleep_checked(Duration::from_secs(1))?;
+    let steady = client.log().stats.last().cloned();
+
+    // The move.
+    client.send("arm")?;
+    let t_start = monotonic_ns();
+    topo.move_laptop_to_b();
+    let t0 = monotonic_ns();
+    client.send(&format!("mark {t0}"))?;
+    let real_offset = realtime_ns() as i128 - monotonic_ns() as i128;
+
+    let timeout = timeout_for(args, n);
+    let deadline = Instant::now() + timeout;
+    loop {
+        {
+            let log = client.log();
+            if log.restored.len() + log.conn_errors.len() >= n {
+                break;
+            }
+            if let Some(e) = &log.error {
+                bail!("the client failed after the move: {e}");
+            }
+        }
+        if Instant::now() >= deadline {
+            break;
+        }
+        ensure!(!INTERRUPTED.load(Ordering::SeqCst), "interrupted");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Still the same connections, carrying bytes: one more echo on each.
+    let complete = client.log().restored.len() == n;
+    let verified = if complete {
+        client.send("verify")?;
+        let limit = Duration::from_secs_f64(10.0 + 0.01 * n as f64);
+        client.wait_for("the check after the run", limit, |l| l.verified.is_some()).ok().map(|_| {
+            client.log().verified.expect("waited for").0
+        })
+    } else {
+        None
+    };
+    let log = client.stop();
+
+    let mut times: Vec<f64> = log.restored.iter().map(|r| ms_signed(r.recv as i128 - t0 as i128)).collect();
+    times.sort_by(f64::total_cmp);
+    let pick = |q: f64| (!times.is_empty()).then(|| times[((times.len() - 1) as f64 * q).round() as usize]);
+    let total_s = complete.then(|| times.last().copied().unwrap_or(0.0) / 1000.0);
+    let laptop_ip = topo.laptop_a_addr.v4.to_string();
+    let phases = Phases::from_logs(&lapd.log, &srvd.log, t_start, t0, real_offset, &log.restored, &laptop_ip);
+    Ok(RunResult {
+        conns: n,
+        rtt_ms: rtt,
+        base_rtt_ms: base_rtt,
+        echo_rtt_ms: steady.as_ref().and_then(|s| s["echo_rtt_median_ms"].as_f64()),
+        tick_late_max_ms: steady.as_ref().and_then(|s| s["tick_late_max_ms"].as_f64()),
+        move_ms: ms_signed(t0 as i128 - t_start as i128),
+        complete,
+        restored: log.restored.len(),
+        failed: log.conn_errors.len(),
+        conn_errors: log.conn_errors.iter().take(10).cloned().collect(),
+        total_s,
+        per_conn_ms: total_s.map(|t| t * 1000.0 / n as f64),
+        first_ms: pick(0.0),
+        median_ms: pick(0.5),
+        p90_ms: pick(0.9),
+        last_ms: pick(1.0),
+        verified,
+        phases,
+        timeout_s: timeout.as_secs_f64(),
+        delay_line: delay.map_or_else(Vec::new, |d| {
+            let delayline::ServerLinkDelay { line, ns: _ns } = d;
+            line.stop()
+        }),
+    })
+}
+
+/// Copies vnatd's logs next to the results when a run ends, whichever way.
+struct KeepLogs(Vec<(std::path::PathBuf, std::path::PathBuf)>);
+
+impl Drop for KeepLogs {
+    fn drop(&mut self) {
+        for (from, to) in &self.0 {
+            if let Some(dir) = to.parent() {
+                let _ = std::fs::create_dir_all(dir);
+            }
+            let _ = std::fs::copy(from, to);
+        }
+    }
+}
+
+pub fn ms_signed(ns: i128) -> f64 {
+    ns as f64 / 1e6
+}
+
+fn sleep_checked(d: Duration) -> Result<()> {
+    let end = Instant::now() + d;
+    while Instant::now() < end {
+        ensure!(!INTERRUPTED.load(Ordering::SeqCst), "interrupted");
+        std::thread::sleep((end - Instant::now()).min(Duration::from_millis(100)));
+    }
+    Ok(())
+}
+
+/// Times `n` TCP handshakes from the laptop to a closed port of the server
+/// (SYN out, RST back: one round trip, and no connection for vnat to
+/// record: this thread is not in the laptop host's cgroup), in ms.
+fn handshake_rtts(topo: &LaptopRouterServer, server: IpAddr, n: usize) -> Result<Vec<f64>> {
+    let target = SocketAddr::new(server, 9);
+    topo.laptop.run_in(|| {
+        // The first handshake also resolves the router's MAC: not timed.
+        let _ = TcpStream::connect_timeout(&target, Duration::from_secs(2));
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            let t = monotonic_ns();
+            let r = TcpStream::connect_timeout(&target, Duration::from_secs(2));
+            let took = ms_signed((monotonic_ns() - t) as i128);
+            match r {
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => out.push(took),
+                Ok(_) => bail!("something listens on {target}: the RTT probe expects a closed port"),
+                Err(e) => bail!("the server {server} is not reachable from the laptop: {e}"),
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(out)
+    })
+}
+
+/// Waits until both vnatd list all `n` connections to `server` as mobile
+/// (VCMP has keys for them): only then can they move.
+fn wait_mobile(lapd: &Daemon, srvd: &Daemon, n: usize, server: SocketAddr, limit: Duration) -> Result<()> {
+    let deadline = Instant::now() + limit;
+    let server_s = server.to_string();
+    let mobile = |d: &Daemon, key: &str| -> usize {
+        d.ctl(&["ls", "--proto", "tcp"]).map_or(0, |v| {
+            v.as_array().map_or(0, |a| {
+                a.iter().filter(|c| c[key].as_str() == Some(&server_s) && c["mobile"] == Value::Bool(true)).count()
+            })
+        })
+    };
+    loop {
+        let (l, s) = (mobile(lapd, "virtual_remote"), mobile(srvd, "virtual_local"));
+        if l == n && s == n {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the two vnatd did not list all {n} connections as mobile within {limit:?} (laptop {l}, server {s}; \
+             paired: laptop {}, server {})",
+            lapd.paired(),
+            srvd.paired()
+        );
+        ensure!(!INTERRUPTED.load(Ordering::SeqCst), "interrupted");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// A connection's restoration as the client reported it.
+#[derive(Clone, Debug)]
+pub struct Restored {
+    pub local: Option<SocketAddr>,
+    /// CLOCK_MONOTONIC ns: the message's write, its echo's arrival.
+    pub sent: u64,
+    pub recv: u64,
+}
+
+#[derive(Default)]
+struct HelperLog {
+    listening: bool,
+    connected: Option<usize>,
+    echoing: bool,
+    restored: Vec<Restored>,
+    conn_errors: Vec<String>,
+    stats: Vec<Value>,
+    verified: Option<(usize, usize)>,
+    error: Option<String>,
+}
+
+/// A helper process (`restore echo` or `restore client`) in a host's
+/// namespace and cgroup, and what it has printed so far.
+struct Helper {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    log: Arc<Mutex<HelperLog>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Helper {
+    fn spawn(host: &Host, args: &[&str], stdin: bool) -> Result<Helper> {
+        let exe = std::env::current_exe().context("finding the benchmark's own executable")?;
+        let mut cmd = host.ns.cmd(exe);
+        host.cgroup.join_on_spawn(&mut cmd);
+        cmd.args(args)
+            .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped());
+        let mut child = cmd.spawn().with_context(|| format!("starting `restore {}`", args[0]))?;
+        let stdout = child.stdout.take().expect("piped");
+        let stdin = child.stdin.take();
+        let log = Arc::new(Mutex::new(HelperLog::default()));
+        let shared = log.clone();
+        let what = args[0].to_string();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let Ok(v) = serde_json::from_str::<Value>(&line) else { continue };
+                let mut log = shared.lock().unwrap_or_else(|p| p.into_inner());
+                if v.get("conn").is_some() {
+                    if let Some(e) = v["error"].as_str() {
+                        log.conn_errors.push(format!("{}: {e}", v["local"].as_str().unwrap_or("?")));
+                    } else if let (Some(sent), Some(recv)) = (v["sent_ns"].as_u64(), v["recv_ns"].as_u64()) {
+                        let local = v["local"].as_str().and_then(|s| s.parse().ok());
+                        log.restored.push(Restored { local, sent, recv });
+                    }
+                } else if v.get("stats").is_some() {
+                    log.stats.push(v["stats"].clone());
+                } else if v.get("listening").is_some() {
+                    log.listening = true;
+                } else if let Some(n) = v["connected"].as_u64() {
+                    log.connected = Some(n as usize);
+                } else if v.get("echoing").is_some() {
+                    log.echoing = true;
+                } else if let (Some(k), Some(of)) = (v["verified"].as_u64(), v["of"].as_u64()) {
+                    log.verified = Some((k as usize, of as usize));
+                } else if let Some(e) = v["error"].as_str() {
+                    log.error = Some(e.to_string());
+                }
+            }
+            let mut log = shared.lock().unwrap_or_else(|p| p.into_inner());
+            if log.error.is_none() {
+                log.error = Some(format!("`restore {what}` exited"));
+            }
+        });
+        Ok(Helper { child, stdin, log, reader: Some(reader) })
+    }
+
+    fn log(&self) -> std::sync::MutexGuard<'_, HelperLog> {
+        self.log.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn send(&mut self, line: &str) -> Result<()> {
+        let stdin = self.stdin.as_mut().context("the helper has no stdin")?;
+        stdin.write_all(format!("{line}\n").as_bytes()).context("writing to the client")?;
+        stdin.flush().context("writing to the client")
+    }
+
+    fn wait_for(&self, what: &str, limit: Duration, done: impl Fn(&HelperLog) -> bool) -> Result<()> {
+        let deadline = Instant::now() + limit;
+        loop {
+            {
+                let log = self.log();
+                if done(&log) {
+                    return Ok(());
+                }
+                if let Some(e) = &log.error {
+                    bail!("waiting for {what}: {e}");
+                }
+            }
+            ensure!(Instant::now() < deadline, "waiting for {what}: nothing within {limit:?}");
+            ensure!(!INTERRUPTED.load(Ordering::SeqCst), "interrupted");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Stops the helper and returns everything it reported.
+    fn stop(mut self) -> HelperLog {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+        std::mem::take(&mut *self.log())
+    }
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

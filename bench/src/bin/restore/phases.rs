@@ -1,0 +1,203 @@
+//! Where a restoration's time went, from vnatd's own logs (JSON, info).
+//!
+//! vnatd's driver moves connections one at a time through three steps that
+//! it logs per connection (vnat-daemon/src/daemon/driver.rs):
+//! 1. laptop, "resuming connection at a new address": after the address
+//!    change was noticed (a 50 ms debounce, then a resync that lists the
+//!    connections and addresses) and this connection's receive side was
+//!    prepared (`prepare_translation`);
+//! 2. server, "translation updated": after the laptop's batched `UPD`
+//!    arrived, the new address was validated, and this connection's
+//!    translation was installed and its flow restarted;
+//! 3. laptop, "translation updated": the same on the laptop after `UPD_R`.
+//!
+//! From the first and last line of each step (relative to `t0`, when the
+//! new address became usable) the run is cut into phases: detection,
+//! laptop prepares, the VCMP exchange (last prepare to the server's first
+//! install; it also holds the server's own receive-side prepares), server
+//! installs, the reply, laptop installs, and the drain (last laptop install
+//! to the last echo). The per-connection figures divide a phase by the
+//! lines in it. Connections are matched across the logs and the client's
+//! report by the laptop's port.
+
+use std::{collections::HashMap, path::Path};
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::{daemon::parse_rfc3339_ns, Restored};
+
+const RESUMING: &str = "resuming connection at a new address";
+const TRANSLATED: &str = "translation updated";
+
+/// One step's log lines: how many, the first and the last (ms from t0).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Step {
+    pub count: usize,
+    pub first_ms: Option<f64>,
+    pub last_ms: Option<f64>,
+}
+
+impl Step {
+    fn of(times: &[f64]) -> Step {
+        Step {
+            count: times.len(),
+            first_ms: times.iter().copied().reduce(f64::min),
+            last_ms: times.iter().copied().reduce(f64::max),
+        }
+    }
+
+    /// Last minus first, divided by the gaps between lines: the time one
+    /// connection took in this step when the step is sequential.
+    fn per_conn_ms(&self) -> Option<f64> {
+        if self.count < 2 {
+            return None;
+        }
+        Some((self.last_ms? - self.first_ms?) / (self.count - 1) as f64)
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Phases {
+    pub laptop_resuming: Step,
+    pub server_translated: Step,
+    pub laptop_translated: Step,
+    /// t0 -> the laptop's first "resuming" line.
+    pub detect_ms: Option<f64>,
+    /// The laptop's first to last "resuming" line (one prepare per
+    /// connection), and per connection.
+    pub laptop_prepare_ms: Option<f64>,
+    pub laptop_prepare_per_conn_ms: Option<f64>,
+    /// The laptop's last "resuming" -> the server's first "translation
+    /// updated": UPD out, address validation, the server's receive-side
+    /// prepares, its first install.
+    pub exchange_ms: Option<f64>,
+    /// The server's first to last "translation updated", and per connection.
+    pub server_install_ms: Option<f64>,
+    pub server_install_per_conn_ms: Option<f64>,
+    /// The server's last -> the laptop's first "translation updated".
+    pub reply_ms: Option<f64>,
+    /// The laptop's first to last "translation updated", and per connection.
+    pub laptop_install_ms: Option<f64>,
+    pub laptop_install_per_conn_ms: Option<f64>,
+    /// The laptop's last "translation updated" -> the last echo.
+    pub drain_ms: Option<f64>,
+    /// Per connection: its laptop "translation updated" -> its echo (median,
+    /// max), i.e. TCP sending again and one echo round trip.
+    pub echo_after_laptop_install_median_ms: Option<f64>,
+    pub echo_after_laptop_install_max_ms: Option<f64>,
+    /// Warnings and errors vnatd logged after the move (count, first few).
+    pub warnings: usize,
+    pub warning_samples: Vec<String>,
+}
+
+struct Line {
+    /// ms from t0.
+    at: f64,
+    message: String,
+    level: String,
+    /// The laptop's port of the flow, if the line names one.
+    port: Option<u16>,
+}
+
+impl Phases {
+    /// `t_start`, `t0`: CLOCK_MONOTONIC ns of the move's start and end;
+    /// `real_offset`: CLOCK_REALTIME - CLOCK_MONOTONIC in ns (the logs carry
+    /// wall-clock times).
+    pub fn from_logs(
+        laptop_log: &Path,
+        server_log: &Path,
+        t_start: u64,
+        t0: u64,
+        real_offset: i128,
+        restored: &[Restored],
+        laptop_ip: &str,
+    ) -> Phases {
+        let lap = read(laptop_log, t_start, t0, real_offset, laptop_ip);
+        let srv = read(server_log, t_start, t0, real_offset, laptop_ip);
+        let times = |lines: &[Line], msg: &str| -> Vec<f64> { lines.iter().filter(|l| l.message == msg).map(|l| l.at).collect() };
+        let mut p = Phases {
+            laptop_resuming: Step::of(&times(&lap, RESUMING)),
+            server_translated: Step::of(&times(&srv, TRANSLATED)),
+            laptop_translated: Step::of(&times(&lap, TRANSLATED)),
+            ..Phases::default()
+        };
+        let gap = |a: Option<f64>, b: Option<f64>| Some(b? - a?);
+        p.detect_ms = p.laptop_resuming.first_ms;
+        p.laptop_prepare_ms = gap(p.laptop_resuming.first_ms, p.laptop_resuming.last_ms);
+        p.laptop_prepare_per_conn_ms = p.laptop_resuming.per_conn_ms();
+        p.exchange_ms = gap(p.laptop_resuming.last_ms, p.server_translated.first_ms);
+        p.server_install_ms = gap(p.server_translated.first_ms, p.server_translated.last_ms);
+        p.server_install_per_conn_ms = p.server_translated.per_conn_ms();
+        p.reply_ms = gap(p.server_translated.last_ms, p.laptop_translated.first_ms);
+        p.laptop_install_ms = gap(p.laptop_translated.first_ms, p.laptop_translated.last_ms);
+        p.laptop_install_per_conn_ms = p.laptop_translated.per_conn_ms();
+        let last_echo = restored.iter().map(|r| ms_from(r.recv as i128, t0)).reduce(f64::max);
+        p.drain_ms = gap(p.laptop_translated.last_ms, last_echo);
+
+        let installed: HashMap<u16, f64> =
+            lap.iter().filter(|l| l.message == TRANSLATED).filter_map(|l| Some((l.port?, l.at))).collect();
+        let mut after: Vec<f64> = restored
+            .iter()
+            .filter_map(|r| Some(ms_from(r.recv as i128, t0) - installed.get(&r.local?.port())?))
+            .collect();
+        after.sort_by(f64::total_cmp);
+        p.echo_after_laptop_install_median_ms = after.get(after.len() / 2).copied();
+        p.echo_after_laptop_install_max_ms = after.last().copied();
+
+        for (host, l) in lap.iter().map(|l| ("laptop", l)).chain(srv.iter().map(|l| ("server", l))) {
+            if l.level == "WARN" || l.level == "ERROR" {
+                p.warnings += 1;
+                let s = format!("{host}: {}", l.message);
+                if p.warning_samples.len() < 5 && !p.warning_samples.contains(&s) {
+                    p.warning_samples.push(s);
+                }
+            }
+        }
+        p
+    }
+}
+
+fn ms_from(ns: i128, t0: u64) -> f64 {
+    (ns - t0 as i128) as f64 / 1e6
+}
+
+/// The log's lines from `t_start` on, timed in ms from t0.
+fn read(path: &Path, t_start: u64, t0: u64, real_offset: i128, laptop_ip: &str) -> Vec<Line> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let key = format!("{laptop_ip}:");
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|v| {
+            let real = v["timestamp"].as_str().and_then(parse_rfc3339_ns)? as i128;
+            let mono = real - real_offset;
+            if mono < t_start as i128 {
+                return None;
+            }
+            let fields = &v["fields"];
+            let port = fields["flow"].as_str().and_then(|f| {
+                let rest = &f[f.find(&key)? + key.len()..];
+                rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+            });
+            Some(Line {
+                at: ms_from(mono, t0),
+                message: fields["message"].as_str().unwrap_or_default().to_string(),
+                level: v["level"].as_str().unwrap_or_default().to_string(),
+                port,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Step;
+
+    #[test]
+    fn per_connection_time_divides_by_the_gaps() {
+        let s = Step::of(&[10.0, 12.0, 14.0, 16.0]);
+        assert_eq!((s.count, s.first_ms, s.last_ms), (4, Some(10.0), Some(16.0)));
+        assert_eq!(s.per_conn_ms(), Some(2.0));
+        assert_eq!(Step::of(&[5.0]).per_conn_ms(), None);
+    }
+}
