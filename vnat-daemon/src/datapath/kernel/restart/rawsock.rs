@@ -1,0 +1,142 @@
+//! A raw socket bound to a flow's local virtual address, and the libc
+//! plumbing it needs.
+
+use super::*;
+
+pub(super) fn kernel_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> DatapathError {
+    let what = what.into();
+    move |source| DatapathError::Kernel { what, source }
+}
+
+pub(super) fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+pub(super) fn setsockopt<T>(fd: &OwnedFd, level: libc::c_int, name: libc::c_int, value: &T) -> io::Result<()> {
+    // SAFETY: `value` points to a live T of the size passed.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (value as *const T).cast(),
+            size_of::<T>() as libc::socklen_t,
+        )
+    })
+    .map(|_| ())
+}
+
+/// sockaddr_in / sockaddr_in6 for `ip`, port 0 (raw sockets have none).
+pub(super) fn sockaddr(ip: IpAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: all-zero is a valid sockaddr_storage.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match ip {
+        IpAddr::V4(v4) => {
+            // SAFETY: sockaddr_storage is large and aligned enough for any sockaddr.
+            let sin = unsafe {
+                &mut *(&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>()
+            };
+            sin.sin_family = libc::AF_INET as libc::sa_family_t;
+            sin.sin_addr.s_addr = u32::from_ne_bytes(v4.octets());
+            size_of::<libc::sockaddr_in>()
+        }
+        IpAddr::V6(v6) => {
+            // SAFETY: as above.
+            let sin6 = unsafe {
+                &mut *(&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>()
+            };
+            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sin6.sin6_addr.s6_addr = v6.octets();
+            size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum RawKind {
+    /// ICMP (v4) or ICMPv6 messages, sent to the local virtual address.
+    Icmp,
+    /// TCP segments (we build the header), sent to the peer.
+    Tcp,
+}
+
+/// A raw socket bound to the flow's local virtual address.
+pub(super) struct RawSocket {
+    pub(super) fd: OwnedFd,
+}
+
+impl RawSocket {
+    pub(super) fn open(local: IpAddr, kind: RawKind) -> Result<RawSocket, DatapathError> {
+        let (family, proto) = match (local, kind) {
+            (IpAddr::V4(_), RawKind::Icmp) => (libc::AF_INET, libc::IPPROTO_ICMP),
+            (IpAddr::V6(_), RawKind::Icmp) => (libc::AF_INET6, libc::IPPROTO_ICMPV6),
+            (IpAddr::V4(_), RawKind::Tcp) => (libc::AF_INET, libc::IPPROTO_TCP),
+            (IpAddr::V6(_), RawKind::Tcp) => (libc::AF_INET6, libc::IPPROTO_TCP),
+        };
+        let raw = cvt(unsafe { libc::socket(family, libc::SOCK_RAW | libc::SOCK_CLOEXEC, proto) })
+            .map_err(kernel_err("opening a raw socket (needs CAP_NET_RAW)"))?;
+        // SAFETY: `raw` is a fresh descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        if kind == RawKind::Icmp {
+            // Hop limit 255: a socket protected with IP_MINTTL /
+            // IPV6_MINHOPCOUNT (RFC 5082) drops ICMP with a lower one
+            // (tcp_v4_err, tcp_v6_err). Receive nothing: a raw ICMP socket
+            // gets a copy of every ICMP message of the namespace.
+            let hops: libc::c_int = 255;
+            let opts = match local {
+                IpAddr::V4(_) => setsockopt(&fd, libc::IPPROTO_IP, libc::IP_TTL, &hops)
+                    .and_then(|_| setsockopt(&fd, libc::SOL_RAW, ICMP_FILTER, &u32::MAX)),
+                IpAddr::V6(_) => {
+                    setsockopt(&fd, libc::IPPROTO_IPV6, libc::IPV6_UNICAST_HOPS, &hops).and_then(
+                        |_| setsockopt(&fd, libc::IPPROTO_ICMPV6, ICMP6_FILTER, &[u32::MAX; 8]),
+                    )
+                }
+            };
+            opts.map_err(kernel_err("setting up the raw ICMP socket"))?;
+        }
+        // Bound to the local virtual address: the bind fails unless the
+        // address is local (raw_bind, rawv6_bind), so an ICMP message sent
+        // to it is routed over loopback and comes back in as incoming ICMP
+        // (it can never leave the host), and a probe leaves with the
+        // socket's own source address, which tc then translates.
+        let (sa, len) = sockaddr(local);
+        cvt(unsafe { libc::bind(fd.as_raw_fd(), (&sa as *const libc::sockaddr_storage).cast(), len) }).map_err(
+            kernel_err(format!(
+                "binding a raw socket to {local} (the flow's local virtual address must be on this host: install the translation first)"
+            )),
+        )?;
+        Ok(RawSocket { fd })
+    }
+
+    pub(super) fn send(&self, message: &[u8], to: IpAddr) -> Result<(), DatapathError> {
+        // For IPPROTO_TCP the kernel adds only the IP header (no IP_HDRINCL),
+        // with the bound source; the TCP checksum is ours.
+        let (sa, len) = sockaddr(to);
+        let n = unsafe {
+            libc::sendto(
+                self.fd.as_raw_fd(),
+                message.as_ptr().cast(),
+                message.len(),
+                0,
+                (&sa as *const libc::sockaddr_storage).cast(),
+                len,
+            )
+        };
+        if n < 0 {
+            return Err(kernel_err(format!("sending a restart message to {to}"))(
+                io::Error::last_os_error(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `ICMP_FILTER` (linux/icmp.h) at SOL_RAW: a bit mask of ICMP types to drop.
+pub(super) const ICMP_FILTER: libc::c_int = 1;
+/// `ICMP6_FILTER` (linux/icmpv6.h) at IPPROTO_ICMPV6: a set bit blocks a type.
+pub(super) const ICMP6_FILTER: libc::c_int = 1;
