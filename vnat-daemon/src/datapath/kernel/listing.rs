@@ -1,0 +1,136 @@
+//! Listing recorded connections with their owners, and keeping UDP
+//! records complete and current.
+
+use super::*;
+
+impl KernelDatapath {
+    /// Complete UDP flows whose connect() ran before the socket had a local
+    /// port, and drop UDP records whose socket is gone. The daemon calls this
+    /// periodically; `connections()` shows pending flows either way.
+    pub fn sync_udp(&mut self) -> Result<(), DatapathError> {
+        let completed = self.completed_udp();
+        for (cookie, key, rec) in completed {
+            let _ = self.loaded.maps.conns.insert(key, rec, 0);
+            let _ = self.loaded.maps.udp_pending.remove(&cookie);
+        }
+        let sockets = procfs::socket_inodes();
+        let stale: Vec<FlowKey> = self
+            .loaded
+            .maps
+            .conns
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(k, _)| k.proto == PROTO_UDP)
+            .filter_map(|(k, _)| {
+                let (local, remote) = key_endpoints(&k)?;
+                let alive = sockets.keys().any(|(p, l, r)| {
+                    *p == Proto::Udp
+                        && l.port() == local.port()
+                        && (l.ip() == local.ip() || l.ip().is_unspecified())
+                        && (r.port() == 0 || *r == remote)
+                });
+                (!alive).then_some(k)
+            })
+            .collect();
+        for k in stale {
+            let _ = self.loaded.maps.conns.remove(&k);
+        }
+        Ok(())
+    }
+
+    /// Pending UDP connects matched to their now-bound socket: the socket in
+    /// /proc/net/udp* connected to the same peer and held by the same process.
+    pub(super) fn completed_udp(&self) -> Vec<(u64, FlowKey, ConnRecord)> {
+        let pending: Vec<_> = self.loaded.maps.udp_pending.iter().filter_map(Result::ok).collect();
+        if pending.is_empty() {
+            return Vec::new();
+        }
+        let sockets = procfs::socket_inodes();
+        let owners = procfs::inode_owners();
+        let mut out = Vec::new();
+        for (cookie, p) in pending {
+            let Some((_, remote)) = key_endpoints(&p.key) else { continue };
+            let matches: Vec<SocketAddr> = sockets
+                .iter()
+                .filter(|((proto, _, r), inode)| {
+                    *proto == Proto::Udp && *r == remote && owners.get(inode) == Some(&p.record.pid)
+                })
+                .map(|((_, l, _), _)| *l)
+                .collect();
+            if let [local] = matches[..] {
+                let key = crate::datapath::flow_key(Proto::Udp, local, remote);
+                out.push((cookie, key, p.record));
+            }
+        }
+        out
+    }
+
+    pub(super) fn list(&self) -> Result<Vec<ConnectionInfo>, DatapathError> {
+        let mut records: Vec<(FlowKey, ConnRecord)> =
+            self.loaded.maps.conns.iter().collect::<Result<_, _>>().map_err(map_err(MAP_CONNS))?;
+        records.extend(self.completed_udp().into_iter().map(|(_, k, r)| (k, r)));
+        let translations: StdHashMap<FlowKey, Translation> = self
+            .egress_entries()?
+            .iter()
+            .filter_map(|(k, v)| Some((*k, translation_of(k, v)?)))
+            .collect();
+        let now_ns = boottime_ns();
+        // The /proc scans are only done when some record lacks an owner.
+        let mut sockets: Option<StdHashMap<(Proto, SocketAddr, SocketAddr), u64>> = None;
+        let mut owners: Option<StdHashMap<u64, u32>> = None;
+        let mut out = Vec::with_capacity(records.len());
+        // A UDP socket bound to the wildcard address records 0.0.0.0 / :: as
+        // its local address; its packets carry the source the kernel routes
+        // from, which is what a translation must match.
+        let mut sources: StdHashMap<IpAddr, Option<IpAddr>> = StdHashMap::new();
+        for (key, rec) in records {
+            let Some(mut flow) = VirtualFlow::from_key(&key) else { continue };
+            if flow.local.ip().is_unspecified() {
+                let remote = flow.remote.ip();
+                let src = *sources
+                    .entry(remote)
+                    .or_insert_with(|| net::route_get(remote, None).ok().and_then(|r| r.prefsrc));
+                match src {
+                    Some(ip) => flow.local = SocketAddr::new(ip, flow.local.port()),
+                    None => continue,
+                }
+            }
+            let key = flow.to_key();
+            let t = translations.get(&key);
+            let mut pid = (rec.pid != 0).then_some(rec.pid);
+            if pid.is_none() {
+                let s = sockets.get_or_insert_with(procfs::socket_inodes);
+                let o = owners.get_or_insert_with(procfs::inode_owners);
+                pid = s.get(&(flow.proto, flow.local, flow.remote)).and_then(|i| o.get(i)).copied();
+            }
+            let command = pid.and_then(procfs::comm).or_else(|| {
+                let end = rec.comm.iter().position(|b| *b == 0).unwrap_or(rec.comm.len());
+                (end > 0).then(|| String::from_utf8_lossy(&rec.comm[..end]).into_owned())
+            });
+            out.push(ConnectionInfo {
+                id: flow.id(),
+                proto: flow.proto,
+                virtual_local: flow.local,
+                virtual_remote: flow.remote,
+                physical_local: t.map_or(flow.local, |t| t.physical_local),
+                physical_remote: t.map_or(flow.remote, |t| t.physical_remote),
+                state: if t.is_some() { ConnState::Translated } else { ConnState::Native },
+                cookie: rec.cookie,
+                cgroup_id: rec.cgroup_id,
+                cgroup: pid.and_then(procfs::cgroup_of),
+                pid,
+                command,
+                age_secs: now_ns.saturating_sub(rec.first_seen_ns) / 1_000_000_000,
+            });
+        }
+        out.sort_by_key(|c| (c.proto, c.virtual_local, c.virtual_remote));
+        Ok(out)
+    }
+}
+
+/// CLOCK_BOOTTIME in ns, the clock the eBPF side stamps records with.
+pub(super) fn boottime_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

@@ -1,0 +1,207 @@
+//! Installing and removing translations: the NAT pair, the address kept on
+//! `lo`, the peer's host route and the tc attachment, all or nothing.
+
+use super::*;
+
+impl KernelDatapath {
+    /// Write a pair, ingress first (so the reply path exists before the
+    /// first rewritten packet leaves). On failure the previous entries are
+    /// put back.
+    pub(super) fn write_pair(&mut self, p: &NatPair, old: Option<&NatPair>) -> Result<(), DatapathError> {
+        let maps = &mut self.loaded.maps;
+        maps.ingress.insert(p.ingress_key, p.ingress, 0).map_err(map_err(MAP_INGRESS_NAT))?;
+        if let Err(e) = maps.egress.insert(p.egress_key, p.egress, 0) {
+            match old {
+                Some(o) if o.ingress_key == p.ingress_key => {
+                    let _ = maps.ingress.insert(o.ingress_key, o.ingress, 0);
+                }
+                _ => {
+                    let _ = maps.ingress.remove(&p.ingress_key);
+                }
+            }
+            return Err(map_err(MAP_EGRESS_NAT)(e));
+        }
+        if let Some(o) = old {
+            if o.ingress_key != p.ingress_key {
+                let _ = maps.ingress.remove(&o.ingress_key);
+            }
+        }
+        Ok(())
+    }
+
+    /// Remove what a translation needed and nothing else still needs.
+    fn release(&mut self, t: &Translation, v: &NatRewrite) -> Result<(), DatapathError> {
+        let rest: Vec<Translation> = self
+            .egress_entries()?
+            .iter()
+            .filter_map(|(k, v)| translation_of(k, v))
+            .collect();
+        if t.local_moved() && v.flags & NAT_F_LO_ADDR_OURS != 0 {
+            let ip = t.flow.local.ip();
+            let local_words = crate::datapath::flow_key(t.flow.proto, t.flow.local, t.flow.remote).src_addr_be;
+            let prepared_use = self.ingress_entries()?.iter().any(|(k, v)| {
+                v.flags & NAT_F_LO_ADDR_OURS != 0 && restored_key(k, v).dst_addr_be == local_words
+            });
+            if !prepared_use && !rest.iter().any(|o| o.local_moved() && o.flow.local.ip() == ip) {
+                net::del_lo_addr(ip)?;
+            }
+        }
+        if t.remote_moved() {
+            let ip = t.flow.remote.ip();
+            if !rest.iter().any(|o| o.remote_moved() && o.flow.remote.ip() == ip) {
+                let _ = net::del_host_route(ip);
+            }
+        }
+        let ifindex = v.redirect_ifindex;
+        let still_used = self.egress_entries()?.iter().chain(self.ingress_entries()?.iter()).any(|(_, o)| o.redirect_ifindex == ifindex);
+        if ifindex != 0 && !still_used {
+            attach::detach_tc(&self.bpffs, ifindex);
+            self.tc_current.remove(&ifindex);
+        }
+        Ok(())
+    }
+
+    /// Install a translation; with `complete == false` only its receive side
+    /// (see [`Datapath::prepare_translation`]).
+    pub(super) fn apply(&mut self, t: &Translation, complete: bool) -> Result<(), DatapathError> {
+        validate_translation(t)?;
+        let route = net::route_get(t.physical_remote.ip(), Some(t.physical_local.ip()))?;
+        let egress_key = t.flow.to_key();
+        let old_val = self.egress_get(&egress_key)?;
+        let old = old_val.and_then(|v| translation_of(&egress_key, &v)).map(|o| (pair_for(&o, v_ifindex(&old_val), v_flags(&old_val)), o));
+        let probe = pair_for(t, route.ifindex, 0);
+        if let Some(other) = self.ingress_get(&probe.ingress_key)? {
+            // The entry restores (remote virtual -> local virtual); reversed,
+            // that is the egress key of the translation that owns it.
+            if restored_key(&probe.ingress_key, &other).reversed() != egress_key {
+                return Err(DatapathError::InvalidTranslation {
+                    flow: t.flow,
+                    reason: "another translation already uses these physical endpoints",
+                });
+            }
+        }
+
+        let mut flags = 0;
+        let mut added_lo: Option<IpAddr> = None;
+        let mut added_route: Option<IpAddr> = None;
+        let undo = |added_lo: Option<IpAddr>, added_route: Option<IpAddr>| {
+            if let Some(ip) = added_lo {
+                let _ = net::del_lo_addr(ip);
+            }
+            if let Some(ip) = added_route {
+                let _ = net::del_host_route(ip);
+            }
+        };
+        if t.local_moved() {
+            let ip = t.flow.local.ip();
+            let ours_already = self.egress_entries()?.iter().any(|(k, v)| {
+                v.flags & NAT_F_LO_ADDR_OURS != 0 && translation_of(k, v).is_some_and(|o| o.flow.local.ip() == ip)
+            }) || self.ingress_entries()?.iter().any(|(k, v)| {
+                v.flags & NAT_F_LO_ADDR_OURS != 0 && restored_key(k, v).dst_addr_be == crate::datapath::flow_key(t.flow.proto, t.flow.local, t.flow.remote).src_addr_be
+            });
+            if ours_already {
+                flags |= NAT_F_LO_ADDR_OURS;
+            } else if !net::lo_addrs()?.contains(&ip) {
+                net::add_lo_addr(ip)?;
+                added_lo = Some(ip);
+                flags |= NAT_F_LO_ADDR_OURS;
+            }
+        }
+        if t.remote_moved() {
+            let ip = t.flow.remote.ip();
+            let existed = net::host_routes()?.contains(&ip);
+            if let Err(e) = net::add_host_route(ip, t.physical_remote.ip(), &route) {
+                undo(added_lo, None);
+                return Err(e);
+            }
+            if !existed {
+                added_route = Some(ip);
+            }
+            // With the host route in place the old address leaves where the
+            // new one does; if not (a conflicting route), re-resolve the next
+            // hop per packet in tc.
+            let next_hop = route.gateway.unwrap_or(t.physical_remote.ip());
+            match net::route_get(ip, None) {
+                Ok(r) if r.ifindex == route.ifindex && r.gateway.unwrap_or(ip) == next_hop => {}
+                _ => flags |= NAT_F_REDIRECT,
+            }
+        }
+        if !self.tc_current.contains(&route.ifindex) {
+            if let Err(e) = attach::attach_tc(&mut self.loaded.ebpf, &self.bpffs, route.ifindex) {
+                undo(added_lo, added_route);
+                return Err(e);
+            }
+            self.tc_current.insert(route.ifindex);
+        }
+        let pair = pair_for(t, route.ifindex, flags);
+        if !complete {
+            // Receive side only; an earlier placement keeps working until
+            // install_translation switches the send side over.
+            if let Err(e) = self.loaded.maps.ingress.insert(pair.ingress_key, pair.ingress, 0) {
+                undo(added_lo, added_route);
+                return Err(map_err(MAP_INGRESS_NAT)(e));
+            }
+            return Ok(());
+        }
+        if let Err(e) = self.write_pair(&pair, old.as_ref().map(|(p, _)| p)) {
+            undo(added_lo, added_route);
+            return Err(e);
+        }
+        if let Some((old_pair, old_t)) = old {
+            // Moving again: release what only the previous placement needed.
+            if old_pair.egress.redirect_ifindex != route.ifindex || old_t.remote_moved() != t.remote_moved() {
+                let _ = self.release(&old_t, &NatRewrite { flags: 0, ..old_pair.egress });
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn remove(&mut self, flow: &VirtualFlow) -> Result<(), DatapathError> {
+        let key = flow.to_key();
+        // Every reverse entry of the flow: during a move there may be two
+        // (old and new placement), and a prepared-only move has no egress.
+        let reverse: Vec<(FlowKey, NatRewrite)> = self
+            .ingress_entries()?
+            .into_iter()
+            .filter(|(k, v)| restored_key(k, v).reversed() == key)
+            .collect();
+        let egress = self.egress_get(&key)?;
+        let (t, v) = match (egress, reverse.first()) {
+            (Some(v), _) => (translation_of(&key, &v), v),
+            (None, Some((k, v))) => {
+                // Rebuild the translation from the reverse entry: the packet
+                // it matches is (physical remote -> physical local).
+                let t = key_endpoints(k).map(|(pr, pl)| Translation { flow: *flow, physical_local: pl, physical_remote: pr });
+                (t, *v)
+            }
+            (None, None) => return Err(DatapathError::NoSuchTranslation { flow: *flow }),
+        };
+        let t = t.ok_or(DatapathError::NoSuchTranslation { flow: *flow })?;
+        if egress.is_some() {
+            self.loaded.maps.egress.remove(&key).map_err(map_err(MAP_EGRESS_NAT))?;
+        }
+        for (k, _) in &reverse {
+            let _ = self.loaded.maps.ingress.remove(k);
+        }
+        self.release(&t, &v)
+    }
+}
+
+pub(super) fn v_ifindex(v: &Option<NatRewrite>) -> u32 {
+    v.map_or(0, |v| v.redirect_ifindex)
+}
+pub(super) fn v_flags(v: &Option<NatRewrite>) -> u32 {
+    v.map_or(0, |v| v.flags)
+}
+
+/// The packet an ingress entry produces: (remote virtual -> local virtual).
+pub(super) fn restored_key(key: &FlowKey, v: &NatRewrite) -> FlowKey {
+    FlowKey {
+        src_addr_be: v.src_addr_be,
+        dst_addr_be: v.dst_addr_be,
+        src_port_be: v.src_port_be,
+        dst_port_be: v.dst_port_be,
+        ..*key
+    }
+}
+
