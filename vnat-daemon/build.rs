@@ -21,12 +21,21 @@ fn main() -> anyhow::Result<()> {
         fs::write(&object, b"").context("writing the empty eBPF placeholder")?;
         return Ok(());
     }
-    let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").context("CARGO_MANIFEST_DIR not set")?);
+    let manifest_dir =
+        PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").context("CARGO_MANIFEST_DIR not set")?);
     let root_dir = manifest_dir.join("..").join("vnat-ebpf");
-    let root_dir = root_dir.to_str().ok_or_else(|| anyhow!("the vnat-ebpf path is not UTF-8"))?;
+    let root_dir = root_dir
+        .to_str()
+        .ok_or_else(|| anyhow!("the vnat-ebpf path is not UTF-8"))?;
     aya_build::build_ebpf(
-        [Package { name: "vnat-ebpf", root_dir, ..Default::default() }],
+        [Package {
+            name: "vnat-ebpf",
+            root_dir,
+            ..Default::default()
+        }],
         Toolchain::Custom(EBPF_TOOLCHAIN),
     )
-    .context("building vnat-ebpf: run `cargo xtask prereq` to install bpf-linker and the pinned nightly")
+    .context(
+        "building vnat-ebpf: run `cargo xtask prereq` to install bpf-linker and the pinned nightly",
+    )
 }

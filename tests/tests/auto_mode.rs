@@ -12,23 +12,37 @@ use std::{
 };
 
 use vnat_daemon::datapath::Proto;
-use vnat_tests::{EchoServer, Family, Host, LaptopRouterServer, StreamClient, StreamOptions, TempDir, Vnatd};
+use vnat_tests::{
+    EchoServer, Family, Host, LaptopRouterServer, StreamClient, StreamOptions, TempDir, Vnatd,
+};
 
 fn wait_paired(d: &Vnatd, dir: &TempDir, what: &str) {
     let peers = dir.path().join("state").join("peers.json");
     let deadline = Instant::now() + Duration::from_secs(15);
-    while !std::fs::read_to_string(&peers).map(|s| s.len() > 4).unwrap_or(false) {
-        assert!(Instant::now() < deadline, "{what} never paired with its peer");
+    while !std::fs::read_to_string(&peers)
+        .map(|s| s.len() > 4)
+        .unwrap_or(false)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "{what} never paired with its peer"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     let _ = d;
 }
 
 fn roam_automatically(family: Family, proto: Proto, tag: &str) {
-    let topo = LaptopRouterServer::builder().tag(tag).ipv6(family == Family::V6).build();
+    let topo = LaptopRouterServer::builder()
+        .tag(tag)
+        .ipv6(family == Family::V6)
+        .build();
     let lap = Host::new(&topo.laptop, &format!("{tag}l"));
     let srv = Host::new(&topo.server, &format!("{tag}s"));
-    let (ldir, sdir) = (TempDir::new(&format!("{tag}l")), TempDir::new(&format!("{tag}s")));
+    let (ldir, sdir) = (
+        TempDir::new(&format!("{tag}l")),
+        TempDir::new(&format!("{tag}s")),
+    );
     let server = SocketAddr::new(topo.server_addr.get(family), 5001);
     // Inside the server host's cgroup, so its vnatd records the accepted side.
     let _echo = match proto {
@@ -54,18 +68,33 @@ fn roam_automatically(family: Family, proto: Proto, tag: &str) {
     topo.move_laptop_to_b();
     let at_move = client.latest().expect("status").verified;
     let after = client.wait_verified_at_least(at_move + 100_000, Duration::from_secs(20));
-    eprintln!("{tag}: data flowing again {:?} after the move", t0.elapsed());
+    eprintln!(
+        "{tag}: data flowing again {:?} after the move",
+        t0.elapsed()
+    );
 
-    let new_local = SocketAddr::new(topo.laptop_b_addr.get(family), before.local.parse::<SocketAddr>().unwrap().port());
-    let ls = lapd.ctl(&["ls", "--state", "translated"]).expect("laptop vnatd unreachable");
+    let new_local = SocketAddr::new(
+        topo.laptop_b_addr.get(family),
+        before.local.parse::<SocketAddr>().unwrap().port(),
+    );
+    let ls = lapd
+        .ctl(&["ls", "--state", "translated"])
+        .expect("laptop vnatd unreachable");
     let rows = ls.as_array().expect("array");
     assert!(
-        rows.iter().any(|r| r["virtual_local"] == before.local && r["physical_local"] == new_local.to_string()),
+        rows.iter()
+            .any(|r| r["virtual_local"] == before.local
+                && r["physical_local"] == new_local.to_string()),
         "the laptop's vnatd does not show the moved connection: {ls}"
     );
-    let ls = srvd.ctl(&["ls", "--state", "translated"]).expect("server vnatd unreachable");
+    let ls = srvd
+        .ctl(&["ls", "--state", "translated"])
+        .expect("server vnatd unreachable");
     assert!(
-        ls.as_array().unwrap().iter().any(|r| r["physical_remote"] == new_local.to_string()),
+        ls.as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["physical_remote"] == new_local.to_string()),
         "the server's vnatd does not translate to the laptop's new address: {ls}"
     );
     let fin = client.stop();

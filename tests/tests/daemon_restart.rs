@@ -26,7 +26,9 @@ fn translation_survives_vnatd_sigkill_and_a_new_vnatd_reconciles() {
     let _echo = EchoServer::tcp(&topo.server, server);
 
     let vnatd = Vnatd::start(&lap, &tmp);
-    let mut cmd = StreamOptions::tcp(server).rate(300_000).command(&topo.laptop);
+    let mut cmd = StreamOptions::tcp(server)
+        .rate(300_000)
+        .command(&topo.laptop);
     lap.cgroup.join_on_spawn(&mut cmd);
     let client = StreamClient::from_command(cmd);
     let before = client.wait_verified_at_least(50_000, Duration::from_secs(10));
@@ -36,10 +38,16 @@ fn translation_survives_vnatd_sigkill_and_a_new_vnatd_reconciles() {
     let row = loop {
         let ls = vnatd.ctl(&["ls"]).expect("vnatd unreachable");
         let rows = ls.as_array().expect("ls --json is an array").clone();
-        if let Some(r) = rows.into_iter().find(|r| r["virtual_remote"] == server.to_string()) {
+        if let Some(r) = rows
+            .into_iter()
+            .find(|r| r["virtual_remote"] == server.to_string())
+        {
             break r;
         }
-        assert!(Instant::now() < deadline, "vnatctl ls never showed the connection");
+        assert!(
+            Instant::now() < deadline,
+            "vnatctl ls never showed the connection"
+        );
         std::thread::sleep(Duration::from_millis(100));
     };
     assert_eq!(row["proto"], "tcp");
@@ -50,7 +58,11 @@ fn translation_survives_vnatd_sigkill_and_a_new_vnatd_reconciles() {
     topo.move_laptop_to_b();
     let local: SocketAddr = before.local.parse().unwrap();
     let new_local = SocketAddr::new(topo.laptop_b_addr.v4.into(), local.port());
-    let flow = VirtualFlow { proto: Proto::Tcp, local, remote: server };
+    let flow = VirtualFlow {
+        proto: Proto::Tcp,
+        local,
+        remote: server,
+    };
     move_flow(&lap, &srv, flow, new_local);
     let moved = client.wait_verified_at_least(before.verified + 100_000, Duration::from_secs(30));
 
@@ -65,7 +77,8 @@ fn translation_survives_vnatd_sigkill_and_a_new_vnatd_reconciles() {
     assert_eq!(dp["translations"], 1, "status after restart: {status}");
     let tc = dp["tc"].as_array().expect("tc list");
     assert!(
-        tc.iter().any(|a| a["ifname"] == topo.laptop_if_b && a["users"] == 1),
+        tc.iter()
+            .any(|a| a["ifname"] == topo.laptop_if_b && a["users"] == 1),
         "tc is not attached to the laptop's new interface: {tc:?}"
     );
     let ls = vnatd.ctl(&["ls", "--state", "translated"]).unwrap();
@@ -79,4 +92,3 @@ fn translation_survives_vnatd_sigkill_and_a_new_vnatd_reconciles() {
     assert_eq!(fin.error, None, "{:?}", fin.json);
     assert_eq!(fin.local, before.local, "the client's socket changed");
 }
-

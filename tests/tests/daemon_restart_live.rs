@@ -14,7 +14,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use vnat_tests::{Host, LaptopRouterServer, StreamClient, StreamOptions, StreamStatus, TempDir, Vnatd};
+use vnat_tests::{
+    Host, LaptopRouterServer, StreamClient, StreamOptions, StreamStatus, TempDir, Vnatd,
+};
 
 struct Kill(Child);
 impl Drop for Kill {
@@ -28,7 +30,10 @@ impl Drop for Kill {
 /// connections are recorded by the server's vnatd.
 fn echo(srv: &Host, addr: SocketAddr) -> Kill {
     let mut cmd = srv.command("socat");
-    cmd.args([format!("TCP4-LISTEN:{},reuseaddr,fork", addr.port()).as_str(), "EXEC:cat"]);
+    cmd.args([
+        format!("TCP4-LISTEN:{},reuseaddr,fork", addr.port()).as_str(),
+        "EXEC:cat",
+    ]);
     cmd.stdout(Stdio::null()).stderr(Stdio::null());
     let child = Kill(cmd.spawn().expect("starting socat"));
     std::thread::sleep(Duration::from_millis(300));
@@ -47,28 +52,49 @@ fn state(dir: &TempDir) -> State {
     let identity = std::fs::read(s.join("identity.key")).expect("reading identity.key");
     assert_eq!(identity.len(), 32, "identity.key is not a 32-byte key");
     let peers = std::fs::read_to_string(s.join("peers.json")).expect("reading peers.json");
-    let peers = serde_json::from_str(&peers).unwrap_or_else(|e| panic!("peers.json is not JSON ({e}): {peers}"));
+    let peers = serde_json::from_str(&peers)
+        .unwrap_or_else(|e| panic!("peers.json is not JSON ({e}): {peers}"));
     State { identity, peers }
 }
 
 fn wait_paired(dir: &TempDir, what: &str) {
     let peers = dir.path().join("state").join("peers.json");
     let deadline = Instant::now() + Duration::from_secs(15);
-    while !std::fs::read_to_string(&peers).map(|s| s.len() > 4).unwrap_or(false) {
-        assert!(Instant::now() < deadline, "{what} never paired with its peer");
+    while !std::fs::read_to_string(&peers)
+        .map(|s| s.len() > 4)
+        .unwrap_or(false)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "{what} never paired with its peer"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
 
 /// Wait until `d` shows a translated connection matching `pred`.
-fn wait_translated(d: &Vnatd, what: &str, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+fn wait_translated(
+    d: &Vnatd,
+    what: &str,
+    pred: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let ls = d.ctl(&["ls", "--state", "translated"]).unwrap_or_else(|| panic!("{what}: vnatd unreachable"));
-        if let Some(r) = ls.as_array().expect("ls --json is an array").iter().find(|r| pred(r)) {
+        let ls = d
+            .ctl(&["ls", "--state", "translated"])
+            .unwrap_or_else(|| panic!("{what}: vnatd unreachable"));
+        if let Some(r) = ls
+            .as_array()
+            .expect("ls --json is an array")
+            .iter()
+            .find(|r| pred(r))
+        {
             return r.clone();
         }
-        assert!(Instant::now() < deadline, "{what}: the moved connection is not shown as translated: {ls}");
+        assert!(
+            Instant::now() < deadline,
+            "{what}: the moved connection is not shown as translated: {ls}"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
 }
@@ -86,14 +112,20 @@ fn row(d: &Vnatd, virtual_local: &str) -> serde_json::Value {
 
 fn restart(d: Vnatd, host: &Host, dir: &Path, what: &str) -> Vnatd {
     let status = d.stop();
-    assert!(status.success(), "{what}: vnatd exited with {status} on SIGTERM");
+    assert!(
+        status.success(),
+        "{what}: vnatd exited with {status} on SIGTERM"
+    );
     Vnatd::start(host, dir)
 }
 
 /// 100 kB more verified than now (and than `since`), within 20 s.
 fn flows(client: &StreamClient, since: &StreamStatus, what: &str) -> StreamStatus {
     eprintln!("restart-live: {what}");
-    let now = client.latest().map_or(0, |s| s.verified).max(since.verified);
+    let now = client
+        .latest()
+        .map_or(0, |s| s.verified)
+        .max(since.verified);
     client.wait_verified_at_least(now + 100_000, Duration::from_secs(20))
 }
 
@@ -121,13 +153,18 @@ fn scenario(tag: &str, before_move: Before) {
     let topo = LaptopRouterServer::builder().tag(tag).build();
     let lap = Host::new(&topo.laptop, &format!("{tag}l"));
     let srv = Host::new(&topo.server, &format!("{tag}s"));
-    let (ldir, sdir) = (TempDir::new(&format!("{tag}l")), TempDir::new(&format!("{tag}s")));
+    let (ldir, sdir) = (
+        TempDir::new(&format!("{tag}l")),
+        TempDir::new(&format!("{tag}s")),
+    );
     let server = SocketAddr::new(topo.server_addr.v4.into(), 5001);
     let _echo = echo(&srv, server);
     let mut lapd = Vnatd::start(&lap, ldir.path());
     let mut srvd = Vnatd::start(&srv, sdir.path());
 
-    let mut cmd = StreamOptions::tcp(server).rate(300_000).command(&topo.laptop);
+    let mut cmd = StreamOptions::tcp(server)
+        .rate(300_000)
+        .command(&topo.laptop);
     lap.cgroup.join_on_spawn(&mut cmd);
     let client = StreamClient::from_command(cmd);
     let before = client.wait_verified_at_least(50_000, Duration::from_secs(10));
@@ -141,18 +178,36 @@ fn scenario(tag: &str, before_move: Before) {
     //    moved yet).
     if before_move == Before::Both {
         let (ls, ss) = (lapd.stop(), srvd.stop());
-        assert!(ls.success() && ss.success(), "vnatd exit statuses on SIGTERM: laptop {ls}, server {ss}");
+        assert!(
+            ls.success() && ss.success(),
+            "vnatd exit statuses on SIGTERM: laptop {ls}, server {ss}"
+        );
         lapd = Vnatd::start(&lap, ldir.path());
         srvd = Vnatd::start(&srv, sdir.path());
     } else {
         lapd = restart(lapd, &lap, ldir.path(), "laptop, before the move");
     }
-    let s = flows(&client, &before, "vnatd restarted before the move; data still flowing");
-    assert_eq!(state(&ldir), lap_state, "the laptop's identity or pinned peers changed across a restart");
-    assert_eq!(state(&sdir), srv_state, "the server's identity or pinned peers changed across a restart");
+    let s = flows(
+        &client,
+        &before,
+        "vnatd restarted before the move; data still flowing",
+    );
+    assert_eq!(
+        state(&ldir),
+        lap_state,
+        "the laptop's identity or pinned peers changed across a restart"
+    );
+    assert_eq!(
+        state(&sdir),
+        srv_state,
+        "the server's identity or pinned peers changed across a restart"
+    );
     for (d, who) in [(&lapd, "laptop"), (&srvd, "server")] {
         let r = row(d, &before.local);
-        assert_eq!(r["state"], "native", "{who}: the restarted vnatd changed an unmoved connection: {r}");
+        assert_eq!(
+            r["state"], "native",
+            "{who}: the restarted vnatd changed an unmoved connection: {r}"
+        );
     }
     // Let the restarted daemon adopt the connection and pair again (its
     // session keys are per process; the host keys are the pinned ones).
@@ -163,9 +218,16 @@ fn scenario(tag: &str, before_move: Before) {
     topo.move_laptop_to_b();
     let new_local = SocketAddr::new(topo.laptop_b_addr.v4.into(), local.port());
     let s = flows(&client, &s, "moved to B");
-    eprintln!("restart-live: data flowing again {:?} after the move", t0.elapsed());
-    let is_lap = |r: &serde_json::Value| r["virtual_local"] == before.local && r["physical_local"] == new_local.to_string();
-    let is_srv = |r: &serde_json::Value| r["virtual_remote"] == before.local && r["physical_remote"] == new_local.to_string();
+    eprintln!(
+        "restart-live: data flowing again {:?} after the move",
+        t0.elapsed()
+    );
+    let is_lap = |r: &serde_json::Value| {
+        r["virtual_local"] == before.local && r["physical_local"] == new_local.to_string()
+    };
+    let is_srv = |r: &serde_json::Value| {
+        r["virtual_remote"] == before.local && r["physical_remote"] == new_local.to_string()
+    };
     wait_translated(&lapd, "laptop after the move", is_lap);
     wait_translated(&srvd, "server after the move", is_srv);
 
@@ -173,28 +235,58 @@ fn scenario(tag: &str, before_move: Before) {
     //    at once; the translation is in the pins and must stay.
     srvd = restart(srvd, &srv, sdir.path(), "server, after the move");
     wait_translated(&srvd, "server restarted after the move", is_srv);
-    let s = flows(&client, &s, "server vnatd restarted after the move; data still flowing");
+    let s = flows(
+        &client,
+        &s,
+        "server vnatd restarted after the move; data still flowing",
+    );
     lapd = restart(lapd, &lap, ldir.path(), "laptop, after the move");
     wait_translated(&lapd, "laptop restarted after the move", is_lap);
-    let s = flows(&client, &s, "laptop vnatd restarted after the move; data still flowing");
+    let s = flows(
+        &client,
+        &s,
+        "laptop vnatd restarted after the move; data still flowing",
+    );
     let (ls, ss) = (lapd.stop(), srvd.stop());
-    assert!(ls.success() && ss.success(), "vnatd exit statuses on SIGTERM: laptop {ls}, server {ss}");
-    let s = flows(&client, &s, "both vnatd stopped; the pins carry the translation");
+    assert!(
+        ls.success() && ss.success(),
+        "vnatd exit statuses on SIGTERM: laptop {ls}, server {ss}"
+    );
+    let s = flows(
+        &client,
+        &s,
+        "both vnatd stopped; the pins carry the translation",
+    );
     lapd = Vnatd::start(&lap, ldir.path());
     srvd = Vnatd::start(&srv, sdir.path());
     wait_translated(&lapd, "laptop, both restarted", is_lap);
     wait_translated(&srvd, "server, both restarted", is_srv);
     let s = flows(&client, &s, "both vnatd restarted; data still flowing");
-    assert_eq!(state(&ldir).identity, lap_state.identity, "the laptop's identity key changed");
-    assert_eq!(state(&sdir).identity, srv_state.identity, "the server's identity key changed");
+    assert_eq!(
+        state(&ldir).identity,
+        lap_state.identity,
+        "the laptop's identity key changed"
+    );
+    assert_eq!(
+        state(&sdir).identity,
+        srv_state.identity,
+        "the server's identity key changed"
+    );
     // Pins are never dropped or replaced; a pin for the laptop's new address
     // may be added by pairing after the move.
-    for (before, now, who) in [(&lap_state, state(&ldir), "laptop"), (&srv_state, state(&sdir), "server")] {
+    for (before, now, who) in [
+        (&lap_state, state(&ldir), "laptop"),
+        (&srv_state, state(&sdir), "server"),
+    ] {
         let (b, n) = (before.peers.as_object(), now.peers.as_object());
         match (b, n) {
             (Some(b), Some(n)) => {
                 for (k, v) in b {
-                    assert_eq!(n.get(k), Some(v), "{who}: pinned peer {k} changed or vanished: before {b:?}, now {n:?}");
+                    assert_eq!(
+                        n.get(k),
+                        Some(v),
+                        "{who}: pinned peer {k} changed or vanished: before {b:?}, now {n:?}"
+                    );
                 }
             }
             _ => assert_eq!(now.peers, before.peers, "{who}: peers.json changed"),
@@ -213,7 +305,10 @@ fn scenario(tag: &str, before_move: Before) {
         if l["physical_local"] == before.local && r["physical_remote"] == before.local {
             break;
         }
-        assert!(Instant::now() < deadline, "after moving back to A: laptop {l}, server {r}");
+        assert!(
+            Instant::now() < deadline,
+            "after moving back to A: laptop {l}, server {r}"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     client.wait_verified_at_least(s.verified + 100_000, Duration::from_secs(20));

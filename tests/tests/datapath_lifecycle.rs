@@ -14,7 +14,8 @@ fn sa(s: &str) -> SocketAddr {
 }
 
 fn lo_has(h: &Host, ip: &str) -> bool {
-    h.ns.run_stdout(&["ip", "-4", "addr", "show", "dev", "lo"]).contains(&format!("{ip}/32"))
+    h.ns.run_stdout(&["ip", "-4", "addr", "show", "dev", "lo"])
+        .contains(&format!("{ip}/32"))
 }
 
 fn vnat_routes(h: &Host) -> String {
@@ -22,7 +23,14 @@ fn vnat_routes(h: &Host) -> String {
 }
 
 fn tc_users(h: &Host) -> Vec<(String, u32)> {
-    h.datapath(|dp| dp.status().unwrap().tc.into_iter().map(|t| (t.ifname, t.users)).collect())
+    h.datapath(|dp| {
+        dp.status()
+            .unwrap()
+            .tc
+            .into_iter()
+            .map(|t| (t.ifname, t.users))
+            .collect()
+    })
 }
 
 #[test]
@@ -31,41 +39,95 @@ fn install_and_remove_set_up_and_take_down_everything() {
     let lap = Host::new(&topo.laptop, "lifel");
     let srv = Host::new(&topo.server, "lifes");
     topo.move_laptop();
-    let flow = VirtualFlow { proto: Proto::Tcp, local: sa("198.18.1.2:40000"), remote: sa("198.18.1.3:5001") };
-    let t = Translation { flow, physical_local: sa("198.18.1.9:40000"), physical_remote: flow.remote };
-    let back_flow = VirtualFlow { proto: Proto::Tcp, local: flow.remote, remote: flow.local };
-    let back = Translation { flow: back_flow, physical_local: flow.remote, physical_remote: t.physical_local };
+    let flow = VirtualFlow {
+        proto: Proto::Tcp,
+        local: sa("198.18.1.2:40000"),
+        remote: sa("198.18.1.3:5001"),
+    };
+    let t = Translation {
+        flow,
+        physical_local: sa("198.18.1.9:40000"),
+        physical_remote: flow.remote,
+    };
+    let back_flow = VirtualFlow {
+        proto: Proto::Tcp,
+        local: flow.remote,
+        remote: flow.local,
+    };
+    let back = Translation {
+        flow: back_flow,
+        physical_local: flow.remote,
+        physical_remote: t.physical_local,
+    };
 
-    assert!(tc_users(&lap).is_empty(), "tc must not be attached before any translation");
+    assert!(
+        tc_users(&lap).is_empty(),
+        "tc must not be attached before any translation"
+    );
     lap.datapath(move |dp| dp.install_translation(&t)).unwrap();
-    srv.datapath(move |dp| dp.install_translation(&back)).unwrap();
-    assert!(lo_has(&lap, "198.18.1.2"), "the moved-away address is not kept on lo");
+    srv.datapath(move |dp| dp.install_translation(&back))
+        .unwrap();
+    assert!(
+        lo_has(&lap, "198.18.1.2"),
+        "the moved-away address is not kept on lo"
+    );
     assert_eq!(topo.laptop.sysctl("net.ipv4.conf.all.arp_ignore"), "1");
-    assert!(vnat_routes(&srv).contains("198.18.1.2 via 198.18.1.9 dev eth0"), "{}", vnat_routes(&srv));
+    assert!(
+        vnat_routes(&srv).contains("198.18.1.2 via 198.18.1.9 dev eth0"),
+        "{}",
+        vnat_routes(&srv)
+    );
     assert_eq!(tc_users(&lap), vec![("eth0".to_string(), 1)]);
     assert_eq!(tc_users(&srv), vec![("eth0".to_string(), 1)]);
 
     // A failed install (no route to the new physical address) changes nothing.
-    let bad = Translation { physical_remote: sa("198.18.77.7:5001"), ..back };
-    let err = srv.datapath(move |dp| dp.install_translation(&bad)).unwrap_err();
+    let bad = Translation {
+        physical_remote: sa("198.18.77.7:5001"),
+        ..back
+    };
+    let err = srv
+        .datapath(move |dp| dp.install_translation(&bad))
+        .unwrap_err();
     assert!(matches!(err, DatapathError::NoRoute { .. }), "{err}");
     assert_eq!(srv.datapath(|dp| dp.translations().unwrap()), vec![back]);
     // Another flow claiming the same physical endpoints is refused.
     let other = Translation {
-        flow: VirtualFlow { local: sa("198.18.1.3:5002"), ..back_flow },
+        flow: VirtualFlow {
+            local: sa("198.18.1.3:5002"),
+            ..back_flow
+        },
         physical_local: back.physical_local,
         physical_remote: back.physical_remote,
     };
-    let err = srv.datapath(move |dp| dp.install_translation(&other)).unwrap_err();
-    assert!(matches!(err, DatapathError::InvalidTranslation { .. }), "{err}");
+    let err = srv
+        .datapath(move |dp| dp.install_translation(&other))
+        .unwrap_err();
+    assert!(
+        matches!(err, DatapathError::InvalidTranslation { .. }),
+        "{err}"
+    );
     assert_eq!(srv.datapath(|dp| dp.translations().unwrap()), vec![back]);
 
-    lap.datapath(move |dp| dp.remove_translation(&flow)).unwrap();
-    srv.datapath(move |dp| dp.remove_translation(&back_flow)).unwrap();
-    assert!(!lo_has(&lap, "198.18.1.2"), "the lo address outlived its last translation");
-    assert_eq!(vnat_routes(&srv).trim(), "", "the host route outlived its translation");
-    assert!(tc_users(&lap).is_empty() && tc_users(&srv).is_empty(), "tc stayed attached with no translation");
-    let err = lap.datapath(move |dp| dp.remove_translation(&flow)).unwrap_err();
+    lap.datapath(move |dp| dp.remove_translation(&flow))
+        .unwrap();
+    srv.datapath(move |dp| dp.remove_translation(&back_flow))
+        .unwrap();
+    assert!(
+        !lo_has(&lap, "198.18.1.2"),
+        "the lo address outlived its last translation"
+    );
+    assert_eq!(
+        vnat_routes(&srv).trim(),
+        "",
+        "the host route outlived its translation"
+    );
+    assert!(
+        tc_users(&lap).is_empty() && tc_users(&srv).is_empty(),
+        "tc stayed attached with no translation"
+    );
+    let err = lap
+        .datapath(move |dp| dp.remove_translation(&flow))
+        .unwrap_err();
     assert!(matches!(err, DatapathError::NoSuchTranslation { .. }));
 }
 
@@ -74,12 +136,25 @@ fn an_address_that_was_on_lo_before_is_left_alone() {
     let topo = SameLink::new("lifelo", false);
     let lap = Host::new(&topo.laptop, "lifelo");
     topo.move_laptop();
-    topo.laptop.run(&["ip", "addr", "add", "198.18.1.2/32", "dev", "lo"]);
-    let flow = VirtualFlow { proto: Proto::Udp, local: sa("198.18.1.2:9000"), remote: sa("198.18.1.3:9001") };
-    let t = Translation { flow, physical_local: sa("198.18.1.9:9000"), physical_remote: flow.remote };
+    topo.laptop
+        .run(&["ip", "addr", "add", "198.18.1.2/32", "dev", "lo"]);
+    let flow = VirtualFlow {
+        proto: Proto::Udp,
+        local: sa("198.18.1.2:9000"),
+        remote: sa("198.18.1.3:9001"),
+    };
+    let t = Translation {
+        flow,
+        physical_local: sa("198.18.1.9:9000"),
+        physical_remote: flow.remote,
+    };
     lap.datapath(move |dp| dp.install_translation(&t)).unwrap();
-    lap.datapath(move |dp| dp.remove_translation(&flow)).unwrap();
-    assert!(lo_has(&lap, "198.18.1.2"), "vnat removed an address it had not added");
+    lap.datapath(move |dp| dp.remove_translation(&flow))
+        .unwrap();
+    assert!(
+        lo_has(&lap, "198.18.1.2"),
+        "vnat removed an address it had not added"
+    );
 }
 
 #[test]
@@ -87,15 +162,24 @@ fn a_prepared_move_only_accepts_and_can_be_abandoned() {
     let topo = SameLink::new("lifeprep", false);
     let lap = Host::new(&topo.laptop, "lifep");
     topo.move_laptop();
-    let flow = VirtualFlow { proto: Proto::Tcp, local: sa("198.18.1.2:40000"), remote: sa("198.18.1.3:5001") };
-    let t = Translation { flow, physical_local: sa("198.18.1.9:40000"), physical_remote: flow.remote };
+    let flow = VirtualFlow {
+        proto: Proto::Tcp,
+        local: sa("198.18.1.2:40000"),
+        remote: sa("198.18.1.3:5001"),
+    };
+    let t = Translation {
+        flow,
+        physical_local: sa("198.18.1.9:40000"),
+        physical_remote: flow.remote,
+    };
     lap.datapath(move |dp| dp.prepare_translation(&t)).unwrap();
     // Receive side ready (tc attached, address kept), send side untouched.
     assert_eq!(tc_users(&lap), vec![("eth0".to_string(), 0)]);
     assert!(lo_has(&lap, "198.18.1.2"));
     assert!(lap.datapath(|dp| dp.translations().unwrap()).is_empty());
     // The migration is abandoned: everything goes.
-    lap.datapath(move |dp| dp.remove_translation(&flow)).unwrap();
+    lap.datapath(move |dp| dp.remove_translation(&flow))
+        .unwrap();
     assert!(tc_users(&lap).is_empty());
     assert!(!lo_has(&lap, "198.18.1.2"));
 }

@@ -52,7 +52,10 @@ impl Drop for Kill {
 /// connections are recorded by the server's vnatd.
 fn echo(srv: &Host, addr: SocketAddr) -> Kill {
     let mut cmd = srv.command("socat");
-    cmd.args([format!("TCP4-LISTEN:{},reuseaddr,fork", addr.port()).as_str(), "EXEC:cat"]);
+    cmd.args([
+        format!("TCP4-LISTEN:{},reuseaddr,fork", addr.port()).as_str(),
+        "EXEC:cat",
+    ]);
     cmd.stdout(Stdio::null()).stderr(Stdio::null());
     let child = Kill(cmd.spawn().expect("starting socat"));
     thread::sleep(Duration::from_millis(300));
@@ -62,8 +65,14 @@ fn echo(srv: &Host, addr: SocketAddr) -> Kill {
 fn wait_paired(dir: &TempDir, what: &str) {
     let peers = dir.path().join("state").join("peers.json");
     let deadline = Instant::now() + Duration::from_secs(15);
-    while !std::fs::read_to_string(&peers).map(|s| s.len() > 4).unwrap_or(false) {
-        assert!(Instant::now() < deadline, "{what} never paired with its peer");
+    while !std::fs::read_to_string(&peers)
+        .map(|s| s.len() > 4)
+        .unwrap_or(false)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "{what} never paired with its peer"
+        );
         thread::sleep(Duration::from_millis(100));
     }
 }
@@ -82,7 +91,11 @@ fn row(d: &Vnatd, laptop_virtual: &str) -> Value {
 
 /// The fields of a row that a move would change.
 fn mapping(r: &Value) -> (Value, Value, Value) {
-    (r["state"].clone(), r["physical_local"].clone(), r["physical_remote"].clone())
+    (
+        r["state"].clone(),
+        r["physical_local"].clone(),
+        r["physical_remote"].clone(),
+    )
 }
 
 fn wait_mapping(d: &Vnatd, laptop_virtual: &str, want: (&str, &str, &str), what: &str) -> Value {
@@ -92,7 +105,10 @@ fn wait_mapping(d: &Vnatd, laptop_virtual: &str, want: (&str, &str, &str), what:
         if r["state"] == want.0 && r["physical_local"] == want.1 && r["physical_remote"] == want.2 {
             return r;
         }
-        assert!(Instant::now() < deadline, "{what}: expected {want:?}, vnatd shows {r}");
+        assert!(
+            Instant::now() < deadline,
+            "{what}: expected {want:?}, vnatd shows {r}"
+        );
         thread::sleep(Duration::from_millis(200));
     }
 }
@@ -109,8 +125,12 @@ impl Pcap {
         let mut cmd = ns.cmd("tcpdump");
         // -U: write each packet at once; -Z root: tcpdump must not drop to
         // its own user (it writes to our pipe, nothing else).
-        cmd.args(["-nn", "-U", "-Z", "root", "-s", "0", "-i", dev, "-w", "-"]).args(filter.split_whitespace());
-        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
+        cmd.args(["-nn", "-U", "-Z", "root", "-s", "0", "-i", dev, "-w", "-"])
+            .args(filter.split_whitespace());
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
         let mut child = cmd.spawn().expect("starting tcpdump");
         let mut out = child.stdout.take().expect("piped stdout");
         let err = child.stderr.take().expect("piped stderr");
@@ -143,7 +163,11 @@ impl Pcap {
                 }
             }
         }
-        Pcap { child, data, reader: Some(reader) }
+        Pcap {
+            child,
+            data,
+            reader: Some(reader),
+        }
     }
 
     /// Stop tcpdump and return every UDP datagram it saw.
@@ -175,7 +199,11 @@ struct Datagram {
 /// A small pcap reader (classic format, Ethernet link type, IPv4/UDP only:
 /// all VCMP traffic in this test is IPv4).
 fn parse_pcap(b: &[u8]) -> Vec<Datagram> {
-    assert!(b.len() >= 24, "the capture has no pcap header ({} bytes)", b.len());
+    assert!(
+        b.len() >= 24,
+        "the capture has no pcap header ({} bytes)",
+        b.len()
+    );
     let magic = u32::from_le_bytes(b[0..4].try_into().unwrap());
     let le = match magic {
         0xa1b2_c3d4 | 0xa1b2_3c4d => true,
@@ -184,9 +212,17 @@ fn parse_pcap(b: &[u8]) -> Vec<Datagram> {
     };
     let u32_at = |at: usize| {
         let a: [u8; 4] = b[at..at + 4].try_into().unwrap();
-        if le { u32::from_le_bytes(a) } else { u32::from_be_bytes(a) }
+        if le {
+            u32::from_le_bytes(a)
+        } else {
+            u32::from_be_bytes(a)
+        }
     };
-    assert_eq!(u32_at(20) & 0x0fff_ffff, 1, "the capture's link type is not Ethernet");
+    assert_eq!(
+        u32_at(20) & 0x0fff_ffff,
+        1,
+        "the capture's link type is not Ethernet"
+    );
     let mut out = Vec::new();
     let mut at = 24;
     while at + 16 <= b.len() {
@@ -236,10 +272,23 @@ fn junk<const N: usize>(seed: u64) -> [u8; N] {
 
 /// Forged messages that claim `sender_vir`'s end moved to `claimed`,
 /// addressed to the host whose virtual endpoint is `receiver_vir`.
-fn forgeries(receiver_vir: SocketAddr, sender_vir: SocketAddr, claimed: SocketAddr) -> Vec<Vec<u8>> {
+fn forgeries(
+    receiver_vir: SocketAddr,
+    sender_vir: SocketAddr,
+    claimed: SocketAddr,
+) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     let seqs = [1, 2, 3, 7, 1000, 1 << 32, u64::MAX - 1, u64::MAX];
-    let kinds = [Kind::Upd, Kind::UpdR, Kind::SuspPrimary, Kind::SuspSecondary, Kind::Challenge, Kind::Response, Kind::KeyX, Kind::Store];
+    let kinds = [
+        Kind::Upd,
+        Kind::UpdR,
+        Kind::SuspPrimary,
+        Kind::SuspSecondary,
+        Kind::Challenge,
+        Kind::Response,
+        Kind::KeyX,
+        Kind::Store,
+    ];
     for (i, kind) in kinds.into_iter().enumerate() {
         for (j, seq) in seqs.into_iter().enumerate() {
             let seed = (i * 100 + j) as u64 + 1;
@@ -256,13 +305,26 @@ fn forgeries(receiver_vir: SocketAddr, sender_vir: SocketAddr, claimed: SocketAd
                 sender_phys: claimed,
                 ext,
                 seq,
-                tag: if j == 0 { [0; TAG_LEN] } else { junk(seed ^ 0xabcd) },
+                tag: if j == 0 {
+                    [0; TAG_LEN]
+                } else {
+                    junk(seed ^ 0xabcd)
+                },
             };
-            let request_id = if kind.uses_request_id() { seed as u32 } else { 0 };
+            let request_id = if kind.uses_request_id() {
+                seed as u32
+            } else {
+                0
+            };
             // One record, and a datagram of many copies (each must be
             // refused on its own).
             for n in [1, 5] {
-                let msg = Message::Records { kind, request_id, family: Family::V4, records: vec![rec; n] };
+                let msg = Message::Records {
+                    kind,
+                    request_id,
+                    family: Family::V4,
+                    records: vec![rec; n],
+                };
                 out.push(msg.encode().expect("encoding a forged message"));
             }
         }
@@ -276,9 +338,31 @@ fn forgeries(receiver_vir: SocketAddr, sender_vir: SocketAddr, claimed: SocketAd
     out.push(v);
     out.push(vec![1]);
     out.push(Vec::new());
-    out.push(Message::PairInit { request_id: 7, static_pub: junk(77), eph_pub: junk(78) }.encode().unwrap());
-    out.push(Message::Error { request_id: 0, code: ErrorCode::PeerKeyMismatch }.encode().unwrap());
-    out.push(Message::Error { request_id: 0, code: ErrorCode::UnknownConnection }.encode().unwrap());
+    out.push(
+        Message::PairInit {
+            request_id: 7,
+            static_pub: junk(77),
+            eph_pub: junk(78),
+        }
+        .encode()
+        .unwrap(),
+    );
+    out.push(
+        Message::Error {
+            request_id: 0,
+            code: ErrorCode::PeerKeyMismatch,
+        }
+        .encode()
+        .unwrap(),
+    );
+    out.push(
+        Message::Error {
+            request_id: 0,
+            code: ErrorCode::UnknownConnection,
+        }
+        .encode()
+        .unwrap(),
+    );
     out
 }
 
@@ -288,7 +372,8 @@ fn send_from(attacker: &Netns, from: IpAddr, dst: SocketAddr, datagrams: &[Vec<u
         let sock = UdpSocket::bind(SocketAddr::new(from, 0)).expect("attacker's socket");
         for _ in 0..3 {
             for d in datagrams {
-                sock.send_to(d, dst).unwrap_or_else(|e| panic!("attacker sending to {dst}: {e}"));
+                sock.send_to(d, dst)
+                    .unwrap_or_else(|e| panic!("attacker sending to {dst}: {e}"));
                 thread::sleep(Duration::from_micros(200));
             }
         }
@@ -297,11 +382,20 @@ fn send_from(attacker: &Netns, from: IpAddr, dst: SocketAddr, datagrams: &[Vec<u
 
 /// What the daemons sent to the attacker's address: (sender, kind, the
 /// StoreR's accepted count).
-fn sent_to_attacker(capture: Vec<Datagram>, attacker: IpAddr) -> Vec<(SocketAddr, Option<Kind>, u8)> {
+fn sent_to_attacker(
+    capture: Vec<Datagram>,
+    attacker: IpAddr,
+) -> Vec<(SocketAddr, Option<Kind>, u8)> {
     capture
         .into_iter()
         .filter(|d| d.dst.ip() == attacker && d.src.port() == VCMP_PORT)
-        .map(|d| (d.src, kind_of(&d.payload), d.payload.get(3).copied().unwrap_or(0)))
+        .map(|d| {
+            (
+                d.src,
+                kind_of(&d.payload),
+                d.payload.get(3).copied().unwrap_or(0),
+            )
+        })
         .collect()
 }
 
@@ -315,9 +409,19 @@ fn assert_nothing_moved_towards(answered: &[(SocketAddr, Option<Kind>, u8)], wha
         .iter()
         .filter(|(_, k, _)| !matches!(k, Some(Kind::StoreR | Kind::LookupR | Kind::Error)))
         .collect();
-    assert!(bad.is_empty(), "{what}: a daemon sent the attacker's address {bad:?}");
-    let stored: u32 = answered.iter().filter(|(_, k, _)| *k == Some(Kind::StoreR)).map(|(_, _, n)| u32::from(*n)).sum();
-    let lookups = answered.iter().filter(|(_, k, _)| *k == Some(Kind::LookupR)).count();
+    assert!(
+        bad.is_empty(),
+        "{what}: a daemon sent the attacker's address {bad:?}"
+    );
+    let stored: u32 = answered
+        .iter()
+        .filter(|(_, k, _)| *k == Some(Kind::StoreR))
+        .map(|(_, _, n)| u32::from(*n))
+        .sum();
+    let lookups = answered
+        .iter()
+        .filter(|(_, k, _)| *k == Some(Kind::LookupR))
+        .count();
     eprintln!(
         "forged: {what}: the attacker got {} datagrams: STORE_R accepting {stored} records in all, {lookups} LOOKUP_R",
         answered.len()
@@ -327,16 +431,23 @@ fn assert_nothing_moved_towards(answered: &[(SocketAddr, Option<Kind>, u8)], wha
 /// VCMP reject counters, if `vnatctl status` shows them.
 fn vcmp_rejects(d: &Vnatd) -> Option<Value> {
     let st = d.ctl(&["status"]).expect("vnatd unreachable");
-    ["/vcmp/rejected", "/vcmp/stats/rejected", "/daemon/vcmp/rejected"]
-        .iter()
-        .find_map(|p| st.pointer(p).cloned())
+    [
+        "/vcmp/rejected",
+        "/vcmp/stats/rejected",
+        "/daemon/vcmp/rejected",
+    ]
+    .iter()
+    .find_map(|p| st.pointer(p).cloned())
 }
 
 /// Rejects counted by the replay window (`replay_duplicate`, `replay_too_old`).
 fn replays(v: &Option<Value>) -> u64 {
-    v.as_ref()
-        .and_then(Value::as_object)
-        .map_or(0, |o| o.iter().filter(|(k, _)| k.starts_with("replay")).filter_map(|(_, n)| n.as_u64()).sum())
+    v.as_ref().and_then(Value::as_object).map_or(0, |o| {
+        o.iter()
+            .filter(|(k, _)| k.starts_with("replay"))
+            .filter_map(|(_, n)| n.as_u64())
+            .sum()
+    })
 }
 
 fn total(v: &Option<Value>) -> u64 {
@@ -348,7 +459,10 @@ fn total(v: &Option<Value>) -> u64 {
 /// 100 kB more verified than now (and than `since`), within 20 s.
 fn flows(client: &StreamClient, since: &StreamStatus, what: &str) -> StreamStatus {
     eprintln!("forged: {what}");
-    let now = client.latest().map_or(0, |s| s.verified).max(since.verified);
+    let now = client
+        .latest()
+        .map_or(0, |s| s.verified)
+        .max(since.verified);
     client.wait_verified_at_least(now + 100_000, Duration::from_secs(20))
 }
 
@@ -359,7 +473,10 @@ fn forged_and_replayed_vcmp_messages_change_nothing() {
     let (attacker, attacker_ip) = attach_attacker(&topo, &format!("{tag}-a"));
     let lap = Host::new(&topo.laptop, &format!("{tag}l"));
     let srv = Host::new(&topo.server, &format!("{tag}s"));
-    let (ldir, sdir) = (TempDir::new(&format!("{tag}l")), TempDir::new(&format!("{tag}s")));
+    let (ldir, sdir) = (
+        TempDir::new(&format!("{tag}l")),
+        TempDir::new(&format!("{tag}s")),
+    );
     let server = SocketAddr::new(topo.server_addr.v4.into(), 5001);
     let server_vcmp = SocketAddr::new(topo.server_addr.v4.into(), VCMP_PORT);
     let laptop_vcmp = SocketAddr::new(topo.laptop_a_addr.v4.into(), VCMP_PORT);
@@ -368,7 +485,9 @@ fn forged_and_replayed_vcmp_messages_change_nothing() {
     let srvd = Vnatd::start(&srv, sdir.path());
     attacker.wait_reachable(topo.server_addr.v4.into(), Duration::from_secs(5));
 
-    let mut cmd = StreamOptions::tcp(server).rate(300_000).command(&topo.laptop);
+    let mut cmd = StreamOptions::tcp(server)
+        .rate(300_000)
+        .command(&topo.laptop);
     lap.cgroup.join_on_spawn(&mut cmd);
     let client = StreamClient::from_command(cmd);
     let before = client.wait_verified_at_least(50_000, Duration::from_secs(10));
@@ -376,8 +495,18 @@ fn forged_and_replayed_vcmp_messages_change_nothing() {
     wait_paired(&sdir, "the server's vnatd");
     let laptop_virtual: SocketAddr = before.local.parse().unwrap();
     let lv = before.local.as_str();
-    let native_srv = wait_mapping(&srvd, lv, ("native", &server.to_string(), lv), "server, before the attack");
-    let native_lap = wait_mapping(&lapd, lv, ("native", lv, &server.to_string()), "laptop, before the attack");
+    let native_srv = wait_mapping(
+        &srvd,
+        lv,
+        ("native", &server.to_string(), lv),
+        "server, before the attack",
+    );
+    let native_lap = wait_mapping(
+        &lapd,
+        lv,
+        ("native", lv, &server.to_string()),
+        "laptop, before the attack",
+    );
     // Let both daemons derive the connection's keys, so that the forgeries
     // meet a connection that could really move.
     thread::sleep(Duration::from_secs(2));
@@ -389,13 +518,28 @@ fn forged_and_replayed_vcmp_messages_change_nothing() {
     let claimed = SocketAddr::new(attacker_ip, laptop_virtual.port());
     let to_server = forgeries(server, laptop_virtual, claimed);
     send_from(&attacker, attacker_ip, server_vcmp, &to_server);
-    let to_laptop = forgeries(laptop_virtual, server, SocketAddr::new(attacker_ip, server.port()));
+    let to_laptop = forgeries(
+        laptop_virtual,
+        server,
+        SocketAddr::new(attacker_ip, server.port()),
+    );
     send_from(&attacker, attacker_ip, laptop_vcmp, &to_laptop);
-    eprintln!("forged: sent {} forged datagrams to each daemon, three times", to_server.len());
+    eprintln!(
+        "forged: sent {} forged datagrams to each daemon, three times",
+        to_server.len()
+    );
     let s = flows(&client, &before, "after the forgeries, data still flowing");
     thread::sleep(Duration::from_secs(2));
-    assert_eq!(mapping(&row(&srvd, lv)), mapping(&native_srv), "a forged message changed the server's mapping");
-    assert_eq!(mapping(&row(&lapd, lv)), mapping(&native_lap), "a forged message changed the laptop's mapping");
+    assert_eq!(
+        mapping(&row(&srvd, lv)),
+        mapping(&native_srv),
+        "a forged message changed the server's mapping"
+    );
+    assert_eq!(
+        mapping(&row(&lapd, lv)),
+        mapping(&native_lap),
+        "a forged message changed the laptop's mapping"
+    );
     assert_nothing_moved_towards(&sent_to_attacker(watch.stop(), attacker_ip), "forgeries");
     let rejects_after = (vcmp_rejects(&srvd), vcmp_rejects(&lapd));
     match &rejects_after {
@@ -410,28 +554,63 @@ fn forged_and_replayed_vcmp_messages_change_nothing() {
     }
 
     // (b) A real move, captured on the router's link to the server.
-    let capture = Pcap::start(&topo.router, &topo.router_if_c, &format!("udp port {VCMP_PORT}"));
+    let capture = Pcap::start(
+        &topo.router,
+        &topo.router_if_c,
+        &format!("udp port {VCMP_PORT}"),
+    );
     topo.move_laptop_to_b();
-    let new_local = SocketAddr::new(topo.laptop_b_addr.v4.into(), laptop_virtual.port()).to_string();
+    let new_local =
+        SocketAddr::new(topo.laptop_b_addr.v4.into(), laptop_virtual.port()).to_string();
     let s = flows(&client, &s, "moved to B");
-    wait_mapping(&srvd, lv, ("translated", &server.to_string(), &new_local), "server after the move to B");
-    wait_mapping(&lapd, lv, ("translated", &new_local, &server.to_string()), "laptop after the move to B");
+    wait_mapping(
+        &srvd,
+        lv,
+        ("translated", &server.to_string(), &new_local),
+        "server after the move to B",
+    );
+    wait_mapping(
+        &lapd,
+        lv,
+        ("translated", &new_local, &server.to_string()),
+        "laptop after the move to B",
+    );
     thread::sleep(Duration::from_secs(1));
     let genuine = capture.stop();
     let kinds: Vec<_> = genuine
         .iter()
-        .map(|d| (d.src, d.dst, kind_of(&d.payload), if kind_of(&d.payload) == Some(Kind::StoreR) { d.payload[3] } else { 0 }))
+        .map(|d| {
+            (
+                d.src,
+                d.dst,
+                kind_of(&d.payload),
+                if kind_of(&d.payload) == Some(Kind::StoreR) {
+                    d.payload[3]
+                } else {
+                    0
+                },
+            )
+        })
         .collect();
     eprintln!("forged: captured VCMP during the move (src, dst, kind, STORE_R's accepted count): {kinds:?}");
-    let from_laptop: Vec<Vec<u8>> =
-        genuine.iter().filter(|d| d.dst == server_vcmp && d.src.port() == VCMP_PORT).map(|d| d.payload.clone()).collect();
-    let from_server: Vec<Vec<u8>> =
-        genuine.iter().filter(|d| d.src == server_vcmp && d.dst.port() == VCMP_PORT).map(|d| d.payload.clone()).collect();
+    let from_laptop: Vec<Vec<u8>> = genuine
+        .iter()
+        .filter(|d| d.dst == server_vcmp && d.src.port() == VCMP_PORT)
+        .map(|d| d.payload.clone())
+        .collect();
+    let from_server: Vec<Vec<u8>> = genuine
+        .iter()
+        .filter(|d| d.src == server_vcmp && d.dst.port() == VCMP_PORT)
+        .map(|d| d.payload.clone())
+        .collect();
     assert!(
         from_laptop.iter().any(|p| kind_of(p) == Some(Kind::Upd)),
         "no UPD from the laptop was captured during the move: {kinds:?}"
     );
-    assert!(!from_server.is_empty(), "nothing from the server was captured during the move: {kinds:?}");
+    assert!(
+        !from_server.is_empty(),
+        "nothing from the server was captured during the move: {kinds:?}"
+    );
 
     // Back to A, where the connection is native again; then replay the
     // move to B from the attacker: if accepted, the server would send to B,
@@ -439,8 +618,18 @@ fn forged_and_replayed_vcmp_messages_change_nothing() {
     thread::sleep(Duration::from_secs(2));
     topo.move_laptop_to_a();
     let s = flows(&client, &s, "moved back to A");
-    let back_srv = wait_mapping(&srvd, lv, ("native", &server.to_string(), lv), "server after moving back to A");
-    let back_lap = wait_mapping(&lapd, lv, ("native", lv, &server.to_string()), "laptop after moving back to A");
+    let back_srv = wait_mapping(
+        &srvd,
+        lv,
+        ("native", &server.to_string(), lv),
+        "server after moving back to A",
+    );
+    let back_lap = wait_mapping(
+        &lapd,
+        lv,
+        ("native", lv, &server.to_string()),
+        "laptop after moving back to A",
+    );
     let rejects_before = (vcmp_rejects(&srvd), vcmp_rejects(&lapd));
     let watch = Pcap::start(&topo.router, ROUTER_IF_D, "udp");
     send_from(&attacker, attacker_ip, server_vcmp, &from_laptop);
@@ -452,15 +641,26 @@ fn forged_and_replayed_vcmp_messages_change_nothing() {
     );
     let s = flows(&client, &s, "after the replays, data still flowing");
     thread::sleep(Duration::from_secs(2));
-    assert_eq!(mapping(&row(&srvd, lv)), mapping(&back_srv), "a replayed message changed the server's mapping");
-    assert_eq!(mapping(&row(&lapd, lv)), mapping(&back_lap), "a replayed message changed the laptop's mapping");
+    assert_eq!(
+        mapping(&row(&srvd, lv)),
+        mapping(&back_srv),
+        "a replayed message changed the server's mapping"
+    );
+    assert_eq!(
+        mapping(&row(&lapd, lv)),
+        mapping(&back_lap),
+        "a replayed message changed the laptop's mapping"
+    );
     assert_nothing_moved_towards(&sent_to_attacker(watch.stop(), attacker_ip), "replays");
     let rejects_after = (vcmp_rejects(&srvd), vcmp_rejects(&lapd));
     // At least the replayed UPD (sent three times) must be refused by the
     // replay window. Not every replayed datagram is a reject: a replayed
     // STORE is kept under the attacker's own source slot, which moves
     // nothing.
-    assert!(rejects_after.0.is_some(), "vnatctl status shows no VCMP reject counters");
+    assert!(
+        rejects_after.0.is_some(),
+        "vnatctl status shows no VCMP reject counters"
+    );
     assert!(
         replays(&rejects_after.0) >= replays(&rejects_before.0) + 3,
         "the server did not count the replayed update as a replay: {rejects_before:?} -> {rejects_after:?}"
@@ -477,7 +677,13 @@ fn forged_and_replayed_vcmp_messages_change_nothing() {
 /// Ask `server_vcmp` (as a location server) from the attacker where the
 /// owner of `owner_vir` (in its connection with `other_vir`) is: the
 /// records of its LOOKUP_R, if any came back.
-fn lookup_from(attacker: &Netns, from: IpAddr, server_vcmp: SocketAddr, owner_vir: SocketAddr, other_vir: SocketAddr) -> Vec<Record> {
+fn lookup_from(
+    attacker: &Netns,
+    from: IpAddr,
+    server_vcmp: SocketAddr,
+    owner_vir: SocketAddr,
+    other_vir: SocketAddr,
+) -> Vec<Record> {
     let rec = Record {
         command: Kind::Lookup,
         proto: Proto::Tcp,
@@ -489,7 +695,14 @@ fn lookup_from(attacker: &Netns, from: IpAddr, server_vcmp: SocketAddr, owner_vi
         tag: junk(4242),
     };
     let id = 0x5eed_0001;
-    let q = Message::Records { kind: Kind::Lookup, request_id: id, family: Family::V4, records: vec![rec] }.encode().unwrap();
+    let q = Message::Records {
+        kind: Kind::Lookup,
+        request_id: id,
+        family: Family::V4,
+        records: vec![rec],
+    }
+    .encode()
+    .unwrap();
     attacker.run_in(|| {
         let sock = UdpSocket::bind(SocketAddr::new(from, 0)).expect("attacker's socket");
         sock.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
@@ -497,7 +710,12 @@ fn lookup_from(attacker: &Netns, from: IpAddr, server_vcmp: SocketAddr, owner_vi
         let mut buf = [0u8; 2048];
         match sock.recv_from(&mut buf) {
             Ok((n, _)) => match Message::decode(&buf[..n]) {
-                Ok(Message::Records { kind: Kind::LookupR, request_id, records, .. }) if request_id == id => records,
+                Ok(Message::Records {
+                    kind: Kind::LookupR,
+                    request_id,
+                    records,
+                    ..
+                }) if request_id == id => records,
                 other => panic!("unexpected answer to LOOKUP: {other:?}"),
             },
             Err(e) => panic!("no answer to the LOOKUP from {server_vcmp}: {e}"),
@@ -522,14 +740,19 @@ fn forged_stores_do_not_crowd_out_the_genuine_location() {
     let (attacker, attacker_ip) = attach_attacker(&topo, &format!("{tag}-a"));
     let lap = Host::new(&topo.laptop, &format!("{tag}l"));
     let srv = Host::new(&topo.server, &format!("{tag}s"));
-    let (ldir, sdir) = (TempDir::new(&format!("{tag}l")), TempDir::new(&format!("{tag}s")));
+    let (ldir, sdir) = (
+        TempDir::new(&format!("{tag}l")),
+        TempDir::new(&format!("{tag}s")),
+    );
     let server = SocketAddr::new(topo.server_addr.v4.into(), 5001);
     let server_vcmp = SocketAddr::new(topo.server_addr.v4.into(), VCMP_PORT);
     let _echo = echo(&srv, server);
     let _lapd = Vnatd::start(&lap, ldir.path());
     let srvd = Vnatd::start(&srv, sdir.path());
     attacker.wait_reachable(topo.server_addr.v4.into(), Duration::from_secs(5));
-    let mut cmd = StreamOptions::tcp(server).rate(300_000).command(&topo.laptop);
+    let mut cmd = StreamOptions::tcp(server)
+        .rate(300_000)
+        .command(&topo.laptop);
     lap.cgroup.join_on_spawn(&mut cmd);
     let client = StreamClient::from_command(cmd);
     let before = client.wait_verified_at_least(50_000, Duration::from_secs(10));
@@ -543,7 +766,12 @@ fn forged_stores_do_not_crowd_out_the_genuine_location() {
     // Control: a genuine move stores the laptop's location at the server.
     topo.move_laptop_to_b();
     let s = flows(&client, &before, "moved to B");
-    wait_mapping(&srvd, lv, ("translated", &server.to_string(), &at_b.to_string()), "server after the move to B");
+    wait_mapping(
+        &srvd,
+        lv,
+        ("translated", &server.to_string(), &at_b.to_string()),
+        "server after the move to B",
+    );
     let found = lookup_from(&attacker, attacker_ip, server_vcmp, laptop_virtual, server);
     eprintln!("forged: LOOKUP after the first move: {found:?}");
     assert!(
@@ -553,35 +781,61 @@ fn forged_stores_do_not_crowd_out_the_genuine_location() {
     thread::sleep(Duration::from_secs(2));
     topo.move_laptop_to_a();
     let s = flows(&client, &s, "moved back to A");
-    wait_mapping(&srvd, lv, ("native", &server.to_string(), lv), "server after moving back to A");
+    wait_mapping(
+        &srvd,
+        lv,
+        ("native", &server.to_string(), lv),
+        "server after moving back to A",
+    );
 
     // Forged STOREs for the laptop's end of the connection.
-    let forged: Vec<Vec<u8>> = [u64::MAX, u64::MAX - 1, u64::MAX - 2, u64::MAX - 3, 1 << 40, 1 << 41]
-        .into_iter()
-        .enumerate()
-        .map(|(i, seq)| {
-            let rec = Record {
-                command: Kind::Store,
-                proto: Proto::Tcp,
-                receiver_vir: server,
-                sender_vir: laptop_virtual,
-                sender_phys: SocketAddr::new(attacker_ip, laptop_virtual.port()),
-                ext: Ext::None,
-                seq,
-                tag: junk(900 + i as u64),
-            };
-            Message::Records { kind: Kind::Store, request_id: 77 + i as u32, family: Family::V4, records: vec![rec] }
-                .encode()
-                .unwrap()
-        })
-        .collect();
+    let forged: Vec<Vec<u8>> = [
+        u64::MAX,
+        u64::MAX - 1,
+        u64::MAX - 2,
+        u64::MAX - 3,
+        1 << 40,
+        1 << 41,
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(i, seq)| {
+        let rec = Record {
+            command: Kind::Store,
+            proto: Proto::Tcp,
+            receiver_vir: server,
+            sender_vir: laptop_virtual,
+            sender_phys: SocketAddr::new(attacker_ip, laptop_virtual.port()),
+            ext: Ext::None,
+            seq,
+            tag: junk(900 + i as u64),
+        };
+        Message::Records {
+            kind: Kind::Store,
+            request_id: 77 + i as u32,
+            family: Family::V4,
+            records: vec![rec],
+        }
+        .encode()
+        .unwrap()
+    })
+    .collect();
     send_from(&attacker, attacker_ip, server_vcmp, &forged);
     thread::sleep(Duration::from_secs(2));
 
-    let capture = Pcap::start(&topo.router, &topo.router_if_c, &format!("udp port {VCMP_PORT}"));
+    let capture = Pcap::start(
+        &topo.router,
+        &topo.router_if_c,
+        &format!("udp port {VCMP_PORT}"),
+    );
     topo.move_laptop_to_b();
     let s = flows(&client, &s, "moved to B again");
-    wait_mapping(&srvd, lv, ("translated", &server.to_string(), &at_b.to_string()), "server after the second move");
+    wait_mapping(
+        &srvd,
+        lv,
+        ("translated", &server.to_string(), &at_b.to_string()),
+        "server after the second move",
+    );
     thread::sleep(Duration::from_secs(1));
     let store_r: Vec<u8> = capture
         .stop()

@@ -8,7 +8,10 @@ mod support;
 
 use vnat_tests::{move_flow, Host};
 
-use std::{net::SocketAddr, time::{Duration, Instant}};
+use std::{
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
 
 use vnat_daemon::datapath::{ConnState, Proto, VirtualFlow};
 use vnat_tests::{EchoServer, Family, LaptopRouterServer, SameLink, StreamClient, StreamOptions};
@@ -41,10 +44,20 @@ fn roam(
     };
     let c = client(lap, server, proto);
     let before = c.wait_verified_at_least(100_000, Duration::from_secs(15));
-    let conn = lap.wait_connection("the client's flow", |c| c.proto == proto && c.virtual_remote == server);
-    assert_eq!(conn.virtual_local.to_string(), before.local, "recorded flow is not the client's socket");
+    let conn = lap.wait_connection("the client's flow", |c| {
+        c.proto == proto && c.virtual_remote == server
+    });
+    assert_eq!(
+        conn.virtual_local.to_string(),
+        before.local,
+        "recorded flow is not the client's socket"
+    );
     assert_eq!(conn.state, ConnState::Native);
-    let flow = VirtualFlow { proto, local: conn.virtual_local, remote: conn.virtual_remote };
+    let flow = VirtualFlow {
+        proto,
+        local: conn.virtual_local,
+        remote: conn.virtual_remote,
+    };
 
     do_move();
     let moved_at = Instant::now();
@@ -52,16 +65,30 @@ fn roam(
     move_flow(lap, srv, flow, new_local);
     let at_move = c.latest().expect("no status from the stream").verified;
     let after = c.wait_verified_at_least(at_move + 200_000, Duration::from_secs(30));
-    eprintln!("{proto}: {} bytes verified after the move, resumed within {:?}", after.verified - at_move, moved_at.elapsed());
+    eprintln!(
+        "{proto}: {} bytes verified after the move, resumed within {:?}",
+        after.verified - at_move,
+        moved_at.elapsed()
+    );
 
     let conns = lap.connections(proto);
-    let now = conns.iter().find(|c| c.virtual_remote == server).expect("flow vanished from the connection map");
-    assert_eq!((now.state, now.physical_local), (ConnState::Translated, new_local));
+    let now = conns
+        .iter()
+        .find(|c| c.virtual_remote == server)
+        .expect("flow vanished from the connection map");
+    assert_eq!(
+        (now.state, now.physical_local),
+        (ConnState::Translated, new_local)
+    );
     assert!(lap.counter("egress_translated") > 0 && lap.counter("ingress_translated") > 0);
     assert!(srv.counter("egress_translated") > 0 && srv.counter("ingress_translated") > 0);
 
     let fin = c.stop();
-    assert_eq!(fin.error, None, "the stream reported an error: {:?}", fin.json);
+    assert_eq!(
+        fin.error, None,
+        "the stream reported an error: {:?}",
+        fin.json
+    );
     assert_eq!(fin.local, before.local, "the client's socket changed");
     if proto == Proto::Tcp {
         assert!(fin.verified >= after.verified);
@@ -69,11 +96,21 @@ fn roam(
 }
 
 fn laptop_changes_subnet(family: Family, proto: Proto, tag: &str) {
-    let topo = LaptopRouterServer::builder().tag(tag).ipv6(family == Family::V6).build();
+    let topo = LaptopRouterServer::builder()
+        .tag(tag)
+        .ipv6(family == Family::V6)
+        .build();
     let lap = Host::new(&topo.laptop, &format!("{tag}l"));
     let srv = Host::new(&topo.server, &format!("{tag}s"));
     let server = SocketAddr::new(topo.server_addr.get(family), 5001);
-    roam(&lap, &srv, server, proto, || topo.move_laptop_to_b(), topo.laptop_b_addr.get(family));
+    roam(
+        &lap,
+        &srv,
+        server,
+        proto,
+        || topo.move_laptop_to_b(),
+        topo.laptop_b_addr.get(family),
+    );
 }
 
 #[test]
@@ -104,9 +141,21 @@ fn tcp_same_link_renumbering() {
     let lap = Host::new(&topo.laptop, "mvsll");
     let srv = Host::new(&topo.server, "mvsls");
     let server = SocketAddr::new(topo.server_addr.v4.into(), 5001);
-    roam(&lap, &srv, server, Proto::Tcp, || topo.move_laptop(), topo.laptop_new_addr.v4.into());
-    let routes = topo.server.run_stdout(&["ip", "route", "show", "proto", "157"]);
-    assert!(routes.contains("198.18.1.2 via 198.18.1.9"), "no vnat host route on the server: {routes}");
+    roam(
+        &lap,
+        &srv,
+        server,
+        Proto::Tcp,
+        || topo.move_laptop(),
+        topo.laptop_new_addr.v4.into(),
+    );
+    let routes = topo
+        .server
+        .run_stdout(&["ip", "route", "show", "proto", "157"]);
+    assert!(
+        routes.contains("198.18.1.2 via 198.18.1.9"),
+        "no vnat host route on the server: {routes}"
+    );
 }
 
 #[test]
@@ -115,5 +164,12 @@ fn tcp_v6_same_link_renumbering() {
     let lap = Host::new(&topo.laptop, "mvsl6l");
     let srv = Host::new(&topo.server, "mvsl6s");
     let server = SocketAddr::new(topo.server_addr.v6().into(), 5001);
-    roam(&lap, &srv, server, Proto::Tcp, || topo.move_laptop(), topo.laptop_new_addr.v6().into());
+    roam(
+        &lap,
+        &srv,
+        server,
+        Proto::Tcp,
+        || topo.move_laptop(),
+        topo.laptop_new_addr.v6().into(),
+    );
 }

@@ -16,7 +16,10 @@ use std::{
 };
 
 use serde_json::Value;
-use vnat_tests::{add_location_host, bin_path, Host, LaptopRouterServer, StreamClient, StreamOptions, TempDir, Vnatd};
+use vnat_tests::{
+    add_location_host, bin_path, Host, LaptopRouterServer, StreamClient, StreamOptions, TempDir,
+    Vnatd,
+};
 
 struct Proc {
     child: Child,
@@ -25,7 +28,11 @@ struct Proc {
 
 impl Proc {
     fn spawn(mut cmd: Command) -> Proc {
-        let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("starting vnat-repair");
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting vnat-repair");
         let out = BufReader::new(child.stdout.take().expect("stdout"));
         Proc { child, out }
     }
@@ -54,17 +61,28 @@ impl Drop for Proc {
 }
 
 fn vnatctl(d: &Vnatd, args: &[&str]) -> std::process::Output {
-    Command::new(bin_path("vnatctl")).arg("--control").arg(&d.control).args(args).output().expect("running vnatctl")
+    Command::new(bin_path("vnatctl"))
+        .arg("--control")
+        .arg(&d.control)
+        .args(args)
+        .output()
+        .expect("running vnatctl")
 }
 
 fn wait_mobile(d: &Vnatd, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let ls = d.ctl(&["ls"]).expect("vnatd unreachable");
-        if ls.as_array().is_some_and(|a| a.iter().any(|r| r["mobile"] == true)) {
+        if ls
+            .as_array()
+            .is_some_and(|a| a.iter().any(|r| r["mobile"] == true))
+        {
             return;
         }
-        assert!(Instant::now() < deadline, "{what}: the connection never became mobile: {ls}");
+        assert!(
+            Instant::now() < deadline,
+            "{what}: the connection never became mobile: {ls}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -76,7 +94,11 @@ fn server_process_migrates_to_another_host_with_tcp_repair() {
     let lap = Host::new(&topo.laptop, "pmigl");
     let s1 = Host::new(&topo.server, "pmig1");
     let s2 = Host::new(&new_host.ns, "pmig2");
-    let (dl, d1, d2) = (TempDir::new("pmigl"), TempDir::new("pmig1"), TempDir::new("pmig2"));
+    let (dl, d1, d2) = (
+        TempDir::new("pmigl"),
+        TempDir::new("pmig1"),
+        TempDir::new("pmig2"),
+    );
     let lapd = Vnatd::start(&lap, dl.path());
     let s1d = Vnatd::start(&s1, d1.path());
     let s2d = Vnatd::start(&s2, d2.path());
@@ -84,11 +106,19 @@ fn server_process_migrates_to_another_host_with_tcp_repair() {
     let server = SocketAddr::new(topo.server_addr.v4.into(), 7100);
     let state = d1.path().join("socket.json");
     let mut serve = s1.command(bin_path("vnat-repair").to_str().unwrap());
-    serve.args(["serve", "--listen", &server.to_string(), "--state", state.to_str().unwrap()]);
+    serve.args([
+        "serve",
+        "--listen",
+        &server.to_string(),
+        "--state",
+        state.to_str().unwrap(),
+    ]);
     let mut serve = Proc::spawn(serve);
     serve.expect("ready");
 
-    let mut cmd = StreamOptions::tcp(server).rate(200_000).command(&topo.laptop);
+    let mut cmd = StreamOptions::tcp(server)
+        .rate(200_000)
+        .command(&topo.laptop);
     lap.cgroup.join_on_spawn(&mut cmd);
     let client = StreamClient::from_command(cmd);
     let before = client.wait_verified_at_least(50_000, Duration::from_secs(10));
@@ -97,10 +127,20 @@ fn server_process_migrates_to_another_host_with_tcp_repair() {
 
     // Checkpoint on the first server: vnat state first, then the socket.
     let export = d1.path().join("conns.json");
-    let out = vnatctl(&s1d, &["export", "--all", "--output", export.to_str().unwrap()]);
-    assert!(out.status.success(), "export failed: {}", String::from_utf8_lossy(&out.stderr));
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(serve.child.id() as i32), nix::sys::signal::Signal::SIGUSR1)
-        .expect("signalling vnat-repair");
+    let out = vnatctl(
+        &s1d,
+        &["export", "--all", "--output", export.to_str().unwrap()],
+    );
+    assert!(
+        out.status.success(),
+        "export failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(serve.child.id() as i32),
+        nix::sys::signal::Signal::SIGUSR1,
+    )
+    .expect("signalling vnat-repair");
     serve.expect("checkpointed");
     let at_checkpoint = client.latest().expect("status").verified;
     // The old host disappears from the network, then the frozen process
@@ -112,17 +152,27 @@ fn server_process_migrates_to_another_host_with_tcp_repair() {
     // Restore on the second server: vnat state first (it puts the
     // connection's address in place), then the socket.
     let out = vnatctl(&s2d, &["import", export.to_str().unwrap()]);
-    assert!(out.status.success(), "import failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "import failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let mut restore = s2.command(bin_path("vnat-repair").to_str().unwrap());
     restore.args(["restore", "--state", state.to_str().unwrap()]);
     let mut restored = Proc::spawn(restore);
     restored.expect("ready");
 
     let after = client.wait_verified_at_least(at_checkpoint + 100_000, Duration::from_secs(30));
-    let ls = lapd.ctl(&["ls", "--state", "translated"]).expect("client vnatd unreachable");
+    let ls = lapd
+        .ctl(&["ls", "--state", "translated"])
+        .expect("client vnatd unreachable");
     let new_server = SocketAddr::new(new_host.addr.v4.into(), server.port());
     assert!(
-        ls.as_array().unwrap().iter().any(|r| r["virtual_remote"] == server.to_string() && r["physical_remote"] == new_server.to_string()),
+        ls.as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["virtual_remote"] == server.to_string()
+                && r["physical_remote"] == new_server.to_string()),
         "the client does not translate to the new server host: {ls}"
     );
     let fin = client.stop();

@@ -16,7 +16,11 @@ use std::{
 use vnat_daemon::datapath::{Datapath, Proto};
 use vnat_tests::{EchoServer, SameLink, StreamClient, StreamOptions};
 
-fn wait_gone(host: &Host, what: &str, pred: impl Fn(&vnat_daemon::datapath::ConnectionInfo) -> bool + Send + Sync + Copy) {
+fn wait_gone(
+    host: &Host,
+    what: &str,
+    pred: impl Fn(&vnat_daemon::datapath::ConnectionInfo) -> bool + Send + Sync + Copy,
+) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while host.datapath(move |dp| dp.connections().unwrap().iter().any(pred)) {
         assert!(Instant::now() < deadline, "{what} was never removed");
@@ -40,15 +44,23 @@ fn tcp_recorded_only_in_enabled_cgroup_and_removed_on_close() {
     let _echo = EchoServer::tcp(&topo.server, server);
 
     let inside = {
-        let mut cmd = StreamOptions::tcp(server).rate(50_000).command(&topo.laptop);
+        let mut cmd = StreamOptions::tcp(server)
+            .rate(50_000)
+            .command(&topo.laptop);
         lap.cgroup.join_on_spawn(&mut cmd);
         StreamClient::from_command(cmd)
     };
     let outside = StreamClient::spawn(&topo.laptop, &StreamOptions::tcp(server).rate(50_000));
-    let in_local = inside.wait_verified_at_least(1_000, Duration::from_secs(10)).local;
-    let out_local = outside.wait_verified_at_least(1_000, Duration::from_secs(10)).local;
+    let in_local = inside
+        .wait_verified_at_least(1_000, Duration::from_secs(10))
+        .local;
+    let out_local = outside
+        .wait_verified_at_least(1_000, Duration::from_secs(10))
+        .local;
 
-    let c = lap.wait_connection("the client in the enabled cgroup", |c| c.virtual_remote == server);
+    let c = lap.wait_connection("the client in the enabled cgroup", |c| {
+        c.virtual_remote == server
+    });
     assert_eq!(c.virtual_local.to_string(), in_local);
     assert_eq!(c.proto, Proto::Tcp);
     assert_eq!(c.cgroup_id, lap.cgroup.id(), "recorded cgroup id");
@@ -60,11 +72,17 @@ fn tcp_recorded_only_in_enabled_cgroup_and_removed_on_close() {
         all.iter().all(|c| c.virtual_local.to_string() != out_local),
         "a connection of a process outside the enabled cgroup was recorded: {all:?}"
     );
-    assert_eq!(all.len(), 1, "exactly the one connection is recorded: {all:?}");
+    assert_eq!(
+        all.len(),
+        1,
+        "exactly the one connection is recorded: {all:?}"
+    );
 
     let recorded_before = lap.counter("sockops_recorded");
     inside.stop();
-    wait_gone(&lap, "the closed connection", move |c| c.virtual_remote == server);
+    wait_gone(&lap, "the closed connection", move |c| {
+        c.virtual_remote == server
+    });
     assert!(lap.counter("sockops_removed") >= 1);
     assert_eq!(lap.counter("sockops_recorded"), recorded_before);
     outside.stop();
@@ -78,16 +96,24 @@ fn tcp_passive_connections_are_recorded() {
     let srv = Host::new(&topo.server, "recpas");
     let server = SocketAddr::new(topo.server_addr.v6().into(), 7002);
     let mut cmd = srv.command("socat");
-    cmd.args([format!("TCP6-LISTEN:{},reuseaddr,fork", server.port()), "EXEC:cat".into()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
+    cmd.args([
+        format!("TCP6-LISTEN:{},reuseaddr,fork", server.port()),
+        "EXEC:cat".into(),
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
     let socat = Kill(cmd.spawn().expect("starting socat"));
     std::thread::sleep(Duration::from_millis(300));
     let client = StreamClient::spawn(&topo.laptop, &StreamOptions::tcp(server).rate(50_000));
-    let local = client.wait_verified_at_least(1_000, Duration::from_secs(10)).local;
+    let local = client
+        .wait_verified_at_least(1_000, Duration::from_secs(10))
+        .local;
     let c = srv.wait_connection("the accepted connection", |c| c.virtual_local == server);
     assert_eq!(c.virtual_remote.to_string(), local);
-    assert!(c.pid.is_some(), "the owner of an accepted socket is found: {c:?}");
+    assert!(
+        c.pid.is_some(),
+        "the owner of an accepted socket is found: {c:?}"
+    );
     assert_eq!(c.command.as_deref(), Some("socat"));
     client.stop();
     drop(socat);
@@ -96,17 +122,29 @@ fn tcp_passive_connections_are_recorded() {
 fn udp_flow_recorded(ipv6: bool, connected: bool, tag: &str) {
     let topo = SameLink::new(tag, ipv6);
     let lap = Host::new(&topo.laptop, tag);
-    let ip = if ipv6 { topo.server_addr.v6().into() } else { topo.server_addr.v4.into() };
+    let ip = if ipv6 {
+        topo.server_addr.v6().into()
+    } else {
+        topo.server_addr.v4.into()
+    };
     let server = SocketAddr::new(ip, 7003);
     let _echo = EchoServer::udp(&topo.server, server);
     let fam = if ipv6 { "UDP6" } else { "UDP4" };
     // socat's UDP-SENDTO sends with sendto() on an unconnected socket;
     // UDP-CONNECT calls connect() first (before the kernel picks a port).
-    let target = if connected { format!("{fam}-CONNECT:{server}") } else { format!("{fam}-SENDTO:{server}") };
+    let target = if connected {
+        format!("{fam}-CONNECT:{server}")
+    } else {
+        format!("{fam}-SENDTO:{server}")
+    };
     let mut cmd = lap.command("socat");
-    cmd.args(["-u", "EXEC:yes", &target]).stdout(Stdio::null()).stderr(Stdio::null());
+    cmd.args(["-u", "EXEC:yes", &target])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
     let _sender = Kill(cmd.spawn().expect("starting socat"));
-    let c = lap.wait_connection("the UDP flow", |c| c.proto == Proto::Udp && c.virtual_remote == server);
+    let c = lap.wait_connection("the UDP flow", |c| {
+        c.proto == Proto::Udp && c.virtual_remote == server
+    });
     assert_ne!(c.virtual_local.port(), 0);
     assert_eq!(c.cgroup_id, lap.cgroup.id());
     assert!(lap.counter("udp_recorded") >= u64::from(!connected));
@@ -142,19 +180,31 @@ fn each_namespace_records_only_its_own_sockets() {
     let srv = Host::new(&topo.server, "recnss");
     // The server's datapath is enabled on the laptop's cgroup too.
     let shared = lap.cgroup.path().to_path_buf();
-    let opts = vnat_daemon::datapath::kernel::KernelOptions { bpffs: srv.pins.path().to_path_buf(), cgroups: vec![shared] };
-    topo.server.run_in(move || vnat_daemon::datapath::kernel::KernelDatapath::open(&opts).map(|_| ()))
+    let opts = vnat_daemon::datapath::kernel::KernelOptions {
+        bpffs: srv.pins.path().to_path_buf(),
+        cgroups: vec![shared],
+    };
+    topo.server
+        .run_in(move || vnat_daemon::datapath::kernel::KernelDatapath::open(&opts).map(|_| ()))
         .unwrap_or_else(|e| panic!("enabling the shared cgroup on the server: {e}"));
 
     let server = SocketAddr::new(topo.server_addr.v4.into(), 7004);
     let _echo = EchoServer::tcp(&topo.server, server);
-    let mut cmd = StreamOptions::tcp(server).rate(50_000).command(&topo.laptop);
+    let mut cmd = StreamOptions::tcp(server)
+        .rate(50_000)
+        .command(&topo.laptop);
     lap.cgroup.join_on_spawn(&mut cmd);
     let client = StreamClient::from_command(cmd);
     client.wait_verified_at_least(1_000, Duration::from_secs(10));
     lap.wait_connection("the laptop's connection", |c| c.virtual_remote == server);
     let on_server = srv.connections(Proto::Tcp);
-    assert!(on_server.is_empty(), "the server's datapath claimed a laptop socket: {on_server:?}");
-    assert!(srv.counter("other_netns") >= 1, "the foreign socket was not counted as ignored");
+    assert!(
+        on_server.is_empty(),
+        "the server's datapath claimed a laptop socket: {on_server:?}"
+    );
+    assert!(
+        srv.counter("other_netns") >= 1,
+        "the foreign socket was not counted as ignored"
+    );
     client.stop();
 }

@@ -40,17 +40,23 @@ fn keygen(path: &Path) {
         .arg(path)
         .output()
         .expect("running ssh-keygen");
-    assert!(out.status.success(), "ssh-keygen failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "ssh-keygen failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// sshd with a generated host key and config, accepting root with the
 /// generated client key only, in `srv`'s namespace and cgroup (so the
 /// server's vnatd records the accepted connection).
 fn sshd(srv: &Host, dir: &Path, addr: SocketAddr) -> Group {
-    fs::create_dir_all("/run/sshd").expect("creating /run/sshd (sshd's privilege separation directory)");
+    fs::create_dir_all("/run/sshd")
+        .expect("creating /run/sshd (sshd's privilege separation directory)");
     keygen(&dir.join("host_key"));
     keygen(&dir.join("client_key"));
-    fs::copy(dir.join("client_key.pub"), dir.join("authorized_keys")).expect("writing authorized_keys");
+    fs::copy(dir.join("client_key.pub"), dir.join("authorized_keys"))
+        .expect("writing authorized_keys");
     let config = format!(
         "Port {port}\nListenAddress {ip}\nHostKey {d}/host_key\nAuthorizedKeysFile {d}/authorized_keys\n\
          PidFile {d}/sshd.pid\nUsePAM no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n\
@@ -63,19 +69,28 @@ fn sshd(srv: &Host, dir: &Path, addr: SocketAddr) -> Group {
     let log = fs::File::create(dir.join("sshd.log")).expect("creating sshd.log");
     let mut cmd = srv.command("/usr/sbin/sshd");
     cmd.args(["-D", "-e", "-f"]).arg(dir.join("sshd_config"));
-    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log).process_group(0);
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .process_group(0);
     let mut child = Group(cmd.spawn().expect("starting sshd"));
     let filter = format!("sport = :{}", addr.port());
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         if let Ok(Some(st)) = child.0.try_wait() {
-            panic!("sshd exited at once ({st}): {}", fs::read_to_string(dir.join("sshd.log")).unwrap_or_default());
+            panic!(
+                "sshd exited at once ({st}): {}",
+                fs::read_to_string(dir.join("sshd.log")).unwrap_or_default()
+            );
         }
         let out = srv.ns.try_run(&["ss", "-H", "-ltn", &filter]);
         if !out.stdout.iter().all(u8::is_ascii_whitespace) {
             return child;
         }
-        assert!(Instant::now() < deadline, "sshd is not listening on {addr} after 10 s");
+        assert!(
+            Instant::now() < deadline,
+            "sshd is not listening on {addr} after 10 s"
+        );
         thread::sleep(Duration::from_millis(50));
     }
 }
@@ -102,8 +117,14 @@ impl Session {
         ] {
             cmd.args(["-o", o]);
         }
-        cmd.args(["-p", &server.port().to_string(), &format!("root@{}", server.ip())]);
-        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.args([
+            "-p",
+            &server.port().to_string(),
+            &format!("root@{}", server.ip()),
+        ]);
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("starting ssh");
         let stdin = child.stdin.take().expect("piped stdin");
         let out = Arc::new(Mutex::new(String::new()));
@@ -118,22 +139,34 @@ impl Session {
                     if n == 0 {
                         break;
                     }
-                    o.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+                    o.lock()
+                        .unwrap()
+                        .push_str(&String::from_utf8_lossy(&buf[..n]));
                 }
             });
         }
-        Session { child, stdin, out, seen: 0 }
+        Session {
+            child,
+            stdin,
+            out,
+            seen: 0,
+        }
     }
 
     fn send(&mut self, line: &str) {
         self.assert_alive("before sending a command");
-        self.stdin.write_all(format!("{line}\n").as_bytes()).expect("writing to ssh");
+        self.stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .expect("writing to ssh");
         self.stdin.flush().expect("flushing ssh's stdin");
     }
 
     fn assert_alive(&mut self, when: &str) {
         if let Some(st) = self.child.try_wait().expect("checking ssh") {
-            panic!("ssh exited ({st}) {when}; its output:\n{}", self.out.lock().unwrap());
+            panic!(
+                "ssh exited ({st}) {when}; its output:\n{}",
+                self.out.lock().unwrap()
+            );
         }
     }
 
@@ -153,7 +186,10 @@ impl Session {
             }
             self.assert_alive(&format!("while waiting for {needle:?}"));
             if Instant::now() > deadline {
-                panic!("no {needle:?} from ssh within {timeout:?}; output so far:\n{}", self.out.lock().unwrap());
+                panic!(
+                    "no {needle:?} from ssh within {timeout:?}; output so far:\n{}",
+                    self.out.lock().unwrap()
+                );
             }
             thread::sleep(Duration::from_millis(20));
         }
@@ -164,7 +200,11 @@ impl Session {
         let deadline = Instant::now() + timeout;
         while !self.out.lock().unwrap()[self.seen..].contains(needle) {
             self.assert_alive(&format!("while waiting for {needle:?}"));
-            assert!(Instant::now() < deadline, "no {needle:?} from ssh within {timeout:?}; output so far:\n{}", self.out.lock().unwrap());
+            assert!(
+                Instant::now() < deadline,
+                "no {needle:?} from ssh within {timeout:?}; output so far:\n{}",
+                self.out.lock().unwrap()
+            );
             thread::sleep(Duration::from_millis(20));
         }
     }
@@ -192,14 +232,25 @@ impl Drop for Session {
 fn wait_paired(dir: &TempDir, what: &str) {
     let peers = dir.path().join("state").join("peers.json");
     let deadline = Instant::now() + Duration::from_secs(15);
-    while !fs::read_to_string(&peers).map(|s| s.len() > 4).unwrap_or(false) {
-        assert!(Instant::now() < deadline, "{what} never paired with its peer");
+    while !fs::read_to_string(&peers)
+        .map(|s| s.len() > 4)
+        .unwrap_or(false)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "{what} never paired with its peer"
+        );
         thread::sleep(Duration::from_millis(100));
     }
 }
 
 /// Wait until `d` lists a connection matching `pred` (in `ls --json`).
-fn wait_row(d: &Vnatd, args: &[&str], what: &str, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+fn wait_row(
+    d: &Vnatd,
+    args: &[&str],
+    what: &str,
+    pred: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let ls = d.ctl(args).expect("vnatd unreachable");
@@ -217,7 +268,11 @@ fn interactive_ssh_session_survives_the_laptops_move() {
     let topo = LaptopRouterServer::builder().tag(tag).build();
     let lap = Host::new(&topo.laptop, &format!("{tag}l"));
     let srv = Host::new(&topo.server, &format!("{tag}s"));
-    let (ldir, sdir, keys) = (TempDir::new(&format!("{tag}l")), TempDir::new(&format!("{tag}s")), TempDir::new(&format!("{tag}k")));
+    let (ldir, sdir, keys) = (
+        TempDir::new(&format!("{tag}l")),
+        TempDir::new(&format!("{tag}s")),
+        TempDir::new(&format!("{tag}k")),
+    );
     let server = SocketAddr::new(topo.server_addr.v4.into(), SSH_PORT);
     let _sshd = sshd(&srv, keys.path(), server);
     let lapd = Vnatd::start(&lap, ldir.path());
@@ -233,16 +288,26 @@ fn interactive_ssh_session_survives_the_laptops_move() {
     eprintln!("ssh: SSH_CONNECTION before the move: {conn_before}");
     let f: Vec<&str> = conn_before.split(' ').collect();
     assert_eq!(f.len(), 4, "unexpected SSH_CONNECTION {conn_before:?}");
-    assert_eq!(f[0], topo.laptop_a_addr.v4.to_string(), "the client address seen by sshd");
+    assert_eq!(
+        f[0],
+        topo.laptop_a_addr.v4.to_string(),
+        "the client address seen by sshd"
+    );
     let client_virtual = format!("{}:{}", f[0], f[1]);
     wait_paired(&ldir, "the laptop's vnatd");
     wait_paired(&sdir, "the server's vnatd");
-    wait_row(&lapd, &["ls"], "the laptop's vnatd does not list the ssh connection", |r| {
-        r["virtual_local"] == client_virtual && r["virtual_remote"] == server.to_string()
-    });
-    wait_row(&srvd, &["ls"], "the server's vnatd does not list the ssh connection", |r| {
-        r["virtual_local"] == server.to_string() && r["virtual_remote"] == client_virtual
-    });
+    wait_row(
+        &lapd,
+        &["ls"],
+        "the laptop's vnatd does not list the ssh connection",
+        |r| r["virtual_local"] == client_virtual && r["virtual_remote"] == server.to_string(),
+    );
+    wait_row(
+        &srvd,
+        &["ls"],
+        "the server's vnatd does not list the ssh connection",
+        |r| r["virtual_local"] == server.to_string() && r["virtual_remote"] == client_virtual,
+    );
     // Let both daemons derive the connection's keys.
     thread::sleep(Duration::from_secs(2));
 
@@ -254,7 +319,10 @@ fn interactive_ssh_session_survives_the_laptops_move() {
     let t0 = Instant::now();
     topo.move_laptop_to_b();
     let streamed = ssh.expect("DONE-81", Duration::from_secs(90));
-    eprintln!("ssh: the streamed output finished {:?} after the move", t0.elapsed());
+    eprintln!(
+        "ssh: the streamed output finished {:?} after the move",
+        t0.elapsed()
+    );
     let got: Vec<String> = streamed
         .replace('\r', "")
         .lines()
@@ -262,24 +330,39 @@ fn interactive_ssh_session_survives_the_laptops_move() {
         .map(str::to_string)
         .collect();
     let want: Vec<String> = (1..=LINES).map(|i| format!("L{i}={}", i * 7919)).collect();
-    assert_eq!(got, want, "the remote output during the move is not byte-exact");
+    assert_eq!(
+        got, want,
+        "the remote output during the move is not byte-exact"
+    );
 
     // The same ssh process, the same TCP connection: sshd still sees the
     // laptop's virtual address and port.
     let conn_after = ssh.ssh_connection(2);
     eprintln!("ssh: SSH_CONNECTION after the move: {conn_after}");
-    assert_eq!(conn_after, conn_before, "sshd sees another connection after the move");
+    assert_eq!(
+        conn_after, conn_before,
+        "sshd sees another connection after the move"
+    );
     let new_local = format!("{}:{}", topo.laptop_b_addr.v4, f[1]);
-    wait_row(&lapd, &["ls", "--state", "translated"], "the laptop's vnatd does not translate the ssh connection", |r| {
-        r["virtual_local"] == client_virtual && r["physical_local"] == new_local
-    });
-    wait_row(&srvd, &["ls", "--state", "translated"], "the server's vnatd does not translate to the laptop's new address", |r| {
-        r["virtual_remote"] == client_virtual && r["physical_remote"] == new_local
-    });
+    wait_row(
+        &lapd,
+        &["ls", "--state", "translated"],
+        "the laptop's vnatd does not translate the ssh connection",
+        |r| r["virtual_local"] == client_virtual && r["physical_local"] == new_local,
+    );
+    wait_row(
+        &srvd,
+        &["ls", "--state", "translated"],
+        "the server's vnatd does not translate to the laptop's new address",
+        |r| r["virtual_remote"] == client_virtual && r["physical_remote"] == new_local,
+    );
     // Some interactive back and forth after the move.
     for n in 0..5u32 {
         ssh.send(&format!("echo after-$(({n}*1000+7))-marker"));
-        ssh.expect(&format!("after-{}-marker", n * 1000 + 7), Duration::from_secs(10));
+        ssh.expect(
+            &format!("after-{}-marker", n * 1000 + 7),
+            Duration::from_secs(10),
+        );
     }
     ssh.send("exit 0");
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -290,5 +373,9 @@ fn interactive_ssh_session_survives_the_laptops_move() {
         assert!(Instant::now() < deadline, "ssh did not exit after `exit 0`");
         thread::sleep(Duration::from_millis(50));
     };
-    assert!(status.success(), "ssh exited with {status}; output:\n{}", ssh.out.lock().unwrap());
+    assert!(
+        status.success(),
+        "ssh exited with {status}; output:\n{}",
+        ssh.out.lock().unwrap()
+    );
 }

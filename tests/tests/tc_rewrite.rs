@@ -22,33 +22,56 @@ struct Fixture {
 
 fn fixture(tag: &str) -> Fixture {
     let pins = BpffsDir::new(tag);
-    let dp = KernelDatapath::open(&KernelOptions { bpffs: pins.path().to_path_buf(), cgroups: vec![] })
-        .unwrap_or_else(|e| panic!("opening the kernel datapath: {e}"));
+    let dp = KernelDatapath::open(&KernelOptions {
+        bpffs: pins.path().to_path_buf(),
+        cgroups: vec![],
+    })
+    .unwrap_or_else(|e| panic!("opening the kernel datapath: {e}"));
     Fixture { dp, _pins: pins }
 }
 
 fn translation(proto: Proto, vl: &str, vr: &str, pl: &str, pr: &str) -> Translation {
     Translation {
-        flow: VirtualFlow { proto, local: vl.parse().unwrap(), remote: vr.parse().unwrap() },
+        flow: VirtualFlow {
+            proto,
+            local: vl.parse().unwrap(),
+            remote: vr.parse().unwrap(),
+        },
         physical_local: pl.parse().unwrap(),
         physical_remote: pr.parse().unwrap(),
     }
 }
 
 fn counter(dp: &KernelDatapath, name: &str) -> u64 {
-    dp.counters().unwrap().into_iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("no counter {name}")).1
+    dp.counters()
+        .unwrap()
+        .into_iter()
+        .find(|(n, _)| n == name)
+        .unwrap_or_else(|| panic!("no counter {name}"))
+        .1
 }
 
 fn run(dp: &KernelDatapath, egress: bool, frame: &[u8]) -> testrun::TestRun {
-    testrun::run(dp.tc_program_fd(egress).unwrap(), frame).unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN failed: {e}"))
+    testrun::run(dp.tc_program_fd(egress).unwrap(), frame)
+        .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN failed: {e}"))
 }
 
 /// Install `t`, send `spec` through egress (or ingress) and return the parsed
 /// result after checking checksums and the verdict.
-fn translate(f: &mut Fixture, t: &Translation, egress: bool, spec: &Spec, flags: u32) -> support::packet::Parsed {
+fn translate(
+    f: &mut Fixture,
+    t: &Translation,
+    egress: bool,
+    spec: &Spec,
+    flags: u32,
+) -> support::packet::Parsed {
     f.dp.insert_nat_pair(&pair_for(t, 1, flags)).unwrap();
     let out = run(&f.dp, egress, &spec.frame());
-    let want = if flags & vnat_common::NAT_F_REDIRECT != 0 { TC_ACT_REDIRECT } else { TC_ACT_OK };
+    let want = if flags & vnat_common::NAT_F_REDIRECT != 0 {
+        TC_ACT_REDIRECT
+    } else {
+        TC_ACT_OK
+    };
     assert_eq!(out.verdict, want, "verdict");
     let p = parse_checked(&out.packet);
     assert_eq!(p.payload, spec.payload, "payload changed");
@@ -58,9 +81,21 @@ fn translate(f: &mut Fixture, t: &Translation, egress: bool, spec: &Spec, flags:
 #[test]
 fn ipv4_tcp_egress_rewrites_source_of_moved_laptop() {
     let mut f = fixture("tc-v4tcp");
-    let t = translation(Proto::Tcp, "198.18.1.2:40000", "198.18.3.2:5001", "198.18.2.2:40000", "198.18.3.2:5001");
+    let t = translation(
+        Proto::Tcp,
+        "198.18.1.2:40000",
+        "198.18.3.2:5001",
+        "198.18.2.2:40000",
+        "198.18.3.2:5001",
+    );
     let before = counter(&f.dp, "egress_translated");
-    let p = translate(&mut f, &t, true, &Spec::tcp("198.18.1.2:40000", "198.18.3.2:5001"), 0);
+    let p = translate(
+        &mut f,
+        &t,
+        true,
+        &Spec::tcp("198.18.1.2:40000", "198.18.3.2:5001"),
+        0,
+    );
     assert_eq!((p.src, p.dst), (t.physical_local, t.physical_remote));
     assert_eq!(counter(&f.dp, "egress_translated"), before + 1);
 }
@@ -68,7 +103,13 @@ fn ipv4_tcp_egress_rewrites_source_of_moved_laptop() {
 #[test]
 fn ipv4_with_options_udp_ingress_restores_virtual_endpoints() {
     let mut f = fixture("tc-v4opt");
-    let t = translation(Proto::Udp, "198.18.1.2:5353", "198.18.3.2:53", "198.18.2.7:6000", "198.18.3.2:53");
+    let t = translation(
+        Proto::Udp,
+        "198.18.1.2:5353",
+        "198.18.3.2:53",
+        "198.18.2.7:6000",
+        "198.18.3.2:53",
+    );
     let mut spec = Spec::udp("198.18.3.2:53", "198.18.2.7:6000");
     // IHL 8: 12 bytes of options (NOPs and an end-of-list) move the UDP header.
     spec.ip_options = vec![1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0];
@@ -87,17 +128,41 @@ fn ipv6_tcp_both_ends_moved_with_new_ports() {
         "[fd00:5e:2::2]:41000",
         "[fd00:5e:4::9]:2222",
     );
-    let p = translate(&mut f, &t, true, &Spec::tcp("[fd00:5e:1::2]:40000", "[fd00:5e:3::2]:22"), 0);
+    let p = translate(
+        &mut f,
+        &t,
+        true,
+        &Spec::tcp("[fd00:5e:1::2]:40000", "[fd00:5e:3::2]:22"),
+        0,
+    );
     assert_eq!((p.src, p.dst), (t.physical_local, t.physical_remote));
-    let back = translate(&mut f, &t, false, &Spec::tcp("[fd00:5e:4::9]:2222", "[fd00:5e:2::2]:41000"), 0);
+    let back = translate(
+        &mut f,
+        &t,
+        false,
+        &Spec::tcp("[fd00:5e:4::9]:2222", "[fd00:5e:2::2]:41000"),
+        0,
+    );
     assert_eq!((back.src, back.dst), (t.flow.remote, t.flow.local));
 }
 
 #[test]
 fn ipv6_udp_egress() {
     let mut f = fixture("tc-v6udp");
-    let t = translation(Proto::Udp, "[fd00:5e:1::2]:9000", "[fd00:5e:3::2]:9001", "[fd00:5e:2::2]:9000", "[fd00:5e:3::2]:9001");
-    let p = translate(&mut f, &t, true, &Spec::udp("[fd00:5e:1::2]:9000", "[fd00:5e:3::2]:9001"), 0);
+    let t = translation(
+        Proto::Udp,
+        "[fd00:5e:1::2]:9000",
+        "[fd00:5e:3::2]:9001",
+        "[fd00:5e:2::2]:9000",
+        "[fd00:5e:3::2]:9001",
+    );
+    let p = translate(
+        &mut f,
+        &t,
+        true,
+        &Spec::udp("[fd00:5e:1::2]:9000", "[fd00:5e:3::2]:9001"),
+        0,
+    );
     assert_eq!((p.src, p.dst), (t.physical_local, t.physical_remote));
     assert!(!p.udp_csum_zero);
 }
@@ -105,18 +170,33 @@ fn ipv6_udp_egress() {
 #[test]
 fn udpv4_zero_checksum_stays_zero() {
     let mut f = fixture("tc-udp0");
-    let t = translation(Proto::Udp, "198.18.1.2:9000", "198.18.3.2:9001", "198.18.2.2:9100", "198.18.3.2:9001");
+    let t = translation(
+        Proto::Udp,
+        "198.18.1.2:9000",
+        "198.18.3.2:9001",
+        "198.18.2.2:9100",
+        "198.18.3.2:9001",
+    );
     let mut spec = Spec::udp("198.18.1.2:9000", "198.18.3.2:9001");
     spec.udp_zero_csum = true;
     let p = translate(&mut f, &t, true, &spec, 0);
     assert_eq!((p.src, p.dst), (t.physical_local, t.physical_remote));
-    assert!(p.udp_csum_zero, "a UDPv4 datagram without checksum must keep checksum 0");
+    assert!(
+        p.udp_csum_zero,
+        "a UDPv4 datagram without checksum must keep checksum 0"
+    );
 }
 
 #[test]
 fn non_matching_packets_are_untouched_and_not_counted() {
     let mut f = fixture("tc-nomatch");
-    let t = translation(Proto::Tcp, "198.18.1.2:40000", "198.18.3.2:5001", "198.18.2.2:40000", "198.18.3.2:5001");
+    let t = translation(
+        Proto::Tcp,
+        "198.18.1.2:40000",
+        "198.18.3.2:5001",
+        "198.18.2.2:40000",
+        "198.18.3.2:5001",
+    );
     f.dp.insert_nat_pair(&pair_for(&t, 1, 0)).unwrap();
     let others = [
         Spec::tcp("198.18.1.2:40001", "198.18.3.2:5001"), // other port
@@ -128,7 +208,10 @@ fn non_matching_packets_are_untouched_and_not_counted() {
         let frame = spec.frame();
         let out = run(&f.dp, true, &frame);
         assert_eq!(out.verdict, TC_ACT_OK);
-        assert_eq!(out.packet, frame, "a packet of another flow was modified: {spec:?}");
+        assert_eq!(
+            out.packet, frame,
+            "a packet of another flow was modified: {spec:?}"
+        );
     }
     // An ARP frame and a truncated IPv4/TCP frame pass untouched too.
     let arp = [vec![0xff; 6], vec![2; 6], vec![0x08, 0x06], vec![0; 28]].concat();
@@ -143,7 +226,13 @@ fn non_matching_packets_are_untouched_and_not_counted() {
 #[test]
 fn non_first_fragment_passes_and_is_counted() {
     let mut f = fixture("tc-frag");
-    let t = translation(Proto::Udp, "198.18.1.2:9000", "198.18.3.2:9001", "198.18.2.2:9000", "198.18.3.2:9001");
+    let t = translation(
+        Proto::Udp,
+        "198.18.1.2:9000",
+        "198.18.3.2:9001",
+        "198.18.2.2:9000",
+        "198.18.3.2:9001",
+    );
     f.dp.insert_nat_pair(&pair_for(&t, 1, 0)).unwrap();
     let mut spec = Spec::udp("198.18.1.2:9000", "198.18.3.2:9001");
     spec.frag_offset = 185; // 1480 bytes in
@@ -158,8 +247,20 @@ fn non_first_fragment_passes_and_is_counted() {
 #[test]
 fn redirect_flag_returns_redirect_verdict_and_counts_it() {
     let mut f = fixture("tc-redir");
-    let t = translation(Proto::Tcp, "198.18.3.2:5001", "198.18.1.2:40000", "198.18.3.2:5001", "198.18.2.2:40000");
-    let p = translate(&mut f, &t, true, &Spec::tcp("198.18.3.2:5001", "198.18.1.2:40000"), vnat_common::NAT_F_REDIRECT);
+    let t = translation(
+        Proto::Tcp,
+        "198.18.3.2:5001",
+        "198.18.1.2:40000",
+        "198.18.3.2:5001",
+        "198.18.2.2:40000",
+    );
+    let p = translate(
+        &mut f,
+        &t,
+        true,
+        &Spec::tcp("198.18.3.2:5001", "198.18.1.2:40000"),
+        vnat_common::NAT_F_REDIRECT,
+    );
     assert_eq!(p.dst, t.physical_remote);
     assert_eq!(counter(&f.dp, "egress_redirected"), 1);
     assert_eq!(counter(&f.dp, "egress_translated"), 1);
@@ -175,14 +276,31 @@ fn translations_survive_reopen_from_pins() {
 
 fn reopen_body() {
     let pins = BpffsDir::new("tc-reopen");
-    let opts = KernelOptions { bpffs: pins.path().to_path_buf(), cgroups: vec![] };
-    let t = translation(Proto::Tcp, "198.18.1.2:40000", "198.18.3.2:5001", "198.18.2.2:40000", "198.18.3.2:5001");
+    let opts = KernelOptions {
+        bpffs: pins.path().to_path_buf(),
+        cgroups: vec![],
+    };
+    let t = translation(
+        Proto::Tcp,
+        "198.18.1.2:40000",
+        "198.18.3.2:5001",
+        "198.18.2.2:40000",
+        "198.18.3.2:5001",
+    );
     {
         let mut dp = KernelDatapath::open(&opts).unwrap();
         dp.insert_nat_pair(&pair_for(&t, 1, 0)).unwrap();
     }
     let dp = KernelDatapath::open(&opts).unwrap();
-    assert_eq!(dp.translations().unwrap(), vec![t], "the pinned NAT entries were not reused");
-    let out = run(&dp, true, &Spec::tcp("198.18.1.2:40000", "198.18.3.2:5001").frame());
+    assert_eq!(
+        dp.translations().unwrap(),
+        vec![t],
+        "the pinned NAT entries were not reused"
+    );
+    let out = run(
+        &dp,
+        true,
+        &Spec::tcp("198.18.1.2:40000", "198.18.3.2:5001").frame(),
+    );
     assert_eq!(parse_checked(&out.packet).src, t.physical_local);
 }

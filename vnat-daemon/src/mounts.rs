@@ -36,7 +36,6 @@ fn unescape(field: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-
 /// The cgroup2 mount point of this mount namespace, if any.
 pub fn cgroup2_mount() -> Option<PathBuf> {
     cgroup2_root_in(&std::fs::read_to_string("/proc/self/mounts").ok()?)

@@ -13,8 +13,16 @@ fn example_config_parses_and_states_the_defaults() {
     let path = repo("packaging/vnatd.toml");
     let text = std::fs::read_to_string(&path).expect("packaging/vnatd.toml is missing");
     parse_file(&path, &text).unwrap_or_else(|e| panic!("the example config is refused: {e}"));
-    for key in ["control = \"/run/vnat/vnatd.sock\"", "state_dir = \"/var/lib/vnat\"", "bpffs = \"/sys/fs/bpf/vnat\"", "listen = \"0.0.0.0:2031\""] {
-        assert!(text.contains(key), "the example config does not show the default {key}");
+    for key in [
+        "control = \"/run/vnat/vnatd.sock\"",
+        "state_dir = \"/var/lib/vnat\"",
+        "bpffs = \"/sys/fs/bpf/vnat\"",
+        "listen = \"0.0.0.0:2031\"",
+    ] {
+        assert!(
+            text.contains(key),
+            "the example config does not show the default {key}"
+        );
     }
 }
 

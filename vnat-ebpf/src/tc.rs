@@ -19,8 +19,8 @@ use aya_ebpf::{
 use vnat_common::{
     FlowKey, NatRewrite, AF_INET, AF_INET6, NAT_F_REDIRECT, PROTO_TCP, PROTO_UDP,
     STAT_DROP_CSUM_FAILED, STAT_DROP_REDIRECT_FAILED, STAT_DROP_REWRITE_FAILED,
-    STAT_EGRESS_REDIRECTED, STAT_EGRESS_TRANSLATED, STAT_INGRESS_TRANSLATED,
-    STAT_PASS_FRAGMENT, STAT_PASS_IPV6_EXTHDR, STAT_PASS_TRUNCATED,
+    STAT_EGRESS_REDIRECTED, STAT_EGRESS_TRANSLATED, STAT_INGRESS_TRANSLATED, STAT_PASS_FRAGMENT,
+    STAT_PASS_IPV6_EXTHDR, STAT_PASS_TRUNCATED,
 };
 
 use crate::maps::{count, VNAT_EGRESS_NAT, VNAT_INGRESS_NAT};
@@ -91,12 +91,16 @@ struct Parsed {
 
 #[inline(always)]
 fn try_translate(ctx: &TcContext, dir: Dir) -> Result<i32, Drop> {
-    let Some(p) = parse(ctx) else { return Ok(TC_ACT_OK) };
+    let Some(p) = parse(ctx) else {
+        return Ok(TC_ACT_OK);
+    };
     let map: &HashMap<FlowKey, NatRewrite> = match dir {
         Dir::Egress => &VNAT_EGRESS_NAT,
         Dir::Ingress => &VNAT_INGRESS_NAT,
     };
-    let Some(nat) = (unsafe { map.get(&p.key) }) else { return Ok(TC_ACT_OK) };
+    let Some(nat) = (unsafe { map.get(&p.key) }) else {
+        return Ok(TC_ACT_OK);
+    };
     let nat = *nat;
     rewrite(ctx, &p, &nat)?;
     if dir == Dir::Ingress {
@@ -190,14 +194,58 @@ fn rewrite(ctx: &TcContext, p: &Parsed, nat: &NatRewrite) -> Result<(), Drop> {
     };
     if p.key.family == AF_INET {
         let (sa, da) = (p.l3 + IP4_SADDR_OFF, p.l3 + IP4_DADDR_OFF);
-        addr4(ctx, p.l3, sa, csum_off, mangled, p.key.src_addr_be[0], nat.src_addr_be[0])?;
-        addr4(ctx, p.l3, da, csum_off, mangled, p.key.dst_addr_be[0], nat.dst_addr_be[0])?;
+        addr4(
+            ctx,
+            p.l3,
+            sa,
+            csum_off,
+            mangled,
+            p.key.src_addr_be[0],
+            nat.src_addr_be[0],
+        )?;
+        addr4(
+            ctx,
+            p.l3,
+            da,
+            csum_off,
+            mangled,
+            p.key.dst_addr_be[0],
+            nat.dst_addr_be[0],
+        )?;
     } else {
-        addr6(ctx, p.l3 + IP6_SADDR_OFF, csum_off, mangled, &p.key.src_addr_be, &nat.src_addr_be)?;
-        addr6(ctx, p.l3 + IP6_DADDR_OFF, csum_off, mangled, &p.key.dst_addr_be, &nat.dst_addr_be)?;
+        addr6(
+            ctx,
+            p.l3 + IP6_SADDR_OFF,
+            csum_off,
+            mangled,
+            &p.key.src_addr_be,
+            &nat.src_addr_be,
+        )?;
+        addr6(
+            ctx,
+            p.l3 + IP6_DADDR_OFF,
+            csum_off,
+            mangled,
+            &p.key.dst_addr_be,
+            &nat.dst_addr_be,
+        )?;
     }
-    port(ctx, p.l4, csum_off, mangled, p.key.src_port_be, nat.src_port_be)?;
-    port(ctx, p.l4 + 2, csum_off, mangled, p.key.dst_port_be, nat.dst_port_be)?;
+    port(
+        ctx,
+        p.l4,
+        csum_off,
+        mangled,
+        p.key.src_port_be,
+        nat.src_port_be,
+    )?;
+    port(
+        ctx,
+        p.l4 + 2,
+        csum_off,
+        mangled,
+        p.key.dst_port_be,
+        nat.dst_port_be,
+    )?;
     Ok(())
 }
 
@@ -214,11 +262,17 @@ fn addr4(
     if old == new {
         return Ok(());
     }
-    ctx.l4_csum_replace(csum_off, old as u64, new as u64, BPF_F_PSEUDO_HDR | mangled | 4)
-        .map_err(|_| Drop(STAT_DROP_CSUM_FAILED))?;
+    ctx.l4_csum_replace(
+        csum_off,
+        old as u64,
+        new as u64,
+        BPF_F_PSEUDO_HDR | mangled | 4,
+    )
+    .map_err(|_| Drop(STAT_DROP_CSUM_FAILED))?;
     ctx.l3_csum_replace(l3 + IP4_CSUM_OFF, old as u64, new as u64, 4)
         .map_err(|_| Drop(STAT_DROP_CSUM_FAILED))?;
-    ctx.store(off, &new, 0).map_err(|_| Drop(STAT_DROP_REWRITE_FAILED))
+    ctx.store(off, &new, 0)
+        .map_err(|_| Drop(STAT_DROP_REWRITE_FAILED))
 }
 
 #[inline(always)]
@@ -247,7 +301,8 @@ fn addr6(
             .map_err(|_| Drop(STAT_DROP_CSUM_FAILED))?;
         }
     }
-    ctx.store(off, new, 0).map_err(|_| Drop(STAT_DROP_REWRITE_FAILED))
+    ctx.store(off, new, 0)
+        .map_err(|_| Drop(STAT_DROP_REWRITE_FAILED))
 }
 
 #[inline(always)]
@@ -264,5 +319,6 @@ fn port(
     }
     ctx.l4_csum_replace(csum_off, old as u64, new as u64, mangled | 2)
         .map_err(|_| Drop(STAT_DROP_CSUM_FAILED))?;
-    ctx.store(off, &new, 0).map_err(|_| Drop(STAT_DROP_REWRITE_FAILED))
+    ctx.store(off, &new, 0)
+        .map_err(|_| Drop(STAT_DROP_REWRITE_FAILED))
 }

@@ -94,7 +94,10 @@ pub fn vnat_udp_release(ctx: SockContext) -> i32 {
 /// The socket's own 4-tuple (`src` = local). `dst` is zero if unconnected.
 #[inline(always)]
 fn sock_key(sk: *mut bpf_sock) -> Option<FlowKey> {
-    let mut key = FlowKey { proto: PROTO_UDP, ..FlowKey::default() };
+    let mut key = FlowKey {
+        proto: PROTO_UDP,
+        ..FlowKey::default()
+    };
     unsafe {
         match (*sk).family {
             2 => {
@@ -104,8 +107,14 @@ fn sock_key(sk: *mut bpf_sock) -> Option<FlowKey> {
             }
             10 => {
                 key.family = AF_INET6;
-                read_words(core::ptr::addr_of!((*sk).src_ip6) as *const u32, &mut key.src_addr_be);
-                read_words(core::ptr::addr_of!((*sk).dst_ip6) as *const u32, &mut key.dst_addr_be);
+                read_words(
+                    core::ptr::addr_of!((*sk).src_ip6) as *const u32,
+                    &mut key.src_addr_be,
+                );
+                read_words(
+                    core::ptr::addr_of!((*sk).dst_ip6) as *const u32,
+                    &mut key.dst_addr_be,
+                );
             }
             _ => return None,
         }
@@ -149,7 +158,10 @@ fn record(ctx: &SockAddrContext, family: u8, origin: u8) {
         if family == AF_INET {
             key.dst_addr_be = [(*sa).user_ip4, 0, 0, 0];
         } else {
-            read_words(core::ptr::addr_of!((*sa).user_ip6) as *const u32, &mut key.dst_addr_be);
+            read_words(
+                core::ptr::addr_of!((*sa).user_ip6) as *const u32,
+                &mut key.dst_addr_be,
+            );
         }
         key.dst_port_be = (*sa).user_port as u16;
     }

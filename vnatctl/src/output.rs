@@ -234,7 +234,10 @@ impl From<&StatusReply> for StatusJson {
                 translations: d.translations,
                 counters: d.counters.iter().cloned().collect(),
             },
-            vcmp: s.vcmp.as_ref().map(|v| VcmpJson { events: v.events.clone(), rejected: v.rejected.clone() }),
+            vcmp: s.vcmp.as_ref().map(|v| VcmpJson {
+                events: v.events.clone(),
+                rejected: v.rejected.clone(),
+            }),
         }
     }
 }
@@ -321,8 +324,16 @@ pub fn status_text(s: &StatusReply) -> String {
         text.push_str(&table(&["COUNTER", "VALUE"], &rows));
     }
     if let Some(v) = &s.vcmp {
-        let mut rows: Vec<Vec<String>> = v.events.iter().map(|(k, n)| vec![k.clone(), n.to_string()]).collect();
-        rows.extend(v.rejected.iter().map(|(k, n)| vec![format!("rejected: {k}"), n.to_string()]));
+        let mut rows: Vec<Vec<String>> = v
+            .events
+            .iter()
+            .map(|(k, n)| vec![k.clone(), n.to_string()])
+            .collect();
+        rows.extend(
+            v.rejected
+                .iter()
+                .map(|(k, n)| vec![format!("rejected: {k}"), n.to_string()]),
+        );
         text.push('\n');
         if rows.is_empty() {
             text.push_str("no VCMP traffic yet\n");

@@ -231,7 +231,9 @@ fn status() -> StatusReply {
             ],
         },
         vcmp: Some(vnat_daemon::control::VcmpCounters {
-            events: [("datagrams_received".to_string(), 12)].into_iter().collect(),
+            events: [("datagrams_received".to_string(), 12)]
+                .into_iter()
+                .collect(),
             rejected: [("bad_mac".to_string(), 2)].into_iter().collect(),
         }),
     }
@@ -261,8 +263,16 @@ fn status_text_shows_attachments_counts_and_counters() {
         .skip_while(|l| !l.starts_with("VCMP"))
         .map(|l| l.split_whitespace().collect())
         .collect();
-    assert_eq!(vcmp.get(1).map(Vec::as_slice), Some(&["datagrams_received", "12"][..]), "{text}");
-    assert_eq!(vcmp.get(2).map(Vec::as_slice), Some(&["rejected:", "bad_mac", "2"][..]), "{text}");
+    assert_eq!(
+        vcmp.get(1).map(Vec::as_slice),
+        Some(&["datagrams_received", "12"][..]),
+        "{text}"
+    );
+    assert_eq!(
+        vcmp.get(2).map(Vec::as_slice),
+        Some(&["rejected:", "bad_mac", "2"][..]),
+        "{text}"
+    );
     assert_eq!(
         counters[1].split_whitespace().collect::<Vec<_>>(),
         ["tc_rewritten", "1500"]

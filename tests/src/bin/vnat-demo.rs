@@ -16,7 +16,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use vnat_tests::{EchoServer, Family, Host, LaptopRouterServer, StreamClient, StreamOptions, StreamStatus, TempDir, Vnatd};
+use vnat_tests::{
+    EchoServer, Family, Host, LaptopRouterServer, StreamClient, StreamOptions, StreamStatus,
+    TempDir, Vnatd,
+};
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
@@ -38,7 +41,12 @@ to an echo server, moves the laptop from subnet A to subnet B, and shows the
 same connection carrying on. Needs root; run it through `cargo xtask demo`.";
 
 fn parse_args() -> Result<Args, String> {
-    let mut a = Args { family: Family::V4, seconds_before: 3, seconds_after: 3, delay_ms: None };
+    let mut a = Args {
+        family: Family::V4,
+        seconds_before: 3,
+        seconds_after: 3,
+        delay_ms: None,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         let mut num = |name: &str| -> Result<u64, String> {
@@ -70,7 +78,13 @@ fn watch(client: &StreamClient, d: Duration) -> bool {
         }
         std::thread::sleep(Duration::from_millis(500));
         if let Some(s) = client.latest() {
-            println!("    {:>6.1} s  {:>10} bytes echoed and verified   {} -> {}", s.t_ms as f64 / 1000.0, s.verified, s.local, s.remote);
+            println!(
+                "    {:>6.1} s  {:>10} bytes echoed and verified   {} -> {}",
+                s.t_ms as f64 / 1000.0,
+                s.verified,
+                s.local,
+                s.remote
+            );
         }
     }
     true
@@ -100,7 +114,10 @@ fn main() {
 
 fn run(args: &Args) -> i32 {
     let v6 = args.family == Family::V6;
-    println!("Building hosts: laptop, router, server (network namespaces){}", if v6 { ", IPv6" } else { "" });
+    println!(
+        "Building hosts: laptop, router, server (network namespaces){}",
+        if v6 { ", IPv6" } else { "" }
+    );
     let mut b = LaptopRouterServer::builder().tag("demo").ipv6(v6);
     if let Some(ms) = args.delay_ms {
         b = b.delay(Duration::from_millis(ms));
@@ -119,11 +136,16 @@ fn run(args: &Args) -> i32 {
     let srvd = Vnatd::start(&srv, sdir.path());
     println!("  vnatd   running on the laptop and on the server (VCMP on UDP 2031)");
 
-    let mut cmd = StreamOptions::tcp(server).rate(1_000_000).command(&topo.laptop);
+    let mut cmd = StreamOptions::tcp(server)
+        .rate(1_000_000)
+        .command(&topo.laptop);
     lap.cgroup.join_on_spawn(&mut cmd);
     let client = StreamClient::from_command(cmd);
     let first = client.wait_verified_at_least(1, Duration::from_secs(10));
-    println!("\nLive TCP stream {} -> {} (vnat-stream: numbered bytes, every echoed byte checked)", first.local, first.remote);
+    println!(
+        "\nLive TCP stream {} -> {} (vnat-stream: numbered bytes, every echoed byte checked)",
+        first.local, first.remote
+    );
     if !wait_paired(&[&ldir, &sdir]) {
         println!("\nThe two vnatd did not pair within 15 s; see their log lines above.");
         return 1;
@@ -142,7 +164,14 @@ fn run(args: &Args) -> i32 {
     client.wait_verified_at_least(before.verified + 200_000, Duration::from_secs(30));
     let gap_ms = client.latest().map_or(0, |s| s.max_gap_ms);
     println!(">>> handover: the echoes stopped for {gap_ms} ms (the longest gap, measured by the receiving client), then carried on");
-    let new_local = SocketAddr::new(new_ip, first.local.parse::<SocketAddr>().map(|a| a.port()).unwrap_or(0));
+    let new_local = SocketAddr::new(
+        new_ip,
+        first
+            .local
+            .parse::<SocketAddr>()
+            .map(|a| a.port())
+            .unwrap_or(0),
+    );
     wait_translated(&lapd);
     show_ls("laptop", &lapd);
     show_ls("server", &srvd);
@@ -153,17 +182,31 @@ fn run(args: &Args) -> i32 {
     let fin = client.stop();
     println!("\nResult");
     println!("  socket before the move  {}", first.local);
-    println!("  socket after the move   {}  ({})", fin.local, if fin.local == first.local { "the same connection" } else { "A DIFFERENT SOCKET" });
+    println!(
+        "  socket after the move   {}  ({})",
+        fin.local,
+        if fin.local == first.local {
+            "the same connection"
+        } else {
+            "A DIFFERENT SOCKET"
+        }
+    );
     println!("  on the wire after       {new_local} -> {server}");
     println!("  bytes sent / verified   {} / {}", fin.sent, fin.verified);
     println!("  handover (longest gap)  {} ms", fin.max_gap_ms);
-    match (&fin.error, fin.local == first.local && fin.verified > before.verified) {
+    match (
+        &fin.error,
+        fin.local == first.local && fin.verified > before.verified,
+    ) {
         (None, true) => {
             println!("\nThe connection survived the move with every byte intact.");
             0
         }
         (err, _) => {
-            println!("\nThe connection did NOT survive: {}", err.as_deref().unwrap_or("no data after the move"));
+            println!(
+                "\nThe connection did NOT survive: {}",
+                err.as_deref().unwrap_or("no data after the move")
+            );
             1
         }
     }
@@ -174,7 +217,9 @@ fn wait_paired(dirs: &[&TempDir]) -> bool {
     let end = Instant::now() + Duration::from_secs(15);
     while Instant::now() < end && !INTERRUPTED.load(Ordering::SeqCst) {
         let all = dirs.iter().all(|d| {
-            std::fs::read_to_string(d.path().join("state").join("peers.json")).map(|s| s.len() > 4).unwrap_or(false)
+            std::fs::read_to_string(d.path().join("state").join("peers.json"))
+                .map(|s| s.len() > 4)
+                .unwrap_or(false)
         });
         if all {
             return true;
@@ -188,7 +233,9 @@ fn wait_paired(dirs: &[&TempDir]) -> bool {
 fn wait_translated(d: &Vnatd) {
     let end = Instant::now() + Duration::from_secs(5);
     while Instant::now() < end {
-        if d.ctl(&["ls", "--state", "translated"]).is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty())) {
+        if d.ctl(&["ls", "--state", "translated"])
+            .is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty()))
+        {
             return;
         }
         std::thread::sleep(Duration::from_millis(50));

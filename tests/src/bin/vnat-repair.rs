@@ -62,18 +62,33 @@ fn die(msg: String) -> ! {
 }
 
 fn setsockopt<T>(fd: RawFd, opt: libc::c_int, v: &T, what: &str) {
-    let rc = unsafe { libc::setsockopt(fd, libc::SOL_TCP, opt, (v as *const T).cast(), size_of::<T>() as u32) };
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_TCP,
+            opt,
+            (v as *const T).cast(),
+            size_of::<T>() as u32,
+        )
+    };
     if rc != 0 {
-        die(format!("setsockopt({what}): {}", std::io::Error::last_os_error()));
+        die(format!(
+            "setsockopt({what}): {}",
+            std::io::Error::last_os_error()
+        ));
     }
 }
 
 fn getsockopt<T: Default>(fd: RawFd, opt: libc::c_int, what: &str) -> T {
     let mut v = T::default();
     let mut len = size_of::<T>() as libc::socklen_t;
-    let rc = unsafe { libc::getsockopt(fd, libc::SOL_TCP, opt, (&mut v as *mut T).cast(), &mut len) };
+    let rc =
+        unsafe { libc::getsockopt(fd, libc::SOL_TCP, opt, (&mut v as *mut T).cast(), &mut len) };
     if rc != 0 {
-        die(format!("getsockopt({what}): {}", std::io::Error::last_os_error()));
+        die(format!(
+            "getsockopt({what}): {}",
+            std::io::Error::last_os_error()
+        ));
     }
     v
 }
@@ -83,7 +98,14 @@ fn getsockopt<T: Default>(fd: RawFd, opt: libc::c_int, what: &str) -> T {
 fn peek_queue(fd: RawFd, queue: libc::c_int) -> Vec<u8> {
     setsockopt(fd, TCP_REPAIR_QUEUE, &queue, "TCP_REPAIR_QUEUE");
     let mut buf = vec![0u8; 8 << 20];
-    let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    let n = unsafe {
+        libc::recv(
+            fd,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
     if n < 0 {
         let e = std::io::Error::last_os_error();
         if e.raw_os_error() == Some(libc::EAGAIN) {
@@ -105,19 +127,35 @@ fn hex(b: &[u8]) -> String {
 }
 
 fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len() / 2).map(|i| u8::from_str_radix(&s[i * 2..i * 2 + 2], 16).unwrap_or_else(|_| die("bad hex in state".into()))).collect()
+    (0..s.len() / 2)
+        .map(|i| {
+            u8::from_str_radix(&s[i * 2..i * 2 + 2], 16)
+                .unwrap_or_else(|_| die("bad hex in state".into()))
+        })
+        .collect()
 }
 
 /// Freeze `s` and describe it completely.
 fn checkpoint(s: &TcpStream) -> Value {
     let fd = s.as_raw_fd();
-    let local = s.local_addr().unwrap_or_else(|e| die(format!("local_addr: {e}")));
-    let peer = s.peer_addr().unwrap_or_else(|e| die(format!("peer_addr: {e}")));
+    let local = s
+        .local_addr()
+        .unwrap_or_else(|e| die(format!("local_addr: {e}")));
+    let peer = s
+        .peer_addr()
+        .unwrap_or_else(|e| die(format!("peer_addr: {e}")));
     // Options must be read before repair mode (TCP_INFO is fine either way).
     let info: libc::tcp_info = unsafe {
         let mut i: libc::tcp_info = std::mem::zeroed();
         let mut len = size_of::<libc::tcp_info>() as libc::socklen_t;
-        if libc::getsockopt(fd, libc::SOL_TCP, libc::TCP_INFO, (&mut i as *mut libc::tcp_info).cast(), &mut len) != 0 {
+        if libc::getsockopt(
+            fd,
+            libc::SOL_TCP,
+            libc::TCP_INFO,
+            (&mut i as *mut libc::tcp_info).cast(),
+            &mut len,
+        ) != 0
+        {
             die(format!("TCP_INFO: {}", std::io::Error::last_os_error()));
         }
         i
@@ -143,20 +181,45 @@ fn checkpoint(s: &TcpStream) -> Value {
 
 /// Recreate the socket described by `st`, ready to use.
 fn restore(st: &Value) -> TcpStream {
-    let get = |k: &str| st[k].as_u64().unwrap_or_else(|| die(format!("state lacks {k}")));
-    let local: SocketAddr = st["local"].as_str().and_then(|s| s.parse().ok()).unwrap_or_else(|| die("bad local".into()));
-    let peer: SocketAddr = st["peer"].as_str().and_then(|s| s.parse().ok()).unwrap_or_else(|| die("bad peer".into()));
-    let domain = if local.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    let get = |k: &str| {
+        st[k]
+            .as_u64()
+            .unwrap_or_else(|| die(format!("state lacks {k}")))
+    };
+    let local: SocketAddr = st["local"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| die("bad local".into()));
+    let peer: SocketAddr = st["peer"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| die("bad peer".into()));
+    let domain = if local.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
     let fd = unsafe { libc::socket(domain, libc::SOCK_STREAM, 0) };
     if fd < 0 {
         die(format!("socket: {}", std::io::Error::last_os_error()));
     }
     setsockopt(fd, TCP_REPAIR, &1i32, "TCP_REPAIR on");
     let one = 1i32;
-    unsafe { libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, (&one as *const i32).cast(), 4) };
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEADDR,
+            (&one as *const i32).cast(),
+            4,
+        )
+    };
     let (sa, len) = sockaddr(local);
     if unsafe { libc::bind(fd, (&sa as *const libc::sockaddr_storage).cast(), len) } != 0 {
-        die(format!("bind {local} (is the address local here?): {}", std::io::Error::last_os_error()));
+        die(format!(
+            "bind {local} (is the address local here?): {}",
+            std::io::Error::last_os_error()
+        ));
     }
     // TCP_QUEUE_SEQ reads the sequence number *after* each queue
     // (write_seq, rcv_nxt); restoring the queue's bytes below advances it
@@ -172,12 +235,18 @@ fn restore(st: &Value) -> TcpStream {
     // In repair mode connect() only records the peer: no SYN is sent.
     let (pa, plen) = sockaddr(peer);
     if unsafe { libc::connect(fd, (&pa as *const libc::sockaddr_storage).cast(), plen) } != 0 {
-        die(format!("repair connect {peer}: {}", std::io::Error::last_os_error()));
+        die(format!(
+            "repair connect {peer}: {}",
+            std::io::Error::last_os_error()
+        ));
     }
     let opts = get("options") as u8;
     let mut ropts: Vec<[u32; 2]> = vec![[TCPOPT_MAXSEG, get("mss") as u32]];
     if opts & TCPI_OPT_WSCALE != 0 {
-        ropts.push([TCPOPT_WINDOW, get("snd_wscale") as u32 | ((get("rcv_wscale") as u32) << 16)]);
+        ropts.push([
+            TCPOPT_WINDOW,
+            get("snd_wscale") as u32 | ((get("rcv_wscale") as u32) << 16),
+        ]);
     }
     if opts & TCPI_OPT_SACK != 0 {
         ropts.push([TCPOPT_SACK_PERM, 0]);
@@ -186,27 +255,65 @@ fn restore(st: &Value) -> TcpStream {
         ropts.push([TCPOPT_TIMESTAMP, 0]);
     }
     let rc = unsafe {
-        libc::setsockopt(fd, libc::SOL_TCP, TCP_REPAIR_OPTIONS, ropts.as_ptr().cast(), (ropts.len() * 8) as u32)
+        libc::setsockopt(
+            fd,
+            libc::SOL_TCP,
+            TCP_REPAIR_OPTIONS,
+            ropts.as_ptr().cast(),
+            (ropts.len() * 8) as u32,
+        )
     };
     if rc != 0 {
-        die(format!("TCP_REPAIR_OPTIONS: {}", std::io::Error::last_os_error()));
+        die(format!(
+            "TCP_REPAIR_OPTIONS: {}",
+            std::io::Error::last_os_error()
+        ));
     }
     if opts & TCPI_OPT_TIMESTAMPS != 0 {
-        setsockopt(fd, TCP_TIMESTAMP, &(get("timestamp") as u32), "TCP_TIMESTAMP");
+        setsockopt(
+            fd,
+            TCP_TIMESTAMP,
+            &(get("timestamp") as u32),
+            "TCP_TIMESTAMP",
+        );
     }
-    for (queue, key, data) in [(TCP_RECV_QUEUE, "recv_queue", recv_queue), (TCP_SEND_QUEUE, "send_queue", send_queue)] {
+    for (queue, key, data) in [
+        (TCP_RECV_QUEUE, "recv_queue", recv_queue),
+        (TCP_SEND_QUEUE, "send_queue", send_queue),
+    ] {
         if data.is_empty() {
             continue;
         }
         setsockopt(fd, TCP_REPAIR_QUEUE, &queue, "queue");
         let n = unsafe { libc::send(fd, data.as_ptr().cast(), data.len(), 0) };
         if n != data.len() as isize {
-            die(format!("restoring {key}: {}", std::io::Error::last_os_error()));
+            die(format!(
+                "restoring {key}: {}",
+                std::io::Error::last_os_error()
+            ));
         }
     }
-    let w: Vec<u32> = st["window"].as_array().map(|a| a.iter().filter_map(|v| v.as_u64().map(|x| x as u32)).collect()).unwrap_or_default();
+    let w: Vec<u32> = st["window"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_u64().map(|x| x as u32))
+                .collect()
+        })
+        .unwrap_or_default();
     if let [snd_wl1, snd_wnd, max_window, rcv_wnd, rcv_wup] = w[..] {
-        setsockopt(fd, TCP_REPAIR_WINDOW, &RepairWindow { snd_wl1, snd_wnd, max_window, rcv_wnd, rcv_wup }, "TCP_REPAIR_WINDOW");
+        setsockopt(
+            fd,
+            TCP_REPAIR_WINDOW,
+            &RepairWindow {
+                snd_wl1,
+                snd_wnd,
+                max_window,
+                rcv_wnd,
+                rcv_wup,
+            },
+            "TCP_REPAIR_WINDOW",
+        );
     }
     // Leaving repair mode makes the socket live (the kernel sends a window
     // probe so the peer learns it is there).
@@ -221,7 +328,9 @@ fn sockaddr(a: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
             let sin = libc::sockaddr_in {
                 sin_family: libc::AF_INET as u16,
                 sin_port: v4.port().to_be(),
-                sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(v4.ip().octets()) },
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(v4.ip().octets()),
+                },
                 sin_zero: [0; 8],
             };
             unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
@@ -232,7 +341,9 @@ fn sockaddr(a: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
                 sin6_family: libc::AF_INET6 as u16,
                 sin6_port: v6.port().to_be(),
                 sin6_flowinfo: 0,
-                sin6_addr: libc::in6_addr { s6_addr: v6.ip().octets() },
+                sin6_addr: libc::in6_addr {
+                    s6_addr: v6.ip().octets(),
+                },
                 sin6_scope_id: 0,
             };
             unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin6) };
@@ -256,7 +367,13 @@ fn echo(s: &mut TcpStream) -> bool {
                     return false;
                 }
             }
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        | std::io::ErrorKind::Interrupted
+                ) => {}
             Err(e) => die(format!("echo: {e}")),
         }
     }
@@ -265,19 +382,30 @@ fn echo(s: &mut TcpStream) -> bool {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let arg = |name: &str| -> String {
-        args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned().unwrap_or_else(|| die(format!("missing {name}")))
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+            .unwrap_or_else(|| die(format!("missing {name}")))
     };
     unsafe { libc::signal(libc::SIGUSR1, on_usr1 as *const () as libc::sighandler_t) };
     match args.first().map(String::as_str) {
         Some("serve") => {
-            let listener = TcpListener::bind(arg("--listen")).unwrap_or_else(|e| die(format!("listen: {e}")));
+            let listener =
+                TcpListener::bind(arg("--listen")).unwrap_or_else(|e| die(format!("listen: {e}")));
             println!("{}", json!({"ready": true, "listen": arg("--listen")}));
-            let (mut s, _) = listener.accept().unwrap_or_else(|e| die(format!("accept: {e}")));
+            let (mut s, _) = listener
+                .accept()
+                .unwrap_or_else(|e| die(format!("accept: {e}")));
             drop(listener);
             if echo(&mut s) {
                 let st = checkpoint(&s);
-                std::fs::write(arg("--state"), st.to_string()).unwrap_or_else(|e| die(format!("writing state: {e}")));
-                println!("{}", json!({"checkpointed": true, "local": st["local"], "peer": st["peer"]}));
+                std::fs::write(arg("--state"), st.to_string())
+                    .unwrap_or_else(|e| die(format!("writing state: {e}")));
+                println!(
+                    "{}",
+                    json!({"checkpointed": true, "local": st["local"], "peer": st["peer"]})
+                );
                 // Like a frozen process, keep the socket (in repair mode) until
                 // killed: while it exists no reset answers the peer's packets,
                 // and closing it in repair mode later sends neither FIN nor RST.
@@ -287,12 +415,20 @@ fn main() {
             }
         }
         Some("restore") => {
-            let text = std::fs::read_to_string(arg("--state")).unwrap_or_else(|e| die(format!("reading state: {e}")));
-            let st: Value = serde_json::from_str(&text).unwrap_or_else(|e| die(format!("bad state: {e}")));
+            let text = std::fs::read_to_string(arg("--state"))
+                .unwrap_or_else(|e| die(format!("reading state: {e}")));
+            let st: Value =
+                serde_json::from_str(&text).unwrap_or_else(|e| die(format!("bad state: {e}")));
             let mut s = restore(&st);
-            println!("{}", json!({"ready": true, "restored": true, "local": st["local"], "peer": st["peer"]}));
+            println!(
+                "{}",
+                json!({"ready": true, "restored": true, "local": st["local"], "peer": st["peer"]})
+            );
             echo(&mut s);
         }
-        _ => die("usage: vnat-repair serve --listen ADDR:PORT --state FILE | restore --state FILE".into()),
+        _ => die(
+            "usage: vnat-repair serve --listen ADDR:PORT --state FILE | restore --state FILE"
+                .into(),
+        ),
     }
 }

@@ -84,14 +84,21 @@ impl Vnatd {
         if out.status.code() == Some(3) {
             return None;
         }
-        assert!(out.status.success(), "vnatctl {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "vnatctl {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         Some(serde_json::from_slice(&out.stdout).expect("vnatctl printed invalid JSON"))
     }
 
     /// A clean stop: SIGTERM, then wait for vnatd to exit (SIGKILL after
     /// 10 s, which fails the test). The pins stay, as after any clean stop.
     pub fn stop(mut self) -> std::process::ExitStatus {
-        use nix::{sys::signal::{kill, Signal}, unistd::Pid};
+        use nix::{
+            sys::signal::{kill, Signal},
+            unistd::Pid,
+        };
         kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM).expect("SIGTERM vnatd");
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -119,4 +126,3 @@ impl Drop for Vnatd {
         let _ = self.child.wait();
     }
 }
-

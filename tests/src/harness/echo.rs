@@ -67,22 +67,50 @@ impl EchoServer {
     /// TCP echo inside a [`Host`]'s namespace *and cgroup*, so that the
     /// host's vnatd records (and can move) the accepted connections.
     pub fn tcp_in(host: &Host, addr: SocketAddr) -> EchoServer {
-        let listen = format!("{}-LISTEN:{},{},reuseaddr,fork", family(addr, "TCP"), addr.port(), bind(addr));
-        Self::start_in(host.ns, Some(&host.cgroup), addr, false, &[&listen, "EXEC:cat"])
+        let listen = format!(
+            "{}-LISTEN:{},{},reuseaddr,fork",
+            family(addr, "TCP"),
+            addr.port(),
+            bind(addr)
+        );
+        Self::start_in(
+            host.ns,
+            Some(&host.cgroup),
+            addr,
+            false,
+            &[&listen, "EXEC:cat"],
+        )
     }
 
     /// UDP echo inside a [`Host`]'s namespace and cgroup.
     pub fn udp_in(host: &Host, addr: SocketAddr) -> EchoServer {
-        let listen = format!("{}-LISTEN:{},{},fork", family(addr, "UDP"), addr.port(), bind(addr));
+        let listen = format!(
+            "{}-LISTEN:{},{},fork",
+            family(addr, "UDP"),
+            addr.port(),
+            bind(addr)
+        );
         let size = UDP_DATAGRAM_SIZE.to_string();
-        Self::start_in(host.ns, Some(&host.cgroup), addr, true, &["-T", "600", "-b", &size, &listen, "PIPE"])
+        Self::start_in(
+            host.ns,
+            Some(&host.cgroup),
+            addr,
+            true,
+            &["-T", "600", "-b", &size, &listen, "PIPE"],
+        )
     }
 
     fn start(ns: &Netns, addr: SocketAddr, udp: bool, args: &[&str]) -> EchoServer {
         Self::start_in(ns, None, addr, udp, args)
     }
 
-    fn start_in(ns: &Netns, cgroup: Option<&Cgroup>, addr: SocketAddr, udp: bool, args: &[&str]) -> EchoServer {
+    fn start_in(
+        ns: &Netns,
+        cgroup: Option<&Cgroup>,
+        addr: SocketAddr,
+        udp: bool,
+        args: &[&str],
+    ) -> EchoServer {
         let mut cmd = ns.cmd("socat");
         if let Some(cg) = cgroup {
             cg.join_on_spawn(&mut cmd);

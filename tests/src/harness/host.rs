@@ -5,13 +5,16 @@
 //! drops it afterwards, exactly as a restarted owner would: the pins are the
 //! only state, so each call also exercises reconciliation with the pins.
 
-use std::{process::Command, time::{Duration, Instant}};
+use std::{
+    process::Command,
+    time::{Duration, Instant},
+};
 
+use super::{BpffsDir, Cgroup, Netns};
 use vnat_daemon::datapath::{
     kernel::{KernelDatapath, KernelOptions},
     ConnectionInfo, Datapath, Proto,
 };
-use super::{BpffsDir, Cgroup, Netns};
 
 pub struct Host<'a> {
     pub ns: &'a Netns,
@@ -22,13 +25,20 @@ pub struct Host<'a> {
 impl<'a> Host<'a> {
     /// Creates the pins and cgroup and attaches the recorders to the cgroup.
     pub fn new(ns: &'a Netns, tag: &str) -> Host<'a> {
-        let h = Host { ns, pins: BpffsDir::new(tag), cgroup: Cgroup::new(tag) };
+        let h = Host {
+            ns,
+            pins: BpffsDir::new(tag),
+            cgroup: Cgroup::new(tag),
+        };
         h.datapath(|_| ());
         h
     }
 
     pub fn options(&self) -> KernelOptions {
-        KernelOptions { bpffs: self.pins.path().to_path_buf(), cgroups: vec![self.cgroup.path().to_path_buf()] }
+        KernelOptions {
+            bpffs: self.pins.path().to_path_buf(),
+            cgroups: vec![self.cgroup.path().to_path_buf()],
+        }
     }
 
     /// Run `f` on a freshly opened datapath inside the namespace.
@@ -59,7 +69,10 @@ impl<'a> Host<'a> {
         loop {
             let found = self.datapath(|dp| {
                 dp.sync_udp().expect("sync_udp");
-                dp.connections().expect("listing connections").into_iter().find(|c| pred(c))
+                dp.connections()
+                    .expect("listing connections")
+                    .into_iter()
+                    .find(|c| pred(c))
             });
             if let Some(c) = found {
                 return c;
@@ -72,14 +85,23 @@ impl<'a> Host<'a> {
     pub fn counter(&self, name: &str) -> u64 {
         let name = name.to_string();
         self.datapath(move |dp| {
-            dp.counters().expect("counters").into_iter().find(|(n, _)| *n == name).expect("no such counter").1
+            dp.counters()
+                .expect("counters")
+                .into_iter()
+                .find(|(n, _)| *n == name)
+                .expect("no such counter")
+                .1
         })
     }
 
     pub fn connections(&self, proto: Proto) -> Vec<ConnectionInfo> {
         self.datapath(move |dp| {
             dp.sync_udp().expect("sync_udp");
-            dp.connections().expect("listing connections").into_iter().filter(|c| c.proto == proto).collect()
+            dp.connections()
+                .expect("listing connections")
+                .into_iter()
+                .filter(|c| c.proto == proto)
+                .collect()
         })
     }
 }
@@ -97,13 +119,26 @@ pub fn move_flow(
     new_local: std::net::SocketAddr,
 ) {
     use vnat_daemon::datapath::{Datapath, Translation, VirtualFlow};
-    let t = Translation { flow, physical_local: new_local, physical_remote: flow.remote };
-    mover.datapath(move |dp| dp.prepare_translation(&t)).unwrap_or_else(|e| panic!("mover, prepare: {e}"));
+    let t = Translation {
+        flow,
+        physical_local: new_local,
+        physical_remote: flow.remote,
+    };
+    mover
+        .datapath(move |dp| dp.prepare_translation(&t))
+        .unwrap_or_else(|e| panic!("mover, prepare: {e}"));
     let back = Translation {
-        flow: VirtualFlow { proto: flow.proto, local: flow.remote, remote: flow.local },
+        flow: VirtualFlow {
+            proto: flow.proto,
+            local: flow.remote,
+            remote: flow.local,
+        },
         physical_local: flow.remote,
         physical_remote: new_local,
     };
-    peer.datapath(move |dp| dp.install_translation(&back)).unwrap_or_else(|e| panic!("peer, install: {e}"));
-    mover.datapath(move |dp| dp.install_translation(&t)).unwrap_or_else(|e| panic!("mover, install: {e}"));
+    peer.datapath(move |dp| dp.install_translation(&back))
+        .unwrap_or_else(|e| panic!("peer, install: {e}"));
+    mover
+        .datapath(move |dp| dp.install_translation(&t))
+        .unwrap_or_else(|e| panic!("mover, install: {e}"));
 }

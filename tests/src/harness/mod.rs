@@ -26,7 +26,10 @@ pub use daemon::{TempDir, Vnatd};
 pub use echo::{EchoServer, UDP_DATAGRAM_SIZE};
 pub use host::{move_flow, Host};
 pub use netns::{veth, Netns};
-pub use server_move::{add_location_host, add_server_link_e, move_server_to_e, LocationHost, OldServerAddress, ServerLinkE};
+pub use server_move::{
+    add_location_host, add_server_link_e, move_server_to_e, LocationHost, OldServerAddress,
+    ServerLinkE,
+};
 pub use servers::{Iperf3Server, SshServer};
 pub use stream::{StreamClient, StreamOptions, StreamStatus};
 pub use topology::{netem_available, LaptopRouterServer, LaptopRouterServerBuilder, SameLink};

@@ -172,11 +172,19 @@ pub fn parse_checked(f: &[u8]) -> Parsed {
     };
     let sport = u16::from_be_bytes([l4[0], l4[1]]);
     let dport = u16::from_be_bytes([l4[2], l4[3]]);
-    let (payload_off, csum) = if proto == 6 { (20, [l4[16], l4[17]]) } else { (8, [l4[6], l4[7]]) };
+    let (payload_off, csum) = if proto == 6 {
+        (20, [l4[16], l4[17]])
+    } else {
+        (8, [l4[6], l4[7]])
+    };
     let udp_csum_zero = proto == 17 && csum == [0, 0];
     if !udp_csum_zero {
         let acc = pseudo_sum(src_ip, dst_ip, proto, l4.len());
-        assert_eq!(fold(sum16(l4, acc)), 0, "L4 checksum is wrong (proto {proto})");
+        assert_eq!(
+            fold(sum16(l4, acc)),
+            0,
+            "L4 checksum is wrong (proto {proto})"
+        );
     }
     Parsed {
         src: SocketAddr::new(src_ip, sport),

@@ -129,7 +129,11 @@ impl Handler {
                 Request::Status => datapath.status().map(|datapath| {
                     let mut daemon = (*self.info).clone();
                     daemon.uptime_secs = self.started.elapsed().as_secs();
-                    Reply::Status(Box::new(StatusReply { daemon, datapath, vcmp: None }))
+                    Reply::Status(Box::new(StatusReply {
+                        daemon,
+                        datapath,
+                        vcmp: None,
+                    }))
                 }),
                 Request::List => datapath
                     .connections()

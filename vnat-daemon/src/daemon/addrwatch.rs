@@ -24,7 +24,11 @@ impl AddrWatch {
     /// Subscribe in the calling thread's network namespace.
     pub fn new() -> io::Result<AddrWatch> {
         let raw = unsafe {
-            libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, libc::NETLINK_ROUTE)
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                libc::NETLINK_ROUTE,
+            )
         };
         if raw < 0 {
             return Err(io::Error::last_os_error());
@@ -32,9 +36,17 @@ impl AddrWatch {
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
         sa.nl_family = libc::AF_NETLINK as u16;
-        sa.nl_groups = RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR | RTMGRP_IPV4_ROUTE | RTMGRP_IPV6_ROUTE;
+        sa.nl_groups = RTMGRP_LINK
+            | RTMGRP_IPV4_IFADDR
+            | RTMGRP_IPV6_IFADDR
+            | RTMGRP_IPV4_ROUTE
+            | RTMGRP_IPV6_ROUTE;
         let rc = unsafe {
-            libc::bind(fd.as_raw_fd(), (&sa as *const libc::sockaddr_nl).cast(), std::mem::size_of::<libc::sockaddr_nl>() as u32)
+            libc::bind(
+                fd.as_raw_fd(),
+                (&sa as *const libc::sockaddr_nl).cast(),
+                std::mem::size_of::<libc::sockaddr_nl>() as u32,
+            )
         };
         if rc != 0 {
             return Err(io::Error::last_os_error());
@@ -52,7 +64,14 @@ impl AddrWatch {
             let mut buf = [0u8; 16384];
             let mut got = false;
             loop {
-                let n = unsafe { libc::recv(self.fd.get_ref().as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+                let n = unsafe {
+                    libc::recv(
+                        self.fd.get_ref().as_raw_fd(),
+                        buf.as_mut_ptr().cast(),
+                        buf.len(),
+                        0,
+                    )
+                };
                 if n >= 0 {
                     got = true;
                     continue;

@@ -18,7 +18,10 @@ use std::{
 };
 
 use rand_core::OsRng;
-use tokio::{net::UdpSocket, sync::{mpsc, oneshot}};
+use tokio::{
+    net::UdpSocket,
+    sync::{mpsc, oneshot},
+};
 
 use super::{
     addrwatch::AddrWatch,
@@ -55,7 +58,10 @@ pub struct DriverConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum DriverError {
     #[error("cannot bind the VCMP socket on {addr}: {source}; is another vnatd running in this network namespace? (choose another with --listen)")]
-    Bind { addr: SocketAddr, source: std::io::Error },
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("cannot watch address changes: {0}")]
     Watch(std::io::Error),
     #[error(transparent)]
@@ -77,27 +83,47 @@ pub struct PeerInfo {
 /// Requests from the control API.
 pub enum Command {
     /// Planned suspend (paper 3.3.1): settle roles and keys for these flows.
-    Suspend { flows: Vec<VirtualFlow>, reply: oneshot::Sender<Result<usize, String>> },
+    Suspend {
+        flows: Vec<VirtualFlow>,
+        reply: oneshot::Sender<Result<usize, String>>,
+    },
     /// Re-read addresses and connections now and move what needs moving.
-    Resume { reply: oneshot::Sender<Result<usize, String>> },
-    Peers { reply: oneshot::Sender<Vec<PeerInfo>> },
+    Resume {
+        reply: oneshot::Sender<Result<usize, String>>,
+    },
+    Peers {
+        reply: oneshot::Sender<Vec<PeerInfo>>,
+    },
     /// Which tracked flows can move (have keys).
-    Mobility { reply: oneshot::Sender<HashMap<VirtualFlow, bool>> },
+    Mobility {
+        reply: oneshot::Sender<HashMap<VirtualFlow, bool>>,
+    },
     /// The protocol core's counters (`vnatctl status`).
-    Counters { reply: oneshot::Sender<crate::control::VcmpCounters> },
+    Counters {
+        reply: oneshot::Sender<crate::control::VcmpCounters>,
+    },
     /// Hand these flows' VCMP state over (keys included) and forget them
     /// here; all of them or none.
-    Export { flows: Vec<VirtualFlow>, reply: oneshot::Sender<Result<ExportDocument, TransferError>> },
+    Export {
+        flows: Vec<VirtualFlow>,
+        reply: oneshot::Sender<Result<ExportDocument, TransferError>>,
+    },
     /// Take over exported flows (all or none), then move those whose local
     /// end now lives at another address, as automatic mode does.
-    Import { state: ExportDocument, reply: oneshot::Sender<Result<Vec<ImportOutcome>, TransferError>> },
+    Import {
+        state: ExportDocument,
+        reply: oneshot::Sender<Result<Vec<ImportOutcome>, TransferError>>,
+    },
 }
 
 pub type CommandSender = mpsc::Sender<Command>;
 
 /// CLOCK_BOOTTIME: keeps counting while a laptop sleeps (STYLE.md).
 pub fn now() -> Timestamp {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
     Timestamp::from_nanos(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
 }
@@ -127,7 +153,12 @@ async fn with_dp<T: Send + 'static>(
 /// side only), or the kernel would answer them with a reset that the peer's
 /// translation delivers into its socket. See
 /// [`mobility::old_address_receive_side`].
-fn prepare_old_address(dp: &mut dyn Datapath, flow: VirtualFlow, local: SocketAddr, remote: SocketAddr) {
+fn prepare_old_address(
+    dp: &mut dyn Datapath,
+    flow: VirtualFlow,
+    local: SocketAddr,
+    remote: SocketAddr,
+) {
     if let Some(t) = mobility::old_address_receive_side(flow, local, remote) {
         if let Err(e) = dp.prepare_translation(&t) {
             tracing::debug!(?flow, error = %e, "cannot take in the peer's packets to our old address");
@@ -148,7 +179,9 @@ fn unmap(a: SocketAddr) -> SocketAddr {
 
 fn to_socket_family(a: SocketAddr, dual: bool) -> SocketAddr {
     match (a, dual) {
-        (SocketAddr::V4(v4), true) => SocketAddr::new(IpAddr::V6(v4.ip().to_ipv6_mapped()), v4.port()),
+        (SocketAddr::V4(v4), true) => {
+            SocketAddr::new(IpAddr::V6(v4.ip().to_ipv6_mapped()), v4.port())
+        }
         _ => a,
     }
 }
@@ -187,13 +220,34 @@ impl Driver {
         // An unspecified listen address means both families: one dual-stack
         // socket (binding 0.0.0.0 and [::] on one port would collide).
         let (bind, dual) = if cfg.listen.ip().is_unspecified() {
-            (SocketAddr::new(IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED), cfg.listen.port()), true)
+            (
+                SocketAddr::new(
+                    IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+                    cfg.listen.port(),
+                ),
+                true,
+            )
         } else {
             (cfg.listen, false)
         };
-        let sock = UdpSocket::bind(bind).await.map_err(|source| DriverError::Bind { addr: cfg.listen, source })?;
+        let sock = UdpSocket::bind(bind)
+            .await
+            .map_err(|source| DriverError::Bind {
+                addr: cfg.listen,
+                source,
+            })?;
         tracing::info!(listen = %cfg.listen, key = %identity::key_hex(&endpoint.public_key()), "VCMP listening");
-        Ok(Driver { cfg, dp, endpoint, peers, sock, dual, prepared: HashMap::new(), imported: HashMap::new(), exported: HashSet::new() })
+        Ok(Driver {
+            cfg,
+            dp,
+            endpoint,
+            peers,
+            sock,
+            dual,
+            prepared: HashMap::new(),
+            imported: HashMap::new(),
+            exported: HashSet::new(),
+        })
     }
 
     /// Run until `shutdown` completes.
@@ -249,7 +303,11 @@ impl Driver {
     async fn command(&mut self, cmd: Command) {
         match cmd {
             Command::Suspend { flows, reply } => {
-                let r = self.endpoint.suspend(now(), &mut OsRng, &flows).map(|()| flows.len()).map_err(|e| e.to_string());
+                let r = self
+                    .endpoint
+                    .suspend(now(), &mut OsRng, &flows)
+                    .map(|()| flows.len())
+                    .map_err(|e| e.to_string());
                 let _ = reply.send(r);
             }
             Command::Resume { reply } => {
@@ -258,8 +316,13 @@ impl Driver {
             }
             Command::Counters { reply } => {
                 let st = self.endpoint.stats();
-                let map = |m: &BTreeMap<&'static str, u64>| m.iter().map(|(k, v)| (k.to_string(), *v)).collect();
-                let _ = reply.send(crate::control::VcmpCounters { events: map(&st.events), rejected: map(&st.rejected) });
+                let map = |m: &BTreeMap<&'static str, u64>| {
+                    m.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+                };
+                let _ = reply.send(crate::control::VcmpCounters {
+                    events: map(&st.events),
+                    rejected: map(&st.rejected),
+                });
             }
             Command::Peers { reply } => {
                 let _ = reply.send(self.peer_infos());
@@ -293,19 +356,34 @@ impl Driver {
                 Some(_) => {}
             }
         }
-        let translations = with_dp(&self.dp, |dp| dp.translations()).await.map_err(TransferError::Datapath)?;
+        let translations = with_dp(&self.dp, |dp| dp.translations())
+            .await
+            .map_err(TransferError::Datapath)?;
         let mut connections = Vec::with_capacity(flows.len());
         for f in flows {
-            let vcmp = self.endpoint.export_connection(f).map_err(|source| TransferError::Export { id: f.id(), source })?;
+            let vcmp = self
+                .endpoint
+                .export_connection(f)
+                .map_err(|source| TransferError::Export { id: f.id(), source })?;
             let translation = translations.iter().find(|t| t.flow == *f).copied();
             tracing::info!(flow = ?f, "connection exported; VCMP forgets it here");
             self.exported.insert(*f);
-            connections.push(ExportedConnection { id: f.id(), vcmp, translation });
+            connections.push(ExportedConnection {
+                id: f.id(),
+                vcmp,
+                translation,
+            });
         }
-        Ok(ExportDocument { vnat_export: transfer::EXPORT_FORMAT, connections })
+        Ok(ExportDocument {
+            vnat_export: transfer::EXPORT_FORMAT,
+            connections,
+        })
     }
 
-    async fn import(&mut self, state: &ExportDocument) -> Result<Vec<ImportOutcome>, TransferError> {
+    async fn import(
+        &mut self,
+        state: &ExportDocument,
+    ) -> Result<Vec<ImportOutcome>, TransferError> {
         let mut done: Vec<VirtualFlow> = Vec::new();
         for c in &state.connections {
             if let Err(source) = self.endpoint.import_connection(&c.vcmp) {
@@ -330,14 +408,22 @@ impl Driver {
             .map(|a| a.into_iter().map(|(ip, _)| ip).collect())
             .unwrap_or_default();
         for flow in &done {
-            let Some(v) = self.endpoint.connection(flow) else { continue };
+            let Some(v) = self.endpoint.connection(flow) else {
+                continue;
+            };
             if here.contains(&v.local_phys.ip()) {
                 continue;
             }
             let (flow, remote) = (*flow, v.remote_phys);
             let prepared = with_dp(&self.dp, move |dp| {
-                let src = dp.source_address_for(remote.ip())?.ok_or(DatapathError::NoRoute { addr: remote.ip() })?;
-                let t = Translation { flow, physical_local: SocketAddr::new(src, flow.local.port()), physical_remote: remote };
+                let src = dp
+                    .source_address_for(remote.ip())?
+                    .ok_or(DatapathError::NoRoute { addr: remote.ip() })?;
+                let t = Translation {
+                    flow,
+                    physical_local: SocketAddr::new(src, flow.local.port()),
+                    physical_remote: remote,
+                };
                 dp.prepare_translation(&t)
             })
             .await;
@@ -347,7 +433,9 @@ impl Driver {
         }
         let mut out = Vec::with_capacity(done.len());
         for flow in done {
-            let Some(v) = self.endpoint.connection(&flow) else { continue };
+            let Some(v) = self.endpoint.connection(&flow) else {
+                continue;
+            };
             let moved = v.local_phys != flow.local || v.remote_phys != flow.remote;
             if !v.migrating && moved && here.contains(&v.local_phys.ip()) {
                 // Staying at the exported physical endpoints (this host has
@@ -355,7 +443,12 @@ impl Driver {
                 self.translate(flow, v.local_phys, v.remote_phys).await;
             }
             tracing::info!(?flow, local = %v.local_phys, moving = v.migrating, "connection imported");
-            out.push(ImportOutcome { flow, physical_local: v.local_phys, physical_remote: v.remote_phys, moving: v.migrating });
+            out.push(ImportOutcome {
+                flow,
+                physical_local: v.local_phys,
+                physical_remote: v.remote_phys,
+                moving: v.migrating,
+            });
         }
         Ok(out)
     }
@@ -397,13 +490,23 @@ impl Driver {
         };
         let mut live = HashSet::new();
         for c in conns {
-            let flow = VirtualFlow { proto: c.proto, local: c.virtual_local, remote: c.virtual_remote };
+            let flow = VirtualFlow {
+                proto: c.proto,
+                local: c.virtual_local,
+                remote: c.virtual_remote,
+            };
             if !mobility::is_mobile_candidate(&flow, port) {
                 continue;
             }
             live.insert(flow);
             if self.endpoint.connection(&flow).is_none() && !self.exported.contains(&flow) {
-                let r = self.endpoint.connection_added(now(), &mut OsRng, flow, c.physical_local, c.physical_remote);
+                let r = self.endpoint.connection_added(
+                    now(),
+                    &mut OsRng,
+                    flow,
+                    c.physical_local,
+                    c.physical_remote,
+                );
                 match r {
                     Ok(()) => tracing::debug!(?flow, "tracking connection"),
                     Err(e) => tracing::debug!(?flow, error = %e, "not tracking connection"),
@@ -412,7 +515,8 @@ impl Driver {
         }
         self.exported.retain(|f| live.contains(f));
         let t = now();
-        self.imported.retain(|f, since| !live.contains(f) && t.since(*since) < IMPORT_GRACE);
+        self.imported
+            .retain(|f, since| !live.contains(f) && t.since(*since) < IMPORT_GRACE);
         let gone: Vec<VirtualFlow> = self
             .endpoint
             .connections()
@@ -431,7 +535,12 @@ impl Driver {
             .connections()
             .filter(|f| !self.imported.contains_key(f))
             .filter_map(|f| self.endpoint.connection(f))
-            .map(|v| Tracked { flow: v.flow, local_phys: v.local_phys, remote_phys: v.remote_phys, migrating: v.migrating })
+            .map(|v| Tracked {
+                flow: v.flow,
+                local_phys: v.local_phys,
+                remote_phys: v.remote_phys,
+                migrating: v.migrating,
+            })
             .collect();
         if tracked.is_empty() {
             return 0;
@@ -445,22 +554,31 @@ impl Driver {
                     HashSet::new()
                 }
             };
-            let sources: HashMap<IpAddr, Option<IpAddr>> =
-                remotes.into_iter().map(|r| (r, dp.source_address_for(r).ok().flatten())).collect();
+            let sources: HashMap<IpAddr, Option<IpAddr>> = remotes
+                .into_iter()
+                .map(|r| (r, dp.source_address_for(r).ok().flatten()))
+                .collect();
             (addrs, sources)
         })
         .await;
-        let moves = mobility::plan_moves(&tracked, &addrs, |ip| sources.get(&ip).copied().flatten());
+        let moves =
+            mobility::plan_moves(&tracked, &addrs, |ip| sources.get(&ip).copied().flatten());
         tracing::trace!(?tracked, ?addrs, ?sources, ?moves, "automatic mode");
         let mut started = Vec::new();
         for m in moves {
-            let Some(view) = self.endpoint.connection(&m.flow) else { continue };
+            let Some(view) = self.endpoint.connection(&m.flow) else {
+                continue;
+            };
             if !view.has_keys {
                 tracing::warn!(flow = ?m.flow, peer = %m.remote_phys.ip(), "connection lost its address but cannot move: the peer runs no vnatd or pairing has not completed");
                 continue;
             }
             if m.new_local != m.flow.local {
-                let t = Translation { flow: m.flow, physical_local: m.new_local, physical_remote: m.remote_phys };
+                let t = Translation {
+                    flow: m.flow,
+                    physical_local: m.new_local,
+                    physical_remote: m.remote_phys,
+                };
                 if let Err(e) = with_dp(&self.dp, move |dp| dp.prepare_translation(&t)).await {
                     tracing::warn!(flow = ?m.flow, error = %e, "cannot prepare the move");
                     continue;
@@ -490,7 +608,11 @@ impl Driver {
             .filter_map(|f| self.endpoint.connection(f))
             .filter_map(|v| {
                 let p = v.pending_remote?;
-                (p != v.remote_phys && self.prepared.get(&v.flow) != Some(&p)).then_some((v.flow, v.local_phys, p))
+                (p != v.remote_phys && self.prepared.get(&v.flow) != Some(&p)).then_some((
+                    v.flow,
+                    v.local_phys,
+                    p,
+                ))
             })
             .collect();
         for (flow, local, remote) in pending {
@@ -498,7 +620,11 @@ impl Driver {
             if local == flow.local && remote == flow.remote {
                 continue;
             }
-            let t = Translation { flow, physical_local: local, physical_remote: remote };
+            let t = Translation {
+                flow,
+                physical_local: local,
+                physical_remote: remote,
+            };
             let r = with_dp(&self.dp, move |dp| {
                 dp.prepare_translation(&t)?;
                 prepare_old_address(dp, flow, local, remote);
@@ -506,8 +632,12 @@ impl Driver {
             })
             .await;
             match r {
-                Ok(()) => tracing::debug!(?flow, %remote, "receive side ready for the peer's new address"),
-                Err(e) => tracing::warn!(?flow, error = %e, "cannot prepare for the peer's new address"),
+                Ok(()) => {
+                    tracing::debug!(?flow, %remote, "receive side ready for the peer's new address")
+                }
+                Err(e) => {
+                    tracing::warn!(?flow, error = %e, "cannot prepare for the peer's new address")
+                }
             }
         }
     }
@@ -517,7 +647,10 @@ impl Driver {
             match ev {
                 Event::SetRemote { flow, remote } | Event::Reverted { flow, remote, .. } => {
                     self.prepared.remove(&flow);
-                    let local = self.endpoint.connection(&flow).map_or(flow.local, |v| v.local_phys);
+                    let local = self
+                        .endpoint
+                        .connection(&flow)
+                        .map_or(flow.local, |v| v.local_phys);
                     self.translate(flow, local, remote).await;
                 }
                 Event::Resumed { flow, local } => {
@@ -539,7 +672,11 @@ impl Driver {
                         tracing::error!(error = %e, "cannot save the peer's key");
                     }
                 }
-                Event::PeerKeyChanged { peer, pinned, offered } => {
+                Event::PeerKeyChanged {
+                    peer,
+                    pinned,
+                    offered,
+                } => {
                     tracing::error!(%peer, pinned = %identity::key_hex(&pinned), offered = %identity::key_hex(&offered),
                         "peer presented a different host key than the pinned one: refused (if the peer was reinstalled, remove it from peers.json in the state directory)");
                 }

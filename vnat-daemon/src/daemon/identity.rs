@@ -17,9 +17,15 @@ use rand_core::{OsRng, RngCore};
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
     #[error("cannot read {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot write {path}: {source}")]
-    Write { path: PathBuf, source: std::io::Error },
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path} is not a 32-byte key; move it away to have vnatd make a new identity (peers will see a changed key)")]
     BadKey { path: PathBuf },
     #[error("{path} is readable by others (mode {mode:o}); it holds a secret key: chmod 600 it")]
@@ -30,15 +36,26 @@ pub enum StateError {
 
 /// Write `bytes` to `path` atomically with mode 0600.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
-    let err = |source| StateError::Write { path: path.to_path_buf(), source };
+    let err = |source| StateError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
     let tmp = path.with_extension("tmp");
-    let mut f = fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp).map_err(err)?;
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(err)?;
     f.write_all(bytes).map_err(err)?;
     f.sync_all().map_err(err)?;
     drop(f);
     fs::rename(&tmp, path).map_err(err)?;
     if let Some(dir) = path.parent() {
-        fs::File::open(dir).and_then(|d| d.sync_all()).map_err(err)?;
+        fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(err)?;
     }
     Ok(())
 }
@@ -48,9 +65,18 @@ pub fn load_or_create_identity(state_dir: &Path) -> Result<[u8; 32], StateError>
     let path = state_dir.join("identity.key");
     match fs::read(&path) {
         Ok(bytes) => {
-            let mode = fs::metadata(&path).map_err(|source| StateError::Read { path: path.clone(), source })?.permissions().mode();
+            let mode = fs::metadata(&path)
+                .map_err(|source| StateError::Read {
+                    path: path.clone(),
+                    source,
+                })?
+                .permissions()
+                .mode();
             if mode & 0o077 != 0 {
-                return Err(StateError::Exposed { path, mode: mode & 0o777 });
+                return Err(StateError::Exposed {
+                    path,
+                    mode: mode & 0o777,
+                });
             }
             bytes.try_into().map_err(|_| StateError::BadKey { path })
         }
@@ -91,14 +117,25 @@ impl PeerStore {
         let path = state_dir.join("peers.json");
         let text = match fs::read_to_string(&path) {
             Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(PeerStore { path, peers: BTreeMap::new() }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(PeerStore {
+                    path,
+                    peers: BTreeMap::new(),
+                })
+            }
             Err(source) => return Err(StateError::Read { path, source }),
         };
         let raw: BTreeMap<IpAddr, String> =
-            serde_json::from_str(&text).map_err(|e| StateError::BadPeers { path: path.clone(), reason: e.to_string() })?;
+            serde_json::from_str(&text).map_err(|e| StateError::BadPeers {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
         let mut peers = BTreeMap::new();
         for (ip, k) in raw {
-            let key = unhex(&k).ok_or_else(|| StateError::BadPeers { path: path.clone(), reason: format!("key of {ip} is not 64 hex digits") })?;
+            let key = unhex(&k).ok_or_else(|| StateError::BadPeers {
+                path: path.clone(),
+                reason: format!("key of {ip} is not 64 hex digits"),
+            })?;
             peers.insert(ip, key);
         }
         Ok(PeerStore { path, peers })
@@ -106,8 +143,12 @@ impl PeerStore {
 
     pub fn pin(&mut self, ip: IpAddr, key: [u8; 32]) -> Result<(), StateError> {
         self.peers.insert(ip, key);
-        let raw: BTreeMap<IpAddr, String> = self.peers.iter().map(|(ip, k)| (*ip, hex(k))).collect();
-        let text = serde_json::to_string_pretty(&raw).map_err(|e| StateError::BadPeers { path: self.path.clone(), reason: e.to_string() })?;
+        let raw: BTreeMap<IpAddr, String> =
+            self.peers.iter().map(|(ip, k)| (*ip, hex(k))).collect();
+        let text = serde_json::to_string_pretty(&raw).map_err(|e| StateError::BadPeers {
+            path: self.path.clone(),
+            reason: e.to_string(),
+        })?;
         write_atomic(&self.path, text.as_bytes())
     }
 }
@@ -127,13 +168,30 @@ mod tests {
         let a = load_or_create_identity(dir.path()).unwrap();
         let b = load_or_create_identity(dir.path()).unwrap();
         assert_eq!(a, b);
-        let mode = fs::metadata(dir.path().join("identity.key")).unwrap().permissions().mode();
+        let mode = fs::metadata(dir.path().join("identity.key"))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600);
-        fs::set_permissions(dir.path().join("identity.key"), fs::Permissions::from_mode(0o644)).unwrap();
-        assert!(matches!(load_or_create_identity(dir.path()), Err(StateError::Exposed { .. })));
+        fs::set_permissions(
+            dir.path().join("identity.key"),
+            fs::Permissions::from_mode(0o644),
+        )
+        .unwrap();
+        assert!(matches!(
+            load_or_create_identity(dir.path()),
+            Err(StateError::Exposed { .. })
+        ));
         fs::write(dir.path().join("identity.key"), b"short").unwrap();
-        fs::set_permissions(dir.path().join("identity.key"), fs::Permissions::from_mode(0o600)).unwrap();
-        assert!(matches!(load_or_create_identity(dir.path()), Err(StateError::BadKey { .. })));
+        fs::set_permissions(
+            dir.path().join("identity.key"),
+            fs::Permissions::from_mode(0o600),
+        )
+        .unwrap();
+        assert!(matches!(
+            load_or_create_identity(dir.path()),
+            Err(StateError::BadKey { .. })
+        ));
     }
 
     #[test]
@@ -144,6 +202,9 @@ mod tests {
         let s2 = PeerStore::load(dir.path()).unwrap();
         assert_eq!(s2.peers.get(&"198.18.3.2".parse().unwrap()), Some(&[7; 32]));
         fs::write(dir.path().join("peers.json"), r#"{"198.18.3.2": "zz"}"#).unwrap();
-        assert!(matches!(PeerStore::load(dir.path()), Err(StateError::BadPeers { .. })));
+        assert!(matches!(
+            PeerStore::load(dir.path()),
+            Err(StateError::BadPeers { .. })
+        ));
     }
 }

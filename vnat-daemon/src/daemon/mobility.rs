@@ -37,7 +37,8 @@ pub fn is_mobile_candidate(flow: &VirtualFlow, vcmp_port: u16) -> bool {
             v6.is_loopback() || v6.is_unspecified() || (v6.segments()[0] & 0xffc0) == 0xfe80
         }
     };
-    let vcmp = flow.proto == Proto::Udp && (flow.local.port() == vcmp_port || flow.remote.port() == vcmp_port);
+    let vcmp = flow.proto == Proto::Udp
+        && (flow.local.port() == vcmp_port || flow.remote.port() == vcmp_port);
     !vcmp && !local_only(flow.local.ip()) && !local_only(flow.remote.ip())
 }
 
@@ -58,13 +59,18 @@ pub fn plan_moves(
         let new_ip = if home {
             Some(t.flow.local.ip())
         } else if !here {
-            source_for(t.remote_phys.ip()).filter(|ip| addrs.contains(ip) && ip.is_ipv4() == t.flow.local.is_ipv4())
+            source_for(t.remote_phys.ip())
+                .filter(|ip| addrs.contains(ip) && ip.is_ipv4() == t.flow.local.is_ipv4())
         } else {
             None
         };
         if let Some(ip) = new_ip {
             if ip != t.local_phys.ip() {
-                out.push(Move { flow: t.flow, new_local: SocketAddr::new(ip, t.flow.local.port()), remote_phys: t.remote_phys });
+                out.push(Move {
+                    flow: t.flow,
+                    new_local: SocketAddr::new(ip, t.flow.local.port()),
+                    remote_phys: t.remote_phys,
+                });
             }
         }
     }
@@ -122,8 +128,17 @@ mod tests {
     }
 
     fn tracked(local: &str, phys: &str, remote: &str) -> Tracked {
-        let flow = VirtualFlow { proto: Proto::Tcp, local: sa(local), remote: sa(remote) };
-        Tracked { flow, local_phys: sa(phys), remote_phys: sa(remote), migrating: false }
+        let flow = VirtualFlow {
+            proto: Proto::Tcp,
+            local: sa(local),
+            remote: sa(remote),
+        };
+        Tracked {
+            flow,
+            local_phys: sa(phys),
+            remote_phys: sa(remote),
+            migrating: false,
+        }
     }
 
     fn addrs(list: &[&str]) -> HashSet<IpAddr> {
@@ -132,26 +147,58 @@ mod tests {
 
     #[test]
     fn a_connection_whose_address_vanished_moves_to_the_routed_source() {
-        let t = [tracked("198.18.1.2:4000", "198.18.1.2:4000", "198.18.3.2:22")];
-        let moves = plan_moves(&t, &addrs(&["198.18.2.2"]), |_| Some("198.18.2.2".parse().unwrap()));
-        assert_eq!(moves, vec![Move { flow: t[0].flow, new_local: sa("198.18.2.2:4000"), remote_phys: sa("198.18.3.2:22") }]);
+        let t = [tracked(
+            "198.18.1.2:4000",
+            "198.18.1.2:4000",
+            "198.18.3.2:22",
+        )];
+        let moves = plan_moves(&t, &addrs(&["198.18.2.2"]), |_| {
+            Some("198.18.2.2".parse().unwrap())
+        });
+        assert_eq!(
+            moves,
+            vec![Move {
+                flow: t[0].flow,
+                new_local: sa("198.18.2.2:4000"),
+                remote_phys: sa("198.18.3.2:22")
+            }]
+        );
     }
 
     #[test]
     fn nothing_moves_while_the_address_is_there_or_no_route_exists() {
-        let t = [tracked("198.18.1.2:4000", "198.18.1.2:4000", "198.18.3.2:22")];
-        assert!(plan_moves(&t, &addrs(&["198.18.1.2", "198.18.2.2"]), |_| Some("198.18.2.2".parse().unwrap())).is_empty());
+        let t = [tracked(
+            "198.18.1.2:4000",
+            "198.18.1.2:4000",
+            "198.18.3.2:22",
+        )];
+        assert!(
+            plan_moves(&t, &addrs(&["198.18.1.2", "198.18.2.2"]), |_| Some(
+                "198.18.2.2".parse().unwrap()
+            ))
+            .is_empty()
+        );
         // Address gone, no new one yet (cable pulled): wait.
         assert!(plan_moves(&t, &addrs(&[]), |_| None).is_empty());
         // A route whose source is not one of ours (stale) is not used.
-        assert!(plan_moves(&t, &addrs(&["198.18.2.2"]), |_| Some("198.18.9.9".parse().unwrap())).is_empty());
+        assert!(plan_moves(&t, &addrs(&["198.18.2.2"]), |_| Some(
+            "198.18.9.9".parse().unwrap()
+        ))
+        .is_empty());
         // An IPv6 source for an IPv4 connection is not used.
-        assert!(plan_moves(&t, &addrs(&["fd00::1"]), |_| Some("fd00::1".parse().unwrap())).is_empty());
+        assert!(plan_moves(&t, &addrs(&["fd00::1"]), |_| Some(
+            "fd00::1".parse().unwrap()
+        ))
+        .is_empty());
     }
 
     #[test]
     fn coming_home_moves_back_to_the_virtual_address_and_migrating_ones_wait() {
-        let mut t = [tracked("198.18.1.2:4000", "198.18.2.2:4000", "198.18.3.2:22")];
+        let mut t = [tracked(
+            "198.18.1.2:4000",
+            "198.18.2.2:4000",
+            "198.18.3.2:22",
+        )];
         let moves = plan_moves(&t, &addrs(&["198.18.1.2", "198.18.2.2"]), |_| None);
         assert_eq!(moves[0].new_local, sa("198.18.1.2:4000"));
         t[0].migrating = true;
@@ -160,31 +207,82 @@ mod tests {
 
     #[test]
     fn our_send_side_waits_for_a_peer_that_moved_too() {
-        let (local, old, new) = (sa("198.18.2.2:4000"), sa("198.18.3.2:22"), sa("198.18.5.2:22"));
-        assert_eq!(send_side_after_resume(local, old, None), Some((local, old)), "the peer stayed");
-        assert_eq!(send_side_after_resume(local, new, Some(new)), Some((local, new)), "nothing new pending");
-        assert_eq!(send_side_after_resume(local, old, Some(new)), None, "the peer's new address is not validated yet");
+        let (local, old, new) = (
+            sa("198.18.2.2:4000"),
+            sa("198.18.3.2:22"),
+            sa("198.18.5.2:22"),
+        );
+        assert_eq!(
+            send_side_after_resume(local, old, None),
+            Some((local, old)),
+            "the peer stayed"
+        );
+        assert_eq!(
+            send_side_after_resume(local, new, Some(new)),
+            Some((local, new)),
+            "nothing new pending"
+        );
+        assert_eq!(
+            send_side_after_resume(local, old, Some(new)),
+            None,
+            "the peer's new address is not validated yet"
+        );
     }
 
     #[test]
     fn the_old_address_takes_packets_only_when_both_ends_moved() {
-        let flow = VirtualFlow { proto: Proto::Tcp, local: sa("198.18.3.2:22"), remote: sa("198.18.1.2:4000") };
+        let flow = VirtualFlow {
+            proto: Proto::Tcp,
+            local: sa("198.18.3.2:22"),
+            remote: sa("198.18.1.2:4000"),
+        };
         let (us_new, peer_new) = (sa("198.18.5.2:22"), sa("198.18.2.2:4000"));
         assert_eq!(
             old_address_receive_side(flow, us_new, peer_new),
-            Some(Translation { flow, physical_local: flow.local, physical_remote: peer_new })
+            Some(Translation {
+                flow,
+                physical_local: flow.local,
+                physical_remote: peer_new
+            })
         );
-        assert_eq!(old_address_receive_side(flow, flow.local, peer_new), None, "we did not move");
-        assert_eq!(old_address_receive_side(flow, us_new, flow.remote), None, "the peer did not move");
+        assert_eq!(
+            old_address_receive_side(flow, flow.local, peer_new),
+            None,
+            "we did not move"
+        );
+        assert_eq!(
+            old_address_receive_side(flow, us_new, flow.remote),
+            None,
+            "the peer did not move"
+        );
     }
 
     #[test]
     fn loopback_link_local_and_vcmp_flows_are_not_managed() {
-        let f = |l: &str, r: &str, p| VirtualFlow { proto: p, local: sa(l), remote: sa(r) };
-        assert!(is_mobile_candidate(&f("198.18.1.2:4000", "198.18.3.2:22", Proto::Tcp), 2031));
-        assert!(!is_mobile_candidate(&f("127.0.0.1:4000", "127.0.0.1:22", Proto::Tcp), 2031));
-        assert!(!is_mobile_candidate(&f("[fe80::1]:4000", "[fe80::2]:22", Proto::Tcp), 2031));
-        assert!(!is_mobile_candidate(&f("198.18.1.2:2031", "198.18.3.2:2031", Proto::Udp), 2031));
-        assert!(is_mobile_candidate(&f("198.18.1.2:2031", "198.18.3.2:80", Proto::Tcp), 2031));
+        let f = |l: &str, r: &str, p| VirtualFlow {
+            proto: p,
+            local: sa(l),
+            remote: sa(r),
+        };
+        assert!(is_mobile_candidate(
+            &f("198.18.1.2:4000", "198.18.3.2:22", Proto::Tcp),
+            2031
+        ));
+        assert!(!is_mobile_candidate(
+            &f("127.0.0.1:4000", "127.0.0.1:22", Proto::Tcp),
+            2031
+        ));
+        assert!(!is_mobile_candidate(
+            &f("[fe80::1]:4000", "[fe80::2]:22", Proto::Tcp),
+            2031
+        ));
+        assert!(!is_mobile_candidate(
+            &f("198.18.1.2:2031", "198.18.3.2:2031", Proto::Udp),
+            2031
+        ));
+        assert!(is_mobile_candidate(
+            &f("198.18.1.2:2031", "198.18.3.2:80", Proto::Tcp),
+            2031
+        ));
     }
 }

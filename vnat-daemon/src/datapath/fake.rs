@@ -82,7 +82,10 @@ impl Datapath for FakeDatapath {
                 .cgroups
                 .iter()
                 .enumerate()
-                .map(|(i, p)| CgroupAttachment { path: p.clone(), id: i as u64 + 1 })
+                .map(|(i, p)| CgroupAttachment {
+                    path: p.clone(),
+                    id: i as u64 + 1,
+                })
                 .collect(),
             tc: Vec::new(),
             connections: self.conns.len() as u64,
@@ -97,7 +100,11 @@ impl Datapath for FakeDatapath {
             .values()
             .map(|c| {
                 let mut c = c.clone();
-                let flow = VirtualFlow { proto: c.proto, local: c.virtual_local, remote: c.virtual_remote };
+                let flow = VirtualFlow {
+                    proto: c.proto,
+                    local: c.virtual_local,
+                    remote: c.virtual_remote,
+                };
                 if let Some(t) = self.translations.get(&flow) {
                     c.physical_local = t.physical_local;
                     c.physical_remote = t.physical_remote;
@@ -121,7 +128,9 @@ impl Datapath for FakeDatapath {
         let before = self.cgroups.len();
         self.cgroups.retain(|p| p != path);
         if self.cgroups.len() == before {
-            return Err(DatapathError::CgroupNotEnabled { path: path.to_path_buf() });
+            return Err(DatapathError::CgroupNotEnabled {
+                path: path.to_path_buf(),
+            });
         }
         Ok(())
     }
@@ -158,11 +167,18 @@ impl Datapath for FakeDatapath {
         Ok(self.addresses.clone())
     }
 
-    fn source_address_for(&self, dst: std::net::IpAddr) -> Result<Option<std::net::IpAddr>, DatapathError> {
+    fn source_address_for(
+        &self,
+        dst: std::net::IpAddr,
+    ) -> Result<Option<std::net::IpAddr>, DatapathError> {
         if let Some(s) = self.sources.get(&dst) {
             return Ok(Some(*s));
         }
-        Ok(self.addresses.iter().map(|(a, _)| *a).find(|a| a.is_ipv4() == dst.is_ipv4()))
+        Ok(self
+            .addresses
+            .iter()
+            .map(|(a, _)| *a)
+            .find(|a| a.is_ipv4() == dst.is_ipv4()))
     }
 }
 
@@ -172,29 +188,55 @@ mod tests {
     use crate::datapath::Proto;
 
     fn flow() -> VirtualFlow {
-        VirtualFlow { proto: Proto::Tcp, local: "198.18.1.2:4000".parse().unwrap(), remote: "198.18.3.2:80".parse().unwrap() }
+        VirtualFlow {
+            proto: Proto::Tcp,
+            local: "198.18.1.2:4000".parse().unwrap(),
+            remote: "198.18.3.2:80".parse().unwrap(),
+        }
     }
 
     #[test]
     fn translation_shows_in_ls_and_failure_changes_nothing() {
         let mut dp = FakeDatapath::new();
         let id = dp.add_connection(flow(), Some(7));
-        let t = Translation { flow: flow(), physical_local: "198.18.2.2:4000".parse().unwrap(), physical_remote: flow().remote };
-        dp.fail_next = Some(DatapathError::NoRoute { addr: t.physical_local.ip() });
+        let t = Translation {
+            flow: flow(),
+            physical_local: "198.18.2.2:4000".parse().unwrap(),
+            physical_remote: flow().remote,
+        };
+        dp.fail_next = Some(DatapathError::NoRoute {
+            addr: t.physical_local.ip(),
+        });
         assert!(dp.install_translation(&t).is_err());
         assert_eq!(dp.connections().unwrap()[0].state, ConnState::Native);
         dp.install_translation(&t).unwrap();
         let c = &dp.connections().unwrap()[0];
-        assert_eq!((c.id, c.state, c.physical_local), (id, ConnState::Translated, t.physical_local));
+        assert_eq!(
+            (c.id, c.state, c.physical_local),
+            (id, ConnState::Translated, t.physical_local)
+        );
     }
 
     #[test]
     fn unmoved_or_mixed_family_translation_is_refused() {
         let mut dp = FakeDatapath::new();
-        let same = Translation { flow: flow(), physical_local: flow().local, physical_remote: flow().remote };
-        assert!(matches!(dp.install_translation(&same), Err(DatapathError::InvalidTranslation { .. })));
-        let mixed = Translation { physical_local: "[fd00::1]:4000".parse().unwrap(), ..same };
-        assert!(matches!(dp.install_translation(&mixed), Err(DatapathError::InvalidTranslation { .. })));
+        let same = Translation {
+            flow: flow(),
+            physical_local: flow().local,
+            physical_remote: flow().remote,
+        };
+        assert!(matches!(
+            dp.install_translation(&same),
+            Err(DatapathError::InvalidTranslation { .. })
+        ));
+        let mixed = Translation {
+            physical_local: "[fd00::1]:4000".parse().unwrap(),
+            ..same
+        };
+        assert!(matches!(
+            dp.install_translation(&mixed),
+            Err(DatapathError::InvalidTranslation { .. })
+        ));
         assert!(dp.translations().unwrap().is_empty());
     }
 }

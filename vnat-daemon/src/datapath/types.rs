@@ -66,7 +66,11 @@ impl VirtualFlow {
     pub fn from_key(key: &FlowKey) -> Option<VirtualFlow> {
         let proto = Proto::from_number(key.proto)?;
         let (local, remote) = key_endpoints(key)?;
-        Some(VirtualFlow { proto, local, remote })
+        Some(VirtualFlow {
+            proto,
+            local,
+            remote,
+        })
     }
 }
 
@@ -223,7 +227,11 @@ pub enum RestartOutcome {
     /// The backoff was reverted but the oldest segment went out so recently
     /// that no retransmission was due yet: the timer now fires in
     /// `next_retransmit_ms` instead of at the backed-off time.
-    Rearmed { messages: u32, backoff: u8, next_retransmit_ms: u32 },
+    Rearmed {
+        messages: u32,
+        backoff: u8,
+        next_retransmit_ms: u32,
+    },
     /// The socket had nothing in flight and new data waiting behind its
     /// backed-off probe timer (sending had failed locally): the peer was
     /// asked for an ACK `probes` times, and on receiving it the socket sent.
@@ -271,7 +279,9 @@ pub struct DatapathStatus {
 /// Errors of the datapath. Each names what went wrong and what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum DatapathError {
-    #[error("vnatd was built without its eBPF programs (AYA_BUILD_SKIP was set); rebuild without it")]
+    #[error(
+        "vnatd was built without its eBPF programs (AYA_BUILD_SKIP was set); rebuild without it"
+    )]
     NoEbpfObject,
     #[error("loading the eBPF programs failed: {source}")]
     Load {
@@ -285,9 +295,16 @@ pub enum DatapathError {
     #[error("the bpffs directory {path} is unusable: {reason}; mount bpffs (mount -t bpf bpf /sys/fs/bpf) or pass --bpffs")]
     Bpffs { path: PathBuf, reason: String },
     #[error("the pins in {path} were made by an incompatible vnat (ABI {found}, this is {expected}); stop every vnatd using it and remove the directory")]
-    AbiMismatch { path: PathBuf, found: u32, expected: u32 },
+    AbiMismatch {
+        path: PathBuf,
+        found: u32,
+        expected: u32,
+    },
     #[error("invalid translation for {flow:?}: {reason}")]
-    InvalidTranslation { flow: VirtualFlow, reason: &'static str },
+    InvalidTranslation {
+        flow: VirtualFlow,
+        reason: &'static str,
+    },
     #[error("no translation is installed for {flow:?}")]
     NoSuchTranslation { flow: VirtualFlow },
     #[error("no recorded connection {flow:?} (or its socket is gone): only TCP connections of an enabled cgroup, established while vnat ran, can be restarted")]
@@ -318,12 +335,25 @@ pub enum DatapathError {
 /// Checks shared by every [`crate::datapath::Datapath`] implementation, so
 /// the fake refuses exactly what the kernel one refuses.
 pub fn validate_translation(t: &Translation) -> Result<(), DatapathError> {
-    let bad = |reason| Err(DatapathError::InvalidTranslation { flow: t.flow, reason });
+    let bad = |reason| {
+        Err(DatapathError::InvalidTranslation {
+            flow: t.flow,
+            reason,
+        })
+    };
     let v4 = t.flow.local.is_ipv4();
-    if [t.flow.remote, t.physical_local, t.physical_remote].iter().any(|a| a.is_ipv4() != v4) {
+    if [t.flow.remote, t.physical_local, t.physical_remote]
+        .iter()
+        .any(|a| a.is_ipv4() != v4)
+    {
         return bad("all four endpoints must be of one address family");
     }
-    for a in [t.flow.local, t.flow.remote, t.physical_local, t.physical_remote] {
+    for a in [
+        t.flow.local,
+        t.flow.remote,
+        t.physical_local,
+        t.physical_remote,
+    ] {
         if a.port() == 0 {
             return bad("port 0 is not a valid endpoint");
         }
@@ -347,7 +377,11 @@ mod tests {
             ("198.18.1.2:40000", "198.18.3.2:5001"),
             ("[fd00:1::2]:40000", "[fd00:3::2]:22"),
         ] {
-            let f = VirtualFlow { proto: Proto::Tcp, local: l.parse().unwrap(), remote: r.parse().unwrap() };
+            let f = VirtualFlow {
+                proto: Proto::Tcp,
+                local: l.parse().unwrap(),
+                remote: r.parse().unwrap(),
+            };
             let k = f.to_key();
             assert_eq!(VirtualFlow::from_key(&k), Some(f));
             assert_eq!(k.reversed().reversed(), k);
@@ -356,7 +390,11 @@ mod tests {
 
     #[test]
     fn v4_key_is_network_order() {
-        let k = flow_key(Proto::Udp, "1.2.3.4:258".parse().unwrap(), "5.6.7.8:1".parse().unwrap());
+        let k = flow_key(
+            Proto::Udp,
+            "1.2.3.4:258".parse().unwrap(),
+            "5.6.7.8:1".parse().unwrap(),
+        );
         assert_eq!(k.src_addr_be[0].to_ne_bytes(), [1, 2, 3, 4]);
         assert_eq!(k.src_port_be.to_ne_bytes(), [1, 2]);
         assert_eq!(k.src_addr_be[1..], [0, 0, 0]);
@@ -364,8 +402,16 @@ mod tests {
 
     #[test]
     fn ids_differ_by_direction_and_are_48_bits() {
-        let a = VirtualFlow { proto: Proto::Tcp, local: "10.0.0.1:1".parse().unwrap(), remote: "10.0.0.2:2".parse().unwrap() };
-        let b = VirtualFlow { proto: Proto::Tcp, local: a.remote, remote: a.local };
+        let a = VirtualFlow {
+            proto: Proto::Tcp,
+            local: "10.0.0.1:1".parse().unwrap(),
+            remote: "10.0.0.2:2".parse().unwrap(),
+        };
+        let b = VirtualFlow {
+            proto: Proto::Tcp,
+            local: a.remote,
+            remote: a.local,
+        };
         assert_ne!(a.id(), b.id());
         assert!(a.id() < (1 << 48));
         assert_eq!(a.id(), a.id());

@@ -36,12 +36,18 @@ fn attach_err<E: std::error::Error + Send + Sync + 'static>(
     target: &str,
 ) -> impl FnOnce(E) -> DatapathError {
     let target = target.to_string();
-    move |e| DatapathError::Attach { program, target, source: Box::new(e) }
+    move |e| DatapathError::Attach {
+        program,
+        target,
+        source: Box::new(e),
+    }
 }
 
 /// The cgroup v2 id of a directory (its kernfs inode number).
 pub fn cgroup_id(path: &Path) -> Result<u64, DatapathError> {
-    let not = || DatapathError::NotACgroup { path: path.to_path_buf() };
+    let not = || DatapathError::NotACgroup {
+        path: path.to_path_buf(),
+    };
     let st = nix::sys::statfs::statfs(path).map_err(|_| not())?;
     if st.filesystem_type().0 as i64 != CGROUP2_SUPER_MAGIC {
         return Err(not());
@@ -85,13 +91,19 @@ fn pin_replace(link: FdLink, dst: &Path, program: &'static str) -> Result<(), Da
     let _ = fs::remove_file(&tmp);
     let target = dst.display().to_string();
     link.pin(&tmp).map_err(attach_err(program, &target))?;
-    fs::rename(&tmp, dst).map_err(|e| DatapathError::Kernel { what: format!("renaming pin {target}"), source: e })
+    fs::rename(&tmp, dst).map_err(|e| DatapathError::Kernel {
+        what: format!("renaming pin {target}"),
+        source: e,
+    })
 }
 
 fn cg_pins(bpffs: &Path, id: u64) -> Vec<PathBuf> {
     let mut names = vec![PROG_SOCKOPS, PROG_UDP_RELEASE];
     names.extend(SOCK_ADDR_PROGRAMS);
-    names.iter().map(|n| links_dir(bpffs).join(format!("cg{id}_{n}"))).collect()
+    names
+        .iter()
+        .map(|n| links_dir(bpffs).join(format!("cg{id}_{n}")))
+        .collect()
 }
 
 // Links to cgroups are made with BPF_LINK_CREATE, which always attaches in
@@ -103,25 +115,44 @@ fn cg_pins(bpffs: &Path, id: u64) -> Vec<PathBuf> {
 pub fn attach_cgroup(ebpf: &mut Ebpf, bpffs: &Path, path: &Path) -> Result<u64, DatapathError> {
     let id = cgroup_id(path)?;
     let target = path.display().to_string();
-    let dir = fs::File::open(path).map_err(|_| DatapathError::NotACgroup { path: path.to_path_buf() })?;
+    let dir = fs::File::open(path).map_err(|_| DatapathError::NotACgroup {
+        path: path.to_path_buf(),
+    })?;
     let mut new_links: Vec<(FdLink, &'static str)> = Vec::new();
     {
         let p: &mut SockOps = prog(ebpf, PROG_SOCKOPS)?;
-        let l = p.attach(&dir, CgroupAttachMode::Single).map_err(attach_err(PROG_SOCKOPS, &target))?;
+        let l = p
+            .attach(&dir, CgroupAttachMode::Single)
+            .map_err(attach_err(PROG_SOCKOPS, &target))?;
         let l = p.take_link(l).map_err(attach_err(PROG_SOCKOPS, &target))?;
-        new_links.push((FdLink::try_from(l).map_err(attach_err(PROG_SOCKOPS, &target))?, PROG_SOCKOPS));
+        new_links.push((
+            FdLink::try_from(l).map_err(attach_err(PROG_SOCKOPS, &target))?,
+            PROG_SOCKOPS,
+        ));
     }
     for name in SOCK_ADDR_PROGRAMS {
         let p: &mut CgroupSockAddr = prog(ebpf, name)?;
-        let l = p.attach(&dir, CgroupAttachMode::Single).map_err(attach_err(name, &target))?;
+        let l = p
+            .attach(&dir, CgroupAttachMode::Single)
+            .map_err(attach_err(name, &target))?;
         let l = p.take_link(l).map_err(attach_err(name, &target))?;
-        new_links.push((FdLink::try_from(l).map_err(attach_err(name, &target))?, name));
+        new_links.push((
+            FdLink::try_from(l).map_err(attach_err(name, &target))?,
+            name,
+        ));
     }
     {
         let p: &mut CgroupSock = prog(ebpf, PROG_UDP_RELEASE)?;
-        let l = p.attach(&dir, CgroupAttachMode::Single).map_err(attach_err(PROG_UDP_RELEASE, &target))?;
-        let l = p.take_link(l).map_err(attach_err(PROG_UDP_RELEASE, &target))?;
-        new_links.push((FdLink::try_from(l).map_err(attach_err(PROG_UDP_RELEASE, &target))?, PROG_UDP_RELEASE));
+        let l = p
+            .attach(&dir, CgroupAttachMode::Single)
+            .map_err(attach_err(PROG_UDP_RELEASE, &target))?;
+        let l = p
+            .take_link(l)
+            .map_err(attach_err(PROG_UDP_RELEASE, &target))?;
+        new_links.push((
+            FdLink::try_from(l).map_err(attach_err(PROG_UDP_RELEASE, &target))?,
+            PROG_UDP_RELEASE,
+        ));
     }
     // Every link exists (dropping them here would detach them all); only now
     // publish them as pins.
@@ -140,7 +171,9 @@ pub fn detach_cgroup(bpffs: &Path, id: u64) -> Result<(), DatapathError> {
         }
     }
     if !found {
-        return Err(DatapathError::CgroupNotEnabled { path: cgroup_path(id).unwrap_or_else(|| PathBuf::from(format!("id {id}"))) });
+        return Err(DatapathError::CgroupNotEnabled {
+            path: cgroup_path(id).unwrap_or_else(|| PathBuf::from(format!("id {id}"))),
+        });
     }
     Ok(())
 }
@@ -158,12 +191,19 @@ pub fn pinned_cgroups(bpffs: &Path) -> Vec<u64> {
 
 fn pinned_names(bpffs: &Path) -> Vec<String> {
     fs::read_dir(links_dir(bpffs))
-        .map(|d| d.flatten().filter_map(|e| e.file_name().into_string().ok()).collect())
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .collect()
+        })
         .unwrap_or_default()
 }
 
 fn tc_pin(bpffs: &Path, ifindex: u32, egress: bool) -> PathBuf {
-    links_dir(bpffs).join(format!("tc{ifindex}_{}", if egress { "egress" } else { "ingress" }))
+    links_dir(bpffs).join(format!(
+        "tc{ifindex}_{}",
+        if egress { "egress" } else { "ingress" }
+    ))
 }
 
 /// Interfaces with pinned tc links.
@@ -214,13 +254,25 @@ fn attach_one_tc(
     let p: &mut SchedClassifier = prog(ebpf, name)?;
     let (id, fresh) = match PinnedLink::from_pin(pin) {
         Ok(old) => {
-            let link = SchedClassifierLink::try_from(FdLink::from(old)).map_err(attach_err(name, ifname))?;
-            (p.attach_to_link(link).map_err(attach_err(name, ifname))?, false)
+            let link = SchedClassifierLink::try_from(FdLink::from(old))
+                .map_err(attach_err(name, ifname))?;
+            (
+                p.attach_to_link(link).map_err(attach_err(name, ifname))?,
+                false,
+            )
         }
         Err(_) => {
-            let kind = if egress { TcAttachType::Egress } else { TcAttachType::Ingress };
+            let kind = if egress {
+                TcAttachType::Egress
+            } else {
+                TcAttachType::Ingress
+            };
             let opts = TcAttachOptions::TcxOrder(LinkOrder::default());
-            (p.attach_with_options(ifname, kind, opts).map_err(attach_err(name, ifname))?, true)
+            (
+                p.attach_with_options(ifname, kind, opts)
+                    .map_err(attach_err(name, ifname))?,
+                true,
+            )
         }
     };
     let link = p.take_link(id).map_err(attach_err(name, ifname))?;

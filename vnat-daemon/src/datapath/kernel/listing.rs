@@ -41,7 +41,13 @@ impl KernelDatapath {
     /// Pending UDP connects matched to their now-bound socket: the socket in
     /// /proc/net/udp* connected to the same peer and held by the same process.
     pub(super) fn completed_udp(&self) -> Vec<(u64, FlowKey, ConnRecord)> {
-        let pending: Vec<_> = self.loaded.maps.udp_pending.iter().filter_map(Result::ok).collect();
+        let pending: Vec<_> = self
+            .loaded
+            .maps
+            .udp_pending
+            .iter()
+            .filter_map(Result::ok)
+            .collect();
         if pending.is_empty() {
             return Vec::new();
         }
@@ -49,7 +55,9 @@ impl KernelDatapath {
         let owners = procfs::inode_owners();
         let mut out = Vec::new();
         for (cookie, p) in pending {
-            let Some((_, remote)) = key_endpoints(&p.key) else { continue };
+            let Some((_, remote)) = key_endpoints(&p.key) else {
+                continue;
+            };
             let matches: Vec<SocketAddr> = sockets
                 .iter()
                 .filter(|((proto, _, r), inode)| {
@@ -66,8 +74,13 @@ impl KernelDatapath {
     }
 
     pub(super) fn list(&self) -> Result<Vec<ConnectionInfo>, DatapathError> {
-        let mut records: Vec<(FlowKey, ConnRecord)> =
-            self.loaded.maps.conns.iter().collect::<Result<_, _>>().map_err(map_err(MAP_CONNS))?;
+        let mut records: Vec<(FlowKey, ConnRecord)> = self
+            .loaded
+            .maps
+            .conns
+            .iter()
+            .collect::<Result<_, _>>()
+            .map_err(map_err(MAP_CONNS))?;
         records.extend(self.completed_udp().into_iter().map(|(_, k, r)| (k, r)));
         let translations: StdHashMap<FlowKey, Translation> = self
             .egress_entries()?
@@ -84,7 +97,9 @@ impl KernelDatapath {
         // from, which is what a translation must match.
         let mut sources: StdHashMap<IpAddr, Option<IpAddr>> = StdHashMap::new();
         for (key, rec) in records {
-            let Some(mut flow) = VirtualFlow::from_key(&key) else { continue };
+            let Some(mut flow) = VirtualFlow::from_key(&key) else {
+                continue;
+            };
             if flow.local.ip().is_unspecified() {
                 let remote = flow.remote.ip();
                 let src = *sources
@@ -101,10 +116,17 @@ impl KernelDatapath {
             if pid.is_none() {
                 let s = sockets.get_or_insert_with(procfs::socket_inodes);
                 let o = owners.get_or_insert_with(procfs::inode_owners);
-                pid = s.get(&(flow.proto, flow.local, flow.remote)).and_then(|i| o.get(i)).copied();
+                pid = s
+                    .get(&(flow.proto, flow.local, flow.remote))
+                    .and_then(|i| o.get(i))
+                    .copied();
             }
             let command = pid.and_then(procfs::comm).or_else(|| {
-                let end = rec.comm.iter().position(|b| *b == 0).unwrap_or(rec.comm.len());
+                let end = rec
+                    .comm
+                    .iter()
+                    .position(|b| *b == 0)
+                    .unwrap_or(rec.comm.len());
                 (end > 0).then(|| String::from_utf8_lossy(&rec.comm[..end]).into_owned())
             });
             out.push(ConnectionInfo {
@@ -114,7 +136,11 @@ impl KernelDatapath {
                 virtual_remote: flow.remote,
                 physical_local: t.map_or(flow.local, |t| t.physical_local),
                 physical_remote: t.map_or(flow.remote, |t| t.physical_remote),
-                state: if t.is_some() { ConnState::Translated } else { ConnState::Native },
+                state: if t.is_some() {
+                    ConnState::Translated
+                } else {
+                    ConnState::Native
+                },
                 cookie: rec.cookie,
                 cgroup_id: rec.cgroup_id,
                 cgroup: pid.and_then(procfs::cgroup_of),
@@ -130,7 +156,10 @@ impl KernelDatapath {
 
 /// CLOCK_BOOTTIME in ns, the clock the eBPF side stamps records with.
 pub(super) fn boottime_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }

@@ -9,8 +9,8 @@ mod net;
 mod object;
 mod procfs;
 mod restart;
-mod translate;
 pub mod testrun;
+mod translate;
 
 use std::{
     collections::{BTreeMap, HashMap as StdHashMap},
@@ -52,7 +52,10 @@ pub struct KernelDatapath {
 }
 
 fn map_err(map: &'static str) -> impl FnOnce(MapError) -> DatapathError {
-    move |e| DatapathError::Map { map, source: Box::new(e) }
+    move |e| DatapathError::Map {
+        map,
+        source: Box::new(e),
+    }
 }
 
 fn is_not_found(e: &MapError) -> bool {
@@ -65,7 +68,11 @@ impl KernelDatapath {
     /// links, and check that what the pinned translations need is in place.
     pub fn open(opts: &KernelOptions) -> Result<KernelDatapath, DatapathError> {
         let loaded = object::load(&opts.bpffs)?;
-        let mut dp = KernelDatapath { bpffs: opts.bpffs.clone(), loaded, tc_current: Default::default() };
+        let mut dp = KernelDatapath {
+            bpffs: opts.bpffs.clone(),
+            loaded,
+            tc_current: Default::default(),
+        };
         let mut cgroups: Vec<PathBuf> = opts.cgroups.clone();
         for id in attach::pinned_cgroups(&dp.bpffs) {
             match attach::cgroup_path(id) {
@@ -93,8 +100,15 @@ impl KernelDatapath {
     /// host routes) in line with the pinned translations.
     fn reconcile(&mut self) -> Result<(), DatapathError> {
         let translations = self.egress_entries()?;
-        let mut needed: std::collections::BTreeSet<u32> = translations.iter().map(|(_, v)| v.redirect_ifindex).collect();
-        needed.extend(self.ingress_entries()?.iter().map(|(_, v)| v.redirect_ifindex));
+        let mut needed: std::collections::BTreeSet<u32> = translations
+            .iter()
+            .map(|(_, v)| v.redirect_ifindex)
+            .collect();
+        needed.extend(
+            self.ingress_entries()?
+                .iter()
+                .map(|(_, v)| v.redirect_ifindex),
+        );
         needed.remove(&0);
         for ifindex in attach::pinned_tc(&self.bpffs) {
             if !needed.contains(&ifindex) || net::ifname(ifindex).is_err() {
@@ -110,7 +124,9 @@ impl KernelDatapath {
         let lo = net::lo_addrs()?;
         let routes = net::host_routes()?;
         for (k, v) in &translations {
-            let Some(t) = translation_of(k, v) else { continue };
+            let Some(t) = translation_of(k, v) else {
+                continue;
+            };
             if t.local_moved() && !lo.contains(&t.flow.local.ip()) {
                 net::add_lo_addr(t.flow.local.ip())?;
             }
@@ -123,11 +139,21 @@ impl KernelDatapath {
     }
 
     fn egress_entries(&self) -> Result<Vec<(FlowKey, NatRewrite)>, DatapathError> {
-        self.loaded.maps.egress.iter().collect::<Result<Vec<_>, _>>().map_err(map_err(MAP_EGRESS_NAT))
+        self.loaded
+            .maps
+            .egress
+            .iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(map_err(MAP_EGRESS_NAT))
     }
 
     fn ingress_entries(&self) -> Result<Vec<(FlowKey, NatRewrite)>, DatapathError> {
-        self.loaded.maps.ingress.iter().collect::<Result<Vec<_>, _>>().map_err(map_err(MAP_INGRESS_NAT))
+        self.loaded
+            .maps
+            .ingress
+            .iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(map_err(MAP_INGRESS_NAT))
     }
 
     fn egress_get(&self, key: &FlowKey) -> Result<Option<NatRewrite>, DatapathError> {
@@ -150,7 +176,12 @@ impl KernelDatapath {
     pub fn counters(&self) -> Result<Vec<(String, u64)>, DatapathError> {
         (0..STAT_COUNT)
             .map(|i| {
-                let per_cpu = self.loaded.maps.stats.get(&i, 0).map_err(map_err(MAP_STATS))?;
+                let per_cpu = self
+                    .loaded
+                    .maps
+                    .stats
+                    .get(&i, 0)
+                    .map_err(map_err(MAP_STATS))?;
                 Ok((STAT_NAMES[i as usize].to_string(), per_cpu.iter().sum()))
             })
             .collect()
@@ -159,15 +190,25 @@ impl KernelDatapath {
     /// Raw program fd of a tc translator, for BPF_PROG_TEST_RUN.
     pub fn tc_program_fd(&self, egress: bool) -> Result<std::os::fd::RawFd, DatapathError> {
         use std::os::fd::{AsFd, AsRawFd};
-        let name = if egress { vnat_common::PROG_TC_EGRESS } else { vnat_common::PROG_TC_INGRESS };
+        let name = if egress {
+            vnat_common::PROG_TC_EGRESS
+        } else {
+            vnat_common::PROG_TC_INGRESS
+        };
         let p: &aya::programs::SchedClassifier = self
             .loaded
             .ebpf
             .program(name)
-            .ok_or_else(|| DatapathError::Load { source: format!("program {name} missing").into() })?
+            .ok_or_else(|| DatapathError::Load {
+                source: format!("program {name} missing").into(),
+            })?
             .try_into()
-            .map_err(|e: aya::programs::ProgramError| DatapathError::Load { source: Box::new(e) })?;
-        let fd = p.fd().map_err(|e| DatapathError::Load { source: Box::new(e) })?;
+            .map_err(|e: aya::programs::ProgramError| DatapathError::Load {
+                source: Box::new(e),
+            })?;
+        let fd = p.fd().map_err(|e| DatapathError::Load {
+            source: Box::new(e),
+        })?;
         Ok(fd.as_fd().as_raw_fd())
     }
 
@@ -176,7 +217,6 @@ impl KernelDatapath {
     pub fn insert_nat_pair(&mut self, p: &NatPair) -> Result<(), DatapathError> {
         self.write_pair(p, None)
     }
-
 }
 
 impl Datapath for KernelDatapath {
@@ -198,7 +238,8 @@ impl Datapath for KernelDatapath {
         let cgroups = attach::pinned_cgroups(&self.bpffs)
             .into_iter()
             .map(|id| CgroupAttachment {
-                path: attach::cgroup_path(id).unwrap_or_else(|| PathBuf::from(format!("(gone, id {id})"))),
+                path: attach::cgroup_path(id)
+                    .unwrap_or_else(|| PathBuf::from(format!("(gone, id {id})"))),
                 id,
             })
             .collect();
@@ -206,7 +247,12 @@ impl Datapath for KernelDatapath {
         Ok(DatapathStatus {
             bpffs: self.bpffs.clone(),
             netns_cookie: self.loaded.netns_cookie,
-            programs_loaded: self.loaded.ebpf.programs().map(|(n, _)| n.to_string()).collect(),
+            programs_loaded: self
+                .loaded
+                .ebpf
+                .programs()
+                .map(|(n, _)| n.to_string())
+                .collect(),
             cgroups,
             tc,
             connections,
@@ -243,7 +289,11 @@ impl Datapath for KernelDatapath {
     }
 
     fn translations(&self) -> Result<Vec<Translation>, DatapathError> {
-        Ok(self.egress_entries()?.iter().filter_map(|(k, v)| translation_of(k, v)).collect())
+        Ok(self
+            .egress_entries()?
+            .iter()
+            .filter_map(|(k, v)| translation_of(k, v))
+            .collect())
     }
 
     fn maintain(&mut self) -> Result<(), DatapathError> {

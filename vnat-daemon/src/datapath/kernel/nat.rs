@@ -15,7 +15,12 @@ pub struct NatPair {
     pub ingress: NatRewrite,
 }
 
-fn rewrite(src: std::net::SocketAddr, dst: std::net::SocketAddr, ifindex: u32, flags: u32) -> NatRewrite {
+fn rewrite(
+    src: std::net::SocketAddr,
+    dst: std::net::SocketAddr,
+    ifindex: u32,
+    flags: u32,
+) -> NatRewrite {
     let k = flow_key(crate::datapath::Proto::Tcp, src, dst);
     NatRewrite {
         src_addr_be: k.src_addr_be,
@@ -53,7 +58,11 @@ pub fn translation_of(key: &FlowKey, v: &NatRewrite) -> Option<Translation> {
         ..*key
     };
     let (physical_local, physical_remote) = key_endpoints(&phys)?;
-    Some(Translation { flow, physical_local, physical_remote })
+    Some(Translation {
+        flow,
+        physical_local,
+        physical_remote,
+    })
 }
 
 #[cfg(test)]
@@ -64,16 +73,32 @@ mod tests {
     #[test]
     fn pair_is_symmetric_and_reads_back() {
         let t = Translation {
-            flow: VirtualFlow { proto: Proto::Udp, local: "198.18.1.2:4000".parse().unwrap(), remote: "198.18.3.2:53".parse().unwrap() },
+            flow: VirtualFlow {
+                proto: Proto::Udp,
+                local: "198.18.1.2:4000".parse().unwrap(),
+                remote: "198.18.3.2:53".parse().unwrap(),
+            },
             physical_local: "198.18.2.2:4001".parse().unwrap(),
             physical_remote: "198.18.3.2:53".parse().unwrap(),
         };
         let p = pair_for(&t, 7, 0);
         // A packet rewritten by egress, seen from the peer and sent back, is
         // exactly the ingress key.
-        let on_wire = FlowKey { src_addr_be: p.egress.src_addr_be, dst_addr_be: p.egress.dst_addr_be, src_port_be: p.egress.src_port_be, dst_port_be: p.egress.dst_port_be, ..p.egress_key };
+        let on_wire = FlowKey {
+            src_addr_be: p.egress.src_addr_be,
+            dst_addr_be: p.egress.dst_addr_be,
+            src_port_be: p.egress.src_port_be,
+            dst_port_be: p.egress.dst_port_be,
+            ..p.egress_key
+        };
         assert_eq!(on_wire.reversed(), p.ingress_key);
-        let restored = FlowKey { src_addr_be: p.ingress.src_addr_be, dst_addr_be: p.ingress.dst_addr_be, src_port_be: p.ingress.src_port_be, dst_port_be: p.ingress.dst_port_be, ..p.ingress_key };
+        let restored = FlowKey {
+            src_addr_be: p.ingress.src_addr_be,
+            dst_addr_be: p.ingress.dst_addr_be,
+            src_port_be: p.ingress.src_port_be,
+            dst_port_be: p.ingress.dst_port_be,
+            ..p.ingress_key
+        };
         assert_eq!(restored, p.egress_key.reversed());
         assert_eq!(translation_of(&p.egress_key, &p.egress), Some(t));
         assert_eq!(p.egress_key.proto, vnat_common::PROTO_UDP);

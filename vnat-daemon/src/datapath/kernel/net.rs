@@ -4,10 +4,7 @@
 //! rtnetlink calls without touching the manager. Every route vnat adds
 //! carries [`ROUTE_PROTO`], so cleanup removes exactly what vnat added.
 
-use std::{
-    net::IpAddr,
-    process::Command,
-};
+use std::{net::IpAddr, process::Command};
 
 use serde::Deserialize;
 
@@ -36,10 +33,13 @@ struct JsonRoute {
 }
 
 fn ip(args: &[&str]) -> Result<String, DatapathError> {
-    let out = Command::new("ip").args(args).output().map_err(|e| DatapathError::Kernel {
-        what: format!("running `ip {}` (is iproute2 installed?)", args.join(" ")),
-        source: e,
-    })?;
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| DatapathError::Kernel {
+            what: format!("running `ip {}` (is iproute2 installed?)", args.join(" ")),
+            source: e,
+        })?;
     if !out.status.success() {
         return Err(DatapathError::Kernel {
             what: format!("`ip {}`", args.join(" ")),
@@ -50,7 +50,11 @@ fn ip(args: &[&str]) -> Result<String, DatapathError> {
 }
 
 fn family_flag(a: IpAddr) -> &'static str {
-    if a.is_ipv4() { "-4" } else { "-6" }
+    if a.is_ipv4() {
+        "-4"
+    } else {
+        "-6"
+    }
 }
 
 fn host_prefix(a: IpAddr) -> String {
@@ -93,12 +97,20 @@ pub fn route_get(dst: IpAddr, from: Option<IpAddr>) -> Result<RouteInfo, Datapat
         what: "parsing `ip -j route get`".into(),
         source: std::io::Error::other(e),
     })?;
-    let r = routes.into_iter().next().ok_or(DatapathError::NoRoute { addr: dst })?;
+    let r = routes
+        .into_iter()
+        .next()
+        .ok_or(DatapathError::NoRoute { addr: dst })?;
     if r.kind.as_deref().is_some_and(|k| k != "unicast") {
         return Err(DatapathError::NoRoute { addr: dst });
     }
     let dev = r.dev.ok_or(DatapathError::NoRoute { addr: dst })?;
-    Ok(RouteInfo { ifindex: ifindex(&dev)?, dev, gateway: r.gateway, prefsrc: r.prefsrc })
+    Ok(RouteInfo {
+        ifindex: ifindex(&dev)?,
+        dev,
+        gateway: r.gateway,
+        prefsrc: r.prefsrc,
+    })
 }
 
 #[derive(Deserialize)]
@@ -123,7 +135,11 @@ pub fn lo_addrs() -> Result<Vec<IpAddr>, DatapathError> {
         what: "parsing `ip -j addr show dev lo`".into(),
         source: std::io::Error::other(e),
     })?;
-    Ok(links.into_iter().flat_map(|l| l.addr_info).filter_map(|a| a.local).collect())
+    Ok(links
+        .into_iter()
+        .flat_map(|l| l.addr_info)
+        .filter_map(|a| a.local)
+        .collect())
 }
 
 /// Global-scope addresses of every interface but `lo`, with the ifindex.
@@ -138,7 +154,9 @@ pub fn interface_addrs() -> Result<Vec<(IpAddr, u32)>, DatapathError> {
         .filter(|l| l.ifname != "lo")
         .flat_map(|l| {
             let idx = l.ifindex;
-            l.addr_info.into_iter().filter_map(move |a| Some((a.local?, idx)))
+            l.addr_info
+                .into_iter()
+                .filter_map(move |a| Some((a.local?, idx)))
         })
         .collect())
 }
@@ -170,13 +188,32 @@ pub fn add_host_route(virt: IpAddr, phys: IpAddr, via: &RouteInfo) -> Result<(),
     let prefix = host_prefix(virt);
     let gw = via.gateway.unwrap_or(phys).to_string();
     let proto = ROUTE_PROTO.to_string();
-    ip(&[family_flag(virt), "route", "replace", &prefix, "via", &gw, "dev", &via.dev, "proto", &proto])
-        .map(|_| ())
+    ip(&[
+        family_flag(virt),
+        "route",
+        "replace",
+        &prefix,
+        "via",
+        &gw,
+        "dev",
+        &via.dev,
+        "proto",
+        &proto,
+    ])
+    .map(|_| ())
 }
 
 pub fn del_host_route(virt: IpAddr) -> Result<(), DatapathError> {
     let proto = ROUTE_PROTO.to_string();
-    ip(&[family_flag(virt), "route", "del", &host_prefix(virt), "proto", &proto]).map(|_| ())
+    ip(&[
+        family_flag(virt),
+        "route",
+        "del",
+        &host_prefix(virt),
+        "proto",
+        &proto,
+    ])
+    .map(|_| ())
 }
 
 #[derive(Deserialize)]
@@ -191,7 +228,11 @@ pub fn host_routes() -> Result<Vec<IpAddr>, DatapathError> {
     for fam in ["-4", "-6"] {
         let out = ip(&["-j", fam, "route", "show", "proto", &proto])?;
         let routes: Vec<JsonDst> = serde_json::from_str(&out).unwrap_or_default();
-        all.extend(routes.iter().filter_map(|r| r.dst.split('/').next()?.parse::<IpAddr>().ok()));
+        all.extend(
+            routes
+                .iter()
+                .filter_map(|r| r.dst.split('/').next()?.parse::<IpAddr>().ok()),
+        );
     }
     Ok(all)
 }

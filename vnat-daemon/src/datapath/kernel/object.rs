@@ -15,8 +15,7 @@ use vnat_common::{
     ConnRecord, DatapathConfig, FlowKey, NatRewrite, UdpPending, ABI_VERSION, CFG_F_NETNS_FILTER,
     MAP_CONFIG, MAP_CONNS, MAP_EGRESS_NAT, MAP_INGRESS_NAT, MAP_STATS, MAP_UDP_PENDING,
     PROG_SOCKOPS, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_UDP_CONNECT4, PROG_UDP_CONNECT6,
-    PROG_UDP_RECVMSG4, PROG_UDP_RECVMSG6, PROG_UDP_RELEASE, PROG_UDP_SENDMSG4,
-    PROG_UDP_SENDMSG6,
+    PROG_UDP_RECVMSG4, PROG_UDP_RECVMSG6, PROG_UDP_RELEASE, PROG_UDP_SENDMSG4, PROG_UDP_SENDMSG6,
 };
 
 use crate::datapath::DatapathError;
@@ -51,17 +50,25 @@ pub struct Loaded {
 }
 
 fn map_err(map: &'static str) -> impl FnOnce(aya::maps::MapError) -> DatapathError {
-    move |e| DatapathError::Map { map, source: Box::new(e) }
+    move |e| DatapathError::Map {
+        map,
+        source: Box::new(e),
+    }
 }
 
 fn load_err<E: std::error::Error + Send + Sync + 'static>(e: E) -> DatapathError {
-    DatapathError::Load { source: Box::new(e) }
+    DatapathError::Load {
+        source: Box::new(e),
+    }
 }
 
 /// Make sure `dir` is a directory on bpffs (creating it if needed).
 pub fn prepare_bpffs(dir: &Path) -> Result<(), DatapathError> {
     const BPF_FS_MAGIC: i64 = 0xcafe4a11;
-    let bad = |reason: String| DatapathError::Bpffs { path: dir.to_path_buf(), reason };
+    let bad = |reason: String| DatapathError::Bpffs {
+        path: dir.to_path_buf(),
+        reason,
+    };
     fs::create_dir_all(dir).map_err(|e| bad(format!("cannot create it: {e}")))?;
     let st = nix::sys::statfs::statfs(dir).map_err(|e| bad(format!("statfs failed: {e}")))?;
     if st.filesystem_type().0 as i64 != BPF_FS_MAGIC {
@@ -73,7 +80,10 @@ pub fn prepare_bpffs(dir: &Path) -> Result<(), DatapathError> {
 
 /// The network namespace cookie of the calling thread's namespace.
 pub fn own_netns_cookie() -> Result<u64, DatapathError> {
-    let kernel = |what: &str, e: std::io::Error| DatapathError::Kernel { what: what.into(), source: e };
+    let kernel = |what: &str, e: std::io::Error| DatapathError::Kernel {
+        what: what.into(),
+        source: e,
+    };
     let sock = std::net::UdpSocket::bind("127.0.0.1:0")
         .or_else(|_| std::net::UdpSocket::bind("[::1]:0"))
         .map_err(|e| kernel("opening a socket to read the netns cookie", e))?;
@@ -81,10 +91,19 @@ pub fn own_netns_cookie() -> Result<u64, DatapathError> {
     let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
     // SO_NETNS_COOKIE (71) since Linux 5.14.
     let rc = unsafe {
-        libc::getsockopt(sock.as_raw_fd(), libc::SOL_SOCKET, 71, (&mut cookie as *mut u64).cast(), &mut len)
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            71,
+            (&mut cookie as *mut u64).cast(),
+            &mut len,
+        )
     };
     if rc != 0 {
-        return Err(kernel("getsockopt(SO_NETNS_COOKIE)", std::io::Error::last_os_error()));
+        return Err(kernel(
+            "getsockopt(SO_NETNS_COOKIE)",
+            std::io::Error::last_os_error(),
+        ));
     }
     Ok(cookie)
 }
@@ -125,14 +144,20 @@ pub fn load(bpffs: &Path) -> Result<Loaded, DatapathError> {
     };
     let maps = Maps {
         conns: HashMap::try_from(take(&mut ebpf, MAP_CONNS)?).map_err(map_err(MAP_CONNS))?,
-        egress: HashMap::try_from(take(&mut ebpf, MAP_EGRESS_NAT)?).map_err(map_err(MAP_EGRESS_NAT))?,
-        ingress: HashMap::try_from(take(&mut ebpf, MAP_INGRESS_NAT)?).map_err(map_err(MAP_INGRESS_NAT))?,
+        egress: HashMap::try_from(take(&mut ebpf, MAP_EGRESS_NAT)?)
+            .map_err(map_err(MAP_EGRESS_NAT))?,
+        ingress: HashMap::try_from(take(&mut ebpf, MAP_INGRESS_NAT)?)
+            .map_err(map_err(MAP_INGRESS_NAT))?,
         stats: PerCpuArray::try_from(take(&mut ebpf, MAP_STATS)?).map_err(map_err(MAP_STATS))?,
         config: Array::try_from(take(&mut ebpf, MAP_CONFIG)?).map_err(map_err(MAP_CONFIG))?,
         udp_pending: HashMap::try_from(take(&mut ebpf, MAP_UDP_PENDING)?)
             .map_err(map_err(MAP_UDP_PENDING))?,
     };
-    let mut loaded = Loaded { ebpf, maps, netns_cookie: own_netns_cookie()? };
+    let mut loaded = Loaded {
+        ebpf,
+        maps,
+        netns_cookie: own_netns_cookie()?,
+    };
     check_and_set_config(bpffs, &mut loaded)?;
     Ok(loaded)
 }
@@ -152,7 +177,11 @@ fn check_and_set_config(bpffs: &Path, l: &mut Loaded) -> Result<(), DatapathErro
             reason: "its pins belong to a vnatd of another network namespace; give each namespace its own --bpffs".into(),
         });
     }
-    let cfg = DatapathConfig { netns_cookie: l.netns_cookie, flags: CFG_F_NETNS_FILTER, abi_version: ABI_VERSION };
+    let cfg = DatapathConfig {
+        netns_cookie: l.netns_cookie,
+        flags: CFG_F_NETNS_FILTER,
+        abi_version: ABI_VERSION,
+    };
     l.maps.config.set(0, cfg, 0).map_err(map_err(MAP_CONFIG))
 }
 

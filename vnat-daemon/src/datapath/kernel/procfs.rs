@@ -18,7 +18,9 @@ pub fn socket_inodes() -> HashMap<(Proto, SocketAddr, SocketAddr), u64> {
         (Proto::Udp, "/proc/thread-self/net/udp"),
         (Proto::Udp, "/proc/thread-self/net/udp6"),
     ] {
-        let Ok(text) = fs::read_to_string(file) else { continue };
+        let Ok(text) = fs::read_to_string(file) else {
+            continue;
+        };
         for line in text.lines().skip(1) {
             if let Some((l, r, inode)) = parse_line(line) {
                 if inode != 0 {
@@ -44,7 +46,11 @@ fn parse_endpoint(s: &str) -> Option<SocketAddr> {
     let (addr, port) = s.split_once(':')?;
     let port = u16::from_str_radix(port, 16).ok()?;
     let word = |i: usize| -> Option<[u8; 4]> {
-        Some(u32::from_str_radix(addr.get(i * 8..i * 8 + 8)?, 16).ok()?.to_ne_bytes())
+        Some(
+            u32::from_str_radix(addr.get(i * 8..i * 8 + 8)?, 16)
+                .ok()?
+                .to_ne_bytes(),
+        )
     };
     let ip = match addr.len() {
         8 => IpAddr::V4(Ipv4Addr::from(word(0)?)),
@@ -63,12 +69,20 @@ fn parse_endpoint(s: &str) -> Option<SocketAddr> {
 /// Socket inode to owning pid, scanning every process's fd table.
 pub fn inode_owners() -> HashMap<u64, u32> {
     let mut owners = HashMap::new();
-    let Ok(procs) = fs::read_dir("/proc") else { return owners };
+    let Ok(procs) = fs::read_dir("/proc") else {
+        return owners;
+    };
     for p in procs.flatten() {
-        let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
-        let Ok(fds) = fs::read_dir(p.path().join("fd")) else { continue };
+        let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(fds) = fs::read_dir(p.path().join("fd")) else {
+            continue;
+        };
         for fd in fds.flatten() {
-            let Ok(target) = fs::read_link(fd.path()) else { continue };
+            let Ok(target) = fs::read_link(fd.path()) else {
+                continue;
+            };
             let t = target.to_string_lossy();
             if let Some(inode) = t.strip_prefix("socket:[").and_then(|s| s.strip_suffix(']')) {
                 if let Ok(inode) = inode.parse() {
@@ -81,13 +95,17 @@ pub fn inode_owners() -> HashMap<u64, u32> {
 }
 
 pub fn comm(pid: u32) -> Option<String> {
-    fs::read_to_string(format!("/proc/{pid}/comm")).ok().map(|s| s.trim_end().to_string())
+    fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|s| s.trim_end().to_string())
 }
 
 /// The process's cgroup v2 path (relative to the cgroup2 mount).
 pub fn cgroup_of(pid: u32) -> Option<String> {
     let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    text.lines().find_map(|l| l.strip_prefix("0::")).map(str::to_string)
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(str::to_string)
 }
 
 #[cfg(test)]
@@ -96,7 +114,10 @@ mod tests {
 
     #[test]
     fn parses_proc_net_endpoints() {
-        assert_eq!(parse_endpoint("0100007F:0050"), Some("127.0.0.1:80".parse().unwrap()));
+        assert_eq!(
+            parse_endpoint("0100007F:0050"),
+            Some("127.0.0.1:80".parse().unwrap())
+        );
         assert_eq!(
             parse_endpoint("000080FE00000000FF57B0A0CB31D2FE:1F90"),
             Some("[fe80::a0b0:57ff:fed2:31cb]:8080".parse().unwrap())
@@ -104,6 +125,9 @@ mod tests {
         assert_eq!(parse_endpoint("zz:1"), None);
         let line = "   0: 0201A8C0:0016 0301A8C0:D431 01 00000000:00000000 02:000A 00000000     0        0 4242 2 0";
         let (l, r, inode) = parse_line(line).unwrap();
-        assert_eq!((l.to_string(), r.to_string(), inode), ("192.168.1.2:22".into(), "192.168.1.3:54321".into(), 4242));
+        assert_eq!(
+            (l.to_string(), r.to_string(), inode),
+            ("192.168.1.2:22".into(), "192.168.1.3:54321".into(), 4242)
+        );
     }
 }

@@ -61,5 +61,8 @@ pub fn run(prog_fd: RawFd, packet: &[u8]) -> std::io::Result<TestRun> {
         return Err(std::io::Error::last_os_error());
     }
     out.truncate(attr.data_size_out as usize);
-    Ok(TestRun { verdict: attr.retval, packet: out })
+    Ok(TestRun {
+        verdict: attr.retval,
+        packet: out,
+    })
 }

@@ -7,9 +7,15 @@ impl KernelDatapath {
     /// Write a pair, ingress first (so the reply path exists before the
     /// first rewritten packet leaves). On failure the previous entries are
     /// put back.
-    pub(super) fn write_pair(&mut self, p: &NatPair, old: Option<&NatPair>) -> Result<(), DatapathError> {
+    pub(super) fn write_pair(
+        &mut self,
+        p: &NatPair,
+        old: Option<&NatPair>,
+    ) -> Result<(), DatapathError> {
         let maps = &mut self.loaded.maps;
-        maps.ingress.insert(p.ingress_key, p.ingress, 0).map_err(map_err(MAP_INGRESS_NAT))?;
+        maps.ingress
+            .insert(p.ingress_key, p.ingress, 0)
+            .map_err(map_err(MAP_INGRESS_NAT))?;
         if let Err(e) = maps.egress.insert(p.egress_key, p.egress, 0) {
             match old {
                 Some(o) if o.ingress_key == p.ingress_key => {
@@ -38,22 +44,34 @@ impl KernelDatapath {
             .collect();
         if t.local_moved() && v.flags & NAT_F_LO_ADDR_OURS != 0 {
             let ip = t.flow.local.ip();
-            let local_words = crate::datapath::flow_key(t.flow.proto, t.flow.local, t.flow.remote).src_addr_be;
+            let local_words =
+                crate::datapath::flow_key(t.flow.proto, t.flow.local, t.flow.remote).src_addr_be;
             let prepared_use = self.ingress_entries()?.iter().any(|(k, v)| {
                 v.flags & NAT_F_LO_ADDR_OURS != 0 && restored_key(k, v).dst_addr_be == local_words
             });
-            if !prepared_use && !rest.iter().any(|o| o.local_moved() && o.flow.local.ip() == ip) {
+            if !prepared_use
+                && !rest
+                    .iter()
+                    .any(|o| o.local_moved() && o.flow.local.ip() == ip)
+            {
                 net::del_lo_addr(ip)?;
             }
         }
         if t.remote_moved() {
             let ip = t.flow.remote.ip();
-            if !rest.iter().any(|o| o.remote_moved() && o.flow.remote.ip() == ip) {
+            if !rest
+                .iter()
+                .any(|o| o.remote_moved() && o.flow.remote.ip() == ip)
+            {
                 let _ = net::del_host_route(ip);
             }
         }
         let ifindex = v.redirect_ifindex;
-        let still_used = self.egress_entries()?.iter().chain(self.ingress_entries()?.iter()).any(|(_, o)| o.redirect_ifindex == ifindex);
+        let still_used = self
+            .egress_entries()?
+            .iter()
+            .chain(self.ingress_entries()?.iter())
+            .any(|(_, o)| o.redirect_ifindex == ifindex);
         if ifindex != 0 && !still_used {
             attach::detach_tc(&self.bpffs, ifindex);
             self.tc_current.remove(&ifindex);
@@ -68,7 +86,9 @@ impl KernelDatapath {
         let route = net::route_get(t.physical_remote.ip(), Some(t.physical_local.ip()))?;
         let egress_key = t.flow.to_key();
         let old_val = self.egress_get(&egress_key)?;
-        let old = old_val.and_then(|v| translation_of(&egress_key, &v)).map(|o| (pair_for(&o, v_ifindex(&old_val), v_flags(&old_val)), o));
+        let old = old_val
+            .and_then(|v| translation_of(&egress_key, &v))
+            .map(|o| (pair_for(&o, v_ifindex(&old_val), v_flags(&old_val)), o));
         let probe = pair_for(t, route.ifindex, 0);
         if let Some(other) = self.ingress_get(&probe.ingress_key)? {
             // The entry restores (remote virtual -> local virtual); reversed,
@@ -95,9 +115,13 @@ impl KernelDatapath {
         if t.local_moved() {
             let ip = t.flow.local.ip();
             let ours_already = self.egress_entries()?.iter().any(|(k, v)| {
-                v.flags & NAT_F_LO_ADDR_OURS != 0 && translation_of(k, v).is_some_and(|o| o.flow.local.ip() == ip)
+                v.flags & NAT_F_LO_ADDR_OURS != 0
+                    && translation_of(k, v).is_some_and(|o| o.flow.local.ip() == ip)
             }) || self.ingress_entries()?.iter().any(|(k, v)| {
-                v.flags & NAT_F_LO_ADDR_OURS != 0 && restored_key(k, v).dst_addr_be == crate::datapath::flow_key(t.flow.proto, t.flow.local, t.flow.remote).src_addr_be
+                v.flags & NAT_F_LO_ADDR_OURS != 0
+                    && restored_key(k, v).dst_addr_be
+                        == crate::datapath::flow_key(t.flow.proto, t.flow.local, t.flow.remote)
+                            .src_addr_be
             });
             if ours_already {
                 flags |= NAT_F_LO_ADDR_OURS;
@@ -137,7 +161,12 @@ impl KernelDatapath {
         if !complete {
             // Receive side only; an earlier placement keeps working until
             // install_translation switches the send side over.
-            if let Err(e) = self.loaded.maps.ingress.insert(pair.ingress_key, pair.ingress, 0) {
+            if let Err(e) = self
+                .loaded
+                .maps
+                .ingress
+                .insert(pair.ingress_key, pair.ingress, 0)
+            {
                 undo(added_lo, added_route);
                 return Err(map_err(MAP_INGRESS_NAT)(e));
             }
@@ -149,8 +178,16 @@ impl KernelDatapath {
         }
         if let Some((old_pair, old_t)) = old {
             // Moving again: release what only the previous placement needed.
-            if old_pair.egress.redirect_ifindex != route.ifindex || old_t.remote_moved() != t.remote_moved() {
-                let _ = self.release(&old_t, &NatRewrite { flags: 0, ..old_pair.egress });
+            if old_pair.egress.redirect_ifindex != route.ifindex
+                || old_t.remote_moved() != t.remote_moved()
+            {
+                let _ = self.release(
+                    &old_t,
+                    &NatRewrite {
+                        flags: 0,
+                        ..old_pair.egress
+                    },
+                );
             }
         }
         Ok(())
@@ -171,14 +208,22 @@ impl KernelDatapath {
             (None, Some((k, v))) => {
                 // Rebuild the translation from the reverse entry: the packet
                 // it matches is (physical remote -> physical local).
-                let t = key_endpoints(k).map(|(pr, pl)| Translation { flow: *flow, physical_local: pl, physical_remote: pr });
+                let t = key_endpoints(k).map(|(pr, pl)| Translation {
+                    flow: *flow,
+                    physical_local: pl,
+                    physical_remote: pr,
+                });
                 (t, *v)
             }
             (None, None) => return Err(DatapathError::NoSuchTranslation { flow: *flow }),
         };
         let t = t.ok_or(DatapathError::NoSuchTranslation { flow: *flow })?;
         if egress.is_some() {
-            self.loaded.maps.egress.remove(&key).map_err(map_err(MAP_EGRESS_NAT))?;
+            self.loaded
+                .maps
+                .egress
+                .remove(&key)
+                .map_err(map_err(MAP_EGRESS_NAT))?;
         }
         for (k, _) in &reverse {
             let _ = self.loaded.maps.ingress.remove(k);
@@ -204,4 +249,3 @@ pub(super) fn restored_key(key: &FlowKey, v: &NatRewrite) -> FlowKey {
         ..*key
     }
 }
-

@@ -16,7 +16,12 @@ pub(super) fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
-pub(super) fn setsockopt<T>(fd: &OwnedFd, level: libc::c_int, name: libc::c_int, value: &T) -> io::Result<()> {
+pub(super) fn setsockopt<T>(
+    fd: &OwnedFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: &T,
+) -> io::Result<()> {
     // SAFETY: `value` points to a live T of the size passed.
     cvt(unsafe {
         libc::setsockopt(

@@ -123,7 +123,11 @@ impl SockDiag {
 
     /// The socket of `flow` with this cookie (inet_diag exact lookup,
     /// inet_diag_find_one_icsk), or `None` if it is gone.
-    pub(super) fn query(&self, flow: &VirtualFlow, cookie: u64) -> Result<Option<TcpState>, DatapathError> {
+    pub(super) fn query(
+        &self,
+        flow: &VirtualFlow,
+        cookie: u64,
+    ) -> Result<Option<TcpState>, DatapathError> {
         let key = flow.to_key();
         let family = if flow.local.is_ipv4() && flow.remote.is_ipv4() {
             libc::AF_INET

@@ -140,8 +140,7 @@ fn parses_inet_diag_answers() {
     info[TCPI_BACKOFF] = 7;
     info[TCPI_WSCALE] = 0x7a;
     info[TCPI_TOTAL_RETRANS..TCPI_TOTAL_RETRANS + 4].copy_from_slice(&9u32.to_ne_bytes());
-    info[TCPI_BYTES_ACKED..TCPI_BYTES_ACKED + 8]
-        .copy_from_slice(&0x1_0000_0005u64.to_ne_bytes());
+    info[TCPI_BYTES_ACKED..TCPI_BYTES_ACKED + 8].copy_from_slice(&0x1_0000_0005u64.to_ne_bytes());
     info[TCPI_BYTES_RECEIVED..TCPI_BYTES_RECEIVED + 8].copy_from_slice(&6u64.to_ne_bytes());
     info[TCPI_SND_WND..TCPI_SND_WND + 4].copy_from_slice(&1000u32.to_ne_bytes());
     info[TCPI_RCV_WND..TCPI_RCV_WND + 4].copy_from_slice(&(300u32 << 7).to_ne_bytes());
