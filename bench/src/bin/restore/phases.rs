@@ -1,24 +1,32 @@
 //! Where a restoration's time went, from vnatd's own logs (JSON, info).
 //!
-//! vnatd's driver moves connections one at a time through three steps that
-//! it logs per connection (vnat-daemon/src/daemon/driver.rs):
+//! vnatd's driver (vnat-daemon/src/daemon/driver.rs) handles one event at a
+//! time and flushes what VCMP queued only after it has applied every event
+//! of a datagram, so a move of N connections runs as a chain of sequential
+//! per-connection steps, three of which it logs per connection:
 //! 1. laptop, "resuming connection at a new address": after the address
 //!    change was noticed (a 50 ms debounce, then a resync that lists the
 //!    connections and addresses) and this connection's receive side was
-//!    prepared (`prepare_translation`);
-//! 2. server, "translation updated": after the laptop's batched `UPD`
-//!    arrived, the new address was validated, and this connection's
-//!    translation was installed and its flow restarted;
-//! 3. laptop, "translation updated": the same on the laptop after `UPD_R`.
+//!    prepared (`prepare_translation`). One batched `UPD` follows the last.
+//! 2. laptop, "translation updated": the server answered each `UPD` batch
+//!    with `UPD_R` and a `CHALLENGE` for the new address (after preparing
+//!    its own receive side for every connection of the batch); the laptop
+//!    installs each translation and restarts the flow, and answers the
+//!    challenge only after the whole batch.
+//! 3. server, "translation updated": on the `RESPONSE` the server installs
+//!    each translation and restarts the flow. Only now can the connection
+//!    carry data both ways.
 //!
-//! From the first and last line of each step (relative to `t0`, when the
-//! new address became usable) the run is cut into phases: detection,
-//! laptop prepares, the VCMP exchange (last prepare to the server's first
-//! install; it also holds the server's own receive-side prepares), server
-//! installs, the reply, laptop installs, and the drain (last laptop install
-//! to the last echo). The per-connection figures divide a phase by the
-//! lines in it. Connections are matched across the logs and the client's
-//! report by the laptop's port.
+//! Phases (ms, from the first and last line of each step; t0 is when the
+//! new address became usable): `detect` (t0 to the first laptop line),
+//! `laptop_prepare`, `exchange` (last laptop prepare to the laptop's first
+//! install: UPD, the server's receive-side prepares, UPD_R), `laptop_install`,
+//! `validation` (the laptop's last install to the server's first: RESPONSE
+//! and one install; negative when batches overlap), `server_install`, and
+//! `drain` (the server's last install to the last echo). Per connection: a
+//! step's span over its lines, and each connection's echo after the later
+//! of its two installs. Connections are matched across the logs and the
+//! client's report by the laptop's port.
 
 use std::{collections::HashMap, path::Path};
 
@@ -62,30 +70,21 @@ pub struct Phases {
     pub laptop_resuming: Step,
     pub server_translated: Step,
     pub laptop_translated: Step,
-    /// t0 -> the laptop's first "resuming" line.
+    /// See the module documentation for each phase.
     pub detect_ms: Option<f64>,
-    /// The laptop's first to last "resuming" line (one prepare per
-    /// connection), and per connection.
     pub laptop_prepare_ms: Option<f64>,
     pub laptop_prepare_per_conn_ms: Option<f64>,
-    /// The laptop's last "resuming" -> the server's first "translation
-    /// updated": UPD out, address validation, the server's receive-side
-    /// prepares, its first install.
     pub exchange_ms: Option<f64>,
-    /// The server's first to last "translation updated", and per connection.
-    pub server_install_ms: Option<f64>,
-    pub server_install_per_conn_ms: Option<f64>,
-    /// The server's last -> the laptop's first "translation updated".
-    pub reply_ms: Option<f64>,
-    /// The laptop's first to last "translation updated", and per connection.
     pub laptop_install_ms: Option<f64>,
     pub laptop_install_per_conn_ms: Option<f64>,
-    /// The laptop's last "translation updated" -> the last echo.
+    pub validation_ms: Option<f64>,
+    pub server_install_ms: Option<f64>,
+    pub server_install_per_conn_ms: Option<f64>,
     pub drain_ms: Option<f64>,
-    /// Per connection: its laptop "translation updated" -> its echo (median,
-    /// max), i.e. TCP sending again and one echo round trip.
-    pub echo_after_laptop_install_median_ms: Option<f64>,
-    pub echo_after_laptop_install_max_ms: Option<f64>,
+    /// Per connection: from the later of its two installs to its echo
+    /// (median, max): TCP sending again plus one echo round trip.
+    pub echo_after_install_median_ms: Option<f64>,
+    pub echo_after_install_max_ms: Option<f64>,
     /// Warnings and errors vnatd logged after the move (count, first few).
     pub warnings: usize,
     pub warning_samples: Vec<String>,
@@ -115,7 +114,13 @@ impl Phases {
     ) -> Phases {
         let lap = read(laptop_log, t_start, t0, real_offset, laptop_ip);
         let srv = read(server_log, t_start, t0, real_offset, laptop_ip);
-        let times = |lines: &[Line], msg: &str| -> Vec<f64> { lines.iter().filter(|l| l.message == msg).map(|l| l.at).collect() };
+        let times = |lines: &[Line], msg: &str| -> Vec<f64> {
+            lines
+                .iter()
+                .filter(|l| l.message == msg)
+                .map(|l| l.at)
+                .collect()
+        };
         let mut p = Phases {
             laptop_resuming: Step::of(&times(&lap, RESUMING)),
             server_translated: Step::of(&times(&srv, TRANSLATED)),
@@ -126,26 +131,43 @@ impl Phases {
         p.detect_ms = p.laptop_resuming.first_ms;
         p.laptop_prepare_ms = gap(p.laptop_resuming.first_ms, p.laptop_resuming.last_ms);
         p.laptop_prepare_per_conn_ms = p.laptop_resuming.per_conn_ms();
-        p.exchange_ms = gap(p.laptop_resuming.last_ms, p.server_translated.first_ms);
-        p.server_install_ms = gap(p.server_translated.first_ms, p.server_translated.last_ms);
-        p.server_install_per_conn_ms = p.server_translated.per_conn_ms();
-        p.reply_ms = gap(p.server_translated.last_ms, p.laptop_translated.first_ms);
+        p.exchange_ms = gap(p.laptop_resuming.last_ms, p.laptop_translated.first_ms);
         p.laptop_install_ms = gap(p.laptop_translated.first_ms, p.laptop_translated.last_ms);
         p.laptop_install_per_conn_ms = p.laptop_translated.per_conn_ms();
-        let last_echo = restored.iter().map(|r| ms_from(r.recv as i128, t0)).reduce(f64::max);
-        p.drain_ms = gap(p.laptop_translated.last_ms, last_echo);
+        p.validation_ms = gap(p.laptop_translated.last_ms, p.server_translated.first_ms);
+        p.server_install_ms = gap(p.server_translated.first_ms, p.server_translated.last_ms);
+        p.server_install_per_conn_ms = p.server_translated.per_conn_ms();
+        let last_echo = restored
+            .iter()
+            .map(|r| ms_from(r.recv as i128, t0))
+            .reduce(f64::max);
+        p.drain_ms = gap(p.server_translated.last_ms, last_echo);
 
-        let installed: HashMap<u16, f64> =
-            lap.iter().filter(|l| l.message == TRANSLATED).filter_map(|l| Some((l.port?, l.at))).collect();
+        let installs = |lines: &[Line]| -> HashMap<u16, f64> {
+            lines
+                .iter()
+                .filter(|l| l.message == TRANSLATED)
+                .filter_map(|l| Some((l.port?, l.at)))
+                .collect()
+        };
+        let (lap_at, srv_at) = (installs(&lap), installs(&srv));
         let mut after: Vec<f64> = restored
             .iter()
-            .filter_map(|r| Some(ms_from(r.recv as i128, t0) - installed.get(&r.local?.port())?))
+            .filter_map(|r| {
+                let port = r.local?.port();
+                let both = lap_at.get(&port)?.max(*srv_at.get(&port)?);
+                Some(ms_from(r.recv as i128, t0) - both)
+            })
             .collect();
         after.sort_by(f64::total_cmp);
-        p.echo_after_laptop_install_median_ms = after.get(after.len() / 2).copied();
-        p.echo_after_laptop_install_max_ms = after.last().copied();
+        p.echo_after_install_median_ms = after.get(after.len() / 2).copied();
+        p.echo_after_install_max_ms = after.last().copied();
 
-        for (host, l) in lap.iter().map(|l| ("laptop", l)).chain(srv.iter().map(|l| ("server", l))) {
+        for (host, l) in lap
+            .iter()
+            .map(|l| ("laptop", l))
+            .chain(srv.iter().map(|l| ("server", l)))
+        {
             if l.level == "WARN" || l.level == "ERROR" {
                 p.warnings += 1;
                 let s = format!("{host}: {}", l.message);
@@ -177,7 +199,10 @@ fn read(path: &Path, t_start: u64, t0: u64, real_offset: i128, laptop_ip: &str) 
             let fields = &v["fields"];
             let port = fields["flow"].as_str().and_then(|f| {
                 let rest = &f[f.find(&key)? + key.len()..];
-                rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+                rest.split(|c: char| !c.is_ascii_digit())
+                    .next()?
+                    .parse()
+                    .ok()
             });
             Some(Line {
                 at: ms_from(mono, t0),
@@ -196,7 +221,10 @@ mod tests {
     #[test]
     fn per_connection_time_divides_by_the_gaps() {
         let s = Step::of(&[10.0, 12.0, 14.0, 16.0]);
-        assert_eq!((s.count, s.first_ms, s.last_ms), (4, Some(10.0), Some(16.0)));
+        assert_eq!(
+            (s.count, s.first_ms, s.last_ms),
+            (4, Some(10.0), Some(16.0))
+        );
         assert_eq!(s.per_conn_ms(), Some(2.0));
         assert_eq!(Step::of(&[5.0]).per_conn_ms(), None);
     }

@@ -20,22 +20,29 @@ fn opt(v: Option<f64>, digits: usize) -> String {
 pub fn run_line(r: &RunResult) -> String {
     let p = &r.phases;
     let status = if r.complete {
-        format!("total {:.3} s ({:.2} ms per connection)", r.total_s.unwrap_or(0.0), r.per_conn_ms.unwrap_or(0.0))
+        format!(
+            "total {:.3} s ({:.2} ms per connection)",
+            r.total_s.unwrap_or(0.0),
+            r.per_conn_ms.unwrap_or(0.0)
+        )
     } else {
-        format!("INCOMPLETE: {} of {} restored within {:.0} s ({} failed)", r.restored, r.conns, r.timeout_s, r.failed)
+        format!(
+            "INCOMPLETE: {} of {} restored within {:.0} s ({} failed)",
+            r.restored, r.conns, r.timeout_s, r.failed
+        )
     };
     format!(
         "rtt {:.2} ms; {status}; first/median/last connection {}/{}/{} ms; vnatd: first resume {} ms, \
-         server installs {}..{} ms, laptop installs {}..{} ms; verified {}",
+         laptop installs {}..{} ms, server installs {}..{} ms; verified {}",
         r.rtt_ms,
         opt(r.first_ms, 1),
         opt(r.median_ms, 1),
         opt(r.last_ms, 1),
         opt(p.detect_ms, 1),
-        opt(p.server_translated.first_ms, 1),
-        opt(p.server_translated.last_ms, 1),
         opt(p.laptop_translated.first_ms, 1),
         opt(p.laptop_translated.last_ms, 1),
+        opt(p.server_translated.first_ms, 1),
+        opt(p.server_translated.last_ms, 1),
         r.verified.map_or_else(|| "-".into(), |v| format!("{v}/{}", r.conns)),
     )
 }
@@ -59,20 +66,33 @@ fn phase_fields() -> Vec<(&'static str, fn(&Phases) -> Option<f64>)> {
     vec![
         ("detect_ms", |p| p.detect_ms),
         ("laptop_prepare_ms", |p| p.laptop_prepare_ms),
-        ("laptop_prepare_per_conn_ms", |p| p.laptop_prepare_per_conn_ms),
+        ("laptop_prepare_per_conn_ms", |p| {
+            p.laptop_prepare_per_conn_ms
+        }),
         ("exchange_ms", |p| p.exchange_ms),
-        ("server_install_ms", |p| p.server_install_ms),
-        ("server_install_per_conn_ms", |p| p.server_install_per_conn_ms),
-        ("reply_ms", |p| p.reply_ms),
         ("laptop_install_ms", |p| p.laptop_install_ms),
-        ("laptop_install_per_conn_ms", |p| p.laptop_install_per_conn_ms),
+        ("laptop_install_per_conn_ms", |p| {
+            p.laptop_install_per_conn_ms
+        }),
+        ("validation_ms", |p| p.validation_ms),
+        ("server_install_ms", |p| p.server_install_ms),
+        ("server_install_per_conn_ms", |p| {
+            p.server_install_per_conn_ms
+        }),
         ("drain_ms", |p| p.drain_ms),
-        ("echo_after_laptop_install_median_ms", |p| p.echo_after_laptop_install_median_ms),
-        ("echo_after_laptop_install_max_ms", |p| p.echo_after_laptop_install_max_ms),
+        ("echo_after_install_median_ms", |p| {
+            p.echo_after_install_median_ms
+        }),
+        ("echo_after_install_max_ms", |p| p.echo_after_install_max_ms),
     ]
 }
 
-pub fn json(args: &Args, results: &[(usize, Vec<RunResult>)], load_before: Option<f64>, load_after: Option<f64>) -> Value {
+pub fn json(
+    args: &Args,
+    results: &[(usize, Vec<RunResult>)],
+    load_before: Option<f64>,
+    load_after: Option<f64>,
+) -> Value {
     let rows: Vec<Value> = results
         .iter()
         .map(|(n, runs)| {
@@ -127,11 +147,24 @@ pub fn json(args: &Args, results: &[(usize, Vec<RunResult>)], load_before: Optio
 pub fn table(args: &Args, results: &[(usize, Vec<RunResult>)]) -> String {
     let mut s = String::new();
     let fmt = |x: Option<Summary>, d: usize| {
-        x.map_or_else(|| "-".into(), |x| format!("{:.d$} ({:.d$}-{:.d$})", x.median, x.min, x.max))
+        x.map_or_else(
+            || "-".into(),
+            |x| format!("{:.d$} ({:.d$}-{:.d$})", x.median, x.min, x.max),
+        )
     };
-    let med = |x: Option<Summary>, d: usize| x.map_or_else(|| "-".into(), |x| format!("{:.d$}", x.median));
-    let delay = if args.rtt_ms > 0.0 { "delay line" } else { "no delay line" };
-    let _ = writeln!(s, "\nrestoring N TCP connections after the laptop's address changes, at {} ms RTT ({delay})", args.rtt_ms);
+    let med = |x: Option<Summary>, d: usize| {
+        x.map_or_else(|| "-".into(), |x| format!("{:.d$}", x.median))
+    };
+    let delay = if args.rtt_ms > 0.0 {
+        "delay line"
+    } else {
+        "no delay line"
+    };
+    let _ = writeln!(
+        s,
+        "\nrestoring N TCP connections after the laptop's address changes, at {} ms RTT ({delay})",
+        args.rtt_ms
+    );
     let _ = writeln!(
         s,
         "total = new address usable -> every connection has echoed a message written after it; \
@@ -140,7 +173,15 @@ pub fn table(args: &Args, results: &[(usize, Vec<RunResult>)]) -> String {
     let _ = writeln!(
         s,
         "{:>6} {:>7} {:>5} {:>26} {:>22} {:>24} {:>8} {:>9} {:>9}",
-        "conns", "rtt ms", "done", "total s", "per conn ms", "first/median/last ms", "paper s", "paper ms", "us/paper"
+        "conns",
+        "rtt ms",
+        "done",
+        "total s",
+        "per conn ms",
+        "first/median/last ms",
+        "paper s",
+        "paper ms",
+        "us/paper"
     );
     for (n, runs) in results {
         let total = summary(runs, |r| r.total_s);
@@ -150,7 +191,11 @@ pub fn table(args: &Args, results: &[(usize, Vec<RunResult>)]) -> String {
             "{:>6} {:>7} {:>5} {:>26} {:>22} {:>24} {:>8} {:>9} {:>9}",
             n,
             med(summary(runs, |r| Some(r.rtt_ms)), 2),
-            format!("{}/{}", runs.iter().filter(|r| r.complete).count(), runs.len()),
+            format!(
+                "{}/{}",
+                runs.iter().filter(|r| r.complete).count(),
+                runs.len()
+            ),
             fmt(total.clone(), 3),
             fmt(summary(runs, |r| r.per_conn_ms), 2),
             format!(
@@ -161,7 +206,8 @@ pub fn table(args: &Args, results: &[(usize, Vec<RunResult>)]) -> String {
             ),
             p.map_or_else(|| "-".into(), |p| format!("{:.3}", p.0)),
             p.map_or_else(|| "-".into(), |p| format!("{:.1}", p.1)),
-            p.zip(total).map_or_else(|| "-".into(), |(p, t)| format!("{:.2}", t.median / p.0)),
+            p.zip(total)
+                .map_or_else(|| "-".into(), |(p, t)| format!("{:.2}", t.median / p.0)),
         );
         for r in runs.iter().filter(|r| !r.complete) {
             let _ = writeln!(
@@ -172,38 +218,66 @@ pub fn table(args: &Args, results: &[(usize, Vec<RunResult>)]) -> String {
                 r.conns,
                 r.timeout_s,
                 r.failed,
-                r.conn_errors.first().map_or_else(String::new, |e| format!(" (first error: {e})")),
+                r.conn_errors
+                    .first()
+                    .map_or_else(String::new, |e| format!(" (first error: {e})")),
             );
         }
     }
     let _ = writeln!(
         s,
-        "\nwhere the time goes (vnatd's logs; medians over runs; ms from t0; /conn = the phase over its log lines)"
+        "\nwhere the time goes (vnatd's logs, in the order it happens; medians over runs; ms; (/c) = per connection)"
     );
     let _ = writeln!(
         s,
-        "{:>6} {:>7} {:>18} {:>9} {:>18} {:>7} {:>18} {:>7} {:>16}",
-        "conns", "detect", "lap.prepare (/c)", "exchange", "srv.install (/c)", "reply", "lap.install (/c)", "drain", "echo-lap.inst"
+        "{:>6} {:>7} {:>18} {:>9} {:>18} {:>10} {:>18} {:>7} {:>14}",
+        "conns",
+        "detect",
+        "lap.prepare (/c)",
+        "exchange",
+        "lap.install (/c)",
+        "validation",
+        "srv.install (/c)",
+        "drain",
+        "echo-install"
     );
     for (n, runs) in results {
         let ph = |f: fn(&Phases) -> Option<f64>, d: usize| med(summary(runs, |r| f(&r.phases)), d);
         let _ = writeln!(
             s,
-            "{:>6} {:>7} {:>18} {:>9} {:>18} {:>7} {:>18} {:>7} {:>16}",
+            "{:>6} {:>7} {:>18} {:>9} {:>18} {:>10} {:>18} {:>7} {:>14}",
             n,
             ph(|p| p.detect_ms, 1),
-            format!("{} ({})", ph(|p| p.laptop_prepare_ms, 1), ph(|p| p.laptop_prepare_per_conn_ms, 2)),
+            format!(
+                "{} ({})",
+                ph(|p| p.laptop_prepare_ms, 1),
+                ph(|p| p.laptop_prepare_per_conn_ms, 2)
+            ),
             ph(|p| p.exchange_ms, 1),
-            format!("{} ({})", ph(|p| p.server_install_ms, 1), ph(|p| p.server_install_per_conn_ms, 2)),
-            ph(|p| p.reply_ms, 1),
-            format!("{} ({})", ph(|p| p.laptop_install_ms, 1), ph(|p| p.laptop_install_per_conn_ms, 2)),
+            format!(
+                "{} ({})",
+                ph(|p| p.laptop_install_ms, 1),
+                ph(|p| p.laptop_install_per_conn_ms, 2)
+            ),
+            ph(|p| p.validation_ms, 1),
+            format!(
+                "{} ({})",
+                ph(|p| p.server_install_ms, 1),
+                ph(|p| p.server_install_per_conn_ms, 2)
+            ),
             ph(|p| p.drain_ms, 1),
             format!(
                 "{}/{}",
-                ph(|p| p.echo_after_laptop_install_median_ms, 1),
-                ph(|p| p.echo_after_laptop_install_max_ms, 1)
+                ph(|p| p.echo_after_install_median_ms, 1),
+                ph(|p| p.echo_after_install_max_ms, 1)
             ),
         );
     }
+    let _ = writeln!(
+        s,
+        "(detect: t0 -> laptop's first prepare; exchange: UPD, server's receive-side prepares, UPD_R; validation: \
+         laptop's last install -> server's first; drain: server's last install -> last echo; \
+         echo-install: per connection, later install -> its echo, median/max)"
+    );
     s
 }
