@@ -76,9 +76,10 @@ enum Command {
         #[arg(last = true)]
         args: Vec<OsString>,
     },
-    /// Build everything in release mode and run the demo (`vnat-demo` from the
-    /// vnat-tests crate): a laptop roams between two networks while its TCP
-    /// and UDP connections to a server stay up.
+    /// Build everything in release mode and run the demo (`vnat-demo` from
+    /// the vnat-tests crate): a laptop roams between two networks while its
+    /// live TCP connection to a server carries on, moved by real vnatd on
+    /// both hosts.
     ///
     /// Arguments after `--` go to the demo; see `cargo xtask demo -- --help`.
     Demo {
