@@ -85,6 +85,12 @@ pub struct Phases {
     /// (median, max): TCP sending again plus one echo round trip.
     pub echo_after_install_median_ms: Option<f64>,
     pub echo_after_install_max_ms: Option<f64>,
+    /// Connections whose migration VCMP gave up on ("VCMP migration
+    /// aborted"), on either host. Such a connection may still echo: the
+    /// server's translation suffices while the laptop's packets keep their
+    /// old source address and nothing on the path filters it (the
+    /// benchmark's router does not), which a real network may not allow.
+    pub aborted: usize,
     /// Warnings and errors vnatd logged after the move (count, first few).
     pub warnings: usize,
     pub warning_samples: Vec<String>,
@@ -168,6 +174,9 @@ impl Phases {
             .map(|l| ("laptop", l))
             .chain(srv.iter().map(|l| ("server", l)))
         {
+            if l.message == "VCMP migration aborted" {
+                p.aborted += 1;
+            }
             if l.level == "WARN" || l.level == "ERROR" {
                 p.warnings += 1;
                 let s = format!("{host}: {}", l.message);

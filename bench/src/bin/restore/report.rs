@@ -31,8 +31,9 @@ pub fn run_line(r: &RunResult) -> String {
             r.restored, r.conns, r.timeout_s, r.failed
         )
     };
+    let aborted = if p.aborted > 0 { format!("; {} migrations ABORTED by VCMP", p.aborted) } else { String::new() };
     format!(
-        "rtt {:.2} ms; {status}; first/median/last connection {}/{}/{} ms; vnatd: first resume {} ms, \
+        "rtt {:.2} ms; {status}{aborted}; first/median/last connection {}/{}/{} ms; vnatd: first resume {} ms, \
          laptop installs {}..{} ms, server installs {}..{} ms; verified {}",
         r.rtt_ms,
         opt(r.first_ms, 1),
@@ -108,6 +109,7 @@ pub fn json(
                 "runs": runs.len(),
                 "complete_runs": runs.iter().filter(|r| r.complete).count(),
                 "restored_min": runs.iter().map(|r| r.restored).min(),
+                "aborted_migrations_max": runs.iter().map(|r| r.phases.aborted).max(),
                 "total_s": summary_json(total.clone()),
                 "per_conn_ms": summary_json(summary(runs, |r| r.per_conn_ms)),
                 "first_conn_ms": summary_json(summary(runs, |r| r.first_ms)),
@@ -209,6 +211,18 @@ pub fn table(args: &Args, results: &[(usize, Vec<RunResult>)]) -> String {
             p.zip(total)
                 .map_or_else(|| "-".into(), |(p, t)| format!("{:.2}", t.median / p.0)),
         );
+        for (i, r) in runs.iter().enumerate().filter(|(_, r)| r.phases.aborted > 0) {
+            let _ = writeln!(
+                s,
+                "{:>6}   run {}: VCMP aborted {} of {} migrations (\"{}\"); their connections echoed only because \
+                 nothing filters the laptop's old source address",
+                "",
+                i + 1,
+                r.phases.aborted,
+                r.conns,
+                r.phases.warning_samples.first().map_or("", String::as_str),
+            );
+        }
         for r in runs.iter().filter(|r| !r.complete) {
             let _ = writeln!(
                 s,
