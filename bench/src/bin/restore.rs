@@ -67,10 +67,10 @@ mod daemon;
 mod echo;
 #[path = "restore/phases.rs"]
 mod phases;
-#[path = "restore/sys.rs"]
-mod sys;
 #[path = "restore/report.rs"]
 mod report;
+#[path = "restore/sys.rs"]
+mod sys;
 
 use daemon::Daemon;
 use phases::Phases;
@@ -83,8 +83,12 @@ const RTT_TOLERANCE_MS: f64 = 1.0;
 
 /// The VNAT paper's Table 1: connections, total restoration time (s), per
 /// connection (ms), average RTT (ms).
-pub const PAPER: [(usize, f64, f64, f64); 4] =
-    [(10, 0.434, 43.4, 3.104), (50, 2.374, 47.5, 3.134), (100, 4.856, 48.6, 3.159), (500, 24.657, 49.3, 3.147)];
+pub const PAPER: [(usize, f64, f64, f64); 4] = [
+    (10, 0.434, 43.4, 3.104),
+    (50, 2.374, 47.5, 3.134),
+    (100, 4.856, 48.6, 3.159),
+    (500, 24.657, 49.3, 3.147),
+];
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
@@ -191,8 +195,14 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.sub {
         Some(Sub::Echo { listen }) => return ExitCode::from(echo::run(listen) as u8),
-        Some(Sub::Client { connect, conns, interval_ms }) => {
-            return ExitCode::from(client::run(connect, conns, Duration::from_millis(interval_ms)) as u8)
+        Some(Sub::Client {
+            connect,
+            conns,
+            interval_ms,
+        }) => {
+            return ExitCode::from(
+                client::run(connect, conns, Duration::from_millis(interval_ms)) as u8,
+            )
         }
         None => {}
     }
@@ -286,19 +296,29 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
     let base = handshake_rtts(&topo, topo.server_addr.v4.into(), RTT_SAMPLES)?;
     let base_rtt = Summary::of(&base).expect("RTT samples").median;
     if let Some(d) = &delay {
-        d.line.set_one_way(Duration::from_secs_f64((args.rtt_ms - base_rtt).max(0.0) / 2000.0));
+        d.line.set_one_way(Duration::from_secs_f64(
+            (args.rtt_ms - base_rtt).max(0.0) / 2000.0,
+        ));
     }
     let lap = Host::new(&topo.laptop, "rstl");
     let srv = Host::new(&topo.server, "rsts");
     let server = SocketAddr::new(topo.server_addr.v4.into(), SERVER_PORT);
     let echo_server = Helper::spawn(&srv, &["echo", "--listen", &server.to_string()], false)?;
-    echo_server.wait_for("the echo server to listen", Duration::from_secs(10), |l| l.listening)?;
+    echo_server.wait_for("the echo server to listen", Duration::from_secs(10), |l| {
+        l.listening
+    })?;
     let (ldir, sdir) = (TempDir::new("rstl"), TempDir::new("rsts"));
     let lapd = Daemon::start(&lap, ldir.path())?;
     let srvd = Daemon::start(&srv, sdir.path())?;
     let _logs = KeepLogs(vec![
-        (lapd.log.clone(), vnat_bench::results_path(&format!("{diag}-laptop")).with_extension("log")),
-        (srvd.log.clone(), vnat_bench::results_path(&format!("{diag}-server")).with_extension("log")),
+        (
+            lapd.log.clone(),
+            vnat_bench::results_path(&format!("{diag}-laptop")).with_extension("log"),
+        ),
+        (
+            srvd.log.clone(),
+            vnat_bench::results_path(&format!("{diag}-server")).with_extension("log"),
+        ),
     ]);
 
     let rtt = if delay.is_some() {
@@ -317,12 +337,24 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
 
     let mut client = Helper::spawn(
         &lap,
-        &["client", "--connect", &server.to_string(), "--conns", &n.to_string(), "--interval-ms", &args.interval_ms.to_string()],
+        &[
+            "client",
+            "--connect",
+            &server.to_string(),
+            "--conns",
+            &n.to_string(),
+            "--interval-ms",
+            &args.interval_ms.to_string(),
+        ],
         true,
     )?;
     let setup = Duration::from_secs_f64(30.0 + 0.05 * n as f64);
-    client.wait_for(&format!("{n} connections to be established"), setup, |l| l.connected == Some(n))?;
-    client.wait_for(&format!("all {n} connections to echo"), setup, |l| l.echoing)?;
+    client.wait_for(&format!("{n} connections to be established"), setup, |l| {
+        l.connected == Some(n)
+    })?;
+    client.wait_for(&format!("all {n} connections to echo"), setup, |l| {
+        l.echoing
+    })?;
     wait_mobile(&lapd, &srvd, n, server, setup)?;
     // A second of steady traffic: the echo round trip before the move.
     sleep_checked(Duration::from_secs(1))?;
@@ -359,25 +391,42 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
     let verified = if complete {
         client.send("verify")?;
         let limit = Duration::from_secs_f64(10.0 + 0.01 * n as f64);
-        client.wait_for("the check after the run", limit, |l| l.verified.is_some()).ok().map(|_| {
-            client.log().verified.expect("waited for").0
-        })
+        client
+            .wait_for("the check after the run", limit, |l| l.verified.is_some())
+            .ok()
+            .map(|_| client.log().verified.expect("waited for").0)
     } else {
         None
     };
     let log = client.stop();
 
-    let mut times: Vec<f64> = log.restored.iter().map(|r| ms_signed(r.recv as i128 - t0 as i128)).collect();
+    let mut times: Vec<f64> = log
+        .restored
+        .iter()
+        .map(|r| ms_signed(r.recv as i128 - t0 as i128))
+        .collect();
     times.sort_by(f64::total_cmp);
-    let pick = |q: f64| (!times.is_empty()).then(|| times[((times.len() - 1) as f64 * q).round() as usize]);
+    let pick = |q: f64| {
+        (!times.is_empty()).then(|| times[((times.len() - 1) as f64 * q).round() as usize])
+    };
     let total_s = complete.then(|| times.last().copied().unwrap_or(0.0) / 1000.0);
     let laptop_ip = topo.laptop_a_addr.v4.to_string();
-    let phases = Phases::from_logs(&lapd.log, &srvd.log, t_start, t0, real_offset, &log.restored, &laptop_ip);
+    let phases = Phases::from_logs(
+        &lapd.log,
+        &srvd.log,
+        t_start,
+        t0,
+        real_offset,
+        &log.restored,
+        &laptop_ip,
+    );
     Ok(RunResult {
         conns: n,
         rtt_ms: rtt,
         base_rtt_ms: base_rtt,
-        echo_rtt_ms: steady.as_ref().and_then(|s| s["echo_rtt_median_ms"].as_f64()),
+        echo_rtt_ms: steady
+            .as_ref()
+            .and_then(|s| s["echo_rtt_median_ms"].as_f64()),
         tick_late_max_ms: steady.as_ref().and_then(|s| s["tick_late_max_ms"].as_f64()),
         move_ms: ms_signed(t0 as i128 - t_start as i128),
         complete,
@@ -442,7 +491,9 @@ fn handshake_rtts(topo: &LaptopRouterServer, server: IpAddr, n: usize) -> Result
             let took = ms_signed((monotonic_ns() - t) as i128);
             match r {
                 Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => out.push(took),
-                Ok(_) => bail!("something listens on {target}: the RTT probe expects a closed port"),
+                Ok(_) => {
+                    bail!("something listens on {target}: the RTT probe expects a closed port")
+                }
                 Err(e) => bail!("the server {server} is not reachable from the laptop: {e}"),
             }
             std::thread::sleep(Duration::from_millis(10));
@@ -453,18 +504,31 @@ fn handshake_rtts(topo: &LaptopRouterServer, server: IpAddr, n: usize) -> Result
 
 /// Waits until both vnatd list all `n` connections to `server` as mobile
 /// (VCMP has keys for them): only then can they move.
-fn wait_mobile(lapd: &Daemon, srvd: &Daemon, n: usize, server: SocketAddr, limit: Duration) -> Result<()> {
+fn wait_mobile(
+    lapd: &Daemon,
+    srvd: &Daemon,
+    n: usize,
+    server: SocketAddr,
+    limit: Duration,
+) -> Result<()> {
     let deadline = Instant::now() + limit;
     let server_s = server.to_string();
     let mobile = |d: &Daemon, key: &str| -> usize {
         d.ctl(&["ls", "--proto", "tcp"]).map_or(0, |v| {
             v.as_array().map_or(0, |a| {
-                a.iter().filter(|c| c[key].as_str() == Some(&server_s) && c["mobile"] == Value::Bool(true)).count()
+                a.iter()
+                    .filter(|c| {
+                        c[key].as_str() == Some(&server_s) && c["mobile"] == Value::Bool(true)
+                    })
+                    .count()
             })
         })
     };
     loop {
-        let (l, s) = (mobile(lapd, "virtual_remote"), mobile(srvd, "virtual_local"));
+        let (l, s) = (
+            mobile(lapd, "virtual_remote"),
+            mobile(srvd, "virtual_local"),
+        );
         if l == n && s == n {
             return Ok(());
         }
@@ -518,7 +582,9 @@ impl Helper {
         cmd.args(args)
             .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
             .stdout(Stdio::piped());
-        let mut child = cmd.spawn().with_context(|| format!("starting `restore {}`", args[0]))?;
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("starting `restore {}`", args[0]))?;
         let stdout = child.stdout.take().expect("piped");
         let stdin = child.stdin.take();
         let log = Arc::new(Mutex::new(HelperLog::default()));
@@ -527,12 +593,17 @@ impl Helper {
         let reader = std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
-                let Ok(v) = serde_json::from_str::<Value>(&line) else { continue };
+                let Ok(v) = serde_json::from_str::<Value>(&line) else {
+                    continue;
+                };
                 let mut log = shared.lock().unwrap_or_else(|p| p.into_inner());
                 if v.get("conn").is_some() {
                     if let Some(e) = v["error"].as_str() {
-                        log.conn_errors.push(format!("{}: {e}", v["local"].as_str().unwrap_or("?")));
-                    } else if let (Some(sent), Some(recv)) = (v["sent_ns"].as_u64(), v["recv_ns"].as_u64()) {
+                        log.conn_errors
+                            .push(format!("{}: {e}", v["local"].as_str().unwrap_or("?")));
+                    } else if let (Some(sent), Some(recv)) =
+                        (v["sent_ns"].as_u64(), v["recv_ns"].as_u64())
+                    {
                         let local = v["local"].as_str().and_then(|s| s.parse().ok());
                         log.restored.push(Restored { local, sent, recv });
                     }
@@ -555,7 +626,12 @@ impl Helper {
                 log.error = Some(format!("`restore {what}` exited"));
             }
         });
-        Ok(Helper { child, stdin, log, reader: Some(reader) })
+        Ok(Helper {
+            child,
+            stdin,
+            log,
+            reader: Some(reader),
+        })
     }
 
     fn log(&self) -> std::sync::MutexGuard<'_, HelperLog> {
@@ -564,11 +640,18 @@ impl Helper {
 
     fn send(&mut self, line: &str) -> Result<()> {
         let stdin = self.stdin.as_mut().context("the helper has no stdin")?;
-        stdin.write_all(format!("{line}\n").as_bytes()).context("writing to the client")?;
+        stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .context("writing to the client")?;
         stdin.flush().context("writing to the client")
     }
 
-    fn wait_for(&self, what: &str, limit: Duration, done: impl Fn(&HelperLog) -> bool) -> Result<()> {
+    fn wait_for(
+        &self,
+        what: &str,
+        limit: Duration,
+        done: impl Fn(&HelperLog) -> bool,
+    ) -> Result<()> {
         let deadline = Instant::now() + limit;
         loop {
             {
@@ -580,7 +663,10 @@ impl Helper {
                     bail!("waiting for {what}: {e}");
                 }
             }
-            ensure!(Instant::now() < deadline, "waiting for {what}: nothing within {limit:?}");
+            ensure!(
+                Instant::now() < deadline,
+                "waiting for {what}: nothing within {limit:?}"
+            );
             ensure!(!INTERRUPTED.load(Ordering::SeqCst), "interrupted");
             std::thread::sleep(Duration::from_millis(20));
         }

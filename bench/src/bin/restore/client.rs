@@ -105,7 +105,8 @@ fn client(to: SocketAddr, n: usize, interval: Duration) -> io::Result<()> {
     let mut out = io::stdout().lock();
 
     let mut conns: Vec<Conn> = (0..n).map(|_| Conn::default()).collect();
-    let (mut started, mut connected, mut echoing, mut measured, mut failed) = (0usize, 0usize, 0usize, 0usize, 0usize);
+    let (mut started, mut connected, mut echoing, mut measured, mut failed) =
+        (0usize, 0usize, 0usize, 0usize, 0usize);
     let mut armed = false;
     let mut mark: Option<u64> = None;
     // `verify`: (connections asked, echoes still due, echoes back).
@@ -129,7 +130,11 @@ fn client(to: SocketAddr, n: usize, interval: Duration) -> io::Result<()> {
         let now = monotonic_ns();
         if now >= next_tick {
             stats.tick_late_max_ns = stats.tick_late_max_ns.max(now - next_tick);
-            for (i, c) in conns.iter_mut().enumerate().filter(|(_, c)| c.connected && !c.failed && !c.measured) {
+            for (i, c) in conns
+                .iter_mut()
+                .enumerate()
+                .filter(|(_, c)| c.connected && !c.failed && !c.measured)
+            {
                 if let Err(e) = write_message(c, &mut stats) {
                     fail(i, c, &epoll, &mut out, &mut failed, &e)?;
                 }
@@ -174,7 +179,9 @@ fn client(to: SocketAddr, n: usize, interval: Duration) -> io::Result<()> {
                     match (words.next(), words.next()) {
                         (Some("arm"), _) => armed = true,
                         (Some("mark"), Some(t)) => {
-                            let t: u64 = t.parse().map_err(|_| io::Error::other(format!("bad mark {t:?}")))?;
+                            let t: u64 = t
+                                .parse()
+                                .map_err(|_| io::Error::other(format!("bad mark {t:?}")))?;
                             mark = Some(t);
                             for (i, c) in conns.iter_mut().enumerate().filter(|(_, c)| !c.failed) {
                                 if let Some(&(sent, recv)) = c.armed.iter().find(|(s, _)| *s >= t) {
@@ -185,7 +192,11 @@ fn client(to: SocketAddr, n: usize, interval: Duration) -> io::Result<()> {
                         }
                         (Some("verify"), _) => {
                             let mut asked = 0;
-                            for (i, c) in conns.iter_mut().enumerate().filter(|(_, c)| c.connected && !c.failed) {
+                            for (i, c) in conns
+                                .iter_mut()
+                                .enumerate()
+                                .filter(|(_, c)| c.connected && !c.failed)
+                            {
                                 c.verify_seq = Some(c.seq);
                                 if let Err(e) = write_message(c, &mut stats) {
                                     fail(i, c, &epoll, &mut out, &mut failed, &e)?;
@@ -196,7 +207,12 @@ fn client(to: SocketAddr, n: usize, interval: Duration) -> io::Result<()> {
                             verifying = Some((asked, asked, 0));
                         }
                         (Some("quit"), _) => return Ok(()),
-                        _ => return Err(io::Error::other(format!("unknown command {:?}", cmd.trim()))),
+                        _ => {
+                            return Err(io::Error::other(format!(
+                                "unknown command {:?}",
+                                cmd.trim()
+                            )))
+                        }
                     }
                 }
                 out.flush()?;
@@ -211,7 +227,10 @@ fn client(to: SocketAddr, n: usize, interval: Duration) -> io::Result<()> {
                 // The connect finished, one way or the other.
                 let s = c.stream.as_ref().expect("started");
                 if let Some(e) = s.take_error()? {
-                    return Err(io::Error::new(e.kind(), format!("connection {i} to {to}: {e}")));
+                    return Err(io::Error::new(
+                        e.kind(),
+                        format!("connection {i} to {to}: {e}"),
+                    ));
                 }
                 s.set_nodelay(true)?;
                 c.local = Some(s.local_addr()?);
@@ -235,7 +254,11 @@ fn client(to: SocketAddr, n: usize, interval: Duration) -> io::Result<()> {
                                 *due -= 1;
                                 *back += 1;
                                 if *due == 0 {
-                                    writeln!(out, "{}", json!({ "verified": *back, "of": *asked }))?;
+                                    writeln!(
+                                        out,
+                                        "{}",
+                                        json!({ "verified": *back, "of": *asked })
+                                    )?;
                                     verifying = None;
                                 }
                             }
@@ -244,7 +267,9 @@ fn client(to: SocketAddr, n: usize, interval: Duration) -> io::Result<()> {
                             continue;
                         }
                         match mark {
-                            Some(t) if sent >= t => report(&mut out, i, c, sent, recv, &mut measured)?,
+                            Some(t) if sent >= t => {
+                                report(&mut out, i, c, sent, recv, &mut measured)?
+                            }
                             Some(_) => {}
                             None => c.armed.push((sent, recv)),
                         }
@@ -263,21 +288,43 @@ fn client(to: SocketAddr, n: usize, interval: Duration) -> io::Result<()> {
     }
 }
 
-fn report(out: &mut impl Write, i: usize, c: &mut Conn, sent: u64, recv: u64, measured: &mut usize) -> io::Result<()> {
+fn report(
+    out: &mut impl Write,
+    i: usize,
+    c: &mut Conn,
+    sent: u64,
+    recv: u64,
+    measured: &mut usize,
+) -> io::Result<()> {
     c.measured = true;
     *measured += 1;
     let local = c.local.map(|a| a.to_string());
-    writeln!(out, "{}", json!({ "conn": i, "local": local, "sent_ns": sent, "recv_ns": recv }))
+    writeln!(
+        out,
+        "{}",
+        json!({ "conn": i, "local": local, "sent_ns": sent, "recv_ns": recv })
+    )
 }
 
-fn fail(i: usize, c: &mut Conn, epoll: &Epoll, out: &mut impl Write, failed: &mut usize, e: &io::Error) -> io::Result<()> {
+fn fail(
+    i: usize,
+    c: &mut Conn,
+    epoll: &Epoll,
+    out: &mut impl Write,
+    failed: &mut usize,
+    e: &io::Error,
+) -> io::Result<()> {
     c.failed = true;
     *failed += 1;
     if let Some(s) = c.stream.as_ref() {
         let _ = epoll.delete(s.as_raw_fd());
     }
     let local = c.local.map(|a| a.to_string());
-    writeln!(out, "{}", json!({ "conn": i, "local": local, "error": e.to_string() }))?;
+    writeln!(
+        out,
+        "{}",
+        json!({ "conn": i, "local": local, "error": e.to_string() })
+    )?;
     out.flush()
 }
 
@@ -311,19 +358,36 @@ fn write_some(s: &mut TcpStream, pending: &mut Vec<u8>) -> io::Result<usize> {
             pending.drain(..n);
             Ok(n)
         }
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => Ok(0),
+        Err(e)
+            if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted =>
+        {
+            Ok(0)
+        }
         Err(e) => Err(e),
     }
 }
 
 /// Reads what is there; returns the complete echoes (sequence, write time,
 /// arrival time), checked to come back in order.
-fn read_echoes(c: &mut Conn, chunk: &mut [u8], stats: &mut Stats) -> io::Result<Vec<(u64, u64, u64)>> {
+fn read_echoes(
+    c: &mut Conn,
+    chunk: &mut [u8],
+    stats: &mut Stats,
+) -> io::Result<Vec<(u64, u64, u64)>> {
     let s = c.stream.as_mut().expect("connected");
     let n = match s.read(chunk) {
-        Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the echo server closed the connection")),
+        Ok(0) => {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the echo server closed the connection",
+            ))
+        }
         Ok(n) => n,
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => return Ok(Vec::new()),
+        Err(e)
+            if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted =>
+        {
+            return Ok(Vec::new())
+        }
         Err(e) => return Err(e),
     };
     let recv = monotonic_ns();
@@ -336,7 +400,10 @@ fn read_echoes(c: &mut Conn, chunk: &mut [u8], stats: &mut Stats) -> io::Result<
         if seq != c.echoed {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!("echo out of order: message {seq} came back where {} was due", c.echoed),
+                format!(
+                    "echo out of order: message {seq} came back where {} was due",
+                    c.echoed
+                ),
             ));
         }
         c.echoed += 1;

@@ -44,7 +44,10 @@ fn serve(listen: SocketAddr) -> io::Result<()> {
     listener.set_nonblocking(true)?;
     let epoll = Epoll::new()?;
     epoll.add(listener.as_raw_fd(), IN, LISTENER)?;
-    println!("{}", serde_json::json!({ "listening": listener.local_addr()?.to_string() }));
+    println!(
+        "{}",
+        serde_json::json!({ "listening": listener.local_addr()?.to_string() })
+    );
     io::stdout().flush()?;
 
     let mut conns: HashMap<u64, Conn> = HashMap::new();
@@ -57,7 +60,9 @@ fn serve(listen: SocketAddr) -> io::Result<()> {
                 accept_all(&listener, &epoll, &mut conns)?;
                 continue;
             }
-            let Some(c) = conns.get_mut(&token) else { continue };
+            let Some(c) = conns.get_mut(&token) else {
+                continue;
+            };
             let mut alive = true;
             if flags & OUT != 0 {
                 alive = flush(c).unwrap_or(false);
@@ -68,7 +73,11 @@ fn serve(listen: SocketAddr) -> io::Result<()> {
             if alive {
                 if c.want_out == c.pending.is_empty() {
                     c.want_out = !c.pending.is_empty();
-                    epoll.modify(c.stream.as_raw_fd(), if c.want_out { IN | OUT } else { IN }, token)?;
+                    epoll.modify(
+                        c.stream.as_raw_fd(),
+                        if c.want_out { IN | OUT } else { IN },
+                        token,
+                    )?;
                 }
             } else {
                 // The peer closed or reset: forget it (dropping closes).
@@ -78,7 +87,11 @@ fn serve(listen: SocketAddr) -> io::Result<()> {
     }
 }
 
-fn accept_all(listener: &TcpListener, epoll: &Epoll, conns: &mut HashMap<u64, Conn>) -> io::Result<()> {
+fn accept_all(
+    listener: &TcpListener,
+    epoll: &Epoll,
+    conns: &mut HashMap<u64, Conn>,
+) -> io::Result<()> {
     loop {
         match listener.accept() {
             Ok((stream, _)) => {
@@ -86,10 +99,19 @@ fn accept_all(listener: &TcpListener, epoll: &Epoll, conns: &mut HashMap<u64, Co
                 stream.set_nodelay(true)?;
                 let token = stream.as_raw_fd() as u64;
                 epoll.add(stream.as_raw_fd(), IN, token)?;
-                conns.insert(token, Conn { stream, pending: Vec::new(), want_out: false });
+                conns.insert(
+                    token,
+                    Conn {
+                        stream,
+                        pending: Vec::new(),
+                        want_out: false,
+                    },
+                );
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted || e.kind() == io::ErrorKind::ConnectionAborted => {}
+            Err(e)
+                if e.kind() == io::ErrorKind::Interrupted
+                    || e.kind() == io::ErrorKind::ConnectionAborted => {}
             Err(e) => return Err(e),
         }
     }
@@ -100,7 +122,11 @@ fn echo(c: &mut Conn, chunk: &mut [u8]) -> io::Result<bool> {
     let n = match c.stream.read(chunk) {
         Ok(0) => return Ok(false),
         Ok(n) => n,
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => return Ok(true),
+        Err(e)
+            if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted =>
+        {
+            return Ok(true)
+        }
         Err(e) => return Err(e),
     };
     c.pending.extend_from_slice(&chunk[..n]);

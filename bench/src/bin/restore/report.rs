@@ -31,7 +31,11 @@ pub fn run_line(r: &RunResult) -> String {
             r.restored, r.conns, r.timeout_s, r.failed
         )
     };
-    let aborted = if p.aborted > 0 { format!("; {} migrations ABORTED by VCMP", p.aborted) } else { String::new() };
+    let aborted = if p.aborted > 0 {
+        format!("; {} migrations ABORTED by VCMP", p.aborted)
+    } else {
+        String::new()
+    };
     format!(
         "rtt {:.2} ms; {status}{aborted}; first/median/last connection {}/{}/{} ms; vnatd: first resume {} ms, \
          laptop installs {}..{} ms, server installs {}..{} ms; verified {}",
@@ -211,7 +215,11 @@ pub fn table(args: &Args, results: &[(usize, Vec<RunResult>)]) -> String {
             p.zip(total)
                 .map_or_else(|| "-".into(), |(p, t)| format!("{:.2}", t.median / p.0)),
         );
-        for (i, r) in runs.iter().enumerate().filter(|(_, r)| r.phases.aborted > 0) {
+        for (i, r) in runs
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.phases.aborted > 0)
+        {
             let _ = writeln!(
                 s,
                 "{:>6}   run {}: VCMP aborted {} of {} migrations (\"{}\"); their connections echoed only because \

@@ -3,8 +3,7 @@
 //! non-blocking connect, and a higher open-file limit.
 
 use std::{
-    io,
-    mem,
+    io, mem,
     net::{SocketAddr, TcpStream},
     os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
 };
@@ -56,21 +55,42 @@ impl Epoll {
 
     /// Waits up to `timeout_ms` (-1: for ever) and returns (token, events)
     /// of the ready descriptors; an interrupted wait returns none.
-    pub fn wait(&self, buf: &mut [libc::epoll_event], timeout_ms: i32) -> io::Result<Vec<(u64, u32)>> {
+    pub fn wait(
+        &self,
+        buf: &mut [libc::epoll_event],
+        timeout_ms: i32,
+    ) -> io::Result<Vec<(u64, u32)>> {
         // SAFETY: buf is a live, writable array of buf.len() events.
-        let n = unsafe { libc::epoll_wait(self.0.as_raw_fd(), buf.as_mut_ptr(), buf.len() as libc::c_int, timeout_ms) };
+        let n = unsafe {
+            libc::epoll_wait(
+                self.0.as_raw_fd(),
+                buf.as_mut_ptr(),
+                buf.len() as libc::c_int,
+                timeout_ms,
+            )
+        };
         if n < 0 {
             let e = io::Error::last_os_error();
-            return if e.kind() == io::ErrorKind::Interrupted { Ok(Vec::new()) } else { Err(e) };
+            return if e.kind() == io::ErrorKind::Interrupted {
+                Ok(Vec::new())
+            } else {
+                Err(e)
+            };
         }
-        Ok(buf[..n as usize].iter().map(|e| (e.u64, e.events)).collect())
+        Ok(buf[..n as usize]
+            .iter()
+            .map(|e| (e.u64, e.events))
+            .collect())
     }
 }
 
 /// Raises this process's soft RLIMIT_NOFILE to its hard limit: a thousand
 /// connections already exceed the usual soft limit of 1024.
 pub fn raise_nofile_limit() -> io::Result<u64> {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: getrlimit/setrlimit read and write the rlimit given.
     unsafe {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
@@ -87,11 +107,19 @@ pub fn raise_nofile_limit() -> io::Result<u64> {
 /// Starts a non-blocking TCP connect to `to` (IPv4 or IPv6); it completes
 /// when the socket becomes writable (then check [`take_error`]).
 pub fn connect_nonblocking(to: SocketAddr) -> io::Result<TcpStream> {
-    let family = if to.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    let family = if to.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
     // SAFETY: socket() returns a new descriptor or -1; the sockaddr passed
     // to connect() is a live value of the length given.
     unsafe {
-        let fd = libc::socket(family, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0);
+        let fd = libc::socket(
+            family,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        );
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -101,20 +129,32 @@ pub fn connect_nonblocking(to: SocketAddr) -> io::Result<TcpStream> {
                 let sin = libc::sockaddr_in {
                     sin_family: libc::AF_INET as libc::sa_family_t,
                     sin_port: a.port().to_be(),
-                    sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) },
+                    sin_addr: libc::in_addr {
+                        s_addr: u32::from_ne_bytes(a.ip().octets()),
+                    },
                     sin_zero: [0; 8],
                 };
-                libc::connect(fd, (&sin as *const libc::sockaddr_in).cast(), mem::size_of_val(&sin) as libc::socklen_t)
+                libc::connect(
+                    fd,
+                    (&sin as *const libc::sockaddr_in).cast(),
+                    mem::size_of_val(&sin) as libc::socklen_t,
+                )
             }
             SocketAddr::V6(a) => {
                 let sin6 = libc::sockaddr_in6 {
                     sin6_family: libc::AF_INET6 as libc::sa_family_t,
                     sin6_port: a.port().to_be(),
                     sin6_flowinfo: 0,
-                    sin6_addr: libc::in6_addr { s6_addr: a.ip().octets() },
+                    sin6_addr: libc::in6_addr {
+                        s6_addr: a.ip().octets(),
+                    },
                     sin6_scope_id: a.scope_id(),
                 };
-                libc::connect(fd, (&sin6 as *const libc::sockaddr_in6).cast(), mem::size_of_val(&sin6) as libc::socklen_t)
+                libc::connect(
+                    fd,
+                    (&sin6 as *const libc::sockaddr_in6).cast(),
+                    mem::size_of_val(&sin6) as libc::socklen_t,
+                )
             }
         };
         if rc != 0 {
