@@ -222,8 +222,8 @@ pub fn table(args: &Args, results: &[(usize, Vec<RunResult>)]) -> String {
         {
             let _ = writeln!(
                 s,
-                "{:>6}   run {}: VCMP aborted {} of {} migrations (\"{}\"); their connections echoed only because \
-                 nothing filters the laptop's old source address",
+                "{:>6}   run {}: VCMP aborted {} of {} migrations (\"{}\"); those of them that echoed did so only \
+                 because nothing filters the laptop's old source address",
                 "",
                 i + 1,
                 r.phases.aborted,
