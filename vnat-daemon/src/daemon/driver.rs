@@ -230,14 +230,43 @@ impl Driver {
         } else {
             (cfg.listen, false)
         };
-        let sock = UdpSocket::bind(bind)
-            .await
-            .map_err(|source| DriverError::Bind {
-                addr: cfg.listen,
-                source,
-            })?;
+        let sock = match UdpSocket::bind(bind).await {
+            Ok(s) => s,
+            // A host with IPv6 disabled cannot bind `[::]`: IPv4 only then.
+            Err(_) if dual && cfg.listen.is_ipv4() => {
+                let v4 = SocketAddr::new(
+                    IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+                    cfg.listen.port(),
+                );
+                tracing::warn!("IPv6 is not available; VCMP listens on IPv4 only");
+                let s = UdpSocket::bind(v4)
+                    .await
+                    .map_err(|source| DriverError::Bind {
+                        addr: cfg.listen,
+                        source,
+                    })?;
+                return Ok(Driver::with_socket(cfg, dp, endpoint, peers, s, false));
+            }
+            Err(source) => {
+                return Err(DriverError::Bind {
+                    addr: cfg.listen,
+                    source,
+                })
+            }
+        };
+        Ok(Driver::with_socket(cfg, dp, endpoint, peers, sock, dual))
+    }
+
+    fn with_socket(
+        cfg: DriverConfig,
+        dp: SharedDatapath,
+        endpoint: Endpoint,
+        peers: PeerStore,
+        sock: UdpSocket,
+        dual: bool,
+    ) -> Driver {
         tracing::info!(listen = %cfg.listen, key = %identity::key_hex(&endpoint.public_key()), "VCMP listening");
-        Ok(Driver {
+        Driver {
             cfg,
             dp,
             endpoint,
@@ -247,7 +276,7 @@ impl Driver {
             prepared: HashMap::new(),
             imported: HashMap::new(),
             exported: HashSet::new(),
-        })
+        }
     }
 
     /// Run until `shutdown` completes.
