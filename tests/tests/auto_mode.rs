@@ -16,22 +16,6 @@ use vnat_tests::{
     EchoServer, Family, Host, LaptopRouterServer, StreamClient, StreamOptions, TempDir, Vnatd,
 };
 
-fn wait_paired(d: &Vnatd, dir: &TempDir, what: &str) {
-    let peers = dir.path().join("state").join("peers.json");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !std::fs::read_to_string(&peers)
-        .map(|s| s.len() > 4)
-        .unwrap_or(false)
-    {
-        assert!(
-            Instant::now() < deadline,
-            "{what} never paired with its peer"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let _ = d;
-}
-
 fn roam_automatically(family: Family, proto: Proto, tag: &str) {
     let topo = LaptopRouterServer::builder()
         .tag(tag)
@@ -61,8 +45,8 @@ fn roam_automatically(family: Family, proto: Proto, tag: &str) {
     lap.cgroup.join_on_spawn(&mut cmd);
     let client = StreamClient::from_command(cmd);
     let before = client.wait_verified_at_least(50_000, Duration::from_secs(10));
-    wait_paired(&lapd, &ldir, "the laptop's vnatd");
-    wait_paired(&srvd, &sdir, "the server's vnatd");
+    lapd.wait_paired("the laptop's vnatd");
+    srvd.wait_paired("the server's vnatd");
 
     let t0 = Instant::now();
     topo.move_laptop_to_b();

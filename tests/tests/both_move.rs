@@ -19,53 +19,14 @@
 
 use std::{
     net::SocketAddr,
-    process::{Child, Stdio},
     time::{Duration, Instant},
 };
 
 use serde_json::Value;
 use vnat_tests::{
-    add_location_host, add_server_link_e, move_server_to_e, Family, Host, LaptopRouterServer,
-    OldServerAddress, StreamClient, StreamOptions, TempDir, Vnatd,
+    add_location_host, add_server_link_e, move_server_to_e, EchoServer, Family, Host,
+    LaptopRouterServer, OldServerAddress, StreamClient, StreamOptions, TempDir, Vnatd,
 };
-
-struct Kill(Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// socat echo server inside the server host's cgroup, so its accepted
-/// connections are recorded by the server's vnatd.
-fn echo(srv: &Host, family: Family, port: u16) -> Kill {
-    let fam = if family == Family::V4 { "4" } else { "6" };
-    let mut cmd = srv.command("socat");
-    cmd.args([
-        format!("TCP{fam}-LISTEN:{port},reuseaddr,fork").as_str(),
-        "EXEC:cat",
-    ]);
-    cmd.stdout(Stdio::null()).stderr(Stdio::null());
-    let child = Kill(cmd.spawn().expect("starting socat"));
-    std::thread::sleep(Duration::from_millis(300));
-    child
-}
-
-fn wait_paired(dir: &TempDir, what: &str) {
-    let peers = dir.path().join("state").join("peers.json");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !std::fs::read_to_string(&peers)
-        .map(|s| s.len() > 4)
-        .unwrap_or(false)
-    {
-        assert!(
-            Instant::now() < deadline,
-            "{what} never paired with its peer"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 /// Poll `vnatctl ls --state translated` until a row satisfies `want`.
 fn wait_translated(d: &Vnatd, what: &str, timeout: Duration, want: impl Fn(&Value) -> bool) {
@@ -106,7 +67,17 @@ fn both_move(case: Case, family: Family, tag: &str, limit: Duration) {
         TempDir::new(&format!("{tag}s")),
     );
     let server = SocketAddr::new(topo.server_addr.get(family), 5001);
-    let _echo = echo(&srv, family, server.port());
+    let _echo = EchoServer::tcp_in(
+        &srv,
+        SocketAddr::new(
+            if family == Family::V4 {
+                std::net::Ipv4Addr::UNSPECIFIED.into()
+            } else {
+                std::net::Ipv6Addr::UNSPECIFIED.into()
+            },
+            server.port(),
+        ),
+    );
 
     // The location server: a vnatd of its own, recording nothing (its
     // cgroup stays empty); it only answers LOOKUP and STORE.
@@ -128,8 +99,8 @@ fn both_move(case: Case, family: Family, tag: &str, limit: Duration) {
     lap.cgroup.join_on_spawn(&mut cmd);
     let client = StreamClient::from_command(cmd);
     let before = client.wait_verified_at_least(50_000, Duration::from_secs(10));
-    wait_paired(&ldir, "the laptop's vnatd");
-    wait_paired(&sdir, "the server's vnatd");
+    lapd.wait_paired("the laptop's vnatd");
+    srvd.wait_paired("the server's vnatd");
 
     // Both move at once; neither announced it (no suspend, no roles).
     let t0 = Instant::now();

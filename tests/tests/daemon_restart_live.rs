@@ -10,35 +10,12 @@
 use std::{
     net::SocketAddr,
     path::Path,
-    process::{Child, Stdio},
     time::{Duration, Instant},
 };
 
 use vnat_tests::{
-    Host, LaptopRouterServer, StreamClient, StreamOptions, StreamStatus, TempDir, Vnatd,
+    EchoServer, Host, LaptopRouterServer, StreamClient, StreamOptions, StreamStatus, TempDir, Vnatd,
 };
-
-struct Kill(Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// socat echo server inside the server host's cgroup, so its accepted
-/// connections are recorded by the server's vnatd.
-fn echo(srv: &Host, addr: SocketAddr) -> Kill {
-    let mut cmd = srv.command("socat");
-    cmd.args([
-        format!("TCP4-LISTEN:{},reuseaddr,fork", addr.port()).as_str(),
-        "EXEC:cat",
-    ]);
-    cmd.stdout(Stdio::null()).stderr(Stdio::null());
-    let child = Kill(cmd.spawn().expect("starting socat"));
-    std::thread::sleep(Duration::from_millis(300));
-    child
-}
 
 /// The state files that make up a vnatd's identity and its pairings.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,21 +32,6 @@ fn state(dir: &TempDir) -> State {
     let peers = serde_json::from_str(&peers)
         .unwrap_or_else(|e| panic!("peers.json is not JSON ({e}): {peers}"));
     State { identity, peers }
-}
-
-fn wait_paired(dir: &TempDir, what: &str) {
-    let peers = dir.path().join("state").join("peers.json");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !std::fs::read_to_string(&peers)
-        .map(|s| s.len() > 4)
-        .unwrap_or(false)
-    {
-        assert!(
-            Instant::now() < deadline,
-            "{what} never paired with its peer"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// Wait until `d` shows a translated connection matching `pred`.
@@ -158,7 +120,7 @@ fn scenario(tag: &str, before_move: Before) {
         TempDir::new(&format!("{tag}s")),
     );
     let server = SocketAddr::new(topo.server_addr.v4.into(), 5001);
-    let _echo = echo(&srv, server);
+    let _echo = EchoServer::tcp_in(&srv, server);
     let mut lapd = Vnatd::start(&lap, ldir.path());
     let mut srvd = Vnatd::start(&srv, sdir.path());
 
@@ -168,8 +130,8 @@ fn scenario(tag: &str, before_move: Before) {
     lap.cgroup.join_on_spawn(&mut cmd);
     let client = StreamClient::from_command(cmd);
     let before = client.wait_verified_at_least(50_000, Duration::from_secs(10));
-    wait_paired(&ldir, "the laptop's vnatd");
-    wait_paired(&sdir, "the server's vnatd");
+    lapd.wait_paired("the laptop's vnatd");
+    srvd.wait_paired("the server's vnatd");
     let (lap_state, srv_state) = (state(&ldir), state(&sdir));
     let local: SocketAddr = before.local.parse().expect("vnat-stream's local address");
     assert_eq!(row(&lapd, &before.local)["state"], "native");

@@ -34,48 +34,11 @@ use vnat_daemon::{
     vcmp::wire::{ErrorCode, Ext, Family, Kind, Message, Record, TAG_LEN},
 };
 use vnat_tests::{
-    attach_attacker, Host, LaptopRouterServer, Netns, StreamClient, StreamOptions, StreamStatus,
-    TempDir, Vnatd, ROUTER_IF_D,
+    attach_attacker, EchoServer, Host, LaptopRouterServer, Netns, StreamClient, StreamOptions,
+    StreamStatus, TempDir, Vnatd, ROUTER_IF_D,
 };
 
 const VCMP_PORT: u16 = 2031;
-
-struct Kill(Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// socat echo server inside the server host's cgroup, so its accepted
-/// connections are recorded by the server's vnatd.
-fn echo(srv: &Host, addr: SocketAddr) -> Kill {
-    let mut cmd = srv.command("socat");
-    cmd.args([
-        format!("TCP4-LISTEN:{},reuseaddr,fork", addr.port()).as_str(),
-        "EXEC:cat",
-    ]);
-    cmd.stdout(Stdio::null()).stderr(Stdio::null());
-    let child = Kill(cmd.spawn().expect("starting socat"));
-    thread::sleep(Duration::from_millis(300));
-    child
-}
-
-fn wait_paired(dir: &TempDir, what: &str) {
-    let peers = dir.path().join("state").join("peers.json");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !std::fs::read_to_string(&peers)
-        .map(|s| s.len() > 4)
-        .unwrap_or(false)
-    {
-        assert!(
-            Instant::now() < deadline,
-            "{what} never paired with its peer"
-        );
-        thread::sleep(Duration::from_millis(100));
-    }
-}
 
 /// The connection's row in `vnatctl --json ls` (matched by the laptop's
 /// virtual endpoint, which both ends know).
@@ -480,7 +443,7 @@ fn forged_and_replayed_vcmp_messages_change_nothing() {
     let server = SocketAddr::new(topo.server_addr.v4.into(), 5001);
     let server_vcmp = SocketAddr::new(topo.server_addr.v4.into(), VCMP_PORT);
     let laptop_vcmp = SocketAddr::new(topo.laptop_a_addr.v4.into(), VCMP_PORT);
-    let _echo = echo(&srv, server);
+    let _echo = EchoServer::tcp_in(&srv, server);
     let lapd = Vnatd::start(&lap, ldir.path());
     let srvd = Vnatd::start(&srv, sdir.path());
     attacker.wait_reachable(topo.server_addr.v4.into(), Duration::from_secs(5));
@@ -491,8 +454,8 @@ fn forged_and_replayed_vcmp_messages_change_nothing() {
     lap.cgroup.join_on_spawn(&mut cmd);
     let client = StreamClient::from_command(cmd);
     let before = client.wait_verified_at_least(50_000, Duration::from_secs(10));
-    wait_paired(&ldir, "the laptop's vnatd");
-    wait_paired(&sdir, "the server's vnatd");
+    lapd.wait_paired("the laptop's vnatd");
+    srvd.wait_paired("the server's vnatd");
     let laptop_virtual: SocketAddr = before.local.parse().unwrap();
     let lv = before.local.as_str();
     let native_srv = wait_mapping(
@@ -746,8 +709,8 @@ fn forged_stores_do_not_crowd_out_the_genuine_location() {
     );
     let server = SocketAddr::new(topo.server_addr.v4.into(), 5001);
     let server_vcmp = SocketAddr::new(topo.server_addr.v4.into(), VCMP_PORT);
-    let _echo = echo(&srv, server);
-    let _lapd = Vnatd::start(&lap, ldir.path());
+    let _echo = EchoServer::tcp_in(&srv, server);
+    let lapd = Vnatd::start(&lap, ldir.path());
     let srvd = Vnatd::start(&srv, sdir.path());
     attacker.wait_reachable(topo.server_addr.v4.into(), Duration::from_secs(5));
     let mut cmd = StreamOptions::tcp(server)
@@ -756,8 +719,8 @@ fn forged_stores_do_not_crowd_out_the_genuine_location() {
     lap.cgroup.join_on_spawn(&mut cmd);
     let client = StreamClient::from_command(cmd);
     let before = client.wait_verified_at_least(50_000, Duration::from_secs(10));
-    wait_paired(&ldir, "the laptop's vnatd");
-    wait_paired(&sdir, "the server's vnatd");
+    lapd.wait_paired("the laptop's vnatd");
+    srvd.wait_paired("the server's vnatd");
     let laptop_virtual: SocketAddr = before.local.parse().unwrap();
     let lv = before.local.as_str();
     let at_b = SocketAddr::new(topo.laptop_b_addr.v4.into(), laptop_virtual.port());

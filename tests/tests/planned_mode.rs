@@ -10,7 +10,7 @@
 use std::{
     net::SocketAddr,
     path::Path,
-    process::{Child, Command, Stdio},
+    process::Command,
     time::{Duration, Instant},
 };
 
@@ -20,29 +20,9 @@ use vnat_daemon::{
     vcmp::crypto::HostIdentity,
 };
 use vnat_tests::{
-    bin_path, Family, Host, LaptopRouterServer, StreamClient, StreamOptions, TempDir, Vnatd,
+    bin_path, EchoServer, Family, Host, LaptopRouterServer, StreamClient, StreamOptions, TempDir,
+    Vnatd,
 };
-
-struct Kill(Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// socat TCP echo server inside the server host's cgroup, so its accepted
-/// connections are recorded by the server's vnatd.
-fn echo(srv: &Host, addr: SocketAddr) -> Kill {
-    let fam = if addr.is_ipv4() { "4" } else { "6" };
-    let listen = format!("TCP{fam}-LISTEN:{},reuseaddr,fork", addr.port());
-    let mut cmd = srv.command("socat");
-    cmd.args([listen.as_str(), "EXEC:cat"]);
-    cmd.stdout(Stdio::null()).stderr(Stdio::null());
-    let child = Kill(cmd.spawn().expect("starting socat"));
-    std::thread::sleep(Duration::from_millis(300));
-    child
-}
 
 /// The host key a vnatd uses, as `vnatctl peers` prints it on the other host.
 fn host_key(dir: &TempDir) -> String {
@@ -124,7 +104,7 @@ fn suspend_move_resume_tcp_v4() {
         TempDir::new(&format!("{tag}s")),
     );
     let server = SocketAddr::new(topo.server_addr.get(family), 5001);
-    let _echo = echo(&srv, server);
+    let _echo = EchoServer::tcp_in(&srv, server);
     let lapd = Vnatd::start(&lap, ldir.path());
     let srvd = Vnatd::start(&srv, sdir.path());
 

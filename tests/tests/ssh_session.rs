@@ -229,21 +229,6 @@ impl Drop for Session {
     }
 }
 
-fn wait_paired(dir: &TempDir, what: &str) {
-    let peers = dir.path().join("state").join("peers.json");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !fs::read_to_string(&peers)
-        .map(|s| s.len() > 4)
-        .unwrap_or(false)
-    {
-        assert!(
-            Instant::now() < deadline,
-            "{what} never paired with its peer"
-        );
-        thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// Wait until `d` lists a connection matching `pred` (in `ls --json`).
 fn wait_row(
     d: &Vnatd,
@@ -294,8 +279,8 @@ fn interactive_ssh_session_survives_the_laptops_move() {
         "the client address seen by sshd"
     );
     let client_virtual = format!("{}:{}", f[0], f[1]);
-    wait_paired(&ldir, "the laptop's vnatd");
-    wait_paired(&sdir, "the server's vnatd");
+    lapd.wait_paired("the laptop's vnatd");
+    srvd.wait_paired("the server's vnatd");
     wait_row(
         &lapd,
         &["ls"],

@@ -35,6 +35,8 @@ impl Drop for TempDir {
 pub struct Vnatd {
     child: Child,
     pub control: PathBuf,
+    /// `--state-dir`: identity.key and peers.json.
+    pub state_dir: PathBuf,
 }
 
 impl Vnatd {
@@ -63,7 +65,11 @@ impl Vnatd {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("starting vnatd");
-        let d = Vnatd { child, control };
+        let d = Vnatd {
+            child,
+            control,
+            state_dir: dir.join("state"),
+        };
         let deadline = Instant::now() + Duration::from_secs(20);
         while d.ctl(&["status"]).is_none() {
             assert!(Instant::now() < deadline, "vnatd did not come up");
@@ -111,6 +117,20 @@ impl Vnatd {
                 panic!("vnatd did not exit within 10 s of SIGTERM");
             }
             std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Wait (at most 15 s) until this vnatd has pinned a peer's key, i.e.
+    /// paired with the other end of a connection.
+    pub fn wait_paired(&self, what: &str) {
+        let peers = self.state_dir.join("peers.json");
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !std::fs::read_to_string(&peers).is_ok_and(|s| s.len() > 4) {
+            assert!(
+                Instant::now() < deadline,
+                "{what} never paired with its peer"
+            );
+            std::thread::sleep(Duration::from_millis(100));
         }
     }
 
