@@ -85,6 +85,35 @@ fn roam_automatically(family: Family, proto: Proto, tag: &str) {
     assert_eq!(fin.error, None, "{:?}", fin.json);
     assert_eq!(fin.local, before.local, "the client's socket changed");
     assert!(fin.verified >= after.verified);
+
+    // Once the connection is closed its translations go, with the laptop's
+    // old address on lo. (A UDP echo keeps its socket open after the client
+    // leaves: socat's per-peer child lives 600 s, so the server's side of a
+    // UDP flow rightly stays translated.)
+    let old_ip = topo.laptop_a_addr.get(family).to_string();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let left = |d: &Vnatd| {
+            d.ctl(&["status"]).map_or(u64::MAX, |s| {
+                s["datapath"]["translations"].as_u64().unwrap_or(u64::MAX)
+            })
+        };
+        let on_lo = topo
+            .laptop
+            .run_stdout(&["ip", "addr", "show", "dev", "lo"])
+            .contains(&format!("{old_ip}/"));
+        let server_done = proto == Proto::Udp || left(&srvd) == 0;
+        if left(&lapd) == 0 && server_done && !on_lo {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "translations left after the connection closed: laptop {}, server {}, old address on lo: {on_lo}",
+            left(&lapd),
+            left(&srvd)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 #[test]

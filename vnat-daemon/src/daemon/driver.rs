@@ -552,8 +552,24 @@ impl Driver {
             .filter(|f| !live.contains(f) && !self.imported.contains_key(f))
             .copied()
             .collect();
-        for f in gone {
-            self.endpoint.connection_removed(&f);
+        for f in &gone {
+            self.endpoint.connection_removed(f);
+            self.prepared.remove(f);
+        }
+        if !gone.is_empty() {
+            // The connections closed: undo what their translations set up
+            // (NAT entries, the address kept on lo, the peer's host route,
+            // the tc attachment) unless another connection still needs it.
+            with_dp(&self.dp, move |dp| {
+                for f in gone {
+                    match dp.remove_translation(&f) {
+                        Ok(()) => tracing::info!(flow = ?f, "connection closed; translation removed"),
+                        Err(DatapathError::NoSuchTranslation { .. }) => {}
+                        Err(e) => tracing::warn!(flow = ?f, error = %e, "cannot remove a closed connection's translation"),
+                    }
+                }
+            })
+            .await;
         }
         self.plan_and_move().await
     }
