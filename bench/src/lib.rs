@@ -30,3 +30,57 @@ pub fn write_json(path: &std::path::Path, value: &serde_json::Value) -> anyhow::
     let text = serde_json::to_string_pretty(value)? + "\n";
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
+
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_signal(_: nix::libc::c_int) {
+    INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Make SIGINT and SIGTERM set a flag instead of killing the benchmark, so
+/// that it stops between runs and its Drops remove the namespaces.
+pub fn catch_interrupts() {
+    // SAFETY: the handler only stores to an atomic.
+    unsafe {
+        nix::libc::signal(
+            nix::libc::SIGINT,
+            on_signal as *const () as nix::libc::sighandler_t,
+        );
+        nix::libc::signal(
+            nix::libc::SIGTERM,
+            on_signal as *const () as nix::libc::sighandler_t,
+        );
+    }
+}
+
+/// Whether SIGINT or SIGTERM arrived since [`catch_interrupts`].
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// A benchmark's `main`: run `f`; an error or a panic (the harness reports
+/// setup failures by panicking) is printed as one sentence prefixed with
+/// `name`, after the Drops have cleaned up, and gives a failing exit status.
+pub fn run_main(
+    name: &'static str,
+    f: impl FnOnce() -> anyhow::Result<()>,
+) -> std::process::ExitCode {
+    use std::panic::{self, AssertUnwindSafe};
+    panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("a panic without a message");
+        eprintln!("{name}: {msg}");
+    }));
+    match panic::catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => std::process::ExitCode::SUCCESS,
+        Ok(Err(e)) => {
+            eprintln!("{name}: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+        Err(_) => std::process::ExitCode::FAILURE,
+    }
+}

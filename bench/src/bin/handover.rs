@@ -38,15 +38,12 @@
 
 use std::{
     net::{IpAddr, SocketAddr, TcpStream},
-    panic::{self, AssertUnwindSafe},
     process::{Child, ExitCode, Stdio},
-    sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
 use anyhow::{bail, ensure, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use nix::libc;
 use serde::Serialize;
 use serde_json::Value;
 use vnat_bench::{
@@ -75,12 +72,6 @@ const RTT_TOLERANCE_MS: f64 = 1.0;
 const TARGET_SLACK_MS: f64 = 10.0;
 /// How long a run waits for the first echo after the move.
 const RESUME_LIMIT: Duration = Duration::from_secs(30);
-
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    INTERRUPTED.store(true, Ordering::SeqCst);
-}
 
 #[derive(Parser)]
 #[command(
@@ -211,30 +202,8 @@ fn main() -> ExitCode {
         let code = probe::run(connect, Duration::from_micros(interval_us.max(100)));
         return ExitCode::from(code as u8);
     }
-    // SAFETY: the handler only stores to an atomic.
-    unsafe {
-        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
-    }
-    // The harness reports setup failures by panicking: print just the
-    // message, as one sentence, after its Drops have cleaned up.
-    panic::set_hook(Box::new(|info| {
-        let msg = info
-            .payload()
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| info.payload().downcast_ref::<&str>().copied())
-            .unwrap_or("a panic without a message");
-        eprintln!("handover: {msg}");
-    }));
-    match panic::catch_unwind(AssertUnwindSafe(|| run(&cli.args))) {
-        Ok(Ok(())) => ExitCode::SUCCESS,
-        Ok(Err(e)) => {
-            eprintln!("handover: {e:#}");
-            ExitCode::FAILURE
-        }
-        Err(_) => ExitCode::FAILURE,
-    }
+    vnat_bench::catch_interrupts();
+    vnat_bench::run_main("handover", || run(&cli.args))
 }
 
 fn run(args: &Args) -> Result<()> {
@@ -413,7 +382,7 @@ fn measure(scenario: Scenario, rtt_ms: f64, diag: &str, capture: bool) -> Result
             "no probe written after the move came back within {} s: the connection did not resume",
             RESUME_LIMIT.as_secs()
         );
-        ensure!(!INTERRUPTED.load(Ordering::SeqCst), "interrupted");
+        ensure!(!vnat_bench::interrupted(), "interrupted");
         std::thread::sleep(Duration::from_millis(5));
     };
     // It carries on: more echoes, on the same socket, without an error.
@@ -548,7 +517,7 @@ fn ms_signed(ns: i128) -> f64 {
 fn sleep_checked(d: Duration) -> Result<()> {
     let end = Instant::now() + d;
     while Instant::now() < end {
-        ensure!(!INTERRUPTED.load(Ordering::SeqCst), "interrupted");
+        ensure!(!vnat_bench::interrupted(), "interrupted");
         std::thread::sleep((end - Instant::now()).min(Duration::from_millis(100)));
     }
     Ok(())
@@ -605,7 +574,7 @@ fn wait_mobile(lapd: &Daemon, srvd: &Daemon, local: SocketAddr) -> Result<()> {
             lapd.paired(),
             srvd.paired()
         );
-        ensure!(!INTERRUPTED.load(Ordering::SeqCst), "interrupted");
+        ensure!(!vnat_bench::interrupted(), "interrupted");
         std::thread::sleep(Duration::from_millis(100));
     }
 }

@@ -35,18 +35,13 @@
 use std::{
     io::{BufRead, BufReader, Write},
     net::{IpAddr, SocketAddr, TcpStream},
-    panic::{self, AssertUnwindSafe},
     process::{Child, ChildStdin, ExitCode, Stdio},
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc, Mutex,
-    },
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
 use anyhow::{bail, ensure, Context, Result};
 use clap::{Parser, Subcommand};
-use nix::libc;
 use serde::Serialize;
 use serde_json::Value;
 use vnat_bench::{
@@ -89,12 +84,6 @@ pub const PAPER: [(usize, f64, f64, f64); 4] = [
     (100, 4.856, 48.6, 3.159),
     (500, 24.657, 49.3, 3.147),
 ];
-
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    INTERRUPTED.store(true, Ordering::SeqCst);
-}
 
 #[derive(Parser)]
 #[command(
@@ -206,30 +195,8 @@ fn main() -> ExitCode {
         }
         None => {}
     }
-    // SAFETY: the handler only stores to an atomic.
-    unsafe {
-        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
-    }
-    // The harness reports setup failures by panicking: print just the
-    // message, as one sentence, after its Drops have cleaned up.
-    panic::set_hook(Box::new(|info| {
-        let msg = info
-            .payload()
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| info.payload().downcast_ref::<&str>().copied())
-            .unwrap_or("a panic without a message");
-        eprintln!("restore: {msg}");
-    }));
-    match panic::catch_unwind(AssertUnwindSafe(|| run(&cli.args))) {
-        Ok(Ok(())) => ExitCode::SUCCESS,
-        Ok(Err(e)) => {
-            eprintln!("restore: {e:#}");
-            ExitCode::FAILURE
-        }
-        Err(_) => ExitCode::FAILURE,
-    }
+    vnat_bench::catch_interrupts();
+    vnat_bench::run_main("restore", || run(&cli.args))
 }
 
 fn run(args: &Args) -> Result<()> {
@@ -383,7 +350,7 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
         if Instant::now() >= deadline {
             break;
         }
-        ensure!(!INTERRUPTED.load(Ordering::SeqCst), "interrupted");
+        ensure!(!vnat_bench::interrupted(), "interrupted");
         std::thread::sleep(Duration::from_millis(5));
     }
     // Still the same connections, carrying bytes: one more echo on each.
@@ -470,7 +437,7 @@ pub fn ms_signed(ns: i128) -> f64 {
 fn sleep_checked(d: Duration) -> Result<()> {
     let end = Instant::now() + d;
     while Instant::now() < end {
-        ensure!(!INTERRUPTED.load(Ordering::SeqCst), "interrupted");
+        ensure!(!vnat_bench::interrupted(), "interrupted");
         std::thread::sleep((end - Instant::now()).min(Duration::from_millis(100)));
     }
     Ok(())
@@ -539,7 +506,7 @@ fn wait_mobile(
             lapd.paired(),
             srvd.paired()
         );
-        ensure!(!INTERRUPTED.load(Ordering::SeqCst), "interrupted");
+        ensure!(!vnat_bench::interrupted(), "interrupted");
         std::thread::sleep(Duration::from_millis(250));
     }
 }
@@ -667,7 +634,7 @@ impl Helper {
                 Instant::now() < deadline,
                 "waiting for {what}: nothing within {limit:?}"
             );
-            ensure!(!INTERRUPTED.load(Ordering::SeqCst), "interrupted");
+            ensure!(!vnat_bench::interrupted(), "interrupted");
             std::thread::sleep(Duration::from_millis(20));
         }
     }

@@ -21,7 +21,6 @@
 
 use std::{
     net::{IpAddr, SocketAddr},
-    panic::{self, AssertUnwindSafe},
     process::ExitCode,
     time::Duration,
 };
@@ -366,25 +365,7 @@ fn max_skb(topo: &SameLink) -> Result<u64> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    // The harness reports setup failures by panicking: print just the
-    // message, as one sentence, after its Drops have cleaned up.
-    panic::set_hook(Box::new(|info| {
-        let msg = info
-            .payload()
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| info.payload().downcast_ref::<&str>().copied())
-            .unwrap_or("a panic without a message");
-        eprintln!("throughput: {msg}");
-    }));
-    match panic::catch_unwind(AssertUnwindSafe(|| run(&args))) {
-        Ok(Ok(())) => ExitCode::SUCCESS,
-        Ok(Err(e)) => {
-            eprintln!("throughput: {e:#}");
-            ExitCode::FAILURE
-        }
-        Err(_) => ExitCode::FAILURE,
-    }
+    vnat_bench::run_main("throughput", || run(&args))
 }
 
 fn run(args: &Args) -> Result<()> {
