@@ -84,11 +84,7 @@ fn restart(d: Vnatd, host: &Host, dir: &Path, what: &str) -> Vnatd {
 /// 100 kB more verified than now (and than `since`), within 20 s.
 fn flows(client: &StreamClient, since: &StreamStatus, what: &str) -> StreamStatus {
     eprintln!("restart-live: {what}");
-    let now = client
-        .latest()
-        .map_or(0, |s| s.verified)
-        .max(since.verified);
-    client.wait_verified_at_least(now + 100_000, Duration::from_secs(20))
+    client.wait_progress(since, 100_000, Duration::from_secs(20))
 }
 
 /// The brief's sequence: the laptop's vnatd alone is restarted before the

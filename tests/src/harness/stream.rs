@@ -227,6 +227,18 @@ impl StreamClient {
         self.wait_until(timeout, &format!("{n} verified bytes"), |s| s.verified >= n)
     }
 
+    /// Waits until `more` bytes beyond both the latest status and `since`
+    /// are verified: proof that data is flowing now.
+    pub fn wait_progress(
+        &self,
+        since: &StreamStatus,
+        more: u64,
+        timeout: Duration,
+    ) -> StreamStatus {
+        let now = self.latest().map_or(0, |s| s.verified).max(since.verified);
+        self.wait_verified_at_least(now + more, timeout)
+    }
+
     /// Waits until a status line satisfies `done`; panics (with the latest
     /// status) if the stream reports an error, exits, or `timeout` passes.
     pub fn wait_until(
