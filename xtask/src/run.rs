@@ -223,6 +223,20 @@ pub fn check_bench_name(root: &Path, name: &str) -> Result<()> {
 pub fn bench(root: &Path, name: &str, args: &[OsString]) -> Result<()> {
     warn_build_skip();
     println!("==> benchmark {name}");
+    // The benchmarks start vnatd, vnatctl and the test tools as separate
+    // processes from the release target directory, so build those first.
+    must(cargo(root).args([
+        "build",
+        "--quiet",
+        "--release",
+        "-p",
+        "vnat-daemon",
+        "-p",
+        "vnatctl",
+        "-p",
+        "vnat-tests",
+        "--bins",
+    ]))?;
     must(
         cargo(root)
             .args([

@@ -8,6 +8,7 @@ mod nat;
 mod net;
 mod object;
 mod procfs;
+mod rtnl;
 mod restart;
 pub mod testrun;
 mod translate;

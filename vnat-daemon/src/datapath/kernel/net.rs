@@ -1,13 +1,12 @@
-//! Routes, addresses and sysctls, through iproute2's JSON interface.
+//! Routes, addresses and sysctls, through rtnetlink ([`super::rtnl`]).
 //!
-//! Kept behind this small module so that it can be replaced by direct
-//! rtnetlink calls without touching the manager. Every route vnat adds
-//! carries [`ROUTE_PROTO`], so cleanup removes exactly what vnat added.
+//! Every route vnat adds carries [`ROUTE_PROTO`], so cleanup removes exactly
+//! what vnat added. (The first version ran iproute2 for each of these; a
+//! process start per call made a move take tens of milliseconds.)
 
-use std::{net::IpAddr, process::Command};
+use std::net::IpAddr;
 
-use serde::Deserialize;
-
+use super::rtnl;
 use crate::datapath::DatapathError;
 
 /// Route protocol number of vnat's host routes (`ip route show proto 157`).
@@ -23,45 +22,8 @@ pub struct RouteInfo {
     pub prefsrc: Option<IpAddr>,
 }
 
-#[derive(Deserialize)]
-struct JsonRoute {
-    dev: Option<String>,
-    prefsrc: Option<IpAddr>,
-    gateway: Option<IpAddr>,
-    #[serde(rename = "type")]
-    kind: Option<String>,
-}
-
-fn ip(args: &[&str]) -> Result<String, DatapathError> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| DatapathError::Kernel {
-            what: format!("running `ip {}` (is iproute2 installed?)", args.join(" ")),
-            source: e,
-        })?;
-    if !out.status.success() {
-        return Err(DatapathError::Kernel {
-            what: format!("`ip {}`", args.join(" ")),
-            source: std::io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_string()),
-        });
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-fn family_flag(a: IpAddr) -> &'static str {
-    if a.is_ipv4() {
-        "-4"
-    } else {
-        "-6"
-    }
-}
-
-fn host_prefix(a: IpAddr) -> String {
-    match a {
-        IpAddr::V4(v4) => format!("{v4}/32"),
-        IpAddr::V6(v6) => format!("{v6}/128"),
-    }
+fn kernel(what: String) -> impl FnOnce(std::io::Error) -> DatapathError {
+    move |source| DatapathError::Kernel { what, source }
 }
 
 pub fn ifindex(name: &str) -> Result<u32, DatapathError> {
@@ -86,78 +48,44 @@ pub fn ifname(index: u32) -> Result<String, DatapathError> {
 
 /// `ip route get DST [from SRC]`: the interface and gateway the kernel uses.
 pub fn route_get(dst: IpAddr, from: Option<IpAddr>) -> Result<RouteInfo, DatapathError> {
-    let d = dst.to_string();
-    let f = from.map(|a| a.to_string());
-    let mut args = vec!["-j", family_flag(dst), "route", "get", d.as_str()];
-    if let Some(f) = f.as_deref() {
-        args.extend(["from", f]);
-    }
-    let out = ip(&args).map_err(|_| DatapathError::NoRoute { addr: dst })?;
-    let routes: Vec<JsonRoute> = serde_json::from_str(&out).map_err(|e| DatapathError::Kernel {
-        what: "parsing `ip -j route get`".into(),
-        source: std::io::Error::other(e),
-    })?;
-    let r = routes
-        .into_iter()
-        .next()
-        .ok_or(DatapathError::NoRoute { addr: dst })?;
-    if r.kind.as_deref().is_some_and(|k| k != "unicast") {
+    let r = rtnl::route_get(dst, from).map_err(|_| DatapathError::NoRoute { addr: dst })?;
+    if r.kind != rtnl::RTN_UNICAST {
         return Err(DatapathError::NoRoute { addr: dst });
     }
-    let dev = r.dev.ok_or(DatapathError::NoRoute { addr: dst })?;
+    let ifindex = r.oif.ok_or(DatapathError::NoRoute { addr: dst })?;
     Ok(RouteInfo {
-        ifindex: ifindex(&dev)?,
-        dev,
+        dev: ifname(ifindex)?,
+        ifindex,
         gateway: r.gateway,
         prefsrc: r.prefsrc,
     })
 }
 
-#[derive(Deserialize)]
-struct JsonLink {
-    #[serde(default)]
-    ifindex: u32,
-    #[serde(default)]
-    ifname: String,
-    addr_info: Vec<JsonAddr>,
+fn lo_index() -> Result<u32, DatapathError> {
+    ifindex("lo")
 }
-/// `ip -j addr show scope X` prints `{}` for the addresses the filter hid,
-/// so `local` is optional.
-#[derive(Deserialize)]
-struct JsonAddr {
-    local: Option<IpAddr>,
+
+fn addresses() -> Result<Vec<rtnl::Addr>, DatapathError> {
+    rtnl::addresses().map_err(kernel("listing this host's addresses (rtnetlink)".into()))
 }
 
 /// Every address currently assigned to `lo`.
 pub fn lo_addrs() -> Result<Vec<IpAddr>, DatapathError> {
-    let out = ip(&["-j", "addr", "show", "dev", "lo"])?;
-    let links: Vec<JsonLink> = serde_json::from_str(&out).map_err(|e| DatapathError::Kernel {
-        what: "parsing `ip -j addr show dev lo`".into(),
-        source: std::io::Error::other(e),
-    })?;
-    Ok(links
+    let lo = lo_index()?;
+    Ok(addresses()?
         .into_iter()
-        .flat_map(|l| l.addr_info)
-        .filter_map(|a| a.local)
+        .filter(|a| a.ifindex == lo)
+        .map(|a| a.addr)
         .collect())
 }
 
 /// Global-scope addresses of every interface but `lo`, with the ifindex.
 pub fn interface_addrs() -> Result<Vec<(IpAddr, u32)>, DatapathError> {
-    let out = ip(&["-j", "addr", "show", "scope", "global"])?;
-    let links: Vec<JsonLink> = serde_json::from_str(&out).map_err(|e| DatapathError::Kernel {
-        what: "parsing `ip -j addr show`".into(),
-        source: std::io::Error::other(e),
-    })?;
-    Ok(links
+    let lo = lo_index()?;
+    Ok(addresses()?
         .into_iter()
-        .filter(|l| l.ifname != "lo")
-        .flat_map(|l| {
-            let idx = l.ifindex;
-            l.addr_info
-                .into_iter()
-                .filter_map(move |a| Some((a.local?, idx)))
-        })
+        .filter(|a| a.ifindex != lo && a.scope == 0)
+        .map(|a| (a.addr, a.ifindex))
         .collect())
 }
 
@@ -170,68 +98,42 @@ pub fn add_lo_addr(a: IpAddr) -> Result<(), DatapathError> {
         // address in ARP. The kernel uses max(all, iface), so "all" is enough.
         sysctl("net/ipv4/conf/all/arp_ignore", "1")?;
         sysctl("net/ipv4/conf/all/arp_announce", "2")?;
-        ip(&["addr", "add", &host_prefix(a), "dev", "lo"])?;
-    } else {
-        ip(&["-6", "addr", "add", &host_prefix(a), "dev", "lo", "nodad"])?;
     }
-    Ok(())
+    // IPv6 without duplicate address detection: the address is the
+    // connection's own and must be usable at once.
+    rtnl::add_address(a, lo_index()?).map_err(kernel(format!("adding {a} to lo")))
 }
 
 pub fn del_lo_addr(a: IpAddr) -> Result<(), DatapathError> {
-    ip(&[family_flag(a), "addr", "del", &host_prefix(a), "dev", "lo"]).map(|_| ())
+    rtnl::del_address(a, lo_index()?).map_err(kernel(format!("removing {a} from lo")))
 }
 
 /// Route a moved peer's old (virtual) address the way its new physical
 /// address is routed, so the socket's packets leave through the interface
 /// where tc rewrites them instead of dying in an unresolved neighbour entry.
 pub fn add_host_route(virt: IpAddr, phys: IpAddr, via: &RouteInfo) -> Result<(), DatapathError> {
-    let prefix = host_prefix(virt);
-    let gw = via.gateway.unwrap_or(phys).to_string();
-    let proto = ROUTE_PROTO.to_string();
-    ip(&[
-        family_flag(virt),
-        "route",
-        "replace",
-        &prefix,
-        "via",
-        &gw,
-        "dev",
-        &via.dev,
-        "proto",
-        &proto,
-    ])
-    .map(|_| ())
+    let gw = via.gateway.unwrap_or(phys);
+    rtnl::replace_host_route(virt, gw, via.ifindex, ROUTE_PROTO).map_err(kernel(format!(
+        "adding the host route {virt} via {gw} dev {}",
+        via.dev
+    )))
 }
 
 pub fn del_host_route(virt: IpAddr) -> Result<(), DatapathError> {
-    let proto = ROUTE_PROTO.to_string();
-    ip(&[
-        family_flag(virt),
-        "route",
-        "del",
-        &host_prefix(virt),
-        "proto",
-        &proto,
-    ])
-    .map(|_| ())
-}
-
-#[derive(Deserialize)]
-struct JsonDst {
-    dst: String,
+    rtnl::del_host_route(virt, ROUTE_PROTO)
+        .map_err(kernel(format!("removing the host route {virt}")))
 }
 
 /// Host routes carrying vnat's protocol number.
 pub fn host_routes() -> Result<Vec<IpAddr>, DatapathError> {
-    let proto = ROUTE_PROTO.to_string();
     let mut all = Vec::new();
-    for fam in ["-4", "-6"] {
-        let out = ip(&["-j", fam, "route", "show", "proto", &proto])?;
-        let routes: Vec<JsonDst> = serde_json::from_str(&out).unwrap_or_default();
+    for fam in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
+        let routes = rtnl::routes(fam).map_err(kernel("listing routes (rtnetlink)".into()))?;
         all.extend(
             routes
-                .iter()
-                .filter_map(|r| r.dst.split('/').next()?.parse::<IpAddr>().ok()),
+                .into_iter()
+                .filter(|r| r.protocol == ROUTE_PROTO)
+                .filter_map(|r| r.dst),
         );
     }
     Ok(all)
