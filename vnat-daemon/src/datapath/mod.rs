@@ -84,4 +84,24 @@ pub trait Datapath {
         let _ = flow;
         Ok(RestartOutcome::Unsupported)
     }
+
+    /// Make the TCP socket of `flow` on this host send one ACK now, through
+    /// the flow's current translation. Call it when the peer's address
+    /// changed: the ACKs this socket sent during the move went to the old
+    /// address, and until one arrives the peer's socket may sit on a full
+    /// congestion window waiting for its retransmission timer (200 ms at
+    /// least). Returns whether an ACK was solicited (false for UDP, for a
+    /// socket that is not established, and for the fake).
+    /// Keep the tc translators attached to exactly these interfaces besides
+    /// the ones translations use (the `standby_tc` setting); an empty list
+    /// returns to attaching only where used. The fake keeps nothing.
+    fn set_standby(&mut self, ifindexes: &[u32]) -> Result<(), DatapathError> {
+        let _ = ifindexes;
+        Ok(())
+    }
+
+    fn solicit_ack(&mut self, flow: &VirtualFlow) -> Result<bool, DatapathError> {
+        let _ = flow;
+        Ok(false)
+    }
 }

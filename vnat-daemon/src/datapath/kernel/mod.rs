@@ -8,8 +8,8 @@ mod nat;
 mod net;
 mod object;
 mod procfs;
-mod rtnl;
 mod restart;
+mod rtnl;
 pub mod testrun;
 mod translate;
 
@@ -50,6 +50,8 @@ pub struct KernelDatapath {
     loaded: object::Loaded,
     /// Interfaces whose tc links run this process's programs.
     tc_current: std::collections::BTreeSet<u32>,
+    /// Interfaces kept attached without a translation (`standby_tc`).
+    standby: std::collections::BTreeSet<u32>,
 }
 
 fn map_err(map: &'static str) -> impl FnOnce(MapError) -> DatapathError {
@@ -73,6 +75,7 @@ impl KernelDatapath {
             bpffs: opts.bpffs.clone(),
             loaded,
             tc_current: Default::default(),
+            standby: Default::default(),
         };
         let mut cgroups: Vec<PathBuf> = opts.cgroups.clone();
         for id in attach::pinned_cgroups(&dp.bpffs) {
@@ -279,6 +282,36 @@ impl Datapath for KernelDatapath {
             Err(e) => return Err(map_err(MAP_CONNS)(e)),
         };
         restart::restart_flow(flow, record.as_ref())
+    }
+
+    fn set_standby(&mut self, ifindexes: &[u32]) -> Result<(), DatapathError> {
+        let wanted: std::collections::BTreeSet<u32> = ifindexes.iter().copied().collect();
+        for &ifindex in wanted.difference(&self.standby.clone()) {
+            if !self.tc_current.contains(&ifindex) {
+                attach::attach_tc(&mut self.loaded.ebpf, &self.bpffs, ifindex)?;
+                self.tc_current.insert(ifindex);
+            }
+            self.standby.insert(ifindex);
+        }
+        let leaving: Vec<u32> = self.standby.difference(&wanted).copied().collect();
+        for ifindex in leaving {
+            self.standby.remove(&ifindex);
+            if !self.tc_used_by_translation(ifindex)? {
+                attach::detach_tc(&self.bpffs, ifindex);
+                self.tc_current.remove(&ifindex);
+            }
+        }
+        Ok(())
+    }
+
+    fn solicit_ack(&mut self, flow: &VirtualFlow) -> Result<bool, DatapathError> {
+        let key = flow.to_key();
+        let record = match self.loaded.maps.conns.get(&key, 0) {
+            Ok(r) => r,
+            Err(e) if is_not_found(&e) => return Ok(false),
+            Err(e) => return Err(map_err(MAP_CONNS)(e)),
+        };
+        restart::solicit_ack(flow, &record)
     }
 
     fn install_translation(&mut self, t: &Translation) -> Result<(), DatapathError> {

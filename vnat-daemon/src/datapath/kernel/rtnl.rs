@@ -156,7 +156,9 @@ pub fn attrs(body: &[u8], fixed: usize) -> Vec<(u16, &[u8])> {
 
 fn ip_from(bytes: &[u8]) -> Option<IpAddr> {
     match bytes.len() {
-        4 => Some(IpAddr::V4(Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]))),
+        4 => Some(IpAddr::V4(Ipv4Addr::new(
+            bytes[0], bytes[1], bytes[2], bytes[3],
+        ))),
         16 => {
             let a: [u8; 16] = bytes.try_into().ok()?;
             Some(IpAddr::V6(Ipv6Addr::from(a)))
@@ -401,9 +403,20 @@ pub fn routes(fam: u8) -> io::Result<Vec<Route>> {
 /// Add or replace the host route `dst` via `gateway` on `oif`, tagged
 /// with `protocol`.
 pub fn replace_host_route(dst: IpAddr, gateway: IpAddr, oif: u32, protocol: u8) -> io::Result<()> {
-    let body = rtmsg(family(dst), bits(dst), 0, RT_TABLE_MAIN, protocol, RTN_UNICAST);
-    let mut req = Request::new(RTM_NEWROUTE, NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE, &body)
-        .attr(RTA_DST, &octets(dst));
+    let body = rtmsg(
+        family(dst),
+        bits(dst),
+        0,
+        RT_TABLE_MAIN,
+        protocol,
+        RTN_UNICAST,
+    );
+    let mut req = Request::new(
+        RTM_NEWROUTE,
+        NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
+        &body,
+    )
+    .attr(RTA_DST, &octets(dst));
     req = if gateway.is_ipv4() == dst.is_ipv4() {
         req.attr(RTA_GATEWAY, &octets(gateway))
     } else {
@@ -432,8 +445,14 @@ mod tests {
         // 16 header + 3 body padded to 4 + 8 attribute.
         assert_eq!(b.len(), 28);
         assert_eq!(u32::from_ne_bytes(b[0..4].try_into().unwrap()), 28);
-        assert_eq!(u16::from_ne_bytes(b[4..6].try_into().unwrap()), RTM_GETROUTE);
-        assert_eq!(u16::from_ne_bytes(b[6..8].try_into().unwrap()), NLM_F_REQUEST);
+        assert_eq!(
+            u16::from_ne_bytes(b[4..6].try_into().unwrap()),
+            RTM_GETROUTE
+        );
+        assert_eq!(
+            u16::from_ne_bytes(b[6..8].try_into().unwrap()),
+            NLM_F_REQUEST
+        );
         assert_eq!(u32::from_ne_bytes(b[8..12].try_into().unwrap()), 7);
         assert_eq!(&b[16..20], &[1, 2, 3, 0]);
         assert_eq!(u16::from_ne_bytes(b[20..22].try_into().unwrap()), 8);
@@ -443,23 +462,37 @@ mod tests {
 
     #[test]
     fn route_and_address_messages_parse_back() {
-        let r = Request::new(RTM_NEWROUTE, 0, &rtmsg(2, 32, 0, RT_TABLE_MAIN, 157, RTN_UNICAST))
-            .attr(RTA_DST, &[198, 18, 1, 2])
-            .attr(RTA_GATEWAY, &[198, 18, 3, 1])
-            .attr(RTA_OIF, &7u32.to_ne_bytes())
-            .finish(1);
+        let r = Request::new(
+            RTM_NEWROUTE,
+            0,
+            &rtmsg(2, 32, 0, RT_TABLE_MAIN, 157, RTN_UNICAST),
+        )
+        .attr(RTA_DST, &[198, 18, 1, 2])
+        .attr(RTA_GATEWAY, &[198, 18, 3, 1])
+        .attr(RTA_OIF, &7u32.to_ne_bytes())
+        .finish(1);
         let msgs = messages(&r);
         assert_eq!(msgs.len(), 1);
         let route = parse_route(msgs[0].1.body).unwrap();
         assert_eq!(route.dst, Some("198.18.1.2".parse().unwrap()));
         assert_eq!(route.gateway, Some("198.18.3.1".parse().unwrap()));
         assert_eq!(route.oif, Some(7));
-        assert_eq!((route.protocol, route.kind, route.table), (157, RTN_UNICAST, 254));
+        assert_eq!(
+            (route.protocol, route.kind, route.table),
+            (157, RTN_UNICAST, 254)
+        );
 
         let a: IpAddr = "2001:db8::5".parse().unwrap();
         let m = addr_request(RTM_NEWADDR, 0, a, 3).finish(2);
         let parsed = parse_addr(messages(&m)[0].1.body).unwrap();
-        assert_eq!(parsed, Addr { addr: a, ifindex: 3, scope: 0 });
+        assert_eq!(
+            parsed,
+            Addr {
+                addr: a,
+                ifindex: 3,
+                scope: 0
+            }
+        );
     }
 
     #[test]

@@ -67,16 +67,23 @@ impl KernelDatapath {
             }
         }
         let ifindex = v.redirect_ifindex;
-        let still_used = self
-            .egress_entries()?
-            .iter()
-            .chain(self.ingress_entries()?.iter())
-            .any(|(_, o)| o.redirect_ifindex == ifindex);
-        if ifindex != 0 && !still_used {
+        if ifindex != 0
+            && !self.standby.contains(&ifindex)
+            && !self.tc_used_by_translation(ifindex)?
+        {
             attach::detach_tc(&self.bpffs, ifindex);
             self.tc_current.remove(&ifindex);
         }
         Ok(())
+    }
+
+    /// Whether a translation's entries still send through `ifindex`.
+    pub(super) fn tc_used_by_translation(&self, ifindex: u32) -> Result<bool, DatapathError> {
+        Ok(self
+            .egress_entries()?
+            .iter()
+            .chain(self.ingress_entries()?.iter())
+            .any(|(_, o)| o.redirect_ifindex == ifindex))
     }
 
     /// Install a translation; with `complete == false` only its receive side
@@ -157,6 +164,7 @@ impl KernelDatapath {
             }
             self.tc_current.insert(route.ifindex);
         }
+
         let pair = pair_for(t, route.ifindex, flags);
         if !complete {
             // Receive side only; an earlier placement keeps working until

@@ -222,6 +222,46 @@ fn ask_peer_for_ack(
     })
 }
 
+/// Make the local socket of `flow` send an ACK at once (see
+/// [`crate::datapath::Datapath::solicit_ack`]): inject into it, over
+/// loopback, a segment that carries the peer's virtual endpoints and a
+/// sequence number far before its receive window. tcp_validate_incoming
+/// answers such a segment with a duplicate ACK (tcp_send_dupack) and drops
+/// it without looking at anything else, so the socket's state is untouched;
+/// the ACK leaves through the route and translation to the peer's new
+/// address. Out-of-window answers to segments without data are limited to
+/// one per tcp_invalid_ratelimit (500 ms) per socket, which a single call
+/// per move stays within. A socket with TCP-MD5 or TCP-AO drops the
+/// unsigned segment, and nothing happens.
+pub fn solicit_ack(flow: &VirtualFlow, record: &ConnRecord) -> Result<bool, DatapathError> {
+    if flow.proto != Proto::Tcp || flow.local.is_ipv4() != flow.remote.is_ipv4() {
+        return Ok(false);
+    }
+    let diag = SockDiag::open()?;
+    let Some(state) = diag.query(flow, record.cookie)? else {
+        return Ok(false);
+    };
+    let snd_una = record.snd_una_base.wrapping_add(state.bytes_acked as u32);
+    let rcv_nxt = record
+        .rcv_nxt_base
+        .wrapping_add(state.bytes_received as u32);
+    // The segment as the peer would send it: remote -> local, its sequence
+    // space is our receive space.
+    let reversed = VirtualFlow {
+        proto: flow.proto,
+        local: flow.remote,
+        remote: flow.local,
+    };
+    let segment = tcp_probe(
+        &reversed,
+        rcv_nxt.wrapping_sub(PROBE_SEQ_BACK),
+        snd_una,
+        u16::MAX,
+    );
+    inject_from_peer(flow, &segment)?;
+    Ok(true)
+}
+
 /// The ICMP message for `flow` (local virtual -> remote virtual) quoting
 /// sequence number `seq`, for the family of the flow.
 fn unreachable_for(flow: &VirtualFlow, seq: u32) -> Vec<u8> {

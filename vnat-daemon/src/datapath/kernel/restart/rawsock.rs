@@ -145,3 +145,75 @@ impl RawSocket {
 pub(super) const ICMP_FILTER: libc::c_int = 1;
 /// `ICMP6_FILTER` (linux/icmpv6.h) at IPPROTO_ICMPV6: a set bit blocks a type.
 pub(super) const ICMP6_FILTER: libc::c_int = 1;
+
+/// `IPV6_HDRINCL` (linux/in6.h, Linux 4.5): the caller writes the IPv6 header.
+const IPV6_HDRINCL: libc::c_int = 36;
+
+/// Deliver `tcp` (a TCP header with its checksum over the flow's remote ->
+/// local virtual endpoints) to the flow's local socket as if the peer had
+/// sent it. A raw socket with a caller-written IP header may use a source
+/// address that is not local; the destination, the flow's local virtual
+/// address, is, so the packet is routed over loopback and never leaves the
+/// host.
+pub(super) fn inject_from_peer(flow: &VirtualFlow, tcp: &[u8]) -> Result<(), DatapathError> {
+    let (family, level, opt) = match flow.local.ip() {
+        IpAddr::V4(_) => (libc::AF_INET, libc::IPPROTO_IP, libc::IP_HDRINCL),
+        IpAddr::V6(_) => (libc::AF_INET6, libc::IPPROTO_IPV6, IPV6_HDRINCL),
+    };
+    let raw = cvt(unsafe {
+        libc::socket(
+            family,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::IPPROTO_RAW,
+        )
+    })
+    .map_err(kernel_err("opening a raw socket (needs CAP_NET_RAW)"))?;
+    // SAFETY: `raw` is a fresh descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    setsockopt(&fd, level, opt, &(1 as libc::c_int))
+        .map_err(kernel_err("asking to write the IP header of a raw socket"))?;
+    let packet = match (flow.remote.ip(), flow.local.ip()) {
+        (IpAddr::V4(src), IpAddr::V4(dst)) => {
+            let mut p = vec![0u8; 20];
+            p[0] = 0x45;
+            p[2..4].copy_from_slice(&((20 + tcp.len()) as u16).to_be_bytes());
+            p[6] = 0x40; // DF
+            p[8] = 64;
+            p[9] = libc::IPPROTO_TCP as u8;
+            p[12..16].copy_from_slice(&src.octets());
+            p[16..20].copy_from_slice(&dst.octets());
+            let c = checksum(&p);
+            p[10..12].copy_from_slice(&c.to_be_bytes());
+            p.extend_from_slice(tcp);
+            p
+        }
+        (src, dst) => {
+            let mut p = vec![0x60, 0, 0, 0];
+            p.extend_from_slice(&(tcp.len() as u16).to_be_bytes());
+            p.push(libc::IPPROTO_TCP as u8);
+            p.push(64);
+            p.extend_from_slice(&to_v6(src).octets());
+            p.extend_from_slice(&to_v6(dst).octets());
+            p.extend_from_slice(tcp);
+            p
+        }
+    };
+    let (sa, len) = sockaddr(flow.local.ip());
+    let n = unsafe {
+        libc::sendto(
+            fd.as_raw_fd(),
+            packet.as_ptr().cast(),
+            packet.len(),
+            0,
+            (&sa as *const libc::sockaddr_storage).cast(),
+            len,
+        )
+    };
+    if n < 0 {
+        return Err(kernel_err(format!(
+            "injecting an ACK request into the socket of {} -> {}",
+            flow.local, flow.remote
+        ))(io::Error::last_os_error()));
+    }
+    Ok(())
+}

@@ -1,0 +1,189 @@
+//! `solicit_ack`: vnatd makes a socket send one ACK when its peer's address
+//! changed, so that a peer waiting for ACKs lost during the move (a full
+//! congestion window) sends again at once instead of at its retransmission
+//! timeout.
+//!
+//! An idle TCP connection between the laptop and the server (socat with
+//! `sleep` on both ends, so neither sends data or keepalives). The server's
+//! vnatd-side datapath is asked to solicit an ACK; the server's socket must
+//! then have sent exactly one segment more and the laptop's received one
+//! more, the connection must still be established with nothing queued, and
+//! a second request within the kernel's rate limit sends nothing.
+
+use std::{
+    net::SocketAddr,
+    os::unix::process::CommandExt,
+    process::{Child, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use nix::{
+    sys::signal::{killpg, Signal},
+    unistd::Pid,
+};
+use vnat_daemon::datapath::{Datapath, Proto, VirtualFlow};
+use vnat_tests::{Family, Host, LaptopRouterServer, Netns};
+
+const PORT: u16 = 5011;
+
+/// A process group killed on drop.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = killpg(Pid::from_raw(self.0.id() as i32), Signal::SIGKILL);
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn(host: &Host, args: &[&str]) -> Proc {
+    let mut cmd = host.command("socat");
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    cmd.process_group(0);
+    Proc(
+        cmd.spawn()
+            .unwrap_or_else(|e| panic!("cannot start socat in {}: {e}", host.ns.name())),
+    )
+}
+
+fn socat_addr(a: SocketAddr) -> String {
+    match a {
+        SocketAddr::V4(a) => format!("{}:{}", a.ip(), a.port()),
+        SocketAddr::V6(a) => format!("[{}]:{}", a.ip(), a.port()),
+    }
+}
+
+/// `segs_out`, `segs_in` and the send queue of the established socket
+/// `local -> remote`, from `ss -tinH`.
+fn segs(ns: &Netns, local: SocketAddr, remote: SocketAddr) -> (u64, u64, u64) {
+    let filter = format!("src {} and dst {}", bracket(local), bracket(remote));
+    let out = ns.run_stdout(&["ss", "-tinH", "state", "established", &filter]);
+    let words: Vec<&str> = out.split_whitespace().collect();
+    assert!(
+        !words.is_empty(),
+        "no established socket {local} -> {remote} in {}",
+        ns.name()
+    );
+    // ss leaves out counters that are still 0.
+    let field = |name: &str| -> u64 {
+        words
+            .iter()
+            .find_map(|w| w.strip_prefix(name))
+            .map_or(0, |n| {
+                n.parse().unwrap_or_else(|e| panic!("{name} in {out}: {e}"))
+            })
+    };
+    // `ss -H`: State Recv-Q Send-Q ... for a filtered state, Recv-Q first.
+    let send_q: u64 = words[1].parse().unwrap_or(0);
+    (field("segs_out:"), field("segs_in:"), send_q)
+}
+
+fn bracket(a: SocketAddr) -> String {
+    match a {
+        SocketAddr::V4(a) => a.to_string(),
+        SocketAddr::V6(a) => format!("[{}]:{}", a.ip(), a.port()),
+    }
+}
+
+fn check(family: Family, tag: &str) {
+    let topo = LaptopRouterServer::builder()
+        .tag(tag)
+        .ipv6(family == Family::V6)
+        .build();
+    let lap = Host::new(&topo.laptop, &format!("{tag}l"));
+    let srv = Host::new(&topo.server, &format!("{tag}s"));
+    let server = SocketAddr::new(topo.server_addr.get(family), PORT);
+    let listen = match server {
+        SocketAddr::V4(a) => format!("TCP4-LISTEN:{},bind={},reuseaddr", a.port(), a.ip()),
+        SocketAddr::V6(a) => format!(
+            "TCP6-LISTEN:{},bind=[{}],ipv6only=1,reuseaddr",
+            a.port(),
+            a.ip()
+        ),
+    };
+    let _server = spawn(&srv, &[&listen, "SYSTEM:sleep 60"]);
+    thread::sleep(Duration::from_millis(200));
+    let connect = format!("TCP:{}", socat_addr(server));
+    let _client = spawn(&lap, &[&connect, "SYSTEM:sleep 60"]);
+
+    let conn = lap.wait_connection("the client's idle connection", |c| {
+        c.proto == Proto::Tcp && c.virtual_remote == server
+    });
+    let flow = VirtualFlow {
+        proto: Proto::Tcp,
+        local: server,
+        remote: conn.virtual_local,
+    };
+    srv.wait_connection("the server's accepted connection", move |c| {
+        c.proto == Proto::Tcp && c.virtual_local == server && c.virtual_remote == flow.remote
+    });
+    // Let the handshake's last ACKs settle.
+    thread::sleep(Duration::from_millis(300));
+    let (srv_out, _, _) = segs(&topo.server, flow.local, flow.remote);
+    let (_, lap_in, _) = segs(&topo.laptop, flow.remote, flow.local);
+
+    let solicited = srv
+        .datapath(move |dp| dp.solicit_ack(&flow))
+        .unwrap_or_else(|e| panic!("solicit_ack({flow:?}): {e}"));
+    assert!(
+        solicited,
+        "solicit_ack found no established socket for {flow:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let (srv_out2, lap_in2) = loop {
+        let (o, _, q) = segs(&topo.server, flow.local, flow.remote);
+        let (_, i, _) = segs(&topo.laptop, flow.remote, flow.local);
+        assert_eq!(
+            q, 0,
+            "the server socket has data queued after the ACK request"
+        );
+        if i > lap_in || Instant::now() > deadline {
+            break (o, i);
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(
+        (srv_out2 - srv_out, lap_in2 - lap_in),
+        (1, 1),
+        "the server socket should have sent exactly one segment (an ACK) and the laptop received it"
+    );
+
+    // Within tcp_invalid_ratelimit (500 ms) the kernel answers no second
+    // out-of-window segment: the call is harmless, nothing is sent.
+    srv.datapath(move |dp| dp.solicit_ack(&flow))
+        .expect("second solicit_ack");
+    thread::sleep(Duration::from_millis(200));
+    let (srv_out3, _, _) = segs(&topo.server, flow.local, flow.remote);
+    assert_eq!(
+        srv_out3, srv_out2,
+        "a second request within 500 ms sent a segment"
+    );
+
+    // UDP flows and unknown connections are not touched.
+    let udp = VirtualFlow {
+        proto: Proto::Udp,
+        ..flow
+    };
+    assert!(!srv.datapath(move |dp| dp.solicit_ack(&udp)).expect("udp"));
+    let unknown = VirtualFlow {
+        remote: SocketAddr::new(flow.remote.ip(), 1),
+        ..flow
+    };
+    assert!(!srv
+        .datapath(move |dp| dp.solicit_ack(&unknown))
+        .expect("unknown"));
+}
+
+#[test]
+fn solicits_one_ack_v4() {
+    check(Family::V4, "sak4");
+}
+
+#[test]
+fn solicits_one_ack_v6() {
+    check(Family::V6, "sak6");
+}
