@@ -130,3 +130,84 @@ fn tcp_v6_automatic() {
 fn udp_v4_automatic() {
     roam_automatically(Family::V4, Proto::Udp, "autou4");
 }
+
+/// The interfaces vnatd reports tc attached to.
+fn tc_ifnames(d: &Vnatd) -> Vec<String> {
+    let s = d.ctl(&["status"]).expect("vnatd unreachable");
+    let mut names: Vec<String> = s["datapath"]["tc"]
+        .as_array()
+        .unwrap_or_else(|| panic!("status has no datapath.tc: {s}"))
+        .iter()
+        .map(|t| t["ifname"].as_str().expect("ifname").to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+/// `--standby-tc`: once a connection is paired, tc is attached to every
+/// interface of both hosts before anything moves (the laptop's unused
+/// subnet-B link too), the move works as without it, and when the last
+/// paired connection closes the attachments go.
+#[test]
+fn standby_tc_attaches_ahead_and_lets_go() {
+    let tag = "autosb";
+    let topo = LaptopRouterServer::builder().tag(tag).build();
+    let lap = Host::new(&topo.laptop, &format!("{tag}l"));
+    let srv = Host::new(&topo.server, &format!("{tag}s"));
+    let (ldir, sdir) = (
+        TempDir::new(&format!("{tag}l")),
+        TempDir::new(&format!("{tag}s")),
+    );
+    let server = SocketAddr::new(topo.server_addr.get(Family::V4), 5001);
+    let _echo = EchoServer::tcp_in(&srv, server);
+    let lapd = Vnatd::start_with(&lap, ldir.path(), &["--standby-tc"]);
+    let srvd = Vnatd::start_with(&srv, sdir.path(), &["--standby-tc"]);
+    assert!(
+        tc_ifnames(&lapd).is_empty(),
+        "tc attached before any connection was paired: {:?}",
+        tc_ifnames(&lapd)
+    );
+
+    let mut cmd = StreamOptions::tcp(server)
+        .rate(300_000)
+        .command(&topo.laptop);
+    lap.cgroup.join_on_spawn(&mut cmd);
+    let client = StreamClient::from_command(cmd);
+    client.wait_verified_at_least(50_000, Duration::from_secs(10));
+    lapd.wait_paired("the laptop's vnatd");
+    srvd.wait_paired("the server's vnatd");
+    let mut want_lap = vec![topo.laptop_if_a.clone(), topo.laptop_if_b.clone()];
+    want_lap.sort();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tc_ifnames(&lapd) != want_lap || tc_ifnames(&srvd).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "standby tc not attached: laptop {:?} (want {want_lap:?}), server {:?}",
+            tc_ifnames(&lapd),
+            tc_ifnames(&srvd)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        lapd.ctl(&["status"]).expect("status")["datapath"]["translations"],
+        0,
+        "standby must not translate anything"
+    );
+
+    topo.move_laptop_to_b();
+    let at_move = client.latest().expect("status").verified;
+    client.wait_verified_at_least(at_move + 100_000, Duration::from_secs(20));
+    let fin = client.stop();
+    assert_eq!(fin.error, None, "{:?}", fin.json);
+
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !tc_ifnames(&lapd).is_empty() || !tc_ifnames(&srvd).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "tc still attached after the last connection closed: laptop {:?}, server {:?}",
+            tc_ifnames(&lapd),
+            tc_ifnames(&srvd)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

@@ -43,9 +43,6 @@ const RESYNC_INTERVAL: Duration = Duration::from_secs(1);
 /// How long an imported connection may wait for its process to restore
 /// the socket on this host before it is forgotten.
 const IMPORT_GRACE: Duration = Duration::from_secs(60);
-/// Address changes come in bursts (address removed, link down, route
-/// changes): wait this long after the first before acting.
-const DEBOUNCE: Duration = Duration::from_millis(50);
 
 #[derive(Clone, Debug)]
 pub struct DriverConfig {
@@ -53,6 +50,9 @@ pub struct DriverConfig {
     pub listen: SocketAddr,
     pub state_dir: PathBuf,
     pub location_servers: Vec<SocketAddr>,
+    /// `standby_tc` (see the config): keep tc attached everywhere while
+    /// connections are paired.
+    pub standby_tc: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -195,6 +195,8 @@ pub struct Driver {
     dual: bool,
     /// Flows whose receive side is ready for the peer's announced address.
     prepared: HashMap<VirtualFlow, SocketAddr>,
+    /// Interfaces kept attached by `standby_tc`, as last set.
+    standby: Vec<u32>,
     /// Imported flows not yet seen in this host's records: the migrated
     /// process restores its socket after the import (the import puts the
     /// connection's address in place first), so they are kept meanwhile.
@@ -274,6 +276,7 @@ impl Driver {
             sock,
             dual,
             prepared: HashMap::new(),
+            standby: Vec::new(),
             imported: HashMap::new(),
             exported: HashSet::new(),
         }
@@ -304,7 +307,10 @@ impl Driver {
                     if let Err(e) = r {
                         tracing::warn!(error = %e, "address watch failed; relying on the periodic resync");
                     }
-                    tokio::time::sleep(DEBOUNCE).await;
+                    // At once: a move is only as quick as its start. Address
+                    // changes come in bursts (address removed, link down,
+                    // routes), and a resync that sees half of one starts no
+                    // move; the next notification brings the rest.
                     self.resync().await;
                 }
                 _ = tick.tick() => { self.resync().await; }
@@ -316,8 +322,51 @@ impl Driver {
             self.prepare_pending().await;
             self.apply_events().await;
             self.flush().await;
+            // After the flush: attaching takes the kernel tens of ms, which
+            // must not delay what a move just queued.
+            self.update_standby().await;
         }
         Ok(())
+    }
+
+    /// With `standby_tc`, keep the translators attached to every interface
+    /// but `lo` while some connection is paired (it could move onto any of
+    /// them), and to none otherwise.
+    async fn update_standby(&mut self) {
+        if !self.cfg.standby_tc {
+            return;
+        }
+        let paired = self
+            .endpoint
+            .connections()
+            .filter_map(|f| self.endpoint.connection(f))
+            .any(|v| v.has_keys);
+        let wanted: Vec<u32> = if paired {
+            match nix::net::if_::if_nameindex() {
+                Ok(list) => list
+                    .iter()
+                    .filter(|i| i.name().to_bytes() != b"lo")
+                    .map(|i| i.index())
+                    .collect(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot list interfaces for standby_tc");
+                    return;
+                }
+            }
+        } else {
+            Vec::new()
+        };
+        if wanted == self.standby {
+            return;
+        }
+        let list = wanted.clone();
+        match with_dp(&self.dp, move |dp| dp.set_standby(&list)).await {
+            Ok(()) => {
+                tracing::debug!(interfaces = ?wanted, "tc standby updated");
+                self.standby = wanted;
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot keep tc attached in standby"),
+        }
     }
 
     async fn flush(&mut self) {
@@ -469,7 +518,8 @@ impl Driver {
             if !v.migrating && moved && here.contains(&v.local_phys.ip()) {
                 // Staying at the exported physical endpoints (this host has
                 // that address too): translate as the exporting host did.
-                self.translate(flow, v.local_phys, v.remote_phys).await;
+                self.translate(flow, v.local_phys, v.remote_phys, false)
+                    .await;
             }
             tracing::info!(?flow, local = %v.local_phys, moving = v.migrating, "connection imported");
             out.push(ImportOutcome {
@@ -696,14 +746,14 @@ impl Driver {
                         .endpoint
                         .connection(&flow)
                         .map_or(flow.local, |v| v.local_phys);
-                    self.translate(flow, local, remote).await;
+                    self.translate(flow, local, remote, true).await;
                 }
                 Event::Resumed { flow, local } => {
                     let view = self.endpoint.connection(&flow);
                     let remote = view.as_ref().map_or(flow.remote, |v| v.remote_phys);
                     let pending = view.and_then(|v| v.pending_remote);
                     match mobility::send_side_after_resume(local, remote, pending) {
-                        Some((local, remote)) => self.translate(flow, local, remote).await,
+                        Some((local, remote)) => self.translate(flow, local, remote, false).await,
                         None => tracing::debug!(?flow, %local, ?pending,
                             "our move is done but the peer moved too: the send side switches once its new address is validated"),
                     }
@@ -732,7 +782,16 @@ impl Driver {
 
     /// Make the datapath translate `flow` to (local, remote), or stop
     /// translating it when both are its virtual endpoints again.
-    async fn translate(&self, flow: VirtualFlow, local: SocketAddr, remote: SocketAddr) {
+    /// `peer_moved`: the peer's address changed, so the ACKs our socket sent
+    /// meanwhile were lost; have it send one now (the peer's socket may be
+    /// waiting for it with a full congestion window).
+    async fn translate(
+        &self,
+        flow: VirtualFlow,
+        local: SocketAddr,
+        remote: SocketAddr,
+        peer_moved: bool,
+    ) {
         let r: Result<(), DatapathError> = with_dp(&self.dp, move |dp| {
             if local == flow.local && remote == flow.remote {
                 match dp.remove_translation(&flow) {
@@ -748,8 +807,14 @@ impl Driver {
             // make it retransmit now rather than tens of seconds later
             // (DESIGN.md §3, "no stall").
             if flow.proto == crate::datapath::Proto::Tcp {
-                if let Err(e) = dp.restart_flow(&flow) {
-                    tracing::debug!(?flow, error = %e, "could not restart the flow's retransmissions");
+                match dp.restart_flow(&flow) {
+                    Ok(crate::datapath::RestartOutcome::NotStalled) if peer_moved => {
+                        if let Err(e) = dp.solicit_ack(&flow) {
+                            tracing::debug!(?flow, error = %e, "could not have the socket send an ACK");
+                        }
+                    }
+                    Ok(outcome) => tracing::debug!(?flow, ?outcome, "restart"),
+                    Err(e) => tracing::debug!(?flow, error = %e, "could not restart the flow's retransmissions"),
                 }
             }
             Ok(())

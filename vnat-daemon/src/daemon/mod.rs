@@ -181,6 +181,7 @@ where
         listen: settings.listen,
         state_dir: settings.state_dir.clone(),
         location_servers: settings.location_servers.clone(),
+        standby_tc: settings.standby_tc,
     };
     let driver = driver::Driver::new(driver_cfg, shared.clone()).await?;
     let (commands_tx, commands_rx) = tokio::sync::mpsc::channel(64);
