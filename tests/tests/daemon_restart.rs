@@ -25,7 +25,7 @@ fn translation_survives_vnatd_sigkill_and_a_new_vnatd_reconciles() {
     let server = SocketAddr::new(topo.server_addr.v4.into(), 5001);
     let _echo = EchoServer::tcp(&topo.server, server);
 
-    let vnatd = Vnatd::start(&lap, &tmp);
+    let vnatd = Vnatd::start(&lap, tmp);
     let mut cmd = StreamOptions::tcp(server)
         .rate(300_000)
         .command(&topo.laptop);
@@ -71,7 +71,7 @@ fn translation_survives_vnatd_sigkill_and_a_new_vnatd_reconciles() {
     let orphan = client.wait_verified_at_least(moved.verified + 200_000, Duration::from_secs(30));
 
     // A new vnatd adopts the pins.
-    let vnatd = Vnatd::start(&lap, &tmp);
+    let vnatd = Vnatd::start(&lap, tmp);
     let status = vnatd.ctl(&["status"]).unwrap();
     let dp = &status["datapath"];
     assert_eq!(dp["translations"], 1, "status after restart: {status}");

@@ -122,6 +122,16 @@ struct Args {
     /// (tcpdump -i any) to bench/results/handover-SCENARIO-RUN.pcap.
     #[arg(long)]
     capture: bool,
+    /// Run both vnatd with `--standby-tc` (tc kept attached while
+    /// connections are paired, so no attachment falls inside the move).
+    #[arg(long)]
+    standby_tc: bool,
+    /// Echo with Nagle's algorithm on (socat's default) instead of
+    /// TCP_NODELAY (what interactive servers such as sshd set). With Nagle,
+    /// the server holds new echo data behind its segments lost during the
+    /// move, so the echo resumes only at its retransmission timeout.
+    #[arg(long)]
+    nagle_echo: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -233,8 +243,15 @@ fn run(args: &Args) -> Result<()> {
         for i in 0..runs {
             eprintln!("{}: run {}/{runs} ...", scenario.label(), i + 1);
             let diag = format!("handover-{}-{}", scenario.key(), i + 1);
-            let r = measure(scenario, args.rtt_ms, &diag, args.capture)
-                .with_context(|| format!("{}, run {}", scenario.label(), i + 1))?;
+            let r = measure(
+                scenario,
+                args.rtt_ms,
+                &diag,
+                args.capture,
+                args.standby_tc,
+                !args.nagle_echo,
+            )
+            .with_context(|| format!("{}, run {}", scenario.label(), i + 1))?;
             eprintln!(
                 "  rtt {:.2} ms, first byte {:.1} ms, handover {:.1} ms (vnatd: move started {}, server translated {}, laptop translated {})",
                 r.rtt_ms,
@@ -269,7 +286,14 @@ fn opt_ms(v: Option<f64>) -> String {
 /// One run on fresh hosts. vnatd's logs are kept as
 /// `bench/results/DIAG-{laptop,server}.log`, the capture (if asked for) as
 /// `DIAG.pcap`.
-fn measure(scenario: Scenario, rtt_ms: f64, diag: &str, capture: bool) -> Result<RunResult> {
+fn measure(
+    scenario: Scenario,
+    rtt_ms: f64,
+    diag: &str,
+    capture: bool,
+    standby_tc: bool,
+    nodelay_echo: bool,
+) -> Result<RunResult> {
     let topo = LaptopRouterServer::builder().tag("hov").build();
     let delay = delayline::delay_server_link(&topo, "hovd", Duration::ZERO)?;
     // Calibration: what the path costs without delay (veths, the router, the
@@ -281,10 +305,10 @@ fn measure(scenario: Scenario, rtt_ms: f64, diag: &str, capture: bool) -> Result
     let lap = Host::new(&topo.laptop, "hovl");
     let srv = Host::new(&topo.server, "hovs");
     let server = SocketAddr::new(topo.server_addr.v4.into(), SERVER_PORT);
-    let _echo = EchoServer::tcp_in(&srv, server);
+    let _echo = EchoServer::tcp_in_with(&srv, server, nodelay_echo);
     let (ldir, sdir) = (TempDir::new("hovl"), TempDir::new("hovs"));
-    let lapd = Daemon::start(&lap, ldir.path())?;
-    let srvd = Daemon::start(&srv, sdir.path())?;
+    let lapd = Daemon::start(&lap, ldir.path(), standby_tc)?;
+    let srvd = Daemon::start(&srv, sdir.path(), standby_tc)?;
     let _logs = KeepLogs(vec![
         (
             lapd.log.clone(),
@@ -336,34 +360,46 @@ fn measure(scenario: Scenario, rtt_ms: f64, diag: &str, capture: bool) -> Result
 
     // The move.
     let l = &topo.laptop;
-    let t_start = monotonic_ns();
+    // The laptop socket's timers just before B comes up (`ss` is read then,
+    // not at t_usable: starting a process on this 2-core machine in the
+    // middle of the move would delay the daemons it measures).
+    let socket_state = || {
+        let out = l.try_run(&[
+            "ss",
+            "-tinoH",
+            "state",
+            "established",
+            "dport",
+            "=",
+            &format!(":{SERVER_PORT}"),
+        ]);
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let t_start;
+    let socket;
     match scenario {
-        Scenario::NoOutage => topo.move_laptop_to_b(),
+        Scenario::NoOutage => {
+            socket = socket_state();
+            t_start = monotonic_ns();
+            topo.move_laptop_to_b();
+        }
         Scenario::Outage(d) => {
+            t_start = monotonic_ns();
             for (a, p) in topo.laptop_a_addr.with_prefixes() {
                 l.del_addr(&topo.laptop_if_a, a, p);
             }
             l.link_down(&topo.laptop_if_a);
             sleep_checked(d)?;
+            socket = socket_state();
             topo.plug_laptop_b();
             l.default_route(topo.router_b_addr.v4.into(), &topo.laptop_if_b);
         }
     }
     let t_usable = monotonic_ns();
     let real_offset = realtime_ns() as i128 - monotonic_ns() as i128;
-    let socket = l.try_run(&[
-        "ss",
-        "-tinoH",
-        "state",
-        "established",
-        "dport",
-        "=",
-        &format!(":{SERVER_PORT}"),
-    ]);
-    let socket = String::from_utf8_lossy(&socket.stdout)
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ");
 
     // The first echo of a probe written after t_usable.
     let deadline = Instant::now() + RESUME_LIMIT;

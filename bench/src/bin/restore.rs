@@ -275,8 +275,8 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
         l.listening
     })?;
     let (ldir, sdir) = (TempDir::new("rstl"), TempDir::new("rsts"));
-    let lapd = Daemon::start(&lap, ldir.path())?;
-    let srvd = Daemon::start(&srv, sdir.path())?;
+    let lapd = Daemon::start(&lap, ldir.path(), false)?;
+    let srvd = Daemon::start(&srv, sdir.path(), false)?;
     let _logs = KeepLogs(vec![
         (
             lapd.log.clone(),

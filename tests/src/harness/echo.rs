@@ -67,11 +67,20 @@ impl EchoServer {
     /// TCP echo inside a [`Host`]'s namespace *and cgroup*, so that the
     /// host's vnatd records (and can move) the accepted connections.
     pub fn tcp_in(host: &Host, addr: SocketAddr) -> EchoServer {
+        Self::tcp_in_with(host, addr, false)
+    }
+
+    /// [`EchoServer::tcp_in`], optionally with TCP_NODELAY on the accepted
+    /// sockets (socat's `nodelay`), as interactive servers such as sshd set
+    /// it: without it, Nagle's algorithm holds a small echo while earlier
+    /// data is unacknowledged.
+    pub fn tcp_in_with(host: &Host, addr: SocketAddr, nodelay: bool) -> EchoServer {
         let listen = format!(
-            "{}-LISTEN:{},{},reuseaddr,fork",
+            "{}-LISTEN:{},{},reuseaddr,fork{}",
             family(addr, "TCP"),
             addr.port(),
-            bind(addr)
+            bind(addr),
+            if nodelay { ",nodelay" } else { "" }
         );
         Self::start_in(
             host.ns,

@@ -22,7 +22,7 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    pub fn start(host: &Host, dir: &Path) -> Result<Daemon> {
+    pub fn start(host: &Host, dir: &Path, standby_tc: bool) -> Result<Daemon> {
         let control = dir.join("vnatd.sock");
         let state = dir.join("state");
         let log = dir.join("vnatd.log");
@@ -46,6 +46,7 @@ impl Daemon {
                 "--log-level",
                 "info",
             ])
+            .args(standby_tc.then_some("--standby-tc"))
             .stdout(Stdio::null())
             .stderr(err)
             .spawn()

@@ -66,8 +66,11 @@ fn summary_json(s: Option<Summary>) -> Value {
     }
 }
 
+/// Reads one phase's figure out of a run's phases.
+type PhaseField = fn(&Phases) -> Option<f64>;
+
 /// The phase fields summarised over runs, by name.
-fn phase_fields() -> Vec<(&'static str, fn(&Phases) -> Option<f64>)> {
+fn phase_fields() -> Vec<(&'static str, PhaseField)> {
     vec![
         ("detect_ms", |p| p.detect_ms),
         ("laptop_prepare_ms", |p| p.laptop_prepare_ms),

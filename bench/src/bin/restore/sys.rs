@@ -101,7 +101,7 @@ pub fn raise_nofile_limit() -> io::Result<u64> {
             return Err(io::Error::last_os_error());
         }
     }
-    Ok(lim.rlim_cur as u64)
+    Ok(lim.rlim_cur)
 }
 
 /// Starts a non-blocking TCP connect to `to` (IPv4 or IPv6); it completes
