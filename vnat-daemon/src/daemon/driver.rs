@@ -194,7 +194,12 @@ pub struct Driver {
     sock: UdpSocket,
     dual: bool,
     /// Flows whose receive side is ready for the peer's announced address.
-    prepared: HashMap<VirtualFlow, SocketAddr>,
+    /// Receive sides made ready for a peer's announced address, as (our
+    /// physical endpoint, the peer's): if we move meanwhile, the pair
+    /// changes and the receive side is prepared again for our new one.
+    prepared: HashMap<VirtualFlow, (SocketAddr, SocketAddr)>,
+    /// Receive sides that could not be prepared yet (warned once each).
+    prepare_failed: HashSet<(VirtualFlow, SocketAddr)>,
     /// Interfaces kept attached by `standby_tc`, as last set.
     standby: Vec<u32>,
     /// Imported flows not yet seen in this host's records: the migrated
@@ -277,6 +282,7 @@ impl Driver {
             dual,
             prepared: HashMap::new(),
             standby: Vec::new(),
+            prepare_failed: HashSet::new(),
             imported: HashMap::new(),
             exported: HashSet::new(),
         }
@@ -703,16 +709,13 @@ impl Driver {
             .filter_map(|f| self.endpoint.connection(f))
             .filter_map(|v| {
                 let p = v.pending_remote?;
-                (p != v.remote_phys && self.prepared.get(&v.flow) != Some(&p)).then_some((
-                    v.flow,
-                    v.local_phys,
-                    p,
-                ))
+                (p != v.remote_phys && self.prepared.get(&v.flow) != Some(&(v.local_phys, p)))
+                    .then_some((v.flow, v.local_phys, p))
             })
             .collect();
         for (flow, local, remote) in pending {
-            self.prepared.insert(flow, remote);
             if local == flow.local && remote == flow.remote {
+                self.prepared.insert(flow, (local, remote));
                 continue;
             }
             let t = Translation {
@@ -728,10 +731,17 @@ impl Driver {
             .await;
             match r {
                 Ok(()) => {
+                    // Only now: a failed attempt (this host has no route
+                    // yet, mid-move itself) is retried on the next turn,
+                    // before any RESPONSE lets the peer send here.
+                    self.prepared.insert(flow, (local, remote));
+                    self.prepare_failed.remove(&(flow, remote));
                     tracing::debug!(?flow, %remote, "receive side ready for the peer's new address")
                 }
                 Err(e) => {
-                    tracing::warn!(?flow, error = %e, "cannot prepare for the peer's new address")
+                    if self.prepare_failed.insert((flow, remote)) {
+                        tracing::warn!(?flow, error = %e, "cannot prepare for the peer's new address yet; will retry")
+                    }
                 }
             }
         }
