@@ -96,6 +96,9 @@ impl KernelDatapath {
         // its local address; its packets carry the source the kernel routes
         // from, which is what a translation must match.
         let mut sources: StdHashMap<IpAddr, Option<IpAddr>> = StdHashMap::new();
+        // One process usually owns many connections: read its /proc entries
+        // once per listing, not once per connection.
+        let mut procs: StdHashMap<u32, (Option<String>, Option<String>)> = StdHashMap::new();
         for (key, rec) in records {
             let Some(mut flow) = VirtualFlow::from_key(&key) else {
                 continue;
@@ -121,7 +124,13 @@ impl KernelDatapath {
                     .and_then(|i| o.get(i))
                     .copied();
             }
-            let command = pid.and_then(procfs::comm).or_else(|| {
+            let (comm, cgroup) = pid.map_or((None, None), |p| {
+                procs
+                    .entry(p)
+                    .or_insert_with(|| (procfs::comm(p), procfs::cgroup_of(p)))
+                    .clone()
+            });
+            let command = comm.or_else(|| {
                 let end = rec
                     .comm
                     .iter()
@@ -143,7 +152,7 @@ impl KernelDatapath {
                 },
                 cookie: rec.cookie,
                 cgroup_id: rec.cgroup_id,
-                cgroup: pid.and_then(procfs::cgroup_of),
+                cgroup,
                 pid,
                 command,
                 age_secs: now_ns.saturating_sub(rec.first_seen_ns) / 1_000_000_000,

@@ -52,6 +52,10 @@ pub struct KernelDatapath {
     tc_current: std::collections::BTreeSet<u32>,
     /// Interfaces kept attached without a translation (`standby_tc`).
     standby: std::collections::BTreeSet<u32>,
+    /// Addresses on `lo` that a translation entry marks as vnat's
+    /// (NAT_F_LO_ADDR_OURS), as far as this process has seen: saves a scan
+    /// of both NAT maps per moved connection.
+    lo_ours: std::collections::HashSet<IpAddr>,
 }
 
 fn map_err(map: &'static str) -> impl FnOnce(MapError) -> DatapathError {
@@ -76,6 +80,7 @@ impl KernelDatapath {
             loaded,
             tc_current: Default::default(),
             standby: Default::default(),
+            lo_ours: Default::default(),
         };
         let mut cgroups: Vec<PathBuf> = opts.cgroups.clone();
         for id in attach::pinned_cgroups(&dp.bpffs) {

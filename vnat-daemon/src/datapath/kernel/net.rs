@@ -124,6 +124,17 @@ pub fn del_host_route(virt: IpAddr) -> Result<(), DatapathError> {
         .map_err(kernel(format!("removing the host route {virt}")))
 }
 
+/// Whether vnat's host route for `virt` is in place (one query, not a dump
+/// of every route: this runs once per moved connection).
+pub fn has_host_route(virt: IpAddr) -> Result<bool, DatapathError> {
+    let r = rtnl::fib_match(virt).map_err(kernel(format!("looking up the route to {virt}")))?;
+    Ok(r.is_some_and(|r| {
+        r.protocol == ROUTE_PROTO
+            && r.dst == Some(virt)
+            && r.dst_len == if virt.is_ipv4() { 32 } else { 128 }
+    }))
+}
+
 /// Host routes carrying vnat's protocol number.
 pub fn host_routes() -> Result<Vec<IpAddr>, DatapathError> {
     let mut all = Vec::new();

@@ -388,6 +388,32 @@ pub fn route_get(dst: IpAddr, from: Option<IpAddr>) -> io::Result<Route> {
         .ok_or_else(|| io::Error::other("the kernel answered a route query with no route"))
 }
 
+/// `RTM_F_FIB_MATCH`: answer a route query with the routing-table entry
+/// that matched instead of the resolved result.
+const RTM_F_FIB_MATCH: u32 = 0x2000;
+
+/// The routing-table entry the kernel would use for `dst` (its prefix,
+/// protocol and table), or None when nothing routes it.
+pub fn fib_match(dst: IpAddr) -> io::Result<Option<Route>> {
+    let mut body = rtmsg(family(dst), bits(dst), 0, 0, 0, 0);
+    body[8..12].copy_from_slice(&RTM_F_FIB_MATCH.to_ne_bytes());
+    match call(Request::new(RTM_GETROUTE, 0, &body).attr(RTA_DST, &octets(dst))) {
+        Ok(answer) => Ok(answer
+            .iter()
+            .find(|(k, _)| *k == RTM_NEWROUTE)
+            .and_then(|(_, b)| parse_route(b))),
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENETUNREACH) | Some(libc::EHOSTUNREACH) | Some(libc::ESRCH)
+            ) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Every route of the main table of one family.
 pub fn routes(fam: u8) -> io::Result<Vec<Route>> {
     let body = rtmsg(fam, 0, 0, 0, 0, 0);

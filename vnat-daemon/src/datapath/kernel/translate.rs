@@ -55,6 +55,7 @@ impl KernelDatapath {
                     .any(|o| o.local_moved() && o.flow.local.ip() == ip)
             {
                 net::del_lo_addr(ip)?;
+                self.lo_ours.remove(&ip);
             }
         }
         if t.remote_moved() {
@@ -121,15 +122,19 @@ impl KernelDatapath {
         };
         if t.local_moved() {
             let ip = t.flow.local.ip();
-            let ours_already = self.egress_entries()?.iter().any(|(k, v)| {
-                v.flags & NAT_F_LO_ADDR_OURS != 0
-                    && translation_of(k, v).is_some_and(|o| o.flow.local.ip() == ip)
-            }) || self.ingress_entries()?.iter().any(|(k, v)| {
-                v.flags & NAT_F_LO_ADDR_OURS != 0
-                    && restored_key(k, v).dst_addr_be
-                        == crate::datapath::flow_key(t.flow.proto, t.flow.local, t.flow.remote)
-                            .src_addr_be
-            });
+            // Known from an earlier move of this address (the common case
+            // when many connections move together), else from the maps.
+            let ours_already = self.lo_ours.contains(&ip)
+                || self.egress_entries()?.iter().any(|(k, v)| {
+                    v.flags & NAT_F_LO_ADDR_OURS != 0
+                        && translation_of(k, v).is_some_and(|o| o.flow.local.ip() == ip)
+                })
+                || self.ingress_entries()?.iter().any(|(k, v)| {
+                    v.flags & NAT_F_LO_ADDR_OURS != 0
+                        && restored_key(k, v).dst_addr_be
+                            == crate::datapath::flow_key(t.flow.proto, t.flow.local, t.flow.remote)
+                                .src_addr_be
+                });
             if ours_already {
                 flags |= NAT_F_LO_ADDR_OURS;
             } else if !net::lo_addrs()?.contains(&ip) {
@@ -140,7 +145,7 @@ impl KernelDatapath {
         }
         if t.remote_moved() {
             let ip = t.flow.remote.ip();
-            let existed = net::host_routes()?.contains(&ip);
+            let existed = net::has_host_route(ip)?;
             if let Err(e) = net::add_host_route(ip, t.physical_remote.ip(), &route) {
                 undo(added_lo, None);
                 return Err(e);
@@ -178,11 +183,17 @@ impl KernelDatapath {
                 undo(added_lo, added_route);
                 return Err(map_err(MAP_INGRESS_NAT)(e));
             }
+            if flags & NAT_F_LO_ADDR_OURS != 0 {
+                self.lo_ours.insert(t.flow.local.ip());
+            }
             return Ok(());
         }
         if let Err(e) = self.write_pair(&pair, old.as_ref().map(|(p, _)| p)) {
             undo(added_lo, added_route);
             return Err(e);
+        }
+        if flags & NAT_F_LO_ADDR_OURS != 0 {
+            self.lo_ours.insert(t.flow.local.ip());
         }
         if let Some((old_pair, old_t)) = old {
             // Moving again: release what only the previous placement needed.
