@@ -56,3 +56,27 @@ pub fn loadavg_1min() -> Option<f64> {
         .parse()
         .ok()
 }
+
+/// The machine a benchmark ran on, for its JSON report: kernel, CPUs and
+/// their model, memory, and the load before and after.
+pub fn machine(load_before: Option<f64>) -> serde_json::Value {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo.lines().find_map(|l| {
+        l.strip_prefix("model name")?
+            .split_once(':')
+            .map(|(_, m)| m.trim().to_string())
+    });
+    let mem_kib = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        m.lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+    });
+    serde_json::json!({
+        "kernel": kernel_release(),
+        "cpus": cpus(),
+        "cpu_model": model,
+        "memory_gib": mem_kib.map(|k| (k as f64 / 1048576.0 * 10.0).round() / 10.0),
+        "loadavg_1min_before": load_before,
+        "loadavg_1min_after": loadavg_1min(),
+    })
+}

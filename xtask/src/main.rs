@@ -160,6 +160,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             run::check_bench_name(&root, &name)?;
             if !no_prereq {
                 prereq::run(false)?;
+                prereq::bench_packages()?;
             }
             run::bench(&root, &name, &args)
         }

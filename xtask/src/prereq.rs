@@ -39,6 +39,24 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "libpolly-22-dev",
 ];
 
+/// Debian packages only the benchmarks need (installed by `cargo xtask
+/// bench`, so that CI's test run does not pay for them): sockperf for the
+/// request/response latency of `overhead`, matplotlib for every benchmark's
+/// PNG plots.
+pub const BENCH_PACKAGES: &[&str] = &["sockperf", "python3-matplotlib"];
+
+/// Install the benchmarks' Debian packages if any is missing.
+pub fn bench_packages() -> Result<()> {
+    let missing = missing_packages(BENCH_PACKAGES)?;
+    if !missing.is_empty() {
+        if !is_root()? {
+            bail!("{ROOT_SENTENCE}");
+        }
+        install_debian_packages(&missing)?;
+    }
+    Ok(())
+}
+
 /// Oldest kernel the datapath supports: sock_ops, cgroup sock_addr hooks and
 /// `bpf_redirect_neigh` (5.10). TCX needs 6.6; older kernels use clsact.
 const MIN_KERNEL: (u32, u32) = (5, 10);
@@ -196,16 +214,20 @@ fn mount_bpffs() -> Result<()> {
 }
 
 fn missing_debian_packages() -> Result<Vec<String>> {
+    missing_packages(DEBIAN_PACKAGES)
+}
+
+fn missing_packages(wanted: &[&str]) -> Result<Vec<String>> {
     let out = match Command::new("dpkg-query")
         .args(["-W", "-f=${Package} ${db:Status-Status}\n"])
-        .args(DEBIAN_PACKAGES)
+        .args(wanted)
         .stderr(Stdio::null())
         .output()
     {
         Ok(out) => out,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
             "this is not a Debian-like machine (no dpkg-query): install these packages by hand, then re-run: {}",
-            DEBIAN_PACKAGES.join(" ")
+            wanted.join(" ")
         ),
         Err(e) => return Err(e).context("running dpkg-query"),
     };
@@ -218,7 +240,7 @@ fn missing_debian_packages() -> Result<Vec<String>> {
         .filter(|(_, status)| *status == "installed")
         .map(|(name, _)| name.split(':').next().unwrap_or(name))
         .collect();
-    Ok(DEBIAN_PACKAGES
+    Ok(wanted
         .iter()
         .filter(|p| !installed.contains(p))
         .map(|p| p.to_string())

@@ -250,6 +250,19 @@ pub fn bench(root: &Path, name: &str, args: &[OsString]) -> Result<()> {
                 "--",
             ])
             .args(args),
+    )?;
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        return Ok(());
+    }
+    // Every benchmark writes bench/results/NAME.json; the plots are drawn
+    // from it with Debian's python3-matplotlib (installed with the
+    // benchmarks' packages), so Debian's interpreter, not whatever python3
+    // comes first on PATH.
+    must(
+        Command::new("/usr/bin/python3")
+            .arg(root.join("bench/plot.py"))
+            .arg(name)
+            .arg(root.join("bench/results")),
     )
 }
 

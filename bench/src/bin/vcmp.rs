@@ -226,27 +226,29 @@ fn main() -> Result<()> {
     let round_trips = f64::from(half_flights) / 2.0;
     let capacity = wire::records_per_datagram(1500, Family::V4, Kind::Upd);
 
+    let j = serde_json::json!({
+        "benchmark": "vcmp",
+        "connections": n,
+        "round_trips": round_trips,
+        "datagrams": datagrams,
+        "bytes": bytes,
+        "first_flight_datagrams": total_datagrams_first,
+        "upd_records": upd_records,
+        "records_per_datagram": per_datagram,
+        "records_per_datagram_capacity": capacity,
+        "records": records_sent,
+        "cpu_us_per_record": cpu_us_per_record,
+        "verify_full_datagram_cpu_us": verify_cpu_us,
+        "local_us_per_record": local_us_per_record,
+        "local_us_per_connection": local_us,
+        "sender_us_per_connection": sender_us,
+        "receiver_us_per_connection": receiver_us,
+        "verify_full_datagram_us": verify_us,
+        "verify_us_per_record": verify_us / per_datagram as f64,
+        "targets": {"local_us_per_record": 5.0, "verify_full_datagram_us": 50.0},
+    });
+    vnat_bench::write_json(&vnat_bench::results_path("vcmp"), &j)?;
     if args.json {
-        let j = serde_json::json!({
-            "connections": n,
-            "round_trips": round_trips,
-            "datagrams": datagrams,
-            "bytes": bytes,
-            "first_flight_datagrams": total_datagrams_first,
-            "upd_records": upd_records,
-            "records_per_datagram": per_datagram,
-            "records_per_datagram_capacity": capacity,
-            "records": records_sent,
-            "cpu_us_per_record": cpu_us_per_record,
-            "verify_full_datagram_cpu_us": verify_cpu_us,
-            "local_us_per_record": local_us_per_record,
-            "local_us_per_connection": local_us,
-            "sender_us_per_connection": sender_us,
-            "receiver_us_per_connection": receiver_us,
-            "verify_full_datagram_us": verify_us,
-            "verify_us_per_record": verify_us / per_datagram as f64,
-            "targets": {"local_us_per_record": 5.0, "verify_full_datagram_us": 50.0},
-        });
         println!("{j}");
     } else {
         println!("VCMP micro-benchmark: restore {n} connections to one peer (IPv4, MTU 1500)");
