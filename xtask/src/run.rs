@@ -223,8 +223,9 @@ pub fn check_bench_name(root: &Path, name: &str) -> Result<()> {
 pub fn bench(root: &Path, name: &str, args: &[OsString]) -> Result<()> {
     warn_build_skip();
     println!("==> benchmark {name}");
-    // The benchmarks start vnatd, vnatctl and the test tools as separate
-    // processes from the release target directory, so build those first.
+    // The benchmarks start vnatd, vnatctl, the test tools and each other
+    // (scale runs restore) as separate processes from the release target
+    // directory, so build those first.
     must(cargo(root).args([
         "build",
         "--quiet",
@@ -235,6 +236,8 @@ pub fn bench(root: &Path, name: &str, args: &[OsString]) -> Result<()> {
         "vnatctl",
         "-p",
         "vnat-tests",
+        "-p",
+        "vnat-bench",
         "--bins",
     ]))?;
     must(

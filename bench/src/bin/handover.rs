@@ -53,6 +53,8 @@ use vnat_bench::{
 };
 use vnat_tests::{EchoServer, Host, LaptopRouterServer, TempDir};
 
+// Shared with restore, which uses more of it.
+#[allow(dead_code)]
 #[path = "handover/daemon.rs"]
 mod daemon;
 #[path = "handover/probe.rs"]
@@ -132,6 +134,17 @@ struct Args {
     /// move, so the echo resumes only at its retransmission timeout.
     #[arg(long)]
     nagle_echo: bool,
+    /// Measure the grid of issue 5 instead: every RTT of --sweep-rtts with
+    /// every outage of --sweep-outages (one end moving), --runs runs per
+    /// cell [default: 3 without outage, 1 with]; adds `sweep` to the JSON.
+    #[arg(long)]
+    sweep: bool,
+    /// RTTs of the sweep, ms.
+    #[arg(long, value_delimiter = ',', default_values_t = [1.0, 3.0, 30.0, 100.0])]
+    sweep_rtts: Vec<f64>,
+    /// Outages of the sweep, s (0: none).
+    #[arg(long, value_delimiter = ',', default_values_t = [0u64, 10, 120])]
+    sweep_outages: Vec<u64>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -229,6 +242,9 @@ fn run(args: &Args) -> Result<()> {
         args.outage_secs
             .unwrap_or(if args.quick { 10 } else { 120 }),
     );
+    if args.sweep {
+        return sweep(args);
+    }
     let mut scenarios = Vec::new();
     if args.scenario != Scenarios::Outage {
         scenarios.push((Scenario::NoOutage, args.runs.unwrap_or(5)));
@@ -269,6 +285,65 @@ fn run(args: &Args) -> Result<()> {
 
     let summary = report::report(args, &results, load_before, load_after);
     let table = report::table(args, &results);
+    if args.json {
+        eprint!("{table}");
+        println!("{summary}");
+    } else {
+        print!("{table}");
+    }
+    vnat_bench::write_json(&vnat_bench::results_path("handover"), &summary)?;
+    Ok(())
+}
+
+/// The grid: every RTT with every outage, one end moving.
+fn sweep(args: &Args) -> Result<()> {
+    ensure!(
+        args.sweep_rtts.iter().all(|r| *r > 0.0 && *r <= 1000.0),
+        "--sweep-rtts must be between 0 and 1000 ms"
+    );
+    let load_before = env::loadavg_1min();
+    let mut rows = Vec::new();
+    for &rtt in &args.sweep_rtts {
+        for &outage_s in &args.sweep_outages {
+            let scenario = if outage_s == 0 {
+                Scenario::NoOutage
+            } else {
+                Scenario::Outage(Duration::from_secs(outage_s))
+            };
+            let runs = args.runs.unwrap_or(if outage_s == 0 { 3 } else { 1 });
+            let mut done = Vec::new();
+            for i in 0..runs {
+                eprintln!(
+                    "rtt {rtt} ms, {}: run {}/{runs} ...",
+                    scenario.label(),
+                    i + 1
+                );
+                let diag = format!("handover-sweep-rtt{rtt}-{}-{}", scenario.key(), i + 1);
+                let r = measure(
+                    scenario,
+                    rtt,
+                    &diag,
+                    args.capture,
+                    args.standby_tc,
+                    !args.nagle_echo,
+                )
+                .with_context(|| format!("rtt {rtt} ms, {}, run {}", scenario.label(), i + 1))?;
+                eprintln!(
+                    "  rtt {:.2} ms, first byte {:.1} ms, handover {:.1} ms",
+                    r.rtt_ms, r.first_byte_ms, r.handover_ms
+                );
+                done.push(r);
+            }
+            rows.push(report::sweep_row(rtt, outage_s, &done));
+            // What is known so far is on disk if a later cell fails.
+            vnat_bench::write_json(
+                &vnat_bench::results_path("handover"),
+                &report::sweep_report(args, &rows, load_before),
+            )?;
+        }
+    }
+    let summary = report::sweep_report(args, &rows, load_before);
+    let table = report::sweep_table(&rows);
     if args.json {
         eprint!("{table}");
         println!("{summary}");

@@ -147,7 +147,10 @@ fn main() -> ExitCode {
         }) => vnat_bench::run_main("overhead crr-client", || {
             crr::client(connect, size, seconds)
         }),
-        None => vnat_bench::run_main("overhead", || run(&cli.args)),
+        None => {
+            vnat_bench::catch_interrupts();
+            vnat_bench::run_main("overhead", || run(&cli.args))
+        }
     }
 }
 

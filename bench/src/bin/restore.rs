@@ -103,14 +103,14 @@ enum Sub {
     /// The echo server (run by the benchmark in the server's namespace).
     #[command(hide = true)]
     Echo {
-        #[arg(long)]
-        listen: SocketAddr,
+        #[arg(long, required = true)]
+        listen: Vec<SocketAddr>,
     },
     /// The measuring client (run by the benchmark in the laptop's namespace).
     #[command(hide = true)]
     Client {
-        #[arg(long)]
-        connect: SocketAddr,
+        #[arg(long, required = true)]
+        connect: Vec<SocketAddr>,
         #[arg(long)]
         conns: usize,
         #[arg(long, default_value_t = 10)]
@@ -121,7 +121,7 @@ enum Sub {
 #[derive(clap::Args)]
 pub struct Args {
     /// Numbers of connections to restore (repeatable or a comma list).
-    #[arg(long, value_delimiter = ',', default_values_t = [10usize, 50, 100, 500],
+    #[arg(long, value_delimiter = ',', default_values_t = [10usize, 50, 100, 500, 1000, 10000],
           value_parser = clap::value_parser!(usize))]
     conns: Vec<usize>,
     /// The round trip the delay line makes (half of it each way), in ms;
@@ -135,18 +135,33 @@ pub struct Args {
     /// 120 + 0.2 per connection].
     #[arg(long)]
     timeout_s: Option<f64>,
-    /// How often the client writes on every connection, in ms.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    /// How often the client writes on every connection, in ms; at least
+    /// N/100 ms for N connections (10,000 connections every 10 ms would be a
+    /// million writes a second on this 2-core machine, and the client, not
+    /// vnat, would be measured).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=10000))]
     interval_ms: u64,
     /// Print one JSON object on stdout (the tables go to stderr).
     #[arg(long)]
     json: bool,
+    /// The scale benchmark (`cargo xtask bench scale`): before the move,
+    /// also time `vnatctl ls` on both hosts and read the daemons' memory and
+    /// their maps' kernel memory; write bench/results/scale.json too.
+    #[arg(long)]
+    scale: bool,
 }
+
+/// Connections per server port: one laptop address has about 64,000
+/// ports towards one server port (the laptop's range is widened to
+/// 1024-65535 for large runs).
+const CONNS_PER_PORT: usize = 50_000;
 
 /// One run's figures (milliseconds from `t0` unless named otherwise).
 #[derive(Clone, Debug, Serialize)]
 pub struct RunResult {
     pub conns: usize,
+    /// How often the client wrote on every connection (ms).
+    pub interval_ms: u64,
     /// Median TCP handshake time laptop -> server (through the delay line).
     pub rtt_ms: f64,
     /// The same before the line's delay was set (the path's own cost).
@@ -176,6 +191,8 @@ pub struct RunResult {
     pub verified: Option<usize>,
     /// vnatd's steps, from its logs.
     pub phases: Phases,
+    /// With `--scale`: listing times and memory, before the move.
+    pub scale: Option<Value>,
     pub timeout_s: f64,
     pub delay_line: Vec<DirectionStats>,
 }
@@ -183,14 +200,14 @@ pub struct RunResult {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.sub {
-        Some(Sub::Echo { listen }) => return ExitCode::from(echo::run(listen) as u8),
+        Some(Sub::Echo { listen }) => return ExitCode::from(echo::run(&listen) as u8),
         Some(Sub::Client {
             connect,
             conns,
             interval_ms,
         }) => {
             return ExitCode::from(
-                client::run(connect, conns, Duration::from_millis(interval_ms)) as u8,
+                client::run(&connect, conns, Duration::from_millis(interval_ms)) as u8,
             )
         }
         None => {}
@@ -210,8 +227,8 @@ fn run(args: &Args) -> Result<()> {
         args.rtt_ms
     );
     ensure!(
-        args.conns.iter().all(|n| (1..=20_000).contains(n)),
-        "--conns must be between 1 and 20000 (one laptop address and one server port), not {:?}",
+        args.conns.iter().all(|n| (1..=200_000).contains(n)),
+        "--conns must be between 1 and 200000, not {:?}",
         args.conns
     );
     let load_before = env::loadavg_1min();
@@ -242,7 +259,154 @@ fn run(args: &Args) -> Result<()> {
         print!("{table}");
     }
     vnat_bench::write_json(&vnat_bench::results_path("restore"), &report)?;
+    if args.scale {
+        let s = scale_json(&results, &report);
+        eprint!("{}", scale_table(&s));
+        vnat_bench::write_json(&vnat_bench::results_path("scale"), &s)?;
+    }
     Ok(())
+}
+
+/// The scale benchmark's result from the restore runs that measured it.
+fn scale_json(results: &[(usize, Vec<RunResult>)], restore: &Value) -> Value {
+    let runs: Vec<&RunResult> = results.iter().flat_map(|(_, r)| r).collect();
+    let pick = |f: &dyn Fn(&Value) -> Option<f64>| -> Option<Summary> {
+        Summary::of(
+            &runs
+                .iter()
+                .filter_map(|r| r.scale.as_ref().and_then(f))
+                .collect::<Vec<_>>(),
+        )
+    };
+    let resume = Summary::of(&runs.iter().filter_map(|r| r.total_s).collect::<Vec<_>>());
+    let mem = |k: &str| pick(&|s: &Value| s[k].as_f64()).map(|s| s.median);
+    serde_json::json!({
+        "benchmark": "scale",
+        "what": "N live TCP connections between two namespace hosts through vnatd: the time vnatctl ls takes \
+                 (table and --json) on both hosts, the daemons' resident memory and their BPF maps' kernel \
+                 memory (fdinfo memlock) with all N recorded, and the time to resume all N after the laptop \
+                 moves (as the restore benchmark measures it)",
+        "conns": runs.first().map(|r| r.conns),
+        "complete_runs": runs.iter().filter(|r| r.complete).count(),
+        "restored_min": runs.iter().map(|r| r.restored).min(),
+        "times_s": {
+            "vnatctl_ls_laptop": pick(&|s: &Value| s["ls_laptop_s"].as_f64()),
+            "vnatctl_ls_json_laptop": pick(&|s: &Value| s["ls_json_laptop_s"].as_f64()),
+            "vnatctl_ls_server": pick(&|s: &Value| s["ls_server_s"].as_f64()),
+            "resume_all": resume,
+        },
+        "memory_mib": {
+            "vnatd_laptop_rss": mem("rss_laptop_mib"),
+            "vnatd_server_rss": mem("rss_server_mib"),
+            "maps_laptop_kernel": mem("maps_laptop_mib"),
+            "maps_server_kernel": mem("maps_server_mib"),
+        },
+        "per_run": runs.iter().map(|r| r.scale.clone()).collect::<Vec<_>>(),
+        "restore": restore.clone(),
+    })
+}
+
+fn scale_table(s: &Value) -> String {
+    use std::fmt::Write;
+    let mut t = String::new();
+    let _ = writeln!(t, "scale: {} connections", s["conns"]);
+    for (k, v) in s["times_s"].as_object().into_iter().flatten() {
+        let _ = writeln!(
+            t,
+            "  {k:<28} {:>10} s",
+            v["median"]
+                .as_f64()
+                .map_or("-".into(), |x| format!("{x:.3}"))
+        );
+    }
+    for (k, v) in s["memory_mib"].as_object().into_iter().flatten() {
+        let _ = writeln!(
+            t,
+            "  {k:<28} {:>10} MiB",
+            v.as_f64().map_or("-".into(), |x| format!("{x:.1}"))
+        );
+    }
+    t
+}
+
+/// Resident memory of a process (VmRSS), MiB.
+fn rss_mib(pid: u32) -> Option<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: f64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kib / 1024.0)
+}
+
+/// Kernel memory of the BPF maps a process holds open (fdinfo `memlock`,
+/// each map counted once), MiB.
+fn maps_mib(pid: u32) -> Option<f64> {
+    let mut seen = std::collections::HashSet::new();
+    let mut total = 0u64;
+    for e in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        .ok()?
+        .flatten()
+    {
+        let Ok(info) = std::fs::read_to_string(e.path()) else {
+            continue;
+        };
+        let field = |k: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(k))
+                .map(|v| v.trim().to_string())
+        };
+        if let (Some(id), Some(mem)) = (field("map_id:"), field("memlock:")) {
+            if seen.insert(id) {
+                total += mem.parse::<u64>().unwrap_or(0);
+            }
+        }
+    }
+    Some(total as f64 / 1048576.0)
+}
+
+/// Wall time of `vnatctl ls` (with `--json` or as a table) and its row count.
+fn time_ls(d: &Daemon, json: bool) -> Result<(f64, usize)> {
+    let t = Instant::now();
+    let out = d.ctl_raw(json, &["ls"])?;
+    let secs = t.elapsed().as_secs_f64();
+    let rows = if json {
+        serde_json::from_slice::<Value>(&out)
+            .ok()
+            .and_then(|v| v.as_array().map(|a| a.len()))
+            .unwrap_or(0)
+    } else {
+        out.split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .count()
+            .saturating_sub(1)
+    };
+    Ok((secs, rows))
+}
+
+fn measure_scale(lapd: &Daemon, srvd: &Daemon, n: usize) -> Result<Value> {
+    let (ls_laptop, rows_l) = time_ls(lapd, false)?;
+    let (ls_json_laptop, rows_lj) = time_ls(lapd, true)?;
+    let (ls_server, rows_s) = time_ls(srvd, false)?;
+    ensure!(
+        rows_lj >= n,
+        "vnatctl --json ls on the laptop listed {rows_lj} connections, fewer than the {n} open"
+    );
+    Ok(serde_json::json!({
+        "ls_laptop_s": ls_laptop,
+        "ls_laptop_rows": rows_l,
+        "ls_json_laptop_s": ls_json_laptop,
+        "ls_json_laptop_rows": rows_lj,
+        "ls_server_s": ls_server,
+        "ls_server_rows": rows_s,
+        "rss_laptop_mib": rss_mib(lapd.pid()),
+        "rss_server_mib": rss_mib(srvd.pid()),
+        "maps_laptop_mib": maps_mib(lapd.pid()),
+        "maps_server_mib": maps_mib(srvd.pid()),
+    }))
 }
 
 fn timeout_for(args: &Args, n: usize) -> Duration {
@@ -270,7 +434,19 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
     let lap = Host::new(&topo.laptop, "rstl");
     let srv = Host::new(&topo.server, "rsts");
     let server = SocketAddr::new(topo.server_addr.v4.into(), SERVER_PORT);
-    let echo_server = Helper::spawn(&srv, &["echo", "--listen", &server.to_string()], false)?;
+    let ports = n.div_ceil(CONNS_PER_PORT);
+    let servers: Vec<String> = (0..ports)
+        .map(|i| SocketAddr::new(server.ip(), SERVER_PORT + i as u16).to_string())
+        .collect();
+    if n > 20_000 {
+        topo.laptop
+            .set_sysctl("net/ipv4/ip_local_port_range", "1024 65535");
+    }
+    let mut echo_args = vec!["echo"];
+    for s in &servers {
+        echo_args.extend(["--listen", s.as_str()]);
+    }
+    let echo_server = Helper::spawn(&srv, &echo_args, false)?;
     echo_server.wait_for("the echo server to listen", Duration::from_secs(10), |l| {
         l.listening
     })?;
@@ -302,19 +478,13 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
         base_rtt
     };
 
-    let mut client = Helper::spawn(
-        &lap,
-        &[
-            "client",
-            "--connect",
-            &server.to_string(),
-            "--conns",
-            &n.to_string(),
-            "--interval-ms",
-            &args.interval_ms.to_string(),
-        ],
-        true,
-    )?;
+    let interval_ms = args.interval_ms.max(n as u64 / 100);
+    let (conns_s, interval_s) = (n.to_string(), interval_ms.to_string());
+    let mut client_args = vec!["client", "--conns", &conns_s, "--interval-ms", &interval_s];
+    for s in &servers {
+        client_args.extend(["--connect", s.as_str()]);
+    }
+    let mut client = Helper::spawn(&lap, &client_args, true)?;
     let setup = Duration::from_secs_f64(30.0 + 0.05 * n as f64);
     client.wait_for(&format!("{n} connections to be established"), setup, |l| {
         l.connected == Some(n)
@@ -322,7 +492,12 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
     client.wait_for(&format!("all {n} connections to echo"), setup, |l| {
         l.echoing
     })?;
-    wait_mobile(&lapd, &srvd, n, server, setup)?;
+    wait_mobile(&lapd, &srvd, n, server, ports, setup)?;
+    let scale = if args.scale {
+        Some(measure_scale(&lapd, &srvd, n)?)
+    } else {
+        None
+    };
     // A second of steady traffic: the echo round trip before the move.
     sleep_checked(Duration::from_secs(1))?;
     let steady = client.log().stats.last().cloned();
@@ -389,6 +564,7 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
     );
     Ok(RunResult {
         conns: n,
+        interval_ms,
         rtt_ms: rtt,
         base_rtt_ms: base_rtt,
         echo_rtt_ms: steady
@@ -408,6 +584,7 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
         last_ms: pick(1.0),
         verified,
         phases,
+        scale,
         timeout_s: timeout.as_secs_f64(),
         delay_line: delay.map_or_else(Vec::new, |d| {
             let delayline::ServerLinkDelay { line, ns: _ns } = d;
@@ -476,16 +653,20 @@ fn wait_mobile(
     srvd: &Daemon,
     n: usize,
     server: SocketAddr,
+    ports: usize,
     limit: Duration,
 ) -> Result<()> {
     let deadline = Instant::now() + limit;
-    let server_s = server.to_string();
+    let servers: std::collections::HashSet<String> = (0..ports)
+        .map(|i| SocketAddr::new(server.ip(), server.port() + i as u16).to_string())
+        .collect();
     let mobile = |d: &Daemon, key: &str| -> usize {
         d.ctl(&["ls", "--proto", "tcp"]).map_or(0, |v| {
             v.as_array().map_or(0, |a| {
                 a.iter()
                     .filter(|c| {
-                        c[key].as_str() == Some(&server_s) && c["mobile"] == Value::Bool(true)
+                        c[key].as_str().is_some_and(|s| servers.contains(s))
+                            && c["mobile"] == Value::Bool(true)
                     })
                     .count()
             })

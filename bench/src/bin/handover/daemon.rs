@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use serde_json::Value;
 use vnat_tests::{bin_path, Host};
 
@@ -90,6 +90,27 @@ impl Daemon {
             return None;
         }
         serde_json::from_slice(&out.stdout).ok()
+    }
+
+    /// `vnatctl [--json] ARGS`'s standard output, failing with its stderr.
+    pub fn ctl_raw(&self, json: bool, args: &[&str]) -> Result<Vec<u8>> {
+        let mut cmd = Command::new(bin_path("vnatctl"));
+        cmd.arg("--control").arg(&self.control);
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.args(args).output().context("running vnatctl")?;
+        ensure!(
+            out.status.success(),
+            "vnatctl {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        Ok(out.stdout)
+    }
+
+    /// The daemon's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// True once this vnatd has pinned a peer's host key (`peers.json`).

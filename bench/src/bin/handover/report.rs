@@ -125,3 +125,75 @@ pub fn table(args: &Args, results: &[(Scenario, Vec<RunResult>)]) -> String {
     }
     s
 }
+
+/// One cell of the sweep.
+pub fn sweep_row(rtt_target_ms: f64, outage_s: u64, runs: &[RunResult]) -> Value {
+    let median_rtt =
+        Summary::of(&runs.iter().map(|r| r.rtt_ms).collect::<Vec<_>>()).map_or(0.0, |s| s.median);
+    let median_handover = Summary::of(&runs.iter().map(|r| r.handover_ms).collect::<Vec<_>>())
+        .map_or(f64::INFINITY, |s| s.median);
+    json!({
+        "rtt_ms": rtt_target_ms,
+        "outage_s": outage_s,
+        "movers": "one",
+        "runs": runs.len(),
+        "measured_rtt_ms": summary_json(runs, |r| Some(r.rtt_ms)),
+        "handover_ms": summary_json(runs, |r| Some(r.handover_ms)),
+        "first_byte_ms": summary_json(runs, |r| Some(r.first_byte_ms)),
+        "laptop_move_started_ms": summary_json(runs, |r| r.laptop_move_started_ms),
+        "server_translated_ms": summary_json(runs, |r| r.server_translated_ms),
+        "target_ms": median_rtt + TARGET_SLACK_MS,
+        "target_met_median": median_handover <= median_rtt + TARGET_SLACK_MS,
+        "per_run": runs,
+    })
+}
+
+pub fn sweep_report(args: &Args, rows: &[Value], load_before: Option<f64>) -> Value {
+    json!({
+        "benchmark": "handover",
+        "what": "handover_ms = ms from the new address being usable to the echo of the first probe written after it, \
+                 minus the measured RTT; one end (the laptop) moving; target: handover_ms <= RTT + 10 ms",
+        "standby_tc": args.standby_tc,
+        "echo": if args.nagle_echo { "socat, Nagle on" } else { "socat with TCP_NODELAY" },
+        "delay": "userspace L2 delay line (AF_PACKET) on the router-server link, half the RTT each way",
+        "machine": env::machine(load_before),
+        "sweep": rows,
+    })
+}
+
+pub fn sweep_table(rows: &[Value]) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "handover sweep, one end moving (medians, ms; target: handover <= RTT + 10 ms)"
+    );
+    let _ = writeln!(
+        s,
+        "{:>7} {:>8} {:>5} {:>12} {:>12} {:>9} {:>6}",
+        "rtt ms", "outage s", "runs", "first byte", "handover", "target", "met"
+    );
+    for r in rows {
+        let m = |k: &str| {
+            r[k]["median"]
+                .as_f64()
+                .map_or("-".into(), |x| format!("{x:.1}"))
+        };
+        let _ = writeln!(
+            s,
+            "{:>7} {:>8} {:>5} {:>12} {:>12} {:>9.1} {:>6}",
+            r["rtt_ms"].as_f64().unwrap_or(0.0),
+            r["outage_s"].as_u64().unwrap_or(0),
+            r["runs"].as_u64().unwrap_or(0),
+            m("first_byte_ms"),
+            m("handover_ms"),
+            r["target_ms"].as_f64().unwrap_or(0.0),
+            if r["target_met_median"].as_bool() == Some(true) {
+                "yes"
+            } else {
+                "no"
+            }
+        );
+    }
+    s
+}

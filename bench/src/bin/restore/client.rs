@@ -80,7 +80,7 @@ struct Stats {
     tick_late_max_ns: u64,
 }
 
-pub fn run(connect: SocketAddr, conns: usize, interval: Duration) -> i32 {
+pub fn run(connect: &[SocketAddr], conns: usize, interval: Duration) -> i32 {
     match client(connect, conns, interval) {
         Ok(()) => 0,
         Err(e) => {
@@ -90,7 +90,9 @@ pub fn run(connect: SocketAddr, conns: usize, interval: Duration) -> i32 {
     }
 }
 
-fn client(to: SocketAddr, n: usize, interval: Duration) -> io::Result<()> {
+/// Connection `i` goes to `to[i % to.len()]` (several server ports: one
+/// client address has only ~64k ports towards one server port).
+fn client(to: &[SocketAddr], n: usize, interval: Duration) -> io::Result<()> {
     raise_nofile_limit()?;
     let epoll = Epoll::new()?;
     // SAFETY: fcntl on stdin only sets O_NONBLOCK; lines are read whole by
@@ -121,7 +123,7 @@ fn client(to: SocketAddr, n: usize, interval: Duration) -> io::Result<()> {
     loop {
         // Keep CONNECTING connects in flight until all are started.
         while started < n && started - connected < CONNECTING {
-            let s = connect_nonblocking(to)?;
+            let s = connect_nonblocking(to[started % to.len()])?;
             epoll.add(s.as_raw_fd(), OUT, started as u64)?;
             conns[started].stream = Some(s);
             started += 1;
@@ -229,7 +231,7 @@ fn client(to: SocketAddr, n: usize, interval: Duration) -> io::Result<()> {
                 if let Some(e) = s.take_error()? {
                     return Err(io::Error::new(
                         e.kind(),
-                        format!("connection {i} to {to}: {e}"),
+                        format!("connection {i} to {}: {e}", to[i % to.len()]),
                     ));
                 }
                 s.set_nodelay(true)?;

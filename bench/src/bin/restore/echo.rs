@@ -17,7 +17,8 @@ use std::{
 
 use super::sys::{raise_nofile_limit, Epoll, IN, OUT};
 
-/// The listener's epoll token; connections use their fd.
+/// Listener `i` has the epoll token `LISTENER - i`; connections use their
+/// fd (far below).
 const LISTENER: u64 = u64::MAX;
 
 struct Conn {
@@ -28,7 +29,7 @@ struct Conn {
     want_out: bool,
 }
 
-pub fn run(listen: SocketAddr) -> i32 {
+pub fn run(listen: &[SocketAddr]) -> i32 {
     match serve(listen) {
         Ok(()) => 0,
         Err(e) => {
@@ -38,15 +39,19 @@ pub fn run(listen: SocketAddr) -> i32 {
     }
 }
 
-fn serve(listen: SocketAddr) -> io::Result<()> {
+fn serve(listen: &[SocketAddr]) -> io::Result<()> {
     raise_nofile_limit()?;
-    let listener = TcpListener::bind(listen)?;
-    listener.set_nonblocking(true)?;
     let epoll = Epoll::new()?;
-    epoll.add(listener.as_raw_fd(), IN, LISTENER)?;
+    let mut listeners = Vec::new();
+    for (i, addr) in listen.iter().enumerate() {
+        let l = TcpListener::bind(addr)?;
+        l.set_nonblocking(true)?;
+        epoll.add(l.as_raw_fd(), IN, LISTENER - i as u64)?;
+        listeners.push(l);
+    }
     println!(
         "{}",
-        serde_json::json!({ "listening": listener.local_addr()?.to_string() })
+        serde_json::json!({ "listening": listen.iter().map(|a| a.to_string()).collect::<Vec<_>>() })
     );
     io::stdout().flush()?;
 
@@ -56,8 +61,8 @@ fn serve(listen: SocketAddr) -> io::Result<()> {
     loop {
         let ready = epoll.wait(&mut events, -1)?;
         for &(token, flags) in &ready {
-            if token == LISTENER {
-                accept_all(&listener, &epoll, &mut conns)?;
+            if token > LISTENER - listeners.len() as u64 {
+                accept_all(&listeners[(LISTENER - token) as usize], &epoll, &mut conns)?;
                 continue;
             }
             let Some(c) = conns.get_mut(&token) else {
