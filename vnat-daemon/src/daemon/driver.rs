@@ -148,6 +148,75 @@ async fn with_dp<T: Send + 'static>(
     }
 }
 
+/// Room for the VCMP bursts of a mass move: restoring 10,000 connections
+/// sends over a thousand datagrams within milliseconds (UPD, LOOKUP and
+/// STORE records, 30 to a datagram), far beyond the default 208 KiB, and
+/// every one the kernel drops costs a retransmission timeout. The FORCE
+/// variants (CAP_NET_ADMIN, which vnatd has) pass net.core.rmem_max; on
+/// failure the plain ones give what the sysctl allows.
+fn enlarge_buffers(sock: &UdpSocket) {
+    use std::os::fd::AsRawFd;
+    const BYTES: libc::c_int = 8 << 20;
+    for (force, plain) in [
+        (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+        (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+    ] {
+        let set = |opt| {
+            // SAFETY: setsockopt on our own socket with a live c_int.
+            unsafe {
+                libc::setsockopt(
+                    sock.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    opt,
+                    (&BYTES as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            }
+        };
+        if set(force) != 0 && set(plain) != 0 {
+            tracing::debug!(error = %std::io::Error::last_os_error(), "cannot enlarge the VCMP socket buffers");
+        }
+    }
+}
+
+/// Make the datapath translate `flow` to (local, remote), or stop
+/// translating it when both are its virtual endpoints again; then restart
+/// a backed-off TCP socket, or have it send an ACK if the peer moved.
+fn translate_one(
+    dp: &mut dyn Datapath,
+    flow: VirtualFlow,
+    local: SocketAddr,
+    remote: SocketAddr,
+    peer_moved: bool,
+) -> Result<(), DatapathError> {
+    if local == flow.local && remote == flow.remote {
+        match dp.remove_translation(&flow) {
+            Err(DatapathError::NoSuchTranslation { .. }) => Ok(()),
+            r => r,
+        }
+    } else {
+        dp.install_translation(&Translation {
+            flow,
+            physical_local: local,
+            physical_remote: remote,
+        })?;
+        prepare_old_address(dp, flow, local, remote);
+        Ok(())
+    }?;
+    // After an outage TCP has backed off its retransmission timer; make it
+    // retransmit now rather than tens of seconds later (DESIGN.md §3, "no
+    // stall").
+    if flow.proto == crate::datapath::Proto::Tcp {
+        match dp.kick_flow(&flow, peer_moved) {
+            Ok(sent) => tracing::debug!(?flow, %sent, "restart"),
+            Err(e) => {
+                tracing::debug!(?flow, error = %e, "could not restart the flow's retransmissions")
+            }
+        }
+    }
+    Ok(())
+}
+
 /// When both ends moved, the peer may still send to our old (virtual)
 /// address, which stays local here: take those packets in as well (receive
 /// side only), or the kernel would answer them with a reset that the peer's
@@ -198,6 +267,10 @@ pub struct Driver {
     /// physical endpoint, the peer's): if we move meanwhile, the pair
     /// changes and the receive side is prepared again for our new one.
     prepared: HashMap<VirtualFlow, (SocketAddr, SocketAddr)>,
+    /// The endpoint's `pending_epoch` at the last full scan for receive
+    /// sides to prepare; `None` forces the next scan (after our own move or
+    /// a failed attempt).
+    pending_scanned: Option<u64>,
     /// Receive sides that could not be prepared yet (warned once each).
     prepare_failed: HashSet<(VirtualFlow, SocketAddr)>,
     /// Interfaces kept attached by `standby_tc`, as last set.
@@ -273,6 +346,7 @@ impl Driver {
         dual: bool,
     ) -> Driver {
         tracing::info!(listen = %cfg.listen, key = %identity::key_hex(&endpoint.public_key()), "VCMP listening");
+        enlarge_buffers(&sock);
         Driver {
             cfg,
             dp,
@@ -283,6 +357,7 @@ impl Driver {
             prepared: HashMap::new(),
             standby: Vec::new(),
             prepare_failed: HashSet::new(),
+            pending_scanned: None,
             imported: HashMap::new(),
             exported: HashSet::new(),
         }
@@ -385,6 +460,8 @@ impl Driver {
     }
 
     async fn command(&mut self, cmd: Command) {
+        // Suspend, resume and import may change our end of connections.
+        self.pending_scanned = None;
         match cmd {
             Command::Suspend { flows, reply } => {
                 let r = self
@@ -566,7 +643,7 @@ impl Driver {
     async fn resync(&mut self) -> usize {
         tracing::trace!("resync");
         let port = self.cfg.listen.port();
-        let conns = match with_dp(&self.dp, |dp| dp.connections()).await {
+        let conns = match with_dp(&self.dp, |dp| dp.connections_without_owners()).await {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot list connections");
@@ -665,7 +742,9 @@ impl Driver {
         let moves =
             mobility::plan_moves(&tracked, &addrs, |ip| sources.get(&ip).copied().flatten());
         tracing::trace!(?tracked, ?addrs, ?sources, ?moves, "automatic mode");
-        let mut started = Vec::new();
+        // Which moves can go, then all their receive sides in one trip to
+        // the datapath thread.
+        let mut candidates = Vec::new();
         for m in moves {
             let Some(view) = self.endpoint.connection(&m.flow) else {
                 continue;
@@ -674,18 +753,33 @@ impl Driver {
                 tracing::warn!(flow = ?m.flow, peer = %m.remote_phys.ip(), "connection lost its address but cannot move: the peer runs no vnatd or pairing has not completed");
                 continue;
             }
-            if m.new_local != m.flow.local {
-                let t = Translation {
-                    flow: m.flow,
-                    physical_local: m.new_local,
-                    physical_remote: m.remote_phys,
-                };
-                if let Err(e) = with_dp(&self.dp, move |dp| dp.prepare_translation(&t)).await {
-                    tracing::warn!(flow = ?m.flow, error = %e, "cannot prepare the move");
-                    continue;
-                }
+            candidates.push((m, view.local_phys));
+        }
+        let prepared = with_dp(&self.dp, move |dp| {
+            candidates
+                .into_iter()
+                .map(|(m, from)| {
+                    let r = if m.new_local != m.flow.local {
+                        dp.prepare_translation(&Translation {
+                            flow: m.flow,
+                            physical_local: m.new_local,
+                            physical_remote: m.remote_phys,
+                        })
+                    } else {
+                        Ok(())
+                    };
+                    (m, from, r)
+                })
+                .collect::<Vec<_>>()
+        })
+        .await;
+        let mut started = Vec::new();
+        for (m, from, r) in prepared {
+            if let Err(e) = r {
+                tracing::warn!(flow = ?m.flow, error = %e, "cannot prepare the move");
+                continue;
             }
-            tracing::info!(flow = ?m.flow, from = %view.local_phys, to = %m.new_local, "resuming connection at a new address");
+            tracing::info!(flow = ?m.flow, from = %from, to = %m.new_local, "resuming connection at a new address");
             started.push((m.flow, m.new_local));
         }
         if started.is_empty() {
@@ -695,6 +789,9 @@ impl Driver {
             tracing::warn!(error = %e, "cannot start the migration");
             return 0;
         }
+        // Our end moved: receive sides prepared for a peer's pending address
+        // must be prepared again for our new one.
+        self.pending_scanned = None;
         started.len()
     }
 
@@ -703,6 +800,13 @@ impl Driver {
     /// sending waits for validation), so that its connection never meets a
     /// kernel that resets it.
     async fn prepare_pending(&mut self) {
+        // A scan of every connection per datagram is quadratic in a move of
+        // thousands: scan only when something could have changed.
+        let epoch = self.endpoint.pending_epoch();
+        if self.pending_scanned == Some(epoch) {
+            return;
+        }
+        self.pending_scanned = Some(epoch);
         let pending: Vec<(VirtualFlow, SocketAddr, SocketAddr)> = self
             .endpoint
             .connections()
@@ -713,22 +817,35 @@ impl Driver {
                     .then_some((v.flow, v.local_phys, p))
             })
             .collect();
+        let mut work = Vec::new();
         for (flow, local, remote) in pending {
             if local == flow.local && remote == flow.remote {
                 self.prepared.insert(flow, (local, remote));
-                continue;
+            } else {
+                work.push((flow, local, remote));
             }
-            let t = Translation {
-                flow,
-                physical_local: local,
-                physical_remote: remote,
-            };
-            let r = with_dp(&self.dp, move |dp| {
-                dp.prepare_translation(&t)?;
-                prepare_old_address(dp, flow, local, remote);
-                Ok::<(), DatapathError>(())
-            })
-            .await;
+        }
+        if work.is_empty() {
+            return;
+        }
+        // One trip to the datapath thread for all of them.
+        let done = with_dp(&self.dp, move |dp| {
+            work.into_iter()
+                .map(|(flow, local, remote)| {
+                    let t = Translation {
+                        flow,
+                        physical_local: local,
+                        physical_remote: remote,
+                    };
+                    let r = dp.prepare_translation(&t).map(|()| {
+                        prepare_old_address(dp, flow, local, remote);
+                    });
+                    (flow, local, remote, r)
+                })
+                .collect::<Vec<_>>()
+        })
+        .await;
+        for (flow, local, remote, r) in done {
             match r {
                 Ok(()) => {
                     // Only now: a failed attempt (this host has no route
@@ -739,6 +856,7 @@ impl Driver {
                     tracing::debug!(?flow, %remote, "receive side ready for the peer's new address")
                 }
                 Err(e) => {
+                    self.pending_scanned = None;
                     if self.prepare_failed.insert((flow, remote)) {
                         tracing::warn!(?flow, error = %e, "cannot prepare for the peer's new address yet; will retry")
                     }
@@ -748,6 +866,8 @@ impl Driver {
     }
 
     async fn apply_events(&mut self) {
+        // Datapath work of all events in one batch, in event order.
+        let mut batch = Vec::new();
         while let Some(ev) = self.endpoint.poll_event() {
             match ev {
                 Event::SetRemote { flow, remote } | Event::Reverted { flow, remote, .. } => {
@@ -756,14 +876,14 @@ impl Driver {
                         .endpoint
                         .connection(&flow)
                         .map_or(flow.local, |v| v.local_phys);
-                    self.translate(flow, local, remote, true).await;
+                    batch.push((flow, local, remote, true));
                 }
                 Event::Resumed { flow, local } => {
                     let view = self.endpoint.connection(&flow);
                     let remote = view.as_ref().map_or(flow.remote, |v| v.remote_phys);
                     let pending = view.and_then(|v| v.pending_remote);
                     match mobility::send_side_after_resume(local, remote, pending) {
-                        Some((local, remote)) => self.translate(flow, local, remote, false).await,
+                        Some((local, remote)) => batch.push((flow, local, remote, false)),
                         None => tracing::debug!(?flow, %local, ?pending,
                             "our move is done but the peer moved too: the send side switches once its new address is validated"),
                     }
@@ -788,6 +908,7 @@ impl Driver {
                 other => tracing::debug!(event = ?other, "VCMP event"),
             }
         }
+        self.translate_all(batch).await;
     }
 
     /// Make the datapath translate `flow` to (local, remote), or stop
@@ -802,37 +923,32 @@ impl Driver {
         remote: SocketAddr,
         peer_moved: bool,
     ) {
-        let r: Result<(), DatapathError> = with_dp(&self.dp, move |dp| {
-            if local == flow.local && remote == flow.remote {
-                match dp.remove_translation(&flow) {
-                    Err(DatapathError::NoSuchTranslation { .. }) => Ok(()),
-                    r => r,
-                }
-            } else {
-                dp.install_translation(&Translation { flow, physical_local: local, physical_remote: remote })?;
-                prepare_old_address(dp, flow, local, remote);
-                Ok(())
-            }?;
-            // After an outage TCP has backed off its retransmission timer;
-            // make it retransmit now rather than tens of seconds later
-            // (DESIGN.md §3, "no stall").
-            if flow.proto == crate::datapath::Proto::Tcp {
-                match dp.restart_flow(&flow) {
-                    Ok(crate::datapath::RestartOutcome::NotStalled) if peer_moved => {
-                        if let Err(e) = dp.solicit_ack(&flow) {
-                            tracing::debug!(?flow, error = %e, "could not have the socket send an ACK");
-                        }
-                    }
-                    Ok(outcome) => tracing::debug!(?flow, ?outcome, "restart"),
-                    Err(e) => tracing::debug!(?flow, error = %e, "could not restart the flow's retransmissions"),
-                }
-            }
-            Ok(())
+        self.translate_all(vec![(flow, local, remote, peer_moved)])
+            .await;
+    }
+
+    /// [`Driver::translate`] for many connections in one trip to the
+    /// datapath thread: when thousands move together, one hand-off each
+    /// (and a wait for a CPU on a busy host) would cost more than the work.
+    async fn translate_all(&self, items: Vec<(VirtualFlow, SocketAddr, SocketAddr, bool)>) {
+        if items.is_empty() {
+            return;
+        }
+        let done = with_dp(&self.dp, move |dp| {
+            items
+                .into_iter()
+                .map(|(flow, local, remote, peer_moved)| {
+                    let r = translate_one(dp, flow, local, remote, peer_moved);
+                    (flow, local, remote, r)
+                })
+                .collect::<Vec<_>>()
         })
         .await;
-        match r {
-            Ok(()) => tracing::info!(?flow, %local, %remote, "translation updated"),
-            Err(e) => tracing::error!(?flow, error = %e, "cannot update the translation"),
+        for (flow, local, remote, r) in done {
+            match r {
+                Ok(()) => tracing::info!(?flow, %local, %remote, "translation updated"),
+                Err(e) => tracing::error!(?flow, error = %e, "cannot update the translation"),
+            }
         }
     }
 }

@@ -25,6 +25,14 @@ pub trait Datapath {
     /// Every recorded connection of this network namespace, translated or not.
     fn connections(&self) -> Result<Vec<ConnectionInfo>, DatapathError>;
 
+    /// [`Datapath::connections`] without the owners (pid, command,
+    /// cgroup), which cost a walk of /proc for connections whose owner the
+    /// recorder could not see (accepted ones): what the daemon's periodic
+    /// resync needs, at a cost that stays small with 100,000 connections.
+    fn connections_without_owners(&self) -> Result<Vec<ConnectionInfo>, DatapathError> {
+        self.connections()
+    }
+
     /// Start recording the sockets of processes in this cgroup v2 directory.
     fn enable_cgroup(&mut self, path: &std::path::Path) -> Result<(), DatapathError>;
 
@@ -103,5 +111,20 @@ pub trait Datapath {
     fn solicit_ack(&mut self, flow: &VirtualFlow) -> Result<bool, DatapathError> {
         let _ = flow;
         Ok(false)
+    }
+
+    /// What vnatd does after it translated a TCP connection: the levers of
+    /// [`Datapath::restart_flow`] for a backed-off socket, else
+    /// [`Datapath::solicit_ack`] if `peer_moved`, sending each message
+    /// without waiting to see the socket act (a move of thousands of
+    /// connections cannot wait per connection). Returns what was sent, for
+    /// the log. The default runs the two waiting calls.
+    fn kick_flow(&mut self, flow: &VirtualFlow, peer_moved: bool) -> Result<String, DatapathError> {
+        match self.restart_flow(flow)? {
+            RestartOutcome::NotStalled if peer_moved => self
+                .solicit_ack(flow)
+                .map(|s| format!("ack solicited: {s}")),
+            o => Ok(format!("{o:?}")),
+        }
     }
 }

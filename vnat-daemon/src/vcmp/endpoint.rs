@@ -83,6 +83,10 @@ pub struct Endpoint {
     pub(crate) requests: HashMap<u32, super::migrate::Request>,
     pub(crate) store: LocationStore,
     pub(crate) next_store_expiry: Timestamp,
+    /// Bumped whenever a peer announces an address still to be validated
+    /// (a connection's `pending_remote` is set): lets the driver skip its
+    /// scan for receive sides to prepare when nothing changed.
+    pub(crate) pending_epoch: u64,
     pub(crate) tx: TxQueue,
     pub(crate) events: VecDeque<Event>,
     pub(crate) stats: Stats,
@@ -193,6 +197,7 @@ impl Endpoint {
             validations: HashMap::new(),
             requests: HashMap::new(),
             next_store_expiry: Timestamp(0),
+            pending_epoch: 0,
             events: VecDeque::new(),
             stats: Stats::default(),
         }
@@ -225,6 +230,11 @@ impl Endpoint {
             binding_seq: c.binding_seq,
             send_seq: c.send_seq,
         })
+    }
+
+    /// Changes whenever some connection's `pending_remote` was set.
+    pub fn pending_epoch(&self) -> u64 {
+        self.pending_epoch
     }
 
     pub fn connections(&self) -> impl Iterator<Item = &VirtualFlow> {

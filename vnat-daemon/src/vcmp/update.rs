@@ -83,6 +83,7 @@ impl Endpoint {
             return;
         }
         c.pending_remote = Some((addr, seq));
+        self.pending_epoch += 1;
         let group = c.peer_key.map_or(Group::Conn(*flow), Group::Host);
         let key = (addr.ip(), group);
         if let Some(v) = self.validations.get_mut(&key) {

@@ -191,6 +191,11 @@ fn client(to: &[SocketAddr], n: usize, interval: Duration) -> io::Result<()> {
                                 }
                                 c.armed = Vec::new();
                             }
+                            // Write on every connection now rather than at
+                            // the next tick: with a long interval (many
+                            // connections) the wait for the tick would be
+                            // counted as restoration time.
+                            next_tick = monotonic_ns();
                         }
                         (Some("verify"), _) => {
                             let mut asked = 0;

@@ -73,7 +73,9 @@ impl KernelDatapath {
         out
     }
 
-    pub(super) fn list(&self) -> Result<Vec<ConnectionInfo>, DatapathError> {
+    /// With `with_owners == false`, pid, command and cgroup are left out
+    /// unless the record carries the pid (and /proc is not read at all).
+    pub(super) fn list(&self, with_owners: bool) -> Result<Vec<ConnectionInfo>, DatapathError> {
         let mut records: Vec<(FlowKey, ConnRecord)> = self
             .loaded
             .maps
@@ -116,7 +118,7 @@ impl KernelDatapath {
             let key = flow.to_key();
             let t = translations.get(&key);
             let mut pid = (rec.pid != 0).then_some(rec.pid);
-            if pid.is_none() {
+            if pid.is_none() && with_owners {
                 let s = sockets.get_or_insert_with(procfs::socket_inodes);
                 let o = owners.get_or_insert_with(procfs::inode_owners);
                 pid = s
@@ -124,7 +126,7 @@ impl KernelDatapath {
                     .and_then(|i| o.get(i))
                     .copied();
             }
-            let (comm, cgroup) = pid.map_or((None, None), |p| {
+            let (comm, cgroup) = pid.filter(|_| with_owners).map_or((None, None), |p| {
                 procs
                     .entry(p)
                     .or_insert_with(|| (procfs::comm(p), procfs::cgroup_of(p)))

@@ -309,6 +309,16 @@ impl Datapath for KernelDatapath {
         Ok(())
     }
 
+    fn kick_flow(&mut self, flow: &VirtualFlow, peer_moved: bool) -> Result<String, DatapathError> {
+        let key = flow.to_key();
+        let record = match self.loaded.maps.conns.get(&key, 0) {
+            Ok(r) => r,
+            Err(e) if is_not_found(&e) => return Ok("not recorded".into()),
+            Err(e) => return Err(map_err(MAP_CONNS)(e)),
+        };
+        restart::kick(flow, &record, peer_moved).map(|k| format!("{k:?}"))
+    }
+
     fn solicit_ack(&mut self, flow: &VirtualFlow) -> Result<bool, DatapathError> {
         let key = flow.to_key();
         let record = match self.loaded.maps.conns.get(&key, 0) {
@@ -352,7 +362,11 @@ impl Datapath for KernelDatapath {
     }
 
     fn connections(&self) -> Result<Vec<ConnectionInfo>, DatapathError> {
-        self.list()
+        self.list(true)
+    }
+
+    fn connections_without_owners(&self) -> Result<Vec<ConnectionInfo>, DatapathError> {
+        self.list(false)
     }
 
     fn remove_translation(&mut self, flow: &VirtualFlow) -> Result<(), DatapathError> {

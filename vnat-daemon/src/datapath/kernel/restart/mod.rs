@@ -222,6 +222,82 @@ fn ask_peer_for_ack(
     })
 }
 
+/// What [`kick`] sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kick {
+    /// Nothing: UDP, or a healthy socket whose peer did not move.
+    Nothing,
+    /// `messages` RFC 6069 unreachables for a backed-off retransmission
+    /// timer (one per backoff step, for each candidate `snd_una`).
+    Unreachables { messages: u32, backoff: u8 },
+    /// One out-of-window probe to the peer for a backed-off probe timer.
+    Probe { backoff: u8 },
+    /// The socket was asked for an ACK (its peer moved).
+    AckSolicited,
+}
+
+/// The levers of [`restart_flow`] and [`solicit_ack`] without waiting to
+/// see the socket act, for when thousands of connections move at once: a
+/// wait of 20 ms (or 600 ms for a probe) per connection would hold up the
+/// whole move. Each message is one the waiting versions would send first;
+/// the unreachables for all backoff steps go out back to back (loopback
+/// delivers each before sendto returns), so a socket whose timer is then
+/// due retransmits at once and later ones are ignored by the kernel.
+pub fn kick(
+    flow: &VirtualFlow,
+    record: &ConnRecord,
+    peer_moved: bool,
+) -> Result<Kick, DatapathError> {
+    if flow.proto != Proto::Tcp || flow.local.is_ipv4() != flow.remote.is_ipv4() {
+        return Ok(Kick::Nothing);
+    }
+    let diag = SockDiag::open()?;
+    let Some(state) = diag.query(flow, record.cookie)? else {
+        return Ok(Kick::Nothing);
+    };
+    if state.rto_backed_off() {
+        let mut candidates = vec![record.snd_una_base.wrapping_add(state.bytes_acked as u32)];
+        if record.rto_count != 0 && record.rto_snd_una != candidates[0] {
+            candidates.push(record.rto_snd_una);
+        }
+        let injector = RawSocket::open(flow.local.ip(), RawKind::Icmp)?;
+        let steps = u32::from(state.backoff).min(MAX_MESSAGES);
+        let mut messages = 0;
+        for seq in candidates {
+            let message = unreachable_for(flow, seq);
+            for _ in 0..steps {
+                injector.send(&message, flow.local.ip())?;
+                messages += 1;
+            }
+        }
+        return Ok(Kick::Unreachables {
+            messages,
+            backoff: state.backoff,
+        });
+    }
+    if state.probe_backed_off() {
+        let snd_una = record.snd_una_base.wrapping_add(state.bytes_acked as u32);
+        let rcv_nxt = record
+            .rcv_nxt_base
+            .wrapping_add(state.bytes_received as u32);
+        let segment = tcp_probe(
+            flow,
+            snd_una.wrapping_sub(PROBE_SEQ_BACK),
+            rcv_nxt,
+            state.advertised_window(),
+        );
+        RawSocket::open(flow.local.ip(), RawKind::Tcp)?.send(&segment, flow.remote.ip())?;
+        return Ok(Kick::Probe {
+            backoff: state.backoff,
+        });
+    }
+    if peer_moved {
+        solicit_from_state(flow, record, &state)?;
+        return Ok(Kick::AckSolicited);
+    }
+    Ok(Kick::Nothing)
+}
+
 /// Make the local socket of `flow` send an ACK at once (see
 /// [`crate::datapath::Datapath::solicit_ack`]): inject into it, over
 /// loopback, a segment that carries the peer's virtual endpoints and a
@@ -241,6 +317,15 @@ pub fn solicit_ack(flow: &VirtualFlow, record: &ConnRecord) -> Result<bool, Data
     let Some(state) = diag.query(flow, record.cookie)? else {
         return Ok(false);
     };
+    solicit_from_state(flow, record, &state)?;
+    Ok(true)
+}
+
+fn solicit_from_state(
+    flow: &VirtualFlow,
+    record: &ConnRecord,
+    state: &TcpState,
+) -> Result<(), DatapathError> {
     let snd_una = record.snd_una_base.wrapping_add(state.bytes_acked as u32);
     let rcv_nxt = record
         .rcv_nxt_base
@@ -258,8 +343,7 @@ pub fn solicit_ack(flow: &VirtualFlow, record: &ConnRecord) -> Result<bool, Data
         snd_una,
         u16::MAX,
     );
-    inject_from_peer(flow, &segment)?;
-    Ok(true)
+    inject_from_peer(flow, &segment)
 }
 
 /// The ICMP message for `flow` (local virtual -> remote virtual) quoting
