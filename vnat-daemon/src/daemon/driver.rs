@@ -40,6 +40,11 @@ use crate::{
 /// How often the recorded connections are re-read even without an address
 /// change (new connections to pair for).
 const RESYNC_INTERVAL: Duration = Duration::from_secs(1);
+/// Up to this many connections translated in one turn get the restart
+/// levers that wait to see each socket act; more get them without waiting
+/// (`Datapath::kick_flow`), or one backed-off socket after another would
+/// hold up a mass move by 20 ms to 1.2 s each.
+const VERIFIED_RESTARTS_MAX: usize = 16;
 /// How long an imported connection may wait for its process to restore
 /// the socket on this host before it is forgotten.
 const IMPORT_GRACE: Duration = Duration::from_secs(60);
@@ -188,6 +193,7 @@ fn translate_one(
     local: SocketAddr,
     remote: SocketAddr,
     peer_moved: bool,
+    wait: bool,
 ) -> Result<(), DatapathError> {
     if local == flow.local && remote == flow.remote {
         match dp.remove_translation(&flow) {
@@ -207,7 +213,24 @@ fn translate_one(
     // retransmit now rather than tens of seconds later (DESIGN.md §3, "no
     // stall").
     if flow.proto == crate::datapath::Proto::Tcp {
-        match dp.kick_flow(&flow, peer_moved) {
+        let r = if wait {
+            // restart_flow (verified: up to 16 unreachables or 2 probes),
+            // then, if the peer moved, an ACK in any case: what the peer
+            // retransmitted may have reached us before our send side
+            // switched, and our ACK of it went to its old address.
+            let restarted = dp.restart_flow(&flow).map(|o| format!("{o:?}"));
+            if peer_moved {
+                match dp.solicit_ack(&flow) {
+                    Ok(s) => restarted.map(|r| format!("{r}, ack solicited: {s}")),
+                    Err(e) => Err(e),
+                }
+            } else {
+                restarted
+            }
+        } else {
+            dp.kick_flow(&flow, peer_moved)
+        };
+        match r {
             Ok(sent) => tracing::debug!(?flow, %sent, "restart"),
             Err(e) => {
                 tracing::debug!(?flow, error = %e, "could not restart the flow's retransmissions")
@@ -934,11 +957,14 @@ impl Driver {
         if items.is_empty() {
             return;
         }
+        // A few connections get the restart levers that wait to see each
+        // socket act (and try again); a mass move gets them without waits.
+        let wait = items.len() <= VERIFIED_RESTARTS_MAX;
         let done = with_dp(&self.dp, move |dp| {
             items
                 .into_iter()
                 .map(|(flow, local, remote, peer_moved)| {
-                    let r = translate_one(dp, flow, local, remote, peer_moved);
+                    let r = translate_one(dp, flow, local, remote, peer_moved, wait);
                     (flow, local, remote, r)
                 })
                 .collect::<Vec<_>>()

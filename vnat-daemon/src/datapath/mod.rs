@@ -114,17 +114,17 @@ pub trait Datapath {
     }
 
     /// What vnatd does after it translated a TCP connection: the levers of
-    /// [`Datapath::restart_flow`] for a backed-off socket, else
+    /// [`Datapath::restart_flow`] for a backed-off socket, and
     /// [`Datapath::solicit_ack`] if `peer_moved`, sending each message
     /// without waiting to see the socket act (a move of thousands of
     /// connections cannot wait per connection). Returns what was sent, for
     /// the log. The default runs the two waiting calls.
     fn kick_flow(&mut self, flow: &VirtualFlow, peer_moved: bool) -> Result<String, DatapathError> {
-        match self.restart_flow(flow)? {
-            RestartOutcome::NotStalled if peer_moved => self
-                .solicit_ack(flow)
-                .map(|s| format!("ack solicited: {s}")),
-            o => Ok(format!("{o:?}")),
+        let o = self.restart_flow(flow)?;
+        if peer_moved {
+            let s = self.solicit_ack(flow)?;
+            return Ok(format!("{o:?}, ack solicited: {s}"));
         }
+        Ok(format!("{o:?}"))
     }
 }

@@ -84,17 +84,32 @@ impl Epoll {
     }
 }
 
-/// Raises this process's soft RLIMIT_NOFILE to its hard limit: a thousand
-/// connections already exceed the usual soft limit of 1024.
+/// Raises this process's RLIMIT_NOFILE as far as it may: both limits to
+/// fs.nr_open when it can (root; 100,000 connections need more than the
+/// usual hard limit), else the soft limit to the hard one (a thousand
+/// connections already exceed the usual soft limit of 1024).
 pub fn raise_nofile_limit() -> io::Result<u64> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
+    let nr_open: u64 = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
     // SAFETY: getrlimit/setrlimit read and write the rlimit given.
     unsafe {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
             return Err(io::Error::last_os_error());
+        }
+        if nr_open > lim.rlim_max {
+            let all = libc::rlimit {
+                rlim_cur: nr_open,
+                rlim_max: nr_open,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &all) == 0 {
+                return Ok(nr_open);
+            }
         }
         lim.rlim_cur = lim.rlim_max;
         if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {

@@ -228,9 +228,11 @@ pub enum Kick {
     /// Nothing: UDP, or a healthy socket whose peer did not move.
     Nothing,
     /// `messages` RFC 6069 unreachables for a backed-off retransmission
-    /// timer (one per backoff step, for each candidate `snd_una`).
+    /// timer (one per backoff step, for each candidate `snd_una`), and an
+    /// ACK solicited if the peer moved.
     Unreachables { messages: u32, backoff: u8 },
-    /// One out-of-window probe to the peer for a backed-off probe timer.
+    /// One out-of-window probe to the peer for a backed-off probe timer
+    /// (and an ACK solicited if the peer moved).
     Probe { backoff: u8 },
     /// The socket was asked for an ACK (its peer moved).
     AckSolicited,
@@ -270,6 +272,9 @@ pub fn kick(
                 messages += 1;
             }
         }
+        if peer_moved {
+            solicit_from_state(flow, record, &state)?;
+        }
         return Ok(Kick::Unreachables {
             messages,
             backoff: state.backoff,
@@ -287,6 +292,9 @@ pub fn kick(
             state.advertised_window(),
         );
         RawSocket::open(flow.local.ip(), RawKind::Tcp)?.send(&segment, flow.remote.ip())?;
+        if peer_moved {
+            solicit_from_state(flow, record, &state)?;
+        }
         return Ok(Kick::Probe {
             backoff: state.backoff,
         });
