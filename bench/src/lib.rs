@@ -84,3 +84,19 @@ pub fn run_main(
         Err(_) => std::process::ExitCode::FAILURE,
     }
 }
+
+/// The end of every benchmark: the table on stdout, or with `json` the
+/// report on stdout and the table on stderr; then the report written to
+/// `bench/results/NAME.json`.
+pub fn emit(name: &str, json: bool, table: &str, report: &serde_json::Value) -> anyhow::Result<()> {
+    if json {
+        eprint!("{table}");
+        println!("{}", serde_json::to_string(report)?);
+    } else {
+        print!("{table}");
+    }
+    let path = results_path(name);
+    write_json(&path, report)?;
+    eprintln!("wrote {}", path.display());
+    Ok(())
+}

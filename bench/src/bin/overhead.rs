@@ -22,6 +22,8 @@
 //!    our own tool since Debian has no netperf). As in the paper, only (a)
 //!    and (b): a connection is set up before it can have moved.
 //!
+//! Senders and clients run on CPU 0, receivers and servers on CPU 1 (left to
+//! the scheduler, where the pair landed decided the result more than vnat).
 //! Runs are interleaved (every size and case, then again) and medians with
 //! their spread are reported. Targets (issue 5): (b) within noise of (a);
 //! (c) at most 3% less throughput and at most 2% more latency and CPU; setup
@@ -313,8 +315,12 @@ struct Servers {
 
 fn start_servers(bed: &Bed, sizes: &[u32]) -> Result<Servers> {
     let ip = bed.topo.server_addr.get(bed.family);
-    let mut cmd = bed.server.command("sockperf");
+    // Servers on CPU 1, clients on CPU 0 (see `Bed::measure_sized`).
+    let mut cmd = bed.server.command("taskset");
     cmd.args([
+        "-c",
+        "1",
+        "sockperf",
         "sr",
         "--tcp",
         "-i",
@@ -328,8 +334,11 @@ fn start_servers(bed: &Bed, sizes: &[u32]) -> Result<Servers> {
         let exe = std::env::current_exe().context("finding this benchmark's executable")?;
         for (i, size) in sizes.iter().enumerate() {
             let port = CRR_PORT + 1 + i as u16;
-            let mut cmd = bed.server.command(exe.to_str().context("executable path")?);
+            let mut cmd = bed.server.command("taskset");
             cmd.args([
+                "-c",
+                "1",
+                exe.to_str().context("executable path")?,
                 "crr-server",
                 "--listen",
                 &SocketAddr::new(ip, port).to_string(),
@@ -345,8 +354,11 @@ fn start_servers(bed: &Bed, sizes: &[u32]) -> Result<Servers> {
 fn measure_rr(bed: &Bed, srv: &Servers, index: u16, size: u32, seconds: u64) -> Result<Point> {
     let cport = SOCKPERF_CPORT_BASE + index;
     bed.with_flow(cport, SOCKPERF_PORT, |flow| {
-        let mut cmd = bed.laptop.command("sockperf");
+        let mut cmd = bed.laptop.command("taskset");
         cmd.args([
+            "-c",
+            "0",
+            "sockperf",
             "pp",
             "--tcp",
             "-i",
@@ -392,8 +404,11 @@ fn measure_crr(
         CRR_PORT + 1 + size_idx as u16,
     );
     let exe = std::env::current_exe().context("finding this benchmark's executable")?;
-    let mut cmd = bed.laptop.command(exe.to_str().context("executable path")?);
+    let mut cmd = bed.laptop.command("taskset");
     cmd.args([
+        "-c",
+        "0",
+        exe.to_str().context("executable path")?,
         "crr-client",
         "--connect",
         &connect.to_string(),
@@ -516,14 +531,5 @@ fn run(args: &Args) -> Result<()> {
     });
     let report = report::build(&setup, &res);
     let table = report::table(&report);
-    if args.json {
-        eprint!("{table}");
-        println!("{}", serde_json::to_string(&report)?);
-    } else {
-        print!("{table}");
-    }
-    let path = vnat_bench::results_path("overhead");
-    vnat_bench::write_json(&path, &report)?;
-    eprintln!("wrote {}", path.display());
-    Ok(())
+    vnat_bench::emit("overhead", args.json, &table, &report)
 }

@@ -112,14 +112,5 @@ fn run(args: &Args) -> Result<()> {
     };
     let report = report::build(&setup, &samples)?;
     let table = report::table(&report);
-    if args.json {
-        eprint!("{table}");
-        println!("{}", serde_json::to_string(&report)?);
-    } else {
-        print!("{table}");
-    }
-    let path = vnat_bench::results_path("throughput");
-    vnat_bench::write_json(&path, &report)?;
-    eprintln!("wrote {}", path.display());
-    Ok(())
+    vnat_bench::emit("throughput", args.json, &table, &report)
 }

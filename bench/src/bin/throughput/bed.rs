@@ -208,7 +208,10 @@ impl<'a> Bed<'a> {
             "5000",
         ]);
         if let Some(len) = len {
-            cmd.args(["-l", &len.to_string()]);
+            // The overhead benchmark: sender on CPU 0, receiver on CPU 1.
+            // Left to the scheduler, small writes on this 2-CPU machine
+            // ran at 0.7 or 3 Gbit/s depending on where the two landed.
+            cmd.args(["-l", &len.to_string(), "-A", "0,1"]);
         }
         let run = iperf::run_client(cmd, Duration::from_secs(seconds + 60))
             .with_context(|| format!("case {}, run {}", self.case.label(), index + 1))?;

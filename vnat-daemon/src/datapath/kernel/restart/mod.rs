@@ -127,6 +127,32 @@ pub fn restart_flow(
     }
 }
 
+/// The socket's `snd_una` from sock_diag and the recorded base, and the one
+/// sock_ops recorded at the last retransmission timeout if different: the
+/// sequence numbers an RFC 6069 unreachable may quote.
+fn snd_una_candidates(record: &ConnRecord, state: &TcpState) -> Vec<u32> {
+    let mut candidates = vec![record.snd_una_base.wrapping_add(state.bytes_acked as u32)];
+    if record.rto_count != 0 && record.rto_snd_una != candidates[0] {
+        candidates.push(record.rto_snd_una);
+    }
+    candidates
+}
+
+/// The out-of-window segment that makes the peer send an ACK (see
+/// [`ask_peer_for_ack`]), for the socket's current state.
+fn probe_segment(flow: &VirtualFlow, record: &ConnRecord, state: &TcpState) -> Vec<u8> {
+    let snd_una = record.snd_una_base.wrapping_add(state.bytes_acked as u32);
+    let rcv_nxt = record
+        .rcv_nxt_base
+        .wrapping_add(state.bytes_received as u32);
+    tcp_probe(
+        flow,
+        snd_una.wrapping_sub(PROBE_SEQ_BACK),
+        rcv_nxt,
+        state.advertised_window(),
+    )
+}
+
 /// The retransmission timer: RFC 6069 unreachables quoting `snd_una`.
 fn revert_backoff(
     diag: &SockDiag,
@@ -135,10 +161,7 @@ fn revert_backoff(
     before: TcpState,
 ) -> Result<RestartOutcome, DatapathError> {
     let backoff = before.backoff;
-    let mut candidates = vec![record.snd_una_base.wrapping_add(before.bytes_acked as u32)];
-    if record.rto_count != 0 && record.rto_snd_una != candidates[0] {
-        candidates.push(record.rto_snd_una);
-    }
+    let candidates = snd_una_candidates(record, &before);
     let injector = RawSocket::open(flow.local.ip(), RawKind::Icmp)?;
     let mut messages = 0;
     let mut last = before;
@@ -191,16 +214,7 @@ fn ask_peer_for_ack(
     before: TcpState,
 ) -> Result<RestartOutcome, DatapathError> {
     let backoff = before.backoff;
-    let snd_una = record.snd_una_base.wrapping_add(before.bytes_acked as u32);
-    let rcv_nxt = record
-        .rcv_nxt_base
-        .wrapping_add(before.bytes_received as u32);
-    let segment = tcp_probe(
-        flow,
-        snd_una.wrapping_sub(PROBE_SEQ_BACK),
-        rcv_nxt,
-        before.advertised_window(),
-    );
+    let segment = probe_segment(flow, record, &before);
     let mut last = before;
     for probes in 1..=MAX_PROBES {
         // Opened per probe: a raw TCP socket gets a copy of every incoming
@@ -258,10 +272,7 @@ pub fn kick(
         return Ok(Kick::Nothing);
     };
     if state.rto_backed_off() {
-        let mut candidates = vec![record.snd_una_base.wrapping_add(state.bytes_acked as u32)];
-        if record.rto_count != 0 && record.rto_snd_una != candidates[0] {
-            candidates.push(record.rto_snd_una);
-        }
+        let candidates = snd_una_candidates(record, &state);
         let injector = RawSocket::open(flow.local.ip(), RawKind::Icmp)?;
         let steps = u32::from(state.backoff).min(MAX_MESSAGES);
         let mut messages = 0;
@@ -281,16 +292,7 @@ pub fn kick(
         });
     }
     if state.probe_backed_off() {
-        let snd_una = record.snd_una_base.wrapping_add(state.bytes_acked as u32);
-        let rcv_nxt = record
-            .rcv_nxt_base
-            .wrapping_add(state.bytes_received as u32);
-        let segment = tcp_probe(
-            flow,
-            snd_una.wrapping_sub(PROBE_SEQ_BACK),
-            rcv_nxt,
-            state.advertised_window(),
-        );
+        let segment = probe_segment(flow, record, &state);
         RawSocket::open(flow.local.ip(), RawKind::Tcp)?.send(&segment, flow.remote.ip())?;
         if peer_moved {
             solicit_from_state(flow, record, &state)?;
