@@ -469,7 +469,12 @@ impl Driver {
                 tracing::debug!(interfaces = ?wanted, "tc standby updated");
                 self.standby = wanted;
             }
-            Err(e) => tracing::warn!(error = %e, "cannot keep tc attached in standby"),
+            Err(e) => {
+                // Not again on every turn: the next change of the
+                // interfaces or of pairing tries again.
+                tracing::warn!(error = %e, "cannot keep tc attached in standby to every interface");
+                self.standby = wanted;
+            }
         }
     }
 
