@@ -423,3 +423,31 @@ pub fn delay_server_link(
     let line = DelayLine::start(&ns, "d0", "d1", one_way)?;
     Ok(ServerLinkDelay { line, ns })
 }
+
+/// Times `n` TCP handshakes from the laptop to a closed port of the server
+/// (SYN out, RST back: one round trip, no listener, no connection for vnat
+/// to record), in milliseconds.
+pub fn handshake_rtts(
+    topo: &vnat_tests::LaptopRouterServer,
+    server: std::net::IpAddr,
+    n: usize,
+) -> anyhow::Result<Vec<f64>> {
+    let target = std::net::SocketAddr::new(server, 9);
+    topo.laptop.run_in(|| {
+        // The first handshake also resolves the router's MAC: not timed.
+        let _ = std::net::TcpStream::connect_timeout(&target, Duration::from_secs(2));
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            let t = monotonic_ns();
+            let r = std::net::TcpStream::connect_timeout(&target, Duration::from_secs(2));
+            let took = (monotonic_ns() - t) as f64 / 1e6;
+            match r {
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => out.push(took),
+                Ok(_) => anyhow::bail!("something listens on {target}: the RTT probe expects a closed port"),
+                Err(e) => anyhow::bail!("the server {server} is not reachable from the laptop through the delay line: {e}"),
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(out)
+    })
+}

@@ -100,3 +100,16 @@ pub fn emit(name: &str, json: bool, table: &str, report: &serde_json::Value) -> 
     eprintln!("wrote {}", path.display());
     Ok(())
 }
+
+/// Sleeps `d`, but ends with an error as soon as Ctrl-C was pressed (see
+/// [`catch_interrupts`]), so a long wait in a benchmark stops promptly.
+pub fn sleep_checked(d: std::time::Duration) -> anyhow::Result<()> {
+    let end = std::time::Instant::now() + d;
+    while std::time::Instant::now() < end {
+        anyhow::ensure!(!interrupted(), "interrupted");
+        std::thread::sleep(
+            (end - std::time::Instant::now()).min(std::time::Duration::from_millis(100)),
+        );
+    }
+    Ok(())
+}

@@ -23,7 +23,9 @@ use nix::{
     unistd::Pid,
 };
 use vnat_daemon::datapath::{Datapath, Proto, RestartOutcome, VirtualFlow};
-use vnat_tests::{move_flow, Family, Host, LaptopRouterServer, StreamClient, StreamOptions};
+use vnat_tests::{
+    move_flow, ss_endpoint, Family, Host, LaptopRouterServer, StreamClient, StreamOptions,
+};
 
 const RATE: u64 = 400_000;
 /// What "within about one round trip" must mean on a veth topology, with
@@ -139,8 +141,8 @@ fn restart(host: &Host, flow: VirtualFlow) -> RestartOutcome {
 fn backoff(host: &Host, flow: VirtualFlow) -> u32 {
     let filter = format!(
         "src {} and dst {}",
-        bracket(flow.local),
-        bracket(flow.remote)
+        ss_endpoint(flow.local),
+        ss_endpoint(flow.remote)
     );
     let out = host.ns.run_stdout(&["ss", "-tinH", &filter]);
     out.split_whitespace()
@@ -149,14 +151,6 @@ fn backoff(host: &Host, flow: VirtualFlow) -> u32 {
             n.parse()
                 .unwrap_or_else(|e| panic!("ss printed backoff:{n}: {e}"))
         })
-}
-
-/// `ss` filter syntax: IPv6 endpoints in brackets.
-fn bracket(a: SocketAddr) -> String {
-    match a {
-        SocketAddr::V4(a) => a.to_string(),
-        SocketAddr::V6(a) => format!("[{}]:{}", a.ip(), a.port()),
-    }
 }
 
 /// Both sockets as `ss` sees them (rto, backoff, retransmits), for the log.

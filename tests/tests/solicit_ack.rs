@@ -23,7 +23,7 @@ use nix::{
     unistd::Pid,
 };
 use vnat_daemon::datapath::{Datapath, Proto, VirtualFlow};
-use vnat_tests::{Family, Host, LaptopRouterServer, Netns};
+use vnat_tests::{ss_endpoint, Capture, Family, Host, LaptopRouterServer, Netns};
 
 const PORT: u16 = 5011;
 
@@ -60,7 +60,7 @@ fn socat_addr(a: SocketAddr) -> String {
 /// `segs_out`, `segs_in` and the send queue of the established socket
 /// `local -> remote`, from `ss -tinH`.
 fn segs(ns: &Netns, local: SocketAddr, remote: SocketAddr) -> (u64, u64, u64) {
-    let filter = format!("src {} and dst {}", bracket(local), bracket(remote));
+    let filter = format!("src {} and dst {}", ss_endpoint(local), ss_endpoint(remote));
     let out = ns.run_stdout(&["ss", "-tinH", "state", "established", &filter]);
     let words: Vec<&str> = out.split_whitespace().collect();
     assert!(
@@ -80,13 +80,6 @@ fn segs(ns: &Netns, local: SocketAddr, remote: SocketAddr) -> (u64, u64, u64) {
     // `ss -H`: State Recv-Q Send-Q ... for a filtered state, Recv-Q first.
     let send_q: u64 = words[1].parse().unwrap_or(0);
     (field("segs_out:"), field("segs_in:"), send_q)
-}
-
-fn bracket(a: SocketAddr) -> String {
-    match a {
-        SocketAddr::V4(a) => a.to_string(),
-        SocketAddr::V6(a) => format!("[{}]:{}", a.ip(), a.port()),
-    }
 }
 
 fn check(family: Family, tag: &str) {
@@ -125,6 +118,12 @@ fn check(family: Family, tag: &str) {
     thread::sleep(Duration::from_millis(300));
     let (srv_out, _, _) = segs(&topo.server, flow.local, flow.remote);
     let (_, lap_in, _) = segs(&topo.laptop, flow.remote, flow.local);
+    // What reaches the laptop's link from the server's port, from now on.
+    let wire = Capture::start(
+        &topo.laptop,
+        &topo.laptop_if_a,
+        &format!("tcp and src port {PORT}"),
+    );
 
     let solicited = srv
         .datapath(move |dp| dp.solicit_ack(&flow))
@@ -151,6 +150,17 @@ fn check(family: Family, tag: &str) {
         (1, 1),
         "the server socket should have sent exactly one segment (an ACK) and the laptop received it"
     );
+    // On the wire: that segment is a pure ACK from the server's endpoint to
+    // the laptop's, no data, no reset.
+    let line = wire.wait_for(
+        // tcpdump -nn writes an endpoint as ADDRESS.PORT.
+        &format!("> {}.{}: Flags [.]", flow.remote.ip(), flow.remote.port()),
+        Duration::from_secs(2),
+    );
+    assert!(
+        line.ends_with("length 0"),
+        "the solicited segment carries data: {line}"
+    );
 
     // Within tcp_invalid_ratelimit (500 ms) the kernel answers no second
     // out-of-window segment: the call is harmless, nothing is sent.
@@ -161,6 +171,12 @@ fn check(family: Family, tag: &str) {
     assert_eq!(
         srv_out3, srv_out2,
         "a second request within 500 ms sent a segment"
+    );
+    assert_eq!(
+        wire.lines().len(),
+        1,
+        "exactly one segment from the server reached the laptop's link: {:?}",
+        wire.lines()
     );
 
     // UDP flows and unknown connections are not touched.

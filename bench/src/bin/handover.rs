@@ -37,7 +37,7 @@
 //! benchmark with one sentence.
 
 use std::{
-    net::{IpAddr, SocketAddr, TcpStream},
+    net::SocketAddr,
     process::{Child, ExitCode, Stdio},
     time::{Duration, Instant},
 };
@@ -373,7 +373,7 @@ fn measure(
     let delay = delayline::delay_server_link(&topo, "hovd", Duration::ZERO)?;
     // Calibration: what the path costs without delay (veths, the router, the
     // line's own forwarding); the line adds the rest, half each way.
-    let base = handshake_rtts(&topo, topo.server_addr.v4.into(), RTT_SAMPLES)?;
+    let base = delayline::handshake_rtts(&topo, topo.server_addr.v4.into(), RTT_SAMPLES)?;
     let base_rtt = Summary::of(&base).expect("RTT samples").median;
     let one_way = Duration::from_secs_f64((rtt_ms - base_rtt).max(0.0) / 2000.0);
     delay.line.set_one_way(one_way);
@@ -404,7 +404,7 @@ fn measure(
         .transpose()?;
 
     // The self-check of the delay line: the round trip the benchmark claims.
-    let rtts = handshake_rtts(&topo, server.ip(), RTT_SAMPLES)?;
+    let rtts = delayline::handshake_rtts(&topo, server.ip(), RTT_SAMPLES)?;
     let rtt = Summary::of(&rtts).expect("RTT samples").median;
     ensure!(
         (rtt - rtt_ms).abs() <= RTT_TOLERANCE_MS,
@@ -416,7 +416,7 @@ fn measure(
     let local = probe.wait_connected(Duration::from_secs(10))?;
     wait_mobile(&lapd, &srvd, local)?;
     // A second of steady probing: the echo round trip before the move.
-    sleep_checked(Duration::from_secs(1))?;
+    vnat_bench::sleep_checked(Duration::from_secs(1))?;
     let now = monotonic_ns();
     let echo_rtt = {
         let log = probe.log();
@@ -467,7 +467,7 @@ fn measure(
                 l.del_addr(&topo.laptop_if_a, a, p);
             }
             l.link_down(&topo.laptop_if_a);
-            sleep_checked(d)?;
+            vnat_bench::sleep_checked(d)?;
             socket = socket_state();
             topo.plug_laptop_b();
             l.default_route(topo.router_b_addr.v4.into(), &topo.laptop_if_b);
@@ -497,7 +497,7 @@ fn measure(
         std::thread::sleep(Duration::from_millis(5));
     };
     // It carries on: more echoes, on the same socket, without an error.
-    sleep_checked(Duration::from_millis(500))?;
+    vnat_bench::sleep_checked(Duration::from_millis(500))?;
     let log = probe.stop();
     if let Some(err) = &log.error {
         bail!("the probe connection failed after the move: {err}");
@@ -623,39 +623,6 @@ fn ms(ns: u64) -> f64 {
 
 fn ms_signed(ns: i128) -> f64 {
     ns as f64 / 1e6
-}
-
-fn sleep_checked(d: Duration) -> Result<()> {
-    let end = Instant::now() + d;
-    while Instant::now() < end {
-        ensure!(!vnat_bench::interrupted(), "interrupted");
-        std::thread::sleep((end - Instant::now()).min(Duration::from_millis(100)));
-    }
-    Ok(())
-}
-
-/// Times `n` TCP handshakes from the laptop to a closed port of the server
-/// (SYN out, RST back: one round trip, no listener, no connection for vnat
-/// to record), in milliseconds.
-fn handshake_rtts(topo: &LaptopRouterServer, server: IpAddr, n: usize) -> Result<Vec<f64>> {
-    let target = SocketAddr::new(server, 9);
-    topo.laptop.run_in(|| {
-        // The first handshake also resolves the router's MAC: not timed.
-        let _ = TcpStream::connect_timeout(&target, Duration::from_secs(2));
-        let mut out = Vec::with_capacity(n);
-        for _ in 0..n {
-            let t = monotonic_ns();
-            let r = TcpStream::connect_timeout(&target, Duration::from_secs(2));
-            let took = ms(monotonic_ns() - t);
-            match r {
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => out.push(took),
-                Ok(_) => bail!("something listens on {target}: the RTT probe expects a closed port"),
-                Err(e) => bail!("the server {server} is not reachable from the laptop through the delay line: {e}"),
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Ok(out)
-    })
 }
 
 /// Waits until both vnatd track the probe's connection with keys (`mobile`

@@ -34,7 +34,7 @@
 
 use std::{
     io::{BufRead, BufReader, Write},
-    net::{IpAddr, SocketAddr, TcpStream},
+    net::SocketAddr,
     process::{Child, ChildStdin, ExitCode, Stdio},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
@@ -425,7 +425,7 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
     };
     // Calibration: what the path costs without delay; the line adds the
     // rest, half each way.
-    let base = handshake_rtts(&topo, topo.server_addr.v4.into(), RTT_SAMPLES)?;
+    let base = delayline::handshake_rtts(&topo, topo.server_addr.v4.into(), RTT_SAMPLES)?;
     let base_rtt = Summary::of(&base).expect("RTT samples").median;
     if let Some(d) = &delay {
         d.line.set_one_way(Duration::from_secs_f64(
@@ -466,7 +466,7 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
     ]);
 
     let rtt = if delay.is_some() {
-        let rtts = handshake_rtts(&topo, server.ip(), RTT_SAMPLES)?;
+        let rtts = delayline::handshake_rtts(&topo, server.ip(), RTT_SAMPLES)?;
         let rtt = Summary::of(&rtts).expect("RTT samples").median;
         ensure!(
             (rtt - args.rtt_ms).abs() <= RTT_TOLERANCE_MS,
@@ -500,7 +500,7 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
         None
     };
     // A second of steady traffic: the echo round trip before the move.
-    sleep_checked(Duration::from_secs(1))?;
+    vnat_bench::sleep_checked(Duration::from_secs(1))?;
     let steady = client.log().stats.last().cloned();
 
     // The move.
@@ -610,41 +610,6 @@ impl Drop for KeepLogs {
 
 pub fn ms_signed(ns: i128) -> f64 {
     ns as f64 / 1e6
-}
-
-fn sleep_checked(d: Duration) -> Result<()> {
-    let end = Instant::now() + d;
-    while Instant::now() < end {
-        ensure!(!vnat_bench::interrupted(), "interrupted");
-        std::thread::sleep((end - Instant::now()).min(Duration::from_millis(100)));
-    }
-    Ok(())
-}
-
-/// Times `n` TCP handshakes from the laptop to a closed port of the server
-/// (SYN out, RST back: one round trip, and no connection for vnat to
-/// record: this thread is not in the laptop host's cgroup), in ms.
-fn handshake_rtts(topo: &LaptopRouterServer, server: IpAddr, n: usize) -> Result<Vec<f64>> {
-    let target = SocketAddr::new(server, 9);
-    topo.laptop.run_in(|| {
-        // The first handshake also resolves the router's MAC: not timed.
-        let _ = TcpStream::connect_timeout(&target, Duration::from_secs(2));
-        let mut out = Vec::with_capacity(n);
-        for _ in 0..n {
-            let t = monotonic_ns();
-            let r = TcpStream::connect_timeout(&target, Duration::from_secs(2));
-            let took = ms_signed((monotonic_ns() - t) as i128);
-            match r {
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => out.push(took),
-                Ok(_) => {
-                    bail!("something listens on {target}: the RTT probe expects a closed port")
-                }
-                Err(e) => bail!("the server {server} is not reachable from the laptop: {e}"),
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Ok(out)
-    })
 }
 
 /// Waits until both vnatd list all `n` connections to `server` as mobile

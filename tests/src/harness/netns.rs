@@ -360,3 +360,11 @@ fn show<S: AsRef<OsStr>>(args: &[S]) -> String {
         .collect::<Vec<_>>()
         .join(" ")
 }
+
+/// An endpoint as `ss` filters take it: IPv6 addresses in brackets.
+pub fn ss_endpoint(a: std::net::SocketAddr) -> String {
+    match a {
+        std::net::SocketAddr::V4(a) => a.to_string(),
+        std::net::SocketAddr::V6(a) => format!("[{}]:{}", a.ip(), a.port()),
+    }
+}

@@ -285,7 +285,6 @@ pub struct Driver {
     peers: PeerStore,
     sock: UdpSocket,
     dual: bool,
-    /// Flows whose receive side is ready for the peer's announced address.
     /// Receive sides made ready for a peer's announced address, as (our
     /// physical endpoint, the peer's): if we move meanwhile, the pair
     /// changes and the receive side is prepared again for our new one.
