@@ -1,7 +1,10 @@
 //! Wakes the driver when addresses, links or routes change: an rtnetlink
-//! socket subscribed to those groups. Messages are not parsed; any change
-//! (or an overflow, ENOBUFS, which means changes were lost) makes the driver
-//! re-read the full state, so nothing can be missed or misapplied.
+//! socket subscribed to those groups. Messages are only sorted into vnat's
+//! own changes (its host routes, the addresses it keeps on `lo`), which a
+//! move of many connections makes by the hundred and which must not each
+//! cost a full resync, and everything else; any other change (or an
+//! overflow, ENOBUFS, which means changes were lost) makes the driver re-read
+//! the full state, so nothing can be missed or misapplied.
 
 use std::{
     io,
@@ -9,6 +12,8 @@ use std::{
 };
 
 use tokio::io::unix::AsyncFd;
+
+use crate::datapath::kernel::{notifications_matter, ROUTE_PROTO};
 
 const RTMGRP_LINK: u32 = 0x1;
 const RTMGRP_IPV4_IFADDR: u32 = 0x10;
@@ -18,6 +23,7 @@ const RTMGRP_IPV6_ROUTE: u32 = 0x400;
 
 pub struct AddrWatch {
     fd: AsyncFd<OwnedFd>,
+    lo: u32,
 }
 
 impl AddrWatch {
@@ -54,10 +60,12 @@ impl AddrWatch {
         // SAFETY: `fd` is an OwnedFd moved into the AsyncFd, so it stays open
         // and is the same descriptor for the AsyncFd's whole life.
         let fd = unsafe { AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)?;
-        Ok(AddrWatch { fd })
+        // The loopback device is index 1 in every namespace; asked anyway.
+        let lo = nix::net::if_::if_nametoindex("lo").unwrap_or(1);
+        Ok(AddrWatch { fd, lo })
     }
 
-    /// Wait for the next change notification (draining everything queued).
+    /// Wait for the next change that matters (draining everything queued).
     pub async fn changed(&self) -> io::Result<()> {
         loop {
             let mut guard = self.fd.readable().await?;
@@ -73,7 +81,7 @@ impl AddrWatch {
                     )
                 };
                 if n >= 0 {
-                    got = true;
+                    got = got || notifications_matter(&buf[..n as usize], self.lo, ROUTE_PROTO);
                     continue;
                 }
                 let e = io::Error::last_os_error();

@@ -4,8 +4,9 @@
 //! Moving a connection used to run `ip` several times, each a process start
 //! of 3 to 10 ms; one request here takes tens of microseconds, which is what
 //! lets a move finish within a round trip (issue 4, the handover target).
-//! Every call opens its own socket, so it acts in the network namespace of
-//! the calling thread (the tests run hosts as threads in other namespaces).
+//! Requests go over one socket per thread, opened in (and reopened for a
+//! change of) the calling thread's network namespace, so they act where the
+//! thread is (the tests run hosts as threads in other namespaces).
 //!
 //! Message layouts are those of `linux/netlink.h`, `linux/rtnetlink.h` and
 //! `linux/if_addr.h`; everything is native-endian except addresses.
@@ -28,6 +29,8 @@ const NLM_F_REPLACE: u16 = 0x100;
 const NLM_F_EXCL: u16 = 0x200;
 const NLM_F_CREATE: u16 = 0x400;
 
+const RTM_NEWLINK: u16 = 16;
+const RTM_DELLINK: u16 = 17;
 const RTM_NEWADDR: u16 = 20;
 const RTM_DELADDR: u16 = 21;
 const RTM_GETADDR: u16 = 22;
@@ -48,6 +51,7 @@ const RTA_TABLE: u16 = 15;
 const RTA_VIA: u16 = 18;
 
 pub const RT_TABLE_MAIN: u8 = 254;
+const RT_TABLE_LOCAL: u32 = 255;
 pub const RTN_UNICAST: u8 = 1;
 const RT_SCOPE_UNIVERSE: u8 = 0;
 const IFADDRMSG_LEN: usize = 8;
@@ -172,7 +176,51 @@ static SEQ: AtomicU32 = AtomicU32::new(1);
 /// Send `req` and collect the answer: the data messages of a dump, or an
 /// empty list after the kernel's acknowledgement. A negative error code in
 /// the answer becomes that errno.
-pub fn call(req: Request) -> io::Result<Vec<(u16, Vec<u8>)>> {
+pub fn call(req: Request) -> io::Result<Answer> {
+    let netns = current_netns()?;
+    SOCKET.with(|cell| {
+        let mut cached = cell.borrow_mut();
+        let mut sock = match cached.take() {
+            Some(s) if s.netns == netns => s,
+            _ => Socket {
+                netns,
+                fd: open_socket()?,
+                buf: vec![0u8; 64 * 1024],
+            },
+        };
+        // A socket that failed (as opposed to an error answer) may hold
+        // half an answer: the next call opens a fresh one.
+        let answer = exchange(&sock.fd, &mut sock.buf, req)?;
+        *cached = Some(sock);
+        answer.map_err(io::Error::from_raw_os_error)
+    })
+}
+
+thread_local! {
+    /// This thread's request socket and the namespace it was opened in. A
+    /// socket per request cost more than the request in a move of
+    /// thousands of connections; one per thread keeps each request in the
+    /// namespace of the thread that makes it (the tests run hosts as
+    /// threads in other namespaces), and a thread that changed namespace
+    /// gets a new one.
+    static SOCKET: std::cell::RefCell<Option<Socket>> = const { std::cell::RefCell::new(None) };
+}
+
+struct Socket {
+    /// The namespace it was opened in, as (device, inode).
+    netns: (u64, u64),
+    fd: OwnedFd,
+    buf: Vec<u8>,
+}
+
+/// The calling thread's network namespace, as (device, inode).
+pub(crate) fn current_netns() -> io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata("/proc/thread-self/ns/net")?;
+    Ok((m.dev(), m.ino()))
+}
+
+fn open_socket() -> io::Result<OwnedFd> {
     // SAFETY: plain socket(2); the descriptor is owned at once.
     let raw = unsafe {
         libc::socket(
@@ -185,7 +233,16 @@ pub fn call(req: Request) -> io::Result<Vec<(u16, Vec<u8>)>> {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: `raw` is a fresh descriptor nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// The data messages of an answer, as (type, body).
+type Answer = Vec<(u16, Vec<u8>)>;
+
+/// One request and its answer on `fd`. Messages of other sequence numbers
+/// (the rest of an answer an earlier call stopped reading) are skipped.
+/// The outer error is the socket's, the inner one the kernel's answer.
+fn exchange(fd: &OwnedFd, buf: &mut [u8], req: Request) -> io::Result<Result<Answer, i32>> {
     let seq = SEQ.fetch_add(1, Ordering::Relaxed);
     let dump = u16::from_ne_bytes([req.buf[6], req.buf[7]]) & NLM_F_DUMP == NLM_F_DUMP;
     let msg = req.finish(seq);
@@ -206,7 +263,6 @@ pub fn call(req: Request) -> io::Result<Vec<(u16, Vec<u8>)>> {
         return Err(io::Error::last_os_error());
     }
     let mut out = Vec::new();
-    let mut buf = vec![0u8; 64 * 1024];
     loop {
         // SAFETY: `buf` is writable for its whole length.
         let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
@@ -222,7 +278,7 @@ pub fn call(req: Request) -> io::Result<Vec<(u16, Vec<u8>)>> {
                 continue;
             }
             match m.kind {
-                NLMSG_DONE => return Ok(out),
+                NLMSG_DONE => return Ok(Ok(out)),
                 NLMSG_ERROR => {
                     let code = m
                         .body
@@ -230,17 +286,17 @@ pub fn call(req: Request) -> io::Result<Vec<(u16, Vec<u8>)>> {
                         .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
                         .unwrap_or(-libc::EIO);
                     if code != 0 {
-                        return Err(io::Error::from_raw_os_error(-code));
+                        return Ok(Err(-code));
                     }
                     if !dump {
-                        return Ok(out);
+                        return Ok(Ok(out));
                     }
                 }
                 kind => {
                     out.push((kind, m.body.to_vec()));
                     if !dump {
                         // A get answers with one message and no ack.
-                        return Ok(out);
+                        return Ok(Ok(out));
                     }
                 }
             }
@@ -460,6 +516,24 @@ pub fn del_host_route(dst: IpAddr, protocol: u8) -> io::Result<()> {
     call(Request::new(RTM_DELROUTE, NLM_F_ACK, &body).attr(RTA_DST, &octets(dst))).map(|_| ())
 }
 
+/// Whether a datagram of change notifications (links, addresses, routes)
+/// can matter for mobility. Not: an address on `lo` (`lo_ifindex`), a route
+/// of the local table (it follows an address, whose own message comes too),
+/// and a route carrying `own_protocol`: vnat's own host routes and the
+/// addresses it keeps on `lo`, which a move of thousands of connections
+/// changes over and over. Anything else, and anything unreadable, matters.
+pub fn notifications_matter(buf: &[u8], lo_ifindex: u32, own_protocol: u8) -> bool {
+    let msgs = messages(buf);
+    msgs.is_empty()
+        || msgs.iter().any(|(_, m)| match m.kind {
+            RTM_NEWLINK | RTM_DELLINK => true,
+            RTM_NEWADDR | RTM_DELADDR => parse_addr(m.body).is_none_or(|a| a.ifindex != lo_ifindex),
+            RTM_NEWROUTE | RTM_DELROUTE => parse_route(m.body)
+                .is_none_or(|r| r.protocol != own_protocol && r.table != RT_TABLE_LOCAL),
+            _ => true,
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -536,5 +610,47 @@ mod tests {
         let mut body = vec![0u8; RTMSG_LEN];
         body.extend_from_slice(&[40, 0, 1, 0, 1, 2]);
         assert!(attrs(&body, RTMSG_LEN).is_empty());
+    }
+
+    #[test]
+    fn own_and_loopback_changes_do_not_matter() {
+        let lo = 1;
+        let route = |protocol: u8, table: u8| {
+            Request::new(
+                RTM_NEWROUTE,
+                0,
+                &rtmsg(2, 32, 0, table, protocol, RTN_UNICAST),
+            )
+            .attr(RTA_DST, &[198, 18, 1, 2])
+            .finish(0)
+        };
+        let addr = |ifindex| {
+            addr_request(RTM_DELADDR, 0, "198.18.1.2".parse().unwrap(), ifindex).finish(0)
+        };
+        // vnat's host route, a local-table route, an address on lo: no.
+        assert!(!notifications_matter(&route(157, RT_TABLE_MAIN), lo, 157));
+        assert!(!notifications_matter(&route(2, 255), lo, 157));
+        assert!(!notifications_matter(&addr(lo), lo, 157));
+        let mut both = route(157, RT_TABLE_MAIN);
+        both.extend(addr(lo));
+        assert!(!notifications_matter(&both, lo, 157));
+        // A kernel route of the main table, an address of a real link, a
+        // link message, one relevant message among ours: yes.
+        assert!(notifications_matter(&route(2, RT_TABLE_MAIN), lo, 157));
+        assert!(notifications_matter(&addr(3), lo, 157));
+        assert!(notifications_matter(
+            &Request::new(RTM_NEWLINK, 0, &[0; 16]).finish(0),
+            lo,
+            157
+        ));
+        both.extend(addr(3));
+        assert!(notifications_matter(&both, lo, 157));
+        // Unreadable input counts as a change (a resync is always safe).
+        assert!(notifications_matter(&[1, 2, 3], lo, 157));
+        assert!(notifications_matter(
+            &Request::new(RTM_NEWROUTE, 0, &[0; 4]).finish(0),
+            lo,
+            157
+        ));
     }
 }
