@@ -40,6 +40,10 @@ use crate::{
 /// How often the recorded connections are re-read even without an address
 /// change (new connections to pair for).
 const RESYNC_INTERVAL: Duration = Duration::from_secs(1);
+/// Most VCMP datagrams handled in one loop turn before the datapath work
+/// they call for (a full one carries up to 30 records).
+const DATAGRAMS_PER_TURN: usize = 64;
+
 /// Up to this many connections translated in one turn get the restart
 /// levers that wait to see each socket act; more get them without waiting
 /// (`Datapath::kick_flow`), or one backed-off socket after another would
@@ -133,7 +137,10 @@ pub fn now() -> Timestamp {
     Timestamp::from_nanos(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
 }
 
-/// Run a datapath call on a blocking thread (it may run `ip` or walk /proc).
+/// Run datapath calls on a blocking thread (they may walk /proc), as one
+/// batch ([`Datapath::begin_batch`]): nothing else holds the datapath
+/// meanwhile, and the work of one loop turn has no reason to see a route
+/// lookup change under it.
 async fn with_dp<T: Send + 'static>(
     dp: &SharedDatapath,
     f: impl FnOnce(&mut dyn Datapath) -> T + Send + 'static,
@@ -144,7 +151,10 @@ async fn with_dp<T: Send + 'static>(
             Ok(g) => g,
             Err(p) => p.into_inner(),
         };
-        f(guard.as_mut())
+        guard.begin_batch();
+        let r = f(guard.as_mut());
+        guard.end_batch();
+        r
     })
     .await;
     match r {
@@ -185,15 +195,12 @@ fn enlarge_buffers(sock: &UdpSocket) {
 }
 
 /// Make the datapath translate `flow` to (local, remote), or stop
-/// translating it when both are its virtual endpoints again; then restart
-/// a backed-off TCP socket, or have it send an ACK if the peer moved.
+/// translating it when both are its virtual endpoints again.
 fn translate_one(
     dp: &mut dyn Datapath,
     flow: VirtualFlow,
     local: SocketAddr,
     remote: SocketAddr,
-    peer_moved: bool,
-    wait: bool,
 ) -> Result<(), DatapathError> {
     if local == flow.local && remote == flow.remote {
         match dp.remove_translation(&flow) {
@@ -208,36 +215,40 @@ fn translate_one(
         })?;
         prepare_old_address(dp, flow, local, remote);
         Ok(())
-    }?;
-    // After an outage TCP has backed off its retransmission timer; make it
-    // retransmit now rather than tens of seconds later (DESIGN.md §3, "no
-    // stall").
-    if flow.proto == crate::datapath::Proto::Tcp {
-        let r = if wait {
-            // restart_flow (verified: up to 16 unreachables or 2 probes),
-            // then, if the peer moved, an ACK in any case: what the peer
-            // retransmitted may have reached us before our send side
-            // switched, and our ACK of it went to its old address.
-            let restarted = dp.restart_flow(&flow).map(|o| format!("{o:?}"));
-            if peer_moved {
-                match dp.solicit_ack(&flow) {
-                    Ok(s) => restarted.map(|r| format!("{r}, ack solicited: {s}")),
-                    Err(e) => Err(e),
-                }
-            } else {
-                restarted
+    }
+}
+
+/// After an outage TCP has backed off its retransmission timer; make it
+/// retransmit now rather than tens of seconds later (DESIGN.md §3, "no
+/// stall"); and if the peer moved, have the socket send an ACK. `wait`:
+/// the verified levers, which watch the socket act (and try again).
+fn restart_one(dp: &mut dyn Datapath, flow: VirtualFlow, peer_moved: bool, wait: bool) {
+    if flow.proto != crate::datapath::Proto::Tcp {
+        return;
+    }
+    let r = if wait {
+        // restart_flow (verified: up to 16 unreachables or 2 probes),
+        // then, if the peer moved, an ACK in any case: what the peer
+        // retransmitted may have reached us before our send side
+        // switched, and our ACK of it went to its old address.
+        let restarted = dp.restart_flow(&flow).map(|o| format!("{o:?}"));
+        if peer_moved {
+            match dp.solicit_ack(&flow) {
+                Ok(s) => restarted.map(|r| format!("{r}, ack solicited: {s}")),
+                Err(e) => Err(e),
             }
         } else {
-            dp.kick_flow(&flow, peer_moved)
-        };
-        match r {
-            Ok(sent) => tracing::debug!(?flow, %sent, "restart"),
-            Err(e) => {
-                tracing::debug!(?flow, error = %e, "could not restart the flow's retransmissions")
-            }
+            restarted
+        }
+    } else {
+        dp.kick_flow(&flow, peer_moved)
+    };
+    match r {
+        Ok(sent) => tracing::debug!(?flow, %sent, "restart"),
+        Err(e) => {
+            tracing::debug!(?flow, error = %e, "could not restart the flow's retransmissions")
         }
     }
-    Ok(())
 }
 
 /// When both ends moved, the peer may still send to our old (virtual)
@@ -295,6 +306,9 @@ pub struct Driver {
     pending_scanned: Option<u64>,
     /// Receive sides that could not be prepared yet (warned once each).
     prepare_failed: HashSet<(VirtualFlow, SocketAddr)>,
+    /// Connections translated this turn whose sockets get the restart
+    /// levers after the flush, with whether the peer moved.
+    to_restart: Vec<(VirtualFlow, bool)>,
     /// Interfaces kept attached by `standby_tc`, as last set.
     standby: Vec<u32>,
     /// Imported flows not yet seen in this host's records: the migrated
@@ -377,6 +391,7 @@ impl Driver {
             sock,
             dual,
             prepared: HashMap::new(),
+            to_restart: Vec::new(),
             standby: Vec::new(),
             prepare_failed: HashSet::new(),
             pending_scanned: None,
@@ -402,7 +417,23 @@ impl Driver {
             tokio::select! {
                 _ = &mut shutdown => break,
                 r = self.sock.recv_from(&mut buf) => match r {
-                    Ok((n, from)) => self.endpoint.handle_datagram(now(), &mut OsRng, unmap(from), &buf[..n]),
+                    Ok((n, from)) => {
+                        self.endpoint.handle_datagram(now(), &mut OsRng, unmap(from), &buf[..n]);
+                        // And whatever else is queued, up to a bound: the
+                        // datapath work below then runs once for a whole
+                        // burst (a mass move's UPDs) instead of once per
+                        // datagram, with everything behind it waiting.
+                        for _ in 1..DATAGRAMS_PER_TURN {
+                            match self.sock.try_recv_from(&mut buf) {
+                                Ok((n, from)) => self.endpoint.handle_datagram(now(), &mut OsRng, unmap(from), &buf[..n]),
+                                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                                Err(e) => {
+                                    tracing::warn!(error = %e, "VCMP receive failed");
+                                    break;
+                                }
+                            }
+                        }
+                    }
                     Err(e) => tracing::warn!(error = %e, "VCMP receive failed"),
                 },
                 _ = sleep, if timeout.is_some() => self.endpoint.handle_timeout(now(), &mut OsRng),
@@ -425,6 +456,10 @@ impl Driver {
             self.prepare_pending().await;
             self.apply_events().await;
             self.flush().await;
+            // The restart levers after the flush: for the socket they only
+            // matter once both ends translate, which what we just sent is
+            // what lets the peer do.
+            self.restart_translated().await;
             // After the flush: attaching takes the kernel tens of ms, which
             // must not delay what a move just queued.
             self.update_standby().await;
@@ -944,7 +979,7 @@ impl Driver {
     /// meanwhile were lost; have it send one now (the peer's socket may be
     /// waiting for it with a full congestion window).
     async fn translate(
-        &self,
+        &mut self,
         flow: VirtualFlow,
         local: SocketAddr,
         remote: SocketAddr,
@@ -957,28 +992,49 @@ impl Driver {
     /// [`Driver::translate`] for many connections in one trip to the
     /// datapath thread: when thousands move together, one hand-off each
     /// (and a wait for a CPU on a busy host) would cost more than the work.
-    async fn translate_all(&self, items: Vec<(VirtualFlow, SocketAddr, SocketAddr, bool)>) {
+    /// The TCP restart levers are queued for [`Driver::restart_translated`],
+    /// which the loop runs after sending what VCMP queued: they cost tens of
+    /// microseconds per connection, and the peer's RESPONSE or UPD_R must
+    /// not wait behind thousands of them.
+    async fn translate_all(&mut self, items: Vec<(VirtualFlow, SocketAddr, SocketAddr, bool)>) {
         if items.is_empty() {
             return;
         }
-        // A few connections get the restart levers that wait to see each
-        // socket act (and try again); a mass move gets them without waits.
-        let wait = items.len() <= VERIFIED_RESTARTS_MAX;
         let done = with_dp(&self.dp, move |dp| {
             items
                 .into_iter()
                 .map(|(flow, local, remote, peer_moved)| {
-                    let r = translate_one(dp, flow, local, remote, peer_moved, wait);
-                    (flow, local, remote, r)
+                    let r = translate_one(dp, flow, local, remote);
+                    (flow, local, remote, peer_moved, r)
                 })
                 .collect::<Vec<_>>()
         })
         .await;
-        for (flow, local, remote, r) in done {
+        for (flow, local, remote, peer_moved, r) in done {
             match r {
-                Ok(()) => tracing::info!(?flow, %local, %remote, "translation updated"),
+                Ok(()) => {
+                    tracing::info!(?flow, %local, %remote, "translation updated");
+                    self.to_restart.push((flow, peer_moved));
+                }
                 Err(e) => tracing::error!(?flow, error = %e, "cannot update the translation"),
             }
         }
+    }
+
+    /// The restart levers for the connections translated this turn. A few
+    /// get the ones that wait to see each socket act (and try again); a
+    /// mass move gets them without waits.
+    async fn restart_translated(&mut self) {
+        let items = std::mem::take(&mut self.to_restart);
+        if items.is_empty() {
+            return;
+        }
+        let wait = items.len() <= VERIFIED_RESTARTS_MAX;
+        with_dp(&self.dp, move |dp| {
+            for (flow, peer_moved) in items {
+                restart_one(dp, flow, peer_moved, wait);
+            }
+        })
+        .await;
     }
 }

@@ -100,6 +100,11 @@ pub trait Datapath {
     /// congestion window waiting for its retransmission timer (200 ms at
     /// least). Returns whether an ACK was solicited (false for UDP, for a
     /// socket that is not established, and for the fake).
+    fn solicit_ack(&mut self, flow: &VirtualFlow) -> Result<bool, DatapathError> {
+        let _ = flow;
+        Ok(false)
+    }
+
     /// Keep the tc translators attached to exactly these interfaces besides
     /// the ones translations use (the `standby_tc` setting); an empty list
     /// returns to attaching only where used. The fake keeps nothing.
@@ -108,10 +113,17 @@ pub trait Datapath {
         Ok(())
     }
 
-    fn solicit_ack(&mut self, flow: &VirtualFlow) -> Result<bool, DatapathError> {
-        let _ = flow;
-        Ok(false)
-    }
+    /// The calls up to [`Datapath::end_batch`] are one batch of work that
+    /// nothing else changes the host's routes in the middle of (one trip
+    /// of vnatd's driver to the datapath): the datapath may answer a route
+    /// lookup it made earlier in the batch from memory, and skip setting a
+    /// route it already set, which is most of the cost of moving thousands
+    /// of connections to one peer. Its own changes still take effect in
+    /// order. The fake has nothing to remember.
+    fn begin_batch(&mut self) {}
+
+    /// Forget what [`Datapath::begin_batch`] let the datapath remember.
+    fn end_batch(&mut self) {}
 
     /// What vnatd does after it translated a TCP connection: the levers of
     /// [`Datapath::restart_flow`] for a backed-off socket, and

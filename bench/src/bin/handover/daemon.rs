@@ -44,8 +44,10 @@ impl Daemon {
                 "--log-format",
                 "json",
                 "--log-level",
-                "info",
             ])
+            // The figures come from info lines; debug or trace shows more
+            // of a run (and slows vnatd down).
+            .arg(std::env::var("VNAT_BENCH_LOG_LEVEL").unwrap_or_else(|_| "info".into()))
             .args(standby_tc.then_some("--standby-tc"))
             .stdout(Stdio::null())
             .stderr(err)

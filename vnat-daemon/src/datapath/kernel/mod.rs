@@ -29,6 +29,7 @@ pub use attach::{cgroup2_mount, cgroup_id};
 pub use nat::{pair_for, translation_of, NatPair};
 pub use net::ROUTE_PROTO;
 pub use object::{own_netns_cookie, EBPF_OBJECT};
+pub use rtnl::notifications_matter;
 
 use super::{
     key_endpoints, validate_translation, CgroupAttachment, ConnState, ConnectionInfo, Datapath,
@@ -56,6 +57,18 @@ pub struct KernelDatapath {
     /// (NAT_F_LO_ADDR_OURS), as far as this process has seen: saves a scan
     /// of both NAT maps per moved connection.
     lo_ours: std::collections::HashSet<IpAddr>,
+    /// Between `begin_batch` and `end_batch`: route lookups made and host
+    /// routes set in this batch.
+    memo: std::cell::RefCell<Option<RouteMemo>>,
+}
+
+#[derive(Default)]
+struct RouteMemo {
+    /// (destination, source) -> the kernel's answer. Cleared whenever this
+    /// datapath changes a route or an address.
+    routes: StdHashMap<(IpAddr, Option<IpAddr>), net::RouteInfo>,
+    /// Host routes set: virtual address -> (next hop, interface).
+    host_routes: StdHashMap<IpAddr, (IpAddr, u32)>,
 }
 
 fn map_err(map: &'static str) -> impl FnOnce(MapError) -> DatapathError {
@@ -81,6 +94,7 @@ impl KernelDatapath {
             tc_current: Default::default(),
             standby: Default::default(),
             lo_ours: Default::default(),
+            memo: Default::default(),
         };
         let mut cgroups: Vec<PathBuf> = opts.cgroups.clone();
         for id in attach::pinned_cgroups(&dp.bpffs) {
@@ -145,6 +159,57 @@ impl KernelDatapath {
             }
         }
         Ok(())
+    }
+
+    /// `net::route_get`, answered from the batch's memory when it can be.
+    fn route(&self, dst: IpAddr, from: Option<IpAddr>) -> Result<net::RouteInfo, DatapathError> {
+        if let Some(r) = self
+            .memo
+            .borrow()
+            .as_ref()
+            .and_then(|m| m.routes.get(&(dst, from)))
+        {
+            return Ok(r.clone());
+        }
+        let r = net::route_get(dst, from)?;
+        if let Some(m) = self.memo.borrow_mut().as_mut() {
+            m.routes.insert((dst, from), r.clone());
+        }
+        Ok(r)
+    }
+
+    /// This datapath changed a route or an address: lookups remembered in
+    /// the batch may no longer hold.
+    fn routes_changed(&self) {
+        if let Some(m) = self.memo.borrow_mut().as_mut() {
+            m.routes.clear();
+            m.host_routes.clear();
+        }
+    }
+
+    /// Route the peer's virtual address `virt` like its physical one
+    /// (`net::add_host_route`) unless this batch already did exactly that.
+    /// Returns whether vnat's route for `virt` existed before.
+    fn ensure_host_route(
+        &self,
+        virt: IpAddr,
+        phys: IpAddr,
+        via: &net::RouteInfo,
+    ) -> Result<bool, DatapathError> {
+        let target = (via.gateway.unwrap_or(phys), via.ifindex);
+        if let Some(m) = self.memo.borrow().as_ref() {
+            if m.host_routes.get(&virt) == Some(&target) {
+                return Ok(true);
+            }
+        }
+        let existed = net::has_host_route(virt)?;
+        let r = net::add_host_route(virt, phys, via);
+        self.routes_changed();
+        r?;
+        if let Some(m) = self.memo.borrow_mut().as_mut() {
+            m.host_routes.insert(virt, target);
+        }
+        Ok(existed)
     }
 
     fn egress_entries(&self) -> Result<Vec<(FlowKey, NatRewrite)>, DatapathError> {
@@ -354,7 +419,7 @@ impl Datapath for KernelDatapath {
     }
 
     fn source_address_for(&self, dst: IpAddr) -> Result<Option<IpAddr>, DatapathError> {
-        match net::route_get(dst, None) {
+        match self.route(dst, None) {
             Ok(r) => Ok(r.prefsrc),
             Err(DatapathError::NoRoute { .. }) => Ok(None),
             Err(e) => Err(e),
@@ -371,5 +436,13 @@ impl Datapath for KernelDatapath {
 
     fn remove_translation(&mut self, flow: &VirtualFlow) -> Result<(), DatapathError> {
         self.remove(flow)
+    }
+
+    fn begin_batch(&mut self) {
+        *self.memo.get_mut() = Some(RouteMemo::default());
+    }
+
+    fn end_batch(&mut self) {
+        *self.memo.get_mut() = None;
     }
 }

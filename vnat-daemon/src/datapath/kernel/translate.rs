@@ -54,6 +54,7 @@ impl KernelDatapath {
                     .iter()
                     .any(|o| o.local_moved() && o.flow.local.ip() == ip)
             {
+                self.routes_changed();
                 net::del_lo_addr(ip)?;
                 self.lo_ours.remove(&ip);
             }
@@ -64,6 +65,7 @@ impl KernelDatapath {
                 .iter()
                 .any(|o| o.remote_moved() && o.flow.remote.ip() == ip)
             {
+                self.routes_changed();
                 let _ = net::del_host_route(ip);
             }
         }
@@ -91,7 +93,7 @@ impl KernelDatapath {
     /// (see [`Datapath::prepare_translation`]).
     pub(super) fn apply(&mut self, t: &Translation, complete: bool) -> Result<(), DatapathError> {
         validate_translation(t)?;
-        let route = net::route_get(t.physical_remote.ip(), Some(t.physical_local.ip()))?;
+        let route = self.route(t.physical_remote.ip(), Some(t.physical_local.ip()))?;
         let egress_key = t.flow.to_key();
         let old_val = self.egress_get(&egress_key)?;
         let old = old_val
@@ -112,7 +114,11 @@ impl KernelDatapath {
         let mut flags = 0;
         let mut added_lo: Option<IpAddr> = None;
         let mut added_route: Option<IpAddr> = None;
-        let undo = |added_lo: Option<IpAddr>, added_route: Option<IpAddr>| {
+        // Take back what this call added, on a later failure.
+        let undo = |dp: &Self, added_lo: Option<IpAddr>, added_route: Option<IpAddr>| {
+            if added_lo.is_some() || added_route.is_some() {
+                dp.routes_changed();
+            }
             if let Some(ip) = added_lo {
                 let _ = net::del_lo_addr(ip);
             }
@@ -138,6 +144,7 @@ impl KernelDatapath {
             if ours_already {
                 flags |= NAT_F_LO_ADDR_OURS;
             } else if !net::lo_addrs()?.contains(&ip) {
+                self.routes_changed();
                 net::add_lo_addr(ip)?;
                 added_lo = Some(ip);
                 flags |= NAT_F_LO_ADDR_OURS;
@@ -145,26 +152,26 @@ impl KernelDatapath {
         }
         if t.remote_moved() {
             let ip = t.flow.remote.ip();
-            let existed = net::has_host_route(ip)?;
-            if let Err(e) = net::add_host_route(ip, t.physical_remote.ip(), &route) {
-                undo(added_lo, None);
-                return Err(e);
-            }
-            if !existed {
-                added_route = Some(ip);
+            match self.ensure_host_route(ip, t.physical_remote.ip(), &route) {
+                Ok(true) => {}
+                Ok(false) => added_route = Some(ip),
+                Err(e) => {
+                    undo(self, added_lo, None);
+                    return Err(e);
+                }
             }
             // With the host route in place the old address leaves where the
             // new one does; if not (a conflicting route), re-resolve the next
             // hop per packet in tc.
             let next_hop = route.gateway.unwrap_or(t.physical_remote.ip());
-            match net::route_get(ip, None) {
+            match self.route(ip, None) {
                 Ok(r) if r.ifindex == route.ifindex && r.gateway.unwrap_or(ip) == next_hop => {}
                 _ => flags |= NAT_F_REDIRECT,
             }
         }
         if !self.tc_current.contains(&route.ifindex) {
             if let Err(e) = attach::attach_tc(&mut self.loaded.ebpf, &self.bpffs, route.ifindex) {
-                undo(added_lo, added_route);
+                undo(self, added_lo, added_route);
                 return Err(e);
             }
             self.tc_current.insert(route.ifindex);
@@ -180,7 +187,7 @@ impl KernelDatapath {
                 .ingress
                 .insert(pair.ingress_key, pair.ingress, 0)
             {
-                undo(added_lo, added_route);
+                undo(self, added_lo, added_route);
                 return Err(map_err(MAP_INGRESS_NAT)(e));
             }
             if flags & NAT_F_LO_ADDR_OURS != 0 {
@@ -189,7 +196,7 @@ impl KernelDatapath {
             return Ok(());
         }
         if let Err(e) = self.write_pair(&pair, old.as_ref().map(|(p, _)| p)) {
-            undo(added_lo, added_route);
+            undo(self, added_lo, added_route);
             return Err(e);
         }
         if flags & NAT_F_LO_ADDR_OURS != 0 {

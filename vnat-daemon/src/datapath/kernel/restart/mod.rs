@@ -267,8 +267,7 @@ pub fn kick(
     if flow.proto != Proto::Tcp || flow.local.is_ipv4() != flow.remote.is_ipv4() {
         return Ok(Kick::Nothing);
     }
-    let diag = SockDiag::open()?;
-    let Some(state) = diag.query(flow, record.cookie)? else {
+    let Some(state) = SockDiag::with_shared(|d| d.query(flow, record.cookie))? else {
         return Ok(Kick::Nothing);
     };
     if state.rto_backed_off() {
@@ -323,8 +322,7 @@ pub fn solicit_ack(flow: &VirtualFlow, record: &ConnRecord) -> Result<bool, Data
     if flow.proto != Proto::Tcp || flow.local.is_ipv4() != flow.remote.is_ipv4() {
         return Ok(false);
     }
-    let diag = SockDiag::open()?;
-    let Some(state) = diag.query(flow, record.cookie)? else {
+    let Some(state) = SockDiag::with_shared(|d| d.query(flow, record.cookie))? else {
         return Ok(false);
     };
     solicit_from_state(flow, record, &state)?;

@@ -156,9 +156,45 @@ const IPV6_HDRINCL: libc::c_int = 36;
 /// address, is, so the packet is routed over loopback and never leaves the
 /// host.
 pub(super) fn inject_from_peer(flow: &VirtualFlow, tcp: &[u8]) -> Result<(), DatapathError> {
-    let (family, level, opt) = match flow.local.ip() {
-        IpAddr::V4(_) => (libc::AF_INET, libc::IPPROTO_IP, libc::IP_HDRINCL),
-        IpAddr::V6(_) => (libc::AF_INET6, libc::IPPROTO_IPV6, IPV6_HDRINCL),
+    // A socket with IPPROTO_RAW only sends (it is never given incoming
+    // packets), so one is kept per thread, namespace and family: a mass
+    // move injects one segment per connection.
+    thread_local! {
+        /// (namespace, IPv4?, socket)
+        static KEPT: std::cell::RefCell<Vec<Injector>> =
+            const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let v4 = flow.local.is_ipv4();
+    let netns = crate::datapath::kernel::rtnl::current_netns()
+        .map_err(kernel_err("finding this thread's network namespace"))?;
+    let kept = KEPT.with(|k| {
+        let mut k = k.borrow_mut();
+        let i = k.iter().position(|(ns, f, _)| *ns == netns && *f == v4)?;
+        Some(k.swap_remove(i).2)
+    });
+    let fd = match kept {
+        Some(fd) => fd,
+        None => open_injector(v4)?,
+    };
+    send_injected(&fd, flow, tcp)?;
+    KEPT.with(|k| {
+        let mut k = k.borrow_mut();
+        // A thread that visited many namespaces keeps the latest few.
+        if k.len() >= 4 {
+            k.remove(0);
+        }
+        k.push((netns, v4, fd));
+    });
+    Ok(())
+}
+
+type Injector = ((u64, u64), bool, OwnedFd);
+
+fn open_injector(v4: bool) -> Result<OwnedFd, DatapathError> {
+    let (family, level, opt) = if v4 {
+        (libc::AF_INET, libc::IPPROTO_IP, libc::IP_HDRINCL)
+    } else {
+        (libc::AF_INET6, libc::IPPROTO_IPV6, IPV6_HDRINCL)
     };
     let raw = cvt(unsafe {
         libc::socket(
@@ -172,6 +208,10 @@ pub(super) fn inject_from_peer(flow: &VirtualFlow, tcp: &[u8]) -> Result<(), Dat
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
     setsockopt(&fd, level, opt, &(1 as libc::c_int))
         .map_err(kernel_err("asking to write the IP header of a raw socket"))?;
+    Ok(fd)
+}
+
+fn send_injected(fd: &OwnedFd, flow: &VirtualFlow, tcp: &[u8]) -> Result<(), DatapathError> {
     let packet = match (flow.remote.ip(), flow.local.ip()) {
         (IpAddr::V4(src), IpAddr::V4(dst)) => {
             let mut p = vec![0u8; 20];
