@@ -113,13 +113,14 @@ pub trait Datapath {
         Ok(())
     }
 
-    /// The calls up to [`Datapath::end_batch`] are one batch of work that
-    /// nothing else changes the host's routes in the middle of (one trip
-    /// of vnatd's driver to the datapath): the datapath may answer a route
-    /// lookup it made earlier in the batch from memory, and skip setting a
-    /// route it already set, which is most of the cost of moving thousands
-    /// of connections to one peer. Its own changes still take effect in
-    /// order. The fake has nothing to remember.
+    /// The calls up to [`Datapath::end_batch`] are one batch of work, made
+    /// by one thread in one go (one trip of vnatd's driver to the
+    /// datapath, milliseconds long): the datapath may answer a route lookup
+    /// it made earlier in the batch from memory, and skip setting a route
+    /// it already set, which is most of the cost of moving thousands of
+    /// connections to one peer. Its own changes drop what it remembered; a
+    /// change made by someone else during the batch is seen by the next one
+    /// (vnatd resyncs on every change). The fake has nothing to remember.
     fn begin_batch(&mut self) {}
 
     /// Forget what [`Datapath::begin_batch`] let the datapath remember.

@@ -440,9 +440,11 @@ impl Datapath for KernelDatapath {
 
     fn begin_batch(&mut self) {
         *self.memo.get_mut() = Some(RouteMemo::default());
+        rtnl::pin_netns();
     }
 
     fn end_batch(&mut self) {
         *self.memo.get_mut() = None;
+        rtnl::unpin_netns();
     }
 }

@@ -215,9 +215,31 @@ struct Socket {
 
 /// The calling thread's network namespace, as (device, inode).
 pub(crate) fn current_netns() -> io::Result<(u64, u64)> {
+    if let Some(ns) = PINNED_NETNS.get() {
+        return Ok(ns);
+    }
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata("/proc/thread-self/ns/net")?;
     Ok((m.dev(), m.ino()))
+}
+
+thread_local! {
+    /// Set by [`pin_netns`]: the namespace this thread stays in for now.
+    static PINNED_NETNS: std::cell::Cell<Option<(u64, u64)>> = const { std::cell::Cell::new(None) };
+}
+
+/// Look the calling thread's namespace up once and answer
+/// [`current_netns`] from that until [`unpin_netns`]: for a batch of work
+/// that does not change namespace, where a lookup per request (a path walk
+/// in /proc) cost as much as the request. Nothing in vnat changes the
+/// namespace of a thread in the middle of a batch.
+pub(crate) fn pin_netns() {
+    PINNED_NETNS.set(None);
+    PINNED_NETNS.set(current_netns().ok());
+}
+
+pub(crate) fn unpin_netns() {
+    PINNED_NETNS.set(None);
 }
 
 fn open_socket() -> io::Result<OwnedFd> {
