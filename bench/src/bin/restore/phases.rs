@@ -1,21 +1,23 @@
 //! Where a restoration's time went, from vnatd's own logs (JSON, info).
 //!
-//! vnatd's driver (vnat-daemon/src/daemon/driver.rs) handles one event at a
-//! time and flushes what VCMP queued only after it has applied every event
-//! of a datagram, so a move of N connections runs as a chain of sequential
-//! per-connection steps, three of which it logs per connection:
+//! vnatd's driver (vnat-daemon/src/daemon/driver.rs) reads up to 64 queued
+//! VCMP datagrams per loop turn, does the datapath work they call for in one
+//! batch, then sends what VCMP queued, then runs the TCP restart levers. A
+//! move of N connections therefore runs in a few batches of per-connection
+//! steps, three of which it logs per connection:
 //! 1. laptop, "resuming connection at a new address": after the address
-//!    change was noticed (a 50 ms debounce, then a resync that lists the
-//!    connections and addresses) and this connection's receive side was
-//!    prepared (`prepare_translation`). One batched `UPD` follows the last.
-//! 2. laptop, "translation updated": the server answered each `UPD` batch
-//!    with `UPD_R` and a `CHALLENGE` for the new address (after preparing
-//!    its own receive side for every connection of the batch); the laptop
-//!    installs each translation and restarts the flow, and answers the
-//!    challenge only after the whole batch.
+//!    change was noticed (a resync that lists the connections and
+//!    addresses) and this connection's receive side was prepared
+//!    (`prepare_translation`). Batched `UPD`s follow the last.
+//! 2. laptop, "translation updated": the server answered the `UPD`s with
+//!    `UPD_R` and one `CHALLENGE` for the new address (after preparing its
+//!    own receive side for every connection of the batch); the laptop
+//!    installs each translation, answers the challenge, then restarts the
+//!    flows ("restart levers sent", one line per batch).
 //! 3. server, "translation updated": on the `RESPONSE` the server installs
-//!    each translation and restarts the flow. Only now can the connection
-//!    carry data both ways.
+//!    each translation, then restarts the flows (an ACK solicited from each
+//!    socket, since the peer moved). Only now can the connection carry
+//!    data both ways.
 //!
 //! Phases (ms, from the first and last line of each step; t0 is when the
 //! new address became usable): `detect` (t0 to the first laptop line),
@@ -37,6 +39,7 @@ use super::{daemon::parse_rfc3339_ns, Restored};
 
 const RESUMING: &str = "resuming connection at a new address";
 const TRANSLATED: &str = "translation updated";
+const LEVERS: &str = "restart levers sent";
 
 /// One step's log lines: how many, the first and the last (ms from t0).
 #[derive(Clone, Debug, Default, Serialize)]
@@ -81,6 +84,11 @@ pub struct Phases {
     pub server_install_ms: Option<f64>,
     pub server_install_per_conn_ms: Option<f64>,
     pub drain_ms: Option<f64>,
+    /// Time each vnatd spent on the TCP restart levers after t0, summed
+    /// over its batches (part of `drain` on the server: its levers follow
+    /// its installs).
+    pub laptop_levers_ms: f64,
+    pub server_levers_ms: f64,
     /// Per connection: from the later of its two installs to its echo
     /// (median, max): TCP sending again plus one echo round trip.
     pub echo_after_install_median_ms: Option<f64>,
@@ -103,6 +111,8 @@ struct Line {
     level: String,
     /// The laptop's port of the flow, if the line names one.
     port: Option<u16>,
+    /// `elapsed_ms` of a "restart levers sent" line.
+    elapsed_ms: Option<f64>,
 }
 
 impl Phases {
@@ -148,6 +158,15 @@ impl Phases {
             .map(|r| ms_from(r.recv as i128, t0))
             .reduce(f64::max);
         p.drain_ms = gap(p.server_translated.last_ms, last_echo);
+        let levers = |lines: &[Line]| -> f64 {
+            lines
+                .iter()
+                .filter(|l| l.message == LEVERS && l.at >= 0.0)
+                .filter_map(|l| l.elapsed_ms)
+                .sum()
+        };
+        p.laptop_levers_ms = levers(&lap);
+        p.server_levers_ms = levers(&srv);
 
         let installs = |lines: &[Line]| -> HashMap<u16, f64> {
             lines
@@ -218,6 +237,7 @@ fn read(path: &Path, t_start: u64, t0: u64, real_offset: i128, laptop_ip: &str) 
                 message: fields["message"].as_str().unwrap_or_default().to_string(),
                 level: v["level"].as_str().unwrap_or_default().to_string(),
                 port,
+                elapsed_ms: fields["elapsed_ms"].as_f64(),
             })
         })
         .collect()
