@@ -443,21 +443,41 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
     let lap = Host::new(&topo.laptop, "rstl");
     let srv = Host::new(&topo.server, "rsts");
     let server = SocketAddr::new(topo.server_addr.v4.into(), SERVER_PORT);
-    let ports = n.div_ceil(CONNS_PER_PORT);
-    let servers: Vec<String> = (0..ports)
-        .map(|i| SocketAddr::new(server.ip(), SERVER_PORT + i as u16).to_string())
+    // Connections per helper process: each holds one descriptor per
+    // connection, and a process may hold no more than its open-file limit
+    // (20,000 where root may not raise it, as on this benchmark's VMs).
+    let per_process = conns_per_process()?;
+    let shares = split(n, per_process);
+    // Each client/echo pair gets its own server ports.
+    let mut next_port = SERVER_PORT;
+    let port_sets: Vec<Vec<String>> = shares
+        .iter()
+        .map(|&k| {
+            (0..k.div_ceil(CONNS_PER_PORT))
+                .map(|_| {
+                    let a = SocketAddr::new(server.ip(), next_port);
+                    next_port += 1;
+                    a.to_string()
+                })
+                .collect()
+        })
         .collect();
+    let ports = usize::from(next_port - SERVER_PORT);
     if n > 20_000 {
         topo.laptop
             .set_sysctl("net/ipv4/ip_local_port_range", "1024 65535");
     }
-    let mut echo_args = vec!["echo"];
-    for s in &servers {
-        echo_args.extend(["--listen", s.as_str()]);
+    let mut echo_servers = Vec::new();
+    for set in &port_sets {
+        let mut echo_args = vec!["echo"];
+        for s in set {
+            echo_args.extend(["--listen", s.as_str()]);
+        }
+        echo_servers.push(Helper::spawn(&srv, &echo_args, false)?);
     }
-    let echo_server = Helper::spawn(&srv, &echo_args, false)?;
-    echo_server.wait_for("the echo server to listen", Duration::from_secs(10), |l| {
-        l.listening
+    let echo_servers = Helpers(echo_servers);
+    echo_servers.wait_for("the echo servers to listen", Duration::from_secs(10), |h| {
+        h.all(|l| l.listening)
     })?;
     let (ldir, sdir) = (TempDir::new("rstl"), TempDir::new("rsts"));
     let lapd = Daemon::start(&lap, ldir.path(), args.standby_tc)?;
@@ -488,18 +508,23 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
     };
 
     let interval_ms = args.interval_ms.max(n as u64 / 10);
-    let (conns_s, interval_s) = (n.to_string(), interval_ms.to_string());
-    let mut client_args = vec!["client", "--conns", &conns_s, "--interval-ms", &interval_s];
-    for s in &servers {
-        client_args.extend(["--connect", s.as_str()]);
+    let interval_s = interval_ms.to_string();
+    let mut clients = Vec::new();
+    for (&k, set) in shares.iter().zip(&port_sets) {
+        let conns_s = k.to_string();
+        let mut client_args = vec!["client", "--conns", &conns_s, "--interval-ms", &interval_s];
+        for s in set {
+            client_args.extend(["--connect", s.as_str()]);
+        }
+        clients.push(Helper::spawn(&lap, &client_args, true)?);
     }
-    let mut client = Helper::spawn(&lap, &client_args, true)?;
+    let mut client = Helpers(clients);
     let setup = Duration::from_secs_f64(30.0 + 0.05 * n as f64);
-    client.wait_for(&format!("{n} connections to be established"), setup, |l| {
-        l.connected == Some(n)
+    client.wait_for(&format!("{n} connections to be established"), setup, |h| {
+        h.all(|l| l.connected.is_some())
     })?;
-    client.wait_for(&format!("all {n} connections to echo"), setup, |l| {
-        l.echoing
+    client.wait_for(&format!("all {n} connections to echo"), setup, |h| {
+        h.all(|l| l.echoing)
     })?;
     wait_mobile(&lapd, &srvd, n, server, ports, setup)?;
     let scale = if args.scale {
@@ -509,7 +534,8 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
     };
     // A second of steady traffic: the echo round trip before the move.
     vnat_bench::sleep_checked(Duration::from_secs(1))?;
-    let steady = client.log().stats.last().cloned();
+    // The first client's view (they all run the same schedule).
+    let steady = client.0[0].log().stats.last().cloned();
 
     // The move.
     client.send("arm")?;
@@ -522,14 +548,11 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
     let timeout = timeout_for(args, n);
     let deadline = Instant::now() + timeout;
     loop {
-        {
-            let log = client.log();
-            if log.restored.len() + log.conn_errors.len() >= n {
-                break;
-            }
-            if let Some(e) = &log.error {
-                bail!("the client failed after the move: {e}");
-            }
+        if client.sum(|l| l.restored.len() + l.conn_errors.len()) >= n {
+            break;
+        }
+        if let Some(e) = client.error() {
+            bail!("the client failed after the move: {e}");
         }
         if Instant::now() >= deadline {
             break;
@@ -538,18 +561,21 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
         std::thread::sleep(Duration::from_millis(5));
     }
     // Still the same connections, carrying bytes: one more echo on each.
-    let complete = client.log().restored.len() == n;
+    let complete = client.sum(|l| l.restored.len()) == n;
     let verified = if complete {
         client.send("verify")?;
         let limit = Duration::from_secs_f64(10.0 + 0.01 * n as f64);
         client
-            .wait_for("the check after the run", limit, |l| l.verified.is_some())
+            .wait_for("the check after the run", limit, |h| {
+                h.all(|l| l.verified.is_some())
+            })
             .ok()
-            .map(|_| client.log().verified.expect("waited for").0)
+            .map(|_| client.sum(|l| l.verified.map_or(0, |v| v.0)))
     } else {
         None
     };
     let log = client.stop();
+    drop(echo_servers);
 
     let mut times: Vec<f64> = log
         .restored
@@ -681,6 +707,80 @@ fn wait_mobile(
     }
 }
 
+/// Connections one helper process may hold: its open-file limit, raised
+/// as far as this process may (children inherit it), less room for the
+/// process's other descriptors.
+fn conns_per_process() -> Result<usize> {
+    let limit = sys::raise_nofile_limit().context("raising the open-file limit")?;
+    let room = usize::try_from(limit)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(256);
+    ensure!(
+        room >= 1000,
+        "the open-file limit ({limit}) leaves room for too few connections per process"
+    );
+    Ok(room)
+}
+
+/// `n` split into as few near-equal shares of at most `cap` as possible.
+fn split(n: usize, cap: usize) -> Vec<usize> {
+    let parts = n.div_ceil(cap).max(1);
+    (0..parts)
+        .map(|i| n / parts + usize::from(i < n % parts))
+        .collect()
+}
+
+/// Helper processes of one kind that share the connections between them.
+struct Helpers(Vec<Helper>);
+
+impl Helpers {
+    fn sum(&self, f: impl Fn(&HelperLog) -> usize) -> usize {
+        self.0.iter().map(|h| f(&h.log())).sum()
+    }
+
+    fn all(&self, f: impl Fn(&HelperLog) -> bool) -> bool {
+        self.0.iter().all(|h| f(&h.log()))
+    }
+
+    fn error(&self) -> Option<String> {
+        self.0.iter().find_map(|h| h.log().error.clone())
+    }
+
+    fn send(&mut self, line: &str) -> Result<()> {
+        self.0.iter_mut().try_for_each(|h| h.send(line))
+    }
+
+    fn wait_for(&self, what: &str, limit: Duration, done: impl Fn(&Helpers) -> bool) -> Result<()> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if done(self) {
+                return Ok(());
+            }
+            if let Some(e) = self.error() {
+                bail!("waiting for {what}: {e}");
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "waiting for {what}: nothing within {limit:?}"
+            );
+            ensure!(!vnat_bench::interrupted(), "interrupted");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Stops every helper and returns what they reported together.
+    fn stop(self) -> HelperLog {
+        let mut all = HelperLog::default();
+        for h in self.0 {
+            let l = h.stop();
+            all.restored.extend(l.restored);
+            all.conn_errors.extend(l.conn_errors);
+            all.error = all.error.or(l.error);
+        }
+        all
+    }
+}
+
 /// A connection's restoration as the client reported it.
 #[derive(Clone, Debug)]
 pub struct Restored {
@@ -783,32 +883,6 @@ impl Helper {
         stdin.flush().context("writing to the client")
     }
 
-    fn wait_for(
-        &self,
-        what: &str,
-        limit: Duration,
-        done: impl Fn(&HelperLog) -> bool,
-    ) -> Result<()> {
-        let deadline = Instant::now() + limit;
-        loop {
-            {
-                let log = self.log();
-                if done(&log) {
-                    return Ok(());
-                }
-                if let Some(e) = &log.error {
-                    bail!("waiting for {what}: {e}");
-                }
-            }
-            ensure!(
-                Instant::now() < deadline,
-                "waiting for {what}: nothing within {limit:?}"
-            );
-            ensure!(!vnat_bench::interrupted(), "interrupted");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
     /// Stops the helper and returns everything it reported.
     fn stop(mut self) -> HelperLog {
         let _ = self.child.kill();
@@ -824,5 +898,21 @@ impl Drop for Helper {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split;
+
+    #[test]
+    fn shares_are_near_equal_within_the_cap() {
+        assert_eq!(split(10, 19_744), vec![10]);
+        assert_eq!(split(19_744, 19_744), vec![19_744]);
+        let s = split(100_000, 19_744);
+        assert_eq!(s.len(), 6);
+        assert_eq!(s.iter().sum::<usize>(), 100_000);
+        assert!(s.iter().all(|&k| (16_666..=16_667).contains(&k)));
+        assert_eq!(split(0, 5), vec![0]);
     }
 }
