@@ -12,24 +12,21 @@ impl KernelDatapath {
         p: &NatPair,
         old: Option<&NatPair>,
     ) -> Result<(), DatapathError> {
-        let maps = &mut self.loaded.maps;
-        maps.ingress
-            .insert(p.ingress_key, p.ingress, 0)
-            .map_err(map_err(MAP_INGRESS_NAT))?;
-        if let Err(e) = maps.egress.insert(p.egress_key, p.egress, 0) {
+        self.nat_insert(false, p.ingress_key, p.ingress)?;
+        if let Err(e) = self.nat_insert(true, p.egress_key, p.egress) {
             match old {
                 Some(o) if o.ingress_key == p.ingress_key => {
-                    let _ = maps.ingress.insert(o.ingress_key, o.ingress, 0);
+                    let _ = self.nat_insert(false, o.ingress_key, o.ingress);
                 }
                 _ => {
-                    let _ = maps.ingress.remove(&p.ingress_key);
+                    let _ = self.nat_remove(false, &p.ingress_key);
                 }
             }
-            return Err(map_err(MAP_EGRESS_NAT)(e));
+            return Err(e);
         }
         if let Some(o) = old {
             if o.ingress_key != p.ingress_key {
-                let _ = maps.ingress.remove(&o.ingress_key);
+                let _ = self.nat_remove(false, &o.ingress_key);
             }
         }
         Ok(())
@@ -37,23 +34,14 @@ impl KernelDatapath {
 
     /// Remove what a translation needed and nothing else still needs.
     fn release(&mut self, t: &Translation, v: &NatRewrite) -> Result<(), DatapathError> {
-        let rest: Vec<Translation> = self
-            .egress_entries()?
-            .iter()
-            .filter_map(|(k, v)| translation_of(k, v))
-            .collect();
+        // What the rest of the entries still need (this translation's own
+        // are gone or replaced already).
         if t.local_moved() && v.flags & NAT_F_LO_ADDR_OURS != 0 {
             let ip = t.flow.local.ip();
             let local_words =
                 crate::datapath::flow_key(t.flow.proto, t.flow.local, t.flow.remote).src_addr_be;
-            let prepared_use = self.ingress_entries()?.iter().any(|(k, v)| {
-                v.flags & NAT_F_LO_ADDR_OURS != 0 && restored_key(k, v).dst_addr_be == local_words
-            });
-            if !prepared_use
-                && !rest
-                    .iter()
-                    .any(|o| o.local_moved() && o.flow.local.ip() == ip)
-            {
+            let prepared_use = self.mirror.prepared_lo.contains_key(&local_words);
+            if !prepared_use && !self.mirror.local_moved.contains_key(&ip) {
                 self.routes_changed();
                 net::del_lo_addr(ip)?;
                 self.lo_ours.remove(&ip);
@@ -61,10 +49,7 @@ impl KernelDatapath {
         }
         if t.remote_moved() {
             let ip = t.flow.remote.ip();
-            if !rest
-                .iter()
-                .any(|o| o.remote_moved() && o.flow.remote.ip() == ip)
-            {
+            if !self.mirror.remote_moved.contains_key(&ip) {
                 self.routes_changed();
                 let _ = net::del_host_route(ip);
             }
@@ -82,11 +67,7 @@ impl KernelDatapath {
 
     /// Whether a translation's entries still send through `ifindex`.
     pub(super) fn tc_used_by_translation(&self, ifindex: u32) -> Result<bool, DatapathError> {
-        Ok(self
-            .egress_entries()?
-            .iter()
-            .chain(self.ingress_entries()?.iter())
-            .any(|(_, o)| o.redirect_ifindex == ifindex))
+        Ok(self.mirror.interfaces.contains_key(&ifindex))
     }
 
     /// Install a translation; with `complete == false` only its receive side
@@ -131,11 +112,11 @@ impl KernelDatapath {
             // Known from an earlier move of this address (the common case
             // when many connections move together), else from the maps.
             let ours_already = self.lo_ours.contains(&ip)
-                || self.egress_entries()?.iter().any(|(k, v)| {
+                || self.mirror.egress.iter().any(|(k, v)| {
                     v.flags & NAT_F_LO_ADDR_OURS != 0
                         && translation_of(k, v).is_some_and(|o| o.flow.local.ip() == ip)
                 })
-                || self.ingress_entries()?.iter().any(|(k, v)| {
+                || self.mirror.ingress.iter().any(|(k, v)| {
                     v.flags & NAT_F_LO_ADDR_OURS != 0
                         && restored_key(k, v).dst_addr_be
                             == crate::datapath::flow_key(t.flow.proto, t.flow.local, t.flow.remote)
@@ -181,14 +162,9 @@ impl KernelDatapath {
         if !complete {
             // Receive side only; an earlier placement keeps working until
             // install_translation switches the send side over.
-            if let Err(e) = self
-                .loaded
-                .maps
-                .ingress
-                .insert(pair.ingress_key, pair.ingress, 0)
-            {
+            if let Err(e) = self.nat_insert(false, pair.ingress_key, pair.ingress) {
                 undo(self, added_lo, added_route);
-                return Err(map_err(MAP_INGRESS_NAT)(e));
+                return Err(e);
             }
             if flags & NAT_F_LO_ADDR_OURS != 0 {
                 self.lo_ours.insert(t.flow.local.ip());
@@ -224,9 +200,12 @@ impl KernelDatapath {
         // Every reverse entry of the flow: during a move there may be two
         // (old and new placement), and a prepared-only move has no egress.
         let reverse: Vec<(FlowKey, NatRewrite)> = self
-            .ingress_entries()?
+            .mirror
+            .reverse
+            .get(&key)
             .into_iter()
-            .filter(|(k, v)| restored_key(k, v).reversed() == key)
+            .flatten()
+            .filter_map(|k| Some((*k, *self.mirror.ingress.get(k)?)))
             .collect();
         let egress = self.egress_get(&key)?;
         let (t, v) = match (egress, reverse.first()) {
@@ -245,14 +224,10 @@ impl KernelDatapath {
         };
         let t = t.ok_or(DatapathError::NoSuchTranslation { flow: *flow })?;
         if egress.is_some() {
-            self.loaded
-                .maps
-                .egress
-                .remove(&key)
-                .map_err(map_err(MAP_EGRESS_NAT))?;
+            self.nat_remove(true, &key)?;
         }
         for (k, _) in &reverse {
-            let _ = self.loaded.maps.ingress.remove(k);
+            let _ = self.nat_remove(false, k);
         }
         self.release(&t, &v)
     }
