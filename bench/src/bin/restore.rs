@@ -31,8 +31,9 @@
 //! `bench/results/restore-nN-rR-{laptop,server}.log`): the laptop logs
 //! "resuming connection at a new address" per connection after preparing its
 //! receive side, each vnatd logs "translation updated" per connection after
-//! installing a translation (the restart levers follow after vnatd has sent
-//! what VCMP queued). See `restore/phases.rs`.
+//! installing a translation (for more than 16 in one batch, the restart
+//! levers follow after vnatd has sent what VCMP queued). See
+//! `restore/phases.rs`.
 
 use std::{
     io::{BufRead, BufReader, Write},
@@ -577,24 +578,25 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
     let log = client.stop();
     drop(echo_servers);
 
-    let mut times: Vec<f64> = log
-        .restored
-        .iter()
-        .map(|r| ms_signed(r.recv as i128 - t0 as i128))
-        .collect();
-    times.sort_by(f64::total_cmp);
+    // ms from t0, sorted, of each restored connection's echo (`recv`) or
+    // of its measured message's write (`sent`).
+    let sorted_from_t0 = |at: fn(&Restored) -> u64| {
+        let mut v: Vec<f64> = log
+            .restored
+            .iter()
+            .map(|r| ms_signed(at(r) as i128 - t0 as i128))
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    let times = sorted_from_t0(|r| r.recv);
     let pick = |q: f64| {
         (!times.is_empty()).then(|| times[((times.len() - 1) as f64 * q).round() as usize])
     };
     let total_s = complete.then(|| times.last().copied().unwrap_or(0.0) / 1000.0);
     // How long after t0 the measured messages were written: the client's
     // own delay (it learns t0 through a pipe), which counts in the figures.
-    let mut written: Vec<f64> = log
-        .restored
-        .iter()
-        .map(|r| ms_signed(r.sent as i128 - t0 as i128))
-        .collect();
-    written.sort_by(f64::total_cmp);
+    let written = sorted_from_t0(|r| r.sent);
     let laptop_ip = topo.laptop_a_addr.v4.to_string();
     let phases = Phases::from_logs(
         &lapd.log,
