@@ -1006,14 +1006,13 @@ impl Driver {
     /// (and a wait for a CPU on a busy host) would cost more than the work.
     ///
     /// The TCP restart levers: for a few connections, the verified ones,
-    /// at once after each install, before anything VCMP queued is sent (so
-    /// our retransmission reaches the peer before our RESPONSE, and the
-    /// ACK the peer solicits once it switches covers it: measured, the
-    /// other order lost that ACK to the old address in one 120 s-outage run
-    /// and the socket waited 2.9 s). For a mass move they are queued for
-    /// [`Driver::restart_translated`], which the loop runs after the flush:
-    /// they cost tens of microseconds per connection, and the peer's
-    /// RESPONSE or UPD_R must not wait behind thousands of them.
+    /// at once after each install, before anything VCMP queued is sent, as
+    /// the single-connection tests and measurements were made (then our
+    /// retransmission reaches the peer before our RESPONSE, and the ACK the
+    /// peer solicits once it switches covers it). For a mass move they are
+    /// queued for [`Driver::restart_translated`], which the loop runs after
+    /// the flush: they cost tens of microseconds per connection, and the
+    /// peer's RESPONSE or UPD_R must not wait behind thousands of them.
     async fn translate_all(&mut self, items: Vec<(VirtualFlow, SocketAddr, SocketAddr, bool)>) {
         if items.is_empty() {
             return;
