@@ -946,10 +946,18 @@ impl Driver {
             match ev {
                 Event::SetRemote { flow, remote } | Event::Reverted { flow, remote, .. } => {
                     self.prepared.remove(&flow);
-                    let local = self
-                        .endpoint
-                        .connection(&flow)
-                        .map_or(flow.local, |v| v.local_phys);
+                    let view = self.endpoint.connection(&flow);
+                    if view.as_ref().is_some_and(|v| v.migrating) {
+                        // Our own move is not acknowledged yet, so the peer
+                        // may have no receive side for our new address:
+                        // sending from it would meet a kernel that answers
+                        // with a reset (both ends moving, seen in the
+                        // both_move tests). `Resumed` follows and switches
+                        // the send side to (our new, its validated) pair.
+                        tracing::debug!(?flow, %remote, "the peer's new address is validated; our send side switches once our own move is acknowledged");
+                        continue;
+                    }
+                    let local = view.map_or(flow.local, |v| v.local_phys);
                     batch.push((flow, local, remote, true));
                 }
                 Event::Resumed { flow, local } => {
