@@ -262,13 +262,7 @@ fn run(args: &Args) -> Result<()> {
     let load_after = env::loadavg_1min();
     let report = report::json(args, &results, load_before, load_after);
     let table = report::table(args, &results);
-    if args.json {
-        eprint!("{table}");
-        println!("{report}");
-    } else {
-        print!("{table}");
-    }
-    vnat_bench::write_json(&vnat_bench::results_path("restore"), &report)?;
+    vnat_bench::emit("restore", args.json, &table, &report)?;
     if args.scale {
         let s = scale_json(&results, &report);
         eprint!("{}", scale_table(&s));

@@ -81,7 +81,12 @@ impl AddrWatch {
                     )
                 };
                 if n >= 0 {
-                    got = got || notifications_matter(&buf[..n as usize], self.lo, ROUTE_PROTO);
+                    // A datagram that filled the buffer may have been cut
+                    // short, and what was cut off may matter.
+                    let n = n as usize;
+                    got = got
+                        || n == buf.len()
+                        || notifications_matter(&buf[..n], self.lo, ROUTE_PROTO);
                     continue;
                 }
                 let e = io::Error::last_os_error();

@@ -235,19 +235,7 @@ fn restart_one(dp: &mut dyn Datapath, flow: VirtualFlow, peer_moved: bool, wait:
         return;
     }
     let r = if wait {
-        // restart_flow (verified: up to 16 unreachables or 2 probes),
-        // then, if the peer moved, an ACK in any case: what the peer
-        // retransmitted may have reached us before our send side
-        // switched, and our ACK of it went to its old address.
-        let restarted = dp.restart_flow(&flow).map(|o| format!("{o:?}"));
-        if peer_moved {
-            match dp.solicit_ack(&flow) {
-                Ok(s) => restarted.map(|r| format!("{r}, ack solicited: {s}")),
-                Err(e) => Err(e),
-            }
-        } else {
-            restarted
-        }
+        crate::datapath::restart_verified(dp, &flow, peer_moved)
     } else {
         dp.kick_flow(&flow, peer_moved)
     };
@@ -1069,17 +1057,16 @@ impl Driver {
         if items.is_empty() {
             return;
         }
-        let wait = false;
         let (n, started) = (items.len(), std::time::Instant::now());
         with_dp(&self.dp, move |dp| {
             for (flow, peer_moved) in items {
-                restart_one(dp, flow, peer_moved, wait);
+                restart_one(dp, flow, peer_moved, false);
             }
         })
         .await;
         tracing::info!(
             connections = n,
-            verified = wait,
+            verified = false,
             elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
             "restart levers sent"
         );

@@ -131,13 +131,26 @@ pub trait Datapath {
     /// [`Datapath::solicit_ack`] if `peer_moved`, sending each message
     /// without waiting to see the socket act (a move of thousands of
     /// connections cannot wait per connection). Returns what was sent, for
-    /// the log. The default runs the two waiting calls.
+    /// the log. The default runs the waiting ones ([`restart_verified`]).
     fn kick_flow(&mut self, flow: &VirtualFlow, peer_moved: bool) -> Result<String, DatapathError> {
-        let o = self.restart_flow(flow)?;
-        if peer_moved {
-            let s = self.solicit_ack(flow)?;
-            return Ok(format!("{o:?}, ack solicited: {s}"));
-        }
-        Ok(format!("{o:?}"))
+        restart_verified(self, flow, peer_moved)
     }
+}
+
+/// The verified restart levers: [`Datapath::restart_flow`] (which watches
+/// the socket act), then, if the peer moved, [`Datapath::solicit_ack`] in
+/// any case: what the peer retransmitted may have reached us before our
+/// send side switched, and our ACK of it went to its old address. Returns
+/// what was done, for the log.
+pub fn restart_verified<D: Datapath + ?Sized>(
+    dp: &mut D,
+    flow: &VirtualFlow,
+    peer_moved: bool,
+) -> Result<String, DatapathError> {
+    let restarted = dp.restart_flow(flow).map(|o| format!("{o:?}"));
+    if !peer_moved {
+        return restarted;
+    }
+    let solicited = dp.solicit_ack(flow)?;
+    restarted.map(|r| format!("{r}, ack solicited: {solicited}"))
 }

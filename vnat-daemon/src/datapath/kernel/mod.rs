@@ -347,21 +347,13 @@ impl KernelDatapath {
         key: FlowKey,
         value: NatRewrite,
     ) -> Result<(), DatapathError> {
-        if egress {
-            self.loaded
-                .maps
-                .egress
-                .insert(key, value, 0)
-                .map_err(map_err(MAP_EGRESS_NAT))?;
-            self.mirror.insert(true, key, value);
+        let (map, name) = if egress {
+            (&mut self.loaded.maps.egress, MAP_EGRESS_NAT)
         } else {
-            self.loaded
-                .maps
-                .ingress
-                .insert(key, value, 0)
-                .map_err(map_err(MAP_INGRESS_NAT))?;
-            self.mirror.insert(false, key, value);
-        }
+            (&mut self.loaded.maps.ingress, MAP_INGRESS_NAT)
+        };
+        map.insert(key, value, 0).map_err(map_err(name))?;
+        self.mirror.insert(egress, key, value);
         Ok(())
     }
 

@@ -6,7 +6,7 @@
 //! lets a move finish within a round trip (issue 4, the handover target).
 //! Requests go over one socket per thread, opened in (and reopened for a
 //! change of) the calling thread's network namespace, so they act where the
-//! thread is (the tests run hosts as threads in other namespaces).
+//! thread is ([`with_kept`]).
 //!
 //! Message layouts are those of `linux/netlink.h`, `linux/rtnetlink.h` and
 //! `linux/if_addr.h`; everything is native-endian except addresses.
@@ -177,40 +177,57 @@ static SEQ: AtomicU32 = AtomicU32::new(1);
 /// empty list after the kernel's acknowledgement. A negative error code in
 /// the answer becomes that errno.
 pub fn call(req: Request) -> io::Result<Answer> {
-    let netns = current_netns()?;
-    SOCKET.with(|cell| {
-        let mut cached = cell.borrow_mut();
-        let mut sock = match cached.take() {
-            Some(s) if s.netns == netns => s,
-            _ => Socket {
-                netns,
+    // A socket that failed (as opposed to an error answer) may hold half an
+    // answer: `with_kept` does not keep it, and the next call opens another.
+    let answer = with_kept(
+        &SOCKET,
+        |e| e,
+        || {
+            Ok(Socket {
                 fd: open_socket()?,
                 buf: vec![0u8; 64 * 1024],
-            },
-        };
-        // A socket that failed (as opposed to an error answer) may hold
-        // half an answer: the next call opens a fresh one.
-        let answer = exchange(&sock.fd, &mut sock.buf, req)?;
-        *cached = Some(sock);
-        answer.map_err(io::Error::from_raw_os_error)
-    })
+            })
+        },
+        |s| exchange(&s.fd, &mut s.buf, req),
+    )?;
+    answer.map_err(io::Error::from_raw_os_error)
 }
 
 thread_local! {
-    /// This thread's request socket and the namespace it was opened in. A
-    /// socket per request cost more than the request in a move of
-    /// thousands of connections; one per thread keeps each request in the
-    /// namespace of the thread that makes it (the tests run hosts as
-    /// threads in other namespaces), and a thread that changed namespace
-    /// gets a new one.
-    static SOCKET: std::cell::RefCell<Option<Socket>> = const { std::cell::RefCell::new(None) };
+    /// This thread's request socket. A socket per request cost more than
+    /// the request in a move of thousands of connections.
+    static SOCKET: Kept<Socket> = const { std::cell::RefCell::new(None) };
 }
 
 struct Socket {
-    /// The namespace it was opened in, as (device, inode).
-    netns: (u64, u64),
     fd: OwnedFd,
     buf: Vec<u8>,
+}
+
+/// A value a thread keeps for the network namespace it was made in.
+pub(crate) type Kept<T> = std::cell::RefCell<Option<((u64, u64), T)>>;
+
+/// Run `f` with this thread's value from `kept`, made by `open` when there
+/// is none or the thread is in another namespace now (the tests run hosts
+/// as threads in other namespaces), so a kept socket always acts where the
+/// thread is. The value is kept again only if `f` succeeded: a socket that
+/// saw an error may still hold an unread answer. `netns_err` converts a
+/// failure to find the thread's namespace.
+pub(crate) fn with_kept<T: 'static, R, E>(
+    kept: &'static std::thread::LocalKey<Kept<T>>,
+    netns_err: impl FnOnce(io::Error) -> E,
+    open: impl FnOnce() -> Result<T, E>,
+    f: impl FnOnce(&mut T) -> Result<R, E>,
+) -> Result<R, E> {
+    let netns = current_netns().map_err(netns_err)?;
+    let taken = kept.with(|cell| cell.borrow_mut().take());
+    let mut value = match taken {
+        Some((ns, v)) if ns == netns => v,
+        _ => open()?,
+    };
+    let r = f(&mut value)?;
+    kept.with(|cell| *cell.borrow_mut() = Some((netns, value)));
+    Ok(r)
 }
 
 /// The calling thread's network namespace, as (device, inode).

@@ -2,6 +2,7 @@
 //! plumbing it needs.
 
 use super::*;
+use crate::datapath::kernel::rtnl::{with_kept, Kept};
 
 pub(super) fn kernel_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> DatapathError {
     let what = what.into();
@@ -157,38 +158,20 @@ const IPV6_HDRINCL: libc::c_int = 36;
 /// host.
 pub(super) fn inject_from_peer(flow: &VirtualFlow, tcp: &[u8]) -> Result<(), DatapathError> {
     // A socket with IPPROTO_RAW only sends (it is never given incoming
-    // packets), so one is kept per thread, namespace and family: a mass
-    // move injects one segment per connection.
+    // packets), so one is kept per thread and family: a mass move injects
+    // one segment per connection.
     thread_local! {
-        /// (namespace, IPv4?, socket)
-        static KEPT: std::cell::RefCell<Vec<Injector>> =
-            const { std::cell::RefCell::new(Vec::new()) };
+        static KEPT_V4: Kept<OwnedFd> = const { std::cell::RefCell::new(None) };
+        static KEPT_V6: Kept<OwnedFd> = const { std::cell::RefCell::new(None) };
     }
     let v4 = flow.local.is_ipv4();
-    let netns = crate::datapath::kernel::rtnl::current_netns()
-        .map_err(kernel_err("finding this thread's network namespace"))?;
-    let kept = KEPT.with(|k| {
-        let mut k = k.borrow_mut();
-        let i = k.iter().position(|(ns, f, _)| *ns == netns && *f == v4)?;
-        Some(k.swap_remove(i).2)
-    });
-    let fd = match kept {
-        Some(fd) => fd,
-        None => open_injector(v4)?,
-    };
-    send_injected(&fd, flow, tcp)?;
-    KEPT.with(|k| {
-        let mut k = k.borrow_mut();
-        // A thread that visited many namespaces keeps the latest few.
-        if k.len() >= 4 {
-            k.remove(0);
-        }
-        k.push((netns, v4, fd));
-    });
-    Ok(())
+    with_kept(
+        if v4 { &KEPT_V4 } else { &KEPT_V6 },
+        kernel_err("finding this thread's network namespace"),
+        || open_injector(v4),
+        |fd| send_injected(fd, flow, tcp),
+    )
 }
-
-type Injector = ((u64, u64), bool, OwnedFd);
 
 fn open_injector(v4: bool) -> Result<OwnedFd, DatapathError> {
     let (family, level, opt) = if v4 {

@@ -2,6 +2,7 @@
 //! byte counts of one TCP socket.
 
 use super::*;
+use crate::datapath::kernel::rtnl::{with_kept, Kept};
 
 /// What sock_diag (inet_diag with INET_DIAG_INFO) says about one socket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,29 +102,21 @@ impl SockDiag {
         })
     }
 
-    /// Run `f` with this thread's kept socket (opened in, and reopened for
-    /// a change of, the thread's network namespace): a move of thousands of
-    /// connections makes one query per connection, and a socket each cost
-    /// more than the query. A socket that saw an error is not kept, so an
-    /// unread answer can never be taken for the next one.
+    /// Run `f` with this thread's kept socket (see `rtnl::with_kept`): a
+    /// move of thousands of connections makes one query per connection, and
+    /// a socket each cost more than the query.
     pub(super) fn with_shared<T>(
         f: impl FnOnce(&SockDiag) -> Result<T, DatapathError>,
     ) -> Result<T, DatapathError> {
         thread_local! {
-            static KEPT: std::cell::RefCell<Option<((u64, u64), SockDiag)>> =
-                const { std::cell::RefCell::new(None) };
+            static KEPT: Kept<SockDiag> = const { std::cell::RefCell::new(None) };
         }
-        let netns = crate::datapath::kernel::rtnl::current_netns()
-            .map_err(kernel_err("finding this thread's network namespace"))?;
-        KEPT.with(|cell| {
-            let diag = match cell.borrow_mut().take() {
-                Some((ns, d)) if ns == netns => d,
-                _ => SockDiag::open()?,
-            };
-            let r = f(&diag)?;
-            *cell.borrow_mut() = Some((netns, diag));
-            Ok(r)
-        })
+        with_kept(
+            &KEPT,
+            kernel_err("finding this thread's network namespace"),
+            SockDiag::open,
+            |d| f(d),
+        )
     }
 
     /// Poll until the socket's state differs from `last` or `wait` passes.
