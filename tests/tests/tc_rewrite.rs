@@ -304,3 +304,59 @@ fn reopen_body() {
     );
     assert_eq!(parse_checked(&out.packet).src, t.physical_local);
 }
+
+/// While nothing is translated the translators do not even parse a packet
+/// (a truncated frame is not counted); the first translation makes them
+/// look again and translate, and removing the last one stops them.
+#[test]
+fn translators_idle_until_something_is_translated() {
+    // Removing a translation touches routes and tc on its interface: do it
+    // in a namespace of its own.
+    let ns = vnat_tests::Netns::new("tcidle");
+    ns.run_in(idle_body);
+}
+
+fn idle_body() {
+    let mut f = fixture("tc-idle");
+    let t = translation(
+        Proto::Tcp,
+        "198.18.1.2:40000",
+        "198.18.3.2:5001",
+        "198.18.2.2:40000",
+        "198.18.3.2:5001",
+    );
+    let frame = Spec::tcp("198.18.1.2:40000", "198.18.3.2:5001").frame();
+    let mut short = frame.clone();
+    short.truncate(14 + 20 + 2);
+
+    for egress in [true, false] {
+        let out = run(&f.dp, egress, &short);
+        assert_eq!((out.verdict, out.packet), (TC_ACT_OK, short.clone()));
+    }
+    assert_eq!(
+        counter(&f.dp, "pass_truncated"),
+        0,
+        "with nothing translated the translators parsed a packet"
+    );
+
+    f.dp.insert_nat_pair(&pair_for(&t, 1, 0)).unwrap();
+    run(&f.dp, true, &short);
+    assert_eq!(
+        counter(&f.dp, "pass_truncated"),
+        1,
+        "the first translation did not make the translators look"
+    );
+    let out = run(&f.dp, true, &frame);
+    assert_eq!(parse_checked(&out.packet).src, t.physical_local);
+
+    f.dp.remove_translation(&t.flow).unwrap();
+    assert_eq!(f.dp.translations().unwrap(), vec![]);
+    run(&f.dp, true, &short);
+    assert_eq!(
+        counter(&f.dp, "pass_truncated"),
+        1,
+        "the translators still parse packets after the last translation went"
+    );
+    let out = run(&f.dp, true, &frame);
+    assert_eq!((out.verdict, out.packet), (TC_ACT_OK, frame));
+}

@@ -170,6 +170,12 @@ const _: () = assert!(core::mem::size_of::<NatRewrite>() == 48);
 /// Only record sockets of this network namespace (a program attached to a
 /// cgroup sees that cgroup's sockets in every namespace).
 pub const CFG_F_NETNS_FILTER: u32 = 1;
+/// Both NAT maps are empty: the tc translators pass every packet without
+/// parsing it. Userspace clears it before it writes the first NAT entry and
+/// sets it after it removes the last, so a set bit is never stale. Programs
+/// that predate the bit ignore it, and a config without it (written by an
+/// older vnatd) only costs the lookup it always did.
+pub const CFG_F_NAT_EMPTY: u32 = 2;
 
 /// Value of the single-slot [`MAP_CONFIG`] array.
 #[repr(C)]

@@ -7,8 +7,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray},
 };
 use vnat_common::{
-    ConnRecord, DatapathConfig, FlowKey, NatRewrite, CFG_F_NETNS_FILTER, CONNS_MAX_ENTRIES,
-    NAT_MAX_ENTRIES, STAT_COUNT,
+    ConnRecord, DatapathConfig, FlowKey, NatRewrite, CFG_F_NAT_EMPTY, CFG_F_NETNS_FILTER,
+    CONNS_MAX_ENTRIES, NAT_MAX_ENTRIES, STAT_COUNT,
 };
 
 /// BPF_F_NO_PREALLOC: entries are allocated on insert, so the capacity costs
@@ -48,4 +48,13 @@ pub fn netns_is_ours(netns_cookie: u64) -> bool {
         Some(cfg) if cfg.flags & CFG_F_NETNS_FILTER != 0 => cfg.netns_cookie == netns_cookie,
         _ => true,
     }
+}
+
+/// Whether userspace has said that nothing is translated (CFG_F_NAT_EMPTY).
+/// The verifier inlines a lookup in a one-slot array into a load, so a tc
+/// translator kept attached with nothing to translate costs a few
+/// instructions per packet, not a parse and a hash of the flow key.
+#[inline(always)]
+pub fn nat_is_empty() -> bool {
+    matches!(VNAT_CONFIG.get(0), Some(cfg) if cfg.flags & CFG_F_NAT_EMPTY != 0)
 }

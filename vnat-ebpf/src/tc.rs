@@ -7,7 +7,9 @@
 //! virtual endpoints the local stack expects.
 //!
 //! A packet that matches no entry costs one map lookup and is passed
-//! untouched; nothing is counted for it.
+//! untouched; nothing is counted for it. While nothing is translated at all
+//! (`CFG_F_NAT_EMPTY`), a packet costs one load from the config array and
+//! is not even parsed.
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT},
@@ -23,7 +25,7 @@ use vnat_common::{
     STAT_PASS_IPV6_EXTHDR, STAT_PASS_TRUNCATED,
 };
 
-use crate::maps::{count, VNAT_EGRESS_NAT, VNAT_INGRESS_NAT};
+use crate::maps::{count, nat_is_empty, VNAT_EGRESS_NAT, VNAT_INGRESS_NAT};
 
 const ETH_HLEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
@@ -91,6 +93,9 @@ struct Parsed {
 
 #[inline(always)]
 fn try_translate(ctx: &TcContext, dir: Dir) -> Result<i32, Drop> {
+    if nat_is_empty() {
+        return Ok(TC_ACT_OK);
+    }
     let Some(p) = parse(ctx) else {
         return Ok(TC_ACT_OK);
     };

@@ -67,6 +67,9 @@ pub struct KernelDatapath {
     /// maps with two syscalls per entry, which made closing or moving each
     /// of 100,000 connections cost a walk of 100,000 entries.
     mirror: Mirror,
+    /// Whether the config map says both NAT maps are empty
+    /// (`CFG_F_NAT_EMPTY`), as this process last wrote it.
+    nat_empty: bool,
 }
 
 #[derive(Default)]
@@ -98,6 +101,10 @@ impl Mirror {
             m.insert(false, k, v);
         }
         m
+    }
+
+    fn is_empty(&self) -> bool {
+        self.egress.is_empty() && self.ingress.is_empty()
     }
 
     fn insert(&mut self, egress: bool, key: FlowKey, value: NatRewrite) {
@@ -193,8 +200,12 @@ impl KernelDatapath {
             lo_ours: Default::default(),
             memo: Default::default(),
             mirror: Default::default(),
+            nat_empty: false,
         };
         dp.mirror = Mirror::from(dp.read_map(true)?, dp.read_map(false)?);
+        if dp.mirror.is_empty() {
+            dp.set_nat_empty(true)?;
+        }
         let mut cgroups: Vec<PathBuf> = opts.cgroups.clone();
         for id in attach::pinned_cgroups(&dp.bpffs) {
             match attach::cgroup_path(id) {
@@ -347,6 +358,9 @@ impl KernelDatapath {
         key: FlowKey,
         value: NatRewrite,
     ) -> Result<(), DatapathError> {
+        // Open the gate before the first entry exists, so that no packet
+        // of the flow passes untranslated once its entry is in place.
+        self.set_nat_empty(false)?;
         let (map, name) = if egress {
             (&mut self.loaded.maps.egress, MAP_EGRESS_NAT)
         } else {
@@ -354,6 +368,16 @@ impl KernelDatapath {
         };
         map.insert(key, value, 0).map_err(map_err(name))?;
         self.mirror.insert(egress, key, value);
+        Ok(())
+    }
+
+    /// Say in the config map whether both NAT maps are empty, if that
+    /// changed.
+    fn set_nat_empty(&mut self, empty: bool) -> Result<(), DatapathError> {
+        if self.nat_empty != empty {
+            object::set_config(&mut self.loaded, empty)?;
+            self.nat_empty = empty;
+        }
         Ok(())
     }
 
@@ -371,6 +395,13 @@ impl KernelDatapath {
             Err(e) => return Err(map_err(name)(e)),
         }
         self.mirror.remove(egress, key);
+        if self.mirror.is_empty() {
+            // Closing the gate is only a saving: the removal stands if
+            // it cannot be written, and the next removal tries again.
+            if let Err(e) = self.set_nat_empty(true) {
+                tracing::debug!(error = %e, "cannot mark the NAT maps empty");
+            }
+        }
         Ok(())
     }
 

@@ -12,10 +12,11 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use vnat_common::{
-    ConnRecord, DatapathConfig, FlowKey, NatRewrite, UdpPending, ABI_VERSION, CFG_F_NETNS_FILTER,
-    MAP_CONFIG, MAP_CONNS, MAP_EGRESS_NAT, MAP_INGRESS_NAT, MAP_STATS, MAP_UDP_PENDING,
-    PROG_SOCKOPS, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_UDP_CONNECT4, PROG_UDP_CONNECT6,
-    PROG_UDP_RECVMSG4, PROG_UDP_RECVMSG6, PROG_UDP_RELEASE, PROG_UDP_SENDMSG4, PROG_UDP_SENDMSG6,
+    ConnRecord, DatapathConfig, FlowKey, NatRewrite, UdpPending, ABI_VERSION, CFG_F_NAT_EMPTY,
+    CFG_F_NETNS_FILTER, MAP_CONFIG, MAP_CONNS, MAP_EGRESS_NAT, MAP_INGRESS_NAT, MAP_STATS,
+    MAP_UDP_PENDING, PROG_SOCKOPS, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_UDP_CONNECT4,
+    PROG_UDP_CONNECT6, PROG_UDP_RECVMSG4, PROG_UDP_RECVMSG6, PROG_UDP_RELEASE, PROG_UDP_SENDMSG4,
+    PROG_UDP_SENDMSG6,
 };
 
 use crate::datapath::DatapathError;
@@ -177,9 +178,17 @@ fn check_and_set_config(bpffs: &Path, l: &mut Loaded) -> Result<(), DatapathErro
             reason: "its pins belong to a vnatd of another network namespace; give each namespace its own --bpffs".into(),
         });
     }
+    // Not CFG_F_NAT_EMPTY yet: the NAT maps may hold pinned translations,
+    // and until the caller has read them the programs must look them up.
+    set_config(l, false)
+}
+
+/// Write this namespace's config, saying whether both NAT maps are empty
+/// (`CFG_F_NAT_EMPTY`: the tc translators then pass packets unparsed).
+pub fn set_config(l: &mut Loaded, nat_empty: bool) -> Result<(), DatapathError> {
     let cfg = DatapathConfig {
         netns_cookie: l.netns_cookie,
-        flags: CFG_F_NETNS_FILTER,
+        flags: CFG_F_NETNS_FILTER | if nat_empty { CFG_F_NAT_EMPTY } else { 0 },
         abi_version: ABI_VERSION,
     };
     l.maps.config.set(0, cfg, 0).map_err(map_err(MAP_CONFIG))
