@@ -144,13 +144,23 @@ fn tc_ifnames(d: &Vnatd) -> Vec<String> {
     names
 }
 
-/// `--standby-tc`: once a connection is paired, tc is attached to every
-/// interface of both hosts before anything moves (the laptop's unused
-/// subnet-B link too), the move works as without it, and when the last
-/// paired connection closes the attachments go.
+/// By default (`standby_tc`): once a connection is paired, tc is attached
+/// to every interface of both hosts before anything moves (the laptop's
+/// unused subnet-B link too), the move works as without it, and when the
+/// last paired connection closes the attachments go.
 #[test]
-fn standby_tc_attaches_ahead_and_lets_go() {
-    let tag = "autosb";
+fn tc_attaches_ahead_by_default_and_lets_go() {
+    tc_attachments("autosb", &[], true);
+}
+
+/// `--no-standby-tc`: nothing is attached while nothing moved; the move
+/// attaches tc only to the interfaces the moved connection uses.
+#[test]
+fn no_standby_tc_attaches_only_where_moved() {
+    tc_attachments("autons", &["--no-standby-tc"], false);
+}
+
+fn tc_attachments(tag: &str, flags: &[&str], ahead: bool) {
     let topo = LaptopRouterServer::builder().tag(tag).build();
     let lap = Host::new(&topo.laptop, &format!("{tag}l"));
     let srv = Host::new(&topo.server, &format!("{tag}s"));
@@ -160,8 +170,8 @@ fn standby_tc_attaches_ahead_and_lets_go() {
     );
     let server = SocketAddr::new(topo.server_addr.get(Family::V4), 5001);
     let _echo = EchoServer::tcp_in(&srv, server);
-    let lapd = Vnatd::start_with(&lap, ldir.path(), &["--standby-tc"]);
-    let srvd = Vnatd::start_with(&srv, sdir.path(), &["--standby-tc"]);
+    let lapd = Vnatd::start_with(&lap, ldir.path(), flags);
+    let srvd = Vnatd::start_with(&srv, sdir.path(), flags);
     assert!(
         tc_ifnames(&lapd).is_empty(),
         "tc attached before any connection was paired: {:?}",
@@ -176,27 +186,50 @@ fn standby_tc_attaches_ahead_and_lets_go() {
     client.wait_verified_at_least(50_000, Duration::from_secs(10));
     lapd.wait_paired("the laptop's vnatd");
     srvd.wait_paired("the server's vnatd");
-    let mut want_lap = vec![topo.laptop_if_a.clone(), topo.laptop_if_b.clone()];
-    want_lap.sort();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while tc_ifnames(&lapd) != want_lap || tc_ifnames(&srvd).is_empty() {
+    if ahead {
+        let mut want_lap = vec![topo.laptop_if_a.clone(), topo.laptop_if_b.clone()];
+        want_lap.sort();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while tc_ifnames(&lapd) != want_lap || tc_ifnames(&srvd).is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "standby tc not attached: laptop {:?} (want {want_lap:?}), server {:?}",
+                tc_ifnames(&lapd),
+                tc_ifnames(&srvd)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    } else {
+        // Give a wrongly eager vnatd the time it would take to attach.
+        std::thread::sleep(Duration::from_secs(1));
         assert!(
-            Instant::now() < deadline,
-            "standby tc not attached: laptop {:?} (want {want_lap:?}), server {:?}",
+            tc_ifnames(&lapd).is_empty() && tc_ifnames(&srvd).is_empty(),
+            "tc attached with --no-standby-tc before anything moved: laptop {:?}, server {:?}",
             tc_ifnames(&lapd),
             tc_ifnames(&srvd)
         );
-        std::thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(
         lapd.ctl(&["status"]).expect("status")["datapath"]["translations"],
         0,
-        "standby must not translate anything"
+        "nothing may be translated before the move"
     );
 
     topo.move_laptop_to_b();
     let at_move = client.latest().expect("status").verified;
     client.wait_verified_at_least(at_move + 100_000, Duration::from_secs(20));
+    if !ahead {
+        assert_eq!(
+            tc_ifnames(&lapd),
+            vec![topo.laptop_if_b.clone()],
+            "with --no-standby-tc the laptop must attach tc to the link it moved to, and only there"
+        );
+        assert_eq!(
+            tc_ifnames(&srvd).len(),
+            1,
+            "with --no-standby-tc the server must attach tc to its one link the moved connection uses"
+        );
+    }
     let fin = client.stop();
     assert_eq!(fin.error, None, "{:?}", fin.json);
 

@@ -124,10 +124,11 @@ struct Args {
     /// (tcpdump -i any) to bench/results/handover-SCENARIO-RUN.pcap.
     #[arg(long)]
     capture: bool,
-    /// Run both vnatd with `--standby-tc` (tc kept attached while
-    /// connections are paired, so no attachment falls inside the move).
+    /// Run both vnatd with `--no-standby-tc`: tc attached only once a
+    /// connection moved, so the kernel's attachment (10-25 ms on each
+    /// host) falls inside the move. The default keeps it attached ahead.
     #[arg(long)]
-    standby_tc: bool,
+    no_standby_tc: bool,
     /// Echo with Nagle's algorithm on (socat's default) instead of
     /// TCP_NODELAY (what interactive servers such as sshd set). With Nagle,
     /// the server holds new echo data behind its segments lost during the
@@ -264,7 +265,7 @@ fn run(args: &Args) -> Result<()> {
                 args.rtt_ms,
                 &diag,
                 args.capture,
-                args.standby_tc,
+                !args.no_standby_tc,
                 !args.nagle_echo,
             )
             .with_context(|| format!("{}, run {}", scenario.label(), i + 1))?;
@@ -324,7 +325,7 @@ fn sweep(args: &Args) -> Result<()> {
                     rtt,
                     &diag,
                     args.capture,
-                    args.standby_tc,
+                    !args.no_standby_tc,
                     !args.nagle_echo,
                 )
                 .with_context(|| format!("rtt {rtt} ms, {}, run {}", scenario.label(), i + 1))?;

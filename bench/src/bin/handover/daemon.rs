@@ -48,7 +48,7 @@ impl Daemon {
             // The figures come from info lines; debug or trace shows more
             // of a run (and slows vnatd down).
             .arg(std::env::var("VNAT_BENCH_LOG_LEVEL").unwrap_or_else(|_| "info".into()))
-            .args(standby_tc.then_some("--standby-tc"))
+            .args((!standby_tc).then_some("--no-standby-tc"))
             .stdout(Stdio::null())
             .stderr(err)
             .spawn()

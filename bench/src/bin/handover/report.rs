@@ -153,7 +153,7 @@ pub fn sweep_report(args: &Args, rows: &[Value], load_before: Option<f64>) -> Va
         "benchmark": "handover",
         "what": "handover_ms = ms from the new address being usable to the echo of the first probe written after it, \
                  minus the measured RTT; one end (the laptop) moving; target: handover_ms <= RTT + 10 ms",
-        "standby_tc": args.standby_tc,
+        "standby_tc": !args.no_standby_tc,
         "echo": if args.nagle_echo { "socat, Nagle on" } else { "socat with TCP_NODELAY" },
         "delay": "userspace L2 delay line (AF_PACKET) on the router-server link, half the RTT each way",
         "machine": env::machine(load_before),

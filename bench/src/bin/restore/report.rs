@@ -152,7 +152,7 @@ pub fn json(
         "rtt_target_ms": args.rtt_ms,
         "delay": if args.rtt_ms > 0.0 { "userspace L2 delay line (AF_PACKET) on the router-server link, half the RTT each way" } else { "none" },
         "interval_ms": args.interval_ms,
-        "standby_tc": args.standby_tc,
+        "standby_tc": !args.no_standby_tc,
         "targets": {
             "500_conns_total_s": 0.05,
             "10000_conns_total_s": 1.0,
