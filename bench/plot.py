@@ -194,6 +194,24 @@ def scale(r, out):
     save(fig, out, "scale")
 
 
+def tcprog(r, out):
+    fig, ax = plt.subplots(figsize=(7, 4))
+    fams = r.get("ns_per_packet", {})
+    states = ["idle", "miss", "hit"]
+    width = 0.8 / max(len(fams), 1)
+    for i, (fam, by_state) in enumerate(fams.items()):
+        xs = [k + i * width for k in range(len(states))]
+        ys = [med(by_state.get(s)) or 0 for s in states]
+        errs = [rng(by_state.get(s)) for s in states]
+        ax.bar(xs, ys, width, yerr=[[e[0] for e in errs], [e[1] for e in errs]], capsize=3, label=fam)
+    ax.set_xticks([k + width * (len(fams) - 1) / 2 for k in range(len(states))])
+    ax.set_xticklabels(["idle (nothing translated)", "miss (another flow)", "hit (this flow)"])
+    ax.set_ylabel("ns per packet")
+    ax.legend()
+    ax.set_title("tc egress translator in the kernel (BPF_PROG_TEST_RUN)")
+    save(fig, out, "tcprog")
+
+
 PLOTS = {
     "overhead": overhead,
     "throughput": throughput,
@@ -201,6 +219,7 @@ PLOTS = {
     "handover": handover,
     "vcmp": vcmp,
     "scale": scale,
+    "tcprog": tcprog,
 }
 
 
