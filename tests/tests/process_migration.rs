@@ -3,8 +3,9 @@
 //! connection's vnat state is exported there and imported on the second
 //! server, the socket is restored there, and the client's connection
 //! carries on (same socket, byte-exact, no reset) although the server side
-//! now lives at another address. The first server's link goes down after
-//! the checkpoint, as when a container leaves its host.
+//! now lives at another address. The first server's link goes down before
+//! the checkpoint, standing in for CRIU's network lock (a socket left on the
+//! network acknowledges data after its state was read).
 
 mod support;
 
@@ -136,6 +137,13 @@ fn server_process_migrates_to_another_host_with_tcp_repair() {
         "export failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // Lock the network before the socket is dumped, as CRIU does (its
+    // "network lock" drops the connection's packets while it checkpoints):
+    // a socket still on the network keeps receiving and acknowledging the
+    // client's data after its state was read, and the restored copy would
+    // then wait forever for bytes the client already saw acknowledged.
+    // Here the old host leaves the network for good.
+    topo.server.link_down(&topo.server_if);
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(serve.child.id() as i32),
         nix::sys::signal::Signal::SIGUSR1,
@@ -143,9 +151,8 @@ fn server_process_migrates_to_another_host_with_tcp_repair() {
     .expect("signalling vnat-repair");
     serve.expect("checkpointed");
     let at_checkpoint = client.latest().expect("status").verified;
-    // The old host disappears from the network, then the frozen process
-    // goes (in this order no reset can come from it).
-    topo.server.link_down(&topo.server_if);
+    // Then the frozen process goes (it is off the network, so no reset can
+    // come from it).
     drop(serve);
     drop(s1d);
 
