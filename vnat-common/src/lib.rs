@@ -172,7 +172,8 @@ const _: () = assert!(core::mem::size_of::<NatRewrite>() == 48);
 pub const CFG_F_NETNS_FILTER: u32 = 1;
 /// Both NAT maps are empty: the tc translators pass every packet without
 /// parsing it. Userspace clears it before it writes the first NAT entry and
-/// sets it after it removes the last, so a set bit is never stale. Programs
+/// sets it after it removes the last, so a set bit is never stale (given one
+/// writer per pin directory, which vnatd's copy of the maps assumes too). Programs
 /// that predate the bit ignore it, and a config without it (written by an
 /// older vnatd) only costs the lookup it always did.
 pub const CFG_F_NAT_EMPTY: u32 = 2;

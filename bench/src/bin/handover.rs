@@ -319,7 +319,18 @@ fn sweep(args: &Args) -> Result<()> {
                     scenario.label(),
                     i + 1
                 );
-                let diag = format!("handover-sweep-rtt{rtt}-{}-{}", scenario.key(), i + 1);
+                // The outage's length is in the name: the 10 s and the
+                // 120 s runs of one RTT would otherwise share their logs.
+                let diag = format!(
+                    "handover-sweep-rtt{rtt}-{}{}-{}",
+                    scenario.key(),
+                    if outage_s == 0 {
+                        String::new()
+                    } else {
+                        format!("{outage_s}s")
+                    },
+                    i + 1
+                );
                 let r = measure(
                     scenario,
                     rtt,
