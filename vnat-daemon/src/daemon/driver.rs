@@ -1099,19 +1099,8 @@ impl Driver {
         if due.is_empty() {
             return;
         }
-        let (n, started) = (due.len(), std::time::Instant::now());
-        with_dp(&self.dp, move |dp| {
-            for (_, flow) in due {
-                restart_one(dp, flow, false, true);
-            }
-        })
-        .await;
-        tracing::info!(
-            connections = n,
-            verified = true,
-            elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
-            "restart levers sent"
-        );
+        let items = due.into_iter().map(|(_, flow)| (flow, false)).collect();
+        self.send_levers(items, true).await;
     }
 
     /// The restart levers, without waits, for the connections of a mass
@@ -1121,16 +1110,22 @@ impl Driver {
         if items.is_empty() {
             return;
         }
+        self.send_levers(items, false).await;
+    }
+
+    /// The restart levers of `items` (flow, whether its peer moved) in one
+    /// trip to the datapath thread, `verified` or not (see [`restart_one`]).
+    async fn send_levers(&mut self, items: Vec<(VirtualFlow, bool)>, verified: bool) {
         let (n, started) = (items.len(), std::time::Instant::now());
         with_dp(&self.dp, move |dp| {
             for (flow, peer_moved) in items {
-                restart_one(dp, flow, peer_moved, false);
+                restart_one(dp, flow, peer_moved, verified);
             }
         })
         .await;
         tracing::info!(
             connections = n,
-            verified = false,
+            verified,
             elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
             "restart levers sent"
         );
