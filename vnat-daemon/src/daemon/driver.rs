@@ -61,8 +61,8 @@ const VERIFIED_RESTARTS_MAX: usize = 16;
 /// to our old address, and its ACK field can take the peer's socket out of
 /// backoff without the peer resending what we never got: the peer's lever
 /// then finds nothing stalled, and its lost data waits for its own timer
-/// (3.5 s after a 10 s outage at 30 ms RTT, in half the runs). Sent this
-/// long after our RESPONSE, the retransmission follows it on the same path
+/// (3.5 s after a 10 s outage at 30 ms RTT, in half the runs). Sent about
+/// this long after our RESPONSE, the retransmission follows it on the same path
 /// and arrives after the peer acted (under a millisecond for a few
 /// connections here). It only matters for a socket that backed off.
 const OWN_MOVE_LEVER_DELAY: Duration = Duration::from_millis(5);
@@ -1052,7 +1052,9 @@ impl Driver {
         .await;
         let immediate = done
             .iter()
-            .filter(|(_, _, _, peer_moved, r)| *peer_moved && r.is_ok())
+            .filter(|(flow, _, _, peer_moved, r)| {
+                *peer_moved && r.is_ok() && flow.proto == crate::datapath::Proto::Tcp
+            })
             .count();
         let due = tokio::time::Instant::now() + OWN_MOVE_LEVER_DELAY;
         for (flow, local, remote, peer_moved, r) in done {
