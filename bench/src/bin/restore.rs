@@ -153,6 +153,11 @@ pub struct Args {
     /// host) falls inside the move. The default keeps it attached ahead.
     #[arg(long)]
     no_standby_tc: bool,
+    /// Seconds without any network between losing subnet A and getting B
+    /// (0: the move is immediate). `t0` is still when B became usable; the
+    /// targets are only judged without an outage.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=3600))]
+    outage_secs: u64,
     /// The scale benchmark (`cargo xtask bench scale`): before the move,
     /// also time `vnatctl ls` on both hosts and read the daemons' memory and
     /// their maps' kernel memory; write bench/results/scale.json too.
@@ -536,7 +541,22 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
     // The move.
     client.send("arm")?;
     let t_start = monotonic_ns();
-    topo.move_laptop_to_b();
+    if args.outage_secs == 0 {
+        topo.move_laptop_to_b();
+    } else {
+        // As move_laptop_to_b, with the outage between leaving A and B.
+        let l = &topo.laptop;
+        for (a, p) in topo.laptop_a_addr.with_prefixes() {
+            l.del_addr(&topo.laptop_if_a, a, p);
+        }
+        l.link_down(&topo.laptop_if_a);
+        vnat_bench::sleep_checked(Duration::from_secs(args.outage_secs))?;
+        topo.plug_laptop_b();
+        l.default_route(topo.router_b_addr.v4.into(), &topo.laptop_if_b);
+        if topo.ipv6 {
+            l.default_route(topo.router_b_addr.v6().into(), &topo.laptop_if_b);
+        }
+    }
     let t0 = monotonic_ns();
     client.send(&format!("mark {t0}"))?;
     let real_offset = realtime_ns() as i128 - monotonic_ns() as i128;

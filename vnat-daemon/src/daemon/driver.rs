@@ -53,19 +53,6 @@ const DATAGRAMS_PER_TURN: usize = 64;
 /// (`Datapath::kick_flow`), or one backed-off socket after another would
 /// hold up a mass move by 20 ms to 1.2 s each.
 const VERIFIED_RESTARTS_MAX: usize = 16;
-/// How long after its own translation a connection whose *own* end moved
-/// gets its restart lever (the peer's end did not move). The peer switches
-/// its send side when our RESPONSE to its validation arrives, and restarts
-/// its own backed-off socket then (see `Datapath::restart_flow`). If the
-/// retransmission our lever causes arrives first, the peer's ACK of it goes
-/// to our old address, and its ACK field can take the peer's socket out of
-/// backoff without the peer resending what we never got: the peer's lever
-/// then finds nothing stalled, and its lost data waits for its own timer
-/// (3.5 s after a 10 s outage at 30 ms RTT, in half the runs). Sent about
-/// this long after our RESPONSE, the retransmission follows it on the same path
-/// and arrives after the peer acted (under a millisecond for a few
-/// connections here). It only matters for a socket that backed off.
-const OWN_MOVE_LEVER_DELAY: Duration = Duration::from_millis(5);
 /// How long an imported connection may wait for its process to restore
 /// the socket on this host before it is forgotten.
 const IMPORT_GRACE: Duration = Duration::from_secs(60);
@@ -318,9 +305,6 @@ pub struct Driver {
     /// Connections translated this turn whose sockets get the restart
     /// levers after the flush, with whether the peer moved.
     to_restart: Vec<(VirtualFlow, bool)>,
-    /// Connections whose own end moved, with when their verified restart
-    /// lever is due ([`OWN_MOVE_LEVER_DELAY`]).
-    deferred_restarts: Vec<(tokio::time::Instant, VirtualFlow)>,
     /// Interfaces kept attached by `standby_tc`, as last set.
     standby: Vec<u32>,
     /// Imported flows not yet seen in this host's records: the migrated
@@ -404,7 +388,6 @@ impl Driver {
             dual,
             prepared: HashMap::new(),
             to_restart: Vec::new(),
-            deferred_restarts: Vec::new(),
             standby: Vec::new(),
             prepare_failed: HashSet::new(),
             pending_scanned: None,
@@ -458,9 +441,6 @@ impl Driver {
                     // routes), and a resync that sees half of one starts no
                     // move; the next notification brings the rest.
                     self.resync().await;
-                }
-                _ = tokio::time::sleep_until(self.next_deferred_restart()), if !self.deferred_restarts.is_empty() => {
-                    self.run_deferred_restarts().await;
                 }
                 _ = tokio::time::sleep_until(next_resync) => {
                     let started = tokio::time::Instant::now();
@@ -1021,11 +1001,11 @@ impl Driver {
     /// datapath thread: when thousands move together, one hand-off each
     /// (and a wait for a CPU on a busy host) would cost more than the work.
     ///
-    /// The TCP restart levers: for a few connections, the verified ones:
-    /// if the peer moved, at once after each install, before anything VCMP
-    /// queued is sent (an ACK solicited from our socket goes to the peer's
-    /// new address); if our own end moved, [`OWN_MOVE_LEVER_DELAY`] later,
-    /// once the peer has switched its send side. For a mass move they are
+    /// The TCP restart levers: for a few connections, the verified ones,
+    /// at once after each install, before anything VCMP queued is sent, as
+    /// the single-connection tests and measurements were made (then our
+    /// retransmission reaches the peer before our RESPONSE, and the ACK the
+    /// peer solicits once it switches covers it). For a mass move they are
     /// queued for [`Driver::restart_translated`], which the loop runs after
     /// the flush: they cost tens of microseconds per connection, and the
     /// peer's RESPONSE or UPD_R must not wait behind thousands of them.
@@ -1040,9 +1020,7 @@ impl Driver {
                 .into_iter()
                 .map(|(flow, local, remote, peer_moved)| {
                     let r = translate_one(dp, flow, local, remote);
-                    // Our own end moved: the lever waits for the peer to
-                    // switch (see OWN_MOVE_LEVER_DELAY).
-                    if verified && peer_moved && r.is_ok() {
+                    if verified && r.is_ok() {
                         restart_one(dp, flow, peer_moved, true);
                     }
                     (flow, local, remote, peer_moved, r)
@@ -1050,59 +1028,26 @@ impl Driver {
                 .collect::<Vec<_>>()
         })
         .await;
-        let immediate = done
-            .iter()
-            .filter(|(flow, _, _, peer_moved, r)| {
-                *peer_moved && r.is_ok() && flow.proto == crate::datapath::Proto::Tcp
-            })
-            .count();
-        let due = tokio::time::Instant::now() + OWN_MOVE_LEVER_DELAY;
+        let n = done.len();
         for (flow, local, remote, peer_moved, r) in done {
             match r {
                 Ok(()) => {
                     tracing::info!(?flow, %local, %remote, "translation updated");
                     if !verified {
                         self.to_restart.push((flow, peer_moved));
-                    } else if !peer_moved && flow.proto == crate::datapath::Proto::Tcp {
-                        self.deferred_restarts.retain(|(_, f)| *f != flow);
-                        self.deferred_restarts.push((due, flow));
                     }
                 }
                 Err(e) => tracing::error!(?flow, error = %e, "cannot update the translation"),
             }
         }
-        if verified && immediate > 0 {
+        if verified {
             tracing::info!(
-                connections = immediate,
+                connections = n,
                 verified,
                 elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
                 "restart levers sent"
             );
         }
-    }
-
-    /// When the first deferred restart lever is due.
-    fn next_deferred_restart(&self) -> tokio::time::Instant {
-        self.deferred_restarts
-            .iter()
-            .map(|(due, _)| *due)
-            .min()
-            .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600))
-    }
-
-    /// The verified restart levers of connections whose own end moved, once
-    /// due ([`OWN_MOVE_LEVER_DELAY`]).
-    async fn run_deferred_restarts(&mut self) {
-        let now = tokio::time::Instant::now();
-        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.deferred_restarts)
-            .into_iter()
-            .partition(|(at, _)| *at <= now);
-        self.deferred_restarts = later;
-        if due.is_empty() {
-            return;
-        }
-        let items = due.into_iter().map(|(_, flow)| (flow, false)).collect();
-        self.send_levers(items, true).await;
     }
 
     /// The restart levers, without waits, for the connections of a mass
@@ -1112,22 +1057,16 @@ impl Driver {
         if items.is_empty() {
             return;
         }
-        self.send_levers(items, false).await;
-    }
-
-    /// The restart levers of `items` (flow, whether its peer moved) in one
-    /// trip to the datapath thread, `verified` or not (see [`restart_one`]).
-    async fn send_levers(&mut self, items: Vec<(VirtualFlow, bool)>, verified: bool) {
         let (n, started) = (items.len(), std::time::Instant::now());
         with_dp(&self.dp, move |dp| {
             for (flow, peer_moved) in items {
-                restart_one(dp, flow, peer_moved, verified);
+                restart_one(dp, flow, peer_moved, false);
             }
         })
         .await;
         tracing::info!(
             connections = n,
-            verified,
+            verified = false,
             elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
             "restart levers sent"
         );

@@ -14,8 +14,7 @@
 //!    own receive side for every connection of the batch); the laptop
 //!    installs each translation, answers the challenge, then restarts the
 //!    flows ("restart levers sent", one line per batch; a batch of 16 or
-//!    fewer, whose own end moved, gets them 5 ms later, once the server
-//!    has switched).
+//!    fewer gets them right after each install, before the answer).
 //! 3. server, "translation updated": on the `RESPONSE` the server installs
 //!    each translation, then restarts the flows (an ACK solicited from each
 //!    socket, since the peer moved). Only now can the connection carry
