@@ -19,8 +19,9 @@
 //! A run waits until both vnatd list all N connections as mobile
 //! (`vnatctl --json ls`), lets them run a second, then moves the laptop
 //! (`move_laptop_to_b`: A's address removed, link down, B up with its
-//! address and default route). `t0` is when the last of those commands
-//! returned (the new address is usable). A connection counts as restored
+//! address and default route; with `--outage-secs S`, S seconds without
+//! any network between losing A and getting B). `t0` is when the last of
+//! those commands returned (the new address is usable). A connection counts as restored
 //! when the echo of a message *written* at or after `t0` arrives; `total_s`
 //! is from `t0` to the last connection restored, `per_conn_ms` =
 //! total_s * 1000 / N (the paper's column). A run that has not restored
