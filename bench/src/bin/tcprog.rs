@@ -25,7 +25,7 @@ use vnat_daemon::datapath::{
     kernel::{pair_for, testrun, KernelDatapath, KernelOptions},
     Datapath, Proto, Translation, VirtualFlow,
 };
-use vnat_tests::{BpffsDir, Netns};
+use vnat_tests::{packet::Spec, BpffsDir, Netns};
 
 #[derive(Parser)]
 #[command(
@@ -106,7 +106,13 @@ fn measure(args: &Args) -> Result<Vec<Row>> {
     ];
     let mut rows = Vec::new();
     for (family, measured, other) in families {
-        let frame = tcp_frame(&measured.flow);
+        // As the local stack sends it: the virtual endpoints, with data.
+        let mut spec = Spec::tcp(
+            &measured.flow.local.to_string(),
+            &measured.flow.remote.to_string(),
+        );
+        spec.payload = vec![0x5a; 64];
+        let frame = spec.frame();
         let mut per_state = Vec::new();
         for state in STATES {
             match state {
@@ -142,40 +148,6 @@ fn measure(args: &Args) -> Result<Vec<Row>> {
         });
     }
     Ok(rows)
-}
-
-/// An Ethernet frame carrying a TCP segment of `flow` as the local stack
-/// sends it (checksums are not checked by the translator).
-fn tcp_frame(flow: &VirtualFlow) -> Vec<u8> {
-    let mut f = vec![0u8; 12];
-    let mut l4 = vec![0u8; 20 + 64];
-    l4[0..2].copy_from_slice(&flow.local.port().to_be_bytes());
-    l4[2..4].copy_from_slice(&flow.remote.port().to_be_bytes());
-    l4[12] = 5 << 4;
-    l4[13] = 0x18; // PSH, ACK
-    match (flow.local.ip(), flow.remote.ip()) {
-        (std::net::IpAddr::V4(s), std::net::IpAddr::V4(d)) => {
-            f.extend_from_slice(&0x0800u16.to_be_bytes());
-            let mut ip = vec![0x45, 0];
-            ip.extend_from_slice(&((20 + l4.len()) as u16).to_be_bytes());
-            ip.extend_from_slice(&[0, 0, 0x40, 0, 64, 6, 0, 0]);
-            ip.extend_from_slice(&s.octets());
-            ip.extend_from_slice(&d.octets());
-            f.extend_from_slice(&ip);
-        }
-        (std::net::IpAddr::V6(s), std::net::IpAddr::V6(d)) => {
-            f.extend_from_slice(&0x86DDu16.to_be_bytes());
-            let mut ip = vec![0x60, 0, 0, 0];
-            ip.extend_from_slice(&(l4.len() as u16).to_be_bytes());
-            ip.extend_from_slice(&[6, 64]);
-            ip.extend_from_slice(&s.octets());
-            ip.extend_from_slice(&d.octets());
-            f.extend_from_slice(&ip);
-        }
-        _ => unreachable!("both ends of a flow are of one family"),
-    }
-    f.extend_from_slice(&l4);
-    f
 }
 
 fn report(args: &Args, rows: &[Row]) -> Result<()> {

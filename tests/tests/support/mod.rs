@@ -1,5 +1,6 @@
 //! Shared by the integration tests: crafted packets with checksums computed
-//! from scratch, (namespace hosts with a datapath are `vnat_tests::Host`).
-#![allow(dead_code)]
+//! from scratch (`vnat_tests::packet`, also used by the benchmarks);
+//! namespace hosts with a datapath are `vnat_tests::Host`.
+#![allow(unused_imports)]
 
-pub mod packet;
+pub use vnat_tests::packet;
