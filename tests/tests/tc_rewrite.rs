@@ -13,6 +13,7 @@ use vnat_daemon::datapath::{
 use vnat_tests::BpffsDir;
 
 const TC_ACT_OK: u32 = 0;
+const TC_ACT_SHOT: u32 = 2;
 const TC_ACT_REDIRECT: u32 = 7;
 
 struct Fixture {
@@ -264,6 +265,95 @@ fn redirect_flag_returns_redirect_verdict_and_counts_it() {
     assert_eq!(p.dst, t.physical_remote);
     assert_eq!(counter(&f.dp, "egress_redirected"), 1);
     assert_eq!(counter(&f.dp, "egress_translated"), 1);
+}
+
+/// While its own end moves, a TCP flow is held: its packets are dropped at
+/// egress (the socket takes that as a failed transmission and keeps the
+/// data), nothing else changes, and the release gives back exactly what was
+/// there: the translation beneath, or for a flow that had none, packets
+/// leaving untouched (and no translation left behind).
+#[test]
+fn held_flows_are_dropped_at_egress_until_released() {
+    let mut f = fixture("tc-hold");
+    let t = translation(
+        Proto::Tcp,
+        "198.18.1.2:40000",
+        "198.18.3.2:5001",
+        "198.18.2.2:40000",
+        "198.18.3.2:5001",
+    );
+    f.dp.insert_nat_pair(&pair_for(&t, 1, 0)).unwrap();
+    let out_frame = Spec::tcp("198.18.1.2:40000", "198.18.3.2:5001").frame();
+    let in_spec = Spec::tcp("198.18.3.2:5001", "198.18.2.2:40000");
+
+    f.dp.hold_send_side(&t.flow, true).unwrap();
+    let translated = counter(&f.dp, "egress_translated");
+    let out = run(&f.dp, true, &out_frame);
+    assert_eq!(out.verdict, TC_ACT_SHOT, "a held flow must not leave");
+    assert_eq!(counter(&f.dp, "egress_translated"), translated);
+    // The peer's packets still come in, translated.
+    let back = run(&f.dp, false, &in_spec.frame());
+    assert_eq!(back.verdict, TC_ACT_OK);
+    let p = parse_checked(&back.packet);
+    assert_eq!((p.src, p.dst), (t.flow.remote, t.flow.local));
+    assert_eq!(
+        f.dp.translations().unwrap(),
+        vec![t],
+        "holding hides nothing"
+    );
+
+    f.dp.hold_send_side(&t.flow, false).unwrap();
+    let out = run(&f.dp, true, &out_frame);
+    assert_eq!(out.verdict, TC_ACT_OK, "released");
+    let p = parse_checked(&out.packet);
+    assert_eq!((p.src, p.dst), (t.physical_local, t.physical_remote));
+    assert_eq!(counter(&f.dp, "egress_translated"), translated + 1);
+
+    // A flow with no translation: held by an entry of its own, which is
+    // no translation (not listed, not counted) and goes on release.
+    let bare = VirtualFlow {
+        proto: Proto::Tcp,
+        local: "198.18.1.2:40001".parse().unwrap(),
+        remote: "198.18.3.2:5001".parse().unwrap(),
+    };
+    let bare_frame = Spec::tcp("198.18.1.2:40001", "198.18.3.2:5001").frame();
+    f.dp.hold_send_side(&bare, true).unwrap();
+    assert_eq!(run(&f.dp, true, &bare_frame).verdict, TC_ACT_SHOT);
+    assert_eq!(f.dp.translations().unwrap(), vec![t]);
+    assert_eq!(f.dp.status().unwrap().translations, 1);
+    // Both held; a restarted vnatd releases whatever its predecessor held.
+    f.dp.hold_send_side(&t.flow, true).unwrap();
+    assert_eq!(f.dp.release_held().unwrap(), 2);
+    let out = run(&f.dp, true, &bare_frame);
+    assert_eq!((out.verdict, &out.packet), (TC_ACT_OK, &bare_frame));
+    assert_eq!(run(&f.dp, true, &out_frame).verdict, TC_ACT_OK);
+    assert_eq!(f.dp.translations().unwrap(), vec![t]);
+    assert_eq!(f.dp.release_held().unwrap(), 0, "nothing is held any more");
+}
+
+/// Installing a flow's translation (the switch the hold waits for) ends
+/// the hold, whether or not the flow was translated before.
+#[test]
+fn installing_the_new_translation_releases_the_hold() {
+    let mut f = fixture("tc-hold-install");
+    let t = translation(
+        Proto::Tcp,
+        "198.18.1.2:40000",
+        "198.18.3.2:5001",
+        "198.18.2.2:40000",
+        "198.18.3.2:5001",
+    );
+    f.dp.hold_send_side(&t.flow, true).unwrap();
+    f.dp.insert_nat_pair(&pair_for(&t, 1, 0)).unwrap();
+    let out = run(
+        &f.dp,
+        true,
+        &Spec::tcp("198.18.1.2:40000", "198.18.3.2:5001").frame(),
+    );
+    assert_eq!(out.verdict, TC_ACT_OK);
+    let p = parse_checked(&out.packet);
+    assert_eq!((p.src, p.dst), (t.physical_local, t.physical_remote));
+    assert_eq!(f.dp.release_held().unwrap(), 0);
 }
 
 #[test]

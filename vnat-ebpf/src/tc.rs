@@ -19,7 +19,7 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use vnat_common::{
-    FlowKey, NatRewrite, AF_INET, AF_INET6, NAT_F_REDIRECT, PROTO_TCP, PROTO_UDP,
+    FlowKey, NatRewrite, AF_INET, AF_INET6, NAT_F_HOLD, NAT_F_REDIRECT, PROTO_TCP, PROTO_UDP,
     STAT_DROP_CSUM_FAILED, STAT_DROP_REDIRECT_FAILED, STAT_DROP_REWRITE_FAILED,
     STAT_EGRESS_REDIRECTED, STAT_EGRESS_TRANSLATED, STAT_INGRESS_TRANSLATED, STAT_PASS_FRAGMENT,
     STAT_PASS_IPV6_EXTHDR, STAT_PASS_TRUNCATED,
@@ -107,6 +107,10 @@ fn try_translate(ctx: &TcContext, dir: Dir) -> Result<i32, Drop> {
         return Ok(TC_ACT_OK);
     };
     let nat = *nat;
+    if dir == Dir::Egress && nat.flags & NAT_F_HOLD != 0 {
+        // The socket sees a failed transmission and keeps the data.
+        return Ok(TC_ACT_SHOT);
+    }
     rewrite(ctx, &p, &nat)?;
     if dir == Dir::Ingress {
         count(STAT_INGRESS_TRANSLATED);

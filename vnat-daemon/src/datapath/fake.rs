@@ -1,7 +1,7 @@
 //! An in-memory [`Datapath`] for unit tests of the logic above the kernel.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
 };
 
@@ -18,6 +18,8 @@ pub struct FakeDatapath {
     translations: BTreeMap<VirtualFlow, Translation>,
     /// Translations in phase one (receive side only).
     pub prepared: BTreeMap<VirtualFlow, Translation>,
+    /// Flows whose send side is held ([`Datapath::hold_send_side`]).
+    pub held: BTreeSet<VirtualFlow>,
     cgroups: Vec<PathBuf>,
     /// What [`Datapath::interface_addresses`] returns (tests change it to
     /// simulate a move).
@@ -139,6 +141,7 @@ impl Datapath for FakeDatapath {
         validate_translation(t)?;
         self.take_failure()?;
         self.prepared.remove(&t.flow);
+        self.held.remove(&t.flow);
         self.translations.insert(t.flow, *t);
         Ok(())
     }
@@ -153,10 +156,30 @@ impl Datapath for FakeDatapath {
     fn remove_translation(&mut self, flow: &VirtualFlow) -> Result<(), DatapathError> {
         self.take_failure()?;
         self.prepared.remove(flow);
-        self.translations
-            .remove(flow)
-            .map(|_| ())
-            .ok_or(DatapathError::NoSuchTranslation { flow: *flow })
+        // As in the kernel, a held flow has an entry (that only holds).
+        let held = self.held.remove(flow);
+        if self.translations.remove(flow).is_some() || held {
+            Ok(())
+        } else {
+            Err(DatapathError::NoSuchTranslation { flow: *flow })
+        }
+    }
+
+    fn hold_send_side(&mut self, flow: &VirtualFlow, hold: bool) -> Result<(), DatapathError> {
+        self.take_failure()?;
+        if hold {
+            self.held.insert(*flow);
+        } else {
+            self.held.remove(flow);
+        }
+        Ok(())
+    }
+
+    fn release_held(&mut self) -> Result<usize, DatapathError> {
+        self.take_failure()?;
+        let n = self.held.len();
+        self.held.clear();
+        Ok(n)
     }
 
     fn translations(&self) -> Result<Vec<Translation>, DatapathError> {

@@ -64,6 +64,26 @@ pub trait Datapath {
     /// The installed translations.
     fn translations(&self) -> Result<Vec<Translation>, DatapathError>;
 
+    /// Hold (`true`) or release the send side of a flow whose own end is
+    /// moving: while held, every packet it sends is dropped before it
+    /// leaves, which its socket takes as a failed transmission (the data
+    /// stays queued, as with no route). From the start of a move until the
+    /// peer sends to the new address: anything that left earlier would
+    /// reach a peer that still answers at the old address. Installing or
+    /// removing the flow's translation releases it too. The defaults do
+    /// nothing (a datapath that cannot hold); the fake records the held
+    /// flows.
+    fn hold_send_side(&mut self, flow: &VirtualFlow, hold: bool) -> Result<(), DatapathError> {
+        let _ = (flow, hold);
+        Ok(())
+    }
+
+    /// Release every held send side (at start: what held them was a vnatd
+    /// that is gone, and a new move holds again). Returns how many.
+    fn release_held(&mut self) -> Result<usize, DatapathError> {
+        Ok(0)
+    }
+
     /// Addresses configured on this host's interfaces other than `lo` (the
     /// addresses a moved connection could use), with the interface index.
     fn interface_addresses(&self) -> Result<Vec<(IpAddr, u32)>, DatapathError>;

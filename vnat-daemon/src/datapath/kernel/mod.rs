@@ -22,7 +22,7 @@ use std::{
 use aya::maps::MapError;
 use vnat_common::{
     ConnRecord, FlowKey, NatRewrite, MAP_CONNS, MAP_EGRESS_NAT, MAP_INGRESS_NAT, MAP_STATS,
-    NAT_F_LO_ADDR_OURS, NAT_F_REDIRECT, PROTO_UDP, STAT_COUNT, STAT_NAMES,
+    NAT_F_HOLD, NAT_F_LO_ADDR_OURS, NAT_F_REDIRECT, PROTO_UDP, STAT_COUNT, STAT_NAMES,
 };
 
 pub use attach::{cgroup2_mount, cgroup_id};
@@ -454,7 +454,12 @@ impl KernelDatapath {
 
 impl Datapath for KernelDatapath {
     fn status(&self) -> Result<DatapathStatus, DatapathError> {
-        let egress = self.egress_entries()?;
+        // Entries that only hold a flow are no translation.
+        let egress: Vec<_> = self
+            .egress_entries()?
+            .into_iter()
+            .filter(|(k, v)| !translate::is_hold_only(k, v))
+            .collect();
         let mut users: BTreeMap<u32, u32> = BTreeMap::new();
         for (_, v) in &egress {
             *users.entry(v.redirect_ifindex).or_default() += 1;
@@ -565,8 +570,17 @@ impl Datapath for KernelDatapath {
         Ok(self
             .egress_entries()?
             .iter()
+            .filter(|(k, v)| !translate::is_hold_only(k, v))
             .filter_map(|(k, v)| translation_of(k, v))
             .collect())
+    }
+
+    fn hold_send_side(&mut self, flow: &VirtualFlow, hold: bool) -> Result<(), DatapathError> {
+        self.hold(flow, hold)
+    }
+
+    fn release_held(&mut self) -> Result<usize, DatapathError> {
+        self.release_all_held()
     }
 
     fn maintain(&mut self) -> Result<(), DatapathError> {

@@ -76,7 +76,11 @@ impl KernelDatapath {
         validate_translation(t)?;
         let route = self.route(t.physical_remote.ip(), Some(t.physical_local.ip()))?;
         let egress_key = t.flow.to_key();
-        let old_val = self.egress_get(&egress_key)?;
+        // An entry that only holds the flow is no placement to go back to
+        // or release; the new pair replaces it (and so ends the hold).
+        let old_val = self
+            .egress_get(&egress_key)?
+            .filter(|v| !is_hold_only(&egress_key, v));
         let old = old_val
             .and_then(|v| translation_of(&egress_key, &v))
             .map(|o| (pair_for(&o, v_ifindex(&old_val), v_flags(&old_val)), o));
@@ -231,6 +235,81 @@ impl KernelDatapath {
         }
         self.release(&t, &v)
     }
+}
+
+impl KernelDatapath {
+    /// See [`Datapath::hold_send_side`]: set or clear [`NAT_F_HOLD`] on the
+    /// flow's egress entry, adding one that only holds (rewrites the flow
+    /// to itself) if it has none, and removing that one on release.
+    pub(super) fn hold(&mut self, flow: &VirtualFlow, hold: bool) -> Result<(), DatapathError> {
+        let key = flow.to_key();
+        match (self.egress_get(&key)?, hold) {
+            (Some(v), true) if v.flags & NAT_F_HOLD == 0 => self.nat_insert(
+                true,
+                key,
+                NatRewrite {
+                    flags: v.flags | NAT_F_HOLD,
+                    ..v
+                },
+            ),
+            (None, true) => self.nat_insert(true, key, hold_only(&key)),
+            (Some(v), false) if v.flags & NAT_F_HOLD != 0 => {
+                if is_hold_only(&key, &v) {
+                    self.nat_remove(true, &key)
+                } else {
+                    self.nat_insert(
+                        true,
+                        key,
+                        NatRewrite {
+                            flags: v.flags & !NAT_F_HOLD,
+                            ..v
+                        },
+                    )
+                }
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// See [`Datapath::release_held`].
+    pub(super) fn release_all_held(&mut self) -> Result<usize, DatapathError> {
+        let held: Vec<FlowKey> = self
+            .mirror
+            .egress
+            .iter()
+            .filter(|(_, v)| v.flags & NAT_F_HOLD != 0)
+            .map(|(k, _)| *k)
+            .collect();
+        let mut n = 0;
+        for k in held {
+            if let Some(flow) = VirtualFlow::from_key(&k) {
+                self.hold(&flow, false)?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+}
+
+/// The egress entry that only holds a flow: it rewrites the flow to itself.
+fn hold_only(key: &FlowKey) -> NatRewrite {
+    NatRewrite {
+        src_addr_be: key.src_addr_be,
+        dst_addr_be: key.dst_addr_be,
+        src_port_be: key.src_port_be,
+        dst_port_be: key.dst_port_be,
+        redirect_ifindex: 0,
+        flags: NAT_F_HOLD,
+        _pad: 0,
+    }
+}
+
+/// Whether an egress entry only holds its flow (no translation beneath).
+pub(super) fn is_hold_only(key: &FlowKey, v: &NatRewrite) -> bool {
+    NatRewrite {
+        flags: v.flags & NAT_F_HOLD,
+        ..*v
+    } == hold_only(key)
 }
 
 pub(super) fn v_ifindex(v: &Option<NatRewrite>) -> u32 {
