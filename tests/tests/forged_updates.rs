@@ -251,6 +251,7 @@ fn forgeries(
         Kind::Response,
         Kind::KeyX,
         Kind::Store,
+        Kind::Switched,
     ];
     for (i, kind) in kinds.into_iter().enumerate() {
         for (j, seq) in seqs.into_iter().enumerate() {

@@ -226,6 +226,20 @@ fn translate_one(
     }
 }
 
+/// One connection's send side switched to (local, remote) physical
+/// endpoints. `peer_moved`: the peer's address changed (have the socket
+/// send an ACK there). `levers`: pull the restart levers right after the
+/// switch; false for our own move, whose levers wait for the peer's
+/// SWITCHED (`Event::PeerSwitched`).
+#[derive(Clone, Copy, Debug)]
+struct Switch {
+    flow: VirtualFlow,
+    local: SocketAddr,
+    remote: SocketAddr,
+    peer_moved: bool,
+    levers: bool,
+}
+
 /// After an outage TCP has backed off its retransmission timer; make it
 /// retransmit now rather than tens of seconds later (DESIGN.md §3, "no
 /// stall"); and if the peer moved, have the socket send an ACK. `wait`:
@@ -403,6 +417,18 @@ impl Driver {
         shutdown: impl std::future::Future<Output = ()>,
     ) -> Result<(), DriverError> {
         let watch = AddrWatch::new().map_err(DriverError::Watch)?;
+        // Held send sides are a move in progress of a vnatd that is gone;
+        // whatever move is still needed starts (and holds) again.
+        match with_dp(&self.dp, |dp| dp.release_held()).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                connections = n,
+                "released the connections held by an unfinished move"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot release connections held by an unfinished move")
+            }
+        }
         let mut next_resync = tokio::time::Instant::now() + RESYNC_INTERVAL;
         let mut buf = vec![0u8; 65536];
         tokio::pin!(shutdown);
@@ -830,6 +856,15 @@ impl Driver {
                     } else {
                         Ok(())
                     };
+                    // Nothing of a TCP connection leaves until the peer sends
+                    // to the new address (`PeerSwitched`). UDP is left alone:
+                    // a datagram that reaches the peer early is delivered,
+                    // and there is no timer to upset.
+                    if r.is_ok() && m.flow.proto == crate::datapath::Proto::Tcp {
+                        if let Err(e) = dp.hold_send_side(&m.flow, true) {
+                            tracing::warn!(flow = ?m.flow, error = %e, "cannot hold the connection's packets during its move");
+                        }
+                    }
                     (m, from, r)
                 })
                 .collect::<Vec<_>>()
@@ -930,6 +965,7 @@ impl Driver {
     async fn apply_events(&mut self) {
         // Datapath work of all events in one batch, in event order.
         let mut batch = Vec::new();
+        let mut aborted = Vec::new();
         while let Some(ev) = self.endpoint.poll_event() {
             match ev {
                 Event::SetRemote { flow, remote } | Event::Reverted { flow, remote, .. } => {
@@ -946,20 +982,44 @@ impl Driver {
                         continue;
                     }
                     let local = view.map_or(flow.local, |v| v.local_phys);
-                    batch.push((flow, local, remote, true));
+                    batch.push(Switch {
+                        flow,
+                        local,
+                        remote,
+                        peer_moved: true,
+                        levers: true,
+                    });
                 }
-                Event::Resumed { flow, local } => {
+                Event::Resumed {
+                    flow,
+                    peer_switched: false,
+                    ..
+                } => {
+                    tracing::debug!(?flow, "our move is acknowledged; the send side switches once the peer sends to our new address");
+                }
+                Event::Resumed { flow, .. } | Event::PeerSwitched { flow, .. } => {
+                    if let Event::PeerSwitched { confirmed, .. } = ev {
+                        tracing::debug!(?flow, confirmed, "the peer sends to our new address");
+                    }
                     let view = self.endpoint.connection(&flow);
+                    let local = view.as_ref().map_or(flow.local, |v| v.local_phys);
                     let remote = view.as_ref().map_or(flow.remote, |v| v.remote_phys);
                     let pending = view.and_then(|v| v.pending_remote);
                     match mobility::send_side_after_resume(local, remote, pending) {
-                        Some((local, remote)) => batch.push((flow, local, remote, false)),
+                        Some((local, remote)) => batch.push(Switch {
+                            flow,
+                            local,
+                            remote,
+                            peer_moved: false,
+                            levers: true,
+                        }),
                         None => tracing::debug!(?flow, %local, ?pending,
                             "our move is done but the peer moved too: the send side switches once its new address is validated"),
                     }
                 }
                 Event::MigrationAborted { flow, reason } => {
                     tracing::warn!(?flow, %reason, "migration aborted");
+                    aborted.push(flow);
                 }
                 Event::Paired { peer, key } => {
                     tracing::info!(%peer, key = %identity::key_hex(&key), "paired with peer host");
@@ -978,7 +1038,29 @@ impl Driver {
                 other => tracing::debug!(event = ?other, "VCMP event"),
             }
         }
-        self.translate_all(batch).await;
+        let done = self.translate_all(batch).await;
+        // Tell each peer whose new address we now send to (SWITCHED): its
+        // moved connections wait for that before restarting their TCP.
+        let confirm: Vec<VirtualFlow> = done
+            .iter()
+            .filter(|s| s.peer_moved || s.remote != s.flow.remote)
+            .map(|s| s.flow)
+            .collect();
+        if !confirm.is_empty() {
+            self.endpoint.confirm_switched(now(), &mut OsRng, &confirm);
+        }
+        if !aborted.is_empty() {
+            // Back to what it did before the move (the connection is most
+            // likely lost, but that is for TCP to decide).
+            with_dp(&self.dp, move |dp| {
+                for flow in aborted {
+                    if let Err(e) = dp.hold_send_side(&flow, false) {
+                        tracing::warn!(?flow, error = %e, "cannot release the connection's held packets");
+                    }
+                }
+            })
+            .await;
+        }
     }
 
     /// Make the datapath translate `flow` to (local, remote), or stop
@@ -993,61 +1075,75 @@ impl Driver {
         remote: SocketAddr,
         peer_moved: bool,
     ) {
-        self.translate_all(vec![(flow, local, remote, peer_moved)])
-            .await;
+        self.translate_all(vec![Switch {
+            flow,
+            local,
+            remote,
+            peer_moved,
+            levers: true,
+        }])
+        .await;
     }
 
     /// [`Driver::translate`] for many connections in one trip to the
     /// datapath thread: when thousands move together, one hand-off each
     /// (and a wait for a CPU on a busy host) would cost more than the work.
+    /// Returns the switches that took effect.
     ///
-    /// The TCP restart levers: for a few connections, the verified ones,
-    /// at once after each install, before anything VCMP queued is sent, as
-    /// the single-connection tests and measurements were made (then our
-    /// retransmission reaches the peer before our RESPONSE, and the ACK the
-    /// peer solicits once it switches covers it). For a mass move they are
-    /// queued for [`Driver::restart_translated`], which the loop runs after
-    /// the flush: they cost tens of microseconds per connection, and the
-    /// peer's RESPONSE or UPD_R must not wait behind thousands of them.
-    async fn translate_all(&mut self, items: Vec<(VirtualFlow, SocketAddr, SocketAddr, bool)>) {
+    /// The TCP restart levers of the switches that want them
+    /// ([`Switch::levers`]): for a few connections, the verified ones,
+    /// at once after each install, before anything VCMP queued is sent.
+    /// For a mass move they are queued for [`Driver::restart_translated`],
+    /// which the loop runs after the flush: they cost tens of microseconds
+    /// per connection, and the peer's RESPONSE, UPD_R or SWITCHED must not
+    /// wait behind thousands of them.
+    async fn translate_all(&mut self, items: Vec<Switch>) -> Vec<Switch> {
         if items.is_empty() {
-            return;
+            return Vec::new();
         }
-        let verified = items.len() <= VERIFIED_RESTARTS_MAX;
+        let verified = items.iter().filter(|s| s.levers).count() <= VERIFIED_RESTARTS_MAX;
         let started = std::time::Instant::now();
         let done = with_dp(&self.dp, move |dp| {
             items
                 .into_iter()
-                .map(|(flow, local, remote, peer_moved)| {
-                    let r = translate_one(dp, flow, local, remote);
-                    if verified && r.is_ok() {
-                        restart_one(dp, flow, peer_moved, true);
+                .map(|s| {
+                    let r = translate_one(dp, s.flow, s.local, s.remote);
+                    if s.levers && verified && r.is_ok() {
+                        restart_one(dp, s.flow, s.peer_moved, true);
                     }
-                    (flow, local, remote, peer_moved, r)
+                    (s, r)
                 })
                 .collect::<Vec<_>>()
         })
         .await;
-        let n = done.len();
-        for (flow, local, remote, peer_moved, r) in done {
+        let mut ok = Vec::with_capacity(done.len());
+        let mut levers = 0;
+        for (s, r) in done {
             match r {
                 Ok(()) => {
-                    tracing::info!(?flow, %local, %remote, "translation updated");
-                    if !verified {
-                        self.to_restart.push((flow, peer_moved));
+                    tracing::info!(flow = ?s.flow, local = %s.local, remote = %s.remote, "translation updated");
+                    if s.levers {
+                        levers += 1;
+                        if !verified {
+                            self.to_restart.push((s.flow, s.peer_moved));
+                        }
                     }
+                    ok.push(s);
                 }
-                Err(e) => tracing::error!(?flow, error = %e, "cannot update the translation"),
+                Err(e) => {
+                    tracing::error!(flow = ?s.flow, error = %e, "cannot update the translation")
+                }
             }
         }
-        if verified {
+        if verified && levers > 0 {
             tracing::info!(
-                connections = n,
+                connections = levers,
                 verified,
                 elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
                 "restart levers sent"
             );
         }
+        ok
     }
 
     /// The restart levers, without waits, for the connections of a mass

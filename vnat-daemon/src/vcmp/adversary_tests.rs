@@ -399,3 +399,84 @@ fn forged_stores_at_the_peer_are_refused() {
         "the genuine STORE must be kept"
     );
 }
+
+/// SWITCHED releases a moved connection's TCP restart. A forged or
+/// replayed one must release nothing (early, the restart's retransmission
+/// would reach a peer still answering at the old address), and even a
+/// genuine one for a connection that is not waiting changes nothing.
+#[test]
+fn forged_or_replayed_switched_releases_nothing() {
+    let (mut sim, flows) = setup(2);
+    let bf = b_flows(&flows);
+    sim.move_host(A, "10.0.1.1");
+    let moves: Vec<_> = flows
+        .iter()
+        .map(|f| (*f, sa(&format!("10.0.1.1:{}", f.local.port()))))
+        .collect();
+    sim.with(A, |ep, now, rng| {
+        ep.resume(now, rng, &moves).expect("resume")
+    });
+    // Long enough for the move (B does not confirm by itself), short of
+    // the 400 ms fallback.
+    sim.run_for(Duration::from_millis(50));
+    let released = |sim: &Sim| {
+        sim.hosts[A]
+            .events
+            .iter()
+            .filter(|(_, e)| matches!(e, Event::PeerSwitched { .. }))
+            .count()
+    };
+    assert!(
+        sim.hosts[A]
+            .events
+            .iter()
+            .any(|(_, e)| matches!(e, Event::Resumed { .. })),
+        "A's move must be complete"
+    );
+    assert_eq!(released(&sim), 0, "nothing released before B confirms");
+    let ts = sim.capture(B, |ep, now, rng| ep.confirm_switched(now, rng, &bf));
+    let good = of_kind(&ts, Kind::Switched);
+    let from = sa("10.0.0.2:2031");
+    for bit in 0..good.len() * 8 {
+        let mut bad = good.clone();
+        bad[bit / 8] ^= 1 << (bit % 8);
+        assert_refused(
+            &mut sim,
+            A,
+            &flows,
+            from,
+            &bad,
+            &format!("SWITCHED with bit {bit} flipped"),
+        );
+    }
+    assert_eq!(released(&sim), 0, "a forgery released a connection");
+    let replies = sim.inject(A, from, &good);
+    assert!(replies.is_empty(), "SWITCHED is not answered");
+    let confirmed: Vec<_> = sim.hosts[A]
+        .events
+        .iter()
+        .filter_map(|(_, e)| match e {
+            Event::PeerSwitched { flow, confirmed } => Some((*flow, *confirmed)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        confirmed,
+        flows.iter().map(|f| (*f, true)).collect::<Vec<_>>(),
+        "one genuine SWITCHED releases the whole group"
+    );
+    assert_refused(&mut sim, A, &flows, from, &good, "replayed SWITCHED");
+    assert!(sim.hosts[A].ep.stats().rejected("replay_duplicate") > 0);
+    // A fresh, genuine SWITCHED when nothing waits: accepted, no effect.
+    let ts = sim.capture(B, |ep, now, rng| ep.confirm_switched(now, rng, &bf));
+    let again = of_kind(&ts, Kind::Switched);
+    let before = snapshot(&sim, A, &flows);
+    sim.inject(A, from, &again);
+    let after = snapshot(&sim, A, &flows);
+    assert_eq!(before.views, after.views);
+    assert_eq!(before.events, after.events, "nothing was waiting");
+    // And the fallback timer has nothing left to release.
+    sim.run_for(Duration::from_secs(2));
+    assert_eq!(released(&sim), flows.len());
+    assert_eq!(sim.hosts[A].ep.stats().get("switch_unconfirmed"), 0);
+}

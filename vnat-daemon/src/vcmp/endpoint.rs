@@ -80,6 +80,8 @@ pub struct Endpoint {
     /// Last PAIR_FIN sent to each host, resent if its RESP comes again.
     pub(crate) fins: HashMap<IpAddr, (u32, Vec<u8>)>,
     pub(crate) validations: HashMap<ValidationKey, Validation>,
+    /// Moved connections waiting for the peer's SWITCHED.
+    pub(crate) awaiting: super::switched::Awaiting,
     pub(crate) requests: HashMap<u32, super::migrate::Request>,
     pub(crate) store: LocationStore,
     pub(crate) next_store_expiry: Timestamp,
@@ -195,6 +197,7 @@ impl Endpoint {
             handshakes: HashMap::new(),
             fins: HashMap::new(),
             validations: HashMap::new(),
+            awaiting: HashMap::new(),
             requests: HashMap::new(),
             next_store_expiry: Timestamp(0),
             pending_epoch: 0,
@@ -458,6 +461,9 @@ impl Endpoint {
         for v in self.validations.values() {
             take(v.deadline);
         }
+        if let Some(d) = self.switch_deadline() {
+            take(d);
+        }
         if !self.store.is_empty() {
             take(self.next_store_expiry);
         }
@@ -471,6 +477,7 @@ impl Endpoint {
         self.role_and_key_timeouts(&mut ctx);
         self.migration_timeouts(&mut ctx);
         self.validation_timeouts(&mut ctx);
+        self.switch_timeouts(now);
         if now >= self.next_store_expiry {
             self.store.expire(now);
             self.next_store_expiry = now.plus(Duration::from_secs(10));

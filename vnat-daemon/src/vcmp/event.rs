@@ -36,11 +36,20 @@ pub enum Event {
         attempted: SocketAddr,
     },
     /// Our move of `flow` is complete: the peer acknowledged that our end is
-    /// now at `local`.
+    /// now at `local`. `peer_switched`: the send side may switch now (the
+    /// peer moved too, and waits for us); otherwise it waits for
+    /// `PeerSwitched`, which tells that the peer now sends to `local`.
     Resumed {
         flow: VirtualFlow,
         local: SocketAddr,
+        peer_switched: bool,
     },
+    /// After `Resumed` (without `peer_switched`): the peer now sends to our
+    /// new address (`confirmed`), or it did not say so within the wait and
+    /// we go ahead anyway. Only now may `flow` send from its new address and
+    /// a backed-off TCP socket be made to retransmit: earlier, the peer's
+    /// answer could still go to our old address.
+    PeerSwitched { flow: VirtualFlow, confirmed: bool },
     /// Our location is stored at `step` and nobody knows the peer's yet: the
     /// connection stays suspended until the peer arrives.
     Parked { flow: VirtualFlow, step: Step },

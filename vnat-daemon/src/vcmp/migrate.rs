@@ -43,6 +43,10 @@ pub(crate) struct Migration {
     pub deadline: Timestamp,
     pub lookup: Lookup,
     pub store_ok: Option<bool>,
+    /// Where the peer was when the move started: if it is still there when
+    /// the move completes, the mover waits for its SWITCHED (see
+    /// `vcmp::switched`); if it moved too, both would wait for each other.
+    pub peer_at_start: SocketAddr,
 }
 
 /// An outstanding LOOKUP or STORE: which connections' records it carried,
@@ -102,6 +106,7 @@ impl Endpoint {
             deadline: ctx.now,
             lookup: Lookup::Pending,
             store_ok: None,
+            peer_at_start: c.remote_phys,
         });
         self.tx.trusted.insert(own_old);
         self.run_step(ctx, flow);
@@ -206,17 +211,27 @@ impl Endpoint {
         });
     }
 
-    pub(crate) fn complete(&mut self, flow: &VirtualFlow) {
+    /// Our move of `flow` is acknowledged: `Resumed`, and its restart waits
+    /// for the peer's SWITCHED (see `vcmp::switched`).
+    pub(crate) fn complete(&mut self, ctx: &Ctx, flow: &VirtualFlow) {
         let Some(c) = self.conns.get_mut(flow) else {
             return;
         };
-        if c.mig.take().is_none() {
+        let Some(m) = c.mig.take() else {
             return;
-        }
+        };
         c.role = RoleState::default();
         let local = c.local_phys;
+        let peer_stayed = c.remote_phys == m.peer_at_start && c.pending_remote.is_none();
         self.stats.count("migration_completed");
-        self.emit(Event::Resumed { flow: *flow, local });
+        self.emit(Event::Resumed {
+            flow: *flow,
+            local,
+            peer_switched: !peer_stayed,
+        });
+        if peer_stayed {
+            self.await_switch(ctx, flow);
+        }
     }
 
     /// The peer's location was learnt (P(4)/S(4)): send it the update.

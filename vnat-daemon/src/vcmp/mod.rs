@@ -36,6 +36,7 @@ pub mod replay;
 pub mod roles;
 pub mod stats;
 mod suspend;
+mod switched;
 pub mod tx;
 mod update;
 pub mod wire;

@@ -142,6 +142,7 @@ impl Endpoint {
             Kind::KeyX => self.on_keyx(ctx, from, &flow, rec, under_prev),
             Kind::Challenge => self.on_challenge(ctx, from, &flow, rec),
             Kind::Response => self.on_response(&flow, rec),
+            Kind::Switched => self.on_switched(&flow),
             _ => Err("unexpected_kind"),
         };
         match res {

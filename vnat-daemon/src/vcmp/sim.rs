@@ -23,6 +23,12 @@ pub struct Host {
     pub local_only: Vec<IpAddr>,
     pub alive: bool,
     pub events: Vec<(Timestamp, Event)>,
+    /// Play vnatd's part after a switch: once the endpoint tells the
+    /// datapath to send to a peer's new address (`SetRemote`, `Reverted`), confirm it
+    /// to the peer with SWITCHED, as the driver does after installing the
+    /// translation. Off by default: a peer that never confirms (an older
+    /// vnatd, a lost datagram).
+    pub confirms_switch: bool,
 }
 
 /// Link behaviour, applied to every datagram independently.
@@ -135,6 +141,7 @@ impl Sim {
             local_only: Vec::new(),
             alive: true,
             events: Vec::new(),
+            confirms_switch: false,
         });
         self.hosts.len() - 1
     }
@@ -192,8 +199,17 @@ impl Sim {
     /// Take the host's datagrams and events.
     fn collect(&mut self, h: usize) {
         let now = self.now;
+        let mut switched = Vec::new();
         while let Some(e) = self.hosts[h].ep.poll_event() {
+            if let Event::SetRemote { flow, .. } | Event::Reverted { flow, .. } = &e {
+                switched.push(*flow);
+            }
             self.hosts[h].events.push((now, e));
+        }
+        if self.hosts[h].confirms_switch && !switched.is_empty() {
+            self.hosts[h]
+                .ep
+                .confirm_switched(now, &mut self.rng, &switched);
         }
         let from = SocketAddr::new(self.hosts[h].ip, self.hosts[h].ep.cfg.port);
         while let Some(t) = self.hosts[h].ep.poll_transmit(now) {

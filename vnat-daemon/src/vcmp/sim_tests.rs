@@ -525,3 +525,124 @@ fn a_preconfigured_pin_refuses_another_key() {
     sim.run_for(Duration::from_secs(30));
     assert!(sim.hosts[a].ep.connection(&f).expect("flow").has_keys);
 }
+
+/// (time, confirmed) of each `PeerSwitched` of `f` on host `h`.
+fn releases(sim: &Sim, h: usize, f: &VirtualFlow) -> Vec<(super::Timestamp, bool)> {
+    sim.events(
+        h,
+        |e| matches!(e, Event::PeerSwitched { flow, .. } if flow == f),
+    )
+    .map(|(t, e)| match e {
+        Event::PeerSwitched { confirmed, .. } => (*t, *confirmed),
+        _ => unreachable!("filtered to PeerSwitched"),
+    })
+    .collect()
+}
+
+fn resumed_at(sim: &Sim, h: usize, f: &VirtualFlow) -> (super::Timestamp, bool) {
+    sim.events(h, |e| matches!(e, Event::Resumed { flow, .. } if flow == f))
+        .map(|(t, e)| match e {
+            Event::Resumed { peer_switched, .. } => (*t, *peer_switched),
+            _ => unreachable!("filtered to Resumed"),
+        })
+        .next()
+        .unwrap_or_else(|| panic!("{f:?} must be resumed"))
+}
+
+#[test]
+fn the_mover_restarts_only_once_the_peer_sends_to_its_new_address() {
+    let (mut sim, flows) = setup(21, Link::default(), Config::default(), 4);
+    sim.hosts[1].confirms_switch = true;
+    sim.move_host(0, "10.0.1.1");
+    let t0 = sim.now;
+    resume(&mut sim, 0, &flows, "10.0.1.1");
+    sim.run_for(Duration::from_secs(2));
+    for f in &flows {
+        let (t_resumed, peer_switched) = resumed_at(&sim, 0, f);
+        assert!(
+            !peer_switched,
+            "the peer stayed put: {f:?} must wait for its SWITCHED"
+        );
+        let (t_switch, _) = *sim
+            .events(
+                1,
+                |e| matches!(e, Event::SetRemote { flow, .. } if *flow == reverse(f)),
+            )
+            .next()
+            .unwrap_or_else(|| panic!("B must switch {f:?}"));
+        let got = releases(&sim, 0, f);
+        assert_eq!(got.len(), 1, "{f:?}: one release, got {got:?}");
+        let (t_release, confirmed) = got[0];
+        assert!(confirmed, "{f:?} must be released by B's SWITCHED");
+        assert!(
+            t_release >= t_resumed && t_release >= t_switch.plus(sim.link.delay),
+            "{f:?} released at {t_release:?}, before B switched ({t_switch:?}) \
+             and one link delay passed"
+        );
+        // Move (1 RTT) + validation (1 RTT), well before the fallback.
+        assert!(
+            t_release.since(t0) <= Duration::from_millis(7),
+            "{f:?} released {:?} after the move",
+            t_release.since(t0)
+        );
+    }
+    // One SWITCHED for the host pair, not one per connection.
+    assert_eq!(sim.hosts[1].ep.stats().get("switched_sent"), 1);
+    assert_eq!(sim.hosts[0].ep.stats().get("switch_confirmed"), 1);
+    assert_eq!(sim.hosts[0].ep.stats().get("switch_unconfirmed"), 0);
+}
+
+#[test]
+fn a_peer_that_never_confirms_costs_the_mover_one_timeout() {
+    // An older vnatd, or a lost SWITCHED: the mover goes ahead after
+    // rto(1) (400 ms with the default 200 ms initial timeout, jittered).
+    let (mut sim, flows) = setup(22, Link::default(), Config::default(), 2);
+    sim.move_host(0, "10.0.1.1");
+    resume(&mut sim, 0, &flows, "10.0.1.1");
+    sim.run_for(Duration::from_secs(2));
+    for f in &flows {
+        let (t_resumed, _) = resumed_at(&sim, 0, f);
+        let got = releases(&sim, 0, f);
+        assert_eq!(got.len(), 1, "{f:?}: one release, got {got:?}");
+        let (t_release, confirmed) = got[0];
+        assert!(!confirmed, "nobody confirmed {f:?}");
+        let waited = t_release.since(t_resumed);
+        assert!(
+            (Duration::from_millis(300)..=Duration::from_millis(500)).contains(&waited),
+            "{f:?} waited {waited:?} for a SWITCHED that never came"
+        );
+    }
+    assert_eq!(sim.hosts[0].ep.stats().get("switch_unconfirmed"), 1);
+    assert_eq!(sim.hosts[0].ep.stats().get("switch_confirmed"), 0);
+}
+
+#[test]
+fn when_both_ends_moved_neither_waits_for_the_other() {
+    // Each end's move completes only once it knows the other's new
+    // address; a SWITCHED wait would make them wait for each other.
+    let cfg = Config {
+        location_servers: vec![sa("10.9.9.9:2031")],
+        ..Config::default()
+    };
+    let (mut sim, flows) = setup(23, Link::default(), cfg, 2);
+    sim.add_host("10.9.9.9", Config::default());
+    sim.move_host(0, "10.0.1.1");
+    sim.move_host(1, "10.0.2.2");
+    let b_flows: Vec<_> = flows.iter().map(reverse).collect();
+    resume(&mut sim, 0, &flows, "10.0.1.1");
+    resume(&mut sim, 1, &b_flows, "10.0.2.2");
+    sim.run_for(Duration::from_secs(120));
+    for (h, fs) in [(0, &flows), (1, &b_flows)] {
+        for f in fs.iter() {
+            let (_, peer_switched) = resumed_at(&sim, h, f);
+            assert!(
+                peer_switched,
+                "host {h}: the peer of {f:?} moved too, so the send side must not wait"
+            );
+            assert!(
+                releases(&sim, h, f).is_empty(),
+                "host {h}: nothing to release for {f:?}"
+            );
+        }
+    }
+}

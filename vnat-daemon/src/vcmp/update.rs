@@ -31,7 +31,7 @@ impl Endpoint {
         self.send_record(ctx, flow, Kind::UpdR, Ext::None, from);
         self.propose_binding(ctx, flow, rec.sender_phys, rec.seq);
         // If we were looking for the peer, it found us (P(1)/S(1) parked).
-        self.complete(flow);
+        self.complete(ctx, flow);
         Ok(())
     }
 
@@ -45,7 +45,7 @@ impl Endpoint {
     ) -> Result<(), &'static str> {
         self.check_fresh(flow, rec.seq)?;
         self.propose_binding(ctx, flow, rec.sender_phys, rec.seq);
-        self.complete(flow);
+        self.complete(ctx, flow);
         Ok(())
     }
 

@@ -81,6 +81,12 @@ pub enum Kind {
     PairResp = 13,
     PairFin = 14,
     Error = 15,
+    /// Beyond the paper: "my send side now goes to your new address". Sent
+    /// by the peer of a moved connection once its datapath switched, so the
+    /// mover can restart its backed-off TCP sockets without their
+    /// retransmission reaching a peer that would still answer at the old
+    /// address (see `vcmp::switched`).
+    Switched = 16,
 }
 
 impl Kind {
@@ -102,6 +108,7 @@ impl Kind {
             13 => PairResp,
             14 => PairFin,
             15 => Error,
+            16 => Switched,
             _ => return None,
         })
     }
@@ -121,6 +128,7 @@ impl Kind {
                 | Store
                 | Challenge
                 | Response
+                | Switched
         )
     }
 

@@ -89,6 +89,7 @@ fn golden_simple_record_kinds_v4() {
         (Kind::UpdR, 4),
         (Kind::Lookup, 6),
         (Kind::Store, 8),
+        (Kind::Switched, 16),
     ] {
         let msg = records(kind, Family::V4, vec![rec4(kind, Ext::None, 7)]);
         let bytes = cat(&[&hdr(kind, 4, 1), &rec4_bytes(code, &[], 7)]);
