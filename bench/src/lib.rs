@@ -5,6 +5,7 @@
 //! Benchmarks build their hosts with the integration tests' harness
 //! (`vnat-tests`), so they need root. Their numbers always come from the run
 //! that prints them.
+pub mod capture;
 pub mod delayline;
 pub mod env;
 pub mod host;

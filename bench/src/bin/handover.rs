@@ -38,7 +38,7 @@
 
 use std::{
     net::SocketAddr,
-    process::{Child, ExitCode, Stdio},
+    process::ExitCode,
     time::{Duration, Instant},
 };
 
@@ -408,9 +408,10 @@ fn measure(
     ]);
     let _capture = capture
         .then(|| {
-            Tcpdump::start(
+            vnat_bench::capture::Tcpdump::start(
                 &topo.router,
                 &vnat_bench::results_path(diag).with_extension("pcap"),
+                SERVER_PORT,
             )
         })
         .transpose()?;
@@ -571,61 +572,6 @@ impl Drop for KeepLogs {
             }
             let _ = std::fs::copy(from, to);
         }
-    }
-}
-
-/// tcpdump writing a pcap of the router's view (all its interfaces).
-struct Tcpdump(Child);
-
-impl Tcpdump {
-    fn start(ns: &vnat_tests::Netns, path: &std::path::Path) -> Result<Tcpdump> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let child = ns
-            .cmd("tcpdump")
-            .args([
-                "-i",
-                "any",
-                "-nn",
-                "-U",
-                "--immediate-mode",
-                "-s",
-                "200",
-                "-w",
-            ])
-            .arg(path)
-            .args([
-                "tcp",
-                "port",
-                &SERVER_PORT.to_string(),
-                "or",
-                "udp",
-                "port",
-                "2031",
-                "or",
-                "icmp",
-                "or",
-                "arp",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("starting tcpdump")?;
-        // tcpdump needs a moment to open its socket.
-        std::thread::sleep(Duration::from_millis(500));
-        Ok(Tcpdump(child))
-    }
-}
-
-impl Drop for Tcpdump {
-    fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.0.id() as i32),
-            nix::sys::signal::Signal::SIGINT,
-        );
-        let _ = self.0.wait();
     }
 }
 

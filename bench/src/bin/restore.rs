@@ -159,6 +159,10 @@ pub struct Args {
     /// targets are only judged without an outage.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=3600))]
     outage_secs: u64,
+    /// Also write a pcap of the router's view (the servers' ports, VCMP,
+    /// ICMP, ARP) per run, as `bench/results/restore-nN-rR.pcap`.
+    #[arg(long)]
+    capture: bool,
     /// The scale benchmark (`cargo xtask bench scale`): before the move,
     /// also time `vnatctl ls` on both hosts and read the daemons' memory and
     /// their maps' kernel memory; write bench/results/scale.json too.
@@ -445,6 +449,16 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
     let lap = Host::new(&topo.laptop, "rstl");
     let srv = Host::new(&topo.server, "rsts");
     let server = SocketAddr::new(topo.server_addr.v4.into(), SERVER_PORT);
+    let _capture = args
+        .capture
+        .then(|| {
+            vnat_bench::capture::Tcpdump::start(
+                &topo.router,
+                &vnat_bench::results_path(diag).with_extension("pcap"),
+                SERVER_PORT,
+            )
+        })
+        .transpose()?;
     // Connections per helper process: each holds one descriptor per
     // connection, and a process may hold no more than its open-file limit
     // (20,000 where root may not raise it, as on this benchmark's VMs).
