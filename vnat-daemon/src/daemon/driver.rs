@@ -227,31 +227,34 @@ fn translate_one(
 }
 
 /// One connection's send side switched to (local, remote) physical
-/// endpoints. `peer_moved`: the peer's address changed (have the socket
-/// send an ACK there). `levers`: pull the restart levers right after the
-/// switch; false for our own move, whose levers wait for the peer's
-/// SWITCHED (`Event::PeerSwitched`).
+/// endpoints, then the restart levers. `peer_moved`: the peer's address
+/// changed (it waits for our SWITCHED). `solicit`: also have the socket's
+/// peer send an ACK: when the peer moved, because the ACKs our socket sent
+/// meanwhile were lost; after our own move, because a send our socket tried
+/// while held (an ACK of the peer's arrived first) was dropped and left it
+/// waiting on an un-backed-off probe timer, which the ACK ends at once.
 #[derive(Clone, Copy, Debug)]
 struct Switch {
     flow: VirtualFlow,
     local: SocketAddr,
     remote: SocketAddr,
     peer_moved: bool,
-    levers: bool,
+    solicit: bool,
 }
 
 /// After an outage TCP has backed off its retransmission timer; make it
 /// retransmit now rather than tens of seconds later (DESIGN.md §3, "no
-/// stall"); and if the peer moved, have the socket send an ACK. `wait`:
-/// the verified levers, which watch the socket act (and try again).
-fn restart_one(dp: &mut dyn Datapath, flow: VirtualFlow, peer_moved: bool, wait: bool) {
+/// stall"); and with `solicit`, have the socket's peer send it an ACK (see
+/// [`Switch`]). `wait`: the verified levers, which watch the socket act (and
+/// try again).
+fn restart_one(dp: &mut dyn Datapath, flow: VirtualFlow, solicit: bool, wait: bool) {
     if flow.proto != crate::datapath::Proto::Tcp {
         return;
     }
     let r = if wait {
-        crate::datapath::restart_verified(dp, &flow, peer_moved)
+        crate::datapath::restart_verified(dp, &flow, solicit)
     } else {
-        dp.kick_flow(&flow, peer_moved)
+        dp.kick_flow(&flow, solicit)
     };
     match r {
         Ok(sent) => tracing::debug!(?flow, %sent, "restart"),
@@ -317,7 +320,7 @@ pub struct Driver {
     /// Receive sides that could not be prepared yet (warned once each).
     prepare_failed: HashSet<(VirtualFlow, SocketAddr)>,
     /// Connections translated this turn whose sockets get the restart
-    /// levers after the flush, with whether the peer moved.
+    /// levers after the flush, with whether to solicit an ACK.
     to_restart: Vec<(VirtualFlow, bool)>,
     /// Interfaces kept attached by `standby_tc`, as last set.
     standby: Vec<u32>,
@@ -987,7 +990,7 @@ impl Driver {
                         local,
                         remote,
                         peer_moved: true,
-                        levers: true,
+                        solicit: true,
                     });
                 }
                 Event::Resumed {
@@ -998,6 +1001,9 @@ impl Driver {
                     tracing::debug!(?flow, "our move is acknowledged; the send side switches once the peer sends to our new address");
                 }
                 Event::Resumed { flow, .. } | Event::PeerSwitched { flow, .. } => {
+                    // Only a peer that said it switched is asked for an ACK:
+                    // otherwise it might still answer at our old address.
+                    let solicit = matches!(ev, Event::PeerSwitched { confirmed: true, .. });
                     if let Event::PeerSwitched { confirmed, .. } = ev {
                         tracing::debug!(?flow, confirmed, "the peer sends to our new address");
                     }
@@ -1011,7 +1017,7 @@ impl Driver {
                             local,
                             remote,
                             peer_moved: false,
-                            levers: true,
+                            solicit,
                         }),
                         None => tracing::debug!(?flow, %local, ?pending,
                             "our move is done but the peer moved too: the send side switches once its new address is validated"),
@@ -1065,9 +1071,7 @@ impl Driver {
 
     /// Make the datapath translate `flow` to (local, remote), or stop
     /// translating it when both are its virtual endpoints again.
-    /// `peer_moved`: the peer's address changed, so the ACKs our socket sent
-    /// meanwhile were lost; have it send one now (the peer's socket may be
-    /// waiting for it with a full congestion window).
+    /// `peer_moved`: the peer's address changed (see [`Switch`]).
     async fn translate(
         &mut self,
         flow: VirtualFlow,
@@ -1080,7 +1084,7 @@ impl Driver {
             local,
             remote,
             peer_moved,
-            levers: true,
+            solicit: peer_moved,
         }])
         .await;
     }
@@ -1090,8 +1094,8 @@ impl Driver {
     /// (and a wait for a CPU on a busy host) would cost more than the work.
     /// Returns the switches that took effect.
     ///
-    /// The TCP restart levers of the switches that want them
-    /// ([`Switch::levers`]): for a few connections, the verified ones,
+    /// The TCP restart levers (and the solicited ACKs of [`Switch`]): for a
+    /// few connections, the verified ones,
     /// at once after each install, before anything VCMP queued is sent.
     /// For a mass move they are queued for [`Driver::restart_translated`],
     /// which the loop runs after the flush: they cost tens of microseconds
@@ -1101,15 +1105,15 @@ impl Driver {
         if items.is_empty() {
             return Vec::new();
         }
-        let verified = items.iter().filter(|s| s.levers).count() <= VERIFIED_RESTARTS_MAX;
+        let verified = items.len() <= VERIFIED_RESTARTS_MAX;
         let started = std::time::Instant::now();
         let done = with_dp(&self.dp, move |dp| {
             items
                 .into_iter()
                 .map(|s| {
                     let r = translate_one(dp, s.flow, s.local, s.remote);
-                    if s.levers && verified && r.is_ok() {
-                        restart_one(dp, s.flow, s.peer_moved, true);
+                    if verified && r.is_ok() {
+                        restart_one(dp, s.flow, s.solicit, true);
                     }
                     (s, r)
                 })
@@ -1117,16 +1121,12 @@ impl Driver {
         })
         .await;
         let mut ok = Vec::with_capacity(done.len());
-        let mut levers = 0;
         for (s, r) in done {
             match r {
                 Ok(()) => {
                     tracing::info!(flow = ?s.flow, local = %s.local, remote = %s.remote, "translation updated");
-                    if s.levers {
-                        levers += 1;
-                        if !verified {
-                            self.to_restart.push((s.flow, s.peer_moved));
-                        }
+                    if !verified {
+                        self.to_restart.push((s.flow, s.solicit));
                     }
                     ok.push(s);
                 }
@@ -1135,9 +1135,9 @@ impl Driver {
                 }
             }
         }
-        if verified && levers > 0 {
+        if verified && !ok.is_empty() {
             tracing::info!(
-                connections = levers,
+                connections = ok.len(),
                 verified,
                 elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
                 "restart levers sent"
@@ -1155,8 +1155,8 @@ impl Driver {
         }
         let (n, started) = (items.len(), std::time::Instant::now());
         with_dp(&self.dp, move |dp| {
-            for (flow, peer_moved) in items {
-                restart_one(dp, flow, peer_moved, false);
+            for (flow, solicit) in items {
+                restart_one(dp, flow, solicit, false);
             }
         })
         .await;
