@@ -9,27 +9,29 @@
 //!    change was noticed (a resync that lists the connections and
 //!    addresses) and this connection's receive side was prepared
 //!    (`prepare_translation`). Batched `UPD`s follow the last.
-//! 2. laptop, "translation updated": the server answered the `UPD`s with
+//! 2. server, "translation updated": the server answered the `UPD`s with
 //!    `UPD_R` and one `CHALLENGE` for the new address (after preparing its
-//!    own receive side for every connection of the batch); the laptop
-//!    installs each translation, answers the challenge, then restarts the
-//!    flows ("restart levers sent", one line per batch; a batch of 16 or
-//!    fewer gets them right after each install, before the answer).
-//! 3. server, "translation updated": on the `RESPONSE` the server installs
-//!    each translation, then restarts the flows (an ACK solicited from each
-//!    socket, since the peer moved). Only now can the connection carry
-//!    data both ways.
+//!    own receive side for every connection of the batch); on the laptop's
+//!    `RESPONSE` it installs each translation, restarts the flows (an ACK
+//!    solicited from each socket, since the peer moved), and sends one
+//!    `SWITCHED` for the batch.
+//! 3. laptop, "translation updated": its TCP connections were held (their
+//!    packets dropped before they leave) since step 1; on `SWITCHED` the
+//!    laptop installs each translation, then restarts the flows ("restart
+//!    levers sent", one line per batch; a batch of 16 or fewer gets them
+//!    right after each install). Only now can the connection carry data
+//!    both ways.
 //!
 //! Phases (ms, from the first and last line of each step; t0 is when the
 //! new address became usable): `detect` (t0 to the first laptop line),
-//! `laptop_prepare`, `exchange` (last laptop prepare to the laptop's first
-//! install: UPD, the server's receive-side prepares, UPD_R), `laptop_install`,
-//! `validation` (the laptop's last install to the server's first: RESPONSE
-//! and one install; negative when batches overlap), `server_install`, and
-//! `drain` (the server's last install to the last echo). Per connection: a
-//! step's span over its lines, and each connection's echo after the later
-//! of its two installs. Connections are matched across the logs and the
-//! client's report by the laptop's port.
+//! `laptop_prepare`, `exchange` (last laptop prepare to the server's first
+//! install: UPD, the server's receive-side prepares, UPD_R and CHALLENGE,
+//! RESPONSE), `server_install`, `switched` (the server's last install to
+//! the laptop's first: SWITCHED; negative when batches overlap),
+//! `laptop_install`, and `drain` (the later of the two last installs to
+//! the last echo). Per connection: a step's span over its lines, and each
+//! connection's echo after the later of its two installs. Connections are
+//! matched across the logs and the client's report by the laptop's port.
 
 use std::{collections::HashMap, path::Path};
 
@@ -79,15 +81,15 @@ pub struct Phases {
     pub laptop_prepare_ms: Option<f64>,
     pub laptop_prepare_per_conn_ms: Option<f64>,
     pub exchange_ms: Option<f64>,
-    pub laptop_install_ms: Option<f64>,
-    pub laptop_install_per_conn_ms: Option<f64>,
-    pub validation_ms: Option<f64>,
     pub server_install_ms: Option<f64>,
     pub server_install_per_conn_ms: Option<f64>,
+    pub switched_ms: Option<f64>,
+    pub laptop_install_ms: Option<f64>,
+    pub laptop_install_per_conn_ms: Option<f64>,
     pub drain_ms: Option<f64>,
     /// Time each vnatd spent on the TCP restart levers after t0, summed
-    /// over its batches (part of `drain` on the server: its levers follow
-    /// its installs).
+    /// over its batches (part of `drain` on the laptop: its levers follow
+    /// its installs, the last step).
     pub laptop_levers_ms: f64,
     pub server_levers_ms: f64,
     /// Per connection: from the later of its two installs to its echo
@@ -148,17 +150,21 @@ impl Phases {
         p.detect_ms = p.laptop_resuming.first_ms;
         p.laptop_prepare_ms = gap(p.laptop_resuming.first_ms, p.laptop_resuming.last_ms);
         p.laptop_prepare_per_conn_ms = p.laptop_resuming.per_conn_ms();
-        p.exchange_ms = gap(p.laptop_resuming.last_ms, p.laptop_translated.first_ms);
-        p.laptop_install_ms = gap(p.laptop_translated.first_ms, p.laptop_translated.last_ms);
-        p.laptop_install_per_conn_ms = p.laptop_translated.per_conn_ms();
-        p.validation_ms = gap(p.laptop_translated.last_ms, p.server_translated.first_ms);
+        p.exchange_ms = gap(p.laptop_resuming.last_ms, p.server_translated.first_ms);
         p.server_install_ms = gap(p.server_translated.first_ms, p.server_translated.last_ms);
         p.server_install_per_conn_ms = p.server_translated.per_conn_ms();
+        p.switched_ms = gap(p.server_translated.last_ms, p.laptop_translated.first_ms);
+        p.laptop_install_ms = gap(p.laptop_translated.first_ms, p.laptop_translated.last_ms);
+        p.laptop_install_per_conn_ms = p.laptop_translated.per_conn_ms();
         let last_echo = restored
             .iter()
             .map(|r| ms_from(r.recv as i128, t0))
             .reduce(f64::max);
-        p.drain_ms = gap(p.server_translated.last_ms, last_echo);
+        let last_install = match (p.server_translated.last_ms, p.laptop_translated.last_ms) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        p.drain_ms = gap(last_install, last_echo);
         let levers = |lines: &[Line]| -> f64 {
             lines
                 .iter()

@@ -87,14 +87,14 @@ fn phase_fields() -> Vec<(&'static str, PhaseField)> {
             p.laptop_prepare_per_conn_ms
         }),
         ("exchange_ms", |p| p.exchange_ms),
-        ("laptop_install_ms", |p| p.laptop_install_ms),
-        ("laptop_install_per_conn_ms", |p| {
-            p.laptop_install_per_conn_ms
-        }),
-        ("validation_ms", |p| p.validation_ms),
         ("server_install_ms", |p| p.server_install_ms),
         ("server_install_per_conn_ms", |p| {
             p.server_install_per_conn_ms
+        }),
+        ("switched_ms", |p| p.switched_ms),
+        ("laptop_install_ms", |p| p.laptop_install_ms),
+        ("laptop_install_per_conn_ms", |p| {
+            p.laptop_install_per_conn_ms
         }),
         ("drain_ms", |p| p.drain_ms),
         ("laptop_levers_ms", |p| Some(p.laptop_levers_ms)),
@@ -286,9 +286,9 @@ pub fn table(args: &Args, results: &[(usize, Vec<RunResult>)]) -> String {
         "detect",
         "lap.prepare (/c)",
         "exchange",
-        "lap.install (/c)",
-        "validation",
         "srv.install (/c)",
+        "switched",
+        "lap.install (/c)",
         "drain",
         "echo-install",
         "levers l/s"
@@ -308,14 +308,14 @@ pub fn table(args: &Args, results: &[(usize, Vec<RunResult>)]) -> String {
             ph(|p| p.exchange_ms, 1),
             format!(
                 "{} ({})",
-                ph(|p| p.laptop_install_ms, 1),
-                ph(|p| p.laptop_install_per_conn_ms, 2)
-            ),
-            ph(|p| p.validation_ms, 1),
-            format!(
-                "{} ({})",
                 ph(|p| p.server_install_ms, 1),
                 ph(|p| p.server_install_per_conn_ms, 2)
+            ),
+            ph(|p| p.switched_ms, 1),
+            format!(
+                "{} ({})",
+                ph(|p| p.laptop_install_ms, 1),
+                ph(|p| p.laptop_install_per_conn_ms, 2)
             ),
             ph(|p| p.drain_ms, 1),
             format!(
@@ -332,10 +332,11 @@ pub fn table(args: &Args, results: &[(usize, Vec<RunResult>)]) -> String {
     }
     let _ = writeln!(
         s,
-        "(detect: t0 -> laptop's first prepare; exchange: UPD, server's receive-side prepares, UPD_R; validation: \
-         laptop's last install -> server's first; drain: server's last install -> last echo; \
-         echo-install: per connection, later install -> its echo, median/max; levers l/s: time the laptop's \
-         and the server's vnatd spent on the TCP restart levers, the server's within drain)"
+        "(detect: t0 -> laptop's first prepare; exchange: UPD, server's receive-side prepares, UPD_R and \
+         CHALLENGE, RESPONSE; switched: server's last install -> laptop's first (SWITCHED); drain: the last \
+         install -> last echo; echo-install: per connection, later install -> its echo, median/max; \
+         levers l/s: time the laptop's and the server's vnatd spent on the TCP restart levers, the laptop's \
+         within drain)"
     );
     s
 }
