@@ -9,7 +9,11 @@
 //! - the zero-window probe timer, when nothing was in flight and new data
 //!   could not be sent because the host had no route (the laptop's cable is
 //!   out): tcp_write_xmit fails, tcp_check_probe_timer arms ICSK_TIME_PROBE0
-//!   and tcp_send_probe0 backs it off like the retransmission timer.
+//!   and tcp_send_probe0 backs it off like the retransmission timer. Not
+//!   yet backed off it still waits a full RTO (200 ms or more): after one
+//!   failed send, such as a send that vnat's hold dropped while the
+//!   connection's own end was moving (`NAT_F_HOLD`). That is the same
+//!   stall, shorter, and gets the same lever.
 //!
 //! **Retransmission timer: RFC 6069 (TCP-LD), which Linux implements.** An
 //! ICMP destination unreachable (IPv4 net or host unreachable, ICMPv6 "no
@@ -120,7 +124,7 @@ pub fn restart_flow(
     let state = diag.query(flow, record.cookie)?.ok_or_else(gone)?;
     if state.rto_backed_off() {
         revert_backoff(&diag, flow, record, state)
-    } else if state.probe_backed_off() {
+    } else if state.probe_stuck() {
         ask_peer_for_ack(&diag, flow, record, state)
     } else {
         Ok(RestartOutcome::NotStalled)
@@ -223,9 +227,7 @@ fn ask_peer_for_ack(
         let now = diag.wait_for_change(flow, record.cookie, &last, PROBE_WAIT)?;
         match now {
             None => return Err(DatapathError::NoSuchConnection { flow: *flow }),
-            Some(s) if !s.probe_backed_off() => {
-                return Ok(RestartOutcome::Resumed { probes, backoff })
-            }
+            Some(s) if !s.probe_stuck() => return Ok(RestartOutcome::Resumed { probes, backoff }),
             // The probe timer fired by itself meanwhile, or no answer yet.
             Some(s) => last = s,
         }
@@ -290,7 +292,7 @@ pub fn kick(
             backoff: state.backoff,
         });
     }
-    if state.probe_backed_off() {
+    if state.probe_stuck() {
         let segment = probe_segment(flow, record, &state);
         RawSocket::open(flow.local.ip(), RawKind::Tcp)?.send(&segment, flow.remote.ip())?;
         if peer_moved {

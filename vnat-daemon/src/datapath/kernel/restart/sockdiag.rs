@@ -35,11 +35,15 @@ impl TcpState {
         self.timer == TIMER_RETRANSMIT && self.retransmits > 0 && self.backoff > 0
     }
 
-    /// Waiting on a backed-off probe timer although the peer's window is
-    /// open: sending failed locally (no route), not a zero window. Against
-    /// a real zero window an ACK would change nothing.
-    pub(super) fn probe_backed_off(&self) -> bool {
-        self.timer == TIMER_PROBE0 && self.backoff > 0 && self.snd_wnd != Some(0)
+    /// Waiting on the probe timer although the peer's window is open:
+    /// sending failed locally (no route, or vnat's hold during a move), not
+    /// a zero window. Backed off or not: even the first wait is an RTO (200
+    /// ms or more), where an ACK from the peer takes one round trip. With
+    /// nothing in flight the probe timer is armed only when data could not
+    /// be sent, so a healthy socket never matches. Against a real zero
+    /// window an ACK would change nothing.
+    pub(super) fn probe_stuck(&self) -> bool {
+        self.timer == TIMER_PROBE0 && self.snd_wnd != Some(0)
     }
 
     /// The window field the socket itself would send (tcp_select_window).

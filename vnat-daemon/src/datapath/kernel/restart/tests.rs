@@ -169,20 +169,28 @@ fn parses_inet_diag_answers() {
             rcv_wnd: Some(300 << 7),
         }
     );
-    assert!(s.rto_backed_off() && !s.probe_backed_off());
+    assert!(s.rto_backed_off() && !s.probe_stuck());
     assert_eq!(s.advertised_window(), 300);
     let probing = TcpState {
         timer: TIMER_PROBE0,
         retransmits: 0,
         ..s
     };
-    assert!(probing.probe_backed_off() && !probing.rto_backed_off());
+    assert!(probing.probe_stuck() && !probing.rto_backed_off());
+    assert!(
+        TcpState {
+            backoff: 0,
+            ..probing
+        }
+        .probe_stuck(),
+        "one failed send (a held packet) already waits a whole RTO"
+    );
     assert!(
         !TcpState {
             snd_wnd: Some(0),
             ..probing
         }
-        .probe_backed_off(),
+        .probe_stuck(),
         "a real zero window is left alone"
     );
 

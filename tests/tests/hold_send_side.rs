@@ -1,0 +1,195 @@
+//! The hold of a moving connection's send side, on a real socket: while
+//! held, what the application writes stays queued in its socket (nothing
+//! reaches the peer, the connection survives), and once released the
+//! restart lever sends it at once, not at the socket's probe timer.
+//!
+//! A held send fails locally (the tc program drops it), so the socket arms
+//! its probe timer, a whole RTO (200 ms or more) away, even though it has
+//! not backed off yet. vnatd releases the hold when the peer confirms it
+//! sends to the new address (SWITCHED) and then pulls the lever, which must
+//! ask the peer for an ACK (one round trip) instead of calling the socket
+//! "not stalled" and leaving the data to the timer.
+
+use std::{
+    io::Write,
+    net::SocketAddr,
+    os::unix::process::CommandExt,
+    process::{Child, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use nix::{
+    sys::signal::{killpg, Signal},
+    unistd::Pid,
+};
+use vnat_daemon::datapath::{Datapath, Proto, RestartOutcome, VirtualFlow};
+use vnat_tests::{ss_endpoint, Host, LaptopRouterServer, Netns};
+
+const PORT: u16 = 5013;
+const CHUNK: usize = 1000;
+
+/// A process group killed on drop.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = killpg(Pid::from_raw(self.0.id() as i32), Signal::SIGKILL);
+        let _ = self.0.wait();
+    }
+}
+
+fn socat(host: &Host, args: &[&str], stdin: Stdio) -> Proc {
+    let mut cmd = host.command("socat");
+    cmd.args(args)
+        .stdin(stdin)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    cmd.process_group(0);
+    Proc(
+        cmd.spawn()
+            .unwrap_or_else(|e| panic!("cannot start socat in {}: {e}", host.ns.name())),
+    )
+}
+
+/// `ss -tinH` of the established socket `local -> remote`.
+fn ss(ns: &Netns, local: SocketAddr, remote: SocketAddr) -> String {
+    let filter = format!("src {} and dst {}", ss_endpoint(local), ss_endpoint(remote));
+    let out = ns.run_stdout(&["ss", "-tinoH", "state", "established", &filter]);
+    assert!(
+        !out.trim().is_empty(),
+        "no established socket {local} -> {remote} in {}: the connection did not survive",
+        ns.name()
+    );
+    out
+}
+
+/// `bytes_received` of the socket (0 when ss leaves it out).
+fn received(ns: &Netns, local: SocketAddr, remote: SocketAddr) -> usize {
+    let out = ss(ns, local, remote);
+    out.split_whitespace()
+        .find_map(|w| w.strip_prefix("bytes_received:"))
+        .map_or(0, |n| {
+            n.parse()
+                .unwrap_or_else(|e| panic!("bytes_received in {out}: {e}"))
+        })
+}
+
+/// Wait until the server socket has received `want` bytes; the time it took.
+fn wait_received(ns: &Netns, local: SocketAddr, remote: SocketAddr, want: usize) -> Duration {
+    let start = Instant::now();
+    loop {
+        let got = received(ns, local, remote);
+        assert!(
+            got <= want,
+            "the server received {got} bytes, more than the {want} written"
+        );
+        if got == want {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the server has {got} of {want} bytes after 5 s"
+        );
+        thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn held_data_stays_queued_and_leaves_at_the_lever() {
+    let topo = LaptopRouterServer::builder().tag("hold").build();
+    let lap = Host::new(&topo.laptop, "holdl");
+    let srv = Host::new(&topo.server, "holds");
+    let server = SocketAddr::new(topo.server_addr.v4.into(), PORT);
+    let _server = socat(
+        &srv,
+        &[
+            "-u",
+            &format!("TCP4-LISTEN:{PORT},bind={},reuseaddr", server.ip()),
+            "OPEN:/dev/null,wronly",
+        ],
+        Stdio::null(),
+    );
+    thread::sleep(Duration::from_millis(200));
+    let mut client = socat(
+        &lap,
+        &["-u", "STDIN", &format!("TCP4:{server}")],
+        Stdio::piped(),
+    );
+    let mut input = client.0.stdin.take().expect("the client's stdin");
+    let conn = lap.wait_connection("the client's connection", |c| {
+        c.proto == Proto::Tcp && c.virtual_remote == server
+    });
+    let flow = VirtualFlow {
+        proto: Proto::Tcp,
+        local: conn.virtual_local,
+        remote: server,
+    };
+    let (srv_local, srv_remote) = (server, flow.local);
+
+    let mut write = move |what: &str| {
+        input
+            .write_all(&[b'x'; CHUNK])
+            .unwrap_or_else(|e| panic!("writing {what} to the client: {e}"));
+        input.flush().expect("flush");
+    };
+    write("the first chunk");
+    wait_received(&topo.server, srv_local, srv_remote, CHUNK);
+
+    // One datapath for the rest, as vnatd holds one: a datapath opened
+    // afresh reconciles the tc attachments with its translations (none
+    // here) and would detach the translators.
+    let a_ip = std::net::IpAddr::from(topo.laptop_a_addr.v4);
+    let (srv_ns, lap_ns) = (&topo.server, &topo.laptop);
+    lap.datapath(move |dp| {
+        // The translators on the laptop's interface, as vnatd keeps them
+        // (standby_tc), with nothing translated.
+        let ifindex = dp
+            .interface_addresses()
+            .expect("interface addresses")
+            .into_iter()
+            .find(|(a, _)| *a == a_ip)
+            .map(|(_, i)| i)
+            .expect("the laptop's address A on an interface");
+        dp.set_standby(&[ifindex]).expect("attach tc");
+
+        // Held: the write stays in the laptop's socket, on its probe timer.
+        dp.hold_send_side(&flow, true).expect("hold");
+        write("a chunk while held");
+        let written = Instant::now();
+        thread::sleep(Duration::from_millis(60));
+        assert_eq!(
+            received(srv_ns, srv_local, srv_remote),
+            CHUNK,
+            "a held connection's data reached the peer"
+        );
+        let held = ss(lap_ns, flow.local, flow.remote);
+        assert!(
+            held.contains("timer:(persist"),
+            "the held socket should wait on its probe timer: {held}"
+        );
+
+        // Released (as on SWITCHED) and restarted: one ACK from the server
+        // sends the chunk, well before the socket's own timer.
+        dp.hold_send_side(&flow, false).expect("release");
+        let outcome = dp
+            .restart_flow(&flow)
+            .unwrap_or_else(|e| panic!("restart_flow({flow:?}): {e}"));
+        assert!(
+            matches!(outcome, RestartOutcome::Resumed { .. }),
+            "the lever must ask the server for an ACK, got {outcome:?}"
+        );
+        wait_received(srv_ns, srv_local, srv_remote, 2 * CHUNK);
+        let after = written.elapsed();
+        assert!(
+            after < Duration::from_millis(180),
+            "the held chunk arrived {after:?} after it was written: that is the probe \
+             timer (an RTO, at least 200 ms), not the lever"
+        );
+
+        // Nothing is left held, and the connection carries data as before.
+        assert_eq!(dp.release_held().expect("release_held"), 0);
+        write("a chunk after the release");
+        wait_received(srv_ns, srv_local, srv_remote, 3 * CHUNK);
+    });
+}
