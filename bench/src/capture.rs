@@ -13,6 +13,18 @@ use anyhow::{Context, Result};
 pub struct Tcpdump(Child);
 
 impl Tcpdump {
+    /// With `on` (`--capture`), [`Tcpdump::start`] into
+    /// `bench/results/DIAG.pcap`.
+    pub fn for_run(
+        on: bool,
+        ns: &vnat_tests::Netns,
+        diag: &str,
+        port: u16,
+    ) -> Result<Option<Tcpdump>> {
+        on.then(|| Tcpdump::start(ns, &crate::results_path(diag).with_extension("pcap"), port))
+            .transpose()
+    }
+
     /// Capture the TCP of `port`, VCMP, ICMP and ARP into `path`.
     pub fn start(ns: &vnat_tests::Netns, path: &Path, port: u16) -> Result<Tcpdump> {
         if let Some(dir) = path.parent() {

@@ -13,44 +13,16 @@
 use std::{
     io::Write,
     net::SocketAddr,
-    os::unix::process::CommandExt,
-    process::{Child, Stdio},
+    process::Stdio,
     thread,
     time::{Duration, Instant},
 };
 
-use nix::{
-    sys::signal::{killpg, Signal},
-    unistd::Pid,
-};
 use vnat_daemon::datapath::{Datapath, Proto, RestartOutcome, VirtualFlow};
 use vnat_tests::{ss_endpoint, Host, LaptopRouterServer, Netns};
 
 const PORT: u16 = 5013;
 const CHUNK: usize = 1000;
-
-/// A process group killed on drop.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = killpg(Pid::from_raw(self.0.id() as i32), Signal::SIGKILL);
-        let _ = self.0.wait();
-    }
-}
-
-fn socat(host: &Host, args: &[&str], stdin: Stdio) -> Proc {
-    let mut cmd = host.command("socat");
-    cmd.args(args)
-        .stdin(stdin)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    cmd.process_group(0);
-    Proc(
-        cmd.spawn()
-            .unwrap_or_else(|e| panic!("cannot start socat in {}: {e}", host.ns.name())),
-    )
-}
 
 /// `ss -tinH` of the established socket `local -> remote`.
 fn ss(ns: &Netns, local: SocketAddr, remote: SocketAddr) -> String {
@@ -101,8 +73,7 @@ fn held_data_stays_queued_and_leaves_at_the_lever() {
     let lap = Host::new(&topo.laptop, "holdl");
     let srv = Host::new(&topo.server, "holds");
     let server = SocketAddr::new(topo.server_addr.v4.into(), PORT);
-    let _server = socat(
-        &srv,
+    let _server = srv.socat(
         &[
             "-u",
             &format!("TCP4-LISTEN:{PORT},bind={},reuseaddr", server.ip()),
@@ -111,11 +82,7 @@ fn held_data_stays_queued_and_leaves_at_the_lever() {
         Stdio::null(),
     );
     thread::sleep(Duration::from_millis(200));
-    let mut client = socat(
-        &lap,
-        &["-u", "STDIN", &format!("TCP4:{server}")],
-        Stdio::piped(),
-    );
+    let mut client = lap.socat(&["-u", "STDIN", &format!("TCP4:{server}")], Stdio::piped());
     let mut input = client.0.stdin.take().expect("the client's stdin");
     let conn = lap.wait_connection("the client's connection", |c| {
         c.proto == Proto::Tcp && c.virtual_remote == server

@@ -12,43 +12,15 @@
 
 use std::{
     net::SocketAddr,
-    os::unix::process::CommandExt,
-    process::{Child, Stdio},
+    process::Stdio,
     thread,
     time::{Duration, Instant},
 };
 
-use nix::{
-    sys::signal::{killpg, Signal},
-    unistd::Pid,
-};
 use vnat_daemon::datapath::{Datapath, Proto, VirtualFlow};
 use vnat_tests::{ss_endpoint, Capture, Family, Host, LaptopRouterServer, Netns};
 
 const PORT: u16 = 5011;
-
-/// A process group killed on drop.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = killpg(Pid::from_raw(self.0.id() as i32), Signal::SIGKILL);
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn(host: &Host, args: &[&str]) -> Proc {
-    let mut cmd = host.command("socat");
-    cmd.args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    cmd.process_group(0);
-    Proc(
-        cmd.spawn()
-            .unwrap_or_else(|e| panic!("cannot start socat in {}: {e}", host.ns.name())),
-    )
-}
 
 fn socat_addr(a: SocketAddr) -> String {
     match a {
@@ -98,10 +70,10 @@ fn check(family: Family, tag: &str) {
             a.ip()
         ),
     };
-    let _server = spawn(&srv, &[&listen, "SYSTEM:sleep 60"]);
+    let _server = srv.socat(&[&listen, "SYSTEM:sleep 60"], Stdio::null());
     thread::sleep(Duration::from_millis(200));
     let connect = format!("TCP:{}", socat_addr(server));
-    let _client = spawn(&lap, &[&connect, "SYSTEM:sleep 60"]);
+    let _client = lap.socat(&[&connect, "SYSTEM:sleep 60"], Stdio::null());
 
     let conn = lap.wait_connection("the client's idle connection", |c| {
         c.proto == Proto::Tcp && c.virtual_remote == server

@@ -43,6 +43,18 @@ fn translation(proto: Proto, vl: &str, vr: &str, pl: &str, pr: &str) -> Translat
     }
 }
 
+/// The laptop's TCP connection to the server after the laptop moved from
+/// 198.18.1.2 to 198.18.2.2 (the translation most tests use).
+fn laptop_moved() -> Translation {
+    translation(
+        Proto::Tcp,
+        "198.18.1.2:40000",
+        "198.18.3.2:5001",
+        "198.18.2.2:40000",
+        "198.18.3.2:5001",
+    )
+}
+
 fn counter(dp: &KernelDatapath, name: &str) -> u64 {
     dp.counters()
         .unwrap()
@@ -82,13 +94,7 @@ fn translate(
 #[test]
 fn ipv4_tcp_egress_rewrites_source_of_moved_laptop() {
     let mut f = fixture("tc-v4tcp");
-    let t = translation(
-        Proto::Tcp,
-        "198.18.1.2:40000",
-        "198.18.3.2:5001",
-        "198.18.2.2:40000",
-        "198.18.3.2:5001",
-    );
+    let t = laptop_moved();
     let before = counter(&f.dp, "egress_translated");
     let p = translate(
         &mut f,
@@ -191,13 +197,7 @@ fn udpv4_zero_checksum_stays_zero() {
 #[test]
 fn non_matching_packets_are_untouched_and_not_counted() {
     let mut f = fixture("tc-nomatch");
-    let t = translation(
-        Proto::Tcp,
-        "198.18.1.2:40000",
-        "198.18.3.2:5001",
-        "198.18.2.2:40000",
-        "198.18.3.2:5001",
-    );
+    let t = laptop_moved();
     f.dp.insert_nat_pair(&pair_for(&t, 1, 0)).unwrap();
     let others = [
         Spec::tcp("198.18.1.2:40001", "198.18.3.2:5001"), // other port
@@ -275,13 +275,7 @@ fn redirect_flag_returns_redirect_verdict_and_counts_it() {
 #[test]
 fn held_flows_are_dropped_at_egress_until_released() {
     let mut f = fixture("tc-hold");
-    let t = translation(
-        Proto::Tcp,
-        "198.18.1.2:40000",
-        "198.18.3.2:5001",
-        "198.18.2.2:40000",
-        "198.18.3.2:5001",
-    );
+    let t = laptop_moved();
     f.dp.insert_nat_pair(&pair_for(&t, 1, 0)).unwrap();
     let out_frame = Spec::tcp("198.18.1.2:40000", "198.18.3.2:5001").frame();
     let in_spec = Spec::tcp("198.18.3.2:5001", "198.18.2.2:40000");
@@ -336,13 +330,7 @@ fn held_flows_are_dropped_at_egress_until_released() {
 #[test]
 fn installing_the_new_translation_releases_the_hold() {
     let mut f = fixture("tc-hold-install");
-    let t = translation(
-        Proto::Tcp,
-        "198.18.1.2:40000",
-        "198.18.3.2:5001",
-        "198.18.2.2:40000",
-        "198.18.3.2:5001",
-    );
+    let t = laptop_moved();
     f.dp.hold_send_side(&t.flow, true).unwrap();
     f.dp.insert_nat_pair(&pair_for(&t, 1, 0)).unwrap();
     let out = run(
@@ -370,13 +358,7 @@ fn reopen_body() {
         bpffs: pins.path().to_path_buf(),
         cgroups: vec![],
     };
-    let t = translation(
-        Proto::Tcp,
-        "198.18.1.2:40000",
-        "198.18.3.2:5001",
-        "198.18.2.2:40000",
-        "198.18.3.2:5001",
-    );
+    let t = laptop_moved();
     {
         let mut dp = KernelDatapath::open(&opts).unwrap();
         dp.insert_nat_pair(&pair_for(&t, 1, 0)).unwrap();
@@ -408,13 +390,7 @@ fn translators_idle_until_something_is_translated() {
 
 fn idle_body() {
     let mut f = fixture("tc-idle");
-    let t = translation(
-        Proto::Tcp,
-        "198.18.1.2:40000",
-        "198.18.3.2:5001",
-        "198.18.2.2:40000",
-        "198.18.3.2:5001",
-    );
+    let t = laptop_moved();
     let frame = Spec::tcp("198.18.1.2:40000", "198.18.3.2:5001").frame();
     let mut short = frame.clone();
     short.truncate(14 + 20 + 2);

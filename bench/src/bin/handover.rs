@@ -406,15 +406,7 @@ fn measure(
             vnat_bench::results_path(&format!("{diag}-server")).with_extension("log"),
         ),
     ]);
-    let _capture = capture
-        .then(|| {
-            vnat_bench::capture::Tcpdump::start(
-                &topo.router,
-                &vnat_bench::results_path(diag).with_extension("pcap"),
-                SERVER_PORT,
-            )
-        })
-        .transpose()?;
+    let _capture = vnat_bench::capture::Tcpdump::for_run(capture, &topo.router, diag, SERVER_PORT)?;
 
     // The self-check of the delay line: the round trip the benchmark claims.
     let rtts = delayline::handshake_rtts(&topo, server.ip(), RTT_SAMPLES)?;

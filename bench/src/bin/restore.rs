@@ -449,16 +449,8 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
     let lap = Host::new(&topo.laptop, "rstl");
     let srv = Host::new(&topo.server, "rsts");
     let server = SocketAddr::new(topo.server_addr.v4.into(), SERVER_PORT);
-    let _capture = args
-        .capture
-        .then(|| {
-            vnat_bench::capture::Tcpdump::start(
-                &topo.router,
-                &vnat_bench::results_path(diag).with_extension("pcap"),
-                SERVER_PORT,
-            )
-        })
-        .transpose()?;
+    let _capture =
+        vnat_bench::capture::Tcpdump::for_run(args.capture, &topo.router, diag, SERVER_PORT)?;
     // Connections per helper process: each holds one descriptor per
     // connection, and a process may hold no more than its open-file limit
     // (20,000 where root may not raise it, as on this benchmark's VMs).

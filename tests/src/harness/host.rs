@@ -59,6 +59,17 @@ impl<'a> Host<'a> {
         cmd
     }
 
+    /// socat with `args` in this host's namespace and cgroup, in its own
+    /// process group (killed on drop), stdin as given, output discarded.
+    pub fn socat(&self, args: &[&str], stdin: std::process::Stdio) -> super::ProcessGroup {
+        let mut cmd = self.command("socat");
+        cmd.args(args)
+            .stdin(stdin)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        super::ProcessGroup::spawn(cmd, &format!("socat in {}", self.ns.name()))
+    }
+
     /// Wait until the datapath has recorded a connection matching `pred`.
     pub fn wait_connection(
         &self,

@@ -30,7 +30,7 @@ pub use server_move::{
     add_location_host, add_server_link_e, move_server_to_e, LocationHost, OldServerAddress,
     ServerLinkE,
 };
-pub use servers::{Iperf3Server, SshServer};
+pub use servers::{Iperf3Server, ProcessGroup, SshServer};
 pub use stream::{StreamClient, StreamOptions, StreamStatus};
 pub use topology::{netem_available, LaptopRouterServer, LaptopRouterServerBuilder, SameLink};
 

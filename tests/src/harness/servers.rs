@@ -54,6 +54,27 @@ fn stop_group(child: &mut Child) {
     let _ = child.wait();
 }
 
+/// A program (socat and the like) in its own process group, killed with its
+/// children on drop.
+pub struct ProcessGroup(pub Child);
+
+impl ProcessGroup {
+    /// Spawn `cmd`, with the stdio it was given, as a new group's leader.
+    pub fn spawn(mut cmd: Command, what: &str) -> ProcessGroup {
+        cmd.process_group(0);
+        ProcessGroup(
+            cmd.spawn()
+                .unwrap_or_else(|e| panic!("cannot start {what}: {e}")),
+        )
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        stop_group(&mut self.0);
+    }
+}
+
 /// `iperf3 -s -B ADDR -p PORT` in a namespace.
 pub struct Iperf3Server {
     child: Child,

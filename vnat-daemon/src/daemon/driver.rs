@@ -1003,7 +1003,13 @@ impl Driver {
                 Event::Resumed { flow, .. } | Event::PeerSwitched { flow, .. } => {
                     // Only a peer that said it switched is asked for an ACK:
                     // otherwise it might still answer at our old address.
-                    let solicit = matches!(ev, Event::PeerSwitched { confirmed: true, .. });
+                    let solicit = matches!(
+                        ev,
+                        Event::PeerSwitched {
+                            confirmed: true,
+                            ..
+                        }
+                    );
                     if let Event::PeerSwitched { confirmed, .. } = ev {
                         tracing::debug!(?flow, confirmed, "the peer sends to our new address");
                     }
