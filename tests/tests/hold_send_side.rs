@@ -143,7 +143,7 @@ fn held_data_stays_queued_and_leaves_at_the_lever() {
             .restart_flow(&flow)
             .unwrap_or_else(|e| panic!("restart_flow({flow:?}): {e}"));
         assert!(
-            matches!(outcome, RestartOutcome::Resumed { .. }),
+            matches!(outcome, RestartOutcome::Probed),
             "the lever must ask the server for an ACK, got {outcome:?}"
         );
         wait_received(srv_ns, srv_local, srv_remote, 2 * CHUNK);

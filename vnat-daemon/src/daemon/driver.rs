@@ -1132,7 +1132,12 @@ impl Driver {
                 Ok(()) => {
                     tracing::info!(flow = ?s.flow, local = %s.local, remote = %s.remote, "translation updated");
                     if !verified {
-                        self.to_restart.push((s.flow, s.solicit));
+                        // In a mass move only the end whose peer moved
+                        // solicits: each ACK costs the injecting syscall the
+                        // packet's whole trip (tens of microseconds), and
+                        // the mover's held sockets get the peer's own
+                        // solicited ACKs, which leave after its SWITCHED.
+                        self.to_restart.push((s.flow, s.solicit && s.peer_moved));
                     }
                     ok.push(s);
                 }

@@ -236,6 +236,13 @@ pub enum RestartOutcome {
     /// backed-off probe timer (sending had failed locally): the peer was
     /// asked for an ACK `probes` times, and on receiving it the socket sent.
     Resumed { probes: u32, backoff: u8 },
+    /// The socket had new data waiting behind a probe timer that had not
+    /// backed off yet (one send had failed locally, such as a send dropped
+    /// while the connection was held during its move): the peer was asked
+    /// for an ACK once, without waiting for the answer, so that many such
+    /// sockets are restarted in one round trip, not one after another. If
+    /// the probe is lost, the timer (one RTO) sends the data anyway.
+    Probed,
     /// Nothing changed after `messages` ICMP messages or probes: the
     /// sequence number was stale, or the peer did not answer. The socket
     /// goes on at its own timer.

@@ -13,7 +13,8 @@
 //!   yet backed off it still waits a full RTO (200 ms or more): after one
 //!   failed send, such as a send that vnat's hold dropped while the
 //!   connection's own end was moving (`NAT_F_HOLD`). That is the same
-//!   stall, shorter, and gets the same lever.
+//!   stall, shorter, and gets the same lever, sent once without waiting
+//!   for the socket to act (`RestartOutcome::Probed`).
 //!
 //! **Retransmission timer: RFC 6069 (TCP-LD), which Linux implements.** An
 //! ICMP destination unreachable (IPv4 net or host unreachable, ICMPv6 "no
@@ -124,8 +125,15 @@ pub fn restart_flow(
     let state = diag.query(flow, record.cookie)?.ok_or_else(gone)?;
     if state.rto_backed_off() {
         revert_backoff(&diag, flow, record, state)
-    } else if state.probe_stuck() {
+    } else if state.probe_stuck() && state.backoff > 0 {
         ask_peer_for_ack(&diag, flow, record, state)
+    } else if state.probe_stuck() {
+        // Not backed off: one send just failed, and the timer is one RTO
+        // away, no more. One probe, no wait: a wait per connection, when a
+        // few are restarted together, would cost more than it saves.
+        let segment = probe_segment(flow, record, &state);
+        RawSocket::open(flow.local.ip(), RawKind::Tcp)?.send(&segment, flow.remote.ip())?;
+        Ok(RestartOutcome::Probed)
     } else {
         Ok(RestartOutcome::NotStalled)
     }
