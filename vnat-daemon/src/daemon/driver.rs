@@ -228,11 +228,10 @@ fn translate_one(
 
 /// One connection's send side switched to (local, remote) physical
 /// endpoints, then the restart levers. `peer_moved`: the peer's address
-/// changed (it waits for our SWITCHED). `solicit`: also have the socket's
-/// peer send an ACK: when the peer moved, because the ACKs our socket sent
-/// meanwhile were lost; after our own move, because a send our socket tried
-/// while held (an ACK of the peer's arrived first) was dropped and left it
-/// waiting on an un-backed-off probe timer, which the ACK ends at once.
+/// changed (it waits for our SWITCHED). `solicit`: also have our socket
+/// send the peer an ACK (`solicit_ack`): when the peer moved, because the
+/// ACKs our socket sent meanwhile went to its old address; after our own
+/// move, because the ones it sent while held were dropped.
 #[derive(Clone, Copy, Debug)]
 struct Switch {
     flow: VirtualFlow,
@@ -244,7 +243,7 @@ struct Switch {
 
 /// After an outage TCP has backed off its retransmission timer; make it
 /// retransmit now rather than tens of seconds later (DESIGN.md §3, "no
-/// stall"); and with `solicit`, have the socket's peer send it an ACK (see
+/// stall"); and with `solicit`, have the socket send its peer an ACK (see
 /// [`Switch`]). `wait`: the verified levers, which watch the socket act (and
 /// try again).
 fn restart_one(dp: &mut dyn Datapath, flow: VirtualFlow, solicit: bool, wait: bool) {
@@ -1101,12 +1100,11 @@ impl Driver {
     /// Returns the switches that took effect.
     ///
     /// The TCP restart levers (and the solicited ACKs of [`Switch`]): for a
-    /// few connections, the verified ones,
-    /// at once after each install, before anything VCMP queued is sent.
-    /// For a mass move they are queued for [`Driver::restart_translated`],
-    /// which the loop runs after the flush: they cost tens of microseconds
-    /// per connection, and the peer's RESPONSE, UPD_R or SWITCHED must not
-    /// wait behind thousands of them.
+    /// few connections, the verified ones, at once after each install,
+    /// before anything VCMP queued is sent. For a mass move they are queued
+    /// for [`Driver::restart_translated`], which the loop runs after the
+    /// flush: they cost tens of microseconds per connection, and the peer's
+    /// RESPONSE, UPD_R or SWITCHED must not wait behind thousands of them.
     async fn translate_all(&mut self, items: Vec<Switch>) -> Vec<Switch> {
         if items.is_empty() {
             return Vec::new();
@@ -1134,9 +1132,11 @@ impl Driver {
                     if !verified {
                         // In a mass move only the end whose peer moved
                         // solicits: each ACK costs the injecting syscall the
-                        // packet's whole trip (tens of microseconds), and
-                        // the mover's held sockets get the peer's own
-                        // solicited ACKs, which leave after its SWITCHED.
+                        // packet's whole trip (tens of microseconds). The
+                        // peer's solicited ACKs leave after its SWITCHED and
+                        // make our held sockets send what they queued, with
+                        // their ACK; one with nothing to send keeps its ACK
+                        // until it next sends or receives.
                         self.to_restart.push((s.flow, s.solicit && s.peer_moved));
                     }
                     ok.push(s);
