@@ -57,6 +57,36 @@ fn roam_automatically(family: Family, proto: Proto, tag: &str) {
         t0.elapsed()
     );
 
+    // The protocol's order held: the laptop's TCP waited for the server's
+    // SWITCHED, which came (not the 400 ms fallback); UDP waited for nothing.
+    let event = |d: &Vnatd, name: &str| {
+        d.ctl(&["status"]).expect("vnatd unreachable")["vcmp"]["events"][name]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    assert_eq!(
+        event(&lapd, "switch_unconfirmed"),
+        0,
+        "the laptop gave up waiting for the server's SWITCHED"
+    );
+    match proto {
+        Proto::Tcp => {
+            assert!(
+                event(&srvd, "switched_sent") >= 1,
+                "the server sent no SWITCHED"
+            );
+            assert!(
+                event(&lapd, "switch_confirmed") >= 1,
+                "the laptop's connection was not released by the server's SWITCHED"
+            );
+        }
+        Proto::Udp => assert_eq!(
+            event(&lapd, "switch_confirmed"),
+            0,
+            "a UDP flow waited for SWITCHED"
+        ),
+    }
+
     let new_local = SocketAddr::new(
         topo.laptop_b_addr.get(family),
         before.local.parse::<SocketAddr>().unwrap().port(),

@@ -994,7 +994,7 @@ impl Driver {
                 }
                 Event::Resumed {
                     flow,
-                    peer_switched: false,
+                    switch_now: false,
                     ..
                 } => {
                     tracing::debug!(?flow, "our move is acknowledged; the send side switches once the peer sends to our new address");

@@ -36,15 +36,17 @@ pub enum Event {
         attempted: SocketAddr,
     },
     /// Our move of `flow` is complete: the peer acknowledged that our end is
-    /// now at `local`. `peer_switched`: the send side may switch now (the
-    /// peer moved too, and waits for us); otherwise it waits for
+    /// now at `local`. `switch_now`: the send side may switch at once,
+    /// because the peer moved too (and waits for us), or because the flow
+    /// is UDP (never held: a datagram that reaches the peer early is simply
+    /// delivered, and there is no timer to upset). Otherwise it waits for
     /// `PeerSwitched`, which tells that the peer now sends to `local`.
     Resumed {
         flow: VirtualFlow,
         local: SocketAddr,
-        peer_switched: bool,
+        switch_now: bool,
     },
-    /// After `Resumed` (without `peer_switched`): the peer now sends to our
+    /// After `Resumed` (without `switch_now`): the peer now sends to our
     /// new address (`confirmed`), or it did not say so within the wait and
     /// we go ahead anyway. Only now may `flow` send from its new address and
     /// a backed-off TCP socket be made to retransmit: earlier, the peer's

@@ -16,7 +16,7 @@ use super::location::{self, ChainStep};
 use super::roles::RoleState;
 use super::wire::{Ext, Kind, Record};
 use super::Timestamp;
-use crate::datapath::VirtualFlow;
+use crate::datapath::{Proto, VirtualFlow};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Phase {
@@ -211,8 +211,8 @@ impl Endpoint {
         });
     }
 
-    /// Our move of `flow` is acknowledged: `Resumed`, and its restart waits
-    /// for the peer's SWITCHED (see `vcmp::switched`).
+    /// Our move of `flow` is acknowledged: `Resumed`, and a TCP flow whose
+    /// peer stayed put waits for the peer's SWITCHED (see `vcmp::switched`).
     pub(crate) fn complete(&mut self, ctx: &Ctx, flow: &VirtualFlow) {
         let Some(c) = self.conns.get_mut(flow) else {
             return;
@@ -223,13 +223,14 @@ impl Endpoint {
         c.role = RoleState::default();
         let local = c.local_phys;
         let peer_stayed = c.remote_phys == m.peer_at_start && c.pending_remote.is_none();
+        let wait = peer_stayed && flow.proto == Proto::Tcp;
         self.stats.count("migration_completed");
         self.emit(Event::Resumed {
             flow: *flow,
             local,
-            peer_switched: !peer_stayed,
+            switch_now: !wait,
         });
-        if peer_stayed {
+        if wait {
             self.await_switch(ctx, flow);
         }
     }

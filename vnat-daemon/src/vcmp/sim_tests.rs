@@ -542,7 +542,7 @@ fn releases(sim: &Sim, h: usize, f: &VirtualFlow) -> Vec<(super::Timestamp, bool
 fn resumed_at(sim: &Sim, h: usize, f: &VirtualFlow) -> (super::Timestamp, bool) {
     sim.events(h, |e| matches!(e, Event::Resumed { flow, .. } if flow == f))
         .map(|(t, e)| match e {
-            Event::Resumed { peer_switched, .. } => (*t, *peer_switched),
+            Event::Resumed { switch_now, .. } => (*t, *switch_now),
             _ => unreachable!("filtered to Resumed"),
         })
         .next()
@@ -558,9 +558,9 @@ fn the_mover_restarts_only_once_the_peer_sends_to_its_new_address() {
     resume(&mut sim, 0, &flows, "10.0.1.1");
     sim.run_for(Duration::from_secs(2));
     for f in &flows {
-        let (t_resumed, peer_switched) = resumed_at(&sim, 0, f);
+        let (t_resumed, switch_now) = resumed_at(&sim, 0, f);
         assert!(
-            !peer_switched,
+            !switch_now,
             "the peer stayed put: {f:?} must wait for its SWITCHED"
         );
         let (t_switch, _) = *sim
@@ -634,9 +634,9 @@ fn when_both_ends_moved_neither_waits_for_the_other() {
     sim.run_for(Duration::from_secs(120));
     for (h, fs) in [(0, &flows), (1, &b_flows)] {
         for f in fs.iter() {
-            let (_, peer_switched) = resumed_at(&sim, h, f);
+            let (_, switch_now) = resumed_at(&sim, h, f);
             assert!(
-                peer_switched,
+                switch_now,
                 "host {h}: the peer of {f:?} moved too, so the send side must not wait"
             );
             assert!(
@@ -645,4 +645,35 @@ fn when_both_ends_moved_neither_waits_for_the_other() {
             );
         }
     }
+}
+
+#[test]
+fn a_udp_flow_switches_without_waiting_for_the_peer() {
+    let mut sim = Sim::new(24, Link::default());
+    let a = sim.add_host(A_IP, Config::default());
+    let b = sim.add_host(B_IP, Config::default());
+    sim.hosts[b].confirms_switch = true;
+    let f = VirtualFlow {
+        proto: crate::datapath::Proto::Udp,
+        ..tcp(&format!("{A_IP}:5353"), &format!("{B_IP}:53"))
+    };
+    sim.connect(a, b, f);
+    sim.run_for(Duration::from_secs(30));
+    sim.move_host(a, "10.0.1.1");
+    resume(&mut sim, a, &[f], "10.0.1.1");
+    sim.run_for(Duration::from_secs(2));
+    let (_, switch_now) = resumed_at(&sim, a, &f);
+    assert!(
+        switch_now,
+        "UDP is never held: its send side switches at once"
+    );
+    assert!(
+        releases(&sim, a, &f).is_empty(),
+        "nothing waits, so nothing is released"
+    );
+    assert_remote(&sim, b, &reverse(&f), moved(&f, "10.0.1.1"));
+    // The peer's SWITCHED still comes (it does not know what waits) and
+    // changes nothing.
+    assert_eq!(sim.hosts[a].ep.stats().get("switch_confirmed"), 0);
+    assert_eq!(sim.hosts[a].ep.stats().get("switch_unconfirmed"), 0);
 }

@@ -15,11 +15,12 @@
 //! So the order is made explicit. The peer's driver, right after its
 //! datapath sends to the mover's new address, calls
 //! [`Endpoint::confirm_switched`], which queues one SWITCHED record per
-//! (peer host, address) group, and the mover holds each `Resumed`
+//! (peer host, address) group, and the mover holds each `Resumed` TCP
 //! connection until a SWITCHED for its group arrives
 //! ([`Event::PeerSwitched`] with `confirmed`), or, if none comes (an older
 //! peer, a lost datagram), until [`SWITCH_WAIT_TRIES`] retransmission
-//! timeouts have passed.
+//! timeouts have passed. UDP does not wait: it has no timer a datagram
+//! could upset, and one that reaches the peer early is simply delivered.
 //!
 //! One record stands for the group, because the peer switches a group
 //! together: the connections it validated with one CHALLENGE switch at the
