@@ -100,17 +100,14 @@ impl Endpoint {
 
     /// Connections whose peer never confirmed: go ahead.
     pub(crate) fn switch_timeouts(&mut self, now: Timestamp) {
-        let due: Vec<_> = self
+        let due: Vec<AwaitingGroup> = self
             .awaiting
-            .iter()
-            .filter(|(_, g)| g.deadline <= now)
-            .map(|(k, _)| *k)
+            .extract_if(|_, g| g.deadline <= now)
+            .map(|(_, g)| g)
             .collect();
-        for key in due {
-            if let Some(g) = self.awaiting.remove(&key) {
-                self.stats.count("switch_unconfirmed");
-                self.release_awaiting(g.flows, false);
-            }
+        for g in due {
+            self.stats.count("switch_unconfirmed");
+            self.release_awaiting(g.flows, false);
         }
     }
 

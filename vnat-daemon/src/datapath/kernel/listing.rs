@@ -87,7 +87,6 @@ impl KernelDatapath {
         let translations: StdHashMap<FlowKey, Translation> = self
             .egress_entries()?
             .iter()
-            .filter(|(k, v)| !super::translate::is_hold_only(k, v))
             .filter_map(|(k, v)| Some((*k, translation_of(k, v)?)))
             .collect();
         let now_ns = boottime_ns();

@@ -335,8 +335,16 @@ impl KernelDatapath {
             .map_err(map_err(name))
     }
 
+    /// The translations' egress entries: not those that only hold a flow
+    /// during its move (`NAT_F_HOLD`), which translate nothing.
     fn egress_entries(&self) -> Result<Vec<(FlowKey, NatRewrite)>, DatapathError> {
-        Ok(self.mirror.egress.iter().map(|(k, v)| (*k, *v)).collect())
+        Ok(self
+            .mirror
+            .egress
+            .iter()
+            .filter(|(k, v)| !translate::is_hold_only(k, v))
+            .map(|(k, v)| (*k, *v))
+            .collect())
     }
 
     fn ingress_entries(&self) -> Result<Vec<(FlowKey, NatRewrite)>, DatapathError> {
@@ -454,12 +462,7 @@ impl KernelDatapath {
 
 impl Datapath for KernelDatapath {
     fn status(&self) -> Result<DatapathStatus, DatapathError> {
-        // Entries that only hold a flow are no translation.
-        let egress: Vec<_> = self
-            .egress_entries()?
-            .into_iter()
-            .filter(|(k, v)| !translate::is_hold_only(k, v))
-            .collect();
+        let egress = self.egress_entries()?;
         let mut users: BTreeMap<u32, u32> = BTreeMap::new();
         for (_, v) in &egress {
             *users.entry(v.redirect_ifindex).or_default() += 1;
@@ -570,7 +573,6 @@ impl Datapath for KernelDatapath {
         Ok(self
             .egress_entries()?
             .iter()
-            .filter(|(k, v)| !translate::is_hold_only(k, v))
             .filter_map(|(k, v)| translation_of(k, v))
             .collect())
     }

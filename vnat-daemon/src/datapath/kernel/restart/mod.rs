@@ -132,7 +132,7 @@ pub fn restart_flow(
         // away, no more. One probe, no wait: a wait per connection, when a
         // few are restarted together, would cost more than it saves.
         let segment = probe_segment(flow, record, &state);
-        RawSocket::open(flow.local.ip(), RawKind::Tcp)?.send(&segment, flow.remote.ip())?;
+        send_probe(flow, &segment)?;
         Ok(RestartOutcome::Probed)
     } else {
         Ok(RestartOutcome::NotStalled)
@@ -163,6 +163,13 @@ fn probe_segment(flow: &VirtualFlow, record: &ConnRecord, state: &TcpState) -> V
         rcv_nxt,
         state.advertised_window(),
     )
+}
+
+/// Send a [`probe_segment`] to the peer, from a raw socket opened for it
+/// alone: a raw TCP socket gets a copy of every incoming TCP segment of the
+/// namespace while it is open.
+fn send_probe(flow: &VirtualFlow, segment: &[u8]) -> Result<(), DatapathError> {
+    RawSocket::open(flow.local.ip(), RawKind::Tcp)?.send(segment, flow.remote.ip())
 }
 
 /// The retransmission timer: RFC 6069 unreachables quoting `snd_una`.
@@ -229,9 +236,7 @@ fn ask_peer_for_ack(
     let segment = probe_segment(flow, record, &before);
     let mut last = before;
     for probes in 1..=MAX_PROBES {
-        // Opened per probe: a raw TCP socket gets a copy of every incoming
-        // TCP segment of the namespace while it is open.
-        RawSocket::open(flow.local.ip(), RawKind::Tcp)?.send(&segment, flow.remote.ip())?;
+        send_probe(flow, &segment)?;
         let now = diag.wait_for_change(flow, record.cookie, &last, PROBE_WAIT)?;
         match now {
             None => return Err(DatapathError::NoSuchConnection { flow: *flow }),
@@ -302,7 +307,7 @@ pub fn kick(
     }
     if state.probe_stuck() {
         let segment = probe_segment(flow, record, &state);
-        RawSocket::open(flow.local.ip(), RawKind::Tcp)?.send(&segment, flow.remote.ip())?;
+        send_probe(flow, &segment)?;
         if peer_moved {
             solicit_from_state(flow, record, &state)?;
         }
