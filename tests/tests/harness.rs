@@ -182,13 +182,17 @@ fn stream_reports_a_connection_that_breaks() {
     let stream = StreamClient::spawn(&t.laptop, &StreamOptions::tcp(addr).rate(50_000));
     stream.wait_verified_at_least(20_000, Duration::from_secs(10));
     // Killing the server resets the connection (socat's children are killed).
+    // Which error the checker sees depends on where the reset catches it:
+    // a read or write gets ECONNRESET (or EOF), and a write after the
+    // reader already took the reset gets EPIPE. Each names a closed
+    // connection; anything else (a mismatch, a timeout) does not.
     drop(echo);
     let status = stream.wait(Duration::from_secs(20));
     let err = status
         .error
         .expect("vnat-stream did not report the broken connection");
     assert!(
-        err.contains("reset") || err.contains("EOF"),
+        err.contains("reset") || err.contains("EOF") || err.contains("EPIPE"),
         "unexpected error: {err}"
     );
 }
