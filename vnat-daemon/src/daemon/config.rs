@@ -43,6 +43,9 @@ location_servers (or --location-server, repeatable) are other vnatd asked
 where a peer went when both ends of a connection moved and neither old
 location answers (paper section 3.3.2.1, steps P(3)/S(3)). Every vnatd
 already serves as one: point both hosts of a connection at the same one.
+A moving vnatd stores its new location there and looks the peer up from
+the start of every move (one small datagram each way per 30 connections),
+so two ends that moved at once find each other in one round trip to it.
 
 standby_tc keeps the translators attached to every network interface while
 this host has connections paired with a peer, so that a move does not wait

@@ -17,6 +17,12 @@ pub struct Config {
     pub mtu: usize,
     /// Location servers asked in step P(3)/S(3), in order.
     pub location_servers: Vec<SocketAddr>,
+    /// Also store our new location at the location servers and look the
+    /// peer up there from the first step of the chain, not only at
+    /// P(3)/S(3) after the other steps' retries (default true; see
+    /// `migrate::Early`). Costs one STORE and one LOOKUP per server for
+    /// every batch of moved connections, even when the peer stayed put.
+    pub ask_location_servers_at_once: bool,
     /// First retransmission timeout (default 200 ms); doubled per retry.
     pub initial_rto: Duration,
     /// Largest retransmission timeout (default 3 s).
@@ -46,6 +52,7 @@ impl Default for Config {
             port: DEFAULT_PORT,
             mtu: 1500,
             location_servers: Vec::new(),
+            ask_location_servers_at_once: true,
             initial_rto: Duration::from_millis(200),
             max_rto: Duration::from_secs(3),
             max_tries: 8,

@@ -12,7 +12,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use super::crypto;
 use super::endpoint::{AbortReason, Ctx, Endpoint, Event};
-use super::location::{self, ChainStep};
+use super::location::{self, ChainStep, Step};
 use super::roles::RoleState;
 use super::wire::{Ext, Kind, Record};
 use super::Timestamp;
@@ -43,11 +43,36 @@ pub(crate) struct Migration {
     pub deadline: Timestamp,
     pub lookup: Lookup,
     pub store_ok: Option<bool>,
+    /// The location servers asked at once, alongside the chain's first
+    /// steps (see [`EARLY`]): what of that query is still unanswered.
+    pub early: Early,
     /// Where the peer was when the move started: if it is still there when
     /// the move completes, the mover waits for its SWITCHED (see
     /// `vcmp::switched`); if it moved too, both would wait for each other.
     pub peer_at_start: SocketAddr,
 }
+
+/// The location servers' part of the query a move starts with. The
+/// paper's chain asks the location servers (P(3)/S(3)) only after the
+/// peer's old location and our own have failed, each after its retries
+/// (about 15 s apiece). But when both ends moved, the location server is
+/// the only place either can learn where the other went, so every round
+/// of the chain also stores our new location there and looks the peer up
+/// from its very first step: whichever end arrives second finds the first
+/// one's record, one location-server round trip after its move. A STORE
+/// leaves before its LOOKUP, so of two ends asking at the same moment at
+/// least one finds the other (the server handles one host's datagrams in
+/// order: both LOOKUPs cannot come before both STOREs). Answers that find
+/// nothing change nothing; the chain goes on as in the paper.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Early {
+    pub lookup_pending: bool,
+    pub store_pending: bool,
+}
+
+/// The step index that requests of the early query are noted with (no
+/// chain step has it).
+pub(crate) const EARLY: usize = usize::MAX;
 
 /// An outstanding LOOKUP or STORE: which connections' records it carried,
 /// at which step, so that a reply to an older step is not taken for the
@@ -106,6 +131,7 @@ impl Endpoint {
             deadline: ctx.now,
             lookup: Lookup::Pending,
             store_ok: None,
+            early: Early::default(),
             peer_at_start: c.remote_phys,
         });
         self.tx.trusted.insert(own_old);
@@ -122,6 +148,15 @@ impl Endpoint {
         m.store_ok = None;
         m.tries = 1;
         m.deadline = ctx.now.plus(rto);
+        if m.idx == 0
+            && self.cfg.ask_location_servers_at_once
+            && !self.cfg.location_servers.is_empty()
+        {
+            m.early = Early {
+                lookup_pending: true,
+                store_pending: true,
+            };
+        }
         self.send_step(ctx, flow);
     }
 
@@ -137,27 +172,46 @@ impl Endpoint {
             return;
         };
         let (idx, round, lookup, store_ok) = (m.idx, m.round, m.lookup, m.store_ok);
+        // The early query rides on the chain's steps before its own
+        // location-server steps, which then ask again in the paper's way.
+        let early = if matches!(step.step, Step::P3 | Step::S3) {
+            Early::default()
+        } else {
+            m.early
+        };
+        // STORE before LOOKUP, here as at the early query (see [`Early`]).
+        if store_ok.is_none() && self.send_record(ctx, flow, Kind::Store, Ext::None, step.target) {
+            self.note_request(ctx, Kind::Store, (*flow, idx, round));
+        }
         if lookup == Lookup::Pending
             && self.send_record(ctx, flow, Kind::Lookup, Ext::None, step.target)
         {
-            self.note_request(ctx, step.target, Kind::Lookup, (*flow, idx, round));
-        }
-        if store_ok.is_none() && self.send_record(ctx, flow, Kind::Store, Ext::None, step.target) {
-            self.note_request(ctx, step.target, Kind::Store, (*flow, idx, round));
+            self.note_request(ctx, Kind::Lookup, (*flow, idx, round));
         }
         if step.peer_old {
             self.send_record(ctx, flow, Kind::Upd, Ext::None, step.target);
         }
+        if early.store_pending || early.lookup_pending {
+            self.send_early_query(ctx, flow, early, round);
+        }
     }
 
-    fn note_request(
-        &mut self,
-        ctx: &mut Ctx,
-        dst: SocketAddr,
-        kind: Kind,
-        entry: (VirtualFlow, usize, u32),
-    ) {
-        let _ = dst;
+    /// The early query at every location server (see [`Early`]).
+    fn send_early_query(&mut self, ctx: &mut Ctx, flow: &VirtualFlow, early: Early, round: u32) {
+        for i in 0..self.cfg.location_servers.len() {
+            let server = self.cfg.location_servers[i];
+            for (pending, kind) in [
+                (early.store_pending, Kind::Store),
+                (early.lookup_pending, Kind::Lookup),
+            ] {
+                if pending && self.send_record(ctx, flow, kind, Ext::None, server) {
+                    self.note_request(ctx, kind, (*flow, EARLY, round));
+                }
+            }
+        }
+    }
+
+    fn note_request(&mut self, ctx: &mut Ctx, kind: Kind, entry: (VirtualFlow, usize, u32)) {
         let id = ctx.last_req;
         if !self.requests.contains_key(&id) && self.requests.len() >= MAX_REQUESTS {
             self.stats.reject("request_table_full");
@@ -358,6 +412,15 @@ impl Endpoint {
             let Some(m) = self.conns.get_mut(&f).and_then(|c| c.mig.as_mut()) else {
                 continue;
             };
+            if idx == EARLY {
+                // Found or not, this server answered: no more asking it
+                // early (a found record has already moved the migration
+                // on to the update).
+                if m.round == round {
+                    m.early.lookup_pending = false;
+                }
+                continue;
+            }
             if m.phase == Phase::Chain
                 && m.idx == idx
                 && m.round == round
@@ -389,6 +452,15 @@ impl Endpoint {
             let Some(m) = self.conns.get_mut(&f).and_then(|c| c.mig.as_mut()) else {
                 continue;
             };
+            if idx == EARLY {
+                // Kept or refused, it was answered: a refusal (a full
+                // store) is not retried early; the chain's own
+                // location-server step tries again.
+                if m.round == round {
+                    m.early.store_pending = false;
+                }
+                continue;
+            }
             if m.phase == Phase::Chain && m.idx == idx && m.round == round && m.store_ok.is_none() {
                 m.store_ok = Some(accepted > 0);
                 if m.lookup == Lookup::NotFound {
