@@ -289,8 +289,13 @@ impl Endpoint {
         }
     }
 
-    /// The peer's location was learnt (P(4)/S(4)): send it the update.
-    fn found(&mut self, ctx: &mut Ctx, flow: &VirtualFlow, at: SocketAddr) {
+    /// The peer's location was learnt (P(4)/S(4)) from its record `seq`:
+    /// send it the update, and if it is a new address for the peer, the
+    /// CHALLENGE that validates it right behind (not after the peer's
+    /// UPD_R: that would cost a round trip more). The peer handles the UPD
+    /// first, so it is ready for our new address before its RESPONSE lets
+    /// us send from there.
+    fn found(&mut self, ctx: &mut Ctx, flow: &VirtualFlow, at: SocketAddr, seq: u64) {
         let port = self.cfg.port;
         let rto = self.rto(ctx, 0);
         let Some(m) = self.conns.get_mut(flow).and_then(|c| c.mig.as_mut()) else {
@@ -310,6 +315,7 @@ impl Endpoint {
         if !already_sent {
             self.send_record(ctx, flow, Kind::Upd, Ext::None, target);
         }
+        self.propose_binding(ctx, flow, at, seq);
     }
 
     pub(crate) fn migration_timeouts(&mut self, ctx: &mut Ctx) {
@@ -406,7 +412,7 @@ impl Endpoint {
                 rec.sender_phys.ip(),
                 super::wire::record_len(rec.family(), Kind::Store),
             );
-            self.found(ctx, &flow, rec.sender_phys);
+            self.found(ctx, &flow, rec.sender_phys, rec.seq);
         }
         for (f, idx, round) in asked {
             let Some(m) = self.conns.get_mut(&f).and_then(|c| c.mig.as_mut()) else {

@@ -328,11 +328,16 @@ fn both_move_via_the_location_server(seed: u64, stagger: Duration) -> Duration {
 fn both_ends_moving_at_once_meet_at_the_location_server_in_its_round_trip() {
     // Every link of the simulator is a 3 ms round trip, the location
     // server's too. Issue 5's target for both ends moving: 2 RTT and one
-    // location-server round trip (9 ms). Without the early query the
-    // silent first step alone costs its retries (about 15 s, the test
-    // above).
+    // location-server round trip (9 ms). What it takes: the second end's
+    // lookup finds the first (3 ms); its UPD and its CHALLENGE of the
+    // first's new address go together and are answered (3 ms: the second
+    // end sends there at 6 ms); the first end's CHALLENGE of the second's
+    // address, sent on the UPD, is answered (the first sends at 7.5 ms).
+    // Without the early query the silent first step alone costs its
+    // retries (about 15 s, the test above); with the CHALLENGE only after
+    // the first end's UPD_R, half a round trip more (9 ms).
     let took = both_move_via_the_location_server(25, Duration::ZERO);
-    assert!(took <= Duration::from_millis(9), "took {took:?}");
+    assert!(took <= Duration::from_micros(7500), "took {took:?}");
 }
 
 #[test]
@@ -340,7 +345,7 @@ fn an_end_moving_later_finds_the_first_at_the_location_server() {
     // The first end's lookup found nothing (the other had not moved yet);
     // the second end's finds the first one's record and goes to it.
     let took = both_move_via_the_location_server(26, Duration::from_secs(2));
-    assert!(took <= Duration::from_millis(9), "took {took:?}");
+    assert!(took <= Duration::from_micros(7500), "took {took:?}");
 }
 
 #[test]
@@ -406,7 +411,11 @@ fn a_location_the_peer_has_since_left_is_not_followed() {
     sim.run_for(Duration::from_secs(30));
     for f in &flows {
         let (t, _) = resumed_at(&sim, 0, f);
-        assert!(t.since(t0) < Duration::from_millis(100), "took {:?}", t.since(t0));
+        assert!(
+            t.since(t0) < Duration::from_millis(100),
+            "took {:?}",
+            t.since(t0)
+        );
         assert_remote(&sim, 1, &reverse(f), moved(f, "10.0.1.1"));
     }
     assert!(sim.hosts[0].ep.stats().rejected("stale_location") > 0);
