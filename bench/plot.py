@@ -134,7 +134,12 @@ def handover(r, out):
             pts = sorted(p for p in pts if p[1] is not None)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label="%s end(s) moving, outage %s s" % (movers, outage))
         rtts = sorted({row["rtt_ms"] for row in sweep})
-        ax.plot(rtts, [x + 10 for x in rtts], "k:", label="target: RTT + 10 ms (one end)")
+        if any(row.get("movers", "one") == "one" for row in sweep):
+            ax.plot(rtts, [x + 10 for x in rtts], "k:", label="target: RTT + 10 ms (one end)")
+        both = {row["rtt_ms"]: row["target_ms"] for row in sweep if row.get("movers") == "both"}
+        if both:
+            xs = sorted(both)
+            ax.plot(xs, [both[x] for x in xs], "k--", label="target: 2 RTT + location-server RTT (both)")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("RTT (ms)")
@@ -156,9 +161,11 @@ def handover(r, out):
             lo.append(rng(v)[0])
             hi.append(rng(v)[1])
         ax.bar(labels, ys, yerr=[lo, hi], capsize=4, label="handover (median, min-max)")
-        target = next((s.get("target_ms") for s in scen.values() if s.get("target_ms")), None)
-        if target:
-            ax.axhline(target, color="r", linestyle=":", label="target %.1f ms" % target)
+        # Each bar's own target (one end and both ends differ).
+        targets = [s.get("target_ms") for s in scen.values() if med(s.get("handover_ms")) is not None]
+        for i, t in enumerate(targets):
+            if t:
+                ax.hlines(t, i - 0.4, i + 0.4, colors="r", linestyles=":", label="target" if i == 0 else None)
         ax.set_ylabel("ms")
         ax.set_yscale("log")
         ax.legend()

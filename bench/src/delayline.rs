@@ -36,7 +36,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 use nix::libc;
 use serde::Serialize;
-use vnat_tests::{veth, LaptopRouterServer, Netns};
+use vnat_tests::{veth, LaptopRouterServer, Netns, ServerLinkE};
 
 /// The longest frame the line expects: a 1500-byte MTU plus the Ethernet
 /// header and a VLAN tag. Anything longer means an offload is still on.
@@ -385,6 +385,31 @@ pub struct ServerLinkDelay {
     /// Declared first: the threads stop before the namespace goes.
     pub line: DelayLine,
     pub ns: Netns,
+}
+
+/// The same for the server's second link (subnet E, see
+/// `vnat_tests::add_server_link_e`): router `re` - `e0` [delay line] `e1` -
+/// server `eth1`, in the namespace of the first line (`ns`), so that a
+/// server that moves to E keeps the round trip. The server's side stays
+/// down and without addresses until the move.
+pub fn delay_server_link_e(
+    topo: &LaptopRouterServer,
+    e: &ServerLinkE,
+    ns: &Netns,
+    one_way: Duration,
+) -> Result<DelayLine> {
+    topo.server.ip(&["link", "del", &e.server_if]);
+    veth(&topo.router, &e.router_if, ns, "e0");
+    veth(ns, "e1", &topo.server, &e.server_if);
+    offloads_off(&topo.router, &e.router_if)?;
+    offloads_off(ns, "e0")?;
+    offloads_off(ns, "e1")?;
+    offloads_off(&topo.server, &e.server_if)?;
+    for (a, p) in e.router_addr.with_prefixes() {
+        topo.router.add_addr(&e.router_if, a, p);
+    }
+    topo.server.link_down(&e.server_if);
+    DelayLine::start(ns, "e0", "e1", one_way)
 }
 
 /// Replaces the router-server veth of `topo` (`rc` - `eth0`) by

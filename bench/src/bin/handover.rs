@@ -35,6 +35,15 @@
 //! and `--capture` adds a pcap of the router's view, to see where the time
 //! went. A missed target is a result (exit 0); a run that fails ends the
 //! benchmark with one sentence.
+//!
+//! `--movers both` moves the server too, in the same instant: from subnet C
+//! to E (its old address gone from the network, see
+//! `vnat_tests::OldServerAddress::Gone`), E's link delayed like C's. Neither
+//! old location answers, so only the location server can tell either end
+//! where the other went: a vnatd on a third host behind the router (no
+//! delay on its link), given to both with `--location-server`. With an
+//! outage, both are without a network for its length. Target (issue 5):
+//! `handover_ms` at most 2 RTT plus one round trip to the location server.
 
 use std::{
     net::SocketAddr,
@@ -47,11 +56,14 @@ use clap::{Parser, Subcommand, ValueEnum};
 use serde::Serialize;
 use serde_json::Value;
 use vnat_bench::{
-    delayline::{self, monotonic_ns, realtime_ns, DirectionStats},
+    delayline::{self, monotonic_ns, realtime_ns, DelayLine, DirectionStats},
     env,
     stats::Summary,
 };
-use vnat_tests::{EchoServer, Host, LaptopRouterServer, TempDir};
+use vnat_tests::{
+    add_location_host, add_server_link_e, move_server_to_e, plug_server_e, unplug_server_c,
+    EchoServer, Host, LaptopRouterServer, OldServerAddress, TempDir,
+};
 
 // Shared with restore, which uses more of it.
 #[allow(dead_code)]
@@ -66,6 +78,8 @@ use daemon::Daemon;
 use probe::Probe;
 
 const SERVER_PORT: u16 = 5001;
+/// vnatd's VCMP port (its default), where the location server listens.
+const VCMP_PORT: u16 = 2031;
 /// TCP handshakes timed to measure the round trip.
 const RTT_SAMPLES: usize = 20;
 /// The self-check: the measured RTT must be this close to `--rtt-ms`.
@@ -108,6 +122,10 @@ struct Args {
     /// Which moves to measure.
     #[arg(long, value_enum, default_value_t = Scenarios::Both)]
     scenario: Scenarios,
+    /// Who moves: `one` (the laptop) or `both` (the server as well, found
+    /// through a location server); `one,both` measures each in turn.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Movers::One])]
+    movers: Vec<Movers>,
     /// Length of the outage, in seconds [default: 120; 10 with --quick].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=3600))]
     outage_secs: Option<u64>,
@@ -155,6 +173,13 @@ enum Scenarios {
     Outage,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Movers {
+    One,
+    Both,
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Scenario {
     NoOutage,
@@ -175,13 +200,57 @@ impl Scenario {
             Scenario::Outage(d) => format!("{} s outage", d.as_secs()),
         }
     }
+
+    fn outage_s(self) -> u64 {
+        match self {
+            Scenario::NoOutage => 0,
+            Scenario::Outage(d) => d.as_secs(),
+        }
+    }
+}
+
+/// What one series of runs measures: who moves, and how.
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    movers: Movers,
+    scenario: Scenario,
+}
+
+impl Case {
+    fn key(self) -> String {
+        match self.movers {
+            Movers::One => self.scenario.key().into(),
+            Movers::Both => format!("both_{}", self.scenario.key()),
+        }
+    }
+
+    fn label(self) -> String {
+        match self.movers {
+            Movers::One => self.scenario.label(),
+            Movers::Both => format!("both, {}", self.scenario.label()),
+        }
+    }
+}
+
+/// How one run is set up.
+struct RunSetup<'a> {
+    case: Case,
+    rtt_ms: f64,
+    /// Names the kept logs and capture.
+    diag: &'a str,
+    capture: bool,
+    standby_tc: bool,
+    nodelay_echo: bool,
 }
 
 /// One run's figures (milliseconds unless named otherwise).
 #[derive(Clone, Debug, Serialize)]
 struct RunResult {
+    movers: Movers,
     /// Median TCP handshake time laptop -> server through the delay line.
     rtt_ms: f64,
+    /// Both moving: the same to the location server's host (no delay line).
+    location_server_rtt_ms: Option<f64>,
     /// The same with the line's delay at 0 (calibration), and the one-way
     /// delay then set: (target - base) / 2.
     base_rtt_ms: f64,
@@ -193,6 +262,8 @@ struct RunResult {
     move_ms: f64,
     first_byte_ms: f64,
     handover_ms: f64,
+    /// One end: RTT + 10 ms; both: 2 RTT + the location server's RTT.
+    target_ms: f64,
     target_met: bool,
     /// The first echo of any probe (possibly one queued before the move).
     first_echo_ms: f64,
@@ -208,6 +279,8 @@ struct RunResult {
     /// installs its own (each log line follows the translation and the
     /// restart of the flow).
     laptop_move_started_ms: Option<f64>,
+    /// Both moving: the server's vnatd starts its own move.
+    server_move_started_ms: Option<f64>,
     server_translated_ms: Option<f64>,
     laptop_translated_ms: Option<f64>,
     /// The laptop's socket at `t_usable` (`ss -tino`): its retransmission
@@ -254,21 +327,34 @@ fn run(args: &Args) -> Result<()> {
         scenarios.push((Scenario::Outage(outage), args.runs.unwrap_or(1)));
     }
     let load_before = env::loadavg_1min();
-    let mut results: Vec<(Scenario, Vec<RunResult>)> = Vec::new();
-    for (scenario, runs) in scenarios {
+    let mut results: Vec<(Case, Vec<RunResult>)> = Vec::new();
+    let cases: Vec<(Case, u16)> = movers(args)
+        .flat_map(|m| {
+            scenarios.iter().map(move |(scenario, runs)| {
+                (
+                    Case {
+                        movers: m,
+                        scenario: *scenario,
+                    },
+                    *runs,
+                )
+            })
+        })
+        .collect();
+    for (case, runs) in cases {
         let mut done = Vec::new();
         for i in 0..runs {
-            eprintln!("{}: run {}/{runs} ...", scenario.label(), i + 1);
-            let diag = format!("handover-{}-{}", scenario.key(), i + 1);
-            let r = measure(
-                scenario,
-                args.rtt_ms,
-                &diag,
-                args.capture,
-                !args.no_standby_tc,
-                !args.nagle_echo,
-            )
-            .with_context(|| format!("{}, run {}", scenario.label(), i + 1))?;
+            eprintln!("{}: run {}/{runs} ...", case.label(), i + 1);
+            let diag = format!("handover-{}-{}", case.key(), i + 1);
+            let r = measure(&RunSetup {
+                case,
+                rtt_ms: args.rtt_ms,
+                diag: &diag,
+                capture: args.capture,
+                standby_tc: !args.no_standby_tc,
+                nodelay_echo: !args.nagle_echo,
+            })
+            .with_context(|| format!("{}, run {}", case.label(), i + 1))?;
             eprintln!(
                 "  rtt {:.2} ms, first byte {:.1} ms, handover {:.1} ms (vnatd: move started {}, server translated {}, laptop translated {})",
                 r.rtt_ms,
@@ -280,7 +366,7 @@ fn run(args: &Args) -> Result<()> {
             );
             done.push(r);
         }
-        results.push((scenario, done));
+        results.push((case, done));
     }
     let load_after = env::loadavg_1min();
 
@@ -296,7 +382,17 @@ fn run(args: &Args) -> Result<()> {
     Ok(())
 }
 
-/// The grid: every RTT with every outage, one end moving.
+/// `--movers` without repeats, in the order given.
+fn movers(args: &Args) -> impl Iterator<Item = Movers> + '_ {
+    let mut seen = Vec::new();
+    args.movers.iter().copied().filter(move |m| {
+        let new = !seen.contains(m);
+        seen.push(*m);
+        new
+    })
+}
+
+/// The grid: every RTT with every outage, for each of `--movers`.
 fn sweep(args: &Args) -> Result<()> {
     ensure!(
         args.sweep_rtts.iter().all(|r| *r > 0.0 && *r <= 1000.0),
@@ -304,26 +400,30 @@ fn sweep(args: &Args) -> Result<()> {
     );
     let load_before = env::loadavg_1min();
     let mut rows = Vec::new();
-    for &rtt in &args.sweep_rtts {
-        for &outage_s in &args.sweep_outages {
+    let grid: Vec<(Movers, f64, u64)> = movers(args)
+        .flat_map(|m| {
+            args.sweep_rtts
+                .iter()
+                .flat_map(move |&rtt| args.sweep_outages.iter().map(move |&o| (m, rtt, o)))
+        })
+        .collect();
+    for (movers, rtt, outage_s) in grid {
+        {
             let scenario = if outage_s == 0 {
                 Scenario::NoOutage
             } else {
                 Scenario::Outage(Duration::from_secs(outage_s))
             };
+            let case = Case { movers, scenario };
             let runs = args.runs.unwrap_or(if outage_s == 0 { 3 } else { 1 });
             let mut done = Vec::new();
             for i in 0..runs {
-                eprintln!(
-                    "rtt {rtt} ms, {}: run {}/{runs} ...",
-                    scenario.label(),
-                    i + 1
-                );
+                eprintln!("rtt {rtt} ms, {}: run {}/{runs} ...", case.label(), i + 1);
                 // The outage's length is in the name: the 10 s and the
                 // 120 s runs of one RTT would otherwise share their logs.
                 let diag = format!(
                     "handover-sweep-rtt{rtt}-{}{}-{}",
-                    scenario.key(),
+                    case.key(),
                     if outage_s == 0 {
                         String::new()
                     } else {
@@ -331,22 +431,22 @@ fn sweep(args: &Args) -> Result<()> {
                     },
                     i + 1
                 );
-                let r = measure(
-                    scenario,
-                    rtt,
-                    &diag,
-                    args.capture,
-                    !args.no_standby_tc,
-                    !args.nagle_echo,
-                )
-                .with_context(|| format!("rtt {rtt} ms, {}, run {}", scenario.label(), i + 1))?;
+                let r = measure(&RunSetup {
+                    case,
+                    rtt_ms: rtt,
+                    diag: &diag,
+                    capture: args.capture,
+                    standby_tc: !args.no_standby_tc,
+                    nodelay_echo: !args.nagle_echo,
+                })
+                .with_context(|| format!("rtt {rtt} ms, {}, run {}", case.label(), i + 1))?;
                 eprintln!(
                     "  rtt {:.2} ms, first byte {:.1} ms, handover {:.1} ms",
                     r.rtt_ms, r.first_byte_ms, r.handover_ms
                 );
                 done.push(r);
             }
-            rows.push(report::sweep_row(rtt, outage_s, &done));
+            rows.push(report::sweep_row(rtt, case, &done));
             // What is known so far is on disk if a later cell fails.
             vnat_bench::write_json(
                 &vnat_bench::results_path("handover"),
@@ -373,29 +473,64 @@ fn opt_ms(v: Option<f64>) -> String {
 /// One run on fresh hosts. vnatd's logs are kept as
 /// `bench/results/DIAG-{laptop,server}.log`, the capture (if asked for) as
 /// `DIAG.pcap`.
-fn measure(
-    scenario: Scenario,
-    rtt_ms: f64,
-    diag: &str,
-    capture: bool,
-    standby_tc: bool,
-    nodelay_echo: bool,
-) -> Result<RunResult> {
+fn measure(setup: &RunSetup) -> Result<RunResult> {
+    let &RunSetup {
+        case,
+        rtt_ms,
+        diag,
+        capture,
+        standby_tc,
+        nodelay_echo,
+    } = setup;
+    let (scenario, both) = (case.scenario, case.movers == Movers::Both);
     let topo = LaptopRouterServer::builder().tag("hov").build();
     let delay = delayline::delay_server_link(&topo, "hovd", Duration::ZERO)?;
+    // Both moving: the server's second link, delayed the same, and the
+    // location server's host.
+    let link_e = both.then(|| add_server_link_e(&topo));
+    let delay_e = match &link_e {
+        Some(e) => Some(delayline::delay_server_link_e(
+            &topo,
+            e,
+            &delay.ns,
+            Duration::ZERO,
+        )?),
+        None => None,
+    };
+    let loc = both.then(|| add_location_host(&topo, "hovx"));
     // Calibration: what the path costs without delay (veths, the router, the
     // line's own forwarding); the line adds the rest, half each way.
     let base = delayline::handshake_rtts(&topo, topo.server_addr.v4.into(), RTT_SAMPLES)?;
     let base_rtt = Summary::of(&base).expect("RTT samples").median;
     let one_way = Duration::from_secs_f64((rtt_ms - base_rtt).max(0.0) / 2000.0);
     delay.line.set_one_way(one_way);
+    if let Some(d) = &delay_e {
+        d.set_one_way(one_way);
+    }
     let lap = Host::new(&topo.laptop, "hovl");
     let srv = Host::new(&topo.server, "hovs");
     let server = SocketAddr::new(topo.server_addr.v4.into(), SERVER_PORT);
     let _echo = EchoServer::tcp_in_with(&srv, server, nodelay_echo);
-    let (ldir, sdir) = (TempDir::new("hovl"), TempDir::new("hovs"));
-    let lapd = Daemon::start(&lap, ldir.path(), standby_tc)?;
-    let srvd = Daemon::start(&srv, sdir.path(), standby_tc)?;
+    let (ldir, sdir, xdir) = (
+        TempDir::new("hovl"),
+        TempDir::new("hovs"),
+        TempDir::new("hovx"),
+    );
+    // The location server: a vnatd of its own with an empty cgroup (it
+    // records nothing; it only answers LOOKUP and STORE).
+    let loc_host = loc.as_ref().map(|l| Host::new(&l.ns, "hovx"));
+    let _locd = match &loc_host {
+        Some(h) => Some(Daemon::start(h, xdir.path(), standby_tc)?),
+        None => None,
+    };
+    let extra: Vec<String> = loc.as_ref().map_or_else(Vec::new, |l| {
+        vec![
+            "--location-server".into(),
+            SocketAddr::new(l.addr.v4.into(), VCMP_PORT).to_string(),
+        ]
+    });
+    let lapd = Daemon::start_with(&lap, ldir.path(), standby_tc, &extra)?;
+    let srvd = Daemon::start_with(&srv, sdir.path(), standby_tc, &extra)?;
     let _logs = KeepLogs(vec![
         (
             lapd.log.clone(),
@@ -416,6 +551,13 @@ fn measure(
         "the delay line should make a {rtt_ms} ms round trip but TCP handshakes through it took {rtt:.2} ms \
          (median of {RTT_SAMPLES}; samples {rtts:.2?}): the machine is too busy for this benchmark or the line is broken"
     );
+    let ls_rtt = match &loc {
+        Some(l) => {
+            let v = delayline::handshake_rtts(&topo, l.addr.v4.into(), RTT_SAMPLES)?;
+            Some(Summary::of(&v).expect("RTT samples").median)
+        }
+        None => None,
+    };
 
     let probe = Probe::spawn(&lap, server)?;
     let local = probe.wait_connected(Duration::from_secs(10))?;
@@ -464,6 +606,9 @@ fn measure(
         Scenario::NoOutage => {
             socket = socket_state();
             t_start = monotonic_ns();
+            if let Some(e) = &link_e {
+                move_server_to_e(&topo, e, OldServerAddress::Gone);
+            }
             topo.move_laptop_to_b();
         }
         Scenario::Outage(d) => {
@@ -472,8 +617,14 @@ fn measure(
                 l.del_addr(&topo.laptop_if_a, a, p);
             }
             l.link_down(&topo.laptop_if_a);
+            if link_e.is_some() {
+                unplug_server_c(&topo);
+            }
             vnat_bench::sleep_checked(d)?;
             socket = socket_state();
+            if let Some(e) = &link_e {
+                plug_server_e(&topo, e);
+            }
             topo.plug_laptop_b();
             l.default_route(topo.router_b_addr.v4.into(), &topo.laptop_if_b);
         }
@@ -529,26 +680,38 @@ fn measure(
     };
     let first_byte = ms(first.recv - t_usable);
     let handover = first_byte - rtt;
+    let target = match ls_rtt {
+        Some(ls) => 2.0 * rtt + ls,
+        None => rtt + TARGET_SLACK_MS,
+    };
     Ok(RunResult {
+        movers: case.movers,
         rtt_ms: rtt,
+        location_server_rtt_ms: ls_rtt,
         base_rtt_ms: base_rtt,
         one_way_delay_ms: one_way.as_secs_f64() * 1000.0,
         echo_rtt_ms: echo_rtt,
         move_ms: ms(t_usable - t_start),
         first_byte_ms: first_byte,
         handover_ms: handover,
-        target_met: handover <= rtt + TARGET_SLACK_MS,
+        target_ms: target,
+        target_met: handover <= target,
         first_echo_ms: ms(first_echo.recv - t_usable),
         first_byte_probe_written_ms: ms(first.sent - t_usable),
         echo_gap_ms: ms(first_echo.recv - last_before),
         probes_skipped: log.skipped,
         laptop_move_started_ms: after_start(lapd.events("resuming connection at a new address")),
+        server_move_started_ms: both
+            .then(|| after_start(srvd.events("resuming connection at a new address")))
+            .flatten(),
         server_translated_ms: after_start(srvd.events("translation updated")),
         laptop_translated_ms: after_start(lapd.events("translation updated")),
         laptop_socket_at_usable: socket,
         delay_line: {
+            let mut stats = delay_e.map(DelayLine::stop).unwrap_or_default();
             let delayline::ServerLinkDelay { line, ns: _ns } = delay;
-            line.stop()
+            stats.splice(0..0, line.stop());
+            stats
         },
     })
 }

@@ -27,8 +27,8 @@ pub use echo::{EchoServer, UDP_DATAGRAM_SIZE};
 pub use host::{move_flow, Host};
 pub use netns::{ss_endpoint, veth, Netns};
 pub use server_move::{
-    add_location_host, add_server_link_e, move_server_to_e, LocationHost, OldServerAddress,
-    ServerLinkE,
+    add_location_host, add_server_link_e, move_server_to_e, plug_server_e, unplug_server_c,
+    LocationHost, OldServerAddress, ServerLinkE,
 };
 pub use servers::{Iperf3Server, ProcessGroup, SshServer};
 pub use stream::{StreamClient, StreamOptions, StreamStatus};

@@ -87,18 +87,8 @@ pub fn move_server_to_e(topo: &LaptopRouterServer, e: &ServerLinkE, old: OldServ
             };
         }
     }
-    for (a, p) in topo.server_addr.with_prefixes() {
-        s.del_addr(&topo.server_if, a, p);
-    }
-    s.link_down(&topo.server_if);
-    s.link_up(&e.server_if);
-    for (a, p) in e.server_addr.with_prefixes() {
-        s.add_addr(&e.server_if, a, p);
-    }
-    s.default_route(e.router_addr.v4.into(), &e.server_if);
-    if topo.ipv6 {
-        s.default_route(e.router_addr.v6().into(), &e.server_if);
-    }
+    unplug_server_c(topo);
+    plug_server_e(topo, e);
     if old == OldServerAddress::StillAnswers {
         // The router still has C's connected route, but C's link is down:
         // a host route sends the old address to the server's new link.
@@ -108,6 +98,31 @@ pub fn move_server_to_e(topo: &LaptopRouterServer, e: &ServerLinkE, old: OldServ
         {
             topo.router.route_via(&host_cidr(a), via, &e.router_if);
         }
+    }
+}
+
+/// The first half of [`move_server_to_e`] with [`OldServerAddress::Gone`]:
+/// subnet C's addresses leave the server's link, which goes down. Until
+/// [`plug_server_e`] the server has no network (an outage).
+pub fn unplug_server_c(topo: &LaptopRouterServer) {
+    let s = &topo.server;
+    for (a, p) in topo.server_addr.with_prefixes() {
+        s.del_addr(&topo.server_if, a, p);
+    }
+    s.link_down(&topo.server_if);
+}
+
+/// The second half: E's link comes up with E's addresses, and the default
+/// routes point at E's router.
+pub fn plug_server_e(topo: &LaptopRouterServer, e: &ServerLinkE) {
+    let s = &topo.server;
+    s.link_up(&e.server_if);
+    for (a, p) in e.server_addr.with_prefixes() {
+        s.add_addr(&e.server_if, a, p);
+    }
+    s.default_route(e.router_addr.v4.into(), &e.server_if);
+    if topo.ipv6 {
+        s.default_route(e.router_addr.v6().into(), &e.server_if);
     }
 }
 

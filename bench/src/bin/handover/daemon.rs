@@ -23,6 +23,16 @@ pub struct Daemon {
 
 impl Daemon {
     pub fn start(host: &Host, dir: &Path, standby_tc: bool) -> Result<Daemon> {
+        Daemon::start_with(host, dir, standby_tc, &[])
+    }
+
+    /// [`Daemon::start`] with more of vnatd's flags.
+    pub fn start_with(
+        host: &Host,
+        dir: &Path,
+        standby_tc: bool,
+        extra: &[String],
+    ) -> Result<Daemon> {
         let control = dir.join("vnatd.sock");
         let state = dir.join("state");
         let log = dir.join("vnatd.log");
@@ -49,6 +59,7 @@ impl Daemon {
             // of a run (and slows vnatd down).
             .arg(std::env::var("VNAT_BENCH_LOG_LEVEL").unwrap_or_else(|_| "info".into()))
             .args((!standby_tc).then_some("--no-standby-tc"))
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(err)
             .spawn()
