@@ -6,9 +6,11 @@
 //! A held send fails locally (the tc program drops it), so the socket arms
 //! its probe timer, a whole RTO (200 ms or more) away, even though it has
 //! not backed off yet. vnatd releases the hold when the peer confirms it
-//! sends to the new address (SWITCHED) and then pulls the lever, which must
-//! ask the peer for an ACK (one round trip) instead of calling the socket
-//! "not stalled" and leaving the data to the timer.
+//! sends to the new address (SWITCHED) and then pulls the lever instead of
+//! calling the socket "not stalled" and leaving the data to the timer: it
+//! un-corks the socket on its process's behalf, which sends the data at
+//! once (`RestartOutcome::Pushed`); the lever of a mass move (`kick_flow`)
+//! asks the peer for an ACK instead (one round trip).
 
 use std::{
     io::Write,
@@ -136,15 +138,15 @@ fn held_data_stays_queued_and_leaves_at_the_lever() {
             "the held socket should wait on its probe timer: {held}"
         );
 
-        // Released (as on SWITCHED) and restarted: one ACK from the server
-        // sends the chunk, well before the socket's own timer.
+        // Released (as on SWITCHED) and restarted: the socket is pushed
+        // and sends the chunk at once, well before its own timer.
         dp.hold_send_side(&flow, false).expect("release");
         let outcome = dp
             .restart_flow(&flow)
             .unwrap_or_else(|e| panic!("restart_flow({flow:?}): {e}"));
         assert!(
-            matches!(outcome, RestartOutcome::Probed),
-            "the lever must ask the server for an ACK, got {outcome:?}"
+            matches!(outcome, RestartOutcome::Pushed { .. }),
+            "the lever must push the socket's queued data, got {outcome:?}"
         );
         wait_received(srv_ns, srv_local, srv_remote, 2 * CHUNK);
         let after = written.elapsed();
@@ -154,9 +156,28 @@ fn held_data_stays_queued_and_leaves_at_the_lever() {
              timer (an RTO, at least 200 ms), not the lever"
         );
 
+        // Again, with the lever of a mass move: one probe to the server,
+        // whose ACK sends the chunk.
+        dp.hold_send_side(&flow, true).expect("hold");
+        write("a second chunk while held");
+        let written = Instant::now();
+        thread::sleep(Duration::from_millis(60));
+        assert_eq!(received(srv_ns, srv_local, srv_remote), 2 * CHUNK);
+        dp.hold_send_side(&flow, false).expect("release");
+        let sent = dp
+            .kick_flow(&flow, false)
+            .unwrap_or_else(|e| panic!("kick_flow({flow:?}): {e}"));
+        assert!(sent.contains("Probe"), "the mass-move lever sent {sent}");
+        wait_received(srv_ns, srv_local, srv_remote, 3 * CHUNK);
+        let after = written.elapsed();
+        assert!(
+            after < Duration::from_millis(180),
+            "the second held chunk arrived {after:?} after it was written: the probe timer"
+        );
+
         // Nothing is left held, and the connection carries data as before.
         assert_eq!(dp.release_held().expect("release_held"), 0);
         write("a chunk after the release");
-        wait_received(srv_ns, srv_local, srv_remote, 3 * CHUNK);
+        wait_received(srv_ns, srv_local, srv_remote, 4 * CHUNK);
     });
 }

@@ -243,6 +243,11 @@ pub enum RestartOutcome {
     /// sockets are restarted in one round trip, not one after another. If
     /// the probe is lost, the timer (one RTO) sends the data anyway.
     Probed,
+    /// The socket had new data waiting behind its probe timer (sending had
+    /// failed locally): vnatd un-corked it on its process's behalf, which
+    /// makes the kernel send what it queued at once, without the round trip
+    /// of asking the peer for an ACK. `backoff`: the probe timer's.
+    Pushed { backoff: u8 },
     /// Nothing changed after `messages` ICMP messages or probes: the
     /// sequence number was stale, or the peer did not answer. The socket
     /// goes on at its own timer.

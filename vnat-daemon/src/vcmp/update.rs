@@ -63,7 +63,13 @@ impl Endpoint {
     /// The peer claims its end is at `addr`. Switch at once if the peer
     /// already proved it receives at that address; otherwise validate it
     /// first (the data path keeps the last validated address meanwhile).
-    pub(crate) fn propose_binding(&mut self, ctx: &mut Ctx, flow: &VirtualFlow, addr: SocketAddr, seq: u64) {
+    pub(crate) fn propose_binding(
+        &mut self,
+        ctx: &mut Ctx,
+        flow: &VirtualFlow,
+        addr: SocketAddr,
+        seq: u64,
+    ) {
         let port = self.cfg.port;
         let rto = self.rto(ctx, 0);
         let Some(c) = self.conns.get_mut(flow) else {

@@ -44,6 +44,14 @@
 //! the real peer's ACK carries its real state, so nothing is forged towards
 //! the local socket.
 //!
+//! **Queued data: push it.** When the socket's own process is known (it
+//! called connect()), a socket on its probe timer, or one with data held
+//! back behind segments in flight, is un-corked on the process's behalf
+//! (`push.rs`): the kernel sends what it queued at once, with no round trip
+//! to the peer and no dependence on the peer's rate-limited answers. The
+//! probe to the peer remains the fallback (accepted sockets, whose process
+//! the recorder does not know, and the levers of a mass move).
+//!
 //! Other levers considered: pidfd_getfd + setsockopt cannot force a
 //! retransmission; an ACK that acknowledges nothing does not re-arm the
 //! retransmission timer and duplicate ACKs do not retransmit in the Loss
@@ -125,6 +133,10 @@ pub fn restart_flow(
     let state = diag.query(flow, record.cookie)?.ok_or_else(gone)?;
     if state.rto_backed_off() {
         revert_backoff(&diag, flow, record, state)
+    } else if state.probe_stuck() && pushed(&diag, flow, record, &state)? {
+        Ok(RestartOutcome::Pushed {
+            backoff: state.backoff,
+        })
     } else if state.probe_stuck() && state.backoff > 0 {
         ask_peer_for_ack(&diag, flow, record, state)
     } else if state.probe_stuck() {
@@ -134,9 +146,44 @@ pub fn restart_flow(
         let segment = probe_segment(flow, record, &state);
         send_probe(flow, &segment)?;
         Ok(RestartOutcome::Probed)
+    } else if state.notsent_bytes > 0
+        && state.timer == TIMER_RETRANSMIT
+        && pushed(&diag, flow, record, &state)?
+    {
+        // Segments in flight (lost on the old path, their timer not backed
+        // off yet) and new data held back behind them while the
+        // connection was held: sent now, the peer's SACK of it repairs
+        // the loss a round trip later instead of at the timer.
+        Ok(RestartOutcome::Pushed {
+            backoff: state.backoff,
+        })
     } else {
         Ok(RestartOutcome::NotStalled)
     }
+}
+
+/// The push lever (see `push.rs`), and whether the socket then sent some
+/// of what it had queued. `Ok(false)` if it could not be pushed or sent
+/// nothing (the caller asks the peer for an ACK instead, if it can).
+fn pushed(
+    diag: &SockDiag,
+    flow: &VirtualFlow,
+    record: &ConnRecord,
+    state: &TcpState,
+) -> Result<bool, DatapathError> {
+    match push::push_queued(record.pid, state.inode) {
+        Ok(true) => {}
+        Ok(false) => return Ok(false),
+        Err(e) => {
+            tracing::debug!(?flow, pid = record.pid, error = %e, "cannot push the socket's queued data");
+            return Ok(false);
+        }
+    }
+    // tcp_push_pending_frames ran inside setsockopt: no wait.
+    let now = diag
+        .query(flow, record.cookie)?
+        .ok_or(DatapathError::NoSuchConnection { flow: *flow })?;
+    Ok(now.notsent_bytes < state.notsent_bytes)
 }
 
 /// The socket's `snd_una` from sock_diag and the recorded base, and the one
@@ -500,6 +547,7 @@ pub fn checksum(bytes: &[u8]) -> u16 {
     !(sum as u16)
 }
 
+mod push;
 mod rawsock;
 mod sockdiag;
 #[cfg(test)]

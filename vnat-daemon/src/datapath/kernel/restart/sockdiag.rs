@@ -23,9 +23,14 @@ pub(super) struct TcpState {
     pub(super) bytes_received: u64,
     /// `tcpi_rcv_wscale`.
     pub(super) rcv_wscale: u8,
+    /// `tcpi_notsent_bytes`: written by the application, never sent.
+    pub(super) notsent_bytes: u32,
     /// `tcpi_snd_wnd`, `tcpi_rcv_wnd` (Linux 5.19 / 6.2; `None` before).
     pub(super) snd_wnd: Option<u32>,
     pub(super) rcv_wnd: Option<u32>,
+    /// `idiag_inode`: the socket's inode (0 if it has no file, such as a
+    /// socket not yet accepted).
+    pub(super) inode: u64,
 }
 
 impl TcpState {
@@ -87,6 +92,7 @@ pub(super) const TCPI_WSCALE: usize = 6;
 pub(super) const TCPI_TOTAL_RETRANS: usize = 100;
 pub(super) const TCPI_BYTES_ACKED: usize = 120;
 pub(super) const TCPI_BYTES_RECEIVED: usize = 128;
+pub(super) const TCPI_NOTSENT_BYTES: usize = 144;
 pub(super) const TCPI_SND_WND: usize = 228;
 pub(super) const TCPI_RCV_WND: usize = 232;
 
@@ -254,6 +260,7 @@ pub(super) fn parse_answer(b: &[u8]) -> io::Result<Option<TcpState>> {
         .ok_or_else(|| bad("short inet_diag_msg"))?;
     let timer = msg[2];
     let expires_ms = u32_at(msg, 52).ok_or_else(|| bad("short inet_diag_msg"))?;
+    let inode = u32_at(msg, 68).ok_or_else(|| bad("short inet_diag_msg"))?;
     let mut at = NLMSG_HDRLEN + MSG_LEN;
     while at + 4 <= b.len() {
         let alen = u16::from_ne_bytes([b[at], b[at + 1]]) as usize;
@@ -275,8 +282,10 @@ pub(super) fn parse_answer(b: &[u8]) -> io::Result<Option<TcpState>> {
                 bytes_acked: u64_at(info, TCPI_BYTES_ACKED).ok_or_else(short)?,
                 bytes_received: u64_at(info, TCPI_BYTES_RECEIVED).ok_or_else(short)?,
                 rcv_wscale: info.get(TCPI_WSCALE).ok_or_else(short)? >> 4,
+                notsent_bytes: u32_at(info, TCPI_NOTSENT_BYTES).ok_or_else(short)?,
                 snd_wnd: u32_at(info, TCPI_SND_WND),
                 rcv_wnd: u32_at(info, TCPI_RCV_WND),
+                inode: u64::from(inode),
             }));
         }
         at += (alen + 3) & !3;

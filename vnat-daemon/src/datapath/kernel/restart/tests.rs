@@ -135,6 +135,7 @@ fn parses_inet_diag_answers() {
     let mut body = vec![0u8; MSG_LEN];
     body[2] = 1;
     body[52..56].copy_from_slice(&4321u32.to_ne_bytes());
+    body[68..72].copy_from_slice(&987_654u32.to_ne_bytes());
     let mut info = vec![0u8; 240];
     info[TCPI_RETRANSMITS] = 6;
     info[TCPI_BACKOFF] = 7;
@@ -142,6 +143,7 @@ fn parses_inet_diag_answers() {
     info[TCPI_TOTAL_RETRANS..TCPI_TOTAL_RETRANS + 4].copy_from_slice(&9u32.to_ne_bytes());
     info[TCPI_BYTES_ACKED..TCPI_BYTES_ACKED + 8].copy_from_slice(&0x1_0000_0005u64.to_ne_bytes());
     info[TCPI_BYTES_RECEIVED..TCPI_BYTES_RECEIVED + 8].copy_from_slice(&6u64.to_ne_bytes());
+    info[TCPI_NOTSENT_BYTES..TCPI_NOTSENT_BYTES + 4].copy_from_slice(&77u32.to_ne_bytes());
     info[TCPI_SND_WND..TCPI_SND_WND + 4].copy_from_slice(&1000u32.to_ne_bytes());
     info[TCPI_RCV_WND..TCPI_RCV_WND + 4].copy_from_slice(&(300u32 << 7).to_ne_bytes());
     // An unrelated attribute first, with a length that needs padding.
@@ -165,8 +167,10 @@ fn parses_inet_diag_answers() {
             bytes_acked: 0x1_0000_0005,
             bytes_received: 6,
             rcv_wscale: 7,
+            notsent_bytes: 77,
             snd_wnd: Some(1000),
             rcv_wnd: Some(300 << 7),
+            inode: 987_654,
         }
     );
     assert!(s.rto_backed_off() && !s.probe_stuck());
