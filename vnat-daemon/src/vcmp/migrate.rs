@@ -135,6 +135,15 @@ impl Endpoint {
             peer_at_start: c.remote_phys,
         });
         self.tx.trusted.insert(own_old);
+        // A validation of the peer's new address that started before this
+        // move (the peer moved first and its update reached us here) gets
+        // its RESPONSE at our old address, where it is lost: challenge
+        // again now, from the new one, not at the retransmission timeout.
+        for v in self.validations.values_mut() {
+            if v.flows.contains(flow) {
+                v.deadline = ctx.now;
+            }
+        }
         self.run_step(ctx, flow);
     }
 

@@ -34,6 +34,18 @@ fn setup(seed: u64, link: Link, cfg: Config, n: u16) -> (Sim, Vec<VirtualFlow>) 
     (sim, flows)
 }
 
+/// [`setup`] with a location server (a host of its own, returned last)
+/// that both hosts are given.
+fn setup_with_location_server(seed: u64, n: u16) -> (Sim, Vec<VirtualFlow>, usize) {
+    let cfg = Config {
+        location_servers: vec![sa("10.9.9.9:2031")],
+        ..Config::default()
+    };
+    let (mut sim, flows) = setup(seed, Link::default(), cfg, n);
+    let server = sim.add_host("10.9.9.9", Config::default());
+    (sim, flows, server)
+}
+
 fn moved(f: &VirtualFlow, new_ip: &str) -> std::net::SocketAddr {
     std::net::SocketAddr::new(new_ip.parse().expect("ip"), f.local.port())
 }
@@ -195,12 +207,7 @@ fn both_move_with_an_old_location_still_reachable() {
 
 #[test]
 fn both_move_and_only_a_location_server_can_tell() {
-    let cfg = Config {
-        location_servers: vec![sa("10.9.9.9:2031")],
-        ..Config::default()
-    };
-    let (mut sim, flows) = setup(4, Link::default(), cfg, 3);
-    let server = sim.add_host("10.9.9.9", Config::default());
+    let (mut sim, flows, server) = setup_with_location_server(4, 3);
     // No suspend: both default to primary (paper 3.3.2.1, last paragraphs).
     sim.move_host(0, "10.0.1.1");
     sim.move_host(1, "10.0.2.2");
@@ -283,12 +290,7 @@ fn both_move_whole_keeping_old_addresses_local_meet_at_the_location_server() {
 /// the time from B's resume until both ends send to each other's new
 /// address.
 fn both_move_via_the_location_server(seed: u64, stagger: Duration) -> Duration {
-    let cfg = Config {
-        location_servers: vec![sa("10.9.9.9:2031")],
-        ..Config::default()
-    };
-    let (mut sim, flows) = setup(seed, Link::default(), cfg, 3);
-    let server = sim.add_host("10.9.9.9", Config::default());
+    let (mut sim, flows, server) = setup_with_location_server(seed, 3);
     sim.move_host_keeping_old_local(0, "10.0.1.1");
     sim.move_host_keeping_old_local(1, "10.0.2.2");
     resume(&mut sim, 0, &flows, "10.0.1.1");
@@ -387,12 +389,7 @@ fn a_location_the_peer_has_since_left_is_not_followed() {
     // record (it is unreachable during the second). When A moves later,
     // its early lookup finds that stale record: A must not follow it (B's
     // second move stored a newer record at A itself, P(1)).
-    let cfg = Config {
-        location_servers: vec![sa("10.9.9.9:2031")],
-        ..Config::default()
-    };
-    let (mut sim, flows) = setup(28, Link::default(), cfg, 2);
-    let ls = sim.add_host("10.9.9.9", Config::default());
+    let (mut sim, flows, ls) = setup_with_location_server(28, 2);
     let b_flows: Vec<_> = flows.iter().map(reverse).collect();
     sim.move_host(1, "10.0.2.2");
     resume(&mut sim, 1, &b_flows, "10.0.2.2");
@@ -419,6 +416,51 @@ fn a_location_the_peer_has_since_left_is_not_followed() {
         assert_remote(&sim, 1, &reverse(f), moved(f, "10.0.1.1"));
     }
     assert!(sim.hosts[0].ep.stats().rejected("stale_location") > 0);
+}
+
+#[test]
+fn a_validation_started_before_our_own_move_is_sent_again_from_the_new_address() {
+    // B moves first; its update reaches A at A's old address, and A starts
+    // validating B's new address. Then A moves too, before the RESPONSE
+    // is back: it goes to A's old address and is lost. A must challenge
+    // again from its new address at once, not after its retransmission
+    // timeout (200 ms).
+    let (mut sim, flows, _) = setup_with_location_server(29, 2);
+    let b_flows: Vec<_> = flows.iter().map(reverse).collect();
+    sim.move_host_keeping_old_local(1, "10.0.2.2");
+    resume(&mut sim, 1, &b_flows, "10.0.2.2");
+    // B's UPD arrives at A after 1.5 ms; A's CHALLENGE reaches B 1.5 ms
+    // later and the RESPONSE comes back to A's old address at 4.5 ms.
+    sim.run_for(Duration::from_millis(2));
+    assert!(
+        sim.hosts[0]
+            .ep
+            .connection(&flows[0])
+            .and_then(|v| v.pending_remote)
+            .is_some(),
+        "A must be validating B's new address"
+    );
+    sim.move_host_keeping_old_local(0, "10.0.1.1");
+    let t0 = sim.now;
+    resume(&mut sim, 0, &flows, "10.0.1.1");
+    sim.run_for(Duration::from_secs(10));
+    for f in &flows {
+        assert_remote(&sim, 0, f, sa(&format!("10.0.2.2:{}", f.remote.port())));
+        assert_remote(&sim, 1, &reverse(f), moved(f, "10.0.1.1"));
+        let switched = sim
+            .events(
+                0,
+                |e| matches!(e, Event::SetRemote { flow, .. } if flow == f),
+            )
+            .map(|(t, _)| *t)
+            .last()
+            .expect("A switched");
+        assert!(
+            switched.since(t0) < Duration::from_millis(50),
+            "A sent to B's new address {:?} after its own move",
+            switched.since(t0)
+        );
+    }
 }
 
 #[test]
@@ -766,12 +808,7 @@ fn a_peer_that_never_confirms_costs_the_mover_one_timeout() {
 fn when_both_ends_moved_neither_waits_for_the_other() {
     // Each end's move completes only once it knows the other's new
     // address; a SWITCHED wait would make them wait for each other.
-    let cfg = Config {
-        location_servers: vec![sa("10.9.9.9:2031")],
-        ..Config::default()
-    };
-    let (mut sim, flows) = setup(23, Link::default(), cfg, 2);
-    sim.add_host("10.9.9.9", Config::default());
+    let (mut sim, flows, _) = setup_with_location_server(23, 2);
     sim.move_host(0, "10.0.1.1");
     sim.move_host(1, "10.0.2.2");
     let b_flows: Vec<_> = flows.iter().map(reverse).collect();
