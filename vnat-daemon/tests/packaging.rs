@@ -31,6 +31,17 @@ fn unit_runs_the_daemon_with_the_config_and_the_sleep_hook_calls_suspend_and_res
     let unit = std::fs::read_to_string(repo("packaging/systemd/vnatd.service")).unwrap();
     assert!(unit.contains("ExecStart=/usr/local/sbin/vnatd --config /etc/vnat/vnatd.toml"));
     assert!(unit.contains("CapabilityBoundingSet=") && unit.contains("NoNewPrivileges=yes"));
+    // The restart lever's pidfd_getfd (push.rs) is outside @system-service:
+    // without it in the filter, the first push would kill vnatd (SIGSYS).
+    let filter = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("SystemCallFilter="))
+        .expect("the unit filters system calls");
+    assert!(
+        filter.split_whitespace().any(|c| c == "pidfd_getfd"),
+        "SystemCallFilter={filter} does not allow pidfd_getfd"
+    );
+    assert!(unit.contains("CAP_SYS_PTRACE"));
     let hook = std::fs::read_to_string(repo("packaging/systemd/vnat-sleep")).unwrap();
     assert!(hook.contains("suspend --all") && hook.contains("resume --all"));
 }
