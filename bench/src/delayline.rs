@@ -8,7 +8,11 @@
 //! per direction writes it, byte for byte, out of the other end once the
 //! delay has passed. Nothing is parsed or rewritten, so the two sides see
 //! one Ethernet segment (ARP, IPv6 neighbour discovery, TCP, VCMP all cross
-//! it unchanged), only later.
+//! it unchanged), only later: all but ARP, which crosses at once. The line
+//! stands for the wide-area part of the path, and a host's ARP for its
+//! gateway never crosses that: delayed, a host that has just come up on a
+//! link (a server moving to a new subnet) would wait one whole round trip
+//! for its gateway's address before its first packet.
 //!
 //! Offloads are turned off on all four veth ends (`ethtool -K`): with TSO/GSO
 //! a veth hands 64 KiB super-frames to packet sockets, which could not be
@@ -41,6 +45,8 @@ use vnat_tests::{veth, LaptopRouterServer, Netns, ServerLinkE};
 /// The longest frame the line expects: a 1500-byte MTU plus the Ethernet
 /// header and a VLAN tag. Anything longer means an offload is still on.
 const MAX_FRAME: usize = 1522;
+/// The Ethernet type of ARP, which the line does not delay.
+const ETHERTYPE_ARP: [u8; 2] = [0x08, 0x06];
 /// How often an idle direction looks at the stop flag.
 const IDLE_WAKE: Duration = Duration::from_millis(50);
 /// Receive buffer per socket: a few hundred frames of headroom if a
@@ -248,6 +254,17 @@ fn forward(
                 stats.oversize += 1;
             }
             let n = n.min(buf.len());
+            if n >= 14 && buf[12..14] == ETHERTYPE_ARP {
+                // SAFETY: as above; `buf` holds `n` bytes of the frame.
+                let sent = unsafe { libc::send(to.as_raw_fd(), buf.as_ptr().cast(), n, 0) };
+                if sent < 0 {
+                    stats.send_errors += 1;
+                } else {
+                    stats.frames += 1;
+                    stats.bytes += n as u64;
+                }
+                continue;
+            }
             queue.push_back((
                 read_at + delay_ns.load(Ordering::Relaxed),
                 buf[..n].to_vec(),
@@ -457,8 +474,17 @@ pub fn handshake_rtts(
     server: std::net::IpAddr,
     n: usize,
 ) -> anyhow::Result<Vec<f64>> {
+    handshake_rtts_from(&topo.laptop, server, n)
+}
+
+/// [`handshake_rtts`] from any namespace `from`.
+pub fn handshake_rtts_from(
+    from: &Netns,
+    server: std::net::IpAddr,
+    n: usize,
+) -> anyhow::Result<Vec<f64>> {
     let target = std::net::SocketAddr::new(server, 9);
-    topo.laptop.run_in(|| {
+    from.run_in(|| {
         // The first handshake also resolves the router's MAC: not timed.
         let _ = std::net::TcpStream::connect_timeout(&target, Duration::from_secs(2));
         let mut out = Vec::with_capacity(n);

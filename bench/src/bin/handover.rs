@@ -41,9 +41,11 @@
 //! `vnat_tests::OldServerAddress::Gone`), E's link delayed like C's. Neither
 //! old location answers, so only the location server can tell either end
 //! where the other went: a vnatd on a third host behind the router (no
-//! delay on its link), given to both with `--location-server`. With an
+//! delay on its link, so the laptop reaches it at once and the server
+//! across the delay line), given to both with `--location-server`. With an
 //! outage, both are without a network for its length. Target (issue 5):
-//! `handover_ms` at most 2 RTT plus one round trip to the location server.
+//! `handover_ms` at most 2 RTT plus one round trip to the location server
+//! (the server's, the longer: one RTT here).
 
 use std::{
     net::SocketAddr,
@@ -249,7 +251,8 @@ struct RunResult {
     movers: Movers,
     /// Median TCP handshake time laptop -> server through the delay line.
     rtt_ms: f64,
-    /// Both moving: the same to the location server's host (no delay line).
+    /// Both moving: the same to the location server's host, from the end
+    /// farther from it (the server, whose link has the delay line).
     location_server_rtt_ms: Option<f64>,
     /// The same with the line's delay at 0 (calibration), and the one-way
     /// delay then set: (target - base) / 2.
@@ -551,10 +554,16 @@ fn measure(setup: &RunSetup) -> Result<RunResult> {
         "the delay line should make a {rtt_ms} ms round trip but TCP handshakes through it took {rtt:.2} ms \
          (median of {RTT_SAMPLES}; samples {rtts:.2?}): the machine is too busy for this benchmark or the line is broken"
     );
+    // The location server's round trip for the target: the slower of the
+    // two ends' (the server's crosses the delay line, the laptop's not).
     let ls_rtt = match &loc {
         Some(l) => {
-            let v = delayline::handshake_rtts(&topo, l.addr.v4.into(), RTT_SAMPLES)?;
-            Some(Summary::of(&v).expect("RTT samples").median)
+            let mut worst = 0.0f64;
+            for ns in [&topo.laptop, &topo.server] {
+                let v = delayline::handshake_rtts_from(ns, l.addr.v4.into(), RTT_SAMPLES)?;
+                worst = worst.max(Summary::of(&v).expect("RTT samples").median);
+            }
+            Some(worst)
         }
         None => None,
     };
