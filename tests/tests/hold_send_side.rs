@@ -21,7 +21,7 @@ use std::{
 };
 
 use vnat_daemon::datapath::{Datapath, Proto, RestartOutcome, VirtualFlow};
-use vnat_tests::{ss_endpoint, Host, LaptopRouterServer, Netns};
+use vnat_tests::{ss_endpoint, tcp_bytes_received, Host, LaptopRouterServer, Netns};
 
 const PORT: u16 = 5013;
 const CHUNK: usize = 1000;
@@ -29,24 +29,11 @@ const CHUNK: usize = 1000;
 /// `ss -tinH` of the established socket `local -> remote`.
 fn ss(ns: &Netns, local: SocketAddr, remote: SocketAddr) -> String {
     let filter = format!("src {} and dst {}", ss_endpoint(local), ss_endpoint(remote));
-    let out = ns.run_stdout(&["ss", "-tinoH", "state", "established", &filter]);
-    assert!(
-        !out.trim().is_empty(),
-        "no established socket {local} -> {remote} in {}: the connection did not survive",
-        ns.name()
-    );
-    out
+    ns.run_stdout(&["ss", "-tinoH", "state", "established", &filter])
 }
 
-/// `bytes_received` of the socket (0 when ss leaves it out).
 fn received(ns: &Netns, local: SocketAddr, remote: SocketAddr) -> usize {
-    let out = ss(ns, local, remote);
-    out.split_whitespace()
-        .find_map(|w| w.strip_prefix("bytes_received:"))
-        .map_or(0, |n| {
-            n.parse()
-                .unwrap_or_else(|e| panic!("bytes_received in {out}: {e}"))
-        })
+    tcp_bytes_received(ns, local, remote)
 }
 
 /// Wait until the server socket has received `want` bytes; the time it took.

@@ -134,6 +134,21 @@ impl Vnatd {
         }
     }
 
+    /// Freeze (SIGSTOP) or thaw (SIGCONT) vnatd: frozen, it answers
+    /// nothing, while the kernel keeps its connections and translations.
+    pub fn freeze(&self, frozen: bool) {
+        use nix::{
+            sys::signal::{kill, Signal},
+            unistd::Pid,
+        };
+        let sig = if frozen {
+            Signal::SIGSTOP
+        } else {
+            Signal::SIGCONT
+        };
+        kill(Pid::from_raw(self.child.id() as i32), sig).expect("signalling vnatd");
+    }
+
     pub fn kill9(mut self) {
         self.child.kill().expect("SIGKILL vnatd");
         self.child.wait().expect("reaping vnatd");

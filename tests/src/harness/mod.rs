@@ -25,7 +25,7 @@ pub use cgroup::{cgroup2_mount, Cgroup};
 pub use daemon::{TempDir, Vnatd};
 pub use echo::{EchoServer, UDP_DATAGRAM_SIZE};
 pub use host::{move_flow, Host};
-pub use netns::{ss_endpoint, veth, Netns};
+pub use netns::{ss_endpoint, tcp_bytes_received, veth, Netns};
 pub use server_move::{
     add_location_host, add_server_link_e, move_server_to_e, plug_server_e, unplug_server_c,
     LocationHost, OldServerAddress, ServerLinkE,

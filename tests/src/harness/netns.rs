@@ -362,6 +362,29 @@ fn show<S: AsRef<OsStr>>(args: &[S]) -> String {
 }
 
 /// An endpoint as `ss` filters take it: IPv6 addresses in brackets.
+/// `bytes_received` of the established TCP socket `local -> remote` in `ns`
+/// (`ss -tin`; 0 when ss leaves it out). Panics if there is no such socket:
+/// the connection did not survive.
+pub fn tcp_bytes_received(
+    ns: &Netns,
+    local: std::net::SocketAddr,
+    remote: std::net::SocketAddr,
+) -> usize {
+    let filter = format!("src {} and dst {}", ss_endpoint(local), ss_endpoint(remote));
+    let out = ns.run_stdout(&["ss", "-tinoH", "state", "established", &filter]);
+    assert!(
+        !out.trim().is_empty(),
+        "no established socket {local} -> {remote} in {}: the connection did not survive",
+        ns.name()
+    );
+    out.split_whitespace()
+        .find_map(|w| w.strip_prefix("bytes_received:"))
+        .map_or(0, |n| {
+            n.parse()
+                .unwrap_or_else(|e| panic!("bytes_received in {out}: {e}"))
+        })
+}
+
 pub fn ss_endpoint(a: std::net::SocketAddr) -> String {
     match a {
         std::net::SocketAddr::V4(a) => a.to_string(),

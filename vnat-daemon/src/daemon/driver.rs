@@ -11,6 +11,7 @@
 //! `UPD_R`.
 
 use std::{
+    collections::VecDeque,
     collections::{BTreeMap, HashMap, HashSet},
     net::{IpAddr, SocketAddr},
     path::PathBuf,
@@ -53,6 +54,13 @@ const DATAGRAMS_PER_TURN: usize = 64;
 /// (`Datapath::kick_flow`), or one backed-off socket after another would
 /// hold up a mass move by 20 ms to 1.2 s each.
 const VERIFIED_RESTARTS_MAX: usize = 16;
+/// Longest a moving TCP connection's send side is held (its packets
+/// dropped, see `plan_and_move`). A socket whose sends keep failing
+/// locally probes every 500 ms and the kernel gives up on it after some
+/// seconds (seen as aborts in a 100,000-connection move whose exchange
+/// took 15 s): after this, its packets leave with the old address as they
+/// did before the hold, until its move completes.
+const HOLD_LIMIT: Duration = Duration::from_secs(2);
 /// How long an imported connection may wait for its process to restore
 /// the socket on this host before it is forgotten.
 const IMPORT_GRACE: Duration = Duration::from_secs(60);
@@ -330,6 +338,11 @@ pub struct Driver {
     /// Exported flows: their process is being checkpointed to another host,
     /// so they are not tracked again here while their socket still exists.
     exported: HashSet<VirtualFlow>,
+    /// When each held flow was held, latest hold last (see [`HOLD_LIMIT`]);
+    /// `hold_started` has the time of a flow's latest hold, so that an
+    /// older entry does not end a newer hold.
+    holds: VecDeque<(tokio::time::Instant, VirtualFlow)>,
+    hold_started: HashMap<VirtualFlow, tokio::time::Instant>,
 }
 
 impl Driver {
@@ -404,6 +417,8 @@ impl Driver {
             dual,
             prepared: HashMap::new(),
             to_restart: Vec::new(),
+            holds: VecDeque::new(),
+            hold_started: HashMap::new(),
             standby: Vec::new(),
             prepare_failed: HashSet::new(),
             pending_scanned: None,
@@ -470,6 +485,8 @@ impl Driver {
                     // move; the next notification brings the rest.
                     self.resync().await;
                 }
+                _ = tokio::time::sleep_until(self.holds.front().map_or(next_resync, |(t, _)| *t + HOLD_LIMIT)),
+                    if !self.holds.is_empty() => {}
                 _ = tokio::time::sleep_until(next_resync) => {
                     let started = tokio::time::Instant::now();
                     self.resync().await;
@@ -491,6 +508,7 @@ impl Driver {
             // After the flush: attaching takes the kernel tens of ms, which
             // must not delay what a move just queued.
             self.update_standby().await;
+            self.end_overdue_holds().await;
         }
         Ok(())
     }
@@ -862,18 +880,25 @@ impl Driver {
                     // to the new address (`PeerSwitched`). UDP is left alone:
                     // a datagram that reaches the peer early is delivered,
                     // and there is no timer to upset.
+                    let mut held = false;
                     if r.is_ok() && m.flow.proto == crate::datapath::Proto::Tcp {
-                        if let Err(e) = dp.hold_send_side(&m.flow, true) {
-                            tracing::warn!(flow = ?m.flow, error = %e, "cannot hold the connection's packets during its move");
+                        match dp.hold_send_side(&m.flow, true) {
+                            Ok(()) => held = true,
+                            Err(e) => tracing::warn!(flow = ?m.flow, error = %e, "cannot hold the connection's packets during its move"),
                         }
                     }
-                    (m, from, r)
+                    (m, from, r, held)
                 })
                 .collect::<Vec<_>>()
         })
         .await;
         let mut started = Vec::new();
-        for (m, from, r) in prepared {
+        let held_at = tokio::time::Instant::now();
+        for (m, from, r, held) in prepared {
+            if held {
+                self.holds.push_back((held_at, m.flow));
+                self.hold_started.insert(m.flow, held_at);
+            }
             if let Err(e) = r {
                 tracing::warn!(flow = ?m.flow, error = %e, "cannot prepare the move");
                 continue;
@@ -892,6 +917,43 @@ impl Driver {
         // must be prepared again for our new one.
         self.pending_scanned = None;
         started.len()
+    }
+
+    /// Release the holds older than [`HOLD_LIMIT`] of moves still under
+    /// way. A flow whose move completed was released by its translation
+    /// (the release is then a no-op).
+    async fn end_overdue_holds(&mut self) {
+        let now = tokio::time::Instant::now();
+        let mut overdue = Vec::new();
+        while let Some(&(at, flow)) = self.holds.front() {
+            if at + HOLD_LIMIT > now {
+                break;
+            }
+            self.holds.pop_front();
+            if self.hold_started.get(&flow) == Some(&at) {
+                self.hold_started.remove(&flow);
+                overdue.push(flow);
+            }
+        }
+        if overdue.is_empty() {
+            return;
+        }
+        let n = overdue.len();
+        let failed = with_dp(&self.dp, move |dp| {
+            overdue
+                .into_iter()
+                .filter_map(|f| dp.hold_send_side(&f, false).err().map(|e| (f, e)))
+                .collect::<Vec<_>>()
+        })
+        .await;
+        for (flow, e) in &failed {
+            tracing::warn!(?flow, error = %e, "cannot release the connection's held packets");
+        }
+        tracing::info!(
+            connections = n - failed.len(),
+            limit_ms = HOLD_LIMIT.as_millis() as u64,
+            "moves not done within the hold limit: their packets leave with the old address until they are"
+        );
     }
 
     /// A peer announced a new address in an authenticated update that is
@@ -1061,6 +1123,9 @@ impl Driver {
             self.endpoint.confirm_switched(now(), &mut OsRng, &confirm);
         }
         if !aborted.is_empty() {
+            for f in &aborted {
+                self.hold_started.remove(f);
+            }
             // Back to what it did before the move (the connection is most
             // likely lost, but that is for TCP to decide).
             with_dp(&self.dp, move |dp| {
@@ -1128,6 +1193,8 @@ impl Driver {
         for (s, r) in done {
             match r {
                 Ok(()) => {
+                    // Installing the translation ended any hold.
+                    self.hold_started.remove(&s.flow);
                     tracing::info!(flow = ?s.flow, local = %s.local, remote = %s.remote, "translation updated");
                     if !verified {
                         // In a mass move only the end whose peer moved
