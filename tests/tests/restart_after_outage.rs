@@ -331,14 +331,17 @@ fn assert_restarted(r: &Report) {
     let (lap, srv) = r.outcomes.expect("restart_flow was called");
     // The laptop's socket is always backed off: its retransmission timer if
     // it had segments in flight when the outage began, else its probe timer
-    // (new data that could not be sent). The server's is backed off if it
+    // (new data that could not be sent), which the lever pushes (the
+    // laptop's process connected) or answers with a probe to the server. The server's is backed off if it
     // had segments in flight. Whichever end's restart acts first may
     // restart the other (its segment carries an ACK), which then finds
     // nothing to do.
     let acted = |o: RestartOutcome| {
         matches!(
             o,
-            RestartOutcome::Retransmitted { .. } | RestartOutcome::Resumed { .. }
+            RestartOutcome::Retransmitted { .. }
+                | RestartOutcome::Resumed { .. }
+                | RestartOutcome::Pushed { .. }
         ) || matches!(o, RestartOutcome::Rearmed { next_retransmit_ms, .. } if next_retransmit_ms < 1000)
     };
     assert!(

@@ -45,8 +45,8 @@
 //! the local socket.
 //!
 //! **Queued data: push it.** When the socket's own process is known (it
-//! called connect()), a socket on its probe timer, or one with data held
-//! back behind segments in flight, is un-corked on the process's behalf
+//! called connect()), a socket on its probe timer is un-corked on the
+//! process's behalf
 //! (`push.rs`): the kernel sends what it queued at once, with no round trip
 //! to the peer and no dependence on the peer's rate-limited answers. The
 //! probe to the peer remains the fallback (accepted sockets, whose process
@@ -146,17 +146,6 @@ pub fn restart_flow(
         let segment = probe_segment(flow, record, &state);
         send_probe(flow, &segment)?;
         Ok(RestartOutcome::Probed)
-    } else if state.notsent_bytes > 0
-        && state.timer == TIMER_RETRANSMIT
-        && pushed(&diag, flow, record, &state)?
-    {
-        // Segments in flight (lost on the old path, their timer not backed
-        // off yet) and new data held back behind them while the
-        // connection was held: sent now, the peer's SACK of it repairs
-        // the loss a round trip later instead of at the timer.
-        Ok(RestartOutcome::Pushed {
-            backoff: state.backoff,
-        })
     } else {
         Ok(RestartOutcome::NotStalled)
     }
