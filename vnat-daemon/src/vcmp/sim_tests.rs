@@ -78,6 +78,19 @@ fn resumed(sim: &Sim, h: usize, f: &VirtualFlow) -> bool {
         .is_some()
 }
 
+/// Both ends resumed every flow and send to the other's new address (A's
+/// at `a_ip`, B's at `b_ip`).
+fn assert_both_resumed_at(sim: &Sim, flows: &[VirtualFlow], a_ip: &str, b_ip: &str) {
+    for f in flows {
+        assert!(
+            resumed(sim, 0, f) && resumed(sim, 1, &reverse(f)),
+            "both ends must resume {f:?}"
+        );
+        assert_remote(sim, 0, f, sa(&format!("{b_ip}:{}", f.remote.port())));
+        assert_remote(sim, 1, &reverse(f), moved(f, a_ip));
+    }
+}
+
 #[test]
 fn one_end_moves_in_constant_round_trips() {
     let mut rounds = Vec::new();
@@ -216,14 +229,7 @@ fn both_move_and_only_a_location_server_can_tell() {
     sim.run_for(Duration::from_millis(500));
     resume(&mut sim, 1, &b_flows, "10.0.2.2");
     sim.run_for(Duration::from_secs(300));
-    for f in &flows {
-        assert!(
-            resumed(&sim, 0, f) && resumed(&sim, 1, &reverse(f)),
-            "both ends must resume {f:?}"
-        );
-        assert_remote(&sim, 0, f, sa(&format!("10.0.2.2:{}", f.remote.port())));
-        assert_remote(&sim, 1, &reverse(f), moved(f, "10.0.1.1"));
-    }
+    assert_both_resumed_at(&sim, &flows, "10.0.1.1", "10.0.2.2");
     assert!(sim.hosts[server].ep.stats().get("stores_served") > 0);
 }
 
@@ -301,14 +307,7 @@ fn both_move_via_the_location_server(seed: u64, stagger: Duration) -> Duration {
     let start = sim.now;
     resume(&mut sim, 1, &b_flows, "10.0.2.2");
     sim.run_for(Duration::from_secs(60));
-    for f in &flows {
-        assert!(
-            resumed(&sim, 0, f) && resumed(&sim, 1, &reverse(f)),
-            "both ends must resume {f:?}"
-        );
-        assert_remote(&sim, 0, f, sa(&format!("10.0.2.2:{}", f.remote.port())));
-        assert_remote(&sim, 1, &reverse(f), moved(f, "10.0.1.1"));
-    }
+    assert_both_resumed_at(&sim, &flows, "10.0.1.1", "10.0.2.2");
     assert!(sim.hosts[server].ep.stats().get("stores_served") > 0);
     assert_eq!(
         sim.hosts[0].ep.stats().get("migration_aborted")
