@@ -11,8 +11,7 @@
 //! `UPD_R`.
 
 use std::{
-    collections::VecDeque,
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{BTreeMap, HashMap, HashSet, VecDeque},
     net::{IpAddr, SocketAddr},
     path::PathBuf,
     time::Duration,
