@@ -411,51 +411,49 @@ fn sweep(args: &Args) -> Result<()> {
         })
         .collect();
     for (movers, rtt, outage_s) in grid {
-        {
-            let scenario = if outage_s == 0 {
-                Scenario::NoOutage
-            } else {
-                Scenario::Outage(Duration::from_secs(outage_s))
-            };
-            let case = Case { movers, scenario };
-            let runs = args.runs.unwrap_or(if outage_s == 0 { 3 } else { 1 });
-            let mut done = Vec::new();
-            for i in 0..runs {
-                eprintln!("rtt {rtt} ms, {}: run {}/{runs} ...", case.label(), i + 1);
-                // The outage's length is in the name: the 10 s and the
-                // 120 s runs of one RTT would otherwise share their logs.
-                let diag = format!(
-                    "handover-sweep-rtt{rtt}-{}{}-{}",
-                    case.key(),
-                    if outage_s == 0 {
-                        String::new()
-                    } else {
-                        format!("{outage_s}s")
-                    },
-                    i + 1
-                );
-                let r = measure(&RunSetup {
-                    case,
-                    rtt_ms: rtt,
-                    diag: &diag,
-                    capture: args.capture,
-                    standby_tc: !args.no_standby_tc,
-                    nodelay_echo: !args.nagle_echo,
-                })
-                .with_context(|| format!("rtt {rtt} ms, {}, run {}", case.label(), i + 1))?;
-                eprintln!(
-                    "  rtt {:.2} ms, first byte {:.1} ms, handover {:.1} ms",
-                    r.rtt_ms, r.first_byte_ms, r.handover_ms
-                );
-                done.push(r);
-            }
-            rows.push(report::sweep_row(rtt, case, &done));
-            // What is known so far is on disk if a later cell fails.
-            vnat_bench::write_json(
-                &vnat_bench::results_path("handover"),
-                &report::sweep_report(args, &rows, load_before),
-            )?;
+        let scenario = if outage_s == 0 {
+            Scenario::NoOutage
+        } else {
+            Scenario::Outage(Duration::from_secs(outage_s))
+        };
+        let case = Case { movers, scenario };
+        let runs = args.runs.unwrap_or(if outage_s == 0 { 3 } else { 1 });
+        let mut done = Vec::new();
+        for i in 0..runs {
+            eprintln!("rtt {rtt} ms, {}: run {}/{runs} ...", case.label(), i + 1);
+            // The outage's length is in the name: the 10 s and the
+            // 120 s runs of one RTT would otherwise share their logs.
+            let diag = format!(
+                "handover-sweep-rtt{rtt}-{}{}-{}",
+                case.key(),
+                if outage_s == 0 {
+                    String::new()
+                } else {
+                    format!("{outage_s}s")
+                },
+                i + 1
+            );
+            let r = measure(&RunSetup {
+                case,
+                rtt_ms: rtt,
+                diag: &diag,
+                capture: args.capture,
+                standby_tc: !args.no_standby_tc,
+                nodelay_echo: !args.nagle_echo,
+            })
+            .with_context(|| format!("rtt {rtt} ms, {}, run {}", case.label(), i + 1))?;
+            eprintln!(
+                "  rtt {:.2} ms, first byte {:.1} ms, handover {:.1} ms",
+                r.rtt_ms, r.first_byte_ms, r.handover_ms
+            );
+            done.push(r);
         }
+        rows.push(report::sweep_row(rtt, case, &done));
+        // What is known so far is on disk if a later cell fails.
+        vnat_bench::write_json(
+            &vnat_bench::results_path("handover"),
+            &report::sweep_report(args, &rows, load_before),
+        )?;
     }
     let summary = report::sweep_report(args, &rows, load_before);
     let table = report::sweep_table(&rows);

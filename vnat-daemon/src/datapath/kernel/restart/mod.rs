@@ -46,11 +46,11 @@
 //!
 //! **Queued data: push it.** When the socket's own process is known (it
 //! called connect()), a socket on its probe timer is un-corked on the
-//! process's behalf
-//! (`push.rs`): the kernel sends what it queued at once, with no round trip
-//! to the peer and no dependence on the peer's rate-limited answers. The
-//! probe to the peer remains the fallback (accepted sockets, whose process
-//! the recorder does not know, and the levers of a mass move).
+//! process's behalf (`push.rs`): the kernel sends what it queued at once,
+//! with no round trip to the peer and no dependence on the peer's
+//! rate-limited answers. The probe to the peer remains the fallback
+//! (accepted sockets, whose process the recorder does not know, and the
+//! levers of a mass move).
 //!
 //! Other levers considered: pidfd_getfd + setsockopt cannot force a
 //! retransmission; an ACK that acknowledges nothing does not re-arm the
