@@ -83,6 +83,64 @@ impl FlowKey {
     }
 }
 
+/// Word 2 of an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`, RFC 4291
+/// section 2.5.5.2) as it sits in memory: bytes `00 00 ff ff`.
+pub const V4_MAPPED_WORD2_BE: u32 = 0x0000_ffffu32.to_be();
+
+/// The IPv4 address (network order) inside an IPv4-mapped IPv6 address, or
+/// `None` if `addr_be` is not one.
+///
+/// An AF_INET6 socket that carries IPv4 (a dual-stack `[::]` listener, a
+/// client connected to `::ffff:a.b.c.d`) shows its addresses this way, while
+/// its packets on the wire, the peer's socket and vnat's translations are
+/// IPv4. The recorders key such a connection as the IPv4 flow it is, so that
+/// both ends name it the same way.
+#[inline(always)]
+pub const fn v4_of_mapped(addr_be: &[u32; 4]) -> Option<u32> {
+    if addr_be[0] == 0 && addr_be[1] == 0 && addr_be[2] == V4_MAPPED_WORD2_BE {
+        Some(addr_be[3])
+    } else {
+        None
+    }
+}
+
+/// The local address of a dual-stack socket as IPv4: a v4-mapped address,
+/// or the unspecified `::` of a socket bound to the wildcard, which is
+/// `0.0.0.0` for its IPv4 flows (userspace resolves the source the kernel
+/// routes from, as for an IPv4 socket bound to `0.0.0.0`).
+#[inline(always)]
+pub const fn v4_of_mapped_or_any(addr_be: &[u32; 4]) -> Option<u32> {
+    if addr_be[0] == 0 && addr_be[1] == 0 && addr_be[2] == 0 && addr_be[3] == 0 {
+        Some(0)
+    } else {
+        v4_of_mapped(addr_be)
+    }
+}
+
+impl FlowKey {
+    /// A TCP connection of an AF_INET6 socket whose two ends are IPv4-mapped
+    /// becomes the IPv4 flow it is on the wire; any other key is returned
+    /// unchanged.
+    #[inline(always)]
+    pub const fn unmapped(self) -> FlowKey {
+        if self.family != AF_INET6 {
+            return self;
+        }
+        match (
+            v4_of_mapped(&self.src_addr_be),
+            v4_of_mapped(&self.dst_addr_be),
+        ) {
+            (Some(src), Some(dst)) => FlowKey {
+                src_addr_be: [src, 0, 0, 0],
+                dst_addr_be: [dst, 0, 0, 0],
+                family: AF_INET,
+                ..self
+            },
+            _ => self,
+        }
+    }
+}
+
 /// How a connection came to be recorded ([`ConnRecord::origin`]).
 pub const ORIGIN_TCP_ACTIVE: u8 = 1;
 pub const ORIGIN_TCP_PASSIVE: u8 = 2;
@@ -228,3 +286,72 @@ const _: () = assert!(core::mem::size_of::<UdpPending>() == 136);
 
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for UdpPending {}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+
+    fn v6(s: &str) -> [u32; 4] {
+        let b: [u8; 16] = s.parse::<std::net::Ipv6Addr>().unwrap().octets();
+        core::array::from_fn(|i| u32::from_ne_bytes(b[i * 4..i * 4 + 4].try_into().unwrap()))
+    }
+
+    fn v4(s: &str) -> u32 {
+        u32::from_ne_bytes(s.parse::<std::net::Ipv4Addr>().unwrap().octets())
+    }
+
+    #[test]
+    fn a_v4_mapped_tcp_key_becomes_the_ipv4_flow() {
+        let key = FlowKey {
+            src_addr_be: v6("::ffff:198.18.3.2"),
+            dst_addr_be: v6("::ffff:198.18.1.2"),
+            src_port_be: 5001u16.to_be(),
+            dst_port_be: 40000u16.to_be(),
+            family: AF_INET6,
+            proto: PROTO_TCP,
+            _pad: [0; 2],
+        };
+        let want = FlowKey {
+            src_addr_be: [v4("198.18.3.2"), 0, 0, 0],
+            dst_addr_be: [v4("198.18.1.2"), 0, 0, 0],
+            family: AF_INET,
+            ..key
+        };
+        assert_eq!(key.unmapped(), want);
+        // Already IPv4: unchanged.
+        assert_eq!(want.unmapped(), want);
+    }
+
+    #[test]
+    fn real_ipv6_keys_stay_ipv6() {
+        for (src, dst) in [
+            ("2001:db8::2", "2001:db8:1::2"),
+            // One end mapped, the other not: not a v4 flow.
+            ("::ffff:198.18.3.2", "2001:db8::1"),
+            // IPv4-compatible (deprecated, ::a.b.c.d) is not v4-mapped.
+            ("::198.18.3.2", "::198.18.1.2"),
+            ("::", "::ffff:198.18.1.2"),
+        ] {
+            let key = FlowKey {
+                src_addr_be: v6(src),
+                dst_addr_be: v6(dst),
+                family: AF_INET6,
+                proto: PROTO_TCP,
+                ..FlowKey::default()
+            };
+            assert_eq!(key.unmapped(), key, "{src} -> {dst}");
+        }
+    }
+
+    #[test]
+    fn a_dual_stack_wildcard_is_the_ipv4_wildcard() {
+        assert_eq!(v4_of_mapped_or_any(&v6("::")), Some(0));
+        assert_eq!(
+            v4_of_mapped_or_any(&v6("::ffff:10.0.0.1")),
+            Some(v4("10.0.0.1"))
+        );
+        assert_eq!(v4_of_mapped_or_any(&v6("2001:db8::1")), None);
+        assert_eq!(v4_of_mapped(&v6("::")), None);
+    }
+}

@@ -113,7 +113,10 @@ fn key_of(ctx: &SockOpsContext) -> Option<FlowKey> {
     // The kernel loads skc_dport (already network order) as a 16-bit value and
     // shifts it into the upper half, so the upper half *is* the be16 port.
     key.dst_port_be = (unsafe { (*ops).remote_port } >> 16) as u16;
-    Some(key)
+    // An AF_INET6 socket carrying IPv4 (a dual-stack listener's child, a
+    // client connected to ::ffff:a.b.c.d) is recorded as the IPv4 flow its
+    // packets and its peer show (DESIGN.md section 3, dual-stack sockets).
+    Some(key.unmapped())
 }
 
 fn on_established(ctx: &SockOpsContext, origin: u8) {

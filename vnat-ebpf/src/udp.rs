@@ -15,9 +15,9 @@ use aya_ebpf::{
     programs::{SockAddrContext, SockContext},
 };
 use vnat_common::{
-    ConnRecord, FlowKey, UdpPending, AF_INET, AF_INET6, ORIGIN_UDP_CONNECT, ORIGIN_UDP_RECVMSG,
-    ORIGIN_UDP_SENDMSG, PROTO_UDP, STAT_CONNS_MAP_FULL, STAT_OTHER_NETNS, STAT_UDP_RECORDED,
-    UDP_PENDING_MAX_ENTRIES, UDP_REFRESH_NS,
+    v4_of_mapped, v4_of_mapped_or_any, ConnRecord, FlowKey, UdpPending, AF_INET, AF_INET6,
+    ORIGIN_UDP_CONNECT, ORIGIN_UDP_RECVMSG, ORIGIN_UDP_SENDMSG, PROTO_UDP, STAT_CONNS_MAP_FULL,
+    STAT_OTHER_NETNS, STAT_UDP_RECORDED, UDP_PENDING_MAX_ENTRIES, UDP_REFRESH_NS,
 };
 
 use crate::maps::{count, netns_is_ours, VNAT_CONNS};
@@ -154,20 +154,38 @@ fn record(ctx: &SockAddrContext, family: u8, origin: u8) {
     let Some(mut key) = sock_key(sk) else { return };
     // The peer is the address the application named (user_ip*, user_port),
     // not the socket's current destination (unconnected sockets have none).
+    let mut peer = [0u32; 4];
     unsafe {
         if family == AF_INET {
-            key.dst_addr_be = [(*sa).user_ip4, 0, 0, 0];
+            peer[0] = (*sa).user_ip4;
         } else {
-            read_words(
-                core::ptr::addr_of!((*sa).user_ip6) as *const u32,
-                &mut key.dst_addr_be,
-            );
+            read_words(core::ptr::addr_of!((*sa).user_ip6) as *const u32, &mut peer);
         }
         key.dst_port_be = (*sa).user_port as u16;
     }
-    if key.family != family {
-        // An IPv4-mapped destination on an IPv6 socket: not translated.
-        return;
+    // An IPv4 peer of an AF_INET6 socket (dual-stack): sendmsg4 runs for it
+    // (udpv6_sendmsg hands a v4-mapped destination to udp_sendmsg), while
+    // connect6 and recvmsg6 show the peer as ::ffff:a.b.c.d.
+    let peer_v4 = if family == AF_INET {
+        Some(peer[0])
+    } else {
+        v4_of_mapped(&peer)
+    };
+    match (key.family, peer_v4) {
+        (AF_INET, Some(dst)) => key.dst_addr_be = [dst, 0, 0, 0],
+        (AF_INET6, None) => key.dst_addr_be = peer,
+        (AF_INET6, Some(dst)) => {
+            // Recorded as the IPv4 flow it is on the wire, as the peer
+            // names it (DESIGN.md section 3, dual-stack sockets).
+            let Some(src) = v4_of_mapped_or_any(&key.src_addr_be) else {
+                return;
+            };
+            key.family = AF_INET;
+            key.src_addr_be = [src, 0, 0, 0];
+            key.dst_addr_be = [dst, 0, 0, 0];
+        }
+        // An AF_INET socket with an IPv6 peer: the kernel refuses it anyway.
+        _ => return,
     }
     let now = unsafe { bpf_ktime_get_boot_ns() };
     if let Some(existing) = VNAT_CONNS.get_ptr_mut(&key) {

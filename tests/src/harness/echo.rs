@@ -91,6 +91,37 @@ impl EchoServer {
         )
     }
 
+    /// TCP echo on a dual-stack socket (`[::]:PORT`, IPV6_V6ONLY off, as
+    /// the listeners of Go, Node.js, Java and iperf3 are by default) inside a
+    /// [`Host`]'s namespace and cgroup: IPv4 clients reach it as
+    /// `::ffff:a.b.c.d`, on an AF_INET6 socket.
+    pub fn tcp_dual_stack_in(host: &Host, port: u16) -> EchoServer {
+        let listen = format!("TCP6-LISTEN:{port},ipv6only=0,reuseaddr,fork");
+        let addr = SocketAddr::new(std::net::Ipv6Addr::UNSPECIFIED.into(), port);
+        Self::start_in(
+            host.ns,
+            Some(&host.cgroup),
+            addr,
+            false,
+            &[&listen, "EXEC:cat"],
+        )
+    }
+
+    /// UDP echo on a dual-stack socket (`[::]:PORT`, IPV6_V6ONLY off) inside
+    /// a [`Host`]'s namespace and cgroup.
+    pub fn udp_dual_stack_in(host: &Host, port: u16) -> EchoServer {
+        let listen = format!("UDP6-LISTEN:{port},ipv6only=0,fork");
+        let addr = SocketAddr::new(std::net::Ipv6Addr::UNSPECIFIED.into(), port);
+        let size = UDP_DATAGRAM_SIZE.to_string();
+        Self::start_in(
+            host.ns,
+            Some(&host.cgroup),
+            addr,
+            true,
+            &["-T", "600", "-b", &size, &listen, "PIPE"],
+        )
+    }
+
     /// UDP echo inside a [`Host`]'s namespace and cgroup.
     pub fn udp_in(host: &Host, addr: SocketAddr) -> EchoServer {
         let listen = format!(

@@ -95,6 +95,25 @@ impl Iperf3Server {
         Iperf3Server { child, addr }
     }
 
+    /// iperf3 as users run it: no `-B`, so it listens on `[::]:PORT` with a
+    /// dual-stack socket and sees IPv4 clients as `::ffff:a.b.c.d`; inside
+    /// `cgroup`, so that the host's vnatd records its connections. Clients
+    /// made with [`Iperf3Server::client_cmd`] connect to `connect_to`.
+    pub fn start_dual_stack(
+        ns: &Netns,
+        cgroup: &super::Cgroup,
+        connect_to: SocketAddr,
+    ) -> Iperf3Server {
+        let mut cmd = ns.cmd("iperf3");
+        cmd.args(["-s", "-p", &connect_to.port().to_string()]);
+        cgroup.join_on_spawn(&mut cmd);
+        let child = spawn_listening(ns, cmd, connect_to.port(), "iperf3 -s (dual-stack)");
+        Iperf3Server {
+            child,
+            addr: connect_to,
+        }
+    }
+
     /// `iperf3 -c ADDR -p PORT -J ARGS` to run in `ns` (JSON report on
     /// stdout; add e.g. `-t 5`, `-u -b 10M`, `-R`).
     pub fn client_cmd(&self, ns: &Netns, args: &[&str]) -> Command {

@@ -59,7 +59,9 @@ fn parse_endpoint(s: &str) -> Option<SocketAddr> {
             for i in 0..4 {
                 b[i * 4..i * 4 + 4].copy_from_slice(&word(i)?);
             }
-            IpAddr::V6(Ipv6Addr::from(b))
+            // A dual-stack socket's IPv4 connection (::ffff:a.b.c.d) is
+            // the IPv4 flow vnat's records name.
+            IpAddr::V6(Ipv6Addr::from(b)).to_canonical()
         }
         _ => return None,
     };
@@ -121,6 +123,16 @@ mod tests {
         assert_eq!(
             parse_endpoint("000080FE00000000FF57B0A0CB31D2FE:1F90"),
             Some("[fe80::a0b0:57ff:fed2:31cb]:8080".parse().unwrap())
+        );
+        // A dual-stack socket's IPv4 peer in /proc/net/tcp6 is the IPv4
+        // endpoint, as vnat's records name it.
+        assert_eq!(
+            parse_endpoint("0000000000000000FFFF0000020112C6:1389"),
+            Some("198.18.1.2:5001".parse().unwrap())
+        );
+        assert_eq!(
+            parse_endpoint("00000000000000000000000000000000:1389"),
+            Some("[::]:5001".parse().unwrap())
         );
         assert_eq!(parse_endpoint("zz:1"), None);
         let line = "   0: 0201A8C0:0016 0301A8C0:D431 01 00000000:00000000 02:000A 00000000     0        0 4242 2 0";
