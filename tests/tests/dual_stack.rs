@@ -18,8 +18,7 @@ use std::{
 
 use serde_json::Value;
 use vnat_tests::{
-    EchoServer, Host, Iperf3Server, LaptopRouterServer, StreamClient, StreamOptions, TempDir,
-    Vnatd,
+    EchoServer, Host, Iperf3Server, LaptopRouterServer, StreamClient, StreamOptions, TempDir, Vnatd,
 };
 
 /// Rows of `vnatctl ls` for `proto` whose remote end is `remote_ip`.

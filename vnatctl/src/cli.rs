@@ -91,7 +91,10 @@ pub enum Command {
     },
     /// The peer hosts vnatd has paired with: address, pinned key, connections, mobile connections.
     #[command(long_about = PEERS_ABOUT)]
-    Peers,
+    Peers {
+        #[command(subcommand)]
+        action: Option<PeersAction>,
+    },
     /// Hand connections over to another host (with a checkpointed process); prints their keys.
     #[command(long_about = EXPORT_ABOUT)]
     Export {
@@ -164,16 +167,46 @@ Examples:
     vnatctl --json resume --pid 4242";
 
 const PEERS_ABOUT: &str = "\
-The hosts whose vnatd this one has paired with (or knows a pinned key of):
-ADDRESS is the peer's current address, KEY its pinned x25519 host key (hex;
-pinned on first use, kept in peers.json in vnatd's state directory),
-CONNECTIONS the connections with it that VCMP tracks and MOBILE how many of
-them have keys and so can move.
+The hosts whose vnatd this one has paired with, one row per host key: KEY is
+the host's x25519 key (hex; kept in peers.json in vnatd's state directory),
+ADDRESS where it last paired from, CONNECTIONS the connections bound to it
+and MOBILE how many of them have keys and so can move. A row without a key
+counts connections at that address that no paired host has claimed yet.
+
+A peer is its key, never its address: several hosts behind one NAT are
+several rows, and a host that gets another's old address (DHCP) is a new
+row with only its own connections. A connection belongs to the host that
+proved it holds the other end (its TCP initial sequence numbers) and stays
+with that key for life. If a peer's vnatd is reinstalled with a new key, its
+live connections stay bound to the old key (vnatd logs a claim conflict):
+`vnatctl peers forget OLDKEY` releases them to the new key.
 
 Examples:
 
     vnatctl peers
-    vnatctl --json peers | jq '.[] | select(.mobile > 0) | .address'";
+    vnatctl --json peers | jq '.[] | select(.mobile > 0) | .address'
+    vnatctl peers forget 3f1c...e9 (the 64 hex digits of the old key)";
+
+/// `vnatctl peers ACTION`.
+#[derive(Subcommand, Debug)]
+pub enum PeersAction {
+    /// Forget a peer host key: its pairing, and its hold on its connections, which the host now at their address can then claim.
+    #[command(long_about = FORGET_ABOUT)]
+    Forget {
+        /// The host key to forget: 64 hex digits, as `vnatctl peers` shows it.
+        key: String,
+    },
+}
+
+const FORGET_ABOUT: &str = "\
+Forget a peer host key. vnatd drops its pairing and removes it from
+peers.json; the connections bound to it stop being mobile and are claimed
+again by whichever paired host proves it holds them (a reinstalled peer's
+new key). Use it after reinstalling a peer, or to revoke a key.
+
+Example:
+
+    vnatctl peers forget 3f1c...e9";
 
 const EXPORT_ABOUT: &str = "\
 Hand connections over to another host, for a process that is checkpointed

@@ -13,7 +13,7 @@ use std::{
 };
 
 use clap::Parser;
-use cli::{Cli, Command, ProtoArg, SelectArgs, StateArg};
+use cli::{Cli, Command, PeersAction, ProtoArg, SelectArgs, StateArg};
 use output::LsRow;
 use vnat_daemon::{
     control::{ClientError, ControlClient, ExportDocument, ListedConnection, Selector},
@@ -173,7 +173,10 @@ fn run(cli: &Cli) -> Result<String, Failure> {
         Command::Ls { proto, state } => Plan::Ls(*proto, *state),
         Command::Suspend { select } => Plan::Suspend(selector(select)?),
         Command::Resume { select } => Plan::Resume(selector(select)?),
-        Command::Peers => Plan::Peers,
+        Command::Peers { action: None } => Plan::Peers,
+        Command::Peers {
+            action: Some(PeersAction::Forget { key }),
+        } => Plan::ForgetPeer(key.clone()),
         Command::Export { select, output } => {
             // Create the file before vnatd forgets anything, so that an
             // unwritable path fails with nothing exported.
@@ -242,6 +245,20 @@ fn run(cli: &Cli) -> Result<String, Failure> {
                     output::peers_table(&rows)
                 }
             }
+            Plan::ForgetPeer(key) => {
+                let connections = client.forget_peer(&key).await?;
+                if json {
+                    pretty(&serde_json::json!({
+                        "forgotten": key.trim(),
+                        "connections": connections,
+                    }))
+                } else {
+                    format!(
+                        "forgot peer host {}; {connections} connection(s) it held can be claimed again\n",
+                        key.trim()
+                    )
+                }
+            }
             Plan::Export(selector, file) => {
                 let document = client.export(selector).await?;
                 let text = pretty(&document);
@@ -284,6 +301,7 @@ enum Plan {
     Suspend(Selector),
     Resume(Selector),
     Peers,
+    ForgetPeer(String),
     Export(Selector, Option<(PathBuf, std::fs::File)>),
     Import(ExportDocument),
 }

@@ -36,6 +36,7 @@ fn conn(
         pid,
         command: pid.map(|_| "curl".into()),
         age_secs: 12,
+        tcp_isns: None,
     };
     // The native TCP one has a vnatd peer in this sample; the UDP one not.
     let mobile = proto == Proto::Tcp;

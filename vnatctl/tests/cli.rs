@@ -140,6 +140,9 @@ async fn fake_driver(mut rx: tokio::sync::mpsc::Receiver<DriverCommand>) {
                     mobile: 1,
                 }]);
             }
+            DriverCommand::ForgetPeer { key, reply } => {
+                let _ = reply.send((key == [0xab; 32]).then_some(1));
+            }
             DriverCommand::Export { flows, reply } => {
                 let mut replay = ReplayWindow::default();
                 replay.commit(3);
@@ -159,6 +162,7 @@ async fn fake_driver(mut rx: tokio::sync::mpsc::Receiver<DriverCommand>) {
                             binding_seq: 1,
                             location_seq: 0,
                             role: RoleState::default(),
+                            tcp_isns: None,
                         },
                         translation: None,
                     })
@@ -652,6 +656,26 @@ fn planned_mode_commands_with_vcmp() {
         v,
         serde_json::json!([{ "address": "198.18.3.2", "key": "ab".repeat(32), "connections": 1, "mobile": 1 }])
     );
+
+    // peers forget: the key goes; an unknown or malformed key is an error.
+    let v = json(&vnatctl(
+        &d.socket,
+        &["--json", "peers", "forget", &"ab".repeat(32)],
+    ));
+    assert_eq!(
+        v,
+        serde_json::json!({ "forgotten": "ab".repeat(32), "connections": 1 })
+    );
+    let o = vnatctl(&d.socket, &["peers", "forget", &"cd".repeat(32)]);
+    assert_ne!(o.status.code(), Some(0));
+    assert!(
+        stderr(&o).contains("no peer host has the key"),
+        "{}",
+        stderr(&o)
+    );
+    let o = vnatctl(&d.socket, &["peers", "forget", "abc"]);
+    assert_ne!(o.status.code(), Some(0));
+    assert!(stderr(&o).contains("64 hex digits"), "{}", stderr(&o));
 
     // export to a new 0600 file, then import it.
     let file = d.cgroup_dir.with_file_name("conns.json");

@@ -17,7 +17,7 @@ use clap::Parser;
 use vnat_daemon::datapath::{Proto, VirtualFlow};
 use vnat_daemon::vcmp::crypto::{DrbgRng, HostIdentity};
 use vnat_daemon::vcmp::wire::{self, Family, Kind};
-use vnat_daemon::vcmp::{Config, Endpoint, Event, Timestamp};
+use vnat_daemon::vcmp::{Binding, Config, Endpoint, Event, Timestamp};
 
 #[derive(Parser)]
 #[command(about = "VCMP protocol-core micro-benchmark")]
@@ -96,14 +96,16 @@ fn main() -> Result<()> {
             })
         })
         .collect::<Result<_>>()?;
-    for f in &flows {
+    for (i, f) in flows.iter().enumerate() {
         let g = VirtualFlow {
             proto: f.proto,
             local: f.remote,
             remote: f.local,
         };
-        a.connection_added(now, &mut rng, *f, f.local, f.remote)?;
-        b.connection_added(now, &mut rng, g, g.local, g.remote)?;
+        // The sequence numbers the kernel would record, crosswise.
+        let (x, y) = (i as u32, !(i as u32));
+        a.connection_added(now, &mut rng, *f, f.local, f.remote, Binding::tcp(x, y))?;
+        b.connection_added(now, &mut rng, g, g.local, g.remote, Binding::tcp(y, x))?;
     }
     // Pair the hosts (not part of the measurement).
     let mut setup = Clock::default();

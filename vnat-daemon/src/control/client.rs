@@ -190,6 +190,19 @@ impl ControlClient {
         }
     }
 
+    /// Forget a peer host key; how many connections it held.
+    pub async fn forget_peer(&mut self, key: &str) -> Result<usize, ClientError> {
+        match self
+            .request(Request::ForgetPeer {
+                key: key.to_string(),
+            })
+            .await?
+        {
+            Reply::PeerForgotten { connections, .. } => Ok(connections),
+            other => Err(self.unexpected("peer_forgotten", &other)),
+        }
+    }
+
     /// The selected connections' state, keys included: a secret.
     pub async fn export(&mut self, selector: Selector) -> Result<ExportDocument, ClientError> {
         match self.request(Request::Export { selector }).await? {

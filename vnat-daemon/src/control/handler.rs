@@ -95,6 +95,7 @@ impl Handler {
             Request::Peers => self
                 .ask(|reply| Command::Peers { reply })
                 .map(|peers| Reply::Peers { peers }),
+            Request::ForgetPeer { key } => self.forget_peer(key),
             Request::Import { state } => self.import(state),
         };
         // The VCMP counters come from the driver, asked after the datapath
@@ -244,6 +245,22 @@ impl Handler {
                 Ok(Reply::Exported { state })
             }
             _ => Err(RequestError::Misrouted),
+        }
+    }
+
+    fn forget_peer(&self, key: &str) -> Result<Reply, RequestError> {
+        // Checked before the driver is involved: bad input changes nothing.
+        let bytes = crate::daemon::identity::parse_key_hex(key.trim()).ok_or_else(|| {
+            RequestError::InvalidArgument(format!(
+                "{key:?} is not a host key: give the 64 hex digits `vnatctl peers` shows"
+            ))
+        })?;
+        match self.ask(|reply| Command::ForgetPeer { key: bytes, reply })? {
+            Some(connections) => Ok(Reply::PeerForgotten {
+                key: crate::daemon::identity::key_hex(&bytes),
+                connections,
+            }),
+            None => Err(RequestError::UnknownPeer(key.trim().to_string())),
         }
     }
 
@@ -431,6 +448,8 @@ enum RequestError {
     NothingMobile { selector: String, count: usize },
     #[error("VCMP refused: {0}")]
     Refused(String),
+    #[error("no peer host has the key {0}; `vnatctl peers` lists the known ones")]
+    UnknownPeer(String),
     #[error(transparent)]
     Transfer(TransferError),
     #[error("this vnatd runs without its VCMP driver, so it cannot suspend, resume, export or import connections or list peers; run vnatd as a service (not only its control API)")]
@@ -450,7 +469,7 @@ impl RequestError {
                 ErrorKind::InvalidArgument
             }
             RequestError::Select(SelectError::RelativeCgroup { .. }) => ErrorKind::InvalidArgument,
-            RequestError::Select(_) => ErrorKind::NoMatch,
+            RequestError::Select(_) | RequestError::UnknownPeer(_) => ErrorKind::NoMatch,
             RequestError::Datapath(_) => ErrorKind::Datapath,
             RequestError::Transfer(TransferError::Datapath(_)) => ErrorKind::Datapath,
             RequestError::Transfer(

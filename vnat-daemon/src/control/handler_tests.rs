@@ -51,6 +51,7 @@ fn record(f: VirtualFlow, pid: Option<u32>, cgroup: Option<&str>) -> ConnectionI
         pid,
         command: None,
         age_secs: 0,
+        tcp_isns: None,
     }
 }
 
@@ -130,6 +131,11 @@ impl FakeDriver {
                             mobile: 1,
                         }]);
                     }
+                    Command::ForgetPeer { key, reply } => {
+                        seen.push("forget".into());
+                        // The fake knows one host, key ab..ab, holding 2.
+                        let _ = reply.send((key == [0xab; 32]).then_some(2));
+                    }
                     Command::Export { flows, reply } => {
                         seen.push(format!("export {}", flows.len()));
                         let _ = reply.send(Ok(document(&flows)));
@@ -189,6 +195,7 @@ fn export_of(f: &VirtualFlow) -> ConnectionExport {
         binding_seq: 1,
         location_seq: 0,
         role: RoleState::default(),
+        tcp_isns: None,
     }
 }
 
@@ -537,4 +544,30 @@ fn a_stopped_driver_is_reported_and_list_still_works() {
         panic!("list answered something else")
     };
     assert_eq!(connections.len(), 3);
+}
+
+#[test]
+fn forget_peer_checks_the_key_before_the_driver_and_reports_what_it_freed() {
+    let (driver, tx) = FakeDriver::start();
+    let h = Handler::new(share(Box::new(datapath())), info()).with_driver(tx);
+    let v = serde_json::to_value(h.handle(&Request::ForgetPeer {
+        key: "ab".repeat(32),
+    }))
+    .expect("serializable");
+    assert_eq!(v["ok"]["connections"], 2, "{v}");
+    let e = err(h.handle(&Request::ForgetPeer {
+        key: "cd".repeat(32),
+    }));
+    assert_eq!(e.kind, ErrorKind::NoMatch);
+    assert!(
+        e.message.contains("no peer host has the key"),
+        "{}",
+        e.message
+    );
+    let e = err(h.handle(&Request::ForgetPeer { key: "ab".into() }));
+    assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    assert!(e.message.contains("64 hex digits"), "{}", e.message);
+    drop(h);
+    // The malformed key never reached the driver.
+    assert_eq!(driver.log(), vec!["forget", "forget"]);
 }

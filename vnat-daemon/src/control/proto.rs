@@ -63,8 +63,11 @@ pub enum Request {
     /// After a planned move: re-read addresses now and move what lost its
     /// address, instead of waiting for the address watch.
     Resume { selector: Selector },
-    /// The peer hosts VCMP knows, with their pinned keys.
+    /// The peer hosts VCMP knows, by host key.
     Peers,
+    /// Forget a peer host key (64 hex digits): its pairing, and its hold on
+    /// its connections, which any host that proves them may claim again.
+    ForgetPeer { key: String },
     /// Hand the selected connections' VCMP state (keys included) over, for a
     /// process that is checkpointed here and restored on another host. This
     /// vnatd forgets them.
@@ -83,6 +86,7 @@ impl Request {
         "suspend",
         "resume",
         "peers",
+        "forget_peer",
         "export",
         "import",
     ];
@@ -172,6 +176,11 @@ pub enum Reply {
     Peers {
         peers: Vec<PeerInfo>,
     },
+    PeerForgotten {
+        key: String,
+        /// Connections it held, now unbound.
+        connections: usize,
+    },
     Exported {
         state: ExportDocument,
     },
@@ -191,6 +200,7 @@ impl Reply {
             Reply::Suspended(_) => "suspended",
             Reply::Resumed(_) => "resumed",
             Reply::Peers { .. } => "peers",
+            Reply::PeerForgotten { .. } => "peer_forgotten",
             Reply::Exported { .. } => "exported",
             Reply::Imported { .. } => "imported",
         }
@@ -418,6 +428,7 @@ mod tests {
                 "import" => {
                     format!(r#"{{"type":"{t}","state":{{"vnat_export":1,"connections":[]}}}}"#)
                 }
+                "forget_peer" => format!(r#"{{"type":"{t}","key":"ab"}}"#),
                 _ => format!(r#"{{"type":"{t}"}}"#),
             };
             serde_json::from_str::<Request>(&line)
@@ -479,6 +490,7 @@ mod tests {
                 pid: None,
                 command: None,
                 age_secs: 3,
+                tcp_isns: None,
             },
             mobile: true,
         };

@@ -114,6 +114,13 @@ pub enum Command {
     Peers {
         reply: oneshot::Sender<Vec<PeerInfo>>,
     },
+    /// Forget a host key: its session, the stored key, and the binding of
+    /// its connections (`vnatctl peers forget`). Replies with how many
+    /// connections it held, `None` if the key is unknown.
+    ForgetPeer {
+        key: [u8; 32],
+        reply: oneshot::Sender<Option<usize>>,
+    },
     /// Which tracked flows can move (have keys).
     Mobility {
         reply: oneshot::Sender<HashMap<VirtualFlow, bool>>,
@@ -353,10 +360,10 @@ impl Driver {
             location_servers: cfg.location_servers.clone(),
             ..vcmp::Config::default()
         };
-        let mut endpoint = Endpoint::new(vcfg, HostIdentity::from_bytes(key));
-        for (ip, k) in &peers.peers {
-            endpoint.pin_peer(*ip, *k);
-        }
+        // Keys learned by pairing are not pins: a host is its key, and
+        // another key at a known address is another host (NAT, DHCP), which
+        // gets only the connections it proves it holds (vcmp::claim).
+        let endpoint = Endpoint::new(vcfg, HostIdentity::from_bytes(key));
         // An unspecified listen address means both families: one dual-stack
         // socket (binding 0.0.0.0 and [::] on one port would collide).
         let (bind, dual) = if cfg.listen.ip().is_unspecified() {
@@ -595,6 +602,25 @@ impl Driver {
             Command::Peers { reply } => {
                 let _ = reply.send(self.peer_infos());
             }
+            Command::ForgetPeer { key, reply } => {
+                let held = self.endpoint.forget_peer(now(), &mut OsRng, &key);
+                let stored = match self.peers.forget(&key) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot remove the key from peers.json");
+                        false
+                    }
+                };
+                let out = match (held, stored) {
+                    (None, false) => None,
+                    (h, _) => Some(h.unwrap_or(0)),
+                };
+                if let Some(n) = out {
+                    tracing::info!(key = %identity::key_hex(&key), connections = n,
+                        "forgot peer host; its connections are claimed anew");
+                }
+                let _ = reply.send(out);
+            }
             Command::Mobility { reply } => {
                 let m = self
                     .endpoint
@@ -722,27 +748,48 @@ impl Driver {
         Ok(out)
     }
 
+    /// One row per known host key (with the address it last paired from)
+    /// and one per address whose connections no host has claimed yet.
     fn peer_infos(&self) -> Vec<PeerInfo> {
-        let mut by_peer: BTreeMap<IpAddr, (usize, usize)> = BTreeMap::new();
+        let mut by_key: BTreeMap<[u8; 32], (IpAddr, usize, usize)> = BTreeMap::new();
+        let mut unclaimed: BTreeMap<IpAddr, usize> = BTreeMap::new();
+        for (key, ip) in &self.peers.peers {
+            by_key.insert(*key, (*ip, 0, 0));
+        }
         for f in self.endpoint.connections() {
-            if let Some(v) = self.endpoint.connection(f) {
-                let e = by_peer.entry(v.remote_phys.ip()).or_default();
-                e.0 += 1;
-                e.1 += usize::from(v.has_keys);
+            let Some(v) = self.endpoint.connection(f) else {
+                continue;
+            };
+            match v.peer_key {
+                Some(k) => {
+                    let e = by_key.entry(k).or_insert((v.remote_phys.ip(), 0, 0));
+                    e.1 += 1;
+                    e.2 += usize::from(v.has_keys);
+                }
+                None => *unclaimed.entry(v.remote_phys.ip()).or_default() += 1,
             }
         }
-        for ip in self.peers.peers.keys() {
-            by_peer.entry(*ip).or_default();
-        }
-        by_peer
+        let mut out: Vec<PeerInfo> = by_key
             .into_iter()
-            .map(|(address, (connections, mobile))| PeerInfo {
+            .map(|(key, (address, connections, mobile))| PeerInfo {
                 address,
-                key: self.peers.peers.get(&address).map(identity::key_hex),
+                key: Some(identity::key_hex(&key)),
                 connections,
                 mobile,
             })
-            .collect()
+            .collect();
+        out.extend(
+            unclaimed
+                .into_iter()
+                .map(|(address, connections)| PeerInfo {
+                    address,
+                    key: None,
+                    connections,
+                    mobile: 0,
+                }),
+        );
+        out.sort_by(|a, b| (a.address, &a.key).cmp(&(b.address, &b.key)));
+        out
     }
 
     /// Track new connections, forget closed ones, and move the ones whose
@@ -775,6 +822,7 @@ impl Driver {
                     flow,
                     c.physical_local,
                     c.physical_remote,
+                    vcmp::Binding::of(&flow, c.tcp_isns),
                 );
                 match r {
                     Ok(()) => tracing::debug!(?flow, "tracking connection"),
@@ -1095,9 +1143,18 @@ impl Driver {
                 }
                 Event::Paired { peer, key } => {
                     tracing::info!(%peer, key = %identity::key_hex(&key), "paired with peer host");
-                    if let Err(e) = self.peers.pin(peer, key) {
+                    if let Err(e) = self.peers.remember(peer, key) {
                         tracing::error!(error = %e, "cannot save the peer's key");
                     }
+                }
+                Event::ClaimConflict {
+                    peer,
+                    claimant,
+                    holder,
+                    connections,
+                } => {
+                    tracing::warn!(%peer, claimant = %identity::key_hex(&claimant), holder = %identity::key_hex(&holder), connections,
+                        "a host claims connections that belong to another host key; they stay with it (if that host was reinstalled, run `vnatctl peers forget <holder key>`)");
                 }
                 Event::PeerKeyChanged {
                     peer,

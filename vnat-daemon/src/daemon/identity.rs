@@ -94,7 +94,9 @@ pub fn load_or_create_identity(state_dir: &Path) -> Result<[u8; 32], StateError>
 #[derive(Debug, Default)]
 pub struct PeerStore {
     path: PathBuf,
-    pub peers: BTreeMap<IpAddr, [u8; 32]>,
+    /// Host keys this host paired with, and the address each last paired
+    /// from (for `vnatctl peers`; a key is never tied to its address).
+    pub peers: BTreeMap<[u8; 32], IpAddr>,
 }
 
 fn hex(k: &[u8; 32]) -> String {
@@ -113,6 +115,8 @@ fn unhex(s: &str) -> Option<[u8; 32]> {
 }
 
 impl PeerStore {
+    /// `peers.json`: `{"<key hex>": "<address>"}`. The format of vnatd
+    /// before identity by key, `{"<address>": "<key hex>"}`, is read too.
     pub fn load(state_dir: &Path) -> Result<PeerStore, StateError> {
         let path = state_dir.join("peers.json");
         let text = match fs::read_to_string(&path) {
@@ -125,32 +129,66 @@ impl PeerStore {
             }
             Err(source) => return Err(StateError::Read { path, source }),
         };
-        let raw: BTreeMap<IpAddr, String> =
+        let raw: BTreeMap<String, String> =
             serde_json::from_str(&text).map_err(|e| StateError::BadPeers {
                 path: path.clone(),
                 reason: e.to_string(),
             })?;
         let mut peers = BTreeMap::new();
-        for (ip, k) in raw {
-            let key = unhex(&k).ok_or_else(|| StateError::BadPeers {
-                path: path.clone(),
-                reason: format!("key of {ip} is not 64 hex digits"),
-            })?;
-            peers.insert(ip, key);
+        for (a, b) in raw {
+            let (key, ip) = match (unhex(&a), b.parse::<IpAddr>()) {
+                (Some(k), Ok(ip)) => (k, ip),
+                _ => match (a.parse::<IpAddr>(), unhex(&b)) {
+                    (Ok(ip), Some(k)) => (k, ip),
+                    _ => {
+                        return Err(StateError::BadPeers {
+                            path: path.clone(),
+                            reason: format!(
+                                "entry {a:?}: {b:?} is not a 64-hex-digit key and an address"
+                            ),
+                        })
+                    }
+                },
+            };
+            peers.insert(key, ip);
         }
         Ok(PeerStore { path, peers })
     }
 
-    pub fn pin(&mut self, ip: IpAddr, key: [u8; 32]) -> Result<(), StateError> {
-        self.peers.insert(ip, key);
-        let raw: BTreeMap<IpAddr, String> =
-            self.peers.iter().map(|(ip, k)| (*ip, hex(k))).collect();
+    /// Remember that the host `key` paired from `ip`.
+    pub fn remember(&mut self, ip: IpAddr, key: [u8; 32]) -> Result<(), StateError> {
+        if self.peers.get(&key) == Some(&ip) {
+            return Ok(());
+        }
+        self.peers.insert(key, ip);
+        self.save()
+    }
+
+    /// Forget the host `key`; false if it was not known.
+    pub fn forget(&mut self, key: &[u8; 32]) -> Result<bool, StateError> {
+        if self.peers.remove(key).is_none() {
+            return Ok(false);
+        }
+        self.save().map(|()| true)
+    }
+
+    fn save(&self) -> Result<(), StateError> {
+        let raw: BTreeMap<String, String> = self
+            .peers
+            .iter()
+            .map(|(k, ip)| (hex(k), ip.to_string()))
+            .collect();
         let text = serde_json::to_string_pretty(&raw).map_err(|e| StateError::BadPeers {
             path: self.path.clone(),
             reason: e.to_string(),
         })?;
         write_atomic(&self.path, text.as_bytes())
     }
+}
+
+/// A key from 64 hex digits (`vnatctl peers forget KEY`).
+pub fn parse_key_hex(s: &str) -> Option<[u8; 32]> {
+    unhex(s)
 }
 
 /// A public key as printed by `vnatctl peers`.
@@ -195,12 +233,28 @@ mod tests {
     }
 
     #[test]
-    fn pinned_peers_survive_a_reload_and_bad_files_are_refused() {
+    fn known_peers_survive_a_reload_and_bad_files_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let mut s = PeerStore::load(dir.path()).unwrap();
-        s.pin("198.18.3.2".parse().unwrap(), [7; 32]).unwrap();
-        let s2 = PeerStore::load(dir.path()).unwrap();
-        assert_eq!(s2.peers.get(&"198.18.3.2".parse().unwrap()), Some(&[7; 32]));
+        let ip: IpAddr = "198.18.3.2".parse().unwrap();
+        s.remember(ip, [7; 32]).unwrap();
+        // A second host behind the same address is another entry.
+        s.remember(ip, [8; 32]).unwrap();
+        let mut s2 = PeerStore::load(dir.path()).unwrap();
+        assert_eq!(s2.peers.get(&[7; 32]), Some(&ip));
+        assert_eq!(s2.peers.get(&[8; 32]), Some(&ip));
+        assert!(s2.forget(&[7; 32]).unwrap());
+        assert!(!s2.forget(&[7; 32]).unwrap());
+        let s3 = PeerStore::load(dir.path()).unwrap();
+        assert_eq!(s3.peers.len(), 1);
+        // The format before identity by key (address to key) still loads.
+        fs::write(
+            dir.path().join("peers.json"),
+            format!(r#"{{"198.18.3.2": "{}"}}"#, "07".repeat(32)),
+        )
+        .unwrap();
+        let old = PeerStore::load(dir.path()).unwrap();
+        assert_eq!(old.peers.get(&[7; 32]), Some(&ip));
         fs::write(dir.path().join("peers.json"), r#"{"198.18.3.2": "zz"}"#).unwrap();
         assert!(matches!(
             PeerStore::load(dir.path()),

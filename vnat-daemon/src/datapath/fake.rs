@@ -56,6 +56,7 @@ impl FakeDatapath {
                 pid,
                 command: pid.map(|_| "fake".into()),
                 age_secs: 0,
+                tcp_isns: None,
             },
         );
         id

@@ -191,6 +191,12 @@ pub struct ConnectionInfo {
     pub command: Option<String>,
     /// Seconds since the connection was recorded (CLOCK_BOOTTIME).
     pub age_secs: u64,
+    /// TCP: the first sequence numbers after the SYNs, (ours, the peer's),
+    /// recorded at establishment. They tie the connection to its peer host
+    /// (`vcmp::binding`) and stay inside vnatd: they are not part of any
+    /// answer of the control API.
+    #[serde(skip)]
+    pub tcp_isns: Option<[u32; 2]>,
 }
 
 /// A translation for one flow (what `install_translation` takes).

@@ -19,6 +19,7 @@ use subtle::ConstantTimeEq;
 use x25519_dalek::{PublicKey, StaticSecret};
 use zeroize::{Zeroize, ZeroizeOnDrop};
 
+use super::binding::Binding;
 use super::wire::{PAIR_TAG_LEN, TAG_LEN};
 use crate::datapath::VirtualFlow;
 
@@ -166,8 +167,31 @@ pub(crate) fn endpoint_bytes(a: &SocketAddr) -> Vec<u8> {
 #[derive(Clone, Debug)]
 pub struct PairSecret(pub(crate) SecretKey);
 
-/// Keys of one connection: a root bound to both host identities and both
-/// virtual endpoints, and one key per direction derived from it.
+impl PairSecret {
+    /// The key of this pairing's CLAIM messages (see `vcmp::binding`).
+    pub(crate) fn claim_key(&self) -> SecretKey {
+        expand(&self.0, &[b"vnat claim v1"])
+    }
+}
+
+/// The commitment to a connection's binding that a CLAIM carries: only a
+/// host that knows the binding's facts can make it, and it reveals nothing
+/// of them.
+pub(crate) fn claim_commitment(claim_key: &SecretKey, binding: &Binding) -> [u8; TAG_LEN] {
+    let mut out = [0u8; TAG_LEN];
+    let full = hmac(claim_key, &[b"vnat commitment v1", binding.digest()]);
+    out.copy_from_slice(&full[..TAG_LEN]);
+    out
+}
+
+/// The tag of a CLAIM datagram: HMAC over all of it before the tag.
+pub(crate) fn claim_tag(claim_key: &SecretKey, signed: &[u8]) -> [u8; 32] {
+    hmac(claim_key, &[b"vnat claim tag v1", signed])
+}
+
+/// Keys of one connection: a root bound to both host identities and to the
+/// connection's binding facts (never to addresses, which a NAT changes and
+/// DHCP hands to another host), and one key per direction derived from it.
 #[derive(Clone, Debug)]
 pub struct ConnKeys {
     pub(crate) root: SecretKey,
@@ -184,40 +208,31 @@ impl ConnKeys {
         my_pub: &[u8; 32],
         peer_pub: &[u8; 32],
         flow: &VirtualFlow,
+        binding: &Binding,
     ) -> ConnKeys {
         let (k1, k2) = if my_pub <= peer_pub {
             (my_pub, peer_pub)
         } else {
             (peer_pub, my_pub)
         };
-        let (e1, e2) = {
-            let (a, b) = (endpoint_bytes(&flow.local), endpoint_bytes(&flow.remote));
-            if a <= b {
-                (a, b)
-            } else {
-                (b, a)
-            }
-        };
         let root = expand(
             &pair.0,
             &[
-                b"vnat conn root v1",
+                b"vnat conn root v2",
                 &[flow.proto.number()],
                 k1,
                 k2,
-                &e1,
-                &e2,
+                binding.digest(),
             ],
         );
-        ConnKeys::from_root(root, flow)
+        ConnKeys::from_root(root, flow, binding)
     }
 
     /// Rebuild the direction keys from a root (import, ratchet).
-    pub fn from_root(root: SecretKey, flow: &VirtualFlow) -> ConnKeys {
-        let l = endpoint_bytes(&flow.local);
-        let r = endpoint_bytes(&flow.remote);
-        let send = expand(&root, &[b"vnat conn dir v1", &l, &r]);
-        let recv = expand(&root, &[b"vnat conn dir v1", &r, &l]);
+    pub fn from_root(root: SecretKey, flow: &VirtualFlow, binding: &Binding) -> ConnKeys {
+        let (l, r) = binding.directions(flow);
+        let send = expand(&root, &[b"vnat conn dir v2", &l, &r]);
+        let recv = expand(&root, &[b"vnat conn dir v2", &r, &l]);
         ConnKeys { root, send, recv }
     }
 
@@ -229,6 +244,7 @@ impl ConnKeys {
         eph_a: &[u8; 32],
         eph_b: &[u8; 32],
         flow: &VirtualFlow,
+        binding: &Binding,
     ) -> ConnKeys {
         let (x, y) = if eph_a <= eph_b {
             (eph_a, eph_b)
@@ -236,7 +252,7 @@ impl ConnKeys {
             (eph_b, eph_a)
         };
         let root = extract(&self.root.0, &[b"vnat suspend dh v1", &dh.0, x, y]);
-        ConnKeys::from_root(root, flow)
+        ConnKeys::from_root(root, flow, binding)
     }
 }
 
@@ -385,28 +401,46 @@ mod tests {
         let pair = PairSecret(a.dh(&b.public()).expect("dh"));
         let fa = flow("10.0.0.1:1000", "10.0.0.2:22");
         let fb = flow("10.0.0.2:22", "10.0.0.1:1000");
-        let ka = ConnKeys::derive(&pair, &a.public(), &b.public(), &fa);
-        let kb = ConnKeys::derive(&pair, &b.public(), &a.public(), &fb);
+        let ep = |f: &VirtualFlow| Binding::endpoints(f);
+        let ka = ConnKeys::derive(&pair, &a.public(), &b.public(), &fa, &ep(&fa));
+        let kb = ConnKeys::derive(&pair, &b.public(), &a.public(), &fb, &ep(&fb));
         assert_eq!(ka.root, kb.root, "both ends must derive one root");
         assert_eq!(ka.send, kb.recv, "a's send key is b's receive key");
         assert_eq!(ka.recv, kb.send, "b's send key is a's receive key");
         assert_ne!(ka.send, ka.recv, "directions must differ (no reflection)");
-        let other = ConnKeys::derive(
-            &pair,
-            &a.public(),
-            &b.public(),
-            &flow("10.0.0.1:1001", "10.0.0.2:22"),
-        );
-        assert_ne!(
-            ka.send, other.send,
-            "keys must be bound to the virtual endpoints"
-        );
+        let f2 = flow("10.0.0.1:1001", "10.0.0.2:22");
+        let other = ConnKeys::derive(&pair, &a.public(), &b.public(), &f2, &ep(&f2));
+        assert_ne!(ka.send, other.send, "keys must be bound to the binding");
         let mut udp = fa;
         udp.proto = Proto::Udp;
         assert_ne!(
             ka.send,
-            ConnKeys::derive(&pair, &a.public(), &b.public(), &udp).send
+            ConnKeys::derive(&pair, &a.public(), &b.public(), &udp, &ep(&udp)).send
         );
+    }
+
+    /// Through a NAT the two ends name a TCP connection by different
+    /// addresses; bound by its sequence numbers, they still derive one set
+    /// of keys, and another connection with the same addresses does not.
+    #[test]
+    fn tcp_keys_agree_through_a_nat_and_ignore_addresses() {
+        let mut rng = DrbgRng::from_seed(4);
+        let (a, b) = (
+            HostIdentity::generate(&mut rng),
+            HostIdentity::generate(&mut rng),
+        );
+        let pair = PairSecret(a.dh(&b.public()).expect("dh"));
+        let client = flow("192.168.1.10:40000", "203.0.113.5:443");
+        let server = flow("203.0.113.5:443", "198.51.100.7:61234");
+        let (bc, bs) = (Binding::tcp(111, 999), Binding::tcp(999, 111));
+        let kc = ConnKeys::derive(&pair, &a.public(), &b.public(), &client, &bc);
+        let ks = ConnKeys::derive(&pair, &b.public(), &a.public(), &server, &bs);
+        assert_eq!(kc.send, ks.recv);
+        assert_eq!(kc.recv, ks.send);
+        assert_ne!(kc.send, kc.recv);
+        let later = Binding::tcp(112, 999);
+        let k2 = ConnKeys::derive(&pair, &a.public(), &b.public(), &client, &later);
+        assert_ne!(kc.send, k2.send, "same addresses, other connection");
     }
 
     #[test]
@@ -435,20 +469,23 @@ mod tests {
         let mut rng = DrbgRng::from_seed(3);
         let fa = flow("10.0.0.1:1000", "10.0.0.2:22");
         let fb = flow("10.0.0.2:22", "10.0.0.1:1000");
-        let ka = ConnKeys::from_root(SecretKey([1; 32]), &fa);
-        let kb = ConnKeys::from_root(SecretKey([1; 32]), &fb);
+        let (ba, bb) = (Binding::endpoints(&fa), Binding::endpoints(&fb));
+        let ka = ConnKeys::from_root(SecretKey([1; 32]), &fa, &ba);
+        let kb = ConnKeys::from_root(SecretKey([1; 32]), &fb, &bb);
         let (ea, eb) = (Ephemeral::generate(&mut rng), Ephemeral::generate(&mut rng));
         let na = ka.ratchet(
             &ea.dh(&eb.public()).expect("dh"),
             &ea.public(),
             &eb.public(),
             &fa,
+            &ba,
         );
         let nb = kb.ratchet(
             &eb.dh(&ea.public()).expect("dh"),
             &eb.public(),
             &ea.public(),
             &fb,
+            &bb,
         );
         assert_eq!(na.send, nb.recv);
         assert_ne!(na.root, ka.root);

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use rand_core::{CryptoRng, RngCore};
 
+use super::binding::Binding;
 use super::crypto::{ConnKeys, Ephemeral, HostIdentity, PairSecret, SecretKey};
 use super::location::LocationStore;
 use super::migrate::{Migration, Validation, ValidationKey};
@@ -31,9 +32,15 @@ pub use super::event::{AbortReason, EndpointError, Event};
 /// State of one connection.
 pub(crate) struct Conn {
     pub flow: VirtualFlow,
+    /// The facts that tie it to its peer host (`vcmp::binding`).
+    pub binding: Binding,
+    /// Our CLAIM for it while it has no peer: (claims sent, next resend).
+    pub bind_retry: Option<(u32, Timestamp)>,
     pub local_phys: SocketAddr,
     /// Current remote physical endpoint: the last validated one.
     pub remote_phys: SocketAddr,
+    /// The host it is bound to (by a CLAIM, or an import): the only host
+    /// whose pairing its keys derive from, for life.
     pub peer_key: Option<[u8; 32]>,
     pub keys: Option<ConnKeys>,
     /// Keys before the last suspend-time DH, kept to answer a retransmitted
@@ -72,13 +79,24 @@ pub struct Endpoint {
     pub(crate) identity: HostIdentity,
     pub(crate) conns: HashMap<VirtualFlow, Conn>,
     pub(crate) per_peer: HashMap<IpAddr, usize>,
-    /// Pinned host keys by the address the host had when it paired (or a
-    /// pre-configured one).
+    /// Host keys pre-configured for an address (`pin_peer`): pairing from
+    /// there with any other key is refused. Keys learned by pairing are no
+    /// pins: a host is its key, and another key at the same address is
+    /// another host (NAT, DHCP), which gets only what it proves it holds.
     pub(crate) pins: HashMap<IpAddr, [u8; 32]>,
     pub(crate) sessions: HashMap<[u8; 32], PairSecret>,
-    pub(crate) handshakes: HashMap<IpAddr, Handshake>,
+    /// The VCMP address each paired host paired from (where its claims go).
+    pub(crate) peer_addrs: HashMap<[u8; 32], SocketAddr>,
+    /// Handshakes by the other side's VCMP address: two hosts behind one
+    /// NAT pair at once from two ports.
+    pub(crate) handshakes: HashMap<SocketAddr, Handshake>,
     /// Last PAIR_FIN sent to each host, resent if its RESP comes again.
-    pub(crate) fins: HashMap<IpAddr, (u32, Vec<u8>)>,
+    pub(crate) fins: HashMap<SocketAddr, (u32, Vec<u8>)>,
+    /// Commitments of our connections per paired host (`vcmp::claim`).
+    pub(crate) claim_index: HashMap<[u8; 32], super::claim::ClaimIndex>,
+    /// Bumped when a connection is added or removed (invalidates
+    /// `claim_index`).
+    pub(crate) conns_generation: u64,
     pub(crate) validations: HashMap<ValidationKey, Validation>,
     /// Moved connections waiting for the peer's SWITCHED.
     pub(crate) awaiting: super::switched::Awaiting,
@@ -172,6 +190,8 @@ pub struct ConnectionView {
     pub local_phys: SocketAddr,
     pub remote_phys: SocketAddr,
     pub pending_remote: Option<SocketAddr>,
+    /// The host it is bound to.
+    pub peer_key: Option<[u8; 32]>,
     pub has_keys: bool,
     pub role: Option<Role>,
     pub migrating: bool,
@@ -194,8 +214,11 @@ impl Endpoint {
             per_peer: HashMap::new(),
             pins: HashMap::new(),
             sessions: HashMap::new(),
+            peer_addrs: HashMap::new(),
             handshakes: HashMap::new(),
             fins: HashMap::new(),
+            claim_index: HashMap::new(),
+            conns_generation: 0,
             validations: HashMap::new(),
             awaiting: HashMap::new(),
             requests: HashMap::new(),
@@ -227,6 +250,7 @@ impl Endpoint {
             local_phys: c.local_phys,
             remote_phys: c.remote_phys,
             pending_remote: c.pending_remote.map(|p| p.0),
+            peer_key: c.peer_key,
             has_keys: c.keys.is_some(),
             role: c.role.negotiated,
             migrating: c.mig.is_some(),
@@ -260,8 +284,10 @@ impl Endpoint {
     /// A new connection to track: `flow` is named by its virtual endpoints,
     /// which are its initial physical ones (paper section 3.1), so at first
     /// `local_phys == flow.local` and `remote_phys == flow.remote` unless the
-    /// connection was adopted after a move. Starts pairing with the peer's
-    /// host if it is not paired yet.
+    /// connection was adopted after a move. `binding` holds the facts that
+    /// tie it to its peer host (`Binding::of` with the TCP sequence numbers
+    /// the datapath recorded). Claims it to the hosts paired from the
+    /// peer's address, or starts pairing with that address.
     pub fn connection_added<R: RngCore + CryptoRng>(
         &mut self,
         now: Timestamp,
@@ -269,6 +295,7 @@ impl Endpoint {
         flow: VirtualFlow,
         local_phys: SocketAddr,
         remote_phys: SocketAddr,
+        binding: Binding,
     ) -> Result<(), EndpointError> {
         let fam = Family::of(&flow.local);
         if [flow.remote, local_phys, remote_phys]
@@ -282,11 +309,15 @@ impl Endpoint {
         }
         self.admit(&flow)?;
         self.conns
-            .insert(flow, Conn::new(flow, local_phys, remote_phys));
+            .insert(flow, Conn::new(flow, local_phys, remote_phys, binding));
+        self.conns_generation += 1;
         self.tx.trusted.insert(remote_phys.ip());
         let mut ctx = Ctx::new(now, rng);
-        if !self.ensure_keys(&flow) {
-            self.start_pairing(&mut ctx, remote_phys.ip());
+        let ip = remote_phys.ip();
+        if self.sessions_at(ip).is_empty() {
+            self.start_pairing(&mut ctx, ip);
+        } else {
+            self.claim_at(&mut ctx, ip, &[flow]);
         }
         self.tx.flush(&mut self.stats);
         Ok(())
@@ -316,6 +347,7 @@ impl Endpoint {
     pub fn connection_removed(&mut self, flow: &VirtualFlow) -> bool {
         match self.conns.remove(flow) {
             Some(c) => {
+                self.conns_generation += 1;
                 self.release(&c);
                 true
             }
@@ -333,8 +365,8 @@ impl Endpoint {
         }
     }
 
-    /// Derive the connection's keys if its peer's host is paired. Returns
-    /// whether it has keys.
+    /// Derive the connection's keys if it is bound to a paired host.
+    /// Returns whether it has keys.
     pub(crate) fn ensure_keys(&mut self, flow: &VirtualFlow) -> bool {
         let my_pub = self.identity.public();
         let Some(c) = self.conns.get_mut(flow) else {
@@ -343,14 +375,13 @@ impl Endpoint {
         if c.keys.is_some() {
             return true;
         }
-        let Some(peer) = self.pins.get(&c.remote_phys.ip()).copied() else {
+        let Some(peer) = c.peer_key else {
             return false;
         };
         let Some(secret) = self.sessions.get(&peer) else {
             return false;
         };
-        c.keys = Some(ConnKeys::derive(secret, &my_pub, &peer, flow));
-        c.peer_key = Some(peer);
+        c.keys = Some(ConnKeys::derive(secret, &my_pub, &peer, flow, &c.binding));
         self.emit(Event::KeysReady { flow: *flow });
         true
     }
@@ -454,6 +485,9 @@ impl Endpoint {
             if let Some((_, d)) = c.claim_retry {
                 take(d);
             }
+            if let Some((_, d)) = c.bind_retry {
+                take(d);
+            }
         }
         for h in self.handshakes.values() {
             take(h.deadline());
@@ -474,6 +508,7 @@ impl Endpoint {
     pub fn handle_timeout<R: RngCore + CryptoRng>(&mut self, now: Timestamp, rng: &mut R) {
         let mut ctx = Ctx::new(now, rng);
         self.pairing_timeouts(&mut ctx);
+        self.claim_timeouts(&mut ctx);
         self.role_and_key_timeouts(&mut ctx);
         self.migration_timeouts(&mut ctx);
         self.validation_timeouts(&mut ctx);
@@ -539,9 +574,16 @@ impl Endpoint {
 }
 
 impl Conn {
-    pub fn new(flow: VirtualFlow, local_phys: SocketAddr, remote_phys: SocketAddr) -> Conn {
+    pub fn new(
+        flow: VirtualFlow,
+        local_phys: SocketAddr,
+        remote_phys: SocketAddr,
+        binding: Binding,
+    ) -> Conn {
         Conn {
             flow,
+            binding,
+            bind_retry: None,
             local_phys,
             remote_phys,
             peer_key: None,

@@ -62,9 +62,20 @@ pub enum Event {
     },
     /// A role was settled at suspend time.
     RoleDecided { flow: VirtualFlow, role: Role },
-    /// Pairing with the host at `peer` completed; its key is now pinned.
+    /// Pairing with the host `key`, from `peer`, completed.
     Paired { peer: IpAddr, key: [u8; 32] },
-    /// A host at `peer` presented a key other than the pinned one. Refused.
+    /// The paired host `claimant`, at `peer`, claimed connections that are
+    /// bound to another host, `holder`; they stay with `holder`. After a
+    /// peer's reinstall (a new key on the same host), `forget_peer(holder)`
+    /// lets the new key claim them.
+    ClaimConflict {
+        peer: IpAddr,
+        claimant: [u8; 32],
+        holder: [u8; 32],
+        connections: usize,
+    },
+    /// A host at `peer` presented a key other than the one pre-configured
+    /// for that address. Refused.
     PeerKeyChanged {
         peer: IpAddr,
         pinned: [u8; 32],

@@ -14,14 +14,16 @@ use std::net::SocketAddr;
 use serde::{Deserialize, Serialize};
 use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
 
+use super::binding::Binding;
 use super::crypto::{ConnKeys, SecretKey};
 use super::endpoint::{Conn, Endpoint, EndpointError};
 use super::replay::ReplayWindow;
 use super::roles::RoleState;
 use crate::datapath::VirtualFlow;
 
-/// Version of the export format.
-pub const EXPORT_VERSION: u32 = 1;
+/// Version of the export format. 2: keys derived from the connection's
+/// binding (`tcp_isns`), not from its addresses.
+pub const EXPORT_VERSION: u32 = 2;
 
 /// A key written as 64 hex digits; wiped when dropped.
 #[derive(Clone, Serialize, Deserialize, Zeroize, ZeroizeOnDrop)]
@@ -45,6 +47,11 @@ pub struct ConnectionExport {
     pub binding_seq: u64,
     pub location_seq: u64,
     pub role: RoleState,
+    /// TCP: the initial sequence numbers the exporting end recorded (its
+    /// own, the peer's), which name the directions of the keys (see
+    /// `vcmp::binding`). Absent for UDP.
+    #[serde(default)]
+    pub tcp_isns: Option<[u32; 2]>,
 }
 
 impl std::fmt::Debug for ConnectionExport {
@@ -96,6 +103,7 @@ impl Endpoint {
             binding_seq: c.binding_seq,
             location_seq: c.location_seq,
             role: c.role,
+            tcp_isns: c.binding.tcp_isns(),
         };
         if let Some(c) = self.conns.remove(flow) {
             self.release(&c);
@@ -118,8 +126,13 @@ impl Endpoint {
             return Err(EndpointError::DuplicateConnection(e.flow));
         }
         self.admit(&e.flow)?;
-        let mut c = Conn::new(e.flow, e.local_phys, e.remote_phys);
-        c.keys = Some(ConnKeys::from_root(SecretKey::from_bytes(*root), &e.flow));
+        let binding = Binding::of(&e.flow, e.tcp_isns);
+        let mut c = Conn::new(e.flow, e.local_phys, e.remote_phys, binding);
+        c.keys = Some(ConnKeys::from_root(
+            SecretKey::from_bytes(*root),
+            &e.flow,
+            &binding,
+        ));
         c.peer_key = peer_key;
         c.send_seq = e.send_seq;
         c.replay = e.replay;
@@ -128,6 +141,7 @@ impl Endpoint {
         c.role = e.role;
         self.tx.trusted.insert(e.remote_phys.ip());
         self.conns.insert(e.flow, c);
+        self.conns_generation += 1;
         Ok(())
     }
 }

@@ -23,6 +23,8 @@
 //! endpoint's receive path, migration and pairing logic), [`tx`] (batching
 //! and anti-amplification), [`export`], [`stats`].
 
+pub mod binding;
+mod claim;
 pub mod config;
 pub mod crypto;
 pub mod endpoint;
@@ -68,6 +70,7 @@ impl Timestamp {
     }
 }
 
+pub use binding::Binding;
 pub use endpoint::{
     AbortReason, Config, ConnectionView, Endpoint, EndpointError, Event, DEFAULT_PORT,
 };

@@ -8,6 +8,13 @@
 //! Cheap checks come first: a PAIR_INIT is only answered (the DH is only
 //! computed) for an address we share a connection with or have a pin for,
 //! and at most `max_pending_pairings` handshakes are held.
+//!
+//! A pairing authenticates a host, not an address: several hosts may pair
+//! from one address (NAT), each with its own session, and a host with a
+//! new key at a known address is a new host. Which connections a paired
+//! host may move is decided by CLAIM (`vcmp::claim`), never by where it
+//! paired from. Only a key pre-configured for an address (`pin_peer`)
+//! refuses other keys from there.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -47,12 +54,6 @@ impl Endpoint {
         SocketAddr::new(ip, self.cfg.port)
     }
 
-    fn is_paired(&self, ip: &IpAddr) -> bool {
-        self.pins
-            .get(ip)
-            .is_some_and(|k| self.sessions.contains_key(k))
-    }
-
     /// A host we share a connection with (its address is trusted) or have a
     /// pin for. O(1): this check guards the DH against strangers.
     fn knows_peer(&self, ip: &IpAddr) -> bool {
@@ -60,7 +61,8 @@ impl Endpoint {
     }
 
     pub(crate) fn start_pairing(&mut self, ctx: &mut Ctx, ip: IpAddr) {
-        if self.handshakes.contains_key(&ip) || self.is_paired(&ip) {
+        let dst = self.pair_addr(ip);
+        if self.handshakes.contains_key(&dst) || !self.sessions_at(ip).is_empty() {
             return;
         }
         if self.handshakes.len() >= self.cfg.max_pending_pairings {
@@ -69,10 +71,10 @@ impl Endpoint {
         }
         let eph = Ephemeral::generate(&mut CryptoDyn(&mut ctx.rng));
         let id = ctx.rng.next_u32();
-        self.send_pair_init(ip, id, &eph);
+        self.send_pair_init(dst, id, &eph);
         let deadline = ctx.now.plus(self.rto(ctx, 0));
         self.handshakes.insert(
-            ip,
+            dst,
             Handshake::Initiator {
                 id,
                 eph,
@@ -82,19 +84,19 @@ impl Endpoint {
         );
     }
 
-    fn send_pair_init(&mut self, ip: IpAddr, id: u32, eph: &Ephemeral) {
+    fn send_pair_init(&mut self, dst: SocketAddr, id: u32, eph: &Ephemeral) {
         let msg = Message::PairInit {
             request_id: id,
             static_pub: self.identity.public(),
             eph_pub: eph.public(),
         };
         if let Ok(b) = msg.encode() {
-            let dst = self.pair_addr(ip);
             self.tx.push_datagram(dst, b, &mut self.stats);
         }
     }
 
-    /// Refuse loudly a key that differs from the pinned one.
+    /// Refuse loudly a key that differs from one pre-configured for the
+    /// address.
     fn check_pin(&mut self, from: SocketAddr, offered: &[u8; 32], id: u32) -> bool {
         match self.pins.get(&from.ip()).copied() {
             Some(pinned) if pinned != *offered => {
@@ -132,7 +134,7 @@ impl Endpoint {
             self.stats.reject("pair_unknown_source");
             return;
         }
-        if let Some(Handshake::Responder { id: rid, resp, .. }) = self.handshakes.get(&ip) {
+        if let Some(Handshake::Responder { id: rid, resp, .. }) = self.handshakes.get(&from) {
             if *rid == id {
                 let again = resp.clone();
                 self.tx.push_datagram(from, again, &mut self.stats);
@@ -147,7 +149,7 @@ impl Endpoint {
         if !self.check_pin(from, &init_static, id) {
             return;
         }
-        if let Some(Handshake::Initiator { .. }) = self.handshakes.get(&ip) {
+        if let Some(Handshake::Initiator { .. }) = self.handshakes.get(&from) {
             // Crossing initiations: the host with the lower key answers and
             // the other one waits for that answer.
             if self.identity.public() > init_static {
@@ -155,7 +157,7 @@ impl Endpoint {
                 return;
             }
         }
-        if !self.handshakes.contains_key(&ip)
+        if !self.handshakes.contains_key(&from)
             && self.handshakes.len() >= self.cfg.max_pending_pairings
         {
             self.stats.reject("pairing_table_full");
@@ -183,7 +185,7 @@ impl Endpoint {
         self.tx.push_datagram(from, resp.clone(), &mut self.stats);
         let deadline = ctx.now.plus(self.rto(ctx, 0));
         self.handshakes.insert(
-            ip,
+            from,
             Handshake::Responder {
                 id,
                 init_static,
@@ -197,18 +199,20 @@ impl Endpoint {
 
     pub(crate) fn on_pair_resp(
         &mut self,
+        ctx: &mut Ctx,
         from: SocketAddr,
         id: u32,
         resp_static: [u8; 32],
         resp_eph: [u8; 32],
         tag: [u8; 32],
     ) {
-        let ip = from.ip();
-        let Some(Handshake::Initiator { id: iid, eph, .. }) = self.handshakes.get(&ip) else {
+        let Some(Handshake::Initiator { id: iid, eph, .. }) = self.handshakes.get(&from) else {
             // A duplicate RESP after we finished: our FIN was lost, send
             // it again (no new state, no DH).
-            match self.fins.get(&ip) {
-                Some((fid, fin)) if *fid == id && self.pins.get(&ip) == Some(&resp_static) => {
+            match self.fins.get(&from) {
+                Some((fid, fin))
+                    if *fid == id && self.peer_addrs.get(&resp_static) == Some(&from) =>
+                {
                     let fin = fin.clone();
                     self.tx.push_datagram(from, fin, &mut self.stats);
                     self.stats.count("pair_fin_resent");
@@ -237,7 +241,7 @@ impl Endpoint {
             return;
         }
         if !self.check_pin(from, &resp_static, id) {
-            self.handshakes.remove(&ip);
+            self.handshakes.remove(&from);
             return;
         }
         if let Ok(b) = (Message::PairFin {
@@ -249,21 +253,20 @@ impl Endpoint {
             if self.fins.len() >= self.cfg.max_pending_pairings {
                 self.fins.clear();
             }
-            self.fins.insert(ip, (id, b.clone()));
+            self.fins.insert(from, (id, b.clone()));
             self.tx.push_datagram(from, b, &mut self.stats);
         }
-        self.handshakes.remove(&ip);
-        self.paired(ip, resp_static, keys);
+        self.handshakes.remove(&from);
+        self.paired(ctx, from, resp_static, keys);
     }
 
-    pub(crate) fn on_pair_fin(&mut self, from: SocketAddr, id: u32, tag: [u8; 32]) {
-        let ip = from.ip();
+    pub(crate) fn on_pair_fin(&mut self, ctx: &mut Ctx, from: SocketAddr, id: u32, tag: [u8; 32]) {
         let Some(Handshake::Responder {
             id: rid,
             keys,
             init_static,
             ..
-        }) = self.handshakes.get(&ip)
+        }) = self.handshakes.get(&from)
         else {
             self.stats.reject("pair_fin_unsolicited");
             return;
@@ -273,56 +276,63 @@ impl Endpoint {
             return;
         }
         let peer = *init_static;
-        if let Some(Handshake::Responder { keys, .. }) = self.handshakes.remove(&ip) {
-            self.paired(ip, peer, keys);
+        if let Some(Handshake::Responder { keys, .. }) = self.handshakes.remove(&from) {
+            self.paired(ctx, from, peer, keys);
         }
     }
 
-    fn paired(&mut self, ip: IpAddr, peer: [u8; 32], keys: PairKeys) {
-        self.pins.insert(ip, peer);
+    fn paired(&mut self, ctx: &mut Ctx, from: SocketAddr, peer: [u8; 32], keys: PairKeys) {
+        let ip = from.ip();
         // A new session with a host we were already paired with means the
         // peer lost its state (its vnatd restarted): it derives every
         // connection's keys from the new session and numbers its records
         // from the start, so ours must follow or every update it sends is
-        // refused (bad MAC, then "replay" on the sequence numbers).
+        // refused (bad MAC, then "replay" on the sequence numbers). It also
+        // lost its bindings, so those connections are claimed to it again.
         let renewed = self.sessions.insert(peer, keys.secret).is_some();
+        self.peer_addrs.insert(peer, from);
+        self.claim_index.remove(&peer);
         self.tx.trusted.insert(ip);
         self.stats.count("paired");
         self.emit(Event::Paired {
             peer: ip,
             key: peer,
         });
-        let flows: Vec<_> = self
-            .conns
-            .values()
-            .filter(|c| (renewed || c.keys.is_none()) && c.remote_phys.ip() == ip)
-            .map(|c| c.flow)
-            .collect();
-        for f in flows {
-            if renewed {
-                if let Some(c) = self.conns.get_mut(&f) {
-                    // The old keys are gone on the other side: keeping them
-                    // (as `prev_keys`) would only let old records be replayed
-                    // against the fresh window.
-                    c.keys = None;
-                    c.prev_keys = None;
-                    c.replay = Default::default();
-                    c.send_seq = 0;
-                }
+        let mut held = Vec::new();
+        for c in self.conns.values_mut() {
+            if c.peer_key != Some(peer) {
+                continue;
             }
-            self.ensure_keys(&f);
+            if renewed {
+                // The old keys are gone on the other side: keeping them
+                // (as `prev_keys`) would only let old records be replayed
+                // against the fresh window.
+                c.keys = None;
+                c.prev_keys = None;
+                c.replay = Default::default();
+                c.send_seq = 0;
+            }
+            held.push(c.flow);
         }
+        for f in &held {
+            self.ensure_keys(f);
+        }
+        if renewed && !held.is_empty() {
+            self.send_claims(peer, from, &held, false);
+        }
+        let unbound = self.unbound_at(ip);
+        self.claim_at(ctx, ip, &unbound);
     }
 
     pub(crate) fn pairing_timeouts(&mut self, ctx: &mut Ctx) {
-        let due: Vec<IpAddr> = self
+        let due: Vec<SocketAddr> = self
             .handshakes
             .iter()
             .filter(|(_, h)| h.deadline() <= ctx.now)
-            .map(|(ip, _)| *ip)
+            .map(|(a, _)| *a)
             .collect();
-        for ip in due {
-            let Some(mut h) = self.handshakes.remove(&ip) else {
+        for dst in due {
+            let Some(mut h) = self.handshakes.remove(&dst) else {
                 continue;
             };
             let tries = match &mut h {
@@ -345,18 +355,17 @@ impl Endpoint {
                 } => {
                     *d = deadline;
                     let (id, eph) = (*id, &*eph);
-                    self.send_pair_init(ip, id, eph);
+                    self.send_pair_init(dst, id, eph);
                 }
                 Handshake::Responder {
                     resp, deadline: d, ..
                 } => {
                     *d = deadline;
-                    let dst = self.pair_addr(ip);
                     self.tx.push_datagram(dst, resp.clone(), &mut self.stats);
                 }
             }
             self.stats.count("pair_retransmit");
-            self.handshakes.insert(ip, h);
+            self.handshakes.insert(dst, h);
         }
     }
 }

@@ -78,8 +78,16 @@ impl Endpoint {
                 static_pub,
                 eph_pub,
                 tag,
-            } => self.on_pair_resp(from, request_id, static_pub, eph_pub, tag),
-            Message::PairFin { request_id, tag } => self.on_pair_fin(from, request_id, tag),
+            } => self.on_pair_resp(&mut ctx, from, request_id, static_pub, eph_pub, tag),
+            Message::PairFin { request_id, tag } => {
+                self.on_pair_fin(&mut ctx, from, request_id, tag)
+            }
+            Message::Claim {
+                answer,
+                static_pub,
+                commitments,
+                ..
+            } => self.on_claim(from, answer, static_pub, &commitments, bytes),
             Message::Error { code, .. } => {
                 // Unauthenticated: report, never act on it.
                 self.stats.count("peer_error");

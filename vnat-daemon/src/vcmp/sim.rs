@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use rand_core::RngCore;
 
+use super::binding::Binding;
 use super::crypto::{DrbgRng, HostIdentity};
 use super::endpoint::{Config, Endpoint, Event};
 use super::Timestamp;
@@ -109,6 +110,13 @@ pub fn tcp(local: &str, remote: &str) -> VirtualFlow {
     }
 }
 
+pub fn udp(local: &str, remote: &str) -> VirtualFlow {
+    VirtualFlow {
+        proto: Proto::Udp,
+        ..tcp(local, remote)
+    }
+}
+
 pub fn reverse(f: &VirtualFlow) -> VirtualFlow {
     VirtualFlow {
         proto: f.proto,
@@ -178,18 +186,32 @@ impl Sim {
         out
     }
 
-    /// Add the two ends of a TCP connection between hosts `a` (local
-    /// endpoint `fa.local`) and `b`.
+    /// Add the two ends of a connection between hosts `a` (local endpoint
+    /// `fa.local`) and `b`. A TCP connection gets fresh initial sequence
+    /// numbers, recorded crosswise at the two ends as the kernel does; a
+    /// UDP one is bound by its endpoints.
     pub fn connect(&mut self, a: usize, b: usize, fa: VirtualFlow) {
         let fb = reverse(&fa);
+        let (ba, bb) = self.bindings(&fa);
         self.with(a, |ep, now, rng| {
-            ep.connection_added(now, rng, fa, fa.local, fa.remote)
+            ep.connection_added(now, rng, fa, fa.local, fa.remote, ba)
                 .expect("add flow on a")
         });
         self.with(b, |ep, now, rng| {
-            ep.connection_added(now, rng, fb, fb.local, fb.remote)
+            ep.connection_added(now, rng, fb, fb.local, fb.remote, bb)
                 .expect("add flow on b")
         });
+    }
+
+    /// The bindings the two ends of `fa` would record (see `connect`).
+    pub fn bindings(&mut self, fa: &VirtualFlow) -> (Binding, Binding) {
+        match fa.proto {
+            Proto::Tcp => {
+                let (x, y) = (self.rng.next_u32(), self.rng.next_u32());
+                (Binding::tcp(x, y), Binding::tcp(y, x))
+            }
+            Proto::Udp => (Binding::endpoints(fa), Binding::endpoints(&reverse(fa))),
+        }
     }
 
     fn chance(&mut self, pct: u64) -> bool {

@@ -569,41 +569,90 @@ fn crossing_susp_primary_is_arbitrated_by_the_higher_address() {
     }
 }
 
+/// Address reuse (DHCP), or a reinstalled host: another host key at an
+/// address where a paired host was. It is another host: it pairs, with no
+/// lock-out, and gets keys for its own connection only; the connections of
+/// the host that was there stay bound to that host's key, and the newcomer
+/// cannot take them, not even a UDP flow whose binding (its endpoints) it
+/// can guess.
 #[test]
-fn pairing_refuses_a_changed_key_loudly() {
-    let (mut sim, _flows) = setup(8, Link::default(), Config::default(), 1);
-    // An impostor takes over B's address with another host key.
-    sim.hosts[1].alive = false;
-    let imp = sim.add_host(B_IP, Config::default());
-    let f = tcp("10.0.0.1:50000", "10.0.0.2:80");
-    sim.with(imp, |ep, now, rng| {
-        ep.connection_added(now, rng, reverse(&f), reverse(&f).local, reverse(&f).remote)
-            .expect("add")
-    });
-    sim.with(0, |ep, now, rng| {
-        ep.connection_added(now, rng, f, f.local, f.remote)
-            .expect("add")
-    });
-    sim.run_for(Duration::from_secs(30));
-    assert!(
-        sim.events(0, |e| matches!(e, Event::PeerKeyChanged { .. }))
-            .next()
-            .is_some()
-            || sim
-                .events(imp, |e| matches!(e, Event::PeerError { .. }))
-                .next()
-                .is_some(),
-        "a changed key must be reported"
+fn a_new_key_at_a_known_address_is_another_host_with_no_power_over_the_old_ones() {
+    let (mut sim, flows) = setup(8, Link::default(), Config::default(), 2);
+    let (a, b) = (0, 1);
+    let udp = super::sim::udp("10.0.0.1:5353", "10.0.0.2:53");
+    sim.connect(a, b, udp);
+    sim.run_for(Duration::from_secs(10));
+    let b_key = sim.hosts[b].ep.public_key();
+    assert_eq!(
+        sim.hosts[a].ep.connection(&udp).expect("udp").peer_key,
+        Some(b_key)
     );
-    assert!(sim.hosts[0].ep.stats().rejected("peer_key_changed") > 0);
+    // B leaves; Y gets B's address and opens its own connection to A.
+    sim.hosts[b].alive = false;
+    let y = sim.add_host(B_IP, Config::default());
+    let y_key = sim.hosts[y].ep.public_key();
+    let g = tcp("10.0.0.1:50000", "10.0.0.2:80");
+    sim.connect(a, y, g);
+    // Y also names B's connections: a TCP one with sequence numbers it
+    // cannot know, and the UDP flow, whose endpoints it can.
+    let (_, guessed) = sim.bindings(&flows[0]);
+    let old = reverse(&flows[0]);
+    sim.with(y, |ep, now, rng| {
+        ep.connection_added(now, rng, old, old.local, old.remote, guessed)
+            .expect("add");
+        let u = reverse(&udp);
+        ep.connection_added(
+            now,
+            rng,
+            u,
+            u.local,
+            u.remote,
+            super::Binding::endpoints(&u),
+        )
+        .expect("add")
+    });
+    sim.run_for(Duration::from_secs(60));
+
+    let ga = sim.hosts[a].ep.connection(&g).expect("g on a");
+    assert!(ga.has_keys, "Y's own connection must be mobile");
+    assert_eq!(ga.peer_key, Some(y_key));
     assert!(
-        !sim.hosts[imp]
+        sim.hosts[y]
             .ep
-            .connection(&reverse(&f))
-            .expect("flow")
+            .connection(&reverse(&g))
+            .expect("g on y")
             .has_keys,
-        "the impostor must get no keys"
+        "Y must have keys for its own connection"
     );
+    assert!(
+        sim.events(a, |e| matches!(e, Event::PeerKeyChanged { .. }))
+            .next()
+            .is_none(),
+        "a new key is no lock-out"
+    );
+    for f in flows.iter().chain([&udp]) {
+        assert_eq!(
+            sim.hosts[a].ep.connection(f).expect("old flow").peer_key,
+            Some(b_key),
+            "{f:?} must stay bound to B"
+        );
+        assert!(
+            sim.hosts[y]
+                .ep
+                .connection(&reverse(f))
+                .is_none_or(|v| !v.has_keys),
+            "Y must get no keys for B's {f:?}"
+        );
+    }
+    assert!(
+        sim.hosts[a].ep.stats().rejected("claim_conflict") > 0,
+        "Y's claim of B's UDP flow must be refused and counted"
+    );
+    // Without keys, Y cannot even start moving B's connection.
+    let err = sim.with(y, |ep, now, rng| {
+        ep.resume(now, rng, &[(old, sa("10.0.0.2:22"))])
+    });
+    assert!(err.is_err(), "Y must not be able to move B's connection");
 }
 
 #[test]

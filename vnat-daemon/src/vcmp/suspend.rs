@@ -186,19 +186,20 @@ impl Endpoint {
             return Ok(());
         }
         let keys = c.keys.as_ref().ok_or("no_keys")?;
+        let binding = c.binding;
         if let Some(mine) = c.keyx.take() {
             // We started (or both started): finish with our value, no reply.
             let Ok(dh) = mine.eph.dh(&peer_eph) else {
                 c.keyx = Some(mine);
                 return Err("low_order_point");
             };
-            let new = keys.ratchet(&dh, &mine.eph.public(), &peer_eph, flow);
+            let new = keys.ratchet(&dh, &mine.eph.public(), &peer_eph, flow, &binding);
             c.prev_keys = c.keys.replace(new);
             c.keyx_answer = None;
         } else {
             let eph = Ephemeral::generate(&mut CryptoDyn(&mut ctx.rng));
             let dh = eph.dh(&peer_eph).map_err(|_| "low_order_point")?;
-            let new = keys.ratchet(&dh, &eph.public(), &peer_eph, flow);
+            let new = keys.ratchet(&dh, &eph.public(), &peer_eph, flow, &binding);
             let mine = eph.public();
             // Answer under the old keys: the peer has not ratcheted yet.
             self.send_record(ctx, flow, Kind::KeyX, Ext::Key(mine), from);

@@ -57,6 +57,11 @@ pub const TRAILER_LEN: usize = 12;
 pub const NONCE_LEN: usize = 16;
 /// Most records one datagram can carry (the count field is 8 bits).
 pub const MAX_RECORDS: usize = 255;
+/// Most commitments one CLAIM carries: 8 + 32 + 64 * 16 + 32 = 1,096
+/// bytes, within IPv6's minimum MTU.
+pub const MAX_CLAIMS: usize = 64;
+/// CLAIM flag: this claim answers one of the peer's (no answer to it).
+pub const CLAIM_F_ANSWER: u8 = 1;
 /// IPv4 + UDP header overhead, subtracted from the path MTU.
 const V4_OVERHEAD: usize = 28;
 /// IPv6 + UDP header overhead.
@@ -87,6 +92,10 @@ pub enum Kind {
     /// retransmission reaching a peer that would still answer at the old
     /// address (see `vcmp::switched`).
     Switched = 16,
+    /// Beyond the paper: "these connections are mine". Binds connections
+    /// to a paired host by commitments to facts both ends see (see
+    /// `vcmp::binding`), authenticated under the pairing.
+    Claim = 17,
 }
 
 impl Kind {
@@ -109,6 +118,7 @@ impl Kind {
             14 => PairFin,
             15 => Error,
             16 => Switched,
+            17 => Claim,
             _ => return None,
         })
     }
@@ -349,6 +359,15 @@ pub enum Message {
         request_id: u32,
         tag: [u8; PAIR_TAG_LEN],
     },
+    /// The sender's host key and its commitments to connections it holds
+    /// with the receiver, tagged under the pairing's claim key over every
+    /// byte before the tag.
+    Claim {
+        answer: bool,
+        static_pub: [u8; 32],
+        commitments: Vec<[u8; TAG_LEN]>,
+        tag: [u8; PAIR_TAG_LEN],
+    },
     Error {
         request_id: u32,
         code: ErrorCode,
@@ -505,6 +524,26 @@ impl Message {
                 header(&mut out, Kind::PairFin, 0, 0, *request_id);
                 out.extend_from_slice(tag);
             }
+            Message::Claim {
+                answer,
+                static_pub,
+                commitments,
+                tag,
+            } => {
+                if commitments.is_empty() || commitments.len() > MAX_CLAIMS {
+                    return Err(WireError::BadCount {
+                        kind: Kind::Claim,
+                        count: commitments.len(),
+                    });
+                }
+                let flags = if *answer { CLAIM_F_ANSWER } else { 0 };
+                header(&mut out, Kind::Claim, flags, commitments.len() as u8, 0);
+                out.extend_from_slice(static_pub);
+                for c in commitments {
+                    out.extend_from_slice(c);
+                }
+                out.extend_from_slice(tag);
+            }
             Message::Error { request_id, code } => {
                 header(&mut out, Kind::Error, 0, 0, *request_id);
                 out.extend_from_slice(&(*code as u16).to_be_bytes());
@@ -603,6 +642,31 @@ impl Message {
                 Ok(Message::PairFin {
                     request_id,
                     tag: key(8),
+                })
+            }
+            Kind::Claim => {
+                let count = usize::from(b[3]);
+                if count == 0 || count > MAX_CLAIMS {
+                    return Err(WireError::BadCount { kind, count });
+                }
+                exact(HEADER_LEN + 32 + count * TAG_LEN + PAIR_TAG_LEN)?;
+                if b[2] & !CLAIM_F_ANSWER != 0 || request_id != 0 {
+                    return Err(WireError::Reserved);
+                }
+                let at = HEADER_LEN + 32;
+                let commitments = b[at..at + count * TAG_LEN]
+                    .chunks_exact(TAG_LEN)
+                    .map(|c| {
+                        let mut x = [0u8; TAG_LEN];
+                        x.copy_from_slice(c);
+                        x
+                    })
+                    .collect();
+                Ok(Message::Claim {
+                    answer: b[2] & CLAIM_F_ANSWER != 0,
+                    static_pub: key(8),
+                    commitments,
+                    tag: key(b.len() - PAIR_TAG_LEN),
                 })
             }
             Kind::Error => {

@@ -299,3 +299,52 @@ fn batch_sizes_follow_the_mtu() {
         MAX_RECORDS
     );
 }
+
+#[test]
+fn golden_claim_and_its_limits() {
+    let msg = Message::Claim {
+        answer: true,
+        static_pub: [0xAA; 32],
+        commitments: vec![[0x11; TAG_LEN], [0x22; TAG_LEN]],
+        tag: [0xEE; PAIR_TAG_LEN],
+    };
+    let bytes = cat(&[
+        &[1, 17, CLAIM_F_ANSWER, 2, 0, 0, 0, 0],
+        &[0xAA; 32],
+        &[0x11; 16],
+        &[0x22; 16],
+        &[0xEE; 32],
+    ]);
+    golden(&msg, &bytes);
+    // No commitment, too many, a length that disagrees with the count, an
+    // unknown flag, a request id: all refused.
+    let none = Message::Claim {
+        answer: false,
+        static_pub: [0; 32],
+        commitments: vec![],
+        tag: [0; 32],
+    };
+    assert!(none.encode().is_err());
+    let many = Message::Claim {
+        answer: false,
+        static_pub: [0; 32],
+        commitments: vec![[0; TAG_LEN]; MAX_CLAIMS + 1],
+        tag: [0; 32],
+    };
+    assert!(many.encode().is_err());
+    let mut short = bytes.clone();
+    short.pop();
+    assert!(Message::decode(&short).is_err());
+    let mut count = bytes.clone();
+    count[3] = 3;
+    assert!(Message::decode(&count).is_err());
+    let mut zero = bytes.clone();
+    zero[3] = 0;
+    assert!(Message::decode(&zero).is_err());
+    let mut flag = bytes.clone();
+    flag[2] = 2;
+    assert_eq!(Message::decode(&flag), Err(WireError::Reserved));
+    let mut id = bytes;
+    id[7] = 1;
+    assert_eq!(Message::decode(&id), Err(WireError::Reserved));
+}

@@ -158,6 +158,12 @@ impl KernelDatapath {
                 pid,
                 command,
                 age_secs: now_ns.saturating_sub(rec.first_seen_ns) / 1_000_000_000,
+                // snd_nxt and rcv_nxt at establishment are both ends' first
+                // sequence numbers after the SYNs (the callbacks run before
+                // any data is sent or queued), recorded crosswise at the
+                // two ends. (snd_una_base is not: the SYN's ACK counts in
+                // bytes_acked at one end only.)
+                tcp_isns: (flow.proto == Proto::Tcp).then_some([rec.snd_nxt, rec.rcv_nxt]),
             });
         }
         out.sort_by_key(|c| (c.proto, c.virtual_local, c.virtual_remote));

@@ -1,0 +1,266 @@
+//! CLAIM: binding connections to a paired host by what it knows of them
+//! (see `vcmp::binding` for the facts, DESIGN.md section 4 for the rules).
+//!
+//! After pairing, and for every later connection with a paired host, each
+//! side sends the other the commitments of its connections that have no
+//! peer yet. The receiver binds each of its own connections whose
+//! commitment it finds, and answers (once) with its commitments for them,
+//! so both ends bind. A connection is bound to one host key for life:
+//! a claim for a connection bound to another key changes nothing and is
+//! counted (`claim_conflict`). Claims are resent on a timer while a
+//! connection has no peer.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+
+use super::crypto::{self, claim_commitment, SecretKey};
+use super::endpoint::{Ctx, Endpoint, Event};
+use super::wire::{Message, MAX_CLAIMS, PAIR_TAG_LEN, TAG_LEN};
+use crate::datapath::VirtualFlow;
+
+/// Commitments of this host's connections under one pairing, built once
+/// per set of connections (claims come in bursts: one per 64 connections).
+#[derive(Default)]
+pub(crate) struct ClaimIndex {
+    generation: u64,
+    by_commitment: HashMap<[u8; TAG_LEN], VirtualFlow>,
+}
+
+impl Endpoint {
+    /// Send `flows`' commitments to the host `peer` at `dst`, in datagrams
+    /// of at most [`MAX_CLAIMS`].
+    pub(crate) fn send_claims(
+        &mut self,
+        peer: [u8; 32],
+        dst: SocketAddr,
+        flows: &[VirtualFlow],
+        answer: bool,
+    ) {
+        let Some(secret) = self.sessions.get(&peer) else {
+            return;
+        };
+        let key = secret.claim_key();
+        let commitments: Vec<[u8; TAG_LEN]> = flows
+            .iter()
+            .filter_map(|f| self.conns.get(f))
+            .map(|c| claim_commitment(&key, &c.binding))
+            .collect();
+        for chunk in commitments.chunks(MAX_CLAIMS) {
+            let msg = Message::Claim {
+                answer,
+                static_pub: self.identity.public(),
+                commitments: chunk.to_vec(),
+                tag: [0; PAIR_TAG_LEN],
+            };
+            let Ok(mut b) = msg.encode() else { continue };
+            let at = b.len() - PAIR_TAG_LEN;
+            let tag = crypto::claim_tag(&key, &b[..at]);
+            b[at..].copy_from_slice(&tag);
+            self.tx.push_datagram(dst, b, &mut self.stats);
+            self.stats.count("claims_sent");
+        }
+    }
+
+    /// Claim `flows` (connections without a peer, all with a remote end at
+    /// `ip`) to every host paired from `ip`, and arm their retry timers.
+    pub(crate) fn claim_at(&mut self, ctx: &mut Ctx, ip: IpAddr, flows: &[VirtualFlow]) {
+        if flows.is_empty() {
+            return;
+        }
+        for peer in self.sessions_at(ip) {
+            if let Some(dst) = self.peer_addrs.get(&peer).copied() {
+                self.send_claims(peer, dst, flows, false);
+            }
+        }
+        for f in flows {
+            let Some(tries) = self
+                .conns
+                .get(f)
+                .filter(|c| c.peer_key.is_none())
+                .map(|c| c.bind_retry.map_or(0, |r| r.0) + 1)
+            else {
+                continue;
+            };
+            let deadline = ctx.now.plus(self.rto(ctx, tries - 1));
+            if let Some(c) = self.conns.get_mut(f) {
+                c.bind_retry = Some((tries, deadline));
+            }
+        }
+    }
+
+    /// Connections without a peer whose remote end is at `ip`.
+    pub(crate) fn unbound_at(&self, ip: IpAddr) -> Vec<VirtualFlow> {
+        self.conns
+            .values()
+            .filter(|c| c.peer_key.is_none() && c.remote_phys.ip() == ip)
+            .map(|c| c.flow)
+            .collect()
+    }
+
+    /// Host keys with a session whose host paired from `ip`.
+    pub(crate) fn sessions_at(&self, ip: IpAddr) -> Vec<[u8; 32]> {
+        self.peer_addrs
+            .iter()
+            .filter(|(k, a)| a.ip() == ip && self.sessions.contains_key(*k))
+            .map(|(k, _)| *k)
+            .collect()
+    }
+
+    /// One CLAIM datagram from `from`. `bytes` is the whole datagram.
+    pub(crate) fn on_claim(
+        &mut self,
+        from: SocketAddr,
+        answer: bool,
+        peer: [u8; 32],
+        commitments: &[[u8; TAG_LEN]],
+        bytes: &[u8],
+    ) {
+        let Some(secret) = self.sessions.get(&peer) else {
+            self.stats.reject("claim_unpaired");
+            return;
+        };
+        let key = secret.claim_key();
+        let at = bytes.len() - PAIR_TAG_LEN;
+        let mut tag = [0u8; PAIR_TAG_LEN];
+        tag.copy_from_slice(&bytes[at..]);
+        if !crypto::tags_equal(&crypto::claim_tag(&key, &bytes[..at]), &tag) {
+            self.stats.reject("claim_bad_tag");
+            return;
+        }
+        self.refresh_claim_index(&peer, &key);
+        let index = self.claim_index.get(&peer);
+        let matched: Vec<VirtualFlow> = commitments
+            .iter()
+            .filter_map(|c| index.and_then(|i| i.by_commitment.get(c)).copied())
+            .collect();
+        let mut mine = Vec::with_capacity(matched.len());
+        let mut conflict: Option<([u8; 32], usize)> = None;
+        for flow in matched {
+            let Some(c) = self.conns.get_mut(&flow) else {
+                continue;
+            };
+            match c.peer_key {
+                Some(k) if k == peer => mine.push(flow),
+                Some(holder) => {
+                    // Held by another host: never taken away.
+                    self.stats.reject("claim_conflict");
+                    let n = conflict.map_or(0, |c| c.1);
+                    conflict = Some((holder, n + 1));
+                }
+                // A binding made of endpoints can be guessed: take it only
+                // from the connection's own remote address.
+                None if !c.binding.is_strong() && c.remote_phys.ip() != from.ip() => {
+                    self.stats.reject("claim_wrong_address");
+                }
+                None => {
+                    c.peer_key = Some(peer);
+                    c.bind_retry = None;
+                    self.stats.count("claims_bound");
+                    self.ensure_keys(&flow);
+                    mine.push(flow);
+                }
+            }
+        }
+        if let Some((holder, connections)) = conflict {
+            self.emit(Event::ClaimConflict {
+                peer: from.ip(),
+                claimant: peer,
+                holder,
+                connections,
+            });
+        }
+        if !answer && !mine.is_empty() {
+            // To where the claim came from: an answer is no reason to
+            // believe a (possibly replayed) claim's address for anything
+            // else.
+            self.send_claims(peer, from, &mine, true);
+        }
+    }
+
+    fn refresh_claim_index(&mut self, peer: &[u8; 32], key: &SecretKey) {
+        let generation = self.conns_generation;
+        let fresh = self
+            .claim_index
+            .get(peer)
+            .is_some_and(|i| i.generation == generation);
+        if fresh {
+            return;
+        }
+        let by_commitment = self
+            .conns
+            .values()
+            .map(|c| (claim_commitment(key, &c.binding), c.flow))
+            .collect();
+        self.claim_index.insert(
+            *peer,
+            ClaimIndex {
+                generation,
+                by_commitment,
+            },
+        );
+    }
+
+    /// Resend the claims of connections still without a peer; after
+    /// `max_tries`, give up (the connection is not mobile, as with a peer
+    /// without vnatd). A host that is at the connection's address now and
+    /// was never paired pairs by itself: it has a connection with us and
+    /// no session.
+    pub(crate) fn claim_timeouts(&mut self, ctx: &mut Ctx) {
+        let mut due: HashMap<IpAddr, Vec<VirtualFlow>> = HashMap::new();
+        for c in self.conns.values_mut() {
+            let Some((tries, deadline)) = c.bind_retry else {
+                continue;
+            };
+            if deadline > ctx.now || c.peer_key.is_some() {
+                continue;
+            }
+            if tries >= self.cfg.max_tries {
+                c.bind_retry = None;
+                self.stats.count("claim_gave_up");
+                continue;
+            }
+            due.entry(c.remote_phys.ip()).or_default().push(c.flow);
+        }
+        for (ip, flows) in due {
+            self.claim_at(ctx, ip, &flows);
+        }
+    }
+
+    /// Forget the host `peer`: its session, and the binding and keys of
+    /// its connections, which are then claimed to whoever is paired at
+    /// their address now (a reinstalled peer's new key). Returns how many
+    /// connections it held, or `None` if the key is unknown here.
+    pub fn forget_peer<R: rand_core::RngCore + rand_core::CryptoRng>(
+        &mut self,
+        now: super::Timestamp,
+        rng: &mut R,
+        peer: &[u8; 32],
+    ) -> Option<usize> {
+        let known = self.sessions.remove(peer).is_some();
+        self.peer_addrs.remove(peer);
+        self.claim_index.remove(peer);
+        self.pins.retain(|_, k| k != peer);
+        let mut freed: HashMap<IpAddr, Vec<VirtualFlow>> = HashMap::new();
+        for c in self.conns.values_mut() {
+            if c.peer_key.as_ref() == Some(peer) {
+                c.peer_key = None;
+                c.keys = None;
+                c.prev_keys = None;
+                c.mig = None;
+                c.bind_retry = None;
+                freed.entry(c.remote_phys.ip()).or_default().push(c.flow);
+            }
+        }
+        if !known && freed.is_empty() {
+            return None;
+        }
+        self.stats.count("peers_forgotten");
+        let n = freed.values().map(Vec::len).sum();
+        let mut ctx = Ctx::new(now, rng);
+        for (ip, flows) in freed {
+            self.claim_at(&mut ctx, ip, &flows);
+        }
+        self.tx.flush(&mut self.stats);
+        Some(n)
+    }
+}
