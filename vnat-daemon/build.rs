@@ -1,5 +1,6 @@
 //! Builds `vnat-ebpf` for bpfel-unknown-none with the pinned nightly and
-//! places the object in OUT_DIR, where `datapath::loader` embeds it.
+//! places the object in OUT_DIR, where `datapath::kernel::object` embeds it
+//! (`EBPF_OBJECT`).
 //!
 //! `AYA_BUILD_SKIP=1` skips the eBPF build (for work on the protocol core on a
 //! machine without bpf-linker); the daemon then reports at run time that it was

@@ -201,8 +201,8 @@ fn forward(
         let now = monotonic_ns();
         while queue.front().is_some_and(|(due, _)| *due <= now) {
             let (due, frame) = queue.pop_front().expect("checked non-empty");
-            // SAFETY: a bound packet socket sends `frame` out of its
-            // interface; the buffer outlives the call.
+            // SAFETY: `to` is open (the caller holds it); `frame` is live
+            // for the call and its length is passed.
             let n = unsafe { libc::send(to.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
             if n < 0 {
                 stats.send_errors += 1;
@@ -226,10 +226,14 @@ fn forward(
         }
         // Drain everything that is queued; all of it was read "now".
         loop {
+            // SAFETY: sockaddr_ll is plain integers, for which all-zero is
+            // valid.
             let mut from_addr: libc::sockaddr_ll = unsafe { mem::zeroed() };
             let mut len = mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
-            // SAFETY: recvfrom writes at most buf.len() bytes and at most
-            // `len` bytes of address.
+            // SAFETY: `from` is open (the caller holds it); recvfrom writes
+            // at most buf.len() bytes into `buf` (MSG_TRUNC only makes it
+            // report a longer frame's full length) and at most `len` bytes,
+            // the size of `from_addr`, of address.
             let n = unsafe {
                 libc::recvfrom(
                     from.as_raw_fd(),
@@ -255,7 +259,8 @@ fn forward(
             }
             let n = n.min(buf.len());
             if n >= 14 && buf[12..14] == ETHERTYPE_ARP {
-                // SAFETY: as above; `buf` holds `n` bytes of the frame.
+                // SAFETY: `to` is open; `n` is at most buf.len() (clamped
+                // above), so the kernel reads only within `buf`.
                 let sent = unsafe { libc::send(to.as_raw_fd(), buf.as_ptr().cast(), n, 0) };
                 if sent < 0 {
                     stats.send_errors += 1;
@@ -297,7 +302,9 @@ fn readable(fd: &OwnedFd, wait: Duration) -> bool {
         tv_sec: wait.as_secs() as libc::time_t,
         tv_nsec: wait.subsec_nanos() as libc::c_long,
     };
-    // SAFETY: one pollfd, a valid timespec, no signal mask.
+    // SAFETY: `pfd` is one live pollfd (count 1) for a descriptor the
+    // caller holds open, `ts` a live timespec, and a null signal mask means
+    // "leave the mask alone".
     let rc = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
     rc > 0 && pfd.revents & libc::POLLIN != 0
 }
@@ -306,8 +313,11 @@ fn readable(fd: &OwnedFd, wait: Duration) -> bool {
 /// calling thread's namespace) and sends raw frames out of it.
 fn packet_socket(ifname: &str) -> Result<OwnedFd> {
     let cname = CString::new(ifname).context("interface name")?;
-    // SAFETY: plain libc calls on a descriptor we own; every pointer passed
-    // points at a live, correctly sized value.
+    // SAFETY: if_nametoindex reads the NUL-terminated `cname`; socket(2)
+    // returns a fresh descriptor, owned at once by `fd`; every setsockopt
+    // and bind below gets a pointer to a live local with its exact size
+    // (`setopt` passes on the pointer and length it is given); mem::zeroed
+    // is a valid sockaddr_ll, which is plain integers.
     unsafe {
         let ifindex = libc::if_nametoindex(cname.as_ptr());
         if ifindex == 0 {

@@ -259,8 +259,11 @@ const _: () = assert!(core::mem::size_of::<DatapathConfig>() == 16);
 
 #[cfg(feature = "user")]
 mod pod {
-    // SAFETY: all of these are repr(C), made only of integers and arrays of
-    // integers, with every padding byte spelled out as a field.
+    // SAFETY: aya copies Pod values to and from raw map bytes, so every bit
+    // pattern must be a valid value and no byte may be uninitialized. All
+    // of these are repr(C), made only of integers and arrays of integers,
+    // with every padding byte spelled out as a field (the size asserts
+    // beside each type would catch padding the compiler added).
     unsafe impl aya::Pod for super::FlowKey {}
     unsafe impl aya::Pod for super::ConnRecord {}
     unsafe impl aya::Pod for super::NatRewrite {}
@@ -284,6 +287,10 @@ pub struct UdpPending {
 }
 const _: () = assert!(core::mem::size_of::<UdpPending>() == 136);
 
+// SAFETY: as for the types in `pod` above: repr(C), a FlowKey (40 bytes,
+// 4-aligned) followed by a ConnRecord (8-aligned, at offset 40), so there
+// is no padding between or after them (the size assert above checks 136),
+// and both are valid for any bit pattern.
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for UdpPending {}
 

@@ -35,6 +35,10 @@ fn panic(_info: &core::panic::PanicInfo) -> ! {
 }
 
 #[cfg(target_arch = "bpf")]
+// SAFETY: `no_mangle` exports this static as the symbol `LICENSE`, which
+// nothing else in the object defines, and `link_section` places it in the
+// "license" section, where the loader reads the program's license from. The
+// value is a NUL-terminated byte string, which is what the loader expects.
 #[unsafe(link_section = "license")]
 #[unsafe(no_mangle)]
 static LICENSE: [u8; 4] = *b"GPL\0";

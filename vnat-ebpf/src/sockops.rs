@@ -58,12 +58,17 @@ pub fn vnat_sockops(ctx: SockOpsContext) -> u32 {
 }
 
 fn on_connect(ctx: &SockOpsContext) {
+    // SAFETY: helper calls are unsafe only because Rust cannot check their
+    // arguments; the verifier does, at load time. `ctx.ops` is this
+    // program's context pointer, the argument both cookie helpers take.
     let netns = unsafe { bpf_get_netns_cookie(ctx.ops as *mut _) };
     if !netns_is_ours(netns) {
         return;
     }
+    // SAFETY: as above, the context pointer is the argument.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.ops as *mut _) };
     let owner = Owner {
+        // SAFETY: no arguments; "current" is the connecting process here.
         cgroup_id: unsafe { bpf_get_current_cgroup_id() },
         pid: (bpf_get_current_pid_tgid() >> 32) as u32,
         _pad: 0,
@@ -85,7 +90,14 @@ fn key_of(ctx: &SockOpsContext) -> Option<FlowKey> {
     match ctx.family() {
         KERNEL_AF_INET => {
             key.family = AF_INET;
+            // SAFETY (this and every read through `ops` below): `ops` is the
+            // sock_ops context the kernel passed to this run. The verifier
+            // checks each load from it against the fields and sizes sock_ops
+            // may read (sock_ops_is_valid_access) and rewrites it into a
+            // read of the kernel's socket, so a read it would not allow is
+            // refused at load time, never executed.
             key.src_addr_be[0] = unsafe { (*ops).local_ip4 };
+            // SAFETY: as above, a 4-byte context field.
             key.dst_addr_be[0] = unsafe { (*ops).remote_ip4 };
         }
         KERNEL_AF_INET6 => {
@@ -93,6 +105,9 @@ fn key_of(ctx: &SockOpsContext) -> Option<FlowKey> {
             // The verifier only allows 4-byte reads of these arrays: a plain
             // array copy becomes a wider load and is rejected
             // ("invalid bpf_context access off=... size=8").
+            // SAFETY: `ops` is the sock_ops context (see above); each read is
+            // one aligned u32 inside local_ip6 or remote_ip6 (index 0 to 3 of
+            // a [u32; 4]), the access the verifier allows on these fields.
             unsafe {
                 let l = core::ptr::addr_of!((*ops).local_ip6) as *const u32;
                 let r = core::ptr::addr_of!((*ops).remote_ip6) as *const u32;
@@ -108,10 +123,12 @@ fn key_of(ctx: &SockOpsContext) -> Option<FlowKey> {
         }
         _ => return None,
     }
+    // SAFETY: a 4-byte read of a context field, checked as above.
     let local_port = unsafe { (*ops).local_port } as u16;
     key.src_port_be = local_port.to_be();
     // The kernel loads skc_dport (already network order) as a 16-bit value and
     // shifts it into the upper half, so the upper half *is* the be16 port.
+    // SAFETY: a 4-byte read of a context field, checked as above.
     key.dst_port_be = (unsafe { (*ops).remote_port } >> 16) as u16;
     // An AF_INET6 socket carrying IPv4 (a dual-stack listener's child, a
     // client connected to ::ffff:a.b.c.d) is recorded as the IPv4 flow its
@@ -120,31 +137,52 @@ fn key_of(ctx: &SockOpsContext) -> Option<FlowKey> {
 }
 
 fn on_established(ctx: &SockOpsContext, origin: u8) {
+    // SAFETY: the context pointer is the argument the helper takes; the
+    // verifier checks it at load time.
     let netns = unsafe { bpf_get_netns_cookie(ctx.ops as *mut _) };
     if !netns_is_ours(netns) {
         count(STAT_OTHER_NETNS);
         return;
     }
     let Some(key) = key_of(ctx) else { return };
+    // SAFETY: as above, the context pointer is the argument.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.ops as *mut _) };
+    // SAFETY: a helper without arguments or preconditions.
     let now = unsafe { bpf_ktime_get_boot_ns() };
     let mut rec = ConnRecord {
         cookie,
         netns_cookie: netns,
         first_seen_ns: now,
         last_seen_ns: now,
+        // SAFETY: 4-byte reads of sock_ops context fields, checked by the
+        // verifier like those in `key_of`. They are tcp_sock fields, which
+        // the kernel's rewrite reads only from a full socket (0 otherwise);
+        // an ESTABLISHED callback always has one.
         snd_nxt: unsafe { (*ctx.ops).snd_nxt },
+        // SAFETY: as for snd_nxt.
         rcv_nxt: unsafe { (*ctx.ops).rcv_nxt },
         origin,
         ..ConnRecord::default()
     };
     // Only the low 32 bits of the byte counters matter: sequence numbers
     // wrap at 2^32 too.
+    // SAFETY: reads of the context fields snd_una and rcv_nxt (4 bytes) and
+    // bytes_acked and bytes_received (8 bytes), each at its own size, which
+    // is what the verifier allows; full-socket fields, as above.
     unsafe {
         let ops = ctx.ops;
         rec.snd_una_base = (*ops).snd_una.wrapping_sub((*ops).bytes_acked as u32);
         rec.rcv_nxt_base = (*ops).rcv_nxt.wrapping_sub((*ops).bytes_received as u32);
     }
+    // SAFETY: aya marks `get` unsafe because the entry of a preallocated map
+    // (an LRU map always is) can be deleted and its memory reused for
+    // another key while we hold the reference. This entry is keyed by this
+    // socket's cookie: only this socket's connect callback writes it and only
+    // this callback removes it, both under the socket's lock, and its three
+    // fields are copied out at once. An insert on another CPU that evicts it
+    // from a full map could still reuse it under us; the owner would then
+    // be another connection's, but the reference stays inside the map's
+    // memory, which the verifier checked, so nothing is read out of bounds.
     if let Some(owner) = unsafe { VNAT_CONNECTING.get(&cookie) } {
         rec.cgroup_id = owner.cgroup_id;
         rec.pid = owner.pid;
@@ -181,10 +219,21 @@ fn on_rto(ctx: &SockOpsContext) {
     let Some(rec) = VNAT_CONNS.get_ptr_mut(&key) else {
         return;
     };
+    // SAFETY: a 4-byte read of a context field, checked by the verifier as
+    // in `key_of`; an RTO callback runs on a full socket.
     let snd_una = unsafe { (*ctx.ops).snd_una };
+    // SAFETY: a helper without arguments or preconditions.
     let now = unsafe { bpf_ktime_get_boot_ns() };
     // The callbacks of one socket run under its lock, so these plain
     // stores do not race with each other.
+    // SAFETY: `rec` is the non-null pointer a VNAT_CONNS lookup just
+    // returned, to a value the verifier knows to be a whole ConnRecord. Map
+    // elements go back to the allocator only after an RCU grace period and
+    // this program runs under RCU, so the memory stays valid for the run.
+    // If the daemon deleted the record meanwhile, the element may already
+    // hold another flow (since Linux 6.1 a map without preallocation reuses
+    // freed elements at once too), and these stores would land in that
+    // record: wrong RTO data for one flow, never a write outside the map.
     unsafe {
         (*rec).rto_snd_una = snd_una;
         (*rec).rto_count = (*rec).rto_count.wrapping_add(1);

@@ -103,6 +103,14 @@ fn try_translate(ctx: &TcContext, dir: Dir) -> Result<i32, Drop> {
         Dir::Egress => &VNAT_EGRESS_NAT,
         Dir::Ingress => &VNAT_INGRESS_NAT,
     };
+    // SAFETY: aya marks `get` unsafe because an entry can be deleted and its
+    // memory reused for another key while we hold the reference. Both NAT
+    // maps are BPF_F_NO_PREALLOC, the case aya documents as safe, and the
+    // value is copied out at once. Since Linux 6.1 such a map may reuse a
+    // freed element at once too: a packet racing the deletion of its own
+    // entry could then be rewritten with another flow's value. The
+    // reference stays inside the map's memory, which the verifier checked,
+    // so nothing is read out of bounds.
     let Some(nat) = (unsafe { map.get(&p.key) }) else {
         return Ok(TC_ACT_OK);
     };
@@ -121,6 +129,9 @@ fn try_translate(ctx: &TcContext, dir: Dir) -> Result<i32, Drop> {
         // tc egress runs after neighbour resolution for the *old*
         // destination; send the packet out again with L2 resolved for the new
         // one (bpf_redirect_neigh does the FIB lookup on the rewritten daddr).
+        // SAFETY: a helper call; the verifier checks its arguments at load
+        // time. A null `params` with length 0 is the documented way to let
+        // the helper do the FIB lookup itself.
         let r = unsafe { bpf_redirect_neigh(nat.redirect_ifindex, core::ptr::null_mut(), 0, 0) };
         if r as i32 != TC_ACT_REDIRECT {
             return Err(Drop(STAT_DROP_REDIRECT_FAILED));

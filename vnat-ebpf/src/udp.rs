@@ -78,11 +78,24 @@ pub fn vnat_udp_recvmsg6(ctx: SockAddrContext) -> i32 {
 #[cgroup_sock(sock_release)]
 pub fn vnat_udp_release(ctx: SockContext) -> i32 {
     let sk = ctx.sock;
+    // SAFETY: `sk` is this cgroup_sock program's context (struct bpf_sock),
+    // and `protocol` is a field the verifier lets every such program read at
+    // 4 bytes (it rejects any other access at load time).
     if unsafe { (*sk).protocol } != IPPROTO_UDP {
         return PROCEED;
     }
+    // SAFETY: the context pointer is the argument this helper requires
+    // (ARG_PTR_TO_CTX); the verifier checks it at load time.
     let cookie = unsafe { bpf_get_socket_cookie(sk as *mut _) };
     let _ = VNAT_UDP_PENDING.remove(&cookie);
+    // SAFETY: aya marks `get` unsafe because the entry of a preallocated map
+    // (an LRU map always is) can be deleted and its memory reused for
+    // another key while we hold the reference. The key is copied out at
+    // once. The socket is being released, so no sendmsg or connect of it
+    // can rewrite the entry now; an insert on another CPU that evicts it
+    // from a full map could still reuse it under us, and then the record
+    // removed below is another flow's. The reference stays inside the map's
+    // memory in any case, so nothing is read out of bounds.
     if let Some(key) = unsafe { VNAT_UDP_SOCKS.get(&cookie) } {
         let key = *key;
         let _ = VNAT_CONNS.remove(&key);
@@ -98,6 +111,12 @@ fn sock_key(sk: *mut bpf_sock) -> Option<FlowKey> {
         proto: PROTO_UDP,
         ..FlowKey::default()
     };
+    // SAFETY: `sk` is the non-null socket pointer of the sock_addr context
+    // (checked by the caller); the verifier types it as a socket and checks
+    // every load from it against struct bpf_sock's readable fields and
+    // sizes. The reads are 4-byte loads of family, src_ip4, dst_ip4 and
+    // src_port, a 2-byte load of dst_port (a __be16), and `read_words` over
+    // src_ip6 and dst_ip6, each four u32 long, which is its precondition.
     unsafe {
         match (*sk).family {
             2 => {
@@ -126,8 +145,17 @@ fn sock_key(sk: *mut bpf_sock) -> Option<FlowKey> {
 }
 
 /// Context arrays of addresses may only be read one 32-bit word at a time.
+///
+/// # Safety
+///
+/// `p` must point to four consecutive u32 that the program may read one
+/// at a time: an IPv6 address field of a context or socket structure that
+/// the verifier allows 4-byte loads from (the verifier refuses the program
+/// otherwise).
 #[inline(always)]
 unsafe fn read_words(p: *const u32, out: &mut [u32; 4]) {
+    // SAFETY: the caller guarantees that `p` points to four readable u32,
+    // so `p` to `p.add(3)` are all in bounds.
     unsafe {
         out[0] = core::ptr::read_volatile(p);
         out[1] = core::ptr::read_volatile(p.add(1));
@@ -139,14 +167,23 @@ unsafe fn read_words(p: *const u32, out: &mut [u32; 4]) {
 #[inline(always)]
 fn record(ctx: &SockAddrContext, family: u8, origin: u8) {
     let sa: *mut bpf_sock_addr = ctx.sock_addr;
+    // SAFETY: `sa` is this sock_addr program's context; the verifier checks
+    // every load from it against the fields and sizes it allows
+    // (sock_addr_is_valid_access) at load time. `protocol` is a 4-byte field
+    // every sock_addr hook may read.
     if unsafe { (*sa).protocol } != IPPROTO_UDP {
         return;
     }
+    // SAFETY: the context pointer is the argument this helper takes; the
+    // verifier checks it at load time.
     let netns = unsafe { bpf_get_netns_cookie(sa as *mut _) };
     if !netns_is_ours(netns) {
         count(STAT_OTHER_NETNS);
         return;
     }
+    // SAFETY: an 8-byte read of the context's `sk` field, the one access
+    // the verifier allows on it; it yields the socket pointer, checked for
+    // null below.
     let sk = unsafe { (*sa).__bindgen_anon_1.sk };
     if sk.is_null() {
         return;
@@ -155,6 +192,9 @@ fn record(ctx: &SockAddrContext, family: u8, origin: u8) {
     // The peer is the address the application named (user_ip*, user_port),
     // not the socket's current destination (unconnected sockets have none).
     let mut peer = [0u32; 4];
+    // SAFETY: 4-byte reads of the context fields user_ip4 and user_port, and
+    // `read_words` over user_ip6 (four u32, read one at a time as the
+    // verifier requires); all checked against the context at load time.
     unsafe {
         if family == AF_INET {
             peer[0] = (*sa).user_ip4;
@@ -187,10 +227,20 @@ fn record(ctx: &SockAddrContext, family: u8, origin: u8) {
         // An AF_INET socket with an IPv6 peer: the kernel refuses it anyway.
         _ => return,
     }
+    // SAFETY: a helper without arguments or preconditions.
     let now = unsafe { bpf_ktime_get_boot_ns() };
     if let Some(existing) = VNAT_CONNS.get_ptr_mut(&key) {
         // Refresh at most once a second: a busy sender must not write the
         // map on every datagram.
+        // SAFETY: `existing` is the non-null pointer the lookup returned, to
+        // a whole ConnRecord in the map. Elements go back to the allocator
+        // only after an RCU grace period and this program runs under RCU,
+        // so the memory stays valid for the run. Senders of the flow on
+        // other CPUs may store the same field at once: aligned 8-byte
+        // stores do not tear, and any of the timestamps will do. If the
+        // record was deleted meanwhile and its element reused for another
+        // flow, that flow's timestamp is refreshed instead, which only
+        // delays its garbage collection.
         unsafe {
             if now.wrapping_sub((*existing).last_seen_ns) > UDP_REFRESH_NS {
                 (*existing).last_seen_ns = now;
@@ -198,9 +248,12 @@ fn record(ctx: &SockAddrContext, family: u8, origin: u8) {
         }
         return;
     }
+    // SAFETY: the context pointer is the argument this helper requires
+    // (ARG_PTR_TO_CTX); the verifier checks it at load time.
     let cookie = unsafe { bpf_get_socket_cookie(sa as *mut _) };
     let rec = ConnRecord {
         cookie,
+        // SAFETY: no arguments; sock_addr hooks run in the calling process.
         cgroup_id: unsafe { bpf_get_current_cgroup_id() },
         netns_cookie: netns,
         first_seen_ns: now,

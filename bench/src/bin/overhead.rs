@@ -250,13 +250,20 @@ fn run_measured(mut cmd: std::process::Command, timeout: Duration) -> Result<(St
     let (tx, rx) = std::sync::mpsc::channel::<()>();
     let watchdog = std::thread::spawn(move || {
         if rx.recv_timeout(timeout).is_err() {
-            // SAFETY: sending a signal to our own child.
+            // SAFETY: kill(2) takes no pointers, so memory safety is not at
+            // stake. `killer_pid` is our child until the main thread's
+            // wait4 reaps it; if the timeout ends between that reap and the
+            // message on the channel, the pid is already free and, were it
+            // reused at once, another process would be killed. The window
+            // is that short and pids are handed out in sequence.
             unsafe { libc::kill(killer_pid, libc::SIGKILL) };
         }
     });
     let mut status = 0;
-    // SAFETY: wait4 on our own child, with valid out-pointers.
+    // SAFETY: rusage is plain integers, for which all-zero is valid.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: wait4 on our own child, with live out-pointers for the
+    // status and the rusage.
     let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
     let _ = tx.send(());
     let _ = watchdog.join();

@@ -102,6 +102,8 @@ fn main() {
         eprintln!("vnat-demo creates network namespaces and loads eBPF programs: run it as root (sudo -E cargo xtask demo).");
         std::process::exit(1);
     }
+    // SAFETY: the handler only stores to an atomic, which is
+    // async-signal-safe.
     unsafe {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);

@@ -62,6 +62,9 @@ fn die(msg: String) -> ! {
 }
 
 fn setsockopt<T>(fd: RawFd, opt: libc::c_int, v: &T, what: &str) {
+    // SAFETY: `v` is a live T and exactly size_of::<T>() bytes are passed,
+    // so the kernel reads only within it. A bad `fd` only makes the call
+    // fail.
     let rc = unsafe {
         libc::setsockopt(
             fd,
@@ -82,6 +85,10 @@ fn setsockopt<T>(fd: RawFd, opt: libc::c_int, v: &T, what: &str) {
 fn getsockopt<T: Default>(fd: RawFd, opt: libc::c_int, what: &str) -> T {
     let mut v = T::default();
     let mut len = size_of::<T>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` = size_of::<T>() bytes into
+    // `v`, a live T. Whatever it writes must be a valid T: every caller
+    // asks for an option whose C type is plain integers (u32, i32,
+    // RepairWindow), for which any bytes are valid.
     let rc =
         unsafe { libc::getsockopt(fd, libc::SOL_TCP, opt, (&mut v as *mut T).cast(), &mut len) };
     if rc != 0 {
@@ -98,6 +105,8 @@ fn getsockopt<T: Default>(fd: RawFd, opt: libc::c_int, what: &str) -> T {
 fn peek_queue(fd: RawFd, queue: libc::c_int) -> Vec<u8> {
     setsockopt(fd, TCP_REPAIR_QUEUE, &queue, "TCP_REPAIR_QUEUE");
     let mut buf = vec![0u8; 8 << 20];
+    // SAFETY: recv writes at most buf.len() bytes into `buf`; a bad `fd`
+    // only makes it fail.
     let n = unsafe {
         libc::recv(
             fd,
@@ -145,6 +154,9 @@ fn checkpoint(s: &TcpStream) -> Value {
         .peer_addr()
         .unwrap_or_else(|e| die(format!("peer_addr: {e}")));
     // Options must be read before repair mode (TCP_INFO is fine either way).
+    // SAFETY: tcp_info is plain integers, so all-zero is a valid value and
+    // so is whatever the kernel writes; it writes at most `len` bytes, the
+    // size of `i`, and `fd` is open for the call (borrowed from `s`).
     let info: libc::tcp_info = unsafe {
         let mut i: libc::tcp_info = std::mem::zeroed();
         let mut len = size_of::<libc::tcp_info>() as libc::socklen_t;
@@ -199,12 +211,17 @@ fn restore(st: &Value) -> TcpStream {
     } else {
         libc::AF_INET6
     };
+    // SAFETY: socket(2) takes no pointers. The descriptor it returns is
+    // ours alone: it is used by number below and handed to a TcpStream,
+    // which owns it, at the end (on every failure in between the process
+    // exits).
     let fd = unsafe { libc::socket(domain, libc::SOCK_STREAM, 0) };
     if fd < 0 {
         die(format!("socket: {}", std::io::Error::last_os_error()));
     }
     setsockopt(fd, TCP_REPAIR, &1i32, "TCP_REPAIR on");
     let one = 1i32;
+    // SAFETY: `one` is a live i32 and its size, 4, is passed.
     unsafe {
         libc::setsockopt(
             fd,
@@ -215,6 +232,8 @@ fn restore(st: &Value) -> TcpStream {
         )
     };
     let (sa, len) = sockaddr(local);
+    // SAFETY: `sa` is a live sockaddr_storage and `len`, the size of the
+    // sockaddr_in or sockaddr_in6 in it, is no more than its size.
     if unsafe { libc::bind(fd, (&sa as *const libc::sockaddr_storage).cast(), len) } != 0 {
         die(format!(
             "bind {local} (is the address local here?): {}",
@@ -234,6 +253,7 @@ fn restore(st: &Value) -> TcpStream {
     setsockopt(fd, TCP_QUEUE_SEQ, &rcv_start, "rcv seq");
     // In repair mode connect() only records the peer: no SYN is sent.
     let (pa, plen) = sockaddr(peer);
+    // SAFETY: as for bind: a live address of at least `plen` bytes.
     if unsafe { libc::connect(fd, (&pa as *const libc::sockaddr_storage).cast(), plen) } != 0 {
         die(format!(
             "repair connect {peer}: {}",
@@ -254,6 +274,9 @@ fn restore(st: &Value) -> TcpStream {
     if opts & TCPI_OPT_TIMESTAMPS != 0 {
         ropts.push([TCPOPT_TIMESTAMP, 0]);
     }
+    // SAFETY: `ropts` holds ropts.len() pairs of u32, laid out as the
+    // kernel's struct tcp_repair_opt array (8 bytes each), and exactly that
+    // many bytes are passed.
     let rc = unsafe {
         libc::setsockopt(
             fd,
@@ -285,6 +308,7 @@ fn restore(st: &Value) -> TcpStream {
             continue;
         }
         setsockopt(fd, TCP_REPAIR_QUEUE, &queue, "queue");
+        // SAFETY: `data` is live for the call and its length is passed.
         let n = unsafe { libc::send(fd, data.as_ptr().cast(), data.len(), 0) };
         if n != data.len() as isize {
             die(format!(
@@ -318,10 +342,13 @@ fn restore(st: &Value) -> TcpStream {
     // Leaving repair mode makes the socket live (the kernel sends a window
     // probe so the peer learns it is there).
     setsockopt(fd, TCP_REPAIR, &0i32, "TCP_REPAIR off");
+    // SAFETY: `fd` is the open socket created above; nothing has closed it
+    // or taken ownership of it, so the TcpStream becomes its only owner.
     unsafe { TcpStream::from_raw_fd(fd) }
 }
 
 fn sockaddr(a: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain integers, for which all-zero is valid.
     let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     match a {
         SocketAddr::V4(v4) => {
@@ -333,6 +360,8 @@ fn sockaddr(a: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
                 },
                 sin_zero: [0; 8],
             };
+            // SAFETY: sockaddr_storage is larger than sockaddr_in and at
+            // least as aligned, so the write stays inside `ss`.
             unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
             (ss, size_of::<libc::sockaddr_in>() as u32)
         }
@@ -346,6 +375,7 @@ fn sockaddr(a: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
                 },
                 sin6_scope_id: 0,
             };
+            // SAFETY: as above, for sockaddr_in6.
             unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin6) };
             (ss, size_of::<libc::sockaddr_in6>() as u32)
         }
@@ -388,6 +418,8 @@ fn main() {
             .cloned()
             .unwrap_or_else(|| die(format!("missing {name}")))
     };
+    // SAFETY: the handler only stores to an atomic, which is
+    // async-signal-safe, and is installed before any other thread exists.
     unsafe { libc::signal(libc::SIGUSR1, on_usr1 as *const () as libc::sighandler_t) };
     match args.first().map(String::as_str) {
         Some("serve") => {

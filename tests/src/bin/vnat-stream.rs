@@ -279,7 +279,8 @@ fn connect_socket(opts: &Opts, ty: SockType) -> io::Result<std::os::fd::OwnedFd>
 
 fn run_tcp(opts: &Opts) -> i32 {
     let stream = match connect_socket(opts, SockType::Stream) {
-        // SAFETY: a connected TCP socket we own.
+        // SAFETY: `into_raw_fd` gives up the OwnedFd's ownership of the
+        // connected socket, so the TcpStream becomes its only owner.
         Ok(fd) => unsafe { TcpStream::from_raw_fd(fd.into_raw_fd()) },
         Err(e) => return fatal(opts, &format!("connecting to {}: {e}", opts.connect)),
     };
@@ -441,7 +442,8 @@ fn run_tcp(opts: &Opts) -> i32 {
 
 fn run_udp(opts: &Opts) -> i32 {
     let socket = match connect_socket(opts, SockType::Datagram) {
-        // SAFETY: a connected UDP socket we own.
+        // SAFETY: `into_raw_fd` gives up the OwnedFd's ownership of the
+        // connected socket, so the UdpSocket becomes its only owner.
         Ok(fd) => unsafe { UdpSocket::from_raw_fd(fd.into_raw_fd()) },
         Err(e) => return fatal(opts, &format!("connecting to {}: {e}", opts.connect)),
     };

@@ -30,9 +30,13 @@ use crate::{
     datapath::{ConnectionInfo, Datapath, DatapathError, VirtualFlow},
 };
 
-/// The datapath as the daemon shares it between the control API and (later)
-/// the VCMP driver. A std mutex is enough: every datapath call is short and
-/// synchronous, and the server makes them from blocking threads.
+/// The datapath as the daemon shares it between the control API, the VCMP
+/// driver (`daemon::driver`) and the periodic housekeeping. A std mutex is
+/// enough: every datapath call is synchronous and made from a blocking
+/// thread, never an async task. The server holds the lock for one request's
+/// calls; the driver holds it for one batch (`with_dp`: `begin_batch`, the
+/// calls of one loop turn, `end_batch`), so nothing else touches the
+/// datapath in the middle of a batch.
 pub type SharedDatapath = Arc<Mutex<Box<dyn Datapath + Send>>>;
 
 /// Wrap a datapath for sharing.

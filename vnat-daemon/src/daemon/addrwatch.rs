@@ -29,6 +29,8 @@ pub struct AddrWatch {
 impl AddrWatch {
     /// Subscribe in the calling thread's network namespace.
     pub fn new() -> io::Result<AddrWatch> {
+        // SAFETY: socket(2) takes no pointers; it returns a new descriptor,
+        // owned at once below, or -1.
         let raw = unsafe {
             libc::socket(
                 libc::AF_NETLINK,
@@ -39,7 +41,11 @@ impl AddrWatch {
         if raw < 0 {
             return Err(io::Error::last_os_error());
         }
+        // SAFETY: `raw` is the descriptor socket(2) just returned; nothing
+        // else owns it, so the OwnedFd is its only owner and closes it.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: sockaddr_nl is plain integers, for which all-zero is valid
+        // (pid 0 is the kernel).
         let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
         sa.nl_family = libc::AF_NETLINK as u16;
         sa.nl_groups = RTMGRP_LINK
@@ -47,6 +53,8 @@ impl AddrWatch {
             | RTMGRP_IPV6_IFADDR
             | RTMGRP_IPV4_ROUTE
             | RTMGRP_IPV6_ROUTE;
+        // SAFETY: `fd` is open (owned above), and `sa` is a live sockaddr_nl
+        // whose exact size is passed, so the kernel reads only within it.
         let rc = unsafe {
             libc::bind(
                 fd.as_raw_fd(),
@@ -72,6 +80,9 @@ impl AddrWatch {
             let mut buf = [0u8; 16384];
             let mut got = false;
             loop {
+                // SAFETY: the descriptor is owned by the AsyncFd and open
+                // while `self` lives; recv writes at most buf.len() bytes
+                // into `buf`, a live stack array.
                 let n = unsafe {
                     libc::recv(
                         self.fd.get_ref().as_raw_fd(),

@@ -185,7 +185,9 @@ fn wait_readable(sock: &TcpStream, wait: Duration) -> io::Result<bool> {
         tv_sec: wait.as_secs() as libc::time_t,
         tv_nsec: wait.subsec_nanos() as libc::c_long,
     };
-    // SAFETY: one pollfd, a valid timespec, no signal mask.
+    // SAFETY: `pfd` is one live pollfd (count 1) for the socket `sock`
+    // keeps open, `ts` a live timespec, and a null signal mask means "leave
+    // the mask alone".
     let rc = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
     if rc < 0 {
         let e = io::Error::last_os_error();

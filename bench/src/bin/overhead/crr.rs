@@ -73,8 +73,9 @@ fn transaction(connect: SocketAddr, request: &[u8], response: &mut [u8]) -> std:
 
 /// User and system CPU seconds of this process so far.
 fn own_cpu() -> (f64, f64) {
-    // SAFETY: getrusage fills the struct it is given.
+    // SAFETY: rusage is plain integers, for which all-zero is valid.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes only the live rusage it is given.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
     let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     (secs(ru.ru_utime), secs(ru.ru_stime))

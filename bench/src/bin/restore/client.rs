@@ -95,8 +95,10 @@ pub fn run(connect: &[SocketAddr], conns: usize, interval: Duration) -> i32 {
 fn client(to: &[SocketAddr], n: usize, interval: Duration) -> io::Result<()> {
     raise_nofile_limit()?;
     let epoll = Epoll::new()?;
-    // SAFETY: fcntl on stdin only sets O_NONBLOCK; lines are read whole by
-    // the BufReader below, whatever arrives.
+    // SAFETY: fcntl with F_GETFL and F_SETFL takes no pointers; on a closed
+    // fd 0 both calls just fail. Nothing in std assumes that stdin blocks:
+    // a read that would block returns WouldBlock, and a line cut by one
+    // stays in `line` until its end arrives (see the loop below).
     unsafe {
         let fl = nix::libc::fcntl(0, nix::libc::F_GETFL);
         nix::libc::fcntl(0, nix::libc::F_SETFL, fl | nix::libc::O_NONBLOCK);

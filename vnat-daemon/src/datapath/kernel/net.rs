@@ -35,6 +35,8 @@ pub fn ifindex(name: &str) -> Result<u32, DatapathError> {
 
 pub fn ifname(index: u32) -> Result<String, DatapathError> {
     let mut buf = [0u8; libc::IF_NAMESIZE];
+    // SAFETY: if_indextoname writes at most IF_NAMESIZE bytes (the name and
+    // its NUL) into `buf`, which is exactly that long.
     let p = unsafe { libc::if_indextoname(index, buf.as_mut_ptr().cast()) };
     if p.is_null() {
         return Err(DatapathError::Kernel {

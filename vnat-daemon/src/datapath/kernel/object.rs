@@ -91,6 +91,9 @@ pub fn own_netns_cookie() -> Result<u64, DatapathError> {
     let mut cookie: u64 = 0;
     let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
     // SO_NETNS_COOKIE (71) since Linux 5.14.
+    // SAFETY: `sock` is open for the call; `cookie` is a live u64 and `len`
+    // says so, and the kernel writes at most `len` bytes (exactly 8 for this
+    // option).
     let rc = unsafe {
         libc::getsockopt(
             sock.as_raw_fd(),

@@ -285,9 +285,12 @@ fn exchange(fd: &OwnedFd, buf: &mut [u8], req: Request) -> io::Result<Result<Ans
     let seq = SEQ.fetch_add(1, Ordering::Relaxed);
     let dump = u16::from_ne_bytes([req.buf[6], req.buf[7]]) & NLM_F_DUMP == NLM_F_DUMP;
     let msg = req.finish(seq);
+    // SAFETY: sockaddr_nl is plain integers, for which all-zero is valid
+    // (pid 0 is the kernel).
     let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
     sa.nl_family = libc::AF_NETLINK as u16;
-    // SAFETY: `msg` and `sa` are live for the call and their sizes are passed.
+    // SAFETY: `fd` is borrowed, so open for the call; `msg` and `sa` are live
+    // for the call and their sizes are passed.
     let n = unsafe {
         libc::sendto(
             fd.as_raw_fd(),
@@ -303,7 +306,8 @@ fn exchange(fd: &OwnedFd, buf: &mut [u8], req: Request) -> io::Result<Result<Ans
     }
     let mut out = Vec::new();
     loop {
-        // SAFETY: `buf` is writable for its whole length.
+        // SAFETY: `fd` is borrowed, so open; recv writes at most buf.len()
+        // bytes into `buf`, which is writable for its whole length.
         let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
         if n < 0 {
             let e = io::Error::last_os_error();

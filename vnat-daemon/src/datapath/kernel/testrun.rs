@@ -56,6 +56,14 @@ pub fn run_repeated(prog_fd: RawFd, packet: &[u8], repeat: u32) -> std::io::Resu
         repeat: repeat.max(1),
         ..Default::default()
     };
+    // SAFETY: `attr` is a live, zero-padded copy of the kernel's test-run
+    // attributes (the bpf syscall refuses unknown non-zero bytes). Its
+    // pointers are to `packet`, which the kernel only reads, data_size_in
+    // bytes of it, and to `out`, into which it writes at most
+    // data_size_out bytes (since Linux 5.0 it fails with ENOSPC rather than
+    // write more; vnat needs 6.6); both outlive the call. ctx_in and ctx_out
+    // are null, so nothing else is read or written but `attr` itself. A
+    // `prog_fd` that is not a program makes the call fail, nothing worse.
     let rc = unsafe {
         libc::syscall(
             libc::SYS_bpf,

@@ -33,21 +33,32 @@ fn socket_of(pid: u32, inode: u64) -> io::Result<Option<OwnedFd>> {
         return Ok(None);
     };
     let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
-    // SAFETY: plain syscalls; each descriptor returned is new and ours.
+    // SAFETY: pidfd_open takes no pointers; it returns a new descriptor,
+    // owned at once below, or -1.
     let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
     if pidfd < 0 {
         return Err(io::Error::last_os_error());
     }
+    // SAFETY: `pidfd` is the fresh descriptor pidfd_open just returned;
+    // nothing else owns it.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as libc::c_int) };
+    // SAFETY: pidfd_getfd takes no pointers: `pidfd` is open (owned above),
+    // and `fd` is a number in the *other* process's table, which the kernel
+    // looks up there and refuses if it is not open. The result is a new
+    // descriptor in ours (close-on-exec), owned at once below, or -1.
     let dup = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
     if dup < 0 {
         return Err(io::Error::last_os_error());
     }
+    // SAFETY: `dup` is the fresh descriptor pidfd_getfd just returned;
+    // nothing else owns it.
     let dup = unsafe { OwnedFd::from_raw_fd(dup as libc::c_int) };
     // The descriptor number may have been reused since /proc was read:
     // only the same inode is the flow's socket.
-    // SAFETY: all-zero is a valid stat buffer, filled by fstat.
+    // SAFETY: struct stat is plain integers, for which all-zero is valid.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `dup` is open (owned above); fstat writes only the live
+    // `st` it is given.
     cvt(unsafe { libc::fstat(dup.as_raw_fd(), &mut st) })?;
     Ok((st.st_ino == inode).then_some(dup))
 }
@@ -63,7 +74,8 @@ pub(super) fn push_queued(pid: u32, inode: u64) -> io::Result<bool> {
     };
     let mut corked: libc::c_int = 0;
     let mut len = size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `corked` and `len` are live and sized for TCP_CORK's int.
+    // SAFETY: `sock` is open (owned here); `corked` and `len` are live and
+    // sized for TCP_CORK's int, and the kernel writes at most `len` bytes.
     cvt(unsafe {
         libc::getsockopt(
             sock.as_raw_fd(),

@@ -23,7 +23,10 @@ pub(super) fn setsockopt<T>(
     name: libc::c_int,
     value: &T,
 ) -> io::Result<()> {
-    // SAFETY: `value` points to a live T of the size passed.
+    // SAFETY: `fd` is borrowed, so open for the call; `value` points to a
+    // live T and exactly size_of::<T>() bytes are passed, so the kernel
+    // reads only within it. (It reads the bytes, padding included, and
+    // interprets them as the option's C type; callers pass that type.)
     cvt(unsafe {
         libc::setsockopt(
             fd.as_raw_fd(),
@@ -84,6 +87,8 @@ impl RawSocket {
             (IpAddr::V4(_), RawKind::Tcp) => (libc::AF_INET, libc::IPPROTO_TCP),
             (IpAddr::V6(_), RawKind::Tcp) => (libc::AF_INET6, libc::IPPROTO_TCP),
         };
+        // SAFETY: socket(2) takes no pointers; it returns a new descriptor,
+        // owned at once below, or -1 (which `cvt` turns into an error).
         let raw = cvt(unsafe { libc::socket(family, libc::SOCK_RAW | libc::SOCK_CLOEXEC, proto) })
             .map_err(kernel_err("opening a raw socket (needs CAP_NET_RAW)"))?;
         // SAFETY: `raw` is a fresh descriptor that nothing else owns.
@@ -111,6 +116,9 @@ impl RawSocket {
         // (it can never leave the host), and a probe leaves with the
         // socket's own source address, which tc then translates.
         let (sa, len) = sockaddr(local);
+        // SAFETY: `fd` is owned here, so open; `sa` is a live
+        // sockaddr_storage and `len` (the size of the sockaddr_in or
+        // sockaddr_in6 inside it) is no more than its size.
         cvt(unsafe { libc::bind(fd.as_raw_fd(), (&sa as *const libc::sockaddr_storage).cast(), len) }).map_err(
             kernel_err(format!(
                 "binding a raw socket to {local} (the flow's local virtual address must be on this host: install the translation first)"
@@ -123,6 +131,9 @@ impl RawSocket {
         // For IPPROTO_TCP the kernel adds only the IP header (no IP_HDRINCL),
         // with the bound source; the TCP checksum is ours.
         let (sa, len) = sockaddr(to);
+        // SAFETY: `self.fd` is open while `self` lives; `message` and `sa`
+        // are live for the call, with their lengths (`len` no more than the
+        // size of `sa`).
         let n = unsafe {
             libc::sendto(
                 self.fd.as_raw_fd(),
@@ -179,6 +190,8 @@ fn open_injector(v4: bool) -> Result<OwnedFd, DatapathError> {
     } else {
         (libc::AF_INET6, libc::IPPROTO_IPV6, IPV6_HDRINCL)
     };
+    // SAFETY: socket(2) takes no pointers; it returns a new descriptor,
+    // owned at once below, or -1 (which `cvt` turns into an error).
     let raw = cvt(unsafe {
         libc::socket(
             family,
@@ -222,6 +235,8 @@ fn send_injected(fd: &OwnedFd, flow: &VirtualFlow, tcp: &[u8]) -> Result<(), Dat
         }
     };
     let (sa, len) = sockaddr(flow.local.ip());
+    // SAFETY: `fd` is borrowed, so open for the call; `packet` and `sa` are
+    // live, with their lengths (`len` no more than the size of `sa`).
     let n = unsafe {
         libc::sendto(
             fd.as_raw_fd(),

@@ -98,6 +98,8 @@ pub(super) const TCPI_RCV_WND: usize = 232;
 
 impl SockDiag {
     pub(super) fn open() -> Result<SockDiag, DatapathError> {
+        // SAFETY: socket(2) takes no pointers; it returns a new descriptor,
+        // owned at once below, or -1 (which `cvt` turns into an error).
         let raw = cvt(unsafe {
             libc::socket(
                 libc::AF_NETLINK,
@@ -106,7 +108,8 @@ impl SockDiag {
             )
         })
         .map_err(kernel_err("opening a sock_diag netlink socket"))?;
-        // SAFETY: a fresh descriptor that nothing else owns.
+        // SAFETY: `raw` is the fresh descriptor socket(2) just returned;
+        // nothing else owns it.
         Ok(SockDiag {
             fd: unsafe { OwnedFd::from_raw_fd(raw) },
         })
@@ -196,6 +199,8 @@ impl SockDiag {
         // SAFETY: all-zero is a valid sockaddr_nl (the kernel, pid 0).
         let mut to: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
         to.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+        // SAFETY: `fd` is owned by `self`, so open for the call; `req` and
+        // `to` are live and their exact lengths are passed.
         let sent = unsafe {
             libc::sendto(
                 fd,
@@ -210,6 +215,8 @@ impl SockDiag {
             return Err(kernel_err("querying sock_diag")(io::Error::last_os_error()));
         }
         let mut buf = vec![0u8; 8192];
+        // SAFETY: `fd` is owned by `self`, so open; recv writes at most
+        // buf.len() bytes into `buf`.
         let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
         if n < 0 {
             return Err(kernel_err("reading the sock_diag answer")(
