@@ -606,7 +606,7 @@ impl Driver {
                 let _ = reply.send(self.peer_infos());
             }
             Command::ForgetPeer { key, reply } => {
-                let held = self.endpoint.forget_peer(now(), &mut OsRng, &key);
+                let held = self.endpoint.forget_peer(now(), &key);
                 let stored = match self.peers.forget(&key) {
                     Ok(b) => b,
                     Err(e) => {

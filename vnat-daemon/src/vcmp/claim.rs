@@ -16,13 +16,15 @@ use std::net::{IpAddr, SocketAddr};
 use super::crypto::{self, claim_commitment, SecretKey};
 use super::endpoint::{Ctx, Endpoint, Event};
 use super::wire::{Message, MAX_CLAIMS, PAIR_TAG_LEN, TAG_LEN};
+use super::Timestamp;
 use crate::datapath::VirtualFlow;
 
-/// Commitments of this host's connections under one pairing, built once
-/// per set of connections (claims come in bursts: one per 64 connections).
+/// Commitments of this host's connections under one pairing: built at the
+/// first claim from that host, then kept up to date as connections come
+/// and go, so that a claim costs a lookup per commitment, not an HMAC per
+/// connection.
 #[derive(Default)]
 pub(crate) struct ClaimIndex {
-    generation: u64,
     by_commitment: HashMap<[u8; TAG_LEN], VirtualFlow>,
 }
 
@@ -63,7 +65,7 @@ impl Endpoint {
 
     /// Claim `flows` (connections without a peer, all with a remote end at
     /// `ip`) to every host paired from `ip`, and arm their retry timers.
-    pub(crate) fn claim_at(&mut self, ctx: &mut Ctx, ip: IpAddr, flows: &[VirtualFlow]) {
+    pub(crate) fn claim_at(&mut self, now: Timestamp, ip: IpAddr, flows: &[VirtualFlow]) {
         if flows.is_empty() {
             return;
         }
@@ -72,18 +74,41 @@ impl Endpoint {
                 self.send_claims(peer, dst, flows, false);
             }
         }
+        let (initial, max) = (self.cfg.initial_rto, self.cfg.max_rto);
         for f in flows {
-            let Some(tries) = self
-                .conns
-                .get(f)
-                .filter(|c| c.peer_key.is_none())
-                .map(|c| c.bind_retry.map_or(0, |r| r.0) + 1)
-            else {
+            let Some(c) = self.conns.get_mut(f).filter(|c| c.peer_key.is_none()) else {
                 continue;
             };
-            let deadline = ctx.now.plus(self.rto(ctx, tries - 1));
-            if let Some(c) = self.conns.get_mut(f) {
-                c.bind_retry = Some((tries, deadline));
+            let tries = c.bind_retry.map_or(0, |r| r.0) + 1;
+            let wait = initial.saturating_mul(1u32 << (tries - 1).min(16)).min(max);
+            c.bind_retry = Some((tries, now.plus(wait)));
+        }
+    }
+
+    /// Send the claims of the connections added since the last call, to
+    /// each address in datagrams of up to [`MAX_CLAIMS`] (a resync that
+    /// adds thousands of connections sends a few datagrams, not one each).
+    pub(crate) fn flush_due_claims(&mut self, now: Timestamp) {
+        for (ip, flows) in std::mem::take(&mut self.claims_due) {
+            self.claim_at(now, ip, &flows);
+        }
+    }
+
+    /// Keep every built index in step with a connection added (`true`) or
+    /// removed.
+    pub(crate) fn index_connection(&mut self, flow: &VirtualFlow, added: bool) {
+        let Some(binding) = self.conns.get(flow).map(|c| c.binding) else {
+            return;
+        };
+        for (peer, index) in self.claim_index.iter_mut() {
+            let Some(secret) = self.sessions.get(peer) else {
+                continue;
+            };
+            let commitment = claim_commitment(&secret.claim_key(), &binding);
+            if added {
+                index.by_commitment.insert(commitment, *flow);
+            } else {
+                index.by_commitment.remove(&commitment);
             }
         }
     }
@@ -178,12 +203,7 @@ impl Endpoint {
     }
 
     fn refresh_claim_index(&mut self, peer: &[u8; 32], key: &SecretKey) {
-        let generation = self.conns_generation;
-        let fresh = self
-            .claim_index
-            .get(peer)
-            .is_some_and(|i| i.generation == generation);
-        if fresh {
+        if self.claim_index.contains_key(peer) {
             return;
         }
         let by_commitment = self
@@ -191,13 +211,7 @@ impl Endpoint {
             .values()
             .map(|c| (claim_commitment(key, &c.binding), c.flow))
             .collect();
-        self.claim_index.insert(
-            *peer,
-            ClaimIndex {
-                generation,
-                by_commitment,
-            },
-        );
+        self.claim_index.insert(*peer, ClaimIndex { by_commitment });
     }
 
     /// Resend the claims of connections still without a peer; after
@@ -222,7 +236,7 @@ impl Endpoint {
             due.entry(c.remote_phys.ip()).or_default().push(c.flow);
         }
         for (ip, flows) in due {
-            self.claim_at(ctx, ip, &flows);
+            self.claim_at(ctx.now, ip, &flows);
         }
     }
 
@@ -230,12 +244,7 @@ impl Endpoint {
     /// its connections, which are then claimed to whoever is paired at
     /// their address now (a reinstalled peer's new key). Returns how many
     /// connections it held, or `None` if the key is unknown here.
-    pub fn forget_peer<R: rand_core::RngCore + rand_core::CryptoRng>(
-        &mut self,
-        now: super::Timestamp,
-        rng: &mut R,
-        peer: &[u8; 32],
-    ) -> Option<usize> {
+    pub fn forget_peer(&mut self, now: Timestamp, peer: &[u8; 32]) -> Option<usize> {
         let known = self.sessions.remove(peer).is_some();
         self.peer_addrs.remove(peer);
         self.claim_index.remove(peer);
@@ -256,9 +265,8 @@ impl Endpoint {
         }
         self.stats.count("peers_forgotten");
         let n = freed.values().map(Vec::len).sum();
-        let mut ctx = Ctx::new(now, rng);
         for (ip, flows) in freed {
-            self.claim_at(&mut ctx, ip, &flows);
+            self.claim_at(now, ip, &flows);
         }
         self.tx.flush(&mut self.stats);
         Some(n)

@@ -94,9 +94,9 @@ pub struct Endpoint {
     pub(crate) fins: HashMap<SocketAddr, (u32, Vec<u8>)>,
     /// Commitments of our connections per paired host (`vcmp::claim`).
     pub(crate) claim_index: HashMap<[u8; 32], super::claim::ClaimIndex>,
-    /// Bumped when a connection is added or removed (invalidates
-    /// `claim_index`).
-    pub(crate) conns_generation: u64,
+    /// Connections added since the last `poll_transmit`, by remote address,
+    /// whose claims go out then, batched.
+    pub(crate) claims_due: HashMap<IpAddr, Vec<VirtualFlow>>,
     pub(crate) validations: HashMap<ValidationKey, Validation>,
     /// Moved connections waiting for the peer's SWITCHED.
     pub(crate) awaiting: super::switched::Awaiting,
@@ -218,7 +218,7 @@ impl Endpoint {
             handshakes: HashMap::new(),
             fins: HashMap::new(),
             claim_index: HashMap::new(),
-            conns_generation: 0,
+            claims_due: HashMap::new(),
             validations: HashMap::new(),
             awaiting: HashMap::new(),
             requests: HashMap::new(),
@@ -310,14 +310,14 @@ impl Endpoint {
         self.admit(&flow)?;
         self.conns
             .insert(flow, Conn::new(flow, local_phys, remote_phys, binding));
-        self.conns_generation += 1;
+        self.index_connection(&flow, true);
         self.tx.trusted.insert(remote_phys.ip());
         let mut ctx = Ctx::new(now, rng);
         let ip = remote_phys.ip();
         if self.sessions_at(ip).is_empty() {
             self.start_pairing(&mut ctx, ip);
         } else {
-            self.claim_at(&mut ctx, ip, &[flow]);
+            self.claims_due.entry(ip).or_default().push(flow);
         }
         self.tx.flush(&mut self.stats);
         Ok(())
@@ -345,9 +345,9 @@ impl Endpoint {
 
     /// Forget a closed connection (its keys are wiped on drop).
     pub fn connection_removed(&mut self, flow: &VirtualFlow) -> bool {
+        self.index_connection(flow, false);
         match self.conns.remove(flow) {
             Some(c) => {
-                self.conns_generation += 1;
                 self.release(&c);
                 true
             }
@@ -461,7 +461,10 @@ impl Endpoint {
     }
 
     /// The next datagram to send, if any.
-    pub fn poll_transmit(&mut self, _now: Timestamp) -> Option<Transmit> {
+    pub fn poll_transmit(&mut self, now: Timestamp) -> Option<Transmit> {
+        if !self.claims_due.is_empty() {
+            self.flush_due_claims(now);
+        }
         self.tx.flush(&mut self.stats);
         self.tx.pop(&mut self.stats)
     }

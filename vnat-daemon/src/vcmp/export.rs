@@ -105,6 +105,7 @@ impl Endpoint {
             role: c.role,
             tcp_isns: c.binding.tcp_isns(),
         };
+        self.index_connection(flow, false);
         if let Some(c) = self.conns.remove(flow) {
             self.release(&c);
         }
@@ -141,7 +142,7 @@ impl Endpoint {
         c.role = e.role;
         self.tx.trusted.insert(e.remote_phys.ip());
         self.conns.insert(e.flow, c);
-        self.conns_generation += 1;
+        self.index_connection(&e.flow, true);
         Ok(())
     }
 }

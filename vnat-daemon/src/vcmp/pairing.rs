@@ -321,7 +321,7 @@ impl Endpoint {
             self.send_claims(peer, from, &held, false);
         }
         let unbound = self.unbound_at(ip);
-        self.claim_at(ctx, ip, &unbound);
+        self.claim_at(ctx.now, ip, &unbound);
     }
 
     pub(crate) fn pairing_timeouts(&mut self, ctx: &mut Ctx) {

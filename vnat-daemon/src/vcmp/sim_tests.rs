@@ -908,3 +908,40 @@ fn a_udp_flow_switches_without_waiting_for_the_peer() {
     assert_eq!(sim.hosts[a].ep.stats().get("switch_confirmed"), 0);
     assert_eq!(sim.hosts[a].ep.stats().get("switch_unconfirmed"), 0);
 }
+
+/// Connections added in one go to an already paired host are claimed in
+/// datagrams of up to 64 commitments, not one each way per connection, and
+/// every one is bound on both ends.
+#[test]
+fn many_new_connections_are_claimed_in_batches() {
+    let (mut sim, _) = setup(21, Link::default(), Config::default(), 1);
+    let before =
+        sim.hosts[0].ep.stats().get("claims_sent") + sim.hosts[1].ep.stats().get("claims_sent");
+    let flows: Vec<VirtualFlow> = (0..500)
+        .map(|i| tcp(&format!("{A_IP}:{}", 20000 + i), &format!("{B_IP}:443")))
+        .collect();
+    let bindings: Vec<_> = flows.iter().map(|f| sim.bindings(f)).collect();
+    sim.with(0, |ep, now, rng| {
+        for (f, (ba, _)) in flows.iter().zip(&bindings) {
+            ep.connection_added(now, rng, *f, f.local, f.remote, *ba)
+                .expect("add on a");
+        }
+    });
+    sim.with(1, |ep, now, rng| {
+        for (f, (_, bb)) in flows.iter().zip(&bindings) {
+            let g = reverse(f);
+            ep.connection_added(now, rng, g, g.local, g.remote, *bb)
+                .expect("add on b");
+        }
+    });
+    sim.run_for(Duration::from_secs(10));
+    for f in &flows {
+        assert!(sim.hosts[0].ep.connection(f).expect("a").has_keys);
+        assert!(sim.hosts[1].ep.connection(&reverse(f)).expect("b").has_keys);
+    }
+    let sent = sim.hosts[0].ep.stats().get("claims_sent")
+        + sim.hosts[1].ep.stats().get("claims_sent")
+        - before;
+    // 500 / 64 = 8 datagrams each way, plus the answers.
+    assert!(sent <= 40, "{sent} CLAIM datagrams for 500 connections");
+}
