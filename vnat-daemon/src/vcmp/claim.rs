@@ -15,7 +15,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use super::crypto::{self, claim_commitment, SecretKey};
 use super::endpoint::{Ctx, Endpoint, Event};
-use super::wire::{Message, MAX_CLAIMS, PAIR_TAG_LEN, TAG_LEN};
+use super::wire::{ClaimEntry, Message, MAX_CLAIMS, PAIR_TAG_LEN, TAG_LEN};
 use super::Timestamp;
 use crate::datapath::VirtualFlow;
 
@@ -42,16 +42,21 @@ impl Endpoint {
             return;
         };
         let key = secret.claim_key();
-        let commitments: Vec<[u8; TAG_LEN]> = flows
+        let entries: Vec<ClaimEntry> = flows
             .iter()
             .filter_map(|f| self.conns.get(f))
-            .map(|c| claim_commitment(&key, &c.binding))
+            .map(|c| ClaimEntry {
+                commitment: claim_commitment(&key, &c.binding),
+                proto: c.flow.proto,
+                sender_local: c.flow.local,
+                sender_remote: c.flow.remote,
+            })
             .collect();
-        for chunk in commitments.chunks(MAX_CLAIMS) {
+        for chunk in entries.chunks(MAX_CLAIMS) {
             let msg = Message::Claim {
                 answer,
                 static_pub: self.identity.public(),
-                commitments: chunk.to_vec(),
+                entries: chunk.to_vec(),
                 tag: [0; PAIR_TAG_LEN],
             };
             let Ok(mut b) = msg.encode() else { continue };
@@ -137,7 +142,7 @@ impl Endpoint {
         from: SocketAddr,
         answer: bool,
         peer: [u8; 32],
-        commitments: &[[u8; TAG_LEN]],
+        entries: &[ClaimEntry],
         bytes: &[u8],
     ) {
         let Some(secret) = self.sessions.get(&peer) else {
@@ -154,18 +159,31 @@ impl Endpoint {
         }
         self.refresh_claim_index(&peer, &key);
         let index = self.claim_index.get(&peer);
-        let matched: Vec<VirtualFlow> = commitments
+        let matched: Vec<(VirtualFlow, ClaimEntry)> = entries
             .iter()
-            .filter_map(|c| index.and_then(|i| i.by_commitment.get(c)).copied())
+            .filter_map(|e| {
+                index
+                    .and_then(|i| i.by_commitment.get(&e.commitment))
+                    .map(|f| (*f, *e))
+            })
             .collect();
         let mut mine = Vec::with_capacity(matched.len());
         let mut conflict: Option<([u8; 32], usize)> = None;
-        for flow in matched {
+        for (flow, entry) in matched {
             let Some(c) = self.conns.get_mut(&flow) else {
                 continue;
             };
+            // A claim must name the same protocol; the names may differ
+            // (a NAT between the ends), the protocol may not.
+            if entry.proto != flow.proto {
+                self.stats.reject("claim_wrong_protocol");
+                continue;
+            }
             match c.peer_key {
-                Some(k) if k == peer => mine.push(flow),
+                Some(k) if k == peer => {
+                    self.learn_peer_view(&flow, &entry);
+                    mine.push(flow);
+                }
                 Some(holder) => {
                     // Held by another host: never taken away.
                     self.stats.reject("claim_conflict");
@@ -181,6 +199,7 @@ impl Endpoint {
                     c.peer_key = Some(peer);
                     c.bind_retry = None;
                     self.stats.count("claims_bound");
+                    self.learn_peer_view(&flow, &entry);
                     self.ensure_keys(&flow);
                     mine.push(flow);
                 }
@@ -199,6 +218,47 @@ impl Endpoint {
             // believe a (possibly replayed) claim's address for anything
             // else.
             self.send_claims(peer, from, &mine, true);
+        }
+    }
+
+    /// Remember how the peer names `flow` (from its claim): records named
+    /// its way find the connection, and its name for our end is where a
+    /// NAT put us.
+    fn learn_peer_view(&mut self, flow: &VirtualFlow, entry: &ClaimEntry) {
+        let named = VirtualFlow {
+            proto: entry.proto,
+            local: entry.sender_remote,
+            remote: entry.sender_local,
+        };
+        let Some(c) = self.conns.get_mut(flow) else {
+            return;
+        };
+        if let Some(old) = c.peer_named.replace(named) {
+            if old != named {
+                self.aliases.remove(&old);
+            }
+        }
+        // The peer's names must not shadow a connection of ours that has
+        // those names itself.
+        if named != *flow && !self.conns.contains_key(&named) {
+            self.aliases.insert(named, *flow);
+        }
+    }
+
+    /// Our connection named `named`, directly or as its peer names it.
+    pub(crate) fn resolve(&self, named: &VirtualFlow) -> Option<VirtualFlow> {
+        if self.conns.contains_key(named) {
+            return Some(*named);
+        }
+        self.aliases.get(named).copied()
+    }
+
+    /// Forget the peer's names of `flow` (it is going away).
+    pub(crate) fn drop_alias(&mut self, flow: &VirtualFlow) {
+        if let Some(named) = self.conns.get(flow).and_then(|c| c.peer_named) {
+            if self.aliases.get(&named) == Some(flow) {
+                self.aliases.remove(&named);
+            }
         }
     }
 
@@ -252,6 +312,9 @@ impl Endpoint {
         let mut freed: HashMap<IpAddr, Vec<VirtualFlow>> = HashMap::new();
         for c in self.conns.values_mut() {
             if c.peer_key.as_ref() == Some(peer) {
+                if let Some(named) = c.peer_named.take() {
+                    self.aliases.remove(&named);
+                }
                 c.peer_key = None;
                 c.keys = None;
                 c.prev_keys = None;

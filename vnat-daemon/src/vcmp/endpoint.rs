@@ -36,6 +36,10 @@ pub(crate) struct Conn {
     pub binding: Binding,
     /// Our CLAIM for it while it has no peer: (claims sent, next resend).
     pub bind_retry: Option<(u32, Timestamp)>,
+    /// How the peer names it, from our side (`local` is the peer's name for
+    /// our end), learned from its CLAIM. Differs from `flow` when a NAT is
+    /// between the ends.
+    pub peer_named: Option<VirtualFlow>,
     pub local_phys: SocketAddr,
     /// Current remote physical endpoint: the last validated one.
     pub remote_phys: SocketAddr,
@@ -97,6 +101,9 @@ pub struct Endpoint {
     /// Connections added since the last `poll_transmit`, by remote address,
     /// whose claims go out then, batched.
     pub(crate) claims_due: HashMap<IpAddr, Vec<VirtualFlow>>,
+    /// Connections by the names their peers give them, where those differ
+    /// from ours (a NAT between the ends; see `vcmp::claim`).
+    pub(crate) aliases: HashMap<VirtualFlow, VirtualFlow>,
     pub(crate) validations: HashMap<ValidationKey, Validation>,
     /// Moved connections waiting for the peer's SWITCHED.
     pub(crate) awaiting: super::switched::Awaiting,
@@ -192,6 +199,9 @@ pub struct ConnectionView {
     pub pending_remote: Option<SocketAddr>,
     /// The host it is bound to.
     pub peer_key: Option<[u8; 32]>,
+    /// How that host names our end of it, when it differs from our name (a
+    /// NAT between us: the address and port the peer sees).
+    pub seen_by_peer_as: Option<SocketAddr>,
     pub has_keys: bool,
     pub role: Option<Role>,
     pub migrating: bool,
@@ -219,6 +229,7 @@ impl Endpoint {
             fins: HashMap::new(),
             claim_index: HashMap::new(),
             claims_due: HashMap::new(),
+            aliases: HashMap::new(),
             validations: HashMap::new(),
             awaiting: HashMap::new(),
             requests: HashMap::new(),
@@ -251,6 +262,10 @@ impl Endpoint {
             remote_phys: c.remote_phys,
             pending_remote: c.pending_remote.map(|p| p.0),
             peer_key: c.peer_key,
+            seen_by_peer_as: c
+                .peer_named
+                .map(|n| n.local)
+                .filter(|a| *a != c.flow.local),
             has_keys: c.keys.is_some(),
             role: c.role.negotiated,
             migrating: c.mig.is_some(),
@@ -346,6 +361,7 @@ impl Endpoint {
     /// Forget a closed connection (its keys are wiped on drop).
     pub fn connection_removed(&mut self, flow: &VirtualFlow) -> bool {
         self.index_connection(flow, false);
+        self.drop_alias(flow);
         match self.conns.remove(flow) {
             Some(c) => {
                 self.release(&c);
@@ -587,6 +603,7 @@ impl Conn {
             flow,
             binding,
             bind_retry: None,
+            peer_named: None,
             local_phys,
             remote_phys,
             peer_key: None,

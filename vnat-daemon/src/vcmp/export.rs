@@ -106,6 +106,7 @@ impl Endpoint {
             tcp_isns: c.binding.tcp_isns(),
         };
         self.index_connection(flow, false);
+        self.drop_alias(flow);
         if let Some(c) = self.conns.remove(flow) {
             self.release(&c);
         }

@@ -85,9 +85,9 @@ impl Endpoint {
             Message::Claim {
                 answer,
                 static_pub,
-                commitments,
+                entries,
                 ..
-            } => self.on_claim(from, answer, static_pub, &commitments, bytes),
+            } => self.on_claim(from, answer, static_pub, &entries, bytes),
             Message::Error { code, .. } => {
                 // Unauthenticated: report, never act on it.
                 self.stats.count("peer_error");
@@ -100,11 +100,16 @@ impl Endpoint {
     /// One record of a connection-bound kind. Returns whether it was
     /// authentic (MAC and replay window passed).
     fn on_record(&mut self, ctx: &mut Ctx, from: SocketAddr, kind: Kind, rec: &Record) -> bool {
-        // The record names the sender's end as L and ours as R.
-        let flow = VirtualFlow {
+        // The record names the sender's end as L and ours as R, the
+        // sender's way (a NAT between us makes that differ from ours).
+        let named = VirtualFlow {
             proto: rec.proto,
             local: rec.receiver_vir,
             remote: rec.sender_vir,
+        };
+        let Some(flow) = self.resolve(&named) else {
+            self.stats.reject("unknown_connection");
+            return false;
         };
         let Some(c) = self.conns.get(&flow) else {
             self.stats.reject("unknown_connection");
@@ -186,11 +191,12 @@ impl Endpoint {
         self.tx.credit(from.ip(), len);
         let mut answered = false;
         for rec in records {
-            let flow = VirtualFlow {
+            let named = VirtualFlow {
                 proto: rec.proto,
                 local: rec.receiver_vir,
                 remote: rec.sender_vir,
             };
+            let flow = self.resolve(&named).unwrap_or(named);
             if self.own_lookup(from, req, &flow, rec) {
                 answered = true;
                 continue;
@@ -337,12 +343,12 @@ impl Endpoint {
     /// and a forged one is refused; one for a connection we do not know
     /// cannot be checked here, and is kept as signed for the asker to check.
     fn store_is_genuine(&self, rec: &Record) -> bool {
-        let flow = VirtualFlow {
+        let named = VirtualFlow {
             proto: rec.proto,
             local: rec.receiver_vir,
             remote: rec.sender_vir,
         };
-        let Some(c) = self.conns.get(&flow) else {
+        let Some(c) = self.resolve(&named).and_then(|f| self.conns.get(&f)) else {
             return true;
         };
         let Some(keys) = c.keys.as_ref() else {

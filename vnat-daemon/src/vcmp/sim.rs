@@ -30,6 +30,9 @@ pub struct Host {
     /// translation. Off by default: a peer that never confirms (an older
     /// vnatd, a lost datagram).
     pub confirms_switch: bool,
+    /// Behind a NAT: its datagrams leave from this public endpoint, and
+    /// datagrams to it reach this host (one mapping, for its VCMP port).
+    pub nat: Option<SocketAddr>,
 }
 
 /// Link behaviour, applied to every datagram independently.
@@ -150,6 +153,7 @@ impl Sim {
             alive: true,
             events: Vec::new(),
             confirms_switch: false,
+            nat: None,
         });
         self.hosts.len() - 1
     }
@@ -184,6 +188,20 @@ impl Sim {
         let out = f(&mut self.hosts[h].ep, now, &mut self.rng);
         self.collect(h);
         out
+    }
+
+    /// Add the two ends of a connection that each end names its own way (a
+    /// NAT between them): `fa` as host `a` names it, `fb` as host `b` does.
+    pub fn connect_named(&mut self, a: usize, b: usize, fa: VirtualFlow, fb: VirtualFlow) {
+        let (ba, bb) = self.bindings(&fa);
+        self.with(a, |ep, now, rng| {
+            ep.connection_added(now, rng, fa, fa.local, fa.remote, ba)
+                .expect("add flow on a")
+        });
+        self.with(b, |ep, now, rng| {
+            ep.connection_added(now, rng, fb, fb.local, fb.remote, bb)
+                .expect("add flow on b")
+        });
     }
 
     /// Add the two ends of a connection between hosts `a` (local endpoint
@@ -233,7 +251,9 @@ impl Sim {
                 .ep
                 .confirm_switched(now, &mut self.rng, &switched);
         }
-        let from = SocketAddr::new(self.hosts[h].ip, self.hosts[h].ep.cfg.port);
+        let from = self.hosts[h]
+            .nat
+            .unwrap_or_else(|| SocketAddr::new(self.hosts[h].ip, self.hosts[h].ep.cfg.port));
         while let Some(t) = self.hosts[h].ep.poll_transmit(now) {
             self.wire_log
                 .push((now, from, t.dst, t.payload.get(1).copied().unwrap_or(0)));
@@ -298,8 +318,16 @@ impl Sim {
                     break;
                 };
                 let (to, by) = (d.to.ip(), d.from.ip());
-                let Some(h) = self.hosts.iter().position(|h| {
-                    h.alive && (h.ip == to || (h.local_only.contains(&to) && h.ip == by))
+                let behind_nat = self
+                    .hosts
+                    .iter()
+                    .position(|h| h.alive && h.nat == Some(d.to));
+                let Some(h) = behind_nat.or_else(|| {
+                    self.hosts.iter().position(|h| {
+                        h.alive
+                            && h.nat.is_none_or(|n| n.ip() != to)
+                            && (h.ip == to || (h.local_only.contains(&to) && h.ip == by))
+                    })
                 }) else {
                     continue;
                 };

@@ -57,9 +57,25 @@ pub const TRAILER_LEN: usize = 12;
 pub const NONCE_LEN: usize = 16;
 /// Most records one datagram can carry (the count field is 8 bits).
 pub const MAX_RECORDS: usize = 255;
-/// Most commitments one CLAIM carries: 8 + 32 + 64 * 16 + 32 = 1,096
-/// bytes, within IPv6's minimum MTU.
-pub const MAX_CLAIMS: usize = 64;
+/// Most entries one CLAIM carries: 8 + 32 + 20 * 54 + 32 = 1,152 bytes,
+/// within IPv6's minimum MTU.
+pub const MAX_CLAIMS: usize = 20;
+/// Length of one CLAIM entry: commitment, protocol, reserved byte, the two
+/// ports and the two addresses (IPv4 as IPv4-mapped IPv6).
+pub const CLAIM_ENTRY_LEN: usize = TAG_LEN + 2 + 4 + 32;
+
+/// One connection in a CLAIM: the commitment to its binding, and how the
+/// sender names it (its own end first). Through a NAT the two ends name a
+/// connection differently; this is how each learns the other's names, so
+/// that records named the peer's way find the connection, and how a host
+/// learns the address and port its end has on the peer's side of a NAT.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClaimEntry {
+    pub commitment: [u8; TAG_LEN],
+    pub proto: Proto,
+    pub sender_local: SocketAddr,
+    pub sender_remote: SocketAddr,
+}
 /// CLAIM flag: this claim answers one of the peer's (no answer to it).
 pub const CLAIM_F_ANSWER: u8 = 1;
 /// IPv4 + UDP header overhead, subtracted from the path MTU.
@@ -365,7 +381,7 @@ pub enum Message {
     Claim {
         answer: bool,
         static_pub: [u8; 32],
-        commitments: Vec<[u8; TAG_LEN]>,
+        entries: Vec<ClaimEntry>,
         tag: [u8; PAIR_TAG_LEN],
     },
     Error {
@@ -527,20 +543,25 @@ impl Message {
             Message::Claim {
                 answer,
                 static_pub,
-                commitments,
+                entries,
                 tag,
             } => {
-                if commitments.is_empty() || commitments.len() > MAX_CLAIMS {
+                if entries.is_empty() || entries.len() > MAX_CLAIMS {
                     return Err(WireError::BadCount {
                         kind: Kind::Claim,
-                        count: commitments.len(),
+                        count: entries.len(),
                     });
                 }
                 let flags = if *answer { CLAIM_F_ANSWER } else { 0 };
-                header(&mut out, Kind::Claim, flags, commitments.len() as u8, 0);
+                header(&mut out, Kind::Claim, flags, entries.len() as u8, 0);
                 out.extend_from_slice(static_pub);
-                for c in commitments {
-                    out.extend_from_slice(c);
+                for e in entries {
+                    out.extend_from_slice(&e.commitment);
+                    out.extend_from_slice(&[e.proto.number(), 0]);
+                    out.extend_from_slice(&e.sender_local.port().to_be_bytes());
+                    out.extend_from_slice(&e.sender_remote.port().to_be_bytes());
+                    out.extend_from_slice(&v6_bytes(e.sender_local.ip()));
+                    out.extend_from_slice(&v6_bytes(e.sender_remote.ip()));
                 }
                 out.extend_from_slice(tag);
             }
@@ -649,23 +670,19 @@ impl Message {
                 if count == 0 || count > MAX_CLAIMS {
                     return Err(WireError::BadCount { kind, count });
                 }
-                exact(HEADER_LEN + 32 + count * TAG_LEN + PAIR_TAG_LEN)?;
+                exact(HEADER_LEN + 32 + count * CLAIM_ENTRY_LEN + PAIR_TAG_LEN)?;
                 if b[2] & !CLAIM_F_ANSWER != 0 || request_id != 0 {
                     return Err(WireError::Reserved);
                 }
                 let at = HEADER_LEN + 32;
-                let commitments = b[at..at + count * TAG_LEN]
-                    .chunks_exact(TAG_LEN)
-                    .map(|c| {
-                        let mut x = [0u8; TAG_LEN];
-                        x.copy_from_slice(c);
-                        x
-                    })
-                    .collect();
+                let entries = b[at..at + count * CLAIM_ENTRY_LEN]
+                    .chunks_exact(CLAIM_ENTRY_LEN)
+                    .map(decode_claim_entry)
+                    .collect::<Result<Vec<_>, _>>()?;
                 Ok(Message::Claim {
                     answer: b[2] & CLAIM_F_ANSWER != 0,
                     static_pub: key(8),
-                    commitments,
+                    entries,
                     tag: key(b.len() - PAIR_TAG_LEN),
                 })
             }
@@ -683,6 +700,42 @@ impl Message {
             _ => Err(WireError::UnknownKind(b[1])),
         }
     }
+}
+
+/// An address in 16 bytes: IPv6 as is, IPv4 as IPv4-mapped IPv6.
+fn v6_bytes(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+/// One CLAIM entry of exactly [`CLAIM_ENTRY_LEN`] bytes. The two addresses
+/// are of one family.
+fn decode_claim_entry(c: &[u8]) -> Result<ClaimEntry, WireError> {
+    let mut commitment = [0u8; TAG_LEN];
+    commitment.copy_from_slice(&c[..TAG_LEN]);
+    let at = TAG_LEN;
+    let proto = Proto::from_number(c[at]).ok_or(WireError::BadProto(c[at]))?;
+    if c[at + 1] != 0 {
+        return Err(WireError::Reserved);
+    }
+    let port = |i: usize| u16::from_be_bytes([c[i], c[i + 1]]);
+    let addr = |i: usize| {
+        let mut o = [0u8; 16];
+        o.copy_from_slice(&c[i..i + 16]);
+        IpAddr::V6(Ipv6Addr::from(o)).to_canonical()
+    };
+    let (local, remote) = (addr(at + 6), addr(at + 22));
+    if local.is_ipv4() != remote.is_ipv4() {
+        return Err(WireError::BadFamily(0));
+    }
+    Ok(ClaimEntry {
+        commitment,
+        proto,
+        sender_local: SocketAddr::new(local, port(at + 2)),
+        sender_remote: SocketAddr::new(remote, port(at + 4)),
+    })
 }
 
 fn zero_pair(b: &[u8]) -> Result<(), WireError> {

@@ -302,33 +302,57 @@ fn batch_sizes_follow_the_mtu() {
 
 #[test]
 fn golden_claim_and_its_limits() {
+    let entry = |c: u8, proto: Proto, l: &str, r: &str| ClaimEntry {
+        commitment: [c; TAG_LEN],
+        proto,
+        sender_local: sa(l),
+        sender_remote: sa(r),
+    };
     let msg = Message::Claim {
         answer: true,
         static_pub: [0xAA; 32],
-        commitments: vec![[0x11; TAG_LEN], [0x22; TAG_LEN]],
+        entries: vec![
+            entry(0x11, Proto::Tcp, "192.168.1.10:40000", "203.0.113.5:443"),
+            entry(0x22, Proto::Udp, "[2001:db8::1]:53", "[2001:db8::2]:5353"),
+        ],
         tag: [0xEE; PAIR_TAG_LEN],
     };
+    let mapped = |a: [u8; 4]| {
+        let mut o = [0u8; 16];
+        o[10] = 0xff;
+        o[11] = 0xff;
+        o[12..].copy_from_slice(&a);
+        o
+    };
+    let v6 = |s: &str| s.parse::<Ipv6Addr>().expect("v6").octets();
     let bytes = cat(&[
         &[1, 17, CLAIM_F_ANSWER, 2, 0, 0, 0, 0],
         &[0xAA; 32],
         &[0x11; 16],
+        &[6, 0, 0x9c, 0x40, 0x01, 0xbb],
+        &mapped([192, 168, 1, 10]),
+        &mapped([203, 0, 113, 5]),
         &[0x22; 16],
+        &[17, 0, 0, 53, 0x14, 0xe9],
+        &v6("2001:db8::1"),
+        &v6("2001:db8::2"),
         &[0xEE; 32],
     ]);
     golden(&msg, &bytes);
-    // No commitment, too many, a length that disagrees with the count, an
-    // unknown flag, a request id: all refused.
+    // No entry, too many, a length that disagrees with the count, an
+    // unknown flag, a request id, a bad protocol, mixed families: all
+    // refused.
     let none = Message::Claim {
         answer: false,
         static_pub: [0; 32],
-        commitments: vec![],
+        entries: vec![],
         tag: [0; 32],
     };
     assert!(none.encode().is_err());
     let many = Message::Claim {
         answer: false,
         static_pub: [0; 32],
-        commitments: vec![[0; TAG_LEN]; MAX_CLAIMS + 1],
+        entries: vec![entry(0, Proto::Tcp, "10.0.0.1:1", "10.0.0.2:2"); MAX_CLAIMS + 1],
         tag: [0; 32],
     };
     assert!(many.encode().is_err());
@@ -344,7 +368,16 @@ fn golden_claim_and_its_limits() {
     let mut flag = bytes.clone();
     flag[2] = 2;
     assert_eq!(Message::decode(&flag), Err(WireError::Reserved));
-    let mut id = bytes;
+    let mut id = bytes.clone();
     id[7] = 1;
     assert_eq!(Message::decode(&id), Err(WireError::Reserved));
+    let first = HEADER_LEN + 32 + TAG_LEN;
+    let mut proto = bytes.clone();
+    proto[first] = 1;
+    assert_eq!(Message::decode(&proto), Err(WireError::BadProto(1)));
+    let mut mixed = bytes;
+    // The second entry's local address becomes IPv4-mapped: one v4, one v6.
+    let second_local = first + CLAIM_ENTRY_LEN + 6;
+    mixed[second_local..second_local + 16].copy_from_slice(&mapped([10, 0, 0, 1]));
+    assert!(Message::decode(&mixed).is_err());
 }
