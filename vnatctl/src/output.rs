@@ -40,6 +40,13 @@ pub struct LsRow {
     pub age_secs: u64,
     /// VCMP has keys for it, so it can move (its peer runs vnatd).
     pub mobile: bool,
+    /// A NAT between the ends: the peer sees our end at `seen_by_peer_as`.
+    pub behind_nat: bool,
+    /// "ip:port" the peer sees for our end, when it differs from
+    /// `virtual_local`; null otherwise.
+    pub seen_by_peer_as: Option<String>,
+    /// Why it cannot move, in a few words; null when it can.
+    pub why_not_mobile: Option<String>,
 }
 
 impl From<&ListedConnection> for LsRow {
@@ -60,11 +67,14 @@ impl From<&ListedConnection> for LsRow {
             cookie: c.cookie,
             age_secs: c.age_secs,
             mobile: listed.mobile,
+            behind_nat: listed.seen_by_peer_as.is_some(),
+            seen_by_peer_as: listed.seen_by_peer_as.map(|a| a.to_string()),
+            why_not_mobile: listed.why_not_mobile.clone(),
         }
     }
 }
 
-pub const LS_HEADER: [&str; 11] = [
+pub const LS_HEADER: [&str; 12] = [
     "ID",
     "PROTO",
     "VIRTUAL-LOCAL",
@@ -76,6 +86,7 @@ pub const LS_HEADER: [&str; 11] = [
     "PID",
     "COMMAND",
     "CGROUP",
+    "NOTE",
 ];
 
 /// The `ls` table; unknown values are shown as "-".
@@ -96,10 +107,20 @@ pub fn ls_table(rows: &[LsRow]) -> String {
                 dash(r.pid.map(|p| p.to_string())),
                 dash(r.command.clone()),
                 dash(r.cgroup.clone()),
+                note(r),
             ]
         })
         .collect();
     table(&LS_HEADER, &cells)
+}
+
+/// The `ls` NOTE: where a NAT put our end, or why it cannot move.
+fn note(r: &LsRow) -> String {
+    match (&r.seen_by_peer_as, &r.why_not_mobile) {
+        (_, Some(why)) => why.clone(),
+        (Some(seen), None) => format!("NAT: the peer sees {seen}"),
+        (None, None) => "-".into(),
+    }
 }
 
 fn yes_no(b: bool) -> String {

@@ -40,7 +40,12 @@ fn conn(
     };
     // The native TCP one has a vnatd peer in this sample; the UDP one not.
     let mobile = proto == Proto::Tcp;
-    ListedConnection { info, mobile }
+    ListedConnection {
+        info,
+        mobile,
+        seen_by_peer_as: None,
+        why_not_mobile: (!mobile).then(|| "no vnatd answered at the peer's address".into()),
+    }
 }
 
 fn sample() -> Vec<ListedConnection> {
@@ -91,6 +96,9 @@ fn ls_json_keys_are_the_contract() {
         "cookie",
         "age_secs",
         "mobile",
+        "behind_nat",
+        "seen_by_peer_as",
+        "why_not_mobile",
     ];
     let mut keys_sorted = keys.clone();
     keys_sorted.sort_unstable();
@@ -107,7 +115,8 @@ fn ls_json_keys_are_the_contract() {
             "virtual_local": "198.18.1.2:40000", "virtual_remote": "198.18.3.2:5001",
             "physical_local": "198.18.1.2:40000", "physical_remote": "198.18.3.2:5001",
             "state": "native", "pid": 42, "command": "curl", "cgroup": "/system.slice/app.service",
-            "cgroup_id": 5, "cookie": 99, "age_secs": 12, "mobile": true
+            "cgroup_id": 5, "cookie": 99, "age_secs": 12, "mobile": true,
+            "behind_nat": false, "seen_by_peer_as": null, "why_not_mobile": null
         })
     );
     assert_eq!(array[1]["proto"], "udp");
@@ -118,6 +127,10 @@ fn ls_json_keys_are_the_contract() {
     assert_eq!(array[1]["physical_local"], "[fd00:2::2]:5353");
     assert_eq!(array[1]["state"], "translated");
     assert_eq!(array[1]["mobile"], false);
+    assert_eq!(
+        array[1]["why_not_mobile"],
+        "no vnatd answered at the peer's address"
+    );
     assert_eq!(
         (array[1]["pid"].clone(), array[1]["command"].clone()),
         (Value::Null, Value::Null)
@@ -160,7 +173,8 @@ fn ls_table_has_the_documented_columns_and_dashes() {
             "MOBILE",
             "PID",
             "COMMAND",
-            "CGROUP"
+            "CGROUP",
+            "NOTE"
         ]
     );
     let tcp: Vec<&str> = lines[1].split_whitespace().collect();
@@ -177,14 +191,17 @@ fn ls_table_has_the_documented_columns_and_dashes() {
             "yes",
             "42",
             "curl",
-            "/system.slice/app.service"
+            "/system.slice/app.service",
+            "-"
         ]
     );
     let udp: Vec<&str> = lines[2].split_whitespace().collect();
-    assert_eq!(&udp[6..], ["translated", "no", "-", "-", "-"]);
+    assert_eq!(&udp[6..11], ["translated", "no", "-", "-", "-"]);
+    let note = lines[0].find("NOTE").expect("NOTE column");
+    assert_eq!(&lines[2][note..], "no vnatd answered at the peer's address");
     // Columns line up: every column starts at the header's offset.
     let col = |line: &str, n: usize| line.match_indices(char::is_whitespace).count() >= n;
-    assert!(lines.iter().all(|l| col(l, 10)));
+    assert!(lines.iter().all(|l| col(l, 11)));
     let start = lines[0].find("STATE").expect("STATE column");
     assert_eq!(&lines[1][start..start + 6], "native");
     assert_eq!(&lines[2][start..start + 10], "translated");
@@ -379,5 +396,24 @@ fn import_text_says_what_happens_next() {
         json!({ "id": 7, "proto": "tcp", "virtual_local": "198.18.1.2:40000",
                 "virtual_remote": "198.18.3.2:5001", "physical_local": "198.18.2.2:40000",
                 "physical_remote": "198.18.3.2:5001", "moving": true })
+    );
+}
+
+#[test]
+fn ls_shows_where_a_nat_put_our_end() {
+    let mut rows = sample();
+    for r in rows.iter_mut().filter(|r| r.info.proto == Proto::Tcp) {
+        r.seen_by_peer_as = Some("203.0.113.9:61000".parse().expect("addr"));
+    }
+    let rows = select(rows, Some(ProtoArg::Tcp), None);
+    assert!(rows[0].behind_nat);
+    let v = serde_json::to_value(&rows[0]).expect("json");
+    assert_eq!(v["seen_by_peer_as"], "203.0.113.9:61000");
+    let text = output::ls_table(&rows);
+    assert!(
+        text.lines()
+            .nth(1)
+            .is_some_and(|l| l.ends_with("NAT: the peer sees 203.0.113.9:61000")),
+        "{text}"
     );
 }

@@ -118,7 +118,12 @@ async fn fake_driver(mut rx: tokio::sync::mpsc::Receiver<DriverCommand>) {
     while let Some(cmd) = rx.recv().await {
         match cmd {
             DriverCommand::Mobility { reply } => {
-                let _ = reply.send(std::collections::HashMap::from([(tcp, true)]));
+                let m = vnat_daemon::control::Mobility {
+                    mobile: true,
+                    seen_by_peer_as: None,
+                    why_not: None,
+                };
+                let _ = reply.send(std::collections::HashMap::from([(tcp, m)]));
             }
             DriverCommand::Suspend { flows, reply } => {
                 let _ = reply.send(Ok(flows.len()));
@@ -234,14 +239,16 @@ fn ls_table_and_json() {
             "MOBILE",
             "PID",
             "COMMAND",
-            "CGROUP"
+            "CGROUP",
+            "NOTE"
         ]
     );
-    // No VCMP driver in this server: nothing can move.
+    // No VCMP driver in this server: nothing can move, and NOTE says why.
     assert!(
         lines[1..]
             .iter()
-            .all(|l| l.split_whitespace().nth(7) == Some("no")),
+            .all(|l| l.split_whitespace().nth(7) == Some("no")
+                && l.ends_with("vnatd runs without VCMP")),
         "{out}"
     );
     assert!(
@@ -280,6 +287,8 @@ fn ls_table_and_json() {
     assert_eq!(rows[1]["virtual_remote"], "[fd00:3::2]:53");
     assert_eq!(rows[0]["pid"], 42);
     assert_eq!(rows[0]["mobile"], false);
+    assert_eq!(rows[0]["why_not_mobile"], "vnatd runs without VCMP");
+    assert_eq!(rows[0]["behind_nat"], false);
 
     // --json after the subcommand works too (global flag), with filters.
     let o = vnatctl(

@@ -20,8 +20,8 @@ use tokio::sync::oneshot;
 use super::{
     proto::{
         require_absolute, DaemonInfo, ErrorBody, ErrorKind, ImportedConnection, ListedConnection,
-        Outcome, Reply, Request, RequestEnvelope, ResponseEnvelope, ResumeReply, Selector, Skipped,
-        StatusReply, SuspendReply, PROTOCOL_VERSION,
+        Mobility, Outcome, Reply, Request, RequestEnvelope, ResponseEnvelope, ResumeReply,
+        Selector, Skipped, StatusReply, SuspendReply, PROTOCOL_VERSION,
     },
     transfer::{ExportDocument, TransferError},
 };
@@ -148,6 +148,8 @@ impl Handler {
                             .map(|info| ListedConnection {
                                 info,
                                 mobile: false,
+                                seen_by_peer_as: None,
+                                why_not_mobile: None,
                             })
                             .collect(),
                     }),
@@ -175,12 +177,21 @@ impl Handler {
     /// datapath alone, or a stopped driver): then nothing is mobile.
     fn mark_mobile(&self, connections: &mut [ListedConnection]) {
         if self.driver.is_none() {
+            for c in connections {
+                c.why_not_mobile = Some("vnatd runs without VCMP".into());
+            }
             return;
         }
         match self.ask(|reply| Command::Mobility { reply }) {
             Ok(mobility) => {
                 for c in connections {
-                    c.mobile = mobility.get(&flow_of(&c.info)).copied().unwrap_or(false);
+                    let m = mobility.get(&flow_of(&c.info));
+                    c.mobile = m.is_some_and(|m| m.mobile);
+                    c.seen_by_peer_as = m.and_then(|m| m.seen_by_peer_as);
+                    c.why_not_mobile = match m {
+                        Some(m) => m.why_not.clone(),
+                        None => Some(NOT_MANAGED.into()),
+                    };
                 }
             }
             Err(e) => {
@@ -319,24 +330,31 @@ fn flow_of(c: &ConnectionInfo) -> VirtualFlow {
 
 /// Split selected connections into the flows VCMP can move and the rest,
 /// with a reason for each of the rest.
+/// Why a recorded connection VCMP does not track cannot move.
+const NOT_MANAGED: &str = "not managed by VCMP (local traffic, or recorded less than a second ago)";
+
 fn split_mobile(
     selected: &[ConnectionInfo],
-    mobility: &HashMap<VirtualFlow, bool>,
+    mobility: &HashMap<VirtualFlow, Mobility>,
 ) -> (Vec<VirtualFlow>, Vec<Skipped>) {
     let mut mobile = Vec::new();
     let mut skipped = Vec::new();
     for c in selected {
         let flow = flow_of(c);
         match mobility.get(&flow) {
-            Some(true) => mobile.push(flow),
-            Some(false) => skipped.push(Skipped {
+            Some(m) if m.mobile => mobile.push(flow),
+            Some(m) => skipped.push(Skipped {
                 id: c.id,
-                reason: "no keys: the peer runs no vnatd, or pairing has not completed".into(),
+                reason: format!(
+                    "no keys: {}",
+                    m.why_not
+                        .as_deref()
+                        .unwrap_or("the peer runs no vnatd, or pairing has not completed")
+                ),
             }),
             None => skipped.push(Skipped {
                 id: c.id,
-                reason: "not managed by VCMP (local traffic, or recorded less than a second ago)"
-                    .into(),
+                reason: NOT_MANAGED.into(),
             }),
         }
     }

@@ -106,7 +106,12 @@ impl FakeDriver {
                 match cmd {
                     Command::Mobility { reply } => {
                         seen.push("mobility".into());
-                        let _ = reply.send(HashMap::from([(a, true), (b, false)]));
+                        let m = |mobile: bool| crate::control::Mobility {
+                            mobile,
+                            seen_by_peer_as: None,
+                            why_not: (!mobile).then(|| "pairing with the peer's vnatd".into()),
+                        };
+                        let _ = reply.send(HashMap::from([(a, m(true)), (b, m(false))]));
                     }
                     Command::Suspend { flows, reply } => {
                         seen.push(format!("suspend {}", flows.len()));

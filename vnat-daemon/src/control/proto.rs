@@ -207,6 +207,19 @@ impl Reply {
     }
 }
 
+/// What VCMP says of one connection's mobility, for `list` and the
+/// selectors of mobility requests.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Mobility {
+    /// VCMP holds keys for it, so it can move.
+    pub mobile: bool,
+    /// The address and port the peer sees for our end, when it differs
+    /// from ours (a NAT between the ends).
+    pub seen_by_peer_as: Option<SocketAddr>,
+    /// Why it cannot move, when it cannot.
+    pub why_not: Option<String>,
+}
+
 /// One element of the `list` answer: the datapath's record plus what VCMP
 /// knows of it. Flattened, so the record's keys stay where they were.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -219,6 +232,13 @@ pub struct ListedConnection {
     /// (same protocol version: the change only adds a key) still parse.
     #[serde(default)]
     pub mobile: bool,
+    /// The address and port the peer sees for our end, when a NAT between
+    /// the ends makes it differ from `virtual_local`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seen_by_peer_as: Option<SocketAddr>,
+    /// Why it cannot move, in a few words, when it cannot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why_not_mobile: Option<String>,
 }
 
 /// The answer to [`Request::Suspend`].
@@ -493,6 +513,8 @@ mod tests {
                 tcp_isns: None,
             },
             mobile: true,
+            seen_by_peer_as: None,
+            why_not_mobile: None,
         };
         let v = serde_json::to_value(&listed).expect("serializable");
         let mut plain = serde_json::to_value(&listed.info).expect("serializable");

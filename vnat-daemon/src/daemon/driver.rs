@@ -123,7 +123,7 @@ pub enum Command {
     },
     /// Which tracked flows can move (have keys).
     Mobility {
-        reply: oneshot::Sender<HashMap<VirtualFlow, bool>>,
+        reply: oneshot::Sender<HashMap<VirtualFlow, crate::control::Mobility>>,
     },
     /// The protocol core's counters (`vnatctl status`).
     Counters {
@@ -628,7 +628,17 @@ impl Driver {
                 let m = self
                     .endpoint
                     .connections()
-                    .filter_map(|f| self.endpoint.connection(f).map(|v| (*f, v.has_keys)))
+                    .filter_map(|f| {
+                        let v = self.endpoint.connection(f)?;
+                        Some((
+                            *f,
+                            crate::control::Mobility {
+                                mobile: v.has_keys,
+                                seen_by_peer_as: v.seen_by_peer_as,
+                                why_not: self.endpoint.why_not_mobile(f).map(str::to_string),
+                            },
+                        ))
+                    })
                     .collect();
                 let _ = reply.send(m);
             }

@@ -245,6 +245,33 @@ impl Endpoint {
         }
     }
 
+    /// Why `flow` cannot move (has no keys), in a few words for `vnatctl
+    /// ls`; `None` if it can, or is unknown.
+    pub fn why_not_mobile(&self, flow: &VirtualFlow) -> Option<&'static str> {
+        let c = self.conns.get(flow)?;
+        if c.keys.is_some() {
+            return None;
+        }
+        let ip = c.remote_phys.ip();
+        if c.peer_key.is_some() {
+            return Some("its peer host's pairing was forgotten");
+        }
+        if !self.sessions_at(ip).is_empty() {
+            return Some(if c.bind_retry.is_some() {
+                "waiting for the peer host to claim it"
+            } else {
+                "the host paired at its address does not claim it"
+            });
+        }
+        if self
+            .handshakes
+            .contains_key(&SocketAddr::new(ip, self.cfg.port))
+        {
+            return Some("pairing with the peer's vnatd");
+        }
+        Some("no vnatd answered at the peer's address")
+    }
+
     /// Our connection named `named`, directly or as its peer names it.
     pub(crate) fn resolve(&self, named: &VirtualFlow) -> Option<VirtualFlow> {
         if self.conns.contains_key(named) {

@@ -262,10 +262,7 @@ impl Endpoint {
             remote_phys: c.remote_phys,
             pending_remote: c.pending_remote.map(|p| p.0),
             peer_key: c.peer_key,
-            seen_by_peer_as: c
-                .peer_named
-                .map(|n| n.local)
-                .filter(|a| *a != c.flow.local),
+            seen_by_peer_as: c.peer_named.map(|n| n.local).filter(|a| *a != c.flow.local),
             has_keys: c.keys.is_some(),
             role: c.role.negotiated,
             migrating: c.mig.is_some(),

@@ -987,12 +987,17 @@ fn two_hosts_behind_one_nat_address_each_own_their_connection() {
 
     // Records named the laptop's way (private address) reach the server's
     // connection named by the NAT's address.
-    sim.with(l1, |ep, now, rng| ep.suspend(now, rng, &[f1]).expect("suspend"));
+    sim.with(l1, |ep, now, rng| {
+        ep.suspend(now, rng, &[f1]).expect("suspend")
+    });
     sim.run_for(Duration::from_secs(10));
     assert!(
-        sim.events(s, |e| matches!(e, Event::RoleDecided { flow, .. } if *flow == s1))
-            .next()
-            .is_some(),
+        sim.events(
+            s,
+            |e| matches!(e, Event::RoleDecided { flow, .. } if *flow == s1)
+        )
+        .next()
+        .is_some(),
         "the server never settled a role for the suspended connection"
     );
     assert_eq!(sim.hosts[s].ep.stats().rejected("unknown_connection"), 0);
