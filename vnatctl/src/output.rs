@@ -12,10 +12,9 @@ use std::{
 use serde::Serialize;
 use vnat_daemon::{
     control::{
-        DaemonInfo, ExportDocument, ImportedConnection, ListedConnection, ResumeReply, StatusReply,
-        SuspendReply,
+        DaemonInfo, ExportDocument, ImportedConnection, ListedConnection, PeerInfo, ResumeReply,
+        StatusReply, SuspendReply,
     },
-    daemon::driver::PeerInfo,
     datapath::DatapathStatus,
 };
 
@@ -469,10 +468,16 @@ pub fn resume_text(r: &ResumeReply) -> String {
 #[derive(Debug, Serialize)]
 pub struct PeerRow {
     pub address: String,
-    /// Pinned x25519 host key, hex; null if none is pinned yet.
+    /// The host's x25519 key, hex; null for connections at that address
+    /// that no paired host has claimed yet.
     pub key: Option<String>,
     pub connections: usize,
     pub mobile: usize,
+    /// This host is behind a NAT as that peer sees it.
+    pub behind_nat: bool,
+    /// "ip:port" the peer last saw this host's VCMP come from; null until
+    /// a keepalive was answered.
+    pub reflexive: Option<String>,
 }
 
 impl From<&PeerInfo> for PeerRow {
@@ -482,11 +487,13 @@ impl From<&PeerInfo> for PeerRow {
             key: p.key.clone(),
             connections: p.connections,
             mobile: p.mobile,
+            behind_nat: p.behind_nat,
+            reflexive: p.reflexive.map(|a| a.to_string()),
         }
     }
 }
 
-pub const PEERS_HEADER: [&str; 4] = ["ADDRESS", "KEY", "CONNECTIONS", "MOBILE"];
+pub const PEERS_HEADER: [&str; 5] = ["ADDRESS", "KEY", "CONNECTIONS", "MOBILE", "NAT"];
 
 pub fn peers_table(rows: &[PeerRow]) -> String {
     let cells: Vec<Vec<String>> = rows
@@ -497,6 +504,11 @@ pub fn peers_table(rows: &[PeerRow]) -> String {
                 p.key.clone().unwrap_or_else(|| "-".into()),
                 p.connections.to_string(),
                 p.mobile.to_string(),
+                match (&p.reflexive, p.behind_nat) {
+                    (Some(r), true) => format!("yes:{r}"),
+                    (_, true) => "yes".into(),
+                    _ => "no".into(),
+                },
             ]
         })
         .collect();

@@ -110,8 +110,8 @@ fn tcp_flow() -> VirtualFlow {
 /// move to 198.18.2.2.
 async fn fake_driver(mut rx: tokio::sync::mpsc::Receiver<DriverCommand>) {
     use vnat_daemon::{
+        control::PeerInfo,
         control::{transfer::ImportOutcome, ExportDocument, ExportedConnection},
-        daemon::driver::PeerInfo,
         vcmp::{export::ConnectionExport, export::HexKey, replay::ReplayWindow, roles::RoleState},
     };
     let tcp = tcp_flow();
@@ -143,6 +143,8 @@ async fn fake_driver(mut rx: tokio::sync::mpsc::Receiver<DriverCommand>) {
                     key: Some("ab".repeat(32)),
                     connections: 1,
                     mobile: 1,
+                    behind_nat: false,
+                    reflexive: None,
                 }]);
             }
             DriverCommand::ForgetPeer { key, reply } => {
@@ -652,18 +654,18 @@ fn planned_mode_commands_with_vcmp() {
         .collect();
     assert_eq!(
         lines[0],
-        ["ADDRESS", "KEY", "CONNECTIONS", "MOBILE"],
+        ["ADDRESS", "KEY", "CONNECTIONS", "MOBILE", "NAT"],
         "{out}"
     );
     assert_eq!(
         lines[1],
-        ["198.18.3.2", "ab".repeat(32).as_str(), "1", "1"],
+        ["198.18.3.2", "ab".repeat(32).as_str(), "1", "1", "no"],
         "{out}"
     );
     let v = json(&vnatctl(&d.socket, &["--json", "peers"]));
     assert_eq!(
         v,
-        serde_json::json!([{ "address": "198.18.3.2", "key": "ab".repeat(32), "connections": 1, "mobile": 1 }])
+        serde_json::json!([{ "address": "198.18.3.2", "key": "ab".repeat(32), "connections": 1, "mobile": 1, "behind_nat": false, "reflexive": null }])
     );
 
     // peers forget: the key goes; an unknown or malformed key is an error.

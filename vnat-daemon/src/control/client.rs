@@ -14,6 +14,7 @@ use tokio::{
     },
 };
 
+use super::proto::PeerInfo;
 use super::{
     lines::{read_line_bounded, Line},
     proto::{
@@ -23,7 +24,6 @@ use super::{
     },
     transfer::ExportDocument,
 };
-use crate::daemon::driver::PeerInfo;
 
 /// Default bound on connecting and on each request's round trip.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);

@@ -18,7 +18,8 @@ use super::{
     *,
 };
 use crate::{
-    daemon::driver::{Command, PeerInfo},
+    control::PeerInfo,
+    daemon::driver::Command,
     datapath::{fake::FakeDatapath, ConnState, ConnectionInfo, Proto, VirtualFlow},
     vcmp::{export::ConnectionExport, export::HexKey, replay::ReplayWindow, roles::RoleState},
 };
@@ -134,6 +135,8 @@ impl FakeDriver {
                             key: Some("ab".repeat(32)),
                             connections: 2,
                             mobile: 1,
+                            behind_nat: false,
+                            reflexive: None,
                         }]);
                     }
                     Command::ForgetPeer { key, reply } => {
@@ -402,7 +405,7 @@ fn resume_peers_export_and_import_go_to_the_driver() {
     let v = serde_json::to_value(h.handle(&Request::Peers)).expect("serializable");
     assert_eq!(
         v["ok"],
-        json!({ "type": "peers", "peers": [{ "address": "198.18.3.2", "key": "ab".repeat(32), "connections": 2, "mobile": 1 }] })
+        json!({ "type": "peers", "peers": [{ "address": "198.18.3.2", "key": "ab".repeat(32), "connections": 2, "mobile": 1, "behind_nat": false, "reflexive": null }] })
     );
 
     let reply = ok(h.handle(&Request::Export {

@@ -8,17 +8,14 @@
 //! other.
 
 use std::{
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     path::{Path, PathBuf},
 };
 
 use serde::{Deserialize, Serialize};
 
 use super::transfer::ExportDocument;
-use crate::{
-    daemon::driver::PeerInfo,
-    datapath::{ConnectionInfo, DatapathStatus},
-};
+use crate::datapath::{ConnectionInfo, DatapathStatus};
 
 /// The protocol version this build speaks. Bump it on any incompatible change
 /// to [`Request`] or [`Reply`].
@@ -205,6 +202,27 @@ impl Reply {
             Reply::Imported { .. } => "imported",
         }
     }
+}
+
+/// A peer host as `vnatctl peers` shows it: one per host key, plus one per
+/// address for connections no paired host has claimed yet (`key: None`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerInfo {
+    /// Where the host last paired from.
+    pub address: IpAddr,
+    /// Its x25519 host key, hex.
+    pub key: Option<String>,
+    /// Connections bound to it that VCMP tracks.
+    pub connections: usize,
+    /// Connections that have keys, i.e. can move.
+    pub mobile: usize,
+    /// This host is behind a NAT as that peer sees it.
+    #[serde(default)]
+    pub behind_nat: bool,
+    /// Where the peer last saw this host's VCMP come from (the reflexive
+    /// address of its last answered keepalive).
+    #[serde(default)]
+    pub reflexive: Option<SocketAddr>,
 }
 
 /// What VCMP says of one connection's mobility, for `list` and the

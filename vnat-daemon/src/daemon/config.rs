@@ -38,6 +38,7 @@ Config file (every key optional; these are the defaults):
     log_format = \"text\"                      # or \"json\"
     location_servers = []                    # e.g. [\"192.0.2.7:2031\"]
     standby_tc = true                        # see below
+    keepalive_secs = 25                      # 0: no NAT keepalives
 
 location_servers (or --location-server, repeatable) are other vnatd asked
 where a peer went when both ends of a connection moved and neither old
@@ -46,6 +47,13 @@ already serves as one: point both hosts of a connection at the same one.
 A moving vnatd stores its new location there and looks the peer up from
 the start of every move (one small datagram each way per 30 connections),
 so two ends that moved at once find each other in one round trip to it.
+
+keepalive_secs (or --keepalive-secs) is how often a host behind a NAT
+probes each peer it holds mobile connections with, so that its NAT keeps
+the mapping through which the peer's vnatd reaches it (to validate a new
+address, to answer an update). The answers tell it where the peer sees it
+(`vnatctl peers`, column NAT). 0 turns keepalives off; a host that is not
+behind a NAT sends none.
 
 standby_tc keeps the translators attached to every network interface while
 this host has connections paired with a peer, so that a move does not wait
@@ -146,6 +154,14 @@ pub struct Args {
         help = "Attach the tc translators only to interfaces that moved connections use: nothing on other packets, 10-25 ms more per move"
     )]
     pub no_standby_tc: bool,
+    /// NAT keepalive interval.
+    #[arg(
+        long = "keepalive-secs",
+        value_name = "SECS",
+        value_parser = clap::value_parser!(u32).range(0..=3600),
+        help = "Seconds between keepalives a host behind a NAT sends each peer it holds mobile connections with, so the NAT keeps its mapping; 0 turns them off [default: 25]"
+    )]
+    pub keepalive_secs: Option<u32>,
 }
 
 fn parse_location_server(s: &str) -> Result<SocketAddr, String> {
@@ -185,6 +201,7 @@ pub struct FileConfig {
     pub log_format: Option<LogFormat>,
     pub location_servers: Option<Vec<SocketAddr>>,
     pub standby_tc: Option<bool>,
+    pub keepalive_secs: Option<u32>,
 }
 
 /// The effective settings.
@@ -205,6 +222,8 @@ pub struct Settings {
     /// `standby_tc`: tc stays attached to every interface while
     /// connections are paired (default: on; off attaches only where used).
     pub standby_tc: bool,
+    /// NAT keepalive interval in seconds (default 25; 0: off).
+    pub keepalive_secs: u32,
 }
 
 /// A bad flag or config file (vnatd exit status 2).
@@ -230,6 +249,8 @@ pub enum ConfigError {
     },
     #[error("location_servers entry {value} in the config file {} cannot be asked; give the address and port another vnatd listens on, such as 192.0.2.7:2031", file.display())]
     LocationServer { file: PathBuf, value: SocketAddr },
+    #[error("keepalive_secs = {value} in the config file {} is out of range; use 0 (off) to 3600 seconds (default 25)", file.display())]
+    Keepalive { file: PathBuf, value: u32 },
     #[error("cannot make {} absolute: {source}", path.display())]
     Absolute {
         path: PathBuf,
@@ -313,6 +334,12 @@ pub fn parse_file(path: &Path, text: &str) -> Result<FileConfig, ConfigError> {
     relative("bpffs", &config.bpffs)?;
     for c in config.cgroups.iter().flatten() {
         relative("cgroups", &Some(c.clone()))?;
+    }
+    if let Some(value) = config.keepalive_secs.filter(|s| *s > 3600) {
+        return Err(ConfigError::Keepalive {
+            file: path.to_path_buf(),
+            value,
+        });
     }
     if let Some(bad) = config
         .location_servers
@@ -409,6 +436,7 @@ impl Settings {
             } else {
                 file.standby_tc.unwrap_or(true)
             },
+            keepalive_secs: args.keepalive_secs.or(file.keepalive_secs).unwrap_or(25),
         })
     }
 }
@@ -449,6 +477,22 @@ mod tests {
             parse_file(Path::new("t.toml"), "standby_tc = \"yes\"").is_err(),
             "a non-boolean must be refused"
         );
+    }
+
+    #[test]
+    fn keepalive_defaults_to_25_s_flags_override_and_nonsense_is_refused() {
+        assert_eq!(resolve(&[], FileConfig::default()).keepalive_secs, 25);
+        let file = parse_file(Path::new("t.toml"), "keepalive_secs = 10").expect("valid file");
+        assert_eq!(resolve(&[], file).keepalive_secs, 10);
+        let file = parse_file(Path::new("t.toml"), "keepalive_secs = 10").expect("valid file");
+        assert_eq!(resolve(&["--keepalive-secs", "0"], file).keepalive_secs, 0);
+        let e = parse_file(Path::new("t.toml"), "keepalive_secs = 99999")
+            .expect_err("out of range")
+            .to_string();
+        assert!(e.contains("0 (off) to 3600"), "{e}");
+        assert!(parse_file(Path::new("t.toml"), "keepalive_secs = -1").is_err());
+        assert!(Args::try_parse_from(["vnatd", "--keepalive-secs", "4000"]).is_err());
+        assert!(Args::try_parse_from(["vnatd", "--keepalive-secs", "soon"]).is_err());
     }
 
     #[test]

@@ -73,6 +73,8 @@ pub struct DriverConfig {
     /// `standby_tc` (see the config): keep tc attached everywhere while
     /// connections are paired.
     pub standby_tc: bool,
+    /// `keepalive_secs`: NAT keepalive interval (0: off).
+    pub keepalive_secs: u32,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -88,17 +90,7 @@ pub enum DriverError {
     State(#[from] StateError),
 }
 
-/// A peer host as `vnatctl peers` shows it.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct PeerInfo {
-    pub address: IpAddr,
-    /// Pinned x25519 key, hex.
-    pub key: Option<String>,
-    /// Connections with this peer that VCMP tracks.
-    pub connections: usize,
-    /// Connections that have keys, i.e. can move.
-    pub mobile: usize,
-}
+pub use crate::control::PeerInfo;
 
 /// Requests from the control API.
 pub enum Command {
@@ -361,6 +353,7 @@ impl Driver {
         let vcfg = vcmp::Config {
             port: cfg.listen.port(),
             location_servers: cfg.location_servers.clone(),
+            keepalive_interval: std::time::Duration::from_secs(cfg.keepalive_secs.into()),
             ..vcmp::Config::default()
         };
         // Keys learned by pairing are not pins: a host is its key, and
@@ -789,6 +782,8 @@ impl Driver {
                 key: Some(identity::key_hex(&key)),
                 connections,
                 mobile,
+                behind_nat: self.endpoint.behind_nat(&key),
+                reflexive: self.endpoint.reflexive_address(&key),
             })
             .collect();
         out.extend(
@@ -799,6 +794,8 @@ impl Driver {
                     key: None,
                     connections,
                     mobile: 0,
+                    behind_nat: false,
+                    reflexive: None,
                 }),
         );
         out.sort_by(|a, b| (a.address, &a.key).cmp(&(b.address, &b.key)));

@@ -182,6 +182,7 @@ where
         state_dir: settings.state_dir.clone(),
         location_servers: settings.location_servers.clone(),
         standby_tc: settings.standby_tc,
+        keepalive_secs: settings.keepalive_secs,
     };
     let driver = driver::Driver::new(driver_cfg, shared.clone()).await?;
     let (commands_tx, commands_rx) = tokio::sync::mpsc::channel(64);

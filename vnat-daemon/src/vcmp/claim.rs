@@ -59,11 +59,8 @@ impl Endpoint {
                 entries: chunk.to_vec(),
                 tag: [0; PAIR_TAG_LEN],
             };
-            let Ok(mut b) = msg.encode() else { continue };
-            let at = b.len() - PAIR_TAG_LEN;
-            let tag = crypto::claim_tag(&key, &b[..at]);
-            b[at..].copy_from_slice(&tag);
-            self.tx.push_datagram(dst, b, &mut self.stats);
+            let Ok(b) = msg.encode() else { continue };
+            self.push_tagged(&key, b, dst);
             self.stats.count("claims_sent");
         }
     }
@@ -334,6 +331,7 @@ impl Endpoint {
     pub fn forget_peer(&mut self, now: Timestamp, peer: &[u8; 32]) -> Option<usize> {
         let known = self.sessions.remove(peer).is_some();
         self.peer_addrs.remove(peer);
+        self.probes.remove(peer);
         self.claim_index.remove(peer);
         self.pins.retain(|_, k| k != peer);
         let mut freed: HashMap<IpAddr, Vec<VirtualFlow>> = HashMap::new();

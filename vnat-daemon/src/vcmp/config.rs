@@ -38,6 +38,11 @@ pub struct Config {
     pub negotiate_roles: bool,
     /// Run the suspend-time Diffie-Hellman (default true).
     pub suspend_dh: bool,
+    /// How often a host behind a NAT probes each peer it holds mobile
+    /// connections with, so the NAT keeps the mapping that lets the peer
+    /// reach it (default 25 s, below the 30 s some NATs keep an idle UDP
+    /// mapping; zero: never). See `vcmp::probe`.
+    pub keepalive_interval: Duration,
     pub max_connections: usize,
     pub max_connections_per_peer: usize,
     pub max_pending_pairings: usize,
@@ -60,6 +65,7 @@ impl Default for Config {
             max_rounds: 3,
             negotiate_roles: true,
             suspend_dh: true,
+            keepalive_interval: Duration::from_secs(25),
             max_connections: 1 << 20,
             max_connections_per_peer: 1 << 17,
             max_pending_pairings: 256,

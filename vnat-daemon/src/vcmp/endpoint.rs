@@ -104,6 +104,9 @@ pub struct Endpoint {
     /// Connections by the names their peers give them, where those differ
     /// from ours (a NAT between the ends; see `vcmp::claim`).
     pub(crate) aliases: HashMap<VirtualFlow, VirtualFlow>,
+    /// Keepalive state per paired host (`vcmp::probe`).
+    pub(crate) probes: HashMap<[u8; 32], super::probe::ProbeState>,
+    pub(crate) next_keepalive: Timestamp,
     pub(crate) validations: HashMap<ValidationKey, Validation>,
     /// Moved connections waiting for the peer's SWITCHED.
     pub(crate) awaiting: super::switched::Awaiting,
@@ -230,6 +233,8 @@ impl Endpoint {
             claim_index: HashMap::new(),
             claims_due: HashMap::new(),
             aliases: HashMap::new(),
+            probes: HashMap::new(),
+            next_keepalive: Timestamp(0),
             validations: HashMap::new(),
             awaiting: HashMap::new(),
             requests: HashMap::new(),
@@ -517,6 +522,9 @@ impl Endpoint {
         if !self.store.is_empty() {
             take(self.next_store_expiry);
         }
+        if !self.cfg.keepalive_interval.is_zero() && !self.sessions.is_empty() {
+            take(self.next_keepalive);
+        }
         t
     }
 
@@ -525,6 +533,7 @@ impl Endpoint {
         let mut ctx = Ctx::new(now, rng);
         self.pairing_timeouts(&mut ctx);
         self.claim_timeouts(&mut ctx);
+        self.keepalive_timeouts(now);
         self.role_and_key_timeouts(&mut ctx);
         self.migration_timeouts(&mut ctx);
         self.validation_timeouts(&mut ctx);

@@ -33,6 +33,7 @@ pub mod export;
 pub mod location;
 mod migrate;
 mod pairing;
+mod probe;
 mod recv;
 pub mod replay;
 pub mod roles;

@@ -292,6 +292,8 @@ impl Endpoint {
         let renewed = self.sessions.insert(peer, keys.secret).is_some();
         self.peer_addrs.insert(peer, from);
         self.claim_index.remove(&peer);
+        // A new session numbers its probes from the start.
+        self.probes.remove(&peer);
         self.tx.trusted.insert(ip);
         self.stats.count("paired");
         self.emit(Event::Paired {
@@ -322,6 +324,8 @@ impl Endpoint {
         }
         let unbound = self.unbound_at(ip);
         self.claim_at(ctx.now, ip, &unbound);
+        // Learn at once how the peer sees us (behind a NAT or not).
+        self.send_probe(peer);
     }
 
     pub(crate) fn pairing_timeouts(&mut self, ctx: &mut Ctx) {

@@ -88,6 +88,12 @@ impl Endpoint {
                 entries,
                 ..
             } => self.on_claim(from, answer, static_pub, &entries, bytes),
+            Message::Probe {
+                static_pub,
+                seq,
+                observed,
+                ..
+            } => self.on_probe(from, static_pub, seq, observed, bytes),
             Message::Error { code, .. } => {
                 // Unauthenticated: report, never act on it.
                 self.stats.count("peer_error");

@@ -985,6 +985,25 @@ fn two_hosts_behind_one_nat_address_each_own_their_connection() {
     }
     assert_eq!(sim.hosts[s].ep.stats().rejected("peer_key_changed"), 0);
 
+    // Each laptop learned where the NAT put its VCMP, knows it is behind a
+    // NAT, and keeps the mapping open; the server is behind none.
+    let skey = sim.hosts[s].ep.public_key();
+    assert_eq!(
+        sim.hosts[l1].ep.reflexive_address(&skey),
+        Some(sa("198.51.100.7:40001"))
+    );
+    assert!(sim.hosts[l1].ep.behind_nat(&skey));
+    assert!(!sim.hosts[s].ep.behind_nat(&k1));
+    assert_eq!(
+        sim.hosts[s].ep.reflexive_address(&k1),
+        Some(sa("203.0.113.5:2031"))
+    );
+    sim.run_for(Duration::from_secs(60));
+    assert!(sim.hosts[l1].ep.stats().get("keepalives_sent") >= 2);
+    assert!(sim.hosts[l2].ep.stats().get("keepalives_sent") >= 2);
+    assert_eq!(sim.hosts[s].ep.stats().get("keepalives_sent"), 0);
+    assert_eq!(sim.hosts[s].ep.stats().rejected_total(), 0);
+
     // Records named the laptop's way (private address) reach the server's
     // connection named by the NAT's address.
     sim.with(l1, |ep, now, rng| {
@@ -1002,3 +1021,47 @@ fn two_hosts_behind_one_nat_address_each_own_their_connection() {
     );
     assert_eq!(sim.hosts[s].ep.stats().rejected("unknown_connection"), 0);
 }
+
+/// A PROBE replayed (from anywhere) or forged changes nothing: not where
+/// the host sends to its peer, not what it believes of its own address.
+#[test]
+fn replayed_or_forged_probes_change_nothing() {
+    let (mut sim, _) = setup(23, Link::default(), Config::default(), 1);
+    let (a, b) = (0, 1);
+    let akey = sim.hosts[a].ep.public_key();
+    let bkey = sim.hosts[b].ep.public_key();
+    // A's next probe, captured instead of sent.
+    let probe = sim
+        .capture(a, |ep, _, _| ep.send_probe(bkey))
+        .into_iter()
+        .next()
+        .expect("a probe");
+    let from = sa("10.0.0.1:2031");
+    let first = sim.inject(b, from, &probe.payload);
+    assert_eq!(first.len(), 1, "a fresh probe is answered");
+    // Replayed from an attacker's address: refused, no answer, and B keeps
+    // sending to A where it was.
+    let again = sim.inject(b, sa("10.66.0.1:9999"), &probe.payload);
+    assert!(again.is_empty());
+    assert_eq!(sim.hosts[b].ep.stats().rejected("probe_replayed"), 1);
+    assert_eq!(sim.hosts[b].ep.peer_addrs.get(&akey), Some(&from));
+    // A forged answer (one bit flipped) is refused, and so is a genuine
+    // answer delivered twice.
+    let mut forged = first[0].payload.clone();
+    forged[HEADER_LEN_FOR_TESTS + 45] ^= 1;
+    sim.inject(a, sa("10.0.0.2:2031"), &forged);
+    assert_eq!(sim.hosts[a].ep.stats().rejected("probe_bad_tag"), 1);
+    sim.inject(a, sa("10.0.0.2:2031"), &first[0].payload);
+    sim.inject(a, sa("10.0.0.2:2031"), &first[0].payload);
+    assert_eq!(
+        sim.hosts[a].ep.stats().rejected("probe_unexpected_answer"),
+        1
+    );
+    assert_eq!(
+        sim.hosts[a].ep.reflexive_address(&bkey),
+        Some(from),
+        "the answer tells A where B saw its probe come from"
+    );
+}
+
+const HEADER_LEN_FOR_TESTS: usize = super::wire::HEADER_LEN;

@@ -76,8 +76,11 @@ pub struct ClaimEntry {
     pub sender_local: SocketAddr,
     pub sender_remote: SocketAddr,
 }
-/// CLAIM flag: this claim answers one of the peer's (no answer to it).
+/// CLAIM and PROBE flag: this answers one of the peer's (no answer to it).
 pub const CLAIM_F_ANSWER: u8 = 1;
+/// Length of a PROBE: header, host key, sequence number, the observed
+/// address (16 bytes, IPv4 as IPv4-mapped) and port, tag.
+pub const PROBE_LEN: usize = HEADER_LEN + 32 + 8 + 18 + PAIR_TAG_LEN;
 /// IPv4 + UDP header overhead, subtracted from the path MTU.
 const V4_OVERHEAD: usize = 28;
 /// IPv6 + UDP header overhead.
@@ -112,6 +115,11 @@ pub enum Kind {
     /// to a paired host by commitments to facts both ends see (see
     /// `vcmp::binding`), authenticated under the pairing.
     Claim = 17,
+    /// Beyond the paper: an authenticated keepalive between paired hosts,
+    /// whose answer carries the address and port the probe came from (as
+    /// STUN's reflexive address): a host learns how its peer sees it, and
+    /// a host behind NAT keeps its mapping open (see `vcmp::probe`).
+    Probe = 18,
 }
 
 impl Kind {
@@ -135,6 +143,7 @@ impl Kind {
             15 => Error,
             16 => Switched,
             17 => Claim,
+            18 => Probe,
             _ => return None,
         })
     }
@@ -384,6 +393,15 @@ pub enum Message {
         entries: Vec<ClaimEntry>,
         tag: [u8; PAIR_TAG_LEN],
     },
+    /// A keepalive (`observed: None`) or its answer, which carries the
+    /// address and port the keepalive came from. Tagged under the
+    /// pairing's claim key over every byte before the tag.
+    Probe {
+        static_pub: [u8; 32],
+        seq: u64,
+        observed: Option<SocketAddr>,
+        tag: [u8; PAIR_TAG_LEN],
+    },
     Error {
         request_id: u32,
         code: ErrorCode,
@@ -565,6 +583,29 @@ impl Message {
                 }
                 out.extend_from_slice(tag);
             }
+            Message::Probe {
+                static_pub,
+                seq,
+                observed,
+                tag,
+            } => {
+                let flags = if observed.is_some() {
+                    CLAIM_F_ANSWER
+                } else {
+                    0
+                };
+                header(&mut out, Kind::Probe, flags, 0, 0);
+                out.extend_from_slice(static_pub);
+                out.extend_from_slice(&seq.to_be_bytes());
+                match observed {
+                    Some(a) => {
+                        out.extend_from_slice(&v6_bytes(a.ip()));
+                        out.extend_from_slice(&a.port().to_be_bytes());
+                    }
+                    None => out.extend_from_slice(&[0; 18]),
+                }
+                out.extend_from_slice(tag);
+            }
             Message::Error { request_id, code } => {
                 header(&mut out, Kind::Error, 0, 0, *request_id);
                 out.extend_from_slice(&(*code as u16).to_be_bytes());
@@ -684,6 +725,33 @@ impl Message {
                     static_pub: key(8),
                     entries,
                     tag: key(b.len() - PAIR_TAG_LEN),
+                })
+            }
+            Kind::Probe => {
+                exact(PROBE_LEN)?;
+                if b[2] & !CLAIM_F_ANSWER != 0 || b[3] != 0 || request_id != 0 {
+                    return Err(WireError::Reserved);
+                }
+                let at = HEADER_LEN + 32;
+                let mut seq = [0u8; 8];
+                seq.copy_from_slice(&b[at..at + 8]);
+                let obs = &b[at + 8..at + 26];
+                let observed = if b[2] & CLAIM_F_ANSWER != 0 {
+                    let mut o = [0u8; 16];
+                    o.copy_from_slice(&obs[..16]);
+                    let ip = IpAddr::V6(Ipv6Addr::from(o)).to_canonical();
+                    Some(SocketAddr::new(ip, u16::from_be_bytes([obs[16], obs[17]])))
+                } else {
+                    if obs.iter().any(|x| *x != 0) {
+                        return Err(WireError::Reserved);
+                    }
+                    None
+                };
+                Ok(Message::Probe {
+                    static_pub: key(8),
+                    seq: u64::from_be_bytes(seq),
+                    observed,
+                    tag: key(PROBE_LEN - PAIR_TAG_LEN),
                 })
             }
             Kind::Error => {

@@ -381,3 +381,52 @@ fn golden_claim_and_its_limits() {
     mixed[second_local..second_local + 16].copy_from_slice(&mapped([10, 0, 0, 1]));
     assert!(Message::decode(&mixed).is_err());
 }
+
+#[test]
+fn golden_probe_and_its_answer() {
+    let probe = Message::Probe {
+        static_pub: [0xAB; 32],
+        seq: 7,
+        observed: None,
+        tag: [0xCD; PAIR_TAG_LEN],
+    };
+    let bytes = cat(&[
+        &[1, 18, 0, 0, 0, 0, 0, 0],
+        &[0xAB; 32],
+        &7u64.to_be_bytes(),
+        &[0; 18],
+        &[0xCD; 32],
+    ]);
+    golden(&probe, &bytes);
+    let answer = Message::Probe {
+        static_pub: [0xAB; 32],
+        seq: 7,
+        observed: Some(sa("198.51.100.7:40001")),
+        tag: [0xCD; PAIR_TAG_LEN],
+    };
+    let mut mapped = [0u8; 16];
+    mapped[10] = 0xff;
+    mapped[11] = 0xff;
+    mapped[12..].copy_from_slice(&[198, 51, 100, 7]);
+    let abytes = cat(&[
+        &[1, 18, CLAIM_F_ANSWER, 0, 0, 0, 0, 0],
+        &[0xAB; 32],
+        &7u64.to_be_bytes(),
+        &mapped,
+        &40001u16.to_be_bytes(),
+        &[0xCD; 32],
+    ]);
+    golden(&answer, &abytes);
+    // A probe that is no answer carries no address; reserved bytes, a
+    // request id and a wrong length are refused.
+    let mut stray = bytes.clone();
+    stray[HEADER_LEN + 40] = 1;
+    assert_eq!(Message::decode(&stray), Err(WireError::Reserved));
+    let mut b3 = bytes.clone();
+    b3[3] = 1;
+    assert_eq!(Message::decode(&b3), Err(WireError::Reserved));
+    let mut id = bytes.clone();
+    id[4] = 1;
+    assert_eq!(Message::decode(&id), Err(WireError::Reserved));
+    assert!(Message::decode(&bytes[..bytes.len() - 1]).is_err());
+}

@@ -1,0 +1,168 @@
+//! PROBE: keepalives between paired hosts, and how each sees the other
+//! (DESIGN.md section 4, identity and NAT).
+//!
+//! A host sends its paired peer a PROBE once right after pairing, and then
+//! every `keepalive_interval` while it holds mobile connections with that
+//! peer and is behind a NAT (the peer sees it at another address than its
+//! own). The answer carries the address and port the probe came from, as
+//! STUN's reflexive address. So a host learns that it is behind a NAT and
+//! where, and its NAT keeps the mapping that lets the peer reach its vnatd
+//! (to validate a new address, to answer an update). Both directions are
+//! tagged under the pairing's claim key; probes carry a sequence number,
+//! so a replayed one changes nothing, and only a fresh authenticated probe
+//! moves where this host sends to the peer.
+
+use std::net::SocketAddr;
+
+use super::crypto;
+use super::endpoint::Endpoint;
+use super::wire::{Message, PAIR_TAG_LEN};
+use super::Timestamp;
+
+/// What the probes told about one paired host.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ProbeState {
+    /// Last sequence number sent, and whether its answer came.
+    pub sent_seq: u64,
+    pub answered: bool,
+    /// Highest sequence number received from the peer.
+    pub recv_seq: u64,
+    /// Where the peer saw our last answered probe come from.
+    pub reflexive: Option<SocketAddr>,
+}
+
+impl Endpoint {
+    /// Send a probe to `peer` (a paired host's key) at its VCMP address.
+    pub(crate) fn send_probe(&mut self, peer: [u8; 32]) {
+        let (Some(secret), Some(dst)) = (self.sessions.get(&peer), self.peer_addrs.get(&peer))
+        else {
+            return;
+        };
+        let (key, dst) = (secret.claim_key(), *dst);
+        let st = self.probes.entry(peer).or_default();
+        st.sent_seq += 1;
+        st.answered = false;
+        let seq = st.sent_seq;
+        let msg = Message::Probe {
+            static_pub: self.identity.public(),
+            seq,
+            observed: None,
+            tag: [0; PAIR_TAG_LEN],
+        };
+        if let Ok(b) = msg.encode() {
+            self.push_tagged(&key, b, dst);
+            self.stats.count("probes_sent");
+        }
+    }
+
+    /// Tag `b` (a PROBE or CLAIM with a zero tag) and queue it to `dst`.
+    pub(crate) fn push_tagged(&mut self, key: &crypto::SecretKey, mut b: Vec<u8>, dst: SocketAddr) {
+        let at = b.len() - PAIR_TAG_LEN;
+        let tag = crypto::claim_tag(key, &b[..at]);
+        b[at..].copy_from_slice(&tag);
+        self.tx.push_datagram(dst, b, &mut self.stats);
+    }
+
+    /// A PROBE or its answer from `from`; `bytes` is the whole datagram.
+    pub(crate) fn on_probe(
+        &mut self,
+        from: SocketAddr,
+        peer: [u8; 32],
+        seq: u64,
+        observed: Option<SocketAddr>,
+        bytes: &[u8],
+    ) {
+        let Some(secret) = self.sessions.get(&peer) else {
+            self.stats.reject("probe_unpaired");
+            return;
+        };
+        let key = secret.claim_key();
+        let at = bytes.len() - PAIR_TAG_LEN;
+        let mut tag = [0u8; PAIR_TAG_LEN];
+        tag.copy_from_slice(&bytes[at..]);
+        if !crypto::tags_equal(&crypto::claim_tag(&key, &bytes[..at]), &tag) {
+            self.stats.reject("probe_bad_tag");
+            return;
+        }
+        let st = self.probes.entry(peer).or_default();
+        match observed {
+            None => {
+                if seq <= st.recv_seq {
+                    self.stats.reject("probe_replayed");
+                    return;
+                }
+                st.recv_seq = seq;
+                // Fresh and authentic: the peer's VCMP is reachable there
+                // now (a NAT may have given it a new mapping).
+                self.peer_addrs.insert(peer, from);
+                let answer = Message::Probe {
+                    static_pub: self.identity.public(),
+                    seq,
+                    observed: Some(from),
+                    tag: [0; PAIR_TAG_LEN],
+                };
+                if let Ok(b) = answer.encode() {
+                    self.push_tagged(&key, b, from);
+                    self.stats.count("probes_answered");
+                }
+            }
+            Some(reflexive) => {
+                if seq != st.sent_seq || st.answered {
+                    self.stats.reject("probe_unexpected_answer");
+                    return;
+                }
+                st.answered = true;
+                st.reflexive = Some(reflexive);
+                self.stats.count("probe_answers");
+            }
+        }
+    }
+
+    /// Where `peer` last saw this host's VCMP come from, if a probe told.
+    pub fn reflexive_address(&self, peer: &[u8; 32]) -> Option<SocketAddr> {
+        self.probes.get(peer).and_then(|p| p.reflexive)
+    }
+
+    /// Whether this host is behind a NAT as `peer` sees it: the peer names
+    /// one of our connections by another address than ours, or saw our
+    /// VCMP come from an address that none of our connections with it use.
+    pub fn behind_nat(&self, peer: &[u8; 32]) -> bool {
+        let mut ours = self
+            .conns
+            .values()
+            .filter(|c| c.peer_key.as_ref() == Some(peer));
+        let named_otherwise = ours.clone().any(|c| {
+            c.peer_named
+                .is_some_and(|n| n.local.ip() != c.local_phys.ip())
+        });
+        let reflexive_foreign = self
+            .reflexive_address(peer)
+            .is_some_and(|r| !ours.any(|c| c.local_phys.ip() == r.ip()));
+        named_otherwise || reflexive_foreign
+    }
+
+    /// Keepalives due at `now`: a probe to each paired host we are behind a
+    /// NAT from and hold mobile connections with.
+    pub(crate) fn keepalive_timeouts(&mut self, now: Timestamp) {
+        let interval = self.cfg.keepalive_interval;
+        if interval.is_zero() || now < self.next_keepalive {
+            return;
+        }
+        self.next_keepalive = now.plus(interval);
+        let due: Vec<[u8; 32]> = self
+            .sessions
+            .keys()
+            .filter(|k| {
+                self.conns
+                    .values()
+                    .any(|c| c.peer_key.as_ref() == Some(*k) && c.keys.is_some())
+            })
+            .filter(|k| self.behind_nat(k))
+            .copied()
+            .collect();
+        for peer in due {
+            self.send_probe(peer);
+            self.stats.count("keepalives_sent");
+        }
+    }
+}
