@@ -24,9 +24,11 @@ pub const LLVM_MAJOR: u32 = 22;
 /// llvm/polly are bpf-linker's build and run-time dependencies (it links
 /// libLLVM dynamically); the rest are the real peers and tools the integration
 /// tests drive (socat and iperf3 as servers, sshd, nc, tcpdump for debugging,
-/// nsenter from util-linux to enter namespaces without `ip netns exec`).
+/// nsenter from util-linux to enter namespaces without `ip netns exec`,
+/// nftables for real NAT between namespace hosts).
 const DEBIAN_PACKAGES: &[&str] = &[
     "iproute2",
+    "nftables",
     "socat",
     "iperf3",
     "openssh-server",

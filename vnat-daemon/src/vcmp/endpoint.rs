@@ -404,6 +404,18 @@ impl Endpoint {
         true
     }
 
+    /// Where the vnatd of `c`'s peer is reached: where the host bound to it
+    /// last paired or probed from, while that is at the address the
+    /// connection uses (behind a NAT that is the NAT's mapping, not the
+    /// VCMP port); otherwise the connection's remote address and the VCMP
+    /// port.
+    pub(crate) fn vcmp_addr(&self, c: &Conn) -> SocketAddr {
+        match c.peer_key.and_then(|k| self.peer_addrs.get(&k)) {
+            Some(a) if a.ip() == c.remote_phys.ip() => *a,
+            _ => SocketAddr::new(c.remote_phys.ip(), self.cfg.port),
+        }
+    }
+
     /// Retransmission timeout for the `tries`-th transmission.
     pub(crate) fn rto(&self, ctx: &Ctx, tries: u32) -> Duration {
         let base = self.cfg.initial_rto.saturating_mul(1u32 << tries.min(16));
@@ -627,10 +639,5 @@ impl Conn {
             claim_retry: None,
             mig: None,
         }
-    }
-
-    /// The peer's VCMP address at its current (validated) location.
-    pub fn peer_vcmp(&self, port: u16) -> SocketAddr {
-        SocketAddr::new(self.remote_phys.ip(), port)
     }
 }

@@ -11,13 +11,14 @@ use crate::datapath::VirtualFlow;
 
 impl Endpoint {
     pub(crate) fn start_suspend(&mut self, ctx: &mut Ctx, flow: &VirtualFlow) {
-        let port = self.cfg.port;
         let (negotiate, dh) = (self.cfg.negotiate_roles, self.cfg.suspend_dh);
         let rto = self.rto(ctx, 0);
+        let Some(dst) = self.conns.get(flow).map(|c| self.vcmp_addr(c)) else {
+            return;
+        };
         let Some(c) = self.conns.get_mut(flow) else {
             return;
         };
-        let dst = c.peer_vcmp(port);
         let has_keys = c.keys.is_some();
         // A peer that already claimed primary made us secondary; we do not
         // claim in turn (paper 3.3.1.2).
@@ -46,7 +47,6 @@ impl Endpoint {
 
     pub(crate) fn role_and_key_timeouts(&mut self, ctx: &mut Ctx) {
         let now = ctx.now;
-        let port = self.cfg.port;
         let max = self.cfg.max_tries;
         let due: Vec<VirtualFlow> = self
             .conns
@@ -58,10 +58,12 @@ impl Endpoint {
             .map(|c| c.flow)
             .collect();
         for f in due {
+            let Some(dst) = self.conns.get(&f).map(|c| self.vcmp_addr(c)) else {
+                continue;
+            };
             let Some(c) = self.conns.get_mut(&f) else {
                 continue;
             };
-            let dst = c.peer_vcmp(port);
             let mut resend_claim = false;
             if let Some((tries, d)) = c.claim_retry {
                 if d <= now {

@@ -1,0 +1,256 @@
+//! A laptop behind a real NAT (nftables on the router: source NAT with
+//! `fully-random` ports, and no connection may be opened from outside), a
+//! public server, real vnatd on both (issue 15, items 1, 3, 4 and 7):
+//! - the laptop's TCP connection is mobile at both ends although they name
+//!   it differently (bound by its sequence numbers, not its addresses);
+//! - the laptop knows it is behind a NAT and where the NAT put it (`ls`
+//!   and `peers`), the server knows it is not;
+//! - the laptop's keepalives keep the NAT's mapping open, so the server's
+//!   vnatd still reaches it after the NAT would have forgotten an idle
+//!   mapping; without keepalives it does not.
+
+use std::{
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use vnat_tests::{
+    EchoServer, Host, LaptopRouterServer, StreamClient, StreamOptions, TempDir, Vnatd,
+};
+
+/// The NAT's public address, on the server's subnet C.
+const PUBLIC: Ipv4Addr = Ipv4Addr::new(198, 18, 3, 101);
+/// How long the NAT keeps an idle UDP mapping.
+const UDP_TIMEOUT_SECS: u32 = 3;
+
+/// Source NAT on the router for the laptop's subnet A towards subnet C,
+/// with random ports; nothing from C may open a connection inwards.
+fn nat_router(topo: &LaptopRouterServer) {
+    let r = &topo.router;
+    r.add_addr(&topo.router_if_c, PUBLIC.into(), 24);
+    let ruleset = format!(
+        "table ip vnattest {{
+            chain vnat_post {{
+                type nat hook postrouting priority srcnat;
+                oifname \"{c}\" ip saddr 198.18.1.0/24 snat to {PUBLIC} fully-random
+            }}
+            chain vnat_forward {{
+                type filter hook forward priority filter;
+                iifname \"{c}\" ct state new drop
+            }}
+        }}",
+        c = topo.router_if_c
+    );
+    let file = std::env::temp_dir().join(format!("vnat-nat-{}.nft", r.name()));
+    std::fs::write(&file, ruleset).expect("writing the nft ruleset");
+    r.run(&["nft", "-f", &file.display().to_string()]);
+    let _ = std::fs::remove_file(&file);
+    for key in [
+        "net/netfilter/nf_conntrack_udp_timeout",
+        "net/netfilter/nf_conntrack_udp_timeout_stream",
+    ] {
+        r.set_sysctl(key, &UDP_TIMEOUT_SECS.to_string());
+    }
+}
+
+fn counter(d: &Vnatd, group: &str, name: &str) -> u64 {
+    d.ctl(&["status"]).expect("vnatd unreachable")["vcmp"][group][name]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(Instant::now() < deadline, "{what} (after {secs} s)");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The laptop's only row of `peers` (the server), as JSON.
+fn the_peer(d: &Vnatd) -> Value {
+    let v = d.ctl(&["peers"]).expect("vnatd unreachable");
+    let rows: Vec<Value> = v
+        .as_array()
+        .expect("array")
+        .iter()
+        .filter(|r| r["key"].is_string())
+        .cloned()
+        .collect();
+    assert_eq!(rows.len(), 1, "one paired host expected: {v}");
+    rows[0].clone()
+}
+
+struct Bed {
+    topo: LaptopRouterServer,
+    dirs: (TempDir, TempDir),
+    tag: String,
+}
+
+impl Bed {
+    fn new(tag: &str) -> Bed {
+        let topo = LaptopRouterServer::builder().tag(tag).build();
+        nat_router(&topo);
+        Bed {
+            topo,
+            dirs: (
+                TempDir::new(&format!("{tag}l")),
+                TempDir::new(&format!("{tag}s")),
+            ),
+            tag: tag.into(),
+        }
+    }
+}
+
+/// Sets up the stream and both vnatd; returns them once the connection is
+/// mobile at both ends.
+fn mobile_through_nat<'a>(
+    bed: &'a Bed,
+    lap: &Host<'a>,
+    srv: &Host<'a>,
+    keepalive_secs: &str,
+) -> (Vnatd, Vnatd, StreamClient) {
+    let server = SocketAddr::new(bed.topo.server_addr.v4.into(), 5001);
+    let lapd = Vnatd::start_with(
+        lap,
+        bed.dirs.0.path(),
+        &["--keepalive-secs", keepalive_secs],
+    );
+    let srvd = Vnatd::start(srv, bed.dirs.1.path());
+    let mut cmd = StreamOptions::tcp(server)
+        .rate(100_000)
+        .command(&bed.topo.laptop);
+    lap.cgroup.join_on_spawn(&mut cmd);
+    let client = StreamClient::from_command(cmd);
+    client.wait_verified_at_least(20_000, Duration::from_secs(10));
+    let mobile_at = |d: &Vnatd| {
+        d.ctl(&["ls", "--proto", "tcp"])
+            .and_then(|v| v.as_array().cloned())
+            .is_some_and(|rows| {
+                rows.iter().any(|r| {
+                    r["virtual_local"]
+                        .as_str()
+                        .is_some_and(|l| !l.ends_with(":2031"))
+                        && r["mobile"] == true
+                })
+            })
+    };
+    wait_for(
+        &format!(
+            "{}: the connection never became mobile on the laptop",
+            bed.tag
+        ),
+        20,
+        || mobile_at(&lapd),
+    );
+    wait_for(
+        &format!(
+            "{}: the connection never became mobile on the server",
+            bed.tag
+        ),
+        20,
+        || mobile_at(&srvd),
+    );
+    (lapd, srvd, client)
+}
+
+#[test]
+fn a_laptop_behind_nat_is_mobile_knows_it_and_keeps_its_mapping() {
+    let bed = Bed::new("natk");
+    let lap = Host::new(&bed.topo.laptop, "natkl");
+    let srv = Host::new(&bed.topo.server, "natks");
+    let server = SocketAddr::new(bed.topo.server_addr.v4.into(), 5001);
+    let _echo = EchoServer::tcp_in(&srv, server);
+    let (lapd, srvd, client) = mobile_through_nat(&bed, &lap, &srv, "1");
+
+    // The server sees the connection from the NAT's address; the laptop
+    // knows it is behind a NAT and where the NAT put its end.
+    let srv_ls = srvd.ctl(&["ls", "--proto", "tcp"]).expect("server ls");
+    assert!(
+        srv_ls
+            .as_array()
+            .expect("array")
+            .iter()
+            .any(|r| r["virtual_remote"]
+                .as_str()
+                .is_some_and(|a| a.starts_with(&format!("{PUBLIC}:")))),
+        "the server does not see the laptop behind the NAT's address: {srv_ls}"
+    );
+    let lap_ls = lapd.ctl(&["ls", "--proto", "tcp"]).expect("laptop ls");
+    let row = lap_ls
+        .as_array()
+        .expect("array")
+        .iter()
+        .find(|r| r["virtual_remote"] == server.to_string())
+        .cloned()
+        .unwrap_or_else(|| panic!("no row for the stream: {lap_ls}"));
+    assert_eq!(row["behind_nat"], true, "{row}");
+    assert!(
+        row["seen_by_peer_as"]
+            .as_str()
+            .is_some_and(|a| a.starts_with(&format!("{PUBLIC}:"))),
+        "{row}"
+    );
+    wait_for("the laptop never learned its reflexive address", 10, || {
+        the_peer(&lapd)["reflexive"].is_string()
+    });
+    let peer = the_peer(&lapd);
+    assert_eq!(peer["behind_nat"], true, "{peer}");
+    let reflexive = peer["reflexive"].as_str().expect("reflexive").to_string();
+    assert!(
+        reflexive
+            .parse::<SocketAddr>()
+            .is_ok_and(|a| a.ip() == IpAddr::from(PUBLIC)),
+        "{peer}"
+    );
+    assert_eq!(
+        the_peer(&srvd)["behind_nat"],
+        false,
+        "the server is behind no NAT"
+    );
+
+    // Idle for well over the NAT's UDP timeout: keepalives hold the
+    // mapping, so the server's vnatd still reaches the laptop's (a planned
+    // suspend run on the server agrees fresh keys with it), at the same
+    // NAT port.
+    std::thread::sleep(Duration::from_secs(3 * u64::from(UDP_TIMEOUT_SECS)));
+    srvd.ctl(&["suspend", "--all"]).expect("server suspend");
+    wait_for(
+        "the server's vnatd could not reach the laptop's behind the NAT",
+        10,
+        || counter(&lapd, "events", "rekeyed") >= 1,
+    );
+    assert!(counter(&lapd, "events", "keepalives_sent") >= 3);
+    assert_eq!(counter(&srvd, "events", "keepalives_sent"), 0);
+    assert_eq!(
+        the_peer(&lapd)["reflexive"].as_str(),
+        Some(reflexive.as_str()),
+        "the NAT mapping changed although keepalives ran"
+    );
+    let fin = client.stop();
+    assert_eq!(fin.error, None, "the stream broke: {:?}", fin.json);
+}
+
+/// The same without keepalives: once the NAT forgot the idle mapping, the
+/// server's vnatd cannot reach the laptop's (what keepalives are for).
+#[test]
+fn without_keepalives_the_nat_forgets_the_laptop() {
+    let bed = Bed::new("natn");
+    let lap = Host::new(&bed.topo.laptop, "natnl");
+    let srv = Host::new(&bed.topo.server, "natns");
+    let server = SocketAddr::new(bed.topo.server_addr.v4.into(), 5001);
+    let _echo = EchoServer::tcp_in(&srv, server);
+    let (lapd, srvd, client) = mobile_through_nat(&bed, &lap, &srv, "0");
+    std::thread::sleep(Duration::from_secs(3 * u64::from(UDP_TIMEOUT_SECS)));
+    srvd.ctl(&["suspend", "--all"]).expect("server suspend");
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(
+        counter(&lapd, "events", "rekeyed"),
+        0,
+        "the laptop was reached through a mapping the NAT should have dropped"
+    );
+    assert_eq!(counter(&lapd, "events", "keepalives_sent"), 0);
+    let fin = client.stop();
+    assert_eq!(fin.error, None, "the stream broke: {:?}", fin.json);
+}
