@@ -344,6 +344,11 @@ pub struct Driver {
     /// older entry does not end a newer hold.
     holds: VecDeque<(tokio::time::Instant, VirtualFlow)>,
     hold_started: HashMap<VirtualFlow, tokio::time::Instant>,
+    /// The host's addresses as last seen, for the check that a connection
+    /// vnatd starts to manage uses one of them.
+    host_addrs: mobility::HostAddresses,
+    /// Recorded connections vnatd refuses to manage, with the reason.
+    refused: HashMap<VirtualFlow, &'static str>,
 }
 
 impl Driver {
@@ -421,6 +426,8 @@ impl Driver {
             to_restart: Vec::new(),
             holds: VecDeque::new(),
             hold_started: HashMap::new(),
+            host_addrs: mobility::HostAddresses::default(),
+            refused: HashMap::new(),
             standby: Vec::new(),
             prepare_failed: HashSet::new(),
             pending_scanned: None,
@@ -632,6 +639,16 @@ impl Driver {
                             },
                         ))
                     })
+                    .chain(self.refused.iter().map(|(f, why)| {
+                        (
+                            *f,
+                            crate::control::Mobility {
+                                mobile: false,
+                                seen_by_peer_as: None,
+                                why_not: Some((*why).to_string()),
+                            },
+                        )
+                    }))
                     .collect();
                 let _ = reply.send(m);
             }
@@ -807,13 +824,24 @@ impl Driver {
     async fn resync(&mut self) -> usize {
         tracing::trace!("resync");
         let port = self.cfg.listen.port();
-        let conns = match with_dp(&self.dp, |dp| dp.connections_without_owners()).await {
+        let listed = with_dp(&self.dp, |dp| {
+            (dp.connections_without_owners(), dp.interface_addresses())
+        })
+        .await;
+        let conns = match listed.0 {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot list connections");
                 return 0;
             }
         };
+        let seen_at = std::time::Instant::now();
+        match listed.1 {
+            Ok(a) => self
+                .host_addrs
+                .update(seen_at, a.into_iter().map(|(ip, _)| ip).collect()),
+            Err(e) => tracing::warn!(error = %e, "cannot list this host's addresses"),
+        }
         let mut live = HashSet::new();
         for c in conns {
             let flow = VirtualFlow {
@@ -825,6 +853,22 @@ impl Driver {
                 continue;
             }
             live.insert(flow);
+            if self.endpoint.connection(&flow).is_none()
+                && !self.exported.contains(&flow)
+                && !self.imported.contains_key(&flow)
+                // Physical: a connection that moved before a restart of
+                // vnatd uses its new address; its virtual one is on `lo`.
+                && !self.host_addrs.may_manage(c.physical_local.ip(), seen_at)
+            {
+                if self
+                    .refused
+                    .insert(flow, mobility::NOT_OUR_ADDRESS)
+                    .is_none()
+                {
+                    tracing::warn!(?flow, pid = ?c.pid, "not managing a connection whose local address is not one of this host's (IP_FREEBIND or IP_TRANSPARENT socket)");
+                }
+                continue;
+            }
             if self.endpoint.connection(&flow).is_none() && !self.exported.contains(&flow) {
                 let r = self.endpoint.connection_added(
                     now(),
@@ -841,6 +885,7 @@ impl Driver {
             }
         }
         self.exported.retain(|f| live.contains(f));
+        self.refused.retain(|f, _| live.contains(f));
         let t = now();
         self.imported
             .retain(|f, since| !live.contains(f) && t.since(*since) < IMPORT_GRACE);
