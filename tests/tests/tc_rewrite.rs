@@ -282,9 +282,15 @@ fn held_flows_are_dropped_at_egress_until_released() {
 
     f.dp.hold_send_side(&t.flow, true).unwrap();
     let translated = counter(&f.dp, "egress_translated");
+    let held = counter(&f.dp, "drop_held");
     let out = run(&f.dp, true, &out_frame);
     assert_eq!(out.verdict, TC_ACT_SHOT, "a held flow must not leave");
     assert_eq!(counter(&f.dp, "egress_translated"), translated);
+    assert_eq!(
+        counter(&f.dp, "drop_held"),
+        held + 1,
+        "a held drop must be counted, under its own name"
+    );
     // The peer's packets still come in, translated.
     let back = run(&f.dp, false, &in_spec.frame());
     assert_eq!(back.verdict, TC_ACT_OK);

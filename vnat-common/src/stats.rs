@@ -48,4 +48,7 @@ counters! {
     /// A retransmission timeout of a recorded TCP connection was recorded
     /// (its `snd_una`, for restarting it after an outage).
     STAT_SOCKOPS_RTO = 14, "sockops_rto";
+    /// Dropped on purpose: an outgoing packet of a flow held while its own
+    /// end moves (`NAT_F_HOLD`); its socket keeps the data and sends again.
+    STAT_DROP_HELD = 15, "drop_held";
 }

@@ -20,7 +20,7 @@ use aya_ebpf::{
 };
 use vnat_common::{
     FlowKey, NatRewrite, AF_INET, AF_INET6, NAT_F_HOLD, NAT_F_REDIRECT, PROTO_TCP, PROTO_UDP,
-    STAT_DROP_CSUM_FAILED, STAT_DROP_REDIRECT_FAILED, STAT_DROP_REWRITE_FAILED,
+    STAT_DROP_CSUM_FAILED, STAT_DROP_HELD, STAT_DROP_REDIRECT_FAILED, STAT_DROP_REWRITE_FAILED,
     STAT_EGRESS_REDIRECTED, STAT_EGRESS_TRANSLATED, STAT_INGRESS_TRANSLATED, STAT_PASS_FRAGMENT,
     STAT_PASS_IPV6_EXTHDR, STAT_PASS_TRUNCATED,
 };
@@ -117,6 +117,7 @@ fn try_translate(ctx: &TcContext, dir: Dir) -> Result<i32, Drop> {
     let nat = *nat;
     if dir == Dir::Egress && nat.flags & NAT_F_HOLD != 0 {
         // The socket sees a failed transmission and keeps the data.
+        count(STAT_DROP_HELD);
         return Ok(TC_ACT_SHOT);
     }
     rewrite(ctx, &p, &nat)?;
