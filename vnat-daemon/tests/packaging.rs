@@ -42,6 +42,8 @@ fn unit_runs_the_daemon_with_the_config_and_the_sleep_hook_calls_suspend_and_res
         "SystemCallFilter={filter} does not allow pidfd_getfd"
     );
     assert!(unit.contains("CAP_SYS_PTRACE"));
+    // systemctl reload: SIGHUP reloads the config; it must not stop vnatd.
+    assert!(unit.contains("ExecReload=/bin/kill -HUP $MAINPID"));
     let hook = std::fs::read_to_string(repo("packaging/systemd/vnat-sleep")).unwrap();
     assert!(hook.contains("suspend --all") && hook.contains("resume --all"));
 }

@@ -147,6 +147,9 @@ async fn fake_driver(mut rx: tokio::sync::mpsc::Receiver<DriverCommand>) {
                     reflexive: None,
                 }]);
             }
+            DriverCommand::Reconfigure { reply, .. } => {
+                let _ = reply.send(());
+            }
             DriverCommand::ForgetPeer { key, reply } => {
                 let _ = reply.send((key == [0xab; 32]).then_some(1));
             }

@@ -46,6 +46,22 @@ impl Vnatd {
 
     /// Start with extra flags (e.g. `--listen`).
     pub fn start_with(host: &Host, dir: &Path, extra: &[&str]) -> Vnatd {
+        let cgroup = host.cgroup.path().display().to_string();
+        let mut args = vec!["--cgroup", &cgroup, "--config", "/dev/null"];
+        args.extend_from_slice(extra);
+        Vnatd::start_raw(host, dir, &args)
+    }
+
+    /// Start with the config file `config` (which names the cgroups) and
+    /// extra flags.
+    pub fn start_with_config(host: &Host, dir: &Path, config: &Path, extra: &[&str]) -> Vnatd {
+        let config = config.display().to_string();
+        let mut args = vec!["--config", &config];
+        args.extend_from_slice(extra);
+        Vnatd::start_raw(host, dir, &args)
+    }
+
+    fn start_raw(host: &Host, dir: &Path, args: &[&str]) -> Vnatd {
         let ns = host.ns;
         let control = dir.join("vnatd.sock");
         let child = ns
@@ -56,11 +72,7 @@ impl Vnatd {
             .arg(dir.join("state"))
             .arg("--bpffs")
             .arg(host.pins.path())
-            .arg("--cgroup")
-            .arg(host.cgroup.path())
-            .arg("--config")
-            .arg("/dev/null")
-            .args(extra)
+            .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
@@ -147,6 +159,17 @@ impl Vnatd {
             Signal::SIGCONT
         };
         kill(Pid::from_raw(self.child.id() as i32), sig).expect("signalling vnatd");
+    }
+
+    /// Send `sig` to vnatd (e.g. SIGHUP to reload its config).
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), sig)
+            .expect("signalling vnatd");
+    }
+
+    /// Whether the vnatd process is still running.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
     }
 
     pub fn kill9(mut self) {

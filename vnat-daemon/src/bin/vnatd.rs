@@ -1,6 +1,7 @@
 //! vnatd: parse flags, read the config, open the kernel datapath, serve the
-//! control socket until SIGTERM or SIGINT. The logic lives in
-//! `vnat_daemon::daemon`; this file is the process edge.
+//! control socket until SIGTERM or SIGINT; on SIGHUP (`systemctl reload`,
+//! log rotation) read the config again and apply it without losing state.
+//! The logic lives in `vnat_daemon::daemon`; this file is the process edge.
 
 use std::process::ExitCode;
 
@@ -33,11 +34,22 @@ fn main() -> ExitCode {
     }
 }
 
-fn start(args: Args) -> Result<(), DaemonError> {
+/// The settings from `args` and the config file as it is now.
+fn settings_of(args: &Args) -> Result<Settings, DaemonError> {
     let (config_file, file) = load_file(args.config.as_deref())?;
     let rust_log = std::env::var("RUST_LOG").ok();
-    let settings = Settings::resolve(args, config_file, file, rust_log, cgroup2_root)?;
-    daemon::init_logging(&settings)?;
+    Ok(Settings::resolve(
+        args.clone(),
+        config_file,
+        file,
+        rust_log,
+        cgroup2_root,
+    )?)
+}
+
+fn start(args: Args) -> Result<(), DaemonError> {
+    let settings = settings_of(&args)?;
+    let log = daemon::init_logging(&settings)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -57,6 +69,33 @@ fn start(args: Args) -> Result<(), DaemonError> {
             what: "install the SIGINT handler",
             source,
         })?;
+        // SIGHUP's default action ends the process, and systemd's
+        // Restart=on-failure does not restart a process a signal ended
+        // cleanly: reload instead. A bad file changes nothing.
+        let mut hup = signal(SignalKind::hangup()).map_err(|source| DaemonError::Runtime {
+            what: "install the SIGHUP handler",
+            source,
+        })?;
+        let (reload_tx, reload_rx) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                tracing::info!("SIGHUP received; reading the configuration again");
+                match settings_of(&args) {
+                    Ok(new) => {
+                        if let Err(e) = log.set_level(&new.log_level) {
+                            tracing::error!(error = %e, "reload: log level unchanged");
+                        }
+                        if reload_tx.send(new).await.is_err() {
+                            break;
+                        }
+                    }
+                    Err(e) => tracing::error!(
+                        error = %e,
+                        "reload refused: the running configuration is unchanged; fix the file and send SIGHUP again"
+                    ),
+                }
+            }
+        });
         let shutdown = async move {
             let name = tokio::select! {
                 _ = term.recv() => "SIGTERM",
@@ -64,7 +103,7 @@ fn start(args: Args) -> Result<(), DaemonError> {
             };
             tracing::info!("{name} received; stopping");
         };
-        daemon::run(&settings, open_datapath, shutdown).await
+        daemon::run(&settings, open_datapath, shutdown, reload_rx).await
     })
 }
 

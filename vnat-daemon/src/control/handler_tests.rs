@@ -139,6 +139,10 @@ impl FakeDriver {
                             reflexive: None,
                         }]);
                     }
+                    Command::Reconfigure { reply, .. } => {
+                        seen.push("reconfigure".into());
+                        let _ = reply.send(());
+                    }
                     Command::ForgetPeer { key, reply } => {
                         seen.push("forget".into());
                         // The fake knows one host, key ab..ab, holding 2.

@@ -94,7 +94,7 @@ pub enum LogFormat {
 
 /// The command line. Every setting is optional here so that "not given" can
 /// fall back to the config file.
-#[derive(Debug, clap::Parser)]
+#[derive(Clone, Debug, clap::Parser)]
 #[command(name = "vnatd", version, about = "The vnat daemon: keeps connections alive when endpoints move.", long_about = LONG_ABOUT)]
 pub struct Args {
     /// Config file (TOML). A missing default file is fine; a missing file given here is an error.
@@ -441,6 +441,56 @@ impl Settings {
     }
 }
 
+/// What a reload (SIGHUP) changes in a running vnatd, and what it cannot.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ReloadPlan {
+    /// cgroups to start and to stop recording.
+    pub enable: Vec<PathBuf>,
+    pub disable: Vec<PathBuf>,
+    /// Settings the new file changes that only a restart applies
+    /// (sockets, directories, pins, the log format).
+    pub restart_only: Vec<&'static str>,
+}
+
+impl ReloadPlan {
+    /// Compare the running settings with the new ones.
+    pub fn between(running: &Settings, new: &Settings) -> ReloadPlan {
+        let enable = new
+            .cgroups
+            .iter()
+            .filter(|c| !running.cgroups.contains(c))
+            .cloned()
+            .collect();
+        let disable = running
+            .cgroups
+            .iter()
+            .filter(|c| !new.cgroups.contains(c))
+            .cloned()
+            .collect();
+        let mut restart_only = Vec::new();
+        if running.control != new.control {
+            restart_only.push("control");
+        }
+        if running.state_dir != new.state_dir {
+            restart_only.push("state_dir");
+        }
+        if running.bpffs != new.bpffs {
+            restart_only.push("bpffs");
+        }
+        if running.listen != new.listen {
+            restart_only.push("listen");
+        }
+        if running.log_format != new.log_format {
+            restart_only.push("log_format");
+        }
+        ReloadPlan {
+            enable,
+            disable,
+            restart_only,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;
@@ -493,6 +543,42 @@ mod tests {
         assert!(parse_file(Path::new("t.toml"), "keepalive_secs = -1").is_err());
         assert!(Args::try_parse_from(["vnatd", "--keepalive-secs", "4000"]).is_err());
         assert!(Args::try_parse_from(["vnatd", "--keepalive-secs", "soon"]).is_err());
+    }
+
+    #[test]
+    fn a_reload_applies_cgroups_and_names_what_needs_a_restart() {
+        let running = resolve(
+            &[
+                "--cgroup",
+                "/sys/fs/cgroup/a",
+                "--cgroup",
+                "/sys/fs/cgroup/b",
+            ],
+            FileConfig::default(),
+        );
+        let mut new = resolve(
+            &[
+                "--cgroup",
+                "/sys/fs/cgroup/b",
+                "--cgroup",
+                "/sys/fs/cgroup/c",
+            ],
+            FileConfig::default(),
+        );
+        let plan = ReloadPlan::between(&running, &new);
+        assert_eq!(plan.enable, vec![PathBuf::from("/sys/fs/cgroup/c")]);
+        assert_eq!(plan.disable, vec![PathBuf::from("/sys/fs/cgroup/a")]);
+        assert!(plan.restart_only.is_empty());
+        new.listen = "0.0.0.0:2032".parse().unwrap();
+        new.state_dir = "/var/lib/other".into();
+        assert_eq!(
+            ReloadPlan::between(&running, &new).restart_only,
+            vec!["state_dir", "listen"]
+        );
+        assert_eq!(
+            ReloadPlan::between(&running, &running),
+            ReloadPlan::default()
+        );
     }
 
     #[test]

@@ -106,6 +106,13 @@ pub enum Command {
     Peers {
         reply: oneshot::Sender<Vec<PeerInfo>>,
     },
+    /// A reloaded configuration (SIGHUP): the settings the driver uses.
+    Reconfigure {
+        location_servers: Vec<SocketAddr>,
+        keepalive_secs: u32,
+        standby_tc: bool,
+        reply: oneshot::Sender<()>,
+    },
     /// Forget a host key: its session, the stored key, and the binding of
     /// its connections (`vnatctl peers forget`). Replies with how many
     /// connections it held, `None` if the key is unknown.
@@ -604,6 +611,21 @@ impl Driver {
             }
             Command::Peers { reply } => {
                 let _ = reply.send(self.peer_infos());
+            }
+            Command::Reconfigure {
+                location_servers,
+                keepalive_secs,
+                standby_tc,
+                reply,
+            } => {
+                self.endpoint.reconfigure(
+                    location_servers.clone(),
+                    std::time::Duration::from_secs(keepalive_secs.into()),
+                );
+                self.cfg.location_servers = location_servers;
+                self.cfg.keepalive_secs = keepalive_secs;
+                self.cfg.standby_tc = standby_tc;
+                let _ = reply.send(());
             }
             Command::ForgetPeer { key, reply } => {
                 let held = self.endpoint.forget_peer(now(), &key);

@@ -69,24 +69,50 @@ impl DaemonError {
 }
 
 /// Install the tracing subscriber (stderr; systemd puts it in the journal).
-pub fn init_logging(settings: &Settings) -> Result<(), DaemonError> {
-    let filter = tracing_subscriber::EnvFilter::builder()
-        .parse(&settings.log_level)
-        .map_err(|source| ConfigError::LogLevel {
-            value: settings.log_level.clone(),
-            source,
-        })?;
+pub fn init_logging(settings: &Settings) -> Result<LogReload, DaemonError> {
+    use tracing_subscriber::{layer::SubscriberExt, util::SubscriberInitExt};
+    let filter = log_filter(&settings.log_level)?;
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
     // Colour only on a terminal: the journal and log files want plain text.
     let ansi = std::io::IsTerminal::is_terminal(&io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(ansi)
         .with_writer(io::stderr);
+    let registry = tracing_subscriber::registry().with(filter);
     let result = match settings.log_format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => registry.with(fmt).try_init(),
+        LogFormat::Json => registry.with(fmt.json()).try_init(),
     };
-    result.map_err(|source| DaemonError::Logging { source })
+    result.map_err(|source| DaemonError::Logging {
+        source: Box::new(source),
+    })?;
+    Ok(LogReload(handle))
+}
+
+fn log_filter(level: &str) -> Result<tracing_subscriber::EnvFilter, ConfigError> {
+    tracing_subscriber::EnvFilter::builder()
+        .parse(level)
+        .map_err(|source| ConfigError::LogLevel {
+            value: level.to_string(),
+            source,
+        })
+}
+
+/// Changes the log level of the running vnatd (on SIGHUP).
+pub struct LogReload(
+    tracing_subscriber::reload::Handle<tracing_subscriber::EnvFilter, tracing_subscriber::Registry>,
+);
+
+impl LogReload {
+    /// Log at `level` (a level or a filter) from now on.
+    pub fn set_level(&self, level: &str) -> Result<(), DaemonError> {
+        let filter = log_filter(level)?;
+        self.0
+            .reload(filter)
+            .map_err(|source| DaemonError::Logging {
+                source: Box::new(source),
+            })
+    }
 }
 
 /// Create the state directory 0700 if missing; warn if an existing one is
@@ -156,6 +182,93 @@ async fn maintain_periodically(datapath: crate::control::SharedDatapath) {
     }
 }
 
+/// Apply each reloaded configuration (SIGHUP, `systemctl reload`) without
+/// losing any state: cgroups are enabled and disabled to match, the location
+/// servers, keepalive interval and standby_tc go to the driver; settings
+/// only a restart can change are named in the log. (The log level was set
+/// by whoever read the new file.)
+async fn apply_reloads(
+    mut reloads: tokio::sync::mpsc::Receiver<Settings>,
+    mut running: Settings,
+    dp: crate::control::SharedDatapath,
+    driver: driver::CommandSender,
+) {
+    while let Some(new) = reloads.recv().await {
+        let plan = config::ReloadPlan::between(&running, &new);
+        for key in &plan.restart_only {
+            tracing::warn!(
+                key,
+                "the new configuration changes {key}, which takes effect only when vnatd restarts"
+            );
+        }
+        let (enable, disable) = (plan.enable.clone(), plan.disable.clone());
+        let dp2 = dp.clone();
+        let outcome = tokio::task::spawn_blocking(move || {
+            let Ok(mut dp) = dp2.lock() else {
+                return vec![(
+                    "lock".to_string(),
+                    Err("the datapath lock is poisoned".to_string()),
+                )];
+            };
+            let mut out = Vec::new();
+            for p in &enable {
+                out.push((
+                    format!("enable {}", p.display()),
+                    dp.enable_cgroup(p).map_err(|e| e.to_string()),
+                ));
+            }
+            for p in &disable {
+                out.push((
+                    format!("disable {}", p.display()),
+                    dp.disable_cgroup(p).map_err(|e| e.to_string()),
+                ));
+            }
+            out
+        })
+        .await
+        .unwrap_or_default();
+        let mut cgroups_applied = true;
+        for (what, r) in outcome {
+            match r {
+                Ok(()) => tracing::info!("reload: {what}"),
+                Err(e) => {
+                    cgroups_applied = false;
+                    tracing::error!(error = %e, "reload: cannot {what}")
+                }
+            }
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let sent = driver
+            .send(driver::Command::Reconfigure {
+                location_servers: new.location_servers.clone(),
+                keepalive_secs: new.keepalive_secs,
+                standby_tc: new.standby_tc,
+                reply: tx,
+            })
+            .await;
+        if sent.is_err() || rx.await.is_err() {
+            tracing::error!(
+                "reload: the VCMP driver has stopped; location servers and keepalives unchanged"
+            );
+        }
+        if cgroups_applied {
+            running.cgroups = new.cgroups;
+        }
+        running.location_servers = new.location_servers;
+        running.keepalive_secs = new.keepalive_secs;
+        running.standby_tc = new.standby_tc;
+        running.log_level = new.log_level;
+        tracing::info!(
+            cgroups = ?running.cgroups,
+            location_servers = ?running.location_servers,
+            keepalive_secs = running.keepalive_secs,
+            standby_tc = running.standby_tc,
+            log_level = %running.log_level,
+            "configuration reloaded"
+        );
+    }
+}
+
 /// Run vnatd until `shutdown` completes.
 ///
 /// The control socket is bound *before* the datapath is opened: binding is
@@ -166,6 +279,7 @@ pub async fn run<F, S>(
     settings: &Settings,
     open_datapath: F,
     shutdown: S,
+    reloads: tokio::sync::mpsc::Receiver<Settings>,
 ) -> Result<(), DaemonError>
 where
     F: FnOnce(&Settings) -> Result<Box<dyn Datapath + Send>, DaemonError>,
@@ -190,6 +304,12 @@ where
     let driver_task = tokio::spawn(driver.run(commands_rx, async move {
         let _ = stop_rx.changed().await;
     }));
+    let reloading = tokio::spawn(apply_reloads(
+        reloads,
+        settings.clone(),
+        shared.clone(),
+        commands_tx.clone(),
+    ));
     let handler = Handler::new(shared, daemon_info(settings)).with_driver(commands_tx);
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
@@ -207,6 +327,7 @@ where
     );
     listener.serve(handler, shutdown).await;
     housekeeping.abort();
+    reloading.abort();
     let _ = stop_tx.send(true);
     match driver_task.await {
         Ok(Err(e)) => tracing::warn!(error = %e, "the VCMP driver stopped with an error"),

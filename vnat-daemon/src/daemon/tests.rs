@@ -205,9 +205,14 @@ async fn run_serves_until_shutdown_then_removes_only_the_socket() {
     };
     let s = settings.clone();
     let daemon = tokio::spawn(async move {
-        run(&s, open, async move {
-            let _ = stopped.await;
-        })
+        run(
+            &s,
+            open,
+            async move {
+                let _ = stopped.await;
+            },
+            tokio::sync::mpsc::channel(1).1,
+        )
         .await
     });
     let mut client = None;
@@ -244,9 +249,14 @@ async fn datapath_failure_removes_the_socket_and_second_daemon_is_refused() {
     let failing = |_: &Settings| -> Result<Box<dyn Datapath + Send>, DaemonError> {
         Err(DatapathError::NoEbpfObject.into())
     };
-    let e = run(&settings, failing, std::future::pending())
-        .await
-        .expect_err("must fail");
+    let e = run(
+        &settings,
+        failing,
+        std::future::pending(),
+        tokio::sync::mpsc::channel(1).1,
+    )
+    .await
+    .expect_err("must fail");
     assert!(e.to_string().contains("without its eBPF programs"), "{e}");
     assert_eq!(e.exit_code(), 1);
     assert!(
@@ -259,7 +269,14 @@ async fn datapath_failure_removes_the_socket_and_second_daemon_is_refused() {
     let must_not_open = |_: &Settings| -> Result<Box<dyn Datapath + Send>, DaemonError> {
         panic!("the datapath was opened although another vnatd is live")
     };
-    match run(&settings, must_not_open, std::future::pending()).await {
+    match run(
+        &settings,
+        must_not_open,
+        std::future::pending(),
+        tokio::sync::mpsc::channel(1).1,
+    )
+    .await
+    {
         Err(DaemonError::Control(ServerError::AlreadyRunning { .. })) => {}
         other => panic!("expected AlreadyRunning, got {other:?}"),
     }

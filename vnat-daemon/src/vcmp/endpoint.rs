@@ -245,6 +245,16 @@ impl Endpoint {
         }
     }
 
+    /// Take new location servers and a new keepalive interval (a reloaded
+    /// configuration); migrations under way keep the chain they planned.
+    pub fn reconfigure(&mut self, location_servers: Vec<SocketAddr>, keepalive: Duration) {
+        for s in &location_servers {
+            self.tx.trusted.insert(s.ip());
+        }
+        self.cfg.location_servers = location_servers;
+        self.cfg.keepalive_interval = keepalive;
+    }
+
     /// This host's public identity key.
     pub fn public_key(&self) -> [u8; 32] {
         self.identity.public()
