@@ -1064,10 +1064,17 @@ impl Driver {
         }
         let n = overdue.len();
         let failed = with_dp(&self.dp, move |dp| {
-            overdue
-                .into_iter()
-                .filter_map(|f| dp.hold_send_side(&f, false).err().map(|e| (f, e)))
-                .collect::<Vec<_>>()
+            let mut failed = Vec::new();
+            for f in overdue {
+                match dp.hold_send_side(&f, false) {
+                    // The socket's sends failed while held, so it waits on
+                    // a backed-off probe timer: push what it queued now,
+                    // not seconds later.
+                    Ok(()) => restart_one(dp, f, false, false),
+                    Err(e) => failed.push((f, e)),
+                }
+            }
+            failed
         })
         .await;
         for (flow, e) in &failed {
