@@ -41,10 +41,18 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
         source,
     };
     let tmp = path.with_extension("tmp");
+    // A leftover of a crash, or something planted: remove it (a link is
+    // removed, not followed) and create the file anew, refusing to follow
+    // or reuse whatever appears there meanwhile (O_EXCL, O_NOFOLLOW).
+    match fs::remove_file(&tmp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err(e)),
+    }
     let mut f = fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW)
         .mode(0o600)
         .open(&tmp)
         .map_err(err)?;

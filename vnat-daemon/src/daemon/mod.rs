@@ -39,6 +39,12 @@ pub enum DaemonError {
     },
     #[error("the state directory {} exists and is not a directory; remove it or pass --state-dir", path.display())]
     StateDirNotADirectory { path: PathBuf },
+    #[error("the state directory {} is {why} (mode {mode:o}); it holds this host's key and its peers' keys: chown root and chmod 700 it", path.display())]
+    StateDirUnsafe {
+        path: PathBuf,
+        mode: u32,
+        why: &'static str,
+    },
     #[error(transparent)]
     Control(#[from] ServerError),
     #[error("cannot start the datapath: {0}")]
@@ -115,14 +121,32 @@ impl LogReload {
     }
 }
 
-/// Create the state directory 0700 if missing; warn if an existing one is
-/// open to others (it will hold keys).
+/// Create the state directory 0700 if missing. An existing one that
+/// another user owns or may write is refused: whoever can write there can
+/// plant a key or a link where vnatd, which runs as root, writes. One that
+/// others may only read is warned about.
 pub fn prepare_state_dir(path: &Path) -> Result<(), DaemonError> {
-    match std::fs::metadata(path) {
+    use std::os::unix::fs::MetadataExt;
+    match std::fs::symlink_metadata(path) {
         Ok(meta) if !meta.is_dir() => Err(DaemonError::StateDirNotADirectory {
             path: path.to_path_buf(),
         }),
         Ok(meta) => {
+            let mode = meta.permissions().mode() & 0o7777;
+            let unsafe_because = if meta.uid() != nix::unistd::geteuid().as_raw() {
+                Some("owned by another user")
+            } else if mode & 0o022 != 0 {
+                Some("writable by other users")
+            } else {
+                None
+            };
+            if let Some(why) = unsafe_because {
+                return Err(DaemonError::StateDirUnsafe {
+                    path: path.to_path_buf(),
+                    mode,
+                    why,
+                });
+            }
             if meta.permissions().mode() & 0o077 != 0 {
                 tracing::warn!(
                     state_dir = %path.display(),

@@ -283,3 +283,45 @@ async fn datapath_failure_removes_the_socket_and_second_daemon_is_refused() {
     assert!(settings.control.exists(), "the live socket must stay");
     drop(live);
 }
+
+#[test]
+fn a_state_directory_others_may_write_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    super::prepare_state_dir(&state).expect("a new state directory is made");
+    assert_eq!(
+        std::fs::metadata(&state).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).unwrap();
+    super::prepare_state_dir(&state).expect("readable by others: a warning, not a refusal");
+    for mode in [0o777, 0o770, 0o1777] {
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(mode)).unwrap();
+        let e = super::prepare_state_dir(&state).expect_err("writable by others must be refused");
+        assert!(
+            matches!(e, DaemonError::StateDirUnsafe { .. }),
+            "mode {mode:o}: {e}"
+        );
+        assert!(e.to_string().contains("chmod 700"), "{e}");
+    }
+    // A symlink in its place is not a directory.
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(dir.path(), &link).unwrap();
+    assert!(matches!(
+        super::prepare_state_dir(&link),
+        Err(DaemonError::StateDirNotADirectory { .. })
+    ));
+}
+
+#[test]
+fn writing_state_never_follows_a_planted_link() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    let target = dir.path().join("peers.json");
+    std::os::unix::fs::symlink(&victim, dir.path().join("peers.tmp")).unwrap();
+    super::identity::write_atomic(&target, b"{}").expect("write");
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+    assert_eq!(std::fs::read(&target).unwrap(), b"{}");
+}
