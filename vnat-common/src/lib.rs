@@ -12,7 +12,7 @@ pub use stats::*;
 
 /// Bumped whenever a map layout below changes; pinned maps from an older ABI
 /// are refused (and must be removed) rather than misread.
-pub const ABI_VERSION: u32 = 3;
+pub const ABI_VERSION: u32 = 4;
 
 pub const AF_INET: u8 = 2;
 pub const AF_INET6: u8 = 10;
@@ -269,6 +269,62 @@ mod pod {
     unsafe impl aya::Pod for super::NatRewrite {}
     unsafe impl aya::Pod for super::DatapathConfig {}
 }
+
+/// Map of flows whose peer moved behind a NAT and whose new port is not
+/// known yet (a "rebinding" flow, DESIGN.md section 3): keyed by the NAT's
+/// public address (from the peer's authenticated update) and our end.
+pub const MAP_REBIND: &str = "VNAT_REBIND";
+pub const REBIND_MAX_ENTRIES: u32 = 4096;
+/// Flows from one public address to one of our ports that may rebind at
+/// once (the key's `slot`).
+pub const REBIND_SLOTS: u8 = 4;
+
+/// Key of [`MAP_REBIND`]: a packet from `src_addr_be` (any port) to
+/// `dst_addr_be:dst_port_be`, the `slot`-th such flow.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RebindKey {
+    pub src_addr_be: [u32; 4],
+    pub dst_addr_be: [u32; 4],
+    pub dst_port_be: u16,
+    pub family: u8,
+    pub proto: u8,
+    pub slot: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(core::mem::size_of::<RebindKey>() == 40);
+
+/// Value of [`MAP_REBIND`]: what the flow is named by our socket, and the
+/// window a packet must fall in to prove it belongs to the flow.
+///
+/// The first packet that matches the key and (TCP) whose sequence number
+/// is in `[seq_lo, seq_lo + seq_span)` and acknowledgment number in
+/// `[ack_lo, ack_lo + ack_span)` (mod 2^32, host order) teaches the
+/// ingress program the NAT's port: it installs the flow's ingress and
+/// egress translations (egress with `redirect_ifindex` and `flags`), removes
+/// this entry and translates the packet. A UDP flow has no such numbers:
+/// its first packet from the address is taken.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RebindValue {
+    pub virt_remote_addr_be: [u32; 4],
+    pub virt_local_addr_be: [u32; 4],
+    pub virt_remote_port_be: u16,
+    pub virt_local_port_be: u16,
+    pub seq_lo: u32,
+    pub seq_span: u32,
+    pub ack_lo: u32,
+    pub ack_span: u32,
+    pub redirect_ifindex: u32,
+    pub flags: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(core::mem::size_of::<RebindValue>() == 64);
+
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for RebindKey {}
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for RebindValue {}
 
 /// Map of UDP sockets that called connect() before they had a local port
 /// (the cgroup connect hook runs before the kernel autobinds). Userspace

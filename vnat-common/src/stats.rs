@@ -51,4 +51,10 @@ counters! {
     /// Dropped on purpose: an outgoing packet of a flow held while its own
     /// end moves (`NAT_F_HOLD`); its socket keeps the data and sends again.
     STAT_DROP_HELD = 15, "drop_held";
+    /// A rebinding flow learned its peer's new NAT port from a packet that
+    /// proved it belongs to the flow (see `RebindValue`).
+    STAT_REBIND_LEARNED = 16, "rebind_learned";
+    /// A packet from a rebinding flow's public address to its port fell
+    /// outside the flow's window: not taken for the flow (passed as is).
+    STAT_REBIND_REFUSED = 17, "rebind_refused";
 }

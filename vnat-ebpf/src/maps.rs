@@ -7,8 +7,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray},
 };
 use vnat_common::{
-    ConnRecord, DatapathConfig, FlowKey, NatRewrite, CFG_F_NAT_EMPTY, CFG_F_NETNS_FILTER,
-    CONNS_MAX_ENTRIES, NAT_MAX_ENTRIES, STAT_COUNT,
+    ConnRecord, DatapathConfig, FlowKey, NatRewrite, RebindKey, RebindValue, CFG_F_NAT_EMPTY,
+    CFG_F_NETNS_FILTER, CONNS_MAX_ENTRIES, NAT_MAX_ENTRIES, REBIND_MAX_ENTRIES, STAT_COUNT,
 };
 
 /// BPF_F_NO_PREALLOC: entries are allocated on insert, so the capacity costs
@@ -26,6 +26,10 @@ pub static VNAT_EGRESS_NAT: HashMap<FlowKey, NatRewrite> =
 #[map]
 pub static VNAT_INGRESS_NAT: HashMap<FlowKey, NatRewrite> =
     HashMap::pinned(NAT_MAX_ENTRIES, NO_PREALLOC);
+
+#[map]
+pub static VNAT_REBIND: HashMap<RebindKey, RebindValue> =
+    HashMap::pinned(REBIND_MAX_ENTRIES, NO_PREALLOC);
 
 #[map]
 pub static VNAT_STATS: PerCpuArray<u64> = PerCpuArray::pinned(STAT_COUNT, 0);

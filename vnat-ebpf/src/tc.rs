@@ -19,13 +19,14 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use vnat_common::{
-    FlowKey, NatRewrite, AF_INET, AF_INET6, NAT_F_HOLD, NAT_F_REDIRECT, PROTO_TCP, PROTO_UDP,
-    STAT_DROP_CSUM_FAILED, STAT_DROP_HELD, STAT_DROP_REDIRECT_FAILED, STAT_DROP_REWRITE_FAILED,
-    STAT_EGRESS_REDIRECTED, STAT_EGRESS_TRANSLATED, STAT_INGRESS_TRANSLATED, STAT_PASS_FRAGMENT,
-    STAT_PASS_IPV6_EXTHDR, STAT_PASS_TRUNCATED,
+    FlowKey, NatRewrite, RebindKey, AF_INET, AF_INET6, NAT_F_HOLD, NAT_F_REDIRECT, PROTO_TCP,
+    PROTO_UDP, REBIND_SLOTS, STAT_DROP_CSUM_FAILED, STAT_DROP_HELD, STAT_DROP_REDIRECT_FAILED,
+    STAT_DROP_REWRITE_FAILED, STAT_EGRESS_REDIRECTED, STAT_EGRESS_TRANSLATED,
+    STAT_INGRESS_TRANSLATED, STAT_PASS_FRAGMENT, STAT_PASS_IPV6_EXTHDR, STAT_PASS_TRUNCATED,
+    STAT_REBIND_LEARNED, STAT_REBIND_REFUSED,
 };
 
-use crate::maps::{count, nat_is_empty, VNAT_EGRESS_NAT, VNAT_INGRESS_NAT};
+use crate::maps::{count, nat_is_empty, VNAT_EGRESS_NAT, VNAT_INGRESS_NAT, VNAT_REBIND};
 
 const ETH_HLEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
@@ -112,6 +113,12 @@ fn try_translate(ctx: &TcContext, dir: Dir) -> Result<i32, Drop> {
     // reference stays inside the map's memory, which the verifier checked,
     // so nothing is read out of bounds.
     let Some(nat) = (unsafe { map.get(&p.key) }) else {
+        if dir == Dir::Ingress {
+            if let Some(nat) = learn(ctx, &p) {
+                rewrite(ctx, &p, &nat)?;
+                count(STAT_INGRESS_TRANSLATED);
+            }
+        }
         return Ok(TC_ACT_OK);
     };
     let nat = *nat;
@@ -141,6 +148,87 @@ fn try_translate(ctx: &TcContext, dir: Dir) -> Result<i32, Drop> {
         return Ok(TC_ACT_REDIRECT);
     }
     Ok(TC_ACT_OK)
+}
+
+/// A packet with no translation, coming in: if it is the first of a
+/// rebinding flow (its peer moved behind a NAT whose port we cannot know
+/// until the peer's packets cross it), install the flow's translations for
+/// the port it came from and return the ingress one. The key is the NAT's
+/// public address from the peer's authenticated update and our end; a TCP
+/// packet must also carry sequence and acknowledgment numbers in the
+/// flow's window, so an off-path host that cannot inject into the TCP
+/// connection cannot steer it either.
+#[inline(always)]
+fn learn(ctx: &TcContext, p: &Parsed) -> Option<NatRewrite> {
+    let mut rk = RebindKey {
+        src_addr_be: p.key.src_addr_be,
+        dst_addr_be: p.key.dst_addr_be,
+        dst_port_be: p.key.dst_port_be,
+        family: p.key.family,
+        proto: p.key.proto,
+        slot: 0,
+        _pad: [0; 3],
+    };
+    let (seq, ack) = if p.key.proto == PROTO_TCP {
+        let seq = u32::from_be(ctx.load::<u32>(p.l4 + 4).ok()?);
+        let ack = u32::from_be(ctx.load::<u32>(p.l4 + 8).ok()?);
+        (seq, ack)
+    } else {
+        (0, 0)
+    };
+    for slot in 0..REBIND_SLOTS {
+        rk.slot = slot;
+        // SAFETY: as for the NAT maps in `try_translate`: a
+        // BPF_F_NO_PREALLOC map, the value copied out at once.
+        let Some(v) = (unsafe { VNAT_REBIND.get(&rk) }) else {
+            continue;
+        };
+        let v = *v;
+        if p.key.proto == PROTO_TCP
+            && (seq.wrapping_sub(v.seq_lo) >= v.seq_span
+                || ack.wrapping_sub(v.ack_lo) >= v.ack_span)
+        {
+            count(STAT_REBIND_REFUSED);
+            continue;
+        }
+        let ingress = NatRewrite {
+            src_addr_be: v.virt_remote_addr_be,
+            dst_addr_be: v.virt_local_addr_be,
+            src_port_be: v.virt_remote_port_be,
+            dst_port_be: v.virt_local_port_be,
+            redirect_ifindex: 0,
+            flags: 0,
+            _pad: 0,
+        };
+        let egress_key = FlowKey {
+            src_addr_be: v.virt_local_addr_be,
+            dst_addr_be: v.virt_remote_addr_be,
+            src_port_be: v.virt_local_port_be,
+            dst_port_be: v.virt_remote_port_be,
+            family: p.key.family,
+            proto: p.key.proto,
+            _pad: [0; 2],
+        };
+        let egress = NatRewrite {
+            src_addr_be: p.key.dst_addr_be,
+            dst_addr_be: p.key.src_addr_be,
+            src_port_be: p.key.dst_port_be,
+            dst_port_be: p.key.src_port_be,
+            redirect_ifindex: v.redirect_ifindex,
+            flags: v.flags,
+            _pad: 0,
+        };
+        if VNAT_INGRESS_NAT.insert(&p.key, &ingress, 0).is_err()
+            || VNAT_EGRESS_NAT.insert(&egress_key, &egress, 0).is_err()
+        {
+            let _ = VNAT_INGRESS_NAT.remove(&p.key);
+            return None;
+        }
+        let _ = VNAT_REBIND.remove(&rk);
+        count(STAT_REBIND_LEARNED);
+        return Some(ingress);
+    }
+    None
 }
 
 /// Parse Ethernet + IPv4/IPv6 + TCP/UDP ports. `None` means "not ours".

@@ -21,8 +21,9 @@ use std::{
 
 use aya::maps::MapError;
 use vnat_common::{
-    ConnRecord, FlowKey, NatRewrite, MAP_CONNS, MAP_EGRESS_NAT, MAP_INGRESS_NAT, MAP_STATS,
-    NAT_F_HOLD, NAT_F_LO_ADDR_OURS, NAT_F_REDIRECT, PROTO_UDP, STAT_COUNT, STAT_NAMES,
+    ConnRecord, FlowKey, NatRewrite, RebindKey, RebindValue, MAP_CONNS, MAP_EGRESS_NAT,
+    MAP_INGRESS_NAT, MAP_STATS, NAT_F_HOLD, NAT_F_LO_ADDR_OURS, NAT_F_REDIRECT, PROTO_UDP,
+    STAT_COUNT, STAT_NAMES,
 };
 
 pub use attach::{cgroup2_mount, cgroup_id};
@@ -457,6 +458,64 @@ impl KernelDatapath {
     /// attachment (for tests of the tc programs with BPF_PROG_TEST_RUN).
     pub fn insert_nat_pair(&mut self, p: &NatPair) -> Result<(), DatapathError> {
         self.write_pair(p, None)
+    }
+
+    /// Make a flow rebinding: the tc ingress program installs its
+    /// translations from the first packet that matches `key` and falls in
+    /// `value`'s window (see `vnat_common::RebindValue`). The datapath half
+    /// of a peer moving behind a NAT (DESIGN.md section 3); the protocol
+    /// does not drive it yet.
+    pub fn insert_rebind(
+        &mut self,
+        key: RebindKey,
+        value: RebindValue,
+    ) -> Result<(), DatapathError> {
+        // The translators parse packets only while some entry exists.
+        self.set_nat_empty(false)?;
+        self.loaded
+            .maps
+            .rebind
+            .insert(key, value, 0)
+            .map_err(map_err(vnat_common::MAP_REBIND))
+    }
+
+    /// Whether a rebinding entry is still waiting for its first packet.
+    pub fn rebind_pending(&self, key: &RebindKey) -> Result<bool, DatapathError> {
+        match self.loaded.maps.rebind.get(key, 0) {
+            Ok(_) => Ok(true),
+            Err(e) if is_not_found(&e) => Ok(false),
+            Err(e) => Err(map_err(vnat_common::MAP_REBIND)(e)),
+        }
+    }
+
+    /// Take into this process's copy of the NAT maps the entries the tc
+    /// program wrote itself (learned rebinds). Returns how many were new.
+    pub fn sync_learned(&mut self) -> Result<usize, DatapathError> {
+        let mut new = 0;
+        for egress in [true, false] {
+            let entries: Vec<(FlowKey, NatRewrite)> = if egress {
+                self.loaded.maps.egress.iter().collect::<Result<_, _>>()
+            } else {
+                self.loaded.maps.ingress.iter().collect::<Result<_, _>>()
+            }
+            .map_err(map_err(if egress {
+                MAP_EGRESS_NAT
+            } else {
+                MAP_INGRESS_NAT
+            }))?;
+            for (k, v) in entries {
+                let known = if egress {
+                    self.mirror.egress.get(&k)
+                } else {
+                    self.mirror.ingress.get(&k)
+                };
+                if known != Some(&v) {
+                    self.mirror.insert(egress, k, v);
+                    new += 1;
+                }
+            }
+        }
+        Ok(new)
     }
 }
 

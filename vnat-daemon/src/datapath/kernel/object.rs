@@ -12,11 +12,11 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use vnat_common::{
-    ConnRecord, DatapathConfig, FlowKey, NatRewrite, UdpPending, ABI_VERSION, CFG_F_NAT_EMPTY,
-    CFG_F_NETNS_FILTER, MAP_CONFIG, MAP_CONNS, MAP_EGRESS_NAT, MAP_INGRESS_NAT, MAP_STATS,
-    MAP_UDP_PENDING, PROG_SOCKOPS, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_UDP_CONNECT4,
-    PROG_UDP_CONNECT6, PROG_UDP_RECVMSG4, PROG_UDP_RECVMSG6, PROG_UDP_RELEASE, PROG_UDP_SENDMSG4,
-    PROG_UDP_SENDMSG6,
+    ConnRecord, DatapathConfig, FlowKey, NatRewrite, RebindKey, RebindValue, UdpPending,
+    ABI_VERSION, CFG_F_NAT_EMPTY, CFG_F_NETNS_FILTER, MAP_CONFIG, MAP_CONNS, MAP_EGRESS_NAT,
+    MAP_INGRESS_NAT, MAP_REBIND, MAP_STATS, MAP_UDP_PENDING, PROG_SOCKOPS, PROG_TC_EGRESS,
+    PROG_TC_INGRESS, PROG_UDP_CONNECT4, PROG_UDP_CONNECT6, PROG_UDP_RECVMSG4, PROG_UDP_RECVMSG6,
+    PROG_UDP_RELEASE, PROG_UDP_SENDMSG4, PROG_UDP_SENDMSG6,
 };
 
 use crate::datapath::DatapathError;
@@ -42,6 +42,7 @@ pub struct Maps {
     pub stats: PerCpuArray<MapData, u64>,
     pub config: Array<MapData, DatapathConfig>,
     pub udp_pending: HashMap<MapData, u64, UdpPending>,
+    pub rebind: HashMap<MapData, RebindKey, RebindValue>,
 }
 
 pub struct Loaded {
@@ -156,6 +157,7 @@ pub fn load(bpffs: &Path) -> Result<Loaded, DatapathError> {
         config: Array::try_from(take(&mut ebpf, MAP_CONFIG)?).map_err(map_err(MAP_CONFIG))?,
         udp_pending: HashMap::try_from(take(&mut ebpf, MAP_UDP_PENDING)?)
             .map_err(map_err(MAP_UDP_PENDING))?,
+        rebind: HashMap::try_from(take(&mut ebpf, MAP_REBIND)?).map_err(map_err(MAP_REBIND))?,
     };
     let mut loaded = Loaded {
         ebpf,

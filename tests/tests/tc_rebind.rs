@@ -1,0 +1,170 @@
+//! The datapath half of a peer moving behind a NAT (DESIGN.md section 3,
+//! "learning a NAT's new mapping"), run by the kernel on crafted packets
+//! through BPF_PROG_TEST_RUN. The server's vnatd cannot know the port the
+//! laptop's new NAT chose; the ingress translator learns it from the first
+//! packet that comes from the NAT's public address (named by the laptop's
+//! authenticated update) to the connection's port and whose sequence and
+//! acknowledgment numbers fall in the connection's window. It then installs
+//! both translations itself and translates that packet, so the server's
+//! kernel never sees an untranslated packet of the connection.
+//!
+//! The protocol does not drive this yet (the next step of issue 15).
+
+mod support;
+
+use std::net::SocketAddr;
+
+use support::packet::{parse_checked, Spec};
+use vnat_common::{RebindKey, RebindValue, AF_INET, PROTO_TCP};
+use vnat_daemon::datapath::{
+    kernel::{testrun, KernelDatapath, KernelOptions},
+    Datapath, Proto, Translation, VirtualFlow,
+};
+use vnat_tests::BpffsDir;
+
+const TC_ACT_OK: u32 = 0;
+
+/// The server's end, the laptop's old NAT endpoint (what the server's
+/// socket names the peer), and the new NAT's public address.
+const SERVER: &str = "198.18.3.2:5001";
+const OLD_NAT: &str = "198.18.3.101:40000";
+const NEW_NAT_IP: [u8; 4] = [198, 18, 3, 102];
+
+/// The sequence and acknowledgment numbers of the crafted TCP packets
+/// (`support::packet`).
+const SEQ: u32 = 0x1234_5678;
+const ACK: u32 = 0x9abc_def0;
+
+fn words(a: SocketAddr) -> [u32; 4] {
+    match a {
+        SocketAddr::V4(v4) => [u32::from_ne_bytes(v4.ip().octets()), 0, 0, 0],
+        SocketAddr::V6(_) => panic!("IPv4 only here"),
+    }
+}
+
+fn key() -> RebindKey {
+    let server: SocketAddr = SERVER.parse().unwrap();
+    RebindKey {
+        src_addr_be: [u32::from_ne_bytes(NEW_NAT_IP), 0, 0, 0],
+        dst_addr_be: words(server),
+        dst_port_be: server.port().to_be(),
+        family: AF_INET,
+        proto: PROTO_TCP,
+        slot: 0,
+        _pad: [0; 3],
+    }
+}
+
+/// The window around the crafted packets' numbers.
+fn value() -> RebindValue {
+    let (server, old): (SocketAddr, SocketAddr) =
+        (SERVER.parse().unwrap(), OLD_NAT.parse().unwrap());
+    RebindValue {
+        virt_remote_addr_be: words(old),
+        virt_local_addr_be: words(server),
+        virt_remote_port_be: old.port().to_be(),
+        virt_local_port_be: server.port().to_be(),
+        seq_lo: SEQ - 1000,
+        seq_span: 1 << 16,
+        ack_lo: ACK - 1000,
+        ack_span: 1 << 16,
+        redirect_ifindex: 0,
+        flags: 0,
+        _pad: 0,
+    }
+}
+
+fn counter(dp: &KernelDatapath, name: &str) -> u64 {
+    dp.counters()
+        .unwrap()
+        .into_iter()
+        .find(|(n, _)| n == name)
+        .unwrap_or_else(|| panic!("no counter {name}"))
+        .1
+}
+
+fn run(dp: &KernelDatapath, egress: bool, frame: &[u8]) -> testrun::TestRun {
+    testrun::run(dp.tc_program_fd(egress).unwrap(), frame)
+        .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN failed: {e}"))
+}
+
+/// Offset of the TCP sequence number in a crafted IPv4 frame.
+const SEQ_AT: usize = 14 + 20 + 4;
+
+#[test]
+fn the_first_in_window_packet_from_the_nat_teaches_its_port() {
+    let pins = BpffsDir::new("tc-rebind");
+    let mut dp = KernelDatapath::open(&KernelOptions {
+        bpffs: pins.path().to_path_buf(),
+        cgroups: vec![],
+    })
+    .unwrap_or_else(|e| panic!("opening the kernel datapath: {e}"));
+    dp.insert_rebind(key(), value()).unwrap();
+    let new_nat = |port: u16| format!("198.18.3.102:{port}");
+
+    // From another address: not the flow's, untouched, nothing learned.
+    let other = Spec::tcp("198.18.3.103:61000", SERVER).frame();
+    let out = run(&dp, false, &other);
+    assert_eq!((out.verdict, &out.packet), (TC_ACT_OK, &other));
+    assert!(dp.rebind_pending(&key()).unwrap());
+
+    // From the NAT's address but outside the window (an off-path guess):
+    // refused, counted, untouched.
+    let mut guess = Spec::tcp(&new_nat(61000), SERVER).frame();
+    guess[SEQ_AT..SEQ_AT + 4].copy_from_slice(&(SEQ ^ 0x8000_0000).to_be_bytes());
+    let out = run(&dp, false, &guess);
+    assert_eq!((out.verdict, &out.packet), (TC_ACT_OK, &guess));
+    assert_eq!(counter(&dp, "rebind_refused"), 1);
+    assert!(dp.rebind_pending(&key()).unwrap());
+    assert_eq!(counter(&dp, "rebind_learned"), 0);
+
+    // The laptop's first packet through its new NAT: learned and
+    // translated in the same pass, to what the server's socket knows.
+    let first = Spec::tcp(&new_nat(61000), SERVER);
+    let out = run(&dp, false, &first.frame());
+    assert_eq!(out.verdict, TC_ACT_OK);
+    let p = parse_checked(&out.packet);
+    assert_eq!(
+        (p.src, p.dst),
+        (OLD_NAT.parse().unwrap(), SERVER.parse().unwrap()),
+        "the learned packet must reach the socket as its old peer"
+    );
+    assert_eq!(p.payload, first.payload);
+    assert_eq!(counter(&dp, "rebind_learned"), 1);
+    assert!(
+        !dp.rebind_pending(&key()).unwrap(),
+        "learned once, then gone"
+    );
+
+    // The server's replies now go to the new NAT port.
+    let reply = Spec::tcp(SERVER, OLD_NAT);
+    let out = run(&dp, true, &reply.frame());
+    assert_eq!(out.verdict, TC_ACT_OK);
+    let p = parse_checked(&out.packet);
+    assert_eq!(
+        (p.src, p.dst),
+        (SERVER.parse().unwrap(), new_nat(61000).parse().unwrap())
+    );
+
+    // Nothing more is learned: a packet from another port of the NAT is
+    // not this flow's.
+    let late = Spec::tcp(&new_nat(62000), SERVER).frame();
+    let out = run(&dp, false, &late);
+    assert_eq!((out.verdict, &out.packet), (TC_ACT_OK, &late));
+    assert_eq!(counter(&dp, "rebind_learned"), 1);
+
+    // vnatd's view takes the learned translation in.
+    assert_eq!(dp.sync_learned().unwrap(), 2);
+    assert_eq!(
+        dp.translations().unwrap(),
+        vec![Translation {
+            flow: VirtualFlow {
+                proto: Proto::Tcp,
+                local: SERVER.parse().unwrap(),
+                remote: OLD_NAT.parse().unwrap(),
+            },
+            physical_local: SERVER.parse().unwrap(),
+            physical_remote: new_nat(61000).parse().unwrap(),
+        }]
+    );
+}
