@@ -21,6 +21,8 @@ use vnat_tests::{
 
 /// The NAT's public address, on the server's subnet C.
 const PUBLIC: Ipv4Addr = Ipv4Addr::new(198, 18, 3, 101);
+/// The second NAT's (the café's, for the laptop's subnet B).
+const PUBLIC_B: Ipv4Addr = Ipv4Addr::new(198, 18, 3, 102);
 /// How long the NAT keeps an idle UDP mapping.
 const UDP_TIMEOUT_SECS: u32 = 3;
 
@@ -29,11 +31,13 @@ const UDP_TIMEOUT_SECS: u32 = 3;
 fn nat_router(topo: &LaptopRouterServer) {
     let r = &topo.router;
     r.add_addr(&topo.router_if_c, PUBLIC.into(), 24);
+    r.add_addr(&topo.router_if_c, PUBLIC_B.into(), 24);
     let ruleset = format!(
         "table ip vnattest {{
             chain vnat_post {{
                 type nat hook postrouting priority srcnat;
                 oifname \"{c}\" ip saddr 198.18.1.0/24 snat to {PUBLIC} fully-random
+                oifname \"{c}\" ip saddr 198.18.2.0/24 snat to {PUBLIC_B} fully-random
             }}
             chain vnat_forward {{
                 type filter hook forward priority filter;
@@ -253,4 +257,52 @@ fn without_keepalives_the_nat_forgets_the_laptop() {
     assert_eq!(counter(&lapd, "events", "keepalives_sent"), 0);
     let fin = client.stop();
     assert_eq!(fin.error, None, "the stream broke: {:?}", fin.json);
+}
+
+/// The move itself (issue 15, item 2): the laptop leaves the home NAT for
+/// the café's (another public address, random ports) while a byte stream
+/// runs. The server's vnatd takes the update from the new NAT's address,
+/// validates the laptop's vnatd through it, and lets its datapath learn the
+/// port the new NAT gave the connection from the connection's first packet
+/// (in its TCP window); the stream goes on, same socket, byte-exact.
+#[test]
+fn tcp_moves_from_one_nat_to_another() {
+    let bed = Bed::new("natm");
+    let lap = Host::new(&bed.topo.laptop, "natml");
+    let srv = Host::new(&bed.topo.server, "natms");
+    let server = SocketAddr::new(bed.topo.server_addr.v4.into(), 5001);
+    let _echo = EchoServer::tcp_in(&srv, server);
+    let (lapd, srvd, client) = mobile_through_nat(&bed, &lap, &srv, "25");
+    let before = client.latest().expect("status");
+    let t0 = Instant::now();
+    bed.topo.move_laptop_to_b();
+    let at_move = client.latest().expect("status").verified;
+    let after = client.wait_verified_at_least(at_move + 100_000, Duration::from_secs(20));
+    eprintln!("natm: data flowing again {:?} after the move", t0.elapsed());
+    assert!(
+        counter(&srvd, "events", "peer_behind_nat") >= 1,
+        "the server did not take the update for a move behind a NAT"
+    );
+    let st = srvd.ctl(&["status"]).expect("status");
+    let learned = st["datapath"]["counters"]["rebind_learned"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(learned >= 1, "the datapath learned no NAT port: {st}");
+    let ls = srvd
+        .ctl(&["ls", "--proto", "tcp", "--state", "translated"])
+        .expect("ls");
+    assert!(
+        ls.as_array()
+            .expect("array")
+            .iter()
+            .any(|r| r["physical_remote"]
+                .as_str()
+                .is_some_and(|a| a.starts_with(&format!("{PUBLIC_B}:")))),
+        "the server does not send to the new NAT: {ls}"
+    );
+    let fin = client.stop();
+    assert_eq!(fin.error, None, "the stream broke: {:?}", fin.json);
+    assert_eq!(fin.local, before.local, "the client's socket changed");
+    assert!(fin.verified >= after.verified);
+    drop(lapd);
 }

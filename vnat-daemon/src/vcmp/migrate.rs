@@ -96,6 +96,9 @@ pub(crate) type ValidationKey = (IpAddr, Group);
 
 pub(crate) struct Validation {
     pub anchor: VirtualFlow,
+    /// Where the challenge goes: the peer's VCMP at the new address, or
+    /// behind a NAT the address its update came from.
+    pub dst: SocketAddr,
     pub nonce: [u8; 16],
     pub flows: HashSet<VirtualFlow>,
     pub tries: u32,

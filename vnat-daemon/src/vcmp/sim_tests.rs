@@ -1065,3 +1065,60 @@ fn replayed_or_forged_probes_change_nothing() {
 }
 
 const HEADER_LEN_FOR_TESTS: usize = super::wire::HEADER_LEN;
+
+/// A laptop behind one NAT moves behind another (new public address, new
+/// mapping). Its update names its new private address but comes from the
+/// new NAT: the server validates the laptop's vnatd at the update's source,
+/// switches the connection to the new NAT's address with the port left for
+/// the datapath to learn (0), sends SWITCHED through the NAT, and reaches
+/// the laptop there from then on.
+#[test]
+fn a_move_from_one_nat_to_another_switches_to_the_new_nat() {
+    let mut sim = Sim::new(24, Link::default());
+    let l = sim.add_host("192.168.1.10", Config::default());
+    let s = sim.add_host("203.0.113.5", Config::default());
+    sim.hosts[s].confirms_switch = true;
+    sim.hosts[l].nat = Some(sa("198.51.100.7:40001"));
+    let f = tcp("192.168.1.10:50000", "203.0.113.5:443");
+    let sf = tcp("203.0.113.5:443", "198.51.100.7:61000");
+    sim.connect_named(l, s, f, sf);
+    sim.run_for(Duration::from_secs(10));
+    assert!(
+        sim.hosts[s]
+            .ep
+            .connection(&sf)
+            .expect("server side")
+            .has_keys
+    );
+
+    sim.move_host(l, "192.168.2.20");
+    sim.hosts[l].nat = Some(sa("198.51.100.8:40005"));
+    sim.with(l, |ep, now, rng| {
+        ep.resume(now, rng, &[(f, sa("192.168.2.20:50000"))])
+            .expect("resume")
+    });
+    sim.run_for(Duration::from_secs(10));
+
+    assert_eq!(sim.hosts[s].ep.stats().get("peer_behind_nat"), 1);
+    assert!(
+        sim.events(s, |e| matches!(e, Event::SetRemote { flow, remote } if *flow == sf && *remote == sa("198.51.100.8:0")))
+            .next()
+            .is_some(),
+        "the server must switch to the new NAT, port to be learned"
+    );
+    assert!(
+        sim.events(
+            l,
+            |e| matches!(e, Event::PeerSwitched { flow, confirmed: true } if *flow == f)
+        )
+        .next()
+        .is_some(),
+        "the server's SWITCHED must reach the laptop through its new NAT"
+    );
+    let lkey = sim.hosts[l].ep.public_key();
+    assert_eq!(
+        sim.hosts[s].ep.peer_addrs.get(&lkey),
+        Some(&sa("198.51.100.8:40005")),
+        "the laptop's vnatd is now reached at the new NAT's mapping"
+    );
+}

@@ -146,13 +146,14 @@ impl Endpoint {
             anchors.entry((group, c.remote_phys.ip())).or_insert(*flow);
         }
         for ((_, ip), anchor) in anchors {
-            if self.send_record(
-                &mut ctx,
-                &anchor,
-                Kind::Switched,
-                Ext::None,
-                SocketAddr::new(ip, port),
-            ) {
+            // Behind a NAT the peer's vnatd is at the NAT's mapping.
+            let dst = self
+                .conns
+                .get(&anchor)
+                .map(|c| self.vcmp_addr(c))
+                .filter(|a| a.ip() == ip)
+                .unwrap_or(SocketAddr::new(ip, port));
+            if self.send_record(&mut ctx, &anchor, Kind::Switched, Ext::None, dst) {
                 self.stats.count("switched_sent");
             }
         }

@@ -29,7 +29,29 @@ impl Endpoint {
         // our new address to a peer not yet ready for it, whose kernel
         // would reset the connection.
         self.send_record(ctx, flow, Kind::UpdR, Ext::None, from);
-        self.propose_binding(ctx, flow, rec.sender_phys, rec.seq);
+        // A mover behind a NAT names its private address; its update comes
+        // from the NAT's public one, and the port the NAT gave the
+        // connection is unknown until the connection's own packets cross
+        // it (port 0: the datapath learns it, see `RebindValue`). Its vnatd
+        // is reached at the update's source. Taken for a NAT only when the
+        // peer already was behind one (it names its end otherwise than we
+        // do): a peer that merely claims another address than it sends
+        // from is validated there, as before.
+        let was_behind_nat = self
+            .conns
+            .get(flow)
+            .and_then(|c| c.peer_named)
+            .is_some_and(|n| n.remote != flow.remote);
+        let (addr, vcmp) = if rec.sender_phys.ip() == from.ip() || !was_behind_nat {
+            (
+                rec.sender_phys,
+                SocketAddr::new(rec.sender_phys.ip(), self.cfg.port),
+            )
+        } else {
+            self.stats.count("peer_behind_nat");
+            (SocketAddr::new(from.ip(), 0), from)
+        };
+        self.propose_binding_via(ctx, flow, addr, rec.seq, vcmp);
         // If we were looking for the peer, it found us (P(1)/S(1) parked).
         self.complete(ctx, flow);
         Ok(())
@@ -70,7 +92,20 @@ impl Endpoint {
         addr: SocketAddr,
         seq: u64,
     ) {
-        let port = self.cfg.port;
+        let vcmp = SocketAddr::new(addr.ip(), self.cfg.port);
+        self.propose_binding_via(ctx, flow, addr, seq, vcmp)
+    }
+
+    /// [`Endpoint::propose_binding`], challenging the peer's vnatd at
+    /// `vcmp`.
+    pub(crate) fn propose_binding_via(
+        &mut self,
+        ctx: &mut Ctx,
+        flow: &VirtualFlow,
+        addr: SocketAddr,
+        seq: u64,
+        vcmp: SocketAddr,
+    ) {
         let rto = self.rto(ctx, 0);
         let Some(c) = self.conns.get_mut(flow) else {
             return;
@@ -101,19 +136,14 @@ impl Endpoint {
             key,
             Validation {
                 anchor: *flow,
+                dst: vcmp,
                 nonce,
                 flows: HashSet::from([*flow]),
                 tries: 1,
                 deadline: ctx.now.plus(rto),
             },
         );
-        self.send_record(
-            ctx,
-            flow,
-            Kind::Challenge,
-            Ext::Nonce(nonce),
-            SocketAddr::new(addr.ip(), port),
-        );
+        self.send_record(ctx, flow, Kind::Challenge, Ext::Nonce(nonce), vcmp);
     }
 
     pub(crate) fn on_challenge(
@@ -150,6 +180,13 @@ impl Endpoint {
         let ip = key.0;
         self.tx.trusted.insert(ip);
         self.stats.count("path_validated");
+        // The peer's vnatd answered there: that is where it is reached now
+        // (behind a NAT, the NAT's mapping).
+        if let super::migrate::Group::Host(k) = key.1 {
+            if self.sessions.contains_key(&k) {
+                self.peer_addrs.insert(k, v.dst);
+            }
+        }
         for f in v.flows {
             let Some(c) = self.conns.get_mut(&f) else {
                 continue;
@@ -176,7 +213,6 @@ impl Endpoint {
 
     pub(crate) fn validation_timeouts(&mut self, ctx: &mut Ctx) {
         let now = ctx.now;
-        let port = self.cfg.port;
         let due: Vec<ValidationKey> = self
             .validations
             .iter()
@@ -218,16 +254,10 @@ impl Endpoint {
             }
             v.deadline = now.plus(self.rto(ctx, v.tries));
             v.tries += 1;
-            let (anchor, nonce) = (v.anchor, v.nonce);
+            let (anchor, nonce, dst) = (v.anchor, v.nonce, v.dst);
             self.validations.insert(key, v);
             self.stats.count("retransmit");
-            self.send_record(
-                ctx,
-                &anchor,
-                Kind::Challenge,
-                Ext::Nonce(nonce),
-                SocketAddr::new(key.0, port),
-            );
+            self.send_record(ctx, &anchor, Kind::Challenge, Ext::Nonce(nonce), dst);
         }
     }
 }

@@ -71,6 +71,9 @@ pub struct KernelDatapath {
     /// Whether the config map says both NAT maps are empty
     /// (`CFG_F_NAT_EMPTY`), as this process last wrote it.
     nat_empty: bool,
+    /// Rebinding entries this process wrote that the tc program has not
+    /// completed yet (see `rebind`).
+    rebinds: std::collections::HashSet<RebindKey>,
 }
 
 #[derive(Default)]
@@ -202,6 +205,7 @@ impl KernelDatapath {
             memo: Default::default(),
             mirror: Default::default(),
             nat_empty: false,
+            rebinds: std::collections::HashSet::new(),
         };
         dp.mirror = Mirror::from(dp.read_map(true)?, dp.read_map(false)?);
         if dp.mirror.is_empty() {
@@ -479,6 +483,95 @@ impl KernelDatapath {
             .map_err(map_err(vnat_common::MAP_REBIND))
     }
 
+    /// Make `t.flow` rebinding towards `t.physical_remote`'s address, whose
+    /// port (0 in `t`) the tc ingress program learns from the flow's first
+    /// packet from there. TCP: the window is the socket's receive and send
+    /// state now, with room for what is in flight (2^24 bytes ahead, 2^16
+    /// behind).
+    pub(super) fn rebind(&mut self, t: &Translation) -> Result<(), DatapathError> {
+        const AHEAD: u32 = 1 << 24;
+        const BEHIND: u32 = 1 << 16;
+        let route = self.route(t.physical_remote.ip(), Some(t.physical_local.ip()))?;
+        if !self.tc_current.contains(&route.ifindex) {
+            attach::attach_tc(&mut self.loaded.ebpf, &self.bpffs, route.ifindex)?;
+            self.tc_current.insert(route.ifindex);
+        }
+        let vkey = t.flow.to_key();
+        let (seq_lo, ack_lo, span) = if t.flow.proto == Proto::Tcp {
+            let record = self.loaded.maps.conns.get(&vkey, 0).map_err(|_| {
+                DatapathError::InvalidTranslation {
+                    flow: t.flow,
+                    reason: "no recorded connection to learn the peer's port for",
+                }
+            })?;
+            let (snd_una, rcv_nxt) = restart::sequence_state(&t.flow, &record)?.ok_or(
+                DatapathError::InvalidTranslation {
+                    flow: t.flow,
+                    reason: "the connection's socket is gone",
+                },
+            )?;
+            (
+                rcv_nxt.wrapping_sub(BEHIND),
+                snd_una.wrapping_sub(BEHIND),
+                AHEAD + BEHIND,
+            )
+        } else {
+            (0, 0, u32::MAX)
+        };
+        let phys = crate::datapath::flow_key(t.flow.proto, t.physical_local, t.physical_remote);
+        let mut key = RebindKey {
+            src_addr_be: phys.dst_addr_be,
+            dst_addr_be: phys.src_addr_be,
+            dst_port_be: phys.src_port_be,
+            family: phys.family,
+            proto: phys.proto,
+            slot: 0,
+            _pad: [0; 3],
+        };
+        let value = RebindValue {
+            virt_remote_addr_be: vkey.dst_addr_be,
+            virt_local_addr_be: vkey.src_addr_be,
+            virt_remote_port_be: vkey.dst_port_be,
+            virt_local_port_be: vkey.src_port_be,
+            seq_lo,
+            seq_span: span,
+            ack_lo,
+            ack_span: span,
+            redirect_ifindex: route.ifindex,
+            // The new address may be reached another way than the old one:
+            // resolve the next hop per packet.
+            flags: NAT_F_REDIRECT,
+            _pad: 0,
+        };
+        // The same flow's earlier entry, or a free slot.
+        let mut free = None;
+        for slot in 0..vnat_common::REBIND_SLOTS {
+            key.slot = slot;
+            match self.loaded.maps.rebind.get(&key, 0) {
+                Ok(v)
+                    if v.virt_remote_addr_be == value.virt_remote_addr_be
+                        && v.virt_remote_port_be == value.virt_remote_port_be
+                        && v.virt_local_port_be == value.virt_local_port_be =>
+                {
+                    free = Some(slot);
+                    break;
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    free.get_or_insert(slot);
+                }
+            }
+        }
+        key.slot = free.ok_or(DatapathError::InvalidTranslation {
+            flow: t.flow,
+            reason: "too many connections from that address are rebinding at once",
+        })?;
+        self.insert_rebind(key, value)?;
+        self.rebinds.insert(key);
+        tracing::debug!(flow = ?t.flow, "rebinding: the tc program learns the peer's new NAT port");
+        Ok(())
+    }
+
     /// Whether a rebinding entry is still waiting for its first packet.
     pub fn rebind_pending(&self, key: &RebindKey) -> Result<bool, DatapathError> {
         match self.loaded.maps.rebind.get(key, 0) {
@@ -621,10 +714,18 @@ impl Datapath for KernelDatapath {
     }
 
     fn install_translation(&mut self, t: &Translation) -> Result<(), DatapathError> {
+        // Port 0: the peer moved behind a NAT whose port only its first
+        // packet can tell; the tc program learns it (`rebind`).
+        if t.physical_remote.port() == 0 {
+            return self.rebind(t);
+        }
         self.apply(t, true)
     }
 
     fn prepare_translation(&mut self, t: &Translation) -> Result<(), DatapathError> {
+        if t.physical_remote.port() == 0 {
+            return self.rebind(t);
+        }
         self.apply(t, false)
     }
 
@@ -675,6 +776,25 @@ impl Datapath for KernelDatapath {
     fn begin_batch(&mut self) {
         *self.memo.get_mut() = Some(RouteMemo::default());
         rtnl::pin_netns();
+        // Rebinds the tc program completed since: take their translations
+        // into this process's copy of the maps.
+        if !self.rebinds.is_empty() {
+            let before = self.rebinds.len();
+            let pending: Vec<RebindKey> = self.rebinds.iter().copied().collect();
+            for k in pending {
+                if !self.rebind_pending(&k).unwrap_or(true) {
+                    self.rebinds.remove(&k);
+                }
+            }
+            if self.rebinds.len() != before {
+                match self.sync_learned() {
+                    Ok(n) => {
+                        tracing::info!(entries = n, "learned the new NAT port of a peer that moved")
+                    }
+                    Err(e) => tracing::warn!(error = %e, "cannot read the learned translations"),
+                }
+            }
+        }
     }
 
     fn end_batch(&mut self) {

@@ -201,6 +201,25 @@ impl KernelDatapath {
 
     pub(super) fn remove(&mut self, flow: &VirtualFlow) -> Result<(), DatapathError> {
         let key = flow.to_key();
+        // A rebind that never saw its first packet goes with the flow.
+        let stale: Vec<RebindKey> = self
+            .rebinds
+            .iter()
+            .filter(|k| {
+                self.loaded.maps.rebind.get(k, 0).is_ok_and(|v| {
+                    v.virt_local_addr_be == key.src_addr_be
+                        && v.virt_remote_addr_be == key.dst_addr_be
+                        && v.virt_local_port_be == key.src_port_be
+                        && v.virt_remote_port_be == key.dst_port_be
+                })
+            })
+            .copied()
+            .collect();
+        let had_rebind = !stale.is_empty();
+        for k in stale {
+            let _ = self.loaded.maps.rebind.remove(&k);
+            self.rebinds.remove(&k);
+        }
         // Every reverse entry of the flow: during a move there may be two
         // (old and new placement), and a prepared-only move has no egress.
         let reverse: Vec<(FlowKey, NatRewrite)> = self
@@ -224,6 +243,7 @@ impl KernelDatapath {
                 });
                 (t, *v)
             }
+            (None, None) if had_rebind => return Ok(()),
             (None, None) => return Err(DatapathError::NoSuchTranslation { flow: *flow }),
         };
         let t = t.ok_or(DatapathError::NoSuchTranslation { flow: *flow })?;

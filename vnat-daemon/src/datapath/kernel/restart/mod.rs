@@ -369,6 +369,23 @@ pub fn kick(
 /// one per tcp_invalid_ratelimit (500 ms) per socket, which a single call
 /// per move stays within. A socket with TCP-MD5 or TCP-AO drops the
 /// unsigned segment, and nothing happens.
+/// The socket's `snd_una` and `rcv_nxt` now (sock_diag and the bases
+/// sock_ops recorded), or `None` if the socket is gone.
+pub fn sequence_state(
+    flow: &VirtualFlow,
+    record: &ConnRecord,
+) -> Result<Option<(u32, u32)>, DatapathError> {
+    let Some(state) = SockDiag::with_shared(|d| d.query(flow, record.cookie))? else {
+        return Ok(None);
+    };
+    Ok(Some((
+        record.snd_una_base.wrapping_add(state.bytes_acked as u32),
+        record
+            .rcv_nxt_base
+            .wrapping_add(state.bytes_received as u32),
+    )))
+}
+
 pub fn solicit_ack(flow: &VirtualFlow, record: &ConnRecord) -> Result<bool, DatapathError> {
     if flow.proto != Proto::Tcp || flow.local.is_ipv4() != flow.remote.is_ipv4() {
         return Ok(false);
