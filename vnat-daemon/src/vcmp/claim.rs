@@ -227,6 +227,17 @@ impl Endpoint {
             local: entry.sender_remote,
             remote: entry.sender_local,
         };
+        // The names must not shadow a connection of ours that has those
+        // names itself, nor take over names another host's connection
+        // already has (a paired host naming its connection after someone
+        // else's would otherwise divert that host's records).
+        let peer = self.conns.get(flow).and_then(|c| c.peer_key);
+        if let Some(other) = self.aliases.get(&named).copied() {
+            if other != *flow && self.conns.get(&other).and_then(|c| c.peer_key) != peer {
+                self.stats.reject("claim_names_taken");
+                return;
+            }
+        }
         let Some(c) = self.conns.get_mut(flow) else {
             return;
         };
@@ -235,8 +246,6 @@ impl Endpoint {
                 self.aliases.remove(&old);
             }
         }
-        // The peer's names must not shadow a connection of ours that has
-        // those names itself.
         if named != *flow && !self.conns.contains_key(&named) {
             self.aliases.insert(named, *flow);
         }

@@ -1122,3 +1122,48 @@ fn a_move_from_one_nat_to_another_switches_to_the_new_nat() {
         "the laptop's vnatd is now reached at the new NAT's mapping"
     );
 }
+
+/// A laptop with valid keys behind the same NAT names its own connection
+/// after its neighbour's (the neighbour's private address and port): the
+/// server keeps the names with the connection that had them first, counts
+/// the attempt, and the neighbour's records still reach its connection.
+#[test]
+fn a_neighbour_behind_the_nat_cannot_take_another_s_names() {
+    let mut sim = Sim::new(25, Link::default());
+    let a = sim.add_host("192.168.1.10", Config::default());
+    let b = sim.add_host("192.168.1.11", Config::default());
+    let s = sim.add_host("203.0.113.5", Config::default());
+    sim.hosts[a].nat = Some(sa("198.51.100.7:40001"));
+    sim.hosts[b].nat = Some(sa("198.51.100.7:40002"));
+    let fa = tcp("192.168.1.10:50000", "203.0.113.5:443");
+    let sa_ = tcp("203.0.113.5:443", "198.51.100.7:61000");
+    sim.connect_named(a, s, fa, sa_);
+    sim.run_for(Duration::from_secs(10));
+    // B's real connection, which B names exactly as A names A's.
+    let sb = tcp("203.0.113.5:443", "198.51.100.7:61001");
+    sim.connect_named(b, s, fa, sb);
+    sim.run_for(Duration::from_secs(30));
+    assert!(
+        sim.hosts[s].ep.stats().rejected("claim_names_taken") >= 1,
+        "B's borrowed names must be refused"
+    );
+    let ka = sim.hosts[a].ep.public_key();
+    assert_eq!(
+        sim.hosts[s].ep.connection(&sa_).expect("a").peer_key,
+        Some(ka)
+    );
+    // A's records, named A's way, still reach A's connection.
+    sim.with(a, |ep, now, rng| {
+        ep.suspend(now, rng, &[fa]).expect("suspend")
+    });
+    sim.run_for(Duration::from_secs(10));
+    assert!(
+        sim.events(
+            s,
+            |e| matches!(e, Event::RoleDecided { flow, .. } if *flow == sa_)
+        )
+        .next()
+        .is_some(),
+        "A's suspend must still reach A's connection"
+    );
+}

@@ -719,12 +719,20 @@ impl Datapath for KernelDatapath {
         if t.physical_remote.port() == 0 {
             return self.rebind(t);
         }
+        // Any other placement ends a rebind still waiting (a failed
+        // validation reverts to the old one).
+        self.drop_rebinds(&t.flow.to_key());
         self.apply(t, true)
     }
 
     fn prepare_translation(&mut self, t: &Translation) -> Result<(), DatapathError> {
         if t.physical_remote.port() == 0 {
-            return self.rebind(t);
+            // Not before the new address is validated: a rebind entry lets
+            // the first in-window packet from that address redirect the
+            // connection, and an unvalidated address may be anyone's. The
+            // mover holds its TCP flows until our SWITCHED, which follows
+            // the install, so nothing is lost by waiting.
+            return Ok(());
         }
         self.apply(t, false)
     }

@@ -202,24 +202,7 @@ impl KernelDatapath {
     pub(super) fn remove(&mut self, flow: &VirtualFlow) -> Result<(), DatapathError> {
         let key = flow.to_key();
         // A rebind that never saw its first packet goes with the flow.
-        let stale: Vec<RebindKey> = self
-            .rebinds
-            .iter()
-            .filter(|k| {
-                self.loaded.maps.rebind.get(k, 0).is_ok_and(|v| {
-                    v.virt_local_addr_be == key.src_addr_be
-                        && v.virt_remote_addr_be == key.dst_addr_be
-                        && v.virt_local_port_be == key.src_port_be
-                        && v.virt_remote_port_be == key.dst_port_be
-                })
-            })
-            .copied()
-            .collect();
-        let had_rebind = !stale.is_empty();
-        for k in stale {
-            let _ = self.loaded.maps.rebind.remove(&k);
-            self.rebinds.remove(&k);
-        }
+        let had_rebind = self.drop_rebinds(&key);
         // Every reverse entry of the flow: during a move there may be two
         // (old and new placement), and a prepared-only move has no egress.
         let reverse: Vec<(FlowKey, NatRewrite)> = self
@@ -258,6 +241,30 @@ impl KernelDatapath {
 }
 
 impl KernelDatapath {
+    /// Remove the rebind entries of the flow `key` (virtual, our side)
+    /// that are still waiting for their first packet; whether there were.
+    pub(super) fn drop_rebinds(&mut self, key: &FlowKey) -> bool {
+        let stale: Vec<RebindKey> = self
+            .rebinds
+            .iter()
+            .filter(|k| {
+                self.loaded.maps.rebind.get(k, 0).is_ok_and(|v| {
+                    v.virt_local_addr_be == key.src_addr_be
+                        && v.virt_remote_addr_be == key.dst_addr_be
+                        && v.virt_local_port_be == key.src_port_be
+                        && v.virt_remote_port_be == key.dst_port_be
+                })
+            })
+            .copied()
+            .collect();
+        let any = !stale.is_empty();
+        for k in stale {
+            let _ = self.loaded.maps.rebind.remove(&k);
+            self.rebinds.remove(&k);
+        }
+        any
+    }
+
     /// See [`Datapath::hold_send_side`]: set or clear [`NAT_F_HOLD`] on the
     /// flow's egress entry, adding one that only holds (rewrites the flow
     /// to itself) if it has none, and removing that one on release.
