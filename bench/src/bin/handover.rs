@@ -155,6 +155,13 @@ struct Args {
     /// move, so the echo resumes only at its retransmission timeout.
     #[arg(long)]
     nagle_echo: bool,
+    /// The laptop behind a NAT on both of its networks (nftables source
+    /// NAT on the router, random ports, one public address per network):
+    /// it moves from one NAT to another, and the server's datapath learns
+    /// the new NAT's port from the connection's first packet. One end
+    /// moving only.
+    #[arg(long)]
+    nat: bool,
     /// Measure the grid of issue 5 instead: every RTT of --sweep-rtts with
     /// every outage of --sweep-outages (one end moving), --runs runs per
     /// cell [default: 3 without outage, 1 with]; adds `sweep` to the JSON.
@@ -216,22 +223,68 @@ impl Scenario {
 struct Case {
     movers: Movers,
     scenario: Scenario,
+    /// The laptop moves from one NAT to another (`--nat`).
+    nat: bool,
 }
 
 impl Case {
     fn key(self) -> String {
+        let nat = if self.nat { "nat_" } else { "" };
         match self.movers {
-            Movers::One => self.scenario.key().into(),
-            Movers::Both => format!("both_{}", self.scenario.key()),
+            Movers::One => format!("{nat}{}", self.scenario.key()),
+            Movers::Both => format!("{nat}both_{}", self.scenario.key()),
         }
     }
 
     fn label(self) -> String {
+        let nat = if self.nat { "behind NAT, " } else { "" };
         match self.movers {
-            Movers::One => self.scenario.label(),
-            Movers::Both => format!("both, {}", self.scenario.label()),
+            Movers::One => format!("{nat}{}", self.scenario.label()),
+            Movers::Both => format!("{nat}both, {}", self.scenario.label()),
         }
     }
+}
+
+/// The NATs' public addresses, on the server's subnet C: the laptop's
+/// network A (home) and B (café).
+const NAT_PUBLIC_A: [u8; 4] = [198, 18, 3, 101];
+const NAT_PUBLIC_B: [u8; 4] = [198, 18, 3, 102];
+
+/// Source NAT on the router for the laptop's two networks, with random
+/// ports and a public address each; nothing may open a connection from the
+/// server's side inwards.
+fn nat_router(topo: &LaptopRouterServer) -> Result<()> {
+    let r = &topo.router;
+    let (a, b) = (
+        std::net::Ipv4Addr::from(NAT_PUBLIC_A),
+        std::net::Ipv4Addr::from(NAT_PUBLIC_B),
+    );
+    r.add_addr(&topo.router_if_c, a.into(), 24);
+    r.add_addr(&topo.router_if_c, b.into(), 24);
+    let c = &topo.router_if_c;
+    let ruleset = format!(
+        "table ip vnatbench {{
+            chain vnat_post {{
+                type nat hook postrouting priority srcnat;
+                oifname \"{c}\" ip saddr 198.18.1.0/24 snat to {a} fully-random
+                oifname \"{c}\" ip saddr 198.18.2.0/24 snat to {b} fully-random
+            }}
+            chain vnat_forward {{
+                type filter hook forward priority filter;
+                iifname \"{c}\" ct state new drop
+            }}
+        }}"
+    );
+    let file = std::env::temp_dir().join(format!("vnat-bench-nat-{}.nft", r.name()));
+    std::fs::write(&file, ruleset).context("writing the nft ruleset")?;
+    let out = r.try_run(&["nft", "-f", &file.display().to_string()]);
+    let _ = std::fs::remove_file(&file);
+    ensure!(
+        out.status.success(),
+        "nft refused the NAT ruleset: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
 }
 
 /// How one run is set up.
@@ -338,6 +391,7 @@ fn run(args: &Args) -> Result<()> {
                     Case {
                         movers: m,
                         scenario: *scenario,
+                        nat: args.nat,
                     },
                     *runs,
                 )
@@ -416,7 +470,11 @@ fn sweep(args: &Args) -> Result<()> {
         } else {
             Scenario::Outage(Duration::from_secs(outage_s))
         };
-        let case = Case { movers, scenario };
+        let case = Case {
+            movers,
+            scenario,
+            nat: args.nat,
+        };
         let runs = args.runs.unwrap_or(if outage_s == 0 { 3 } else { 1 });
         let mut done = Vec::new();
         for i in 0..runs {
@@ -486,6 +544,13 @@ fn measure(setup: &RunSetup) -> Result<RunResult> {
     let (scenario, both) = (case.scenario, case.movers == Movers::Both);
     let topo = LaptopRouterServer::builder().tag("hov").build();
     let delay = delayline::delay_server_link(&topo, "hovd", Duration::ZERO)?;
+    if case.nat {
+        ensure!(
+            !both,
+            "--nat measures the laptop moving alone (--movers one)"
+        );
+        nat_router(&topo)?;
+    }
     // Both moving: the server's second link, delayed the same, and the
     // location server's host.
     let link_e = both.then(|| add_server_link_e(&topo));
@@ -568,7 +633,7 @@ fn measure(setup: &RunSetup) -> Result<RunResult> {
 
     let probe = Probe::spawn(&lap, server)?;
     let local = probe.wait_connected(Duration::from_secs(10))?;
-    wait_mobile(&lapd, &srvd, local)?;
+    wait_mobile(&lapd, &srvd, local, case.nat)?;
     // A second of steady probing: the echo round trip before the move.
     vnat_bench::sleep_checked(Duration::from_secs(1))?;
     let now = monotonic_ns();
@@ -747,22 +812,32 @@ fn ms_signed(ns: i128) -> f64 {
 
 /// Waits until both vnatd track the probe's connection with keys (`mobile`
 /// in `vnatctl ls`): only then can it move.
-fn wait_mobile(lapd: &Daemon, srvd: &Daemon, local: SocketAddr) -> Result<()> {
+/// Wait until both vnatd can move the probe's connection. Behind a NAT
+/// the server names the laptop's end by the NAT's address and port.
+fn wait_mobile(lapd: &Daemon, srvd: &Daemon, local: SocketAddr, nat: bool) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(15);
     let local_s = local.to_string();
-    let has = |d: &Daemon, key: &str| {
+    let has = |d: &Daemon, key: &str, want: &dyn Fn(&str) -> bool| {
         d.ctl(&["ls", "--proto", "tcp"]).is_some_and(|v| {
             v.as_array().is_some_and(|a| {
                 a.iter()
-                    .any(|c| c[key].as_str() == Some(&local_s) && c["mobile"] == Value::Bool(true))
+                    .any(|c| c[key].as_str().is_some_and(want) && c["mobile"] == Value::Bool(true))
             })
         })
+    };
+    let nat_a = format!("{}:", std::net::Ipv4Addr::from(NAT_PUBLIC_A));
+    let laptop_as_seen = |a: &str| {
+        if nat {
+            a.starts_with(&nat_a)
+        } else {
+            a == local_s
+        }
     };
     loop {
         if lapd.paired()
             && srvd.paired()
-            && has(lapd, "virtual_local")
-            && has(srvd, "virtual_remote")
+            && has(lapd, "virtual_local", &|a| a == local_s)
+            && has(srvd, "virtual_remote", &laptop_as_seen)
         {
             return Ok(());
         }
