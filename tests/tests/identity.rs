@@ -6,7 +6,7 @@
 
 use std::{
     net::{IpAddr, SocketAddr},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use serde_json::Value;
@@ -33,17 +33,14 @@ fn rejected(d: &Vnatd, reason: &str) -> u64 {
 }
 
 /// Waits until `f` holds, or fails with `what` and the peers of `d`.
-fn wait_for(d: &Vnatd, what: &str, secs: u64, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !f() {
-        assert!(
-            Instant::now() < deadline,
-            "{what} (after {secs} s); peers: {}; status: {}",
+fn wait_for(d: &Vnatd, what: &str, secs: u64, f: impl FnMut() -> bool) {
+    vnat_tests::wait_until(Duration::from_secs(secs), f, || {
+        format!(
+            "{what}; peers: {}; status: {}",
             d.ctl(&["peers"]).unwrap_or_default(),
             d.ctl(&["status"]).unwrap_or_default()["vcmp"]
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        )
+    });
 }
 
 /// The row of host key `key` (hex) at `ip` holds `n` connections, all mobile.

@@ -17,44 +17,23 @@ use std::{
 use serde_json::Value;
 use vnat_tests::{
     EchoServer, Host, LaptopRouterServer, StreamClient, StreamOptions, TempDir, Vnatd,
+    NAT_PUBLIC_A, NAT_PUBLIC_B,
 };
 
-/// The NAT's public address, on the server's subnet C.
-const PUBLIC: Ipv4Addr = Ipv4Addr::new(198, 18, 3, 101);
-/// The second NAT's (the café's, for the laptop's subnet B).
-const PUBLIC_B: Ipv4Addr = Ipv4Addr::new(198, 18, 3, 102);
+const PUBLIC: Ipv4Addr = NAT_PUBLIC_A;
+const PUBLIC_B: Ipv4Addr = NAT_PUBLIC_B;
 /// How long the NAT keeps an idle UDP mapping.
 const UDP_TIMEOUT_SECS: u32 = 3;
 
-/// Source NAT on the router for the laptop's subnet A towards subnet C,
-/// with random ports; nothing from C may open a connection inwards.
+/// The NATs of `vnat_tests::nat_router`, forgetting idle UDP mappings
+/// after [`UDP_TIMEOUT_SECS`].
 fn nat_router(topo: &LaptopRouterServer) {
-    let r = &topo.router;
-    r.add_addr(&topo.router_if_c, PUBLIC.into(), 24);
-    r.add_addr(&topo.router_if_c, PUBLIC_B.into(), 24);
-    let ruleset = format!(
-        "table ip vnattest {{
-            chain vnat_post {{
-                type nat hook postrouting priority srcnat;
-                oifname \"{c}\" ip saddr 198.18.1.0/24 snat to {PUBLIC} fully-random
-                oifname \"{c}\" ip saddr 198.18.2.0/24 snat to {PUBLIC_B} fully-random
-            }}
-            chain vnat_forward {{
-                type filter hook forward priority filter;
-                iifname \"{c}\" ct state new drop
-            }}
-        }}",
-        c = topo.router_if_c
-    );
-    let file = std::env::temp_dir().join(format!("vnat-nat-{}.nft", r.name()));
-    std::fs::write(&file, ruleset).expect("writing the nft ruleset");
-    r.run(&["nft", "-f", &file.display().to_string()]);
-    let _ = std::fs::remove_file(&file);
+    vnat_tests::nat_router(topo).unwrap_or_else(|e| panic!("{e}"));
     for key in [
         "net/netfilter/nf_conntrack_udp_timeout",
         "net/netfilter/nf_conntrack_udp_timeout_stream",
     ] {
-        r.set_sysctl(key, &UDP_TIMEOUT_SECS.to_string());
+        topo.router.set_sysctl(key, &UDP_TIMEOUT_SECS.to_string());
     }
 }
 
@@ -64,12 +43,8 @@ fn counter(d: &Vnatd, group: &str, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
-fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !f() {
-        assert!(Instant::now() < deadline, "{what} (after {secs} s)");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+fn wait_for(what: &str, secs: u64, f: impl FnMut() -> bool) {
+    vnat_tests::wait_until(Duration::from_secs(secs), f, || what.to_string());
 }
 
 /// The laptop's only row of `peers` (the server), as JSON.

@@ -3,11 +3,7 @@
 //! enabled and disabled to match, a connection it tracked survives, and a
 //! bad file changes nothing and leaves vnatd running.
 
-use std::{
-    net::SocketAddr,
-    path::Path,
-    time::{Duration, Instant},
-};
+use std::{net::SocketAddr, path::Path, time::Duration};
 
 use nix::sys::signal::Signal;
 use vnat_tests::{Cgroup, EchoServer, Host, LaptopRouterServer, TempDir, Vnatd};
@@ -33,12 +29,8 @@ fn write_config(path: &Path, cgroups: &[&Path], extra: &str) {
         .expect("writing the config");
 }
 
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !f() {
-        assert!(Instant::now() < deadline, "{what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+fn wait_for(what: &str, f: impl FnMut() -> bool) {
+    vnat_tests::wait_until(Duration::from_secs(10), f, || what.to_string());
 }
 
 #[test]

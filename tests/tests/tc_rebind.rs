@@ -15,9 +15,10 @@ mod support;
 use std::net::SocketAddr;
 
 use support::packet::{parse_checked, Spec};
+use support::{counter, run};
 use vnat_common::{RebindKey, RebindValue, AF_INET, PROTO_TCP};
 use vnat_daemon::datapath::{
-    kernel::{testrun, KernelDatapath, KernelOptions},
+    kernel::{KernelDatapath, KernelOptions},
     Datapath, Proto, Translation, VirtualFlow,
 };
 use vnat_tests::BpffsDir;
@@ -72,20 +73,6 @@ fn value() -> RebindValue {
         flags: 0,
         _pad: 0,
     }
-}
-
-fn counter(dp: &KernelDatapath, name: &str) -> u64 {
-    dp.counters()
-        .unwrap()
-        .into_iter()
-        .find(|(n, _)| n == name)
-        .unwrap_or_else(|| panic!("no counter {name}"))
-        .1
-}
-
-fn run(dp: &KernelDatapath, egress: bool, frame: &[u8]) -> testrun::TestRun {
-    testrun::run(dp.tc_program_fd(egress).unwrap(), frame)
-        .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN failed: {e}"))
 }
 
 /// Offset of the TCP sequence number in a crafted IPv4 frame.

@@ -6,8 +6,9 @@
 mod support;
 
 use support::packet::{parse_checked, Spec};
+use support::{counter, run};
 use vnat_daemon::datapath::{
-    kernel::{pair_for, testrun, KernelDatapath, KernelOptions},
+    kernel::{pair_for, KernelDatapath, KernelOptions},
     Datapath, Proto, Translation, VirtualFlow,
 };
 use vnat_tests::BpffsDir;
@@ -53,20 +54,6 @@ fn laptop_moved() -> Translation {
         "198.18.2.2:40000",
         "198.18.3.2:5001",
     )
-}
-
-fn counter(dp: &KernelDatapath, name: &str) -> u64 {
-    dp.counters()
-        .unwrap()
-        .into_iter()
-        .find(|(n, _)| n == name)
-        .unwrap_or_else(|| panic!("no counter {name}"))
-        .1
-}
-
-fn run(dp: &KernelDatapath, egress: bool, frame: &[u8]) -> testrun::TestRun {
-    testrun::run(dp.tc_program_fd(egress).unwrap(), frame)
-        .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN failed: {e}"))
 }
 
 /// Install `t`, send `spec` through egress (or ingress) and return the parsed

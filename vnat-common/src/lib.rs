@@ -246,6 +246,10 @@ pub const CFG_F_NETNS_FILTER: u32 = 1;
 /// that predate the bit ignore it, and a config without it (written by an
 /// older vnatd) only costs the lookup it always did.
 pub const CFG_F_NAT_EMPTY: u32 = 2;
+/// Some flow is rebinding (entries in [`MAP_REBIND`]): an incoming packet
+/// without a translation is looked up there too. Clear, a miss costs the
+/// one NAT lookup it did before rebinding existed.
+pub const CFG_F_REBINDING: u32 = 4;
 
 /// Value of the single-slot [`MAP_CONFIG`] array.
 #[repr(C)]
@@ -321,6 +325,8 @@ pub struct RebindValue {
 }
 const _: () = assert!(core::mem::size_of::<RebindValue>() == 64);
 
+// SAFETY: both are repr(C), made only of integers and arrays of integers,
+// with every padding byte spelled out as a field (sizes asserted above).
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for RebindKey {}
 #[cfg(feature = "user")]

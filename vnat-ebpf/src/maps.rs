@@ -8,7 +8,8 @@ use aya_ebpf::{
 };
 use vnat_common::{
     ConnRecord, DatapathConfig, FlowKey, NatRewrite, RebindKey, RebindValue, CFG_F_NAT_EMPTY,
-    CFG_F_NETNS_FILTER, CONNS_MAX_ENTRIES, NAT_MAX_ENTRIES, REBIND_MAX_ENTRIES, STAT_COUNT,
+    CFG_F_NETNS_FILTER, CFG_F_REBINDING, CONNS_MAX_ENTRIES, NAT_MAX_ENTRIES, REBIND_MAX_ENTRIES,
+    STAT_COUNT,
 };
 
 /// BPF_F_NO_PREALLOC: entries are allocated on insert, so the capacity costs
@@ -67,4 +68,11 @@ pub fn netns_is_ours(netns_cookie: u64) -> bool {
 #[inline(always)]
 pub fn nat_is_empty() -> bool {
     matches!(VNAT_CONFIG.get(0), Some(cfg) if cfg.flags & CFG_F_NAT_EMPTY != 0)
+}
+
+/// Whether userspace has said that some flow is rebinding
+/// (CFG_F_REBINDING): only then does an ingress miss look further.
+#[inline(always)]
+pub fn rebinding() -> bool {
+    matches!(VNAT_CONFIG.get(0), Some(cfg) if cfg.flags & CFG_F_REBINDING != 0)
 }

@@ -26,7 +26,7 @@ use vnat_common::{
     STAT_REBIND_LEARNED, STAT_REBIND_REFUSED,
 };
 
-use crate::maps::{count, nat_is_empty, VNAT_EGRESS_NAT, VNAT_INGRESS_NAT, VNAT_REBIND};
+use crate::maps::{count, nat_is_empty, rebinding, VNAT_EGRESS_NAT, VNAT_INGRESS_NAT, VNAT_REBIND};
 
 const ETH_HLEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
@@ -113,7 +113,7 @@ fn try_translate(ctx: &TcContext, dir: Dir) -> Result<i32, Drop> {
     // reference stays inside the map's memory, which the verifier checked,
     // so nothing is read out of bounds.
     let Some(nat) = (unsafe { map.get(&p.key) }) else {
-        if dir == Dir::Ingress {
+        if dir == Dir::Ingress && rebinding() {
             if let Some(nat) = learn(ctx, &p) {
                 rewrite(ctx, &p, &nat)?;
                 count(STAT_INGRESS_TRANSLATED);

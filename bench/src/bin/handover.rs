@@ -245,48 +245,6 @@ impl Case {
     }
 }
 
-/// The NATs' public addresses, on the server's subnet C: the laptop's
-/// network A (home) and B (café).
-const NAT_PUBLIC_A: [u8; 4] = [198, 18, 3, 101];
-const NAT_PUBLIC_B: [u8; 4] = [198, 18, 3, 102];
-
-/// Source NAT on the router for the laptop's two networks, with random
-/// ports and a public address each; nothing may open a connection from the
-/// server's side inwards.
-fn nat_router(topo: &LaptopRouterServer) -> Result<()> {
-    let r = &topo.router;
-    let (a, b) = (
-        std::net::Ipv4Addr::from(NAT_PUBLIC_A),
-        std::net::Ipv4Addr::from(NAT_PUBLIC_B),
-    );
-    r.add_addr(&topo.router_if_c, a.into(), 24);
-    r.add_addr(&topo.router_if_c, b.into(), 24);
-    let c = &topo.router_if_c;
-    let ruleset = format!(
-        "table ip vnatbench {{
-            chain vnat_post {{
-                type nat hook postrouting priority srcnat;
-                oifname \"{c}\" ip saddr 198.18.1.0/24 snat to {a} fully-random
-                oifname \"{c}\" ip saddr 198.18.2.0/24 snat to {b} fully-random
-            }}
-            chain vnat_forward {{
-                type filter hook forward priority filter;
-                iifname \"{c}\" ct state new drop
-            }}
-        }}"
-    );
-    let file = std::env::temp_dir().join(format!("vnat-bench-nat-{}.nft", r.name()));
-    std::fs::write(&file, ruleset).context("writing the nft ruleset")?;
-    let out = r.try_run(&["nft", "-f", &file.display().to_string()]);
-    let _ = std::fs::remove_file(&file);
-    ensure!(
-        out.status.success(),
-        "nft refused the NAT ruleset: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
-}
-
 /// How one run is set up.
 struct RunSetup<'a> {
     case: Case,
@@ -549,7 +507,7 @@ fn measure(setup: &RunSetup) -> Result<RunResult> {
             !both,
             "--nat measures the laptop moving alone (--movers one)"
         );
-        nat_router(&topo)?;
+        vnat_tests::nat_router(&topo).map_err(anyhow::Error::msg)?;
     }
     // Both moving: the server's second link, delayed the same, and the
     // location server's host.
@@ -825,7 +783,7 @@ fn wait_mobile(lapd: &Daemon, srvd: &Daemon, local: SocketAddr, nat: bool) -> Re
             })
         })
     };
-    let nat_a = format!("{}:", std::net::Ipv4Addr::from(NAT_PUBLIC_A));
+    let nat_a = format!("{}:", vnat_tests::NAT_PUBLIC_A);
     let laptop_as_seen = |a: &str| {
         if nat {
             a.starts_with(&nat_a)

@@ -82,13 +82,7 @@ impl EchoServer {
             bind(addr),
             if nodelay { ",nodelay" } else { "" }
         );
-        Self::start_in(
-            host.ns,
-            Some(&host.cgroup),
-            addr,
-            false,
-            &[&listen, "EXEC:cat"],
-        )
+        Self::echo_in(host, addr, false, &listen)
     }
 
     /// TCP echo on a dual-stack socket (`[::]:PORT`, IPV6_V6ONLY off, as
@@ -97,29 +91,14 @@ impl EchoServer {
     /// `::ffff:a.b.c.d`, on an AF_INET6 socket.
     pub fn tcp_dual_stack_in(host: &Host, port: u16) -> EchoServer {
         let listen = format!("TCP6-LISTEN:{port},ipv6only=0,reuseaddr,fork");
-        let addr = SocketAddr::new(std::net::Ipv6Addr::UNSPECIFIED.into(), port);
-        Self::start_in(
-            host.ns,
-            Some(&host.cgroup),
-            addr,
-            false,
-            &[&listen, "EXEC:cat"],
-        )
+        Self::echo_in(host, dual_stack(port), false, &listen)
     }
 
     /// UDP echo on a dual-stack socket (`[::]:PORT`, IPV6_V6ONLY off) inside
     /// a [`Host`]'s namespace and cgroup.
     pub fn udp_dual_stack_in(host: &Host, port: u16) -> EchoServer {
         let listen = format!("UDP6-LISTEN:{port},ipv6only=0,fork");
-        let addr = SocketAddr::new(std::net::Ipv6Addr::UNSPECIFIED.into(), port);
-        let size = UDP_DATAGRAM_SIZE.to_string();
-        Self::start_in(
-            host.ns,
-            Some(&host.cgroup),
-            addr,
-            true,
-            &["-T", "600", "-b", &size, &listen, "PIPE"],
-        )
+        Self::echo_in(host, dual_stack(port), true, &listen)
     }
 
     /// UDP echo inside a [`Host`]'s namespace and cgroup.
@@ -130,14 +109,20 @@ impl EchoServer {
             addr.port(),
             bind(addr)
         );
+        Self::echo_in(host, addr, true, &listen)
+    }
+
+    /// socat listening with `listen` inside `host`'s namespace and cgroup:
+    /// `EXEC:cat` for TCP, `PIPE` with datagrams of [`UDP_DATAGRAM_SIZE`]
+    /// and a 600 s idle timeout for UDP.
+    fn echo_in(host: &Host, addr: SocketAddr, udp: bool, listen: &str) -> EchoServer {
         let size = UDP_DATAGRAM_SIZE.to_string();
-        Self::start_in(
-            host.ns,
-            Some(&host.cgroup),
-            addr,
-            true,
-            &["-T", "600", "-b", &size, &listen, "PIPE"],
-        )
+        let args: Vec<&str> = if udp {
+            vec!["-T", "600", "-b", &size, listen, "PIPE"]
+        } else {
+            vec![listen, "EXEC:cat"]
+        };
+        Self::start_in(host.ns, Some(&host.cgroup), addr, udp, &args)
     }
 
     fn start(ns: &Netns, addr: SocketAddr, udp: bool, args: &[&str]) -> EchoServer {
@@ -204,6 +189,11 @@ impl EchoServer {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+}
+
+/// The address a dual-stack listener on `port` binds: `[::]:port`.
+fn dual_stack(port: u16) -> SocketAddr {
+    SocketAddr::new(std::net::Ipv6Addr::UNSPECIFIED.into(), port)
 }
 
 fn family(addr: SocketAddr, proto: &str) -> String {

@@ -6,6 +6,7 @@ mod cgroup;
 mod daemon;
 mod echo;
 mod host;
+mod nat;
 mod netns;
 mod server_move;
 mod servers;
@@ -25,6 +26,7 @@ pub use cgroup::{cgroup2_mount, Cgroup};
 pub use daemon::{TempDir, Vnatd};
 pub use echo::{EchoServer, UDP_DATAGRAM_SIZE};
 pub use host::{move_flow, Host};
+pub use nat::{nat_router, NAT_PUBLIC_A, NAT_PUBLIC_B};
 pub use netns::{ss_endpoint, tcp_bytes_received, veth, Netns};
 pub use server_move::{
     add_location_host, add_server_link_e, move_server_to_e, plug_server_e, unplug_server_c,
@@ -33,6 +35,22 @@ pub use server_move::{
 pub use servers::{Iperf3Server, ProcessGroup, SshServer};
 pub use stream::{StreamClient, StreamOptions, StreamStatus};
 pub use topology::{netem_available, LaptopRouterServer, LaptopRouterServerBuilder, SameLink};
+
+/// Poll `f` every 100 ms until it holds; after `timeout`, fail with the
+/// message `why` builds then (it may read state for the diagnosis).
+pub fn wait_until(
+    timeout: std::time::Duration,
+    mut f: impl FnMut() -> bool,
+    why: impl Fn() -> String,
+) {
+    let deadline = std::time::Instant::now() + timeout;
+    while !f() {
+        if std::time::Instant::now() >= deadline {
+            panic!("{} (after {timeout:?})", why());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
 
 /// `<pid>-<n>`: unique among everything this process creates, and across
 /// processes (cargo runs test binaries one after another, but a demo or a

@@ -147,10 +147,7 @@ impl Endpoint {
             return;
         };
         let key = secret.claim_key();
-        let at = bytes.len() - PAIR_TAG_LEN;
-        let mut tag = [0u8; PAIR_TAG_LEN];
-        tag.copy_from_slice(&bytes[at..]);
-        if !crypto::tags_equal(&crypto::claim_tag(&key, &bytes[..at]), &tag) {
+        if !crypto::datagram_tag_valid(&key, bytes) {
             self.stats.reject("claim_bad_tag");
             return;
         }

@@ -184,9 +184,28 @@ pub(crate) fn claim_commitment(claim_key: &SecretKey, binding: &Binding) -> [u8;
     out
 }
 
-/// The tag of a CLAIM datagram: HMAC over all of it before the tag.
-pub(crate) fn claim_tag(claim_key: &SecretKey, signed: &[u8]) -> [u8; 32] {
+/// The tag of a CLAIM or PROBE datagram: HMAC over all of it before the
+/// tag, which is its last [`PAIR_TAG_LEN`] bytes.
+fn claim_tag(claim_key: &SecretKey, signed: &[u8]) -> [u8; 32] {
     hmac(claim_key, &[b"vnat claim tag v1", signed])
+}
+
+/// Fill in the tag of an encoded CLAIM or PROBE (its last bytes).
+pub(crate) fn tag_datagram(claim_key: &SecretKey, datagram: &mut [u8]) {
+    let n = datagram.len();
+    let at = n.saturating_sub(PAIR_TAG_LEN);
+    let tag = claim_tag(claim_key, &datagram[..at]);
+    datagram[at..].copy_from_slice(&tag[..n - at]);
+}
+
+/// Constant-time check of a decoded CLAIM's or PROBE's tag.
+pub(crate) fn datagram_tag_valid(claim_key: &SecretKey, datagram: &[u8]) -> bool {
+    let Some(at) = datagram.len().checked_sub(PAIR_TAG_LEN) else {
+        return false;
+    };
+    let mut tag = [0u8; PAIR_TAG_LEN];
+    tag.copy_from_slice(&datagram[at..]);
+    tags_equal(&claim_tag(claim_key, &datagram[..at]), &tag)
 }
 
 /// Keys of one connection: a root bound to both host identities and to the

@@ -82,4 +82,6 @@ mod adversary_tests;
 #[cfg(test)]
 mod sim;
 #[cfg(test)]
+mod sim_nat_tests;
+#[cfg(test)]
 mod sim_tests;

@@ -57,9 +57,7 @@ impl Endpoint {
 
     /// Tag `b` (a PROBE or CLAIM with a zero tag) and queue it to `dst`.
     pub(crate) fn push_tagged(&mut self, key: &crypto::SecretKey, mut b: Vec<u8>, dst: SocketAddr) {
-        let at = b.len() - PAIR_TAG_LEN;
-        let tag = crypto::claim_tag(key, &b[..at]);
-        b[at..].copy_from_slice(&tag);
+        crypto::tag_datagram(key, &mut b);
         self.tx.push_datagram(dst, b, &mut self.stats);
     }
 
@@ -77,10 +75,7 @@ impl Endpoint {
             return;
         };
         let key = secret.claim_key();
-        let at = bytes.len() - PAIR_TAG_LEN;
-        let mut tag = [0u8; PAIR_TAG_LEN];
-        tag.copy_from_slice(&bytes[at..]);
-        if !crypto::tags_equal(&crypto::claim_tag(&key, &bytes[..at]), &tag) {
+        if !crypto::datagram_tag_valid(&key, bytes) {
             self.stats.reject("probe_bad_tag");
             return;
         }

@@ -209,16 +209,7 @@ impl Sim {
     /// numbers, recorded crosswise at the two ends as the kernel does; a
     /// UDP one is bound by its endpoints.
     pub fn connect(&mut self, a: usize, b: usize, fa: VirtualFlow) {
-        let fb = reverse(&fa);
-        let (ba, bb) = self.bindings(&fa);
-        self.with(a, |ep, now, rng| {
-            ep.connection_added(now, rng, fa, fa.local, fa.remote, ba)
-                .expect("add flow on a")
-        });
-        self.with(b, |ep, now, rng| {
-            ep.connection_added(now, rng, fb, fb.local, fb.remote, bb)
-                .expect("add flow on b")
-        });
+        self.connect_named(a, b, fa, reverse(&fa));
     }
 
     /// The bindings the two ends of `fa` would record (see `connect`).

@@ -71,6 +71,9 @@ pub struct KernelDatapath {
     /// Whether the config map says both NAT maps are empty
     /// (`CFG_F_NAT_EMPTY`), as this process last wrote it.
     nat_empty: bool,
+    /// Whether the config map says some flow is rebinding
+    /// (`CFG_F_REBINDING`), as this process last wrote it.
+    rebinding: bool,
     /// Rebinding entries this process wrote that the tc program has not
     /// completed yet (see `rebind`).
     rebinds: std::collections::HashSet<RebindKey>,
@@ -205,10 +208,20 @@ impl KernelDatapath {
             memo: Default::default(),
             mirror: Default::default(),
             nat_empty: false,
+            rebinding: true,
             rebinds: std::collections::HashSet::new(),
         };
         dp.mirror = Mirror::from(dp.read_map(true)?, dp.read_map(false)?);
-        if dp.mirror.is_empty() {
+        // Rebinds a previous vnatd left waiting are ours to finish.
+        dp.rebinds = dp
+            .loaded
+            .maps
+            .rebind
+            .keys()
+            .filter_map(Result::ok)
+            .collect();
+        dp.set_rebinding(!dp.rebinds.is_empty())?;
+        if dp.mirror.is_empty() && dp.rebinds.is_empty() {
             dp.set_nat_empty(true)?;
         }
         let mut cgroups: Vec<PathBuf> = opts.cgroups.clone();
@@ -388,8 +401,18 @@ impl KernelDatapath {
     /// changed.
     fn set_nat_empty(&mut self, empty: bool) -> Result<(), DatapathError> {
         if self.nat_empty != empty {
-            object::set_config(&mut self.loaded, empty)?;
+            object::set_config(&mut self.loaded, empty, self.rebinding)?;
             self.nat_empty = empty;
+        }
+        Ok(())
+    }
+
+    /// Say in the config map whether some flow is rebinding, if that
+    /// changed (ingress misses look in the rebind map only then).
+    fn set_rebinding(&mut self, on: bool) -> Result<(), DatapathError> {
+        if self.rebinding != on {
+            object::set_config(&mut self.loaded, self.nat_empty, on)?;
+            self.rebinding = on;
         }
         Ok(())
     }
@@ -474,8 +497,10 @@ impl KernelDatapath {
         key: RebindKey,
         value: RebindValue,
     ) -> Result<(), DatapathError> {
-        // The translators parse packets only while some entry exists.
+        // The translators parse packets only while some entry exists, and
+        // look up rebinds only while some flow is rebinding.
         self.set_nat_empty(false)?;
+        self.set_rebinding(true)?;
         self.loaded
             .maps
             .rebind
@@ -800,6 +825,11 @@ impl Datapath for KernelDatapath {
                         tracing::info!(entries = n, "learned the new NAT port of a peer that moved")
                     }
                     Err(e) => tracing::warn!(error = %e, "cannot read the learned translations"),
+                }
+            }
+            if self.rebinds.is_empty() {
+                if let Err(e) = self.set_rebinding(false) {
+                    tracing::debug!(error = %e, "cannot mark rebinding done");
                 }
             }
         }

@@ -185,15 +185,22 @@ fn check_and_set_config(bpffs: &Path, l: &mut Loaded) -> Result<(), DatapathErro
     }
     // Not CFG_F_NAT_EMPTY yet: the NAT maps may hold pinned translations,
     // and until the caller has read them the programs must look them up.
-    set_config(l, false)
+    // Both gates open until the opener knows better (see KernelDatapath::open).
+    set_config(l, false, true)
 }
 
 /// Write this namespace's config, saying whether both NAT maps are empty
 /// (`CFG_F_NAT_EMPTY`: the tc translators then pass packets unparsed).
-pub fn set_config(l: &mut Loaded, nat_empty: bool) -> Result<(), DatapathError> {
+pub fn set_config(l: &mut Loaded, nat_empty: bool, rebinding: bool) -> Result<(), DatapathError> {
     let cfg = DatapathConfig {
         netns_cookie: l.netns_cookie,
-        flags: CFG_F_NETNS_FILTER | if nat_empty { CFG_F_NAT_EMPTY } else { 0 },
+        flags: CFG_F_NETNS_FILTER
+            | if nat_empty { CFG_F_NAT_EMPTY } else { 0 }
+            | if rebinding {
+                vnat_common::CFG_F_REBINDING
+            } else {
+                0
+            },
         abi_version: ABI_VERSION,
     };
     l.maps.config.set(0, cfg, 0).map_err(map_err(MAP_CONFIG))

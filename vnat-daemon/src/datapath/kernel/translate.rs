@@ -262,6 +262,9 @@ impl KernelDatapath {
             let _ = self.loaded.maps.rebind.remove(&k);
             self.rebinds.remove(&k);
         }
+        if any && self.rebinds.is_empty() {
+            let _ = self.set_rebinding(false);
+        }
         any
     }
 

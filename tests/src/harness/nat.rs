@@ -1,0 +1,47 @@
+//! Real NAT in front of the laptop of a [`LaptopRouterServer`]: nftables
+//! source NAT on the router towards the server's subnet C, as a home
+//! router, a café or carrier-grade NAT does it.
+use std::net::Ipv4Addr;
+
+use super::LaptopRouterServer;
+
+/// The laptop's two networks behind their NATs: subnet A (home) and B
+/// (café), each with its own public address on subnet C.
+pub const NAT_PUBLIC_A: Ipv4Addr = Ipv4Addr::new(198, 18, 3, 101);
+pub const NAT_PUBLIC_B: Ipv4Addr = Ipv4Addr::new(198, 18, 3, 102);
+
+/// Source NAT for the laptop's subnets A and B (`fully-random` ports, one
+/// public address each, added to the router's subnet-C interface so the
+/// server reaches them), and nothing opened from subnet C inwards. Returns
+/// nft's complaint if it refuses the ruleset.
+pub fn nat_router(topo: &LaptopRouterServer) -> Result<(), String> {
+    let r = &topo.router;
+    let c = &topo.router_if_c;
+    r.add_addr(c, NAT_PUBLIC_A.into(), 24);
+    r.add_addr(c, NAT_PUBLIC_B.into(), 24);
+    let ruleset = format!(
+        "table ip vnatnat {{
+            chain vnat_post {{
+                type nat hook postrouting priority srcnat;
+                oifname \"{c}\" ip saddr 198.18.1.0/24 snat to {NAT_PUBLIC_A} fully-random
+                oifname \"{c}\" ip saddr 198.18.2.0/24 snat to {NAT_PUBLIC_B} fully-random
+            }}
+            chain vnat_forward {{
+                type filter hook forward priority filter;
+                iifname \"{c}\" ct state new drop
+            }}
+        }}"
+    );
+    let file = std::env::temp_dir().join(format!("vnat-nat-{}.nft", r.name()));
+    std::fs::write(&file, ruleset).map_err(|e| format!("writing the nft ruleset: {e}"))?;
+    let out = r.try_run(&["nft", "-f", &file.display().to_string()]);
+    let _ = std::fs::remove_file(&file);
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "nft refused the NAT ruleset: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}

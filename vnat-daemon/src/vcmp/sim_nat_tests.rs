@@ -1,0 +1,355 @@
+//! Simulator tests of identity by key and NAT (issue 15): claims, names
+//! through a NAT, keepalives, and moves from one NAT to another. The
+//! general move tests are in `sim_tests`.
+
+use std::time::Duration;
+
+use super::endpoint::{Config, Event};
+use super::sim::{reverse, sa, tcp, Link, Sim};
+use super::sim_tests::{setup, A_IP, B_IP};
+use crate::datapath::VirtualFlow;
+
+/// Address reuse (DHCP), or a reinstalled host: another host key at an
+/// address where a paired host was. It is another host: it pairs, with no
+/// lock-out, and gets keys for its own connection only; the connections of
+/// the host that was there stay bound to that host's key, and the newcomer
+/// cannot take them, not even a UDP flow whose binding (its endpoints) it
+/// can guess.
+#[test]
+fn a_new_key_at_a_known_address_is_another_host_with_no_power_over_the_old_ones() {
+    let (mut sim, flows) = setup(8, Link::default(), Config::default(), 2);
+    let (a, b) = (0, 1);
+    let udp = super::sim::udp("10.0.0.1:5353", "10.0.0.2:53");
+    sim.connect(a, b, udp);
+    sim.run_for(Duration::from_secs(10));
+    let b_key = sim.hosts[b].ep.public_key();
+    assert_eq!(
+        sim.hosts[a].ep.connection(&udp).expect("udp").peer_key,
+        Some(b_key)
+    );
+    // B leaves; Y gets B's address and opens its own connection to A.
+    sim.hosts[b].alive = false;
+    let y = sim.add_host(B_IP, Config::default());
+    let y_key = sim.hosts[y].ep.public_key();
+    let g = tcp("10.0.0.1:50000", "10.0.0.2:80");
+    sim.connect(a, y, g);
+    // Y also names B's connections: a TCP one with sequence numbers it
+    // cannot know, and the UDP flow, whose endpoints it can.
+    let (_, guessed) = sim.bindings(&flows[0]);
+    let old = reverse(&flows[0]);
+    sim.with(y, |ep, now, rng| {
+        ep.connection_added(now, rng, old, old.local, old.remote, guessed)
+            .expect("add");
+        let u = reverse(&udp);
+        ep.connection_added(
+            now,
+            rng,
+            u,
+            u.local,
+            u.remote,
+            super::Binding::endpoints(&u),
+        )
+        .expect("add")
+    });
+    sim.run_for(Duration::from_secs(60));
+
+    let ga = sim.hosts[a].ep.connection(&g).expect("g on a");
+    assert!(ga.has_keys, "Y's own connection must be mobile");
+    assert_eq!(ga.peer_key, Some(y_key));
+    assert!(
+        sim.hosts[y]
+            .ep
+            .connection(&reverse(&g))
+            .expect("g on y")
+            .has_keys,
+        "Y must have keys for its own connection"
+    );
+    assert!(
+        sim.events(a, |e| matches!(e, Event::PeerKeyChanged { .. }))
+            .next()
+            .is_none(),
+        "a new key is no lock-out"
+    );
+    for f in flows.iter().chain([&udp]) {
+        assert_eq!(
+            sim.hosts[a].ep.connection(f).expect("old flow").peer_key,
+            Some(b_key),
+            "{f:?} must stay bound to B"
+        );
+        assert!(
+            sim.hosts[y]
+                .ep
+                .connection(&reverse(f))
+                .is_none_or(|v| !v.has_keys),
+            "Y must get no keys for B's {f:?}"
+        );
+    }
+    assert!(
+        sim.hosts[a].ep.stats().rejected("claim_conflict") > 0,
+        "Y's claim of B's UDP flow must be refused and counted"
+    );
+    // Without keys, Y cannot even start moving B's connection.
+    let err = sim.with(y, |ep, now, rng| {
+        ep.resume(now, rng, &[(old, sa("10.0.0.2:22"))])
+    });
+    assert!(err.is_err(), "Y must not be able to move B's connection");
+}
+
+/// Connections added in one go to an already paired host are claimed in
+/// datagrams of up to 20 entries, not one each way per connection, and
+/// every one is bound on both ends.
+#[test]
+fn many_new_connections_are_claimed_in_batches() {
+    let (mut sim, _) = setup(21, Link::default(), Config::default(), 1);
+    let before =
+        sim.hosts[0].ep.stats().get("claims_sent") + sim.hosts[1].ep.stats().get("claims_sent");
+    let flows: Vec<VirtualFlow> = (0..500)
+        .map(|i| tcp(&format!("{A_IP}:{}", 20000 + i), &format!("{B_IP}:443")))
+        .collect();
+    let bindings: Vec<_> = flows.iter().map(|f| sim.bindings(f)).collect();
+    sim.with(0, |ep, now, rng| {
+        for (f, (ba, _)) in flows.iter().zip(&bindings) {
+            ep.connection_added(now, rng, *f, f.local, f.remote, *ba)
+                .expect("add on a");
+        }
+    });
+    sim.with(1, |ep, now, rng| {
+        for (f, (_, bb)) in flows.iter().zip(&bindings) {
+            let g = reverse(f);
+            ep.connection_added(now, rng, g, g.local, g.remote, *bb)
+                .expect("add on b");
+        }
+    });
+    sim.run_for(Duration::from_secs(10));
+    for f in &flows {
+        assert!(sim.hosts[0].ep.connection(f).expect("a").has_keys);
+        assert!(sim.hosts[1].ep.connection(&reverse(f)).expect("b").has_keys);
+    }
+    let sent = sim.hosts[0].ep.stats().get("claims_sent")
+        + sim.hosts[1].ep.stats().get("claims_sent")
+        - before;
+    // 500 / 20 = 25 datagrams each way, plus the answers.
+    assert!(sent <= 110, "{sent} CLAIM datagrams for 500 connections");
+}
+
+/// Two laptops behind one NAT address (each with its own NAT port for
+/// VCMP), each with a TCP connection to one server, which names both by
+/// the NAT's address. Each pairs, each connection binds to its own laptop
+/// (by its sequence numbers, not the shared address), each laptop learns
+/// where the NAT put its end, and records named the laptop's way (its
+/// private address) reach the server's connection: a planned suspend
+/// settles roles on both.
+#[test]
+fn two_hosts_behind_one_nat_address_each_own_their_connection() {
+    let mut sim = Sim::new(22, Link::default());
+    let l1 = sim.add_host("192.168.1.10", Config::default());
+    let l2 = sim.add_host("192.168.1.11", Config::default());
+    let s = sim.add_host("203.0.113.5", Config::default());
+    sim.hosts[l1].nat = Some(sa("198.51.100.7:40001"));
+    sim.hosts[l2].nat = Some(sa("198.51.100.7:40002"));
+    let f1 = tcp("192.168.1.10:50000", "203.0.113.5:443");
+    let s1 = tcp("203.0.113.5:443", "198.51.100.7:61000");
+    let f2 = tcp("192.168.1.11:50000", "203.0.113.5:443");
+    let s2 = tcp("203.0.113.5:443", "198.51.100.7:61001");
+    sim.connect_named(l1, s, f1, s1);
+    sim.connect_named(l2, s, f2, s2);
+    sim.run_for(Duration::from_secs(30));
+
+    let (k1, k2) = (sim.hosts[l1].ep.public_key(), sim.hosts[l2].ep.public_key());
+    for (h, f, sf, k, seen) in [
+        (l1, f1, s1, k1, "198.51.100.7:61000"),
+        (l2, f2, s2, k2, "198.51.100.7:61001"),
+    ] {
+        let v = sim.hosts[h].ep.connection(&f).expect("laptop side");
+        assert!(v.has_keys, "{f:?} must be mobile on its laptop");
+        assert_eq!(v.seen_by_peer_as, Some(sa(seen)), "where the NAT put it");
+        let sv = sim.hosts[s].ep.connection(&sf).expect("server side");
+        assert!(sv.has_keys, "{sf:?} must be mobile on the server");
+        assert_eq!(sv.peer_key, Some(k), "{sf:?} bound to the wrong laptop");
+        // The server's name for its own end is the laptop's name too.
+        assert_eq!(sv.seen_by_peer_as, None);
+    }
+    assert_eq!(sim.hosts[s].ep.stats().rejected("peer_key_changed"), 0);
+
+    // Each laptop learned where the NAT put its VCMP, knows it is behind a
+    // NAT, and keeps the mapping open; the server is behind none.
+    let skey = sim.hosts[s].ep.public_key();
+    assert_eq!(
+        sim.hosts[l1].ep.reflexive_address(&skey),
+        Some(sa("198.51.100.7:40001"))
+    );
+    assert!(sim.hosts[l1].ep.behind_nat(&skey));
+    assert!(!sim.hosts[s].ep.behind_nat(&k1));
+    assert_eq!(
+        sim.hosts[s].ep.reflexive_address(&k1),
+        Some(sa("203.0.113.5:2031"))
+    );
+    sim.run_for(Duration::from_secs(60));
+    assert!(sim.hosts[l1].ep.stats().get("keepalives_sent") >= 2);
+    assert!(sim.hosts[l2].ep.stats().get("keepalives_sent") >= 2);
+    assert_eq!(sim.hosts[s].ep.stats().get("keepalives_sent"), 0);
+    assert_eq!(sim.hosts[s].ep.stats().rejected_total(), 0);
+
+    // Records named the laptop's way (private address) reach the server's
+    // connection named by the NAT's address.
+    sim.with(l1, |ep, now, rng| {
+        ep.suspend(now, rng, &[f1]).expect("suspend")
+    });
+    sim.run_for(Duration::from_secs(10));
+    assert!(
+        sim.events(
+            s,
+            |e| matches!(e, Event::RoleDecided { flow, .. } if *flow == s1)
+        )
+        .next()
+        .is_some(),
+        "the server never settled a role for the suspended connection"
+    );
+    assert_eq!(sim.hosts[s].ep.stats().rejected("unknown_connection"), 0);
+}
+
+/// A PROBE replayed (from anywhere) or forged changes nothing: not where
+/// the host sends to its peer, not what it believes of its own address.
+#[test]
+fn replayed_or_forged_probes_change_nothing() {
+    let (mut sim, _) = setup(23, Link::default(), Config::default(), 1);
+    let (a, b) = (0, 1);
+    let akey = sim.hosts[a].ep.public_key();
+    let bkey = sim.hosts[b].ep.public_key();
+    // A's next probe, captured instead of sent.
+    let probe = sim
+        .capture(a, |ep, _, _| ep.send_probe(bkey))
+        .into_iter()
+        .next()
+        .expect("a probe");
+    let from = sa("10.0.0.1:2031");
+    let first = sim.inject(b, from, &probe.payload);
+    assert_eq!(first.len(), 1, "a fresh probe is answered");
+    // Replayed from an attacker's address: refused, no answer, and B keeps
+    // sending to A where it was.
+    let again = sim.inject(b, sa("10.66.0.1:9999"), &probe.payload);
+    assert!(again.is_empty());
+    assert_eq!(sim.hosts[b].ep.stats().rejected("probe_replayed"), 1);
+    assert_eq!(sim.hosts[b].ep.peer_addrs.get(&akey), Some(&from));
+    // A forged answer (one bit flipped) is refused, and so is a genuine
+    // answer delivered twice.
+    let mut forged = first[0].payload.clone();
+    forged[HEADER_LEN_FOR_TESTS + 45] ^= 1;
+    sim.inject(a, sa("10.0.0.2:2031"), &forged);
+    assert_eq!(sim.hosts[a].ep.stats().rejected("probe_bad_tag"), 1);
+    sim.inject(a, sa("10.0.0.2:2031"), &first[0].payload);
+    sim.inject(a, sa("10.0.0.2:2031"), &first[0].payload);
+    assert_eq!(
+        sim.hosts[a].ep.stats().rejected("probe_unexpected_answer"),
+        1
+    );
+    assert_eq!(
+        sim.hosts[a].ep.reflexive_address(&bkey),
+        Some(from),
+        "the answer tells A where B saw its probe come from"
+    );
+}
+
+const HEADER_LEN_FOR_TESTS: usize = super::wire::HEADER_LEN;
+
+/// A laptop behind one NAT moves behind another (new public address, new
+/// mapping). Its update names its new private address but comes from the
+/// new NAT: the server validates the laptop's vnatd at the update's source,
+/// switches the connection to the new NAT's address with the port left for
+/// the datapath to learn (0), sends SWITCHED through the NAT, and reaches
+/// the laptop there from then on.
+#[test]
+fn a_move_from_one_nat_to_another_switches_to_the_new_nat() {
+    let mut sim = Sim::new(24, Link::default());
+    let l = sim.add_host("192.168.1.10", Config::default());
+    let s = sim.add_host("203.0.113.5", Config::default());
+    sim.hosts[s].confirms_switch = true;
+    sim.hosts[l].nat = Some(sa("198.51.100.7:40001"));
+    let f = tcp("192.168.1.10:50000", "203.0.113.5:443");
+    let sf = tcp("203.0.113.5:443", "198.51.100.7:61000");
+    sim.connect_named(l, s, f, sf);
+    sim.run_for(Duration::from_secs(10));
+    assert!(
+        sim.hosts[s]
+            .ep
+            .connection(&sf)
+            .expect("server side")
+            .has_keys
+    );
+
+    sim.move_host(l, "192.168.2.20");
+    sim.hosts[l].nat = Some(sa("198.51.100.8:40005"));
+    sim.with(l, |ep, now, rng| {
+        ep.resume(now, rng, &[(f, sa("192.168.2.20:50000"))])
+            .expect("resume")
+    });
+    sim.run_for(Duration::from_secs(10));
+
+    assert_eq!(sim.hosts[s].ep.stats().get("peer_behind_nat"), 1);
+    assert!(
+        sim.events(s, |e| matches!(e, Event::SetRemote { flow, remote } if *flow == sf && *remote == sa("198.51.100.8:0")))
+            .next()
+            .is_some(),
+        "the server must switch to the new NAT, port to be learned"
+    );
+    assert!(
+        sim.events(
+            l,
+            |e| matches!(e, Event::PeerSwitched { flow, confirmed: true } if *flow == f)
+        )
+        .next()
+        .is_some(),
+        "the server's SWITCHED must reach the laptop through its new NAT"
+    );
+    let lkey = sim.hosts[l].ep.public_key();
+    assert_eq!(
+        sim.hosts[s].ep.peer_addrs.get(&lkey),
+        Some(&sa("198.51.100.8:40005")),
+        "the laptop's vnatd is now reached at the new NAT's mapping"
+    );
+}
+
+/// A laptop with valid keys behind the same NAT names its own connection
+/// after its neighbour's (the neighbour's private address and port): the
+/// server keeps the names with the connection that had them first, counts
+/// the attempt, and the neighbour's records still reach its connection.
+#[test]
+fn a_neighbour_behind_the_nat_cannot_take_another_s_names() {
+    let mut sim = Sim::new(25, Link::default());
+    let a = sim.add_host("192.168.1.10", Config::default());
+    let b = sim.add_host("192.168.1.11", Config::default());
+    let s = sim.add_host("203.0.113.5", Config::default());
+    sim.hosts[a].nat = Some(sa("198.51.100.7:40001"));
+    sim.hosts[b].nat = Some(sa("198.51.100.7:40002"));
+    let fa = tcp("192.168.1.10:50000", "203.0.113.5:443");
+    let sa_ = tcp("203.0.113.5:443", "198.51.100.7:61000");
+    sim.connect_named(a, s, fa, sa_);
+    sim.run_for(Duration::from_secs(10));
+    // B's real connection, which B names exactly as A names A's.
+    let sb = tcp("203.0.113.5:443", "198.51.100.7:61001");
+    sim.connect_named(b, s, fa, sb);
+    sim.run_for(Duration::from_secs(30));
+    assert!(
+        sim.hosts[s].ep.stats().rejected("claim_names_taken") >= 1,
+        "B's borrowed names must be refused"
+    );
+    let ka = sim.hosts[a].ep.public_key();
+    assert_eq!(
+        sim.hosts[s].ep.connection(&sa_).expect("a").peer_key,
+        Some(ka)
+    );
+    // A's records, named A's way, still reach A's connection.
+    sim.with(a, |ep, now, rng| {
+        ep.suspend(now, rng, &[fa]).expect("suspend")
+    });
+    sim.run_for(Duration::from_secs(10));
+    assert!(
+        sim.events(
+            s,
+            |e| matches!(e, Event::RoleDecided { flow, .. } if *flow == sa_)
+        )
+        .next()
+        .is_some(),
+        "A's suspend must still reach A's connection"
+    );
+}
