@@ -1,5 +1,5 @@
 //! A laptop behind a real NAT (nftables on the router: source NAT with
-//! `fully-random` ports, and no connection may be opened from outside), a
+//! `fully-random` ports unless a test asks otherwise, and no connection may be opened from outside), a
 //! public server, real vnatd on both (issue 15, items 1, 3, 4 and 7):
 //! - the laptop's TCP connection is mobile at both ends although they name
 //!   it differently (bound by its sequence numbers, not its addresses);
@@ -7,7 +7,10 @@
 //!   and `peers`), the server knows it is not;
 //! - the laptop's keepalives keep the NAT's mapping open, so the server's
 //!   vnatd still reaches it after the NAT would have forgotten an idle
-//!   mapping; without keepalives it does not.
+//!   mapping; without keepalives it does not;
+//! - TCP connections and UDP flows move from one NAT to another, with
+//!   port-preserving and with `fully-random` NATs (UDP bound by an in-band
+//!   BIND, `vcmp::bind`).
 
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr},
@@ -16,7 +19,7 @@ use std::{
 
 use serde_json::Value;
 use vnat_tests::{
-    EchoServer, Host, LaptopRouterServer, StreamClient, StreamOptions, TempDir, Vnatd,
+    EchoServer, Host, LaptopRouterServer, NatPorts, StreamClient, StreamOptions, TempDir, Vnatd,
     NAT_PUBLIC_A, NAT_PUBLIC_B,
 };
 
@@ -27,8 +30,8 @@ const UDP_TIMEOUT_SECS: u32 = 3;
 
 /// The NATs of `vnat_tests::nat_router`, forgetting idle UDP mappings
 /// after [`UDP_TIMEOUT_SECS`].
-fn nat_router(topo: &LaptopRouterServer) {
-    vnat_tests::nat_router(topo).unwrap_or_else(|e| panic!("{e}"));
+fn nat_router(topo: &LaptopRouterServer, ports: NatPorts) {
+    vnat_tests::nat_router_with(topo, ports).unwrap_or_else(|e| panic!("{e}"));
     for key in [
         "net/netfilter/nf_conntrack_udp_timeout",
         "net/netfilter/nf_conntrack_udp_timeout_stream",
@@ -69,8 +72,12 @@ struct Bed {
 
 impl Bed {
     fn new(tag: &str) -> Bed {
+        Bed::with(tag, NatPorts::FullyRandom)
+    }
+
+    fn with(tag: &str, ports: NatPorts) -> Bed {
         let topo = LaptopRouterServer::builder().tag(tag).build();
-        nat_router(&topo);
+        nat_router(&topo, ports);
         Bed {
             topo,
             dirs: (
@@ -242,9 +249,18 @@ fn without_keepalives_the_nat_forgets_the_laptop() {
 /// (in its TCP window); the stream goes on, same socket, byte-exact.
 #[test]
 fn tcp_moves_from_one_nat_to_another() {
-    let bed = Bed::new("natm");
-    let lap = Host::new(&bed.topo.laptop, "natml");
-    let srv = Host::new(&bed.topo.server, "natms");
+    tcp_moves("natm", NatPorts::FullyRandom);
+}
+
+#[test]
+fn tcp_moves_through_port_preserving_nats() {
+    tcp_moves("natp", NatPorts::Preserving);
+}
+
+fn tcp_moves(tag: &str, ports: NatPorts) {
+    let bed = Bed::with(tag, ports);
+    let lap = Host::new(&bed.topo.laptop, &format!("{tag}l"));
+    let srv = Host::new(&bed.topo.server, &format!("{tag}s"));
     let server = SocketAddr::new(bed.topo.server_addr.v4.into(), 5001);
     let _echo = EchoServer::tcp_in(&srv, server);
     let (lapd, srvd, client) = mobile_through_nat(&bed, &lap, &srv, "25");
@@ -253,7 +269,10 @@ fn tcp_moves_from_one_nat_to_another() {
     bed.topo.move_laptop_to_b();
     let at_move = client.latest().expect("status").verified;
     let after = client.wait_verified_at_least(at_move + 100_000, Duration::from_secs(20));
-    eprintln!("natm: data flowing again {:?} after the move", t0.elapsed());
+    eprintln!(
+        "{tag}: data flowing again {:?} after the move",
+        t0.elapsed()
+    );
     assert!(
         counter(&srvd, "events", "peer_behind_nat") >= 1,
         "the server did not take the update for a move behind a NAT"
@@ -280,4 +299,94 @@ fn tcp_moves_from_one_nat_to_another() {
     assert_eq!(fin.local, before.local, "the client's socket changed");
     assert!(fin.verified >= after.verified);
     drop(lapd);
+}
+
+/// A UDP flow through the NAT, which names it by a port of its own (at
+/// random, or the laptop's if free): the server cannot match the laptop's
+/// claim, so it diverts in-band BINDs and asks for one; the laptop sends it
+/// on the flow's own path, the server's datapath takes it off the flow's
+/// port (the echo server never sees it), and both ends bind the flow. The
+/// laptop then moves behind the other NAT and the stream goes on, same
+/// socket, every datagram's content verified.
+fn udp_through_nat(tag: &str, ports: NatPorts) {
+    let bed = Bed::with(tag, ports);
+    let lap = Host::new(&bed.topo.laptop, &format!("{tag}l"));
+    let srv = Host::new(&bed.topo.server, &format!("{tag}s"));
+    let server = SocketAddr::new(bed.topo.server_addr.v4.into(), 5001);
+    let _echo = EchoServer::udp_in(&srv, server);
+    let lapd = Vnatd::start_with(&lap, bed.dirs.0.path(), &["--keepalive-secs", "1"]);
+    let srvd = Vnatd::start(&srv, bed.dirs.1.path());
+    let mut cmd = StreamOptions::udp(server)
+        .rate(100_000)
+        .command(&bed.topo.laptop);
+    lap.cgroup.join_on_spawn(&mut cmd);
+    let client = StreamClient::from_command(cmd);
+    client.wait_verified_at_least(20_000, Duration::from_secs(10));
+    let mobile_udp = |d: &Vnatd| {
+        d.ctl(&["ls", "--proto", "udp"])
+            .and_then(|v| v.as_array().cloned())
+            .is_some_and(|rows| {
+                rows.iter().any(|r| {
+                    r["virtual_local"].as_str().is_some_and(|l| {
+                        l.ends_with(":5001")
+                            || r["virtual_remote"]
+                                .as_str()
+                                .is_some_and(|x| x.ends_with(":5001"))
+                    }) && r["mobile"] == true
+                })
+            })
+    };
+    wait_for(
+        &format!("{tag}: the UDP flow never became mobile on the laptop"),
+        30,
+        || mobile_udp(&lapd),
+    );
+    wait_for(
+        &format!("{tag}: the UDP flow never became mobile on the server"),
+        30,
+        || mobile_udp(&srvd),
+    );
+    assert!(
+        counter(&srvd, "events", "binds_bound") >= 1,
+        "{tag}: the server did not bind the flow by a BIND"
+    );
+    let st = srvd.ctl(&["status"]).expect("status");
+    assert!(
+        st["datapath"]["counters"]["bind_diverted"]
+            .as_u64()
+            .unwrap_or(0)
+            >= 1,
+        "{tag}: the server's datapath diverted no BIND: {st}"
+    );
+    let before = client.latest().expect("status");
+    bed.topo.move_laptop_to_b();
+    let at_move = client.latest().expect("status").verified;
+    client.wait_verified_at_least(at_move + 100_000, Duration::from_secs(20));
+    let ls = srvd.ctl(&["ls", "--proto", "udp"]).expect("ls");
+    assert!(
+        ls.as_array()
+            .expect("array")
+            .iter()
+            .any(|r| r["physical_remote"]
+                .as_str()
+                .is_some_and(|a| a.starts_with(&format!("{PUBLIC_B}:")))),
+        "{tag}: the server does not send to the new NAT: {ls}"
+    );
+    let fin = client.stop();
+    assert_eq!(fin.error, None, "{tag}: the stream broke: {:?}", fin.json);
+    assert_eq!(
+        fin.local, before.local,
+        "{tag}: the client's socket changed"
+    );
+    drop(lapd);
+}
+
+#[test]
+fn udp_moves_through_a_port_preserving_nat() {
+    udp_through_nat("natup", NatPorts::Preserving);
+}
+
+#[test]
+fn udp_moves_through_a_fully_random_nat() {
+    udp_through_nat("natur", NatPorts::FullyRandom);
 }

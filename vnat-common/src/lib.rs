@@ -12,7 +12,7 @@ pub use stats::*;
 
 /// Bumped whenever a map layout below changes; pinned maps from an older ABI
 /// are refused (and must be removed) rather than misread.
-pub const ABI_VERSION: u32 = 4;
+pub const ABI_VERSION: u32 = 5;
 
 pub const AF_INET: u8 = 2;
 pub const AF_INET6: u8 = 10;
@@ -250,6 +250,24 @@ pub const CFG_F_NAT_EMPTY: u32 = 2;
 /// without a translation is looked up there too. Clear, a miss costs the
 /// one NAT lookup it did before rebinding existed.
 pub const CFG_F_REBINDING: u32 = 4;
+/// Divert in-band BIND datagrams (see [`BIND_LEN`]) arriving at the tc
+/// ingress to vnatd's VCMP port. Set only after a paired peer behind NAT has
+/// claimed a UDP flow that this host cannot match, and before vnatd asks
+/// that peer to send one, so that no application ever receives one.
+pub const CFG_F_BIND_DIVERT: u32 = 8;
+
+/// An in-band BIND: a VCMP datagram that a host behind NAT sends on one of
+/// its UDP flows' own 5-tuple, so that it crosses the NAT with that flow's
+/// mapping and tells the peer which public port is that flow's. Exactly
+/// this long, starting with [`BIND_HEAD`], with [`BIND_MAGIC`] at offset 4.
+/// The diverting tc program writes the original destination port (big
+/// endian) into bytes 2..4, which the sender leaves zero, and sends the
+/// datagram to [`DatapathConfig::vcmp_port_be`] instead.
+pub const BIND_LEN: usize = 134;
+/// VCMP version and kind of a BIND.
+pub const BIND_HEAD: [u8; 2] = [1, 19];
+/// Bytes 4..8 of a BIND (its request id field).
+pub const BIND_MAGIC: [u8; 4] = *b"vnat";
 
 /// Value of the single-slot [`MAP_CONFIG`] array.
 #[repr(C)]
@@ -258,8 +276,11 @@ pub struct DatapathConfig {
     pub netns_cookie: u64,
     pub flags: u32,
     pub abi_version: u32,
+    /// vnatd's VCMP port, where [`CFG_F_BIND_DIVERT`] sends BINDs.
+    pub vcmp_port_be: u16,
+    pub _pad: [u16; 3],
 }
-const _: () = assert!(core::mem::size_of::<DatapathConfig>() == 16);
+const _: () = assert!(core::mem::size_of::<DatapathConfig>() == 24);
 
 #[cfg(feature = "user")]
 mod pod {

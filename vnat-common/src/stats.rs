@@ -57,4 +57,7 @@ counters! {
     /// A packet from a rebinding flow's public address to its port fell
     /// outside the flow's window: not taken for the flow (passed as is).
     STAT_REBIND_REFUSED = 17, "rebind_refused";
+    /// An in-band BIND (a peer behind NAT naming its UDP flow's public
+    /// port) was diverted from the flow's port to vnatd (`CFG_F_BIND_DIVERT`).
+    STAT_BIND_DIVERTED = 18, "bind_diverted";
 }

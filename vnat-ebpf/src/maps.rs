@@ -7,9 +7,9 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray},
 };
 use vnat_common::{
-    ConnRecord, DatapathConfig, FlowKey, NatRewrite, RebindKey, RebindValue, CFG_F_NAT_EMPTY,
-    CFG_F_NETNS_FILTER, CFG_F_REBINDING, CONNS_MAX_ENTRIES, NAT_MAX_ENTRIES, REBIND_MAX_ENTRIES,
-    STAT_COUNT,
+    ConnRecord, DatapathConfig, FlowKey, NatRewrite, RebindKey, RebindValue, CFG_F_BIND_DIVERT,
+    CFG_F_NAT_EMPTY, CFG_F_NETNS_FILTER, CFG_F_REBINDING, CONNS_MAX_ENTRIES, NAT_MAX_ENTRIES,
+    REBIND_MAX_ENTRIES, STAT_COUNT,
 };
 
 /// BPF_F_NO_PREALLOC: entries are allocated on insert, so the capacity costs
@@ -75,4 +75,16 @@ pub fn nat_is_empty() -> bool {
 #[inline(always)]
 pub fn rebinding() -> bool {
     matches!(VNAT_CONFIG.get(0), Some(cfg) if cfg.flags & CFG_F_REBINDING != 0)
+}
+
+/// vnatd's VCMP port (big endian) if userspace asked for in-band BINDs to
+/// be diverted to it (CFG_F_BIND_DIVERT).
+#[inline(always)]
+pub fn bind_divert_port() -> Option<u16> {
+    match VNAT_CONFIG.get(0) {
+        Some(cfg) if cfg.flags & CFG_F_BIND_DIVERT != 0 && cfg.vcmp_port_be != 0 => {
+            Some(cfg.vcmp_port_be)
+        }
+        _ => None,
+    }
 }

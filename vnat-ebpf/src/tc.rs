@@ -19,14 +19,17 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use vnat_common::{
-    FlowKey, NatRewrite, RebindKey, AF_INET, AF_INET6, NAT_F_HOLD, NAT_F_REDIRECT, PROTO_TCP,
-    PROTO_UDP, REBIND_SLOTS, STAT_DROP_CSUM_FAILED, STAT_DROP_HELD, STAT_DROP_REDIRECT_FAILED,
-    STAT_DROP_REWRITE_FAILED, STAT_EGRESS_REDIRECTED, STAT_EGRESS_TRANSLATED,
-    STAT_INGRESS_TRANSLATED, STAT_PASS_FRAGMENT, STAT_PASS_IPV6_EXTHDR, STAT_PASS_TRUNCATED,
-    STAT_REBIND_LEARNED, STAT_REBIND_REFUSED,
+    FlowKey, NatRewrite, RebindKey, AF_INET, AF_INET6, BIND_HEAD, BIND_LEN, BIND_MAGIC, NAT_F_HOLD,
+    NAT_F_REDIRECT, PROTO_TCP, PROTO_UDP, REBIND_SLOTS, STAT_BIND_DIVERTED, STAT_DROP_CSUM_FAILED,
+    STAT_DROP_HELD, STAT_DROP_REDIRECT_FAILED, STAT_DROP_REWRITE_FAILED, STAT_EGRESS_REDIRECTED,
+    STAT_EGRESS_TRANSLATED, STAT_INGRESS_TRANSLATED, STAT_PASS_FRAGMENT, STAT_PASS_IPV6_EXTHDR,
+    STAT_PASS_TRUNCATED, STAT_REBIND_LEARNED, STAT_REBIND_REFUSED,
 };
 
-use crate::maps::{count, nat_is_empty, rebinding, VNAT_EGRESS_NAT, VNAT_INGRESS_NAT, VNAT_REBIND};
+use crate::maps::{
+    bind_divert_port, count, nat_is_empty, rebinding, VNAT_EGRESS_NAT, VNAT_INGRESS_NAT,
+    VNAT_REBIND,
+};
 
 const ETH_HLEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
@@ -94,12 +97,21 @@ struct Parsed {
 
 #[inline(always)]
 fn try_translate(ctx: &TcContext, dir: Dir) -> Result<i32, Drop> {
-    if nat_is_empty() {
+    let divert = match dir {
+        Dir::Ingress => bind_divert_port(),
+        Dir::Egress => None,
+    };
+    if divert.is_none() && nat_is_empty() {
         return Ok(TC_ACT_OK);
     }
     let Some(p) = parse(ctx) else {
         return Ok(TC_ACT_OK);
     };
+    if let Some(vcmp_port_be) = divert {
+        if divert_bind(ctx, &p, vcmp_port_be)? {
+            return Ok(TC_ACT_OK);
+        }
+    }
     let map: &HashMap<FlowKey, NatRewrite> = match dir {
         Dir::Egress => &VNAT_EGRESS_NAT,
         Dir::Ingress => &VNAT_INGRESS_NAT,
@@ -229,6 +241,50 @@ fn learn(ctx: &TcContext, p: &Parsed) -> Option<NatRewrite> {
         return Some(ingress);
     }
     None
+}
+
+/// An in-band BIND (see `vnat_common::BIND_LEN`) coming in on a UDP flow:
+/// send it to vnatd's VCMP port instead of the flow's, with the flow's port
+/// written into the datagram (bytes 2..4, zero as sent) so that vnatd knows
+/// which of its flows the BIND names. Only the exact length, head and magic
+/// qualify, so an application datagram is never taken by mistake; a forged
+/// BIND reaches vnatd, which checks its tag like any VCMP datagram.
+#[inline(always)]
+fn divert_bind(ctx: &TcContext, p: &Parsed, vcmp_port_be: u16) -> Result<bool, Drop> {
+    if p.key.proto != PROTO_UDP || p.key.dst_port_be == vcmp_port_be {
+        return Ok(false);
+    }
+    let Ok(udp_len) = ctx.load::<u16>(p.l4 + 4) else {
+        return Ok(false);
+    };
+    if usize::from(u16::from_be(udp_len)) != 8 + BIND_LEN {
+        return Ok(false);
+    }
+    let Ok(head) = ctx.load::<[u8; 8]>(p.l4 + 8) else {
+        return Ok(false);
+    };
+    if head[0] != BIND_HEAD[0]
+        || head[1] != BIND_HEAD[1]
+        || head[2] != 0
+        || head[3] != 0
+        || head[4..8] != BIND_MAGIC
+    {
+        return Ok(false);
+    }
+    let (csum_off, mangled) = (p.l4 + UDP_CSUM_OFF, BPF_F_MARK_MANGLED_0);
+    // Payload byte 2 is at an even offset from the UDP header, so the
+    // 16-bit checksum update lines up with the words it sums.
+    port(ctx, p.l4 + 8 + 2, csum_off, mangled, 0, p.key.dst_port_be)?;
+    port(
+        ctx,
+        p.l4 + 2,
+        csum_off,
+        mangled,
+        p.key.dst_port_be,
+        vcmp_port_be,
+    )?;
+    count(STAT_BIND_DIVERTED);
+    Ok(true)
 }
 
 /// Parse Ethernet + IPv4/IPv6 + TCP/UDP ports. `None` means "not ours".

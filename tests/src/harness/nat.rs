@@ -15,6 +15,26 @@ pub const NAT_PUBLIC_B: Ipv4Addr = Ipv4Addr::new(198, 18, 3, 102);
 /// server reaches them), and nothing opened from subnet C inwards. Returns
 /// nft's complaint if it refuses the ruleset.
 pub fn nat_router(topo: &LaptopRouterServer) -> Result<(), String> {
+    nat_router_with(topo, NatPorts::FullyRandom)
+}
+
+/// How the NAT picks a connection's public port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NatPorts {
+    /// Keep the private port when it is free (a home router, Linux's
+    /// default).
+    Preserving,
+    /// A random port for every connection (`fully-random`, as carrier-grade
+    /// NATs do).
+    FullyRandom,
+}
+
+/// [`nat_router`] with the port policy `ports`.
+pub fn nat_router_with(topo: &LaptopRouterServer, ports: NatPorts) -> Result<(), String> {
+    let how = match ports {
+        NatPorts::Preserving => "",
+        NatPorts::FullyRandom => " fully-random",
+    };
     let r = &topo.router;
     let c = &topo.router_if_c;
     r.add_addr(c, NAT_PUBLIC_A.into(), 24);
@@ -23,8 +43,8 @@ pub fn nat_router(topo: &LaptopRouterServer) -> Result<(), String> {
         "table ip vnatnat {{
             chain vnat_post {{
                 type nat hook postrouting priority srcnat;
-                oifname \"{c}\" ip saddr 198.18.1.0/24 snat to {NAT_PUBLIC_A} fully-random
-                oifname \"{c}\" ip saddr 198.18.2.0/24 snat to {NAT_PUBLIC_B} fully-random
+                oifname \"{c}\" ip saddr 198.18.1.0/24 snat to {NAT_PUBLIC_A}{how}
+                oifname \"{c}\" ip saddr 198.18.2.0/24 snat to {NAT_PUBLIC_B}{how}
             }}
             chain vnat_forward {{
                 type filter hook forward priority filter;

@@ -208,6 +208,8 @@ fn export_of(f: &VirtualFlow) -> ConnectionExport {
         location_seq: 0,
         role: RoleState::default(),
         tcp_isns: None,
+        udp_ends: None,
+        peer_named: None,
     }
 }
 

@@ -1248,6 +1248,26 @@ impl Driver {
                     tracing::error!(%peer, pinned = %identity::key_hex(&pinned), offered = %identity::key_hex(&offered),
                         "peer presented a different host key than the pinned one: refused (if the peer was reinstalled, remove it from peers.json in the state directory)");
                 }
+                Event::DivertBinds { toward } => {
+                    // Before the BIND_REQ that this makes the core send
+                    // (flushed after the events): no BIND may reach an
+                    // application.
+                    let port = self.sock.local_addr().map(|a| a.port()).unwrap_or(0);
+                    let r = with_dp(&self.dp, move |dp| dp.divert_binds(toward, port)).await;
+                    if let Err(e) = &r {
+                        tracing::warn!(%toward, error = %e, "cannot divert in-band BINDs: UDP flows from there stay unbound");
+                    }
+                    self.endpoint.binds_diverted(toward, r.is_ok());
+                }
+                Event::SendInBand {
+                    local,
+                    remote,
+                    payload,
+                } => {
+                    if let Err(e) = super::inband::send_udp_from(local, remote, &payload) {
+                        tracing::warn!(%local, %remote, error = %e, "cannot send a BIND on the flow's path");
+                    }
+                }
                 other => tracing::debug!(event = ?other, "VCMP event"),
             }
         }

@@ -8,6 +8,7 @@ pub mod cgroup;
 pub mod config;
 pub mod driver;
 pub mod identity;
+mod inband;
 pub mod mobility;
 
 #[cfg(test)]

@@ -30,6 +30,8 @@ pub struct FakeDatapath {
     /// When set, the next mutating call fails with this (consumed) error,
     /// so tests can check that failures change nothing above.
     pub fail_next: Option<DatapathError>,
+    /// Addresses BINDs are diverted from ([`Datapath::divert_binds`]).
+    pub diverting: BTreeSet<std::net::IpAddr>,
 }
 
 impl FakeDatapath {
@@ -76,6 +78,18 @@ impl FakeDatapath {
 }
 
 impl Datapath for FakeDatapath {
+    fn divert_binds(
+        &mut self,
+        toward: std::net::IpAddr,
+        _vcmp_port: u16,
+    ) -> Result<(), DatapathError> {
+        if let Some(e) = self.fail_next.take() {
+            return Err(e);
+        }
+        self.diverting.insert(toward);
+        Ok(())
+    }
+
     fn status(&self) -> Result<DatapathStatus, DatapathError> {
         Ok(DatapathStatus {
             bpffs: PathBuf::from("/fake"),

@@ -133,6 +133,12 @@ pub trait Datapath {
         Ok(())
     }
 
+    /// Divert in-band BINDs coming from `toward` to vnatd's VCMP port
+    /// `vcmp_port` (see `vnat_common::BIND_LEN`): a paired host behind NAT
+    /// is about to send one on its UDP flow, and no application may
+    /// receive it. Returns once the divert is in place.
+    fn divert_binds(&mut self, toward: IpAddr, vcmp_port: u16) -> Result<(), DatapathError>;
+
     /// The calls up to [`Datapath::end_batch`] are one batch of work, made
     /// by one thread in one go (one trip of vnatd's driver to the
     /// datapath, milliseconds long): the datapath may answer a route lookup

@@ -39,6 +39,11 @@ pub struct Binding {
     /// directions of the connection's keys the same way at both ends
     /// whatever addresses each end sees.
     isns: Option<[u32; 2]>,
+    /// Otherwise: the (local, remote) endpoints it was made of, which name
+    /// the directions. A flow's own names, or, for a UDP flow bound through
+    /// a NAT by an in-band BIND (`vcmp::bind`), the peer's names turned to
+    /// our side, so that both ends label the directions alike.
+    ends: Option<[SocketAddr; 2]>,
 }
 
 impl PartialEq for Binding {
@@ -77,6 +82,7 @@ impl Binding {
             digest: h.finalize().into(),
             strong: true,
             isns: Some([sent_isn, received_isn]),
+            ends: None,
         }
     }
 
@@ -94,6 +100,7 @@ impl Binding {
             digest: h.finalize().into(),
             strong: false,
             isns: None,
+            ends: Some([flow.local, flow.remote]),
         }
     }
 
@@ -119,15 +126,21 @@ impl Binding {
         self.isns
     }
 
+    /// Made of endpoints: the (local, remote) pair, as this end names them.
+    pub fn ends(&self) -> Option<[SocketAddr; 2]> {
+        self.ends
+    }
+
     /// Labels of (our sending direction, our receiving direction), equal
     /// crosswise at the two ends: the initial sequence numbers for TCP, the
-    /// virtual endpoints otherwise.
+    /// endpoints the binding was made of otherwise.
     pub(crate) fn directions(&self, flow: &VirtualFlow) -> (Vec<u8>, Vec<u8>) {
-        match self.isns {
-            Some([sent, received]) => {
+        match (self.isns, self.ends) {
+            (Some([sent, received]), _) => {
                 (sent.to_be_bytes().to_vec(), received.to_be_bytes().to_vec())
             }
-            None => (endpoint_bytes(&flow.local), endpoint_bytes(&flow.remote)),
+            (None, Some([local, remote])) => (endpoint_bytes(&local), endpoint_bytes(&remote)),
+            (None, None) => (endpoint_bytes(&flow.local), endpoint_bytes(&flow.remote)),
         }
     }
 }

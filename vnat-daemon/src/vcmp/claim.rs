@@ -153,14 +153,14 @@ impl Endpoint {
         }
         self.refresh_claim_index(&peer, &key);
         let index = self.claim_index.get(&peer);
-        let matched: Vec<(VirtualFlow, ClaimEntry)> = entries
-            .iter()
-            .filter_map(|e| {
-                index
-                    .and_then(|i| i.by_commitment.get(&e.commitment))
-                    .map(|f| (*f, *e))
-            })
-            .collect();
+        let mut matched: Vec<(VirtualFlow, ClaimEntry)> = Vec::new();
+        let mut unmatched: Vec<ClaimEntry> = Vec::new();
+        for e in entries {
+            match index.and_then(|i| i.by_commitment.get(&e.commitment)) {
+                Some(f) => matched.push((*f, *e)),
+                None => unmatched.push(*e),
+            }
+        }
         let mut mine = Vec::with_capacity(matched.len());
         let mut conflict: Option<([u8; 32], usize)> = None;
         for (flow, entry) in matched {
@@ -213,12 +213,16 @@ impl Endpoint {
             // else.
             self.send_claims(peer, from, &mine, true);
         }
+        if !unmatched.is_empty() {
+            // UDP through a NAT that changed the port (`vcmp::bind`).
+            self.request_binds(peer, from, &unmatched);
+        }
     }
 
     /// Remember how the peer names `flow` (from its claim): records named
     /// its way find the connection, and its name for our end is where a
     /// NAT put us.
-    fn learn_peer_view(&mut self, flow: &VirtualFlow, entry: &ClaimEntry) {
+    pub(crate) fn learn_peer_view(&mut self, flow: &VirtualFlow, entry: &ClaimEntry) {
         let named = VirtualFlow {
             proto: entry.proto,
             local: entry.sender_remote,

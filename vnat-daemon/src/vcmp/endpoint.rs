@@ -98,6 +98,8 @@ pub struct Endpoint {
     pub(crate) fins: HashMap<SocketAddr, (u32, Vec<u8>)>,
     /// Commitments of our connections per paired host (`vcmp::claim`).
     pub(crate) claim_index: HashMap<[u8; 32], super::claim::ClaimIndex>,
+    /// UDP flows bound through NAT (`vcmp::bind`).
+    pub(crate) binds: super::bind::BindState,
     /// Connections added since the last `poll_transmit`, by remote address,
     /// whose claims go out then, batched.
     pub(crate) claims_due: HashMap<IpAddr, Vec<VirtualFlow>>,
@@ -231,6 +233,7 @@ impl Endpoint {
             handshakes: HashMap::new(),
             fins: HashMap::new(),
             claim_index: HashMap::new(),
+            binds: Default::default(),
             claims_due: HashMap::new(),
             aliases: HashMap::new(),
             probes: HashMap::new(),

@@ -85,6 +85,18 @@ pub enum Event {
     KeysReady { flow: VirtualFlow },
     /// The suspend-time key agreement replaced the connection's keys.
     Rekeyed { flow: VirtualFlow },
+    /// Divert in-band BINDs arriving from `toward` to our VCMP port
+    /// (`Datapath::divert_binds`), then call `binds_diverted`: a paired
+    /// host behind NAT there is to send some on its UDP flows (`vcmp::bind`).
+    DivertBinds { toward: IpAddr },
+    /// Send `payload` as a UDP datagram from `local` to `remote`, the
+    /// physical endpoints of one of our UDP flows, so that it crosses a NAT
+    /// with that flow's mapping (a BIND, `vcmp::bind`).
+    SendInBand {
+        local: SocketAddr,
+        remote: SocketAddr,
+        payload: Vec<u8>,
+    },
     /// The peer sent an (unauthenticated, advisory) error.
     PeerError {
         from: SocketAddr,

@@ -19,6 +19,7 @@ use super::crypto::{ConnKeys, SecretKey};
 use super::endpoint::{Conn, Endpoint, EndpointError};
 use super::replay::ReplayWindow;
 use super::roles::RoleState;
+use super::wire::{ClaimEntry, TAG_LEN};
 use crate::datapath::VirtualFlow;
 
 /// Version of the export format. 2: keys derived from the connection's
@@ -52,6 +53,15 @@ pub struct ConnectionExport {
     /// `vcmp::binding`). Absent for UDP.
     #[serde(default)]
     pub tcp_isns: Option<[u32; 2]>,
+    /// UDP bound through a NAT (`vcmp::bind`): the (local, remote)
+    /// endpoints its binding was made of, the peer's names turned to this
+    /// end, where they differ from `flow`'s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub udp_ends: Option<[SocketAddr; 2]>,
+    /// How the peer names the connection (from our side), where a NAT
+    /// makes that differ from `flow`: its records are named so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_named: Option<VirtualFlow>,
 }
 
 impl std::fmt::Debug for ConnectionExport {
@@ -104,6 +114,8 @@ impl Endpoint {
             location_seq: c.location_seq,
             role: c.role,
             tcp_isns: c.binding.tcp_isns(),
+            udp_ends: c.binding.ends().filter(|e| *e != [flow.local, flow.remote]),
+            peer_named: c.peer_named.filter(|n| n != flow),
         };
         self.index_connection(flow, false);
         self.drop_alias(flow);
@@ -128,7 +140,14 @@ impl Endpoint {
             return Err(EndpointError::DuplicateConnection(e.flow));
         }
         self.admit(&e.flow)?;
-        let binding = Binding::of(&e.flow, e.tcp_isns);
+        let binding = match e.udp_ends {
+            Some([local, remote]) if e.tcp_isns.is_none() => Binding::endpoints(&VirtualFlow {
+                proto: e.flow.proto,
+                local,
+                remote,
+            }),
+            _ => Binding::of(&e.flow, e.tcp_isns),
+        };
         let mut c = Conn::new(e.flow, e.local_phys, e.remote_phys, binding);
         c.keys = Some(ConnKeys::from_root(
             SecretKey::from_bytes(*root),
@@ -144,6 +163,15 @@ impl Endpoint {
         self.tx.trusted.insert(e.remote_phys.ip());
         self.conns.insert(e.flow, c);
         self.index_connection(&e.flow, true);
+        if let Some(named) = e.peer_named {
+            let entry = ClaimEntry {
+                commitment: [0; TAG_LEN],
+                proto: named.proto,
+                sender_local: named.remote,
+                sender_remote: named.local,
+            };
+            self.learn_peer_view(&e.flow, &entry);
+        }
         Ok(())
     }
 }

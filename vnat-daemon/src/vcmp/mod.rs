@@ -23,6 +23,7 @@
 //! endpoint's receive path, migration and pairing logic), [`tx`] (batching
 //! and anti-amplification), [`export`], [`stats`].
 
+mod bind;
 pub mod binding;
 mod claim;
 pub mod config;

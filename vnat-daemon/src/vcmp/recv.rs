@@ -30,6 +30,11 @@ impl Endpoint {
     ) {
         let mut ctx = Ctx::new(now, rng);
         self.stats.count("datagrams_received");
+        if super::bind::is_bind(bytes) {
+            self.on_bind_datagram(from, bytes);
+            self.tx.flush(&mut self.stats);
+            return;
+        }
         let msg = match Message::decode(bytes) {
             Ok(m) => m,
             Err(e) => {

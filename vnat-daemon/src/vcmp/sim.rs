@@ -33,6 +33,14 @@ pub struct Host {
     /// Behind a NAT: its datagrams leave from this public endpoint, and
     /// datagrams to it reach this host (one mapping, for its VCMP port).
     pub nat: Option<SocketAddr>,
+    /// The NAT's mappings of this host's UDP flows (physical local endpoint
+    /// to public one): where an in-band BIND sent on a flow comes from.
+    pub flow_nat: std::collections::HashMap<SocketAddr, SocketAddr>,
+    /// Addresses whose in-band BINDs this host's datapath diverts to its
+    /// vnatd (after `DivertBinds`).
+    pub diverting: std::collections::HashSet<IpAddr>,
+    /// In-band BINDs that reached an application here instead (a bug).
+    pub binds_to_app: u32,
 }
 
 /// Link behaviour, applied to every datagram independently.
@@ -154,6 +162,9 @@ impl Sim {
             events: Vec::new(),
             confirms_switch: false,
             nat: None,
+            flow_nat: Default::default(),
+            diverting: Default::default(),
+            binds_to_app: 0,
         });
         self.hosts.len() - 1
     }
@@ -193,7 +204,11 @@ impl Sim {
     /// Add the two ends of a connection that each end names its own way (a
     /// NAT between them): `fa` as host `a` names it, `fb` as host `b` does.
     pub fn connect_named(&mut self, a: usize, b: usize, fa: VirtualFlow, fb: VirtualFlow) {
-        let (ba, bb) = self.bindings(&fa);
+        let (ba, mut bb) = self.bindings(&fa);
+        if fa.proto == Proto::Udp {
+            // Each end knows a UDP flow only by its own names.
+            bb = Binding::endpoints(&fb);
+        }
         self.with(a, |ep, now, rng| {
             ep.connection_added(now, rng, fa, fa.local, fa.remote, ba)
                 .expect("add flow on a")
@@ -231,11 +246,39 @@ impl Sim {
     fn collect(&mut self, h: usize) {
         let now = self.now;
         let mut switched = Vec::new();
+        let mut inband = Vec::new();
         while let Some(e) = self.hosts[h].ep.poll_event() {
-            if let Event::SetRemote { flow, .. } | Event::Reverted { flow, .. } = &e {
-                switched.push(*flow);
+            match &e {
+                Event::SetRemote { flow, .. } | Event::Reverted { flow, .. } => {
+                    switched.push(*flow);
+                }
+                // As the driver does: the datapath diverts first, then the
+                // core may ask for BINDs.
+                Event::DivertBinds { toward } => {
+                    self.hosts[h].diverting.insert(*toward);
+                    self.hosts[h].ep.binds_diverted(*toward, true);
+                }
+                Event::SendInBand {
+                    local,
+                    remote,
+                    payload,
+                } => {
+                    let from = self.hosts[h].flow_nat.get(local).copied().unwrap_or(*local);
+                    inband.push((from, *remote, payload.clone()));
+                }
+                _ => {}
             }
             self.hosts[h].events.push((now, e));
+        }
+        for (from, to, payload) in inband {
+            self.seq += 1;
+            self.queue.push(Reverse(InFlight {
+                at: now.plus(self.link.delay),
+                seq: self.seq,
+                from,
+                to,
+                payload,
+            }));
         }
         if self.hosts[h].confirms_switch && !switched.is_empty() {
             self.hosts[h]
@@ -322,8 +365,21 @@ impl Sim {
                 }) else {
                     continue;
                 };
+                let mut payload = d.payload;
+                if behind_nat.is_none() && d.to.port() != self.hosts[h].ep.cfg.port {
+                    // Sent on a flow, not to vnatd: the tc ingress diverts
+                    // a BIND (writing the flow's port into it), or an
+                    // application receives it.
+                    let bind = payload.len() == vnat_common::BIND_LEN
+                        && payload[..2] == vnat_common::BIND_HEAD;
+                    if !bind || !self.hosts[h].diverting.contains(&d.from.ip()) {
+                        self.hosts[h].binds_to_app += u32::from(bind);
+                        continue;
+                    }
+                    payload[2..4].copy_from_slice(&d.to.port().to_be_bytes());
+                }
                 self.with(h, |ep, now, rng| {
-                    ep.handle_datagram(now, rng, d.from, &d.payload)
+                    ep.handle_datagram(now, rng, d.from, &payload)
                 });
             }
             for h in 0..self.hosts.len() {

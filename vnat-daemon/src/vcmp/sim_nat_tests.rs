@@ -353,3 +353,175 @@ fn a_neighbour_behind_the_nat_cannot_take_another_s_names() {
         "A's suspend must still reach A's connection"
     );
 }
+
+/// A UDP flow through a NAT that picks a random port: the two ends name it
+/// differently, so claims cannot match it. The server asks the laptop for
+/// a BIND only after its datapath diverts them; the laptop sends it on the
+/// flow's own path, where it picks up the NAT's mapping; the server binds
+/// the flow with that mapping to the laptop's key, and both ends get the
+/// same keys. No BIND reaches an application. Then the laptop moves behind
+/// another NAT and the flow follows, its port left for the datapath to
+/// learn.
+#[test]
+fn a_udp_flow_through_a_port_changing_nat_is_bound_in_band_and_moves() {
+    let mut sim = Sim::new(26, Link::default());
+    let l = sim.add_host("192.168.1.10", Config::default());
+    let s = sim.add_host("203.0.113.5", Config::default());
+    sim.hosts[s].confirms_switch = true;
+    sim.hosts[l].nat = Some(sa("198.51.100.7:40001"));
+    sim.hosts[l]
+        .flow_nat
+        .insert(sa("192.168.1.10:5000"), sa("198.51.100.7:61234"));
+    let f = super::sim::udp("192.168.1.10:5000", "203.0.113.5:53");
+    let sf = super::sim::udp("203.0.113.5:53", "198.51.100.7:61234");
+    // Another host's flow from the same public address to the same port.
+    let other = super::sim::udp("203.0.113.5:53", "198.51.100.7:61235");
+    sim.connect_named(l, s, f, sf);
+    sim.with(s, |ep, now, rng| {
+        ep.connection_added(
+            now,
+            rng,
+            other,
+            other.local,
+            other.remote,
+            super::Binding::endpoints(&other),
+        )
+        .expect("add")
+    });
+    sim.run_for(Duration::from_secs(10));
+
+    let (lkey, skey) = (sim.hosts[l].ep.public_key(), sim.hosts[s].ep.public_key());
+    let sv = sim.hosts[s].ep.connection(&sf).expect("server side");
+    assert!(sv.has_keys, "the server's end must be bound");
+    assert_eq!(sv.peer_key, Some(lkey));
+    let lv = sim.hosts[l].ep.connection(&f).expect("laptop side");
+    assert!(lv.has_keys, "the laptop's end must be bound");
+    assert_eq!(lv.peer_key, Some(skey));
+    assert_eq!(
+        sim.hosts[s].ep.connection(&other).expect("other").peer_key,
+        None,
+        "the other flow from the NAT must stay unbound"
+    );
+    assert_eq!(
+        sim.hosts[s].binds_to_app, 0,
+        "a BIND reached an application"
+    );
+    assert_eq!(sim.hosts[s].ep.stats().get("binds_bound"), 1);
+    assert!(sim.hosts[s]
+        .diverting
+        .contains(&"198.51.100.7".parse().unwrap()));
+    // Same keys at both ends: a suspend from the laptop authenticates.
+    sim.with(l, |ep, now, rng| {
+        ep.suspend(now, rng, &[f]).expect("suspend")
+    });
+    sim.run_for(Duration::from_secs(5));
+    assert!(
+        sim.events(
+            s,
+            |e| matches!(e, Event::RoleDecided { flow, .. } if *flow == sf)
+        )
+        .next()
+        .is_some(),
+        "the laptop's records must authenticate at the server"
+    );
+
+    sim.move_host(l, "192.168.2.20");
+    sim.hosts[l].nat = Some(sa("198.51.100.8:40005"));
+    sim.with(l, |ep, now, rng| {
+        ep.resume(now, rng, &[(f, sa("192.168.2.20:5000"))])
+            .expect("resume")
+    });
+    sim.run_for(Duration::from_secs(10));
+    assert!(
+        sim.events(s, |e| matches!(e, Event::SetRemote { flow, remote } if *flow == sf && *remote == sa("198.51.100.8:0")))
+            .next()
+            .is_some(),
+        "the server must switch the UDP flow to the new NAT, port to be learned"
+    );
+}
+
+/// BINDs that did not come through the divert, or that replay an earlier
+/// one, or that name a flow the sender does not have, bind nothing.
+#[test]
+fn forged_and_replayed_binds_bind_nothing() {
+    let mut sim = Sim::new(27, Link::default());
+    let l = sim.add_host("192.168.1.10", Config::default());
+    let s = sim.add_host("203.0.113.5", Config::default());
+    sim.hosts[l].nat = Some(sa("198.51.100.7:40001"));
+    sim.hosts[l]
+        .flow_nat
+        .insert(sa("192.168.1.10:5000"), sa("198.51.100.7:61234"));
+    let f = super::sim::udp("192.168.1.10:5000", "203.0.113.5:53");
+    let sf = super::sim::udp("203.0.113.5:53", "198.51.100.7:61234");
+    sim.connect_named(l, s, f, sf);
+    // Capture the laptop's BIND instead of delivering it.
+    sim.run_for(Duration::from_secs(10));
+    let bind = sim.hosts[l]
+        .events
+        .iter()
+        .find_map(|(_, e)| match e {
+            Event::SendInBand { payload, .. } => Some(payload.clone()),
+            _ => None,
+        })
+        .expect("the laptop sent a BIND");
+    assert_eq!(sim.hosts[s].ep.stats().get("binds_bound"), 1);
+    // A second flow, unbound, from another public port.
+    let sg = super::sim::udp("203.0.113.5:53", "198.51.100.7:61300");
+    sim.with(s, |ep, now, rng| {
+        ep.connection_added(
+            now,
+            rng,
+            sg,
+            sg.local,
+            sg.remote,
+            super::Binding::endpoints(&sg),
+        )
+        .expect("add")
+    });
+    // Straight to the VCMP port (not diverted), and a replay through the
+    // divert from the second flow's endpoint.
+    sim.inject(s, sa("198.51.100.7:61300"), &bind);
+    let mut diverted = bind.clone();
+    diverted[2..4].copy_from_slice(&53u16.to_be_bytes());
+    sim.inject(s, sa("198.51.100.7:61300"), &diverted);
+    // A flipped bit in the tag.
+    let mut bad = diverted.clone();
+    let n = bad.len();
+    bad[n - 1] ^= 1;
+    sim.inject(s, sa("198.51.100.7:61300"), &bad);
+    let st = sim.hosts[s].ep.stats();
+    assert_eq!(st.rejected("bind_not_diverted"), 1);
+    assert_eq!(st.rejected("bind_replayed"), 1);
+    assert_eq!(st.rejected("bind_bad_tag"), 1);
+    assert_eq!(
+        sim.hosts[s].ep.connection(&sg).expect("sg").peer_key,
+        None,
+        "the second flow must stay unbound"
+    );
+    // The binding made of the laptop's names travels with an export, so
+    // the keys stay the same where it is imported.
+    let ex = sim
+        .with(s, |ep, _, _| ep.export_connection(&sf))
+        .expect("export");
+    assert_eq!(
+        ex.udp_ends,
+        Some([sa("203.0.113.5:53"), sa("192.168.1.10:5000")])
+    );
+    let json = serde_json::to_string(&ex).expect("json");
+    let back: super::export::ConnectionExport = serde_json::from_str(&json).expect("parse");
+    sim.with(s, |ep, _, _| ep.import_connection(&back))
+        .expect("import");
+    sim.with(l, |ep, now, rng| {
+        ep.suspend(now, rng, &[f]).expect("suspend")
+    });
+    sim.run_for(Duration::from_secs(5));
+    assert!(
+        sim.events(
+            s,
+            |e| matches!(e, Event::RoleDecided { flow, .. } if *flow == sf)
+        )
+        .next()
+        .is_some(),
+        "after export and import the laptop's records must still authenticate"
+    );
+}

@@ -120,6 +120,9 @@ pub enum Kind {
     /// STUN's reflexive address): a host learns how its peer sees it, and
     /// a host behind NAT keeps its mapping open (see `vcmp::probe`).
     Probe = 18,
+    // 19 (BIND) and 20 (BIND_REQ) bind a UDP flow through a NAT that
+    // changes its port; they have their own codec in `vcmp::bind`, because
+    // a BIND travels on the flow's own 5-tuple, not between the daemons.
 }
 
 impl Kind {
@@ -574,12 +577,7 @@ impl Message {
                 header(&mut out, Kind::Claim, flags, entries.len() as u8, 0);
                 out.extend_from_slice(static_pub);
                 for e in entries {
-                    out.extend_from_slice(&e.commitment);
-                    out.extend_from_slice(&[e.proto.number(), 0]);
-                    out.extend_from_slice(&e.sender_local.port().to_be_bytes());
-                    out.extend_from_slice(&e.sender_remote.port().to_be_bytes());
-                    out.extend_from_slice(&v6_bytes(e.sender_local.ip()));
-                    out.extend_from_slice(&v6_bytes(e.sender_remote.ip()));
+                    encode_claim_entry(&mut out, e);
                 }
                 out.extend_from_slice(tag);
             }
@@ -778,9 +776,19 @@ fn v6_bytes(ip: IpAddr) -> [u8; 16] {
     }
 }
 
+/// Append one CLAIM entry ([`CLAIM_ENTRY_LEN`] bytes).
+pub(crate) fn encode_claim_entry(out: &mut Vec<u8>, e: &ClaimEntry) {
+    out.extend_from_slice(&e.commitment);
+    out.extend_from_slice(&[e.proto.number(), 0]);
+    out.extend_from_slice(&e.sender_local.port().to_be_bytes());
+    out.extend_from_slice(&e.sender_remote.port().to_be_bytes());
+    out.extend_from_slice(&v6_bytes(e.sender_local.ip()));
+    out.extend_from_slice(&v6_bytes(e.sender_remote.ip()));
+}
+
 /// One CLAIM entry of exactly [`CLAIM_ENTRY_LEN`] bytes. The two addresses
 /// are of one family.
-fn decode_claim_entry(c: &[u8]) -> Result<ClaimEntry, WireError> {
+pub(crate) fn decode_claim_entry(c: &[u8]) -> Result<ClaimEntry, WireError> {
     let mut commitment = [0u8; TAG_LEN];
     commitment.copy_from_slice(&c[..TAG_LEN]);
     let at = TAG_LEN;

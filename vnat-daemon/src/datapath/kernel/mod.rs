@@ -54,6 +54,8 @@ pub struct KernelDatapath {
     tc_current: std::collections::BTreeSet<u32>,
     /// Interfaces kept attached without a translation (`standby_tc`).
     standby: std::collections::BTreeSet<u32>,
+    /// Interfaces kept attached to divert in-band BINDs (`divert_binds`).
+    bind_ifaces: std::collections::BTreeSet<u32>,
     /// Addresses on `lo` that a translation entry marks as vnat's
     /// (NAT_F_LO_ADDR_OURS), as far as this process has seen: saves a scan
     /// of both NAT maps per moved connection.
@@ -74,6 +76,9 @@ pub struct KernelDatapath {
     /// Whether the config map says some flow is rebinding
     /// (`CFG_F_REBINDING`), as this process last wrote it.
     rebinding: bool,
+    /// The VCMP port in-band BINDs are diverted to (`CFG_F_BIND_DIVERT`),
+    /// 0 while none are.
+    bind_divert_port: u16,
     /// Rebinding entries this process wrote that the tc program has not
     /// completed yet (see `rebind`).
     rebinds: std::collections::HashSet<RebindKey>,
@@ -204,11 +209,13 @@ impl KernelDatapath {
             loaded,
             tc_current: Default::default(),
             standby: Default::default(),
+            bind_ifaces: Default::default(),
             lo_ours: Default::default(),
             memo: Default::default(),
             mirror: Default::default(),
             nat_empty: false,
             rebinding: true,
+            bind_divert_port: 0,
             rebinds: std::collections::HashSet::new(),
         };
         dp.mirror = Mirror::from(dp.read_map(true)?, dp.read_map(false)?);
@@ -401,7 +408,12 @@ impl KernelDatapath {
     /// changed.
     fn set_nat_empty(&mut self, empty: bool) -> Result<(), DatapathError> {
         if self.nat_empty != empty {
-            object::set_config(&mut self.loaded, empty, self.rebinding)?;
+            object::set_config(
+                &mut self.loaded,
+                empty,
+                self.rebinding,
+                self.bind_divert_port,
+            )?;
             self.nat_empty = empty;
         }
         Ok(())
@@ -411,7 +423,7 @@ impl KernelDatapath {
     /// changed (ingress misses look in the rebind map only then).
     fn set_rebinding(&mut self, on: bool) -> Result<(), DatapathError> {
         if self.rebinding != on {
-            object::set_config(&mut self.loaded, self.nat_empty, on)?;
+            object::set_config(&mut self.loaded, self.nat_empty, on, self.bind_divert_port)?;
             self.rebinding = on;
         }
         Ok(())
@@ -597,6 +609,25 @@ impl KernelDatapath {
         Ok(())
     }
 
+    /// Divert in-band BINDs arriving from `toward` (through the interface
+    /// that reaches it) to `vcmp_port` (`CFG_F_BIND_DIVERT`). Stays on for
+    /// the process's life once needed: a BIND is recognised by its exact
+    /// length, head and magic, so leaving it on costs a compare of a few
+    /// bytes per incoming UDP datagram and takes no application's data.
+    fn divert_binds_toward(&mut self, toward: IpAddr, vcmp_port: u16) -> Result<(), DatapathError> {
+        let route = self.route(toward, None)?;
+        if !self.tc_current.contains(&route.ifindex) {
+            attach::attach_tc(&mut self.loaded.ebpf, &self.bpffs, route.ifindex)?;
+            self.tc_current.insert(route.ifindex);
+        }
+        self.bind_ifaces.insert(route.ifindex);
+        if self.bind_divert_port != vcmp_port {
+            object::set_config(&mut self.loaded, self.nat_empty, self.rebinding, vcmp_port)?;
+            self.bind_divert_port = vcmp_port;
+        }
+        Ok(())
+    }
+
     /// Whether a rebinding entry is still waiting for its first packet.
     pub fn rebind_pending(&self, key: &RebindKey) -> Result<bool, DatapathError> {
         match self.loaded.maps.rebind.get(key, 0) {
@@ -638,6 +669,9 @@ impl KernelDatapath {
 }
 
 impl Datapath for KernelDatapath {
+    fn divert_binds(&mut self, toward: IpAddr, vcmp_port: u16) -> Result<(), DatapathError> {
+        self.divert_binds_toward(toward, vcmp_port)
+    }
     fn status(&self) -> Result<DatapathStatus, DatapathError> {
         let egress = self.egress_entries()?;
         let mut users: BTreeMap<u32, u32> = BTreeMap::new();
@@ -710,7 +744,7 @@ impl Datapath for KernelDatapath {
         let leaving: Vec<u32> = self.standby.difference(&wanted).copied().collect();
         for ifindex in leaving {
             self.standby.remove(&ifindex);
-            if !self.tc_used_by_translation(ifindex)? {
+            if !self.bind_ifaces.contains(&ifindex) && !self.tc_used_by_translation(ifindex)? {
                 attach::detach_tc(&self.bpffs, ifindex);
                 self.tc_current.remove(&ifindex);
             }

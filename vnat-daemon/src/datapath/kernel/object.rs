@@ -186,22 +186,29 @@ fn check_and_set_config(bpffs: &Path, l: &mut Loaded) -> Result<(), DatapathErro
     // Not CFG_F_NAT_EMPTY yet: the NAT maps may hold pinned translations,
     // and until the caller has read them the programs must look them up.
     // Both gates open until the opener knows better (see KernelDatapath::open).
-    set_config(l, false, true)
+    set_config(l, false, true, 0)
 }
 
-/// Write this namespace's config, saying whether both NAT maps are empty
-/// (`CFG_F_NAT_EMPTY`: the tc translators then pass packets unparsed).
-pub fn set_config(l: &mut Loaded, nat_empty: bool, rebinding: bool) -> Result<(), DatapathError> {
+/// Write this namespace's config: whether both NAT maps are empty
+/// (`CFG_F_NAT_EMPTY`: the tc translators then pass packets unparsed),
+/// whether some flow is rebinding, and the VCMP port in-band BINDs are
+/// diverted to (0: none are).
+pub fn set_config(
+    l: &mut Loaded,
+    nat_empty: bool,
+    rebinding: bool,
+    bind_divert_port: u16,
+) -> Result<(), DatapathError> {
+    let flag = |on: bool, f: u32| if on { f } else { 0 };
     let cfg = DatapathConfig {
         netns_cookie: l.netns_cookie,
         flags: CFG_F_NETNS_FILTER
-            | if nat_empty { CFG_F_NAT_EMPTY } else { 0 }
-            | if rebinding {
-                vnat_common::CFG_F_REBINDING
-            } else {
-                0
-            },
+            | flag(nat_empty, CFG_F_NAT_EMPTY)
+            | flag(rebinding, vnat_common::CFG_F_REBINDING)
+            | flag(bind_divert_port != 0, vnat_common::CFG_F_BIND_DIVERT),
         abi_version: ABI_VERSION,
+        vcmp_port_be: bind_divert_port.to_be(),
+        _pad: [0; 3],
     };
     l.maps.config.set(0, cfg, 0).map_err(map_err(MAP_CONFIG))
 }

@@ -57,6 +57,7 @@ impl KernelDatapath {
         let ifindex = v.redirect_ifindex;
         if ifindex != 0
             && !self.standby.contains(&ifindex)
+            && !self.bind_ifaces.contains(&ifindex)
             && !self.tc_used_by_translation(ifindex)?
         {
             attach::detach_tc(&self.bpffs, ifindex);

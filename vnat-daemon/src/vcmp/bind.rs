@@ -1,0 +1,370 @@
+//! In-band BIND: binding a UDP flow through a NAT that changes its port
+//! (DESIGN.md section 4, identity).
+//!
+//! A TCP connection is bound by its initial sequence numbers, which a NAT
+//! leaves alone. A UDP flow has nothing of the kind: both ends know it only
+//! by its endpoints, and behind a NAT the two ends name it differently (the
+//! client by its private address and port, the server by the NAT's public
+//! address and a port the NAT chose, at random if it is "fully-random"). So
+//! a CLAIM for it finds nothing on the server, and the server cannot tell
+//! which of the flows from that public address it names.
+//!
+//! The flow's own packets can tell, because they cross the NAT with the
+//! flow's mapping. So:
+//!
+//! 1. The server, given a CLAIM from a paired host behind NAT (its names
+//!    for its end differ from the address the claim came from) with UDP
+//!    entries it cannot match, while it has an unbound UDP flow from that
+//!    address to the port the entry names, asks the driver to divert BINDs
+//!    from that address (`Event::DivertBinds`: the tc ingress takes exactly
+//!    these datagrams to the VCMP port, so no application receives one),
+//!    and only then answers with a BIND_REQ naming those commitments.
+//! 2. The client sends, for each of its unbound UDP flows to that address
+//!    whose commitment is named, a BIND on the flow's own 5-tuple
+//!    (`Event::SendInBand`): its host key, its CLAIM entry for the flow, a
+//!    counter, and a tag under the pairing's claim key.
+//! 3. The server's tc ingress sees it arrive at the flow's port, writes
+//!    that port into the BIND and sends it to the VCMP port. vnatd checks
+//!    the tag and the counter, finds the one flow with that remote endpoint
+//!    (the NAT's mapping) and local port, and binds it to the sender's key
+//!    with the sender's names as its binding, so that both ends compute
+//!    the same commitment and keys. Its CLAIM answer binds the client's end.
+//!
+//! What this trusts: the BIND came from the flow's public endpoint, which
+//! only the NAT's mapping of the client's socket reaches, and carries a tag
+//! only the paired host can make. A host on the same LAN that can forge
+//! the client's source address and knows the flow could bind it first (a
+//! binding is never taken from its holder afterwards); TCP is not exposed
+//! so. A replayed BIND is refused by its counter.
+
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
+
+use vnat_common::{BIND_HEAD, BIND_LEN, BIND_MAGIC};
+
+use super::binding::Binding;
+use super::crypto::{self, claim_commitment};
+use super::endpoint::{Endpoint, Event};
+use super::wire::{
+    decode_claim_entry, encode_claim_entry, ClaimEntry, CLAIM_ENTRY_LEN, HEADER_LEN, MAX_CLAIMS,
+    PAIR_TAG_LEN, TAG_LEN, VERSION,
+};
+use crate::datapath::{Proto, VirtualFlow};
+
+/// Kind byte of a BIND_REQ ("send me BINDs for these").
+pub(crate) const KIND_BIND_REQ: u8 = 20;
+
+/// A BIND_REQ waiting for the divert: the host key, its VCMP address, and
+/// the commitments to ask for.
+type WaitingRequest = ([u8; 32], SocketAddr, Vec<[u8; TAG_LEN]>);
+
+/// BIND state of one endpoint.
+#[derive(Default)]
+pub(crate) struct BindState {
+    /// Addresses whose BINDs the datapath diverts.
+    diverting: HashSet<IpAddr>,
+    /// Requests waiting for the divert towards an address.
+    waiting: HashMap<IpAddr, Vec<WaitingRequest>>,
+    /// Last counter sent in a BIND.
+    sent: u64,
+    /// Highest counter accepted per host key.
+    seen: HashMap<[u8; 32], u64>,
+}
+
+/// A BIND as received.
+struct Bind {
+    static_pub: [u8; 32],
+    entry: ClaimEntry,
+    counter: u64,
+    /// The port it was sent to, written by the diverting tc program.
+    port: u16,
+}
+
+fn encode_bind(static_pub: &[u8; 32], entry: &ClaimEntry, counter: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(BIND_LEN);
+    out.extend_from_slice(&[BIND_HEAD[0], BIND_HEAD[1], 0, 0]);
+    out.extend_from_slice(&BIND_MAGIC);
+    out.extend_from_slice(static_pub);
+    encode_claim_entry(&mut out, entry);
+    out.extend_from_slice(&counter.to_be_bytes());
+    out.extend_from_slice(&[0; PAIR_TAG_LEN]);
+    debug_assert_eq!(out.len(), BIND_LEN);
+    out
+}
+
+fn decode_bind(b: &[u8]) -> Result<Bind, &'static str> {
+    if b.len() != BIND_LEN || b[..2] != BIND_HEAD || b[4..8] != BIND_MAGIC {
+        return Err("bind_malformed");
+    }
+    let mut static_pub = [0u8; 32];
+    static_pub.copy_from_slice(&b[HEADER_LEN..HEADER_LEN + 32]);
+    let at = HEADER_LEN + 32;
+    let entry = decode_claim_entry(&b[at..at + CLAIM_ENTRY_LEN]).map_err(|_| "bind_malformed")?;
+    let mut counter = [0u8; 8];
+    counter.copy_from_slice(&b[at + CLAIM_ENTRY_LEN..at + CLAIM_ENTRY_LEN + 8]);
+    Ok(Bind {
+        static_pub,
+        entry,
+        counter: u64::from_be_bytes(counter),
+        port: u16::from_be_bytes([b[2], b[3]]),
+    })
+}
+
+fn encode_bind_req(static_pub: &[u8; 32], commitments: &[[u8; TAG_LEN]]) -> Vec<u8> {
+    let mut out = vec![
+        VERSION,
+        KIND_BIND_REQ,
+        0,
+        commitments.len() as u8,
+        0,
+        0,
+        0,
+        0,
+    ];
+    out.extend_from_slice(static_pub);
+    for c in commitments {
+        out.extend_from_slice(c);
+    }
+    out.extend_from_slice(&[0; PAIR_TAG_LEN]);
+    out
+}
+
+fn decode_bind_req(b: &[u8]) -> Result<([u8; 32], Vec<[u8; TAG_LEN]>), &'static str> {
+    if b.len() < HEADER_LEN + 32 + PAIR_TAG_LEN || b[0] != VERSION || b[1] != KIND_BIND_REQ {
+        return Err("bind_req_malformed");
+    }
+    let count = usize::from(b[3]);
+    if count == 0
+        || count > MAX_CLAIMS
+        || b[2] != 0
+        || b[4..8] != [0; 4]
+        || b.len() != HEADER_LEN + 32 + count * TAG_LEN + PAIR_TAG_LEN
+    {
+        return Err("bind_req_malformed");
+    }
+    let mut static_pub = [0u8; 32];
+    static_pub.copy_from_slice(&b[HEADER_LEN..HEADER_LEN + 32]);
+    let at = HEADER_LEN + 32;
+    let commitments = b[at..at + count * TAG_LEN]
+        .chunks_exact(TAG_LEN)
+        .map(|c| {
+            let mut x = [0u8; TAG_LEN];
+            x.copy_from_slice(c);
+            x
+        })
+        .collect();
+    Ok((static_pub, commitments))
+}
+
+/// Whether `bytes` is a BIND or a BIND_REQ (which `Message::decode` does
+/// not parse).
+pub(crate) fn is_bind(bytes: &[u8]) -> bool {
+    bytes.len() >= 2
+        && bytes[0] == VERSION
+        && (bytes[1] == BIND_HEAD[1] || bytes[1] == KIND_BIND_REQ)
+}
+
+impl Endpoint {
+    /// A BIND or BIND_REQ datagram from `from`.
+    pub(crate) fn on_bind_datagram(&mut self, from: SocketAddr, bytes: &[u8]) {
+        let r = if bytes[1] == KIND_BIND_REQ {
+            self.on_bind_req(from, bytes)
+        } else {
+            self.on_bind(from, bytes)
+        };
+        if let Err(reason) = r {
+            self.stats.reject(reason);
+        }
+    }
+
+    /// After a CLAIM from the paired host `peer` at `from`: ask it for
+    /// BINDs of the UDP entries that named nothing here, if it is behind
+    /// NAT and we have an unbound UDP flow from its address to the port
+    /// the entry names.
+    pub(crate) fn request_binds(
+        &mut self,
+        peer: [u8; 32],
+        from: SocketAddr,
+        unmatched: &[ClaimEntry],
+    ) {
+        let wanted: Vec<[u8; TAG_LEN]> = unmatched
+            .iter()
+            .filter(|e| e.proto == Proto::Udp && e.sender_local.ip() != from.ip())
+            .filter(|e| self.unbound_udp(from.ip(), e.sender_remote.port()))
+            .map(|e| e.commitment)
+            .collect();
+        if wanted.is_empty() {
+            return;
+        }
+        if self.binds.diverting.contains(&from.ip()) {
+            self.send_bind_req(peer, from, &wanted);
+            return;
+        }
+        let waiting = self.binds.waiting.entry(from.ip()).or_default();
+        if waiting.is_empty() {
+            self.events
+                .push_back(Event::DivertBinds { toward: from.ip() });
+        }
+        if waiting.len() < 16 {
+            waiting.push((peer, from, wanted));
+        }
+    }
+
+    /// The datapath now diverts BINDs from `toward` (`ok`), or cannot: send
+    /// the BIND_REQs that waited for it, or drop them (the peer's claims
+    /// are resent, and ask again).
+    pub fn binds_diverted(&mut self, toward: IpAddr, ok: bool) {
+        let waiting = self.binds.waiting.remove(&toward).unwrap_or_default();
+        if !ok {
+            self.stats.count("bind_divert_failed");
+            return;
+        }
+        self.binds.diverting.insert(toward);
+        for (peer, from, wanted) in waiting {
+            self.send_bind_req(peer, from, &wanted);
+        }
+        self.tx.flush(&mut self.stats);
+    }
+
+    fn unbound_udp(&self, remote: IpAddr, local_port: u16) -> bool {
+        self.conns.values().any(|c| {
+            c.flow.proto == Proto::Udp
+                && c.peer_key.is_none()
+                && c.remote_phys.ip() == remote
+                && c.local_phys.port() == local_port
+        })
+    }
+
+    fn send_bind_req(&mut self, peer: [u8; 32], to: SocketAddr, wanted: &[[u8; TAG_LEN]]) {
+        let Some(key) = self.sessions.get(&peer).map(|s| s.claim_key()) else {
+            return;
+        };
+        for chunk in wanted.chunks(MAX_CLAIMS) {
+            let b = encode_bind_req(&self.identity.public(), chunk);
+            self.push_tagged(&key, b, to);
+            self.stats.count("bind_requests_sent");
+        }
+    }
+
+    /// A BIND_REQ from the paired host at `from`: send a BIND on each named
+    /// flow of ours that is unbound, UDP, and has its remote end at `from`'s
+    /// address (never into anyone else's flow).
+    fn on_bind_req(&mut self, from: SocketAddr, bytes: &[u8]) -> Result<(), &'static str> {
+        let (peer, commitments) = decode_bind_req(bytes)?;
+        let key = self
+            .sessions
+            .get(&peer)
+            .ok_or("bind_req_unpaired")?
+            .claim_key();
+        if !crypto::datagram_tag_valid(&key, bytes) {
+            return Err("bind_req_bad_tag");
+        }
+        for commitment in commitments {
+            let flow = self
+                .conns
+                .values()
+                .find(|c| {
+                    c.flow.proto == Proto::Udp
+                        && c.peer_key.is_none()
+                        && c.remote_phys.ip() == from.ip()
+                        && claim_commitment(&key, &c.binding) == commitment
+                })
+                .map(|c| (c.flow, c.local_phys, c.remote_phys));
+            let Some((flow, local, remote)) = flow else {
+                self.stats.reject("bind_req_unknown");
+                continue;
+            };
+            let entry = ClaimEntry {
+                commitment,
+                proto: flow.proto,
+                sender_local: flow.local,
+                sender_remote: flow.remote,
+            };
+            self.binds.sent += 1;
+            let mut payload = encode_bind(&self.identity.public(), &entry, self.binds.sent);
+            crypto::tag_datagram(&key, &mut payload);
+            self.stats.count("binds_sent");
+            self.events.push_back(Event::SendInBand {
+                local,
+                remote,
+                payload,
+            });
+        }
+        Ok(())
+    }
+
+    /// A BIND that the tc program diverted from one of our UDP flows: bind
+    /// the flow with that remote endpoint and port to its sender.
+    fn on_bind(&mut self, from: SocketAddr, bytes: &[u8]) -> Result<(), &'static str> {
+        let b = decode_bind(bytes)?;
+        if b.port == 0 {
+            // Sent to the VCMP port directly: it came from anywhere.
+            return Err("bind_not_diverted");
+        }
+        let key = self
+            .sessions
+            .get(&b.static_pub)
+            .ok_or("bind_unpaired")?
+            .claim_key();
+        let mut signed = bytes.to_vec();
+        signed[2] = 0;
+        signed[3] = 0;
+        if !crypto::datagram_tag_valid(&key, &signed) {
+            return Err("bind_bad_tag");
+        }
+        if self
+            .binds
+            .seen
+            .get(&b.static_pub)
+            .is_some_and(|&c| b.counter <= c)
+        {
+            return Err("bind_replayed");
+        }
+        let e = b.entry;
+        // The flow as the sender names it, turned to our side.
+        let named = VirtualFlow {
+            proto: e.proto,
+            local: e.sender_remote,
+            remote: e.sender_local,
+        };
+        let binding = Binding::endpoints(&named);
+        if e.proto != Proto::Udp || claim_commitment(&key, &binding) != e.commitment {
+            return Err("bind_bad_commitment");
+        }
+        let flow = self
+            .conns
+            .values()
+            .find(|c| {
+                c.flow.proto == Proto::Udp && c.remote_phys == from && c.local_phys.port() == b.port
+            })
+            .map(|c| (c.flow, c.peer_key))
+            .ok_or("bind_no_flow")?;
+        self.binds.seen.insert(b.static_pub, b.counter);
+        match flow.1 {
+            Some(k) if k == b.static_pub => {
+                self.stats.count("bind_again");
+            }
+            Some(_) => return Err("claim_conflict"),
+            None => {
+                let flow = flow.0;
+                self.index_connection(&flow, false);
+                if let Some(c) = self.conns.get_mut(&flow) {
+                    c.binding = binding;
+                    c.peer_key = Some(b.static_pub);
+                    c.bind_retry = None;
+                }
+                self.index_connection(&flow, true);
+                self.stats.count("binds_bound");
+                self.learn_peer_view(&flow, &e);
+                self.ensure_keys(&flow);
+                // Our claim of it, now with the sender's commitment, binds
+                // its end: to where its pairing lives, not to the flow.
+                if let Some(dst) = self.peer_addrs.get(&b.static_pub).copied() {
+                    self.send_claims(b.static_pub, dst, &[flow], true);
+                }
+            }
+        }
+        self.tx.flush(&mut self.stats);
+        Ok(())
+    }
+}
