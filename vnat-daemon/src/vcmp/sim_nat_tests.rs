@@ -525,3 +525,59 @@ fn forged_and_replayed_binds_bind_nothing() {
         "after export and import the laptop's records must still authenticate"
     );
 }
+
+/// A NAT that gives an unmoved laptop's VCMP a new mapping (its idle UDP
+/// entry expired, or the NAT restarted): the laptop's next keepalive comes
+/// from the new port and the server reaches the laptop there from then on.
+/// Nothing moves: the connection keeps its keys and its placement, and a
+/// suspend the server starts gets through.
+#[test]
+fn a_nat_that_remaps_an_unmoved_laptop_breaks_nothing() {
+    let mut sim = Sim::new(28, Link::default());
+    let l = sim.add_host("192.168.1.10", Config::default());
+    let s = sim.add_host("203.0.113.5", Config::default());
+    sim.hosts[l].nat = Some(sa("198.51.100.7:40001"));
+    let f = tcp("192.168.1.10:50000", "203.0.113.5:443");
+    let sf = tcp("203.0.113.5:443", "198.51.100.7:61000");
+    sim.connect_named(l, s, f, sf);
+    sim.run_for(Duration::from_secs(10));
+    assert!(sim.hosts[s].ep.connection(&sf).expect("sf").has_keys);
+    let lkey = sim.hosts[l].ep.public_key();
+    assert_eq!(
+        sim.hosts[s].ep.peer_addrs.get(&lkey),
+        Some(&sa("198.51.100.7:40001"))
+    );
+
+    sim.hosts[l].nat = Some(sa("198.51.100.7:40077"));
+    sim.run_for(Duration::from_secs(60));
+    assert_eq!(
+        sim.hosts[s].ep.peer_addrs.get(&lkey),
+        Some(&sa("198.51.100.7:40077")),
+        "the keepalive from the new mapping must be where the server reaches the laptop"
+    );
+    let v = sim.hosts[s].ep.connection(&sf).expect("sf");
+    assert!(v.has_keys, "the connection must stay mobile");
+    assert_eq!(v.remote_phys, sa("198.51.100.7:61000"), "nothing moved");
+    assert!(
+        sim.events(s, |e| matches!(
+            e,
+            Event::SetRemote { .. } | Event::Reverted { .. }
+        ))
+        .next()
+        .is_none(),
+        "a remapped VCMP is no move"
+    );
+    sim.with(s, |ep, now, rng| {
+        ep.suspend(now, rng, &[sf]).expect("suspend")
+    });
+    sim.run_for(Duration::from_secs(5));
+    assert!(
+        sim.events(
+            l,
+            |e| matches!(e, Event::RoleDecided { flow, .. } if *flow == f)
+        )
+        .next()
+        .is_some(),
+        "the server's suspend must reach the laptop through the new mapping"
+    );
+}
