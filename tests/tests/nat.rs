@@ -20,7 +20,7 @@ use std::{
 use serde_json::Value;
 use vnat_tests::{
     EchoServer, Host, LaptopRouterServer, NatPorts, StreamClient, StreamOptions, TempDir, Vnatd,
-    NAT_PUBLIC_A, NAT_PUBLIC_B,
+    NAT_PUBLIC_A, NAT_PUBLIC_B, SERVER_PUBLIC,
 };
 
 const PUBLIC: Ipv4Addr = NAT_PUBLIC_A;
@@ -389,4 +389,93 @@ fn udp_moves_through_a_port_preserving_nat() {
 #[test]
 fn udp_moves_through_a_fully_random_nat() {
     udp_through_nat("natur", NatPorts::FullyRandom);
+}
+
+/// The server behind a port-forwarding router (destination NAT: the laptop
+/// knows it by the router's public address, its sockets see their private
+/// one; VCMP's port is forwarded too), while the laptop moves from one NAT
+/// to another: a TCP stream and a UDP flow, each mobile at both ends and
+/// going on after the move, same socket, content verified.
+#[test]
+fn the_server_behind_port_forwarding_while_the_laptop_moves_between_nats() {
+    let tag = "natd";
+    let bed = Bed::new(tag);
+    vnat_tests::port_forward(&bed.topo, &[5001], &[5002, 2031]).unwrap_or_else(|e| panic!("{e}"));
+    let lap = Host::new(&bed.topo.laptop, "natdl");
+    let srv = Host::new(&bed.topo.server, "natds");
+    let own = |port| SocketAddr::new(bed.topo.server_addr.v4.into(), port);
+    let public = |port| SocketAddr::new(SERVER_PUBLIC.into(), port);
+    let _tcp_echo = EchoServer::tcp_in(&srv, own(5001));
+    let _udp_echo = EchoServer::udp_in(&srv, own(5002));
+    let lapd = Vnatd::start_with(&lap, bed.dirs.0.path(), &["--keepalive-secs", "1"]);
+    let srvd = Vnatd::start(&srv, bed.dirs.1.path());
+    let clients: Vec<StreamClient> = [
+        StreamOptions::tcp(public(5001)),
+        StreamOptions::udp(public(5002)),
+    ]
+    .into_iter()
+    .map(|o| {
+        let mut cmd = o.rate(100_000).command(&bed.topo.laptop);
+        lap.cgroup.join_on_spawn(&mut cmd);
+        let c = StreamClient::from_command(cmd);
+        c.wait_verified_at_least(20_000, Duration::from_secs(10));
+        c
+    })
+    .collect();
+    // Mobile at both ends: the laptop names the server's end by the public
+    // address, the server by its own.
+    let mobile = |d: &Vnatd, proto: &str, port: &str| {
+        d.ctl(&["ls", "--proto", proto])
+            .and_then(|v| v.as_array().cloned())
+            .is_some_and(|rows| {
+                rows.iter().any(|r| {
+                    [&r["virtual_local"], &r["virtual_remote"]]
+                        .iter()
+                        .any(|a| a.as_str().is_some_and(|a| a.ends_with(port)))
+                        && r["mobile"] == true
+                })
+            })
+    };
+    for (proto, port) in [("tcp", ":5001"), ("udp", ":5002")] {
+        wait_for(
+            &format!("{tag}: {proto} never mobile on the laptop"),
+            30,
+            || mobile(&lapd, proto, port),
+        );
+        wait_for(
+            &format!("{tag}: {proto} never mobile on the server"),
+            30,
+            || mobile(&srvd, proto, port),
+        );
+    }
+    let before: Vec<_> = clients
+        .iter()
+        .map(|c| c.latest().expect("status"))
+        .collect();
+    bed.topo.move_laptop_to_b();
+    for c in &clients {
+        let at_move = c.latest().expect("status").verified;
+        c.wait_verified_at_least(at_move + 100_000, Duration::from_secs(20));
+    }
+    let ls = srvd.ctl(&["ls"]).expect("ls");
+    let to_b = ls
+        .as_array()
+        .expect("array")
+        .iter()
+        .filter(|r| {
+            r["physical_remote"]
+                .as_str()
+                .is_some_and(|a| a.starts_with(&format!("{PUBLIC_B}:")))
+        })
+        .count();
+    assert!(
+        to_b >= 2,
+        "{tag}: the server does not send both flows to the new NAT: {ls}"
+    );
+    for (c, b) in clients.into_iter().zip(before) {
+        let fin = c.stop();
+        assert_eq!(fin.error, None, "{tag}: a stream broke: {:?}", fin.json);
+        assert_eq!(fin.local, b.local, "{tag}: a client's socket changed");
+    }
+    drop(lapd);
 }

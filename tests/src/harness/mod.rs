@@ -26,7 +26,9 @@ pub use cgroup::{cgroup2_mount, Cgroup};
 pub use daemon::{TempDir, Vnatd};
 pub use echo::{EchoServer, UDP_DATAGRAM_SIZE};
 pub use host::{move_flow, Host};
-pub use nat::{nat_router, nat_router_with, NatPorts, NAT_PUBLIC_A, NAT_PUBLIC_B};
+pub use nat::{
+    nat_router, nat_router_with, port_forward, NatPorts, NAT_PUBLIC_A, NAT_PUBLIC_B, SERVER_PUBLIC,
+};
 pub use netns::{ss_endpoint, tcp_bytes_received, veth, Netns};
 pub use server_move::{
     add_location_host, add_server_link_e, move_server_to_e, plug_server_e, unplug_server_c,

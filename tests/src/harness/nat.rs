@@ -52,7 +52,47 @@ pub fn nat_router_with(topo: &LaptopRouterServer, ports: NatPorts) -> Result<(),
             }}
         }}"
     );
-    let file = std::env::temp_dir().join(format!("vnat-nat-{}.nft", r.name()));
+    load_ruleset(r, "nat", &ruleset)
+}
+
+/// The server's public address behind the router's port forwarding
+/// ([`port_forward`]).
+pub const SERVER_PUBLIC: Ipv4Addr = Ipv4Addr::new(198, 18, 5, 1);
+
+/// A port-forwarding router in front of the server: [`SERVER_PUBLIC`]
+/// (an address of the router) forwards `tcp_ports` and `udp_ports` to the
+/// server's own address (destination NAT), as a home or office router
+/// exposes a server. The server's sockets see their private address; the
+/// laptop knows only the public one.
+pub fn port_forward(
+    topo: &LaptopRouterServer,
+    tcp_ports: &[u16],
+    udp_ports: &[u16],
+) -> Result<(), String> {
+    let r = &topo.router;
+    r.add_addr(&topo.router_if_c, SERVER_PUBLIC.into(), 32);
+    let server = topo.server_addr.v4;
+    let rule = |proto: &str, port: &u16| {
+        format!("ip daddr {SERVER_PUBLIC} {proto} dport {port} dnat to {server}\n")
+    };
+    let rules: String = tcp_ports
+        .iter()
+        .map(|p| rule("tcp", p))
+        .chain(udp_ports.iter().map(|p| rule("udp", p)))
+        .collect();
+    let ruleset = format!(
+        "table ip vnatdnat {{
+            chain vnat_pre {{
+                type nat hook prerouting priority dstnat;
+                {rules}
+            }}
+        }}"
+    );
+    load_ruleset(r, "dnat", &ruleset)
+}
+
+fn load_ruleset(r: &super::Netns, what: &str, ruleset: &str) -> Result<(), String> {
+    let file = std::env::temp_dir().join(format!("vnat-{what}-{}.nft", r.name()));
     std::fs::write(&file, ruleset).map_err(|e| format!("writing the nft ruleset: {e}"))?;
     let out = r.try_run(&["nft", "-f", &file.display().to_string()]);
     let _ = std::fs::remove_file(&file);
@@ -60,7 +100,7 @@ pub fn nat_router_with(topo: &LaptopRouterServer, ports: NatPorts) -> Result<(),
         Ok(())
     } else {
         Err(format!(
-            "nft refused the NAT ruleset: {}",
+            "nft refused the {what} ruleset: {}",
             String::from_utf8_lossy(&out.stderr)
         ))
     }

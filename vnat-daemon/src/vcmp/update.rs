@@ -66,7 +66,16 @@ impl Endpoint {
         rec: &Record,
     ) -> Result<(), &'static str> {
         self.check_fresh(flow, rec.seq)?;
-        self.propose_binding(ctx, flow, rec.sender_phys, rec.seq);
+        // The peer names its end its own way: behind a port-forwarding NAT
+        // by its private address, which we cannot reach. An end at its own
+        // virtual address has not moved, and is where we know it (our name
+        // for its virtual end), whatever it calls that.
+        let addr = if rec.sender_phys == rec.sender_vir {
+            flow.remote
+        } else {
+            rec.sender_phys
+        };
+        self.propose_binding(ctx, flow, addr, rec.seq);
         self.complete(ctx, flow);
         Ok(())
     }
