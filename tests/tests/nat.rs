@@ -372,6 +372,10 @@ fn udp_through_nat(tag: &str, ports: NatPorts) {
                 .is_some_and(|a| a.starts_with(&format!("{PUBLIC_B}:")))),
         "{tag}: the server does not send to the new NAT: {ls}"
     );
+    assert!(
+        counter(&srvd, "events", "binds_rebound") >= 1,
+        "{tag}: the server did not learn the new NAT's port from the laptop's BIND"
+    );
     let fin = client.stop();
     assert_eq!(fin.error, None, "{tag}: the stream broke: {:?}", fin.json);
     assert_eq!(

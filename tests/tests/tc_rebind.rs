@@ -8,7 +8,7 @@
 //! both translations itself and translates that packet, so the server's
 //! kernel never sees an untranslated packet of the connection.
 //!
-//! The protocol does not drive this yet (the next step of issue 15).
+//! A UDP flow learns nothing in tc: see the UDP test below.
 
 mod support;
 
@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 
 use support::packet::{parse_checked, Spec};
 use support::{counter, run};
-use vnat_common::{RebindKey, RebindValue, AF_INET, PROTO_TCP};
+use vnat_common::{RebindKey, RebindValue, AF_INET, BIND_HEAD, BIND_LEN, PROTO_TCP, PROTO_UDP};
 use vnat_daemon::datapath::{
     kernel::{KernelDatapath, KernelOptions},
     Datapath, Proto, Translation, VirtualFlow,
@@ -153,5 +153,92 @@ fn the_first_in_window_packet_from_the_nat_teaches_its_port() {
             physical_local: SERVER.parse().unwrap(),
             physical_remote: new_nat(61000).parse().unwrap(),
         }]
+    );
+}
+
+/// A UDP flow whose peer moved behind a new NAT: a datagram proves nothing
+/// (anyone behind that NAT can send one), so the flow learns its port only
+/// from the peer's authenticated BIND, which vnatd checks. Until then a
+/// datagram from the NAT's address to the flow's port is dropped (counted),
+/// unless a recorded flow owns it (another host behind the same NAT), and
+/// a BIND is diverted to vnatd's VCMP port with the flow's port written in
+/// it, only while vnatd asks for that.
+#[test]
+fn udp_waits_for_the_bind_and_binds_are_diverted_to_vnatd() {
+    let pins = BpffsDir::new("tc-rebind-udp");
+    let mut dp = KernelDatapath::open(&KernelOptions {
+        bpffs: pins.path().to_path_buf(),
+        cgroups: vec![],
+    })
+    .unwrap_or_else(|e| panic!("opening the kernel datapath: {e}"));
+    let udp_key = RebindKey {
+        proto: PROTO_UDP,
+        ..key()
+    };
+    dp.insert_rebind(
+        udp_key,
+        RebindValue {
+            seq_lo: 0,
+            seq_span: u32::MAX,
+            ack_lo: 0,
+            ack_span: u32::MAX,
+            ..value()
+        },
+    )
+    .unwrap();
+    const TC_ACT_SHOT: u32 = 2;
+
+    // The peer's datagram on the new path: dropped, nothing learned.
+    let first = Spec::udp("198.18.3.102:61000", SERVER).frame();
+    let out = run(&dp, false, &first);
+    assert_eq!(out.verdict, TC_ACT_SHOT);
+    assert_eq!(counter(&dp, "drop_rebinding"), 1);
+    assert_eq!(counter(&dp, "rebind_learned"), 0);
+    assert!(dp.rebind_pending(&udp_key).unwrap());
+
+    // Another host's recorded flow from the same NAT address: passed.
+    let neighbour: SocketAddr = "198.18.3.102:61001".parse().unwrap();
+    let server: SocketAddr = SERVER.parse().unwrap();
+    dp.insert_conn_record(
+        vnat_daemon::datapath::flow_key(Proto::Udp, server, neighbour),
+        Default::default(),
+    )
+    .unwrap();
+    let theirs = Spec::udp("198.18.3.102:61001", SERVER).frame();
+    let out = run(&dp, false, &theirs);
+    assert_eq!((out.verdict, &out.packet), (TC_ACT_OK, &theirs));
+
+    // A BIND, before vnatd asks for BINDs: no different from a datagram.
+    let mut bind = Spec::udp("198.18.3.102:61000", SERVER);
+    bind.payload = vec![0x5a; BIND_LEN];
+    bind.payload[..8].copy_from_slice(&[BIND_HEAD[0], BIND_HEAD[1], 0, 0, b'v', b'n', b'a', b't']);
+    let out = run(&dp, false, &bind.frame());
+    assert_eq!(out.verdict, TC_ACT_SHOT);
+    assert_eq!(counter(&dp, "drop_rebinding"), 2);
+
+    // Once asked: diverted to the VCMP port, the flow's port written into
+    // bytes 2..4, the checksum still right (parse_checked), nothing else
+    // changed.
+    dp.set_bind_divert_port(2031).unwrap();
+    let out = run(&dp, false, &bind.frame());
+    assert_eq!(out.verdict, TC_ACT_OK);
+    let p = parse_checked(&out.packet);
+    assert_eq!(p.dst, "198.18.3.2:2031".parse().unwrap());
+    assert_eq!(p.src, "198.18.3.102:61000".parse().unwrap());
+    let mut expected = bind.payload.clone();
+    expected[2..4].copy_from_slice(&5001u16.to_be_bytes());
+    assert_eq!(p.payload, expected);
+    assert_eq!(counter(&dp, "bind_diverted"), 1);
+
+    // Application datagrams of that length that are not BINDs stay
+    // application datagrams (here: dropped as the rebinding flow's).
+    let mut lookalike = bind.clone();
+    lookalike.payload[4] = b'V';
+    let out = run(&dp, false, &lookalike.frame());
+    assert_eq!(out.verdict, TC_ACT_SHOT);
+    assert_eq!(counter(&dp, "bind_diverted"), 1);
+    assert!(
+        dp.rebind_pending(&udp_key).unwrap(),
+        "nothing learned in tc"
     );
 }

@@ -60,4 +60,10 @@ counters! {
     /// An in-band BIND (a peer behind NAT naming its UDP flow's public
     /// port) was diverted from the flow's port to vnatd (`CFG_F_BIND_DIVERT`).
     STAT_BIND_DIVERTED = 18, "bind_diverted";
+    /// Dropped on purpose: a UDP datagram from a rebinding flow's new NAT
+    /// address to its port that no recorded flow owns. The flow's new NAT
+    /// port is taken only from its authenticated BIND (vnatd), never from
+    /// a datagram anyone behind that NAT could send, so until then no
+    /// application may receive it as a new peer's.
+    STAT_DROP_REBINDING = 19, "drop_rebinding";
 }

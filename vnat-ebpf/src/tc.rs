@@ -21,14 +21,14 @@ use aya_ebpf::{
 use vnat_common::{
     FlowKey, NatRewrite, RebindKey, AF_INET, AF_INET6, BIND_HEAD, BIND_LEN, BIND_MAGIC, NAT_F_HOLD,
     NAT_F_REDIRECT, PROTO_TCP, PROTO_UDP, REBIND_SLOTS, STAT_BIND_DIVERTED, STAT_DROP_CSUM_FAILED,
-    STAT_DROP_HELD, STAT_DROP_REDIRECT_FAILED, STAT_DROP_REWRITE_FAILED, STAT_EGRESS_REDIRECTED,
-    STAT_EGRESS_TRANSLATED, STAT_INGRESS_TRANSLATED, STAT_PASS_FRAGMENT, STAT_PASS_IPV6_EXTHDR,
-    STAT_PASS_TRUNCATED, STAT_REBIND_LEARNED, STAT_REBIND_REFUSED,
+    STAT_DROP_HELD, STAT_DROP_REBINDING, STAT_DROP_REDIRECT_FAILED, STAT_DROP_REWRITE_FAILED,
+    STAT_EGRESS_REDIRECTED, STAT_EGRESS_TRANSLATED, STAT_INGRESS_TRANSLATED, STAT_PASS_FRAGMENT,
+    STAT_PASS_IPV6_EXTHDR, STAT_PASS_TRUNCATED, STAT_REBIND_LEARNED, STAT_REBIND_REFUSED,
 };
 
 use crate::maps::{
-    bind_divert_port, count, nat_is_empty, rebinding, VNAT_EGRESS_NAT, VNAT_INGRESS_NAT,
-    VNAT_REBIND,
+    bind_divert_port, count, nat_is_empty, rebinding, VNAT_CONNS, VNAT_EGRESS_NAT,
+    VNAT_INGRESS_NAT, VNAT_REBIND,
 };
 
 const ETH_HLEN: usize = 14;
@@ -126,7 +126,7 @@ fn try_translate(ctx: &TcContext, dir: Dir) -> Result<i32, Drop> {
     // so nothing is read out of bounds.
     let Some(nat) = (unsafe { map.get(&p.key) }) else {
         if dir == Dir::Ingress && rebinding() {
-            if let Some(nat) = learn(ctx, &p) {
+            if let Some(nat) = learn(ctx, &p)? {
                 rewrite(ctx, &p, &nat)?;
                 count(STAT_INGRESS_TRANSLATED);
             }
@@ -170,8 +170,24 @@ fn try_translate(ctx: &TcContext, dir: Dir) -> Result<i32, Drop> {
 /// packet must also carry sequence and acknowledgment numbers in the
 /// flow's window, so an off-path host that cannot inject into the TCP
 /// connection cannot steer it either.
+///
+/// A UDP datagram proves nothing (anyone behind the same NAT can send one
+/// to the port), so a UDP flow learns its port only from its authenticated
+/// BIND, through vnatd; meanwhile a datagram from that address to that
+/// port that belongs to no recorded flow is dropped, so that no
+/// application takes it for a new peer's.
 #[inline(always)]
-fn learn(ctx: &TcContext, p: &Parsed) -> Option<NatRewrite> {
+fn learn(ctx: &TcContext, p: &Parsed) -> Result<Option<NatRewrite>, Drop> {
+    if p.key.proto == PROTO_UDP {
+        return udp_rebinding(p);
+    }
+    Ok(learn_tcp(ctx, p))
+}
+
+/// See [`learn`]: a UDP datagram for a rebinding flow's port is dropped
+/// unless a recorded flow owns it.
+#[inline(always)]
+fn udp_rebinding(p: &Parsed) -> Result<Option<NatRewrite>, Drop> {
     let mut rk = RebindKey {
         src_addr_be: p.key.src_addr_be,
         dst_addr_be: p.key.dst_addr_be,
@@ -181,13 +197,47 @@ fn learn(ctx: &TcContext, p: &Parsed) -> Option<NatRewrite> {
         slot: 0,
         _pad: [0; 3],
     };
-    let (seq, ack) = if p.key.proto == PROTO_TCP {
-        let seq = u32::from_be(ctx.load::<u32>(p.l4 + 4).ok()?);
-        let ack = u32::from_be(ctx.load::<u32>(p.l4 + 8).ok()?);
-        (seq, ack)
-    } else {
-        (0, 0)
+    let mut rebinding = false;
+    for slot in 0..REBIND_SLOTS {
+        rk.slot = slot;
+        if VNAT_REBIND.get_ptr(&rk).is_some() {
+            rebinding = true;
+            break;
+        }
+    }
+    if !rebinding {
+        return Ok(None);
+    }
+    // Recorded flows are keyed as the local stack names them: our end
+    // first.
+    let own = FlowKey {
+        src_addr_be: p.key.dst_addr_be,
+        dst_addr_be: p.key.src_addr_be,
+        src_port_be: p.key.dst_port_be,
+        dst_port_be: p.key.src_port_be,
+        family: p.key.family,
+        proto: p.key.proto,
+        _pad: [0; 2],
     };
+    if VNAT_CONNS.get_ptr(&own).is_some() {
+        return Ok(None);
+    }
+    Err(Drop(STAT_DROP_REBINDING))
+}
+
+#[inline(always)]
+fn learn_tcp(ctx: &TcContext, p: &Parsed) -> Option<NatRewrite> {
+    let mut rk = RebindKey {
+        src_addr_be: p.key.src_addr_be,
+        dst_addr_be: p.key.dst_addr_be,
+        dst_port_be: p.key.dst_port_be,
+        family: p.key.family,
+        proto: p.key.proto,
+        slot: 0,
+        _pad: [0; 3],
+    };
+    let seq = u32::from_be(ctx.load::<u32>(p.l4 + 4).ok()?);
+    let ack = u32::from_be(ctx.load::<u32>(p.l4 + 8).ok()?);
     for slot in 0..REBIND_SLOTS {
         rk.slot = slot;
         // SAFETY: as for the NAT maps in `try_translate`: a
@@ -196,10 +246,7 @@ fn learn(ctx: &TcContext, p: &Parsed) -> Option<NatRewrite> {
             continue;
         };
         let v = *v;
-        if p.key.proto == PROTO_TCP
-            && (seq.wrapping_sub(v.seq_lo) >= v.seq_span
-                || ack.wrapping_sub(v.ack_lo) >= v.ack_span)
-        {
+        if seq.wrapping_sub(v.seq_lo) >= v.seq_span || ack.wrapping_sub(v.ack_lo) >= v.ack_span {
             count(STAT_REBIND_REFUSED);
             continue;
         }

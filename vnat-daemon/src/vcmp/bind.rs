@@ -193,20 +193,55 @@ impl Endpoint {
             .filter(|e| self.unbound_udp(from.ip(), e.sender_remote.port()))
             .map(|e| e.commitment)
             .collect();
+        self.queue_bind_req(peer, from, from.ip(), wanted);
+    }
+
+    /// After `flow` was switched to a peer behind a new NAT, with the port
+    /// left to learn (`SetRemote` to port 0): a UDP flow learns it from
+    /// its BIND on the new path (the datapath drops its datagrams until
+    /// then), so ask the peer for one.
+    pub(crate) fn ask_rebind(&mut self, flow: &VirtualFlow) {
+        let Some(c) = self.conns.get(flow) else {
+            return;
+        };
+        if flow.proto != Proto::Udp || c.remote_phys.port() != 0 {
+            return;
+        }
+        let (Some(peer), toward) = (c.peer_key, c.remote_phys.ip()) else {
+            return;
+        };
+        let (Some(to), Some(key)) = (
+            self.peer_addrs.get(&peer).copied(),
+            self.sessions.get(&peer).map(|s| s.claim_key()),
+        ) else {
+            return;
+        };
+        let commitment = claim_commitment(&key, &c.binding);
+        self.queue_bind_req(peer, to, toward, vec![commitment]);
+    }
+
+    /// Send a BIND_REQ for `wanted` to `peer` at `to`, once BINDs from
+    /// `toward` are diverted.
+    fn queue_bind_req(
+        &mut self,
+        peer: [u8; 32],
+        to: SocketAddr,
+        toward: IpAddr,
+        wanted: Vec<[u8; TAG_LEN]>,
+    ) {
         if wanted.is_empty() {
             return;
         }
-        if self.binds.diverting.contains(&from.ip()) {
-            self.send_bind_req(peer, from, &wanted);
+        if self.binds.diverting.contains(&toward) {
+            self.send_bind_req(peer, to, &wanted);
             return;
         }
-        let waiting = self.binds.waiting.entry(from.ip()).or_default();
+        let waiting = self.binds.waiting.entry(toward).or_default();
         if waiting.is_empty() {
-            self.events
-                .push_back(Event::DivertBinds { toward: from.ip() });
+            self.events.push_back(Event::DivertBinds { toward });
         }
         if waiting.len() < 16 {
-            waiting.push((peer, from, wanted));
+            waiting.push((peer, to, wanted));
         }
     }
 
@@ -247,8 +282,9 @@ impl Endpoint {
     }
 
     /// A BIND_REQ from the paired host at `from`: send a BIND on each named
-    /// flow of ours that is unbound, UDP, and has its remote end at `from`'s
-    /// address (never into anyone else's flow).
+    /// flow of ours that is UDP, unbound or bound to that host (after our
+    /// move, to teach it our new NAT's port), and has its remote end at
+    /// `from`'s address (never into anyone else's flow).
     fn on_bind_req(&mut self, from: SocketAddr, bytes: &[u8]) -> Result<(), &'static str> {
         let (peer, commitments) = decode_bind_req(bytes)?;
         let key = self
@@ -265,7 +301,7 @@ impl Endpoint {
                 .values()
                 .find(|c| {
                     c.flow.proto == Proto::Udp
-                        && c.peer_key.is_none()
+                        && c.peer_key.is_none_or(|k| k == peer)
                         && c.remote_phys.ip() == from.ip()
                         && claim_commitment(&key, &c.binding) == commitment
                 })
@@ -330,6 +366,28 @@ impl Endpoint {
         let binding = Binding::endpoints(&named);
         if e.proto != Proto::Udp || claim_commitment(&key, &binding) != e.commitment {
             return Err("bind_bad_commitment");
+        }
+        let rebinding = self
+            .conns
+            .values()
+            .find(|c| {
+                c.flow.proto == Proto::Udp
+                    && c.peer_key == Some(b.static_pub)
+                    && c.remote_phys == SocketAddr::new(from.ip(), 0)
+                    && c.local_phys.port() == b.port
+                    && c.binding == binding
+            })
+            .map(|c| c.flow);
+        if let Some(flow) = rebinding {
+            // Its peer moved behind a new NAT (validated there): this is the
+            // port that NAT gave the flow.
+            self.binds.seen.insert(b.static_pub, b.counter);
+            if let Some(c) = self.conns.get_mut(&flow) {
+                c.remote_phys = from;
+            }
+            self.stats.count("binds_rebound");
+            self.emit(Event::SetRemote { flow, remote: from });
+            return Ok(());
         }
         let flow = self
             .conns

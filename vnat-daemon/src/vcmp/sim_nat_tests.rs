@@ -427,6 +427,9 @@ fn a_udp_flow_through_a_port_changing_nat_is_bound_in_band_and_moves() {
 
     sim.move_host(l, "192.168.2.20");
     sim.hosts[l].nat = Some(sa("198.51.100.8:40005"));
+    sim.hosts[l]
+        .flow_nat
+        .insert(sa("192.168.2.20:5000"), sa("198.51.100.8:7777"));
     sim.with(l, |ep, now, rng| {
         ep.resume(now, rng, &[(f, sa("192.168.2.20:5000"))])
             .expect("resume")
@@ -437,6 +440,19 @@ fn a_udp_flow_through_a_port_changing_nat_is_bound_in_band_and_moves() {
             .next()
             .is_some(),
         "the server must switch the UDP flow to the new NAT, port to be learned"
+    );
+    // The port comes from the laptop's BIND on the new path, not from a
+    // datagram anyone behind that NAT could send.
+    assert!(
+        sim.events(s, |e| matches!(e, Event::SetRemote { flow, remote } if *flow == sf && *remote == sa("198.51.100.8:7777")))
+            .next()
+            .is_some(),
+        "the server must learn the new NAT's port from the laptop's BIND"
+    );
+    assert_eq!(sim.hosts[s].ep.stats().get("binds_rebound"), 1);
+    assert_eq!(
+        sim.hosts[s].binds_to_app, 0,
+        "a BIND reached an application"
     );
 }
 

@@ -130,6 +130,7 @@ impl Endpoint {
                 flow: *flow,
                 remote: addr,
             });
+            self.ask_rebind(flow);
             return;
         }
         c.pending_remote = Some((addr, seq));
@@ -214,6 +215,7 @@ impl Endpoint {
                         flow: f,
                         remote: addr,
                     });
+                    self.ask_rebind(&f);
                 }
             }
         }

@@ -499,6 +499,31 @@ impl KernelDatapath {
         self.write_pair(p, None)
     }
 
+    /// Write a connection record directly, as the recorders would (for
+    /// tests of the tc programs with BPF_PROG_TEST_RUN).
+    pub fn insert_conn_record(
+        &mut self,
+        key: FlowKey,
+        rec: vnat_common::ConnRecord,
+    ) -> Result<(), DatapathError> {
+        self.loaded
+            .maps
+            .conns
+            .insert(key, rec, 0)
+            .map_err(map_err(MAP_CONNS))
+    }
+
+    /// Divert in-band BINDs to `vcmp_port` (0: stop), without attaching
+    /// anything (see `divert_binds_toward`; tests of the tc programs call
+    /// this directly).
+    pub fn set_bind_divert_port(&mut self, vcmp_port: u16) -> Result<(), DatapathError> {
+        if self.bind_divert_port != vcmp_port {
+            object::set_config(&mut self.loaded, self.nat_empty, self.rebinding, vcmp_port)?;
+            self.bind_divert_port = vcmp_port;
+        }
+        Ok(())
+    }
+
     /// Make a flow rebinding: the tc ingress program installs its
     /// translations from the first packet that matches `key` and falls in
     /// `value`'s window (see `vnat_common::RebindValue`). The datapath half
@@ -621,11 +646,7 @@ impl KernelDatapath {
             self.tc_current.insert(route.ifindex);
         }
         self.bind_ifaces.insert(route.ifindex);
-        if self.bind_divert_port != vcmp_port {
-            object::set_config(&mut self.loaded, self.nat_empty, self.rebinding, vcmp_port)?;
-            self.bind_divert_port = vcmp_port;
-        }
-        Ok(())
+        self.set_bind_divert_port(vcmp_port)
     }
 
     /// Whether a rebinding entry is still waiting for its first packet.
