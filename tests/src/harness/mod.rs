@@ -8,6 +8,7 @@ mod echo;
 mod host;
 mod nat;
 mod netns;
+mod rogue;
 mod server_move;
 mod servers;
 mod stream;
@@ -27,9 +28,11 @@ pub use daemon::{TempDir, Vnatd};
 pub use echo::{EchoServer, UDP_DATAGRAM_SIZE};
 pub use host::{move_flow, Host};
 pub use nat::{
-    nat_router, nat_router_with, port_forward, NatPorts, NAT_PUBLIC_A, NAT_PUBLIC_B, SERVER_PUBLIC,
+    nat_router, nat_router_with, nat_subnet_d_as_a, port_forward, NatPorts, NAT_PUBLIC_A,
+    NAT_PUBLIC_B, SERVER_PUBLIC,
 };
 pub use netns::{ss_endpoint, tcp_bytes_received, veth, Netns};
+pub use rogue::Rogue;
 pub use server_move::{
     add_location_host, add_server_link_e, move_server_to_e, plug_server_e, unplug_server_c,
     LocationHost, OldServerAddress, ServerLinkE,

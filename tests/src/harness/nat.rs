@@ -55,6 +55,17 @@ pub fn nat_router_with(topo: &LaptopRouterServer, ports: NatPorts) -> Result<(),
     load_ruleset(r, "nat", &ruleset)
 }
 
+/// Put the attacker's subnet D (`attach_attacker`) behind the same NAT as
+/// subnet A: its hosts share the public address [`NAT_PUBLIC_A`] with the
+/// laptop's home network (after [`nat_router`]).
+pub fn nat_subnet_d_as_a(topo: &LaptopRouterServer) -> Result<(), String> {
+    let c = &topo.router_if_c;
+    let rule = format!(
+        "add rule ip vnatnat vnat_post oifname \"{c}\" ip saddr 198.18.4.0/24 snat to {NAT_PUBLIC_A} fully-random\n"
+    );
+    load_ruleset(&topo.router, "natd", &rule)
+}
+
 /// The server's public address behind the router's port forwarding
 /// ([`port_forward`]).
 pub const SERVER_PUBLIC: Ipv4Addr = Ipv4Addr::new(198, 18, 5, 1);

@@ -985,12 +985,19 @@ impl Driver {
                 tracing::warn!(flow = ?m.flow, peer = %m.remote_phys.ip(), "connection lost its address but cannot move: the peer runs no vnatd or pairing has not completed");
                 continue;
             }
-            candidates.push((m, view.local_phys));
+            // Nothing of a TCP connection leaves until the peer sends to
+            // the new address (`PeerSwitched`), nor of a UDP flow through a
+            // NAT, whose new NAT port the peer learns only from our BIND.
+            // Other UDP is left alone: a datagram that reaches the peer
+            // early is delivered, and there is no timer to upset.
+            let hold =
+                m.flow.proto == crate::datapath::Proto::Tcp || view.seen_by_peer_as.is_some();
+            candidates.push((m, view.local_phys, hold));
         }
         let prepared = with_dp(&self.dp, move |dp| {
             candidates
                 .into_iter()
-                .map(|(m, from)| {
+                .map(|(m, from, hold)| {
                     let r = if m.new_local != m.flow.local {
                         dp.prepare_translation(&Translation {
                             flow: m.flow,
@@ -1000,12 +1007,8 @@ impl Driver {
                     } else {
                         Ok(())
                     };
-                    // Nothing of a TCP connection leaves until the peer sends
-                    // to the new address (`PeerSwitched`). UDP is left alone:
-                    // a datagram that reaches the peer early is delivered,
-                    // and there is no timer to upset.
                     let mut held = false;
-                    if r.is_ok() && m.flow.proto == crate::datapath::Proto::Tcp {
+                    if r.is_ok() && hold {
                         match dp.hold_send_side(&m.flow, true) {
                             Ok(()) => held = true,
                             Err(e) => tracing::warn!(flow = ?m.flow, error = %e, "cannot hold the connection's packets during its move"),

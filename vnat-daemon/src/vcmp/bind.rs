@@ -400,6 +400,10 @@ impl Endpoint {
         self.binds.seen.insert(b.static_pub, b.counter);
         match flow.1 {
             Some(k) if k == b.static_pub => {
+                // Its own flow, named as some other flow: changes nothing.
+                if self.conns.get(&flow.0).map(|c| c.binding) != Some(binding) {
+                    return Err("bind_mismatch");
+                }
                 self.stats.count("bind_again");
             }
             Some(_) => return Err("claim_conflict"),

@@ -214,7 +214,10 @@ impl Endpoint {
             self.send_claims(peer, from, &mine, true);
         }
         if !unmatched.is_empty() {
-            // UDP through a NAT that changed the port (`vcmp::bind`).
+            // Connections we do not have (closed, or guessed), or UDP
+            // through a NAT that changed the port (`vcmp::bind`).
+            self.stats
+                .count_n("claim_unmatched", unmatched.len() as u64);
             self.request_binds(peer, from, &unmatched);
         }
     }

@@ -277,8 +277,9 @@ impl Endpoint {
         });
     }
 
-    /// Our move of `flow` is acknowledged: `Resumed`, and a TCP flow whose
-    /// peer stayed put waits for the peer's SWITCHED (see `vcmp::switched`).
+    /// Our move of `flow` is acknowledged: `Resumed`, and a TCP flow (or a
+    /// UDP flow through a NAT) whose peer stayed put waits for the peer's
+    /// SWITCHED (see `vcmp::switched`).
     pub(crate) fn complete(&mut self, ctx: &Ctx, flow: &VirtualFlow) {
         let Some(c) = self.conns.get_mut(flow) else {
             return;
@@ -289,7 +290,11 @@ impl Endpoint {
         c.role = RoleState::default();
         let local = c.local_phys;
         let peer_stayed = c.remote_phys == m.peer_at_start && c.pending_remote.is_none();
-        let wait = peer_stayed && flow.proto == Proto::Tcp;
+        // UDP through a NAT waits too: the peer cannot know our new NAT's
+        // port before our BIND, and a datagram that reached it before its
+        // datapath holds them would reach its application as a stranger's.
+        let through_nat = c.peer_named.is_some_and(|n| n.local != flow.local);
+        let wait = peer_stayed && (flow.proto == Proto::Tcp || through_nat);
         self.stats.count("migration_completed");
         self.emit(Event::Resumed {
             flow: *flow,

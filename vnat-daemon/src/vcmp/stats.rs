@@ -15,6 +15,10 @@ impl Stats {
     pub fn count(&mut self, name: &'static str) {
         *self.events.entry(name).or_default() += 1;
     }
+    /// Count `n` notable events at once.
+    pub fn count_n(&mut self, name: &'static str, n: u64) {
+        *self.events.entry(name).or_default() += n;
+    }
     /// Count an input refused for `reason`.
     pub fn reject(&mut self, reason: &'static str) {
         *self.rejected.entry(reason).or_default() += 1;
