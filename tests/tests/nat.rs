@@ -483,3 +483,84 @@ fn the_server_behind_port_forwarding_while_the_laptop_moves_between_nats() {
     }
     drop(lapd);
 }
+
+/// Planned mode through NATs: the laptop suspends its TCP stream and UDP
+/// flow (`vnatctl suspend --all`), moves from one NAT to another, and
+/// resumes (`vnatctl resume --all`); both go on, same sockets, content
+/// verified, the server sending both to the new NAT.
+#[test]
+fn suspend_and_resume_across_nats() {
+    let tag = "nats";
+    let bed = Bed::new(tag);
+    let lap = Host::new(&bed.topo.laptop, "natsl");
+    let srv = Host::new(&bed.topo.server, "natss");
+    let at = |port| SocketAddr::new(bed.topo.server_addr.v4.into(), port);
+    let _tcp_echo = EchoServer::tcp_in(&srv, at(5001));
+    let _udp_echo = EchoServer::udp_in(&srv, at(5002));
+    let lapd = Vnatd::start_with(&lap, bed.dirs.0.path(), &["--keepalive-secs", "1"]);
+    let srvd = Vnatd::start(&srv, bed.dirs.1.path());
+    let clients: Vec<StreamClient> = [StreamOptions::tcp(at(5001)), StreamOptions::udp(at(5002))]
+        .into_iter()
+        .map(|o| {
+            let mut cmd = o.rate(100_000).command(&bed.topo.laptop);
+            lap.cgroup.join_on_spawn(&mut cmd);
+            let c = StreamClient::from_command(cmd);
+            c.wait_verified_at_least(20_000, Duration::from_secs(10));
+            c
+        })
+        .collect();
+    let mobile = |d: &Vnatd| {
+        d.ctl(&["ls"])
+            .and_then(|v| v.as_array().cloned())
+            .is_some_and(|rows| {
+                rows.iter()
+                    .filter(|r| {
+                        r["mobile"] == true
+                            && [&r["virtual_local"], &r["virtual_remote"]].iter().any(|a| {
+                                a.as_str()
+                                    .is_some_and(|a| a.ends_with(":5001") || a.ends_with(":5002"))
+                            })
+                    })
+                    .count()
+                    == 2
+            })
+    };
+    wait_for(&format!("{tag}: never mobile on the laptop"), 30, || {
+        mobile(&lapd)
+    });
+    wait_for(&format!("{tag}: never mobile on the server"), 30, || {
+        mobile(&srvd)
+    });
+    let before: Vec<_> = clients
+        .iter()
+        .map(|c| c.latest().expect("status"))
+        .collect();
+    lapd.ctl(&["suspend", "--all"]).expect("suspend");
+    bed.topo.move_laptop_to_b();
+    lapd.ctl(&["resume", "--all"]).expect("resume");
+    for c in &clients {
+        let at_move = c.latest().expect("status").verified;
+        c.wait_verified_at_least(at_move + 100_000, Duration::from_secs(20));
+    }
+    let ls = srvd.ctl(&["ls"]).expect("ls");
+    let to_b = ls
+        .as_array()
+        .expect("array")
+        .iter()
+        .filter(|r| {
+            r["physical_remote"]
+                .as_str()
+                .is_some_and(|a| a.starts_with(&format!("{PUBLIC_B}:")))
+        })
+        .count();
+    assert_eq!(
+        to_b, 2,
+        "{tag}: the server must send both flows to the new NAT: {ls}"
+    );
+    for (c, b) in clients.into_iter().zip(before) {
+        let fin = c.stop();
+        assert_eq!(fin.error, None, "{tag}: a stream broke: {:?}", fin.json);
+        assert_eq!(fin.local, b.local, "{tag}: a client's socket changed");
+    }
+    drop(lapd);
+}
