@@ -40,6 +40,34 @@ fn nat_router(topo: &LaptopRouterServer, ports: NatPorts) {
     }
 }
 
+/// Whether `d` lists a mobile `proto` connection with an end at `port`.
+fn mobile_on(d: &Vnatd, proto: &str, port: u16) -> bool {
+    let suffix = format!(":{port}");
+    d.ctl(&["ls", "--proto", proto])
+        .and_then(|v| v.as_array().cloned())
+        .is_some_and(|rows| {
+            rows.iter().any(|r| {
+                r["mobile"] == true
+                    && [&r["virtual_local"], &r["virtual_remote"]]
+                        .iter()
+                        .any(|a| a.as_str().is_some_and(|a| a.ends_with(&suffix)))
+            })
+        })
+}
+
+/// Streams from `lap` with `opts` (at 100 kB/s), each flowing.
+fn streams<const N: usize>(lap: &Host, opts: [StreamOptions; N]) -> Vec<StreamClient> {
+    opts.into_iter()
+        .map(|o| {
+            let mut cmd = o.rate(100_000).command(lap.ns);
+            lap.cgroup.join_on_spawn(&mut cmd);
+            let c = StreamClient::from_command(cmd);
+            c.wait_verified_at_least(20_000, Duration::from_secs(10));
+            c
+        })
+        .collect()
+}
+
 fn counter(d: &Vnatd, group: &str, name: &str) -> u64 {
     d.ctl(&["status"]).expect("vnatd unreachable")["vcmp"][group][name]
         .as_u64()
@@ -322,29 +350,15 @@ fn udp_through_nat(tag: &str, ports: NatPorts) {
     lap.cgroup.join_on_spawn(&mut cmd);
     let client = StreamClient::from_command(cmd);
     client.wait_verified_at_least(20_000, Duration::from_secs(10));
-    let mobile_udp = |d: &Vnatd| {
-        d.ctl(&["ls", "--proto", "udp"])
-            .and_then(|v| v.as_array().cloned())
-            .is_some_and(|rows| {
-                rows.iter().any(|r| {
-                    r["virtual_local"].as_str().is_some_and(|l| {
-                        l.ends_with(":5001")
-                            || r["virtual_remote"]
-                                .as_str()
-                                .is_some_and(|x| x.ends_with(":5001"))
-                    }) && r["mobile"] == true
-                })
-            })
-    };
     wait_for(
         &format!("{tag}: the UDP flow never became mobile on the laptop"),
         30,
-        || mobile_udp(&lapd),
+        || mobile_on(&lapd, "udp", 5001),
     );
     wait_for(
         &format!("{tag}: the UDP flow never became mobile on the server"),
         30,
-        || mobile_udp(&srvd),
+        || mobile_on(&srvd, "udp", 5001),
     );
     assert!(
         counter(&srvd, "events", "binds_bound") >= 1,
@@ -413,43 +427,25 @@ fn the_server_behind_port_forwarding_while_the_laptop_moves_between_nats() {
     let _udp_echo = EchoServer::udp_in(&srv, own(5002));
     let lapd = Vnatd::start_with(&lap, bed.dirs.0.path(), &["--keepalive-secs", "1"]);
     let srvd = Vnatd::start(&srv, bed.dirs.1.path());
-    let clients: Vec<StreamClient> = [
-        StreamOptions::tcp(public(5001)),
-        StreamOptions::udp(public(5002)),
-    ]
-    .into_iter()
-    .map(|o| {
-        let mut cmd = o.rate(100_000).command(&bed.topo.laptop);
-        lap.cgroup.join_on_spawn(&mut cmd);
-        let c = StreamClient::from_command(cmd);
-        c.wait_verified_at_least(20_000, Duration::from_secs(10));
-        c
-    })
-    .collect();
+    let clients = streams(
+        &lap,
+        [
+            StreamOptions::tcp(public(5001)),
+            StreamOptions::udp(public(5002)),
+        ],
+    );
     // Mobile at both ends: the laptop names the server's end by the public
     // address, the server by its own.
-    let mobile = |d: &Vnatd, proto: &str, port: &str| {
-        d.ctl(&["ls", "--proto", proto])
-            .and_then(|v| v.as_array().cloned())
-            .is_some_and(|rows| {
-                rows.iter().any(|r| {
-                    [&r["virtual_local"], &r["virtual_remote"]]
-                        .iter()
-                        .any(|a| a.as_str().is_some_and(|a| a.ends_with(port)))
-                        && r["mobile"] == true
-                })
-            })
-    };
-    for (proto, port) in [("tcp", ":5001"), ("udp", ":5002")] {
+    for (proto, port) in [("tcp", 5001), ("udp", 5002)] {
         wait_for(
             &format!("{tag}: {proto} never mobile on the laptop"),
             30,
-            || mobile(&lapd, proto, port),
+            || mobile_on(&lapd, proto, port),
         );
         wait_for(
             &format!("{tag}: {proto} never mobile on the server"),
             30,
-            || mobile(&srvd, proto, port),
+            || mobile_on(&srvd, proto, port),
         );
     }
     let before: Vec<_> = clients
@@ -461,19 +457,9 @@ fn the_server_behind_port_forwarding_while_the_laptop_moves_between_nats() {
         let at_move = c.latest().expect("status").verified;
         c.wait_verified_at_least(at_move + 100_000, Duration::from_secs(20));
     }
-    let ls = srvd.ctl(&["ls"]).expect("ls");
-    let to_b = ls
-        .as_array()
-        .expect("array")
-        .iter()
-        .filter(|r| {
-            r["physical_remote"]
-                .as_str()
-                .is_some_and(|a| a.starts_with(&format!("{PUBLIC_B}:")))
-        })
-        .count();
-    assert!(
-        to_b >= 2,
+    let (to_b, ls) = srvd.sending_to(PUBLIC_B.into());
+    assert_eq!(
+        to_b, 2,
         "{tag}: the server does not send both flows to the new NAT: {ls}"
     );
     for (c, b) in clients.into_iter().zip(before) {
@@ -499,38 +485,22 @@ fn suspend_and_resume_across_nats() {
     let _udp_echo = EchoServer::udp_in(&srv, at(5002));
     let lapd = Vnatd::start_with(&lap, bed.dirs.0.path(), &["--keepalive-secs", "1"]);
     let srvd = Vnatd::start(&srv, bed.dirs.1.path());
-    let clients: Vec<StreamClient> = [StreamOptions::tcp(at(5001)), StreamOptions::udp(at(5002))]
-        .into_iter()
-        .map(|o| {
-            let mut cmd = o.rate(100_000).command(&bed.topo.laptop);
-            lap.cgroup.join_on_spawn(&mut cmd);
-            let c = StreamClient::from_command(cmd);
-            c.wait_verified_at_least(20_000, Duration::from_secs(10));
-            c
-        })
-        .collect();
-    let mobile = |d: &Vnatd| {
-        d.ctl(&["ls"])
-            .and_then(|v| v.as_array().cloned())
-            .is_some_and(|rows| {
-                rows.iter()
-                    .filter(|r| {
-                        r["mobile"] == true
-                            && [&r["virtual_local"], &r["virtual_remote"]].iter().any(|a| {
-                                a.as_str()
-                                    .is_some_and(|a| a.ends_with(":5001") || a.ends_with(":5002"))
-                            })
-                    })
-                    .count()
-                    == 2
-            })
-    };
-    wait_for(&format!("{tag}: never mobile on the laptop"), 30, || {
-        mobile(&lapd)
-    });
-    wait_for(&format!("{tag}: never mobile on the server"), 30, || {
-        mobile(&srvd)
-    });
+    let clients = streams(
+        &lap,
+        [StreamOptions::tcp(at(5001)), StreamOptions::udp(at(5002))],
+    );
+    for (proto, port) in [("tcp", 5001), ("udp", 5002)] {
+        wait_for(
+            &format!("{tag}: {proto} never mobile on the laptop"),
+            30,
+            || mobile_on(&lapd, proto, port),
+        );
+        wait_for(
+            &format!("{tag}: {proto} never mobile on the server"),
+            30,
+            || mobile_on(&srvd, proto, port),
+        );
+    }
     let before: Vec<_> = clients
         .iter()
         .map(|c| c.latest().expect("status"))
@@ -542,17 +512,7 @@ fn suspend_and_resume_across_nats() {
         let at_move = c.latest().expect("status").verified;
         c.wait_verified_at_least(at_move + 100_000, Duration::from_secs(20));
     }
-    let ls = srvd.ctl(&["ls"]).expect("ls");
-    let to_b = ls
-        .as_array()
-        .expect("array")
-        .iter()
-        .filter(|r| {
-            r["physical_remote"]
-                .as_str()
-                .is_some_and(|a| a.starts_with(&format!("{PUBLIC_B}:")))
-        })
-        .count();
+    let (to_b, ls) = srvd.sending_to(PUBLIC_B.into());
     assert_eq!(
         to_b, 2,
         "{tag}: the server must send both flows to the new NAT: {ls}"

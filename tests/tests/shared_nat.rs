@@ -220,17 +220,7 @@ fn two_laptops_behind_one_nat_each_own_and_move_their_connections_and_a_rogue_ge
         let at_move = c.latest().expect("status").verified;
         c.wait_verified_at_least(at_move + 100_000, Duration::from_secs(20));
     }
-    let ls = srvd.ctl(&["ls"]).expect("ls");
-    let to_b = ls
-        .as_array()
-        .expect("array")
-        .iter()
-        .filter(|r| {
-            r["physical_remote"]
-                .as_str()
-                .is_some_and(|a| a.starts_with(&format!("{NAT_PUBLIC_B}:")))
-        })
-        .count();
+    let (to_b, ls) = srvd.sending_to(NAT_PUBLIC_B.into());
     assert_eq!(
         to_b, 2,
         "the server must send V's two flows to the new NAT: {ls}"

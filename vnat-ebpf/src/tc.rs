@@ -188,15 +188,7 @@ fn learn(ctx: &TcContext, p: &Parsed) -> Result<Option<NatRewrite>, Drop> {
 /// unless a recorded flow owns it.
 #[inline(always)]
 fn udp_rebinding(p: &Parsed) -> Result<Option<NatRewrite>, Drop> {
-    let mut rk = RebindKey {
-        src_addr_be: p.key.src_addr_be,
-        dst_addr_be: p.key.dst_addr_be,
-        dst_port_be: p.key.dst_port_be,
-        family: p.key.family,
-        proto: p.key.proto,
-        slot: 0,
-        _pad: [0; 3],
-    };
+    let mut rk = rebind_key(p);
     let mut rebinding = false;
     for slot in 0..REBIND_SLOTS {
         rk.slot = slot;
@@ -227,15 +219,7 @@ fn udp_rebinding(p: &Parsed) -> Result<Option<NatRewrite>, Drop> {
 
 #[inline(always)]
 fn learn_tcp(ctx: &TcContext, p: &Parsed) -> Option<NatRewrite> {
-    let mut rk = RebindKey {
-        src_addr_be: p.key.src_addr_be,
-        dst_addr_be: p.key.dst_addr_be,
-        dst_port_be: p.key.dst_port_be,
-        family: p.key.family,
-        proto: p.key.proto,
-        slot: 0,
-        _pad: [0; 3],
-    };
+    let mut rk = rebind_key(p);
     let seq = u32::from_be(ctx.load::<u32>(p.l4 + 4).ok()?);
     let ack = u32::from_be(ctx.load::<u32>(p.l4 + 8).ok()?);
     for slot in 0..REBIND_SLOTS {
@@ -332,6 +316,21 @@ fn divert_bind(ctx: &TcContext, p: &Parsed, vcmp_port_be: u16) -> Result<bool, D
     )?;
     count(STAT_BIND_DIVERTED);
     Ok(true)
+}
+
+/// The rebind map's key for an incoming packet (slot 0): who it comes
+/// from and where it goes, not the port it comes from (the unknown).
+#[inline(always)]
+fn rebind_key(p: &Parsed) -> RebindKey {
+    RebindKey {
+        src_addr_be: p.key.src_addr_be,
+        dst_addr_be: p.key.dst_addr_be,
+        dst_port_be: p.key.dst_port_be,
+        family: p.key.family,
+        proto: p.key.proto,
+        slot: 0,
+        _pad: [0; 3],
+    }
 }
 
 /// Parse Ethernet + IPv4/IPv6 + TCP/UDP ports. `None` means "not ours".

@@ -91,6 +91,24 @@ impl Vnatd {
     }
 
     /// `vnatctl --json ARGS`, None if it could not reach vnatd.
+    /// How many connections `vnatctl ls` shows sent to a physical remote
+    /// address `ip`, and the listing (for a failure message).
+    pub fn sending_to(&self, ip: std::net::IpAddr) -> (usize, Value) {
+        let ls = self.ctl(&["ls"]).unwrap_or(Value::Null);
+        let prefix = std::net::SocketAddr::new(ip, 0).to_string();
+        let prefix = &prefix[..prefix.len() - 1];
+        let n = ls.as_array().map_or(0, |rows| {
+            rows.iter()
+                .filter(|r| {
+                    r["physical_remote"]
+                        .as_str()
+                        .is_some_and(|a| a.starts_with(prefix))
+                })
+                .count()
+        });
+        (n, ls)
+    }
+
     pub fn ctl(&self, args: &[&str]) -> Option<Value> {
         let out = Command::new(bin_path("vnatctl"))
             .arg("--control")

@@ -1267,7 +1267,9 @@ impl Driver {
                     remote,
                     payload,
                 } => {
-                    if let Err(e) = super::inband::send_udp_from(local, remote, &payload) {
+                    let r =
+                        with_dp(&self.dp, move |dp| dp.send_in_band(local, remote, &payload)).await;
+                    if let Err(e) = r {
                         tracing::warn!(%local, %remote, error = %e, "cannot send a BIND on the flow's path");
                     }
                 }

@@ -8,7 +8,6 @@ pub mod cgroup;
 pub mod config;
 pub mod driver;
 pub mod identity;
-mod inband;
 pub mod mobility;
 
 #[cfg(test)]

@@ -32,6 +32,8 @@ pub struct FakeDatapath {
     pub fail_next: Option<DatapathError>,
     /// Addresses BINDs are diverted from ([`Datapath::divert_binds`]).
     pub diverting: BTreeSet<std::net::IpAddr>,
+    /// Datagrams sent with [`Datapath::send_in_band`]: (from, to, payload).
+    pub sent_in_band: Vec<(std::net::SocketAddr, std::net::SocketAddr, Vec<u8>)>,
 }
 
 impl FakeDatapath {
@@ -87,6 +89,19 @@ impl Datapath for FakeDatapath {
             return Err(e);
         }
         self.diverting.insert(toward);
+        Ok(())
+    }
+
+    fn send_in_band(
+        &mut self,
+        local: std::net::SocketAddr,
+        remote: std::net::SocketAddr,
+        payload: &[u8],
+    ) -> Result<(), DatapathError> {
+        if let Some(e) = self.fail_next.take() {
+            return Err(e);
+        }
+        self.sent_in_band.push((local, remote, payload.to_vec()));
         Ok(())
     }
 

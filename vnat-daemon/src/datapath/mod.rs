@@ -139,6 +139,17 @@ pub trait Datapath {
     /// receive it. Returns once the divert is in place.
     fn divert_binds(&mut self, toward: IpAddr, vcmp_port: u16) -> Result<(), DatapathError>;
 
+    /// Send `payload` as one UDP datagram from `local` to `remote`, the
+    /// physical endpoints of one of our UDP flows, with our own headers, so
+    /// that it crosses a NAT exactly as the flow's datagrams do (an in-band
+    /// BIND; the flow's socket belongs to the application).
+    fn send_in_band(
+        &mut self,
+        local: std::net::SocketAddr,
+        remote: std::net::SocketAddr,
+        payload: &[u8],
+    ) -> Result<(), DatapathError>;
+
     /// The calls up to [`Datapath::end_batch`] are one batch of work, made
     /// by one thread in one go (one trip of vnatd's driver to the
     /// datapath, milliseconds long): the datapath may answer a route lookup

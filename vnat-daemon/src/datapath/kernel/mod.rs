@@ -693,6 +693,15 @@ impl Datapath for KernelDatapath {
     fn divert_binds(&mut self, toward: IpAddr, vcmp_port: u16) -> Result<(), DatapathError> {
         self.divert_binds_toward(toward, vcmp_port)
     }
+
+    fn send_in_band(
+        &mut self,
+        local: std::net::SocketAddr,
+        remote: std::net::SocketAddr,
+        payload: &[u8],
+    ) -> Result<(), DatapathError> {
+        restart::send_udp(local, remote, payload)
+    }
     fn status(&self) -> Result<DatapathStatus, DatapathError> {
         let egress = self.egress_entries()?;
         let mut users: BTreeMap<u32, u32> = BTreeMap::new();

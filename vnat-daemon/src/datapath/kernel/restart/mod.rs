@@ -559,5 +559,6 @@ mod sockdiag;
 #[cfg(test)]
 mod tests;
 
+pub use rawsock::send_udp;
 use rawsock::*;
 use sockdiag::*;

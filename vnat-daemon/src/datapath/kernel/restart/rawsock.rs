@@ -168,19 +168,115 @@ const IPV6_HDRINCL: libc::c_int = 36;
 /// address, is, so the packet is routed over loopback and never leaves the
 /// host.
 pub(super) fn inject_from_peer(flow: &VirtualFlow, tcp: &[u8]) -> Result<(), DatapathError> {
-    // A socket with IPPROTO_RAW only sends (it is never given incoming
-    // packets), so one is kept per thread and family: a mass move injects
-    // one segment per connection.
+    send_ip(
+        flow.remote.ip(),
+        flow.local.ip(),
+        libc::IPPROTO_TCP as u8,
+        tcp,
+        || {
+            format!(
+                "injecting an ACK request into the socket of {} -> {}",
+                flow.local, flow.remote
+            )
+        },
+    )
+}
+
+/// Send `payload` as one UDP datagram from `local` to `remote` (of one
+/// family), with our own IP and UDP headers: on one of our UDP flows' own
+/// 5-tuple, whose socket belongs to the application (an in-band BIND).
+pub fn send_udp(
+    local: SocketAddr,
+    remote: SocketAddr,
+    payload: &[u8],
+) -> Result<(), DatapathError> {
+    let udp = udp_datagram(local, remote, payload).ok_or(DatapathError::InvalidTranslation {
+        flow: VirtualFlow {
+            proto: crate::datapath::Proto::Udp,
+            local,
+            remote,
+        },
+        reason: "endpoints of two address families",
+    })?;
+    send_ip(
+        local.ip(),
+        remote.ip(),
+        libc::IPPROTO_UDP as u8,
+        &udp,
+        || format!("sending a datagram from {local} to {remote} on a raw socket"),
+    )
+}
+
+/// A UDP header and `payload`, with the checksum over the pseudo-header of
+/// `local` -> `remote`; `None` if they are of two families.
+pub(super) fn udp_datagram(
+    local: SocketAddr,
+    remote: SocketAddr,
+    payload: &[u8],
+) -> Option<Vec<u8>> {
+    if local.is_ipv4() != remote.is_ipv4() {
+        return None;
+    }
+    let len = 8 + payload.len();
+    let mut u = Vec::with_capacity(len);
+    u.extend_from_slice(&local.port().to_be_bytes());
+    u.extend_from_slice(&remote.port().to_be_bytes());
+    u.extend_from_slice(&(len as u16).to_be_bytes());
+    u.extend_from_slice(&[0, 0]);
+    u.extend_from_slice(payload);
+    let mut pseudo = pseudo_header(local.ip(), remote.ip(), libc::IPPROTO_UDP as u8, len);
+    pseudo.extend_from_slice(&u);
+    // 0 means "no checksum" over IPv4 and is not allowed over IPv6: a
+    // computed 0 is sent as all ones.
+    let c = match checksum(&pseudo) {
+        0 => 0xffff,
+        c => c,
+    };
+    u[6..8].copy_from_slice(&c.to_be_bytes());
+    Some(u)
+}
+
+/// The pseudo-header an L4 checksum covers (RFC 768, RFC 8200 8.1).
+pub(super) fn pseudo_header(src: IpAddr, dst: IpAddr, proto: u8, l4_len: usize) -> Vec<u8> {
+    let mut p = Vec::with_capacity(40 + l4_len);
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            p.extend_from_slice(&s.octets());
+            p.extend_from_slice(&d.octets());
+            p.extend_from_slice(&[0, proto]);
+            p.extend_from_slice(&(l4_len as u16).to_be_bytes());
+        }
+        (s, d) => {
+            p.extend_from_slice(&to_v6(s).octets());
+            p.extend_from_slice(&to_v6(d).octets());
+            p.extend_from_slice(&(l4_len as u32).to_be_bytes());
+            p.extend_from_slice(&[0, 0, 0, proto]);
+        }
+    }
+    p
+}
+
+/// Send `l4` from `src` to `dst` with an IP header of our own. A socket with
+/// IPPROTO_RAW only sends (it is never given incoming packets), so one is
+/// kept per thread and family: a mass move injects one segment per
+/// connection.
+fn send_ip(
+    src: IpAddr,
+    dst: IpAddr,
+    proto: u8,
+    l4: &[u8],
+    what: impl FnOnce() -> String,
+) -> Result<(), DatapathError> {
     thread_local! {
         static KEPT_V4: Kept<OwnedFd> = const { std::cell::RefCell::new(None) };
         static KEPT_V6: Kept<OwnedFd> = const { std::cell::RefCell::new(None) };
     }
-    let v4 = flow.local.is_ipv4();
+    let v4 = dst.is_ipv4();
     with_kept(
         if v4 { &KEPT_V4 } else { &KEPT_V6 },
         kernel_err("finding this thread's network namespace"),
         || open_injector(v4),
-        |fd| send_injected(fd, flow, tcp),
+        |fd| send_packet(fd, src, dst, proto, l4).map_err(kernel_err(what())),
     )
 }
 
@@ -207,34 +303,34 @@ fn open_injector(v4: bool) -> Result<OwnedFd, DatapathError> {
     Ok(fd)
 }
 
-fn send_injected(fd: &OwnedFd, flow: &VirtualFlow, tcp: &[u8]) -> Result<(), DatapathError> {
-    let packet = match (flow.remote.ip(), flow.local.ip()) {
+fn send_packet(fd: &OwnedFd, src: IpAddr, dst: IpAddr, proto: u8, l4: &[u8]) -> io::Result<()> {
+    let packet = match (src, dst) {
         (IpAddr::V4(src), IpAddr::V4(dst)) => {
             let mut p = vec![0u8; 20];
             p[0] = 0x45;
-            p[2..4].copy_from_slice(&((20 + tcp.len()) as u16).to_be_bytes());
+            p[2..4].copy_from_slice(&((20 + l4.len()) as u16).to_be_bytes());
             p[6] = 0x40; // DF
             p[8] = 64;
-            p[9] = libc::IPPROTO_TCP as u8;
+            p[9] = proto;
             p[12..16].copy_from_slice(&src.octets());
             p[16..20].copy_from_slice(&dst.octets());
             let c = checksum(&p);
             p[10..12].copy_from_slice(&c.to_be_bytes());
-            p.extend_from_slice(tcp);
+            p.extend_from_slice(l4);
             p
         }
         (src, dst) => {
             let mut p = vec![0x60, 0, 0, 0];
-            p.extend_from_slice(&(tcp.len() as u16).to_be_bytes());
-            p.push(libc::IPPROTO_TCP as u8);
+            p.extend_from_slice(&(l4.len() as u16).to_be_bytes());
+            p.push(proto);
             p.push(64);
             p.extend_from_slice(&to_v6(src).octets());
             p.extend_from_slice(&to_v6(dst).octets());
-            p.extend_from_slice(tcp);
+            p.extend_from_slice(l4);
             p
         }
     };
-    let (sa, len) = sockaddr(flow.local.ip());
+    let (sa, len) = sockaddr(dst);
     // SAFETY: `fd` is borrowed, so open for the call; `packet` and `sa` are
     // live, with their lengths (`len` no more than the size of `sa`).
     let n = unsafe {
@@ -248,10 +344,7 @@ fn send_injected(fd: &OwnedFd, flow: &VirtualFlow, tcp: &[u8]) -> Result<(), Dat
         )
     };
     if n < 0 {
-        return Err(kernel_err(format!(
-            "injecting an ACK request into the socket of {} -> {}",
-            flow.local, flow.remote
-        ))(io::Error::last_os_error()));
+        return Err(io::Error::last_os_error());
     }
     Ok(())
 }

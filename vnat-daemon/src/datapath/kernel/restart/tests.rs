@@ -61,6 +61,37 @@ fn checksum_matches_rfc1071_example() {
     );
 }
 
+/// An in-band datagram's UDP header and checksum, as a receiver checks
+/// them: the sum over the pseudo-header and the whole datagram, checksum
+/// included, is all ones (checksum() of it is 0).
+#[test]
+fn udp_datagrams_carry_valid_checksums() {
+    for (l, r) in [
+        ("192.168.1.10:40000", "198.18.3.2:5001"),
+        ("[fd00::10]:40000", "[2001:db8::2]:53"),
+    ] {
+        let (l, r): (std::net::SocketAddr, std::net::SocketAddr) =
+            (l.parse().unwrap(), r.parse().unwrap());
+        for payload in [&b"odd"[..], &[0u8; 134][..], &[0xff; 7][..]] {
+            let u = udp_datagram(l, r, payload).unwrap();
+            assert_eq!(u.len(), 8 + payload.len());
+            assert_eq!(&u[..2], &l.port().to_be_bytes());
+            assert_eq!(&u[2..4], &r.port().to_be_bytes());
+            assert_eq!(&u[8..], payload);
+            assert_ne!(&u[6..8], &[0, 0], "a checksum is always sent");
+            let mut all = pseudo_header(l.ip(), r.ip(), 17, u.len());
+            all.extend_from_slice(&u);
+            assert_eq!(checksum(&all), 0, "{l} -> {r}, {} bytes", payload.len());
+        }
+    }
+    let mixed = udp_datagram(
+        "10.0.0.1:1".parse().unwrap(),
+        "[::1]:2".parse().unwrap(),
+        b"x",
+    );
+    assert!(mixed.is_none());
+}
+
 #[test]
 fn udp_is_never_stalled_and_unknown_tcp_is_an_error() {
     let udp = VirtualFlow {
