@@ -173,6 +173,8 @@ async fn fake_driver(mut rx: tokio::sync::mpsc::Receiver<DriverCommand>) {
                             location_seq: 0,
                             role: RoleState::default(),
                             tcp_isns: None,
+                            udp_ends: None,
+                            peer_named: None,
                         },
                         translation: None,
                     })
