@@ -176,6 +176,22 @@ impl Rogue {
             .expect("rogue resume");
     }
 
+    /// Datagrams that reached the rogue's own flow's socket since the last
+    /// call (what it could read of others' traffic, if anything).
+    pub fn flow_received(&self) -> Vec<Vec<u8>> {
+        let s = self.lock();
+        let Some((_, sock)) = &s.flow else {
+            return Vec::new();
+        };
+        let _ = sock.set_nonblocking(true);
+        let mut out = Vec::new();
+        let mut buf = [0u8; 65536];
+        while let Ok(n) = sock.recv(&mut buf) {
+            out.push(buf[..n].to_vec());
+        }
+        out
+    }
+
     /// Events the core has emitted so far.
     pub fn events(&self) -> Vec<Event> {
         self.lock().events.clone()

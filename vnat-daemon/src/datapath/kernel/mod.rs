@@ -499,6 +499,25 @@ impl KernelDatapath {
         self.write_pair(p, None)
     }
 
+    /// Whether a connection is recorded under `key` (our end first) for
+    /// another socket than the one recorded under `own` (a UDP socket that
+    /// once received from a physical endpoint is recorded under it too).
+    pub(super) fn recorded_by_another_socket(
+        &self,
+        key: &FlowKey,
+        own: &FlowKey,
+    ) -> Result<bool, DatapathError> {
+        let get = |k: &FlowKey| match self.loaded.maps.conns.get(k, 0) {
+            Ok(r) => Ok(Some(r.cookie)),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(map_err(MAP_CONNS)(e)),
+        };
+        Ok(match get(key)? {
+            None => false,
+            Some(cookie) => get(own)? != Some(cookie),
+        })
+    }
+
     /// Write a connection record directly, as the recorders would (for
     /// tests of the tc programs with BPF_PROG_TEST_RUN).
     pub fn insert_conn_record(

@@ -86,6 +86,19 @@ impl KernelDatapath {
             .and_then(|v| translation_of(&egress_key, &v))
             .map(|o| (pair_for(&o, v_ifindex(&old_val), v_flags(&old_val)), o));
         let probe = pair_for(t, route.ifindex, 0);
+        // The physical endpoints must not be another recorded connection's
+        // own (an untranslated one): its packets would match the receive
+        // side and be handed to this flow's socket. A peer with valid keys
+        // for its own flow could otherwise name a neighbour's endpoints as
+        // its new address and capture that neighbour's traffic while the
+        // address is being validated.
+        let physical = crate::datapath::flow_key(t.flow.proto, t.physical_local, t.physical_remote);
+        if physical != egress_key && self.recorded_by_another_socket(&physical, &egress_key)? {
+            return Err(DatapathError::InvalidTranslation {
+                flow: t.flow,
+                reason: "another connection of this host has these physical endpoints",
+            });
+        }
         if let Some(other) = self.ingress_get(&probe.ingress_key)? {
             // The entry restores (remote virtual -> local virtual); reversed,
             // that is the egress key of the translation that owns it.
