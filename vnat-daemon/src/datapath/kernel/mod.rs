@@ -4,10 +4,12 @@
 
 mod attach;
 mod listing;
+mod mirror;
 mod nat;
 mod net;
 mod object;
 mod procfs;
+mod rebind;
 mod restart;
 mod rtnl;
 pub mod testrun;
@@ -21,12 +23,12 @@ use std::{
 
 use aya::maps::MapError;
 use vnat_common::{
-    ConnRecord, FlowKey, NatRewrite, RebindKey, RebindValue, MAP_CONNS, MAP_EGRESS_NAT,
-    MAP_INGRESS_NAT, MAP_STATS, NAT_F_HOLD, NAT_F_LO_ADDR_OURS, NAT_F_REDIRECT, PROTO_UDP,
-    STAT_COUNT, STAT_NAMES,
+    ConnRecord, FlowKey, NatRewrite, RebindKey, MAP_CONNS, MAP_EGRESS_NAT, MAP_INGRESS_NAT,
+    MAP_STATS, NAT_F_HOLD, NAT_F_LO_ADDR_OURS, NAT_F_REDIRECT, PROTO_UDP, STAT_COUNT, STAT_NAMES,
 };
 
 pub use attach::{cgroup2_mount, cgroup_id};
+use mirror::Mirror;
 pub use nat::{pair_for, translation_of, NatPair};
 pub use net::ROUTE_PROTO;
 pub use object::{own_netns_cookie, EBPF_OBJECT};
@@ -82,100 +84,6 @@ pub struct KernelDatapath {
     /// Rebinding entries this process wrote that the tc program has not
     /// completed yet (see `rebind`).
     rebinds: std::collections::HashSet<RebindKey>,
-}
-
-#[derive(Default)]
-struct Mirror {
-    egress: StdHashMap<FlowKey, NatRewrite>,
-    ingress: StdHashMap<FlowKey, NatRewrite>,
-    /// How many entries need each thing a translation sets up, so that
-    /// releasing one is a lookup: egress translations whose local end
-    /// moved, by its virtual address (kept on `lo`); whose remote end
-    /// moved, by the peer's virtual address (the host route); ingress
-    /// entries marked NAT_F_LO_ADDR_OURS, by the local virtual address they
-    /// restore; entries of either map, by interface (the tc attachment).
-    local_moved: StdHashMap<IpAddr, usize>,
-    remote_moved: StdHashMap<IpAddr, usize>,
-    prepared_lo: StdHashMap<[u32; 4], usize>,
-    interfaces: StdHashMap<u32, usize>,
-    /// The ingress keys of each flow (by its egress key): during a move
-    /// there may be two (old and new placement).
-    reverse: StdHashMap<FlowKey, Vec<FlowKey>>,
-}
-
-impl Mirror {
-    fn from(egress: Vec<(FlowKey, NatRewrite)>, ingress: Vec<(FlowKey, NatRewrite)>) -> Mirror {
-        let mut m = Mirror::default();
-        for (k, v) in egress {
-            m.insert(true, k, v);
-        }
-        for (k, v) in ingress {
-            m.insert(false, k, v);
-        }
-        m
-    }
-
-    fn is_empty(&self) -> bool {
-        self.egress.is_empty() && self.ingress.is_empty()
-    }
-
-    fn insert(&mut self, egress: bool, key: FlowKey, value: NatRewrite) {
-        self.remove(egress, &key);
-        self.index(egress, &key, &value, true);
-        if egress {
-            self.egress.insert(key, value);
-        } else {
-            self.ingress.insert(key, value);
-        }
-    }
-
-    fn remove(&mut self, egress: bool, key: &FlowKey) {
-        let old = if egress {
-            self.egress.remove(key)
-        } else {
-            self.ingress.remove(key)
-        };
-        if let Some(v) = old {
-            self.index(egress, key, &v, false);
-        }
-    }
-
-    fn index(&mut self, egress: bool, key: &FlowKey, v: &NatRewrite, add: bool) {
-        fn step<K: std::hash::Hash + Eq>(m: &mut StdHashMap<K, usize>, k: K, add: bool) {
-            if add {
-                *m.entry(k).or_default() += 1;
-            } else if let Some(n) = m.get_mut(&k) {
-                *n -= 1;
-                if *n == 0 {
-                    m.remove(&k);
-                }
-            }
-        }
-        step(&mut self.interfaces, v.redirect_ifindex, add);
-        if egress {
-            if let Some(t) = translation_of(key, v) {
-                if t.local_moved() {
-                    step(&mut self.local_moved, t.flow.local.ip(), add);
-                }
-                if t.remote_moved() {
-                    step(&mut self.remote_moved, t.flow.remote.ip(), add);
-                }
-            }
-            return;
-        }
-        let restored = translate::restored_key(key, v);
-        if v.flags & NAT_F_LO_ADDR_OURS != 0 {
-            step(&mut self.prepared_lo, restored.dst_addr_be, add);
-        }
-        let flow = restored.reversed();
-        let keys = self.reverse.entry(flow).or_default();
-        keys.retain(|k| k != key);
-        if add {
-            keys.push(*key);
-        } else if keys.is_empty() {
-            self.reverse.remove(&flow);
-        }
-    }
 }
 
 #[derive(Default)]
@@ -492,220 +400,6 @@ impl KernelDatapath {
         })?;
         Ok(fd.as_fd().as_raw_fd())
     }
-
-    /// Write NAT entries directly, without routes, addresses or tc
-    /// attachment (for tests of the tc programs with BPF_PROG_TEST_RUN).
-    pub fn insert_nat_pair(&mut self, p: &NatPair) -> Result<(), DatapathError> {
-        self.write_pair(p, None)
-    }
-
-    /// Whether a connection is recorded under `key` (our end first) for
-    /// another socket than the one recorded under `own` (a UDP socket that
-    /// once received from a physical endpoint is recorded under it too).
-    pub(super) fn recorded_by_another_socket(
-        &self,
-        key: &FlowKey,
-        own: &FlowKey,
-    ) -> Result<bool, DatapathError> {
-        let get = |k: &FlowKey| match self.loaded.maps.conns.get(k, 0) {
-            Ok(r) => Ok(Some(r.cookie)),
-            Err(e) if is_not_found(&e) => Ok(None),
-            Err(e) => Err(map_err(MAP_CONNS)(e)),
-        };
-        Ok(match get(key)? {
-            None => false,
-            Some(cookie) => get(own)? != Some(cookie),
-        })
-    }
-
-    /// Write a connection record directly, as the recorders would (for
-    /// tests of the tc programs with BPF_PROG_TEST_RUN).
-    pub fn insert_conn_record(
-        &mut self,
-        key: FlowKey,
-        rec: vnat_common::ConnRecord,
-    ) -> Result<(), DatapathError> {
-        self.loaded
-            .maps
-            .conns
-            .insert(key, rec, 0)
-            .map_err(map_err(MAP_CONNS))
-    }
-
-    /// Divert in-band BINDs to `vcmp_port` (0: stop), without attaching
-    /// anything (see `divert_binds_toward`; tests of the tc programs call
-    /// this directly).
-    pub fn set_bind_divert_port(&mut self, vcmp_port: u16) -> Result<(), DatapathError> {
-        if self.bind_divert_port != vcmp_port {
-            object::set_config(&mut self.loaded, self.nat_empty, self.rebinding, vcmp_port)?;
-            self.bind_divert_port = vcmp_port;
-        }
-        Ok(())
-    }
-
-    /// Make a flow rebinding: the tc ingress program installs its
-    /// translations from the first packet that matches `key` and falls in
-    /// `value`'s window (see `vnat_common::RebindValue`). The datapath half
-    /// of a peer moving behind a NAT (DESIGN.md section 3); the protocol
-    /// does not drive it yet.
-    pub fn insert_rebind(
-        &mut self,
-        key: RebindKey,
-        value: RebindValue,
-    ) -> Result<(), DatapathError> {
-        // The translators parse packets only while some entry exists, and
-        // look up rebinds only while some flow is rebinding.
-        self.set_nat_empty(false)?;
-        self.set_rebinding(true)?;
-        self.loaded
-            .maps
-            .rebind
-            .insert(key, value, 0)
-            .map_err(map_err(vnat_common::MAP_REBIND))
-    }
-
-    /// Make `t.flow` rebinding towards `t.physical_remote`'s address, whose
-    /// port (0 in `t`) the tc ingress program learns from the flow's first
-    /// packet from there. TCP: the window is the socket's receive and send
-    /// state now, with room for what is in flight (2^24 bytes ahead, 2^16
-    /// behind).
-    pub(super) fn rebind(&mut self, t: &Translation) -> Result<(), DatapathError> {
-        const AHEAD: u32 = 1 << 24;
-        const BEHIND: u32 = 1 << 16;
-        let route = self.route(t.physical_remote.ip(), Some(t.physical_local.ip()))?;
-        if !self.tc_current.contains(&route.ifindex) {
-            attach::attach_tc(&mut self.loaded.ebpf, &self.bpffs, route.ifindex)?;
-            self.tc_current.insert(route.ifindex);
-        }
-        let vkey = t.flow.to_key();
-        let (seq_lo, ack_lo, span) = if t.flow.proto == Proto::Tcp {
-            let record = self.loaded.maps.conns.get(&vkey, 0).map_err(|_| {
-                DatapathError::InvalidTranslation {
-                    flow: t.flow,
-                    reason: "no recorded connection to learn the peer's port for",
-                }
-            })?;
-            let (snd_una, rcv_nxt) = restart::sequence_state(&t.flow, &record)?.ok_or(
-                DatapathError::InvalidTranslation {
-                    flow: t.flow,
-                    reason: "the connection's socket is gone",
-                },
-            )?;
-            (
-                rcv_nxt.wrapping_sub(BEHIND),
-                snd_una.wrapping_sub(BEHIND),
-                AHEAD + BEHIND,
-            )
-        } else {
-            (0, 0, u32::MAX)
-        };
-        let phys = crate::datapath::flow_key(t.flow.proto, t.physical_local, t.physical_remote);
-        let mut key = RebindKey {
-            src_addr_be: phys.dst_addr_be,
-            dst_addr_be: phys.src_addr_be,
-            dst_port_be: phys.src_port_be,
-            family: phys.family,
-            proto: phys.proto,
-            slot: 0,
-            _pad: [0; 3],
-        };
-        let value = RebindValue {
-            virt_remote_addr_be: vkey.dst_addr_be,
-            virt_local_addr_be: vkey.src_addr_be,
-            virt_remote_port_be: vkey.dst_port_be,
-            virt_local_port_be: vkey.src_port_be,
-            seq_lo,
-            seq_span: span,
-            ack_lo,
-            ack_span: span,
-            redirect_ifindex: route.ifindex,
-            // The new address may be reached another way than the old one:
-            // resolve the next hop per packet.
-            flags: NAT_F_REDIRECT,
-            _pad: 0,
-        };
-        // The same flow's earlier entry, or a free slot.
-        let mut free = None;
-        for slot in 0..vnat_common::REBIND_SLOTS {
-            key.slot = slot;
-            match self.loaded.maps.rebind.get(&key, 0) {
-                Ok(v)
-                    if v.virt_remote_addr_be == value.virt_remote_addr_be
-                        && v.virt_remote_port_be == value.virt_remote_port_be
-                        && v.virt_local_port_be == value.virt_local_port_be =>
-                {
-                    free = Some(slot);
-                    break;
-                }
-                Ok(_) => {}
-                Err(_) => {
-                    free.get_or_insert(slot);
-                }
-            }
-        }
-        key.slot = free.ok_or(DatapathError::InvalidTranslation {
-            flow: t.flow,
-            reason: "too many connections from that address are rebinding at once",
-        })?;
-        self.insert_rebind(key, value)?;
-        self.rebinds.insert(key);
-        tracing::debug!(flow = ?t.flow, "rebinding: the tc program learns the peer's new NAT port");
-        Ok(())
-    }
-
-    /// Divert in-band BINDs arriving from `toward` (through the interface
-    /// that reaches it) to `vcmp_port` (`CFG_F_BIND_DIVERT`). Stays on for
-    /// the process's life once needed: a BIND is recognised by its exact
-    /// length, head and magic, so leaving it on costs a compare of a few
-    /// bytes per incoming UDP datagram and takes no application's data.
-    fn divert_binds_toward(&mut self, toward: IpAddr, vcmp_port: u16) -> Result<(), DatapathError> {
-        let route = self.route(toward, None)?;
-        if !self.tc_current.contains(&route.ifindex) {
-            attach::attach_tc(&mut self.loaded.ebpf, &self.bpffs, route.ifindex)?;
-            self.tc_current.insert(route.ifindex);
-        }
-        self.bind_ifaces.insert(route.ifindex);
-        self.set_bind_divert_port(vcmp_port)
-    }
-
-    /// Whether a rebinding entry is still waiting for its first packet.
-    pub fn rebind_pending(&self, key: &RebindKey) -> Result<bool, DatapathError> {
-        match self.loaded.maps.rebind.get(key, 0) {
-            Ok(_) => Ok(true),
-            Err(e) if is_not_found(&e) => Ok(false),
-            Err(e) => Err(map_err(vnat_common::MAP_REBIND)(e)),
-        }
-    }
-
-    /// Take into this process's copy of the NAT maps the entries the tc
-    /// program wrote itself (learned rebinds). Returns how many were new.
-    pub fn sync_learned(&mut self) -> Result<usize, DatapathError> {
-        let mut new = 0;
-        for egress in [true, false] {
-            let entries: Vec<(FlowKey, NatRewrite)> = if egress {
-                self.loaded.maps.egress.iter().collect::<Result<_, _>>()
-            } else {
-                self.loaded.maps.ingress.iter().collect::<Result<_, _>>()
-            }
-            .map_err(map_err(if egress {
-                MAP_EGRESS_NAT
-            } else {
-                MAP_INGRESS_NAT
-            }))?;
-            for (k, v) in entries {
-                let known = if egress {
-                    self.mirror.egress.get(&k)
-                } else {
-                    self.mirror.ingress.get(&k)
-                };
-                if known != Some(&v) {
-                    self.mirror.insert(egress, k, v);
-                    new += 1;
-                }
-            }
-        }
-        Ok(new)
-    }
 }
 
 impl Datapath for KernelDatapath {
@@ -921,101 +615,5 @@ impl Datapath for KernelDatapath {
     fn end_batch(&mut self) {
         *self.memo.get_mut() = None;
         rtnl::unpin_netns();
-    }
-}
-
-#[cfg(test)]
-mod mirror_tests {
-    use super::*;
-
-    fn moved(local: &str, remote: &str, phys_local: &str, phys_remote: &str) -> Translation {
-        Translation {
-            flow: VirtualFlow {
-                proto: Proto::Tcp,
-                local: local.parse().unwrap(),
-                remote: remote.parse().unwrap(),
-            },
-            physical_local: phys_local.parse().unwrap(),
-            physical_remote: phys_remote.parse().unwrap(),
-        }
-    }
-
-    fn add(m: &mut Mirror, p: &NatPair) {
-        m.insert(false, p.ingress_key, p.ingress);
-        m.insert(true, p.egress_key, p.egress);
-    }
-
-    #[test]
-    fn counts_follow_inserts_replacements_and_removals() {
-        let mut m = Mirror::default();
-        // Two connections whose local end moved from 10.0.0.1 to 10.1.0.1,
-        // and one whose peer moved from 10.0.0.9 to 10.2.0.9.
-        let a = moved(
-            "10.0.0.1:1000",
-            "10.0.0.9:80",
-            "10.1.0.1:1000",
-            "10.0.0.9:80",
-        );
-        let b = moved(
-            "10.0.0.1:1001",
-            "10.0.0.9:80",
-            "10.1.0.1:1001",
-            "10.0.0.9:80",
-        );
-        let c = moved(
-            "10.0.0.5:2000",
-            "10.0.0.9:80",
-            "10.0.0.5:2000",
-            "10.2.0.9:80",
-        );
-        let (pa, pb, pc) = (
-            pair_for(&a, 3, NAT_F_LO_ADDR_OURS),
-            pair_for(&b, 3, NAT_F_LO_ADDR_OURS),
-            pair_for(&c, 4, 0),
-        );
-        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
-        let words = |t: &Translation| {
-            crate::datapath::flow_key(t.flow.proto, t.flow.local, t.flow.remote).src_addr_be
-        };
-        add(&mut m, &pa);
-        add(&mut m, &pa); // written again: counted once
-        add(&mut m, &pb);
-        add(&mut m, &pc);
-        assert_eq!(m.local_moved.get(&ip("10.0.0.1")), Some(&2));
-        assert_eq!(m.remote_moved.get(&ip("10.0.0.9")), Some(&1));
-        assert_eq!(m.prepared_lo.get(&words(&a)), Some(&2));
-        assert_eq!(m.interfaces.get(&3), Some(&4));
-        assert_eq!(m.interfaces.get(&4), Some(&2));
-        assert_eq!(m.reverse.get(&a.flow.to_key()), Some(&vec![pa.ingress_key]));
-
-        // `a` moves on to another interface: its old reverse entry stays
-        // until the caller removes it, the new one is added.
-        let a2 = moved(
-            "10.0.0.1:1000",
-            "10.0.0.9:80",
-            "10.3.0.1:1000",
-            "10.0.0.9:80",
-        );
-        let pa2 = pair_for(&a2, 5, NAT_F_LO_ADDR_OURS);
-        add(&mut m, &pa2);
-        assert_eq!(m.local_moved.get(&ip("10.0.0.1")), Some(&2));
-        assert_eq!(m.reverse.get(&a.flow.to_key()).map(Vec::len), Some(2));
-        m.remove(false, &pa.ingress_key);
-        assert_eq!(
-            m.reverse.get(&a.flow.to_key()),
-            Some(&vec![pa2.ingress_key])
-        );
-        assert_eq!(m.interfaces.get(&3), Some(&2));
-        assert_eq!(m.interfaces.get(&5), Some(&2));
-
-        // Everything removed: nothing counted, nothing left behind.
-        for p in [pa2, pb, pc] {
-            m.remove(true, &p.egress_key);
-            m.remove(false, &p.ingress_key);
-        }
-        m.remove(true, &pa.egress_key); // absent: no effect
-        assert!(m.egress.is_empty() && m.ingress.is_empty());
-        assert!(m.local_moved.is_empty() && m.remote_moved.is_empty());
-        assert!(m.prepared_lo.is_empty() && m.interfaces.is_empty() && m.reverse.is_empty());
     }
 }

@@ -1,0 +1,233 @@
+//! The kernel datapath's side of a peer behind NAT: rebinding flows (the tc
+//! program learns a TCP connection's new NAT port), the divert of in-band
+//! BINDs, and direct map writes for the tests of the tc programs.
+
+use std::net::IpAddr;
+
+use vnat_common::{
+    FlowKey, NatRewrite, RebindKey, RebindValue, MAP_CONNS, MAP_EGRESS_NAT, MAP_INGRESS_NAT,
+    NAT_F_REDIRECT,
+};
+
+use super::{attach, is_not_found, map_err, object, restart, KernelDatapath, NatPair};
+use crate::datapath::{DatapathError, Proto, Translation};
+
+impl KernelDatapath {
+    /// Write NAT entries directly, without routes, addresses or tc
+    /// attachment (for tests of the tc programs with BPF_PROG_TEST_RUN).
+    pub fn insert_nat_pair(&mut self, p: &NatPair) -> Result<(), DatapathError> {
+        self.write_pair(p, None)
+    }
+
+    /// Whether a connection is recorded under `key` (our end first) for
+    /// another socket than the one recorded under `own` (a UDP socket that
+    /// once received from a physical endpoint is recorded under it too).
+    pub(super) fn recorded_by_another_socket(
+        &self,
+        key: &FlowKey,
+        own: &FlowKey,
+    ) -> Result<bool, DatapathError> {
+        let get = |k: &FlowKey| match self.loaded.maps.conns.get(k, 0) {
+            Ok(r) => Ok(Some(r.cookie)),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(map_err(MAP_CONNS)(e)),
+        };
+        Ok(match get(key)? {
+            None => false,
+            Some(cookie) => get(own)? != Some(cookie),
+        })
+    }
+
+    /// Write a connection record directly, as the recorders would (for
+    /// tests of the tc programs with BPF_PROG_TEST_RUN).
+    pub fn insert_conn_record(
+        &mut self,
+        key: FlowKey,
+        rec: vnat_common::ConnRecord,
+    ) -> Result<(), DatapathError> {
+        self.loaded
+            .maps
+            .conns
+            .insert(key, rec, 0)
+            .map_err(map_err(MAP_CONNS))
+    }
+
+    /// Divert in-band BINDs to `vcmp_port` (0: stop), without attaching
+    /// anything (see `divert_binds_toward`; tests of the tc programs call
+    /// this directly).
+    pub fn set_bind_divert_port(&mut self, vcmp_port: u16) -> Result<(), DatapathError> {
+        if self.bind_divert_port != vcmp_port {
+            object::set_config(&mut self.loaded, self.nat_empty, self.rebinding, vcmp_port)?;
+            self.bind_divert_port = vcmp_port;
+        }
+        Ok(())
+    }
+
+    /// Make a flow rebinding: the tc ingress program installs its
+    /// translations from the first packet that matches `key` and falls in
+    /// `value`'s window (see `vnat_common::RebindValue`). The datapath half
+    /// of a peer moving behind a NAT (DESIGN.md section 3); the protocol
+    /// does not drive it yet.
+    pub fn insert_rebind(
+        &mut self,
+        key: RebindKey,
+        value: RebindValue,
+    ) -> Result<(), DatapathError> {
+        // The translators parse packets only while some entry exists, and
+        // look up rebinds only while some flow is rebinding.
+        self.set_nat_empty(false)?;
+        self.set_rebinding(true)?;
+        self.loaded
+            .maps
+            .rebind
+            .insert(key, value, 0)
+            .map_err(map_err(vnat_common::MAP_REBIND))
+    }
+
+    /// Make `t.flow` rebinding towards `t.physical_remote`'s address, whose
+    /// port (0 in `t`) the tc ingress program learns from the flow's first
+    /// packet from there. TCP: the window is the socket's receive and send
+    /// state now, with room for what is in flight (2^24 bytes ahead, 2^16
+    /// behind).
+    pub(super) fn rebind(&mut self, t: &Translation) -> Result<(), DatapathError> {
+        const AHEAD: u32 = 1 << 24;
+        const BEHIND: u32 = 1 << 16;
+        let route = self.route(t.physical_remote.ip(), Some(t.physical_local.ip()))?;
+        if !self.tc_current.contains(&route.ifindex) {
+            attach::attach_tc(&mut self.loaded.ebpf, &self.bpffs, route.ifindex)?;
+            self.tc_current.insert(route.ifindex);
+        }
+        let vkey = t.flow.to_key();
+        let (seq_lo, ack_lo, span) = if t.flow.proto == Proto::Tcp {
+            let record = self.loaded.maps.conns.get(&vkey, 0).map_err(|_| {
+                DatapathError::InvalidTranslation {
+                    flow: t.flow,
+                    reason: "no recorded connection to learn the peer's port for",
+                }
+            })?;
+            let (snd_una, rcv_nxt) = restart::sequence_state(&t.flow, &record)?.ok_or(
+                DatapathError::InvalidTranslation {
+                    flow: t.flow,
+                    reason: "the connection's socket is gone",
+                },
+            )?;
+            (
+                rcv_nxt.wrapping_sub(BEHIND),
+                snd_una.wrapping_sub(BEHIND),
+                AHEAD + BEHIND,
+            )
+        } else {
+            (0, 0, u32::MAX)
+        };
+        let phys = crate::datapath::flow_key(t.flow.proto, t.physical_local, t.physical_remote);
+        let mut key = RebindKey {
+            src_addr_be: phys.dst_addr_be,
+            dst_addr_be: phys.src_addr_be,
+            dst_port_be: phys.src_port_be,
+            family: phys.family,
+            proto: phys.proto,
+            slot: 0,
+            _pad: [0; 3],
+        };
+        let value = RebindValue {
+            virt_remote_addr_be: vkey.dst_addr_be,
+            virt_local_addr_be: vkey.src_addr_be,
+            virt_remote_port_be: vkey.dst_port_be,
+            virt_local_port_be: vkey.src_port_be,
+            seq_lo,
+            seq_span: span,
+            ack_lo,
+            ack_span: span,
+            redirect_ifindex: route.ifindex,
+            // The new address may be reached another way than the old one:
+            // resolve the next hop per packet.
+            flags: NAT_F_REDIRECT,
+            _pad: 0,
+        };
+        // The same flow's earlier entry, or a free slot.
+        let mut free = None;
+        for slot in 0..vnat_common::REBIND_SLOTS {
+            key.slot = slot;
+            match self.loaded.maps.rebind.get(&key, 0) {
+                Ok(v)
+                    if v.virt_remote_addr_be == value.virt_remote_addr_be
+                        && v.virt_remote_port_be == value.virt_remote_port_be
+                        && v.virt_local_port_be == value.virt_local_port_be =>
+                {
+                    free = Some(slot);
+                    break;
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    free.get_or_insert(slot);
+                }
+            }
+        }
+        key.slot = free.ok_or(DatapathError::InvalidTranslation {
+            flow: t.flow,
+            reason: "too many connections from that address are rebinding at once",
+        })?;
+        self.insert_rebind(key, value)?;
+        self.rebinds.insert(key);
+        tracing::debug!(flow = ?t.flow, "rebinding: the tc program learns the peer's new NAT port");
+        Ok(())
+    }
+
+    /// Divert in-band BINDs arriving from `toward` (through the interface
+    /// that reaches it) to `vcmp_port` (`CFG_F_BIND_DIVERT`). Stays on for
+    /// the process's life once needed: a BIND is recognised by its exact
+    /// length, head and magic, so leaving it on costs a compare of a few
+    /// bytes per incoming UDP datagram and takes no application's data.
+    pub(super) fn divert_binds_toward(
+        &mut self,
+        toward: IpAddr,
+        vcmp_port: u16,
+    ) -> Result<(), DatapathError> {
+        let route = self.route(toward, None)?;
+        if !self.tc_current.contains(&route.ifindex) {
+            attach::attach_tc(&mut self.loaded.ebpf, &self.bpffs, route.ifindex)?;
+            self.tc_current.insert(route.ifindex);
+        }
+        self.bind_ifaces.insert(route.ifindex);
+        self.set_bind_divert_port(vcmp_port)
+    }
+
+    /// Whether a rebinding entry is still waiting for its first packet.
+    pub fn rebind_pending(&self, key: &RebindKey) -> Result<bool, DatapathError> {
+        match self.loaded.maps.rebind.get(key, 0) {
+            Ok(_) => Ok(true),
+            Err(e) if is_not_found(&e) => Ok(false),
+            Err(e) => Err(map_err(vnat_common::MAP_REBIND)(e)),
+        }
+    }
+
+    /// Take into this process's copy of the NAT maps the entries the tc
+    /// program wrote itself (learned rebinds). Returns how many were new.
+    pub fn sync_learned(&mut self) -> Result<usize, DatapathError> {
+        let mut new = 0;
+        for egress in [true, false] {
+            let entries: Vec<(FlowKey, NatRewrite)> = if egress {
+                self.loaded.maps.egress.iter().collect::<Result<_, _>>()
+            } else {
+                self.loaded.maps.ingress.iter().collect::<Result<_, _>>()
+            }
+            .map_err(map_err(if egress {
+                MAP_EGRESS_NAT
+            } else {
+                MAP_INGRESS_NAT
+            }))?;
+            for (k, v) in entries {
+                let known = if egress {
+                    self.mirror.egress.get(&k)
+                } else {
+                    self.mirror.ingress.get(&k)
+                };
+                if known != Some(&v) {
+                    self.mirror.insert(egress, k, v);
+                    new += 1;
+                }
+            }
+        }
+        Ok(new)
+    }
+}

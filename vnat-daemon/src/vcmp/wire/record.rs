@@ -1,0 +1,157 @@
+//! The per-connection record of the record-carrying kinds (module
+//! documentation of `vcmp::wire` has its layout): what is signed of it and
+//! its exact parsing.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use super::{Family, Kind, WireError, NONCE_LEN, TAG_LEN, TRAILER_LEN, VERSION};
+use crate::datapath::Proto;
+
+/// Kind-specific record extension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ext {
+    None,
+    /// The sender's ephemeral x25519 public value (KEYX).
+    Key([u8; 32]),
+    /// A path-validation nonce (CHALLENGE/RESPONSE).
+    Nonce([u8; NONCE_LEN]),
+}
+
+/// One per-connection record. `sender_*` is the paper's `L_*`, `receiver_vir`
+/// its `R_Vir_*`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub command: Kind,
+    pub proto: Proto,
+    pub receiver_vir: SocketAddr,
+    pub sender_vir: SocketAddr,
+    pub sender_phys: SocketAddr,
+    pub ext: Ext,
+    pub seq: u64,
+    pub tag: [u8; TAG_LEN],
+}
+
+/// Largest signed part of a record (IPv6 with a 32-byte extension).
+pub const MAX_SIGNED_LEN: usize = 4 + 48 + 4 + 32 + TRAILER_LEN;
+
+impl Record {
+    pub fn family(&self) -> Family {
+        Family::of(&self.sender_vir)
+    }
+
+    /// Write the bytes covered by the tag into `buf` and return their length.
+    /// Fails when the addresses are not all of one family or the extension
+    /// does not match the command.
+    pub fn write_signed(&self, buf: &mut [u8; MAX_SIGNED_LEN]) -> Result<usize, WireError> {
+        let family = self.family();
+        for a in [&self.receiver_vir, &self.sender_phys] {
+            if Family::of(a) != family {
+                return Err(WireError::MixedFamilies);
+            }
+        }
+        let ext_ok = matches!(
+            (self.command.ext_len(), &self.ext),
+            (0, Ext::None) | (32, Ext::Key(_)) | (NONCE_LEN, Ext::Nonce(_))
+        );
+        if !ext_ok || !self.command.carries_records() || self.command == Kind::LookupR {
+            return Err(WireError::BadExtension { kind: self.command });
+        }
+        let mut w = Writer { buf, at: 0 };
+        w.put(&[VERSION, self.command as u8]);
+        w.put(&self.receiver_vir.port().to_be_bytes());
+        w.ip(self.receiver_vir.ip());
+        w.ip(self.sender_vir.ip());
+        w.ip(self.sender_phys.ip());
+        w.put(&self.sender_vir.port().to_be_bytes());
+        w.put(&self.sender_phys.port().to_be_bytes());
+        match &self.ext {
+            Ext::None => {}
+            Ext::Key(k) => w.put(k),
+            Ext::Nonce(n) => w.put(n),
+        }
+        w.put(&[self.proto.number(), 0, 0, 0]);
+        w.put(&self.seq.to_be_bytes());
+        Ok(w.at)
+    }
+}
+
+struct Writer<'a> {
+    buf: &'a mut [u8; MAX_SIGNED_LEN],
+    at: usize,
+}
+
+impl Writer<'_> {
+    fn put(&mut self, b: &[u8]) {
+        self.buf[self.at..self.at + b.len()].copy_from_slice(b);
+        self.at += b.len();
+    }
+    fn ip(&mut self, ip: IpAddr) {
+        match ip {
+            IpAddr::V4(v4) => self.put(&v4.octets()),
+            IpAddr::V6(v6) => self.put(&v6.octets()),
+        }
+    }
+}
+
+/// Decode one record of exactly `record_len(family, kind)` bytes.
+pub(super) fn decode_record(c: &[u8], kind: Kind, family: Family) -> Result<Record, WireError> {
+    if c[0] != VERSION {
+        return Err(WireError::RecordVersion(c[0]));
+    }
+    let command = kind.record_command();
+    if c[1] != command as u8 {
+        return Err(WireError::CommandMismatch { kind, got: c[1] });
+    }
+    let al = family.addr_len();
+    let ip = |at: usize| -> IpAddr {
+        match family {
+            Family::V4 => IpAddr::V4(Ipv4Addr::new(c[at], c[at + 1], c[at + 2], c[at + 3])),
+            Family::V6 => {
+                let mut o = [0u8; 16];
+                o.copy_from_slice(&c[at..at + 16]);
+                IpAddr::V6(Ipv6Addr::from(o))
+            }
+        }
+    };
+    let port = |at: usize| u16::from_be_bytes([c[at], c[at + 1]]);
+    let r_vir_port = port(2);
+    let r_vir = ip(4);
+    let l_vir = ip(4 + al);
+    let l_phys = ip(4 + 2 * al);
+    let ports = 4 + 3 * al;
+    let l_vir_port = port(ports);
+    let l_phys_port = port(ports + 2);
+    let mut at = ports + 4;
+    let ext = match command.ext_len() {
+        32 => {
+            let mut k = [0u8; 32];
+            k.copy_from_slice(&c[at..at + 32]);
+            Ext::Key(k)
+        }
+        NONCE_LEN => {
+            let mut n = [0u8; NONCE_LEN];
+            n.copy_from_slice(&c[at..at + NONCE_LEN]);
+            Ext::Nonce(n)
+        }
+        _ => Ext::None,
+    };
+    at += command.ext_len();
+    let proto = Proto::from_number(c[at]).ok_or(WireError::BadProto(c[at]))?;
+    if c[at + 1] != 0 || c[at + 2] != 0 || c[at + 3] != 0 {
+        return Err(WireError::Reserved);
+    }
+    let mut s = [0u8; 8];
+    s.copy_from_slice(&c[at + 4..at + 12]);
+    let mut tag = [0u8; TAG_LEN];
+    tag.copy_from_slice(&c[at + 12..at + 12 + TAG_LEN]);
+    Ok(Record {
+        command,
+        proto,
+        receiver_vir: SocketAddr::new(r_vir, r_vir_port),
+        sender_vir: SocketAddr::new(l_vir, l_vir_port),
+        sender_phys: SocketAddr::new(l_phys, l_phys_port),
+        ext,
+        seq: u64::from_be_bytes(s),
+        tag,
+    })
+}
