@@ -11,7 +11,7 @@
 //! `UPD_R`.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet, VecDeque},
+    collections::{BTreeMap, HashMap, HashSet},
     net::{IpAddr, SocketAddr},
     path::PathBuf,
     time::Duration,
@@ -27,6 +27,7 @@ use super::{
     addrwatch::AddrWatch,
     identity::{self, PeerStore, StateError},
     mobility::{self, Tracked},
+    mover::{Mover, Step, Switch, HOLD_LIMIT},
 };
 use crate::{
     control::{
@@ -53,13 +54,6 @@ const DATAGRAMS_PER_TURN: usize = 64;
 /// (`Datapath::kick_flow`), or one backed-off socket after another would
 /// hold up a mass move by 20 ms to 1.2 s each.
 const VERIFIED_RESTARTS_MAX: usize = 16;
-/// Longest a moving TCP connection's send side is held (its packets
-/// dropped, see `plan_and_move`). A socket whose sends keep failing
-/// locally probes every 500 ms and the kernel gives up on it after some
-/// seconds (seen as aborts in a 100,000-connection move whose exchange
-/// took 15 s): after this, its packets leave with the old address as they
-/// did before the hold, until its move completes.
-const HOLD_LIMIT: Duration = Duration::from_secs(2);
 /// How long an imported connection may wait for its process to restore
 /// the socket on this host before it is forgotten.
 const IMPORT_GRACE: Duration = Duration::from_secs(60);
@@ -242,21 +236,6 @@ fn translate_one(
     }
 }
 
-/// One connection's send side switched to (local, remote) physical
-/// endpoints, then the restart levers. `peer_moved`: the peer's address
-/// changed (it waits for our SWITCHED). `solicit`: also have our socket
-/// send the peer an ACK (`solicit_ack`): when the peer moved, because the
-/// ACKs our socket sent meanwhile went to its old address; after our own
-/// move, because the ones it sent while held were dropped.
-#[derive(Clone, Copy, Debug)]
-struct Switch {
-    flow: VirtualFlow,
-    local: SocketAddr,
-    remote: SocketAddr,
-    peer_moved: bool,
-    solicit: bool,
-}
-
 /// After an outage TCP has backed off its retransmission timer; make it
 /// retransmit now rather than tens of seconds later (DESIGN.md §3, "no
 /// stall"); and with `solicit`, have the socket send its peer an ACK (see
@@ -324,19 +303,8 @@ pub struct Driver {
     peers: PeerStore,
     sock: UdpSocket,
     dual: bool,
-    /// Receive sides made ready for a peer's announced address, as (our
-    /// physical endpoint, the peer's): if we move meanwhile, the pair
-    /// changes and the receive side is prepared again for our new one.
-    prepared: HashMap<VirtualFlow, (SocketAddr, SocketAddr)>,
-    /// The endpoint's `pending_epoch` at the last full scan for receive
-    /// sides to prepare; `None` forces the next scan (after our own move or
-    /// a failed attempt).
-    pending_scanned: Option<u64>,
-    /// Receive sides that could not be prepared yet (warned once each).
-    prepare_failed: HashSet<(VirtualFlow, SocketAddr)>,
-    /// Connections translated this turn whose sockets get the restart
-    /// levers after the flush, with whether to solicit an ACK.
-    to_restart: Vec<(VirtualFlow, bool)>,
+    /// The move choreography (`super::mover`).
+    mover: Mover,
     /// Interfaces kept attached by `standby_tc`, as last set.
     standby: Vec<u32>,
     /// Imported flows not yet seen in this host's records: the migrated
@@ -346,11 +314,6 @@ pub struct Driver {
     /// Exported flows: their process is being checkpointed to another host,
     /// so they are not tracked again here while their socket still exists.
     exported: HashSet<VirtualFlow>,
-    /// When each held flow was held, latest hold last (see [`HOLD_LIMIT`]);
-    /// `hold_started` has the time of a flow's latest hold, so that an
-    /// older entry does not end a newer hold.
-    holds: VecDeque<(tokio::time::Instant, VirtualFlow)>,
-    hold_started: HashMap<VirtualFlow, tokio::time::Instant>,
     /// The host's addresses as last seen, for the check that a connection
     /// vnatd starts to manage uses one of them.
     host_addrs: mobility::HostAddresses,
@@ -429,15 +392,10 @@ impl Driver {
             peers,
             sock,
             dual,
-            prepared: HashMap::new(),
-            to_restart: Vec::new(),
-            holds: VecDeque::new(),
-            hold_started: HashMap::new(),
+            mover: Mover::new(),
             host_addrs: mobility::HostAddresses::default(),
             refused: HashMap::new(),
             standby: Vec::new(),
-            prepare_failed: HashSet::new(),
-            pending_scanned: None,
             imported: HashMap::new(),
             exported: HashSet::new(),
         }
@@ -501,8 +459,8 @@ impl Driver {
                     // move; the next notification brings the rest.
                     self.resync().await;
                 }
-                _ = tokio::time::sleep_until(self.holds.front().map_or(next_resync, |(t, _)| *t + HOLD_LIMIT)),
-                    if !self.holds.is_empty() => {}
+                _ = tokio::time::sleep_until(self.mover.next_hold_deadline().map_or(next_resync, tokio::time::Instant::from_std)),
+                    if self.mover.next_hold_deadline().is_some() => {}
                 _ = tokio::time::sleep_until(next_resync) => {
                     let started = tokio::time::Instant::now();
                     self.resync().await;
@@ -585,7 +543,7 @@ impl Driver {
 
     async fn command(&mut self, cmd: Command) {
         // Suspend, resume and import may change our end of connections.
-        self.pending_scanned = None;
+        self.mover.rescan();
         match cmd {
             Command::Suspend { flows, reply } => {
                 let r = self
@@ -919,7 +877,7 @@ impl Driver {
             .collect();
         for f in &gone {
             self.endpoint.connection_removed(f);
-            self.prepared.remove(f);
+            self.mover.forget(f);
         }
         if !gone.is_empty() {
             // The connections closed: undo what their translations set up
@@ -976,28 +934,15 @@ impl Driver {
         tracing::trace!(?tracked, ?addrs, ?sources, ?moves, "automatic mode");
         // Which moves can go, then all their receive sides in one trip to
         // the datapath thread.
-        let mut candidates = Vec::new();
-        for m in moves {
-            let Some(view) = self.endpoint.connection(&m.flow) else {
-                continue;
-            };
-            if !view.has_keys {
-                tracing::warn!(flow = ?m.flow, peer = %m.remote_phys.ip(), "connection lost its address but cannot move: the peer runs no vnatd or pairing has not completed");
-                continue;
-            }
-            // Nothing of a TCP connection leaves until the peer sends to
-            // the new address (`PeerSwitched`), nor of a UDP flow through a
-            // NAT, whose new NAT port the peer learns only from our BIND.
-            // Other UDP is left alone: a datagram that reaches the peer
-            // early is delivered, and there is no timer to upset.
-            let hold =
-                m.flow.proto == crate::datapath::Proto::Tcp || view.seen_by_peer_as.is_some();
-            candidates.push((m, view.local_phys, hold));
+        let (candidates, stuck) = self.mover.starts(moves, |f| self.endpoint.connection(f));
+        for m in stuck {
+            tracing::warn!(flow = ?m.flow, peer = %m.remote_phys.ip(), "connection lost its address but cannot move: the peer runs no vnatd or pairing has not completed");
         }
         let prepared = with_dp(&self.dp, move |dp| {
             candidates
                 .into_iter()
-                .map(|(m, from, hold)| {
+                .map(|st| {
+                    let m = st.mv;
                     let r = if m.new_local != m.flow.local {
                         dp.prepare_translation(&Translation {
                             flow: m.flow,
@@ -1008,23 +953,22 @@ impl Driver {
                         Ok(())
                     };
                     let mut held = false;
-                    if r.is_ok() && hold {
+                    if r.is_ok() && st.hold {
                         match dp.hold_send_side(&m.flow, true) {
                             Ok(()) => held = true,
                             Err(e) => tracing::warn!(flow = ?m.flow, error = %e, "cannot hold the connection's packets during its move"),
                         }
                     }
-                    (m, from, r, held)
+                    (m, st.from, r, held)
                 })
                 .collect::<Vec<_>>()
         })
         .await;
         let mut started = Vec::new();
-        let held_at = tokio::time::Instant::now();
+        let held_at = std::time::Instant::now();
         for (m, from, r, held) in prepared {
             if held {
-                self.holds.push_back((held_at, m.flow));
-                self.hold_started.insert(m.flow, held_at);
+                self.mover.held(m.flow, held_at);
             }
             if let Err(e) = r {
                 tracing::warn!(flow = ?m.flow, error = %e, "cannot prepare the move");
@@ -1042,7 +986,7 @@ impl Driver {
         }
         // Our end moved: receive sides prepared for a peer's pending address
         // must be prepared again for our new one.
-        self.pending_scanned = None;
+        self.mover.rescan();
         started.len()
     }
 
@@ -1050,18 +994,7 @@ impl Driver {
     /// way. A flow whose move completed was released by its translation
     /// (the release is then a no-op).
     async fn end_overdue_holds(&mut self) {
-        let now = tokio::time::Instant::now();
-        let mut overdue = Vec::new();
-        while let Some(&(at, flow)) = self.holds.front() {
-            if at + HOLD_LIMIT > now {
-                break;
-            }
-            self.holds.pop_front();
-            if self.hold_started.get(&flow) == Some(&at) {
-                self.hold_started.remove(&flow);
-                overdue.push(flow);
-            }
-        }
+        let overdue = self.mover.overdue_holds(std::time::Instant::now());
         if overdue.is_empty() {
             return;
         }
@@ -1095,67 +1028,38 @@ impl Driver {
     /// sending waits for validation), so that its connection never meets a
     /// kernel that resets it.
     async fn prepare_pending(&mut self) {
-        // A scan of every connection per datagram is quadratic in a move of
-        // thousands: scan only when something could have changed.
-        let epoch = self.endpoint.pending_epoch();
-        if self.pending_scanned == Some(epoch) {
-            return;
-        }
-        self.pending_scanned = Some(epoch);
-        let pending: Vec<(VirtualFlow, SocketAddr, SocketAddr)> = self
-            .endpoint
-            .connections()
-            .filter_map(|f| self.endpoint.connection(f))
-            .filter_map(|v| {
-                let p = v.pending_remote?;
-                (p != v.remote_phys && self.prepared.get(&v.flow) != Some(&(v.local_phys, p)))
-                    .then_some((v.flow, v.local_phys, p))
-            })
-            .collect();
-        let mut work = Vec::new();
-        for (flow, local, remote) in pending {
-            if local == flow.local && remote == flow.remote {
-                self.prepared.insert(flow, (local, remote));
-            } else {
-                work.push((flow, local, remote));
-            }
-        }
+        let endpoint = &self.endpoint;
+        let work = self.mover.receive_sides(endpoint.pending_epoch(), || {
+            endpoint
+                .connections()
+                .filter_map(|f| endpoint.connection(f))
+                .collect::<Vec<_>>()
+        });
         if work.is_empty() {
             return;
         }
         // One trip to the datapath thread for all of them.
         let done = with_dp(&self.dp, move |dp| {
             work.into_iter()
-                .map(|(flow, local, remote)| {
-                    let t = Translation {
-                        flow,
-                        physical_local: local,
-                        physical_remote: remote,
-                    };
+                .map(|t| {
                     let r = dp.prepare_translation(&t).map(|()| {
-                        prepare_old_address(dp, flow, local, remote);
+                        prepare_old_address(dp, t.flow, t.physical_local, t.physical_remote);
                     });
-                    (flow, local, remote, r)
+                    (t, r)
                 })
                 .collect::<Vec<_>>()
         })
         .await;
-        for (flow, local, remote, r) in done {
+        for (t, r) in done {
+            let new_failure = self.mover.receive_side_done(&t, &r);
             match r {
                 Ok(()) => {
-                    // Only now: a failed attempt (this host has no route
-                    // yet, mid-move itself) is retried on the next turn,
-                    // before any RESPONSE lets the peer send here.
-                    self.prepared.insert(flow, (local, remote));
-                    self.prepare_failed.remove(&(flow, remote));
-                    tracing::debug!(?flow, %remote, "receive side ready for the peer's new address")
+                    tracing::debug!(flow = ?t.flow, remote = %t.physical_remote, "receive side ready for the peer's new address")
                 }
-                Err(e) => {
-                    self.pending_scanned = None;
-                    if self.prepare_failed.insert((flow, remote)) {
-                        tracing::warn!(?flow, error = %e, "cannot prepare for the peer's new address yet; will retry")
-                    }
+                Err(e) if new_failure => {
+                    tracing::warn!(flow = ?t.flow, error = %e, "cannot prepare for the peer's new address yet; will retry")
                 }
+                Err(_) => {}
             }
         }
     }
@@ -1165,69 +1069,37 @@ impl Driver {
         let mut batch = Vec::new();
         let mut aborted = Vec::new();
         while let Some(ev) = self.endpoint.poll_event() {
-            match ev {
-                Event::SetRemote { flow, remote } | Event::Reverted { flow, remote, .. } => {
-                    self.prepared.remove(&flow);
-                    let view = self.endpoint.connection(&flow);
-                    if view.as_ref().is_some_and(|v| v.migrating) {
-                        // Our own move is not acknowledged yet, so the peer
-                        // may have no receive side for our new address:
-                        // sending from it would meet a kernel that answers
-                        // with a reset (both ends moving, seen in the
-                        // both_move tests). `Resumed` follows and switches
-                        // the send side to (our new, its validated) pair.
-                        tracing::debug!(?flow, %remote, "the peer's new address is validated; our send side switches once our own move is acknowledged");
-                        continue;
-                    }
-                    let local = view.map_or(flow.local, |v| v.local_phys);
-                    batch.push(Switch {
-                        flow,
-                        local,
-                        remote,
-                        peer_moved: true,
-                        solicit: true,
-                    });
-                }
-                Event::Resumed {
-                    flow,
-                    switch_now: false,
-                    ..
-                } => {
-                    tracing::debug!(?flow, "our move is acknowledged; the send side switches once the peer sends to our new address");
-                }
-                Event::Resumed { flow, .. } | Event::PeerSwitched { flow, .. } => {
-                    // Only a peer that said it switched is asked for an ACK:
-                    // otherwise it might still answer at our old address.
-                    let solicit = matches!(
-                        ev,
-                        Event::PeerSwitched {
-                            confirmed: true,
-                            ..
-                        }
-                    );
+            let flow = match &ev {
+                Event::SetRemote { flow, .. }
+                | Event::Reverted { flow, .. }
+                | Event::Resumed { flow, .. }
+                | Event::PeerSwitched { flow, .. }
+                | Event::MigrationAborted { flow, .. } => Some(*flow),
+                _ => None,
+            };
+            let view = flow.and_then(|f| self.endpoint.connection(&f));
+            match self.mover.step(&ev, view.as_ref()) {
+                Step::Switch(s) => {
                     if let Event::PeerSwitched { confirmed, .. } = ev {
-                        tracing::debug!(?flow, confirmed, "the peer sends to our new address");
+                        tracing::debug!(flow = ?s.flow, confirmed, "the peer sends to our new address");
                     }
-                    let view = self.endpoint.connection(&flow);
-                    let local = view.as_ref().map_or(flow.local, |v| v.local_phys);
-                    let remote = view.as_ref().map_or(flow.remote, |v| v.remote_phys);
-                    let pending = view.and_then(|v| v.pending_remote);
-                    match mobility::send_side_after_resume(local, remote, pending) {
-                        Some((local, remote)) => batch.push(Switch {
-                            flow,
-                            local,
-                            remote,
-                            peer_moved: false,
-                            solicit,
-                        }),
-                        None => tracing::debug!(?flow, %local, ?pending,
-                            "our move is done but the peer moved too: the send side switches once its new address is validated"),
-                    }
+                    batch.push(s);
+                    continue;
                 }
-                Event::MigrationAborted { flow, reason } => {
-                    tracing::warn!(?flow, %reason, "migration aborted");
+                Step::Release(flow) => {
+                    if let Event::MigrationAborted { reason, .. } = &ev {
+                        tracing::warn!(?flow, %reason, "migration aborted");
+                    }
                     aborted.push(flow);
+                    continue;
                 }
+                Step::Wait(flow, why) => {
+                    tracing::debug!(?flow, ?view, "{why}");
+                    continue;
+                }
+                Step::NotAMove => {}
+            }
+            match ev {
                 Event::Paired { peer, key } => {
                     tracing::info!(%peer, key = %identity::key_hex(&key), "paired with peer host");
                     if let Err(e) = self.peers.remember(peer, key) {
@@ -1288,9 +1160,6 @@ impl Driver {
             self.endpoint.confirm_switched(now(), &mut OsRng, &confirm);
         }
         if !aborted.is_empty() {
-            for f in &aborted {
-                self.hold_started.remove(f);
-            }
             // Back to what it did before the move (the connection is most
             // likely lost, but that is for TCP to decide).
             with_dp(&self.dp, move |dp| {
@@ -1358,19 +1227,12 @@ impl Driver {
         for (s, r) in done {
             match r {
                 Ok(()) => {
-                    // Installing the translation ended any hold.
-                    self.hold_started.remove(&s.flow);
+                    // The peer's solicited ACKs leave after its SWITCHED and
+                    // make our held sockets send what they queued, with
+                    // their ACK; one with nothing to send keeps its ACK
+                    // until it next sends or receives.
+                    self.mover.switched(&s, verified);
                     tracing::info!(flow = ?s.flow, local = %s.local, remote = %s.remote, "translation updated");
-                    if !verified {
-                        // In a mass move only the end whose peer moved
-                        // solicits: each ACK costs the injecting syscall the
-                        // packet's whole trip (tens of microseconds). The
-                        // peer's solicited ACKs leave after its SWITCHED and
-                        // make our held sockets send what they queued, with
-                        // their ACK; one with nothing to send keeps its ACK
-                        // until it next sends or receives.
-                        self.to_restart.push((s.flow, s.solicit && s.peer_moved));
-                    }
                     ok.push(s);
                 }
                 Err(e) => {
@@ -1392,7 +1254,7 @@ impl Driver {
     /// The restart levers, without waits, for the connections of a mass
     /// move translated this turn (see [`Driver::translate_all`]).
     async fn restart_translated(&mut self) {
-        let items = std::mem::take(&mut self.to_restart);
+        let items = self.mover.take_restarts();
         if items.is_empty() {
             return;
         }

@@ -9,6 +9,7 @@ pub mod config;
 pub mod driver;
 pub mod identity;
 pub mod mobility;
+pub mod mover;
 
 #[cfg(test)]
 mod tests;

@@ -81,7 +81,7 @@ pub use tx::Transmit;
 #[cfg(test)]
 mod adversary_tests;
 #[cfg(test)]
-mod sim;
+pub(crate) mod sim;
 #[cfg(test)]
 mod sim_nat_tests;
 #[cfg(test)]

@@ -1,0 +1,310 @@
+//! The move choreography, without I/O (DESIGN.md section 3; STYLE.md, the
+//! sans-IO core and its driver): what the datapath must do, and in which
+//! order, for the core's events and the address watch's moves. The driver
+//! asks it, runs what it returns against the datapath in one trip, and
+//! reports the outcome back; every decision and every piece of move
+//! bookkeeping is here, unit-tested with the fake datapath without root.
+//!
+//! The rule it keeps: no kernel ever sees an untranslated packet for a
+//! socket it lacks. So a receive side is prepared before anyone may send to
+//! it (the peer's announced address, before the core's UPD_R and RESPONSE
+//! leave; our own new address, before our UPD leaves), a moving TCP
+//! connection (or a UDP flow through a NAT) is held until the peer sends
+//! to its new address, and a send side switches only to a validated pair.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use super::mobility::{self, Move};
+use crate::datapath::{DatapathError, Proto, Translation, VirtualFlow};
+use crate::vcmp::{ConnectionView, Event};
+
+/// Longest a moving connection's send side is held (its packets dropped).
+/// A socket whose sends keep failing locally probes every 500 ms and the
+/// kernel gives up on it after some seconds (seen as aborts in a
+/// 100,000-connection move whose exchange took 15 s): after this, its
+/// packets leave with the old address as they did before the hold, until
+/// its move completes.
+pub const HOLD_LIMIT: Duration = Duration::from_secs(2);
+
+/// One connection's send side switched to (local, remote) physical
+/// endpoints, then the restart levers. `peer_moved`: the peer's address
+/// changed (it waits for our SWITCHED). `solicit`: also have our socket
+/// send the peer an ACK (`solicit_ack`): when the peer moved, because the
+/// ACKs our socket sent meanwhile went to its old address; after our own
+/// move, because the ones it sent while held were dropped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Switch {
+    pub flow: VirtualFlow,
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+    pub peer_moved: bool,
+    pub solicit: bool,
+}
+
+/// What one core event asks of the datapath.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Switch the flow's translation now.
+    Switch(Switch),
+    /// The flow's migration was aborted: release its held send side.
+    Release(VirtualFlow),
+    /// Nothing yet, and why (for the log).
+    Wait(VirtualFlow, &'static str),
+    /// Not an event about moves.
+    NotAMove,
+}
+
+/// A move to start: our receive side at `mv.new_local` first, and the send
+/// side held if `hold`; then the core's resume.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Start {
+    pub mv: Move,
+    /// Our physical endpoint before the move (for the log).
+    pub from: SocketAddr,
+    pub hold: bool,
+}
+
+/// Move bookkeeping of one vnatd.
+#[derive(Default)]
+pub struct Mover {
+    /// Receive sides made ready for a peer's announced address, as (our
+    /// physical endpoint, the peer's): if we move meanwhile, the pair
+    /// changes and the receive side is prepared again for our new one.
+    prepared: HashMap<VirtualFlow, (SocketAddr, SocketAddr)>,
+    /// The core's `pending_epoch` at the last full scan for receive sides
+    /// to prepare; `None` forces the next scan (after our own move or a
+    /// failed attempt).
+    pending_scanned: Option<u64>,
+    /// Receive sides that could not be prepared yet (warned once each).
+    prepare_failed: HashSet<(VirtualFlow, SocketAddr)>,
+    /// Connections translated in a mass move whose sockets get the restart
+    /// levers after the flush, with whether to solicit an ACK.
+    to_restart: Vec<(VirtualFlow, bool)>,
+    /// When each held flow was held, latest hold last; `hold_started` has
+    /// the time of a flow's latest hold, so that an older entry does not
+    /// end a newer hold.
+    holds: VecDeque<(Instant, VirtualFlow)>,
+    hold_started: HashMap<VirtualFlow, Instant>,
+}
+
+impl Mover {
+    pub fn new() -> Mover {
+        Mover::default()
+    }
+
+    /// The receive sides to prepare for peers' announced addresses that
+    /// are still being validated (only sending waits for validation), given
+    /// the core's `pending_epoch` and its connections (read only when
+    /// scanning). Empty when nothing
+    /// could have changed since the last scan: a scan of every connection
+    /// per datagram would be quadratic in a move of thousands.
+    pub fn receive_sides<I: IntoIterator<Item = ConnectionView>>(
+        &mut self,
+        epoch: u64,
+        views: impl FnOnce() -> I,
+    ) -> Vec<Translation> {
+        if self.pending_scanned == Some(epoch) {
+            return Vec::new();
+        }
+        self.pending_scanned = Some(epoch);
+        let mut work = Vec::new();
+        for v in views() {
+            let Some(p) = v.pending_remote else { continue };
+            if p == v.remote_phys || self.prepared.get(&v.flow) == Some(&(v.local_phys, p)) {
+                continue;
+            }
+            if v.local_phys == v.flow.local && p == v.flow.remote {
+                // Back to its own addresses: nothing to translate.
+                self.prepared.insert(v.flow, (v.local_phys, p));
+                continue;
+            }
+            work.push(Translation {
+                flow: v.flow,
+                physical_local: v.local_phys,
+                physical_remote: p,
+            });
+        }
+        work
+    }
+
+    /// How preparing `t` went. Returns whether a failure is new (to warn
+    /// about once); a failed one is tried again on the next scan, before
+    /// any RESPONSE lets the peer send there.
+    pub fn receive_side_done(&mut self, t: &Translation, r: &Result<(), DatapathError>) -> bool {
+        match r {
+            Ok(()) => {
+                self.prepared
+                    .insert(t.flow, (t.physical_local, t.physical_remote));
+                self.prepare_failed.remove(&(t.flow, t.physical_remote));
+                false
+            }
+            Err(_) => {
+                self.pending_scanned = None;
+                self.prepare_failed.insert((t.flow, t.physical_remote))
+            }
+        }
+    }
+
+    /// Our end of some connections may have moved (a move started, a
+    /// suspend, resume or import): receive sides prepared for a peer's
+    /// pending address must be looked at again.
+    pub fn rescan(&mut self) {
+        self.pending_scanned = None;
+    }
+
+    /// A connection went away.
+    pub fn forget(&mut self, flow: &VirtualFlow) {
+        self.prepared.remove(flow);
+    }
+
+    /// What `ev` asks of the datapath; `view` is the core's view of the
+    /// event's connection now.
+    pub fn step(&mut self, ev: &Event, view: Option<&ConnectionView>) -> Step {
+        match *ev {
+            Event::SetRemote { flow, remote } | Event::Reverted { flow, remote, .. } => {
+                self.prepared.remove(&flow);
+                if view.is_some_and(|v| v.migrating) {
+                    // Our own move is not acknowledged yet, so the peer
+                    // may have no receive side for our new address:
+                    // sending from it would meet a kernel that answers
+                    // with a reset (both ends moving). `Resumed` follows
+                    // and switches the send side to (our new, its
+                    // validated) pair.
+                    return Step::Wait(
+                        flow,
+                        "the peer's new address is validated; our send side switches once our own move is acknowledged",
+                    );
+                }
+                Step::Switch(Switch {
+                    flow,
+                    local: view.map_or(flow.local, |v| v.local_phys),
+                    remote,
+                    peer_moved: true,
+                    solicit: true,
+                })
+            }
+            Event::Resumed {
+                flow,
+                switch_now: false,
+                ..
+            } => Step::Wait(
+                flow,
+                "our move is acknowledged; the send side switches once the peer sends to our new address",
+            ),
+            Event::Resumed { flow, .. } | Event::PeerSwitched { flow, .. } => {
+                // Only a peer that said it switched is asked for an ACK:
+                // otherwise it might still answer at our old address.
+                let solicit = matches!(
+                    ev,
+                    Event::PeerSwitched {
+                        confirmed: true,
+                        ..
+                    }
+                );
+                let local = view.map_or(flow.local, |v| v.local_phys);
+                let remote = view.map_or(flow.remote, |v| v.remote_phys);
+                let pending = view.and_then(|v| v.pending_remote);
+                match mobility::send_side_after_resume(local, remote, pending) {
+                    Some((local, remote)) => Step::Switch(Switch {
+                        flow,
+                        local,
+                        remote,
+                        peer_moved: false,
+                        solicit,
+                    }),
+                    None => Step::Wait(
+                        flow,
+                        "our move is done but the peer moved too: the send side switches once its new address is validated",
+                    ),
+                }
+            }
+            Event::MigrationAborted { flow, .. } => {
+                self.hold_started.remove(&flow);
+                Step::Release(flow)
+            }
+            _ => Step::NotAMove,
+        }
+    }
+
+    /// The moves to start among `moves` (decided by
+    /// [`mobility::plan_moves`]), with whether each one's send side is
+    /// held; and those that cannot move (no keys: the peer runs no vnatd
+    /// or pairing has not completed).
+    pub fn starts(
+        &self,
+        moves: Vec<Move>,
+        view: impl Fn(&VirtualFlow) -> Option<ConnectionView>,
+    ) -> (Vec<Start>, Vec<Move>) {
+        let (mut go, mut stuck) = (Vec::new(), Vec::new());
+        for mv in moves {
+            let Some(v) = view(&mv.flow) else { continue };
+            if !v.has_keys {
+                stuck.push(mv);
+                continue;
+            }
+            // Nothing of a TCP connection leaves until the peer sends to
+            // the new address (`PeerSwitched`), nor of a UDP flow through a
+            // NAT, whose new NAT port the peer learns only from our BIND.
+            // Other UDP is left alone: a datagram that reaches the peer
+            // early is delivered, and there is no timer to upset.
+            let hold = mv.flow.proto == Proto::Tcp || v.seen_by_peer_as.is_some();
+            go.push(Start {
+                mv,
+                from: v.local_phys,
+                hold,
+            });
+        }
+        (go, stuck)
+    }
+
+    /// `flow`'s send side was held at `at`.
+    pub fn held(&mut self, flow: VirtualFlow, at: Instant) {
+        self.holds.push_back((at, flow));
+        self.hold_started.insert(flow, at);
+    }
+
+    /// A switch took effect (installing the translation ended any hold).
+    /// `verified`: its restart levers ran with it; otherwise they are
+    /// queued for [`Mover::take_restarts`]. In a mass move only the end
+    /// whose peer moved solicits: each ACK costs the injecting syscall the
+    /// packet's whole trip (tens of microseconds).
+    pub fn switched(&mut self, s: &Switch, verified: bool) {
+        self.hold_started.remove(&s.flow);
+        if !verified {
+            self.to_restart.push((s.flow, s.solicit && s.peer_moved));
+        }
+    }
+
+    /// The restart levers queued by mass switches, to run after the flush.
+    pub fn take_restarts(&mut self) -> Vec<(VirtualFlow, bool)> {
+        std::mem::take(&mut self.to_restart)
+    }
+
+    /// When the oldest hold reaches [`HOLD_LIMIT`], if any is kept.
+    pub fn next_hold_deadline(&self) -> Option<Instant> {
+        self.holds.front().map(|(t, _)| *t + HOLD_LIMIT)
+    }
+
+    /// The holds older than [`HOLD_LIMIT`] at `now`, to release (each
+    /// once; an older entry of a flow held again since is not one).
+    pub fn overdue_holds(&mut self, now: Instant) -> Vec<VirtualFlow> {
+        let mut overdue = Vec::new();
+        while let Some(&(at, flow)) = self.holds.front() {
+            if at + HOLD_LIMIT > now {
+                break;
+            }
+            self.holds.pop_front();
+            if self.hold_started.get(&flow) == Some(&at) {
+                self.hold_started.remove(&flow);
+                overdue.push(flow);
+            }
+        }
+        overdue
+    }
+}
+
+#[cfg(test)]
+#[path = "mover_tests.rs"]
+mod tests;

@@ -1,0 +1,382 @@
+//! The move choreography without root: decisions against hand-made views,
+//! the fake datapath running them, and the VCMP simulator for the ordering
+//! rule (a receive side is asked for before anything the core queued in the
+//! same turn leaves).
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::datapath::{fake::FakeDatapath, Datapath};
+use crate::vcmp::AbortReason;
+
+fn sa(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+fn tcp(local: &str, remote: &str) -> VirtualFlow {
+    VirtualFlow {
+        proto: Proto::Tcp,
+        local: sa(local),
+        remote: sa(remote),
+    }
+}
+
+fn udp(local: &str, remote: &str) -> VirtualFlow {
+    VirtualFlow {
+        proto: Proto::Udp,
+        ..tcp(local, remote)
+    }
+}
+
+/// A connection at its own addresses, with keys, not moving.
+fn view(flow: VirtualFlow) -> ConnectionView {
+    ConnectionView {
+        flow,
+        local_phys: flow.local,
+        remote_phys: flow.remote,
+        pending_remote: None,
+        peer_key: Some([7; 32]),
+        seen_by_peer_as: None,
+        has_keys: true,
+        role: None,
+        migrating: false,
+        binding_seq: 0,
+        send_seq: 0,
+    }
+}
+
+#[test]
+fn a_peer_s_announced_address_gets_a_receive_side_once_and_again_after_our_move() {
+    let f = tcp("10.0.0.1:40000", "10.0.0.2:443");
+    let mut v = view(f);
+    v.pending_remote = Some(sa("10.9.0.2:443"));
+    let mut m = Mover::new();
+    let want = Translation {
+        flow: f,
+        physical_local: f.local,
+        physical_remote: sa("10.9.0.2:443"),
+    };
+    assert_eq!(m.receive_sides(1, || [v.clone()]), vec![want]);
+    // Same epoch: no scan at all (the views are not even read).
+    assert!(m
+        .receive_sides(1, || -> Vec<ConnectionView> { panic!("scanned") })
+        .is_empty());
+    assert!(!m.receive_side_done(&want, &Ok(())));
+    // A later change elsewhere: this one is prepared already.
+    assert!(m.receive_sides(2, || [v.clone()]).is_empty());
+    // Our own end moved: the pair changed, prepare again for it.
+    m.rescan();
+    v.local_phys = sa("10.0.5.1:40000");
+    let again = m.receive_sides(2, || [v.clone()]);
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].physical_local, sa("10.0.5.1:40000"));
+}
+
+#[test]
+fn a_receive_side_that_fails_is_tried_again_and_warned_about_once() {
+    let f = udp("10.0.0.1:5000", "10.0.0.2:53");
+    let mut v = view(f);
+    v.pending_remote = Some(sa("10.9.0.2:53"));
+    let mut m = Mover::new();
+    let t = m.receive_sides(1, || [v.clone()]).remove(0);
+    let err = || {
+        Err(DatapathError::NoRoute {
+            addr: "10.9.0.2".parse().unwrap(),
+        })
+    };
+    assert!(m.receive_side_done(&t, &err()), "first failure: warn");
+    // Tried again on the next turn although nothing changed in the core.
+    let t = m.receive_sides(1, || [v.clone()]).remove(0);
+    assert!(!m.receive_side_done(&t, &err()), "warned once");
+    let t = m.receive_sides(1, || [v.clone()]).remove(0);
+    assert!(!m.receive_side_done(&t, &Ok(())));
+    assert!(m.receive_sides(1, || [v.clone()]).is_empty());
+}
+
+#[test]
+fn no_receive_side_for_a_peer_back_at_its_own_address() {
+    let f = tcp("10.0.0.1:40000", "10.0.0.2:443");
+    let mut v = view(f);
+    v.remote_phys = sa("10.9.0.2:443");
+    v.pending_remote = Some(f.remote);
+    let mut m = Mover::new();
+    assert!(m.receive_sides(1, || [v.clone()]).is_empty());
+}
+
+#[test]
+fn events_become_switches_only_to_validated_pairs() {
+    let f = tcp("10.0.0.1:40000", "10.0.0.2:443");
+    let new_peer = sa("10.9.0.2:443");
+    let mut m = Mover::new();
+    // The peer moved and proved it: switch both ways, solicit an ACK.
+    assert_eq!(
+        m.step(
+            &Event::SetRemote {
+                flow: f,
+                remote: new_peer
+            },
+            Some(&view(f))
+        ),
+        Step::Switch(Switch {
+            flow: f,
+            local: f.local,
+            remote: new_peer,
+            peer_moved: true,
+            solicit: true,
+        })
+    );
+    // ... but not while our own move is unacknowledged.
+    let mut moving = view(f);
+    moving.migrating = true;
+    assert!(matches!(
+        m.step(
+            &Event::SetRemote {
+                flow: f,
+                remote: new_peer
+            },
+            Some(&moving)
+        ),
+        Step::Wait(..)
+    ));
+    // Our move acknowledged, TCP: wait for the peer's SWITCHED.
+    let mut moved = view(f);
+    moved.local_phys = sa("10.0.5.1:40000");
+    let resumed = |switch_now| Event::Resumed {
+        flow: f,
+        local: sa("10.0.5.1:40000"),
+        switch_now,
+    };
+    assert!(matches!(
+        m.step(&resumed(false), Some(&moved)),
+        Step::Wait(..)
+    ));
+    // SWITCHED: now, from our new address, soliciting an ACK.
+    assert_eq!(
+        m.step(
+            &Event::PeerSwitched {
+                flow: f,
+                confirmed: true
+            },
+            Some(&moved)
+        ),
+        Step::Switch(Switch {
+            flow: f,
+            local: sa("10.0.5.1:40000"),
+            remote: f.remote,
+            peer_moved: false,
+            solicit: true,
+        })
+    );
+    // Switch-now resume (UDP, or both ends moved): no ACK solicited.
+    assert!(matches!(
+        m.step(&resumed(true), Some(&moved)),
+        Step::Switch(Switch { solicit: false, .. })
+    ));
+    // The peer moved too and its address is not validated yet: wait.
+    let mut both = moved.clone();
+    both.pending_remote = Some(new_peer);
+    assert!(matches!(
+        m.step(&resumed(true), Some(&both)),
+        Step::Wait(..)
+    ));
+    assert_eq!(
+        m.step(&Event::KeysReady { flow: f }, Some(&view(f))),
+        Step::NotAMove
+    );
+}
+
+#[test]
+fn tcp_and_udp_through_a_nat_are_held_other_udp_not_and_flows_without_keys_stay() {
+    let t = tcp("10.0.0.1:40000", "10.0.0.2:443");
+    let u = udp("10.0.0.1:5000", "10.0.0.2:53");
+    let n = udp("10.0.0.1:5001", "10.0.0.2:53");
+    let k = tcp("10.0.0.1:40001", "10.0.0.3:443");
+    let mv = |flow: VirtualFlow| Move {
+        flow,
+        new_local: SocketAddr::new("10.0.5.1".parse().unwrap(), flow.local.port()),
+        remote_phys: flow.remote,
+    };
+    let views = move |f: &VirtualFlow| {
+        let mut v = view(*f);
+        if *f == n {
+            v.seen_by_peer_as = Some(sa("203.0.113.9:61000"));
+        }
+        if *f == k {
+            v.has_keys = false;
+        }
+        Some(v)
+    };
+    let (go, stuck) = Mover::new().starts(vec![mv(t), mv(u), mv(n), mv(k)], views);
+    let held: Vec<(VirtualFlow, bool)> = go.iter().map(|s| (s.mv.flow, s.hold)).collect();
+    assert_eq!(held, vec![(t, true), (u, false), (n, true)]);
+    assert_eq!(stuck, vec![mv(k)]);
+}
+
+#[test]
+fn a_hold_ends_at_the_limit_once_and_not_after_a_newer_hold_or_a_switch() {
+    let (a, b, c) = (
+        tcp("10.0.0.1:1", "10.0.0.2:443"),
+        tcp("10.0.0.1:2", "10.0.0.2:443"),
+        tcp("10.0.0.1:3", "10.0.0.2:443"),
+    );
+    let t0 = Instant::now();
+    let mut m = Mover::new();
+    m.held(a, t0);
+    m.held(b, t0);
+    m.held(c, t0);
+    assert_eq!(m.next_hold_deadline(), Some(t0 + HOLD_LIMIT));
+    // b is held again later (a second move); c's move completes.
+    m.held(b, t0 + Duration::from_secs(1));
+    m.switched(
+        &Switch {
+            flow: c,
+            local: c.local,
+            remote: c.remote,
+            peer_moved: false,
+            solicit: true,
+        },
+        true,
+    );
+    assert!(m.overdue_holds(t0 + Duration::from_millis(1999)).is_empty());
+    assert_eq!(m.overdue_holds(t0 + HOLD_LIMIT), vec![a]);
+    assert!(m.overdue_holds(t0 + HOLD_LIMIT).is_empty(), "once");
+    assert_eq!(
+        m.overdue_holds(t0 + Duration::from_secs(3)),
+        vec![b],
+        "the newer hold ends at its own limit"
+    );
+    assert_eq!(m.next_hold_deadline(), None);
+    // An aborted move's hold is released by the abort, not again later.
+    m.held(a, t0);
+    assert_eq!(
+        m.step(
+            &Event::MigrationAborted {
+                flow: a,
+                reason: AbortReason::PeerNeverArrived { rounds: 3 }
+            },
+            None
+        ),
+        Step::Release(a)
+    );
+    assert!(m.overdue_holds(t0 + Duration::from_secs(10)).is_empty());
+}
+
+#[test]
+fn mass_switches_queue_their_levers_and_solicit_only_where_the_peer_moved() {
+    let a = tcp("10.0.0.1:1", "10.0.0.2:443");
+    let b = tcp("10.0.0.1:2", "10.0.0.2:443");
+    let mut m = Mover::new();
+    let s = |flow, peer_moved| Switch {
+        flow,
+        local: sa("10.0.5.1:1"),
+        remote: sa("10.0.0.2:443"),
+        peer_moved,
+        solicit: true,
+    };
+    m.switched(&s(a, true), true);
+    assert!(m.take_restarts().is_empty(), "verified: levers ran already");
+    m.switched(&s(a, true), false);
+    m.switched(&s(b, false), false);
+    assert_eq!(m.take_restarts(), vec![(a, true), (b, false)]);
+    assert!(m.take_restarts().is_empty());
+}
+
+/// What the mover asks, run on the fake datapath: the receive side for the
+/// peer's announced address is in place (prepared) before the switch, and
+/// the switch installs the translation that the receive side began.
+#[test]
+fn on_the_fake_datapath_the_receive_side_comes_before_the_switch() {
+    let f = tcp("10.0.0.1:40000", "10.0.0.2:443");
+    let new_peer = sa("10.9.0.2:443");
+    let mut dp = FakeDatapath::new();
+    dp.add_connection(f, None);
+    let mut m = Mover::new();
+    let mut v = view(f);
+    v.pending_remote = Some(new_peer);
+    for t in m.receive_sides(1, || [v.clone()]) {
+        let r = dp.prepare_translation(&t);
+        m.receive_side_done(&t, &r);
+    }
+    assert!(dp.prepared.contains_key(&f), "receive side first");
+    assert!(dp.translations().unwrap().is_empty(), "send side not yet");
+    let Step::Switch(s) = m.step(
+        &Event::SetRemote {
+            flow: f,
+            remote: new_peer,
+        },
+        Some(&view(f)),
+    ) else {
+        panic!("no switch");
+    };
+    dp.install_translation(&Translation {
+        flow: s.flow,
+        physical_local: s.local,
+        physical_remote: s.remote,
+    })
+    .unwrap();
+    assert_eq!(dp.translations().unwrap()[0].physical_remote, new_peer);
+}
+
+/// The ordering rule against the real protocol core (the simulator's
+/// endpoints): in the turn in which the server's core takes the laptop's
+/// UPD, the mover already asks for the receive side of the laptop's new
+/// address, before the UPD_R that the core queued in that turn leaves (the
+/// driver runs the mover's work before it flushes).
+#[test]
+fn the_core_s_pending_address_reaches_the_mover_in_the_turn_of_the_update() {
+    use crate::vcmp::sim::{reverse, sa as ssa, Link, Sim};
+    let mut sim = Sim::new(41, Link::default());
+    let l = sim.add_host("10.0.0.1", crate::vcmp::Config::default());
+    let s = sim.add_host("10.0.0.2", crate::vcmp::Config::default());
+    let f = tcp("10.0.0.1:40000", "10.0.0.2:443");
+    sim.connect(l, s, f);
+    sim.run_for(Duration::from_secs(10));
+    let sf = reverse(&f);
+    assert!(sim.hosts[s].ep.connection(&sf).unwrap().has_keys);
+    sim.move_host(l, "10.0.5.1");
+    // The laptop's UPD, taken off the wire by hand.
+    let upd = sim.capture(l, |ep, now, rng| {
+        ep.resume(now, rng, &[(f, ssa("10.0.5.1:40000"))]).unwrap()
+    });
+    assert!(!upd.is_empty());
+    let mut m = Mover::new();
+    let before = m.receive_sides(sim.hosts[s].ep.pending_epoch(), || {
+        sim.hosts[s]
+            .ep
+            .connections()
+            .filter_map(|f| sim.hosts[s].ep.connection(f))
+            .collect::<Vec<_>>()
+    });
+    assert!(before.is_empty());
+    // One driver turn on the server: the datagrams in (what the core
+    // queues is kept off the wire here)...
+    let from = ssa("10.0.5.1:2031");
+    let out = sim.capture(s, |ep, now, rng| {
+        for t in &upd {
+            ep.handle_datagram(now, rng, from, &t.payload);
+        }
+    });
+    // ... the mover's work ...
+    let ep = &sim.hosts[s].ep;
+    let work = m.receive_sides(ep.pending_epoch(), || {
+        ep.connections()
+            .filter_map(|f| ep.connection(f))
+            .collect::<Vec<_>>()
+    });
+    assert_eq!(
+        work,
+        vec![Translation {
+            flow: sf,
+            physical_local: sf.local,
+            physical_remote: ssa("10.0.5.1:40000"),
+        }],
+        "the receive side for the laptop's new address must be asked for in this turn"
+    );
+    // ... and only then the flush, whose UPD_R lets the laptop send there.
+    assert!(
+        out.iter()
+            .any(|t| t.payload.get(1) == Some(&(crate::vcmp::wire::Kind::UpdR as u8))),
+        "the UPD_R leaves after the work"
+    );
+}
