@@ -1,0 +1,267 @@
+//! The driver's side of the control API: commands from `vnatctl` (through
+//! the control handler), exports and imports, the peers' listing.
+
+use super::*;
+
+impl Driver {
+    pub(super) async fn command(&mut self, cmd: Command) {
+        // Suspend, resume and import may change our end of connections.
+        self.mover.rescan();
+        match cmd {
+            Command::Suspend { flows, reply } => {
+                let r = self
+                    .endpoint
+                    .suspend(now(), &mut OsRng, &flows)
+                    .map(|()| flows.len())
+                    .map_err(|e| e.to_string());
+                let _ = reply.send(r);
+            }
+            Command::Resume { reply } => {
+                let n = self.resync().await;
+                let _ = reply.send(Ok(n));
+            }
+            Command::Counters { reply } => {
+                let st = self.endpoint.stats();
+                let map = |m: &BTreeMap<&'static str, u64>| {
+                    m.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+                };
+                let _ = reply.send(crate::control::VcmpCounters {
+                    events: map(&st.events),
+                    rejected: map(&st.rejected),
+                });
+            }
+            Command::Peers { reply } => {
+                let _ = reply.send(self.peer_infos());
+            }
+            Command::Reconfigure {
+                location_servers,
+                keepalive_secs,
+                standby_tc,
+                reply,
+            } => {
+                self.endpoint.reconfigure(
+                    location_servers.clone(),
+                    std::time::Duration::from_secs(keepalive_secs.into()),
+                );
+                self.cfg.location_servers = location_servers;
+                self.cfg.keepalive_secs = keepalive_secs;
+                self.cfg.standby_tc = standby_tc;
+                let _ = reply.send(());
+            }
+            Command::ForgetPeer { key, reply } => {
+                let held = self.endpoint.forget_peer(now(), &key);
+                let stored = match self.peers.forget(&key) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot remove the key from peers.json");
+                        false
+                    }
+                };
+                let out = match (held, stored) {
+                    (None, false) => None,
+                    (h, _) => Some(h.unwrap_or(0)),
+                };
+                if let Some(n) = out {
+                    tracing::info!(key = %identity::key_hex(&key), connections = n,
+                        "forgot peer host; its connections are claimed anew");
+                }
+                let _ = reply.send(out);
+            }
+            Command::Mobility { reply } => {
+                let m = self
+                    .endpoint
+                    .connections()
+                    .filter_map(|f| {
+                        let v = self.endpoint.connection(f)?;
+                        Some((
+                            *f,
+                            crate::control::Mobility {
+                                mobile: v.has_keys,
+                                seen_by_peer_as: v.seen_by_peer_as,
+                                why_not: self.endpoint.why_not_mobile(f).map(str::to_string),
+                            },
+                        ))
+                    })
+                    .chain(self.refused.iter().map(|(f, why)| {
+                        (
+                            *f,
+                            crate::control::Mobility {
+                                mobile: false,
+                                seen_by_peer_as: None,
+                                why_not: Some((*why).to_string()),
+                            },
+                        )
+                    }))
+                    .collect();
+                let _ = reply.send(m);
+            }
+            Command::Export { flows, reply } => {
+                let r = self.export(&flows).await;
+                let _ = reply.send(r);
+            }
+            Command::Import { state, reply } => {
+                let r = self.import(&state).await;
+                let _ = reply.send(r);
+            }
+        }
+    }
+
+    pub(super) async fn export(
+        &mut self,
+        flows: &[VirtualFlow],
+    ) -> Result<ExportDocument, TransferError> {
+        // Check every flow before forgetting any: all or nothing.
+        for f in flows {
+            let (id, flow) = (f.id(), transfer::describe(f));
+            match self.endpoint.connection(f) {
+                None => return Err(TransferError::NotTracked { id, flow }),
+                Some(v) if !v.has_keys => return Err(TransferError::NoKeys { id, flow }),
+                Some(_) => {}
+            }
+        }
+        let translations = with_dp(&self.dp, |dp| dp.translations())
+            .await
+            .map_err(TransferError::Datapath)?;
+        let mut connections = Vec::with_capacity(flows.len());
+        for f in flows {
+            let vcmp = self
+                .endpoint
+                .export_connection(f)
+                .map_err(|source| TransferError::Export { id: f.id(), source })?;
+            let translation = translations.iter().find(|t| t.flow == *f).copied();
+            tracing::info!(flow = ?f, "connection exported; VCMP forgets it here");
+            self.exported.insert(*f);
+            connections.push(ExportedConnection {
+                id: f.id(),
+                vcmp,
+                translation,
+            });
+        }
+        Ok(ExportDocument {
+            vnat_export: transfer::EXPORT_FORMAT,
+            connections,
+        })
+    }
+
+    pub(super) async fn import(
+        &mut self,
+        state: &ExportDocument,
+    ) -> Result<Vec<ImportOutcome>, TransferError> {
+        let mut done: Vec<VirtualFlow> = Vec::new();
+        for c in &state.connections {
+            if let Err(source) = self.endpoint.import_connection(&c.vcmp) {
+                // All or nothing: a half-imported set would leave the peer
+                // talking to two hosts about one process.
+                for f in &done {
+                    self.endpoint.connection_removed(f);
+                }
+                return Err(TransferError::Import { id: c.id, source });
+            }
+            done.push(c.vcmp.flow);
+            self.imported.insert(c.vcmp.flow, now());
+        }
+        // Do not move yet: the process restores its socket after the import,
+        // and until that socket exists here a packet the peer sends to this
+        // host would be answered with a reset. Prepare only the receive side
+        // (which also makes the connection's address local, so the restored
+        // socket can bind to it); the move starts when the restored socket
+        // appears in this host's records (see `resync`).
+        let here: HashSet<IpAddr> = with_dp(&self.dp, |dp| dp.interface_addresses())
+            .await
+            .map(|a| a.into_iter().map(|(ip, _)| ip).collect())
+            .unwrap_or_default();
+        for flow in &done {
+            let Some(v) = self.endpoint.connection(flow) else {
+                continue;
+            };
+            if here.contains(&v.local_phys.ip()) {
+                continue;
+            }
+            let (flow, remote) = (*flow, v.remote_phys);
+            let prepared = with_dp(&self.dp, move |dp| {
+                let src = dp
+                    .source_address_for(remote.ip())?
+                    .ok_or(DatapathError::NoRoute { addr: remote.ip() })?;
+                let t = Translation {
+                    flow,
+                    physical_local: SocketAddr::new(src, flow.local.port()),
+                    physical_remote: remote,
+                };
+                dp.prepare_translation(&t)
+            })
+            .await;
+            if let Err(e) = prepared {
+                tracing::warn!(?flow, error = %e, "cannot prepare the imported connection's address");
+            }
+        }
+        let mut out = Vec::with_capacity(done.len());
+        for flow in done {
+            let Some(v) = self.endpoint.connection(&flow) else {
+                continue;
+            };
+            let moved = v.local_phys != flow.local || v.remote_phys != flow.remote;
+            if !v.migrating && moved && here.contains(&v.local_phys.ip()) {
+                // Staying at the exported physical endpoints (this host has
+                // that address too): translate as the exporting host did.
+                self.translate(flow, v.local_phys, v.remote_phys, false)
+                    .await;
+            }
+            tracing::info!(?flow, local = %v.local_phys, moving = v.migrating, "connection imported");
+            out.push(ImportOutcome {
+                flow,
+                physical_local: v.local_phys,
+                physical_remote: v.remote_phys,
+                moving: v.migrating,
+            });
+        }
+        Ok(out)
+    }
+
+    /// One row per known host key (with the address it last paired from)
+    /// and one per address whose connections no host has claimed yet.
+    pub(super) fn peer_infos(&self) -> Vec<PeerInfo> {
+        let mut by_key: BTreeMap<[u8; 32], (IpAddr, usize, usize)> = BTreeMap::new();
+        let mut unclaimed: BTreeMap<IpAddr, usize> = BTreeMap::new();
+        for (key, ip) in &self.peers.peers {
+            by_key.insert(*key, (*ip, 0, 0));
+        }
+        for f in self.endpoint.connections() {
+            let Some(v) = self.endpoint.connection(f) else {
+                continue;
+            };
+            match v.peer_key {
+                Some(k) => {
+                    let e = by_key.entry(k).or_insert((v.remote_phys.ip(), 0, 0));
+                    e.1 += 1;
+                    e.2 += usize::from(v.has_keys);
+                }
+                None => *unclaimed.entry(v.remote_phys.ip()).or_default() += 1,
+            }
+        }
+        let mut out: Vec<PeerInfo> = by_key
+            .into_iter()
+            .map(|(key, (address, connections, mobile))| PeerInfo {
+                address,
+                key: Some(identity::key_hex(&key)),
+                connections,
+                mobile,
+                behind_nat: self.endpoint.behind_nat(&key),
+                reflexive: self.endpoint.reflexive_address(&key),
+            })
+            .collect();
+        out.extend(
+            unclaimed
+                .into_iter()
+                .map(|(address, connections)| PeerInfo {
+                    address,
+                    key: None,
+                    connections,
+                    mobile: 0,
+                    behind_nat: false,
+                    reflexive: None,
+                }),
+        );
+        out.sort_by(|a, b| (a.address, &a.key).cmp(&(b.address, &b.key)));
+        out
+    }
+}

@@ -1,0 +1,545 @@
+//! The driver's part in moves: it reads connections and addresses, asks the
+//! mover (`super::super::mover`) what to do, and runs that against the
+//! datapath in one trip per turn.
+
+use super::*;
+
+impl Driver {
+    /// Track new connections, forget closed ones, and move the ones whose
+    /// address vanished. Returns the number of moves started.
+    pub(super) async fn resync(&mut self) -> usize {
+        tracing::trace!("resync");
+        let port = self.cfg.listen.port();
+        let listed = with_dp(&self.dp, |dp| {
+            (dp.connections_without_owners(), dp.interface_addresses())
+        })
+        .await;
+        let conns = match listed.0 {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list connections");
+                return 0;
+            }
+        };
+        let seen_at = std::time::Instant::now();
+        match listed.1 {
+            Ok(a) => self
+                .host_addrs
+                .update(seen_at, a.into_iter().map(|(ip, _)| ip).collect()),
+            Err(e) => tracing::warn!(error = %e, "cannot list this host's addresses"),
+        }
+        let mut live = HashSet::new();
+        for c in conns {
+            let flow = VirtualFlow {
+                proto: c.proto,
+                local: c.virtual_local,
+                remote: c.virtual_remote,
+            };
+            if !mobility::is_mobile_candidate(&flow, port) {
+                continue;
+            }
+            live.insert(flow);
+            if self.endpoint.connection(&flow).is_none()
+                && !self.exported.contains(&flow)
+                && !self.imported.contains_key(&flow)
+                // Physical: a connection that moved before a restart of
+                // vnatd uses its new address; its virtual one is on `lo`.
+                && !self.host_addrs.may_manage(c.physical_local.ip(), seen_at)
+            {
+                if self
+                    .refused
+                    .insert(flow, mobility::NOT_OUR_ADDRESS)
+                    .is_none()
+                {
+                    tracing::warn!(?flow, pid = ?c.pid, "not managing a connection whose local address is not one of this host's (IP_FREEBIND or IP_TRANSPARENT socket)");
+                }
+                continue;
+            }
+            if self.endpoint.connection(&flow).is_none() && !self.exported.contains(&flow) {
+                let r = self.endpoint.connection_added(
+                    now(),
+                    &mut OsRng,
+                    flow,
+                    c.physical_local,
+                    c.physical_remote,
+                    vcmp::Binding::of(&flow, c.tcp_isns),
+                );
+                match r {
+                    Ok(()) => tracing::debug!(?flow, "tracking connection"),
+                    Err(e) => tracing::debug!(?flow, error = %e, "not tracking connection"),
+                }
+            }
+        }
+        self.exported.retain(|f| live.contains(f));
+        self.refused.retain(|f, _| live.contains(f));
+        let t = now();
+        self.imported
+            .retain(|f, since| !live.contains(f) && t.since(*since) < IMPORT_GRACE);
+        let gone: Vec<VirtualFlow> = self
+            .endpoint
+            .connections()
+            .filter(|f| !live.contains(f) && !self.imported.contains_key(f))
+            .copied()
+            .collect();
+        for f in &gone {
+            self.endpoint.connection_removed(f);
+            self.mover.forget(f);
+        }
+        if !gone.is_empty() {
+            // The connections closed: undo what their translations set up
+            // (NAT entries, the address kept on lo, the peer's host route,
+            // the tc attachment) unless another connection still needs it.
+            with_dp(&self.dp, move |dp| {
+                for f in gone {
+                    match dp.remove_translation(&f) {
+                        Ok(()) => tracing::info!(flow = ?f, "connection closed; translation removed"),
+                        Err(DatapathError::NoSuchTranslation { .. }) => {}
+                        Err(e) => tracing::warn!(flow = ?f, error = %e, "cannot remove a closed connection's translation"),
+                    }
+                }
+            })
+            .await;
+        }
+        self.plan_and_move().await
+    }
+
+    pub(super) async fn plan_and_move(&mut self) -> usize {
+        let tracked: Vec<Tracked> = self
+            .endpoint
+            .connections()
+            .filter(|f| !self.imported.contains_key(f))
+            .filter_map(|f| self.endpoint.connection(f))
+            .map(|v| Tracked {
+                flow: v.flow,
+                local_phys: v.local_phys,
+                remote_phys: v.remote_phys,
+                migrating: v.migrating,
+            })
+            .collect();
+        if tracked.is_empty() {
+            return 0;
+        }
+        let remotes: HashSet<IpAddr> = tracked.iter().map(|t| t.remote_phys.ip()).collect();
+        let (addrs, sources) = with_dp(&self.dp, move |dp| {
+            let addrs: HashSet<IpAddr> = match dp.interface_addresses() {
+                Ok(a) => a.into_iter().map(|(a, _)| a).collect(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot list this host's addresses");
+                    HashSet::new()
+                }
+            };
+            let sources: HashMap<IpAddr, Option<IpAddr>> = remotes
+                .into_iter()
+                .map(|r| (r, dp.source_address_for(r).ok().flatten()))
+                .collect();
+            (addrs, sources)
+        })
+        .await;
+        let moves =
+            mobility::plan_moves(&tracked, &addrs, |ip| sources.get(&ip).copied().flatten());
+        tracing::trace!(?tracked, ?addrs, ?sources, ?moves, "automatic mode");
+        // Which moves can go, then all their receive sides in one trip to
+        // the datapath thread.
+        let (candidates, stuck) = self.mover.starts(moves, |f| self.endpoint.connection(f));
+        for m in stuck {
+            tracing::warn!(flow = ?m.flow, peer = %m.remote_phys.ip(), "connection lost its address but cannot move: the peer runs no vnatd or pairing has not completed");
+        }
+        let prepared = with_dp(&self.dp, move |dp| {
+            candidates
+                .into_iter()
+                .map(|st| {
+                    let m = st.mv;
+                    let r = if m.new_local != m.flow.local {
+                        dp.prepare_translation(&Translation {
+                            flow: m.flow,
+                            physical_local: m.new_local,
+                            physical_remote: m.remote_phys,
+                        })
+                    } else {
+                        Ok(())
+                    };
+                    let mut held = false;
+                    if r.is_ok() && st.hold {
+                        match dp.hold_send_side(&m.flow, true) {
+                            Ok(()) => held = true,
+                            Err(e) => tracing::warn!(flow = ?m.flow, error = %e, "cannot hold the connection's packets during its move"),
+                        }
+                    }
+                    (m, st.from, r, held)
+                })
+                .collect::<Vec<_>>()
+        })
+        .await;
+        let mut started = Vec::new();
+        let held_at = std::time::Instant::now();
+        for (m, from, r, held) in prepared {
+            if held {
+                self.mover.held(m.flow, held_at);
+            }
+            if let Err(e) = r {
+                tracing::warn!(flow = ?m.flow, error = %e, "cannot prepare the move");
+                continue;
+            }
+            tracing::info!(flow = ?m.flow, from = %from, to = %m.new_local, "resuming connection at a new address");
+            started.push((m.flow, m.new_local));
+        }
+        if started.is_empty() {
+            return 0;
+        }
+        if let Err(e) = self.endpoint.resume(now(), &mut OsRng, &started) {
+            tracing::warn!(error = %e, "cannot start the migration");
+            return 0;
+        }
+        // Our end moved: receive sides prepared for a peer's pending address
+        // must be prepared again for our new one.
+        self.mover.rescan();
+        started.len()
+    }
+
+    /// Release the holds older than [`HOLD_LIMIT`] of moves still under
+    /// way. A flow whose move completed was released by its translation
+    /// (the release is then a no-op).
+    pub(super) async fn end_overdue_holds(&mut self) {
+        let overdue = self.mover.overdue_holds(std::time::Instant::now());
+        if overdue.is_empty() {
+            return;
+        }
+        let n = overdue.len();
+        let failed = with_dp(&self.dp, move |dp| {
+            let mut failed = Vec::new();
+            for f in overdue {
+                match dp.hold_send_side(&f, false) {
+                    // The socket's sends failed while held, so it waits on
+                    // a backed-off probe timer: push what it queued now,
+                    // not seconds later.
+                    Ok(()) => restart_one(dp, f, false, false),
+                    Err(e) => failed.push((f, e)),
+                }
+            }
+            failed
+        })
+        .await;
+        for (flow, e) in &failed {
+            tracing::warn!(?flow, error = %e, "cannot release the connection's held packets");
+        }
+        tracing::info!(
+            connections = n - failed.len(),
+            limit_ms = HOLD_LIMIT.as_millis() as u64,
+            "moves not done within the hold limit: their packets leave with the old address until they are"
+        );
+    }
+
+    /// A peer announced a new address in an authenticated update that is
+    /// still being validated: accept its packets from there already (only
+    /// sending waits for validation), so that its connection never meets a
+    /// kernel that resets it.
+    pub(super) async fn prepare_pending(&mut self) {
+        let endpoint = &self.endpoint;
+        let work = self.mover.receive_sides(endpoint.pending_epoch(), || {
+            endpoint
+                .connections()
+                .filter_map(|f| endpoint.connection(f))
+                .collect::<Vec<_>>()
+        });
+        if work.is_empty() {
+            return;
+        }
+        // One trip to the datapath thread for all of them.
+        let done = with_dp(&self.dp, move |dp| {
+            work.into_iter()
+                .map(|t| {
+                    let r = dp.prepare_translation(&t).map(|()| {
+                        prepare_old_address(dp, t.flow, t.physical_local, t.physical_remote);
+                    });
+                    (t, r)
+                })
+                .collect::<Vec<_>>()
+        })
+        .await;
+        for (t, r) in done {
+            let new_failure = self.mover.receive_side_done(&t, &r);
+            match r {
+                Ok(()) => {
+                    tracing::debug!(flow = ?t.flow, remote = %t.physical_remote, "receive side ready for the peer's new address")
+                }
+                Err(e) if new_failure => {
+                    tracing::warn!(flow = ?t.flow, error = %e, "cannot prepare for the peer's new address yet; will retry")
+                }
+                Err(_) => {}
+            }
+        }
+    }
+
+    pub(super) async fn apply_events(&mut self) {
+        // Datapath work of all events in one batch, in event order.
+        let mut batch = Vec::new();
+        let mut aborted = Vec::new();
+        while let Some(ev) = self.endpoint.poll_event() {
+            let flow = match &ev {
+                Event::SetRemote { flow, .. }
+                | Event::Reverted { flow, .. }
+                | Event::Resumed { flow, .. }
+                | Event::PeerSwitched { flow, .. }
+                | Event::MigrationAborted { flow, .. } => Some(*flow),
+                _ => None,
+            };
+            let view = flow.and_then(|f| self.endpoint.connection(&f));
+            match self.mover.step(&ev, view.as_ref()) {
+                Step::Switch(s) => {
+                    if let Event::PeerSwitched { confirmed, .. } = ev {
+                        tracing::debug!(flow = ?s.flow, confirmed, "the peer sends to our new address");
+                    }
+                    batch.push(s);
+                    continue;
+                }
+                Step::Release(flow) => {
+                    if let Event::MigrationAborted { reason, .. } = &ev {
+                        tracing::warn!(?flow, %reason, "migration aborted");
+                    }
+                    aborted.push(flow);
+                    continue;
+                }
+                Step::Wait(flow, why) => {
+                    tracing::debug!(?flow, ?view, "{why}");
+                    continue;
+                }
+                Step::NotAMove => {}
+            }
+            match ev {
+                Event::Paired { peer, key } => {
+                    tracing::info!(%peer, key = %identity::key_hex(&key), "paired with peer host");
+                    if let Err(e) = self.peers.remember(peer, key) {
+                        tracing::error!(error = %e, "cannot save the peer's key");
+                    }
+                }
+                Event::ClaimConflict {
+                    peer,
+                    claimant,
+                    holder,
+                    connections,
+                } => {
+                    tracing::warn!(%peer, claimant = %identity::key_hex(&claimant), holder = %identity::key_hex(&holder), connections,
+                        "a host claims connections that belong to another host key; they stay with it (if that host was reinstalled, run `vnatctl peers forget <holder key>`)");
+                }
+                Event::PeerKeyChanged {
+                    peer,
+                    pinned,
+                    offered,
+                } => {
+                    tracing::error!(%peer, pinned = %identity::key_hex(&pinned), offered = %identity::key_hex(&offered),
+                        "peer presented a different host key than the pinned one: refused (if the peer was reinstalled, remove it from peers.json in the state directory)");
+                }
+                Event::DivertBinds { toward } => {
+                    // Before the BIND_REQ that this makes the core send
+                    // (flushed after the events): no BIND may reach an
+                    // application.
+                    let port = self.sock.local_addr().map(|a| a.port()).unwrap_or(0);
+                    let r = with_dp(&self.dp, move |dp| dp.divert_binds(toward, port)).await;
+                    if let Err(e) = &r {
+                        tracing::warn!(%toward, error = %e, "cannot divert in-band BINDs: UDP flows from there stay unbound");
+                    }
+                    self.endpoint.binds_diverted(toward, r.is_ok());
+                }
+                Event::SendInBand {
+                    local,
+                    remote,
+                    payload,
+                } => {
+                    let r =
+                        with_dp(&self.dp, move |dp| dp.send_in_band(local, remote, &payload)).await;
+                    if let Err(e) = r {
+                        tracing::warn!(%local, %remote, error = %e, "cannot send a BIND on the flow's path");
+                    }
+                }
+                other => tracing::debug!(event = ?other, "VCMP event"),
+            }
+        }
+        let done = self.translate_all(batch).await;
+        // Tell each peer whose new address we now send to (SWITCHED): its
+        // moved connections wait for that before restarting their TCP.
+        let confirm: Vec<VirtualFlow> = done
+            .iter()
+            .filter(|s| s.peer_moved || s.remote != s.flow.remote)
+            .map(|s| s.flow)
+            .collect();
+        if !confirm.is_empty() {
+            self.endpoint.confirm_switched(now(), &mut OsRng, &confirm);
+        }
+        if !aborted.is_empty() {
+            // Back to what it did before the move (the connection is most
+            // likely lost, but that is for TCP to decide).
+            with_dp(&self.dp, move |dp| {
+                for flow in aborted {
+                    if let Err(e) = dp.hold_send_side(&flow, false) {
+                        tracing::warn!(?flow, error = %e, "cannot release the connection's held packets");
+                    }
+                }
+            })
+            .await;
+        }
+    }
+
+    /// Make the datapath translate `flow` to (local, remote), or stop
+    /// translating it when both are its virtual endpoints again.
+    /// `peer_moved`: the peer's address changed (see [`Switch`]).
+    pub(super) async fn translate(
+        &mut self,
+        flow: VirtualFlow,
+        local: SocketAddr,
+        remote: SocketAddr,
+        peer_moved: bool,
+    ) {
+        self.translate_all(vec![Switch {
+            flow,
+            local,
+            remote,
+            peer_moved,
+            solicit: peer_moved,
+        }])
+        .await;
+    }
+
+    /// [`Driver::translate`] for many connections in one trip to the
+    /// datapath thread: when thousands move together, one hand-off each
+    /// (and a wait for a CPU on a busy host) would cost more than the work.
+    /// Returns the switches that took effect.
+    ///
+    /// The TCP restart levers (and the solicited ACKs of [`Switch`]): for a
+    /// few connections, the verified ones, at once after each install,
+    /// before anything VCMP queued is sent. For a mass move they are queued
+    /// for [`Driver::restart_translated`], which the loop runs after the
+    /// flush: they cost tens of microseconds per connection, and the peer's
+    /// RESPONSE, UPD_R or SWITCHED must not wait behind thousands of them.
+    pub(super) async fn translate_all(&mut self, items: Vec<Switch>) -> Vec<Switch> {
+        if items.is_empty() {
+            return Vec::new();
+        }
+        let verified = items.len() <= VERIFIED_RESTARTS_MAX;
+        let started = std::time::Instant::now();
+        let done = with_dp(&self.dp, move |dp| {
+            items
+                .into_iter()
+                .map(|s| {
+                    let r = translate_one(dp, s.flow, s.local, s.remote);
+                    if verified && r.is_ok() {
+                        restart_one(dp, s.flow, s.solicit, true);
+                    }
+                    (s, r)
+                })
+                .collect::<Vec<_>>()
+        })
+        .await;
+        let mut ok = Vec::with_capacity(done.len());
+        for (s, r) in done {
+            match r {
+                Ok(()) => {
+                    // The peer's solicited ACKs leave after its SWITCHED and
+                    // make our held sockets send what they queued, with
+                    // their ACK; one with nothing to send keeps its ACK
+                    // until it next sends or receives.
+                    self.mover.switched(&s, verified);
+                    tracing::info!(flow = ?s.flow, local = %s.local, remote = %s.remote, "translation updated");
+                    ok.push(s);
+                }
+                Err(e) => {
+                    tracing::error!(flow = ?s.flow, error = %e, "cannot update the translation")
+                }
+            }
+        }
+        if verified && !ok.is_empty() {
+            tracing::info!(
+                connections = ok.len(),
+                verified,
+                elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
+                "restart levers sent"
+            );
+        }
+        ok
+    }
+
+    /// The restart levers, without waits, for the connections of a mass
+    /// move translated this turn (see [`Driver::translate_all`]).
+    pub(super) async fn restart_translated(&mut self) {
+        let items = self.mover.take_restarts();
+        if items.is_empty() {
+            return;
+        }
+        let (n, started) = (items.len(), std::time::Instant::now());
+        with_dp(&self.dp, move |dp| {
+            for (flow, solicit) in items {
+                restart_one(dp, flow, solicit, false);
+            }
+        })
+        .await;
+        tracing::info!(
+            connections = n,
+            verified = false,
+            elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
+            "restart levers sent"
+        );
+    }
+}
+
+/// Make the datapath translate `flow` to (local, remote), or stop
+/// translating it when both are its virtual endpoints again.
+fn translate_one(
+    dp: &mut dyn Datapath,
+    flow: VirtualFlow,
+    local: SocketAddr,
+    remote: SocketAddr,
+) -> Result<(), DatapathError> {
+    if local == flow.local && remote == flow.remote {
+        match dp.remove_translation(&flow) {
+            Err(DatapathError::NoSuchTranslation { .. }) => Ok(()),
+            r => r,
+        }
+    } else {
+        dp.install_translation(&Translation {
+            flow,
+            physical_local: local,
+            physical_remote: remote,
+        })?;
+        prepare_old_address(dp, flow, local, remote);
+        Ok(())
+    }
+}
+
+/// After an outage TCP has backed off its retransmission timer; make it
+/// retransmit now rather than tens of seconds later (DESIGN.md §3, "no
+/// stall"); and with `solicit`, have the socket send its peer an ACK (see
+/// [`Switch`]). `wait`: the verified levers, which watch the socket act (and
+/// try again).
+fn restart_one(dp: &mut dyn Datapath, flow: VirtualFlow, solicit: bool, wait: bool) {
+    if flow.proto != crate::datapath::Proto::Tcp {
+        return;
+    }
+    let r = if wait {
+        crate::datapath::restart_verified(dp, &flow, solicit)
+    } else {
+        dp.kick_flow(&flow, solicit)
+    };
+    match r {
+        Ok(sent) => tracing::debug!(?flow, %sent, "restart"),
+        Err(e) => {
+            tracing::debug!(?flow, error = %e, "could not restart the flow's retransmissions")
+        }
+    }
+}
+
+/// When both ends moved, the peer may still send to our old (virtual)
+/// address, which stays local here: take those packets in as well (receive
+/// side only), or the kernel would answer them with a reset that the peer's
+/// translation delivers into its socket. See
+/// [`mobility::old_address_receive_side`].
+fn prepare_old_address(
+    dp: &mut dyn Datapath,
+    flow: VirtualFlow,
+    local: SocketAddr,
+    remote: SocketAddr,
+) {
+    if let Some(t) = mobility::old_address_receive_side(flow, local, remote) {
+        if let Err(e) = dp.prepare_translation(&t) {
+            tracing::debug!(?flow, error = %e, "cannot take in the peer's packets to our old address");
+        }
+    }
+}
