@@ -7,7 +7,7 @@ use std::{
 
 use super::{
     validate_translation, CgroupAttachment, ConnState, ConnectionInfo, Datapath, DatapathError,
-    DatapathStatus, Translation, VirtualFlow,
+    DatapathStatus, Kick, RestartOutcome, Translation, VirtualFlow,
 };
 
 /// Holds connections and translations in memory; tests add connections with
@@ -34,6 +34,17 @@ pub struct FakeDatapath {
     pub diverting: BTreeSet<std::net::IpAddr>,
     /// Datagrams sent with [`Datapath::send_in_band`]: (from, to, payload).
     pub sent_in_band: Vec<(std::net::SocketAddr, std::net::SocketAddr, Vec<u8>)>,
+    /// Flows asked to restart ([`Datapath::restart_flow`],
+    /// [`Datapath::kick_flow`]) and to solicit an ACK, in order.
+    pub restarted: Vec<VirtualFlow>,
+    pub solicited: Vec<VirtualFlow>,
+    /// Interfaces kept attached ([`Datapath::set_standby`]).
+    pub standby: Vec<u32>,
+    /// Calls of [`Datapath::maintain`].
+    pub maintained: usize,
+    /// Whether a batch is open ([`Datapath::begin_batch`]); batches do not
+    /// nest.
+    pub in_batch: bool,
 }
 
 impl FakeDatapath {
@@ -80,6 +91,63 @@ impl FakeDatapath {
 }
 
 impl Datapath for FakeDatapath {
+    fn connections_without_owners(&self) -> Result<Vec<ConnectionInfo>, DatapathError> {
+        Ok(self
+            .connections()?
+            .into_iter()
+            .map(|c| ConnectionInfo {
+                pid: None,
+                command: None,
+                cgroup: None,
+                ..c
+            })
+            .collect())
+    }
+
+    fn maintain(&mut self) -> Result<(), DatapathError> {
+        self.take_failure()?;
+        self.maintained += 1;
+        Ok(())
+    }
+
+    /// The fake has no sockets to restart, and says so.
+    fn restart_flow(&mut self, flow: &VirtualFlow) -> Result<RestartOutcome, DatapathError> {
+        self.take_failure()?;
+        self.restarted.push(*flow);
+        Ok(RestartOutcome::Unsupported)
+    }
+
+    fn solicit_ack(&mut self, flow: &VirtualFlow) -> Result<bool, DatapathError> {
+        self.take_failure()?;
+        self.solicited.push(*flow);
+        Ok(false)
+    }
+
+    fn kick_flow(&mut self, flow: &VirtualFlow, peer_moved: bool) -> Result<Kick, DatapathError> {
+        self.take_failure()?;
+        self.restarted.push(*flow);
+        if peer_moved {
+            self.solicited.push(*flow);
+        }
+        Ok(Kick::Nothing)
+    }
+
+    fn set_standby(&mut self, ifindexes: &[u32]) -> Result<(), DatapathError> {
+        self.take_failure()?;
+        self.standby = ifindexes.to_vec();
+        Ok(())
+    }
+
+    fn begin_batch(&mut self) {
+        assert!(!self.in_batch, "datapath batches do not nest");
+        self.in_batch = true;
+    }
+
+    fn end_batch(&mut self) {
+        assert!(self.in_batch, "end_batch without begin_batch");
+        self.in_batch = false;
+    }
+
     fn divert_binds(
         &mut self,
         toward: std::net::IpAddr,
@@ -268,6 +336,27 @@ mod tests {
             (c.id, c.state, c.physical_local),
             (id, ConnState::Translated, t.physical_local)
         );
+    }
+
+    #[test]
+    fn restart_levers_are_typed_and_recorded() {
+        let mut dp = FakeDatapath::new();
+        let f = flow();
+        let r = crate::datapath::restart_verified(&mut dp, &f, true).unwrap();
+        assert_eq!(
+            r,
+            crate::datapath::Restarted {
+                outcome: RestartOutcome::Unsupported,
+                ack_solicited: Some(false),
+            }
+        );
+        assert_eq!(dp.kick_flow(&f, false).unwrap(), Kick::Nothing);
+        assert_eq!((dp.restarted.len(), dp.solicited.len()), (2, 1));
+        dp.fail_next = Some(DatapathError::NoRoute {
+            addr: f.remote.ip(),
+        });
+        assert!(dp.kick_flow(&f, true).is_err());
+        assert_eq!(dp.restarted.len(), 2, "a failed call records nothing");
     }
 
     #[test]

@@ -29,9 +29,7 @@ pub trait Datapath {
     /// cgroup), which cost a walk of /proc for connections whose owner the
     /// recorder could not see (accepted ones): what the daemon's periodic
     /// resync needs, at a cost that stays small with 100,000 connections.
-    fn connections_without_owners(&self) -> Result<Vec<ConnectionInfo>, DatapathError> {
-        self.connections()
-    }
+    fn connections_without_owners(&self) -> Result<Vec<ConnectionInfo>, DatapathError>;
 
     /// Start recording the sockets of processes in this cgroup v2 directory.
     fn enable_cgroup(&mut self, path: &std::path::Path) -> Result<(), DatapathError>;
@@ -70,19 +68,12 @@ pub trait Datapath {
     /// stays queued, as with no route). From the start of a move until the
     /// peer sends to the new address: anything that left earlier would
     /// reach a peer that still answers at the old address. Installing or
-    /// removing the flow's translation releases it too. The defaults do
-    /// nothing (a datapath that cannot hold); the fake records the held
-    /// flows.
-    fn hold_send_side(&mut self, flow: &VirtualFlow, hold: bool) -> Result<(), DatapathError> {
-        let _ = (flow, hold);
-        Ok(())
-    }
+    /// removing the flow's translation releases it too.
+    fn hold_send_side(&mut self, flow: &VirtualFlow, hold: bool) -> Result<(), DatapathError>;
 
     /// Release every held send side (at start: what held them was a vnatd
     /// that is gone, and a new move holds again). Returns how many.
-    fn release_held(&mut self) -> Result<usize, DatapathError> {
-        Ok(0)
-    }
+    fn release_held(&mut self) -> Result<usize, DatapathError>;
 
     /// Addresses configured on this host's interfaces other than `lo` (the
     /// addresses a moved connection could use), with the interface index.
@@ -95,9 +86,7 @@ pub trait Datapath {
     /// Periodic housekeeping (the daemon calls it every few seconds):
     /// complete UDP records whose socket was unbound at connect() and drop
     /// UDP records whose socket is gone.
-    fn maintain(&mut self) -> Result<(), DatapathError> {
-        Ok(())
-    }
+    fn maintain(&mut self) -> Result<(), DatapathError>;
 
     /// Restart the data flow of a TCP connection whose socket on this host
     /// backed off its retransmission or probe timer during an outage, so
@@ -107,11 +96,7 @@ pub trait Datapath {
     /// backed off.
     ///
     /// Does nothing to a socket that is not backed off, or to a UDP flow.
-    /// The default (the fake) does nothing and says so.
-    fn restart_flow(&mut self, flow: &VirtualFlow) -> Result<RestartOutcome, DatapathError> {
-        let _ = flow;
-        Ok(RestartOutcome::Unsupported)
-    }
+    fn restart_flow(&mut self, flow: &VirtualFlow) -> Result<RestartOutcome, DatapathError>;
 
     /// Make the TCP socket of `flow` on this host send one ACK now, through
     /// the flow's current translation. Call it when the peer's address
@@ -119,19 +104,13 @@ pub trait Datapath {
     /// address, and until one arrives the peer's socket may sit on a full
     /// congestion window waiting for its retransmission timer (200 ms at
     /// least). Returns whether an ACK was solicited (false for UDP, for a
-    /// socket that is not established, and for the fake).
-    fn solicit_ack(&mut self, flow: &VirtualFlow) -> Result<bool, DatapathError> {
-        let _ = flow;
-        Ok(false)
-    }
+    /// socket that is not established).
+    fn solicit_ack(&mut self, flow: &VirtualFlow) -> Result<bool, DatapathError>;
 
     /// Keep the tc translators attached to exactly these interfaces besides
     /// the ones translations use (the `standby_tc` setting); an empty list
-    /// returns to attaching only where used. The fake keeps nothing.
-    fn set_standby(&mut self, ifindexes: &[u32]) -> Result<(), DatapathError> {
-        let _ = ifindexes;
-        Ok(())
-    }
+    /// returns to attaching only where used.
+    fn set_standby(&mut self, ifindexes: &[u32]) -> Result<(), DatapathError>;
 
     /// Divert in-band BINDs coming from `toward` to vnatd's VCMP port
     /// `vcmp_port` (see `vnat_common::BIND_LEN`): a paired host behind NAT
@@ -157,37 +136,38 @@ pub trait Datapath {
     /// it already set, which is most of the cost of moving thousands of
     /// connections to one peer. Its own changes drop what it remembered; a
     /// change made by someone else during the batch is seen by the next one
-    /// (vnatd resyncs on every change). The fake has nothing to remember.
-    fn begin_batch(&mut self) {}
+    /// (vnatd resyncs on every change).
+    fn begin_batch(&mut self);
 
     /// Forget what [`Datapath::begin_batch`] let the datapath remember.
-    fn end_batch(&mut self) {}
+    fn end_batch(&mut self);
 
     /// What vnatd does after it translated a TCP connection: the levers of
     /// [`Datapath::restart_flow`] for a backed-off socket, and
     /// [`Datapath::solicit_ack`] if `peer_moved`, sending each message
     /// without waiting to see the socket act (a move of thousands of
-    /// connections cannot wait per connection). Returns what was sent, for
-    /// the log. The default runs the waiting ones ([`restart_verified`]).
-    fn kick_flow(&mut self, flow: &VirtualFlow, peer_moved: bool) -> Result<String, DatapathError> {
-        restart_verified(self, flow, peer_moved)
-    }
+    /// connections cannot wait per connection). Returns what was sent.
+    fn kick_flow(&mut self, flow: &VirtualFlow, peer_moved: bool) -> Result<Kick, DatapathError>;
 }
 
 /// The verified restart levers: [`Datapath::restart_flow`] (which watches
 /// the socket act), then, if the peer moved, [`Datapath::solicit_ack`] in
 /// any case: what the peer retransmitted may have reached us before our
 /// send side switched, and our ACK of it went to its old address. Returns
-/// what was done, for the log.
+/// what was done.
 pub fn restart_verified<D: Datapath + ?Sized>(
     dp: &mut D,
     flow: &VirtualFlow,
     peer_moved: bool,
-) -> Result<String, DatapathError> {
-    let restarted = dp.restart_flow(flow).map(|o| format!("{o:?}"));
-    if !peer_moved {
-        return restarted;
-    }
-    let solicited = dp.solicit_ack(flow)?;
-    restarted.map(|r| format!("{r}, ack solicited: {solicited}"))
+) -> Result<Restarted, DatapathError> {
+    let restarted = dp.restart_flow(flow);
+    let ack_solicited = if peer_moved {
+        Some(dp.solicit_ack(flow)?)
+    } else {
+        None
+    };
+    Ok(Restarted {
+        outcome: restarted?,
+        ack_solicited,
+    })
 }

@@ -218,6 +218,30 @@ impl Translation {
     }
 }
 
+/// What [`super::Datapath::kick_flow`] sent (nothing is waited for).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kick {
+    /// Nothing: UDP, or a healthy socket whose peer did not move.
+    Nothing,
+    /// `messages` RFC 6069 unreachables for a backed-off retransmission
+    /// timer (one per backoff step, for each candidate `snd_una`), and an
+    /// ACK solicited if the peer moved.
+    Unreachables { messages: u32, backoff: u8 },
+    /// One out-of-window probe to the peer for a backed-off probe timer
+    /// (and an ACK solicited if the peer moved).
+    Probe { backoff: u8 },
+    /// The socket was asked for an ACK (its peer moved).
+    AckSolicited,
+}
+
+/// What [`super::restart_verified`] did: the restart levers, which watch
+/// the socket act, and whether an ACK was solicited (when the peer moved).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Restarted {
+    pub outcome: RestartOutcome,
+    pub ack_solicited: Option<bool>,
+}
+
 /// What [`crate::datapath::Datapath::restart_flow`] did to a connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "outcome")]

@@ -514,9 +514,9 @@ fn restart_one(dp: &mut dyn Datapath, flow: VirtualFlow, solicit: bool, wait: bo
         return;
     }
     let r = if wait {
-        crate::datapath::restart_verified(dp, &flow, solicit)
+        crate::datapath::restart_verified(dp, &flow, solicit).map(|r| format!("{r:?}"))
     } else {
-        dp.kick_flow(&flow, solicit)
+        dp.kick_flow(&flow, solicit).map(|k| format!("{k:?}"))
     };
     match r {
         Ok(sent) => tracing::debug!(?flow, %sent, "restart"),

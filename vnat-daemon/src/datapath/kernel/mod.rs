@@ -495,14 +495,18 @@ impl Datapath for KernelDatapath {
         Ok(())
     }
 
-    fn kick_flow(&mut self, flow: &VirtualFlow, peer_moved: bool) -> Result<String, DatapathError> {
+    fn kick_flow(
+        &mut self,
+        flow: &VirtualFlow,
+        peer_moved: bool,
+    ) -> Result<super::Kick, DatapathError> {
         let key = flow.to_key();
         let record = match self.loaded.maps.conns.get(&key, 0) {
             Ok(r) => r,
-            Err(e) if is_not_found(&e) => return Ok("not recorded".into()),
+            Err(e) if is_not_found(&e) => return Ok(super::Kick::Nothing),
             Err(e) => return Err(map_err(MAP_CONNS)(e)),
         };
-        restart::kick(flow, &record, peer_moved).map(|k| format!("{k:?}"))
+        restart::kick(flow, &record, peer_moved)
     }
 
     fn solicit_ack(&mut self, flow: &VirtualFlow) -> Result<bool, DatapathError> {

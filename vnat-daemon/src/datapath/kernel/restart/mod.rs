@@ -85,7 +85,7 @@ use std::{
 
 use vnat_common::ConnRecord;
 
-use crate::datapath::{DatapathError, Proto, RestartOutcome, VirtualFlow};
+use crate::datapath::{DatapathError, Kick, Proto, RestartOutcome, VirtualFlow};
 
 /// At most this many ICMP messages per call. One message reverts one backoff
 /// step and TCP backs off at most tcp_retries2 (15 by default) times before
@@ -285,22 +285,6 @@ fn ask_peer_for_ack(
         messages: MAX_PROBES,
         backoff,
     })
-}
-
-/// What [`kick`] sent.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kick {
-    /// Nothing: UDP, or a healthy socket whose peer did not move.
-    Nothing,
-    /// `messages` RFC 6069 unreachables for a backed-off retransmission
-    /// timer (one per backoff step, for each candidate `snd_una`), and an
-    /// ACK solicited if the peer moved.
-    Unreachables { messages: u32, backoff: u8 },
-    /// One out-of-window probe to the peer for a backed-off probe timer
-    /// (and an ACK solicited if the peer moved).
-    Probe { backoff: u8 },
-    /// The socket was asked for an ACK (its peer moved).
-    AckSolicited,
 }
 
 /// The levers of [`restart_flow`] and [`solicit_ack`] without waiting to
