@@ -54,6 +54,9 @@ fn import(ep: &mut Endpoint, f: VirtualFlow) {
         binding_seq: 0,
         location_seq: 0,
         role: RoleState::default(),
+        tcp_isns: None,
+        udp_ends: None,
+        peer_named: None,
     };
     ep.import_connection(&e).expect("import");
 }
