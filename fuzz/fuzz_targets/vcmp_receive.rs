@@ -57,6 +57,8 @@ fn import(ep: &mut Endpoint, f: VirtualFlow) {
         tcp_isns: None,
         udp_ends: None,
         peer_named: None,
+        prev_root_key: None,
+        send_prev: false,
     };
     ep.import_connection(&e).expect("import");
 }

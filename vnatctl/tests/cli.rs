@@ -175,6 +175,8 @@ async fn fake_driver(mut rx: tokio::sync::mpsc::Receiver<DriverCommand>) {
                             tcp_isns: None,
                             udp_ends: None,
                             peer_named: None,
+                            prev_root_key: None,
+                            send_prev: false,
                         },
                         translation: None,
                     })

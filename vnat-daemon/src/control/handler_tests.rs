@@ -210,6 +210,8 @@ fn export_of(f: &VirtualFlow) -> ConnectionExport {
         tcp_isns: None,
         udp_ends: None,
         peer_named: None,
+        prev_root_key: None,
+        send_prev: false,
     }
 }
 

@@ -64,11 +64,29 @@ pub(crate) struct Conn {
     pub keyx: Option<KeyxState>,
     /// Our answer to the peer's last KEYX: (peer's value, ours).
     pub keyx_answer: Option<([u8; 32], [u8; 32])>,
+    /// We answered a KEYX and ratcheted, and the peer has not been seen
+    /// using the new keys: it may never have received our answer (lost,
+    /// or it gave up), so we go on signing with the keys before the
+    /// ratchet (`prev_keys`) until a record under the new ones arrives.
+    pub send_prev: bool,
     /// Remote addresses where the peer proved it receives (bounded).
     pub validated: Vec<IpAddr>,
     /// Retransmission of our SUSP_PRIMARY claim.
     pub claim_retry: Option<(u32, Timestamp)>,
     pub mig: Option<Migration>,
+}
+
+impl Conn {
+    /// The key our records are signed with now: the current send key, or
+    /// the one before the last ratchet while the peer may not have it yet
+    /// ([`Conn::send_prev`]).
+    pub(crate) fn send_key(&self) -> Option<&super::crypto::SecretKey> {
+        match (&self.keys, &self.prev_keys) {
+            (Some(_), Some(prev)) if self.send_prev => Some(&prev.send),
+            (Some(k), _) => Some(&k.send),
+            (None, _) => None,
+        }
+    }
 }
 
 pub(crate) struct KeyxState {
@@ -452,11 +470,10 @@ impl Endpoint {
         let Some(c) = self.conns.get_mut(flow) else {
             return false;
         };
-        let Some(keys) = &c.keys else {
+        let Some(key) = c.send_key().cloned() else {
             self.stats.reject("send_without_keys");
             return false;
         };
-        let key = keys.send.clone();
         let req = match kind {
             Kind::Lookup | Kind::Store => {
                 let cap = wire::records_per_datagram(self.cfg.mtu, Family::of(&flow.local), kind);
@@ -648,6 +665,7 @@ impl Conn {
             pending_remote: None,
             keyx: None,
             keyx_answer: None,
+            send_prev: false,
             validated: vec![remote_phys.ip()],
             claim_retry: None,
             mig: None,

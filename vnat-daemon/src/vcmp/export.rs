@@ -62,6 +62,13 @@ pub struct ConnectionExport {
     /// makes that differ from `flow`: its records are named so.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peer_named: Option<VirtualFlow>,
+    /// The root key before the last suspend-time ratchet, while the peer
+    /// may still use it (hex; wiped when dropped), and whether records are
+    /// still signed with it (the peer has not been seen with the new one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prev_root_key: Option<HexKey>,
+    #[serde(default)]
+    pub send_prev: bool,
 }
 
 impl std::fmt::Debug for ConnectionExport {
@@ -116,6 +123,8 @@ impl Endpoint {
             tcp_isns: c.binding.tcp_isns(),
             udp_ends: c.binding.ends().filter(|e| *e != [flow.local, flow.remote]),
             peer_named: c.peer_named.filter(|n| n != flow),
+            prev_root_key: c.prev_keys.as_ref().map(|k| HexKey(hex(k.root.expose()))),
+            send_prev: c.send_prev && c.prev_keys.is_some(),
         };
         self.index_connection(flow, false);
         self.drop_alias(flow);
@@ -154,6 +163,15 @@ impl Endpoint {
             &e.flow,
             &binding,
         ));
+        if let Some(prev) = &e.prev_root_key {
+            let prev = Zeroizing::new(unhex(&prev.0).ok_or(EndpointError::ExportKey)?);
+            c.prev_keys = Some(ConnKeys::from_root(
+                SecretKey::from_bytes(*prev),
+                &e.flow,
+                &binding,
+            ));
+            c.send_prev = e.send_prev;
+        }
         c.peer_key = peer_key;
         c.send_seq = e.send_seq;
         c.replay = e.replay;

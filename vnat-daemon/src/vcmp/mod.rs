@@ -83,6 +83,8 @@ mod adversary_tests;
 #[cfg(test)]
 pub(crate) mod sim;
 #[cfg(test)]
+mod sim_keyx_tests;
+#[cfg(test)]
 mod sim_nat_tests;
 #[cfg(test)]
 mod sim_tests;

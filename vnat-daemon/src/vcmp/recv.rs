@@ -173,7 +173,11 @@ impl Endpoint {
             Ok(()) => {
                 if let Some(c) = self.conns.get_mut(&flow) {
                     c.replay.commit(rec.seq);
+                    // Under the keys that were current when it arrived: the
+                    // peer has them (a KEYX changed them since, and says
+                    // for itself where it stands).
                     if current && kind != Kind::KeyX {
+                        c.send_prev = false;
                         c.prev_keys = None;
                     }
                 }
@@ -255,7 +259,9 @@ impl Endpoint {
             return false;
         }
         c.replay.commit(rec.seq);
-        let key = keys.send.clone();
+        let Some(key) = c.send_key().cloned() else {
+            return false;
+        };
         c.send_seq += 1;
         let mine = Record {
             command: Kind::Store,
@@ -291,14 +297,17 @@ impl Endpoint {
             local: rec.sender_vir,
             remote: rec.receiver_vir,
         };
-        let Some(keys) = self.conns.get(&own).and_then(|c| c.keys.as_ref()) else {
+        let Some(c) = self.conns.get(&own) else {
             return false;
         };
         let mut buf = [0u8; MAX_SIGNED_LEN];
         let Ok(n) = rec.write_signed(&mut buf) else {
             return false;
         };
-        crypto::verify_record(&keys.send, &buf[..n], &rec.tag)
+        [c.keys.as_ref(), c.prev_keys.as_ref()]
+            .into_iter()
+            .flatten()
+            .any(|k| crypto::verify_record(&k.send, &buf[..n], &rec.tag))
     }
 
     /// STORE, in the location-server role: keep the records as signed.

@@ -41,6 +41,9 @@ pub struct Host {
     pub diverting: std::collections::HashSet<IpAddr>,
     /// In-band BINDs that reached an application here instead (a bug).
     pub binds_to_app: u32,
+    /// Everything this host sends is lost (it still receives): one
+    /// direction of a path down.
+    pub mute: bool,
 }
 
 /// Link behaviour, applied to every datagram independently.
@@ -165,6 +168,7 @@ impl Sim {
             flow_nat: Default::default(),
             diverting: Default::default(),
             binds_to_app: 0,
+            mute: false,
         });
         self.hosts.len() - 1
     }
@@ -291,7 +295,7 @@ impl Sim {
         while let Some(t) = self.hosts[h].ep.poll_transmit(now) {
             self.wire_log
                 .push((now, from, t.dst, t.payload.get(1).copied().unwrap_or(0)));
-            if !self.hosts[h].alive || self.chance(self.link.loss_pct) {
+            if !self.hosts[h].alive || self.hosts[h].mute || self.chance(self.link.loss_pct) {
                 self.lost += 1;
                 continue;
             }

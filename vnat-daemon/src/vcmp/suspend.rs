@@ -165,6 +165,17 @@ impl Endpoint {
             return Err("bad_extension");
         };
         let c = self.conns.get_mut(flow).ok_or("unknown_connection")?;
+        if under_prev && c.send_prev && c.keyx_answer.is_some_and(|(seen, _)| seen != peer_eph) {
+            // A new KEYX under the keys before our unconfirmed ratchet: the
+            // peer never got our last answer (it gave up), so that ratchet
+            // never happened for it. Undo it and take this one as the
+            // first.
+            c.keys = c.prev_keys.take();
+            c.send_prev = false;
+            c.keyx_answer = None;
+            self.stats.count("keyx_rolled_back");
+            return self.on_keyx(ctx, from, flow, rec, false);
+        }
         if under_prev {
             let (Some((seen, mine)), Some(prev)) = (c.keyx_answer, &c.prev_keys) else {
                 return Err("bad_mac");
@@ -198,6 +209,8 @@ impl Endpoint {
             let new = keys.ratchet(&dh, &mine.eph.public(), &peer_eph, flow, &binding);
             c.prev_keys = c.keys.replace(new);
             c.keyx_answer = None;
+            // The peer answered, so it has the new keys.
+            c.send_prev = false;
         } else {
             let eph = Ephemeral::generate(&mut CryptoDyn(&mut ctx.rng));
             let dh = eph.dh(&peer_eph).map_err(|_| "low_order_point")?;
@@ -208,6 +221,7 @@ impl Endpoint {
             let c = self.conns.get_mut(flow).ok_or("unknown_connection")?;
             c.prev_keys = c.keys.replace(new);
             c.keyx_answer = Some((peer_eph, mine));
+            c.send_prev = true;
         }
         self.stats.count("rekeyed");
         self.emit(Event::Rekeyed { flow: *flow });

@@ -1,0 +1,121 @@
+//! The suspend-time key update when its answer never arrives (issue 16,
+//! item 6): both ends must still authenticate each other afterwards, and a
+//! later key update must work.
+
+use std::time::Duration;
+
+use super::endpoint::{Config, Event};
+use super::sim::{reverse, sa, Link};
+use super::sim_tests::setup;
+
+/// The laptop (a) suspends: its KEYX reaches the server (b), whose answers
+/// (the first and every one to a retransmission) are all lost, as in a
+/// suspend hook with no network for 20 s; the laptop gives up. The server
+/// ratcheted; the laptop did not. Then: a suspend the server starts must
+/// reach the laptop (records signed under keys the laptop has), the
+/// laptop's move must complete, and a second key update must agree.
+#[test]
+fn a_lost_keyx_answer_leaves_both_ends_able_to_authenticate_each_other() {
+    let (mut sim, flows) = setup(61, Link::default(), Config::default(), 1);
+    let (a, b) = (0, 1);
+    let f = flows[0];
+    let g = reverse(&f);
+
+    sim.hosts[b].mute = true;
+    sim.with(a, |ep, now, rng| {
+        ep.suspend(now, rng, &[f]).expect("suspend")
+    });
+    sim.run_for(Duration::from_secs(60));
+    assert_eq!(
+        sim.hosts[a].ep.stats().get("keyx_unanswered"),
+        1,
+        "the laptop must give up on its KEYX"
+    );
+    assert!(
+        sim.hosts[b].ep.stats().get("rekeyed") >= 1,
+        "the server ratcheted"
+    );
+    assert_eq!(sim.hosts[a].ep.stats().get("rekeyed"), 0);
+    sim.hosts[b].mute = false;
+
+    // The server reaches the laptop: its records authenticate there.
+    let bad_before = sim.hosts[a].ep.stats().rejected("bad_mac");
+    sim.with(b, |ep, now, rng| {
+        ep.suspend(now, rng, &[g]).expect("suspend")
+    });
+    sim.run_for(Duration::from_secs(10));
+    assert_eq!(
+        sim.hosts[a].ep.stats().rejected("bad_mac"),
+        bad_before,
+        "the server's records must authenticate at the laptop"
+    );
+    // The server's suspend-time key update (it does not claim a role: the
+    // laptop already made it secondary) agrees with the laptop, from the
+    // keys they share.
+    assert!(
+        sim.hosts[a].ep.stats().get("rekeyed") >= 1,
+        "the laptop must take the server's KEYX"
+    );
+    assert_eq!(sim.hosts[b].ep.stats().get("keyx_rolled_back"), 1);
+
+    // And the laptop's move completes.
+    sim.move_host(a, "10.0.5.1");
+    sim.with(a, |ep, now, rng| {
+        ep.resume(now, rng, &[(f, sa("10.0.5.1:40000"))])
+            .expect("resume")
+    });
+    sim.run_for(Duration::from_secs(10));
+    assert!(
+        sim.events(
+            a,
+            |e| matches!(e, Event::Resumed { flow, .. } if *flow == f)
+        )
+        .next()
+        .is_some(),
+        "the laptop's move must complete after the lost key update"
+    );
+}
+
+/// The same loss, then the laptop starts the next key update itself: its
+/// new KEYX (under the keys before the server's unconfirmed ratchet) makes
+/// the server undo that ratchet, and both agree on the new keys.
+#[test]
+fn after_a_lost_keyx_answer_the_next_keyx_from_the_same_side_agrees() {
+    let (mut sim, flows) = setup(62, Link::default(), Config::default(), 1);
+    let (a, b) = (0, 1);
+    let f = flows[0];
+    sim.hosts[b].mute = true;
+    sim.with(a, |ep, now, rng| {
+        ep.suspend(now, rng, &[f]).expect("suspend")
+    });
+    sim.run_for(Duration::from_secs(60));
+    assert_eq!(sim.hosts[a].ep.stats().get("keyx_unanswered"), 1);
+    sim.hosts[b].mute = false;
+
+    sim.with(a, |ep, now, rng| {
+        ep.suspend(now, rng, &[f]).expect("suspend")
+    });
+    sim.run_for(Duration::from_secs(10));
+    assert_eq!(sim.hosts[b].ep.stats().get("keyx_rolled_back"), 1);
+    assert_eq!(sim.hosts[a].ep.stats().get("rekeyed"), 1);
+    // Both on the same keys: the laptop's move completes.
+    sim.move_host(a, "10.0.5.1");
+    sim.with(a, |ep, now, rng| {
+        ep.resume(now, rng, &[(f, sa("10.0.5.1:40000"))])
+            .expect("resume")
+    });
+    sim.run_for(Duration::from_secs(10));
+    assert!(
+        sim.events(
+            a,
+            |e| matches!(e, Event::Resumed { flow, .. } if *flow == f)
+        )
+        .next()
+        .is_some(),
+        "the laptop's move must complete"
+    );
+    // Nothing the server sent was under keys the laptop lacked (the
+    // server may drop a late retransmission under the old keys once both
+    // use the new ones).
+    assert_eq!(sim.hosts[a].ep.stats().rejected("bad_mac"), 0);
+}
