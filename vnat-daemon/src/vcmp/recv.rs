@@ -30,6 +30,11 @@ impl Endpoint {
     ) {
         let mut ctx = Ctx::new(now, rng);
         self.stats.count("datagrams_received");
+        // Every byte from an address counts towards what we may send it
+        // (three times as much, `tx::AMPLIFICATION_FACTOR`): whatever it
+        // is, it came from there or from someone who can forge that
+        // address, who could as well have sent it to us for real.
+        self.tx.credit(from.ip(), bytes.len());
         if super::bind::is_bind(bytes) {
             self.on_bind_datagram(from, bytes);
             self.tx.flush(&mut self.stats);
@@ -49,20 +54,12 @@ impl Endpoint {
                 family,
                 records,
             } => match kind {
-                Kind::Lookup => {
-                    self.on_lookup(&mut ctx, from, request_id, family, &records, bytes.len())
-                }
-                Kind::Store => self.on_store(&mut ctx, from, request_id, &records, bytes.len()),
+                Kind::Lookup => self.on_lookup(&mut ctx, from, request_id, family, &records),
+                Kind::Store => self.on_store(&mut ctx, from, request_id, &records),
                 Kind::LookupR => self.on_lookup_r(&mut ctx, request_id, &records),
                 _ => {
-                    let mut authentic = 0;
                     for rec in &records {
-                        if self.on_record(&mut ctx, from, kind, rec) {
-                            authentic += 1;
-                        }
-                    }
-                    if authentic > 0 {
-                        self.tx.credit(from.ip(), bytes.len());
+                        self.on_record(&mut ctx, from, kind, rec);
                     }
                 }
             },
@@ -74,10 +71,7 @@ impl Endpoint {
                 request_id,
                 static_pub,
                 eph_pub,
-            } => {
-                self.tx.credit(from.ip(), bytes.len());
-                self.on_pair_init(&mut ctx, from, request_id, static_pub, eph_pub)
-            }
+            } => self.on_pair_init(&mut ctx, from, request_id, static_pub, eph_pub),
             Message::PairResp {
                 request_id,
                 static_pub,
@@ -201,9 +195,7 @@ impl Endpoint {
         req: u32,
         family: Family,
         records: &[Record],
-        len: usize,
     ) {
-        self.tx.credit(from.ip(), len);
         let mut answered = false;
         for rec in records {
             let named = VirtualFlow {
@@ -311,15 +303,7 @@ impl Endpoint {
     }
 
     /// STORE, in the location-server role: keep the records as signed.
-    fn on_store(
-        &mut self,
-        ctx: &mut Ctx,
-        from: SocketAddr,
-        req: u32,
-        records: &[Record],
-        len: usize,
-    ) {
-        self.tx.credit(from.ip(), len);
+    fn on_store(&mut self, ctx: &mut Ctx, from: SocketAddr, req: u32, records: &[Record]) {
         let mut accepted: u8 = 0;
         for rec in records {
             if self.signed_by_us(rec) {

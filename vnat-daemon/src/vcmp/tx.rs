@@ -3,7 +3,10 @@
 //! connections costs a few datagrams, DESIGN.md section 4), the queue is
 //! bounded, and an address not yet known to run a vnatd never receives more
 //! than three times the bytes that came from it (anti-amplification, as in
-//! RFC 9000 section 8).
+//! RFC 9000 section 8). Replies that answer unauthenticated requests
+//! (LOOKUP_R, STORE_R, PAIR_RESP, ERROR) are held to that limit whatever
+//! the address: their source may be forged, and a peer's address is the
+//! one an attacker would forge.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, SocketAddr};
@@ -33,7 +36,8 @@ pub(crate) struct TxQueue {
     open_order: Vec<OpenKey>,
     ready: VecDeque<Transmit>,
     /// Addresses known to run a vnatd: peers' validated locations, location
-    /// servers, our own old locations. Not subject to the limit.
+    /// servers, our own old locations. Not subject to the limit, except for
+    /// unauthenticated replies.
     pub(crate) trusted: HashSet<IpAddr>,
     /// (bytes received, bytes sent) for other addresses.
     budget: HashMap<IpAddr, (u64, u64)>,
@@ -55,9 +59,6 @@ impl TxQueue {
     /// Count `n` bytes received from (or vouched for by an authenticated
     /// message naming) `ip`.
     pub fn credit(&mut self, ip: IpAddr, n: usize) {
-        if self.trusted.contains(&ip) {
-            return;
-        }
         if self.budget.len() >= MAX_TRACKED && !self.budget.contains_key(&ip) {
             return;
         }
@@ -128,7 +129,7 @@ impl TxQueue {
     pub fn pop(&mut self, stats: &mut Stats) -> Option<Transmit> {
         while let Some(t) = self.ready.pop_front() {
             let ip = t.dst.ip();
-            if self.trusted.contains(&ip) {
+            if self.trusted.contains(&ip) && !unauthenticated_reply(&t.payload) {
                 return Some(t);
             }
             let (rx, tx) = self.budget.get(&ip).copied().unwrap_or((0, 0));
@@ -141,5 +142,67 @@ impl TxQueue {
             return Some(t);
         }
         None
+    }
+}
+
+/// Whether a datagram answers a request that proves nothing about its
+/// source: LOOKUP_R, STORE_R, PAIR_RESP, ERROR (by its kind byte).
+fn unauthenticated_reply(payload: &[u8]) -> bool {
+    matches!(
+        payload.get(1).copied().and_then(Kind::from_u8),
+        Some(Kind::LookupR | Kind::StoreR | Kind::PairResp | Kind::Error)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn datagram(kind: Kind, len: usize) -> Vec<u8> {
+        let mut b = vec![0u8; len];
+        b[0] = wire::VERSION;
+        b[1] = kind as u8;
+        b
+    }
+
+    /// A peer's (trusted) address gets what we send it on our own account
+    /// without limit, but replies to requests anyone could forge from it
+    /// no more than three times what came from it.
+    #[test]
+    fn unauthenticated_replies_are_limited_even_to_trusted_addresses() {
+        let mut stats = Stats::default();
+        let mut q = TxQueue::new(1400, 64);
+        let peer: SocketAddr = "10.0.0.2:2031".parse().unwrap();
+        q.trusted.insert(peer.ip());
+        q.push_datagram(peer, datagram(Kind::Upd, 1200), &mut stats);
+        assert!(q.pop(&mut stats).is_some(), "our own updates go out");
+        q.credit(peer.ip(), 100);
+        for kind in [Kind::LookupR, Kind::StoreR, Kind::PairResp, Kind::Error] {
+            q.push_datagram(peer, datagram(kind, 301), &mut stats);
+            assert!(q.pop(&mut stats).is_none(), "{kind:?} beyond 3x went out");
+        }
+        assert_eq!(stats.rejected("amplification_limit"), 4);
+        q.push_datagram(peer, datagram(Kind::PairResp, 104), &mut stats);
+        assert!(q.pop(&mut stats).is_some(), "within 3x it goes out");
+        // And the budget is spent: 104 of 300.
+        q.push_datagram(peer, datagram(Kind::LookupR, 200), &mut stats);
+        assert!(q.pop(&mut stats).is_none());
+    }
+
+    #[test]
+    fn untrusted_addresses_get_at_most_three_times_what_they_sent() {
+        let mut stats = Stats::default();
+        let mut q = TxQueue::new(1400, 64);
+        let stranger: SocketAddr = "192.0.2.9:2031".parse().unwrap();
+        q.push_datagram(stranger, datagram(Kind::Challenge, 100), &mut stats);
+        assert!(
+            q.pop(&mut stats).is_none(),
+            "nothing before it sent anything"
+        );
+        q.credit(stranger.ip(), 50);
+        q.push_datagram(stranger, datagram(Kind::Challenge, 150), &mut stats);
+        assert!(q.pop(&mut stats).is_some());
+        q.push_datagram(stranger, datagram(Kind::Challenge, 2), &mut stats);
+        assert!(q.pop(&mut stats).is_none());
     }
 }
