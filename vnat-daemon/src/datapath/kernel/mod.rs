@@ -270,14 +270,22 @@ impl KernelDatapath {
 
     /// The translations' egress entries: not those that only hold a flow
     /// during its move (`NAT_F_HOLD`), which translate nothing.
+    ///
+    /// While some flow is rebinding, the tc program may have installed its
+    /// translation since this process last looked (`begin_batch` takes it
+    /// into the copy): read the map itself then, so that a listing never
+    /// shows a connection that already moved as not translated.
     fn egress_entries(&self) -> Result<Vec<(FlowKey, NatRewrite)>, DatapathError> {
-        Ok(self
-            .mirror
-            .egress
-            .iter()
-            .filter(|(k, v)| !translate::is_hold_only(k, v))
-            .map(|(k, v)| (*k, *v))
-            .collect())
+        let keep =
+            |(k, v): (&FlowKey, &NatRewrite)| (!translate::is_hold_only(k, v)).then_some((*k, *v));
+        if !self.rebinds.is_empty() {
+            return Ok(self
+                .read_map(true)?
+                .iter()
+                .filter_map(|(k, v)| keep((k, v)))
+                .collect());
+        }
+        Ok(self.mirror.egress.iter().filter_map(keep).collect())
     }
 
     fn ingress_entries(&self) -> Result<Vec<(FlowKey, NatRewrite)>, DatapathError> {
