@@ -20,6 +20,19 @@ fn cgroups(d: &Vnatd) -> Vec<String> {
     out
 }
 
+/// What `vnatctl status` says the configuration asks for.
+fn configured(d: &Vnatd) -> Vec<String> {
+    let st = d.ctl(&["status"]).expect("vnatd unreachable");
+    let mut out: Vec<String> = st["daemon"]["configured_cgroups"]
+        .as_array()
+        .expect("configured_cgroups")
+        .iter()
+        .filter_map(|c| c.as_str().map(str::to_string))
+        .collect();
+    out.sort();
+    out
+}
+
 fn write_config(path: &Path, cgroups: &[&Path], extra: &str) {
     let list: Vec<String> = cgroups
         .iter()
@@ -70,6 +83,11 @@ fn sighup_reloads_the_config_without_stopping_vnatd() {
         cgroups(&d).len() == 2
     });
     assert!(d.alive(), "SIGHUP stopped vnatd");
+    let mut both = vec![a.display().to_string(), b.display().to_string()];
+    both.sort();
+    wait_for("status does not show the reloaded configuration", || {
+        configured(&d) == both
+    });
 
     // A bad file: refused, nothing changes, vnatd keeps running.
     std::fs::write(&conf, "cgroups = 5\n").expect("writing");
@@ -77,12 +95,20 @@ fn sighup_reloads_the_config_without_stopping_vnatd() {
     std::thread::sleep(Duration::from_secs(1));
     assert!(d.alive(), "a bad file on SIGHUP stopped vnatd");
     assert_eq!(cgroups(&d).len(), 2, "a refused reload changed the cgroups");
+    assert_eq!(
+        configured(&d),
+        both,
+        "a refused reload changed the configuration shown"
+    );
 
     // Dropping a cgroup from the file disables it.
     write_config(&conf, &[a], "");
     d.signal(Signal::SIGHUP);
     wait_for("the reload did not disable the removed cgroup", || {
         cgroups(&d) == vec![a.display().to_string()]
+    });
+    wait_for("status does not show the reloaded configuration", || {
+        configured(&d) == vec![a.display().to_string()]
     });
 
     // The connection tracked before the reloads is still there and mobile.

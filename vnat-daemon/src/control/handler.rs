@@ -49,7 +49,7 @@ pub fn share(datapath: Box<dyn Datapath + Send>) -> SharedDatapath {
 pub struct Handler {
     datapath: SharedDatapath,
     /// `uptime_secs` is filled in at each status request.
-    info: Arc<DaemonInfo>,
+    info: Arc<std::sync::RwLock<DaemonInfo>>,
     started: Instant,
     /// The VCMP driver, for requests about mobility (absent in tests of the
     /// datapath-only requests).
@@ -60,10 +60,16 @@ impl Handler {
     pub fn new(datapath: SharedDatapath, info: DaemonInfo) -> Self {
         Self {
             datapath,
-            info: Arc::new(info),
+            info: Arc::new(std::sync::RwLock::new(info)),
             started: Instant::now(),
             driver: None,
         }
+    }
+
+    /// What `status` says of the daemon, shared with whoever changes it (a
+    /// reload changes the configured cgroups).
+    pub fn daemon_info(&self) -> Arc<std::sync::RwLock<DaemonInfo>> {
+        self.info.clone()
     }
 
     /// Route mobility requests (suspend, resume, peers, export, import) and
@@ -132,7 +138,10 @@ impl Handler {
             let mut datapath = self.lock()?;
             match request {
                 Request::Status => datapath.status().map(|datapath| {
-                    let mut daemon = (*self.info).clone();
+                    let mut daemon = match self.info.read() {
+                        Ok(i) => i.clone(),
+                        Err(poisoned) => poisoned.into_inner().clone(),
+                    };
                     daemon.uptime_secs = self.started.elapsed().as_secs();
                     Reply::Status(Box::new(StatusReply {
                         daemon,

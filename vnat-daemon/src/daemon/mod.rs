@@ -217,6 +217,7 @@ async fn apply_reloads(
     mut running: Settings,
     dp: crate::control::SharedDatapath,
     driver: driver::CommandSender,
+    info: std::sync::Arc<std::sync::RwLock<DaemonInfo>>,
 ) {
     while let Some(new) = reloads.recv().await {
         let plan = config::ReloadPlan::between(&running, &new);
@@ -278,6 +279,10 @@ async fn apply_reloads(
         }
         if cgroups_applied {
             running.cgroups = new.cgroups;
+            match info.write() {
+                Ok(mut i) => i.configured_cgroups = running.cgroups.clone(),
+                Err(poisoned) => poisoned.into_inner().configured_cgroups = running.cgroups.clone(),
+            }
         }
         running.location_servers = new.location_servers;
         running.keepalive_secs = new.keepalive_secs;
@@ -329,13 +334,15 @@ where
     let driver_task = tokio::spawn(driver.run(commands_rx, async move {
         let _ = stop_rx.changed().await;
     }));
+    let handler =
+        Handler::new(shared.clone(), daemon_info(settings)).with_driver(commands_tx.clone());
     let reloading = tokio::spawn(apply_reloads(
         reloads,
         settings.clone(),
-        shared.clone(),
-        commands_tx.clone(),
+        shared,
+        commands_tx,
+        handler.daemon_info(),
     ));
-    let handler = Handler::new(shared, daemon_info(settings)).with_driver(commands_tx);
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
         control = %settings.control.display(),
