@@ -369,14 +369,14 @@ impl Driver {
                 _ = &mut shutdown => break,
                 r = self.sock.recv_from(&mut buf) => match r {
                     Ok((n, from)) => {
-                        self.endpoint.handle_datagram(now(), &mut OsRng, unmap(from), &buf[..n]);
+                        self.datagram(unmap(from), n, &buf);
                         // And whatever else is queued, up to a bound: the
                         // datapath work below then runs once for a whole
                         // burst (a mass move's UPDs) instead of once per
                         // datagram, with everything behind it waiting.
                         for _ in 1..DATAGRAMS_PER_TURN {
                             match self.sock.try_recv_from(&mut buf) {
-                                Ok((n, from)) => self.endpoint.handle_datagram(now(), &mut OsRng, unmap(from), &buf[..n]),
+                                Ok((n, from)) => self.datagram(unmap(from), n, &buf),
                                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                                 Err(e) => {
                                     tracing::warn!(error = %e, "VCMP receive failed");
@@ -469,6 +469,15 @@ impl Driver {
                 self.standby = wanted;
             }
         }
+    }
+
+    /// One VCMP datagram into the core, in a span naming the peer it came
+    /// from (what the core logs about it carries the address).
+    fn datagram(&mut self, from: SocketAddr, n: usize, buf: &[u8]) {
+        let span = tracing::debug_span!("vcmp", peer = %from);
+        let _in = span.enter();
+        self.endpoint
+            .handle_datagram(now(), &mut OsRng, from, &buf[..n]);
     }
 
     async fn flush(&mut self) {

@@ -49,6 +49,17 @@ pub struct VirtualFlow {
     pub remote: SocketAddr,
 }
 
+/// `tcp 10.0.0.1:40000 -> 10.0.0.2:443`, for logs and spans.
+impl std::fmt::Display for VirtualFlow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let proto = match self.proto {
+            Proto::Tcp => "tcp",
+            Proto::Udp => "udp",
+        };
+        write!(f, "{proto} {} -> {}", self.local, self.remote)
+    }
+}
+
 impl VirtualFlow {
     /// The stable connection id shown by `vnatctl ls`: derived from the
     /// virtual endpoints, so it survives daemon restarts and moves.

@@ -284,6 +284,9 @@ impl Driver {
                 _ => None,
             };
             let view = flow.and_then(|f| self.endpoint.connection(&f));
+            // What is logged about the event carries its connection.
+            let span = flow.map(|f| tracing::debug_span!("conn", flow = %f));
+            let _in = span.as_ref().map(|s| s.enter());
             match self.mover.step(&ev, view.as_ref()) {
                 Step::Switch(s) => {
                     if let Event::PeerSwitched { confirmed, .. } = ev {
