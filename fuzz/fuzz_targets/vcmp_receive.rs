@@ -59,6 +59,7 @@ fn import(ep: &mut Endpoint, f: VirtualFlow) {
         peer_named: None,
         prev_root_key: None,
         send_prev: false,
+        keyx_answer: None,
     };
     ep.import_connection(&e).expect("import");
 }

@@ -388,7 +388,9 @@ fn udp_through_nat(tag: &str, ports: NatPorts) {
     );
     assert!(
         counter(&srvd, "events", "binds_rebound") >= 1,
-        "{tag}: the server did not learn the new NAT's port from the laptop's BIND"
+        "{tag}: the server did not learn the new NAT's port from the laptop's BIND: server {:?}, laptop {:?}",
+        srvd.ctl(&["status"]).map(|s| s["vcmp"].clone()),
+        lapd.ctl(&["status"]).map(|s| s["vcmp"].clone())
     );
     let fin = client.stop();
     assert_eq!(fin.error, None, "{tag}: the stream broke: {:?}", fin.json);

@@ -230,6 +230,27 @@ fn udp_waits_for_the_bind_and_binds_are_diverted_to_vnatd() {
     assert_eq!(p.payload, expected);
     assert_eq!(counter(&dp, "bind_diverted"), 1);
 
+    // A BIND sent to the VCMP port itself: dropped, so the flow port in a
+    // BIND that reaches vnatd is always the divert's, never the sender's.
+    let mut direct = Spec::udp("198.18.3.102:61000", "198.18.3.2:2031");
+    direct.payload = bind.payload.clone();
+    direct.payload[2..4].copy_from_slice(&5001u16.to_be_bytes());
+    let out = run(&dp, false, &direct.frame());
+    assert_eq!(out.verdict, TC_ACT_SHOT);
+    assert_eq!(counter(&dp, "drop_bind_direct"), 1);
+
+    // A neighbour's flow to a wildcard-bound socket (recorded under
+    // 0.0.0.0): passed too.
+    let wild: SocketAddr = "0.0.0.0:5001".parse().unwrap();
+    dp.insert_conn_record(
+        vnat_daemon::datapath::flow_key(Proto::Udp, wild, "198.18.3.102:61002".parse().unwrap()),
+        Default::default(),
+    )
+    .unwrap();
+    let theirs = Spec::udp("198.18.3.102:61002", SERVER).frame();
+    let out = run(&dp, false, &theirs);
+    assert_eq!((out.verdict, &out.packet), (TC_ACT_OK, &theirs));
+
     // Application datagrams of that length that are not BINDs stay
     // application datagrams (here: dropped as the rebinding flow's).
     let mut lookalike = bind.clone();

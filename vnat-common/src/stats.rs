@@ -66,4 +66,8 @@ counters! {
     /// a datagram anyone behind that NAT could send, so until then no
     /// application may receive it as a new peer's.
     STAT_DROP_REBINDING = 19, "drop_rebinding";
+    /// Dropped: a datagram shaped as an in-band BIND sent to vnatd's VCMP
+    /// port itself. Only BINDs the tc program diverted from a flow's port
+    /// (writing that port into them) may reach vnatd.
+    STAT_DROP_BIND_DIRECT = 20, "drop_bind_direct";
 }

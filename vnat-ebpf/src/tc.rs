@@ -20,10 +20,11 @@ use aya_ebpf::{
 };
 use vnat_common::{
     FlowKey, NatRewrite, RebindKey, AF_INET, AF_INET6, BIND_HEAD, BIND_LEN, BIND_MAGIC, NAT_F_HOLD,
-    NAT_F_REDIRECT, PROTO_TCP, PROTO_UDP, REBIND_SLOTS, STAT_BIND_DIVERTED, STAT_DROP_CSUM_FAILED,
-    STAT_DROP_HELD, STAT_DROP_REBINDING, STAT_DROP_REDIRECT_FAILED, STAT_DROP_REWRITE_FAILED,
-    STAT_EGRESS_REDIRECTED, STAT_EGRESS_TRANSLATED, STAT_INGRESS_TRANSLATED, STAT_PASS_FRAGMENT,
-    STAT_PASS_IPV6_EXTHDR, STAT_PASS_TRUNCATED, STAT_REBIND_LEARNED, STAT_REBIND_REFUSED,
+    NAT_F_REDIRECT, PROTO_TCP, PROTO_UDP, REBIND_SLOTS, STAT_BIND_DIVERTED, STAT_DROP_BIND_DIRECT,
+    STAT_DROP_CSUM_FAILED, STAT_DROP_HELD, STAT_DROP_REBINDING, STAT_DROP_REDIRECT_FAILED,
+    STAT_DROP_REWRITE_FAILED, STAT_EGRESS_REDIRECTED, STAT_EGRESS_TRANSLATED,
+    STAT_INGRESS_TRANSLATED, STAT_PASS_FRAGMENT, STAT_PASS_IPV6_EXTHDR, STAT_PASS_TRUNCATED,
+    STAT_REBIND_LEARNED, STAT_REBIND_REFUSED,
 };
 
 use crate::maps::{
@@ -214,6 +215,14 @@ fn udp_rebinding(p: &Parsed) -> Result<Option<NatRewrite>, Drop> {
     if VNAT_CONNS.get_ptr(&own).is_some() {
         return Ok(None);
     }
+    // A socket bound to the wildcard address is recorded under it.
+    let wildcard = FlowKey {
+        src_addr_be: [0; 4],
+        ..own
+    };
+    if VNAT_CONNS.get_ptr(&wildcard).is_some() {
+        return Ok(None);
+    }
     Err(Drop(STAT_DROP_REBINDING))
 }
 
@@ -282,7 +291,7 @@ fn learn_tcp(ctx: &TcContext, p: &Parsed) -> Option<NatRewrite> {
 /// BIND reaches vnatd, which checks its tag like any VCMP datagram.
 #[inline(always)]
 fn divert_bind(ctx: &TcContext, p: &Parsed, vcmp_port_be: u16) -> Result<bool, Drop> {
-    if p.key.proto != PROTO_UDP || p.key.dst_port_be == vcmp_port_be {
+    if p.key.proto != PROTO_UDP {
         return Ok(false);
     }
     let Ok(udp_len) = ctx.load::<u16>(p.l4 + 4) else {
@@ -294,12 +303,16 @@ fn divert_bind(ctx: &TcContext, p: &Parsed, vcmp_port_be: u16) -> Result<bool, D
     let Ok(head) = ctx.load::<[u8; 8]>(p.l4 + 8) else {
         return Ok(false);
     };
-    if head[0] != BIND_HEAD[0]
-        || head[1] != BIND_HEAD[1]
-        || head[2] != 0
-        || head[3] != 0
-        || head[4..8] != BIND_MAGIC
-    {
+    if head[0] != BIND_HEAD[0] || head[1] != BIND_HEAD[1] || head[4..8] != BIND_MAGIC {
+        return Ok(false);
+    }
+    if p.key.dst_port_be == vcmp_port_be {
+        // Sent to the VCMP port directly, whatever its bytes 2..4 say:
+        // the flow port in a BIND that reaches vnatd is the divert's, never
+        // the sender's word.
+        return Err(Drop(STAT_DROP_BIND_DIRECT));
+    }
+    if head[2] != 0 || head[3] != 0 {
         return Ok(false);
     }
     let (csum_off, mangled) = (p.l4 + UDP_CSUM_OFF, BPF_F_MARK_MANGLED_0);

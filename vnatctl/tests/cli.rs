@@ -177,6 +177,7 @@ async fn fake_driver(mut rx: tokio::sync::mpsc::Receiver<DriverCommand>) {
                             peer_named: None,
                             prev_root_key: None,
                             send_prev: false,
+                            keyx_answer: None,
                         },
                         translation: None,
                     })

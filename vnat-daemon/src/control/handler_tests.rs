@@ -212,6 +212,7 @@ fn export_of(f: &VirtualFlow) -> ConnectionExport {
         peer_named: None,
         prev_root_key: None,
         send_prev: false,
+        keyx_answer: None,
     }
 }
 

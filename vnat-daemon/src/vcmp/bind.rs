@@ -21,8 +21,9 @@
 //!    and only then answers with a BIND_REQ naming those commitments.
 //! 2. The client sends, for each of its unbound UDP flows to that address
 //!    whose commitment is named, a BIND on the flow's own 5-tuple
-//!    (`Event::SendInBand`): its host key, its CLAIM entry for the flow, a
-//!    counter, and a tag under the pairing's claim key.
+//!    (`Event::SendInBand`): its host key, its CLAIM entry for the flow,
+//!    the request's nonce, and a tag under the pairing's claim key (at most
+//!    one per flow a second).
 //! 3. The server's tc ingress sees it arrive at the flow's port, writes
 //!    that port into the BIND and sends it to the VCMP port. vnatd checks
 //!    the tag and the counter, finds the one flow with that remote endpoint
@@ -35,7 +36,19 @@
 //! only the paired host can make. A host on the same LAN that can forge
 //! the client's source address and knows the flow could bind it first (a
 //! binding is never taken from its holder afterwards); TCP is not exposed
-//! so. A replayed BIND is refused by its counter.
+//! so. A BIND is taken only from an address whose BINDs are diverted (the
+//! tc program there drops BINDs sent to the VCMP port itself, so the port
+//! written in one is never the sender's word), and only as the answer to a
+//! request still outstanding for its commitment: each nonce is used once,
+//! so a replayed BIND binds nothing.
+//!
+//! A paired host that shares its public address with other servers (a
+//! port-forwarding router, a load balancer) can ask for BINDs of our UDP
+//! flows to those servers, which are flows to its address: each gets at
+//! most one 134-byte BIND a second, which those servers' applications
+//! receive. A server whose public port differs from its socket's is never
+//! asked for one (the claim names the public port): such UDP flows stay not
+//! mobile.
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
@@ -49,6 +62,7 @@ use super::wire::{
     decode_claim_entry, encode_claim_entry, ClaimEntry, CLAIM_ENTRY_LEN, HEADER_LEN, MAX_CLAIMS,
     PAIR_TAG_LEN, TAG_LEN, VERSION,
 };
+use super::Timestamp;
 use crate::datapath::{Proto, VirtualFlow};
 
 /// Kind byte of a BIND_REQ ("send me BINDs for these").
@@ -65,28 +79,47 @@ pub(crate) struct BindState {
     diverting: HashSet<IpAddr>,
     /// Requests waiting for the divert towards an address.
     waiting: HashMap<IpAddr, Vec<WaitingRequest>>,
-    /// Last counter sent in a BIND.
-    sent: u64,
-    /// Highest counter accepted per host key.
-    seen: HashMap<[u8; 32], u64>,
+    /// The nonce of the next BIND_REQ (seeded at random, `seed_nonce`).
+    next_nonce: u64,
+    /// BINDs asked for and not yet received: (host key, commitment) to the
+    /// nonce of the request.
+    asked: HashMap<([u8; 32], [u8; TAG_LEN]), u64>,
+    /// When we last sent a BIND on each of our flows, from which local
+    /// endpoint (a move allows the next one at once).
+    last_sent: HashMap<VirtualFlow, (SocketAddr, Timestamp)>,
+}
+
+/// Most outstanding requests kept; beyond, new ones are not sent (the
+/// peer's claims are resent, and ask again).
+const MAX_ASKED: usize = 4096;
+/// Least time between two BINDs on one flow.
+const BIND_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl BindState {
+    /// Seed the request nonces from `rng` (once).
+    pub(crate) fn seed_nonce(&mut self, rng: &mut dyn rand_core::RngCore) {
+        if self.next_nonce == 0 {
+            self.next_nonce = rng.next_u64() | 1;
+        }
+    }
 }
 
 /// A BIND as received.
 struct Bind {
     static_pub: [u8; 32],
     entry: ClaimEntry,
-    counter: u64,
+    nonce: u64,
     /// The port it was sent to, written by the diverting tc program.
     port: u16,
 }
 
-fn encode_bind(static_pub: &[u8; 32], entry: &ClaimEntry, counter: u64) -> Vec<u8> {
+fn encode_bind(static_pub: &[u8; 32], entry: &ClaimEntry, nonce: u64) -> Vec<u8> {
     let mut out = Vec::with_capacity(BIND_LEN);
     out.extend_from_slice(&[BIND_HEAD[0], BIND_HEAD[1], 0, 0]);
     out.extend_from_slice(&BIND_MAGIC);
     out.extend_from_slice(static_pub);
     encode_claim_entry(&mut out, entry);
-    out.extend_from_slice(&counter.to_be_bytes());
+    out.extend_from_slice(&nonce.to_be_bytes());
     out.extend_from_slice(&[0; PAIR_TAG_LEN]);
     debug_assert_eq!(out.len(), BIND_LEN);
     out
@@ -100,17 +133,17 @@ fn decode_bind(b: &[u8]) -> Result<Bind, &'static str> {
     static_pub.copy_from_slice(&b[HEADER_LEN..HEADER_LEN + 32]);
     let at = HEADER_LEN + 32;
     let entry = decode_claim_entry(&b[at..at + CLAIM_ENTRY_LEN]).map_err(|_| "bind_malformed")?;
-    let mut counter = [0u8; 8];
-    counter.copy_from_slice(&b[at + CLAIM_ENTRY_LEN..at + CLAIM_ENTRY_LEN + 8]);
+    let mut nonce = [0u8; 8];
+    nonce.copy_from_slice(&b[at + CLAIM_ENTRY_LEN..at + CLAIM_ENTRY_LEN + 8]);
     Ok(Bind {
         static_pub,
         entry,
-        counter: u64::from_be_bytes(counter),
+        nonce: u64::from_be_bytes(nonce),
         port: u16::from_be_bytes([b[2], b[3]]),
     })
 }
 
-fn encode_bind_req(static_pub: &[u8; 32], commitments: &[[u8; TAG_LEN]]) -> Vec<u8> {
+fn encode_bind_req(static_pub: &[u8; 32], nonce: u64, commitments: &[[u8; TAG_LEN]]) -> Vec<u8> {
     let mut out = vec![
         VERSION,
         KIND_BIND_REQ,
@@ -122,6 +155,7 @@ fn encode_bind_req(static_pub: &[u8; 32], commitments: &[[u8; TAG_LEN]]) -> Vec<
         0,
     ];
     out.extend_from_slice(static_pub);
+    out.extend_from_slice(&nonce.to_be_bytes());
     for c in commitments {
         out.extend_from_slice(c);
     }
@@ -129,8 +163,11 @@ fn encode_bind_req(static_pub: &[u8; 32], commitments: &[[u8; TAG_LEN]]) -> Vec<
     out
 }
 
-fn decode_bind_req(b: &[u8]) -> Result<([u8; 32], Vec<[u8; TAG_LEN]>), &'static str> {
-    if b.len() < HEADER_LEN + 32 + PAIR_TAG_LEN || b[0] != VERSION || b[1] != KIND_BIND_REQ {
+/// A BIND_REQ: the requester's host key, its nonce, the commitments.
+type BindReq = ([u8; 32], u64, Vec<[u8; TAG_LEN]>);
+
+fn decode_bind_req(b: &[u8]) -> Result<BindReq, &'static str> {
+    if b.len() < HEADER_LEN + 32 + 8 + PAIR_TAG_LEN || b[0] != VERSION || b[1] != KIND_BIND_REQ {
         return Err("bind_req_malformed");
     }
     let count = usize::from(b[3]);
@@ -138,13 +175,15 @@ fn decode_bind_req(b: &[u8]) -> Result<([u8; 32], Vec<[u8; TAG_LEN]>), &'static 
         || count > MAX_CLAIMS
         || b[2] != 0
         || b[4..8] != [0; 4]
-        || b.len() != HEADER_LEN + 32 + count * TAG_LEN + PAIR_TAG_LEN
+        || b.len() != HEADER_LEN + 32 + 8 + count * TAG_LEN + PAIR_TAG_LEN
     {
         return Err("bind_req_malformed");
     }
     let mut static_pub = [0u8; 32];
     static_pub.copy_from_slice(&b[HEADER_LEN..HEADER_LEN + 32]);
-    let at = HEADER_LEN + 32;
+    let mut nonce = [0u8; 8];
+    nonce.copy_from_slice(&b[HEADER_LEN + 32..HEADER_LEN + 40]);
+    let at = HEADER_LEN + 40;
     let commitments = b[at..at + count * TAG_LEN]
         .chunks_exact(TAG_LEN)
         .map(|c| {
@@ -153,7 +192,7 @@ fn decode_bind_req(b: &[u8]) -> Result<([u8; 32], Vec<[u8; TAG_LEN]>), &'static 
             x
         })
         .collect();
-    Ok((static_pub, commitments))
+    Ok((static_pub, u64::from_be_bytes(nonce), commitments))
 }
 
 /// Whether `bytes` is a BIND or a BIND_REQ (which `Message::decode` does
@@ -166,9 +205,9 @@ pub(crate) fn is_bind(bytes: &[u8]) -> bool {
 
 impl Endpoint {
     /// A BIND or BIND_REQ datagram from `from`.
-    pub(crate) fn on_bind_datagram(&mut self, from: SocketAddr, bytes: &[u8]) {
+    pub(crate) fn on_bind_datagram(&mut self, now: Timestamp, from: SocketAddr, bytes: &[u8]) {
         let r = if bytes[1] == KIND_BIND_REQ {
-            self.on_bind_req(from, bytes)
+            self.on_bind_req(now, from, bytes)
         } else {
             self.on_bind(from, bytes)
         };
@@ -275,7 +314,16 @@ impl Endpoint {
             return;
         };
         for chunk in wanted.chunks(MAX_CLAIMS) {
-            let b = encode_bind_req(&self.identity.public(), chunk);
+            if self.binds.asked.len() + chunk.len() > MAX_ASKED {
+                self.stats.reject("bind_requests_full");
+                return;
+            }
+            let nonce = self.binds.next_nonce;
+            self.binds.next_nonce = nonce.wrapping_add(1).max(1);
+            for c in chunk {
+                self.binds.asked.insert((peer, *c), nonce);
+            }
+            let b = encode_bind_req(&self.identity.public(), nonce, chunk);
             self.push_tagged(&key, b, to);
             self.stats.count("bind_requests_sent");
         }
@@ -285,8 +333,13 @@ impl Endpoint {
     /// flow of ours that is UDP, unbound or bound to that host (after our
     /// move, to teach it our new NAT's port), and has its remote end at
     /// `from`'s address (never into anyone else's flow).
-    fn on_bind_req(&mut self, from: SocketAddr, bytes: &[u8]) -> Result<(), &'static str> {
-        let (peer, commitments) = decode_bind_req(bytes)?;
+    fn on_bind_req(
+        &mut self,
+        now: Timestamp,
+        from: SocketAddr,
+        bytes: &[u8],
+    ) -> Result<(), &'static str> {
+        let (peer, nonce, commitments) = decode_bind_req(bytes)?;
         let key = self
             .sessions
             .get(&peer)
@@ -310,14 +363,27 @@ impl Endpoint {
                 self.stats.reject("bind_req_unknown");
                 continue;
             };
+            if self
+                .binds
+                .last_sent
+                .get(&flow)
+                .is_some_and(|(at, t)| *at == local && now.since(*t) < BIND_INTERVAL)
+            {
+                self.stats.reject("bind_req_too_soon");
+                continue;
+            }
+            if self.binds.last_sent.len() >= MAX_ASKED {
+                let conns = &self.conns;
+                self.binds.last_sent.retain(|f, _| conns.contains_key(f));
+            }
+            self.binds.last_sent.insert(flow, (local, now));
             let entry = ClaimEntry {
                 commitment,
                 proto: flow.proto,
                 sender_local: flow.local,
                 sender_remote: flow.remote,
             };
-            self.binds.sent += 1;
-            let mut payload = encode_bind(&self.identity.public(), &entry, self.binds.sent);
+            let mut payload = encode_bind(&self.identity.public(), &entry, nonce);
             crypto::tag_datagram(&key, &mut payload);
             self.stats.count("binds_sent");
             self.events.push_back(Event::SendInBand {
@@ -333,8 +399,8 @@ impl Endpoint {
     /// the flow with that remote endpoint and port to its sender.
     fn on_bind(&mut self, from: SocketAddr, bytes: &[u8]) -> Result<(), &'static str> {
         let b = decode_bind(bytes)?;
-        if b.port == 0 {
-            // Sent to the VCMP port directly: it came from anywhere.
+        if b.port == 0 || !self.binds.diverting.contains(&from.ip()) {
+            // Not through our divert: its port is the sender's word.
             return Err("bind_not_diverted");
         }
         let key = self
@@ -348,15 +414,14 @@ impl Endpoint {
         if !crypto::datagram_tag_valid(&key, &signed) {
             return Err("bind_bad_tag");
         }
-        if self
-            .binds
-            .seen
-            .get(&b.static_pub)
-            .is_some_and(|&c| b.counter <= c)
-        {
-            return Err("bind_replayed");
-        }
         let e = b.entry;
+        // The answer to a request still outstanding, each nonce once.
+        match self.binds.asked.get(&(b.static_pub, e.commitment)) {
+            Some(&n) if n == b.nonce => {
+                self.binds.asked.remove(&(b.static_pub, e.commitment));
+            }
+            Some(_) | None => return Err("bind_replayed"),
+        }
         // The flow as the sender names it, turned to our side.
         let named = VirtualFlow {
             proto: e.proto,
@@ -381,7 +446,6 @@ impl Endpoint {
         if let Some(flow) = rebinding {
             // Its peer moved behind a new NAT (validated there): this is the
             // port that NAT gave the flow.
-            self.binds.seen.insert(b.static_pub, b.counter);
             if let Some(c) = self.conns.get_mut(&flow) {
                 c.remote_phys = from;
             }
@@ -397,7 +461,6 @@ impl Endpoint {
             })
             .map(|c| (c.flow, c.peer_key))
             .ok_or("bind_no_flow")?;
-        self.binds.seen.insert(b.static_pub, b.counter);
         match flow.1 {
             Some(k) if k == b.static_pub => {
                 // Its own flow, named as some other flow: changes nothing.

@@ -64,6 +64,8 @@ pub(crate) struct Conn {
     pub keyx: Option<KeyxState>,
     /// Our answer to the peer's last KEYX: (peer's value, ours).
     pub keyx_answer: Option<([u8; 32], [u8; 32])>,
+    /// The sequence number of the KEYX we answered last.
+    pub keyx_answer_seq: u64,
     /// We answered a KEYX and ratcheted, and the peer has not been seen
     /// using the new keys: it may never have received our answer (lost,
     /// or it gave up), so we go on signing with the keys before the
@@ -665,6 +667,7 @@ impl Conn {
             pending_remote: None,
             keyx: None,
             keyx_answer: None,
+            keyx_answer_seq: 0,
             send_prev: false,
             validated: vec![remote_phys.ip()],
             claim_retry: None,

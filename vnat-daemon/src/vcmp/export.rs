@@ -69,6 +69,10 @@ pub struct ConnectionExport {
     pub prev_root_key: Option<HexKey>,
     #[serde(default)]
     pub send_prev: bool,
+    /// Our answer to the peer's last KEYX while it may come again: (the
+    /// peer's value, ours, both hex, and the KEYX's sequence number).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keyx_answer: Option<(String, String, u64)>,
 }
 
 impl std::fmt::Debug for ConnectionExport {
@@ -125,6 +129,10 @@ impl Endpoint {
             peer_named: c.peer_named.filter(|n| n != flow),
             prev_root_key: c.prev_keys.as_ref().map(|k| HexKey(hex(k.root.expose()))),
             send_prev: c.send_prev && c.prev_keys.is_some(),
+            keyx_answer: c
+                .keyx_answer
+                .filter(|_| c.prev_keys.is_some())
+                .map(|(peer, ours)| (hex(&peer), hex(&ours), c.keyx_answer_seq)),
         };
         self.index_connection(flow, false);
         self.drop_alias(flow);
@@ -171,6 +179,12 @@ impl Endpoint {
                 &binding,
             ));
             c.send_prev = e.send_prev;
+            if let Some((peer, ours, seq)) = &e.keyx_answer {
+                let peer = unhex(peer).ok_or(EndpointError::ExportKey)?;
+                let ours = unhex(ours).ok_or(EndpointError::ExportKey)?;
+                c.keyx_answer = Some((peer, ours));
+                c.keyx_answer_seq = *seq;
+            }
         }
         c.peer_key = peer_key;
         c.send_seq = e.send_seq;

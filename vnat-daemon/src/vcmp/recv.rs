@@ -35,8 +35,11 @@ impl Endpoint {
         // is, it came from there or from someone who can forge that
         // address, who could as well have sent it to us for real.
         self.tx.credit(from.ip(), bytes.len());
+        // BIND_REQ nonces start at a random point (requests go out in
+        // answer to datagrams, so this is before the first).
+        self.binds.seed_nonce(ctx.rng);
         if super::bind::is_bind(bytes) {
-            self.on_bind_datagram(from, bytes);
+            self.on_bind_datagram(now, from, bytes);
             self.tx.flush(&mut self.stats);
             return;
         }

@@ -119,3 +119,57 @@ fn after_a_lost_keyx_answer_the_next_keyx_from_the_same_side_agrees() {
     // use the new ones).
     assert_eq!(sim.hosts[a].ep.stats().rejected("bad_mac"), 0);
 }
+
+/// A copy of the laptop's first KEYX, held back by someone on the path and
+/// delivered after the server rolled back to the laptop's second one, is
+/// older than the KEYX the server answered last: it changes nothing, and
+/// both ends stay on the keys they agreed.
+#[test]
+fn a_late_copy_of_an_older_keyx_does_not_roll_back_again() {
+    let (mut sim, flows) = setup(63, Link::default(), Config::default(), 1);
+    let (a, b) = (0, 1);
+    let f = flows[0];
+    // The laptop's first KEYX, taken off the wire and kept.
+    let first = sim.capture(a, |ep, now, rng| {
+        ep.suspend(now, rng, &[f]).expect("suspend")
+    });
+    assert!(!first.is_empty());
+    let from = sa("10.0.0.1:2031");
+    // Its retransmissions reach the server, whose answers are all lost.
+    sim.hosts[b].mute = true;
+    sim.run_for(Duration::from_secs(60));
+    assert_eq!(sim.hosts[a].ep.stats().get("keyx_unanswered"), 1);
+    sim.hosts[b].mute = false;
+    // The second exchange: the server rolls back and both agree.
+    sim.with(a, |ep, now, rng| {
+        ep.suspend(now, rng, &[f]).expect("suspend")
+    });
+    sim.run_for(Duration::from_secs(10));
+    assert_eq!(sim.hosts[b].ep.stats().get("keyx_rolled_back"), 1);
+    let rekeyed = sim.hosts[b].ep.stats().get("rekeyed");
+    // The held copy arrives now.
+    for t in &first {
+        sim.inject(b, from, &t.payload);
+    }
+    assert_eq!(
+        sim.hosts[b].ep.stats().get("keyx_rolled_back"),
+        1,
+        "rolled back again"
+    );
+    assert_eq!(sim.hosts[b].ep.stats().get("rekeyed"), rekeyed);
+    sim.move_host(a, "10.0.5.1");
+    sim.with(a, |ep, now, rng| {
+        ep.resume(now, rng, &[(f, sa("10.0.5.1:40000"))])
+            .expect("resume")
+    });
+    sim.run_for(Duration::from_secs(10));
+    assert!(
+        sim.events(
+            a,
+            |e| matches!(e, Event::Resumed { flow, .. } if *flow == f)
+        )
+        .next()
+        .is_some(),
+        "the laptop's move must complete"
+    );
+}

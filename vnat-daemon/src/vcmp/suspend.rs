@@ -165,15 +165,27 @@ impl Endpoint {
             return Err("bad_extension");
         };
         let c = self.conns.get_mut(flow).ok_or("unknown_connection")?;
-        if under_prev && c.send_prev && c.keyx_answer.is_some_and(|(seen, _)| seen != peer_eph) {
-            // A new KEYX under the keys before our unconfirmed ratchet: the
-            // peer never got our last answer (it gave up), so that ratchet
+        if under_prev
+            && c.send_prev
+            && rec.seq > c.keyx_answer_seq
+            && c.keyx_answer.is_some_and(|(seen, _)| seen != peer_eph)
+        {
+            // A KEYX sent after the one we answered (not a late copy of an
+            // older one), under the keys before our unconfirmed ratchet:
+            // the peer never got our answer (it gave up), so that ratchet
             // never happened for it. Undo it and take this one as the
             // first.
             c.keys = c.prev_keys.take();
             c.send_prev = false;
             c.keyx_answer = None;
             self.stats.count("keyx_rolled_back");
+            return self.on_keyx(ctx, from, flow, rec, false);
+        }
+        if under_prev && c.keyx_answer.is_none() {
+            // We started the last exchange and ratcheted on the answer; the
+            // peer started this one before it saw us use the new keys, so
+            // it signed with the old ones, and ratchets from the new ones
+            // (its current) when our answer comes: so do we.
             return self.on_keyx(ctx, from, flow, rec, false);
         }
         if under_prev {
@@ -221,6 +233,7 @@ impl Endpoint {
             let c = self.conns.get_mut(flow).ok_or("unknown_connection")?;
             c.prev_keys = c.keys.replace(new);
             c.keyx_answer = Some((peer_eph, mine));
+            c.keyx_answer_seq = rec.seq;
             c.send_prev = true;
         }
         self.stats.count("rekeyed");

@@ -39,8 +39,10 @@ pub(crate) struct TxQueue {
     /// servers, our own old locations. Not subject to the limit, except for
     /// unauthenticated replies.
     pub(crate) trusted: HashSet<IpAddr>,
-    /// (bytes received, bytes sent) for other addresses.
+    /// (bytes received, bytes sent) per address, at most [`MAX_TRACKED`];
+    /// `tracked` has them oldest first, the first to make room.
     budget: HashMap<IpAddr, (u64, u64)>,
+    tracked: VecDeque<IpAddr>,
 }
 
 impl TxQueue {
@@ -53,14 +55,24 @@ impl TxQueue {
             ready: VecDeque::new(),
             trusted: HashSet::new(),
             budget: HashMap::new(),
+            tracked: VecDeque::new(),
         }
     }
 
     /// Count `n` bytes received from (or vouched for by an authenticated
     /// message naming) `ip`.
+    /// A flood of forged sources makes room by pushing out the addresses
+    /// seen longest ago, never by refusing new ones (a peer's new address
+    /// must always be able to get its challenge).
     pub fn credit(&mut self, ip: IpAddr, n: usize) {
-        if self.budget.len() >= MAX_TRACKED && !self.budget.contains_key(&ip) {
-            return;
+        if !self.budget.contains_key(&ip) {
+            while self.budget.len() >= MAX_TRACKED {
+                let Some(old) = self.tracked.pop_front() else {
+                    break;
+                };
+                self.budget.remove(&old);
+            }
+            self.tracked.push_back(ip);
         }
         let e = self.budget.entry(ip).or_default();
         e.0 = e.0.saturating_add(n as u64);
@@ -204,5 +216,21 @@ mod tests {
         assert!(q.pop(&mut stats).is_some());
         q.push_datagram(stranger, datagram(Kind::Challenge, 2), &mut stats);
         assert!(q.pop(&mut stats).is_none());
+    }
+
+    /// 5,000 forged sources fill the table; the next address still gets
+    /// its credit (the oldest make room).
+    #[test]
+    fn a_flood_of_sources_does_not_lock_out_a_new_address() {
+        let mut stats = Stats::default();
+        let mut q = TxQueue::new(1400, 64);
+        for i in 0..5000u32 {
+            q.credit(IpAddr::V4(std::net::Ipv4Addr::from(0x0a00_0000 + i)), 100);
+        }
+        let new: SocketAddr = "192.0.2.77:2031".parse().unwrap();
+        q.credit(new.ip(), 100);
+        q.push_datagram(new, datagram(Kind::Challenge, 300), &mut stats);
+        assert!(q.pop(&mut stats).is_some());
+        assert!(q.budget.len() <= MAX_TRACKED);
     }
 }

@@ -84,7 +84,15 @@ pub struct KernelDatapath {
     /// Rebinding entries this process wrote that the tc program has not
     /// completed yet (see `rebind`).
     rebinds: std::collections::HashSet<RebindKey>,
+    /// When each UDP rebind was written: one whose BIND never came is
+    /// given up after [`UDP_REBIND_LIMIT`] (while it waits, datagrams from
+    /// that address to that port that no recorded flow owns are dropped).
+    udp_rebinds_since: StdHashMap<RebindKey, std::time::Instant>,
 }
+
+/// How long a UDP flow waits for its peer's BIND after a move behind a new
+/// NAT before the wait (and the drop it brings) is given up.
+const UDP_REBIND_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 #[derive(Default)]
 struct RouteMemo {
@@ -125,6 +133,7 @@ impl KernelDatapath {
             rebinding: true,
             bind_divert_port: 0,
             rebinds: std::collections::HashSet::new(),
+            udp_rebinds_since: StdHashMap::new(),
         };
         dp.mirror = Mirror::from(dp.read_map(true)?, dp.read_map(false)?);
         // Rebinds a previous vnatd left waiting are ours to finish.
@@ -606,6 +615,23 @@ impl Datapath for KernelDatapath {
             for k in pending {
                 if !self.rebind_pending(&k).unwrap_or(true) {
                     self.rebinds.remove(&k);
+                    self.udp_rebinds_since.remove(&k);
+                }
+            }
+            let now = std::time::Instant::now();
+            let overdue: Vec<RebindKey> = self
+                .udp_rebinds_since
+                .iter()
+                .filter(|(_, since)| now.duration_since(**since) >= UDP_REBIND_LIMIT)
+                .map(|(k, _)| *k)
+                .collect();
+            for k in overdue {
+                self.udp_rebinds_since.remove(&k);
+                if self.loaded.maps.rebind.remove(&k).is_ok() || self.rebinds.contains(&k) {
+                    self.rebinds.remove(&k);
+                    tracing::warn!(
+                        "a UDP flow's peer moved behind a NAT and never sent its BIND: no longer waiting for it"
+                    );
                 }
             }
             if self.rebinds.len() != before {

@@ -19,23 +19,34 @@ impl KernelDatapath {
         self.write_pair(p, None)
     }
 
-    /// Whether a connection is recorded under `key` (our end first) for
-    /// another socket than the one recorded under `own` (a UDP socket that
-    /// once received from a physical endpoint is recorded under it too).
-    pub(super) fn recorded_by_another_socket(
+    /// Whether another connection than `own` (its record's key) is
+    /// recorded with the physical endpoints `physical` (our end first): under
+    /// that key, or, for UDP, under our wildcard address, where a socket
+    /// bound to `0.0.0.0` or `::` is recorded.
+    pub(super) fn recorded_elsewhere(
         &self,
-        key: &FlowKey,
+        physical: &FlowKey,
         own: &FlowKey,
     ) -> Result<bool, DatapathError> {
-        let get = |k: &FlowKey| match self.loaded.maps.conns.get(k, 0) {
-            Ok(r) => Ok(Some(r.cookie)),
-            Err(e) if is_not_found(&e) => Ok(None),
-            Err(e) => Err(map_err(MAP_CONNS)(e)),
+        let wildcard = |k: &FlowKey| FlowKey {
+            src_addr_be: [0; 4],
+            ..*k
         };
-        Ok(match get(key)? {
-            None => false,
-            Some(cookie) => get(own)? != Some(cookie),
-        })
+        let mut keys = vec![*physical];
+        if physical.proto == vnat_common::PROTO_UDP {
+            keys.push(wildcard(physical));
+        }
+        for k in keys {
+            if k == *own || k == wildcard(own) {
+                continue;
+            }
+            match self.loaded.maps.conns.get(&k, 0) {
+                Ok(_) => return Ok(true),
+                Err(e) if is_not_found(&e) => {}
+                Err(e) => return Err(map_err(MAP_CONNS)(e)),
+            }
+        }
+        Ok(false)
     }
 
     /// Write a connection record directly, as the recorders would (for
@@ -169,6 +180,10 @@ impl KernelDatapath {
         })?;
         self.insert_rebind(key, value)?;
         self.rebinds.insert(key);
+        if key.proto == vnat_common::PROTO_UDP {
+            self.udp_rebinds_since
+                .insert(key, std::time::Instant::now());
+        }
         tracing::debug!(flow = ?t.flow, "rebinding: the tc program learns the peer's new NAT port");
         Ok(())
     }

@@ -93,7 +93,7 @@ impl KernelDatapath {
         // its new address and capture that neighbour's traffic while the
         // address is being validated.
         let physical = crate::datapath::flow_key(t.flow.proto, t.physical_local, t.physical_remote);
-        if physical != egress_key && self.recorded_by_another_socket(&physical, &egress_key)? {
+        if physical != egress_key && self.recorded_elsewhere(&physical, &egress_key)? {
             return Err(DatapathError::InvalidTranslation {
                 flow: t.flow,
                 reason: "another connection of this host has these physical endpoints",
@@ -275,6 +275,7 @@ impl KernelDatapath {
         for k in stale {
             let _ = self.loaded.maps.rebind.remove(&k);
             self.rebinds.remove(&k);
+            self.udp_rebinds_since.remove(&k);
         }
         if any && self.rebinds.is_empty() {
             let _ = self.set_rebinding(false);
