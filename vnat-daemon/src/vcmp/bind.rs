@@ -82,8 +82,12 @@ pub(crate) struct BindState {
     /// The nonce of the next BIND_REQ (seeded at random, `seed_nonce`).
     next_nonce: u64,
     /// BINDs asked for and not yet received: (host key, commitment) to the
-    /// nonce of the request.
-    asked: HashMap<([u8; 32], [u8; TAG_LEN]), u64>,
+    /// nonces of the requests still outstanding (the last few: an answer
+    /// to an earlier request may still be on its way).
+    asked: HashMap<([u8; 32], [u8; TAG_LEN]), Vec<u64>>,
+    /// UDP flows waiting for their moved peer's BIND: (requests sent, when
+    /// to ask again).
+    reasks: HashMap<VirtualFlow, (u32, Timestamp)>,
     /// When we last sent a BIND on each of our flows, from which local
     /// endpoint (a move allows the next one at once).
     last_sent: HashMap<VirtualFlow, (SocketAddr, Timestamp)>,
@@ -238,25 +242,70 @@ impl Endpoint {
     /// After `flow` was switched to a peer behind a new NAT, with the port
     /// left to learn (`SetRemote` to port 0): a UDP flow learns it from
     /// its BIND on the new path (the datapath drops its datagrams until
-    /// then), so ask the peer for one.
-    pub(crate) fn ask_rebind(&mut self, flow: &VirtualFlow) {
+    /// then), so ask the peer for one, and again on a timer until it comes
+    /// (`bind_timeouts`).
+    pub(crate) fn ask_rebind(&mut self, now: Timestamp, flow: &VirtualFlow) {
+        if self.request_rebind(flow) {
+            let wait = self.cfg.initial_rto;
+            self.binds.reasks.insert(*flow, (1, now.plus(wait)));
+        }
+    }
+
+    /// Ask again for the BINDs still missing; give up after `max_tries`
+    /// (the datapath gives up its wait too).
+    pub(crate) fn bind_timeouts(&mut self, now: Timestamp) {
+        let due: Vec<(VirtualFlow, u32)> = self
+            .binds
+            .reasks
+            .iter()
+            .filter(|(_, (_, d))| *d <= now)
+            .map(|(f, (n, _))| (*f, *n))
+            .collect();
+        for (flow, tries) in due {
+            let waiting = self
+                .conns
+                .get(&flow)
+                .is_some_and(|c| c.remote_phys.port() == 0);
+            if !waiting || tries >= self.cfg.max_tries || !self.request_rebind(&flow) {
+                self.binds.reasks.remove(&flow);
+                continue;
+            }
+            self.stats.count("bind_requests_resent");
+            let wait = self
+                .cfg
+                .initial_rto
+                .saturating_mul(1u32 << tries.min(16))
+                .min(self.cfg.max_rto);
+            self.binds.reasks.insert(flow, (tries + 1, now.plus(wait)));
+        }
+    }
+
+    /// The next time `bind_timeouts` has work.
+    pub(crate) fn next_bind_timeout(&self) -> Option<Timestamp> {
+        self.binds.reasks.values().map(|(_, d)| *d).min()
+    }
+
+    /// Send (or queue) a BIND_REQ for a rebinding UDP flow; false if it is
+    /// not one, or its peer is gone.
+    fn request_rebind(&mut self, flow: &VirtualFlow) -> bool {
         let Some(c) = self.conns.get(flow) else {
-            return;
+            return false;
         };
         if flow.proto != Proto::Udp || c.remote_phys.port() != 0 {
-            return;
+            return false;
         }
         let (Some(peer), toward) = (c.peer_key, c.remote_phys.ip()) else {
-            return;
+            return false;
         };
         let (Some(to), Some(key)) = (
             self.peer_addrs.get(&peer).copied(),
             self.sessions.get(&peer).map(|s| s.claim_key()),
         ) else {
-            return;
+            return false;
         };
         let commitment = claim_commitment(&key, &c.binding);
         self.queue_bind_req(peer, to, toward, vec![commitment]);
+        true
     }
 
     /// Send a BIND_REQ for `wanted` to `peer` at `to`, once BINDs from
@@ -321,7 +370,11 @@ impl Endpoint {
             let nonce = self.binds.next_nonce;
             self.binds.next_nonce = nonce.wrapping_add(1).max(1);
             for c in chunk {
-                self.binds.asked.insert((peer, *c), nonce);
+                let nonces = self.binds.asked.entry((peer, *c)).or_default();
+                if nonces.len() >= 4 {
+                    nonces.remove(0);
+                }
+                nonces.push(nonce);
             }
             let b = encode_bind_req(&self.identity.public(), nonce, chunk);
             self.push_tagged(&key, b, to);
@@ -417,7 +470,7 @@ impl Endpoint {
         let e = b.entry;
         // The answer to a request still outstanding, each nonce once.
         match self.binds.asked.get(&(b.static_pub, e.commitment)) {
-            Some(&n) if n == b.nonce => {
+            Some(nonces) if nonces.contains(&b.nonce) => {
                 self.binds.asked.remove(&(b.static_pub, e.commitment));
             }
             Some(_) | None => return Err("bind_replayed"),
@@ -450,6 +503,7 @@ impl Endpoint {
                 c.remote_phys = from;
             }
             self.stats.count("binds_rebound");
+            self.binds.reasks.remove(&flow);
             self.emit(Event::SetRemote { flow, remote: from });
             return Ok(());
         }

@@ -563,6 +563,9 @@ impl Endpoint {
         if let Some(d) = self.switch_deadline() {
             take(d);
         }
+        if let Some(d) = self.next_bind_timeout() {
+            take(d);
+        }
         if !self.store.is_empty() {
             take(self.next_store_expiry);
         }
@@ -582,6 +585,7 @@ impl Endpoint {
         self.migration_timeouts(&mut ctx);
         self.validation_timeouts(&mut ctx);
         self.switch_timeouts(now);
+        self.bind_timeouts(now);
         if now >= self.next_store_expiry {
             self.store.expire(now);
             self.next_store_expiry = now.plus(Duration::from_secs(10));

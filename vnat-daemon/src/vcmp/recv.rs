@@ -162,7 +162,7 @@ impl Endpoint {
             Kind::UpdR => self.on_upd_r(ctx, &flow, rec),
             Kind::KeyX => self.on_keyx(ctx, from, &flow, rec, under_prev),
             Kind::Challenge => self.on_challenge(ctx, from, &flow, rec),
-            Kind::Response => self.on_response(&flow, rec),
+            Kind::Response => self.on_response(ctx.now, &flow, rec),
             Kind::Switched => self.on_switched(&flow),
             _ => Err("unexpected_kind"),
         };

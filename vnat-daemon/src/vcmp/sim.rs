@@ -44,6 +44,8 @@ pub struct Host {
     /// Everything this host sends is lost (it still receives): one
     /// direction of a path down.
     pub mute: bool,
+    /// This many of the next in-band datagrams (BINDs) it sends are lost.
+    pub lose_in_band: u32,
 }
 
 /// Link behaviour, applied to every datagram independently.
@@ -169,6 +171,7 @@ impl Sim {
             diverting: Default::default(),
             binds_to_app: 0,
             mute: false,
+            lose_in_band: 0,
         });
         self.hosts.len() - 1
     }
@@ -268,7 +271,11 @@ impl Sim {
                     payload,
                 } => {
                     let from = self.hosts[h].flow_nat.get(local).copied().unwrap_or(*local);
-                    inband.push((from, *remote, payload.clone()));
+                    if self.hosts[h].lose_in_band > 0 {
+                        self.hosts[h].lose_in_band -= 1;
+                    } else {
+                        inband.push((from, *remote, payload.clone()));
+                    }
                 }
                 _ => {}
             }

@@ -597,3 +597,41 @@ fn a_nat_that_remaps_an_unmoved_laptop_breaks_nothing() {
         "the server's suspend must reach the laptop through the new mapping"
     );
 }
+
+/// The laptop's BIND after its move is lost: the server asks again, and
+/// the flow learns its new NAT port from the next one.
+#[test]
+fn a_lost_bind_after_a_move_is_asked_for_again() {
+    let mut sim = Sim::new(29, Link::default());
+    let l = sim.add_host("192.168.1.10", Config::default());
+    let s = sim.add_host("203.0.113.5", Config::default());
+    sim.hosts[s].confirms_switch = true;
+    sim.hosts[l].nat = Some(sa("198.51.100.7:40001"));
+    sim.hosts[l]
+        .flow_nat
+        .insert(sa("192.168.1.10:5000"), sa("198.51.100.7:61234"));
+    let f = super::sim::udp("192.168.1.10:5000", "203.0.113.5:53");
+    let sf = super::sim::udp("203.0.113.5:53", "198.51.100.7:61234");
+    sim.connect_named(l, s, f, sf);
+    sim.run_for(Duration::from_secs(10));
+    assert!(sim.hosts[s].ep.connection(&sf).expect("sf").has_keys);
+
+    sim.move_host(l, "192.168.2.20");
+    sim.hosts[l].nat = Some(sa("198.51.100.8:40005"));
+    sim.hosts[l]
+        .flow_nat
+        .insert(sa("192.168.2.20:5000"), sa("198.51.100.8:7777"));
+    sim.hosts[l].lose_in_band = 1;
+    sim.with(l, |ep, now, rng| {
+        ep.resume(now, rng, &[(f, sa("192.168.2.20:5000"))])
+            .expect("resume")
+    });
+    sim.run_for(Duration::from_secs(10));
+    assert!(sim.hosts[s].ep.stats().get("bind_requests_resent") >= 1);
+    assert!(
+        sim.events(s, |e| matches!(e, Event::SetRemote { flow, remote } if *flow == sf && *remote == sa("198.51.100.8:7777")))
+            .next()
+            .is_some(),
+        "the server must learn the new NAT's port from the second BIND"
+    );
+}

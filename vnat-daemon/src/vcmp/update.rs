@@ -130,7 +130,7 @@ impl Endpoint {
                 flow: *flow,
                 remote: addr,
             });
-            self.ask_rebind(flow);
+            self.ask_rebind(ctx.now, flow);
             return;
         }
         c.pending_remote = Some((addr, seq));
@@ -172,6 +172,7 @@ impl Endpoint {
 
     pub(crate) fn on_response(
         &mut self,
+        now: super::Timestamp,
         flow: &VirtualFlow,
         rec: &Record,
     ) -> Result<(), &'static str> {
@@ -215,7 +216,7 @@ impl Endpoint {
                         flow: f,
                         remote: addr,
                     });
-                    self.ask_rebind(&f);
+                    self.ask_rebind(now, &f);
                 }
             }
         }
