@@ -96,10 +96,17 @@ pub(crate) struct BindState {
 /// Most outstanding requests kept; beyond, new ones are not sent (the
 /// peer's claims are resent, and ask again).
 const MAX_ASKED: usize = 4096;
+/// Most outstanding requests to one host.
+const MAX_ASKED_PER_PEER: usize = 256;
 /// Least time between two BINDs on one flow.
 const BIND_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl BindState {
+    /// Forget what was asked of `peer` (its pairing is gone).
+    pub(crate) fn forget(&mut self, peer: &[u8; 32]) {
+        self.asked.retain(|(p, _), _| p != peer);
+    }
+
     /// Seed the request nonces from `rng` (once).
     pub(crate) fn seed_nonce(&mut self, rng: &mut dyn rand_core::RngCore) {
         if self.next_nonce == 0 {
@@ -363,6 +370,14 @@ impl Endpoint {
             return;
         };
         for chunk in wanted.chunks(MAX_CLAIMS) {
+            // One host that never answers may not use up the room of all:
+            // past its share, its unanswered requests are dropped (a
+            // genuine one whose answer is lost is asked for again).
+            let its_own = self.binds.asked.keys().filter(|(p, _)| *p == peer).count();
+            if its_own + chunk.len() > MAX_ASKED_PER_PEER {
+                self.binds.asked.retain(|(p, _), _| *p != peer);
+                self.stats.count("bind_requests_dropped");
+            }
             if self.binds.asked.len() + chunk.len() > MAX_ASKED {
                 self.stats.reject("bind_requests_full");
                 return;

@@ -346,6 +346,7 @@ impl Endpoint {
         self.peer_addrs.remove(peer);
         self.probes.remove(peer);
         self.claim_index.remove(peer);
+        self.binds.forget(peer);
         self.pins.retain(|_, k| k != peer);
         let mut freed: HashMap<IpAddr, Vec<VirtualFlow>> = HashMap::new();
         for c in self.conns.values_mut() {

@@ -67,7 +67,7 @@ pub struct ConnectionExport {
     /// still signed with it (the peer has not been seen with the new one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prev_root_key: Option<HexKey>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub send_prev: bool,
     /// Our answer to the peer's last KEYX while it may come again: (the
     /// peer's value, ours, both hex, and the KEYX's sequence number).
