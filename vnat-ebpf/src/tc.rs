@@ -112,6 +112,11 @@ fn try_translate(ctx: &TcContext, dir: Dir) -> Result<i32, Drop> {
         if divert_bind(ctx, &p, vcmp_port_be)? {
             return Ok(TC_ACT_OK);
         }
+        // Parsed only for the divert: with nothing translated, that is all
+        // (no lookup per packet for a host that once diverted a BIND).
+        if nat_is_empty() {
+            return Ok(TC_ACT_OK);
+        }
     }
     let map: &HashMap<FlowKey, NatRewrite> = match dir {
         Dir::Egress => &VNAT_EGRESS_NAT,
