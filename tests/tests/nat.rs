@@ -438,37 +438,7 @@ fn the_server_behind_port_forwarding_while_the_laptop_moves_between_nats() {
     );
     // Mobile at both ends: the laptop names the server's end by the public
     // address, the server by its own.
-    for (proto, port) in [("tcp", 5001), ("udp", 5002)] {
-        wait_for(
-            &format!("{tag}: {proto} never mobile on the laptop"),
-            30,
-            || mobile_on(&lapd, proto, port),
-        );
-        wait_for(
-            &format!("{tag}: {proto} never mobile on the server"),
-            30,
-            || mobile_on(&srvd, proto, port),
-        );
-    }
-    let before: Vec<_> = clients
-        .iter()
-        .map(|c| c.latest().expect("status"))
-        .collect();
-    bed.topo.move_laptop_to_b();
-    for c in &clients {
-        let at_move = c.latest().expect("status").verified;
-        c.wait_verified_at_least(at_move + 100_000, Duration::from_secs(20));
-    }
-    let (to_b, ls) = srvd.sending_to(PUBLIC_B.into());
-    assert_eq!(
-        to_b, 2,
-        "{tag}: the server does not send both flows to the new NAT: {ls}"
-    );
-    for (c, b) in clients.into_iter().zip(before) {
-        let fin = c.stop();
-        assert_eq!(fin.error, None, "{tag}: a stream broke: {:?}", fin.json);
-        assert_eq!(fin.local, b.local, "{tag}: a client's socket changed");
-    }
+    both_flows_follow_the_laptop(tag, &lapd, &srvd, clients, || bed.topo.move_laptop_to_b());
     drop(lapd);
 }
 
@@ -491,25 +461,42 @@ fn suspend_and_resume_across_nats() {
         &lap,
         [StreamOptions::tcp(at(5001)), StreamOptions::udp(at(5002))],
     );
+    both_flows_follow_the_laptop(tag, &lapd, &srvd, clients, || {
+        lapd.ctl(&["suspend", "--all"]).expect("suspend");
+        bed.topo.move_laptop_to_b();
+        lapd.ctl(&["resume", "--all"]).expect("resume");
+    });
+    drop(lapd);
+}
+
+/// The TCP stream (server port 5001) and UDP flow (5002) of `clients`,
+/// once mobile at both ends, go on after `move_laptop` takes the laptop
+/// behind NAT B: same sockets, content verified, and the server sends
+/// exactly those two to NAT B.
+fn both_flows_follow_the_laptop(
+    tag: &str,
+    lapd: &Vnatd,
+    srvd: &Vnatd,
+    clients: Vec<StreamClient>,
+    move_laptop: impl FnOnce(),
+) {
     for (proto, port) in [("tcp", 5001), ("udp", 5002)] {
         wait_for(
             &format!("{tag}: {proto} never mobile on the laptop"),
             30,
-            || mobile_on(&lapd, proto, port),
+            || mobile_on(lapd, proto, port),
         );
         wait_for(
             &format!("{tag}: {proto} never mobile on the server"),
             30,
-            || mobile_on(&srvd, proto, port),
+            || mobile_on(srvd, proto, port),
         );
     }
     let before: Vec<_> = clients
         .iter()
         .map(|c| c.latest().expect("status"))
         .collect();
-    lapd.ctl(&["suspend", "--all"]).expect("suspend");
-    bed.topo.move_laptop_to_b();
-    lapd.ctl(&["resume", "--all"]).expect("resume");
+    move_laptop();
     for c in &clients {
         let at_move = c.latest().expect("status").verified;
         c.wait_verified_at_least(at_move + 100_000, Duration::from_secs(20));
@@ -524,5 +511,4 @@ fn suspend_and_resume_across_nats() {
         assert_eq!(fin.error, None, "{tag}: a stream broke: {:?}", fin.json);
         assert_eq!(fin.local, b.local, "{tag}: a client's socket changed");
     }
-    drop(lapd);
 }

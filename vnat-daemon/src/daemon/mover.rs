@@ -43,6 +43,19 @@ pub struct Switch {
     pub solicit: bool,
 }
 
+impl Switch {
+    /// Whether the peer is told (SWITCHED) once this switch took effect:
+    /// its moved connection waits for that before it sends. Not for a UDP
+    /// flow whose new NAT port is still to come in its BIND (remote port
+    /// 0): the mover stays held until the port is known, since its
+    /// datagrams would only be dropped here meanwhile.
+    pub fn confirms(&self) -> bool {
+        let moved = self.peer_moved || self.remote != self.flow.remote;
+        let port_unknown = self.flow.proto == Proto::Udp && self.remote.port() == 0;
+        moved && !port_unknown
+    }
+}
+
 /// What one core event asks of the datapath.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {

@@ -282,6 +282,27 @@ fn mass_switches_queue_their_levers_and_solicit_only_where_the_peer_moved() {
     assert!(m.take_restarts().is_empty());
 }
 
+#[test]
+fn the_peer_is_told_of_a_switch_unless_a_udp_flow_still_waits_for_its_bind() {
+    let t = tcp("10.0.0.2:443", "203.0.113.7:40000");
+    let u = udp("10.0.0.2:53", "203.0.113.7:40001");
+    let to = |flow: VirtualFlow, remote: &str, peer_moved| Switch {
+        flow,
+        local: flow.local,
+        remote: sa(remote),
+        peer_moved,
+        solicit: true,
+    };
+    // TCP to a NAT whose port the tc program learns: told at once (the
+    // mover's first packet is what teaches the port).
+    assert!(to(t, "198.51.100.8:0", true).confirms());
+    // UDP: only once the BIND gave the port.
+    assert!(!to(u, "198.51.100.8:0", true).confirms());
+    assert!(to(u, "198.51.100.8:7777", true).confirms());
+    // Back at its own addresses after our move: nothing to tell.
+    assert!(!to(t, "203.0.113.7:40000", false).confirms());
+}
+
 /// What the mover asks, run on the fake datapath: the receive side for the
 /// peer's announced address is in place (prepared) before the switch, and
 /// the switch installs the translation that the receive side began.

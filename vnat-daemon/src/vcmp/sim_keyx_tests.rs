@@ -5,8 +5,29 @@
 use std::time::Duration;
 
 use super::endpoint::{Config, Event};
-use super::sim::{reverse, sa, Link};
+use super::sim::{reverse, sa, Link, Sim};
 use super::sim_tests::setup;
+use crate::datapath::VirtualFlow;
+
+/// The laptop `a` moves to 10.0.5.1 and resumes `f` there: its move must
+/// complete (both ends authenticate each other's records).
+fn assert_the_laptop_s_move_completes(sim: &mut Sim, a: usize, f: VirtualFlow) {
+    sim.move_host(a, "10.0.5.1");
+    sim.with(a, |ep, now, rng| {
+        ep.resume(now, rng, &[(f, sa("10.0.5.1:40000"))])
+            .expect("resume")
+    });
+    sim.run_for(Duration::from_secs(10));
+    assert!(
+        sim.events(
+            a,
+            |e| matches!(e, Event::Resumed { flow, .. } if *flow == f)
+        )
+        .next()
+        .is_some(),
+        "the laptop's move must complete"
+    );
+}
 
 /// The laptop (a) suspends: its KEYX reaches the server (b), whose answers
 /// (the first and every one to a retransmission) are all lost, as in a
@@ -59,21 +80,7 @@ fn a_lost_keyx_answer_leaves_both_ends_able_to_authenticate_each_other() {
     assert_eq!(sim.hosts[b].ep.stats().get("keyx_rolled_back"), 1);
 
     // And the laptop's move completes.
-    sim.move_host(a, "10.0.5.1");
-    sim.with(a, |ep, now, rng| {
-        ep.resume(now, rng, &[(f, sa("10.0.5.1:40000"))])
-            .expect("resume")
-    });
-    sim.run_for(Duration::from_secs(10));
-    assert!(
-        sim.events(
-            a,
-            |e| matches!(e, Event::Resumed { flow, .. } if *flow == f)
-        )
-        .next()
-        .is_some(),
-        "the laptop's move must complete after the lost key update"
-    );
+    assert_the_laptop_s_move_completes(&mut sim, a, f);
 }
 
 /// The same loss, then the laptop starts the next key update itself: its
@@ -99,21 +106,7 @@ fn after_a_lost_keyx_answer_the_next_keyx_from_the_same_side_agrees() {
     assert_eq!(sim.hosts[b].ep.stats().get("keyx_rolled_back"), 1);
     assert_eq!(sim.hosts[a].ep.stats().get("rekeyed"), 1);
     // Both on the same keys: the laptop's move completes.
-    sim.move_host(a, "10.0.5.1");
-    sim.with(a, |ep, now, rng| {
-        ep.resume(now, rng, &[(f, sa("10.0.5.1:40000"))])
-            .expect("resume")
-    });
-    sim.run_for(Duration::from_secs(10));
-    assert!(
-        sim.events(
-            a,
-            |e| matches!(e, Event::Resumed { flow, .. } if *flow == f)
-        )
-        .next()
-        .is_some(),
-        "the laptop's move must complete"
-    );
+    assert_the_laptop_s_move_completes(&mut sim, a, f);
     // Nothing the server sent was under keys the laptop lacked (the
     // server may drop a late retransmission under the old keys once both
     // use the new ones).
@@ -157,19 +150,5 @@ fn a_late_copy_of_an_older_keyx_does_not_roll_back_again() {
         "rolled back again"
     );
     assert_eq!(sim.hosts[b].ep.stats().get("rekeyed"), rekeyed);
-    sim.move_host(a, "10.0.5.1");
-    sim.with(a, |ep, now, rng| {
-        ep.resume(now, rng, &[(f, sa("10.0.5.1:40000"))])
-            .expect("resume")
-    });
-    sim.run_for(Duration::from_secs(10));
-    assert!(
-        sim.events(
-            a,
-            |e| matches!(e, Event::Resumed { flow, .. } if *flow == f)
-        )
-        .next()
-        .is_some(),
-        "the laptop's move must complete"
-    );
+    assert_the_laptop_s_move_completes(&mut sim, a, f);
 }

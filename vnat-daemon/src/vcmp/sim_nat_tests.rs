@@ -354,6 +354,34 @@ fn a_neighbour_behind_the_nat_cannot_take_another_s_names() {
     );
 }
 
+/// A laptop (192.168.1.10) behind a NAT (public 198.51.100.7) that gives
+/// its UDP flow to the server's port 53 the public port 61234, and the
+/// server (203.0.113.5, confirming switches if `confirms`). Returns the sim,
+/// the laptop, the server and the flow as each names it, not yet bound.
+fn udp_behind_nat(seed: u64, confirms: bool) -> (Sim, usize, usize, VirtualFlow, VirtualFlow) {
+    let mut sim = Sim::new(seed, Link::default());
+    let l = sim.add_host("192.168.1.10", Config::default());
+    let s = sim.add_host("203.0.113.5", Config::default());
+    sim.hosts[s].confirms_switch = confirms;
+    sim.hosts[l].nat = Some(sa("198.51.100.7:40001"));
+    sim.hosts[l]
+        .flow_nat
+        .insert(sa("192.168.1.10:5000"), sa("198.51.100.7:61234"));
+    let f = super::sim::udp("192.168.1.10:5000", "203.0.113.5:53");
+    let sf = super::sim::udp("203.0.113.5:53", "198.51.100.7:61234");
+    (sim, l, s, f, sf)
+}
+
+/// The laptop of [`udp_behind_nat`] moves to 192.168.2.20 behind another
+/// NAT (198.51.100.8), which gives its flow the port 7777.
+fn move_behind_nat_b(sim: &mut Sim, l: usize) {
+    sim.move_host(l, "192.168.2.20");
+    sim.hosts[l].nat = Some(sa("198.51.100.8:40005"));
+    sim.hosts[l]
+        .flow_nat
+        .insert(sa("192.168.2.20:5000"), sa("198.51.100.8:7777"));
+}
+
 /// A UDP flow through a NAT that picks a random port: the two ends name it
 /// differently, so claims cannot match it. The server asks the laptop for
 /// a BIND only after its datapath diverts them; the laptop sends it on the
@@ -364,16 +392,7 @@ fn a_neighbour_behind_the_nat_cannot_take_another_s_names() {
 /// learn.
 #[test]
 fn a_udp_flow_through_a_port_changing_nat_is_bound_in_band_and_moves() {
-    let mut sim = Sim::new(26, Link::default());
-    let l = sim.add_host("192.168.1.10", Config::default());
-    let s = sim.add_host("203.0.113.5", Config::default());
-    sim.hosts[s].confirms_switch = true;
-    sim.hosts[l].nat = Some(sa("198.51.100.7:40001"));
-    sim.hosts[l]
-        .flow_nat
-        .insert(sa("192.168.1.10:5000"), sa("198.51.100.7:61234"));
-    let f = super::sim::udp("192.168.1.10:5000", "203.0.113.5:53");
-    let sf = super::sim::udp("203.0.113.5:53", "198.51.100.7:61234");
+    let (mut sim, l, s, f, sf) = udp_behind_nat(26, true);
     // Another host's flow from the same public address to the same port.
     let other = super::sim::udp("203.0.113.5:53", "198.51.100.7:61235");
     sim.connect_named(l, s, f, sf);
@@ -425,11 +444,7 @@ fn a_udp_flow_through_a_port_changing_nat_is_bound_in_band_and_moves() {
         "the laptop's records must authenticate at the server"
     );
 
-    sim.move_host(l, "192.168.2.20");
-    sim.hosts[l].nat = Some(sa("198.51.100.8:40005"));
-    sim.hosts[l]
-        .flow_nat
-        .insert(sa("192.168.2.20:5000"), sa("198.51.100.8:7777"));
+    move_behind_nat_b(&mut sim, l);
     sim.with(l, |ep, now, rng| {
         ep.resume(now, rng, &[(f, sa("192.168.2.20:5000"))])
             .expect("resume")
@@ -460,15 +475,7 @@ fn a_udp_flow_through_a_port_changing_nat_is_bound_in_band_and_moves() {
 /// one, or that name a flow the sender does not have, bind nothing.
 #[test]
 fn forged_and_replayed_binds_bind_nothing() {
-    let mut sim = Sim::new(27, Link::default());
-    let l = sim.add_host("192.168.1.10", Config::default());
-    let s = sim.add_host("203.0.113.5", Config::default());
-    sim.hosts[l].nat = Some(sa("198.51.100.7:40001"));
-    sim.hosts[l]
-        .flow_nat
-        .insert(sa("192.168.1.10:5000"), sa("198.51.100.7:61234"));
-    let f = super::sim::udp("192.168.1.10:5000", "203.0.113.5:53");
-    let sf = super::sim::udp("203.0.113.5:53", "198.51.100.7:61234");
+    let (mut sim, l, s, f, sf) = udp_behind_nat(27, false);
     sim.connect_named(l, s, f, sf);
     // Capture the laptop's BIND instead of delivering it.
     sim.run_for(Duration::from_secs(10));
@@ -602,25 +609,12 @@ fn a_nat_that_remaps_an_unmoved_laptop_breaks_nothing() {
 /// the flow learns its new NAT port from the next one.
 #[test]
 fn a_lost_bind_after_a_move_is_asked_for_again() {
-    let mut sim = Sim::new(29, Link::default());
-    let l = sim.add_host("192.168.1.10", Config::default());
-    let s = sim.add_host("203.0.113.5", Config::default());
-    sim.hosts[s].confirms_switch = true;
-    sim.hosts[l].nat = Some(sa("198.51.100.7:40001"));
-    sim.hosts[l]
-        .flow_nat
-        .insert(sa("192.168.1.10:5000"), sa("198.51.100.7:61234"));
-    let f = super::sim::udp("192.168.1.10:5000", "203.0.113.5:53");
-    let sf = super::sim::udp("203.0.113.5:53", "198.51.100.7:61234");
+    let (mut sim, l, s, f, sf) = udp_behind_nat(29, true);
     sim.connect_named(l, s, f, sf);
     sim.run_for(Duration::from_secs(10));
     assert!(sim.hosts[s].ep.connection(&sf).expect("sf").has_keys);
 
-    sim.move_host(l, "192.168.2.20");
-    sim.hosts[l].nat = Some(sa("198.51.100.8:40005"));
-    sim.hosts[l]
-        .flow_nat
-        .insert(sa("192.168.2.20:5000"), sa("198.51.100.8:7777"));
+    move_behind_nat_b(&mut sim, l);
     sim.hosts[l].lose_in_band = 1;
     sim.with(l, |ep, now, rng| {
         ep.resume(now, rng, &[(f, sa("192.168.2.20:5000"))])

@@ -358,15 +358,10 @@ impl Driver {
             }
         }
         let done = self.translate_all(batch).await;
-        // Tell each peer whose new address we now send to (SWITCHED): its
-        // moved connections wait for that before restarting their TCP.
-        // Not yet for a UDP flow whose new NAT port is still to come in its
-        // BIND: its mover holds it until then, and its datagrams would
-        // only be dropped here meanwhile.
+        // Tell each peer whose new address we now send to (SWITCHED).
         let confirm: Vec<VirtualFlow> = done
             .iter()
-            .filter(|s| s.peer_moved || s.remote != s.flow.remote)
-            .filter(|s| !(s.flow.proto == crate::datapath::Proto::Udp && s.remote.port() == 0))
+            .filter(|s| s.confirms())
             .map(|s| s.flow)
             .collect();
         if !confirm.is_empty() {
