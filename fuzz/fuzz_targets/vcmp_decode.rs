@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use vnat_daemon::vcmp::wire::Message;
+use vnat_vcmp::wire::Message;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(msg) = Message::decode(data) {

@@ -9,12 +9,12 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
-use vnat_daemon::datapath::{Proto, VirtualFlow};
-use vnat_daemon::vcmp::crypto::{DrbgRng, HostIdentity};
-use vnat_daemon::vcmp::export::{ConnectionExport, HexKey, EXPORT_VERSION};
-use vnat_daemon::vcmp::replay::ReplayWindow;
-use vnat_daemon::vcmp::roles::RoleState;
-use vnat_daemon::vcmp::{Config, Endpoint, Event, Timestamp};
+use vnat_vcmp::flow::{Proto, VirtualFlow};
+use vnat_vcmp::crypto::{DrbgRng, HostIdentity};
+use vnat_vcmp::export::{ConnectionExport, HexKey, EXPORT_VERSION};
+use vnat_vcmp::replay::ReplayWindow;
+use vnat_vcmp::roles::RoleState;
+use vnat_vcmp::{Config, Endpoint, Event, Timestamp};
 
 const A: &str = "10.0.0.1:2031";
 

@@ -21,7 +21,7 @@ use zeroize::{Zeroize, ZeroizeOnDrop};
 
 use super::binding::Binding;
 use super::wire::{PAIR_TAG_LEN, TAG_LEN};
-use crate::datapath::VirtualFlow;
+use crate::flow::VirtualFlow;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -400,7 +400,7 @@ impl CryptoRng for DrbgRng {}
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::datapath::Proto;
+    use crate::flow::Proto;
 
     fn flow(l: &str, r: &str) -> VirtualFlow {
         VirtualFlow {

@@ -24,7 +24,7 @@ use super::stats::Stats;
 use super::tx::{Transmit, TxQueue};
 use super::wire::{self, Ext, Family, Kind, Record, MAX_SIGNED_LEN};
 use super::Timestamp;
-use crate::datapath::VirtualFlow;
+use crate::flow::VirtualFlow;
 
 pub use super::config::{Config, DEFAULT_PORT};
 pub use super::event::{AbortReason, EndpointError, Event};

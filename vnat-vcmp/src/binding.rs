@@ -27,7 +27,7 @@ use std::net::SocketAddr;
 use sha2::{Digest, Sha256};
 
 use super::crypto::endpoint_bytes;
-use crate::datapath::{Proto, VirtualFlow};
+use crate::flow::{Proto, VirtualFlow};
 
 /// The binding facts of one connection, hashed: equal at both ends (and
 /// compared by that digest only).

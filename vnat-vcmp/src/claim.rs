@@ -17,7 +17,7 @@ use super::crypto::{self, claim_commitment, SecretKey};
 use super::endpoint::{Ctx, Endpoint, Event};
 use super::wire::{ClaimEntry, Message, MAX_CLAIMS, PAIR_TAG_LEN, TAG_LEN};
 use super::Timestamp;
-use crate::datapath::VirtualFlow;
+use crate::flow::VirtualFlow;
 
 /// Commitments of this host's connections under one pairing: built at the
 /// first claim from that host, then kept up to date as connections come

@@ -7,7 +7,7 @@ use super::crypto::Ephemeral;
 use super::endpoint::{CryptoDyn, Ctx, Endpoint, Event, KeyxState};
 use super::roles::{ClaimOutcome, Role};
 use super::wire::{Ext, Kind, Record};
-use crate::datapath::VirtualFlow;
+use crate::flow::VirtualFlow;
 
 impl Endpoint {
     pub(crate) fn start_suspend(&mut self, ctx: &mut Ctx, flow: &VirtualFlow) {

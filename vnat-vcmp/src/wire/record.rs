@@ -5,7 +5,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use super::{Family, Kind, WireError, NONCE_LEN, TAG_LEN, TRAILER_LEN, VERSION};
-use crate::datapath::Proto;
+use crate::flow::Proto;
 
 /// Kind-specific record extension.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

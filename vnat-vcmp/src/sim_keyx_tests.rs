@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::endpoint::{Config, Event};
 use super::sim::{reverse, sa, Link, Sim};
 use super::sim_tests::setup;
-use crate::datapath::VirtualFlow;
+use crate::flow::VirtualFlow;
 
 /// The laptop `a` moves to 10.0.5.1 and resumes `f` there: its move must
 /// complete (both ends authenticate each other's records).

@@ -40,7 +40,7 @@
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
-use crate::datapath::Proto;
+use crate::flow::Proto;
 
 mod record;
 use record::decode_record;

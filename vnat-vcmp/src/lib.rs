@@ -31,6 +31,7 @@ pub mod crypto;
 pub mod endpoint;
 pub mod event;
 pub mod export;
+pub mod flow;
 pub mod location;
 mod migrate;
 mod pairing;
@@ -80,8 +81,8 @@ pub use tx::Transmit;
 
 #[cfg(test)]
 mod adversary_tests;
-#[cfg(test)]
-pub(crate) mod sim;
+#[cfg(any(test, feature = "sim"))]
+pub mod sim;
 #[cfg(test)]
 mod sim_keyx_tests;
 #[cfg(test)]

@@ -11,7 +11,7 @@ use super::endpoint::{Config, ConnectionView, Event};
 use super::sim::{reverse, sa, tcp, Link, Sim};
 use super::tx::Transmit;
 use super::wire::Kind;
-use crate::datapath::VirtualFlow;
+use crate::flow::VirtualFlow;
 
 const A: usize = 0;
 const B: usize = 1;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::roles::Role;
 use super::wire::Record;
 use super::Timestamp;
-use crate::datapath::Proto;
+use crate::flow::Proto;
 
 /// A step of the chain, named as in the paper.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -238,7 +238,7 @@ impl LocationStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vcmp::wire::{Ext, Kind};
+    use crate::wire::{Ext, Kind};
 
     fn sa(s: &str) -> SocketAddr {
         s.parse().expect("addr")

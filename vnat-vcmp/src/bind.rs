@@ -63,7 +63,7 @@ use super::wire::{
     PAIR_TAG_LEN, TAG_LEN, VERSION,
 };
 use super::Timestamp;
-use crate::datapath::{Proto, VirtualFlow};
+use crate::flow::{Proto, VirtualFlow};
 
 /// Kind byte of a BIND_REQ ("send me BINDs for these").
 pub(crate) const KIND_BIND_REQ: u8 = 20;

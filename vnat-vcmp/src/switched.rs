@@ -39,7 +39,7 @@ use super::endpoint::{Ctx, Endpoint, Event};
 use super::migrate::Group;
 use super::wire::{Ext, Kind};
 use super::Timestamp;
-use crate::datapath::VirtualFlow;
+use crate::flow::VirtualFlow;
 
 /// How long a moved connection waits for the peer's SWITCHED, in
 /// retransmission timeouts (`rto(1)`, 400 ms by default): longer than a

@@ -8,7 +8,7 @@ use super::crypto;
 use super::endpoint::{Ctx, Endpoint, Event};
 use super::migrate::{Group, Validation, ValidationKey};
 use super::wire::{Ext, Kind, Record};
-use crate::datapath::VirtualFlow;
+use crate::flow::VirtualFlow;
 
 impl Endpoint {
     /// UPD (paper 3.3.2.3 (1)): the peer's end is now at `rec.sender_phys`.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::endpoint::{Config, Event};
 use super::sim::{reverse, sa, tcp, Link, Sim};
 use super::sim_tests::{setup, A_IP, B_IP};
-use crate::datapath::VirtualFlow;
+use crate::flow::VirtualFlow;
 
 /// Address reuse (DHCP), or a reinstalled host: another host key at an
 /// address where a paired host was. It is another host: it pairs, with no

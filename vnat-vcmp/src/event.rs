@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 use super::location::Step;
 use super::roles::Role;
 use super::wire;
-use crate::datapath::VirtualFlow;
+use crate::flow::VirtualFlow;
 
 /// Why a migration was given up.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

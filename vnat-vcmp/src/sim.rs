@@ -14,7 +14,7 @@ use super::binding::Binding;
 use super::crypto::{DrbgRng, HostIdentity};
 use super::endpoint::{Config, Endpoint, Event};
 use super::Timestamp;
-use crate::datapath::{Proto, VirtualFlow};
+use crate::flow::{Proto, VirtualFlow};
 
 pub struct Host {
     pub ep: Endpoint,

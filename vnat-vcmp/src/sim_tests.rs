@@ -6,7 +6,7 @@ use super::endpoint::{AbortReason, Config, Event};
 use super::roles::Role;
 use super::sim::{reverse, sa, tcp, Link, Sim};
 use super::wire::Kind;
-use crate::datapath::VirtualFlow;
+use crate::flow::VirtualFlow;
 
 pub(super) const A_IP: &str = "10.0.0.1";
 pub(super) const B_IP: &str = "10.0.0.2";
@@ -799,7 +799,7 @@ fn a_udp_flow_switches_without_waiting_for_the_peer() {
     let b = sim.add_host(B_IP, Config::default());
     sim.hosts[b].confirms_switch = true;
     let f = VirtualFlow {
-        proto: crate::datapath::Proto::Udp,
+        proto: crate::flow::Proto::Udp,
         ..tcp(&format!("{A_IP}:5353"), &format!("{B_IP}:53"))
     };
     sim.connect(a, b, f);

@@ -20,7 +20,7 @@ use super::endpoint::{Conn, Endpoint, EndpointError};
 use super::replay::ReplayWindow;
 use super::roles::RoleState;
 use super::wire::{ClaimEntry, TAG_LEN};
-use crate::datapath::VirtualFlow;
+use crate::flow::VirtualFlow;
 
 /// Version of the export format. 2: keys derived from the connection's
 /// binding (`tcp_isns`), not from its addresses.

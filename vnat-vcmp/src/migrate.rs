@@ -16,7 +16,7 @@ use super::location::{self, ChainStep, Step};
 use super::roles::RoleState;
 use super::wire::{Ext, Kind, Record};
 use super::Timestamp;
-use crate::datapath::{Proto, VirtualFlow};
+use crate::flow::{Proto, VirtualFlow};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Phase {

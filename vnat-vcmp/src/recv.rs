@@ -12,7 +12,7 @@ use super::endpoint::{Ctx, Endpoint, Event};
 use super::replay::ReplayError;
 use super::wire::{self, Ext, Family, Kind, Message, Record, MAX_SIGNED_LEN};
 use super::Timestamp;
-use crate::datapath::VirtualFlow;
+use crate::flow::VirtualFlow;
 
 /// Most stored records returned for one queried connection; keeps the reply
 /// within the anti-amplification limit.
