@@ -2,6 +2,7 @@
 //! stale and out-of-order messages are refused with no state change and a
 //! counted reason.
 
+use crate::stats::{Counter, Reject};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -127,10 +128,10 @@ fn every_single_bit_flip_is_rejected() {
     }
     // The untouched messages are still accepted: the forgeries used nothing up.
     for (name, good) in &messages {
-        let before = sim.hosts[B].ep.stats().get("records_accepted");
+        let before = sim.hosts[B].ep.stats().get(Counter::RecordsAccepted);
         let replies = sim.inject(B, from, good);
         assert_eq!(
-            sim.hosts[B].ep.stats().get("records_accepted"),
+            sim.hosts[B].ep.stats().get(Counter::RecordsAccepted),
             before + 1,
             "{name} must be accepted after the forgeries"
         );
@@ -139,7 +140,7 @@ fn every_single_bit_flip_is_rejected() {
             "{name}: B must answer"
         );
     }
-    assert!(sim.hosts[B].ep.stats().rejected("bad_mac") > 0);
+    assert!(sim.hosts[B].ep.stats().rejected(Reject::BadMac) > 0);
 }
 
 #[test]
@@ -155,7 +156,7 @@ fn replayed_update_is_rejected() {
         Some(sa("10.0.0.1:50000"))
     );
     assert_refused(&mut sim, B, &bf, from, &u, "replayed UPD");
-    assert_eq!(sim.hosts[B].ep.stats().rejected("replay_duplicate"), 1);
+    assert_eq!(sim.hosts[B].ep.stats().rejected(Reject::ReplayDuplicate), 1);
 }
 
 #[test]
@@ -184,8 +185,8 @@ fn reflected_messages_are_rejected() {
         "UPD_R reflected to its sender",
     );
     assert!(
-        sim.hosts[A].ep.stats().rejected("unknown_connection")
-            + sim.hosts[B].ep.stats().rejected("unknown_connection")
+        sim.hosts[A].ep.stats().rejected(Reject::UnknownConnection)
+            + sim.hosts[B].ep.stats().rejected(Reject::UnknownConnection)
             >= 2
     );
 }
@@ -234,8 +235,8 @@ fn records_spliced_between_connections_are_rejected() {
         &as_upd_r,
         "UPD record in a UPD_R datagram",
     );
-    assert!(sim.hosts[B].ep.stats().rejected("bad_mac") >= 3);
-    assert!(sim.hosts[B].ep.stats().rejected("command_mismatch") >= 1);
+    assert!(sim.hosts[B].ep.stats().rejected(Reject::BadMac) >= 3);
+    assert!(sim.hosts[B].ep.stats().rejected(Reject::CommandMismatch) >= 1);
 }
 
 #[test]
@@ -262,7 +263,7 @@ fn stale_and_out_of_window_updates_are_rejected() {
         &older,
         "older update after a newer one",
     );
-    assert_eq!(sim.hosts[B].ep.stats().rejected("stale_update"), 1);
+    assert_eq!(sim.hosts[B].ep.stats().rejected(Reject::StaleUpdate), 1);
     assert_refused(
         &mut sim,
         B,
@@ -271,7 +272,7 @@ fn stale_and_out_of_window_updates_are_rejected() {
         &oldest,
         "update older than the replay window",
     );
-    assert_eq!(sim.hosts[B].ep.stats().rejected("replay_too_old"), 1);
+    assert_eq!(sim.hosts[B].ep.stats().rejected(Reject::ReplayTooOld), 1);
 }
 
 #[test]
@@ -318,13 +319,13 @@ fn forged_lookup_answers_cannot_misdirect() {
     ]);
     fake.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 99]);
     fake.extend_from_slice(&[0x42; 16]);
-    let before = sim.hosts[A].ep.stats().rejected("bad_mac");
+    let before = sim.hosts[A].ep.stats().rejected(Reject::BadMac);
     let replies = sim.inject(A, sa("10.0.0.2:2031"), &fake);
     assert!(
         replies.iter().all(|t| t.dst.ip() != sa("10.6.6.6:1").ip()),
         "nothing may go to the forged location"
     );
-    assert_eq!(sim.hosts[A].ep.stats().rejected("bad_mac"), before + 1);
+    assert_eq!(sim.hosts[A].ep.stats().rejected(Reject::BadMac), before + 1);
     assert!(!sim.hosts[A]
         .events
         .iter()
@@ -382,7 +383,7 @@ fn forged_stores_at_the_peer_are_refused() {
         0,
         "a forged STORE must not be kept"
     );
-    assert_eq!(sim.hosts[B].ep.stats().rejected("bad_mac"), 1);
+    assert_eq!(sim.hosts[B].ep.stats().rejected(Reject::BadMac), 1);
     assert!(
         replies.iter().all(|t| t.payload[3] == 0),
         "STORE_R must say nothing was stored"
@@ -466,7 +467,7 @@ fn forged_or_replayed_switched_releases_nothing() {
         "one genuine SWITCHED releases the whole group"
     );
     assert_refused(&mut sim, A, &flows, from, &good, "replayed SWITCHED");
-    assert!(sim.hosts[A].ep.stats().rejected("replay_duplicate") > 0);
+    assert!(sim.hosts[A].ep.stats().rejected(Reject::ReplayDuplicate) > 0);
     // A fresh, genuine SWITCHED when nothing waits: accepted, no effect.
     let ts = sim.capture(B, |ep, now, rng| ep.confirm_switched(now, rng, &bf));
     let again = of_kind(&ts, Kind::Switched);
@@ -478,5 +479,5 @@ fn forged_or_replayed_switched_releases_nothing() {
     // And the fallback timer has nothing left to release.
     sim.run_for(Duration::from_secs(2));
     assert_eq!(released(&sim), flows.len());
-    assert_eq!(sim.hosts[A].ep.stats().get("switch_unconfirmed"), 0);
+    assert_eq!(sim.hosts[A].ep.stats().get(Counter::SwitchUnconfirmed), 0);
 }

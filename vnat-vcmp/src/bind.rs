@@ -50,6 +50,7 @@
 //! asked for one (the claim names the public port): such UDP flows stay not
 //! mobile.
 
+use crate::stats::{Counter, Reject};
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 
@@ -136,14 +137,15 @@ fn encode_bind(static_pub: &[u8; 32], entry: &ClaimEntry, nonce: u64) -> Vec<u8>
     out
 }
 
-fn decode_bind(b: &[u8]) -> Result<Bind, &'static str> {
+fn decode_bind(b: &[u8]) -> Result<Bind, Reject> {
     if b.len() != BIND_LEN || b[..2] != BIND_HEAD || b[4..8] != BIND_MAGIC {
-        return Err("bind_malformed");
+        return Err(Reject::BindMalformed);
     }
     let mut static_pub = [0u8; 32];
     static_pub.copy_from_slice(&b[HEADER_LEN..HEADER_LEN + 32]);
     let at = HEADER_LEN + 32;
-    let entry = decode_claim_entry(&b[at..at + CLAIM_ENTRY_LEN]).map_err(|_| "bind_malformed")?;
+    let entry =
+        decode_claim_entry(&b[at..at + CLAIM_ENTRY_LEN]).map_err(|_| Reject::BindMalformed)?;
     let mut nonce = [0u8; 8];
     nonce.copy_from_slice(&b[at + CLAIM_ENTRY_LEN..at + CLAIM_ENTRY_LEN + 8]);
     Ok(Bind {
@@ -177,9 +179,9 @@ fn encode_bind_req(static_pub: &[u8; 32], nonce: u64, commitments: &[[u8; TAG_LE
 /// A BIND_REQ: the requester's host key, its nonce, the commitments.
 type BindReq = ([u8; 32], u64, Vec<[u8; TAG_LEN]>);
 
-fn decode_bind_req(b: &[u8]) -> Result<BindReq, &'static str> {
+fn decode_bind_req(b: &[u8]) -> Result<BindReq, Reject> {
     if b.len() < HEADER_LEN + 32 + 8 + PAIR_TAG_LEN || b[0] != VERSION || b[1] != KIND_BIND_REQ {
-        return Err("bind_req_malformed");
+        return Err(Reject::BindReqMalformed);
     }
     let count = usize::from(b[3]);
     if count == 0
@@ -188,7 +190,7 @@ fn decode_bind_req(b: &[u8]) -> Result<BindReq, &'static str> {
         || b[4..8] != [0; 4]
         || b.len() != HEADER_LEN + 32 + 8 + count * TAG_LEN + PAIR_TAG_LEN
     {
-        return Err("bind_req_malformed");
+        return Err(Reject::BindReqMalformed);
     }
     let mut static_pub = [0u8; 32];
     static_pub.copy_from_slice(&b[HEADER_LEN..HEADER_LEN + 32]);
@@ -277,7 +279,7 @@ impl Endpoint {
                 self.binds.reasks.remove(&flow);
                 continue;
             }
-            self.stats.count("bind_requests_resent");
+            self.stats.count(Counter::BindRequestsResent);
             let wait = self
                 .cfg
                 .initial_rto
@@ -346,7 +348,7 @@ impl Endpoint {
     pub fn binds_diverted(&mut self, toward: IpAddr, ok: bool) {
         let waiting = self.binds.waiting.remove(&toward).unwrap_or_default();
         if !ok {
-            self.stats.count("bind_divert_failed");
+            self.stats.count(Counter::BindDivertFailed);
             return;
         }
         self.binds.diverting.insert(toward);
@@ -376,10 +378,10 @@ impl Endpoint {
             let its_own = self.binds.asked.keys().filter(|(p, _)| *p == peer).count();
             if its_own + chunk.len() > MAX_ASKED_PER_PEER {
                 self.binds.asked.retain(|(p, _), _| *p != peer);
-                self.stats.count("bind_requests_dropped");
+                self.stats.count(Counter::BindRequestsDropped);
             }
             if self.binds.asked.len() + chunk.len() > MAX_ASKED {
-                self.stats.reject("bind_requests_full");
+                self.stats.reject(Reject::BindRequestsFull);
                 return;
             }
             let nonce = self.binds.next_nonce;
@@ -393,7 +395,7 @@ impl Endpoint {
             }
             let b = encode_bind_req(&self.identity.public(), nonce, chunk);
             self.push_tagged(&key, b, to);
-            self.stats.count("bind_requests_sent");
+            self.stats.count(Counter::BindRequestsSent);
         }
     }
 
@@ -406,15 +408,15 @@ impl Endpoint {
         now: Timestamp,
         from: SocketAddr,
         bytes: &[u8],
-    ) -> Result<(), &'static str> {
+    ) -> Result<(), Reject> {
         let (peer, nonce, commitments) = decode_bind_req(bytes)?;
         let key = self
             .sessions
             .get(&peer)
-            .ok_or("bind_req_unpaired")?
+            .ok_or(Reject::BindReqUnpaired)?
             .claim_key();
         if !crypto::datagram_tag_valid(&key, bytes) {
-            return Err("bind_req_bad_tag");
+            return Err(Reject::BindReqBadTag);
         }
         for commitment in commitments {
             let flow = self
@@ -428,7 +430,7 @@ impl Endpoint {
                 })
                 .map(|c| (c.flow, c.local_phys, c.remote_phys));
             let Some((flow, local, remote)) = flow else {
-                self.stats.reject("bind_req_unknown");
+                self.stats.reject(Reject::BindReqUnknown);
                 continue;
             };
             if self
@@ -437,7 +439,7 @@ impl Endpoint {
                 .get(&flow)
                 .is_some_and(|(at, t)| *at == local && now.since(*t) < BIND_INTERVAL)
             {
-                self.stats.reject("bind_req_too_soon");
+                self.stats.reject(Reject::BindReqTooSoon);
                 continue;
             }
             if self.binds.last_sent.len() >= MAX_ASKED {
@@ -453,7 +455,7 @@ impl Endpoint {
             };
             let mut payload = encode_bind(&self.identity.public(), &entry, nonce);
             crypto::tag_datagram(&key, &mut payload);
-            self.stats.count("binds_sent");
+            self.stats.count(Counter::BindsSent);
             self.events.push_back(Event::SendInBand {
                 local,
                 remote,
@@ -465,22 +467,22 @@ impl Endpoint {
 
     /// A BIND that the tc program diverted from one of our UDP flows: bind
     /// the flow with that remote endpoint and port to its sender.
-    fn on_bind(&mut self, from: SocketAddr, bytes: &[u8]) -> Result<(), &'static str> {
+    fn on_bind(&mut self, from: SocketAddr, bytes: &[u8]) -> Result<(), Reject> {
         let b = decode_bind(bytes)?;
         if b.port == 0 || !self.binds.diverting.contains(&from.ip()) {
             // Not through our divert: its port is the sender's word.
-            return Err("bind_not_diverted");
+            return Err(Reject::BindNotDiverted);
         }
         let key = self
             .sessions
             .get(&b.static_pub)
-            .ok_or("bind_unpaired")?
+            .ok_or(Reject::BindUnpaired)?
             .claim_key();
         let mut signed = bytes.to_vec();
         signed[2] = 0;
         signed[3] = 0;
         if !crypto::datagram_tag_valid(&key, &signed) {
-            return Err("bind_bad_tag");
+            return Err(Reject::BindBadTag);
         }
         let e = b.entry;
         // The answer to a request still outstanding, each nonce once.
@@ -488,7 +490,7 @@ impl Endpoint {
             Some(nonces) if nonces.contains(&b.nonce) => {
                 self.binds.asked.remove(&(b.static_pub, e.commitment));
             }
-            Some(_) | None => return Err("bind_replayed"),
+            Some(_) | None => return Err(Reject::BindReplayed),
         }
         // The flow as the sender names it, turned to our side.
         let named = VirtualFlow {
@@ -498,7 +500,7 @@ impl Endpoint {
         };
         let binding = Binding::endpoints(&named);
         if e.proto != Proto::Udp || claim_commitment(&key, &binding) != e.commitment {
-            return Err("bind_bad_commitment");
+            return Err(Reject::BindBadCommitment);
         }
         let rebinding = self
             .conns
@@ -517,7 +519,7 @@ impl Endpoint {
             if let Some(c) = self.conns.get_mut(&flow) {
                 c.remote_phys = from;
             }
-            self.stats.count("binds_rebound");
+            self.stats.count(Counter::BindsRebound);
             self.binds.reasks.remove(&flow);
             self.emit(Event::SetRemote { flow, remote: from });
             return Ok(());
@@ -529,16 +531,16 @@ impl Endpoint {
                 c.flow.proto == Proto::Udp && c.remote_phys == from && c.local_phys.port() == b.port
             })
             .map(|c| (c.flow, c.peer_key))
-            .ok_or("bind_no_flow")?;
+            .ok_or(Reject::BindNoFlow)?;
         match flow.1 {
             Some(k) if k == b.static_pub => {
                 // Its own flow, named as some other flow: changes nothing.
                 if self.conns.get(&flow.0).map(|c| c.binding) != Some(binding) {
-                    return Err("bind_mismatch");
+                    return Err(Reject::BindMismatch);
                 }
-                self.stats.count("bind_again");
+                self.stats.count(Counter::BindAgain);
             }
-            Some(_) => return Err("claim_conflict"),
+            Some(_) => return Err(Reject::ClaimConflict),
             None => {
                 let flow = flow.0;
                 self.index_connection(&flow, false);
@@ -548,7 +550,7 @@ impl Endpoint {
                     c.bind_retry = None;
                 }
                 self.index_connection(&flow, true);
-                self.stats.count("binds_bound");
+                self.stats.count(Counter::BindsBound);
                 self.learn_peer_view(&flow, &e);
                 self.ensure_keys(&flow);
                 // Our claim of it, now with the sender's commitment, binds

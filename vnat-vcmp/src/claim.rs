@@ -10,6 +10,7 @@
 //! counted (`claim_conflict`). Claims are resent on a timer while a
 //! connection has no peer.
 
+use crate::stats::{Counter, Reject};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 
@@ -61,7 +62,7 @@ impl Endpoint {
             };
             let Ok(b) = msg.encode() else { continue };
             self.push_tagged(&key, b, dst);
-            self.stats.count("claims_sent");
+            self.stats.count(Counter::ClaimsSent);
         }
     }
 
@@ -143,12 +144,12 @@ impl Endpoint {
         bytes: &[u8],
     ) {
         let Some(secret) = self.sessions.get(&peer) else {
-            self.stats.reject("claim_unpaired");
+            self.stats.reject(Reject::ClaimUnpaired);
             return;
         };
         let key = secret.claim_key();
         if !crypto::datagram_tag_valid(&key, bytes) {
-            self.stats.reject("claim_bad_tag");
+            self.stats.reject(Reject::ClaimBadTag);
             return;
         }
         self.refresh_claim_index(&peer, &key);
@@ -170,7 +171,7 @@ impl Endpoint {
             // A claim must name the same protocol; the names may differ
             // (a NAT between the ends), the protocol may not.
             if entry.proto != flow.proto {
-                self.stats.reject("claim_wrong_protocol");
+                self.stats.reject(Reject::ClaimWrongProtocol);
                 continue;
             }
             match c.peer_key {
@@ -180,19 +181,19 @@ impl Endpoint {
                 }
                 Some(holder) => {
                     // Held by another host: never taken away.
-                    self.stats.reject("claim_conflict");
+                    self.stats.reject(Reject::ClaimConflict);
                     let n = conflict.map_or(0, |c| c.1);
                     conflict = Some((holder, n + 1));
                 }
                 // A binding made of endpoints can be guessed: take it only
                 // from the connection's own remote address.
                 None if !c.binding.is_strong() && c.remote_phys.ip() != from.ip() => {
-                    self.stats.reject("claim_wrong_address");
+                    self.stats.reject(Reject::ClaimWrongAddress);
                 }
                 None => {
                     c.peer_key = Some(peer);
                     c.bind_retry = None;
-                    self.stats.count("claims_bound");
+                    self.stats.count(Counter::ClaimsBound);
                     self.learn_peer_view(&flow, &entry);
                     self.ensure_keys(&flow);
                     mine.push(flow);
@@ -217,7 +218,7 @@ impl Endpoint {
             // Connections we do not have (closed, or guessed), or UDP
             // through a NAT that changed the port (`vcmp::bind`).
             self.stats
-                .count_n("claim_unmatched", unmatched.len() as u64);
+                .count_n(Counter::ClaimUnmatched, unmatched.len() as u64);
             self.request_binds(peer, from, &unmatched);
         }
     }
@@ -238,7 +239,7 @@ impl Endpoint {
         let peer = self.conns.get(flow).and_then(|c| c.peer_key);
         if let Some(other) = self.aliases.get(&named).copied() {
             if other != *flow && self.conns.get(&other).and_then(|c| c.peer_key) != peer {
-                self.stats.reject("claim_names_taken");
+                self.stats.reject(Reject::ClaimNamesTaken);
                 return;
             }
         }
@@ -327,7 +328,7 @@ impl Endpoint {
             }
             if tries >= self.cfg.max_tries {
                 c.bind_retry = None;
-                self.stats.count("claim_gave_up");
+                self.stats.count(Counter::ClaimGaveUp);
                 continue;
             }
             due.entry(c.remote_phys.ip()).or_default().push(c.flow);
@@ -365,7 +366,7 @@ impl Endpoint {
         if !known && freed.is_empty() {
             return None;
         }
-        self.stats.count("peers_forgotten");
+        self.stats.count(Counter::PeersForgotten);
         let n = freed.values().map(Vec::len).sum();
         for (ip, flows) in freed {
             self.claim_at(now, ip, &flows);

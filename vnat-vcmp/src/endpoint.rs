@@ -7,6 +7,7 @@
 //! `handle_timeout` next). Receiving is in `recv.rs`, pairing in
 //! `pairing.rs`, the location chain and updates in `migrate.rs`.
 
+use crate::stats::{Counter, Reject};
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -325,7 +326,7 @@ impl Endpoint {
 
     pub(crate) fn emit(&mut self, e: Event) {
         if self.events.len() >= self.cfg.max_events {
-            self.stats.reject("event_queue_full");
+            self.stats.reject(Reject::EventQueueFull);
             return;
         }
         self.events.push_back(e);
@@ -473,7 +474,7 @@ impl Endpoint {
             return false;
         };
         let Some(key) = c.send_key().cloned() else {
-            self.stats.reject("send_without_keys");
+            self.stats.reject(Reject::SendWithoutKeys);
             return false;
         };
         let req = match kind {
@@ -508,7 +509,7 @@ impl Endpoint {
     ) -> bool {
         let mut buf = [0u8; MAX_SIGNED_LEN];
         let Ok(n) = rec.write_signed(&mut buf) else {
-            self.stats.reject("unencodable_record");
+            self.stats.reject(Reject::UnencodableRecord);
             return false;
         };
         let tag = super::crypto::record_tag(key, &buf[..n]);
@@ -518,7 +519,7 @@ impl Endpoint {
             &tag,
             &mut self.stats,
         );
-        self.stats.count("records_sent");
+        self.stats.count(Counter::RecordsSent);
         true
     }
 

@@ -7,6 +7,7 @@
 //! records travel in the same datagrams and their timers fire together:
 //! restoring N connections to one peer costs the same round trips as one.
 
+use crate::stats::{Counter, Reject};
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 
@@ -226,7 +227,7 @@ impl Endpoint {
     fn note_request(&mut self, ctx: &mut Ctx, kind: Kind, entry: (VirtualFlow, usize, u32)) {
         let id = ctx.last_req;
         if !self.requests.contains_key(&id) && self.requests.len() >= MAX_REQUESTS {
-            self.stats.reject("request_table_full");
+            self.stats.reject(Reject::RequestTableFull);
             return;
         }
         let expires = ctx.now.plus(self.cfg.max_rto * 4);
@@ -269,7 +270,7 @@ impl Endpoint {
             c.mig = None;
             c.role = RoleState::default();
         }
-        self.stats.count("migration_aborted");
+        self.stats.count(Counter::MigrationAborted);
         tracing::warn!(?flow, %reason, "VCMP migration aborted");
         self.emit(Event::MigrationAborted {
             flow: *flow,
@@ -295,7 +296,7 @@ impl Endpoint {
         // datapath holds them would reach its application as a stranger's.
         let through_nat = c.peer_named.is_some_and(|n| n.local != flow.local);
         let wait = peer_stayed && (flow.proto == Proto::Tcp || through_nat);
-        self.stats.count("migration_completed");
+        self.stats.count(Counter::MigrationCompleted);
         self.emit(Event::Resumed {
             flow: *flow,
             local,
@@ -371,7 +372,7 @@ impl Endpoint {
                         m.tries += 1;
                         m.deadline = d;
                     }
-                    self.stats.count("retransmit");
+                    self.stats.count(Counter::Retransmit);
                     match phase {
                         Phase::Updating(target) => {
                             self.send_record(ctx, &f, Kind::Upd, Ext::None, target);
@@ -387,11 +388,11 @@ impl Endpoint {
     /// of the peer that stored it, so a location server cannot lie.
     pub(crate) fn on_lookup_r(&mut self, ctx: &mut Ctx, req: u32, records: &[Record]) {
         let Some(r) = self.requests.get(&req) else {
-            self.stats.reject("unsolicited_lookup_r");
+            self.stats.reject(Reject::UnsolicitedLookupR);
             return;
         };
         if r.kind != Kind::Lookup {
-            self.stats.reject("unsolicited_lookup_r");
+            self.stats.reject(Reject::UnsolicitedLookupR);
             return;
         }
         let asked = r.flows.clone();
@@ -402,7 +403,7 @@ impl Endpoint {
                 remote: rec.sender_vir,
             };
             if !asked.iter().any(|(f, _, _)| *f == flow) {
-                self.stats.reject("unrequested_location");
+                self.stats.reject(Reject::UnrequestedLocation);
                 continue;
             }
             let Some(c) = self.conns.get_mut(&flow) else {
@@ -420,15 +421,15 @@ impl Endpoint {
                 .flatten()
                 .any(|k| crypto::verify_record(&k.recv, &buf[..n], &rec.tag));
             if !genuine {
-                self.stats.reject("bad_mac");
+                self.stats.reject(Reject::BadMac);
                 continue;
             }
             if rec.seq <= c.location_seq {
-                self.stats.reject("stale_location");
+                self.stats.reject(Reject::StaleLocation);
                 continue;
             }
             c.location_seq = rec.seq;
-            self.stats.count("location_found");
+            self.stats.count(Counter::LocationFound);
             // The address comes from an authenticated record: it may be
             // sent as much as three times this record (see tx.rs).
             self.tx.credit(
@@ -469,11 +470,11 @@ impl Endpoint {
 
     pub(crate) fn on_store_r(&mut self, ctx: &mut Ctx, req: u32, accepted: u8) {
         let Some(r) = self.requests.get(&req) else {
-            self.stats.reject("unsolicited_store_r");
+            self.stats.reject(Reject::UnsolicitedStoreR);
             return;
         };
         if r.kind != Kind::Store {
-            self.stats.reject("unsolicited_store_r");
+            self.stats.reject(Reject::UnsolicitedStoreR);
             return;
         }
         let asked = r.flows.clone();

@@ -16,6 +16,7 @@
 //! paired from. Only a key pre-configured for an address (`pin_peer`)
 //! refuses other keys from there.
 
+use crate::stats::{Counter, Reject};
 use std::net::{IpAddr, SocketAddr};
 
 use super::crypto::{self, Ephemeral, PairKeys, Transcript};
@@ -66,7 +67,7 @@ impl Endpoint {
             return;
         }
         if self.handshakes.len() >= self.cfg.max_pending_pairings {
-            self.stats.reject("pairing_table_full");
+            self.stats.reject(Reject::PairingTableFull);
             return;
         }
         let eph = Ephemeral::generate(&mut CryptoDyn(&mut ctx.rng));
@@ -100,7 +101,7 @@ impl Endpoint {
     fn check_pin(&mut self, from: SocketAddr, offered: &[u8; 32], id: u32) -> bool {
         match self.pins.get(&from.ip()).copied() {
             Some(pinned) if pinned != *offered => {
-                self.stats.reject("peer_key_changed");
+                self.stats.reject(Reject::PeerKeyChanged);
                 tracing::error!(peer = %from.ip(), "peer presented a host key other than the pinned one; refusing to pair");
                 self.emit(Event::PeerKeyChanged {
                     peer: from.ip(),
@@ -131,19 +132,19 @@ impl Endpoint {
     ) {
         let ip = from.ip();
         if !self.knows_peer(&ip) {
-            self.stats.reject("pair_unknown_source");
+            self.stats.reject(Reject::PairUnknownSource);
             return;
         }
         if let Some(Handshake::Responder { id: rid, resp, .. }) = self.handshakes.get(&from) {
             if *rid == id {
                 let again = resp.clone();
                 self.tx.push_datagram(from, again, &mut self.stats);
-                self.stats.count("pair_resp_resent");
+                self.stats.count(Counter::PairRespResent);
                 return;
             }
         }
         if init_static == self.identity.public() {
-            self.stats.reject("pair_reflected");
+            self.stats.reject(Reject::PairReflected);
             return;
         }
         if !self.check_pin(from, &init_static, id) {
@@ -153,14 +154,14 @@ impl Endpoint {
             // Crossing initiations: the host with the lower key answers and
             // the other one waits for that answer.
             if self.identity.public() > init_static {
-                self.stats.count("pair_crossing_ignored");
+                self.stats.count(Counter::PairCrossingIgnored);
                 return;
             }
         }
         if !self.handshakes.contains_key(&from)
             && self.handshakes.len() >= self.cfg.max_pending_pairings
         {
-            self.stats.reject("pairing_table_full");
+            self.stats.reject(Reject::PairingTableFull);
             return;
         }
         let eph = Ephemeral::generate(&mut CryptoDyn(&mut ctx.rng));
@@ -169,7 +170,7 @@ impl Endpoint {
             eph.dh(&init_static),
             self.identity.dh(&init_eph),
         ) else {
-            self.stats.reject("low_order_point");
+            self.stats.reject(Reject::LowOrderPoint);
             return;
         };
         let my_pub = self.identity.public();
@@ -215,14 +216,14 @@ impl Endpoint {
                 {
                     let fin = fin.clone();
                     self.tx.push_datagram(from, fin, &mut self.stats);
-                    self.stats.count("pair_fin_resent");
+                    self.stats.count(Counter::PairFinResent);
                 }
-                _ => self.stats.reject("pair_resp_unsolicited"),
+                _ => self.stats.reject(Reject::PairRespUnsolicited),
             }
             return;
         };
         if *iid != id {
-            self.stats.reject("pair_wrong_id");
+            self.stats.reject(Reject::PairWrongId);
             return;
         }
         let my_pub = self.identity.public();
@@ -231,13 +232,13 @@ impl Endpoint {
             self.identity.dh(&resp_eph),
             eph.dh(&resp_static),
         ) else {
-            self.stats.reject("low_order_point");
+            self.stats.reject(Reject::LowOrderPoint);
             return;
         };
         let t = Transcript::new(id, &my_pub, &eph.public(), &resp_static, &resp_eph);
         let keys = crypto::pair_schedule(&t, &ee, &se, &es);
         if !crypto::tags_equal(&keys.resp_tag, &tag) {
-            self.stats.reject("pair_bad_tag");
+            self.stats.reject(Reject::PairBadTag);
             return;
         }
         if !self.check_pin(from, &resp_static, id) {
@@ -268,11 +269,11 @@ impl Endpoint {
             ..
         }) = self.handshakes.get(&from)
         else {
-            self.stats.reject("pair_fin_unsolicited");
+            self.stats.reject(Reject::PairFinUnsolicited);
             return;
         };
         if *rid != id || !crypto::tags_equal(&keys.init_tag, &tag) {
-            self.stats.reject("pair_bad_tag");
+            self.stats.reject(Reject::PairBadTag);
             return;
         }
         let peer = *init_static;
@@ -295,7 +296,7 @@ impl Endpoint {
         // A new session numbers its probes from the start.
         self.probes.remove(&peer);
         self.tx.trusted.insert(ip);
-        self.stats.count("paired");
+        self.stats.count(Counter::Paired);
         self.emit(Event::Paired {
             peer: ip,
             key: peer,
@@ -346,7 +347,7 @@ impl Endpoint {
                 }
             };
             if tries > self.cfg.max_tries {
-                self.stats.count("pairing_timed_out");
+                self.stats.count(Counter::PairingTimedOut);
                 continue;
             }
             let deadline = ctx.now.plus(self.rto(ctx, tries - 1));
@@ -368,7 +369,7 @@ impl Endpoint {
                     self.tx.push_datagram(dst, resp.clone(), &mut self.stats);
                 }
             }
-            self.stats.count("pair_retransmit");
+            self.stats.count(Counter::PairRetransmit);
             self.handshakes.insert(dst, h);
         }
     }

@@ -12,6 +12,7 @@
 //! so a replayed one changes nothing, and only a fresh authenticated probe
 //! moves where this host sends to the peer.
 
+use crate::stats::{Counter, Reject};
 use std::net::SocketAddr;
 
 use super::crypto;
@@ -51,7 +52,7 @@ impl Endpoint {
         };
         if let Ok(b) = msg.encode() {
             self.push_tagged(&key, b, dst);
-            self.stats.count("probes_sent");
+            self.stats.count(Counter::ProbesSent);
         }
     }
 
@@ -71,19 +72,19 @@ impl Endpoint {
         bytes: &[u8],
     ) {
         let Some(secret) = self.sessions.get(&peer) else {
-            self.stats.reject("probe_unpaired");
+            self.stats.reject(Reject::ProbeUnpaired);
             return;
         };
         let key = secret.claim_key();
         if !crypto::datagram_tag_valid(&key, bytes) {
-            self.stats.reject("probe_bad_tag");
+            self.stats.reject(Reject::ProbeBadTag);
             return;
         }
         let st = self.probes.entry(peer).or_default();
         match observed {
             None => {
                 if seq <= st.recv_seq {
-                    self.stats.reject("probe_replayed");
+                    self.stats.reject(Reject::ProbeReplayed);
                     return;
                 }
                 st.recv_seq = seq;
@@ -98,17 +99,17 @@ impl Endpoint {
                 };
                 if let Ok(b) = answer.encode() {
                     self.push_tagged(&key, b, from);
-                    self.stats.count("probes_answered");
+                    self.stats.count(Counter::ProbesAnswered);
                 }
             }
             Some(reflexive) => {
                 if seq != st.sent_seq || st.answered {
-                    self.stats.reject("probe_unexpected_answer");
+                    self.stats.reject(Reject::ProbeUnexpectedAnswer);
                     return;
                 }
                 st.answered = true;
                 st.reflexive = Some(reflexive);
-                self.stats.count("probe_answers");
+                self.stats.count(Counter::ProbeAnswers);
             }
         }
     }
@@ -157,7 +158,7 @@ impl Endpoint {
             .collect();
         for peer in due {
             self.send_probe(peer);
-            self.stats.count("keepalives_sent");
+            self.stats.count(Counter::KeepalivesSent);
         }
     }
 }

@@ -3,6 +3,7 @@
 //! replay window, then the state change. A record that fails any check is
 //! counted under its reason and changes nothing.
 
+use crate::stats::{Counter, Reject};
 use std::net::SocketAddr;
 
 use rand_core::{CryptoRng, RngCore};
@@ -29,7 +30,7 @@ impl Endpoint {
         bytes: &[u8],
     ) {
         let mut ctx = Ctx::new(now, rng);
-        self.stats.count("datagrams_received");
+        self.stats.count(Counter::DatagramsReceived);
         // Every byte from an address counts towards what we may send it
         // (three times as much, `tx::AMPLIFICATION_FACTOR`): whatever it
         // is, it came from there or from someone who can forge that
@@ -98,7 +99,7 @@ impl Endpoint {
             } => self.on_probe(from, static_pub, seq, observed, bytes),
             Message::Error { code, .. } => {
                 // Unauthenticated: report, never act on it.
-                self.stats.count("peer_error");
+                self.stats.count(Counter::PeerError);
                 self.emit(Event::PeerError { from, code });
             }
         }
@@ -116,20 +117,20 @@ impl Endpoint {
             remote: rec.sender_vir,
         };
         let Some(flow) = self.resolve(&named) else {
-            self.stats.reject("unknown_connection");
+            self.stats.reject(Reject::UnknownConnection);
             return false;
         };
         let Some(c) = self.conns.get(&flow) else {
-            self.stats.reject("unknown_connection");
+            self.stats.reject(Reject::UnknownConnection);
             return false;
         };
         let Some(keys) = &c.keys else {
-            self.stats.reject("no_keys");
+            self.stats.reject(Reject::NoKeys);
             return false;
         };
         let mut buf = [0u8; MAX_SIGNED_LEN];
         let Ok(n) = rec.write_signed(&mut buf) else {
-            self.stats.reject("mixed_families");
+            self.stats.reject(Reject::MixedFamilies);
             return false;
         };
         // Records still under the keys from before the last suspend-time DH
@@ -143,15 +144,15 @@ impl Endpoint {
                 .as_ref()
                 .is_some_and(|p| crypto::verify_record(&p.recv, &buf[..n], &rec.tag));
             if !prev_ok {
-                self.stats.reject("bad_mac");
+                self.stats.reject(Reject::BadMac);
                 return false;
             }
             under_prev = true;
         }
         if let Err(e) = c.replay.check(rec.seq) {
             self.stats.reject(match e {
-                ReplayError::TooOld(_) => "replay_too_old",
-                ReplayError::Duplicate(_) => "replay_duplicate",
+                ReplayError::TooOld(_) => Reject::ReplayTooOld,
+                ReplayError::Duplicate(_) => Reject::ReplayDuplicate,
             });
             return false;
         }
@@ -164,7 +165,7 @@ impl Endpoint {
             Kind::Challenge => self.on_challenge(ctx, from, &flow, rec),
             Kind::Response => self.on_response(ctx.now, &flow, rec),
             Kind::Switched => self.on_switched(&flow),
-            _ => Err("unexpected_kind"),
+            _ => Err(Reject::UnexpectedKind),
         };
         match res {
             Ok(()) => {
@@ -178,7 +179,7 @@ impl Endpoint {
                         c.prev_keys = None;
                     }
                 }
-                self.stats.count("records_accepted");
+                self.stats.count(Counter::RecordsAccepted);
                 true
             }
             Err(reason) => {
@@ -234,7 +235,7 @@ impl Endpoint {
             wire::begin_records(&mut b, Kind::LookupR, family, req);
             self.tx.push_datagram(from, b, &mut self.stats);
         }
-        self.stats.count("lookups_served");
+        self.stats.count(Counter::LookupsServed);
     }
 
     /// A LOOKUP by our peer for our own end of a connection: authenticate it
@@ -279,7 +280,7 @@ impl Endpoint {
             &tag,
             &mut self.stats,
         );
-        self.stats.count("records_sent");
+        self.stats.count(Counter::RecordsSent);
         true
     }
 
@@ -321,17 +322,17 @@ impl Endpoint {
                 // servers of step P(3)/S(3). Refused, the step fails at
                 // once, as the paper's chain expects of an old location
                 // that is gone.
-                self.stats.reject("own_location");
+                self.stats.reject(Reject::OwnLocation);
                 continue;
             }
             if !self.store_is_genuine(rec) {
-                self.stats.reject("bad_mac");
+                self.stats.reject(Reject::BadMac);
                 continue;
             }
             if self.store.store(ctx.now, from.ip(), *rec) {
                 accepted = accepted.saturating_add(1);
             } else {
-                self.stats.reject("store_full");
+                self.stats.reject(Reject::StoreFull);
             }
         }
         if let Ok(b) = (Message::StoreR {
@@ -342,7 +343,7 @@ impl Endpoint {
         {
             self.tx.push_datagram(from, b, &mut self.stats);
         }
-        self.stats.count("stores_served");
+        self.stats.count(Counter::StoresServed);
     }
 
     /// A STORE for a connection we are the far end of (our peer keeps its

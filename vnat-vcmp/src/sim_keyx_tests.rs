@@ -2,6 +2,7 @@
 //! item 6): both ends must still authenticate each other afterwards, and a
 //! later key update must work.
 
+use crate::stats::{Counter, Reject};
 use std::time::Duration;
 
 use super::endpoint::{Config, Event};
@@ -48,25 +49,25 @@ fn a_lost_keyx_answer_leaves_both_ends_able_to_authenticate_each_other() {
     });
     sim.run_for(Duration::from_secs(60));
     assert_eq!(
-        sim.hosts[a].ep.stats().get("keyx_unanswered"),
+        sim.hosts[a].ep.stats().get(Counter::KeyxUnanswered),
         1,
         "the laptop must give up on its KEYX"
     );
     assert!(
-        sim.hosts[b].ep.stats().get("rekeyed") >= 1,
+        sim.hosts[b].ep.stats().get(Counter::Rekeyed) >= 1,
         "the server ratcheted"
     );
-    assert_eq!(sim.hosts[a].ep.stats().get("rekeyed"), 0);
+    assert_eq!(sim.hosts[a].ep.stats().get(Counter::Rekeyed), 0);
     sim.hosts[b].mute = false;
 
     // The server reaches the laptop: its records authenticate there.
-    let bad_before = sim.hosts[a].ep.stats().rejected("bad_mac");
+    let bad_before = sim.hosts[a].ep.stats().rejected(Reject::BadMac);
     sim.with(b, |ep, now, rng| {
         ep.suspend(now, rng, &[g]).expect("suspend")
     });
     sim.run_for(Duration::from_secs(10));
     assert_eq!(
-        sim.hosts[a].ep.stats().rejected("bad_mac"),
+        sim.hosts[a].ep.stats().rejected(Reject::BadMac),
         bad_before,
         "the server's records must authenticate at the laptop"
     );
@@ -74,10 +75,10 @@ fn a_lost_keyx_answer_leaves_both_ends_able_to_authenticate_each_other() {
     // laptop already made it secondary) agrees with the laptop, from the
     // keys they share.
     assert!(
-        sim.hosts[a].ep.stats().get("rekeyed") >= 1,
+        sim.hosts[a].ep.stats().get(Counter::Rekeyed) >= 1,
         "the laptop must take the server's KEYX"
     );
-    assert_eq!(sim.hosts[b].ep.stats().get("keyx_rolled_back"), 1);
+    assert_eq!(sim.hosts[b].ep.stats().get(Counter::KeyxRolledBack), 1);
 
     // And the laptop's move completes.
     assert_the_laptop_s_move_completes(&mut sim, a, f);
@@ -96,21 +97,21 @@ fn after_a_lost_keyx_answer_the_next_keyx_from_the_same_side_agrees() {
         ep.suspend(now, rng, &[f]).expect("suspend")
     });
     sim.run_for(Duration::from_secs(60));
-    assert_eq!(sim.hosts[a].ep.stats().get("keyx_unanswered"), 1);
+    assert_eq!(sim.hosts[a].ep.stats().get(Counter::KeyxUnanswered), 1);
     sim.hosts[b].mute = false;
 
     sim.with(a, |ep, now, rng| {
         ep.suspend(now, rng, &[f]).expect("suspend")
     });
     sim.run_for(Duration::from_secs(10));
-    assert_eq!(sim.hosts[b].ep.stats().get("keyx_rolled_back"), 1);
-    assert_eq!(sim.hosts[a].ep.stats().get("rekeyed"), 1);
+    assert_eq!(sim.hosts[b].ep.stats().get(Counter::KeyxRolledBack), 1);
+    assert_eq!(sim.hosts[a].ep.stats().get(Counter::Rekeyed), 1);
     // Both on the same keys: the laptop's move completes.
     assert_the_laptop_s_move_completes(&mut sim, a, f);
     // Nothing the server sent was under keys the laptop lacked (the
     // server may drop a late retransmission under the old keys once both
     // use the new ones).
-    assert_eq!(sim.hosts[a].ep.stats().rejected("bad_mac"), 0);
+    assert_eq!(sim.hosts[a].ep.stats().rejected(Reject::BadMac), 0);
 }
 
 /// A copy of the laptop's first KEYX, held back by someone on the path and
@@ -131,24 +132,24 @@ fn a_late_copy_of_an_older_keyx_does_not_roll_back_again() {
     // Its retransmissions reach the server, whose answers are all lost.
     sim.hosts[b].mute = true;
     sim.run_for(Duration::from_secs(60));
-    assert_eq!(sim.hosts[a].ep.stats().get("keyx_unanswered"), 1);
+    assert_eq!(sim.hosts[a].ep.stats().get(Counter::KeyxUnanswered), 1);
     sim.hosts[b].mute = false;
     // The second exchange: the server rolls back and both agree.
     sim.with(a, |ep, now, rng| {
         ep.suspend(now, rng, &[f]).expect("suspend")
     });
     sim.run_for(Duration::from_secs(10));
-    assert_eq!(sim.hosts[b].ep.stats().get("keyx_rolled_back"), 1);
-    let rekeyed = sim.hosts[b].ep.stats().get("rekeyed");
+    assert_eq!(sim.hosts[b].ep.stats().get(Counter::KeyxRolledBack), 1);
+    let rekeyed = sim.hosts[b].ep.stats().get(Counter::Rekeyed);
     // The held copy arrives now.
     for t in &first {
         sim.inject(b, from, &t.payload);
     }
     assert_eq!(
-        sim.hosts[b].ep.stats().get("keyx_rolled_back"),
+        sim.hosts[b].ep.stats().get(Counter::KeyxRolledBack),
         1,
         "rolled back again"
     );
-    assert_eq!(sim.hosts[b].ep.stats().get("rekeyed"), rekeyed);
+    assert_eq!(sim.hosts[b].ep.stats().get(Counter::Rekeyed), rekeyed);
     assert_the_laptop_s_move_completes(&mut sim, a, f);
 }

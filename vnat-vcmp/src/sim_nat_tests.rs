@@ -2,6 +2,7 @@
 //! through a NAT, keepalives, and moves from one NAT to another. The
 //! general move tests are in `sim_tests`.
 
+use crate::stats::{Counter, Reject};
 use std::time::Duration;
 
 use super::endpoint::{Config, Event};
@@ -85,7 +86,7 @@ fn a_new_key_at_a_known_address_is_another_host_with_no_power_over_the_old_ones(
         );
     }
     assert!(
-        sim.hosts[a].ep.stats().rejected("claim_conflict") > 0,
+        sim.hosts[a].ep.stats().rejected(Reject::ClaimConflict) > 0,
         "Y's claim of B's UDP flow must be refused and counted"
     );
     // Without keys, Y cannot even start moving B's connection.
@@ -101,8 +102,8 @@ fn a_new_key_at_a_known_address_is_another_host_with_no_power_over_the_old_ones(
 #[test]
 fn many_new_connections_are_claimed_in_batches() {
     let (mut sim, _) = setup(21, Link::default(), Config::default(), 1);
-    let before =
-        sim.hosts[0].ep.stats().get("claims_sent") + sim.hosts[1].ep.stats().get("claims_sent");
+    let before = sim.hosts[0].ep.stats().get(Counter::ClaimsSent)
+        + sim.hosts[1].ep.stats().get(Counter::ClaimsSent);
     let flows: Vec<VirtualFlow> = (0..500)
         .map(|i| tcp(&format!("{A_IP}:{}", 20000 + i), &format!("{B_IP}:443")))
         .collect();
@@ -125,8 +126,8 @@ fn many_new_connections_are_claimed_in_batches() {
         assert!(sim.hosts[0].ep.connection(f).expect("a").has_keys);
         assert!(sim.hosts[1].ep.connection(&reverse(f)).expect("b").has_keys);
     }
-    let sent = sim.hosts[0].ep.stats().get("claims_sent")
-        + sim.hosts[1].ep.stats().get("claims_sent")
+    let sent = sim.hosts[0].ep.stats().get(Counter::ClaimsSent)
+        + sim.hosts[1].ep.stats().get(Counter::ClaimsSent)
         - before;
     // 500 / 20 = 25 datagrams each way, plus the answers.
     assert!(sent <= 110, "{sent} CLAIM datagrams for 500 connections");
@@ -169,7 +170,7 @@ fn two_hosts_behind_one_nat_address_each_own_their_connection() {
         // The server's name for its own end is the laptop's name too.
         assert_eq!(sv.seen_by_peer_as, None);
     }
-    assert_eq!(sim.hosts[s].ep.stats().rejected("peer_key_changed"), 0);
+    assert_eq!(sim.hosts[s].ep.stats().rejected(Reject::PeerKeyChanged), 0);
 
     // Each laptop learned where the NAT put its VCMP, knows it is behind a
     // NAT, and keeps the mapping open; the server is behind none.
@@ -185,9 +186,9 @@ fn two_hosts_behind_one_nat_address_each_own_their_connection() {
         Some(sa("203.0.113.5:2031"))
     );
     sim.run_for(Duration::from_secs(60));
-    assert!(sim.hosts[l1].ep.stats().get("keepalives_sent") >= 2);
-    assert!(sim.hosts[l2].ep.stats().get("keepalives_sent") >= 2);
-    assert_eq!(sim.hosts[s].ep.stats().get("keepalives_sent"), 0);
+    assert!(sim.hosts[l1].ep.stats().get(Counter::KeepalivesSent) >= 2);
+    assert!(sim.hosts[l2].ep.stats().get(Counter::KeepalivesSent) >= 2);
+    assert_eq!(sim.hosts[s].ep.stats().get(Counter::KeepalivesSent), 0);
     assert_eq!(sim.hosts[s].ep.stats().rejected_total(), 0);
 
     // Records named the laptop's way (private address) reach the server's
@@ -205,7 +206,10 @@ fn two_hosts_behind_one_nat_address_each_own_their_connection() {
         .is_some(),
         "the server never settled a role for the suspended connection"
     );
-    assert_eq!(sim.hosts[s].ep.stats().rejected("unknown_connection"), 0);
+    assert_eq!(
+        sim.hosts[s].ep.stats().rejected(Reject::UnknownConnection),
+        0
+    );
 }
 
 /// A PROBE replayed (from anywhere) or forged changes nothing: not where
@@ -229,18 +233,21 @@ fn replayed_or_forged_probes_change_nothing() {
     // sending to A where it was.
     let again = sim.inject(b, sa("10.66.0.1:9999"), &probe.payload);
     assert!(again.is_empty());
-    assert_eq!(sim.hosts[b].ep.stats().rejected("probe_replayed"), 1);
+    assert_eq!(sim.hosts[b].ep.stats().rejected(Reject::ProbeReplayed), 1);
     assert_eq!(sim.hosts[b].ep.peer_addrs.get(&akey), Some(&from));
     // A forged answer (one bit flipped) is refused, and so is a genuine
     // answer delivered twice.
     let mut forged = first[0].payload.clone();
     forged[HEADER_LEN_FOR_TESTS + 45] ^= 1;
     sim.inject(a, sa("10.0.0.2:2031"), &forged);
-    assert_eq!(sim.hosts[a].ep.stats().rejected("probe_bad_tag"), 1);
+    assert_eq!(sim.hosts[a].ep.stats().rejected(Reject::ProbeBadTag), 1);
     sim.inject(a, sa("10.0.0.2:2031"), &first[0].payload);
     sim.inject(a, sa("10.0.0.2:2031"), &first[0].payload);
     assert_eq!(
-        sim.hosts[a].ep.stats().rejected("probe_unexpected_answer"),
+        sim.hosts[a]
+            .ep
+            .stats()
+            .rejected(Reject::ProbeUnexpectedAnswer),
         1
     );
     assert_eq!(
@@ -285,7 +292,7 @@ fn a_move_from_one_nat_to_another_switches_to_the_new_nat() {
     });
     sim.run_for(Duration::from_secs(10));
 
-    assert_eq!(sim.hosts[s].ep.stats().get("peer_behind_nat"), 1);
+    assert_eq!(sim.hosts[s].ep.stats().get(Counter::PeerBehindNat), 1);
     assert!(
         sim.events(s, |e| matches!(e, Event::SetRemote { flow, remote } if *flow == sf && *remote == sa("198.51.100.8:0")))
             .next()
@@ -330,7 +337,7 @@ fn a_neighbour_behind_the_nat_cannot_take_another_s_names() {
     sim.connect_named(b, s, fa, sb);
     sim.run_for(Duration::from_secs(30));
     assert!(
-        sim.hosts[s].ep.stats().rejected("claim_names_taken") >= 1,
+        sim.hosts[s].ep.stats().rejected(Reject::ClaimNamesTaken) >= 1,
         "B's borrowed names must be refused"
     );
     let ka = sim.hosts[a].ep.public_key();
@@ -425,7 +432,7 @@ fn a_udp_flow_through_a_port_changing_nat_is_bound_in_band_and_moves() {
         sim.hosts[s].binds_to_app, 0,
         "a BIND reached an application"
     );
-    assert_eq!(sim.hosts[s].ep.stats().get("binds_bound"), 1);
+    assert_eq!(sim.hosts[s].ep.stats().get(Counter::BindsBound), 1);
     assert!(sim.hosts[s]
         .diverting
         .contains(&"198.51.100.7".parse().unwrap()));
@@ -464,7 +471,7 @@ fn a_udp_flow_through_a_port_changing_nat_is_bound_in_band_and_moves() {
             .is_some(),
         "the server must learn the new NAT's port from the laptop's BIND"
     );
-    assert_eq!(sim.hosts[s].ep.stats().get("binds_rebound"), 1);
+    assert_eq!(sim.hosts[s].ep.stats().get(Counter::BindsRebound), 1);
     assert_eq!(
         sim.hosts[s].binds_to_app, 0,
         "a BIND reached an application"
@@ -487,7 +494,7 @@ fn forged_and_replayed_binds_bind_nothing() {
             _ => None,
         })
         .expect("the laptop sent a BIND");
-    assert_eq!(sim.hosts[s].ep.stats().get("binds_bound"), 1);
+    assert_eq!(sim.hosts[s].ep.stats().get(Counter::BindsBound), 1);
     // A second flow, unbound, from another public port.
     let sg = super::sim::udp("203.0.113.5:53", "198.51.100.7:61300");
     sim.with(s, |ep, now, rng| {
@@ -513,9 +520,9 @@ fn forged_and_replayed_binds_bind_nothing() {
     bad[n - 1] ^= 1;
     sim.inject(s, sa("198.51.100.7:61300"), &bad);
     let st = sim.hosts[s].ep.stats();
-    assert_eq!(st.rejected("bind_not_diverted"), 1);
-    assert_eq!(st.rejected("bind_replayed"), 1);
-    assert_eq!(st.rejected("bind_bad_tag"), 1);
+    assert_eq!(st.rejected(Reject::BindNotDiverted), 1);
+    assert_eq!(st.rejected(Reject::BindReplayed), 1);
+    assert_eq!(st.rejected(Reject::BindBadTag), 1);
     assert_eq!(
         sim.hosts[s].ep.connection(&sg).expect("sg").peer_key,
         None,
@@ -621,7 +628,7 @@ fn a_lost_bind_after_a_move_is_asked_for_again() {
             .expect("resume")
     });
     sim.run_for(Duration::from_secs(10));
-    assert!(sim.hosts[s].ep.stats().get("bind_requests_resent") >= 1);
+    assert!(sim.hosts[s].ep.stats().get(Counter::BindRequestsResent) >= 1);
     assert!(
         sim.events(s, |e| matches!(e, Event::SetRemote { flow, remote } if *flow == sf && *remote == sa("198.51.100.8:7777")))
             .next()

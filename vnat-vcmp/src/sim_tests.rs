@@ -1,5 +1,6 @@
 //! Scenario tests on the simulator (issue 3, item 7).
 
+use crate::stats::{Counter, Reject};
 use std::time::Duration;
 
 use super::endpoint::{AbortReason, Config, Event};
@@ -172,7 +173,7 @@ fn one_end_moves_without_suspend_and_thirty_percent_loss() {
         }
         lost += sim.lost - lost_before;
         retransmits += (0..2)
-            .map(|h| sim.hosts[h].ep.stats().get("retransmit"))
+            .map(|h| sim.hosts[h].ep.stats().get(Counter::Retransmit))
             .sum::<u64>();
     }
     assert!(
@@ -230,7 +231,7 @@ fn both_move_and_only_a_location_server_can_tell() {
     resume(&mut sim, 1, &b_flows, "10.0.2.2");
     sim.run_for(Duration::from_secs(300));
     assert_both_resumed_at(&sim, &flows, "10.0.1.1", "10.0.2.2");
-    assert!(sim.hosts[server].ep.stats().get("stores_served") > 0);
+    assert!(sim.hosts[server].ep.stats().get(Counter::StoresServed) > 0);
 }
 
 #[test]
@@ -264,11 +265,11 @@ fn both_move_whole_keeping_old_addresses_local_meet_at_the_location_server() {
         assert_remote(&sim, 1, &reverse(f), moved(f, "10.0.1.1"));
     }
     assert!(
-        sim.hosts[0].ep.stats().rejected("own_location") > 0,
+        sim.hosts[0].ep.stats().rejected(Reject::OwnLocation) > 0,
         "A's store at itself must be refused"
     );
     assert!(
-        sim.hosts[1].ep.stats().rejected("own_location") > 0,
+        sim.hosts[1].ep.stats().rejected(Reject::OwnLocation) > 0,
         "B's store at itself must be refused"
     );
     assert_eq!(
@@ -276,7 +277,7 @@ fn both_move_whole_keeping_old_addresses_local_meet_at_the_location_server() {
         0,
         "A must not keep its own record"
     );
-    assert!(sim.hosts[server].ep.stats().get("stores_served") > 0);
+    assert!(sim.hosts[server].ep.stats().get(Counter::StoresServed) > 0);
     // The silent step P(1) costs its retries (about 15 s); the refused one
     // costs a round trip, not another 15 s.
     let done = sim
@@ -308,10 +309,10 @@ fn both_move_via_the_location_server(seed: u64, stagger: Duration) -> Duration {
     resume(&mut sim, 1, &b_flows, "10.0.2.2");
     sim.run_for(Duration::from_secs(60));
     assert_both_resumed_at(&sim, &flows, "10.0.1.1", "10.0.2.2");
-    assert!(sim.hosts[server].ep.stats().get("stores_served") > 0);
+    assert!(sim.hosts[server].ep.stats().get(Counter::StoresServed) > 0);
     assert_eq!(
-        sim.hosts[0].ep.stats().get("migration_aborted")
-            + sim.hosts[1].ep.stats().get("migration_aborted"),
+        sim.hosts[0].ep.stats().get(Counter::MigrationAborted)
+            + sim.hosts[1].ep.stats().get(Counter::MigrationAborted),
         0
     );
     (0..2)
@@ -414,7 +415,7 @@ fn a_location_the_peer_has_since_left_is_not_followed() {
         );
         assert_remote(&sim, 1, &reverse(f), moved(f, "10.0.1.1"));
     }
-    assert!(sim.hosts[0].ep.stats().rejected("stale_location") > 0);
+    assert!(sim.hosts[0].ep.stats().rejected(Reject::StaleLocation) > 0);
 }
 
 #[test]
@@ -555,7 +556,8 @@ fn crossing_susp_primary_is_arbitrated_by_the_higher_address() {
     // The crossing suspend-time key agreements gave both ends the same new
     // keys: a move right after still authenticates.
     assert!(
-        sim.hosts[0].ep.stats().get("rekeyed") >= 3 && sim.hosts[1].ep.stats().get("rekeyed") >= 3
+        sim.hosts[0].ep.stats().get(Counter::Rekeyed) >= 3
+            && sim.hosts[1].ep.stats().get(Counter::Rekeyed) >= 3
     );
     sim.move_host(0, "10.0.1.1");
     resume(&mut sim, 0, &flows, "10.0.1.1");
@@ -606,7 +608,7 @@ fn failed_validation_reverts_to_the_last_validated_address() {
         to_victim, 0,
         "B must not send to an address that never sent to it"
     );
-    assert!(sim.hosts[1].ep.stats().rejected("amplification_limit") > 0);
+    assert!(sim.hosts[1].ep.stats().rejected(Reject::AmplificationLimit) > 0);
 }
 
 #[test]
@@ -737,9 +739,9 @@ fn the_mover_restarts_only_once_the_peer_sends_to_its_new_address() {
         );
     }
     // One SWITCHED for the host pair, not one per connection.
-    assert_eq!(sim.hosts[1].ep.stats().get("switched_sent"), 1);
-    assert_eq!(sim.hosts[0].ep.stats().get("switch_confirmed"), 1);
-    assert_eq!(sim.hosts[0].ep.stats().get("switch_unconfirmed"), 0);
+    assert_eq!(sim.hosts[1].ep.stats().get(Counter::SwitchedSent), 1);
+    assert_eq!(sim.hosts[0].ep.stats().get(Counter::SwitchConfirmed), 1);
+    assert_eq!(sim.hosts[0].ep.stats().get(Counter::SwitchUnconfirmed), 0);
 }
 
 #[test]
@@ -762,8 +764,8 @@ fn a_peer_that_never_confirms_costs_the_mover_one_timeout() {
             "{f:?} waited {waited:?} for a SWITCHED that never came"
         );
     }
-    assert_eq!(sim.hosts[0].ep.stats().get("switch_unconfirmed"), 1);
-    assert_eq!(sim.hosts[0].ep.stats().get("switch_confirmed"), 0);
+    assert_eq!(sim.hosts[0].ep.stats().get(Counter::SwitchUnconfirmed), 1);
+    assert_eq!(sim.hosts[0].ep.stats().get(Counter::SwitchConfirmed), 0);
 }
 
 #[test]
@@ -819,6 +821,6 @@ fn a_udp_flow_switches_without_waiting_for_the_peer() {
     assert_remote(&sim, b, &reverse(&f), moved(&f, "10.0.1.1"));
     // The peer's SWITCHED still comes (it does not know what waits) and
     // changes nothing.
-    assert_eq!(sim.hosts[a].ep.stats().get("switch_confirmed"), 0);
-    assert_eq!(sim.hosts[a].ep.stats().get("switch_unconfirmed"), 0);
+    assert_eq!(sim.hosts[a].ep.stats().get(Counter::SwitchConfirmed), 0);
+    assert_eq!(sim.hosts[a].ep.stats().get(Counter::SwitchUnconfirmed), 0);
 }

@@ -1,6 +1,7 @@
 //! Suspend (paper section 3.3.1): the primary/secondary claim of Figure 3-4
 //! and the suspend-time Diffie-Hellman of 3.3.1.1.
 
+use crate::stats::{Counter, Reject};
 use std::net::SocketAddr;
 
 use super::crypto::Ephemeral;
@@ -71,7 +72,7 @@ impl Endpoint {
                         // Unanswered: we keep the primary role we claimed.
                         c.claim_retry = None;
                         c.role.claim_pending = false;
-                        self.stats.count("claim_unanswered");
+                        self.stats.count(Counter::ClaimUnanswered);
                     } else {
                         resend_claim = true;
                     }
@@ -82,7 +83,7 @@ impl Endpoint {
                 if k.deadline <= now {
                     if k.tries >= max {
                         c.keyx = None;
-                        self.stats.count("keyx_unanswered");
+                        self.stats.count(Counter::KeyxUnanswered);
                     } else {
                         resend_key = Some((k.tries, k.eph.public()));
                     }
@@ -95,7 +96,7 @@ impl Endpoint {
                     c.claim_retry = Some((tries + 1, d));
                 }
                 self.send_record(ctx, &f, Kind::SuspPrimary, Ext::None, dst);
-                self.stats.count("retransmit");
+                self.stats.count(Counter::Retransmit);
             }
             if let Some((tries, p)) = resend_key {
                 let d = now.plus(self.rto(ctx, tries));
@@ -104,7 +105,7 @@ impl Endpoint {
                     k.deadline = d;
                 }
                 self.send_record(ctx, &f, Kind::KeyX, Ext::Key(p), dst);
-                self.stats.count("retransmit");
+                self.stats.count(Counter::Retransmit);
             }
         }
     }
@@ -114,8 +115,8 @@ impl Endpoint {
         from: SocketAddr,
         ctx: &mut Ctx,
         flow: &VirtualFlow,
-    ) -> Result<(), &'static str> {
-        let c = self.conns.get_mut(flow).ok_or("unknown_connection")?;
+    ) -> Result<(), Reject> {
+        let c = self.conns.get_mut(flow).ok_or(Reject::UnknownConnection)?;
         match c.role.on_claim(&flow.local, &flow.remote) {
             ClaimOutcome::AnswerSecondary => {
                 self.send_record(ctx, flow, Kind::SuspSecondary, Ext::None, from);
@@ -132,10 +133,10 @@ impl Endpoint {
         Ok(())
     }
 
-    pub(crate) fn on_susp_secondary(&mut self, flow: &VirtualFlow) -> Result<(), &'static str> {
-        let c = self.conns.get_mut(flow).ok_or("unknown_connection")?;
+    pub(crate) fn on_susp_secondary(&mut self, flow: &VirtualFlow) -> Result<(), Reject> {
+        let c = self.conns.get_mut(flow).ok_or(Reject::UnknownConnection)?;
         if !c.role.claimed {
-            return Err("unsolicited_susp_secondary");
+            return Err(Reject::UnsolicitedSuspSecondary);
         }
         let first = c.role.claim_pending;
         c.role.on_accept();
@@ -160,11 +161,11 @@ impl Endpoint {
         flow: &VirtualFlow,
         rec: &Record,
         under_prev: bool,
-    ) -> Result<(), &'static str> {
+    ) -> Result<(), Reject> {
         let Ext::Key(peer_eph) = rec.ext else {
-            return Err("bad_extension");
+            return Err(Reject::BadExtension);
         };
-        let c = self.conns.get_mut(flow).ok_or("unknown_connection")?;
+        let c = self.conns.get_mut(flow).ok_or(Reject::UnknownConnection)?;
         if under_prev
             && c.send_prev
             && rec.seq > c.keyx_answer_seq
@@ -178,7 +179,7 @@ impl Endpoint {
             c.keys = c.prev_keys.take();
             c.send_prev = false;
             c.keyx_answer = None;
-            self.stats.count("keyx_rolled_back");
+            self.stats.count(Counter::KeyxRolledBack);
             return self.on_keyx(ctx, from, flow, rec, false);
         }
         if under_prev && c.keyx_answer.is_none() {
@@ -190,10 +191,10 @@ impl Endpoint {
         }
         if under_prev {
             let (Some((seen, mine)), Some(prev)) = (c.keyx_answer, &c.prev_keys) else {
-                return Err("bad_mac");
+                return Err(Reject::BadMac);
             };
             if seen != peer_eph {
-                return Err("bad_mac");
+                return Err(Reject::BadMac);
             }
             let key = prev.send.clone();
             c.send_seq += 1;
@@ -210,13 +211,13 @@ impl Endpoint {
             self.push_signed(&answer, &key, Kind::KeyX, 0, from);
             return Ok(());
         }
-        let keys = c.keys.as_ref().ok_or("no_keys")?;
+        let keys = c.keys.as_ref().ok_or(Reject::NoKeys)?;
         let binding = c.binding;
         if let Some(mine) = c.keyx.take() {
             // We started (or both started): finish with our value, no reply.
             let Ok(dh) = mine.eph.dh(&peer_eph) else {
                 c.keyx = Some(mine);
-                return Err("low_order_point");
+                return Err(Reject::LowOrderPoint);
             };
             let new = keys.ratchet(&dh, &mine.eph.public(), &peer_eph, flow, &binding);
             c.prev_keys = c.keys.replace(new);
@@ -225,18 +226,18 @@ impl Endpoint {
             c.send_prev = false;
         } else {
             let eph = Ephemeral::generate(&mut CryptoDyn(&mut ctx.rng));
-            let dh = eph.dh(&peer_eph).map_err(|_| "low_order_point")?;
+            let dh = eph.dh(&peer_eph).map_err(|_| Reject::LowOrderPoint)?;
             let new = keys.ratchet(&dh, &eph.public(), &peer_eph, flow, &binding);
             let mine = eph.public();
             // Answer under the old keys: the peer has not ratcheted yet.
             self.send_record(ctx, flow, Kind::KeyX, Ext::Key(mine), from);
-            let c = self.conns.get_mut(flow).ok_or("unknown_connection")?;
+            let c = self.conns.get_mut(flow).ok_or(Reject::UnknownConnection)?;
             c.prev_keys = c.keys.replace(new);
             c.keyx_answer = Some((peer_eph, mine));
             c.keyx_answer_seq = rec.seq;
             c.send_prev = true;
         }
-        self.stats.count("rekeyed");
+        self.stats.count(Counter::Rekeyed);
         self.emit(Event::Rekeyed { flow: *flow });
         Ok(())
     }

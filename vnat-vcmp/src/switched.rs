@@ -30,6 +30,7 @@
 //! no binding: a forged one fails the MAC, a replayed one the replay window,
 //! and an unexpected one only releases nothing.
 
+use crate::stats::{Counter, Reject};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 
@@ -83,16 +84,16 @@ impl Endpoint {
 
     /// SWITCHED from the peer of `flow` (authenticated, fresh): release
     /// every connection of its group waiting at our address.
-    pub(crate) fn on_switched(&mut self, flow: &VirtualFlow) -> Result<(), &'static str> {
-        let group = self.group_of(flow).ok_or("unknown_connection")?;
+    pub(crate) fn on_switched(&mut self, flow: &VirtualFlow) -> Result<(), Reject> {
+        let group = self.group_of(flow).ok_or(Reject::UnknownConnection)?;
         let ip = self
             .conns
             .get(flow)
-            .ok_or("unknown_connection")?
+            .ok_or(Reject::UnknownConnection)?
             .local_phys
             .ip();
         if let Some(g) = self.awaiting.remove(&(group, ip)) {
-            self.stats.count("switch_confirmed");
+            self.stats.count(Counter::SwitchConfirmed);
             self.release_awaiting(g.flows, true);
         }
         Ok(())
@@ -106,7 +107,7 @@ impl Endpoint {
             .map(|(_, g)| g)
             .collect();
         for g in due {
-            self.stats.count("switch_unconfirmed");
+            self.stats.count(Counter::SwitchUnconfirmed);
             self.release_awaiting(g.flows, false);
         }
     }
@@ -154,7 +155,7 @@ impl Endpoint {
                 .filter(|a| a.ip() == ip)
                 .unwrap_or(SocketAddr::new(ip, port));
             if self.send_record(&mut ctx, &anchor, Kind::Switched, Ext::None, dst) {
-                self.stats.count("switched_sent");
+                self.stats.count(Counter::SwitchedSent);
             }
         }
         self.tx.flush(&mut self.stats);

@@ -8,6 +8,7 @@
 //! the address: their source may be forged, and a peer's address is the
 //! one an attacker would forge.
 
+use crate::stats::Reject;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 
@@ -80,7 +81,7 @@ impl TxQueue {
 
     fn push_ready(&mut self, t: Transmit, stats: &mut Stats) {
         if self.ready.len() >= self.max_queued {
-            stats.reject("tx_queue_full");
+            stats.reject(Reject::TxQueueFull);
             return;
         }
         self.ready.push_back(t);
@@ -106,7 +107,7 @@ impl TxQueue {
             self.open_order.push(key);
         }
         if wire::push_record(buf, signed, tag).is_err() {
-            stats.reject("tx_record_overflow");
+            stats.reject(Reject::TxRecordOverflow);
             return;
         }
         if usize::from(buf[3]) >= cap {
@@ -147,7 +148,7 @@ impl TxQueue {
             let (rx, tx) = self.budget.get(&ip).copied().unwrap_or((0, 0));
             let len = t.payload.len() as u64;
             if tx.saturating_add(len) > rx.saturating_mul(AMPLIFICATION_FACTOR) {
-                stats.reject("amplification_limit");
+                stats.reject(Reject::AmplificationLimit);
                 continue;
             }
             self.budget.insert(ip, (rx, tx + len));
@@ -193,7 +194,7 @@ mod tests {
             q.push_datagram(peer, datagram(kind, 301), &mut stats);
             assert!(q.pop(&mut stats).is_none(), "{kind:?} beyond 3x went out");
         }
-        assert_eq!(stats.rejected("amplification_limit"), 4);
+        assert_eq!(stats.rejected(Reject::AmplificationLimit), 4);
         q.push_datagram(peer, datagram(Kind::PairResp, 104), &mut stats);
         assert!(q.pop(&mut stats).is_some(), "within 3x it goes out");
         // And the budget is spent: 104 of 300.

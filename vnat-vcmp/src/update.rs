@@ -1,6 +1,7 @@
 //! The update (paper section 3.3.2.3, Figures 3-6 and 3-7) and the path
 //! validation that must succeed before traffic moves to a new address.
 
+use crate::stats::{Counter, Reject};
 use std::collections::HashSet;
 use std::net::SocketAddr;
 
@@ -18,7 +19,7 @@ impl Endpoint {
         from: SocketAddr,
         flow: &VirtualFlow,
         rec: &Record,
-    ) -> Result<(), &'static str> {
+    ) -> Result<(), Reject> {
         self.check_fresh(flow, rec.seq)?;
         // UPD_R leaves before the CHALLENGE of the peer's new address
         // (datagrams go out in the order they were started). When both ends
@@ -48,7 +49,7 @@ impl Endpoint {
                 SocketAddr::new(rec.sender_phys.ip(), self.cfg.port),
             )
         } else {
-            self.stats.count("peer_behind_nat");
+            self.stats.count(Counter::PeerBehindNat);
             (SocketAddr::new(from.ip(), 0), from)
         };
         self.propose_binding_via(ctx, flow, addr, rec.seq, vcmp);
@@ -64,7 +65,7 @@ impl Endpoint {
         ctx: &mut Ctx,
         flow: &VirtualFlow,
         rec: &Record,
-    ) -> Result<(), &'static str> {
+    ) -> Result<(), Reject> {
         self.check_fresh(flow, rec.seq)?;
         // The peer names its end its own way: behind a port-forwarding NAT
         // by its private address, which we cannot reach. An end at its own
@@ -82,10 +83,10 @@ impl Endpoint {
 
     /// Only an update with a higher sequence number than the last applied
     /// one may move the binding; an older one changes nothing.
-    fn check_fresh(&mut self, flow: &VirtualFlow, seq: u64) -> Result<(), &'static str> {
-        let c = self.conns.get_mut(flow).ok_or("unknown_connection")?;
+    fn check_fresh(&mut self, flow: &VirtualFlow, seq: u64) -> Result<(), Reject> {
+        let c = self.conns.get_mut(flow).ok_or(Reject::UnknownConnection)?;
         if seq <= c.binding_seq {
-            return Err("stale_update");
+            return Err(Reject::StaleUpdate);
         }
         c.binding_seq = seq;
         Ok(())
@@ -162,9 +163,9 @@ impl Endpoint {
         from: SocketAddr,
         flow: &VirtualFlow,
         rec: &Record,
-    ) -> Result<(), &'static str> {
+    ) -> Result<(), Reject> {
         let Ext::Nonce(n) = rec.ext else {
-            return Err("bad_extension");
+            return Err(Reject::BadExtension);
         };
         self.send_record(ctx, flow, Kind::Response, Ext::Nonce(n), from);
         Ok(())
@@ -175,22 +176,22 @@ impl Endpoint {
         now: super::Timestamp,
         flow: &VirtualFlow,
         rec: &Record,
-    ) -> Result<(), &'static str> {
+    ) -> Result<(), Reject> {
         let Ext::Nonce(n) = rec.ext else {
-            return Err("bad_extension");
+            return Err(Reject::BadExtension);
         };
         let key = self
             .validations
             .iter()
             .find(|(_, v)| v.anchor == *flow && crypto::tags_equal16(&v.nonce, &n))
             .map(|(k, _)| *k)
-            .ok_or("unexpected_response")?;
+            .ok_or(Reject::UnexpectedResponse)?;
         let Some(v) = self.validations.remove(&key) else {
-            return Err("unexpected_response");
+            return Err(Reject::UnexpectedResponse);
         };
         let ip = key.0;
         self.tx.trusted.insert(ip);
-        self.stats.count("path_validated");
+        self.stats.count(Counter::PathValidated);
         // The peer's vnatd answered there: that is where it is reached now
         // (behind a NAT, the NAT's mapping).
         if let super::migrate::Group::Host(k) = key.1 {
@@ -240,7 +241,7 @@ impl Endpoint {
                 continue;
             }
             if v.tries >= self.cfg.max_tries {
-                self.stats.count("validation_failed");
+                self.stats.count(Counter::ValidationFailed);
                 for f in v.flows {
                     let Some(c) = self.conns.get_mut(&f) else {
                         continue;
@@ -268,7 +269,7 @@ impl Endpoint {
             v.tries += 1;
             let (anchor, nonce, dst) = (v.anchor, v.nonce, v.dst);
             self.validations.insert(key, v);
-            self.stats.count("retransmit");
+            self.stats.count(Counter::Retransmit);
             self.send_record(ctx, &anchor, Kind::Challenge, Ext::Nonce(nonce), dst);
         }
     }

@@ -38,6 +38,7 @@
 //! datagram has exactly one encoding (the MAC is computed over that
 //! encoding).
 
+use crate::stats::Reject;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use crate::flow::Proto;
@@ -366,21 +367,21 @@ pub enum WireError {
 
 impl WireError {
     /// Stable name for counters.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> Reject {
         match self {
-            WireError::Truncated { .. } => "truncated",
-            WireError::BadVersion(_) => "bad_version",
-            WireError::UnknownKind(_) => "unknown_kind",
-            WireError::BadLength { .. } => "bad_length",
-            WireError::BadFamily(_) => "bad_family",
-            WireError::BadCount { .. } => "bad_count",
-            WireError::CommandMismatch { .. } => "command_mismatch",
-            WireError::RecordVersion(_) => "record_version",
-            WireError::BadProto(_) => "bad_proto",
-            WireError::Reserved => "reserved_bits",
-            WireError::BadErrorCode(_) => "bad_error_code",
-            WireError::MixedFamilies => "mixed_families",
-            WireError::BadExtension { .. } => "bad_extension",
+            WireError::Truncated { .. } => Reject::Truncated,
+            WireError::BadVersion(_) => Reject::BadVersion,
+            WireError::UnknownKind(_) => Reject::UnknownKind,
+            WireError::BadLength { .. } => Reject::BadLength,
+            WireError::BadFamily(_) => Reject::BadFamily,
+            WireError::BadCount { .. } => Reject::BadCount,
+            WireError::CommandMismatch { .. } => Reject::CommandMismatch,
+            WireError::RecordVersion(_) => Reject::RecordVersion,
+            WireError::BadProto(_) => Reject::BadProto,
+            WireError::Reserved => Reject::ReservedBits,
+            WireError::BadErrorCode(_) => Reject::BadErrorCode,
+            WireError::MixedFamilies => Reject::MixedFamilies,
+            WireError::BadExtension { .. } => Reject::BadExtension,
         }
     }
 }

@@ -16,6 +16,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use vnat_daemon::datapath::{Proto, VirtualFlow};
 use vnat_daemon::vcmp::crypto::{DrbgRng, HostIdentity};
+use vnat_daemon::vcmp::stats::Counter;
 use vnat_daemon::vcmp::wire::{self, Family, Kind};
 use vnat_daemon::vcmp::{Binding, Config, Endpoint, Event, Timestamp};
 
@@ -216,7 +217,7 @@ fn main() -> Result<()> {
 
     // Records signed during the restoration, by both hosts (each one was
     // also verified by the other host).
-    let records_sent = a.stats().get("records_sent") + b.stats().get("records_sent");
+    let records_sent = a.stats().get(Counter::RecordsSent) + b.stats().get(Counter::RecordsSent);
     let n_f = f64::from(n);
     let local_us_per_record =
         (sender.spent + receiver.spent).as_secs_f64() * 1e6 / records_sent as f64;

@@ -22,12 +22,9 @@ impl Driver {
             }
             Command::Counters { reply } => {
                 let st = self.endpoint.stats();
-                let map = |m: &BTreeMap<&'static str, u64>| {
-                    m.iter().map(|(k, v)| (k.to_string(), *v)).collect()
-                };
                 let _ = reply.send(crate::control::VcmpCounters {
-                    events: map(&st.events),
-                    rejected: map(&st.rejected),
+                    events: st.events().map(|(c, n)| (c.name().into(), n)).collect(),
+                    rejected: st.rejects().map(|(r, n)| (r.name().into(), n)).collect(),
                 });
             }
             Command::Peers { reply } => {
