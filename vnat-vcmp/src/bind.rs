@@ -549,6 +549,7 @@ impl Endpoint {
                     c.peer_key = Some(b.static_pub);
                     c.bind_retry = None;
                 }
+                self.rearm(&flow);
                 self.index_connection(&flow, true);
                 self.stats.count(Counter::BindsBound);
                 self.learn_peer_view(&flow, &e);

@@ -85,6 +85,7 @@ impl Endpoint {
             let tries = c.bind_retry.map_or(0, |r| r.0) + 1;
             let wait = initial.saturating_mul(1u32 << (tries - 1).min(16)).min(max);
             c.bind_retry = Some((tries, now.plus(wait)));
+            self.rearm(f);
         }
     }
 
@@ -196,6 +197,7 @@ impl Endpoint {
                     self.stats.count(Counter::ClaimsBound);
                     self.learn_peer_view(&flow, &entry);
                     self.ensure_keys(&flow);
+                    self.rearm(&flow);
                     mine.push(flow);
                 }
             }
@@ -319,7 +321,10 @@ impl Endpoint {
     /// no session.
     pub(crate) fn claim_timeouts(&mut self, ctx: &mut Ctx) {
         let mut due: HashMap<IpAddr, Vec<VirtualFlow>> = HashMap::new();
-        for c in self.conns.values_mut() {
+        for f in self.conn_timers.due(ctx.now) {
+            let Some(c) = self.conns.get_mut(&f) else {
+                continue;
+            };
             let Some((tries, deadline)) = c.bind_retry else {
                 continue;
             };
@@ -329,6 +334,7 @@ impl Endpoint {
             if tries >= self.cfg.max_tries {
                 c.bind_retry = None;
                 self.stats.count(Counter::ClaimGaveUp);
+                self.rearm(&f);
                 continue;
             }
             due.entry(c.remote_phys.ip()).or_default().push(c.flow);
@@ -368,6 +374,9 @@ impl Endpoint {
         }
         self.stats.count(Counter::PeersForgotten);
         let n = freed.values().map(Vec::len).sum();
+        for f in freed.values().flatten() {
+            self.rearm(f);
+        }
         for (ip, flows) in freed {
             self.claim_at(now, ip, &flows);
         }

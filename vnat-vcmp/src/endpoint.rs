@@ -80,6 +80,20 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
+    /// The first of its deadlines: migration, key agreement, role claim
+    /// resend, CLAIM resend.
+    pub(crate) fn deadline(&self) -> Option<Timestamp> {
+        [
+            self.mig.as_ref().map(|m| m.deadline),
+            self.keyx.as_ref().map(|k| k.deadline),
+            self.claim_retry.map(|(_, d)| d),
+            self.bind_retry.map(|(_, d)| d),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
     /// The key our records are signed with now: the current send key, or
     /// the one before the last ratchet while the peer may not have it yet
     /// ([`Conn::send_prev`]).
@@ -140,6 +154,8 @@ pub struct Endpoint {
     /// (a connection's `pending_remote` is set): lets the driver skip its
     /// scan for receive sides to prepare when nothing changed.
     pub(crate) pending_epoch: u64,
+    /// Each connection's next deadline, in order (`timers.rs`).
+    pub(crate) conn_timers: super::timers::ConnTimers,
     pub(crate) tx: TxQueue,
     pub(crate) events: VecDeque<Event>,
     pub(crate) stats: Stats,
@@ -264,6 +280,7 @@ impl Endpoint {
             requests: HashMap::new(),
             next_store_expiry: Timestamp(0),
             pending_epoch: 0,
+            conn_timers: Default::default(),
             events: VecDeque::new(),
             stats: Stats::default(),
         }
@@ -408,6 +425,7 @@ impl Endpoint {
     }
 
     pub(crate) fn release(&mut self, c: &Conn) {
+        self.conn_timers.set(c.flow, None);
         let peer = c.flow.remote.ip();
         if let Some(n) = self.per_peer.get_mut(&peer) {
             *n = n.saturating_sub(1);
@@ -539,21 +557,12 @@ impl Endpoint {
 
     /// When `handle_timeout` must be called next.
     pub fn poll_timeout(&self) -> Option<Timestamp> {
+        #[cfg(debug_assertions)]
+        self.check_timers();
         let mut t: Option<Timestamp> = None;
         let mut take = |d: Timestamp| t = Some(t.map_or(d, |x| x.min(d)));
-        for c in self.conns.values() {
-            if let Some(m) = &c.mig {
-                take(m.deadline);
-            }
-            if let Some(k) = &c.keyx {
-                take(k.deadline);
-            }
-            if let Some((_, d)) = c.claim_retry {
-                take(d);
-            }
-            if let Some((_, d)) = c.bind_retry {
-                take(d);
-            }
+        if let Some(d) = self.conn_timers.next() {
+            take(d);
         }
         for h in self.handshakes.values() {
             take(h.deadline());
@@ -574,6 +583,30 @@ impl Endpoint {
             take(self.next_keepalive);
         }
         t
+    }
+
+    /// Every connection's entry in the timer table is its deadline, and
+    /// there is no other entry: a deadline changed without `rearm` panics
+    /// here in tests instead of firing late.
+    #[cfg(debug_assertions)]
+    fn check_timers(&self) {
+        for c in self.conns.values() {
+            assert_eq!(
+                self.conn_timers.get(&c.flow),
+                c.deadline(),
+                "timer table out of date for {}",
+                c.flow
+            );
+        }
+        let armed = self.conns.values().filter(|c| c.deadline().is_some());
+        assert_eq!(self.conn_timers.len(), armed.count(), "stale timer entries");
+    }
+
+    /// `flow`'s deadlines may have changed: put it where it now belongs in
+    /// the timer table.
+    pub(crate) fn rearm(&mut self, flow: &VirtualFlow) {
+        let d = self.conns.get(flow).and_then(Conn::deadline);
+        self.conn_timers.set(*flow, d);
     }
 
     /// Retransmit, give up or expire whatever is due at `now`.

@@ -194,6 +194,7 @@ impl Endpoint {
         c.role = e.role;
         self.tx.trusted.insert(e.remote_phys.ip());
         self.conns.insert(e.flow, c);
+        self.rearm(&e.flow);
         self.index_connection(&e.flow, true);
         if let Some(named) = e.peer_named {
             let entry = ClaimEntry {

@@ -42,6 +42,7 @@ pub mod roles;
 pub mod stats;
 mod suspend;
 mod switched;
+mod timers;
 pub mod tx;
 mod update;
 pub mod wire;

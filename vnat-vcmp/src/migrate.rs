@@ -170,6 +170,7 @@ impl Endpoint {
                 store_pending: true,
             };
         }
+        self.rearm(flow);
         self.send_step(ctx, flow);
     }
 
@@ -260,6 +261,7 @@ impl Endpoint {
         m.phase = Phase::Parked;
         m.deadline = ctx.now.plus(wait);
         let step = m.steps.get(m.idx).map(|s| s.step);
+        self.rearm(flow);
         if let Some(step) = step {
             self.emit(Event::Parked { flow: *flow, step });
         }
@@ -270,6 +272,7 @@ impl Endpoint {
             c.mig = None;
             c.role = RoleState::default();
         }
+        self.rearm(flow);
         self.stats.count(Counter::MigrationAborted);
         tracing::warn!(?flow, %reason, "VCMP migration aborted");
         self.emit(Event::MigrationAborted {
@@ -296,6 +299,7 @@ impl Endpoint {
         // datapath holds them would reach its application as a stranger's.
         let through_nat = c.peer_named.is_some_and(|n| n.local != flow.local);
         let wait = peer_stayed && (flow.proto == Proto::Tcp || through_nat);
+        self.rearm(flow);
         self.stats.count(Counter::MigrationCompleted);
         self.emit(Event::Resumed {
             flow: *flow,
@@ -330,6 +334,7 @@ impl Endpoint {
         m.phase = Phase::Updating(target);
         m.tries = 1;
         m.deadline = ctx.now.plus(rto);
+        self.rearm(flow);
         if !already_sent {
             self.send_record(ctx, flow, Kind::Upd, Ext::None, target);
         }
@@ -338,16 +343,13 @@ impl Endpoint {
 
     pub(crate) fn migration_timeouts(&mut self, ctx: &mut Ctx) {
         let now = ctx.now;
-        let due: Vec<VirtualFlow> = self
-            .conns
-            .values()
-            .filter(|c| c.mig.as_ref().is_some_and(|m| m.deadline <= now))
-            .map(|c| c.flow)
-            .collect();
-        for f in due {
+        for f in self.conn_timers.due(now) {
             let Some(m) = self.conns.get(&f).and_then(|c| c.mig.as_ref()) else {
                 continue;
             };
+            if m.deadline > now {
+                continue;
+            }
             let (phase, tries, round, store_ok) = (m.phase, m.tries, m.round, m.store_ok);
             match phase {
                 Phase::Parked => {
@@ -372,6 +374,7 @@ impl Endpoint {
                         m.tries += 1;
                         m.deadline = d;
                     }
+                    self.rearm(&f);
                     self.stats.count(Counter::Retransmit);
                     match phase {
                         Phase::Updating(target) => {

@@ -167,6 +167,7 @@ impl Endpoint {
             Kind::Switched => self.on_switched(&flow),
             _ => Err(Reject::UnexpectedKind),
         };
+        self.rearm(&flow);
         match res {
             Ok(()) => {
                 if let Some(c) = self.conns.get_mut(&flow) {

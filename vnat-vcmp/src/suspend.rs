@@ -44,19 +44,22 @@ impl Endpoint {
         if let Some(p) = eph_pub {
             self.send_record(ctx, flow, Kind::KeyX, Ext::Key(p), dst);
         }
+        self.rearm(flow);
     }
 
     pub(crate) fn role_and_key_timeouts(&mut self, ctx: &mut Ctx) {
         let now = ctx.now;
         let max = self.cfg.max_tries;
         let due: Vec<VirtualFlow> = self
-            .conns
-            .values()
-            .filter(|c| {
-                c.claim_retry.is_some_and(|(_, d)| d <= now)
-                    || c.keyx.as_ref().is_some_and(|k| k.deadline <= now)
+            .conn_timers
+            .due(now)
+            .into_iter()
+            .filter(|f| {
+                self.conns.get(f).is_some_and(|c| {
+                    c.claim_retry.is_some_and(|(_, d)| d <= now)
+                        || c.keyx.as_ref().is_some_and(|k| k.deadline <= now)
+                })
             })
-            .map(|c| c.flow)
             .collect();
         for f in due {
             let Some(dst) = self.conns.get(&f).map(|c| self.vcmp_addr(c)) else {
@@ -107,6 +110,7 @@ impl Endpoint {
                 self.send_record(ctx, &f, Kind::KeyX, Ext::Key(p), dst);
                 self.stats.count(Counter::Retransmit);
             }
+            self.rearm(&f);
         }
     }
 
