@@ -100,6 +100,27 @@ impl Ephemeral {
     }
 }
 
+/// A 32-byte key as 64 lowercase hex digits (`vnatctl peers`, exports,
+/// `peers.json`).
+pub fn key_hex(k: &[u8; 32]) -> String {
+    k.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The key written as 64 hex digits (either case), nothing else: no sign,
+/// no prefix, no spaces.
+pub fn parse_key_hex(s: &str) -> Option<[u8; 32]> {
+    let b = s.as_bytes();
+    if b.len() != 64 {
+        return None;
+    }
+    let digit = |c: u8| (c as char).to_digit(16);
+    let mut out = [0u8; 32];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = (digit(b[2 * i])? * 16 + digit(b[2 * i + 1])?) as u8;
+    }
+    Some(out)
+}
+
 /// Tag of one record: HMAC-SHA256 truncated to 128 bits.
 pub fn record_tag(key: &SecretKey, signed: &[u8]) -> [u8; TAG_LEN] {
     let mut out = [0u8; TAG_LEN];

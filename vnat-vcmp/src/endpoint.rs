@@ -150,10 +150,6 @@ pub struct Endpoint {
     pub(crate) requests: HashMap<u32, super::migrate::Request>,
     pub(crate) store: LocationStore,
     pub(crate) next_store_expiry: Timestamp,
-    /// Bumped whenever a peer announces an address still to be validated
-    /// (a connection's `pending_remote` is set): lets the driver skip its
-    /// scan for receive sides to prepare when nothing changed.
-    pub(crate) pending_epoch: u64,
     /// Each connection's next deadline, in order (`timers.rs`).
     pub(crate) conn_timers: super::timers::ConnTimers,
     pub(crate) tx: TxQueue,
@@ -279,7 +275,6 @@ impl Endpoint {
             awaiting: HashMap::new(),
             requests: HashMap::new(),
             next_store_expiry: Timestamp(0),
-            pending_epoch: 0,
             conn_timers: Default::default(),
             events: VecDeque::new(),
             stats: Stats::default(),
@@ -327,11 +322,6 @@ impl Endpoint {
         })
     }
 
-    /// Changes whenever some connection's `pending_remote` was set.
-    pub fn pending_epoch(&self) -> u64 {
-        self.pending_epoch
-    }
-
     pub fn connections(&self) -> impl Iterator<Item = &VirtualFlow> {
         self.conns.keys()
     }
@@ -342,7 +332,10 @@ impl Endpoint {
     }
 
     pub(crate) fn emit(&mut self, e: Event) {
-        if self.events.len() >= self.cfg.max_events {
+        // A receive side that is never prepared costs a connection; these
+        // come only from authenticated updates, at most one per record.
+        let needed = matches!(e, Event::PrepareReceive { .. });
+        if self.events.len() >= self.cfg.max_events && !needed {
             self.stats.reject(Reject::EventQueueFull);
             return;
         }

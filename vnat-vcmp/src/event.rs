@@ -28,6 +28,18 @@ pub enum Event {
         flow: VirtualFlow,
         remote: SocketAddr,
     },
+    /// A peer announced, in an authenticated update, that `flow`'s remote
+    /// end is now at `remote`, which is still being validated: make the
+    /// receive side ready for packets from there to our physical `local`
+    /// now (only sending waits for validation), before anything the core
+    /// queued with this event leaves, since that may let the peer send.
+    /// Emitted again with our new `local` if our own end moves meanwhile.
+    /// Never dropped for a full event queue.
+    PrepareReceive {
+        flow: VirtualFlow,
+        local: SocketAddr,
+        remote: SocketAddr,
+    },
     /// Path validation of `attempted` failed; `flow` stays at (or returns
     /// to) the last validated endpoint `remote`.
     Reverted {

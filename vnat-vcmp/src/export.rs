@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
 
 use super::binding::Binding;
-use super::crypto::{ConnKeys, SecretKey};
+use super::crypto::{key_hex, parse_key_hex, ConnKeys, SecretKey};
 use super::endpoint::{Conn, Endpoint, EndpointError};
 use super::replay::ReplayWindow;
 use super::roles::RoleState;
@@ -84,23 +84,6 @@ impl std::fmt::Debug for ConnectionExport {
     }
 }
 
-fn hex(b: &[u8; 32]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Option<[u8; 32]> {
-    let b = s.as_bytes();
-    if b.len() != 64 {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (i, o) in out.iter_mut().enumerate() {
-        let d = |c: u8| (c as char).to_digit(16);
-        *o = (d(b[2 * i])? * 16 + d(b[2 * i + 1])?) as u8;
-    }
-    Some(out)
-}
-
 impl Endpoint {
     /// Hand the connection over: returns its state and forgets it here.
     pub fn export_connection(
@@ -117,8 +100,8 @@ impl Endpoint {
             flow: *flow,
             local_phys: c.local_phys,
             remote_phys: c.remote_phys,
-            peer_key: c.peer_key.as_ref().map(hex),
-            root_key: HexKey(hex(keys.root.expose())),
+            peer_key: c.peer_key.as_ref().map(key_hex),
+            root_key: HexKey(key_hex(keys.root.expose())),
             send_seq: c.send_seq,
             replay: c.replay,
             binding_seq: c.binding_seq,
@@ -127,12 +110,15 @@ impl Endpoint {
             tcp_isns: c.binding.tcp_isns(),
             udp_ends: c.binding.ends().filter(|e| *e != [flow.local, flow.remote]),
             peer_named: c.peer_named.filter(|n| n != flow),
-            prev_root_key: c.prev_keys.as_ref().map(|k| HexKey(hex(k.root.expose()))),
+            prev_root_key: c
+                .prev_keys
+                .as_ref()
+                .map(|k| HexKey(key_hex(k.root.expose()))),
             send_prev: c.send_prev && c.prev_keys.is_some(),
             keyx_answer: c
                 .keyx_answer
                 .filter(|_| c.prev_keys.is_some())
-                .map(|(peer, ours)| (hex(&peer), hex(&ours), c.keyx_answer_seq)),
+                .map(|(peer, ours)| (key_hex(&peer), key_hex(&ours), c.keyx_answer_seq)),
         };
         self.index_connection(flow, false);
         self.drop_alias(flow);
@@ -148,9 +134,9 @@ impl Endpoint {
         if e.version != EXPORT_VERSION {
             return Err(EndpointError::ExportVersion(e.version));
         }
-        let root = Zeroizing::new(unhex(&e.root_key.0).ok_or(EndpointError::ExportKey)?);
+        let root = Zeroizing::new(parse_key_hex(&e.root_key.0).ok_or(EndpointError::ExportKey)?);
         let peer_key = match &e.peer_key {
-            Some(k) => Some(unhex(k).ok_or(EndpointError::ExportKey)?),
+            Some(k) => Some(parse_key_hex(k).ok_or(EndpointError::ExportKey)?),
             None => None,
         };
         if self.conns.contains_key(&e.flow) {
@@ -172,7 +158,7 @@ impl Endpoint {
             &binding,
         ));
         if let Some(prev) = &e.prev_root_key {
-            let prev = Zeroizing::new(unhex(&prev.0).ok_or(EndpointError::ExportKey)?);
+            let prev = Zeroizing::new(parse_key_hex(&prev.0).ok_or(EndpointError::ExportKey)?);
             c.prev_keys = Some(ConnKeys::from_root(
                 SecretKey::from_bytes(*prev),
                 &e.flow,
@@ -180,8 +166,8 @@ impl Endpoint {
             ));
             c.send_prev = e.send_prev;
             if let Some((peer, ours, seq)) = &e.keyx_answer {
-                let peer = unhex(peer).ok_or(EndpointError::ExportKey)?;
-                let ours = unhex(ours).ok_or(EndpointError::ExportKey)?;
+                let peer = parse_key_hex(peer).ok_or(EndpointError::ExportKey)?;
+                let ours = parse_key_hex(ours).ok_or(EndpointError::ExportKey)?;
                 c.keyx_answer = Some((peer, ours));
                 c.keyx_answer_seq = *seq;
             }

@@ -125,6 +125,7 @@ impl Endpoint {
         let peer_old = c.remote_phys.ip();
         c.local_phys = new_local;
         c.claim_retry = None;
+        let prepared_for = c.pending_remote.map(|(p, _)| p);
         let steps = location::chain(c.role.effective(), peer_old, own_old, &servers, port);
         c.mig = Some(Migration {
             steps,
@@ -139,6 +140,15 @@ impl Endpoint {
             peer_at_start: c.remote_phys,
         });
         self.tx.trusted.insert(own_old);
+        // A receive side prepared for the peer's announced address was for
+        // our old end: it is needed again for the new one.
+        if let Some(remote) = prepared_for {
+            self.emit(Event::PrepareReceive {
+                flow: *flow,
+                local: new_local,
+                remote,
+            });
+        }
         // A validation of the peer's new address that started before this
         // move (the peer moved first and its update reached us here) gets
         // its RESPONSE at our old address, where it is lost: challenge

@@ -135,9 +135,14 @@ impl Endpoint {
             return;
         }
         c.pending_remote = Some((addr, seq));
-        self.pending_epoch += 1;
+        let local = c.local_phys;
         let group = c.peer_key.map_or(Group::Conn(*flow), Group::Host);
         let key = (addr.ip(), group);
+        self.emit(Event::PrepareReceive {
+            flow: *flow,
+            local,
+            remote: addr,
+        });
         if let Some(v) = self.validations.get_mut(&key) {
             v.flows.insert(*flow);
             return;

@@ -8,9 +8,8 @@ use std::{
 
 use serde_json::Value;
 use vnat_daemon::{
-    control::{share, ControlListener, DaemonInfo, Handler},
-    daemon::driver::Command as DriverCommand,
-    datapath::{fake::FakeDatapath, Datapath, Proto, Translation, VirtualFlow},
+    control::{Command as DriverCommand, ControlListener, DaemonInfo, Handler},
+    datapath::{fake::FakeDatapath, owner, Datapath, Proto, Translation, VirtualFlow},
 };
 
 /// A control server on a temp socket, stopped (and its socket removed) on drop.
@@ -70,7 +69,7 @@ impl Daemon {
             let _enter = runtime.enter();
             ControlListener::bind(&socket).expect("bind the control socket")
         };
-        let mut handler = Handler::new(share(Box::new(dp)), info);
+        let mut handler = Handler::new(owner::spawn(Box::new(dp)).expect("datapath thread"), info);
         if driver {
             let (tx, rx) = tokio::sync::mpsc::channel(4);
             runtime.spawn(fake_driver(rx));
@@ -129,7 +128,7 @@ async fn fake_driver(mut rx: tokio::sync::mpsc::Receiver<DriverCommand>) {
                 let _ = reply.send(Ok(flows.len()));
             }
             DriverCommand::Resume { reply } => {
-                let _ = reply.send(Ok(0));
+                let _ = reply.send(0);
             }
             DriverCommand::Counters { reply } => {
                 let mut c = vnat_daemon::control::VcmpCounters::default();
@@ -428,12 +427,13 @@ fn usage_errors_and_version() {
 
 #[test]
 fn changes_by_other_holders_of_the_datapath_show_in_the_next_call() {
-    // The datapath trait object is shared: a change made by another holder
-    // (later: the VCMP driver) is visible to the next vnatctl call.
+    // The datapath has one owner that runs everybody's commands: a change
+    // made through another handle (the VCMP driver's) is visible to the
+    // next vnatctl call.
     let dir = tempfile::tempdir().expect("temp dir");
     let socket = dir.path().join("vnatd.sock");
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    let shared = share(Box::new(FakeDatapath::new()));
+    let shared = owner::spawn(Box::new(FakeDatapath::new())).expect("datapath thread");
     let listener = {
         let _enter = runtime.enter();
         ControlListener::bind(&socket).expect("bind")
@@ -453,9 +453,8 @@ fn changes_by_other_holders_of_the_datapath_show_in_the_next_call() {
         serde_json::json!([])
     );
     shared
-        .lock()
-        .expect("lock")
-        .enable_cgroup(Path::new("/sys/fs/cgroup/unified/x"))
+        .run_blocking(|dp| dp.enable_cgroup(Path::new("/sys/fs/cgroup/unified/x")))
+        .expect("datapath owner")
         .expect("fake enable");
     let v = json(&vnatctl(&socket, &["--json", "status"]));
     assert_eq!(

@@ -10,7 +10,7 @@
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex, MutexGuard},
+    sync::Arc,
     time::Instant,
 };
 
@@ -18,6 +18,7 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 
 use super::{
+    command::{Command, CommandSender},
     proto::{
         require_absolute, DaemonInfo, ErrorBody, ErrorKind, ImportedConnection, ListedConnection,
         Mobility, Outcome, Reply, Request, RequestEnvelope, ResponseEnvelope, ResumeReply,
@@ -25,29 +26,25 @@ use super::{
     },
     transfer::{ExportDocument, TransferError},
 };
-use crate::{
-    daemon::driver::{Command, CommandSender},
-    datapath::{ConnectionInfo, Datapath, DatapathError, VirtualFlow},
+use crate::datapath::{
+    owner::{DatapathGone, DatapathHandle},
+    ConnectionInfo, DatapathError, DatapathStatus, VirtualFlow,
 };
 
-/// The datapath as the daemon shares it between the control API, the VCMP
-/// driver (`daemon::driver`) and the periodic housekeeping. A std mutex is
-/// enough: every datapath call is synchronous and made from a blocking
-/// thread, never an async task. The server holds the lock for one request's
-/// calls; the driver holds it for one batch (`with_dp`: `begin_batch`, the
-/// calls of one loop turn, `end_batch`), so nothing else touches the
-/// datapath in the middle of a batch.
-pub type SharedDatapath = Arc<Mutex<Box<dyn Datapath + Send>>>;
-
-/// Wrap a datapath for sharing.
-pub fn share(datapath: Box<dyn Datapath + Send>) -> SharedDatapath {
-    Arc::new(Mutex::new(datapath))
+/// What a datapath request did, before it becomes a [`Reply`].
+enum Done {
+    Status(DatapathStatus),
+    Connections(Vec<ConnectionInfo>),
+    Enabled(PathBuf),
+    Disabled(PathBuf),
+    Misrouted,
 }
 
 /// Answers requests. Cheap to clone: one per connection.
 #[derive(Clone)]
 pub struct Handler {
-    datapath: SharedDatapath,
+    /// The datapath's owner, which runs what the requests ask of it.
+    datapath: DatapathHandle,
     /// `uptime_secs` is filled in at each status request.
     info: Arc<std::sync::RwLock<DaemonInfo>>,
     started: Instant,
@@ -57,7 +54,7 @@ pub struct Handler {
 }
 
 impl Handler {
-    pub fn new(datapath: SharedDatapath, info: DaemonInfo) -> Self {
+    pub fn new(datapath: DatapathHandle, info: DaemonInfo) -> Self {
         Self {
             datapath,
             info: Arc::new(std::sync::RwLock::new(info)),
@@ -108,8 +105,7 @@ impl Handler {
             Request::ForgetPeer { key } => self.forget_peer(key),
             Request::Import { state } => self.import(state),
         };
-        // The VCMP counters come from the driver, asked after the datapath
-        // lock is released (the driver takes that lock too).
+        // The VCMP counters come from the driver.
         let result = match result {
             Ok(Reply::Status(mut st)) => {
                 st.vcmp = self.ask(|reply| Command::Counters { reply }).ok();
@@ -123,63 +119,67 @@ impl Handler {
         }
     }
 
-    fn lock(&self) -> Result<MutexGuard<'_, Box<dyn Datapath + Send>>, RequestError> {
-        // A poisoned lock means a datapath call panicked while holding it;
-        // its state is unknown, so refuse rather than act on it.
-        self.datapath.lock().map_err(|_| RequestError::Poisoned)
-    }
-
     fn datapath_request(&self, request: &Request) -> Result<Reply, RequestError> {
         if let Request::EnableCgroup { path } | Request::DisableCgroup { path } = request {
-            // Checked before taking the lock: bad input never reaches the datapath.
+            // Checked before the datapath sees it: bad input never reaches it.
             require_absolute(path).map_err(RequestError::InvalidArgument)?;
         }
-        let result = {
-            let mut datapath = self.lock()?;
-            match request {
-                Request::Status => datapath.status().map(|datapath| {
-                    let mut daemon = match self.info.read() {
-                        Ok(i) => i.clone(),
-                        Err(poisoned) => poisoned.into_inner().clone(),
-                    };
-                    daemon.uptime_secs = self.started.elapsed().as_secs();
-                    Reply::Status(Box::new(StatusReply {
-                        daemon,
-                        datapath,
-                        vcmp: None,
-                    }))
-                }),
-                Request::List => datapath
-                    .connections()
-                    .map(|connections| Reply::Connections {
-                        connections: connections
-                            .into_iter()
-                            .map(|info| ListedConnection {
-                                info,
-                                mobile: false,
-                                seen_by_peer_as: None,
-                                why_not_mobile: None,
-                            })
-                            .collect(),
-                    }),
-                Request::EnableCgroup { path } => datapath
-                    .enable_cgroup(path)
-                    .map(|()| Reply::CgroupEnabled { path: path.clone() }),
-                Request::DisableCgroup { path } => datapath
-                    .disable_cgroup(path)
-                    .map(|()| Reply::CgroupDisabled { path: path.clone() }),
-                _ => return Err(RequestError::Misrouted),
-            }
-            // The datapath lock is released here, before the driver is asked
-            // anything: the driver takes the same lock while it works, so
-            // waiting for it with the lock held could deadlock.
-        };
+        let req = request.clone();
+        let result = self
+            .datapath
+            .run_blocking(move |dp| match req {
+                Request::Status => dp.status().map(Done::Status),
+                Request::List => dp.connections().map(Done::Connections),
+                Request::EnableCgroup { path } => {
+                    dp.enable_cgroup(&path).map(|()| Done::Enabled(path))
+                }
+                Request::DisableCgroup { path } => {
+                    dp.disable_cgroup(&path).map(|()| Done::Disabled(path))
+                }
+                _ => Ok(Done::Misrouted),
+            })
+            .map_err(|DatapathGone| RequestError::DatapathGone)?;
         log_change(request, result.as_ref().err());
-        let mut reply = result.map_err(RequestError::Datapath)?;
+        let mut reply = match result.map_err(RequestError::Datapath)? {
+            Done::Status(datapath) => {
+                let mut daemon = match self.info.read() {
+                    Ok(i) => i.clone(),
+                    Err(poisoned) => poisoned.into_inner().clone(),
+                };
+                daemon.uptime_secs = self.started.elapsed().as_secs();
+                Reply::Status(Box::new(StatusReply {
+                    daemon,
+                    datapath,
+                    vcmp: None,
+                }))
+            }
+            Done::Connections(connections) => Reply::Connections {
+                connections: connections
+                    .into_iter()
+                    .map(|info| ListedConnection {
+                        info,
+                        mobile: false,
+                        seen_by_peer_as: None,
+                        why_not_mobile: None,
+                    })
+                    .collect(),
+            },
+            Done::Enabled(path) => Reply::CgroupEnabled { path },
+            Done::Disabled(path) => Reply::CgroupDisabled { path },
+            Done::Misrouted => return Err(RequestError::Misrouted),
+        };
         if let Reply::Connections { connections } = &mut reply {
             self.mark_mobile(connections);
         }
         Ok(reply)
+    }
+
+    /// The datapath's connection records.
+    fn connections(&self) -> Result<Vec<ConnectionInfo>, RequestError> {
+        self.datapath
+            .run_blocking(|dp| dp.connections())
+            .map_err(|DatapathGone| RequestError::DatapathGone)?
+            .map_err(RequestError::Datapath)
     }
 
     /// Fill in `mobile` from VCMP. `list` must work without VCMP too (the
@@ -222,7 +222,7 @@ impl Handler {
             return Err(RequestError::NoDriver);
         }
         let selected = {
-            let connections = self.lock()?.connections().map_err(RequestError::Datapath)?;
+            let connections = self.connections()?;
             let mount = if matches!(selector, Selector::Cgroup(_)) {
                 crate::mounts::cgroup2_mount()
             } else {
@@ -246,14 +246,12 @@ impl Handler {
                     flows: mobile,
                     reply,
                 })?
-                .map_err(RequestError::Refused)?;
+                .map_err(|e| RequestError::Refused(e.to_string()))?;
                 tracing::info!(connections = ?suspended, "control: suspend (planned move)");
                 Ok(Reply::Suspended(SuspendReply { suspended, skipped }))
             }
             Request::Resume { .. } => {
-                let moves_started = self
-                    .ask(|reply| Command::Resume { reply })?
-                    .map_err(RequestError::Refused)?;
+                let moves_started = self.ask(|reply| Command::Resume { reply })?;
                 tracing::info!(selected = ?ids, moves_started, "control: resume");
                 Ok(Reply::Resumed(ResumeReply {
                     selected: ids,
@@ -274,14 +272,14 @@ impl Handler {
 
     fn forget_peer(&self, key: &str) -> Result<Reply, RequestError> {
         // Checked before the driver is involved: bad input changes nothing.
-        let bytes = crate::daemon::identity::parse_key_hex(key.trim()).ok_or_else(|| {
+        let bytes = crate::vcmp::crypto::parse_key_hex(key.trim()).ok_or_else(|| {
             RequestError::InvalidArgument(format!(
                 "{key:?} is not a host key: give the 64 hex digits `vnatctl peers` shows"
             ))
         })?;
         match self.ask(|reply| Command::ForgetPeer { key: bytes, reply })? {
             Some(connections) => Ok(Reply::PeerForgotten {
-                key: crate::daemon::identity::key_hex(&bytes),
+                key: crate::vcmp::crypto::key_hex(&bytes),
                 connections,
             }),
             None => Err(RequestError::UnknownPeer(key.trim().to_string())),
@@ -487,8 +485,8 @@ enum RequestError {
     NoDriver,
     #[error("vnatd's VCMP driver has stopped; see vnatd's log (journalctl -u vnatd) and restart vnatd (translation continues meanwhile)")]
     DriverStopped,
-    #[error("an earlier datapath operation crashed inside vnatd; restart vnatd (translation continues meanwhile)")]
-    Poisoned,
+    #[error("{}", DatapathGone)]
+    DatapathGone,
     #[error("vnatd routed a request to the wrong handler; this is a bug, please report it")]
     Misrouted,
 }
@@ -512,7 +510,7 @@ impl RequestError {
             | RequestError::Refused(_)
             | RequestError::Transfer(_) => ErrorKind::Mobility,
             RequestError::NoDriver | RequestError::DriverStopped => ErrorKind::Unavailable,
-            RequestError::Poisoned | RequestError::Misrouted => ErrorKind::Internal,
+            RequestError::DatapathGone | RequestError::Misrouted => ErrorKind::Internal,
         }
     }
 }

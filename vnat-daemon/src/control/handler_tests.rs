@@ -19,8 +19,7 @@ use super::{
 };
 use crate::{
     control::PeerInfo,
-    daemon::driver::Command,
-    datapath::{fake::FakeDatapath, ConnState, ConnectionInfo, Proto, VirtualFlow},
+    datapath::{fake::FakeDatapath, owner::spawn, ConnState, ConnectionInfo, Proto, VirtualFlow},
     vcmp::{export::ConnectionExport, export::HexKey, replay::ReplayWindow, roles::RoleState},
 };
 
@@ -120,7 +119,7 @@ impl FakeDriver {
                     }
                     Command::Resume { reply } => {
                         seen.push("resume".into());
-                        let _ = reply.send(Ok(1));
+                        let _ = reply.send(1);
                     }
                     Command::Counters { reply } => {
                         seen.push("counters".into());
@@ -322,7 +321,7 @@ fn selectors_that_match_nothing_are_errors_naming_the_selector() {
 #[test]
 fn list_marks_the_connections_vcmp_can_move() {
     let (driver, tx) = FakeDriver::start();
-    let h = Handler::new(share(Box::new(datapath())), info()).with_driver(tx);
+    let h = Handler::new(spawn(Box::new(datapath())).unwrap(), info()).with_driver(tx);
     let Reply::Connections { connections } = ok(h.handle(&Request::List)) else {
         panic!("list answered something else")
     };
@@ -339,7 +338,7 @@ fn list_marks_the_connections_vcmp_can_move() {
 #[test]
 fn suspend_moves_only_mobile_connections_and_says_why_not_the_others() {
     let (driver, tx) = FakeDriver::start();
-    let h = Handler::new(share(Box::new(datapath())), info()).with_driver(tx);
+    let h = Handler::new(spawn(Box::new(datapath())).unwrap(), info()).with_driver(tx);
     let [a, b, c] = flows();
     let reply = ok(h.handle(&Request::Suspend {
         selector: Selector::All,
@@ -371,7 +370,7 @@ fn suspend_moves_only_mobile_connections_and_says_why_not_the_others() {
 #[test]
 fn a_bad_selector_changes_nothing_and_never_reaches_the_driver() {
     let (driver, tx) = FakeDriver::start();
-    let h = Handler::new(share(Box::new(datapath())), info()).with_driver(tx);
+    let h = Handler::new(spawn(Box::new(datapath())).unwrap(), info()).with_driver(tx);
     for request in [
         Request::Suspend {
             selector: Selector::Pid(999),
@@ -397,7 +396,7 @@ fn a_bad_selector_changes_nothing_and_never_reaches_the_driver() {
 #[test]
 fn resume_peers_export_and_import_go_to_the_driver() {
     let (driver, tx) = FakeDriver::start();
-    let h = Handler::new(share(Box::new(datapath())), info()).with_driver(tx);
+    let h = Handler::new(spawn(Box::new(datapath())).unwrap(), info()).with_driver(tx);
     let [a, b, _] = flows();
 
     let reply = ok(h.handle(&Request::Resume {
@@ -445,7 +444,7 @@ fn resume_peers_export_and_import_go_to_the_driver() {
 #[test]
 fn a_bad_import_is_refused_before_the_driver() {
     let (driver, tx) = FakeDriver::start();
-    let h = Handler::new(share(Box::new(datapath())), info()).with_driver(tx);
+    let h = Handler::new(spawn(Box::new(datapath())).unwrap(), info()).with_driver(tx);
     let [a, _, _] = flows();
     let mut wrong_version = document(&[a]);
     wrong_version.vnat_export = 2;
@@ -501,7 +500,7 @@ fn import_request_wire_shape_round_trips() {
         line.starts_with(r#"{"version":1,"request":{"type":"import","state":{"vnat_export":1,"connections":[{"id":"#),
         "{line}"
     );
-    let h = Handler::new(share(Box::new(datapath())), info());
+    let h = Handler::new(spawn(Box::new(datapath())).unwrap(), info());
     // Parsed fully (without a driver it then stops at "unavailable").
     let e = err(h.handle_line(line.as_bytes()));
     assert_eq!(e.kind, ErrorKind::Unavailable, "{}", e.message);
@@ -517,7 +516,7 @@ fn import_request_wire_shape_round_trips() {
 
 #[test]
 fn without_a_driver_mobility_requests_fail_with_one_sentence_and_list_works() {
-    let h = Handler::new(share(Box::new(datapath())), info());
+    let h = Handler::new(spawn(Box::new(datapath())).unwrap(), info());
     let [a, _, _] = flows();
     for request in [
         Request::Suspend {
@@ -553,7 +552,7 @@ fn without_a_driver_mobility_requests_fail_with_one_sentence_and_list_works() {
 fn a_stopped_driver_is_reported_and_list_still_works() {
     let (tx, rx) = mpsc::channel::<Command>(1);
     drop(rx);
-    let h = Handler::new(share(Box::new(datapath())), info()).with_driver(tx);
+    let h = Handler::new(spawn(Box::new(datapath())).unwrap(), info()).with_driver(tx);
     let e = err(h.handle(&Request::Peers));
     assert_eq!(e.kind, ErrorKind::Unavailable);
     assert!(e.message.contains("has stopped"), "{}", e.message);
@@ -566,7 +565,7 @@ fn a_stopped_driver_is_reported_and_list_still_works() {
 #[test]
 fn forget_peer_checks_the_key_before_the_driver_and_reports_what_it_freed() {
     let (driver, tx) = FakeDriver::start();
-    let h = Handler::new(share(Box::new(datapath())), info()).with_driver(tx);
+    let h = Handler::new(spawn(Box::new(datapath())).unwrap(), info()).with_driver(tx);
     let v = serde_json::to_value(h.handle(&Request::ForgetPeer {
         key: "ab".repeat(32),
     }))

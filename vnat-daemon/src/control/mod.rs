@@ -8,6 +8,7 @@
 //! [`client::ControlClient`] is the other end.
 
 pub mod client;
+pub mod command;
 pub mod handler;
 mod lines;
 pub mod proto;
@@ -20,7 +21,8 @@ mod handler_tests;
 mod tests;
 
 pub use client::{ClientError, ControlClient};
-pub use handler::{share, Handler, SharedDatapath};
+pub use command::{Command, CommandSender};
+pub use handler::Handler;
 pub use proto::*;
 pub use server::{ControlListener, ServerError};
 pub use transfer::{ExportDocument, ExportedConnection, TransferError, EXPORT_FORMAT};

@@ -15,7 +15,9 @@ use tokio::{
 };
 
 use super::*;
-use crate::datapath::{fake::FakeDatapath, ConnState, Datapath, Proto, Translation, VirtualFlow};
+use crate::datapath::{
+    fake::FakeDatapath, owner::spawn, ConnState, Datapath, Proto, Translation, VirtualFlow,
+};
 
 /// A unique directory under the temp dir, removed on drop.
 pub(crate) struct TempDir(PathBuf);
@@ -69,7 +71,7 @@ impl Running {
     async fn start(path: &Path, datapath: FakeDatapath) -> Running {
         let listener =
             ControlListener::bind(path).unwrap_or_else(|e| panic!("bind {}: {e}", path.display()));
-        let handler = Handler::new(share(Box::new(datapath)), info(path));
+        let handler = Handler::new(spawn(Box::new(datapath)).unwrap(), info(path));
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(listener.serve(handler, async move {
             let _ = stopped.await;

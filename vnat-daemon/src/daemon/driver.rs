@@ -18,10 +18,7 @@ use std::{
 };
 
 use rand_core::OsRng;
-use tokio::{
-    net::UdpSocket,
-    sync::{mpsc, oneshot},
-};
+use tokio::{net::UdpSocket, sync::mpsc};
 
 mod control;
 mod moves;
@@ -33,11 +30,8 @@ use super::{
     mover::{Mover, Step, Switch, HOLD_LIMIT},
 };
 use crate::{
-    control::{
-        transfer::{self, ExportDocument, ExportedConnection, ImportOutcome, TransferError},
-        SharedDatapath,
-    },
-    datapath::{Datapath, DatapathError, Translation, VirtualFlow},
+    control::transfer::{self, ExportDocument, ExportedConnection, ImportOutcome, TransferError},
+    datapath::{owner::DatapathHandle, Datapath, DatapathError, Translation, VirtualFlow},
     vcmp::{self, crypto::HostIdentity, Endpoint, Event, Timestamp},
 };
 
@@ -87,59 +81,7 @@ pub enum DriverError {
     State(#[from] StateError),
 }
 
-pub use crate::control::PeerInfo;
-
-/// Requests from the control API.
-pub enum Command {
-    /// Planned suspend (paper 3.3.1): settle roles and keys for these flows.
-    Suspend {
-        flows: Vec<VirtualFlow>,
-        reply: oneshot::Sender<Result<usize, String>>,
-    },
-    /// Re-read addresses and connections now and move what needs moving.
-    Resume {
-        reply: oneshot::Sender<Result<usize, String>>,
-    },
-    Peers {
-        reply: oneshot::Sender<Vec<PeerInfo>>,
-    },
-    /// A reloaded configuration (SIGHUP): the settings the driver uses.
-    Reconfigure {
-        location_servers: Vec<SocketAddr>,
-        keepalive_secs: u32,
-        standby_tc: bool,
-        reply: oneshot::Sender<()>,
-    },
-    /// Forget a host key: its session, the stored key, and the binding of
-    /// its connections (`vnatctl peers forget`). Replies with how many
-    /// connections it held, `None` if the key is unknown.
-    ForgetPeer {
-        key: [u8; 32],
-        reply: oneshot::Sender<Option<usize>>,
-    },
-    /// Which tracked flows can move (have keys).
-    Mobility {
-        reply: oneshot::Sender<HashMap<VirtualFlow, crate::control::Mobility>>,
-    },
-    /// The protocol core's counters (`vnatctl status`).
-    Counters {
-        reply: oneshot::Sender<crate::control::VcmpCounters>,
-    },
-    /// Hand these flows' VCMP state over (keys included) and forget them
-    /// here; all of them or none.
-    Export {
-        flows: Vec<VirtualFlow>,
-        reply: oneshot::Sender<Result<ExportDocument, TransferError>>,
-    },
-    /// Take over exported flows (all or none), then move those whose local
-    /// end now lives at another address, as automatic mode does.
-    Import {
-        state: ExportDocument,
-        reply: oneshot::Sender<Result<Vec<ImportOutcome>, TransferError>>,
-    },
-}
-
-pub type CommandSender = mpsc::Sender<Command>;
+pub use crate::control::{Command, CommandSender, PeerInfo};
 
 /// CLOCK_BOOTTIME: keeps counting while a laptop sleeps (STYLE.md).
 pub fn now() -> Timestamp {
@@ -154,29 +96,19 @@ pub fn now() -> Timestamp {
     Timestamp::from_nanos(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
 }
 
-/// Run datapath calls on a blocking thread (they may walk /proc), as one
-/// batch ([`Datapath::begin_batch`]): nothing else holds the datapath
-/// meanwhile, and the work of one loop turn has no reason to see a route
-/// lookup change under it.
+/// Run datapath calls on the datapath's owner thread (they may walk
+/// /proc), as one batch ([`Datapath::begin_batch`]): nothing else touches
+/// the datapath meanwhile, and the work of one loop turn has no reason to
+/// see a route lookup change under it. The driver cannot go on without its
+/// datapath: if the owner refuses (an earlier operation crashed), the
+/// driver task ends here, as it did when a datapath call panicked in it.
 async fn with_dp<T: Send + 'static>(
-    dp: &SharedDatapath,
+    dp: &DatapathHandle,
     f: impl FnOnce(&mut dyn Datapath) -> T + Send + 'static,
 ) -> T {
-    let dp = dp.clone();
-    let r = tokio::task::spawn_blocking(move || {
-        let mut guard = match dp.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        guard.begin_batch();
-        let r = f(guard.as_mut());
-        guard.end_batch();
-        r
-    })
-    .await;
-    match r {
+    match dp.run(f).await {
         Ok(v) => v,
-        Err(e) => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => panic!("the VCMP driver stops: {e}"),
     }
 }
 
@@ -237,7 +169,7 @@ fn to_socket_family(a: SocketAddr, dual: bool) -> SocketAddr {
 
 pub struct Driver {
     cfg: DriverConfig,
-    dp: SharedDatapath,
+    dp: DatapathHandle,
     endpoint: Endpoint,
     peers: PeerStore,
     sock: UdpSocket,
@@ -261,7 +193,7 @@ pub struct Driver {
 }
 
 impl Driver {
-    pub async fn new(cfg: DriverConfig, dp: SharedDatapath) -> Result<Driver, DriverError> {
+    pub async fn new(cfg: DriverConfig, dp: DatapathHandle) -> Result<Driver, DriverError> {
         let key = identity::load_or_create_identity(&cfg.state_dir)?;
         let peers = PeerStore::load(&cfg.state_dir)?;
         let vcfg = vcmp::Config {
@@ -316,7 +248,7 @@ impl Driver {
 
     fn with_socket(
         cfg: DriverConfig,
-        dp: SharedDatapath,
+        dp: DatapathHandle,
         endpoint: Endpoint,
         peers: PeerStore,
         sock: UdpSocket,
@@ -411,7 +343,6 @@ impl Driver {
             // Order matters: become receive-ready for a peer's announced new
             // address and apply events *before* sending what the core queued
             // (an UPD_R lets the peer start sending from its new address).
-            self.prepare_pending().await;
             self.apply_events().await;
             self.flush().await;
             // The restart levers after the flush: for the socket they only

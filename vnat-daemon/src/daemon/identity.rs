@@ -13,6 +13,9 @@ use std::{
 
 use rand_core::{OsRng, RngCore};
 
+/// Keys are written as 64 hex digits everywhere (`peers.json`, `vnatctl peers`).
+pub use crate::vcmp::crypto::{key_hex, parse_key_hex};
+
 /// Errors of the state files.
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
@@ -107,21 +110,6 @@ pub struct PeerStore {
     pub peers: BTreeMap<[u8; 32], IpAddr>,
 }
 
-fn hex(k: &[u8; 32]) -> String {
-    k.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Option<[u8; 32]> {
-    if s.len() != 64 {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = u8::from_str_radix(s.get(i * 2..i * 2 + 2)?, 16).ok()?;
-    }
-    Some(out)
-}
-
 impl PeerStore {
     /// `peers.json`: `{"<key hex>": "<address>"}`. The format of vnatd
     /// before identity by key, `{"<address>": "<key hex>"}`, is read too.
@@ -144,9 +132,9 @@ impl PeerStore {
             })?;
         let mut peers = BTreeMap::new();
         for (a, b) in raw {
-            let (key, ip) = match (unhex(&a), b.parse::<IpAddr>()) {
+            let (key, ip) = match (parse_key_hex(&a), b.parse::<IpAddr>()) {
                 (Some(k), Ok(ip)) => (k, ip),
-                _ => match (a.parse::<IpAddr>(), unhex(&b)) {
+                _ => match (a.parse::<IpAddr>(), parse_key_hex(&b)) {
                     (Ok(ip), Some(k)) => (k, ip),
                     _ => {
                         return Err(StateError::BadPeers {
@@ -184,7 +172,7 @@ impl PeerStore {
         let raw: BTreeMap<String, String> = self
             .peers
             .iter()
-            .map(|(k, ip)| (hex(k), ip.to_string()))
+            .map(|(k, ip)| (key_hex(k), ip.to_string()))
             .collect();
         let text = serde_json::to_string_pretty(&raw).map_err(|e| StateError::BadPeers {
             path: self.path.clone(),
@@ -192,16 +180,6 @@ impl PeerStore {
         })?;
         write_atomic(&self.path, text.as_bytes())
     }
-}
-
-/// A key from 64 hex digits (`vnatctl peers forget KEY`).
-pub fn parse_key_hex(s: &str) -> Option<[u8; 32]> {
-    unhex(s)
-}
-
-/// A public key as printed by `vnatctl peers`.
-pub fn key_hex(k: &[u8; 32]) -> String {
-    hex(k)
 }
 
 #[cfg(test)]

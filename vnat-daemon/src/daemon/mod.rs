@@ -22,8 +22,8 @@ use std::{
 };
 
 use crate::{
-    control::{share, ControlListener, DaemonInfo, Handler, ServerError},
-    datapath::{Datapath, DatapathError},
+    control::{ControlListener, DaemonInfo, Handler, ServerError},
+    datapath::{owner::DatapathHandle, Datapath, DatapathError},
 };
 use config::{ConfigError, LogFormat, Settings};
 
@@ -50,6 +50,8 @@ pub enum DaemonError {
     Control(#[from] ServerError),
     #[error("cannot start the datapath: {0}")]
     Datapath(#[from] DatapathError),
+    #[error("cannot start the datapath's thread: {0}")]
+    DatapathThread(io::Error),
     #[error(transparent)]
     Driver(#[from] driver::DriverError),
     #[error("cannot {what}: {source}")]
@@ -189,19 +191,16 @@ pub fn daemon_info(settings: &Settings) -> DaemonInfo {
 /// garbage collection).
 const MAINTENANCE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
 
-async fn maintain_periodically(datapath: crate::control::SharedDatapath) {
+async fn maintain_periodically(datapath: DatapathHandle) {
     let mut tick = tokio::time::interval(MAINTENANCE_INTERVAL);
     loop {
         tick.tick().await;
-        let dp = datapath.clone();
-        let r = tokio::task::spawn_blocking(move || match dp.lock() {
-            Ok(mut dp) => dp.maintain(),
-            Err(poisoned) => poisoned.into_inner().maintain(),
-        })
-        .await;
-        match r {
+        match datapath.run(|dp| dp.maintain()).await {
             Ok(Err(e)) => tracing::warn!(error = %e, "datapath housekeeping failed; retrying"),
-            Err(e) => tracing::warn!(error = %e, "datapath housekeeping task failed"),
+            Err(e) => {
+                tracing::error!(error = %e, "datapath housekeeping stopped");
+                return;
+            }
             Ok(Ok(())) => {}
         }
     }
@@ -215,7 +214,7 @@ async fn maintain_periodically(datapath: crate::control::SharedDatapath) {
 async fn apply_reloads(
     mut reloads: tokio::sync::mpsc::Receiver<Settings>,
     mut running: Settings,
-    dp: crate::control::SharedDatapath,
+    dp: DatapathHandle,
     driver: driver::CommandSender,
     info: std::sync::Arc<std::sync::RwLock<DaemonInfo>>,
 ) {
@@ -228,31 +227,25 @@ async fn apply_reloads(
             );
         }
         let (enable, disable) = (plan.enable.clone(), plan.disable.clone());
-        let dp2 = dp.clone();
-        let outcome = tokio::task::spawn_blocking(move || {
-            let Ok(mut dp) = dp2.lock() else {
-                return vec![(
-                    "lock".to_string(),
-                    Err("the datapath lock is poisoned".to_string()),
-                )];
-            };
-            let mut out = Vec::new();
-            for p in &enable {
-                out.push((
-                    format!("enable {}", p.display()),
-                    dp.enable_cgroup(p).map_err(|e| e.to_string()),
-                ));
-            }
-            for p in &disable {
-                out.push((
-                    format!("disable {}", p.display()),
-                    dp.disable_cgroup(p).map_err(|e| e.to_string()),
-                ));
-            }
-            out
-        })
-        .await
-        .unwrap_or_default();
+        let outcome = dp
+            .run(move |dp| {
+                let mut out = Vec::new();
+                for p in &enable {
+                    out.push((
+                        format!("enable {}", p.display()),
+                        dp.enable_cgroup(p).map_err(|e| e.to_string()),
+                    ));
+                }
+                for p in &disable {
+                    out.push((
+                        format!("disable {}", p.display()),
+                        dp.disable_cgroup(p).map_err(|e| e.to_string()),
+                    ));
+                }
+                out
+            })
+            .await
+            .unwrap_or_else(|e| vec![("apply the cgroups".to_string(), Err(e.to_string()))]);
         let mut cgroups_applied = true;
         for (what, r) in outcome {
             match r {
@@ -319,7 +312,7 @@ where
     let listener = ControlListener::bind(&settings.control)?;
     // On error the listener is dropped here, which removes the socket file.
     let datapath = open_datapath(settings)?;
-    let shared = share(datapath);
+    let shared = crate::datapath::owner::spawn(datapath).map_err(DaemonError::DatapathThread)?;
     let housekeeping = tokio::spawn(maintain_periodically(shared.clone()));
     let driver_cfg = driver::DriverConfig {
         listen: settings.listen,

@@ -86,10 +86,9 @@ pub struct Mover {
     /// physical endpoint, the peer's): if we move meanwhile, the pair
     /// changes and the receive side is prepared again for our new one.
     prepared: HashMap<VirtualFlow, (SocketAddr, SocketAddr)>,
-    /// The core's `pending_epoch` at the last full scan for receive sides
-    /// to prepare; `None` forces the next scan (after our own move or a
-    /// failed attempt).
-    pending_scanned: Option<u64>,
+    /// Receive sides whose preparation failed, tried again on the next
+    /// turn while the core still has their address pending.
+    retry: HashMap<VirtualFlow, Translation>,
     /// Receive sides that could not be prepared yet (warned once each).
     prepare_failed: HashSet<(VirtualFlow, SocketAddr)>,
     /// Connections translated in a mass move whose sockets get the restart
@@ -107,43 +106,52 @@ impl Mover {
         Mover::default()
     }
 
-    /// The receive sides to prepare for peers' announced addresses that
-    /// are still being validated (only sending waits for validation), given
-    /// the core's `pending_epoch` and its connections (read only when
-    /// scanning). Empty when nothing
-    /// could have changed since the last scan: a scan of every connection
-    /// per datagram would be quadratic in a move of thousands.
-    pub fn receive_sides<I: IntoIterator<Item = ConnectionView>>(
+    /// The receive sides to prepare for the peers' announced addresses
+    /// that are still being validated (only sending waits for
+    /// validation): those the core asked for in `events`
+    /// ([`Event::PrepareReceive`]) and those that failed before, each only
+    /// while the core (`view`) still has that address pending for our
+    /// current end. Reads the core's view of those connections only, never
+    /// of them all.
+    pub fn receive_sides(
         &mut self,
-        epoch: u64,
-        views: impl FnOnce() -> I,
+        events: &[Event],
+        view: impl Fn(&VirtualFlow) -> Option<ConnectionView>,
     ) -> Vec<Translation> {
-        if self.pending_scanned == Some(epoch) {
-            return Vec::new();
-        }
-        self.pending_scanned = Some(epoch);
-        let mut work = Vec::new();
-        for v in views() {
-            let Some(p) = v.pending_remote else { continue };
-            if p == v.remote_phys || self.prepared.get(&v.flow) == Some(&(v.local_phys, p)) {
-                continue;
-            }
-            if v.local_phys == v.flow.local && p == v.flow.remote {
-                // Back to its own addresses: nothing to translate.
-                self.prepared.insert(v.flow, (v.local_phys, p));
-                continue;
-            }
-            work.push(Translation {
-                flow: v.flow,
-                physical_local: v.local_phys,
-                physical_remote: p,
+        let mut asked: Vec<Translation> = std::mem::take(&mut self.retry).into_values().collect();
+        asked.extend(events.iter().filter_map(|e| match *e {
+            Event::PrepareReceive {
+                flow,
+                local,
+                remote,
+            } => Some(Translation {
+                flow,
+                physical_local: local,
+                physical_remote: remote,
+            }),
+            _ => None,
+        }));
+        let mut work: Vec<Translation> = Vec::new();
+        for t in asked {
+            let pair = (t.physical_local, t.physical_remote);
+            let current = view(&t.flow).is_some_and(|v| {
+                v.pending_remote == Some(t.physical_remote) && v.local_phys == t.physical_local
             });
+            if !current || self.prepared.get(&t.flow) == Some(&pair) || work.contains(&t) {
+                continue;
+            }
+            if t.physical_local == t.flow.local && t.physical_remote == t.flow.remote {
+                // Back to its own addresses: nothing to translate.
+                self.prepared.insert(t.flow, pair);
+                continue;
+            }
+            work.push(t);
         }
         work
     }
 
     /// How preparing `t` went. Returns whether a failure is new (to warn
-    /// about once); a failed one is tried again on the next scan, before
+    /// about once); a failed one is tried again on the next turn, before
     /// any RESPONSE lets the peer send there.
     pub fn receive_side_done(&mut self, t: &Translation, r: &Result<(), DatapathError>) -> bool {
         match r {
@@ -154,22 +162,16 @@ impl Mover {
                 false
             }
             Err(_) => {
-                self.pending_scanned = None;
+                self.retry.insert(t.flow, *t);
                 self.prepare_failed.insert((t.flow, t.physical_remote))
             }
         }
     }
 
-    /// Our end of some connections may have moved (a move started, a
-    /// suspend, resume or import): receive sides prepared for a peer's
-    /// pending address must be looked at again.
-    pub fn rescan(&mut self) {
-        self.pending_scanned = None;
-    }
-
     /// A connection went away.
     pub fn forget(&mut self, flow: &VirtualFlow) {
         self.prepared.remove(flow);
+        self.retry.remove(flow);
     }
 
     /// What `ev` asks of the datapath; `view` is the core's view of the

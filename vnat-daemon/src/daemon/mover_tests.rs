@@ -46,31 +46,68 @@ fn view(flow: VirtualFlow) -> ConnectionView {
     }
 }
 
+fn prepare(flow: VirtualFlow, local: SocketAddr, remote: SocketAddr) -> Event {
+    Event::PrepareReceive {
+        flow,
+        local,
+        remote,
+    }
+}
+
+/// The core's view of `v` only, as the driver gives it.
+fn only(v: &ConnectionView) -> impl Fn(&VirtualFlow) -> Option<ConnectionView> + '_ {
+    move |f| (*f == v.flow).then(|| v.clone())
+}
+
 #[test]
 fn a_peer_s_announced_address_gets_a_receive_side_once_and_again_after_our_move() {
     let f = tcp("10.0.0.1:40000", "10.0.0.2:443");
+    let peer_new = sa("10.9.0.2:443");
     let mut v = view(f);
-    v.pending_remote = Some(sa("10.9.0.2:443"));
+    v.pending_remote = Some(peer_new);
     let mut m = Mover::new();
     let want = Translation {
         flow: f,
         physical_local: f.local,
-        physical_remote: sa("10.9.0.2:443"),
+        physical_remote: peer_new,
     };
-    assert_eq!(m.receive_sides(1, || [v.clone()]), vec![want]);
-    // Same epoch: no scan at all (the views are not even read).
+    let ev = [prepare(f, f.local, peer_new)];
+    assert_eq!(m.receive_sides(&ev, only(&v)), vec![want]);
+    // No event: nothing to do, and no view read at all.
     assert!(m
-        .receive_sides(1, || -> Vec<ConnectionView> { panic!("scanned") })
+        .receive_sides(&[], |_| -> Option<ConnectionView> { panic!("read a view") })
         .is_empty());
     assert!(!m.receive_side_done(&want, &Ok(())));
-    // A later change elsewhere: this one is prepared already.
-    assert!(m.receive_sides(2, || [v.clone()]).is_empty());
-    // Our own end moved: the pair changed, prepare again for it.
-    m.rescan();
+    // Asked again for the same pair (a retransmitted update): prepared.
+    assert!(m.receive_sides(&ev, only(&v)).is_empty());
+    // Our own end moved: the core asks for the new pair.
     v.local_phys = sa("10.0.5.1:40000");
-    let again = m.receive_sides(2, || [v.clone()]);
+    let again = m.receive_sides(&[prepare(f, v.local_phys, peer_new)], only(&v));
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].physical_local, sa("10.0.5.1:40000"));
+}
+
+#[test]
+fn a_receive_side_no_longer_pending_in_the_core_is_not_prepared() {
+    let f = tcp("10.0.0.1:40000", "10.0.0.2:443");
+    let peer_new = sa("10.9.0.2:443");
+    let mut v = view(f);
+    let mut m = Mover::new();
+    // Validated (or replaced) before the driver got to it.
+    v.pending_remote = None;
+    assert!(m
+        .receive_sides(&[prepare(f, f.local, peer_new)], only(&v))
+        .is_empty());
+    // Asked for our old end after we moved: not that pair.
+    v.pending_remote = Some(peer_new);
+    v.local_phys = sa("10.0.5.1:40000");
+    assert!(m
+        .receive_sides(&[prepare(f, f.local, peer_new)], only(&v))
+        .is_empty());
+    // A connection the core no longer has.
+    assert!(m
+        .receive_sides(&[prepare(f, f.local, peer_new)], |_| None)
+        .is_empty());
 }
 
 #[test]
@@ -79,19 +116,29 @@ fn a_receive_side_that_fails_is_tried_again_and_warned_about_once() {
     let mut v = view(f);
     v.pending_remote = Some(sa("10.9.0.2:53"));
     let mut m = Mover::new();
-    let t = m.receive_sides(1, || [v.clone()]).remove(0);
+    let t = m
+        .receive_sides(&[prepare(f, f.local, sa("10.9.0.2:53"))], only(&v))
+        .remove(0);
     let err = || {
         Err(DatapathError::NoRoute {
             addr: "10.9.0.2".parse().unwrap(),
         })
     };
     assert!(m.receive_side_done(&t, &err()), "first failure: warn");
-    // Tried again on the next turn although nothing changed in the core.
-    let t = m.receive_sides(1, || [v.clone()]).remove(0);
+    // Tried again on the next turn although the core asked nothing new.
+    let t = m.receive_sides(&[], only(&v)).remove(0);
     assert!(!m.receive_side_done(&t, &err()), "warned once");
-    let t = m.receive_sides(1, || [v.clone()]).remove(0);
+    let t = m.receive_sides(&[], only(&v)).remove(0);
     assert!(!m.receive_side_done(&t, &Ok(())));
-    assert!(m.receive_sides(1, || [v.clone()]).is_empty());
+    assert!(m.receive_sides(&[], only(&v)).is_empty());
+    // A failed one the core gave up on (validated, reverted) is dropped.
+    let t2 = Translation {
+        physical_remote: sa("10.9.0.3:53"),
+        ..t
+    };
+    m.receive_side_done(&t2, &err());
+    assert!(m.receive_sides(&[], only(&v)).is_empty());
+    assert!(m.receive_sides(&[], only(&v)).is_empty());
 }
 
 #[test]
@@ -101,7 +148,9 @@ fn no_receive_side_for_a_peer_back_at_its_own_address() {
     v.remote_phys = sa("10.9.0.2:443");
     v.pending_remote = Some(f.remote);
     let mut m = Mover::new();
-    assert!(m.receive_sides(1, || [v.clone()]).is_empty());
+    assert!(m
+        .receive_sides(&[prepare(f, f.local, f.remote)], only(&v))
+        .is_empty());
 }
 
 #[test]
@@ -315,7 +364,7 @@ fn on_the_fake_datapath_the_receive_side_comes_before_the_switch() {
     let mut m = Mover::new();
     let mut v = view(f);
     v.pending_remote = Some(new_peer);
-    for t in m.receive_sides(1, || [v.clone()]) {
+    for t in m.receive_sides(&[prepare(f, f.local, new_peer)], only(&v)) {
         let r = dp.prepare_translation(&t);
         m.receive_side_done(&t, &r);
     }
@@ -362,14 +411,6 @@ fn the_core_s_pending_address_reaches_the_mover_in_the_turn_of_the_update() {
     });
     assert!(!upd.is_empty());
     let mut m = Mover::new();
-    let before = m.receive_sides(sim.hosts[s].ep.pending_epoch(), || {
-        sim.hosts[s]
-            .ep
-            .connections()
-            .filter_map(|f| sim.hosts[s].ep.connection(f))
-            .collect::<Vec<_>>()
-    });
-    assert!(before.is_empty());
     // One driver turn on the server: the datagrams in (what the core
     // queues is kept off the wire here)...
     let from = ssa("10.0.5.1:2031");
@@ -378,13 +419,13 @@ fn the_core_s_pending_address_reaches_the_mover_in_the_turn_of_the_update() {
             ep.handle_datagram(now, rng, from, &t.payload);
         }
     });
-    // ... the mover's work ...
+    // ... the core's events (which `capture` kept) and the mover's work ...
+    let events: Vec<Event> = std::mem::take(&mut sim.hosts[s].events)
+        .into_iter()
+        .map(|(_, e)| e)
+        .collect();
     let ep = &sim.hosts[s].ep;
-    let work = m.receive_sides(ep.pending_epoch(), || {
-        ep.connections()
-            .filter_map(|f| ep.connection(f))
-            .collect::<Vec<_>>()
-    });
+    let work = m.receive_sides(&events, |f| ep.connection(f));
     assert_eq!(
         work,
         vec![Translation {
@@ -399,5 +440,27 @@ fn the_core_s_pending_address_reaches_the_mover_in_the_turn_of_the_update() {
         out.iter()
             .any(|t| t.payload.get(1) == Some(&(crate::vcmp::wire::Kind::UpdR as u8))),
         "the UPD_R leaves after the work"
+    );
+    m.receive_side_done(&work[0], &Ok(()));
+    // The server moves while the laptop's address is still pending: the
+    // core asks for the receive side again, for the server's new end.
+    sim.move_host(s, "10.0.6.2");
+    let new_local = ssa("10.0.6.2:443");
+    sim.capture(s, |ep, now, rng| {
+        ep.resume(now, rng, &[(sf, new_local)]).unwrap()
+    });
+    let events: Vec<Event> = std::mem::take(&mut sim.hosts[s].events)
+        .into_iter()
+        .map(|(_, e)| e)
+        .collect();
+    let ep = &sim.hosts[s].ep;
+    assert_eq!(
+        m.receive_sides(&events, |f| ep.connection(f)),
+        vec![Translation {
+            flow: sf,
+            physical_local: new_local,
+            physical_remote: ssa("10.0.5.1:40000"),
+        }],
+        "our own move must ask for the receive side again: {events:?}"
     );
 }

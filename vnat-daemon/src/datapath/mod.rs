@@ -10,6 +10,7 @@ use std::net::IpAddr;
 
 pub mod fake;
 pub mod kernel;
+pub mod owner;
 mod types;
 
 pub use types::*;

@@ -5,20 +5,17 @@ use super::*;
 
 impl Driver {
     pub(super) async fn command(&mut self, cmd: Command) {
-        // Suspend, resume and import may change our end of connections.
-        self.mover.rescan();
         match cmd {
             Command::Suspend { flows, reply } => {
                 let r = self
                     .endpoint
                     .suspend(now(), &mut OsRng, &flows)
-                    .map(|()| flows.len())
-                    .map_err(|e| e.to_string());
+                    .map(|()| flows.len());
                 let _ = reply.send(r);
             }
             Command::Resume { reply } => {
                 let n = self.resync().await;
-                let _ = reply.send(Ok(n));
+                let _ = reply.send(n);
             }
             Command::Counters { reply } => {
                 let st = self.endpoint.stats();

@@ -190,9 +190,6 @@ impl Driver {
             tracing::warn!(error = %e, "cannot start the migration");
             return 0;
         }
-        // Our end moved: receive sides prepared for a peer's pending address
-        // must be prepared again for our new one.
-        self.mover.rescan();
         started.len()
     }
 
@@ -230,17 +227,13 @@ impl Driver {
     }
 
     /// A peer announced a new address in an authenticated update that is
-    /// still being validated: accept its packets from there already (only
+    /// still being validated (`Event::PrepareReceive` among `events`, or a
+    /// failed attempt before): accept its packets from there already (only
     /// sending waits for validation), so that its connection never meets a
     /// kernel that resets it.
-    pub(super) async fn prepare_pending(&mut self) {
+    async fn prepare_receive_sides(&mut self, events: &[Event]) {
         let endpoint = &self.endpoint;
-        let work = self.mover.receive_sides(endpoint.pending_epoch(), || {
-            endpoint
-                .connections()
-                .filter_map(|f| endpoint.connection(f))
-                .collect::<Vec<_>>()
-        });
+        let work = self.mover.receive_sides(events, |f| endpoint.connection(f));
         if work.is_empty() {
             return;
         }
@@ -271,10 +264,17 @@ impl Driver {
     }
 
     pub(super) async fn apply_events(&mut self) {
-        // Datapath work of all events in one batch, in event order.
+        let mut events = Vec::new();
+        while let Some(ev) = self.endpoint.poll_event() {
+            events.push(ev);
+        }
+        // Receive sides first, as the core asks: what it queued with the
+        // events may let a peer send to them.
+        self.prepare_receive_sides(&events).await;
+        // Datapath work of all other events in one batch, in event order.
         let mut batch = Vec::new();
         let mut aborted = Vec::new();
-        while let Some(ev) = self.endpoint.poll_event() {
+        for ev in events {
             let flow = match &ev {
                 Event::SetRemote { flow, .. }
                 | Event::Reverted { flow, .. }
@@ -354,6 +354,8 @@ impl Driver {
                         tracing::warn!(%local, %remote, error = %e, "cannot send a BIND on the flow's path");
                     }
                 }
+                // Prepared above, before the rest.
+                Event::PrepareReceive { .. } => {}
                 other => tracing::debug!(event = ?other, "VCMP event"),
             }
         }

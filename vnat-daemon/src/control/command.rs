@@ -1,0 +1,65 @@
+//! The commands the control handler sends the VCMP driver (a channel: the
+//! handler never touches the driver's state), with the types of their
+//! replies. Defined here, below the driver, so that the control API does
+//! not import the driver.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::proto::{Mobility, PeerInfo, VcmpCounters};
+use super::transfer::{ExportDocument, ImportOutcome, TransferError};
+use crate::datapath::VirtualFlow;
+use crate::vcmp::EndpointError;
+
+/// What the control API asks of the VCMP driver, which owns the protocol
+/// core: the control handler sends these, the driver answers on `reply`.
+pub enum Command {
+    /// Planned suspend (paper 3.3.1): settle roles and keys for these flows.
+    Suspend {
+        flows: Vec<VirtualFlow>,
+        reply: oneshot::Sender<Result<usize, EndpointError>>,
+    },
+    /// Re-read addresses and connections now and move what needs moving.
+    Resume { reply: oneshot::Sender<usize> },
+    Peers {
+        reply: oneshot::Sender<Vec<PeerInfo>>,
+    },
+    /// A reloaded configuration (SIGHUP): the settings the driver uses.
+    Reconfigure {
+        location_servers: Vec<SocketAddr>,
+        keepalive_secs: u32,
+        standby_tc: bool,
+        reply: oneshot::Sender<()>,
+    },
+    /// Forget a host key: its session, the stored key, and the binding of
+    /// its connections (`vnatctl peers forget`). Replies with how many
+    /// connections it held, `None` if the key is unknown.
+    ForgetPeer {
+        key: [u8; 32],
+        reply: oneshot::Sender<Option<usize>>,
+    },
+    /// Which tracked flows can move (have keys).
+    Mobility {
+        reply: oneshot::Sender<HashMap<VirtualFlow, Mobility>>,
+    },
+    /// The protocol core's counters (`vnatctl status`).
+    Counters {
+        reply: oneshot::Sender<VcmpCounters>,
+    },
+    /// Hand these flows' VCMP state over (keys included) and forget them
+    /// here; all of them or none.
+    Export {
+        flows: Vec<VirtualFlow>,
+        reply: oneshot::Sender<Result<ExportDocument, TransferError>>,
+    },
+    /// Take over exported flows (all or none), then move those whose local
+    /// end now lives at another address, as automatic mode does.
+    Import {
+        state: ExportDocument,
+        reply: oneshot::Sender<Result<Vec<ImportOutcome>, TransferError>>,
+    },
+}
+
+pub type CommandSender = mpsc::Sender<Command>;
