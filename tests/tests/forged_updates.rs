@@ -307,6 +307,7 @@ fn forgeries(
             request_id: 7,
             static_pub: junk(77),
             eph_pub: junk(78),
+            cookie: None,
         }
         .encode()
         .unwrap(),

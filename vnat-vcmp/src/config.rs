@@ -45,7 +45,19 @@ pub struct Config {
     pub keepalive_interval: Duration,
     pub max_connections: usize,
     pub max_connections_per_peer: usize,
+    /// Handshakes held at once (default 256). From half of it, a
+    /// PAIR_INIT gets a cookie to echo instead of any state or DH.
     pub max_pending_pairings: usize,
+    /// Diffie-Hellman computations per second for PAIR_INITs without a
+    /// valid cookie from one source (an IPv4 address or an IPv6 /64), and
+    /// their burst (defaults 2 and 5); beyond, the source gets a cookie.
+    pub pair_dh_per_sec: u32,
+    pub pair_dh_burst: u32,
+    /// A pairing that failed (no answer, table full) is tried again after
+    /// this, doubled per failure up to `pair_retry_max` (defaults 5 s and
+    /// 5 min), while connections with that host still wait for it.
+    pub pair_retry_initial: Duration,
+    pub pair_retry_max: Duration,
     pub max_queued_datagrams: usize,
     pub max_events: usize,
     pub store: StoreLimits,
@@ -69,6 +81,10 @@ impl Default for Config {
             max_connections: 1 << 20,
             max_connections_per_peer: 1 << 17,
             max_pending_pairings: 256,
+            pair_dh_per_sec: 2,
+            pair_dh_burst: 5,
+            pair_retry_initial: Duration::from_secs(5),
+            pair_retry_max: Duration::from_secs(300),
             max_queued_datagrams: 16_384,
             max_events: 1 << 20,
             store: StoreLimits::default(),

@@ -129,6 +129,12 @@ pub struct Endpoint {
     /// Handshakes by the other side's VCMP address: two hosts behind one
     /// NAT pair at once from two ports.
     pub(crate) handshakes: HashMap<SocketAddr, Handshake>,
+    /// Cookie secrets and the per-source DH limit (`vcmp::cookie`).
+    pub(crate) cookies: super::cookie::CookieJar,
+    pub(crate) pair_limit: super::cookie::PairLimiter,
+    /// Failed pairings to try again, by address: (failures so far, when
+    /// to try next, `None` while a new attempt is under way).
+    pub(crate) pair_retry: HashMap<IpAddr, (u32, Option<Timestamp>)>,
     /// Last PAIR_FIN sent to each host, resent if its RESP comes again.
     pub(crate) fins: HashMap<SocketAddr, (u32, Vec<u8>)>,
     /// Commitments of our connections per paired host (`vcmp::claim`).
@@ -250,6 +256,7 @@ pub struct ConnectionView {
 impl Endpoint {
     pub fn new(cfg: Config, identity: HostIdentity) -> Endpoint {
         let mut tx = TxQueue::new(cfg.mtu, cfg.max_queued_datagrams);
+        let pair_limit = super::cookie::PairLimiter::new(cfg.pair_dh_per_sec, cfg.pair_dh_burst);
         for s in &cfg.location_servers {
             tx.trusted.insert(s.ip());
         }
@@ -265,6 +272,9 @@ impl Endpoint {
             peer_addrs: HashMap::new(),
             handshakes: HashMap::new(),
             fins: HashMap::new(),
+            cookies: Default::default(),
+            pair_limit,
+            pair_retry: HashMap::new(),
             claim_index: HashMap::new(),
             binds: Default::default(),
             claims_due: HashMap::new(),
@@ -560,6 +570,11 @@ impl Endpoint {
         for h in self.handshakes.values() {
             take(h.deadline());
         }
+        for (_, at) in self.pair_retry.values() {
+            if let Some(at) = at {
+                take(*at);
+            }
+        }
         for v in self.validations.values() {
             take(v.deadline);
         }
@@ -606,6 +621,7 @@ impl Endpoint {
     pub fn handle_timeout<R: RngCore + CryptoRng>(&mut self, now: Timestamp, rng: &mut R) {
         let mut ctx = Ctx::new(now, rng);
         self.pairing_timeouts(&mut ctx);
+        self.pair_retry_timeouts(&mut ctx);
         self.claim_timeouts(&mut ctx);
         self.keepalive_timeouts(now);
         self.role_and_key_timeouts(&mut ctx);

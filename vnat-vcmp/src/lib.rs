@@ -27,6 +27,7 @@ mod bind;
 pub mod binding;
 mod claim;
 pub mod config;
+mod cookie;
 pub mod crypto;
 pub mod endpoint;
 pub mod event;
@@ -88,5 +89,7 @@ pub mod sim;
 mod sim_keyx_tests;
 #[cfg(test)]
 mod sim_nat_tests;
+#[cfg(test)]
+mod sim_pairing_tests;
 #[cfg(test)]
 mod sim_tests;

@@ -7,7 +7,19 @@
 //!
 //! Cheap checks come first: a PAIR_INIT is only answered (the DH is only
 //! computed) for an address we share a connection with or have a pin for,
-//! and at most `max_pending_pairings` handshakes are held.
+//! and at most `max_pending_pairings` handshakes are held. Beyond that, a
+//! responder keeps nothing and computes nothing for an initiator that has
+//! not proved it receives at its address, whenever it is loaded (half its
+//! handshake table in use), the source is over its DH limit (`vcmp::cookie`)
+//! or the PAIR_INIT would replace a handshake under way with that address:
+//! it answers with a cookie (PAIR_COOKIE), which the initiator echoes in its
+//! PAIR_INIT. A spoofed PAIR_INIT flood thus costs a MAC per datagram, and
+//! cannot overwrite a real handshake.
+//!
+//! An initiator whose pairing fails (no answer, or its own table full)
+//! tries again later, with backoff, while connections with that host
+//! still wait for a pairing: a connection is never left non-mobile for
+//! life because a handshake was lost.
 //!
 //! A pairing authenticates a host, not an address: several hosts may pair
 //! from one address (NAT), each with its own session, and a host with a
@@ -21,12 +33,15 @@ use std::net::{IpAddr, SocketAddr};
 
 use super::crypto::{self, Ephemeral, PairKeys, Transcript};
 use super::endpoint::{CryptoDyn, Ctx, Endpoint, Event};
-use super::wire::{ErrorCode, Message};
+use super::wire::{ErrorCode, Message, COOKIE_LEN};
+use super::Timestamp;
 
 pub(crate) enum Handshake {
     Initiator {
         id: u32,
         eph: Ephemeral,
+        /// The responder's cookie, once it asked for one.
+        cookie: Option<[u8; COOKIE_LEN]>,
         tries: u32,
         deadline: super::Timestamp,
     },
@@ -68,28 +83,40 @@ impl Endpoint {
         }
         if self.handshakes.len() >= self.cfg.max_pending_pairings {
             self.stats.reject(Reject::PairingTableFull);
+            self.retry_pairing_later(ctx.now, ip);
             return;
+        }
+        if let Some(r) = self.pair_retry.get_mut(&ip) {
+            r.1 = None;
         }
         let eph = Ephemeral::generate(&mut CryptoDyn(&mut ctx.rng));
         let id = ctx.rng.next_u32();
-        self.send_pair_init(dst, id, &eph);
+        self.send_pair_init(dst, id, &eph, None);
         let deadline = ctx.now.plus(self.rto(ctx, 0));
         self.handshakes.insert(
             dst,
             Handshake::Initiator {
                 id,
                 eph,
+                cookie: None,
                 tries: 1,
                 deadline,
             },
         );
     }
 
-    fn send_pair_init(&mut self, dst: SocketAddr, id: u32, eph: &Ephemeral) {
+    fn send_pair_init(
+        &mut self,
+        dst: SocketAddr,
+        id: u32,
+        eph: &Ephemeral,
+        cookie: Option<[u8; COOKIE_LEN]>,
+    ) {
         let msg = Message::PairInit {
             request_id: id,
             static_pub: self.identity.public(),
             eph_pub: eph.public(),
+            cookie,
         };
         if let Ok(b) = msg.encode() {
             self.tx.push_datagram(dst, b, &mut self.stats);
@@ -129,6 +156,7 @@ impl Endpoint {
         id: u32,
         init_static: [u8; 32],
         init_eph: [u8; 32],
+        cookie: Option<[u8; COOKIE_LEN]>,
     ) {
         let ip = from.ip();
         if !self.knows_peer(&ip) {
@@ -147,9 +175,6 @@ impl Endpoint {
             self.stats.reject(Reject::PairReflected);
             return;
         }
-        if !self.check_pin(from, &init_static, id) {
-            return;
-        }
         if let Some(Handshake::Initiator { .. }) = self.handshakes.get(&from) {
             // Crossing initiations: the host with the lower key answers and
             // the other one waits for that answer.
@@ -158,6 +183,12 @@ impl Endpoint {
                 return;
             }
         }
+        if !self.proved_or_cheap(ctx, from, id, &init_static, cookie) {
+            return;
+        }
+        if !self.check_pin(from, &init_static, id) {
+            return;
+        }
         if !self.handshakes.contains_key(&from)
             && self.handshakes.len() >= self.cfg.max_pending_pairings
         {
@@ -165,6 +196,7 @@ impl Endpoint {
             return;
         }
         let eph = Ephemeral::generate(&mut CryptoDyn(&mut ctx.rng));
+        self.stats.count(Counter::PairDhComputed);
         let (Ok(ee), Ok(se), Ok(es)) = (
             eph.dh(&init_eph),
             eph.dh(&init_static),
@@ -196,6 +228,75 @@ impl Endpoint {
                 deadline,
             },
         );
+    }
+
+    /// Whether a PAIR_INIT from `from` may have state and a DH: always
+    /// with a valid cookie; without one only if it replaces no handshake
+    /// under way with `from`, we are not loaded, and the source is within
+    /// its DH limit. Otherwise the initiator gets a cookie to echo.
+    fn proved_or_cheap(
+        &mut self,
+        ctx: &mut Ctx,
+        from: SocketAddr,
+        id: u32,
+        init_static: &[u8; 32],
+        cookie: Option<[u8; COOKIE_LEN]>,
+    ) -> bool {
+        self.cookies.rotate(ctx.now, &mut *ctx.rng);
+        if let Some(c) = cookie {
+            if self.cookies.check(from, id, init_static, &c) {
+                return true;
+            }
+            // Stale (the secret moved on twice) or forged: ask again.
+            self.stats.reject(Reject::PairBadCookie);
+        } else {
+            let replaces = self.handshakes.contains_key(&from);
+            let loaded = self.handshakes.len() >= self.cfg.max_pending_pairings / 2;
+            if !replaces && !loaded && self.pair_limit.allow(from.ip(), ctx.now) {
+                return true;
+            }
+        }
+        let cookie = self.cookies.cookie(from, id, init_static);
+        if let Ok(b) = (Message::PairCookie {
+            request_id: id,
+            cookie,
+        })
+        .encode()
+        {
+            self.tx.push_datagram(from, b, &mut self.stats);
+            self.stats.count(Counter::PairCookiesSent);
+        }
+        false
+    }
+
+    /// A responder asks us to prove our address: PAIR_INIT again, at once,
+    /// with its cookie (and with it on every retransmission).
+    pub(crate) fn on_pair_cookie(&mut self, from: SocketAddr, id: u32, c: [u8; COOKIE_LEN]) {
+        let Some(Handshake::Initiator {
+            id: iid,
+            eph,
+            cookie,
+            ..
+        }) = self.handshakes.get_mut(&from)
+        else {
+            self.stats.reject(Reject::PairCookieUnsolicited);
+            return;
+        };
+        if *iid != id {
+            self.stats.reject(Reject::PairCookieUnsolicited);
+            return;
+        }
+        *cookie = Some(c);
+        let msg = Message::PairInit {
+            request_id: id,
+            static_pub: self.identity.public(),
+            eph_pub: eph.public(),
+            cookie: Some(c),
+        };
+        if let Ok(b) = msg.encode() {
+            self.tx.push_datagram(from, b, &mut self.stats);
+            self.stats.count(Counter::PairCookieEchoed);
+        }
     }
 
     pub(crate) fn on_pair_resp(
@@ -296,6 +397,7 @@ impl Endpoint {
         // A new session numbers its probes from the start.
         self.probes.remove(&peer);
         self.tx.trusted.insert(ip);
+        self.pair_retry.remove(&ip);
         self.stats.count(Counter::Paired);
         self.emit(Event::Paired {
             peer: ip,
@@ -348,6 +450,9 @@ impl Endpoint {
             };
             if tries > self.cfg.max_tries {
                 self.stats.count(Counter::PairingTimedOut);
+                if matches!(h, Handshake::Initiator { .. }) {
+                    self.retry_pairing_later(ctx.now, dst.ip());
+                }
                 continue;
             }
             let deadline = ctx.now.plus(self.rto(ctx, tries - 1));
@@ -355,12 +460,13 @@ impl Endpoint {
                 Handshake::Initiator {
                     id,
                     eph,
+                    cookie,
                     deadline: d,
                     ..
                 } => {
                     *d = deadline;
-                    let (id, eph) = (*id, &*eph);
-                    self.send_pair_init(dst, id, eph);
+                    let (id, eph, cookie) = (*id, &*eph, *cookie);
+                    self.send_pair_init(dst, id, eph, cookie);
                 }
                 Handshake::Responder {
                     resp, deadline: d, ..
@@ -371,6 +477,47 @@ impl Endpoint {
             }
             self.stats.count(Counter::PairRetransmit);
             self.handshakes.insert(dst, h);
+        }
+    }
+
+    /// Our pairing with `ip` failed: try again after a backoff, if any
+    /// connection with it still waits for one.
+    fn retry_pairing_later(&mut self, now: Timestamp, ip: IpAddr) {
+        if self.unbound_at(ip).is_empty() {
+            self.pair_retry.remove(&ip);
+            return;
+        }
+        // Bounded by the connections' remote addresses, themselves bounded.
+        let failures = self.pair_retry.get(&ip).map_or(0, |r| r.0) + 1;
+        let wait = self
+            .cfg
+            .pair_retry_initial
+            .saturating_mul(1u32 << (failures - 1).min(16))
+            .min(self.cfg.pair_retry_max);
+        self.pair_retry.insert(ip, (failures, Some(now.plus(wait))));
+        self.stats.count(Counter::PairingRetryScheduled);
+        tracing::info!(peer = %ip, failures, retry_in_s = wait.as_secs(), "pairing failed; trying again later");
+    }
+
+    /// Start again the failed pairings that are due, for the addresses
+    /// that still have connections waiting and no session.
+    pub(crate) fn pair_retry_timeouts(&mut self, ctx: &mut Ctx) {
+        let due: Vec<IpAddr> = self
+            .pair_retry
+            .iter()
+            .filter(|(_, (_, at))| at.is_some_and(|t| t <= ctx.now))
+            .map(|(ip, _)| *ip)
+            .collect();
+        for ip in due {
+            if self.unbound_at(ip).is_empty() || !self.sessions_at(ip).is_empty() {
+                self.pair_retry.remove(&ip);
+                continue;
+            }
+            if let Some(r) = self.pair_retry.get_mut(&ip) {
+                r.1 = None;
+            }
+            self.stats.count(Counter::PairingRetried);
+            self.start_pairing(ctx, ip);
         }
     }
 }

@@ -75,7 +75,11 @@ impl Endpoint {
                 request_id,
                 static_pub,
                 eph_pub,
-            } => self.on_pair_init(&mut ctx, from, request_id, static_pub, eph_pub),
+                cookie,
+            } => self.on_pair_init(&mut ctx, from, request_id, static_pub, eph_pub, cookie),
+            Message::PairCookie { request_id, cookie } => {
+                self.on_pair_cookie(from, request_id, cookie)
+            }
             Message::PairResp {
                 request_id,
                 static_pub,

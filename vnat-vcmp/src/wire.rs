@@ -56,6 +56,8 @@ pub const HEADER_LEN: usize = 8;
 pub const TAG_LEN: usize = 16;
 /// Length of the full HMAC-SHA256 tags in the pairing handshake.
 pub const PAIR_TAG_LEN: usize = 32;
+/// Length of a pairing cookie (`PAIR_COOKIE`).
+pub const COOKIE_LEN: usize = 16;
 /// Length of the record trailer (proto, flags, reserved, sequence).
 pub const TRAILER_LEN: usize = 12;
 /// Length of a challenge nonce.
@@ -125,6 +127,11 @@ pub enum Kind {
     /// STUN's reflexive address): a host learns how its peer sees it, and
     /// a host behind NAT keeps its mapping open (see `vcmp::probe`).
     Probe = 18,
+    /// Beyond the paper: a loaded responder's answer to a PAIR_INIT, in
+    /// place of any state or Diffie-Hellman: a cookie that only the
+    /// initiator's address receives, to be echoed in its PAIR_INIT (see
+    /// `vcmp::pairing`). Kind 21.
+    PairCookie = 21,
     // 19 (BIND) and 20 (BIND_REQ) bind a UDP flow through a NAT that
     // changes its port; they have their own codec in `vcmp::bind`, because
     // a BIND travels on the flow's own 5-tuple, not between the daemons.
@@ -152,6 +159,7 @@ impl Kind {
             16 => Switched,
             17 => Claim,
             18 => Probe,
+            21 => PairCookie,
             _ => return None,
         })
     }
@@ -287,11 +295,19 @@ pub enum Message {
         request_id: u32,
         accepted: u8,
     },
-    /// Pairing, message 1: initiator's host key and ephemeral value.
+    /// Pairing, message 1: initiator's host key and ephemeral value, and
+    /// the responder's cookie if it asked for one (byte 2 is then 1).
     PairInit {
         request_id: u32,
         static_pub: [u8; 32],
         eph_pub: [u8; 32],
+        cookie: Option<[u8; COOKIE_LEN]>,
+    },
+    /// A loaded responder's demand for proof of address: PAIR_INIT again
+    /// with this cookie (`request_id` is the PAIR_INIT's).
+    PairCookie {
+        request_id: u32,
+        cookie: [u8; COOKIE_LEN],
     },
     /// Pairing, message 2: responder's host key, ephemeral value, and its
     /// confirmation tag over the transcript.
@@ -460,10 +476,19 @@ impl Message {
                 request_id,
                 static_pub,
                 eph_pub,
+                cookie,
             } => {
-                header(&mut out, Kind::PairInit, 0, 0, *request_id);
+                let flag = u8::from(cookie.is_some());
+                header(&mut out, Kind::PairInit, flag, 0, *request_id);
                 out.extend_from_slice(static_pub);
                 out.extend_from_slice(eph_pub);
+                if let Some(c) = cookie {
+                    out.extend_from_slice(c);
+                }
+            }
+            Message::PairCookie { request_id, cookie } => {
+                header(&mut out, Kind::PairCookie, 0, 0, *request_id);
+                out.extend_from_slice(cookie);
             }
             Message::PairResp {
                 request_id,
@@ -597,13 +622,32 @@ impl Message {
                 })
             }
             Kind::PairInit => {
-                exact(HEADER_LEN + 64)?;
-                zero_pair(b)?;
+                let cookie = match (b[2], b[3]) {
+                    (0, 0) => None,
+                    (1, 0) => {
+                        exact(HEADER_LEN + 64 + COOKIE_LEN)?;
+                        let mut c = [0u8; COOKIE_LEN];
+                        c.copy_from_slice(&b[HEADER_LEN + 64..]);
+                        Some(c)
+                    }
+                    _ => return Err(WireError::Reserved),
+                };
+                if cookie.is_none() {
+                    exact(HEADER_LEN + 64)?;
+                }
                 Ok(Message::PairInit {
                     request_id,
                     static_pub: key(8),
                     eph_pub: key(40),
+                    cookie,
                 })
+            }
+            Kind::PairCookie => {
+                exact(HEADER_LEN + COOKIE_LEN)?;
+                zero_pair(b)?;
+                let mut cookie = [0u8; COOKIE_LEN];
+                cookie.copy_from_slice(&b[HEADER_LEN..]);
+                Ok(Message::PairCookie { request_id, cookie })
             }
             Kind::PairResp => {
                 exact(HEADER_LEN + 64 + PAIR_TAG_LEN)?;

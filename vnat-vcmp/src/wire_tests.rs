@@ -204,8 +204,30 @@ fn golden_store_r_pairing_and_error() {
             request_id: 5,
             static_pub: [0x01; 32],
             eph_pub: [0x02; 32],
+            cookie: None,
         },
         &cat(&[&[1, 12, 0, 0, 0, 0, 0, 5], &[0x01; 32], &[0x02; 32]]),
+    );
+    golden(
+        &Message::PairInit {
+            request_id: 5,
+            static_pub: [0x01; 32],
+            eph_pub: [0x02; 32],
+            cookie: Some([0x0c; 16]),
+        },
+        &cat(&[
+            &[1, 12, 1, 0, 0, 0, 0, 5],
+            &[0x01; 32],
+            &[0x02; 32],
+            &[0x0c; 16],
+        ]),
+    );
+    golden(
+        &Message::PairCookie {
+            request_id: 5,
+            cookie: [0x0d; 16],
+        },
+        &cat(&[&[1, 21, 0, 0, 0, 0, 0, 5], &[0x0d; 16]]),
     );
     golden(
         &Message::PairResp {
@@ -258,6 +280,25 @@ fn rejects_malformed() {
         (vec![1, 15, 0, 0, 0, 0, 0, 9, 0, 77, 0, 0], "bad_error_code"),
         (vec![1, 15, 0, 0, 0, 0, 0, 9, 0, 2, 0, 1], "reserved_bits"),
         (vec![1, 14, 0, 0, 0, 0, 0, 9], "bad_length"),
+        // PAIR_INIT: a cookie flag without the cookie, a cookie without the
+        // flag, a flag other than 0 or 1, and byte 3 set.
+        (cat(&[&[1, 12, 1, 0, 0, 0, 0, 9], &[7; 64]]), "bad_length"),
+        (cat(&[&[1, 12, 0, 0, 0, 0, 0, 9], &[7; 80]]), "bad_length"),
+        (
+            cat(&[&[1, 12, 2, 0, 0, 0, 0, 9], &[7; 80]]),
+            "reserved_bits",
+        ),
+        (
+            cat(&[&[1, 12, 1, 1, 0, 0, 0, 9], &[7; 80]]),
+            "reserved_bits",
+        ),
+        // PAIR_COOKIE: short, long, reserved bytes.
+        (cat(&[&[1, 21, 0, 0, 0, 0, 0, 9], &[7; 15]]), "bad_length"),
+        (cat(&[&[1, 21, 0, 0, 0, 0, 0, 9], &[7; 17]]), "bad_length"),
+        (
+            cat(&[&[1, 21, 0, 1, 0, 0, 0, 9], &[7; 16]]),
+            "reserved_bits",
+        ),
         (cat(&[&good[..7], &[1], &good[8..]]), "reserved_bits"),
     ];
     for (bytes, reason) in cases {

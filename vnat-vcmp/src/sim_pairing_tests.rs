@@ -1,0 +1,224 @@
+//! Pairing under attack (issue 16, item 3): spoofed PAIR_INIT floods cost
+//! the responder a MAC each, not a Diffie-Hellman or a table entry, cannot
+//! overwrite a handshake under way, and a pairing that failed is tried
+//! again, so its connections become mobile once the peer answers.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use super::crypto::{DrbgRng, HostIdentity};
+use super::endpoint::Config;
+use super::sim::{reverse, sa, tcp, Link, Sim};
+use super::wire::{Kind, Message};
+use crate::stats::{Counter, Reject};
+use rand_core::RngCore;
+
+const L: usize = 0;
+const S: usize = 1;
+
+/// A PAIR_INIT with a fresh random host key, ephemeral value and id, as a
+/// flooder sends them.
+fn spoofed_init(rng: &mut DrbgRng) -> Vec<u8> {
+    let mut k = [0u8; 32];
+    rng.fill_bytes(&mut k);
+    let static_pub = HostIdentity::from_bytes(k).public();
+    rng.fill_bytes(&mut k);
+    let eph_pub = HostIdentity::from_bytes(k).public();
+    Message::PairInit {
+        request_id: rng.next_u32(),
+        static_pub,
+        eph_pub,
+        cookie: None,
+    }
+    .encode()
+    .unwrap()
+}
+
+fn kinds(ts: &[super::tx::Transmit]) -> Vec<u8> {
+    ts.iter().map(|t| t.payload[1]).collect()
+}
+
+#[test]
+fn a_flood_of_spoofed_pair_inits_from_the_client_s_address_costs_no_dh_and_pairing_completes() {
+    let mut sim = Sim::new(61, Link::default());
+    sim.add_host("10.0.0.1", Config::default());
+    sim.add_host("10.0.0.2", Config::default());
+    let f = tcp("10.0.0.1:40000", "10.0.0.2:443");
+    sim.connect(L, S, f);
+    // Before either host's PAIR_INIT is delivered: 2,000 PAIR_INITs that
+    // claim to come from the client's VCMP address, each with its own key.
+    let mut rng = DrbgRng::from_seed(99);
+    let from = sa("10.0.0.1:2031");
+    for _ in 0..2000 {
+        let init = spoofed_init(&mut rng);
+        let replies = sim.inject(S, from, &init);
+        assert!(
+            kinds(&replies).iter().all(|k| *k != Kind::PairResp as u8),
+            "a spoofed PAIR_INIT was answered with state: {:?}",
+            kinds(&replies)
+        );
+    }
+    let st = sim.hosts[S].ep.stats();
+    assert_eq!(st.get(Counter::PairDhComputed), 0, "no DH for a flood");
+    assert!(
+        st.get(Counter::PairCookiesSent) + st.get(Counter::PairCrossingIgnored) >= 2000,
+        "each one got a cookie (or was a crossing initiation): {:?}",
+        st
+    );
+    // The real pairing still completes, and the connection gets its keys.
+    sim.run_for(Duration::from_secs(10));
+    assert!(sim.hosts[L].ep.connection(&f).unwrap().has_keys);
+    assert!(sim.hosts[S].ep.connection(&reverse(&f)).unwrap().has_keys);
+    assert!(
+        sim.hosts[S].ep.stats().get(Counter::PairDhComputed) <= 2,
+        "only the real initiator's DH: {:?}",
+        sim.hosts[S].ep.stats()
+    );
+}
+
+#[test]
+fn an_unloaded_responder_limits_dh_per_source_and_then_asks_for_cookies() {
+    let mut sim = Sim::new(62, Link::default());
+    sim.add_host("10.0.0.1", Config::default());
+    sim.add_host("10.0.0.2", Config::default());
+    let f = tcp("10.0.0.1:40000", "10.0.0.2:443");
+    sim.connect(L, S, f);
+    sim.run_for(Duration::from_secs(10));
+    assert!(sim.hosts[L].ep.connection(&f).unwrap().has_keys);
+    // Paired, no handshake under way: spoofed PAIR_INITs from the client's
+    // address, each from its own port (no handshake to replace).
+    let mut rng = DrbgRng::from_seed(5);
+    let before = sim.hosts[S].ep.stats().get(Counter::PairDhComputed);
+    for port in 0..100u16 {
+        let init = spoofed_init(&mut rng);
+        sim.inject(
+            S,
+            SocketAddr::new(sa("10.0.0.1:1").ip(), 10_000 + port),
+            &init,
+        );
+    }
+    let st = sim.hosts[S].ep.stats();
+    let dh = st.get(Counter::PairDhComputed) - before;
+    assert_eq!(
+        u64::from(Config::default().pair_dh_burst),
+        dh,
+        "the source's burst, then cookies"
+    );
+    assert!(st.get(Counter::PairCookiesSent) >= 95);
+    // The existing session is untouched: the connection keeps its keys and
+    // a move still works.
+    assert!(sim.hosts[S].ep.connection(&reverse(&f)).unwrap().has_keys);
+}
+
+#[test]
+fn a_handshake_under_way_is_not_replaced_by_a_spoofed_pair_init() {
+    let mut sim = Sim::new(63, Link::default());
+    sim.add_host("10.0.0.1", Config::default());
+    sim.add_host("10.0.0.2", Config::default());
+    let f = tcp("10.0.0.1:40000", "10.0.0.2:443");
+    let (bl, bs) = sim.bindings(&f);
+    // Both ends record the connection; what each sends is kept off the
+    // wire, and only the client's PAIR_INIT is delivered, so the server
+    // holds one handshake: the client's, as responder.
+    let out = sim.capture(L, |ep, now, rng| {
+        ep.connection_added(now, rng, f, f.local, f.remote, bl)
+            .unwrap()
+    });
+    let g = reverse(&f);
+    sim.capture(S, |ep, now, rng| {
+        ep.connection_added(now, rng, g, g.local, g.remote, bs)
+            .unwrap()
+    });
+    sim.hosts[S].ep.handshakes.clear();
+    let real = out
+        .iter()
+        .find(|t| t.payload[1] == Kind::PairInit as u8)
+        .expect("the client's PAIR_INIT")
+        .payload
+        .clone();
+    let answer = sim.inject(S, sa("10.0.0.1:2031"), &real);
+    assert_eq!(kinds(&answer), vec![Kind::PairResp as u8]);
+    // A spoofed PAIR_INIT from the client's address gets a cookie, and
+    // nothing else happens.
+    let mut rng = DrbgRng::from_seed(7);
+    let spoofed = spoofed_init(&mut rng);
+    let replies = sim.inject(S, sa("10.0.0.1:2031"), &spoofed);
+    assert_eq!(kinds(&replies), vec![Kind::PairCookie as u8]);
+    assert_eq!(sim.hosts[S].ep.stats().get(Counter::PairDhComputed), 1);
+    // The client's handshake is still the one held: pairing completes on
+    // it (its PAIR_RESP again, retransmitted), with no other DH.
+    sim.run_for(Duration::from_secs(10));
+    assert_eq!(sim.hosts[S].ep.stats().get(Counter::PairDhComputed), 1);
+    assert!(sim.hosts[L].ep.connection(&f).unwrap().has_keys);
+    assert!(sim.hosts[S].ep.connection(&g).unwrap().has_keys);
+}
+
+#[test]
+fn a_loaded_responder_pairs_a_real_initiator_through_its_cookie() {
+    let mut sim = Sim::new(64, Link::default());
+    let cfg = Config {
+        max_pending_pairings: 2,
+        ..Config::default()
+    };
+    sim.add_host("10.0.0.1", Config::default());
+    sim.add_host("10.0.0.2", cfg);
+    // One handshake held by the server: with a table of 2, it is loaded.
+    let other = tcp("10.0.0.2:5000", "10.0.0.9:53");
+    sim.with(S, |ep, now, rng| {
+        ep.connection_added(
+            now,
+            rng,
+            other,
+            other.local,
+            other.remote,
+            super::binding::Binding::endpoints(&other),
+        )
+        .unwrap()
+    });
+    let f = tcp("10.0.0.1:40000", "10.0.0.2:443");
+    sim.connect(L, S, f);
+    sim.run_for(Duration::from_secs(10));
+    assert!(sim.hosts[L].ep.connection(&f).unwrap().has_keys);
+    let (l, s) = (sim.hosts[L].ep.stats(), sim.hosts[S].ep.stats());
+    // Whichever end answered asked the other for a cookie first (it was
+    // loaded, or the PAIR_INIT crossed its own), and got it back.
+    let through = |a: &crate::stats::Stats, b: &crate::stats::Stats| {
+        a.get(Counter::PairCookiesSent) >= 1 && b.get(Counter::PairCookieEchoed) >= 1
+    };
+    assert!(
+        through(s, l) || through(l, s),
+        "paired through a cookie: server {s:?}, client {l:?}"
+    );
+    assert_eq!(s.rejected(Reject::PairBadCookie), 0);
+    assert_eq!(l.rejected(Reject::PairBadCookie), 0);
+}
+
+#[test]
+fn a_failed_pairing_is_tried_again_with_backoff_until_the_peer_answers() {
+    let mut sim = Sim::new(65, Link::default());
+    sim.add_host("10.0.0.1", Config::default());
+    sim.add_host("10.0.0.2", Config::default());
+    let f = tcp("10.0.0.1:40000", "10.0.0.2:443");
+    // The path is down both ways at first: every handshake times out.
+    sim.hosts[L].mute = true;
+    sim.hosts[S].mute = true;
+    sim.connect(L, S, f);
+    sim.run_for(Duration::from_secs(60));
+    let st = sim.hosts[L].ep.stats();
+    assert!(st.get(Counter::PairingTimedOut) >= 1);
+    assert!(st.get(Counter::PairingRetried) >= 1, "{st:?}");
+    assert!(!sim.hosts[L].ep.connection(&f).unwrap().has_keys);
+    // Retries are spaced out: far fewer PAIR_INITs than a tight loop.
+    let inits = sim
+        .wire_log
+        .iter()
+        .filter(|(_, _, _, k)| *k == Kind::PairInit as u8)
+        .count();
+    assert!(inits < 60, "{inits} PAIR_INITs in a minute");
+    // The path comes back: the next retry pairs, with no other input.
+    sim.hosts[L].mute = false;
+    sim.hosts[S].mute = false;
+    sim.run_for(Duration::from_secs(120));
+    assert!(sim.hosts[L].ep.connection(&f).unwrap().has_keys);
+    assert!(sim.hosts[S].ep.connection(&reverse(&f)).unwrap().has_keys);
+}
