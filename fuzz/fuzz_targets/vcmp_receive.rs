@@ -9,9 +9,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
-use vnat_vcmp::flow::{Proto, VirtualFlow};
 use vnat_vcmp::crypto::{DrbgRng, HostIdentity};
 use vnat_vcmp::export::{ConnectionExport, HexKey, EXPORT_VERSION};
+use vnat_vcmp::flow::{Proto, VirtualFlow};
 use vnat_vcmp::replay::ReplayWindow;
 use vnat_vcmp::roles::RoleState;
 use vnat_vcmp::{Config, Endpoint, Event, Timestamp};

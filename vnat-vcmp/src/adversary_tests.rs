@@ -481,3 +481,83 @@ fn forged_or_replayed_switched_releases_nothing() {
     assert_eq!(released(&sim), flows.len());
     assert_eq!(sim.hosts[A].ep.stats().get(Counter::SwitchUnconfirmed), 0);
 }
+
+/// Issue 16, item 5 (found by the `vcmp_location` fuzz target): a location
+/// server cannot verify a STORE, so forged records for a connection, from
+/// other sources and with higher sequence numbers, must not push the
+/// genuine one out of the answer to a LOOKUP. They used to: four were kept
+/// and the three highest sequence numbers answered.
+#[test]
+fn forged_stores_with_higher_sequence_numbers_cannot_hide_the_genuine_record() {
+    use super::crypto::{DrbgRng, HostIdentity};
+    use super::endpoint::Endpoint;
+    use super::wire::{Ext, Family, Message, Record};
+    use super::Timestamp;
+    use crate::flow::Proto;
+
+    let (owner, other) = (sa("10.0.0.1:40000"), sa("10.0.0.2:443"));
+    let rec = |seq: u64, tag: u8, phys: &str| Record {
+        command: Kind::Store,
+        proto: Proto::Tcp,
+        receiver_vir: other,
+        sender_vir: owner,
+        sender_phys: sa(phys),
+        ext: Ext::None,
+        seq,
+        tag: [tag; 16],
+    };
+    let records = |kind: Kind, r: Record| {
+        Message::Records {
+            kind,
+            request_id: 9,
+            family: Family::V4,
+            records: vec![r],
+        }
+        .encode()
+        .unwrap()
+    };
+    let mut rng = DrbgRng::from_seed(4);
+    let now = Timestamp(1_000_000_000);
+    let mut server = Endpoint::new(Config::default(), HostIdentity::from_bytes([9; 32]));
+    let genuine = rec(10, 0x11, "10.0.5.1:2031");
+    server.handle_datagram(
+        now,
+        &mut rng,
+        sa("10.0.5.1:2031"),
+        &records(Kind::Store, genuine),
+    );
+    for (i, src) in ["10.6.6.1:2031", "10.6.6.2:2031", "10.6.6.3:2031"]
+        .iter()
+        .enumerate()
+    {
+        let forged = rec(u64::MAX - i as u64, 0x66, "10.6.6.6:2031");
+        server.handle_datagram(now, &mut rng, sa(src), &records(Kind::Store, forged));
+    }
+    while server.poll_transmit(now).is_some() {}
+    let asker = sa("10.0.0.2:2031");
+    let lookup = Record {
+        command: Kind::Lookup,
+        receiver_vir: owner,
+        sender_vir: other,
+        sender_phys: other,
+        seq: 0,
+        tag: [0; 16],
+        ..genuine
+    };
+    server.handle_datagram(now, &mut rng, asker, &records(Kind::Lookup, lookup));
+    let mut answered = Vec::new();
+    while let Some(t) = server.poll_transmit(now) {
+        if let Ok(Message::Records {
+            kind: Kind::LookupR,
+            records,
+            ..
+        }) = Message::decode(&t.payload)
+        {
+            answered.extend(records.iter().map(|r| (r.seq, r.tag[0])));
+        }
+    }
+    assert!(
+        answered.contains(&(10, 0x11)),
+        "the genuine record is missing from the answer: {answered:?}"
+    );
+}

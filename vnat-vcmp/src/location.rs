@@ -80,6 +80,10 @@ pub fn chain(
     steps
 }
 
+/// The most records stored per connection: all of them fit the answer to
+/// a LOOKUP of one connection within 3x its size.
+pub const MAX_RECORDS_PER_KEY: usize = 3;
+
 /// Whose location a stored record gives: (protocol, owner's virtual
 /// endpoint, the other end's virtual endpoint).
 pub type LocKey = (Proto, SocketAddr, SocketAddr);
@@ -88,6 +92,11 @@ pub type LocKey = (Proto, SocketAddr, SocketAddr);
 #[derive(Clone, Copy, Debug)]
 pub struct StoreLimits {
     pub max_entries: usize,
+    /// Records kept per connection (one per source address). A LOOKUP is
+    /// answered with all of them, since the store cannot tell the genuine
+    /// one from forgeries (the asker checks each tag): above 3, the answer
+    /// to a one-record LOOKUP no longer fits the anti-amplification budget
+    /// and is cut, so it is capped at [`MAX_RECORDS_PER_KEY`].
     pub max_per_key: usize,
     pub max_per_source: usize,
     pub ttl: Duration,
@@ -97,7 +106,7 @@ impl Default for StoreLimits {
     fn default() -> Self {
         StoreLimits {
             max_entries: 65_536,
-            max_per_key: 4,
+            max_per_key: MAX_RECORDS_PER_KEY,
             max_per_source: 4_096,
             ttl: Duration::from_secs(600),
         }
@@ -200,7 +209,7 @@ impl LocationStore {
             return false;
         }
         let v = self.entries.entry(key).or_default();
-        if v.len() >= self.limits.max_per_key {
+        if v.len() >= self.limits.max_per_key.min(MAX_RECORDS_PER_KEY) {
             // Full: the slots are kept by whoever came first, until they
             // expire (evicting by sequence number would let a forger win).
             return false;

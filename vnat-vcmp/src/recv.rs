@@ -15,10 +15,6 @@ use super::wire::{self, Ext, Family, Kind, Message, Record, MAX_SIGNED_LEN};
 use super::Timestamp;
 use crate::flow::VirtualFlow;
 
-/// Most stored records returned for one queried connection; keeps the reply
-/// within the anti-amplification limit.
-const MAX_ANSWERS_PER_QUERY: usize = 3;
-
 impl Endpoint {
     /// Process one datagram received from `from`. Never panics and never
     /// fails: whatever is refused is counted in [`Endpoint::stats`].
@@ -217,11 +213,15 @@ impl Endpoint {
                 answered = true;
                 continue;
             }
+            // Every record stored for it (at most MAX_RECORDS_PER_KEY, which
+            // fits the anti-amplification budget): the store cannot tell the
+            // genuine one, so it must not pick, least of all by sequence
+            // number, which a forger chooses. The asker checks each tag.
             let mut found = self
                 .store
                 .lookup(ctx.now, rec.proto, rec.receiver_vir, rec.sender_vir);
             found.sort_by_key(|r| std::cmp::Reverse(r.seq));
-            for s in found.iter().take(MAX_ANSWERS_PER_QUERY) {
+            for s in &found {
                 let mut buf = [0u8; MAX_SIGNED_LEN];
                 let Ok(n) = s.write_signed(&mut buf) else {
                     continue;
