@@ -12,7 +12,7 @@ pub use stats::*;
 
 /// Bumped whenever a map layout below changes; pinned maps from an older ABI
 /// are refused (and must be removed) rather than misread.
-pub const ABI_VERSION: u32 = 5;
+pub const ABI_VERSION: u32 = 6;
 
 pub const AF_INET: u8 = 2;
 pub const AF_INET6: u8 = 10;
@@ -41,6 +41,24 @@ pub const PROG_TC_INGRESS: &str = "vnat_tc_ingress";
 /// Capacity of the connection map. Entries are allocated on demand
 /// (BPF_F_NO_PREALLOC), so an idle host pays almost nothing for it.
 pub const CONNS_MAX_ENTRIES: u32 = 262_144;
+/// The share of [`CONNS_MAX_ENTRIES`] UDP records may take, so that
+/// datagrams from spoofed sources to a UDP server can never leave TCP
+/// connections unrecorded. Counted in [`MAP_UDP_COUNT`].
+pub const UDP_MAX_RECORDS: u64 = 65_536;
+/// Most UDP flows recorded for one socket (a server's unconnected socket
+/// sees one per source); further sources are not recorded.
+pub const UDP_PER_SOCKET_MAX: u32 = 4_096;
+/// One slot: how many UDP records [`MAP_CONNS`] holds (the eBPF programs
+/// add and remove as they record and release; vnatd recounts it at every
+/// housekeeping pass).
+pub const MAP_UDP_COUNT: &str = "VNAT_UDP_COUNT";
+/// UDP records per socket cookie (for [`UDP_PER_SOCKET_MAX`]).
+pub const MAP_UDP_PER_SOCK: &str = "VNAT_UDP_PER_SOCK";
+/// A UDP record whose socket is not connected and has neither sent nor
+/// received on the flow for this long is dropped by vnatd's housekeeping
+/// (unless the flow is translated): a spoofed source leaves no trace.
+pub const UDP_IDLE_NS: u64 = 180_000_000_000;
+
 /// Capacity of each NAT map (one entry per translated flow and direction).
 pub const NAT_MAX_ENTRIES: u32 = 131_072;
 
@@ -148,6 +166,11 @@ pub const ORIGIN_UDP_CONNECT: u8 = 3;
 pub const ORIGIN_UDP_SENDMSG: u8 = 4;
 pub const ORIGIN_UDP_RECVMSG: u8 = 5;
 
+/// [`ConnRecord::udp_dirs`]: the socket received from the peer.
+pub const UDP_DIR_RECV: u8 = 1;
+/// [`ConnRecord::udp_dirs`]: the socket sent to the peer (or connected to it).
+pub const UDP_DIR_SEND: u8 = 2;
+
 /// Value of [`MAP_CONNS`]: what the kernel knows about one recorded flow.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -171,7 +194,12 @@ pub struct ConnRecord {
     pub rcv_nxt: u32,
     /// One of the `ORIGIN_*` constants.
     pub origin: u8,
-    pub _pad: [u8; 3],
+    /// UDP only: which ways the socket used the flow, [`UDP_DIR_RECV`] and
+    /// [`UDP_DIR_SEND`] bits (0: recorded by an older program, unknown).
+    /// A source only received from is no pairing target: anyone can spoof
+    /// one.
+    pub udp_dirs: u8,
+    pub _pad: [u8; 2],
     /// Command name of the process (`bpf_get_current_comm`), NUL padded.
     pub comm: [u8; 16],
     /// TCP only: `snd_una - bytes_acked` at establishment (mod 2^32). The

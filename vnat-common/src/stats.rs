@@ -70,4 +70,10 @@ counters! {
     /// port itself. Only BINDs the tc program diverted from a flow's port
     /// (writing that port into them) may reach vnatd.
     STAT_DROP_BIND_DIRECT = 20, "drop_bind_direct";
+    /// A UDP flow not recorded: UDP records fill their share of the
+    /// connection map (`UDP_MAX_RECORDS`), kept for TCP.
+    STAT_UDP_BUDGET_FULL = 21, "udp_budget_full";
+    /// A UDP flow not recorded: its socket has `UDP_PER_SOCKET_MAX` flows
+    /// recorded already (a server flooded from many sources).
+    STAT_UDP_SOCKET_FULL = 22, "udp_socket_full";
 }

@@ -11,13 +11,14 @@ use aya_ebpf::{
         bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_ktime_get_boot_ns,
     },
     macros::{cgroup_sock, cgroup_sock_addr, map},
-    maps::LruHashMap,
+    maps::{Array, LruHashMap},
     programs::{SockAddrContext, SockContext},
 };
 use vnat_common::{
     v4_of_mapped, v4_of_mapped_or_any, ConnRecord, FlowKey, UdpPending, AF_INET, AF_INET6,
     ORIGIN_UDP_CONNECT, ORIGIN_UDP_RECVMSG, ORIGIN_UDP_SENDMSG, PROTO_UDP, STAT_CONNS_MAP_FULL,
-    STAT_OTHER_NETNS, STAT_UDP_RECORDED, UDP_PENDING_MAX_ENTRIES, UDP_REFRESH_NS,
+    STAT_OTHER_NETNS, STAT_UDP_BUDGET_FULL, STAT_UDP_RECORDED, STAT_UDP_SOCKET_FULL, UDP_DIR_RECV,
+    UDP_DIR_SEND, UDP_MAX_RECORDS, UDP_PENDING_MAX_ENTRIES, UDP_PER_SOCKET_MAX, UDP_REFRESH_NS,
 };
 
 use crate::maps::{count, netns_is_ours, VNAT_CONNS};
@@ -35,6 +36,34 @@ pub static VNAT_UDP_PENDING: LruHashMap<u64, UdpPending> =
 /// programs), so it finds the record to remove through this.
 #[map]
 static VNAT_UDP_SOCKS: LruHashMap<u64, FlowKey> = LruHashMap::with_max_entries(65_536, 0);
+
+/// How many UDP records VNAT_CONNS holds (one slot), against
+/// `UDP_MAX_RECORDS`; vnatd recounts it at every housekeeping pass, which
+/// also corrects what concurrent updates here may miss.
+#[map]
+pub static VNAT_UDP_COUNT: Array<u64> = Array::pinned(1, 0);
+
+/// UDP records per socket cookie, against `UDP_PER_SOCKET_MAX`.
+#[map]
+pub static VNAT_UDP_PER_SOCK: LruHashMap<u64, u32> = LruHashMap::pinned(65_536, 0);
+
+/// Add `delta` (wrapping: `u64::MAX` takes one away) to the UDP record count.
+#[inline(always)]
+fn udp_count_add(delta: u64) {
+    if let Some(slot) = VNAT_UDP_COUNT.get_ptr_mut(0) {
+        // SAFETY: `slot` is the non-null pointer the lookup in a one-slot
+        // array map just returned: an aligned u64 inside the map's memory,
+        // which lives as long as the map. The update is a plain load and
+        // store (the BPF target has no atomic fetch-add in Rust): programs
+        // on two CPUs at once may lose one update, which only moves the
+        // budget by one until vnatd's next recount (every 5 s) sets it
+        // right.
+        unsafe {
+            let n = core::ptr::read_volatile(slot);
+            core::ptr::write_volatile(slot, n.wrapping_add(delta));
+        }
+    }
+}
 
 #[cgroup_sock_addr(connect4)]
 pub fn vnat_udp_connect4(ctx: SockAddrContext) -> i32 {
@@ -98,9 +127,14 @@ pub fn vnat_udp_release(ctx: SockContext) -> i32 {
     // memory in any case, so nothing is read out of bounds.
     if let Some(key) = unsafe { VNAT_UDP_SOCKS.get(&cookie) } {
         let key = *key;
-        let _ = VNAT_CONNS.remove(&key);
+        if VNAT_CONNS.remove(&key).is_ok() {
+            udp_count_add(u64::MAX);
+        }
         let _ = VNAT_UDP_SOCKS.remove(&cookie);
     }
+    // Its other records (an unconnected socket's other peers) go at vnatd's
+    // next housekeeping, which recounts.
+    let _ = VNAT_UDP_PER_SOCK.remove(&cookie);
     PROCEED
 }
 
@@ -229,6 +263,11 @@ fn record(ctx: &SockAddrContext, family: u8, origin: u8) {
     }
     // SAFETY: a helper without arguments or preconditions.
     let now = unsafe { bpf_ktime_get_boot_ns() };
+    let dir = if origin == ORIGIN_UDP_RECVMSG {
+        UDP_DIR_RECV
+    } else {
+        UDP_DIR_SEND
+    };
     if let Some(existing) = VNAT_CONNS.get_ptr_mut(&key) {
         // Refresh at most once a second: a busy sender must not write the
         // map on every datagram.
@@ -241,9 +280,14 @@ fn record(ctx: &SockAddrContext, family: u8, origin: u8) {
         // record was deleted meanwhile and its element reused for another
         // flow, that flow's timestamp is refreshed instead, which only
         // delays its garbage collection.
+        // The same holds for `udp_dirs`, a byte only ever or-ed with a bit
+        // (written only when the bit is missing: once per flow and way).
         unsafe {
             if now.wrapping_sub((*existing).last_seen_ns) > UDP_REFRESH_NS {
                 (*existing).last_seen_ns = now;
+            }
+            if (*existing).udp_dirs & dir == 0 {
+                (*existing).udp_dirs |= dir;
             }
         }
         return;
@@ -260,6 +304,7 @@ fn record(ctx: &SockAddrContext, family: u8, origin: u8) {
         last_seen_ns: now,
         pid: (bpf_get_current_pid_tgid() >> 32) as u32,
         origin,
+        udp_dirs: dir,
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
         ..ConnRecord::default()
     };
@@ -270,10 +315,28 @@ fn record(ctx: &SockAddrContext, family: u8, origin: u8) {
         let _ = VNAT_UDP_PENDING.insert(&cookie, &pending, 0);
         return;
     }
+    // Separate budgets: UDP records never take the room TCP's need, and
+    // one socket (a server receiving from spoofed sources) never takes all
+    // of UDP's. Both checks may let a few more in under concurrent inserts.
+    if VNAT_UDP_COUNT.get(0).is_some_and(|n| *n >= UDP_MAX_RECORDS) {
+        count(STAT_UDP_BUDGET_FULL);
+        return;
+    }
+    // SAFETY: as in `vnat_udp_release`: the value is copied out at once,
+    // and a reused element only makes the cap count another socket's.
+    let on_socket = unsafe { VNAT_UDP_PER_SOCK.get(&cookie) }
+        .copied()
+        .unwrap_or(0);
+    if on_socket >= UDP_PER_SOCKET_MAX {
+        count(STAT_UDP_SOCKET_FULL);
+        return;
+    }
     if VNAT_CONNS.insert(&key, &rec, 0).is_err() {
         count(STAT_CONNS_MAP_FULL);
         return;
     }
+    udp_count_add(1);
+    let _ = VNAT_UDP_PER_SOCK.insert(&cookie, &(on_socket + 1), 0);
     let _ = VNAT_UDP_SOCKS.insert(&cookie, &key, 0);
     count(STAT_UDP_RECORDED);
 }

@@ -58,6 +58,11 @@ pub struct Config {
     /// 5 min), while connections with that host still wait for it.
     pub pair_retry_initial: Duration,
     pub pair_retry_max: Duration,
+    /// New pairings this host starts per second, and their burst (defaults
+    /// 20 and 64); beyond, they wait (never refused): a host is never a
+    /// reflector of PAIR_INITs, whatever set of peers it is shown.
+    pub pair_starts_per_sec: u32,
+    pub pair_starts_burst: u32,
     pub max_queued_datagrams: usize,
     pub max_events: usize,
     pub store: StoreLimits,
@@ -85,6 +90,8 @@ impl Default for Config {
             pair_dh_burst: 5,
             pair_retry_initial: Duration::from_secs(5),
             pair_retry_max: Duration::from_secs(300),
+            pair_starts_per_sec: 20,
+            pair_starts_burst: 64,
             max_queued_datagrams: 16_384,
             max_events: 1 << 20,
             store: StoreLimits::default(),

@@ -173,6 +173,42 @@ impl PairLimiter {
     }
 }
 
+/// One token bucket: how many pairings this host starts, whoever asks
+/// (new connections to new addresses, a flood of UDP sources that a server
+/// answered among them), so that it is never a reflector of PAIR_INITs.
+pub(crate) struct StartLimit {
+    per_sec: u32,
+    burst: u32,
+    tokens: u64,
+    last: Timestamp,
+}
+
+impl StartLimit {
+    pub fn new(per_sec: u32, burst: u32) -> StartLimit {
+        StartLimit {
+            per_sec,
+            burst,
+            tokens: u64::from(burst) * 1000,
+            last: Timestamp(0),
+        }
+    }
+
+    /// Take a token; false if none is left now.
+    pub fn allow(&mut self, now: Timestamp) -> bool {
+        let ms = u64::try_from(now.since(self.last).as_millis()).unwrap_or(u64::MAX);
+        self.tokens = self
+            .tokens
+            .saturating_add(ms.saturating_mul(u64::from(self.per_sec)))
+            .min(u64::from(self.burst) * 1000);
+        self.last = now;
+        if self.tokens < 1000 {
+            return false;
+        }
+        self.tokens -= 1000;
+        true
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -132,6 +132,7 @@ pub struct Endpoint {
     /// Cookie secrets and the per-source DH limit (`vcmp::cookie`).
     pub(crate) cookies: super::cookie::CookieJar,
     pub(crate) pair_limit: super::cookie::PairLimiter,
+    pub(crate) pair_starts: super::cookie::StartLimit,
     /// Failed pairings to try again, by address: (failures so far, when
     /// to try next, `None` while a new attempt is under way).
     pub(crate) pair_retry: HashMap<IpAddr, (u32, Option<Timestamp>)>,
@@ -257,6 +258,8 @@ impl Endpoint {
     pub fn new(cfg: Config, identity: HostIdentity) -> Endpoint {
         let mut tx = TxQueue::new(cfg.mtu, cfg.max_queued_datagrams);
         let pair_limit = super::cookie::PairLimiter::new(cfg.pair_dh_per_sec, cfg.pair_dh_burst);
+        let pair_starts =
+            super::cookie::StartLimit::new(cfg.pair_starts_per_sec, cfg.pair_starts_burst);
         for s in &cfg.location_servers {
             tx.trusted.insert(s.ip());
         }
@@ -274,6 +277,7 @@ impl Endpoint {
             fins: HashMap::new(),
             cookies: Default::default(),
             pair_limit,
+            pair_starts,
             pair_retry: HashMap::new(),
             claim_index: HashMap::new(),
             binds: Default::default(),

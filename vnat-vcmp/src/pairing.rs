@@ -86,6 +86,14 @@ impl Endpoint {
             self.retry_pairing_later(ctx.now, ip);
             return;
         }
+        if !self.pair_starts.allow(ctx.now) {
+            // Over the rate of new pairings: in a second, not a failure.
+            let failures = self.pair_retry.get(&ip).map_or(0, |r| r.0);
+            let at = ctx.now.plus(std::time::Duration::from_secs(1));
+            self.pair_retry.insert(ip, (failures, Some(at)));
+            self.stats.count(Counter::PairingDeferred);
+            return;
+        }
         if let Some(r) = self.pair_retry.get_mut(&ip) {
             r.1 = None;
         }

@@ -222,3 +222,52 @@ fn a_failed_pairing_is_tried_again_with_backoff_until_the_peer_answers() {
     assert!(sim.hosts[L].ep.connection(&f).unwrap().has_keys);
     assert!(sim.hosts[S].ep.connection(&reverse(&f)).unwrap().has_keys);
 }
+
+#[test]
+fn new_pairings_start_at_a_bounded_rate_whatever_the_number_of_peers() {
+    let mut sim = Sim::new(66, Link::default());
+    sim.add_host("10.0.0.1", Config::default());
+    // 300 flows to 300 addresses nobody answers at (a UDP server that
+    // answered 300 spoofed sources, say).
+    for i in 0..300u32 {
+        let remote = format!(
+            "10.{}.{}.{}:5000",
+            100 + i / 65_536,
+            (i / 256) % 256,
+            i % 256
+        );
+        let f = tcp("10.0.0.1:53", &remote);
+        sim.with(L, |ep, now, rng| {
+            ep.connection_added(
+                now,
+                rng,
+                f,
+                f.local,
+                f.remote,
+                super::binding::Binding::endpoints(&f),
+            )
+            .unwrap()
+        });
+    }
+    let first_inits = |sim: &Sim, upto: Duration| {
+        let start = sim.wire_log.first().map_or(sim.now, |w| w.0);
+        let mut dsts = std::collections::HashSet::new();
+        for (t, _, dst, k) in &sim.wire_log {
+            if *k == Kind::PairInit as u8 && t.since(start) <= upto {
+                dsts.insert(*dst);
+            }
+        }
+        dsts.len()
+    };
+    sim.run_for(Duration::from_secs(1));
+    let cfg = Config::default();
+    let in_1s = first_inits(&sim, Duration::from_secs(1));
+    assert!(
+        in_1s <= (cfg.pair_starts_burst + cfg.pair_starts_per_sec + 1) as usize,
+        "{in_1s} pairings started in the first second"
+    );
+    assert!(sim.hosts[L].ep.stats().get(Counter::PairingDeferred) > 0);
+    // None is dropped: every address gets its PAIR_INIT in time.
+    sim.run_for(Duration::from_secs(30));
+    assert_eq!(first_inits(&sim, Duration::from_secs(31)), 300);
+}

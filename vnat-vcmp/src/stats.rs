@@ -36,6 +36,7 @@ pub enum Counter {
     PairRespResent,
     PairRetransmit,
     Paired,
+    PairingDeferred,
     PairingRetried,
     PairingRetryScheduled,
     PairingTimedOut,
@@ -59,7 +60,7 @@ pub enum Counter {
 
 impl Counter {
     /// Every value, in name order.
-    pub const ALL: [Counter; 48] = [
+    pub const ALL: [Counter; 49] = [
         Counter::BindAgain,
         Counter::BindDivertFailed,
         Counter::BindRequestsDropped,
@@ -89,6 +90,7 @@ impl Counter {
         Counter::PairRespResent,
         Counter::PairRetransmit,
         Counter::Paired,
+        Counter::PairingDeferred,
         Counter::PairingRetried,
         Counter::PairingRetryScheduled,
         Counter::PairingTimedOut,
@@ -142,6 +144,7 @@ impl Counter {
             Counter::PairRespResent => "pair_resp_resent",
             Counter::PairRetransmit => "pair_retransmit",
             Counter::Paired => "paired",
+            Counter::PairingDeferred => "pairing_deferred",
             Counter::PairingRetried => "pairing_retried",
             Counter::PairingRetryScheduled => "pairing_retry_scheduled",
             Counter::PairingTimedOut => "pairing_timed_out",

@@ -37,6 +37,7 @@ fn conn(
         command: pid.map(|_| "curl".into()),
         age_secs: 12,
         tcp_isns: None,
+        udp_inbound_only: false,
     };
     // The native TCP one has a vnatd peer in this sample; the UDP one not.
     let mobile = proto == Proto::Tcp;

@@ -529,6 +529,7 @@ mod tests {
                 command: None,
                 age_secs: 3,
                 tcp_isns: None,
+                udp_inbound_only: false,
             },
             mobile: true,
             seen_by_peer_as: None,

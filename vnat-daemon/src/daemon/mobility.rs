@@ -48,6 +48,11 @@ pub fn is_mobile_candidate(flow: &VirtualFlow, vcmp_port: u16) -> bool {
 /// kernel recording a connection and vnatd's next look at its records.
 pub const VANISHED_GRACE: Duration = Duration::from_secs(5);
 
+/// Why a UDP flow is not managed yet: this host has only received from
+/// the peer, and a source address proves nothing.
+pub const INBOUND_ONLY: &str =
+    "a UDP source this host has only received from: it becomes mobile once this host answers it";
+
 /// Why a newly seen connection is not managed although it is a candidate:
 /// its local address is not one of this host's.
 pub const NOT_OUR_ADDRESS: &str =

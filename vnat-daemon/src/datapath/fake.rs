@@ -72,6 +72,7 @@ impl FakeDatapath {
                 command: pid.map(|_| "fake".into()),
                 age_secs: 0,
                 tcp_isns: None,
+                udp_inbound_only: false,
             },
         );
         id

@@ -56,6 +56,11 @@ pub struct ConnectionInfo {
     /// answer of the control API.
     #[serde(skip)]
     pub tcp_isns: Option<[u32; 2]>,
+    /// UDP: this host has only received from the peer (a server's socket
+    /// that never answered that source). Anyone can spoof a source, so such
+    /// a flow is no pairing target until this host sends to it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub udp_inbound_only: bool,
 }
 
 /// A translation for one flow (what `install_translation` takes).

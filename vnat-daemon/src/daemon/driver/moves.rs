@@ -55,7 +55,16 @@ impl Driver {
                 }
                 continue;
             }
+            if c.udp_inbound_only && self.endpoint.connection(&flow).is_none() {
+                // Only received from (anyone can spoof a source): no pairing
+                // with it until this host answers it.
+                self.refused.insert(flow, mobility::INBOUND_ONLY);
+                continue;
+            }
             if self.endpoint.connection(&flow).is_none() && !self.exported.contains(&flow) {
+                if self.refused.get(&flow) == Some(&mobility::INBOUND_ONLY) {
+                    self.refused.remove(&flow);
+                }
                 let r = self.endpoint.connection_added(
                     now(),
                     &mut OsRng,

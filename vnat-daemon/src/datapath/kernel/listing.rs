@@ -2,11 +2,15 @@
 //! records complete and current.
 
 use super::*;
+use vnat_common::{ORIGIN_UDP_CONNECT, ORIGIN_UDP_RECVMSG, UDP_DIR_RECV, UDP_IDLE_NS};
 
 impl KernelDatapath {
     /// Complete UDP flows whose connect() ran before the socket had a local
-    /// port, and drop UDP records whose socket is gone. The daemon calls this
-    /// periodically; `connections()` shows pending flows either way.
+    /// port; drop UDP records whose socket is gone, and those of an
+    /// unconnected socket idle for [`UDP_IDLE_NS`] (a spoofed source's, a
+    /// peer long gone) unless translated; then recount the UDP records, in
+    /// all and per socket, for the eBPF recorders' budgets. The daemon calls
+    /// this periodically; `connections()` shows pending flows either way.
     pub fn sync_udp(&mut self) -> Result<(), DatapathError> {
         let completed = self.completed_udp();
         for (cookie, key, rec) in completed {
@@ -14,26 +18,59 @@ impl KernelDatapath {
             let _ = self.loaded.maps.udp_pending.remove(&cookie);
         }
         let sockets = procfs::socket_inodes();
-        let stale: Vec<FlowKey> = self
+        let translated: std::collections::HashSet<FlowKey> =
+            self.egress_entries()?.iter().map(|(k, _)| *k).collect();
+        let now_ns = boottime_ns();
+        let udp: Vec<(FlowKey, ConnRecord)> = self
             .loaded
             .maps
             .conns
             .iter()
             .filter_map(Result::ok)
             .filter(|(k, _)| k.proto == PROTO_UDP)
-            .filter_map(|(k, _)| {
-                let (local, remote) = key_endpoints(&k)?;
-                let alive = sockets.keys().any(|(p, l, r)| {
-                    *p == Proto::Udp
-                        && l.port() == local.port()
-                        && (l.ip() == local.ip() || l.ip().is_unspecified())
-                        && (r.port() == 0 || *r == remote)
-                });
-                (!alive).then_some(k)
-            })
             .collect();
-        for k in stale {
-            let _ = self.loaded.maps.conns.remove(&k);
+        let mut stale = Vec::new();
+        let mut per_sock: StdHashMap<u64, u32> = StdHashMap::new();
+        for (k, rec) in &udp {
+            let Some((local, remote)) = key_endpoints(k) else {
+                continue;
+            };
+            let alive = sockets.keys().any(|(p, l, r)| {
+                *p == Proto::Udp
+                    && l.port() == local.port()
+                    && (l.ip() == local.ip() || l.ip().is_unspecified())
+                    && (r.port() == 0 || *r == remote)
+            });
+            let idle = rec.origin != ORIGIN_UDP_CONNECT
+                && now_ns.saturating_sub(rec.last_seen_ns) > UDP_IDLE_NS
+                && !translated.contains(k);
+            if !alive || idle {
+                stale.push(*k);
+            } else {
+                *per_sock.entry(rec.cookie).or_default() += 1;
+            }
+        }
+        for k in &stale {
+            let _ = self.loaded.maps.conns.remove(k);
+        }
+        let kept = (udp.len() - stale.len()) as u64;
+        let _ = self.loaded.maps.udp_count.set(0, kept, 0);
+        // Per socket: the counts of sockets that lost records (the others
+        // are right, give or take a concurrent insert).
+        let touched: std::collections::HashSet<u64> = udp
+            .iter()
+            .filter(|(k, _)| stale.contains(k))
+            .map(|(_, r)| r.cookie)
+            .collect();
+        for cookie in touched {
+            match per_sock.get(&cookie) {
+                Some(n) => {
+                    let _ = self.loaded.maps.udp_per_sock.insert(cookie, *n, 0);
+                }
+                None => {
+                    let _ = self.loaded.maps.udp_per_sock.remove(&cookie);
+                }
+            }
         }
         Ok(())
     }
@@ -164,6 +201,9 @@ impl KernelDatapath {
                 // two ends. (snd_una_base is not: the SYN's ACK counts in
                 // bytes_acked at one end only.)
                 tcp_isns: (flow.proto == Proto::Tcp).then_some([rec.snd_nxt, rec.rcv_nxt]),
+                udp_inbound_only: flow.proto == Proto::Udp
+                    && rec.origin == ORIGIN_UDP_RECVMSG
+                    && rec.udp_dirs == UDP_DIR_RECV,
             });
         }
         out.sort_by_key(|c| (c.proto, c.virtual_local, c.virtual_remote));

@@ -14,9 +14,9 @@ use aya::{
 use vnat_common::{
     ConnRecord, DatapathConfig, FlowKey, NatRewrite, RebindKey, RebindValue, UdpPending,
     ABI_VERSION, CFG_F_NAT_EMPTY, CFG_F_NETNS_FILTER, MAP_CONFIG, MAP_CONNS, MAP_EGRESS_NAT,
-    MAP_INGRESS_NAT, MAP_REBIND, MAP_STATS, MAP_UDP_PENDING, PROG_SOCKOPS, PROG_TC_EGRESS,
-    PROG_TC_INGRESS, PROG_UDP_CONNECT4, PROG_UDP_CONNECT6, PROG_UDP_RECVMSG4, PROG_UDP_RECVMSG6,
-    PROG_UDP_RELEASE, PROG_UDP_SENDMSG4, PROG_UDP_SENDMSG6,
+    MAP_INGRESS_NAT, MAP_REBIND, MAP_STATS, MAP_UDP_COUNT, MAP_UDP_PENDING, MAP_UDP_PER_SOCK,
+    PROG_SOCKOPS, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_UDP_CONNECT4, PROG_UDP_CONNECT6,
+    PROG_UDP_RECVMSG4, PROG_UDP_RECVMSG6, PROG_UDP_RELEASE, PROG_UDP_SENDMSG4, PROG_UDP_SENDMSG6,
 };
 
 use crate::datapath::DatapathError;
@@ -42,6 +42,10 @@ pub struct Maps {
     pub stats: PerCpuArray<MapData, u64>,
     pub config: Array<MapData, DatapathConfig>,
     pub udp_pending: HashMap<MapData, u64, UdpPending>,
+    /// UDP records in `conns` (one slot) and per socket cookie: vnatd
+    /// recounts both at each housekeeping pass.
+    pub udp_count: Array<MapData, u64>,
+    pub udp_per_sock: HashMap<MapData, u64, u32>,
     pub rebind: HashMap<MapData, RebindKey, RebindValue>,
 }
 
@@ -158,6 +162,10 @@ pub fn load(bpffs: &Path) -> Result<Loaded, DatapathError> {
         udp_pending: HashMap::try_from(take(&mut ebpf, MAP_UDP_PENDING)?)
             .map_err(map_err(MAP_UDP_PENDING))?,
         rebind: HashMap::try_from(take(&mut ebpf, MAP_REBIND)?).map_err(map_err(MAP_REBIND))?,
+        udp_count: Array::try_from(take(&mut ebpf, MAP_UDP_COUNT)?)
+            .map_err(map_err(MAP_UDP_COUNT))?,
+        udp_per_sock: HashMap::try_from(take(&mut ebpf, MAP_UDP_PER_SOCK)?)
+            .map_err(map_err(MAP_UDP_PER_SOCK))?,
     };
     let mut loaded = Loaded {
         ebpf,
