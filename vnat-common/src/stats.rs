@@ -28,8 +28,9 @@ counters! {
     STAT_DROP_CSUM_FAILED = 4, "drop_csum_failed";
     /// Dropped: bpf_redirect_neigh refused the target interface.
     STAT_DROP_REDIRECT_FAILED = 5, "drop_redirect_failed";
-    /// Passed untranslated: a non-first IPv4 fragment of a translated flow
-    /// cannot be matched (no ports). Counted only when a fragment is seen.
+    /// Passed untranslated: a fragment after the first (IPv4 or IPv6) of a
+    /// datagram whose first fragment was not seen translated here (it came
+    /// later, or its flow is not translated): it has no ports to match.
     STAT_PASS_FRAGMENT = 6, "pass_fragment";
     /// Passed untranslated: IPv6 with extension headers before TCP/UDP.
     STAT_PASS_IPV6_EXTHDR = 7, "pass_ipv6_exthdr";
@@ -76,4 +77,7 @@ counters! {
     /// A UDP flow not recorded: its socket has `UDP_PER_SOCKET_MAX` flows
     /// recorded already (a server flooded from many sources).
     STAT_UDP_SOCKET_FULL = 22, "udp_socket_full";
+    /// A fragment after the first of a datagram whose first fragment was
+    /// translated, translated by that datagram's flow (addresses only).
+    STAT_FRAGMENT_TRANSLATED = 23, "fragment_translated";
 }

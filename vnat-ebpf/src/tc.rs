@@ -14,8 +14,8 @@
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT},
     helpers::bpf_redirect_neigh,
-    macros::classifier,
-    maps::HashMap,
+    macros::{classifier, map},
+    maps::{HashMap, LruHashMap},
     programs::TcContext,
 };
 use vnat_common::{
@@ -23,8 +23,8 @@ use vnat_common::{
     NAT_F_REDIRECT, PROTO_TCP, PROTO_UDP, REBIND_SLOTS, STAT_BIND_DIVERTED, STAT_DROP_BIND_DIRECT,
     STAT_DROP_CSUM_FAILED, STAT_DROP_HELD, STAT_DROP_REBINDING, STAT_DROP_REDIRECT_FAILED,
     STAT_DROP_REWRITE_FAILED, STAT_EGRESS_REDIRECTED, STAT_EGRESS_TRANSLATED,
-    STAT_INGRESS_TRANSLATED, STAT_PASS_FRAGMENT, STAT_PASS_IPV6_EXTHDR, STAT_PASS_TRUNCATED,
-    STAT_REBIND_LEARNED, STAT_REBIND_REFUSED,
+    STAT_FRAGMENT_TRANSLATED, STAT_INGRESS_TRANSLATED, STAT_PASS_FRAGMENT, STAT_PASS_IPV6_EXTHDR,
+    STAT_PASS_TRUNCATED, STAT_REBIND_LEARNED, STAT_REBIND_REFUSED,
 };
 
 use crate::maps::{
@@ -36,6 +36,7 @@ const ETH_HLEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86DD;
 /// Offsets inside the IPv4 header.
+const IP4_ID_OFF: usize = 4;
 const IP4_FRAG_OFF: usize = 6;
 const IP4_PROTO_OFF: usize = 9;
 const IP4_CSUM_OFF: usize = 10;
@@ -46,6 +47,9 @@ const IP6_NEXTHDR_OFF: usize = 6;
 const IP6_SADDR_OFF: usize = 8;
 const IP6_DADDR_OFF: usize = 24;
 const IP6_HLEN: usize = 40;
+/// The IPv6 fragment extension header: its number and length.
+const IP6_NEXTHDR_FRAGMENT: u8 = 44;
+const IP6_FRAGHDR_LEN: usize = 8;
 /// Offsets of the checksum inside the L4 header.
 const TCP_CSUM_OFF: usize = 16;
 const UDP_CSUM_OFF: usize = 6;
@@ -91,9 +95,48 @@ fn verdict(r: Result<i32, Drop>) -> i32 {
 /// Where the interesting fields of a parsed packet are.
 struct Parsed {
     key: FlowKey,
-    /// Offset of the L3 header and of the L4 header.
+    /// Offset of the L3 header and of the L4 header (0 for a fragment
+    /// after the first, which has none: its key has no ports).
     l3: usize,
     l4: usize,
+    /// A fragment: its IP identification and whether it is the first (the
+    /// one with the L4 header).
+    frag: Option<(u32, bool)>,
+}
+
+/// One fragmented datagram in one direction, as its fragments carry it:
+/// addresses, protocol and IP identification.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct FragKey {
+    src_addr_be: [u32; 4],
+    dst_addr_be: [u32; 4],
+    id: u32,
+    family: u8,
+    proto: u8,
+    egress: u8,
+    _pad: u8,
+}
+
+/// The flows of fragmented datagrams whose first fragment was translated:
+/// the later fragments, which carry no ports, are translated by their
+/// datagram's flow. Fragments that come before the first are passed as they
+/// are (`pass_fragment`): their datagram is lost, as with no translation
+/// of its first fragment the receiver could not reassemble it anyway.
+#[map]
+static VNAT_FRAGS: LruHashMap<FragKey, FlowKey> = LruHashMap::with_max_entries(8192, 0);
+
+#[inline(always)]
+fn frag_key(p: &Parsed, id: u32, dir: Dir) -> FragKey {
+    FragKey {
+        src_addr_be: p.key.src_addr_be,
+        dst_addr_be: p.key.dst_addr_be,
+        id,
+        family: p.key.family,
+        proto: p.key.proto,
+        egress: u8::from(dir == Dir::Egress),
+        _pad: 0,
+    }
 }
 
 #[inline(always)]
@@ -108,6 +151,9 @@ fn try_translate(ctx: &TcContext, dir: Dir) -> Result<i32, Drop> {
     let Some(p) = parse(ctx) else {
         return Ok(TC_ACT_OK);
     };
+    if let Some((id, false)) = p.frag {
+        return translate_fragment(ctx, &p, id, dir);
+    }
     if let Some(vcmp_port_be) = divert {
         if divert_bind(ctx, &p, vcmp_port_be)? {
             return Ok(TC_ACT_OK);
@@ -145,7 +191,18 @@ fn try_translate(ctx: &TcContext, dir: Dir) -> Result<i32, Drop> {
         count(STAT_DROP_HELD);
         return Ok(TC_ACT_SHOT);
     }
+    if let Some((id, true)) = p.frag {
+        // The later fragments follow this one's flow.
+        let _ = VNAT_FRAGS.insert(&frag_key(&p, id, dir), &p.key, 0);
+    }
     rewrite(ctx, &p, &nat)?;
+    finish(dir, &nat)
+}
+
+/// What is left after a translated packet's rewrite: count it, and send an
+/// egress packet whose destination changed out again with L2 resolved.
+#[inline(always)]
+fn finish(dir: Dir, nat: &NatRewrite) -> Result<i32, Drop> {
     if dir == Dir::Ingress {
         count(STAT_INGRESS_TRANSLATED);
         return Ok(TC_ACT_OK);
@@ -166,6 +223,58 @@ fn try_translate(ctx: &TcContext, dir: Dir) -> Result<i32, Drop> {
         return Ok(TC_ACT_REDIRECT);
     }
     Ok(TC_ACT_OK)
+}
+
+/// A fragment after the first of its datagram: translated (addresses only;
+/// it has no L4 header) by the flow of the datagram's first fragment, if
+/// that one was translated; passed as it is otherwise.
+#[inline(always)]
+fn translate_fragment(ctx: &TcContext, p: &Parsed, id: u32, dir: Dir) -> Result<i32, Drop> {
+    // SAFETY: an LRU map's element can be reused for another key while we
+    // hold the reference: the key is copied out at once, and a reused
+    // element only sends this fragment through another flow's lookup,
+    // whose addresses must then match the fragment's for it to be used.
+    let Some(flow) = (unsafe { VNAT_FRAGS.get(&frag_key(p, id, dir)) }).copied() else {
+        count(STAT_PASS_FRAGMENT);
+        return Ok(TC_ACT_OK);
+    };
+    if flow.src_addr_be != p.key.src_addr_be || flow.dst_addr_be != p.key.dst_addr_be {
+        count(STAT_PASS_FRAGMENT);
+        return Ok(TC_ACT_OK);
+    }
+    let map: &HashMap<FlowKey, NatRewrite> = match dir {
+        Dir::Egress => &VNAT_EGRESS_NAT,
+        Dir::Ingress => &VNAT_INGRESS_NAT,
+    };
+    // SAFETY: as in `try_translate`.
+    let Some(nat) = (unsafe { map.get(&flow) }).copied() else {
+        count(STAT_PASS_FRAGMENT);
+        return Ok(TC_ACT_OK);
+    };
+    if dir == Dir::Egress && nat.flags & NAT_F_HOLD != 0 {
+        count(STAT_DROP_HELD);
+        return Ok(TC_ACT_SHOT);
+    }
+    if p.key.family == AF_INET {
+        for (off, old, new) in [
+            (IP4_SADDR_OFF, p.key.src_addr_be[0], nat.src_addr_be[0]),
+            (IP4_DADDR_OFF, p.key.dst_addr_be[0], nat.dst_addr_be[0]),
+        ] {
+            if old != new {
+                ctx.l3_csum_replace(p.l3 + IP4_CSUM_OFF, old as u64, new as u64, 4)
+                    .map_err(|_| Drop(STAT_DROP_CSUM_FAILED))?;
+                ctx.store(p.l3 + off, &new, 0)
+                    .map_err(|_| Drop(STAT_DROP_REWRITE_FAILED))?;
+            }
+        }
+    } else {
+        ctx.store(p.l3 + IP6_SADDR_OFF, &nat.src_addr_be, 0)
+            .map_err(|_| Drop(STAT_DROP_REWRITE_FAILED))?;
+        ctx.store(p.l3 + IP6_DADDR_OFF, &nat.dst_addr_be, 0)
+            .map_err(|_| Drop(STAT_DROP_REWRITE_FAILED))?;
+    }
+    count(STAT_FRAGMENT_TRANSLATED);
+    finish(dir, &nat)
 }
 
 /// A packet with no translation, coming in: if it is the first of a
@@ -357,6 +466,7 @@ fn parse(ctx: &TcContext) -> Option<Parsed> {
     let proto = u16::from_be(ctx.load::<u16>(12).ok()?);
     let l3 = ETH_HLEN;
     let mut key = FlowKey::default();
+    let mut frag = None;
     let l4 = match proto {
         ETH_P_IP => {
             let vihl: u8 = ctx.load(l3).ok()?;
@@ -370,19 +480,54 @@ fn parse(ctx: &TcContext) -> Option<Parsed> {
             if key.proto != PROTO_TCP && key.proto != PROTO_UDP {
                 return None;
             }
-            let frag = u16::from_be(ctx.load::<u16>(l3 + IP4_FRAG_OFF).ok()?);
-            if frag & 0x1fff != 0 {
-                // A non-first fragment has no ports and cannot be matched.
-                count(STAT_PASS_FRAGMENT);
-                return None;
-            }
+            let frag_field = u16::from_be(ctx.load::<u16>(l3 + IP4_FRAG_OFF).ok()?);
             key.family = AF_INET;
             key.src_addr_be[0] = ctx.load(l3 + IP4_SADDR_OFF).ok()?;
             key.dst_addr_be[0] = ctx.load(l3 + IP4_DADDR_OFF).ok()?;
+            // Offset and "more fragments": either makes it a fragment.
+            if frag_field & 0x3fff != 0 {
+                let id = u32::from(u16::from_be(ctx.load::<u16>(l3 + IP4_ID_OFF).ok()?));
+                if frag_field & 0x1fff != 0 {
+                    // Not the first: no ports, matched by its datagram.
+                    return Some(Parsed {
+                        key,
+                        l3,
+                        l4: 0,
+                        frag: Some((id, false)),
+                    });
+                }
+                frag = Some((id, true));
+            }
             l3 + ihl * 4
         }
         ETH_P_IPV6 => {
             key.proto = ctx.load(l3 + IP6_NEXTHDR_OFF).ok()?;
+            let mut l4 = l3 + IP6_HLEN;
+            if key.proto == IP6_NEXTHDR_FRAGMENT {
+                // A fragment header right after the fixed header (the only
+                // place a sender puts it on a datagram without other
+                // extension headers): next header, offset and M flag, id.
+                let fh = l3 + IP6_HLEN;
+                key.proto = ctx.load(fh).ok()?;
+                if key.proto != PROTO_TCP && key.proto != PROTO_UDP {
+                    return None;
+                }
+                let offset_m = u16::from_be(ctx.load::<u16>(fh + 2).ok()?);
+                let id = u32::from_be(ctx.load::<u32>(fh + 4).ok()?);
+                key.family = AF_INET6;
+                key.src_addr_be = ctx.load(l3 + IP6_SADDR_OFF).ok()?;
+                key.dst_addr_be = ctx.load(l3 + IP6_DADDR_OFF).ok()?;
+                if offset_m >> 3 != 0 {
+                    return Some(Parsed {
+                        key,
+                        l3,
+                        l4: 0,
+                        frag: Some((id, false)),
+                    });
+                }
+                frag = Some((id, true));
+                l4 = fh + IP6_FRAGHDR_LEN;
+            }
             if key.proto != PROTO_TCP && key.proto != PROTO_UDP {
                 // Extension headers (or ICMPv6, ...): not a flow we translate.
                 if is_ipv6_exthdr(key.proto) {
@@ -393,7 +538,7 @@ fn parse(ctx: &TcContext) -> Option<Parsed> {
             key.family = AF_INET6;
             key.src_addr_be = ctx.load(l3 + IP6_SADDR_OFF).ok()?;
             key.dst_addr_be = ctx.load(l3 + IP6_DADDR_OFF).ok()?;
-            l3 + IP6_HLEN
+            l4
         }
         _ => return None,
     };
@@ -403,7 +548,7 @@ fn parse(ctx: &TcContext) -> Option<Parsed> {
     };
     key.src_port_be = ports[0];
     key.dst_port_be = ports[1];
-    Some(Parsed { key, l3, l4 })
+    Some(Parsed { key, l3, l4, frag })
 }
 
 #[inline(always)]

@@ -112,6 +112,20 @@ impl EchoServer {
         Self::echo_in(host, addr, true, &listen)
     }
 
+    /// UDP echo of datagrams of `size` bytes inside a [`Host`]'s namespace
+    /// and cgroup (see [`EchoServer::udp_sized`]).
+    pub fn udp_sized_in(host: &Host, addr: SocketAddr, size: usize) -> EchoServer {
+        let listen = format!(
+            "{}-LISTEN:{},{},fork",
+            family(addr, "UDP"),
+            addr.port(),
+            bind(addr)
+        );
+        let size = size.to_string();
+        let args = ["-T", "600", "-b", &size, &listen, "PIPE"];
+        Self::start_in(host.ns, Some(&host.cgroup), addr, true, &args)
+    }
+
     /// socat listening with `listen` inside `host`'s namespace and cgroup:
     /// `EXEC:cat` for TCP, `PIPE` with datagrams of [`UDP_DATAGRAM_SIZE`]
     /// and a 600 s idle timeout for UDP.

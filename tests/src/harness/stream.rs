@@ -29,6 +29,8 @@ pub struct StreamOptions {
     pub duration_secs: Option<u64>,
     /// Local address to bind before connecting.
     pub bind: Option<std::net::IpAddr>,
+    /// UDP: bytes per datagram (vnat-stream's default otherwise).
+    pub datagram_size: Option<usize>,
 }
 
 impl StreamOptions {
@@ -39,6 +41,7 @@ impl StreamOptions {
             rate_bytes_per_sec: None,
             duration_secs: None,
             bind: None,
+            datagram_size: None,
         }
     }
 
@@ -64,6 +67,12 @@ impl StreamOptions {
         self
     }
 
+    /// UDP datagrams of `size` bytes (the echo server must read as many).
+    pub fn datagram_size(mut self, size: usize) -> Self {
+        self.datagram_size = Some(size);
+        self
+    }
+
     /// The command that runs `vnat-stream client` with these options in `ns`,
     /// for callers that add more (e.g. `Cgroup::join_on_spawn`) before
     /// [`StreamClient::from_command`].
@@ -83,6 +92,9 @@ impl StreamOptions {
         }
         if let Some(b) = self.bind {
             cmd.arg("--bind").arg(b.to_string());
+        }
+        if let Some(n) = self.datagram_size {
+            cmd.arg("--datagram-size").arg(n.to_string());
         }
         cmd
     }
