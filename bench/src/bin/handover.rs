@@ -71,6 +71,8 @@ use vnat_tests::{
 #[allow(dead_code)]
 #[path = "handover/daemon.rs"]
 mod daemon;
+#[path = "handover/flood.rs"]
+mod flood;
 #[path = "handover/probe.rs"]
 mod probe;
 #[path = "handover/report.rs"]
@@ -162,6 +164,13 @@ struct Args {
     /// moving only.
     #[arg(long)]
     nat: bool,
+    /// Junk and forged VCMP datagrams at the server's port 2031 from an
+    /// off-path host, this many a second, from just before the move until
+    /// the run ends (forged UPDs for the connection, PAIR_INITs, random
+    /// bytes): the move must still complete, in at most twice its time
+    /// without them.
+    #[arg(long, default_value_t = 0)]
+    flood_pps: u32,
     /// Measure the grid of issue 5 instead: every RTT of --sweep-rtts with
     /// every outage of --sweep-outages (one end moving), --runs runs per
     /// cell [default: 3 without outage, 1 with]; adds `sweep` to the JSON.
@@ -254,6 +263,7 @@ struct RunSetup<'a> {
     capture: bool,
     standby_tc: bool,
     nodelay_echo: bool,
+    flood_pps: u32,
 }
 
 /// One run's figures (milliseconds unless named otherwise).
@@ -301,6 +311,11 @@ struct RunResult {
     /// timer and backoff.
     laptop_socket_at_usable: String,
     delay_line: Vec<DirectionStats>,
+    /// `--flood-pps`: datagrams the flood sent during the run, and their
+    /// rate; the server's VCMP rejections meanwhile.
+    flood_sent: Option<u64>,
+    flood_per_sec: Option<f64>,
+    server_rejected_during_flood: Option<u64>,
 }
 
 fn main() -> ExitCode {
@@ -368,6 +383,7 @@ fn run(args: &Args) -> Result<()> {
                 capture: args.capture,
                 standby_tc: !args.no_standby_tc,
                 nodelay_echo: !args.nagle_echo,
+                flood_pps: args.flood_pps,
             })
             .with_context(|| format!("{}, run {}", case.label(), i + 1))?;
             eprintln!(
@@ -379,6 +395,12 @@ fn run(args: &Args) -> Result<()> {
                 opt_ms(r.server_translated_ms),
                 opt_ms(r.laptop_translated_ms),
             );
+            if let (Some(n), Some(pps)) = (r.flood_sent, r.flood_per_sec) {
+                eprintln!(
+                    "  flood: {n} datagrams at {pps:.0}/s; the server rejected {} meanwhile",
+                    r.server_rejected_during_flood.unwrap_or(0)
+                );
+            }
             done.push(r);
         }
         results.push((case, done));
@@ -456,6 +478,7 @@ fn sweep(args: &Args) -> Result<()> {
                 capture: args.capture,
                 standby_tc: !args.no_standby_tc,
                 nodelay_echo: !args.nagle_echo,
+                flood_pps: args.flood_pps,
             })
             .with_context(|| format!("rtt {rtt} ms, {}, run {}", case.label(), i + 1))?;
             eprintln!(
@@ -498,6 +521,7 @@ fn measure(setup: &RunSetup) -> Result<RunResult> {
         capture,
         standby_tc,
         nodelay_echo,
+        flood_pps,
     } = setup;
     let (scenario, both) = (case.scenario, case.movers == Movers::Both);
     let topo = LaptopRouterServer::builder().tag("hov").build();
@@ -610,6 +634,32 @@ fn measure(setup: &RunSetup) -> Result<RunResult> {
         Summary::of(&recent).expect("non-empty").median
     };
 
+    // The flood, from a host of its own behind the router.
+    let rejected = |d: &Daemon| -> u64 {
+        d.ctl(&["status"]).map_or(0, |s| {
+            s["vcmp"]["rejected"]
+                .as_object()
+                .map_or(0, |m| m.values().filter_map(Value::as_u64).sum())
+        })
+    };
+    let attacker = (flood_pps > 0).then(|| vnat_tests::attach_attacker(&topo, "hova").0);
+    let flood = match &attacker {
+        Some(ns) => {
+            let flow = vnat_daemon::vcmp::flow::VirtualFlow {
+                proto: vnat_daemon::vcmp::flow::Proto::Tcp,
+                local,
+                remote: server,
+            };
+            let target = SocketAddr::new(server.ip(), VCMP_PORT);
+            let before = rejected(&srvd);
+            let f = flood::Flood::start(ns, target, flood_pps, flow)?;
+            // Loaded before the move starts.
+            vnat_bench::sleep_checked(Duration::from_millis(300))?;
+            Some((f, before))
+        }
+        None => None,
+    };
+
     // The move.
     let l = &topo.laptop;
     // The laptop socket's timers just before B comes up (`ss` is read then,
@@ -688,6 +738,7 @@ fn measure(setup: &RunSetup) -> Result<RunResult> {
     if let Some(err) = &log.error {
         bail!("the probe connection failed after the move: {err}");
     }
+    let flooded = flood.map(|(f, before)| (f.stop(), rejected(&srvd).saturating_sub(before)));
     let later = log.echoes.iter().filter(|e| e.recv > first.recv).count();
     ensure!(later >= 100, "only {later} probes came back in the 500 ms after the first one: the flow did not carry on");
 
@@ -737,6 +788,9 @@ fn measure(setup: &RunSetup) -> Result<RunResult> {
         server_translated_ms: after_start(srvd.events("translation updated")),
         laptop_translated_ms: after_start(lapd.events("translation updated")),
         laptop_socket_at_usable: socket,
+        flood_sent: flooded.as_ref().map(|(s, _)| s.datagrams),
+        flood_per_sec: flooded.as_ref().map(|(s, _)| s.per_sec),
+        server_rejected_during_flood: flooded.as_ref().map(|(_, r)| *r),
         delay_line: {
             let mut stats = delay_e.map(DelayLine::stop).unwrap_or_default();
             let delayline::ServerLinkDelay { line, ns: _ns } = delay;
