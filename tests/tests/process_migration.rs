@@ -127,10 +127,25 @@ fn server_process_migrates_to_another_host_with_tcp_repair() {
     wait_mobile(&lapd, "client");
 
     // Checkpoint on the first server: vnat state first, then the socket.
+    // The export is sealed for the second server, by its key.
+    let key = |d: &Vnatd| -> String {
+        d.ctl(&["status"]).expect("vnatd unreachable")["vcmp"]["host_key"]
+            .as_str()
+            .expect("status shows the host key")
+            .to_string()
+    };
+    let (s1_key, s2_key) = (key(&s1d), key(&s2d));
     let export = d1.path().join("conns.json");
     let out = vnatctl(
         &s1d,
-        &["export", "--all", "--output", export.to_str().unwrap()],
+        &[
+            "export",
+            "--all",
+            "--to",
+            &s2_key,
+            "--output",
+            export.to_str().unwrap(),
+        ],
     );
     assert!(
         out.status.success(),
@@ -158,7 +173,32 @@ fn server_process_migrates_to_another_host_with_tcp_repair() {
 
     // Restore on the second server: vnat state first (it puts the
     // connection's address in place), then the socket.
-    let out = vnatctl(&s2d, &["import", export.to_str().unwrap()]);
+    // Refused, with nothing changed, when it does not name its sender or
+    // was changed on the way; taken when it names the first server.
+    let refused = |args: &[&str], why: &str| {
+        let out = vnatctl(&s2d, args);
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(
+            !out.status.success() && err.contains(why),
+            "{args:?}: {err}"
+        );
+    };
+    refused(&["import", export.to_str().unwrap()], "import with --from");
+    let tampered = d1.path().join("tampered.json");
+    let text = std::fs::read_to_string(&export).expect("reading the export");
+    std::fs::write(
+        &tampered,
+        text.replacen("\"send_seq\": ", "\"send_seq\": 1", 1),
+    )
+    .expect("writing the tampered copy");
+    refused(
+        &["import", "--from", &s1_key, tampered.to_str().unwrap()],
+        "does not match its content",
+    );
+    let out = vnatctl(
+        &s2d,
+        &["import", "--from", &s1_key, export.to_str().unwrap()],
+    );
     assert!(
         out.status.success(),
         "import failed: {}",

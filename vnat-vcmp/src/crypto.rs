@@ -135,6 +135,27 @@ pub fn verify_record(key: &SecretKey, signed: &[u8], tag: &[u8; TAG_LEN]) -> boo
     bool::from(full[..TAG_LEN].ct_eq(tag))
 }
 
+/// The MAC of an export document (`body`, its canonical bytes) sent from
+/// the host `from` to the host `to`, keyed by the two hosts' static
+/// Diffie-Hellman: only they can make or check it, and the direction is
+/// part of it. `None` for a key that is not a valid point.
+pub fn export_seal(
+    identity: &HostIdentity,
+    other: &[u8; 32],
+    from: &[u8; 32],
+    to: &[u8; 32],
+    body: &[u8],
+) -> Option<[u8; 32]> {
+    let shared = identity.dh(other).ok()?;
+    let key = extract(b"vnat export seal v1", &[&shared.0]);
+    Some(hmac(&key, &[b"vnat export v1", from, to, body]))
+}
+
+/// Constant-time comparison of two 32-byte MACs.
+pub fn macs_equal(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    bool::from(a.ct_eq(b))
+}
+
 fn hmac(key: &SecretKey, parts: &[&[u8]]) -> [u8; 32] {
     // HMAC accepts keys of any length, so this cannot fail; fall back to an
     // all-zero tag (which no verifier accepts as valid by chance) rather

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
 
 use super::binding::Binding;
-use super::crypto::{key_hex, parse_key_hex, ConnKeys, SecretKey};
+use super::crypto::{self, key_hex, parse_key_hex, ConnKeys, SecretKey};
 use super::endpoint::{Conn, Endpoint, EndpointError};
 use super::replay::ReplayWindow;
 use super::roles::RoleState;
@@ -85,6 +85,20 @@ impl std::fmt::Debug for ConnectionExport {
 }
 
 impl Endpoint {
+    /// The seal of an export document's canonical bytes for the host `to`
+    /// (this host's own key for an export it will import itself).
+    pub fn seal_export(&self, to: &[u8; 32], body: &[u8]) -> Option<[u8; 32]> {
+        let me = self.identity.public();
+        crypto::export_seal(&self.identity, to, &me, to, body)
+    }
+
+    /// Whether `mac` seals `body` from the host `from` to this one.
+    pub fn check_export_seal(&self, from: &[u8; 32], body: &[u8], mac: &[u8; 32]) -> bool {
+        let me = self.identity.public();
+        crypto::export_seal(&self.identity, from, from, &me, body)
+            .is_some_and(|m| crypto::macs_equal(&m, mac))
+    }
+
     /// Hand the connection over: returns its state and forgets it here.
     pub fn export_connection(
         &mut self,

@@ -103,6 +103,10 @@ pub enum Command {
         /// Write the export to FILE (created with mode 0600; must not exist) instead of stdout.
         #[arg(long, short, value_name = "FILE")]
         output: Option<PathBuf>,
+        /// Seal the export for the host with this key (64 hex digits, the `host key`
+        /// `vnatctl status` shows there): only that host can import it [default: this host].
+        #[arg(long, value_name = "KEY")]
+        to: Option<String>,
     },
     /// Take over connections exported by another vnatd (`vnatctl export`).
     #[command(long_about = IMPORT_ABOUT)]
@@ -110,6 +114,10 @@ pub enum Command {
         /// The file `vnatctl export` wrote, or - for stdin.
         #[arg(value_name = "FILE")]
         file: PathBuf,
+        /// The key of the host that exported it (its `vnatctl status`), which must
+        /// have sealed it for this host [default: this host].
+        #[arg(long, value_name = "KEY")]
+        from: Option<String>,
     },
 }
 
@@ -220,11 +228,17 @@ keep it with the same care as the process image, and delete it after the
 import. Only mobile connections (`vnatctl ls`) can be exported; if any
 selected one cannot, nothing is exported.
 
+The export is sealed for one host, the one named by --to (this host by
+default): a MAC under a key only this host and that one can derive. That
+host imports it with --from naming this host, and refuses it if anything in
+it changed.
+
 Choose exactly one of --all, --conn ID..., --pid PID or --cgroup DIR.
 
 Examples:
 
     vnatctl export --pid 4242 --output /root/app-conns.json
+    vnatctl export --pid 4242 --to 5f2c...e1 --output /root/app-conns.json
     vnatctl export --conn 48211 | ssh root@new-host vnatctl import -";
 
 const IMPORT_ABOUT: &str = "\
@@ -235,10 +249,16 @@ the peer: vnatd prepares that address at once and moves the connection (the
 peer's vnatd is updated, as after a move) as soon as the restored socket
 appears. All of the file is imported or nothing is.
 
+The file must be sealed for this host (`vnatctl export --to` this host's key,
+shown by `vnatctl status`) by the host --from names (this host by default);
+an unsealed, edited or forged file is refused and nothing changes.
+
 Examples:
 
     vnatctl import /root/app-conns.json
-    ssh root@old-host vnatctl export --pid 4242 | vnatctl import -";
+    vnatctl import --from 9a41...07 /root/app-conns.json
+    ssh root@old-host vnatctl export --pid 4242 --to $(vnatctl --json status | jq -r .vcmp.host_key) \\
+        | vnatctl import --from OLD-HOST-KEY -";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ProtoArg {

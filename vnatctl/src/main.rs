@@ -177,16 +177,16 @@ fn run(cli: &Cli) -> Result<String, Failure> {
         Command::Peers {
             action: Some(PeersAction::Forget { key }),
         } => Plan::ForgetPeer(key.clone()),
-        Command::Export { select, output } => {
+        Command::Export { select, output, to } => {
             // Create the file before vnatd forgets anything, so that an
             // unwritable path fails with nothing exported.
             let file = match output {
                 Some(path) => Some((absolute(path)?, create_secret(path)?)),
                 None => None,
             };
-            Plan::Export(selector(select)?, file)
+            Plan::Export(selector(select)?, file, to.clone())
         }
-        Command::Import { file } => Plan::Import(read_export(file)?),
+        Command::Import { file, from } => Plan::Import(read_export(file)?, from.clone()),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -259,8 +259,8 @@ fn run(cli: &Cli) -> Result<String, Failure> {
                     )
                 }
             }
-            Plan::Export(selector, file) => {
-                let document = client.export(selector).await?;
+            Plan::Export(selector, file, to) => {
+                let document = client.export(selector, to).await?;
                 let text = pretty(&document);
                 match file {
                     None => text,
@@ -275,9 +275,9 @@ fn run(cli: &Cli) -> Result<String, Failure> {
                     }
                 }
             }
-            Plan::Import(document) => {
+            Plan::Import(document, from) => {
                 let rows: Vec<output::ImportRow> = client
-                    .import(document)
+                    .import(document, from)
                     .await?
                     .iter()
                     .map(Into::into)
@@ -302,8 +302,8 @@ enum Plan {
     Resume(Selector),
     Peers,
     ForgetPeer(String),
-    Export(Selector, Option<(PathBuf, std::fs::File)>),
-    Import(ExportDocument),
+    Export(Selector, Option<(PathBuf, std::fs::File)>, Option<String>),
+    Import(ExportDocument, Option<String>),
 }
 
 /// A new file only its owner can read: the export holds keys. `create_new`

@@ -188,6 +188,8 @@ pub struct DatapathJson {
 /// VCMP's counters: `.vcmp.rejected.bad_mac` and so on.
 #[derive(Debug, Serialize)]
 pub struct VcmpJson {
+    /// This host's key: `vnatctl export --to` on another host names it.
+    pub host_key: String,
     pub events: BTreeMap<String, u64>,
     pub rejected: BTreeMap<String, u64>,
 }
@@ -255,6 +257,7 @@ impl From<&StatusReply> for StatusJson {
                 counters: d.counters.iter().cloned().collect(),
             },
             vcmp: s.vcmp.as_ref().map(|v| VcmpJson {
+                host_key: v.host_key.clone(),
                 events: v.events.clone(),
                 rejected: v.rejected.clone(),
             }),
@@ -344,6 +347,9 @@ pub fn status_text(s: &StatusReply) -> String {
         text.push_str(&table(&["COUNTER", "VALUE"], &rows));
     }
     if let Some(v) = &s.vcmp {
+        if !v.host_key.is_empty() {
+            text.push_str(&format!("\nhost key: {}\n", v.host_key));
+        }
         let mut rows: Vec<Vec<String>> = v
             .events
             .iter()

@@ -250,6 +250,7 @@ fn status() -> StatusReply {
             ],
         },
         vcmp: Some(vnat_daemon::control::VcmpCounters {
+            host_key: "ab".repeat(32),
             events: [("datagrams_received".to_string(), 12)]
                 .into_iter()
                 .collect(),

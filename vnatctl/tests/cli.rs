@@ -152,7 +152,7 @@ async fn fake_driver(mut rx: tokio::sync::mpsc::Receiver<DriverCommand>) {
             DriverCommand::ForgetPeer { key, reply } => {
                 let _ = reply.send((key == [0xab; 32]).then_some(1));
             }
-            DriverCommand::Export { flows, reply } => {
+            DriverCommand::Export { flows, reply, .. } => {
                 let mut replay = ReplayWindow::default();
                 replay.commit(3);
                 let connections = flows
@@ -184,9 +184,10 @@ async fn fake_driver(mut rx: tokio::sync::mpsc::Receiver<DriverCommand>) {
                 let _ = reply.send(Ok(ExportDocument {
                     vnat_export: 1,
                     connections,
+                    seal: None,
                 }));
             }
-            DriverCommand::Import { state, reply } => {
+            DriverCommand::Import { state, reply, .. } => {
                 let outcomes = state
                     .connections
                     .iter()

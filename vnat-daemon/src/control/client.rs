@@ -203,19 +203,27 @@ impl ControlClient {
         }
     }
 
-    /// The selected connections' state, keys included: a secret.
-    pub async fn export(&mut self, selector: Selector) -> Result<ExportDocument, ClientError> {
-        match self.request(Request::Export { selector }).await? {
+    /// The selected connections' state, keys included: a secret, sealed
+    /// for the host whose key is `to` (this one when `None`).
+    pub async fn export(
+        &mut self,
+        selector: Selector,
+        to: Option<String>,
+    ) -> Result<ExportDocument, ClientError> {
+        match self.request(Request::Export { selector, to }).await? {
             Reply::Exported { state } => Ok(state),
             other => Err(self.unexpected("export", &other)),
         }
     }
 
+    /// Import a document sealed by the host whose key is `from` (this one
+    /// when `None`).
     pub async fn import(
         &mut self,
         state: ExportDocument,
+        from: Option<String>,
     ) -> Result<Vec<ImportedConnection>, ClientError> {
-        match self.request(Request::Import { state }).await? {
+        match self.request(Request::Import { state, from }).await? {
             Reply::Imported { connections } => Ok(connections),
             other => Err(self.unexpected("import", &other)),
         }

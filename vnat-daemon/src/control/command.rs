@@ -52,12 +52,16 @@ pub enum Command {
     /// here; all of them or none.
     Export {
         flows: Vec<VirtualFlow>,
+        /// The host the document is sealed for (`None`: this one).
+        to: Option<[u8; 32]>,
         reply: oneshot::Sender<Result<ExportDocument, TransferError>>,
     },
     /// Take over exported flows (all or none), then move those whose local
     /// end now lives at another address, as automatic mode does.
     Import {
         state: ExportDocument,
+        /// The host the document must be sealed by (`None`: this one).
+        from: Option<[u8; 32]>,
         reply: oneshot::Sender<Result<Vec<ImportOutcome>, TransferError>>,
     },
 }

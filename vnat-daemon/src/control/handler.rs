@@ -31,6 +31,18 @@ use crate::datapath::{
     ConnectionInfo, DatapathError, DatapathStatus, VirtualFlow,
 };
 
+/// An optional host key given as 64 hex digits (`--to`, `--from`).
+fn host_key(key: Option<&str>, what: &str) -> Result<Option<[u8; 32]>, RequestError> {
+    key.map(|k| {
+        crate::vcmp::crypto::parse_key_hex(k.trim()).ok_or_else(|| {
+            RequestError::InvalidArgument(format!(
+                "{what} {k:?} is not a host key: give the 64 hex digits `vnatctl status` shows on that host"
+            ))
+        })
+    })
+    .transpose()
+}
+
 /// What a datapath request did, before it becomes a [`Reply`].
 enum Done {
     Status(DatapathStatus),
@@ -98,12 +110,12 @@ impl Handler {
             | Request::DisableCgroup { .. } => self.datapath_request(request),
             Request::Suspend { selector }
             | Request::Resume { selector }
-            | Request::Export { selector } => self.mobility_request(request, selector),
+            | Request::Export { selector, .. } => self.mobility_request(request, selector),
             Request::Peers => self
                 .ask(|reply| Command::Peers { reply })
                 .map(|peers| Reply::Peers { peers }),
             Request::ForgetPeer { key } => self.forget_peer(key),
-            Request::Import { state } => self.import(state),
+            Request::Import { state, from } => self.import(state, from.as_deref()),
         };
         // The VCMP counters come from the driver.
         let result = match result {
@@ -258,10 +270,11 @@ impl Handler {
                     moves_started,
                 }))
             }
-            Request::Export { .. } => {
+            Request::Export { to, .. } => {
+                let to = host_key(to.as_deref(), "--to")?;
                 let flows: Vec<VirtualFlow> = selected.iter().map(flow_of).collect();
                 let state = self
-                    .ask(|reply| Command::Export { flows, reply })?
+                    .ask(|reply| Command::Export { flows, to, reply })?
                     .map_err(RequestError::Transfer)?;
                 tracing::info!(connections = ?ids, "control: exported connections (VCMP forgets them here)");
                 Ok(Reply::Exported { state })
@@ -286,12 +299,13 @@ impl Handler {
         }
     }
 
-    fn import(&self, state: &ExportDocument) -> Result<Reply, RequestError> {
-        // Refuse a bad document before the driver is involved.
+    fn import(&self, state: &ExportDocument, from: Option<&str>) -> Result<Reply, RequestError> {
+        // Refuse a bad document or key before the driver is involved.
+        let from = host_key(from, "--from")?;
         state.validate().map_err(RequestError::Transfer)?;
         let state = state.clone();
         let outcomes = self
-            .ask(|reply| Command::Import { state, reply })?
+            .ask(|reply| Command::Import { state, from, reply })?
             .map_err(RequestError::Transfer)?;
         let connections = outcomes
             .into_iter()

@@ -148,11 +148,11 @@ impl FakeDriver {
                         // The fake knows one host, key ab..ab, holding 2.
                         let _ = reply.send((key == [0xab; 32]).then_some(2));
                     }
-                    Command::Export { flows, reply } => {
+                    Command::Export { flows, reply, .. } => {
                         seen.push(format!("export {}", flows.len()));
                         let _ = reply.send(Ok(document(&flows)));
                     }
-                    Command::Import { state, reply } => {
+                    Command::Import { state, reply, .. } => {
                         seen.push(format!("import {}", state.connections.len()));
                         let outcomes = state
                             .connections
@@ -227,6 +227,7 @@ fn document(flows: &[VirtualFlow]) -> ExportDocument {
                 translation: None,
             })
             .collect(),
+        seal: None,
     }
 }
 
@@ -381,6 +382,7 @@ fn a_bad_selector_changes_nothing_and_never_reaches_the_driver() {
         },
         Request::Export {
             selector: Selector::Cgroup("/nowhere".into()),
+            to: None,
         },
     ] {
         let e = err(h.handle(&request));
@@ -388,6 +390,7 @@ fn a_bad_selector_changes_nothing_and_never_reaches_the_driver() {
     }
     let e = err(h.handle(&Request::Export {
         selector: Selector::Cgroup("relative".into()),
+        to: None,
     }));
     assert_eq!(e.kind, ErrorKind::InvalidArgument);
     drop(h);
@@ -419,6 +422,7 @@ fn resume_peers_export_and_import_go_to_the_driver() {
 
     let reply = ok(h.handle(&Request::Export {
         selector: Selector::Conns(vec![a.id()]),
+        to: None,
     }));
     let Reply::Exported { state } = reply.clone() else {
         panic!("export answered {reply:?}")
@@ -430,7 +434,7 @@ fn resume_peers_export_and_import_go_to_the_driver() {
     assert_eq!(v["connections"][0]["translation"], json!(null));
 
     // The document goes back in as it came out.
-    let reply = ok(h.handle(&Request::Import { state }));
+    let reply = ok(h.handle(&Request::Import { state, from: None }));
     let Reply::Imported { connections } = reply else {
         panic!("import answered {reply:?}")
     };
@@ -456,7 +460,7 @@ fn a_bad_import_is_refused_before_the_driver() {
         (document(&[]), "no connection"),
         (wrong_id, "damaged"),
     ] {
-        let e = err(h.handle(&Request::Import { state }));
+        let e = err(h.handle(&Request::Import { state, from: None }));
         assert_eq!(e.kind, ErrorKind::InvalidArgument);
         assert!(e.message.contains(needle), "{}", e.message);
     }
@@ -477,6 +481,7 @@ fn import_request_wire_shape_round_trips() {
         version: PROTOCOL_VERSION,
         request: Request::Import {
             state: state.clone(),
+            from: None,
         },
     })
     .expect("serializable");
@@ -487,7 +492,8 @@ fn import_request_wire_shape_round_trips() {
     assert_eq!(
         parse_request(line.as_bytes()).expect("the line parses"),
         Request::Import {
-            state: state.clone()
+            state: state.clone(),
+            from: None,
         }
     );
     // And as an answer, through the client's parser.
@@ -529,9 +535,11 @@ fn without_a_driver_mobility_requests_fail_with_one_sentence_and_list_works() {
         Request::Peers,
         Request::Export {
             selector: Selector::All,
+            to: None,
         },
         Request::Import {
             state: document(&[a]),
+            from: None,
         },
     ] {
         let e = err(h.handle(&request));

@@ -67,10 +67,20 @@ pub enum Request {
     ForgetPeer { key: String },
     /// Hand the selected connections' VCMP state (keys included) over, for a
     /// process that is checkpointed here and restored on another host. This
-    /// vnatd forgets them.
-    Export { selector: Selector },
-    /// Take over connections exported by another vnatd.
-    Import { state: ExportDocument },
+    /// vnatd forgets them. The document is sealed for the host `to` (64 hex
+    /// digits; this host when absent), the only one that can import it.
+    Export {
+        selector: Selector,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        to: Option<String>,
+    },
+    /// Take over connections exported by another vnatd: the document must
+    /// be sealed for this host by the host `from` (this host when absent).
+    Import {
+        state: ExportDocument,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        from: Option<String>,
+    },
 }
 
 impl Request {
@@ -315,6 +325,10 @@ pub struct StatusReply {
 /// Counters of the VCMP protocol core.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VcmpCounters {
+    /// This host's key (64 hex digits): what its peers pair with, and what
+    /// `vnatctl export --to` names to seal an export for it.
+    #[serde(default)]
+    pub host_key: String,
     pub events: std::collections::BTreeMap<String, u64>,
     pub rejected: std::collections::BTreeMap<String, u64>,
 }

@@ -10,6 +10,14 @@
 //! `vcmp` is [`ConnectionExport`], which holds the connection's root key:
 //! whoever holds the document can move the connection, so it is a secret
 //! like the process image it travels with.
+//!
+//! `seal` authenticates it: the exporting host's key (`from`), the key of
+//! the host it is for (`to`), and a MAC of the document's canonical bytes
+//! under a key only those two hosts can derive (their static
+//! Diffie-Hellman; `vcmp::crypto::export_seal`). The importing vnatd
+//! refuses a document without a seal, sealed for another host, sealed by
+//! a host other than the one named on import (this host by default), or
+//! changed since it was sealed.
 
 use std::net::SocketAddr;
 
@@ -17,7 +25,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     datapath::{DatapathError, Translation, VirtualFlow},
-    vcmp::{endpoint::EndpointError, export::ConnectionExport},
+    vcmp::{
+        crypto::{key_hex, parse_key_hex},
+        endpoint::EndpointError,
+        export::ConnectionExport,
+        Endpoint,
+    },
 };
 
 /// Version of the document (the `vnat_export` key). Bump it on any
@@ -30,6 +43,19 @@ pub const EXPORT_FORMAT: u32 = 1;
 pub struct ExportDocument {
     pub vnat_export: u32,
     pub connections: Vec<ExportedConnection>,
+    /// Who sealed it for whom, and the MAC (absent only in documents of
+    /// vnatd before the seal, which are refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seal: Option<Seal>,
+}
+
+/// See the module documentation: keys and MAC as 64 hex digits.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Seal {
+    pub from: String,
+    pub to: String,
+    pub mac: String,
 }
 
 /// One exported connection.
@@ -61,6 +87,17 @@ impl PartialEq for ExportDocument {
 impl Eq for ExportDocument {}
 
 impl ExportDocument {
+    /// The bytes the seal covers: the document without its seal, as this
+    /// vnatd serializes it (so whitespace or key order changed in the file
+    /// do not matter, and every value does).
+    pub fn sealed_bytes(&self) -> Vec<u8> {
+        let unsealed = ExportDocument {
+            seal: None,
+            ..self.clone()
+        };
+        serde_json::to_vec(&unsealed).unwrap_or_default()
+    }
+
     /// Check what can be checked without VCMP, so that a bad file is refused
     /// before anything changes.
     pub fn validate(&self) -> Result<(), TransferError> {
@@ -84,6 +121,49 @@ impl ExportDocument {
     }
 }
 
+/// Seal `doc` (see the module documentation) for the host `to`.
+pub fn seal(doc: &mut ExportDocument, endpoint: &Endpoint, to: &[u8; 32]) {
+    doc.seal = None;
+    let mac = endpoint
+        .seal_export(to, &doc.sealed_bytes())
+        .unwrap_or([0; 32]);
+    doc.seal = Some(Seal {
+        from: key_hex(&endpoint.public_key()),
+        to: key_hex(to),
+        mac: key_hex(&mac),
+    });
+}
+
+/// Whether `doc` is sealed for this host (`endpoint`'s) by `from` (this
+/// host when `None`), and unchanged since.
+pub fn check_seal(
+    doc: &ExportDocument,
+    endpoint: &Endpoint,
+    from: Option<[u8; 32]>,
+) -> Result<(), TransferError> {
+    let me = endpoint.public_key();
+    let seal = doc.seal.as_ref().ok_or(TransferError::Unsealed)?;
+    let key = |s: &str, what| parse_key_hex(s).ok_or(TransferError::BadKey { what });
+    let sealed_from = key(&seal.from, "the seal's `from`")?;
+    let sealed_to = key(&seal.to, "the seal's `to`")?;
+    let mac = key(&seal.mac, "the seal's `mac`")?;
+    if sealed_to != me {
+        return Err(TransferError::SealedForAnotherHost {
+            to: seal.to.clone(),
+            me: key_hex(&me),
+        });
+    }
+    if sealed_from != from.unwrap_or(me) {
+        return Err(TransferError::SealedByAnotherHost {
+            from: seal.from.clone(),
+        });
+    }
+    if !endpoint.check_export_seal(&sealed_from, &doc.sealed_bytes(), &mac) {
+        return Err(TransferError::BadSeal);
+    }
+    Ok(())
+}
+
 /// Why an export or import was refused; nothing was changed.
 #[derive(Debug, thiserror::Error)]
 pub enum TransferError {
@@ -105,6 +185,18 @@ pub enum TransferError {
         #[source]
         source: EndpointError,
     },
+    #[error("the export is not sealed (it comes from a vnatd older than this one, or was edited); export it again with this release")]
+    Unsealed,
+    #[error("the export is sealed for another host ({to}); export it again with --to {me} (this host's key, shown by `vnatctl status`)")]
+    SealedForAnotherHost { to: String, me: String },
+    #[error(
+        "the export was sealed by the host {from}; if you trust it, import with --from {from}"
+    )]
+    SealedByAnotherHost { from: String },
+    #[error("the export's seal does not match its content: it was changed after the export, or forged; nothing was imported")]
+    BadSeal,
+    #[error("{what} is not a host key (64 hex digits, as `vnatctl status` shows it)")]
+    BadKey { what: &'static str },
     #[error("cannot import connection {id}: {source}; nothing was imported")]
     Import {
         id: u64,
@@ -190,4 +282,120 @@ pub struct ImportOutcome {
     pub physical_local: SocketAddr,
     pub physical_remote: SocketAddr,
     pub moving: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::datapath::Proto;
+    use crate::vcmp::{
+        crypto::HostIdentity, export::HexKey, replay::ReplayWindow, roles::RoleState, Config,
+    };
+
+    fn host(seed: u8) -> Endpoint {
+        Endpoint::new(Config::default(), HostIdentity::from_bytes([seed; 32]))
+    }
+
+    fn document() -> ExportDocument {
+        let flow = VirtualFlow {
+            proto: Proto::Tcp,
+            local: "10.0.0.1:40000".parse().unwrap(),
+            remote: "10.0.0.2:22".parse().unwrap(),
+        };
+        let vcmp = ConnectionExport {
+            version: crate::vcmp::export::EXPORT_VERSION,
+            flow,
+            local_phys: flow.local,
+            remote_phys: flow.remote,
+            peer_key: None,
+            root_key: HexKey("5a".repeat(32)),
+            send_seq: 7,
+            replay: ReplayWindow::default(),
+            binding_seq: 0,
+            location_seq: 0,
+            role: RoleState::default(),
+            tcp_isns: None,
+            udp_ends: None,
+            peer_named: None,
+            prev_root_key: None,
+            send_prev: false,
+            keyx_answer: None,
+        };
+        ExportDocument {
+            vnat_export: EXPORT_FORMAT,
+            connections: vec![ExportedConnection {
+                id: flow.id(),
+                vcmp,
+                translation: None,
+            }],
+            seal: None,
+        }
+    }
+
+    /// The file as a user's tools would handle it: written, read back.
+    fn through_a_file(doc: &ExportDocument) -> ExportDocument {
+        let text = serde_json::to_string_pretty(doc).unwrap();
+        serde_json::from_str(&text).unwrap()
+    }
+
+    #[test]
+    fn a_sealed_export_imports_on_its_host_from_its_host_only() {
+        let (a, b, c) = (host(1), host(2), host(3));
+        let mut doc = document();
+        seal(&mut doc, &a, &b.public_key());
+        let doc = through_a_file(&doc);
+        assert!(check_seal(&doc, &b, Some(a.public_key())).is_ok());
+        // Not without naming its sender, and not on another host.
+        assert!(matches!(
+            check_seal(&doc, &b, None),
+            Err(TransferError::SealedByAnotherHost { .. })
+        ));
+        assert!(matches!(
+            check_seal(&doc, &b, Some(c.public_key())),
+            Err(TransferError::SealedByAnotherHost { .. })
+        ));
+        assert!(matches!(
+            check_seal(&doc, &c, Some(a.public_key())),
+            Err(TransferError::SealedForAnotherHost { .. })
+        ));
+        // Exported and imported on one host: no keys to name.
+        let mut own = document();
+        seal(&mut own, &a, &a.public_key());
+        assert!(check_seal(&through_a_file(&own), &a, None).is_ok());
+    }
+
+    #[test]
+    fn a_changed_unsealed_or_resealed_export_is_refused() {
+        let (a, b, mallory) = (host(1), host(2), host(9));
+        let mut doc = document();
+        seal(&mut doc, &a, &b.public_key());
+        let mut changed = doc.clone();
+        changed.connections[0].vcmp.send_seq += 1;
+        assert!(matches!(
+            check_seal(&changed, &b, Some(a.public_key())),
+            Err(TransferError::BadSeal)
+        ));
+        let mut redirected = doc.clone();
+        redirected.connections[0].vcmp.remote_phys = "10.6.6.6:22".parse().unwrap();
+        assert!(matches!(
+            check_seal(&redirected, &b, Some(a.public_key())),
+            Err(TransferError::BadSeal)
+        ));
+        let mut unsealed = doc.clone();
+        unsealed.seal = None;
+        assert!(matches!(
+            check_seal(&unsealed, &b, Some(a.public_key())),
+            Err(TransferError::Unsealed)
+        ));
+        // Someone else reseals it with their own key, claiming to be A.
+        let mut forged = changed.clone();
+        seal(&mut forged, &mallory, &b.public_key());
+        if let Some(s) = &mut forged.seal {
+            s.from = key_hex(&a.public_key());
+        }
+        assert!(matches!(
+            check_seal(&forged, &b, Some(a.public_key())),
+            Err(TransferError::BadSeal)
+        ));
+    }
 }

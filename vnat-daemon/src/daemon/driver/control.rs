@@ -20,6 +20,7 @@ impl Driver {
             Command::Counters { reply } => {
                 let st = self.endpoint.stats();
                 let _ = reply.send(crate::control::VcmpCounters {
+                    host_key: identity::key_hex(&self.endpoint.public_key()),
                     events: st.events().map(|(c, n)| (c.name().into(), n)).collect(),
                     rejected: st.rejects().map(|(r, n)| (r.name().into(), n)).collect(),
                 });
@@ -89,12 +90,15 @@ impl Driver {
                     .collect();
                 let _ = reply.send(m);
             }
-            Command::Export { flows, reply } => {
-                let r = self.export(&flows).await;
+            Command::Export { flows, to, reply } => {
+                let r = self.export(&flows, to).await;
                 let _ = reply.send(r);
             }
-            Command::Import { state, reply } => {
-                let r = self.import(&state).await;
+            Command::Import { state, from, reply } => {
+                let r = match transfer::check_seal(&state, &self.endpoint, from) {
+                    Ok(()) => self.import(&state).await,
+                    Err(e) => Err(e),
+                };
                 let _ = reply.send(r);
             }
         }
@@ -103,7 +107,13 @@ impl Driver {
     pub(super) async fn export(
         &mut self,
         flows: &[VirtualFlow],
+        to: Option<[u8; 32]>,
     ) -> Result<ExportDocument, TransferError> {
+        let me = self.endpoint.public_key();
+        let to = to.unwrap_or(me);
+        if self.endpoint.seal_export(&to, b"").is_none() {
+            return Err(TransferError::BadKey { what: "--to" });
+        }
         // Check every flow before forgetting any: all or nothing.
         for f in flows {
             let (id, flow) = (f.id(), transfer::describe(f));
@@ -131,10 +141,13 @@ impl Driver {
                 translation,
             });
         }
-        Ok(ExportDocument {
+        let mut doc = ExportDocument {
             vnat_export: transfer::EXPORT_FORMAT,
             connections,
-        })
+            seal: None,
+        };
+        transfer::seal(&mut doc, &self.endpoint, &to);
+        Ok(doc)
     }
 
     pub(super) async fn import(
