@@ -54,8 +54,8 @@ pub const UDP_PER_SOCKET_MAX: u32 = 4_096;
 pub const MAP_UDP_COUNT: &str = "VNAT_UDP_COUNT";
 /// UDP records per socket cookie (for [`UDP_PER_SOCKET_MAX`]).
 pub const MAP_UDP_PER_SOCK: &str = "VNAT_UDP_PER_SOCK";
-/// A UDP record whose socket is not connected and has neither sent nor
-/// received on the flow for this long is dropped by vnatd's housekeeping
+/// A UDP record of a source the socket has only received from (never
+/// answered), idle for this long, is dropped by vnatd's housekeeping
 /// (unless the flow is translated): a spoofed source leaves no trace.
 pub const UDP_IDLE_NS: u64 = 180_000_000_000;
 

@@ -13,7 +13,7 @@
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT},
-    helpers::bpf_redirect_neigh,
+    helpers::{bpf_ktime_get_ns, bpf_redirect_neigh},
     macros::{classifier, map},
     maps::{HashMap, LruHashMap},
     programs::TcContext,
@@ -99,10 +99,34 @@ struct Parsed {
     /// after the first, which has none: its key has no ports).
     l3: usize,
     l4: usize,
-    /// A fragment: its IP identification and whether it is the first (the
-    /// one with the L4 header).
-    frag: Option<(u32, bool)>,
+    /// A fragment: its IP identification, whether it is the first (the one
+    /// with the L4 header), and whether more follow (not the last).
+    frag: Option<Frag>,
 }
+
+#[derive(Clone, Copy)]
+struct Frag {
+    id: u32,
+    first: bool,
+    more: bool,
+}
+
+/// A fragmented datagram's flow, and when its first fragment was seen.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct FragFlow {
+    key: FlowKey,
+    seen_ns: u64,
+}
+
+/// Longer than any reassembly waits (Linux: 30 s): an entry older than this
+/// belongs to a datagram long gone, and its identification may be reused.
+const FRAG_TTL_NS: u64 = 30_000_000_000;
+
+/// bpf_skb_store_bytes: update skb->csum for what is written (an IPv6
+/// address has no header checksum to absorb the change, and a receive
+/// checksum the NIC computed would otherwise go stale).
+const BPF_F_RECOMPUTE_CSUM: u64 = 1;
 
 /// One fragmented datagram in one direction, as its fragments carry it:
 /// addresses, protocol and IP identification.
@@ -120,11 +144,12 @@ struct FragKey {
 
 /// The flows of fragmented datagrams whose first fragment was translated:
 /// the later fragments, which carry no ports, are translated by their
-/// datagram's flow. Fragments that come before the first are passed as they
-/// are (`pass_fragment`): their datagram is lost, as with no translation
-/// of its first fragment the receiver could not reassemble it anyway.
+/// datagram's flow; the last one removes the entry. Fragments that come
+/// before the first are passed as they are (`pass_fragment`): their
+/// datagram is lost, as with no translation of its first fragment the
+/// receiver could not reassemble it anyway.
 #[map]
-static VNAT_FRAGS: LruHashMap<FragKey, FlowKey> = LruHashMap::with_max_entries(8192, 0);
+static VNAT_FRAGS: LruHashMap<FragKey, FragFlow> = LruHashMap::with_max_entries(8192, 0);
 
 #[inline(always)]
 fn frag_key(p: &Parsed, id: u32, dir: Dir) -> FragKey {
@@ -151,8 +176,8 @@ fn try_translate(ctx: &TcContext, dir: Dir) -> Result<i32, Drop> {
     let Some(p) = parse(ctx) else {
         return Ok(TC_ACT_OK);
     };
-    if let Some((id, false)) = p.frag {
-        return translate_fragment(ctx, &p, id, dir);
+    if let Some(f) = p.frag.filter(|f| !f.first) {
+        return translate_fragment(ctx, &p, f, dir);
     }
     if let Some(vcmp_port_be) = divert {
         if divert_bind(ctx, &p, vcmp_port_be)? {
@@ -191,9 +216,14 @@ fn try_translate(ctx: &TcContext, dir: Dir) -> Result<i32, Drop> {
         count(STAT_DROP_HELD);
         return Ok(TC_ACT_SHOT);
     }
-    if let Some((id, true)) = p.frag {
+    if let Some(f) = p.frag.filter(|f| f.more) {
         // The later fragments follow this one's flow.
-        let _ = VNAT_FRAGS.insert(&frag_key(&p, id, dir), &p.key, 0);
+        let flow = FragFlow {
+            key: p.key,
+            // SAFETY: a helper without arguments or preconditions.
+            seen_ns: unsafe { bpf_ktime_get_ns() },
+        };
+        let _ = VNAT_FRAGS.insert(&frag_key(&p, f.id, dir), &flow, 0);
     }
     rewrite(ctx, &p, &nat)?;
     finish(dir, &nat)
@@ -229,18 +259,31 @@ fn finish(dir: Dir, nat: &NatRewrite) -> Result<i32, Drop> {
 /// it has no L4 header) by the flow of the datagram's first fragment, if
 /// that one was translated; passed as it is otherwise.
 #[inline(always)]
-fn translate_fragment(ctx: &TcContext, p: &Parsed, id: u32, dir: Dir) -> Result<i32, Drop> {
+fn translate_fragment(ctx: &TcContext, p: &Parsed, f: Frag, dir: Dir) -> Result<i32, Drop> {
+    let fk = frag_key(p, f.id, dir);
     // SAFETY: an LRU map's element can be reused for another key while we
-    // hold the reference: the key is copied out at once, and a reused
+    // hold the reference: the value is copied out at once, and a reused
     // element only sends this fragment through another flow's lookup,
     // whose addresses must then match the fragment's for it to be used.
-    let Some(flow) = (unsafe { VNAT_FRAGS.get(&frag_key(p, id, dir)) }).copied() else {
+    let Some(entry) = (unsafe { VNAT_FRAGS.get(&fk) }).copied() else {
         count(STAT_PASS_FRAGMENT);
         return Ok(TC_ACT_OK);
     };
-    if flow.src_addr_be != p.key.src_addr_be || flow.dst_addr_be != p.key.dst_addr_be {
+    // SAFETY: a helper without arguments or preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let flow = entry.key;
+    if now.wrapping_sub(entry.seen_ns) > FRAG_TTL_NS
+        || flow.src_addr_be != p.key.src_addr_be
+        || flow.dst_addr_be != p.key.dst_addr_be
+    {
+        // Another datagram's, long gone (its identification reused).
+        let _ = VNAT_FRAGS.remove(&fk);
         count(STAT_PASS_FRAGMENT);
         return Ok(TC_ACT_OK);
+    }
+    if !f.more {
+        // The last fragment: the datagram is complete.
+        let _ = VNAT_FRAGS.remove(&fk);
     }
     let map: &HashMap<FlowKey, NatRewrite> = match dir {
         Dir::Egress => &VNAT_EGRESS_NAT,
@@ -268,9 +311,9 @@ fn translate_fragment(ctx: &TcContext, p: &Parsed, id: u32, dir: Dir) -> Result<
             }
         }
     } else {
-        ctx.store(p.l3 + IP6_SADDR_OFF, &nat.src_addr_be, 0)
+        ctx.store(p.l3 + IP6_SADDR_OFF, &nat.src_addr_be, BPF_F_RECOMPUTE_CSUM)
             .map_err(|_| Drop(STAT_DROP_REWRITE_FAILED))?;
-        ctx.store(p.l3 + IP6_DADDR_OFF, &nat.dst_addr_be, 0)
+        ctx.store(p.l3 + IP6_DADDR_OFF, &nat.dst_addr_be, BPF_F_RECOMPUTE_CSUM)
             .map_err(|_| Drop(STAT_DROP_REWRITE_FAILED))?;
     }
     count(STAT_FRAGMENT_TRANSLATED);
@@ -487,16 +530,25 @@ fn parse(ctx: &TcContext) -> Option<Parsed> {
             // Offset and "more fragments": either makes it a fragment.
             if frag_field & 0x3fff != 0 {
                 let id = u32::from(u16::from_be(ctx.load::<u16>(l3 + IP4_ID_OFF).ok()?));
+                let more = frag_field & 0x2000 != 0;
                 if frag_field & 0x1fff != 0 {
                     // Not the first: no ports, matched by its datagram.
                     return Some(Parsed {
                         key,
                         l3,
                         l4: 0,
-                        frag: Some((id, false)),
+                        frag: Some(Frag {
+                            id,
+                            first: false,
+                            more,
+                        }),
                     });
                 }
-                frag = Some((id, true));
+                frag = Some(Frag {
+                    id,
+                    first: true,
+                    more,
+                });
             }
             l3 + ihl * 4
         }
@@ -517,15 +569,24 @@ fn parse(ctx: &TcContext) -> Option<Parsed> {
                 key.family = AF_INET6;
                 key.src_addr_be = ctx.load(l3 + IP6_SADDR_OFF).ok()?;
                 key.dst_addr_be = ctx.load(l3 + IP6_DADDR_OFF).ok()?;
+                let more = offset_m & 1 != 0;
                 if offset_m >> 3 != 0 {
                     return Some(Parsed {
                         key,
                         l3,
                         l4: 0,
-                        frag: Some((id, false)),
+                        frag: Some(Frag {
+                            id,
+                            first: false,
+                            more,
+                        }),
                     });
                 }
-                frag = Some((id, true));
+                frag = Some(Frag {
+                    id,
+                    first: true,
+                    more,
+                });
                 l4 = fh + IP6_FRAGHDR_LEN;
             }
             if key.proto != PROTO_TCP && key.proto != PROTO_UDP {

@@ -278,7 +278,8 @@ impl Endpoint {
         }
         if self
             .handshakes
-            .contains_key(&SocketAddr::new(ip, self.cfg.port))
+            .keys()
+            .any(|(a, _)| *a == SocketAddr::new(ip, self.cfg.port))
         {
             return Some("pairing with the peer's vnatd");
         }

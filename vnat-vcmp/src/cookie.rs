@@ -68,12 +68,20 @@ fn mac(secret: &[u8; 32], from: SocketAddr, id: u32, init_static: &[u8; 32]) -> 
 }
 
 impl CookieJar {
-    /// Draw a new secret if the current one is due (or there is none).
+    /// Draw a new secret if the current one is due. The first time, and
+    /// after a quiet spell of two periods or more, both are drawn: a
+    /// "previous" secret must never be one anybody can know (the initial
+    /// zeros) or one older than a period.
     pub fn rotate(&mut self, now: Timestamp, rng: &mut dyn RngCore) {
         if now < self.rotates_at {
             return;
         }
-        self.previous = self.current;
+        let first = self.rotates_at == Timestamp(0);
+        if first || now >= self.rotates_at.plus(ROTATION) {
+            rng.fill_bytes(&mut self.previous);
+        } else {
+            self.previous = self.current;
+        }
         rng.fill_bytes(&mut self.current);
         self.rotates_at = now.plus(ROTATION);
     }
@@ -235,6 +243,22 @@ mod tests {
         assert!(jar.check(from, 7, &[1; 32], &c), "valid one period more");
         jar.rotate(later.plus(ROTATION), &mut rng);
         assert!(!jar.check(from, 7, &[1; 32], &c), "then gone");
+    }
+
+    #[test]
+    fn no_cookie_under_a_secret_anybody_knows_or_an_old_one_is_valid() {
+        let mut rng = DrbgRng::from_seed(2);
+        let from = sa("10.0.0.1:2031");
+        let zero = mac(&[0; 32], from, 7, &[1; 32]);
+        let mut jar = CookieJar::default();
+        jar.rotate(Timestamp(5), &mut rng);
+        assert!(!jar.check(from, 7, &[1; 32], &zero), "the initial zeros");
+        let c = jar.cookie(from, 7, &[1; 32]);
+        // Quiet for three periods: the next PAIR_INIT rotates once, and
+        // the cookie from before is not valid any more.
+        let later = Timestamp(5).plus(ROTATION * 3);
+        jar.rotate(later, &mut rng);
+        assert!(!jar.check(from, 7, &[1; 32], &c));
     }
 
     #[test]

@@ -128,7 +128,7 @@ pub struct Endpoint {
     pub(crate) peer_addrs: HashMap<[u8; 32], SocketAddr>,
     /// Handshakes by the other side's VCMP address: two hosts behind one
     /// NAT pair at once from two ports.
-    pub(crate) handshakes: HashMap<SocketAddr, Handshake>,
+    pub(crate) handshakes: HashMap<(SocketAddr, super::pairing::Side), Handshake>,
     /// Cookie secrets and the per-source DH limit (`vcmp::cookie`).
     pub(crate) cookies: super::cookie::CookieJar,
     pub(crate) pair_limit: super::cookie::PairLimiter,

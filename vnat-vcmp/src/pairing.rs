@@ -36,6 +36,15 @@ use super::endpoint::{CryptoDyn, Ctx, Endpoint, Event};
 use super::wire::{ErrorCode, Message, COOKIE_LEN};
 use super::Timestamp;
 
+/// Whose handshake with an address: the one we started, or theirs that we
+/// answer. Both may be under way at once (crossing initiations), and
+/// answering theirs never touches ours.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Side {
+    Ours,
+    Theirs,
+}
+
 pub(crate) enum Handshake {
     Initiator {
         id: u32,
@@ -76,9 +85,17 @@ impl Endpoint {
         self.pins.contains_key(ip) || self.tx.trusted.contains(ip)
     }
 
+    /// Responder handshakes held (what "loaded" counts).
+    fn answering(&self) -> usize {
+        self.handshakes
+            .keys()
+            .filter(|(_, side)| *side == Side::Theirs)
+            .count()
+    }
+
     pub(crate) fn start_pairing(&mut self, ctx: &mut Ctx, ip: IpAddr) {
         let dst = self.pair_addr(ip);
-        if self.handshakes.contains_key(&dst) || !self.sessions_at(ip).is_empty() {
+        if self.handshakes.contains_key(&(dst, Side::Ours)) || !self.sessions_at(ip).is_empty() {
             return;
         }
         if self.handshakes.len() >= self.cfg.max_pending_pairings {
@@ -102,7 +119,7 @@ impl Endpoint {
         self.send_pair_init(dst, id, &eph, None);
         let deadline = ctx.now.plus(self.rto(ctx, 0));
         self.handshakes.insert(
-            dst,
+            (dst, Side::Ours),
             Handshake::Initiator {
                 id,
                 eph,
@@ -171,7 +188,9 @@ impl Endpoint {
             self.stats.reject(Reject::PairUnknownSource);
             return;
         }
-        if let Some(Handshake::Responder { id: rid, resp, .. }) = self.handshakes.get(&from) {
+        if let Some(Handshake::Responder { id: rid, resp, .. }) =
+            self.handshakes.get(&(from, Side::Theirs))
+        {
             if *rid == id {
                 let again = resp.clone();
                 self.tx.push_datagram(from, again, &mut self.stats);
@@ -183,9 +202,10 @@ impl Endpoint {
             self.stats.reject(Reject::PairReflected);
             return;
         }
-        if let Some(Handshake::Initiator { .. }) = self.handshakes.get(&from) {
-            // Crossing initiations: the host with the lower key answers and
-            // the other one waits for that answer.
+        if self.handshakes.contains_key(&(from, Side::Ours)) {
+            // Crossing initiations: the host with the lower key answers (its
+            // own handshake stays until the pairing completes) and the
+            // other one waits for that answer.
             if self.identity.public() > init_static {
                 self.stats.count(Counter::PairCrossingIgnored);
                 return;
@@ -197,7 +217,7 @@ impl Endpoint {
         if !self.check_pin(from, &init_static, id) {
             return;
         }
-        if !self.handshakes.contains_key(&from)
+        if !self.handshakes.contains_key(&(from, Side::Theirs))
             && self.handshakes.len() >= self.cfg.max_pending_pairings
         {
             self.stats.reject(Reject::PairingTableFull);
@@ -226,7 +246,7 @@ impl Endpoint {
         self.tx.push_datagram(from, resp.clone(), &mut self.stats);
         let deadline = ctx.now.plus(self.rto(ctx, 0));
         self.handshakes.insert(
-            from,
+            (from, Side::Theirs),
             Handshake::Responder {
                 id,
                 init_static,
@@ -258,8 +278,10 @@ impl Endpoint {
             // Stale (the secret moved on twice) or forged: ask again.
             self.stats.reject(Reject::PairBadCookie);
         } else {
-            let replaces = self.handshakes.contains_key(&from);
-            let loaded = self.handshakes.len() >= self.cfg.max_pending_pairings / 2;
+            // Only a handshake we answer for that address would be
+            // replaced (ours stays), and only those count as load.
+            let replaces = self.handshakes.contains_key(&(from, Side::Theirs));
+            let loaded = self.answering() >= self.cfg.max_pending_pairings / 2;
             if !replaces && !loaded && self.pair_limit.allow(from.ip(), ctx.now) {
                 return true;
             }
@@ -285,7 +307,7 @@ impl Endpoint {
             eph,
             cookie,
             ..
-        }) = self.handshakes.get_mut(&from)
+        }) = self.handshakes.get_mut(&(from, Side::Ours))
         else {
             self.stats.reject(Reject::PairCookieUnsolicited);
             return;
@@ -316,7 +338,9 @@ impl Endpoint {
         resp_eph: [u8; 32],
         tag: [u8; 32],
     ) {
-        let Some(Handshake::Initiator { id: iid, eph, .. }) = self.handshakes.get(&from) else {
+        let Some(Handshake::Initiator { id: iid, eph, .. }) =
+            self.handshakes.get(&(from, Side::Ours))
+        else {
             // A duplicate RESP after we finished: our FIN was lost, send
             // it again (no new state, no DH).
             match self.fins.get(&from) {
@@ -351,7 +375,8 @@ impl Endpoint {
             return;
         }
         if !self.check_pin(from, &resp_static, id) {
-            self.handshakes.remove(&from);
+            self.handshakes.remove(&(from, Side::Ours));
+            self.retry_pairing_later(ctx.now, from.ip());
             return;
         }
         if let Ok(b) = (Message::PairFin {
@@ -366,7 +391,6 @@ impl Endpoint {
             self.fins.insert(from, (id, b.clone()));
             self.tx.push_datagram(from, b, &mut self.stats);
         }
-        self.handshakes.remove(&from);
         self.paired(ctx, from, resp_static, keys);
     }
 
@@ -376,7 +400,7 @@ impl Endpoint {
             keys,
             init_static,
             ..
-        }) = self.handshakes.get(&from)
+        }) = self.handshakes.get(&(from, Side::Theirs))
         else {
             self.stats.reject(Reject::PairFinUnsolicited);
             return;
@@ -386,7 +410,9 @@ impl Endpoint {
             return;
         }
         let peer = *init_static;
-        if let Some(Handshake::Responder { keys, .. }) = self.handshakes.remove(&from) {
+        if let Some(Handshake::Responder { keys, .. }) =
+            self.handshakes.remove(&(from, Side::Theirs))
+        {
             self.paired(ctx, from, peer, keys);
         }
     }
@@ -399,6 +425,9 @@ impl Endpoint {
         // from the start, so ours must follow or every update it sends is
         // refused (bad MAC, then "replay" on the sequence numbers). It also
         // lost its bindings, so those connections are claimed to it again.
+        // Paired: neither side's handshake with that address is needed.
+        self.handshakes.remove(&(from, Side::Ours));
+        self.handshakes.remove(&(from, Side::Theirs));
         let renewed = self.sessions.insert(peer, keys.secret).is_some();
         self.peer_addrs.insert(peer, from);
         self.claim_index.remove(&peer);
@@ -440,14 +469,15 @@ impl Endpoint {
     }
 
     pub(crate) fn pairing_timeouts(&mut self, ctx: &mut Ctx) {
-        let due: Vec<SocketAddr> = self
+        let due: Vec<(SocketAddr, Side)> = self
             .handshakes
             .iter()
             .filter(|(_, h)| h.deadline() <= ctx.now)
-            .map(|(a, _)| *a)
+            .map(|(k, _)| *k)
             .collect();
-        for dst in due {
-            let Some(mut h) = self.handshakes.remove(&dst) else {
+        for key in due {
+            let dst = key.0;
+            let Some(mut h) = self.handshakes.remove(&key) else {
                 continue;
             };
             let tries = match &mut h {
@@ -458,9 +488,9 @@ impl Endpoint {
             };
             if tries > self.cfg.max_tries {
                 self.stats.count(Counter::PairingTimedOut);
-                if matches!(h, Handshake::Initiator { .. }) {
-                    self.retry_pairing_later(ctx.now, dst.ip());
-                }
+                // Ours or theirs (a crossing one that replaced nothing of
+                // ours but never finished): the connections still wait.
+                self.retry_pairing_later(ctx.now, dst.ip());
                 continue;
             }
             let deadline = ctx.now.plus(self.rto(ctx, tries - 1));
@@ -484,48 +514,68 @@ impl Endpoint {
                 }
             }
             self.stats.count(Counter::PairRetransmit);
-            self.handshakes.insert(dst, h);
+            self.handshakes.insert(key, h);
         }
     }
 
-    /// Our pairing with `ip` failed: try again after a backoff, if any
-    /// connection with it still waits for one.
+    /// A pairing with `ip` failed (or could not start): try again after a
+    /// backoff, doubled per failure. Whether any connection still waits for
+    /// it is decided when the retry is due, for all retries due then at
+    /// once (the deadlines fall on whole seconds), so that many peers
+    /// without vnatd cost one scan of the connections a second, not one
+    /// each. Retries go on at most every `pair_retry_max` (one PAIR_INIT
+    /// per five minutes to a host that never answers).
     fn retry_pairing_later(&mut self, now: Timestamp, ip: IpAddr) {
-        if self.unbound_at(ip).is_empty() {
-            self.pair_retry.remove(&ip);
-            return;
-        }
-        // Bounded by the connections' remote addresses, themselves bounded.
         let failures = self.pair_retry.get(&ip).map_or(0, |r| r.0) + 1;
         let wait = self
             .cfg
             .pair_retry_initial
             .saturating_mul(1u32 << (failures - 1).min(16))
             .min(self.cfg.pair_retry_max);
-        self.pair_retry.insert(ip, (failures, Some(now.plus(wait))));
+        let at = now.plus(wait);
+        let at = Timestamp(at.0.div_ceil(1_000_000_000).saturating_mul(1_000_000_000));
+        self.pair_retry.insert(ip, (failures, Some(at)));
         self.stats.count(Counter::PairingRetryScheduled);
-        tracing::info!(peer = %ip, failures, retry_in_s = wait.as_secs(), "pairing failed; trying again later");
+        tracing::debug!(peer = %ip, failures, retry_in_s = wait.as_secs(), "pairing failed; trying again later");
     }
 
     /// Start again the failed pairings that are due, for the addresses
     /// that still have connections waiting and no session.
     pub(crate) fn pair_retry_timeouts(&mut self, ctx: &mut Ctx) {
-        let due: Vec<IpAddr> = self
+        let due: std::collections::HashSet<IpAddr> = self
             .pair_retry
             .iter()
             .filter(|(_, (_, at))| at.is_some_and(|t| t <= ctx.now))
             .map(|(ip, _)| *ip)
             .collect();
+        if due.is_empty() {
+            return;
+        }
+        let waiting: std::collections::HashSet<IpAddr> = self
+            .conns
+            .values()
+            .filter(|c| c.peer_key.is_none() && due.contains(&c.remote_phys.ip()))
+            .map(|c| c.remote_phys.ip())
+            .collect();
         for ip in due {
-            if self.unbound_at(ip).is_empty() || !self.sessions_at(ip).is_empty() {
+            if !waiting.contains(&ip) || !self.sessions_at(ip).is_empty() {
                 self.pair_retry.remove(&ip);
                 continue;
             }
-            if let Some(r) = self.pair_retry.get_mut(&ip) {
-                r.1 = None;
-            }
             self.stats.count(Counter::PairingRetried);
             self.start_pairing(ctx, ip);
+            let started = self
+                .handshakes
+                .contains_key(&(self.pair_addr(ip), Side::Ours));
+            let deferred = self
+                .pair_retry
+                .get(&ip)
+                .is_some_and(|(_, at)| at.is_some_and(|t| t > ctx.now));
+            if !started && !deferred {
+                // Could not start (its table full, or a session meanwhile):
+                // not forgotten.
+                self.retry_pairing_later(ctx.now, ip);
+            }
         }
     }
 }

@@ -396,7 +396,7 @@ impl Reject {
 }
 
 /// The core's counters.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Stats {
     events: [u64; Counter::ALL.len()],
     rejected: [u64; Reject::ALL.len()],
@@ -448,6 +448,28 @@ impl Stats {
             .iter()
             .map(|&r| (r, self.rejected(r)))
             .filter(|&(_, n)| n > 0)
+    }
+}
+
+/// The counters that moved, by name.
+impl std::fmt::Debug for Stats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stats")
+            .field(
+                "events",
+                &self
+                    .events()
+                    .map(|(c, n)| (c.name(), n))
+                    .collect::<Vec<_>>(),
+            )
+            .field(
+                "rejected",
+                &self
+                    .rejects()
+                    .map(|(r, n)| (r.name(), n))
+                    .collect::<Vec<_>>(),
+            )
+            .finish()
     }
 }
 

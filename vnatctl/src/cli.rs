@@ -28,8 +28,9 @@ Examples:
     vnatctl enable --cgroup /sys/fs/cgroup/unified/system.slice/app.service
     vnatctl suspend --all && systemctl suspend; vnatctl resume --all
     vnatctl peers
-    vnatctl export --pid 4242 --output conns.json   # before checkpointing 4242
-    vnatctl import conns.json                        # on the host it is restored on
+    vnatctl export --pid 4242 --to NEWKEY --output conns.json  # before checkpointing 4242
+    vnatctl import --from OLDKEY conns.json          # on the host it is restored on
+                                                     # (NEWKEY, OLDKEY: `vnatctl status`, host key)
     vnatctl --control /run/vnat/ns1.sock status     # a second vnatd
 
 With --json, results are printed to stdout as JSON; errors are printed to
@@ -231,15 +232,16 @@ selected one cannot, nothing is exported.
 The export is sealed for one host, the one named by --to (this host by
 default): a MAC under a key only this host and that one can derive. That
 host imports it with --from naming this host, and refuses it if anything in
-it changed.
+it changed. The seal authenticates the file; it does not encrypt it: the
+keys in it are readable by whoever can read the file.
 
 Choose exactly one of --all, --conn ID..., --pid PID or --cgroup DIR.
 
 Examples:
 
-    vnatctl export --pid 4242 --output /root/app-conns.json
+    vnatctl export --pid 4242 --output /root/app-conns.json   # restored on this host
     vnatctl export --pid 4242 --to 5f2c...e1 --output /root/app-conns.json
-    vnatctl export --conn 48211 | ssh root@new-host vnatctl import -";
+    vnatctl export --conn 48211 --to NEWKEY | ssh root@new-host vnatctl import --from OLDKEY -";
 
 const IMPORT_ABOUT: &str = "\
 Take over connections that another vnatd exported (`vnatctl export`), just

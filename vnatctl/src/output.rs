@@ -530,7 +530,7 @@ pub fn export_written(json: bool, path: &Path, document: &ExportDocument) -> Str
         s
     } else {
         format!(
-            "exported {} connection(s) to {} (mode 0600); it holds their secret keys: keep it safe, import it with `vnatctl import FILE` on the new host, then delete it\n",
+            "exported {} connection(s) to {} (mode 0600); it holds their secret keys: keep it safe, import it on the host it is sealed for with `vnatctl import --from KEY FILE` (KEY: this host's, `vnatctl status`), then delete it\n",
             ids.len(),
             path.display()
         )

@@ -90,12 +90,16 @@ impl ExportDocument {
     /// The bytes the seal covers: the document without its seal, as this
     /// vnatd serializes it (so whitespace or key order changed in the file
     /// do not matter, and every value does).
-    pub fn sealed_bytes(&self) -> Vec<u8> {
+    /// `None` if it cannot be serialized (then it is neither sealed nor
+    /// accepted). The bytes hold the connections' keys: wiped when dropped.
+    pub fn sealed_bytes(&self) -> Option<zeroize::Zeroizing<Vec<u8>>> {
         let unsealed = ExportDocument {
             seal: None,
             ..self.clone()
         };
-        serde_json::to_vec(&unsealed).unwrap_or_default()
+        serde_json::to_vec(&unsealed)
+            .ok()
+            .map(zeroize::Zeroizing::new)
     }
 
     /// Check what can be checked without VCMP, so that a bad file is refused
@@ -121,17 +125,23 @@ impl ExportDocument {
     }
 }
 
-/// Seal `doc` (see the module documentation) for the host `to`.
-pub fn seal(doc: &mut ExportDocument, endpoint: &Endpoint, to: &[u8; 32]) {
+/// Seal `doc` (see the module documentation) for the host `to`; `false`
+/// (and no seal) if `to` is not a valid key or the document cannot be
+/// serialized.
+pub fn seal(doc: &mut ExportDocument, endpoint: &Endpoint, to: &[u8; 32]) -> bool {
     doc.seal = None;
-    let mac = endpoint
-        .seal_export(to, &doc.sealed_bytes())
-        .unwrap_or([0; 32]);
+    let Some(mac) = doc
+        .sealed_bytes()
+        .and_then(|body| endpoint.seal_export(to, &body))
+    else {
+        return false;
+    };
     doc.seal = Some(Seal {
         from: key_hex(&endpoint.public_key()),
         to: key_hex(to),
         mac: key_hex(&mac),
     });
+    true
 }
 
 /// Whether `doc` is sealed for this host (`endpoint`'s) by `from` (this
@@ -158,7 +168,8 @@ pub fn check_seal(
             from: seal.from.clone(),
         });
     }
-    if !endpoint.check_export_seal(&sealed_from, &doc.sealed_bytes(), &mac) {
+    let body = doc.sealed_bytes().ok_or(TransferError::BadSeal)?;
+    if !endpoint.check_export_seal(&sealed_from, &body, &mac) {
         return Err(TransferError::BadSeal);
     }
     Ok(())

@@ -146,7 +146,12 @@ impl Driver {
             connections,
             seal: None,
         };
-        transfer::seal(&mut doc, &self.endpoint, &to);
+        if !transfer::seal(&mut doc, &self.endpoint, &to) {
+            // Checked above, so not expected; the connections are already
+            // forgotten here, so hand the document over unsealed rather than
+            // lose their keys (import will refuse it until re-sealed).
+            tracing::error!("cannot seal the export; it is written unsealed");
+        }
         Ok(doc)
     }
 

@@ -2,13 +2,14 @@
 //! records complete and current.
 
 use super::*;
-use vnat_common::{ORIGIN_UDP_CONNECT, ORIGIN_UDP_RECVMSG, UDP_DIR_RECV, UDP_IDLE_NS};
+use vnat_common::{ORIGIN_UDP_RECVMSG, UDP_DIR_RECV, UDP_IDLE_NS};
 
 impl KernelDatapath {
     /// Complete UDP flows whose connect() ran before the socket had a local
-    /// port; drop UDP records whose socket is gone, and those of an
-    /// unconnected socket idle for [`UDP_IDLE_NS`] (a spoofed source's, a
-    /// peer long gone) unless translated; then recount the UDP records, in
+    /// port; drop UDP records whose socket is gone, and those of a source
+    /// the socket has only ever received from, idle for [`UDP_IDLE_NS`] (a
+    /// spoofed source's; a peer this host answered is kept while its socket
+    /// lives, as before); then recount the UDP records, in
     /// all and per socket, for the eBPF recorders' budgets. The daemon calls
     /// this periodically; `connections()` shows pending flows either way.
     pub fn sync_udp(&mut self) -> Result<(), DatapathError> {
@@ -29,7 +30,7 @@ impl KernelDatapath {
             .filter_map(Result::ok)
             .filter(|(k, _)| k.proto == PROTO_UDP)
             .collect();
-        let mut stale = Vec::new();
+        let mut stale = std::collections::HashSet::new();
         let mut per_sock: StdHashMap<u64, u32> = StdHashMap::new();
         for (k, rec) in &udp {
             let Some((local, remote)) = key_endpoints(k) else {
@@ -41,11 +42,12 @@ impl KernelDatapath {
                     && (l.ip() == local.ip() || l.ip().is_unspecified())
                     && (r.port() == 0 || *r == remote)
             });
-            let idle = rec.origin != ORIGIN_UDP_CONNECT
+            let idle = rec.origin == ORIGIN_UDP_RECVMSG
+                && rec.udp_dirs == UDP_DIR_RECV
                 && now_ns.saturating_sub(rec.last_seen_ns) > UDP_IDLE_NS
                 && !translated.contains(k);
             if !alive || idle {
-                stale.push(*k);
+                stale.insert(*k);
             } else {
                 *per_sock.entry(rec.cookie).or_default() += 1;
             }
