@@ -25,7 +25,8 @@ pub const LLVM_MAJOR: u32 = 22;
 /// libLLVM dynamically); the rest are the real peers and tools the integration
 /// tests drive (socat and iperf3 as servers, sshd, nc, tcpdump for debugging,
 /// nsenter from util-linux to enter namespaces without `ip netns exec`,
-/// nftables for real NAT between namespace hosts).
+/// nftables for real NAT between namespace hosts, python3 for the UDP
+/// collector of the recorders' flood test).
 const DEBIAN_PACKAGES: &[&str] = &[
     "iproute2",
     "nftables",
@@ -37,6 +38,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "ethtool",
     "tcpdump",
     "util-linux",
+    "python3",
     "llvm-22-dev",
     "libpolly-22-dev",
 ];
