@@ -276,11 +276,7 @@ impl Endpoint {
                 "the host paired at its address does not claim it"
             });
         }
-        if self
-            .handshakes
-            .keys()
-            .any(|(a, _)| *a == SocketAddr::new(ip, self.cfg.port))
-        {
+        if self.pairing.with(SocketAddr::new(ip, self.cfg.port)) {
             return Some("pairing with the peer's vnatd");
         }
         Some("no vnatd answered at the peer's address")

@@ -18,7 +18,6 @@ use super::binding::Binding;
 use super::crypto::{ConnKeys, Ephemeral, HostIdentity, PairSecret, SecretKey};
 use super::location::LocationStore;
 use super::migrate::{Migration, Validation, ValidationKey};
-use super::pairing::Handshake;
 use super::replay::ReplayWindow;
 use super::roles::{Role, RoleState};
 use super::stats::Stats;
@@ -126,18 +125,9 @@ pub struct Endpoint {
     pub(crate) sessions: HashMap<[u8; 32], PairSecret>,
     /// The VCMP address each paired host paired from (where its claims go).
     pub(crate) peer_addrs: HashMap<[u8; 32], SocketAddr>,
-    /// Handshakes by the other side's VCMP address: two hosts behind one
-    /// NAT pair at once from two ports.
-    pub(crate) handshakes: HashMap<(SocketAddr, super::pairing::Side), Handshake>,
-    /// Cookie secrets and the per-source DH limit (`vcmp::cookie`).
-    pub(crate) cookies: super::cookie::CookieJar,
-    pub(crate) pair_limit: super::cookie::PairLimiter,
-    pub(crate) pair_starts: super::cookie::StartLimit,
-    /// Failed pairings to try again, by address: (failures so far, when
-    /// to try next, `None` while a new attempt is under way).
-    pub(crate) pair_retry: HashMap<IpAddr, (u32, Option<Timestamp>)>,
-    /// Last PAIR_FIN sent to each host, resent if its RESP comes again.
-    pub(crate) fins: HashMap<SocketAddr, (u32, Vec<u8>)>,
+    /// Pairing's own state: handshakes, cookies, limits, retries
+    /// (`vcmp::pairing`).
+    pub(crate) pairing: super::pairing::Pairings,
     /// Commitments of our connections per paired host (`vcmp::claim`).
     pub(crate) claim_index: HashMap<[u8; 32], super::claim::ClaimIndex>,
     /// UDP flows bound through NAT (`vcmp::bind`).
@@ -257,9 +247,7 @@ pub struct ConnectionView {
 impl Endpoint {
     pub fn new(cfg: Config, identity: HostIdentity) -> Endpoint {
         let mut tx = TxQueue::new(cfg.mtu, cfg.max_queued_datagrams);
-        let pair_limit = super::cookie::PairLimiter::new(cfg.pair_dh_per_sec, cfg.pair_dh_burst);
-        let pair_starts =
-            super::cookie::StartLimit::new(cfg.pair_starts_per_sec, cfg.pair_starts_burst);
+        let pairing = super::pairing::Pairings::new(&cfg);
         for s in &cfg.location_servers {
             tx.trusted.insert(s.ip());
         }
@@ -273,12 +261,7 @@ impl Endpoint {
             pins: HashMap::new(),
             sessions: HashMap::new(),
             peer_addrs: HashMap::new(),
-            handshakes: HashMap::new(),
-            fins: HashMap::new(),
-            cookies: Default::default(),
-            pair_limit,
-            pair_starts,
-            pair_retry: HashMap::new(),
+            pairing,
             claim_index: HashMap::new(),
             binds: Default::default(),
             claims_due: HashMap::new(),
@@ -571,13 +554,8 @@ impl Endpoint {
         if let Some(d) = self.conn_timers.next() {
             take(d);
         }
-        for h in self.handshakes.values() {
-            take(h.deadline());
-        }
-        for (_, at) in self.pair_retry.values() {
-            if let Some(at) = at {
-                take(*at);
-            }
+        if let Some(d) = self.pairing.next_deadline() {
+            take(d);
         }
         for v in self.validations.values() {
             take(v.deadline);

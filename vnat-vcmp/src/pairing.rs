@@ -31,10 +31,62 @@
 use crate::stats::{Counter, Reject};
 use std::net::{IpAddr, SocketAddr};
 
+use std::collections::HashMap;
+
+use super::cookie::{CookieJar, PairLimiter, StartLimit};
 use super::crypto::{self, Ephemeral, PairKeys, Transcript};
+use super::endpoint::Config;
 use super::endpoint::{CryptoDyn, Ctx, Endpoint, Event};
 use super::wire::{ErrorCode, Message, COOKIE_LEN};
 use super::Timestamp;
+
+/// Pairing's own state, owned by the endpoint: the handshakes under way
+/// (per address and side), the last PAIR_FIN per address, the cookie
+/// secrets, the DH and start limits, and the failed pairings to retry.
+pub(crate) struct Pairings {
+    pub handshakes: HashMap<(SocketAddr, Side), Handshake>,
+    pub fins: HashMap<SocketAddr, (u32, Vec<u8>)>,
+    pub cookies: CookieJar,
+    pub limit: PairLimiter,
+    pub starts: StartLimit,
+    /// By address: (failures so far, when to try next, `None` while an
+    /// attempt is under way).
+    pub retry: HashMap<IpAddr, (u32, Option<Timestamp>)>,
+}
+
+impl Pairings {
+    pub fn new(cfg: &Config) -> Pairings {
+        Pairings {
+            handshakes: HashMap::new(),
+            fins: HashMap::new(),
+            cookies: CookieJar::default(),
+            limit: PairLimiter::new(cfg.pair_dh_per_sec, cfg.pair_dh_burst),
+            starts: StartLimit::new(cfg.pair_starts_per_sec, cfg.pair_starts_burst),
+            retry: HashMap::new(),
+        }
+    }
+
+    /// When pairing needs `handle_timeout` next: a handshake's
+    /// retransmission or a retry.
+    pub fn next_deadline(&self) -> Option<Timestamp> {
+        let handshakes = self.handshakes.values().map(Handshake::deadline);
+        let retries = self.retry.values().filter_map(|(_, at)| *at);
+        handshakes.chain(retries).min()
+    }
+
+    /// Whether a handshake with the VCMP address `addr` is under way.
+    pub fn with(&self, addr: SocketAddr) -> bool {
+        self.handshakes.keys().any(|(a, _)| *a == addr)
+    }
+
+    /// Handshakes we answer (what "loaded" counts).
+    fn answering(&self) -> usize {
+        self.handshakes
+            .keys()
+            .filter(|(_, side)| *side == Side::Theirs)
+            .count()
+    }
+}
 
 /// Whose handshake with an address: the one we started, or theirs that we
 /// answer. Both may be under way at once (crossing initiations), and
@@ -85,40 +137,34 @@ impl Endpoint {
         self.pins.contains_key(ip) || self.tx.trusted.contains(ip)
     }
 
-    /// Responder handshakes held (what "loaded" counts).
-    fn answering(&self) -> usize {
-        self.handshakes
-            .keys()
-            .filter(|(_, side)| *side == Side::Theirs)
-            .count()
-    }
-
     pub(crate) fn start_pairing(&mut self, ctx: &mut Ctx, ip: IpAddr) {
         let dst = self.pair_addr(ip);
-        if self.handshakes.contains_key(&(dst, Side::Ours)) || !self.sessions_at(ip).is_empty() {
+        if self.pairing.handshakes.contains_key(&(dst, Side::Ours))
+            || !self.sessions_at(ip).is_empty()
+        {
             return;
         }
-        if self.handshakes.len() >= self.cfg.max_pending_pairings {
+        if self.pairing.handshakes.len() >= self.cfg.max_pending_pairings {
             self.stats.reject(Reject::PairingTableFull);
             self.retry_pairing_later(ctx.now, ip);
             return;
         }
-        if !self.pair_starts.allow(ctx.now) {
+        if !self.pairing.starts.allow(ctx.now) {
             // Over the rate of new pairings: in a second, not a failure.
-            let failures = self.pair_retry.get(&ip).map_or(0, |r| r.0);
+            let failures = self.pairing.retry.get(&ip).map_or(0, |r| r.0);
             let at = ctx.now.plus(std::time::Duration::from_secs(1));
-            self.pair_retry.insert(ip, (failures, Some(at)));
+            self.pairing.retry.insert(ip, (failures, Some(at)));
             self.stats.count(Counter::PairingDeferred);
             return;
         }
-        if let Some(r) = self.pair_retry.get_mut(&ip) {
+        if let Some(r) = self.pairing.retry.get_mut(&ip) {
             r.1 = None;
         }
         let eph = Ephemeral::generate(&mut CryptoDyn(&mut ctx.rng));
         let id = ctx.rng.next_u32();
         self.send_pair_init(dst, id, &eph, None);
         let deadline = ctx.now.plus(self.rto(ctx, 0));
-        self.handshakes.insert(
+        self.pairing.handshakes.insert(
             (dst, Side::Ours),
             Handshake::Initiator {
                 id,
@@ -189,7 +235,7 @@ impl Endpoint {
             return;
         }
         if let Some(Handshake::Responder { id: rid, resp, .. }) =
-            self.handshakes.get(&(from, Side::Theirs))
+            self.pairing.handshakes.get(&(from, Side::Theirs))
         {
             if *rid == id {
                 let again = resp.clone();
@@ -202,7 +248,7 @@ impl Endpoint {
             self.stats.reject(Reject::PairReflected);
             return;
         }
-        if self.handshakes.contains_key(&(from, Side::Ours)) {
+        if self.pairing.handshakes.contains_key(&(from, Side::Ours)) {
             // Crossing initiations: the host with the lower key answers (its
             // own handshake stays until the pairing completes) and the
             // other one waits for that answer.
@@ -217,8 +263,8 @@ impl Endpoint {
         if !self.check_pin(from, &init_static, id) {
             return;
         }
-        if !self.handshakes.contains_key(&(from, Side::Theirs))
-            && self.handshakes.len() >= self.cfg.max_pending_pairings
+        if !self.pairing.handshakes.contains_key(&(from, Side::Theirs))
+            && self.pairing.handshakes.len() >= self.cfg.max_pending_pairings
         {
             self.stats.reject(Reject::PairingTableFull);
             return;
@@ -245,7 +291,7 @@ impl Endpoint {
         let Ok(resp) = msg.encode() else { return };
         self.tx.push_datagram(from, resp.clone(), &mut self.stats);
         let deadline = ctx.now.plus(self.rto(ctx, 0));
-        self.handshakes.insert(
+        self.pairing.handshakes.insert(
             (from, Side::Theirs),
             Handshake::Responder {
                 id,
@@ -270,9 +316,9 @@ impl Endpoint {
         init_static: &[u8; 32],
         cookie: Option<[u8; COOKIE_LEN]>,
     ) -> bool {
-        self.cookies.rotate(ctx.now, &mut *ctx.rng);
+        self.pairing.cookies.rotate(ctx.now, &mut *ctx.rng);
         if let Some(c) = cookie {
-            if self.cookies.check(from, id, init_static, &c) {
+            if self.pairing.cookies.check(from, id, init_static, &c) {
                 return true;
             }
             // Stale (the secret moved on twice) or forged: ask again.
@@ -280,13 +326,13 @@ impl Endpoint {
         } else {
             // Only a handshake we answer for that address would be
             // replaced (ours stays), and only those count as load.
-            let replaces = self.handshakes.contains_key(&(from, Side::Theirs));
-            let loaded = self.answering() >= self.cfg.max_pending_pairings / 2;
-            if !replaces && !loaded && self.pair_limit.allow(from.ip(), ctx.now) {
+            let replaces = self.pairing.handshakes.contains_key(&(from, Side::Theirs));
+            let loaded = self.pairing.answering() >= self.cfg.max_pending_pairings / 2;
+            if !replaces && !loaded && self.pairing.limit.allow(from.ip(), ctx.now) {
                 return true;
             }
         }
-        let cookie = self.cookies.cookie(from, id, init_static);
+        let cookie = self.pairing.cookies.cookie(from, id, init_static);
         if let Ok(b) = (Message::PairCookie {
             request_id: id,
             cookie,
@@ -307,7 +353,7 @@ impl Endpoint {
             eph,
             cookie,
             ..
-        }) = self.handshakes.get_mut(&(from, Side::Ours))
+        }) = self.pairing.handshakes.get_mut(&(from, Side::Ours))
         else {
             self.stats.reject(Reject::PairCookieUnsolicited);
             return;
@@ -339,11 +385,11 @@ impl Endpoint {
         tag: [u8; 32],
     ) {
         let Some(Handshake::Initiator { id: iid, eph, .. }) =
-            self.handshakes.get(&(from, Side::Ours))
+            self.pairing.handshakes.get(&(from, Side::Ours))
         else {
             // A duplicate RESP after we finished: our FIN was lost, send
             // it again (no new state, no DH).
-            match self.fins.get(&from) {
+            match self.pairing.fins.get(&from) {
                 Some((fid, fin))
                     if *fid == id && self.peer_addrs.get(&resp_static) == Some(&from) =>
                 {
@@ -375,7 +421,7 @@ impl Endpoint {
             return;
         }
         if !self.check_pin(from, &resp_static, id) {
-            self.handshakes.remove(&(from, Side::Ours));
+            self.pairing.handshakes.remove(&(from, Side::Ours));
             self.retry_pairing_later(ctx.now, from.ip());
             return;
         }
@@ -385,10 +431,10 @@ impl Endpoint {
         })
         .encode()
         {
-            if self.fins.len() >= self.cfg.max_pending_pairings {
-                self.fins.clear();
+            if self.pairing.fins.len() >= self.cfg.max_pending_pairings {
+                self.pairing.fins.clear();
             }
-            self.fins.insert(from, (id, b.clone()));
+            self.pairing.fins.insert(from, (id, b.clone()));
             self.tx.push_datagram(from, b, &mut self.stats);
         }
         self.paired(ctx, from, resp_static, keys);
@@ -400,7 +446,7 @@ impl Endpoint {
             keys,
             init_static,
             ..
-        }) = self.handshakes.get(&(from, Side::Theirs))
+        }) = self.pairing.handshakes.get(&(from, Side::Theirs))
         else {
             self.stats.reject(Reject::PairFinUnsolicited);
             return;
@@ -411,7 +457,7 @@ impl Endpoint {
         }
         let peer = *init_static;
         if let Some(Handshake::Responder { keys, .. }) =
-            self.handshakes.remove(&(from, Side::Theirs))
+            self.pairing.handshakes.remove(&(from, Side::Theirs))
         {
             self.paired(ctx, from, peer, keys);
         }
@@ -426,15 +472,15 @@ impl Endpoint {
         // refused (bad MAC, then "replay" on the sequence numbers). It also
         // lost its bindings, so those connections are claimed to it again.
         // Paired: neither side's handshake with that address is needed.
-        self.handshakes.remove(&(from, Side::Ours));
-        self.handshakes.remove(&(from, Side::Theirs));
+        self.pairing.handshakes.remove(&(from, Side::Ours));
+        self.pairing.handshakes.remove(&(from, Side::Theirs));
         let renewed = self.sessions.insert(peer, keys.secret).is_some();
         self.peer_addrs.insert(peer, from);
         self.claim_index.remove(&peer);
         // A new session numbers its probes from the start.
         self.probes.remove(&peer);
         self.tx.trusted.insert(ip);
-        self.pair_retry.remove(&ip);
+        self.pairing.retry.remove(&ip);
         self.stats.count(Counter::Paired);
         self.emit(Event::Paired {
             peer: ip,
@@ -470,6 +516,7 @@ impl Endpoint {
 
     pub(crate) fn pairing_timeouts(&mut self, ctx: &mut Ctx) {
         let due: Vec<(SocketAddr, Side)> = self
+            .pairing
             .handshakes
             .iter()
             .filter(|(_, h)| h.deadline() <= ctx.now)
@@ -477,7 +524,7 @@ impl Endpoint {
             .collect();
         for key in due {
             let dst = key.0;
-            let Some(mut h) = self.handshakes.remove(&key) else {
+            let Some(mut h) = self.pairing.handshakes.remove(&key) else {
                 continue;
             };
             let tries = match &mut h {
@@ -514,7 +561,7 @@ impl Endpoint {
                 }
             }
             self.stats.count(Counter::PairRetransmit);
-            self.handshakes.insert(key, h);
+            self.pairing.handshakes.insert(key, h);
         }
     }
 
@@ -526,7 +573,7 @@ impl Endpoint {
     /// each. Retries go on at most every `pair_retry_max` (one PAIR_INIT
     /// per five minutes to a host that never answers).
     fn retry_pairing_later(&mut self, now: Timestamp, ip: IpAddr) {
-        let failures = self.pair_retry.get(&ip).map_or(0, |r| r.0) + 1;
+        let failures = self.pairing.retry.get(&ip).map_or(0, |r| r.0) + 1;
         let wait = self
             .cfg
             .pair_retry_initial
@@ -534,7 +581,7 @@ impl Endpoint {
             .min(self.cfg.pair_retry_max);
         let at = now.plus(wait);
         let at = Timestamp(at.0.div_ceil(1_000_000_000).saturating_mul(1_000_000_000));
-        self.pair_retry.insert(ip, (failures, Some(at)));
+        self.pairing.retry.insert(ip, (failures, Some(at)));
         self.stats.count(Counter::PairingRetryScheduled);
         tracing::debug!(peer = %ip, failures, retry_in_s = wait.as_secs(), "pairing failed; trying again later");
     }
@@ -543,7 +590,8 @@ impl Endpoint {
     /// that still have connections waiting and no session.
     pub(crate) fn pair_retry_timeouts(&mut self, ctx: &mut Ctx) {
         let due: std::collections::HashSet<IpAddr> = self
-            .pair_retry
+            .pairing
+            .retry
             .iter()
             .filter(|(_, (_, at))| at.is_some_and(|t| t <= ctx.now))
             .map(|(ip, _)| *ip)
@@ -559,16 +607,18 @@ impl Endpoint {
             .collect();
         for ip in due {
             if !waiting.contains(&ip) || !self.sessions_at(ip).is_empty() {
-                self.pair_retry.remove(&ip);
+                self.pairing.retry.remove(&ip);
                 continue;
             }
             self.stats.count(Counter::PairingRetried);
             self.start_pairing(ctx, ip);
             let started = self
+                .pairing
                 .handshakes
                 .contains_key(&(self.pair_addr(ip), Side::Ours));
             let deferred = self
-                .pair_retry
+                .pairing
+                .retry
                 .get(&ip)
                 .is_some_and(|(_, at)| at.is_some_and(|t| t > ctx.now));
             if !started && !deferred {

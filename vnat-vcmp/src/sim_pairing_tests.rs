@@ -134,7 +134,7 @@ fn a_handshake_under_way_is_not_replaced_by_a_spoofed_pair_init() {
         ep.connection_added(now, rng, g, g.local, g.remote, bs)
             .unwrap()
     });
-    sim.hosts[S].ep.handshakes.clear();
+    sim.hosts[S].ep.pairing.handshakes.clear();
     let real = out
         .iter()
         .find(|t| t.payload[1] == Kind::PairInit as u8)
@@ -181,7 +181,7 @@ fn a_loaded_responder_pairs_a_real_initiator_through_its_cookie() {
         )
         .unwrap()
     });
-    sim.hosts[S].ep.handshakes.clear();
+    sim.hosts[S].ep.pairing.handshakes.clear();
     let mut rng = DrbgRng::from_seed(8);
     let replies = sim.inject(S, sa("10.0.0.9:2031"), &spoofed_init(&mut rng));
     assert_eq!(kinds(&replies), vec![Kind::PairResp as u8]);
@@ -196,6 +196,7 @@ fn a_loaded_responder_pairs_a_real_initiator_through_its_cookie() {
     });
     sim.hosts[S]
         .ep
+        .pairing
         .handshakes
         .retain(|(a, _), _| *a != sa("10.0.0.1:2031"));
     sim.with(L, |ep, now, rng| {
