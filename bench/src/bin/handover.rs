@@ -651,8 +651,14 @@ fn measure(setup: &RunSetup) -> Result<RunResult> {
                 remote: server,
             };
             let target = SocketAddr::new(server.ip(), VCMP_PORT);
+            // The router forwards the laptop's address from the attacker.
+            for k in ["all", "default", vnat_tests::ROUTER_IF_D] {
+                topo.router
+                    .set_sysctl(&format!("net/ipv4/conf/{k}/rp_filter"), "0");
+            }
+            let spoofed = SocketAddr::new(local.ip(), VCMP_PORT);
             let before = rejected(&srvd);
-            let f = flood::Flood::start(ns, target, flood_pps, flow)?;
+            let f = flood::Flood::start(ns, target, spoofed, flood_pps, flow)?;
             // Loaded before the move starts.
             vnat_bench::sleep_checked(Duration::from_millis(300))?;
             Some((f, before))

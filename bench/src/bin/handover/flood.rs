@@ -3,6 +3,10 @@
 //! third of them are UPD records for the real connection with made-up
 //! tags (the expensive kind: each costs the server a MAC check), a third
 //! PAIR_INITs with fresh keys, a third random bytes of random lengths.
+//! Half of all of them claim to come from the laptop's own VCMP address
+//! (IP_FREEBIND; the router does no reverse-path filtering), which the
+//! server knows: its PAIR_INITs meet the cookie and the DH limit, not the
+//! stranger check.
 
 use std::{
     net::{SocketAddr, UdpSocket},
@@ -95,12 +99,59 @@ fn datagrams(flow: VirtualFlow, n: usize) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// A UDP socket bound to an address this host does not have (IP_FREEBIND).
+fn free_bind(addr: SocketAddr) -> std::io::Result<UdpSocket> {
+    use std::os::fd::FromRawFd;
+    let SocketAddr::V4(a) = addr else {
+        return Err(std::io::Error::other("the spoofed address must be IPv4"));
+    };
+    // SAFETY: socket, setsockopt and bind on a descriptor this function
+    // owns (wrapped at once, so it is closed on every path); the option
+    // value and address are live locals of the sizes passed.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let sock = UdpSocket::from_raw_fd(fd);
+        let one: libc::c_int = 1;
+        if libc::setsockopt(
+            fd,
+            libc::IPPROTO_IP,
+            libc::IP_FREEBIND,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        ) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+        let sa = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: a.port().to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from_ne_bytes(a.ip().octets()),
+            },
+            sin_zero: [0; 8],
+        };
+        if libc::bind(
+            fd,
+            (&sa as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        ) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(sock)
+    }
+}
+
 impl Flood {
     /// Start sending `pps` datagrams a second from `attacker` to `target`,
     /// forging records for `flow` (named from the moving end).
     pub fn start(
         attacker: &Netns,
         target: SocketAddr,
+        spoofed: SocketAddr,
         pps: u32,
         flow: VirtualFlow,
     ) -> Result<Flood> {
@@ -109,11 +160,18 @@ impl Flood {
         } else {
             "[::]:0".parse()?
         };
-        let sock = attacker
+        let own = attacker
             .run_in(|| UdpSocket::bind(bind))
             .context("the flood's socket")?;
-        sock.connect(target)
+        own.connect(target)
             .context("connecting the flood's socket")?;
+        let spoof = attacker
+            .run_in(|| free_bind(spoofed))
+            .context("the flood's spoofing socket")?;
+        spoof
+            .connect(target)
+            .context("connecting the flood's spoofing socket")?;
+        let socks = [own, spoof];
         let payloads = datagrams(flow, 3 * 64);
         let stop = Arc::new(AtomicBool::new(false));
         let sent = Arc::new(AtomicU64::new(0));
@@ -121,10 +179,11 @@ impl Flood {
         let handle = {
             let (stop, sent) = (stop.clone(), sent.clone());
             std::thread::spawn(move || {
-                let fd = sock.as_raw_fd();
                 let mut n: u64 = 0;
                 let mut next = 0usize;
                 while !stop.load(Ordering::Relaxed) {
+                    // Batches alternate: from the attacker, as the laptop.
+                    let fd = socks[(next / BATCH) % 2].as_raw_fd();
                     let mut iov: Vec<libc::iovec> = (0..BATCH)
                         .map(|i| {
                             let p = &payloads[(next + i) % payloads.len()];
