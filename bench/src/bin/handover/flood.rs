@@ -4,7 +4,7 @@
 //! tags (the expensive kind: each costs the server a MAC check), a third
 //! PAIR_INITs with fresh keys, a third random bytes of random lengths.
 //! Half of all of them claim to come from the laptop's own VCMP address
-//! (IP_FREEBIND; the router does no reverse-path filtering), which the
+//! (IP_TRANSPARENT; the router does no reverse-path filtering), which the
 //! server knows: its PAIR_INITs meet the cookie and the DH limit, not the
 //! stranger check.
 
@@ -99,7 +99,7 @@ fn datagrams(flow: VirtualFlow, n: usize) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// A UDP socket bound to an address this host does not have (IP_FREEBIND).
+/// A UDP socket bound to an address this host does not have.
 fn free_bind(addr: SocketAddr) -> std::io::Result<UdpSocket> {
     use std::os::fd::FromRawFd;
     let SocketAddr::V4(a) = addr else {
@@ -115,15 +115,19 @@ fn free_bind(addr: SocketAddr) -> std::io::Result<UdpSocket> {
         }
         let sock = UdpSocket::from_raw_fd(fd);
         let one: libc::c_int = 1;
-        if libc::setsockopt(
-            fd,
-            libc::IPPROTO_IP,
-            libc::IP_FREEBIND,
-            (&one as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        ) != 0
-        {
-            return Err(std::io::Error::last_os_error());
+        // FREEBIND to bind it; TRANSPARENT for the route lookup to accept
+        // a source address that is not local (IPv4 checks it otherwise).
+        for opt in [libc::IP_FREEBIND, libc::IP_TRANSPARENT] {
+            if libc::setsockopt(
+                fd,
+                libc::IPPROTO_IP,
+                opt,
+                (&one as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
         }
         let sa = libc::sockaddr_in {
             sin_family: libc::AF_INET as libc::sa_family_t,
