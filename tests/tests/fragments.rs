@@ -15,7 +15,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde_json::Value;
 use vnat_tests::{
     EchoServer, Host, LaptopRouterServer, StreamClient, StreamOptions, TempDir, Vnatd,
 };
@@ -26,20 +25,6 @@ fn counter(d: &Vnatd, name: &str) -> u64 {
     d.ctl(&["status"]).unwrap_or_default()["datapath"]["counters"][name]
         .as_u64()
         .unwrap_or(0)
-}
-
-fn mobile_udp_to(d: &Vnatd, remote: IpAddr) -> bool {
-    d.ctl(&["ls", "--proto", "udp"])
-        .and_then(|v| v.as_array().cloned())
-        .unwrap_or_default()
-        .iter()
-        .any(|r| {
-            r["mobile"] == Value::Bool(true)
-                && r["virtual_remote"]
-                    .as_str()
-                    .and_then(|s| s.parse::<SocketAddr>().ok())
-                    .is_some_and(|a| a.ip() == remote)
-        })
 }
 
 fn large_datagrams_survive_the_move(tag: &str, v6: bool) {
@@ -67,7 +52,7 @@ fn large_datagrams_survive_the_move(tag: &str, v6: bool) {
     let client = StreamClient::from_command(cmd);
     client.wait_verified_at_least(100_000, Duration::from_secs(10));
     let t = Instant::now();
-    while !(mobile_udp_to(&lapd, server_ip) && mobile_udp_to(&srvd, laptop_ip)) {
+    while !(lapd.mobile_to("udp", server_ip) && srvd.mobile_to("udp", laptop_ip)) {
         assert!(
             t.elapsed() < Duration::from_secs(15),
             "the UDP flow never became mobile: {}",

@@ -9,22 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde_json::Value;
 use vnat_tests::{veth, EchoServer, Host, Netns, StreamClient, StreamOptions, TempDir, Vnatd};
-
-fn mobile_to(d: &Vnatd, remote: IpAddr) -> bool {
-    d.ctl(&["ls", "--proto", "tcp"])
-        .and_then(|v| v.as_array().cloned())
-        .unwrap_or_default()
-        .iter()
-        .any(|r| {
-            r["mobile"] == Value::Bool(true)
-                && r["virtual_remote"]
-                    .as_str()
-                    .and_then(|s| s.parse::<SocketAddr>().ok())
-                    .is_some_and(|a| a.ip() == remote)
-        })
-}
 
 #[test]
 fn vnatd_starts_with_no_network_and_manages_connections_once_online() {
@@ -59,7 +44,7 @@ fn vnatd_starts_with_no_network_and_manages_connections_once_online() {
     let client = StreamClient::from_command(cmd);
     client.wait_verified_at_least(50_000, Duration::from_secs(10));
     let t = Instant::now();
-    while !(mobile_to(&lapd, s_ip) && mobile_to(&srvd, l_ip)) {
+    while !(lapd.mobile_to("tcp", s_ip) && srvd.mobile_to("tcp", l_ip)) {
         assert!(
             t.elapsed() < Duration::from_secs(20),
             "the connection never became mobile on the vnatd started offline: {}",

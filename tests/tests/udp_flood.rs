@@ -141,20 +141,6 @@ fn stat(status: &Value, name: &str) -> u64 {
     status["datapath"]["counters"][name].as_u64().unwrap_or(0)
 }
 
-fn mobile_tcp_to(d: &Vnatd, remote: IpAddr) -> bool {
-    d.ctl(&["ls", "--proto", "tcp"])
-        .and_then(|v| v.as_array().cloned())
-        .unwrap_or_default()
-        .iter()
-        .any(|r| {
-            r["mobile"] == Value::Bool(true)
-                && r["virtual_remote"]
-                    .as_str()
-                    .and_then(|s| s.parse::<SocketAddr>().ok())
-                    .is_some_and(|a| a.ip() == remote)
-        })
-}
-
 #[test]
 fn a_spoofed_udp_flood_leaves_room_for_tcp_and_makes_no_pairing_targets() {
     let topo = LaptopRouterServer::builder().tag("ufl").build();
@@ -250,7 +236,7 @@ fn a_spoofed_udp_flood_leaves_room_for_tcp_and_makes_no_pairing_targets() {
         c.proto == Proto::Tcp && c.virtual_remote.ip() == laptop_ip
     });
     let t = Instant::now();
-    while !(mobile_tcp_to(&srvd, laptop_ip) && mobile_tcp_to(&lapd, server_ip.into())) {
+    while !(srvd.mobile_to("tcp", laptop_ip) && lapd.mobile_to("tcp", server_ip.into())) {
         assert!(
             t.elapsed() < Duration::from_secs(20),
             "the TCP connection never became mobile after the flood: {}",

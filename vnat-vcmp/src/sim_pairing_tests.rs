@@ -34,6 +34,18 @@ fn spoofed_init(rng: &mut DrbgRng) -> Vec<u8> {
     .unwrap()
 }
 
+/// `f` recorded at its own endpoints, bound by them.
+fn added(
+    ep: &mut super::endpoint::Endpoint,
+    now: super::Timestamp,
+    rng: &mut DrbgRng,
+    f: crate::flow::VirtualFlow,
+) {
+    let b = super::binding::Binding::endpoints(&f);
+    ep.connection_added(now, rng, f, f.local, f.remote, b)
+        .unwrap();
+}
+
 fn kinds(ts: &[super::tx::Transmit]) -> Vec<u8> {
     ts.iter().map(|t| t.payload[1]).collect()
 }
@@ -170,17 +182,7 @@ fn a_loaded_responder_pairs_a_real_initiator_through_its_cookie() {
     // The server answers one handshake already (a spoofed PAIR_INIT from an
     // address it has a connection with): with a table of 2, it is loaded.
     let other = tcp("10.0.0.2:5000", "10.0.0.9:53");
-    sim.capture(S, |ep, now, rng| {
-        ep.connection_added(
-            now,
-            rng,
-            other,
-            other.local,
-            other.remote,
-            super::binding::Binding::endpoints(&other),
-        )
-        .unwrap()
-    });
+    sim.capture(S, |ep, now, rng| added(ep, now, rng, other));
     sim.hosts[S].ep.pairing.handshakes.clear();
     let mut rng = DrbgRng::from_seed(8);
     let replies = sim.inject(S, sa("10.0.0.9:2031"), &spoofed_init(&mut rng));
@@ -272,17 +274,7 @@ fn new_pairings_start_at_a_bounded_rate_whatever_the_number_of_peers() {
             i % 256
         );
         let f = tcp("10.0.0.1:53", &remote);
-        sim.with(L, |ep, now, rng| {
-            ep.connection_added(
-                now,
-                rng,
-                f,
-                f.local,
-                f.remote,
-                super::binding::Binding::endpoints(&f),
-            )
-            .unwrap()
-        });
+        sim.with(L, |ep, now, rng| added(ep, now, rng, f));
     }
     let first_inits = |sim: &Sim, upto: Duration| {
         let start = sim.wire_log.first().map_or(sim.now, |w| w.0);

@@ -90,7 +90,22 @@ impl Vnatd {
         d
     }
 
-    /// `vnatctl --json ARGS`, None if it could not reach vnatd.
+    /// Whether `vnatctl ls` shows a mobile connection of `proto` ("tcp" or
+    /// "udp") whose virtual remote end is at `remote`.
+    pub fn mobile_to(&self, proto: &str, remote: std::net::IpAddr) -> bool {
+        self.ctl(&["ls", "--proto", proto])
+            .and_then(|v| v.as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .any(|r| {
+                r["mobile"] == Value::Bool(true)
+                    && r["virtual_remote"]
+                        .as_str()
+                        .and_then(|s| s.parse::<std::net::SocketAddr>().ok())
+                        .is_some_and(|a| a.ip() == remote)
+            })
+    }
+
     /// How many connections `vnatctl ls` shows sent to a physical remote
     /// address `ip`, and the listing (for a failure message).
     pub fn sending_to(&self, ip: std::net::IpAddr) -> (usize, Value) {
@@ -109,6 +124,7 @@ impl Vnatd {
         (n, ls)
     }
 
+    /// `vnatctl --json ARGS`, None if it could not reach vnatd.
     pub fn ctl(&self, args: &[&str]) -> Option<Value> {
         let out = Command::new(bin_path("vnatctl"))
             .arg("--control")

@@ -54,13 +54,7 @@ impl EchoServer {
     /// across two). Reading exactly `size` bytes at a time keeps every echoed
     /// datagram identical to the one sent.
     pub fn udp_sized(ns: &Netns, addr: SocketAddr, size: usize) -> EchoServer {
-        let listen = format!(
-            "{}-LISTEN:{},{},fork",
-            family(addr, "UDP"),
-            addr.port(),
-            bind(addr)
-        );
-        let size = size.to_string();
+        let (size, listen) = (size.to_string(), udp_listen(addr));
         Self::start(ns, addr, true, &["-T", "600", "-b", &size, &listen, "PIPE"])
     }
 
@@ -103,25 +97,13 @@ impl EchoServer {
 
     /// UDP echo inside a [`Host`]'s namespace and cgroup.
     pub fn udp_in(host: &Host, addr: SocketAddr) -> EchoServer {
-        let listen = format!(
-            "{}-LISTEN:{},{},fork",
-            family(addr, "UDP"),
-            addr.port(),
-            bind(addr)
-        );
-        Self::echo_in(host, addr, true, &listen)
+        Self::echo_in(host, addr, true, &udp_listen(addr))
     }
 
     /// UDP echo of datagrams of `size` bytes inside a [`Host`]'s namespace
     /// and cgroup (see [`EchoServer::udp_sized`]).
     pub fn udp_sized_in(host: &Host, addr: SocketAddr, size: usize) -> EchoServer {
-        let listen = format!(
-            "{}-LISTEN:{},{},fork",
-            family(addr, "UDP"),
-            addr.port(),
-            bind(addr)
-        );
-        let size = size.to_string();
+        let (size, listen) = (size.to_string(), udp_listen(addr));
         let args = ["-T", "600", "-b", &size, &listen, "PIPE"];
         Self::start_in(host.ns, Some(&host.cgroup), addr, true, &args)
     }
@@ -208,6 +190,16 @@ impl EchoServer {
 /// The address a dual-stack listener on `port` binds: `[::]:port`.
 fn dual_stack(port: u16) -> SocketAddr {
     SocketAddr::new(std::net::Ipv6Addr::UNSPECIFIED.into(), port)
+}
+
+/// socat's address for a UDP echo listening at `addr`, a child per peer.
+fn udp_listen(addr: SocketAddr) -> String {
+    format!(
+        "{}-LISTEN:{},{},fork",
+        family(addr, "UDP"),
+        addr.port(),
+        bind(addr)
+    )
 }
 
 fn family(addr: SocketAddr, proto: &str) -> String {

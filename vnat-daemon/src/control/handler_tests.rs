@@ -194,7 +194,8 @@ impl Drop for FakeDriver {
     }
 }
 
-fn export_of(f: &VirtualFlow) -> ConnectionExport {
+/// A connection's export as the driver would make it (keys made up).
+pub(super) fn export_of(f: &VirtualFlow) -> ConnectionExport {
     ConnectionExport {
         version: crate::vcmp::export::EXPORT_VERSION,
         flow: *f,

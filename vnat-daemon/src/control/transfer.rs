@@ -299,9 +299,7 @@ pub struct ImportOutcome {
 mod tests {
     use super::*;
     use crate::datapath::Proto;
-    use crate::vcmp::{
-        crypto::HostIdentity, export::HexKey, replay::ReplayWindow, roles::RoleState, Config,
-    };
+    use crate::vcmp::{crypto::HostIdentity, Config};
 
     fn host(seed: u8) -> Endpoint {
         Endpoint::new(Config::default(), HostIdentity::from_bytes([seed; 32]))
@@ -313,25 +311,7 @@ mod tests {
             local: "10.0.0.1:40000".parse().unwrap(),
             remote: "10.0.0.2:22".parse().unwrap(),
         };
-        let vcmp = ConnectionExport {
-            version: crate::vcmp::export::EXPORT_VERSION,
-            flow,
-            local_phys: flow.local,
-            remote_phys: flow.remote,
-            peer_key: None,
-            root_key: HexKey("5a".repeat(32)),
-            send_seq: 7,
-            replay: ReplayWindow::default(),
-            binding_seq: 0,
-            location_seq: 0,
-            role: RoleState::default(),
-            tcp_isns: None,
-            udp_ends: None,
-            peer_named: None,
-            prev_root_key: None,
-            send_prev: false,
-            keyx_answer: None,
-        };
+        let vcmp = super::super::handler_tests::export_of(&flow);
         ExportDocument {
             vnat_export: EXPORT_FORMAT,
             connections: vec![ExportedConnection {
@@ -381,7 +361,7 @@ mod tests {
         let mut doc = document();
         seal(&mut doc, &a, &b.public_key());
         let mut changed = doc.clone();
-        changed.connections[0].vcmp.send_seq += 1;
+        changed.connections[0].vcmp.send_seq ^= 1;
         assert!(matches!(
             check_seal(&changed, &b, Some(a.public_key())),
             Err(TransferError::BadSeal)
