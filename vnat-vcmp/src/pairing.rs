@@ -572,7 +572,7 @@ impl Endpoint {
     /// without vnatd cost one scan of the connections a second, not one
     /// each. Retries go on at most every `pair_retry_max` (one PAIR_INIT
     /// per five minutes to a host that never answers).
-    fn retry_pairing_later(&mut self, now: Timestamp, ip: IpAddr) {
+    pub(crate) fn retry_pairing_later(&mut self, now: Timestamp, ip: IpAddr) {
         let failures = self.pairing.retry.get(&ip).map_or(0, |r| r.0) + 1;
         let wait = self
             .cfg
@@ -612,19 +612,19 @@ impl Endpoint {
             }
             self.stats.count(Counter::PairingRetried);
             self.start_pairing(ctx, ip);
-            let started = self
+            let ours = self
                 .pairing
                 .handshakes
                 .contains_key(&(self.pair_addr(ip), Side::Ours));
-            let deferred = self
-                .pairing
-                .retry
-                .get(&ip)
-                .is_some_and(|(_, at)| at.is_some_and(|t| t > ctx.now));
-            if !started && !deferred {
-                // Could not start (its table full, or a session meanwhile):
-                // not forgotten.
-                self.retry_pairing_later(ctx.now, ip);
+            match self.pairing.retry.get_mut(&ip) {
+                // An attempt of ours is under way (just started, or it was
+                // already: then the due retry must not stay due, or every
+                // loop turn would come back here).
+                Some(r) if ours => r.1 = None,
+                // Deferred by the start rate: due again in a second.
+                Some((_, Some(t))) if *t > ctx.now => {}
+                // Could not start (its table full): not forgotten.
+                _ => self.retry_pairing_later(ctx.now, ip),
             }
         }
     }

@@ -298,3 +298,37 @@ fn new_pairings_start_at_a_bounded_rate_whatever_the_number_of_peers() {
     sim.run_for(Duration::from_secs(30));
     assert_eq!(first_inits(&sim, Duration::from_secs(31)), 300);
 }
+
+/// A retry that falls due while a handshake of ours with that address is
+/// under way (the answering side of a crossing timed out first) marks the
+/// attempt as under way instead of staying due, which would make every
+/// loop turn come back to it.
+#[test]
+fn a_retry_due_while_our_handshake_is_under_way_does_not_stay_due() {
+    let mut sim = Sim::new(68, Link::default());
+    sim.add_host("10.0.0.1", Config::default());
+    sim.add_host("10.0.0.2", Config::default());
+    sim.hosts[S].alive = false;
+    let f = tcp("10.0.0.1:40000", "10.0.0.2:443");
+    sim.capture(L, |ep, now, rng| added(ep, now, rng, f));
+    let ip = sa("10.0.0.2:1").ip();
+    sim.with(L, |ep, now, _| ep.retry_pairing_later(now, ip));
+    // The retry is due after 5 s; our handshake retransmits until about
+    // 15 s. Step to just past the retry by hand (a simulator run would spin
+    // with the defect instead of failing).
+    sim.run_for(Duration::from_secs(4));
+    sim.now = sim.now.plus(Duration::from_secs(2));
+    sim.with(L, |ep, now, rng| ep.handle_timeout(now, rng));
+    let ep = &sim.hosts[L].ep;
+    assert!(ep
+        .pairing
+        .handshakes
+        .contains_key(&(sa("10.0.0.2:2031"), super::pairing::Side::Ours)));
+    let next = ep
+        .poll_timeout()
+        .expect("a handshake under way has a deadline");
+    assert!(
+        next > sim.now,
+        "a deadline in the past: the loop would spin"
+    );
+}
