@@ -158,6 +158,18 @@ impl Driver {
                 .into_iter()
                 .map(|st| {
                     let m = st.mv;
+                    // Held first: preparing the receive side puts the old
+                    // address back on lo, and from then on the socket can
+                    // send again; a packet that left unheld in between
+                    // would reach the peer from the new network, untranslated
+                    // (a UDP server takes it for a new peer's).
+                    let mut held = false;
+                    if st.hold {
+                        match dp.hold_send_side(&m.flow, true) {
+                            Ok(()) => held = true,
+                            Err(e) => tracing::warn!(flow = ?m.flow, error = %e, "cannot hold the connection's packets during its move"),
+                        }
+                    }
                     let r = if m.new_local != m.flow.local {
                         dp.prepare_translation(&Translation {
                             flow: m.flow,
@@ -167,12 +179,10 @@ impl Driver {
                     } else {
                         Ok(())
                     };
-                    let mut held = false;
-                    if r.is_ok() && st.hold {
-                        match dp.hold_send_side(&m.flow, true) {
-                            Ok(()) => held = true,
-                            Err(e) => tracing::warn!(flow = ?m.flow, error = %e, "cannot hold the connection's packets during its move"),
-                        }
+                    if r.is_err() && held {
+                        // Not moving after all: back as it was.
+                        let _ = dp.hold_send_side(&m.flow, false);
+                        held = false;
                     }
                     (m, st.from, r, held)
                 })
