@@ -161,6 +161,17 @@ impl Endpoint {
         self.run_step(ctx, flow);
     }
 
+    /// Start the move of `flow`, if one is under way, from its first step
+    /// again: the pairing with its peer was renewed (the peer's vnatd had
+    /// lost our session), and what was sent so far went unanswered.
+    pub(crate) fn restart_migration(&mut self, ctx: &mut Ctx, flow: &VirtualFlow) {
+        let Some(m) = self.conns.get_mut(flow).and_then(|c| c.mig.as_mut()) else {
+            return;
+        };
+        m.idx = 0;
+        self.run_step(ctx, flow);
+    }
+
     fn run_step(&mut self, ctx: &mut Ctx, flow: &VirtualFlow) {
         let rto = self.rto(ctx, 0);
         let Some(m) = self.conns.get_mut(flow).and_then(|c| c.mig.as_mut()) else {
@@ -372,6 +383,20 @@ impl Endpoint {
                     }
                 }
                 _ if tries >= self.cfg.max_tries => {
+                    // Updates the peer we are paired with never answered:
+                    // it may have lost our session (see `pair_again`).
+                    let updated = match phase {
+                        Phase::Updating(target) => Some(target),
+                        _ => m.steps.get(m.idx).filter(|s| s.peer_old).map(|s| s.target),
+                    };
+                    let paired = self
+                        .conns
+                        .get(&f)
+                        .and_then(|c| c.peer_key)
+                        .is_some_and(|k| self.sessions.contains_key(&k));
+                    if let Some(target) = updated.filter(|_| paired) {
+                        self.pair_again(ctx, target.ip());
+                    }
                     if phase == Phase::Chain && store_ok == Some(true) {
                         self.park(ctx, &f);
                     } else {

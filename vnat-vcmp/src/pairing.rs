@@ -52,7 +52,18 @@ pub(crate) struct Pairings {
     /// By address: (failures so far, when to try next, `None` while an
     /// attempt is under way).
     pub retry: HashMap<IpAddr, (u32, Option<Timestamp>)>,
+    /// Host keys this host has paired with, now or before a restart (the
+    /// daemon's `peers.json`): a PAIR_INIT with one is welcome from any
+    /// address (see [`Endpoint::knows_initiator`]).
+    pub known_hosts: std::collections::HashSet<[u8; 32]>,
+    /// When we last paired again with an address we were paired with,
+    /// because an update went unanswered (see [`Endpoint::pair_again`]).
+    pub renewals: HashMap<IpAddr, Timestamp>,
 }
+
+/// How often at most we pair again with one peer whose updates go
+/// unanswered.
+pub const RENEW_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Pairings {
     pub fn new(cfg: &Config) -> Pairings {
@@ -63,6 +74,8 @@ impl Pairings {
             limit: PairLimiter::new(cfg.pair_dh_per_sec, cfg.pair_dh_burst),
             starts: StartLimit::new(cfg.pair_starts_per_sec, cfg.pair_starts_burst),
             retry: HashMap::new(),
+            known_hosts: std::collections::HashSet::new(),
+            renewals: HashMap::new(),
         }
     }
 
@@ -132,16 +145,61 @@ impl Endpoint {
     }
 
     /// A host we share a connection with (its address is trusted) or have a
-    /// pin for. O(1): this check guards the DH against strangers.
-    fn knows_peer(&self, ip: &IpAddr) -> bool {
-        self.pins.contains_key(ip) || self.tx.trusted.contains(ip)
+    /// pin for; or a host we are paired with that now speaks from another
+    /// address: it moved while its vnatd was not
+    /// running (a crash in the middle of a move, a restart on another
+    /// network), and its connections still name the old one. Anyone can
+    /// offer a known key, but the cookie and the per-source DH limit apply
+    /// as to any PAIR_INIT, and only the key's holder completes a pairing.
+    /// O(1): this check guards the DH against strangers.
+    fn knows_initiator(&self, ip: &IpAddr, key: &[u8; 32]) -> bool {
+        self.pins.contains_key(ip)
+            || self.tx.trusted.contains(ip)
+            || self.sessions.contains_key(key)
+            || self.pairing.known_hosts.contains(key)
+    }
+
+    /// Hosts paired with before (by a previous vnatd of this host): they
+    /// may pair again from any address.
+    pub fn know_hosts(&mut self, keys: impl IntoIterator<Item = [u8; 32]>) {
+        self.pairing.known_hosts.extend(keys);
     }
 
     pub(crate) fn start_pairing(&mut self, ctx: &mut Ctx, ip: IpAddr) {
-        let dst = self.pair_addr(ip);
-        if self.pairing.handshakes.contains_key(&(dst, Side::Ours))
-            || !self.sessions_at(ip).is_empty()
+        if !self.sessions_at(ip).is_empty() {
+            return;
+        }
+        self.initiate(ctx, ip);
+    }
+
+    /// Pair again with `ip` although we are paired with it: our updates to
+    /// it go unanswered, and the likeliest reason is that its vnatd
+    /// restarted (lost our session) while we moved, so that it cannot
+    /// reach us at the address its connections name, and would not pair
+    /// with us if it could. A new session makes both ends derive fresh
+    /// keys and claim the connections again (see `paired`). At most once
+    /// per [`RENEW_INTERVAL`] per address.
+    pub(crate) fn pair_again(&mut self, ctx: &mut Ctx, ip: IpAddr) {
+        let now = ctx.now;
+        if self
+            .pairing
+            .renewals
+            .get(&ip)
+            .is_some_and(|at| now.since(*at) < RENEW_INTERVAL)
         {
+            return;
+        }
+        self.pairing
+            .renewals
+            .retain(|_, at| now.since(*at) < RENEW_INTERVAL);
+        self.pairing.renewals.insert(ip, now);
+        self.stats.count(Counter::PairingRenewed);
+        self.initiate(ctx, ip);
+    }
+
+    fn initiate(&mut self, ctx: &mut Ctx, ip: IpAddr) {
+        let dst = self.pair_addr(ip);
+        if self.pairing.handshakes.contains_key(&(dst, Side::Ours)) {
             return;
         }
         if self.pairing.handshakes.len() >= self.cfg.max_pending_pairings {
@@ -230,7 +288,7 @@ impl Endpoint {
         cookie: Option<[u8; COOKIE_LEN]>,
     ) {
         let ip = from.ip();
-        if !self.knows_peer(&ip) {
+        if !self.knows_initiator(&ip, &init_static) {
             self.stats.reject(Reject::PairUnknownSource);
             return;
         }
@@ -475,6 +533,7 @@ impl Endpoint {
         self.pairing.handshakes.remove(&(from, Side::Ours));
         self.pairing.handshakes.remove(&(from, Side::Theirs));
         let renewed = self.sessions.insert(peer, keys.secret).is_some();
+        self.pairing.known_hosts.insert(peer);
         self.peer_addrs.insert(peer, from);
         self.claim_index.remove(&peer);
         // A new session numbers its probes from the start.
@@ -507,6 +566,11 @@ impl Endpoint {
         }
         if renewed && !held.is_empty() {
             self.send_claims(peer, from, &held, false);
+            // A move the old session left unanswered goes on under the new
+            // one (after the claims, which the peer needs first).
+            for f in &held {
+                self.restart_migration(ctx, f);
+            }
         }
         let unbound = self.unbound_at(ip);
         self.claim_at(ctx.now, ip, &unbound);

@@ -11,7 +11,7 @@ use rand_core::{CryptoRng, RngCore};
 use super::crypto;
 use super::endpoint::{Ctx, Endpoint, Event};
 use super::replay::ReplayError;
-use super::wire::{self, Ext, Family, Kind, Message, Record, MAX_SIGNED_LEN};
+use super::wire::{self, ErrorCode, Ext, Family, Kind, Message, Record, MAX_SIGNED_LEN};
 use super::Timestamp;
 use crate::flow::VirtualFlow;
 
@@ -58,8 +58,14 @@ impl Endpoint {
                 Kind::Store => self.on_store(&mut ctx, from, request_id, &records),
                 Kind::LookupR => self.on_lookup_r(&mut ctx, request_id, &records),
                 _ => {
+                    let mut unknown = false;
                     for rec in &records {
-                        self.on_record(&mut ctx, from, kind, rec);
+                        if self.on_record(&mut ctx, from, kind, rec) == Some(false) {
+                            unknown = true;
+                        }
+                    }
+                    if unknown && matches!(kind, Kind::Upd | Kind::KeyX | Kind::SuspPrimary) {
+                        self.tell_unknown(from, request_id);
                     }
                 }
             },
@@ -98,17 +104,52 @@ impl Endpoint {
                 ..
             } => self.on_probe(from, static_pub, seq, observed, bytes),
             Message::Error { code, .. } => {
-                // Unauthenticated: report, never act on it.
+                // Unauthenticated: reported, and acted on only where the
+                // worst a forger gets is what we would do anyway.
                 self.stats.count(Counter::PeerError);
                 self.emit(Event::PeerError { from, code });
+                if code == ErrorCode::UnknownConnection
+                    && self.peer_addrs.values().any(|a| *a == from)
+                {
+                    // A host we are paired with does not know our
+                    // connection: its vnatd restarted and lost our session
+                    // (while we moved, or it would have paired with us
+                    // again itself). A new pairing is authenticated and
+                    // rate-limited (`pair_again`).
+                    self.pair_again(&mut ctx, from.ip());
+                }
             }
         }
         self.tx.flush(&mut self.stats);
     }
 
+    /// Tell `from` that we have no keys for the connection its request
+    /// names, one of ours (a restarted vnatd: the sender then pairs with us
+    /// again). An unauthenticated reply, held to the anti-amplification
+    /// budget; a record naming no connection of ours gets none.
+    fn tell_unknown(&mut self, from: SocketAddr, request_id: u32) {
+        if let Ok(b) = (Message::Error {
+            request_id,
+            code: ErrorCode::UnknownConnection,
+        })
+        .encode()
+        {
+            self.tx.push_datagram(from, b, &mut self.stats);
+        }
+    }
+
     /// One record of a connection-bound kind. Returns whether it was
-    /// authentic (MAC and replay window passed).
-    fn on_record(&mut self, ctx: &mut Ctx, from: SocketAddr, kind: Kind, rec: &Record) -> bool {
+    /// authentic (MAC and replay window passed): `Some(true)` if so,
+    /// `Some(false)` if it names a connection of ours that we have no keys
+    /// for (yet, or since a restart), `None` if it was refused for any
+    /// other reason.
+    fn on_record(
+        &mut self,
+        ctx: &mut Ctx,
+        from: SocketAddr,
+        kind: Kind,
+        rec: &Record,
+    ) -> Option<bool> {
         // The record names the sender's end as L and ours as R, the
         // sender's way (a NAT between us makes that differ from ours).
         let named = VirtualFlow {
@@ -118,20 +159,20 @@ impl Endpoint {
         };
         let Some(flow) = self.resolve(&named) else {
             self.stats.reject(Reject::UnknownConnection);
-            return false;
+            return None;
         };
         let Some(c) = self.conns.get(&flow) else {
             self.stats.reject(Reject::UnknownConnection);
-            return false;
+            return None;
         };
         let Some(keys) = &c.keys else {
             self.stats.reject(Reject::NoKeys);
-            return false;
+            return Some(false);
         };
         let mut buf = [0u8; MAX_SIGNED_LEN];
         let Ok(n) = rec.write_signed(&mut buf) else {
             self.stats.reject(Reject::MixedFamilies);
-            return false;
+            return None;
         };
         // Records still under the keys from before the last suspend-time DH
         // are accepted until the peer is seen using the new ones (it may not
@@ -145,7 +186,7 @@ impl Endpoint {
                 .is_some_and(|p| crypto::verify_record(&p.recv, &buf[..n], &rec.tag));
             if !prev_ok {
                 self.stats.reject(Reject::BadMac);
-                return false;
+                return None;
             }
             under_prev = true;
         }
@@ -154,7 +195,7 @@ impl Endpoint {
                 ReplayError::TooOld(_) => Reject::ReplayTooOld,
                 ReplayError::Duplicate(_) => Reject::ReplayDuplicate,
             });
-            return false;
+            return None;
         }
         let res = match kind {
             Kind::SuspPrimary => self.on_susp_primary(from, ctx, &flow),
@@ -181,11 +222,11 @@ impl Endpoint {
                     }
                 }
                 self.stats.count(Counter::RecordsAccepted);
-                true
+                Some(true)
             }
             Err(reason) => {
                 self.stats.reject(reason);
-                false
+                None
             }
         }
     }

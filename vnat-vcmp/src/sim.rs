@@ -18,6 +18,8 @@ use crate::flow::{Proto, VirtualFlow};
 
 pub struct Host {
     pub ep: Endpoint,
+    /// The host key's secret, for [`Sim::restart_host`].
+    key: [u8; 32],
     pub ip: IpAddr,
     /// Addresses that reach this host only from itself: the old address a
     /// moved vnatd keeps on `lo`, which the network no longer routes here.
@@ -158,9 +160,11 @@ impl Sim {
 
     /// Add a host at `ip` and return its index.
     pub fn add_host(&mut self, ip_: &str, cfg: Config) -> usize {
-        let id = HostIdentity::generate(&mut self.rng);
+        let mut key = [0u8; 32];
+        self.rng.fill_bytes(&mut key);
         self.hosts.push(Host {
-            ep: Endpoint::new(cfg, id),
+            ep: Endpoint::new(cfg, HostIdentity::from_bytes(key)),
+            key,
             ip: ip(ip_),
             local_only: Vec::new(),
             alive: true,
@@ -414,6 +418,12 @@ impl Sim {
         pred: impl Fn(&Event) -> bool + 'a,
     ) -> impl Iterator<Item = &'a (Timestamp, Event)> + 'a {
         self.hosts[h].events.iter().filter(move |(_, e)| pred(e))
+    }
+
+    /// Restart host `h`'s vnatd: a new endpoint with the same host key,
+    /// which knows nothing of the old one's sessions and connections.
+    pub fn restart_host(&mut self, h: usize, cfg: Config) {
+        self.hosts[h].ep = Endpoint::new(cfg, HostIdentity::from_bytes(self.hosts[h].key));
     }
 
     /// Move host `h` to a new address (its old one becomes unreachable).

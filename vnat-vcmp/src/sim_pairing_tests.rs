@@ -332,3 +332,91 @@ fn a_retry_due_while_our_handshake_is_under_way_does_not_stay_due() {
         "a deadline in the past: the loop would spin"
     );
 }
+
+/// The server's vnatd restarts while the laptop moves: the new one knows
+/// neither the laptop's session nor its new address, and the connection it
+/// finds again names the laptop's old address, where nobody answers. The
+/// laptop's update draws an ERROR (unknown connection), the laptop pairs
+/// again, the new server accepts the known host key from the new address,
+/// both claim the connection, and the move completes.
+#[test]
+fn a_move_completes_when_the_peer_s_vnatd_restarted_meanwhile() {
+    let mut sim = Sim::new(67, Link::default());
+    sim.add_host("10.0.0.1", Config::default());
+    sim.add_host("10.0.0.2", Config::default());
+    let f = tcp("10.0.0.1:40000", "10.0.0.2:443");
+    let (lb, sb) = sim.bindings(&f);
+    sim.with(L, |ep, now, rng| {
+        ep.connection_added(now, rng, f, f.local, f.remote, lb)
+            .unwrap()
+    });
+    let back = reverse(&f);
+    let add_on_server = |sim: &mut Sim| {
+        sim.with(S, |ep, now, rng| {
+            ep.connection_added(now, rng, back, back.local, back.remote, sb)
+                .unwrap()
+        })
+    };
+    add_on_server(&mut sim);
+    sim.run_for(Duration::from_secs(5));
+    assert!(sim.hosts[S].ep.connection(&back).unwrap().has_keys);
+    let laptop_key = sim.hosts[L].ep.public_key();
+
+    // The server's vnatd restarts (knowing the laptop's key from its peer
+    // store, and the connection from the kernel) while the laptop moves.
+    sim.restart_host(S, Config::default());
+    sim.hosts[S].ep.know_hosts([laptop_key]);
+    add_on_server(&mut sim);
+    sim.move_host_keeping_old_local(L, "10.0.1.1");
+    let new_local = sa("10.0.1.1:40000");
+    sim.with(L, |ep, now, rng| {
+        ep.resume(now, rng, &[(f, new_local)]).unwrap()
+    });
+    sim.run_for(Duration::from_secs(20));
+
+    let l = sim.hosts[L].ep.stats();
+    assert!(l.get(Counter::PairingRenewed) >= 1, "{l:?}");
+    let s = sim.hosts[S]
+        .ep
+        .connection(&back)
+        .expect("server's connection");
+    assert_eq!(
+        s.remote_phys, new_local,
+        "the server follows the move: {s:?}"
+    );
+    assert!(s.has_keys && s.peer_key == Some(laptop_key), "{s:?}");
+    let v = sim.hosts[L].ep.connection(&f).expect("laptop's connection");
+    assert_eq!(v.local_phys, new_local);
+    assert!(!v.migrating, "{v:?}");
+}
+
+/// Anyone can send an ERROR, but all it gets is one new pairing per
+/// peer and interval, and none with a host we are not paired with.
+#[test]
+fn forged_unknown_connection_errors_cause_at_most_one_renewal_per_interval() {
+    let mut sim = Sim::new(71, Link::default());
+    sim.add_host("10.0.0.1", Config::default());
+    sim.add_host("10.0.0.2", Config::default());
+    sim.connect(L, S, tcp("10.0.0.1:40000", "10.0.0.2:443"));
+    sim.run_for(Duration::from_secs(5));
+    let error = |id| {
+        Message::Error {
+            request_id: id,
+            code: super::wire::ErrorCode::UnknownConnection,
+        }
+        .encode()
+        .unwrap()
+    };
+    for id in 0..50 {
+        sim.inject(L, sa("10.0.0.2:2031"), &error(id));
+        sim.inject(L, sa("10.6.6.6:2031"), &error(id));
+    }
+    sim.run_for(Duration::from_secs(5));
+    let st = sim.hosts[L].ep.stats();
+    assert_eq!(st.get(Counter::PairingRenewed), 1, "{st:?}");
+    assert_eq!(st.get(Counter::PeerError), 100);
+    // The renewed pairing works: the connection still has keys at both ends.
+    let f = tcp("10.0.0.1:40000", "10.0.0.2:443");
+    assert!(sim.hosts[L].ep.connection(&f).unwrap().has_keys);
+    assert!(sim.hosts[S].ep.connection(&reverse(&f)).unwrap().has_keys);
+}

@@ -37,6 +37,7 @@ pub enum Counter {
     PairRetransmit,
     Paired,
     PairingDeferred,
+    PairingRenewed,
     PairingRetried,
     PairingRetryScheduled,
     PairingTimedOut,
@@ -60,7 +61,7 @@ pub enum Counter {
 
 impl Counter {
     /// Every value, in name order.
-    pub const ALL: [Counter; 49] = [
+    pub const ALL: [Counter; 50] = [
         Counter::BindAgain,
         Counter::BindDivertFailed,
         Counter::BindRequestsDropped,
@@ -91,6 +92,7 @@ impl Counter {
         Counter::PairRetransmit,
         Counter::Paired,
         Counter::PairingDeferred,
+        Counter::PairingRenewed,
         Counter::PairingRetried,
         Counter::PairingRetryScheduled,
         Counter::PairingTimedOut,
@@ -145,6 +147,7 @@ impl Counter {
             Counter::PairRetransmit => "pair_retransmit",
             Counter::Paired => "paired",
             Counter::PairingDeferred => "pairing_deferred",
+            Counter::PairingRenewed => "pairing_renewed",
             Counter::PairingRetried => "pairing_retried",
             Counter::PairingRetryScheduled => "pairing_retry_scheduled",
             Counter::PairingTimedOut => "pairing_timed_out",
