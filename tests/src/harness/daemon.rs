@@ -30,6 +30,21 @@ impl Drop for TempDir {
     }
 }
 
+/// Whether an `ls --json` listing has a mobile connection whose virtual
+/// remote end is at `remote`.
+fn lists_mobile(ls: Option<Value>, remote: std::net::IpAddr) -> bool {
+    ls.and_then(|v| v.as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .any(|r| {
+            r["mobile"] == Value::Bool(true)
+                && r["virtual_remote"]
+                    .as_str()
+                    .and_then(|s| s.parse::<std::net::SocketAddr>().ok())
+                    .is_some_and(|a| a.ip() == remote)
+        })
+}
+
 /// vnatd running in `host`'s namespace with its pins and cgroup; killed on
 /// drop.
 pub struct Vnatd {
@@ -46,10 +61,16 @@ impl Vnatd {
 
     /// Start with extra flags (e.g. `--listen`).
     pub fn start_with(host: &Host, dir: &Path, extra: &[&str]) -> Vnatd {
+        Vnatd::start_with_env(host, dir, extra, &[])
+    }
+
+    /// Start with extra flags and environment variables (e.g. the fault
+    /// injection of `VNAT_TEST_CRASH_AT`).
+    pub fn start_with_env(host: &Host, dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Vnatd {
         let cgroup = host.cgroup.path().display().to_string();
         let mut args = vec!["--cgroup", &cgroup, "--config", "/dev/null"];
         args.extend_from_slice(extra);
-        Vnatd::start_raw(host, dir, &args)
+        Vnatd::start_raw(host, dir, &args, env)
     }
 
     /// Start with the config file `config` (which names the cgroups) and
@@ -58,10 +79,10 @@ impl Vnatd {
         let config = config.display().to_string();
         let mut args = vec!["--config", &config];
         args.extend_from_slice(extra);
-        Vnatd::start_raw(host, dir, &args)
+        Vnatd::start_raw(host, dir, &args, &[])
     }
 
-    fn start_raw(host: &Host, dir: &Path, args: &[&str]) -> Vnatd {
+    fn start_raw(host: &Host, dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Vnatd {
         let ns = host.ns;
         let control = dir.join("vnatd.sock");
         let child = ns
@@ -73,6 +94,7 @@ impl Vnatd {
             .arg("--bpffs")
             .arg(host.pins.path())
             .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
@@ -93,17 +115,13 @@ impl Vnatd {
     /// Whether `vnatctl ls` shows a mobile connection of `proto` ("tcp" or
     /// "udp") whose virtual remote end is at `remote`.
     pub fn mobile_to(&self, proto: &str, remote: std::net::IpAddr) -> bool {
-        self.ctl(&["ls", "--proto", proto])
-            .and_then(|v| v.as_array().cloned())
-            .unwrap_or_default()
-            .iter()
-            .any(|r| {
-                r["mobile"] == Value::Bool(true)
-                    && r["virtual_remote"]
-                        .as_str()
-                        .and_then(|s| s.parse::<std::net::SocketAddr>().ok())
-                        .is_some_and(|a| a.ip() == remote)
-            })
+        lists_mobile(self.ctl(&["ls", "--proto", proto]), remote)
+    }
+
+    /// [`Vnatd::mobile_to`], false if vnatd does not answer (it may be
+    /// dying: the crash-safety tests).
+    pub fn try_mobile_to(&self, proto: &str, remote: std::net::IpAddr) -> bool {
+        lists_mobile(self.try_ctl(&["ls", "--proto", proto]), remote)
     }
 
     /// How many connections `vnatctl ls` shows sent to a physical remote
@@ -122,6 +140,22 @@ impl Vnatd {
                 .count()
         });
         (n, ls)
+    }
+
+    /// `vnatctl --json ARGS`, None if it failed in any way: for a vnatd
+    /// that may die while it answers (the crash-safety tests).
+    pub fn try_ctl(&self, args: &[&str]) -> Option<Value> {
+        let out = Command::new(bin_path("vnatctl"))
+            .arg("--control")
+            .arg(&self.control)
+            .arg("--json")
+            .args(args)
+            .output()
+            .expect("running vnatctl");
+        out.status
+            .success()
+            .then(|| serde_json::from_slice(&out.stdout).ok())
+            .flatten()
     }
 
     /// `vnatctl --json ARGS`, None if it could not reach vnatd.

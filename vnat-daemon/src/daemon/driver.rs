@@ -54,6 +54,9 @@ const VERIFIED_RESTARTS_MAX: usize = 16;
 /// How long an imported connection may wait for its process to restore
 /// the socket on this host before it is forgotten.
 const IMPORT_GRACE: Duration = Duration::from_secs(60);
+/// How often vnatd looks for NAT entries whose socket is gone and that no
+/// connection of its own explains (what a vnatd killed mid-move left).
+const ORPHAN_CHECK_INTERVAL: Duration = Duration::from_secs(30);
 
 #[derive(Clone, Debug)]
 pub struct DriverConfig {
@@ -187,9 +190,12 @@ pub struct Driver {
     exported: HashSet<VirtualFlow>,
     /// The host's addresses as last seen, for the check that a connection
     /// vnatd starts to manage uses one of them.
-    host_addrs: mobility::HostAddresses,
+    host_addrs: super::hostaddrs::HostAddresses,
     /// Recorded connections vnatd refuses to manage, with the reason.
     refused: HashMap<VirtualFlow, &'static str>,
+    /// When `resync` next looks for orphaned NAT entries (at once after a
+    /// start, then every [`ORPHAN_CHECK_INTERVAL`]).
+    next_orphan_check: std::time::Instant,
 }
 
 impl Driver {
@@ -205,7 +211,10 @@ impl Driver {
         // Keys learned by pairing are not pins: a host is its key, and
         // another key at a known address is another host (NAT, DHCP), which
         // gets only the connections it proves it holds (vcmp::claim).
-        let endpoint = Endpoint::new(vcfg, HostIdentity::from_bytes(key));
+        let mut endpoint = Endpoint::new(vcfg, HostIdentity::from_bytes(key));
+        // Hosts paired with before may pair again from a new address (one
+        // that moved while this vnatd was not running).
+        endpoint.know_hosts(peers.peers.keys().copied());
         // An unspecified listen address means both families: one dual-stack
         // socket (binding 0.0.0.0 and [::] on one port would collide).
         let (bind, dual) = if cfg.listen.ip().is_unspecified() {
@@ -254,6 +263,7 @@ impl Driver {
         sock: UdpSocket,
         dual: bool,
     ) -> Driver {
+        let host_addrs = super::hostaddrs::HostAddresses::load(&cfg.state_dir);
         tracing::info!(listen = %cfg.listen, key = %identity::key_hex(&endpoint.public_key()), "VCMP listening");
         enlarge_buffers(&sock);
         Driver {
@@ -264,11 +274,12 @@ impl Driver {
             sock,
             dual,
             mover: Mover::new(),
-            host_addrs: mobility::HostAddresses::default(),
+            host_addrs,
             refused: HashMap::new(),
             standby: Vec::new(),
             imported: HashMap::new(),
             exported: HashSet::new(),
+            next_orphan_check: std::time::Instant::now(),
         }
     }
 
@@ -291,6 +302,12 @@ impl Driver {
                 tracing::warn!(error = %e, "cannot release connections held by an unfinished move")
             }
         }
+        // Know this host's connections before the first datagram: a peer
+        // that moves while this vnatd was not running pairs again as soon
+        // as it hears from us, and its claims must find them.
+        self.resync().await;
+        self.apply_events().await;
+        self.flush().await;
         let mut next_resync = tokio::time::Instant::now() + RESYNC_INTERVAL;
         let mut buf = vec![0u8; 65536];
         tokio::pin!(shutdown);

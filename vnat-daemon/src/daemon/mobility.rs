@@ -4,9 +4,8 @@
 //! a kernel.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashSet,
     net::{IpAddr, SocketAddr},
-    time::{Duration, Instant},
 };
 
 use crate::datapath::{Proto, Translation, VirtualFlow};
@@ -43,11 +42,6 @@ pub fn is_mobile_candidate(flow: &VirtualFlow, vcmp_port: u16) -> bool {
     !vcmp && !local_only(flow.local.ip()) && !local_only(flow.remote.ip())
 }
 
-/// How long an address that left this host's interfaces still counts as
-/// ours for connections vnatd sees for the first time: the time between the
-/// kernel recording a connection and vnatd's next look at its records.
-pub const VANISHED_GRACE: Duration = Duration::from_secs(5);
-
 /// Why a UDP flow is not managed yet: this host has only received from
 /// the peer, and a source address proves nothing.
 pub const INBOUND_ONLY: &str =
@@ -57,46 +51,6 @@ pub const INBOUND_ONLY: &str =
 /// its local address is not one of this host's.
 pub const NOT_OUR_ADDRESS: &str =
     "its local address is not one of this host's (an IP_FREEBIND or IP_TRANSPARENT socket)";
-
-/// This host's addresses, and those that left it a moment ago.
-#[derive(Debug, Default)]
-pub struct HostAddresses {
-    current: HashSet<IpAddr>,
-    vanished: HashMap<IpAddr, Instant>,
-}
-
-impl HostAddresses {
-    /// Take a fresh list of the interfaces' addresses at `now`.
-    pub fn update(&mut self, now: Instant, addrs: HashSet<IpAddr>) {
-        for gone in self.current.difference(&addrs) {
-            self.vanished.insert(*gone, now);
-        }
-        for back in &addrs {
-            self.vanished.remove(back);
-        }
-        self.vanished
-            .retain(|_, at| now.saturating_duration_since(*at) < VANISHED_GRACE);
-        self.current = addrs;
-    }
-
-    /// Whether a connection first seen now, at local address `ip`, may be
-    /// managed: `ip` is assigned to an interface of this host, or was until
-    /// a moment ago (the connection was recorded before a move that vnatd
-    /// has not looked at yet).
-    ///
-    /// A local user can bind a socket to any address with IP_FREEBIND or
-    /// IP_TRANSPARENT and send from it. Managed, such a flow would look
-    /// moved (its address is not here), and vnatd, which runs as root,
-    /// would put that address on `lo` and route it: the user's listener on
-    /// it would then receive other users' connections to it.
-    pub fn may_manage(&self, ip: IpAddr, now: Instant) -> bool {
-        self.current.contains(&ip)
-            || self
-                .vanished
-                .get(&ip)
-                .is_some_and(|at| now.saturating_duration_since(*at) < VANISHED_GRACE)
-    }
-}
 
 /// Connections whose local physical address is no longer on any interface,
 /// moved to the address the kernel now uses towards their peer.
@@ -311,28 +265,6 @@ mod tests {
             None,
             "the peer did not move"
         );
-    }
-
-    #[test]
-    fn only_connections_from_this_host_s_addresses_are_managed() {
-        let t0 = Instant::now();
-        let mut h = HostAddresses::default();
-        h.update(t0, addrs(&["198.18.1.2", "fd00:1::2"]));
-        assert!(h.may_manage("198.18.1.2".parse().unwrap(), t0));
-        assert!(h.may_manage("fd00:1::2".parse().unwrap(), t0));
-        // A freebind socket on an address the host never had.
-        assert!(!h.may_manage("198.18.1.77".parse().unwrap(), t0));
-        assert!(!h.may_manage("fd00:1::77".parse().unwrap(), t0));
-        // The laptop moved: the old address still counts for a moment, for
-        // a connection recorded before vnatd looked, then no longer.
-        let t1 = t0 + Duration::from_secs(1);
-        h.update(t1, addrs(&["198.18.2.2"]));
-        assert!(h.may_manage("198.18.1.2".parse().unwrap(), t1 + Duration::from_secs(1)));
-        assert!(!h.may_manage("198.18.1.2".parse().unwrap(), t1 + VANISHED_GRACE));
-        let t2 = t1 + VANISHED_GRACE;
-        h.update(t2, addrs(&["198.18.2.2"]));
-        assert!(!h.may_manage("198.18.1.2".parse().unwrap(), t2));
-        assert!(h.may_manage("198.18.2.2".parse().unwrap(), t2));
     }
 
     #[test]

@@ -7,6 +7,7 @@ mod addrwatch;
 pub mod cgroup;
 pub mod config;
 pub mod driver;
+pub mod hostaddrs;
 pub mod identity;
 pub mod mobility;
 pub mod mover;

@@ -285,6 +285,13 @@ impl Datapath for FakeDatapath {
         Ok(self.translations.values().copied().collect())
     }
 
+    fn flows_with_entries(&self) -> Result<Vec<VirtualFlow>, DatapathError> {
+        let mut all: BTreeSet<VirtualFlow> = self.translations.keys().copied().collect();
+        all.extend(self.prepared.keys());
+        all.extend(&self.held);
+        Ok(all.into_iter().collect())
+    }
+
     fn interface_addresses(&self) -> Result<Vec<(std::net::IpAddr, u32)>, DatapathError> {
         Ok(self.addresses.clone())
     }

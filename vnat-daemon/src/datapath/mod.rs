@@ -63,6 +63,11 @@ pub trait Datapath {
     /// The installed translations.
     fn translations(&self) -> Result<Vec<Translation>, DatapathError>;
 
+    /// Every flow the NAT maps hold an entry for: translated, prepared
+    /// (receive side only) or held. Those whose socket is gone are what a
+    /// vnatd that died left behind, for the next one to remove.
+    fn flows_with_entries(&self) -> Result<Vec<VirtualFlow>, DatapathError>;
+
     /// Hold (`true`) or release the send side of a flow whose own end is
     /// moving: while held, every packet it sends is dropped before it
     /// leaves, which its socket takes as a failed transmission (the data

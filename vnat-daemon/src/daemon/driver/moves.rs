@@ -22,10 +22,11 @@ impl Driver {
             }
         };
         let seen_at = std::time::Instant::now();
+        let boot_secs = now().as_nanos() / 1_000_000_000;
         match listed.1 {
             Ok(a) => self
                 .host_addrs
-                .update(seen_at, a.into_iter().map(|(ip, _)| ip).collect()),
+                .update(boot_secs, a.into_iter().map(|(ip, _)| ip).collect()),
             Err(e) => tracing::warn!(error = %e, "cannot list this host's addresses"),
         }
         let mut live = HashSet::new();
@@ -44,7 +45,9 @@ impl Driver {
                 && !self.imported.contains_key(&flow)
                 // Physical: a connection that moved before a restart of
                 // vnatd uses its new address; its virtual one is on `lo`.
-                && !self.host_addrs.may_manage(c.physical_local.ip(), seen_at)
+                && !self
+                    .host_addrs
+                    .may_manage(c.physical_local.ip(), boot_secs.saturating_sub(c.age_secs))
             {
                 if self
                     .refused
@@ -109,7 +112,45 @@ impl Driver {
             })
             .await;
         }
+        if seen_at >= self.next_orphan_check {
+            self.next_orphan_check = seen_at + ORPHAN_CHECK_INTERVAL;
+            self.remove_orphans(&live).await;
+        }
         self.plan_and_move().await
+    }
+
+    /// Remove the NAT entries (and what they set up: addresses on lo, host
+    /// routes, tc) of flows whose socket is gone and that this vnatd is not
+    /// waiting for (an import): what a vnatd killed in the middle of a move
+    /// or a removal left behind, or a removal that failed.
+    async fn remove_orphans(&mut self, live: &HashSet<VirtualFlow>) {
+        let mut keep = live.clone();
+        keep.extend(self.imported.keys());
+        let removed = with_dp(&self.dp, move |dp| {
+            let flows = match dp.flows_with_entries() {
+                Ok(f) => f,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot list the NAT entries");
+                    return 0;
+                }
+            };
+            let mut n = 0;
+            for f in flows.into_iter().filter(|f| !keep.contains(f)) {
+                match dp.remove_translation(&f) {
+                    Ok(()) => n += 1,
+                    Err(DatapathError::NoSuchTranslation { .. }) => {}
+                    Err(e) => tracing::warn!(flow = ?f, error = %e, "cannot remove the entries of a connection that is gone"),
+                }
+            }
+            n
+        })
+        .await;
+        if removed > 0 {
+            tracing::info!(
+                connections = removed,
+                "removed the translations of connections that closed while no vnatd managed them"
+            );
+        }
     }
 
     pub(super) async fn plan_and_move(&mut self) -> usize {

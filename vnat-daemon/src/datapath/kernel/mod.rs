@@ -3,6 +3,7 @@
 //! directory so that translation survives the process (DESIGN.md §3).
 
 mod attach;
+pub mod fault;
 mod listing;
 mod mirror;
 mod nat;
@@ -202,12 +203,34 @@ impl KernelDatapath {
             let Some(t) = translation_of(k, v) else {
                 continue;
             };
-            if t.local_moved() && !lo.contains(&t.flow.local.ip()) {
+            if t.local_moved() && !lo.iter().any(|(a, _)| *a == t.flow.local.ip()) {
                 net::add_lo_addr(t.flow.local.ip())?;
             }
             if t.remote_moved() && !routes.contains(&t.flow.remote.ip()) {
                 let via = net::route_get(t.physical_remote.ip(), None)?;
                 net::add_host_route(t.flow.remote.ip(), t.physical_remote.ip(), &via)?;
+            }
+        }
+        // What a vnatd killed in the middle of an install or a removal left
+        // behind: its own addresses on lo and host routes that no pinned
+        // entry needs. (Someone else's carry no tag of ours and stay.)
+        let words = |ip: IpAddr| {
+            let sa = std::net::SocketAddr::new(ip, 0);
+            crate::datapath::flow_key(Proto::Tcp, sa, sa).src_addr_be
+        };
+        for (a, ours) in lo {
+            if ours
+                && !self.mirror.local_moved.contains_key(&a)
+                && !self.mirror.prepared_lo.contains_key(&words(a))
+            {
+                net::del_lo_addr(a)?;
+                tracing::info!(address = %a, "removed an address a previous vnatd left on lo");
+            }
+        }
+        for r in routes {
+            if !self.mirror.remote_moved.contains_key(&r) {
+                net::del_host_route(r)?;
+                tracing::info!(route = %r, "removed a host route a previous vnatd left");
             }
         }
         Ok(())
@@ -241,7 +264,9 @@ impl KernelDatapath {
 
     /// Route the peer's virtual address `virt` like its physical one
     /// (`net::add_host_route`) unless this batch already did exactly that.
-    /// Returns whether vnat's route for `virt` existed before.
+    /// Returns whether a route for `virt` existed before (vnat's, or
+    /// someone else's that is left alone): then a failure later in the
+    /// install has no route to take back.
     fn ensure_host_route(
         &self,
         virt: IpAddr,
@@ -254,14 +279,23 @@ impl KernelDatapath {
                 return Ok(true);
             }
         }
-        let existed = net::has_host_route(virt)?;
         let r = net::add_host_route(virt, phys, via);
         self.routes_changed();
-        r?;
-        if let Some(m) = self.memo.borrow_mut().as_mut() {
-            m.host_routes.insert(virt, target);
+        match r? {
+            net::HostRoute::Foreign(protocol) => {
+                // Not ours to change: tc redirects the flow's packets to the
+                // right next hop instead (the caller checks the route).
+                tracing::warn!(address = %virt, protocol, "a host route vnat did not make is in place for a moved peer's address; leaving it and redirecting in tc");
+                Ok(true)
+            }
+            done => {
+                fault::after("install:host-route");
+                if let Some(m) = self.memo.borrow_mut().as_mut() {
+                    m.host_routes.insert(virt, target);
+                }
+                Ok(done == net::HostRoute::Replaced)
+            }
         }
-        Ok(existed)
     }
 
     /// Every entry of the egress (`egress`) or ingress NAT map, read from
@@ -498,6 +532,7 @@ impl Datapath for KernelDatapath {
             if !self.tc_current.contains(&ifindex) {
                 attach::attach_tc(&mut self.loaded.ebpf, &self.bpffs, ifindex)?;
                 self.tc_current.insert(ifindex);
+                fault::after("install:tc");
             }
             self.standby.insert(ifindex);
         }
@@ -507,6 +542,7 @@ impl Datapath for KernelDatapath {
             if !self.bind_ifaces.contains(&ifindex) && !self.tc_used_by_translation(ifindex)? {
                 attach::detach_tc(&self.bpffs, ifindex);
                 self.tc_current.remove(&ifindex);
+                fault::after("remove:tc");
             }
         }
         Ok(())
@@ -566,6 +602,17 @@ impl Datapath for KernelDatapath {
             .iter()
             .filter_map(|(k, v)| translation_of(k, v))
             .collect())
+    }
+
+    fn flows_with_entries(&self) -> Result<Vec<VirtualFlow>, DatapathError> {
+        let mut all: std::collections::BTreeSet<VirtualFlow> = self
+            .mirror
+            .egress
+            .keys()
+            .filter_map(VirtualFlow::from_key)
+            .collect();
+        all.extend(self.mirror.reverse.keys().filter_map(VirtualFlow::from_key));
+        Ok(all.into_iter().collect())
     }
 
     fn hold_send_side(&mut self, flow: &VirtualFlow, hold: bool) -> Result<(), DatapathError> {

@@ -1,7 +1,8 @@
 //! Routes, addresses and sysctls, through rtnetlink ([`super::rtnl`]).
 //!
-//! Every route vnat adds carries [`ROUTE_PROTO`], so cleanup removes exactly
-//! what vnat added. (The first version ran iproute2 for each of these; a
+//! Every route and every `lo` address vnat adds carries [`ROUTE_PROTO`], so
+//! cleanup removes exactly what vnat added, also after a crash, and a route
+//! or address someone else made is never replaced or removed. (The first version ran iproute2 for each of these; a
 //! process start per call made a move take tens of milliseconds.)
 
 use std::net::IpAddr;
@@ -9,8 +10,21 @@ use std::net::IpAddr;
 use super::rtnl;
 use crate::datapath::DatapathError;
 
-/// Route protocol number of vnat's host routes (`ip route show proto 157`).
+/// Protocol number of vnat's host routes (`ip route show proto 157`) and
+/// of the addresses it keeps on `lo` (`IFA_PROTO`).
 pub const ROUTE_PROTO: u8 = 157;
+
+/// What [`add_host_route`] found and did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostRoute {
+    /// There was none; vnat's is in place now.
+    Added,
+    /// vnat's own was there and now routes as asked.
+    Replaced,
+    /// Someone else's route for exactly this address is there (its
+    /// protocol number): left alone.
+    Foreign(u8),
+}
 
 /// Where the kernel would send a packet.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,13 +85,13 @@ fn addresses() -> Result<Vec<rtnl::Addr>, DatapathError> {
     rtnl::addresses().map_err(kernel("listing this host's addresses (rtnetlink)".into()))
 }
 
-/// Every address currently assigned to `lo`.
-pub fn lo_addrs() -> Result<Vec<IpAddr>, DatapathError> {
+/// Every address currently assigned to `lo`, and whether vnat added it.
+pub fn lo_addrs() -> Result<Vec<(IpAddr, bool)>, DatapathError> {
     let lo = lo_index()?;
     Ok(addresses()?
         .into_iter()
         .filter(|a| a.ifindex == lo)
-        .map(|a| a.addr)
+        .map(|a| (a.addr, a.protocol == ROUTE_PROTO))
         .collect())
 }
 
@@ -103,38 +117,70 @@ pub fn add_lo_addr(a: IpAddr) -> Result<(), DatapathError> {
     }
     // IPv6 without duplicate address detection: the address is the
     // connection's own and must be usable at once.
-    rtnl::add_address(a, lo_index()?).map_err(kernel(format!("adding {a} to lo")))
+    rtnl::add_address(a, lo_index()?, ROUTE_PROTO).map_err(kernel(format!("adding {a} to lo")))
 }
 
-pub fn del_lo_addr(a: IpAddr) -> Result<(), DatapathError> {
-    rtnl::del_address(a, lo_index()?).map_err(kernel(format!("removing {a} from lo")))
+/// Remove `a` from `lo` if vnat put it there; an address someone else added
+/// (no tag of ours) stays. Returns whether it was removed.
+pub fn del_lo_addr(a: IpAddr) -> Result<bool, DatapathError> {
+    match lo_addrs()?.into_iter().find(|(x, _)| *x == a) {
+        None => Ok(false),
+        Some((_, false)) => {
+            tracing::warn!(address = %a, "not removing an address on lo that vnat did not add");
+            Ok(false)
+        }
+        Some((_, true)) => {
+            rtnl::del_address(a, lo_index()?).map_err(kernel(format!("removing {a} from lo")))?;
+            Ok(true)
+        }
+    }
 }
 
 /// Route a moved peer's old (virtual) address the way its new physical
 /// address is routed, so the socket's packets leave through the interface
 /// where tc rewrites them instead of dying in an unresolved neighbour entry.
-pub fn add_host_route(virt: IpAddr, phys: IpAddr, via: &RouteInfo) -> Result<(), DatapathError> {
+/// A host route someone else made for the same address is left as it is
+/// ([`HostRoute::Foreign`]): the caller then has tc send the flow's packets
+/// to the right next hop itself.
+pub fn add_host_route(
+    virt: IpAddr,
+    phys: IpAddr,
+    via: &RouteInfo,
+) -> Result<HostRoute, DatapathError> {
     let gw = via.gateway.unwrap_or(phys);
-    rtnl::replace_host_route(virt, gw, via.ifindex, ROUTE_PROTO).map_err(kernel(format!(
-        "adding the host route {virt} via {gw} dev {}",
-        via.dev
-    )))
+    let what = || format!("adding the host route {virt} via {gw} dev {}", via.dev);
+    let existing = host_route_owner(virt)?;
+    if let Some(p) = existing.filter(|p| *p != ROUTE_PROTO) {
+        return Ok(HostRoute::Foreign(p));
+    }
+    let replace = existing.is_some();
+    match rtnl::set_host_route(virt, gw, via.ifindex, ROUTE_PROTO, replace) {
+        Ok(()) if replace => Ok(HostRoute::Replaced),
+        Ok(()) => Ok(HostRoute::Added),
+        // Someone added one between the check and ours.
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+            Ok(HostRoute::Foreign(host_route_owner(virt)?.unwrap_or(0)))
+        }
+        Err(e) => Err(kernel(what())(e)),
+    }
+}
+
+/// The protocol number of the main table's host route for exactly `virt`,
+/// if there is one (one query, not a dump of every route: this runs once
+/// per moved connection).
+fn host_route_owner(virt: IpAddr) -> Result<Option<u8>, DatapathError> {
+    let r = rtnl::fib_match(virt).map_err(kernel(format!("looking up the route to {virt}")))?;
+    Ok(r.filter(|r| {
+        r.dst == Some(virt)
+            && r.dst_len == if virt.is_ipv4() { 32 } else { 128 }
+            && r.table == u32::from(rtnl::RT_TABLE_MAIN)
+    })
+    .map(|r| r.protocol))
 }
 
 pub fn del_host_route(virt: IpAddr) -> Result<(), DatapathError> {
     rtnl::del_host_route(virt, ROUTE_PROTO)
         .map_err(kernel(format!("removing the host route {virt}")))
-}
-
-/// Whether vnat's host route for `virt` is in place (one query, not a dump
-/// of every route: this runs once per moved connection).
-pub fn has_host_route(virt: IpAddr) -> Result<bool, DatapathError> {
-    let r = rtnl::fib_match(virt).map_err(kernel(format!("looking up the route to {virt}")))?;
-    Ok(r.is_some_and(|r| {
-        r.protocol == ROUTE_PROTO
-            && r.dst == Some(virt)
-            && r.dst_len == if virt.is_ipv4() { 32 } else { 128 }
-    }))
 }
 
 /// Host routes carrying vnat's protocol number.

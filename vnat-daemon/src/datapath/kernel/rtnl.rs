@@ -40,6 +40,8 @@ const RTM_GETROUTE: u16 = 26;
 
 const IFA_ADDRESS: u16 = 1;
 const IFA_LOCAL: u16 = 2;
+/// The address's protocol (who added it; Linux 5.18+), as routes have.
+const IFA_PROTO: u16 = 11;
 const IFA_F_NODAD: u8 = 0x02;
 
 const RTA_DST: u16 = 1;
@@ -353,6 +355,8 @@ pub struct Addr {
     pub addr: IpAddr,
     pub ifindex: u32,
     pub scope: u8,
+    /// Who added it (`IFA_PROTO`); 0 when not given.
+    pub protocol: u8,
 }
 
 pub fn parse_addr(body: &[u8]) -> Option<Addr> {
@@ -363,10 +367,12 @@ pub fn parse_addr(body: &[u8]) -> Option<Addr> {
     let ifindex = u32::from_ne_bytes([body[4], body[5], body[6], body[7]]);
     let mut local = None;
     let mut address = None;
+    let mut protocol = 0;
     for (kind, v) in attrs(body, IFADDRMSG_LEN) {
         match kind {
             IFA_LOCAL => local = ip_from(v),
             IFA_ADDRESS => address = ip_from(v),
+            IFA_PROTO if v.len() == 1 => protocol = v[0],
             _ => {}
         }
     }
@@ -376,6 +382,7 @@ pub fn parse_addr(body: &[u8]) -> Option<Addr> {
         addr: local.or(address)?,
         ifindex,
         scope,
+        protocol,
     })
 }
 
@@ -403,14 +410,20 @@ fn addr_request(kind: u16, flags: u16, a: IpAddr, ifindex: u32) -> Request {
         .attr(IFA_ADDRESS, &o)
 }
 
-/// Add `a` as a host address (/32 or /128, no DAD) on interface `ifindex`.
-pub fn add_address(a: IpAddr, ifindex: u32) -> io::Result<()> {
-    call(addr_request(
-        RTM_NEWADDR,
-        NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
-        a,
-        ifindex,
-    ))
+/// Add `a` as a host address (/32 or /128, no DAD) on interface `ifindex`,
+/// tagged with `protocol` so that its owner can tell it apart later (a
+/// vnatd started after a crash, or an address someone else added).
+/// Fails with `EEXIST` if the interface has it already.
+pub fn add_address(a: IpAddr, ifindex: u32, protocol: u8) -> io::Result<()> {
+    call(
+        addr_request(
+            RTM_NEWADDR,
+            NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+            a,
+            ifindex,
+        )
+        .attr(IFA_PROTO, &[protocol]),
+    )
     .map(|_| ())
 }
 
@@ -525,9 +538,18 @@ pub fn routes(fam: u8) -> io::Result<Vec<Route>> {
         .collect())
 }
 
-/// Add or replace the host route `dst` via `gateway` on `oif`, tagged
-/// with `protocol`.
-pub fn replace_host_route(dst: IpAddr, gateway: IpAddr, oif: u32, protocol: u8) -> io::Result<()> {
+/// Add the host route `dst` via `gateway` on `oif`, tagged with
+/// `protocol`: with `replace`, in place of the route for `dst` there is
+/// (the caller checked it is its own); without, only if there is none
+/// (`EEXIST` otherwise), so a route someone else added meanwhile is never
+/// overwritten.
+pub fn set_host_route(
+    dst: IpAddr,
+    gateway: IpAddr,
+    oif: u32,
+    protocol: u8,
+    replace: bool,
+) -> io::Result<()> {
     let body = rtmsg(
         family(dst),
         bits(dst),
@@ -536,12 +558,9 @@ pub fn replace_host_route(dst: IpAddr, gateway: IpAddr, oif: u32, protocol: u8) 
         protocol,
         RTN_UNICAST,
     );
-    let mut req = Request::new(
-        RTM_NEWROUTE,
-        NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
-        &body,
-    )
-    .attr(RTA_DST, &octets(dst));
+    let how = if replace { NLM_F_REPLACE } else { NLM_F_EXCL };
+    let mut req = Request::new(RTM_NEWROUTE, NLM_F_ACK | NLM_F_CREATE | how, &body)
+        .attr(RTA_DST, &octets(dst));
     req = if gateway.is_ipv4() == dst.is_ipv4() {
         req.attr(RTA_GATEWAY, &octets(gateway))
     } else {
@@ -626,14 +645,17 @@ mod tests {
         );
 
         let a: IpAddr = "2001:db8::5".parse().unwrap();
-        let m = addr_request(RTM_NEWADDR, 0, a, 3).finish(2);
+        let m = addr_request(RTM_NEWADDR, 0, a, 3)
+            .attr(IFA_PROTO, &[157])
+            .finish(2);
         let parsed = parse_addr(messages(&m)[0].1.body).unwrap();
         assert_eq!(
             parsed,
             Addr {
                 addr: a,
                 ifindex: 3,
-                scope: 0
+                scope: 0,
+                protocol: 157,
             }
         );
     }

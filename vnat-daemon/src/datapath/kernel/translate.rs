@@ -13,6 +13,7 @@ impl KernelDatapath {
         old: Option<&NatPair>,
     ) -> Result<(), DatapathError> {
         self.nat_insert(false, p.ingress_key, p.ingress)?;
+        fault::after("install:receive-side");
         if let Err(e) = self.nat_insert(true, p.egress_key, p.egress) {
             match old {
                 Some(o) if o.ingress_key == p.ingress_key => {
@@ -24,6 +25,7 @@ impl KernelDatapath {
             }
             return Err(e);
         }
+        fault::after("install:send-side");
         if let Some(o) = old {
             if o.ingress_key != p.ingress_key {
                 let _ = self.nat_remove(false, &o.ingress_key);
@@ -45,13 +47,16 @@ impl KernelDatapath {
                 self.routes_changed();
                 net::del_lo_addr(ip)?;
                 self.lo_ours.remove(&ip);
+                fault::after("remove:lo-address");
             }
         }
         if t.remote_moved() {
             let ip = t.flow.remote.ip();
             if !self.mirror.remote_moved.contains_key(&ip) {
                 self.routes_changed();
-                let _ = net::del_host_route(ip);
+                if net::del_host_route(ip).is_ok() {
+                    fault::after("remove:host-route");
+                }
             }
         }
         let ifindex = v.redirect_ifindex;
@@ -62,6 +67,7 @@ impl KernelDatapath {
         {
             attach::detach_tc(&self.bpffs, ifindex);
             self.tc_current.remove(&ifindex);
+            fault::after("remove:tc");
         }
         Ok(())
     }
@@ -142,11 +148,21 @@ impl KernelDatapath {
                 });
             if ours_already {
                 flags |= NAT_F_LO_ADDR_OURS;
-            } else if !net::lo_addrs()?.contains(&ip) {
-                self.routes_changed();
-                net::add_lo_addr(ip)?;
-                added_lo = Some(ip);
-                flags |= NAT_F_LO_ADDR_OURS;
+            } else {
+                match net::lo_addrs()?.into_iter().find(|(a, _)| *a == ip) {
+                    // Left by a vnatd that died before its entries were
+                    // written: ours, in use again.
+                    Some((_, true)) => flags |= NAT_F_LO_ADDR_OURS,
+                    // Someone else's: used, never removed.
+                    Some((_, false)) => {}
+                    None => {
+                        self.routes_changed();
+                        net::add_lo_addr(ip)?;
+                        added_lo = Some(ip);
+                        flags |= NAT_F_LO_ADDR_OURS;
+                        fault::after("install:lo-address");
+                    }
+                }
             }
         }
         if t.remote_moved() {
@@ -174,6 +190,7 @@ impl KernelDatapath {
                 return Err(e);
             }
             self.tc_current.insert(route.ifindex);
+            fault::after("install:tc");
         }
 
         let pair = pair_for(t, route.ifindex, flags);
@@ -184,6 +201,7 @@ impl KernelDatapath {
                 undo(self, added_lo, added_route);
                 return Err(e);
             }
+            fault::after("install:receive-side");
             if flags & NAT_F_LO_ADDR_OURS != 0 {
                 self.lo_ours.insert(t.flow.local.ip());
             }
@@ -246,9 +264,13 @@ impl KernelDatapath {
         let t = t.ok_or(DatapathError::NoSuchTranslation { flow: *flow })?;
         if egress.is_some() {
             self.nat_remove(true, &key)?;
+            fault::after("remove:send-side");
         }
         for (k, _) in &reverse {
             let _ = self.nat_remove(false, k);
+        }
+        if !reverse.is_empty() {
+            fault::after("remove:receive-side");
         }
         self.release(&t, &v)
     }
