@@ -5,7 +5,8 @@
 //! Invariants: no panic; the store never holds more than its limit; while
 //! the genuine record is within its lifetime, a LOOKUP for its connection
 //! returns it, whatever the fuzzer stored (forged records may sit beside
-//! it, never in its place).
+//! it, never in its place), even knowing its locator (an on-path forger
+//! that saw the STORE).
 #![no_main]
 
 use std::net::SocketAddr;
@@ -25,6 +26,8 @@ fn sa(s: &str) -> SocketAddr {
 const OWNER: &str = "10.0.0.1:40000";
 const OTHER: &str = "10.0.0.2:443";
 const OWNER_SRC: &str = "10.0.5.1:2031";
+/// The genuine connection's locator.
+const LOCATOR: [u8; 16] = [0xc4; 16];
 
 fn store(rec: Record, id: u32) -> Vec<u8> {
     Message::Records {
@@ -49,7 +52,7 @@ fn lookup(owner: SocketAddr, other: SocketAddr, id: u32) -> Vec<u8> {
             receiver_vir: owner,
             sender_vir: other,
             sender_phys: other,
-            ext: Ext::None,
+            ext: Ext::Locator(LOCATOR),
             seq: 0,
             tag: [0; 16],
         }],
@@ -79,7 +82,7 @@ fuzz_target!(|data: &[u8]| {
         receiver_vir: sa(OTHER),
         sender_vir: sa(OWNER),
         sender_phys: sa(OWNER_SRC),
-        ext: Ext::None,
+        ext: Ext::Locator(LOCATOR),
         seq: 1000,
         tag: [0x5a; 16],
     };
@@ -98,12 +101,15 @@ fuzz_target!(|data: &[u8]| {
         );
         match d[4] % 4 {
             0 | 1 => {
-                // A record for the genuine key or for one nearby, with any
-                // sequence number and tag.
-                let key_owner = if d[4] & 0x10 != 0 {
-                    sa(OWNER)
+                // A record under the genuine locator or one nearby, with
+                // any addresses, sequence number and tag.
+                let (key_owner, locator) = if d[4] & 0x10 != 0 {
+                    (sa(OWNER), LOCATOR)
                 } else {
-                    SocketAddr::new([10, 0, 0, d[5]].into(), u16::from(d[6]))
+                    (
+                        SocketAddr::new([10, 0, 0, d[5]].into(), u16::from(d[6])),
+                        [d[5]; 16],
+                    )
                 };
                 let rec = Record {
                     command: Kind::Store,
@@ -115,7 +121,7 @@ fuzz_target!(|data: &[u8]| {
                     receiver_vir: sa(OTHER),
                     sender_vir: key_owner,
                     sender_phys: SocketAddr::new([10, 9, d[7], d[8]].into(), 2031),
-                    ext: Ext::None,
+                    ext: Ext::Locator(locator),
                     seq: u64::from(u32::from_be_bytes([d[8], d[9], d[10], d[11]])),
                     tag: [d[9]; 16],
                 };

@@ -312,11 +312,9 @@ fn forged_lookup_answers_cannot_misdirect() {
         22,
         0,
         22,
-        6,
-        0,
-        0,
-        0,
     ]);
+    fake.extend_from_slice(&[0x33; 16]); // a locator
+    fake.extend_from_slice(&[6, 0, 0, 0]);
     fake.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 99]);
     fake.extend_from_slice(&[0x42; 16]);
     let before = sim.hosts[A].ep.stats().rejected(Reject::BadMac);
@@ -370,7 +368,7 @@ fn forged_stores_at_the_peer_are_refused() {
             receiver_vir: f.remote,
             sender_vir: f.local,
             sender_phys: sa("10.6.6.6:40000"),
-            ext: super::wire::Ext::None,
+            ext: super::wire::Ext::Locator([0x77; 16]),
             seq: u64::MAX,
             tag: [0x77; 16],
         }],
@@ -496,13 +494,15 @@ fn forged_stores_with_higher_sequence_numbers_cannot_hide_the_genuine_record() {
     use crate::flow::Proto;
 
     let (owner, other) = (sa("10.0.0.1:40000"), sa("10.0.0.2:443"));
+    // Forgers that know even the locator (they saw the STORE go by).
+    let locator = Ext::Locator([0x5a; 16]);
     let rec = |seq: u64, tag: u8, phys: &str| Record {
         command: Kind::Store,
         proto: Proto::Tcp,
         receiver_vir: other,
         sender_vir: owner,
         sender_phys: sa(phys),
-        ext: Ext::None,
+        ext: locator,
         seq,
         tag: [tag; 16],
     };
@@ -559,5 +559,114 @@ fn forged_stores_with_higher_sequence_numbers_cannot_hide_the_genuine_record() {
     assert!(
         answered.contains(&(10, 0x11)),
         "the genuine record is missing from the answer: {answered:?}"
+    );
+}
+
+/// Issue 16, item 5: locations are kept and found under a locator that only
+/// the connection's two ends can compute (from its keys). A host that knows
+/// the connection's addresses, and even both host keys, can neither look
+/// its location up nor take its slots before the owner stores.
+#[test]
+fn only_the_two_ends_can_look_a_location_up_or_take_its_slots() {
+    let cfg = Config {
+        location_servers: vec![sa("10.9.9.9:2031")],
+        ..Config::default()
+    };
+    let (mut sim, flows) = super::sim_tests::setup(5, super::sim::Link::default(), cfg, 1);
+    let server = sim.add_host("10.9.9.9", Config::default());
+    let f = flows[0];
+    // The stranger fills the slots of every locator it can think of for
+    // this connection's addresses, before the owner stores.
+    let forged = |loc: [u8; 16], phys: &str| {
+        super::wire::Message::Records {
+            kind: Kind::Store,
+            request_id: 1,
+            family: super::wire::Family::V4,
+            records: vec![super::wire::Record {
+                command: Kind::Store,
+                proto: f.proto,
+                receiver_vir: f.remote,
+                sender_vir: f.local,
+                sender_phys: sa(phys),
+                ext: super::wire::Ext::Locator(loc),
+                seq: u64::MAX,
+                tag: [0x66; 16],
+            }],
+        }
+        .encode()
+        .expect("encodes")
+    };
+    for (i, src) in ["10.6.6.1:2031", "10.6.6.2:2031", "10.6.6.3:2031"]
+        .iter()
+        .enumerate()
+    {
+        for loc in [[0u8; 16], [0xff; 16], [i as u8; 16]] {
+            sim.inject(server, sa(src), &forged(loc, "10.6.6.6:40000"));
+        }
+    }
+    // A moves; its STORE at the location server is kept beside them.
+    sim.move_host(A, "10.0.1.1");
+    let ts = sim.capture(A, |ep, now, rng| {
+        ep.resume(now, rng, &[(f, sa("10.0.1.1:40000"))])
+            .expect("resume")
+    });
+    let store: Vec<_> = ts
+        .iter()
+        .filter(|t| t.dst == sa("10.9.9.9:2031") && t.payload[1] == Kind::Store as u8)
+        .collect();
+    assert!(!store.is_empty(), "A stores at the location server");
+    let replies = sim.inject(server, sa("10.0.1.1:2031"), &store[0].payload);
+    assert!(
+        replies
+            .iter()
+            .any(|t| t.payload[1] == Kind::StoreR as u8 && t.payload[3] == 1),
+        "the genuine STORE must be kept"
+    );
+    // The stranger asks by the connection's addresses with any locator:
+    // nothing. B asks with its own: A's genuine record.
+    let lookup = |loc: [u8; 16]| {
+        super::wire::Message::Records {
+            kind: Kind::Lookup,
+            request_id: 2,
+            family: super::wire::Family::V4,
+            records: vec![super::wire::Record {
+                command: Kind::Lookup,
+                proto: f.proto,
+                receiver_vir: f.local,
+                sender_vir: f.remote,
+                sender_phys: f.remote,
+                ext: super::wire::Ext::Locator(loc),
+                seq: 1,
+                tag: [0; 16],
+            }],
+        }
+        .encode()
+        .expect("encodes")
+    };
+    let found = |replies: Vec<super::tx::Transmit>| -> Vec<std::net::SocketAddr> {
+        replies
+            .iter()
+            .filter_map(|t| super::wire::Message::decode(&t.payload).ok())
+            .flat_map(|m| match m {
+                super::wire::Message::Records {
+                    kind: Kind::LookupR,
+                    records,
+                    ..
+                } => records.iter().map(|r| r.sender_phys).collect(),
+                _ => Vec::new(),
+            })
+            .collect()
+    };
+    let guessed = found(sim.inject(server, sa("10.7.7.7:2031"), &lookup([0x42; 16])));
+    assert!(!guessed.contains(&sa("10.0.1.1:40000")), "{guessed:?}");
+    // B's locator for A's records: from its receive key (what its LOOKUP
+    // carries; the tag of a LOOKUP is not checked by a third party).
+    let b_conn = &sim.hosts[B].ep.conns[&reverse(&f)];
+    let b_loc = super::crypto::locator(&b_conn.keys.as_ref().expect("B has keys").recv);
+    let answer = found(sim.inject(server, sa("10.0.0.2:2031"), &lookup(b_loc)));
+    assert_eq!(
+        answer,
+        vec![sa("10.0.1.1:40000")],
+        "B finds exactly A's record"
     );
 }

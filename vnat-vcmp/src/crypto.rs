@@ -169,6 +169,18 @@ fn hmac(key: &SecretKey, parts: &[&[u8]]) -> [u8; 32] {
     mac.finalize().into_bytes().into()
 }
 
+/// The locator of the records signed with the direction key `key`: a
+/// connection's location is stored under its sender's locator (its send
+/// key's) and looked up under the asker's receive key's, the same value.
+/// Nobody else can compute it, so nobody else can look the location up or
+/// take its slots at a location server.
+pub fn locator(key: &SecretKey) -> [u8; super::wire::LOCATOR_LEN] {
+    let full = expand(key, &[b"vnat locator v1"]);
+    let mut out = [0u8; super::wire::LOCATOR_LEN];
+    out.copy_from_slice(&full.0[..super::wire::LOCATOR_LEN]);
+    out
+}
+
 fn expand(prk: &SecretKey, info: &[&[u8]]) -> SecretKey {
     let mut out = [0u8; 32];
     // A 32-byte PRK is always long enough and 32 bytes of output is always

@@ -485,6 +485,13 @@ impl Endpoint {
             self.stats.reject(Reject::SendWithoutKeys);
             return false;
         };
+        // Locations are stored under our locator (our send key's) and
+        // looked up under the peer's (our receive key's).
+        let ext = match (kind, &c.keys) {
+            (Kind::Store, _) => Ext::Locator(super::crypto::locator(&key)),
+            (Kind::Lookup, Some(k)) => Ext::Locator(super::crypto::locator(&k.recv)),
+            _ => ext,
+        };
         let req = match kind {
             Kind::Lookup | Kind::Store => {
                 let cap = wire::records_per_datagram(self.cfg.mtu, Family::of(&flow.local), kind);

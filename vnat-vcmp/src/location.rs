@@ -6,9 +6,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use super::roles::Role;
-use super::wire::Record;
+use super::wire::{Ext, Record, LOCATOR_LEN};
 use super::Timestamp;
-use crate::flow::Proto;
 
 /// A step of the chain, named as in the paper.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -84,9 +83,11 @@ pub fn chain(
 /// a LOOKUP of one connection within 3x its size.
 pub const MAX_RECORDS_PER_KEY: usize = 3;
 
-/// Whose location a stored record gives: (protocol, owner's virtual
-/// endpoint, the other end's virtual endpoint).
-pub type LocKey = (Proto, SocketAddr, SocketAddr);
+/// Under what a stored record is kept and found: its locator
+/// (`crypto::locator`), which only the connection's two ends can compute.
+/// Keyed by the connection's addresses instead, anyone who knows them could
+/// look its location up, or take its slots before its owner stores.
+pub type LocKey = [u8; LOCATOR_LEN];
 
 /// Limits of the location store (bounded memory).
 #[derive(Clone, Copy, Debug)]
@@ -181,7 +182,9 @@ impl LocationStore {
     /// Keep `rec` (a STORE record) sent from `source`. Returns whether it
     /// was kept.
     pub fn store(&mut self, now: Timestamp, source: IpAddr, rec: Record) -> bool {
-        let key = (rec.proto, rec.sender_vir, rec.receiver_vir);
+        let Ext::Locator(key) = rec.ext else {
+            return false;
+        };
         let expires = now.plus(self.limits.ttl);
         // One slot per source address and key: a source only ever replaces
         // its own record (with a higher sequence number), never another
@@ -224,16 +227,10 @@ impl LocationStore {
         true
     }
 
-    /// Records stored for `owner` of the connection with `other`.
-    pub fn lookup(
-        &self,
-        now: Timestamp,
-        proto: Proto,
-        owner: SocketAddr,
-        other: SocketAddr,
-    ) -> Vec<Record> {
+    /// Records stored under `locator`.
+    pub fn lookup(&self, now: Timestamp, locator: &LocKey) -> Vec<Record> {
         self.entries
-            .get(&(proto, owner, other))
+            .get(locator)
             .map(|v| {
                 v.iter()
                     .filter(|s| s.expires > now)
@@ -247,7 +244,11 @@ impl LocationStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{Ext, Kind};
+    use crate::flow::Proto;
+    use crate::wire::Kind;
+
+    /// The locator of the connection the tests store for.
+    const LOC: LocKey = [7; LOCATOR_LEN];
 
     fn sa(s: &str) -> SocketAddr {
         s.parse().expect("addr")
@@ -260,7 +261,7 @@ mod tests {
             receiver_vir: sa("10.0.0.2:22"),
             sender_vir: sa("10.0.0.1:1000"),
             sender_phys: sa("10.9.0.1:1000"),
-            ext: Ext::None,
+            ext: Ext::Locator(LOC),
             seq,
             tag: [seq as u8; 16],
         }
@@ -323,23 +324,17 @@ mod tests {
         );
         assert!(s.store(t0, src, rec(3)), "the first source keeps its slot");
         assert_eq!(s.len(), 2);
-        let mut seqs: Vec<u64> = s
-            .lookup(t0, Proto::Tcp, sa("10.0.0.1:1000"), sa("10.0.0.2:22"))
-            .iter()
-            .map(|r| r.seq)
-            .collect();
+        let mut seqs: Vec<u64> = s.lookup(t0, &LOC).iter().map(|r| r.seq).collect();
         seqs.sort();
         assert_eq!(seqs, vec![3, u64::MAX]);
         let mut other_key = rec(9);
-        other_key.sender_vir = sa("10.0.0.1:1001");
+        other_key.ext = Ext::Locator([8; LOCATOR_LEN]);
         assert!(s.store(t0, src, other_key));
         let mut third = rec(9);
-        third.sender_vir = sa("10.0.0.1:1002");
+        third.ext = Ext::Locator([9; LOCATOR_LEN]);
         assert!(!s.store(t0, src, third), "global cap");
         let later = Timestamp(2_000_000_000);
-        assert!(s
-            .lookup(later, Proto::Tcp, sa("10.0.0.1:1000"), sa("10.0.0.2:22"))
-            .is_empty());
+        assert!(s.lookup(later, &LOC).is_empty());
         assert!(s.store(later, src, third), "expired records make room");
         assert_eq!(s.len(), 1);
     }
@@ -356,7 +351,7 @@ mod tests {
             "10.0.0.3".parse().expect("ip"),
         );
         let mut elsewhere = rec(2);
-        elsewhere.sender_vir = sa("10.0.0.1:1001");
+        elsewhere.ext = Ext::Locator([8; LOCATOR_LEN]);
         assert!(s.store(Timestamp(0), a, rec(1)));
         assert!(!s.store(Timestamp(0), a, elsewhere), "quota of a reached");
         assert!(s.store(Timestamp(0), b, elsewhere));

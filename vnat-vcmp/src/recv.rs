@@ -254,13 +254,16 @@ impl Endpoint {
                 answered = true;
                 continue;
             }
-            // Every record stored for it (at most MAX_RECORDS_PER_KEY, which
-            // fits the anti-amplification budget): the store cannot tell the
-            // genuine one, so it must not pick, least of all by sequence
-            // number, which a forger chooses. The asker checks each tag.
-            let mut found = self
-                .store
-                .lookup(ctx.now, rec.proto, rec.receiver_vir, rec.sender_vir);
+            // Every record stored under its locator (at most
+            // MAX_RECORDS_PER_KEY, which fits the anti-amplification budget):
+            // the store cannot tell the genuine one, so it must not pick,
+            // least of all by sequence number, which a forger chooses. The
+            // asker checks each tag. Only the connection's two ends know the
+            // locator: whoever merely knows its addresses finds nothing.
+            let super::wire::Ext::Locator(locator) = rec.ext else {
+                continue;
+            };
+            let mut found = self.store.lookup(ctx.now, &locator);
             found.sort_by_key(|r| std::cmp::Reverse(r.seq));
             for s in &found {
                 let mut buf = [0u8; MAX_SIGNED_LEN];
@@ -311,7 +314,7 @@ impl Endpoint {
             receiver_vir: flow.remote,
             sender_vir: flow.local,
             sender_phys: c.local_phys,
-            ext: Ext::None,
+            ext: Ext::Locator(crypto::locator(&key)),
             seq: c.send_seq,
             tag: [0; wire::TAG_LEN],
         };

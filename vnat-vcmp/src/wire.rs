@@ -62,6 +62,9 @@ pub const COOKIE_LEN: usize = 16;
 pub const TRAILER_LEN: usize = 12;
 /// Length of a challenge nonce.
 pub const NONCE_LEN: usize = 16;
+/// Length of a location locator (STORE, LOOKUP): the capability under
+/// which a connection's location is kept, known to its two ends only.
+pub const LOCATOR_LEN: usize = 16;
 /// Most records one datagram can carry (the count field is 8 bits).
 pub const MAX_RECORDS: usize = 255;
 /// Most entries one CLAIM carries: 8 + 32 + 20 * 54 + 32 = 1,152 bytes,
@@ -206,6 +209,7 @@ impl Kind {
         match self {
             Kind::KeyX => 32,
             Kind::Challenge | Kind::Response => NONCE_LEN,
+            Kind::Store | Kind::Lookup => LOCATOR_LEN,
             _ => 0,
         }
     }

@@ -87,14 +87,32 @@ fn golden_simple_record_kinds_v4() {
         (Kind::SuspSecondary, 2),
         (Kind::Upd, 3),
         (Kind::UpdR, 4),
-        (Kind::Lookup, 6),
-        (Kind::Store, 8),
         (Kind::Switched, 16),
     ] {
         let msg = records(kind, Family::V4, vec![rec4(kind, Ext::None, 7)]);
         let bytes = cat(&[&hdr(kind, 4, 1), &rec4_bytes(code, &[], 7)]);
         assert_eq!(bytes.len(), 8 + 48, "{kind:?}");
         golden(&msg, &bytes);
+    }
+}
+
+/// STORE and LOOKUP carry the connection's 16-byte locator after the ports;
+/// without one (or with another extension) they do not encode.
+#[test]
+fn golden_store_and_lookup_carry_a_locator() {
+    for (kind, code) in [(Kind::Lookup, 6u8), (Kind::Store, 8)] {
+        let msg = records(
+            kind,
+            Family::V4,
+            vec![rec4(kind, Ext::Locator([0x3c; 16]), 7)],
+        );
+        let bytes = cat(&[&hdr(kind, 4, 1), &rec4_bytes(code, &[0x3c; 16], 7)]);
+        assert_eq!(bytes.len(), 8 + 64, "{kind:?}");
+        golden(&msg, &bytes);
+        for ext in [Ext::None, Ext::Nonce([0x3c; 16])] {
+            let bad = records(kind, Family::V4, vec![rec4(kind, ext, 7)]);
+            assert!(bad.encode().is_err(), "{kind:?} with {ext:?} encoded");
+        }
     }
 }
 
@@ -146,9 +164,9 @@ fn golden_lookup_r_carries_store_records() {
     let msg = records(
         Kind::LookupR,
         Family::V4,
-        vec![rec4(Kind::Store, Ext::None, 5)],
+        vec![rec4(Kind::Store, Ext::Locator([0x3c; 16]), 5)],
     );
-    let bytes = cat(&[&[1, 7, 4, 1, 1, 2, 3, 4], &rec4_bytes(8, &[], 5)]);
+    let bytes = cat(&[&[1, 7, 4, 1, 1, 2, 3, 4], &rec4_bytes(8, &[0x3c; 16], 5)]);
     golden(&msg, &bytes);
     let empty = records(Kind::LookupR, Family::V4, vec![]);
     golden(&empty, &[1, 7, 4, 0, 1, 2, 3, 4]);

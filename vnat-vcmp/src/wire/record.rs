@@ -4,7 +4,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use super::{Family, Kind, WireError, NONCE_LEN, TAG_LEN, TRAILER_LEN, VERSION};
+use super::{Family, Kind, WireError, LOCATOR_LEN, NONCE_LEN, TAG_LEN, TRAILER_LEN, VERSION};
 use crate::flow::Proto;
 
 /// Kind-specific record extension.
@@ -15,6 +15,23 @@ pub enum Ext {
     Key([u8; 32]),
     /// A path-validation nonce (CHALLENGE/RESPONSE).
     Nonce([u8; NONCE_LEN]),
+    /// The locator a location is stored and looked up under (STORE,
+    /// LOOKUP): derived from the connection's keys, so only its two ends
+    /// can name it (`crypto::locator`).
+    Locator([u8; LOCATOR_LEN]),
+}
+
+impl Ext {
+    /// Whether this is the extension records of `command` carry.
+    fn fits(&self, command: Kind) -> bool {
+        match (command, self) {
+            (Kind::KeyX, Ext::Key(_)) => true,
+            (Kind::Challenge | Kind::Response, Ext::Nonce(_)) => true,
+            (Kind::Store | Kind::Lookup, Ext::Locator(_)) => true,
+            (k, Ext::None) => k.ext_len() == 0,
+            _ => false,
+        }
+    }
 }
 
 /// One per-connection record. `sender_*` is the paper's `L_*`, `receiver_vir`
@@ -49,11 +66,10 @@ impl Record {
                 return Err(WireError::MixedFamilies);
             }
         }
-        let ext_ok = matches!(
-            (self.command.ext_len(), &self.ext),
-            (0, Ext::None) | (32, Ext::Key(_)) | (NONCE_LEN, Ext::Nonce(_))
-        );
-        if !ext_ok || !self.command.carries_records() || self.command == Kind::LookupR {
+        if !self.ext.fits(self.command)
+            || !self.command.carries_records()
+            || self.command == Kind::LookupR
+        {
             return Err(WireError::BadExtension { kind: self.command });
         }
         let mut w = Writer { buf, at: 0 };
@@ -68,6 +84,7 @@ impl Record {
             Ext::None => {}
             Ext::Key(k) => w.put(k),
             Ext::Nonce(n) => w.put(n),
+            Ext::Locator(l) => w.put(l),
         }
         w.put(&[self.proto.number(), 0, 0, 0]);
         w.put(&self.seq.to_be_bytes());
@@ -122,16 +139,21 @@ pub(super) fn decode_record(c: &[u8], kind: Kind, family: Family) -> Result<Reco
     let l_vir_port = port(ports);
     let l_phys_port = port(ports + 2);
     let mut at = ports + 4;
-    let ext = match command.ext_len() {
-        32 => {
+    let ext = match command {
+        Kind::KeyX => {
             let mut k = [0u8; 32];
             k.copy_from_slice(&c[at..at + 32]);
             Ext::Key(k)
         }
-        NONCE_LEN => {
+        Kind::Challenge | Kind::Response => {
             let mut n = [0u8; NONCE_LEN];
             n.copy_from_slice(&c[at..at + NONCE_LEN]);
             Ext::Nonce(n)
+        }
+        Kind::Store | Kind::Lookup => {
+            let mut l = [0u8; LOCATOR_LEN];
+            l.copy_from_slice(&c[at..at + LOCATOR_LEN]);
+            Ext::Locator(l)
         }
         _ => Ext::None,
     };
