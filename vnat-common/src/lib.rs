@@ -37,6 +37,10 @@ pub const PROG_UDP_RECVMSG6: &str = "vnat_udp_recvmsg6";
 pub const PROG_UDP_RELEASE: &str = "vnat_udp_release";
 pub const PROG_TC_EGRESS: &str = "vnat_tc_egress";
 pub const PROG_TC_INGRESS: &str = "vnat_tc_ingress";
+/// The tc translators of an interface without a link-layer header (tun,
+/// wireguard).
+pub const PROG_TC_EGRESS_L3: &str = "vnat_tc_egress_l3";
+pub const PROG_TC_INGRESS_L3: &str = "vnat_tc_ingress_l3";
 
 /// Capacity of the connection map. Entries are allocated on demand
 /// (BPF_F_NO_PREALLOC), so an idle host pays almost nothing for it.

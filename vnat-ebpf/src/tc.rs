@@ -71,12 +71,25 @@ enum Dir {
 
 #[classifier]
 pub fn vnat_tc_egress(ctx: TcContext) -> i32 {
-    verdict(try_translate(&ctx, Dir::Egress))
+    verdict(try_translate(&ctx, Dir::Egress, ETH_HLEN))
 }
 
 #[classifier]
 pub fn vnat_tc_ingress(ctx: TcContext) -> i32 {
-    verdict(try_translate(&ctx, Dir::Ingress))
+    verdict(try_translate(&ctx, Dir::Ingress, ETH_HLEN))
+}
+
+/// The translators of an interface without a link-layer header (tun,
+/// wireguard: packets start with their IP header). vnatd attaches these
+/// where the interface's type says so (`ARPHRD_NONE` and the like).
+#[classifier]
+pub fn vnat_tc_egress_l3(ctx: TcContext) -> i32 {
+    verdict(try_translate(&ctx, Dir::Egress, 0))
+}
+
+#[classifier]
+pub fn vnat_tc_ingress_l3(ctx: TcContext) -> i32 {
+    verdict(try_translate(&ctx, Dir::Ingress, 0))
 }
 
 /// The one place a result becomes a verdict, so no path can compute a
@@ -164,8 +177,10 @@ fn frag_key(p: &Parsed, id: u32, dir: Dir) -> FragKey {
     }
 }
 
+/// `l2`: the length of the link-layer header before the IP header (14 for
+/// Ethernet, 0 for an L3 interface).
 #[inline(always)]
-fn try_translate(ctx: &TcContext, dir: Dir) -> Result<i32, Drop> {
+fn try_translate(ctx: &TcContext, dir: Dir, l2: usize) -> Result<i32, Drop> {
     let divert = match dir {
         Dir::Ingress => bind_divert_port(),
         Dir::Egress => None,
@@ -173,7 +188,7 @@ fn try_translate(ctx: &TcContext, dir: Dir) -> Result<i32, Drop> {
     if divert.is_none() && nat_is_empty() {
         return Ok(TC_ACT_OK);
     }
-    let Some(p) = parse(ctx) else {
+    let Some(p) = parse(ctx, l2) else {
         return Ok(TC_ACT_OK);
     };
     if let Some(f) = p.frag.filter(|f| !f.first) {
@@ -503,11 +518,18 @@ fn rebind_key(p: &Parsed) -> RebindKey {
     }
 }
 
-/// Parse Ethernet + IPv4/IPv6 + TCP/UDP ports. `None` means "not ours".
+/// Parse Ethernet (`l2` = 14) or nothing (`l2` = 0, an L3 interface, where
+/// the skb's protocol says which IP version follows) + IPv4/IPv6 + TCP/UDP
+/// ports. `None` means "not ours".
 #[inline(always)]
-fn parse(ctx: &TcContext) -> Option<Parsed> {
-    let proto = u16::from_be(ctx.load::<u16>(12).ok()?);
-    let l3 = ETH_HLEN;
+fn parse(ctx: &TcContext, l2: usize) -> Option<Parsed> {
+    let proto = if l2 == 0 {
+        // skb->protocol holds the ethertype in network byte order.
+        u16::from_be(ctx.skb.protocol() as u16)
+    } else {
+        u16::from_be(ctx.load::<u16>(12).ok()?)
+    };
+    let l3 = l2;
     let mut key = FlowKey::default();
     let mut frag = None;
     let l4 = match proto {

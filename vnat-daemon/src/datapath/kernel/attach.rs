@@ -21,7 +21,10 @@ use aya::{
     },
     Ebpf,
 };
-use vnat_common::{PROG_SOCKOPS, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_UDP_RELEASE};
+use vnat_common::{
+    PROG_SOCKOPS, PROG_TC_EGRESS, PROG_TC_EGRESS_L3, PROG_TC_INGRESS, PROG_TC_INGRESS_L3,
+    PROG_UDP_RELEASE,
+};
 
 use super::{
     net,
@@ -222,8 +225,12 @@ pub fn pinned_tc(bpffs: &Path) -> Vec<u32> {
 /// atomically.
 pub fn attach_tc(ebpf: &mut Ebpf, bpffs: &Path, ifindex: u32) -> Result<(), DatapathError> {
     let ifname = net::ifname(ifindex)?;
+    let programs = match net::link_layer(ifindex)? {
+        net::LinkLayer::Ethernet => [(PROG_TC_INGRESS, false), (PROG_TC_EGRESS, true)],
+        net::LinkLayer::None => [(PROG_TC_INGRESS_L3, false), (PROG_TC_EGRESS_L3, true)],
+    };
     let mut made: Vec<PathBuf> = Vec::new();
-    for (name, egress) in [(PROG_TC_INGRESS, false), (PROG_TC_EGRESS, true)] {
+    for (name, egress) in programs {
         let pin = tc_pin(bpffs, ifindex, egress);
         let r = attach_one_tc(ebpf, name, egress, &ifname, &pin);
         match r {

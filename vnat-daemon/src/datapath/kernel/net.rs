@@ -77,6 +77,40 @@ pub fn route_get(dst: IpAddr, from: Option<IpAddr>) -> Result<RouteInfo, Datapat
     })
 }
 
+/// What comes before the IP header of a packet on an interface, as tc
+/// sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkLayer {
+    /// An Ethernet header (Ethernet, veth, bridges, loopback).
+    Ethernet,
+    /// Nothing: the packet starts with its IP header (tun, wireguard, PPP,
+    /// IP tunnels).
+    None,
+}
+
+/// The link layer of interface `ifindex`, from its `ARPHRD_*` type; an
+/// error for a type vnat does not translate on.
+pub fn link_layer(ifindex: u32) -> Result<LinkLayer, DatapathError> {
+    let kind = rtnl::link_type(ifindex).map_err(kernel(format!(
+        "looking up the type of interface {ifindex}"
+    )))?;
+    match kind {
+        // ARPHRD_ETHER, ARPHRD_LOOPBACK.
+        1 | 772 => Ok(LinkLayer::Ethernet),
+        // ARPHRD_PPP, ARPHRD_RAWIP, ARPHRD_TUNNEL, ARPHRD_TUNNEL6,
+        // ARPHRD_SIT, ARPHRD_IPGRE, ARPHRD_IP6GRE, ARPHRD_NONE (tun,
+        // wireguard).
+        512 | 519 | 768 | 769 | 776 | 778 | 823 | 65534 => Ok(LinkLayer::None),
+        other => Err(DatapathError::Kernel {
+            what: format!(
+                "attaching tc to interface {} (link type {other}: neither Ethernet nor IP without a link-layer header, which vnat cannot translate on)",
+                ifname(ifindex).unwrap_or_else(|_| ifindex.to_string())
+            ),
+            source: std::io::Error::from_raw_os_error(libc::EOPNOTSUPP),
+        }),
+    }
+}
+
 fn lo_index() -> Result<u32, DatapathError> {
     ifindex("lo")
 }

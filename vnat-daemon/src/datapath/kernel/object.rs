@@ -15,8 +15,9 @@ use vnat_common::{
     ConnRecord, DatapathConfig, FlowKey, NatRewrite, RebindKey, RebindValue, UdpPending,
     ABI_VERSION, CFG_F_NAT_EMPTY, CFG_F_NETNS_FILTER, MAP_CONFIG, MAP_CONNS, MAP_EGRESS_NAT,
     MAP_INGRESS_NAT, MAP_REBIND, MAP_STATS, MAP_UDP_COUNT, MAP_UDP_PENDING, MAP_UDP_PER_SOCK,
-    PROG_SOCKOPS, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_UDP_CONNECT4, PROG_UDP_CONNECT6,
-    PROG_UDP_RECVMSG4, PROG_UDP_RECVMSG6, PROG_UDP_RELEASE, PROG_UDP_SENDMSG4, PROG_UDP_SENDMSG6,
+    PROG_SOCKOPS, PROG_TC_EGRESS, PROG_TC_EGRESS_L3, PROG_TC_INGRESS, PROG_TC_INGRESS_L3,
+    PROG_UDP_CONNECT4, PROG_UDP_CONNECT6, PROG_UDP_RECVMSG4, PROG_UDP_RECVMSG6, PROG_UDP_RELEASE,
+    PROG_UDP_SENDMSG4, PROG_UDP_SENDMSG6,
 };
 
 use crate::datapath::DatapathError;
@@ -141,7 +142,12 @@ pub fn load(bpffs: &Path) -> Result<Loaded, DatapathError> {
         let p: &mut CgroupSock = prog(&mut ebpf, PROG_UDP_RELEASE)?;
         p.load().map_err(load_err)?;
     }
-    for name in [PROG_TC_EGRESS, PROG_TC_INGRESS] {
+    for name in [
+        PROG_TC_EGRESS,
+        PROG_TC_INGRESS,
+        PROG_TC_EGRESS_L3,
+        PROG_TC_INGRESS_L3,
+    ] {
         let p: &mut SchedClassifier = prog(&mut ebpf, name)?;
         p.load().map_err(load_err)?;
     }

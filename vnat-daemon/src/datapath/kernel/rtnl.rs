@@ -31,6 +31,7 @@ const NLM_F_CREATE: u16 = 0x400;
 
 const RTM_NEWLINK: u16 = 16;
 const RTM_DELLINK: u16 = 17;
+const RTM_GETLINK: u16 = 18;
 const RTM_NEWADDR: u16 = 20;
 const RTM_DELADDR: u16 = 21;
 const RTM_GETADDR: u16 = 22;
@@ -347,6 +348,19 @@ fn exchange(fd: &OwnedFd, buf: &mut [u8], req: Request) -> io::Result<Result<Ans
             }
         }
     }
+}
+
+/// The link-layer type of interface `ifindex` (`ifi_type`, an `ARPHRD_*`
+/// value).
+pub fn link_type(ifindex: u32) -> io::Result<u16> {
+    let mut body = [0u8; 16];
+    body[4..8].copy_from_slice(&ifindex.to_ne_bytes());
+    let answer = call(Request::new(RTM_GETLINK, 0, &body))?;
+    answer
+        .iter()
+        .find(|(k, b)| *k == RTM_NEWLINK && b.len() >= 16)
+        .map(|(_, b)| u16::from_ne_bytes([b[2], b[3]]))
+        .ok_or_else(|| io::Error::other("the kernel answered a link query with no link"))
 }
 
 /// An address of an interface, from an RTM_NEWADDR message.
