@@ -20,7 +20,10 @@ use std::{
     sync::atomic::{AtomicU32, Ordering},
 };
 
-pub use attacker::{attach_attacker, ATTACKER_ADDR, ROUTER_D_ADDR, ROUTER_IF_D};
+pub use attacker::{
+    attach_attacker, attach_attacker_beside_server, ATTACKER_ADDR, ATTACKER_F_ADDR, ROUTER_D_ADDR,
+    ROUTER_IF_D, SERVER_F_ADDR, SERVER_IF_F,
+};
 pub use bpffs::{ensure_bpffs_mounted, BpffsDir, BPFFS_ROOT};
 pub use capture::Capture;
 pub use cgroup::{cgroup2_mount, Cgroup};

@@ -181,6 +181,12 @@ pub struct Driver {
     mover: Mover,
     /// Interfaces kept attached by `standby_tc`, as last set.
     standby: Vec<u32>,
+    /// Whether the standby set may have changed: after a resync (addresses,
+    /// interfaces, connections) or an event of the core (pairing, keys).
+    /// Checked only then, not on every loop turn: a flood of junk at the
+    /// VCMP port makes thousands of turns a second, and each check walks
+    /// every connection and dumps the interfaces.
+    standby_due: bool,
     /// Imported flows not yet seen in this host's records: the migrated
     /// process restores its socket after the import (the import puts the
     /// connection's address in place first), so they are kept meanwhile.
@@ -277,6 +283,7 @@ impl Driver {
             host_addrs,
             refused: HashMap::new(),
             standby: Vec::new(),
+            standby_due: true,
             imported: HashMap::new(),
             exported: HashSet::new(),
             next_orphan_check: std::time::Instant::now(),
@@ -378,7 +385,7 @@ impl Driver {
     /// but `lo` while some connection is paired (it could move onto any of
     /// them), and to none otherwise.
     async fn update_standby(&mut self) {
-        if !self.cfg.standby_tc {
+        if !self.cfg.standby_tc || !std::mem::take(&mut self.standby_due) {
             return;
         }
         let paired = self

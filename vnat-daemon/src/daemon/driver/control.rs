@@ -41,10 +41,12 @@ impl Driver {
                 self.cfg.location_servers = location_servers;
                 self.cfg.keepalive_secs = keepalive_secs;
                 self.cfg.standby_tc = standby_tc;
+                self.standby_due = true;
                 let _ = reply.send(());
             }
             Command::ForgetPeer { key, reply } => {
                 let held = self.endpoint.forget_peer(now(), &key);
+                self.standby_due = true;
                 let stored = match self.peers.forget(&key) {
                     Ok(b) => b,
                     Err(e) => {

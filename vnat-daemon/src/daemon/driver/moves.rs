@@ -9,6 +9,7 @@ impl Driver {
     /// address vanished. Returns the number of moves started.
     pub(super) async fn resync(&mut self) -> usize {
         tracing::trace!("resync");
+        self.standby_due = true;
         let port = self.cfg.listen.port();
         let listed = with_dp(&self.dp, |dp| {
             (dp.connections_without_owners(), dp.interface_addresses())
@@ -327,6 +328,9 @@ impl Driver {
         let mut events = Vec::new();
         while let Some(ev) = self.endpoint.poll_event() {
             events.push(ev);
+        }
+        if !events.is_empty() {
+            self.standby_due = true;
         }
         // Receive sides first, as the core asks: what it queued with the
         // events may let a peer send to them.
