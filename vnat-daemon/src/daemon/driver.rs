@@ -269,7 +269,7 @@ impl Driver {
         sock: UdpSocket,
         dual: bool,
     ) -> Driver {
-        let host_addrs = super::hostaddrs::HostAddresses::load(&cfg.state_dir);
+        let host_addrs = super::hostaddrs::HostAddresses::load(&cfg.state_dir).in_background();
         tracing::info!(listen = %cfg.listen, key = %identity::key_hex(&endpoint.public_key()), "VCMP listening");
         enlarge_buffers(&sock);
         Driver {
@@ -315,6 +315,7 @@ impl Driver {
         self.resync().await;
         self.apply_events().await;
         self.flush().await;
+        self.host_addrs.save_if_changed();
         let mut next_resync = tokio::time::Instant::now() + RESYNC_INTERVAL;
         let mut buf = vec![0u8; 65536];
         tokio::pin!(shutdown);
@@ -369,6 +370,9 @@ impl Driver {
             // (an UPD_R lets the peer start sending from its new address).
             self.apply_events().await;
             self.flush().await;
+            // After the flush: an address change starts moves, whose first
+            // datagrams must not wait for this write's fsyncs.
+            self.host_addrs.save_if_changed();
             // The restart levers after the flush: for the socket they only
             // matter once both ends translate, which what we just sent is
             // what lets the peer do.

@@ -60,6 +60,12 @@ pub struct HostAddresses {
     /// No update yet in this process: what changed since the book was
     /// written happened while no vnatd was looking.
     fresh: bool,
+    /// Changed since it was last written ([`HostAddresses::save_if_changed`]).
+    dirty: bool,
+    /// A thread that writes what it is sent (the latest of what is
+    /// waiting), so that the driver never waits for the fsyncs; `None`:
+    /// written at once (tests).
+    writer: Option<std::sync::mpsc::Sender<Vec<u8>>>,
 }
 
 fn boot_id() -> String {
@@ -99,11 +105,40 @@ impl HostAddresses {
             book,
             current: HashSet::new(),
             fresh: true,
+            dirty: false,
+            writer: None,
         }
     }
 
+    /// Write the book from a thread of its own from now on.
+    pub fn in_background(mut self) -> HostAddresses {
+        let Some(path) = self.path.clone() else {
+            return self;
+        };
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
+        let spawned = std::thread::Builder::new()
+            .name("vnat-addrbook".into())
+            .spawn(move || {
+                while let Ok(mut bytes) = rx.recv() {
+                    while let Ok(newer) = rx.try_recv() {
+                        bytes = newer;
+                    }
+                    write_book(&path, &bytes);
+                }
+            });
+        match spawned {
+            Ok(_) => self.writer = Some(tx),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start the address book's writer; writing it in line")
+            }
+        }
+        self
+    }
+
     /// Take a fresh list of the interfaces' addresses at `now` (CLOCK_BOOTTIME
-    /// seconds); the book is written when it changed.
+    /// seconds). The book is written by [`HostAddresses::save_if_changed`]:
+    /// an address change is when a move starts, and the write (with its
+    /// fsyncs) must not delay that move's first datagram.
     pub fn update(&mut self, now: u64, addrs: HashSet<IpAddr>) {
         let mut changed = false;
         for ip in &addrs {
@@ -147,12 +182,14 @@ impl HostAddresses {
         }
         self.current = addrs;
         self.fresh = false;
-        if changed {
-            self.save();
-        }
+        self.dirty |= changed;
     }
 
-    fn save(&self) {
+    /// Write the book if it changed since it was last written.
+    pub fn save_if_changed(&mut self) {
+        if !std::mem::take(&mut self.dirty) {
+            return;
+        }
         let Some(path) = &self.path else {
             return;
         };
@@ -160,11 +197,22 @@ impl HostAddresses {
             boot_id: self.boot_id.clone(),
             addresses: self.book.clone(),
         };
-        let written = serde_json::to_vec_pretty(&file)
-            .map_err(|e| e.to_string())
-            .and_then(|b| identity::write_atomic(path, &b).map_err(|e| e.to_string()));
-        if let Err(e) = written {
-            tracing::warn!(error = %e, "cannot write the address book; after a restart, connections whose address already left this host will not be managed");
+        let bytes = match serde_json::to_vec_pretty(&file) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot encode the address book");
+                return;
+            }
+        };
+        match &self.writer {
+            Some(tx) => {
+                if let Err(e) = tx.send(bytes) {
+                    // The writer is gone: write in line from now on.
+                    self.writer = None;
+                    write_book(path, &e.0);
+                }
+            }
+            None => write_book(path, &bytes),
         }
     }
 
@@ -180,6 +228,12 @@ impl HostAddresses {
                             .is_none_or(|u| recorded_at <= u.saturating_add(GRACE_SECS))
                 })
             })
+    }
+}
+
+fn write_book(path: &Path, bytes: &[u8]) {
+    if let Err(e) = identity::write_atomic(path, bytes) {
+        tracing::warn!(error = %e, "cannot write the address book; after a restart, connections whose address already left this host will not be managed");
     }
 }
 
@@ -224,9 +278,11 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut h = HostAddresses::load(dir.path());
         h.update(100, addrs(&["198.18.1.2"]));
+        h.save_if_changed();
         // vnatd dies; the laptop moves meanwhile; a new vnatd starts.
         let mut h = HostAddresses::load(dir.path());
         h.update(400, addrs(&["198.18.2.2"]));
+        h.save_if_changed();
         assert!(
             h.may_manage(ip("198.18.1.2"), 120),
             "a connection recorded while A was here"
