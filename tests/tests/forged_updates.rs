@@ -256,10 +256,11 @@ fn forgeries(
     for (i, kind) in kinds.into_iter().enumerate() {
         for (j, seq) in seqs.into_iter().enumerate() {
             let seed = (i * 100 + j) as u64 + 1;
-            let ext = match kind.ext_len() {
-                32 => Ext::Key(junk(seed)),
-                0 => Ext::None,
-                _ => Ext::Nonce(junk(seed)),
+            let ext = match kind {
+                Kind::KeyX => Ext::Key(junk(seed)),
+                Kind::Challenge | Kind::Response => Ext::Nonce(junk(seed)),
+                Kind::Store => Ext::Locator(junk(seed)),
+                _ => Ext::None,
             };
             let rec = Record {
                 command: kind,
@@ -636,14 +637,14 @@ fn forged_and_replayed_vcmp_messages_change_nothing() {
 }
 
 /// Ask `server_vcmp` (as a location server) from the attacker where the
-/// owner of `owner_vir` (in its connection with `other_vir`) is: the
-/// records of its LOOKUP_R, if any came back.
+/// owner of `owner_vir` (in its connection with `other_vir`) is, under
+/// `locator`: the records of its LOOKUP_R, if any came back.
 fn lookup_from(
     attacker: &Netns,
     from: IpAddr,
     server_vcmp: SocketAddr,
-    owner_vir: SocketAddr,
-    other_vir: SocketAddr,
+    (owner_vir, other_vir): (SocketAddr, SocketAddr),
+    locator: [u8; 16],
 ) -> Vec<Record> {
     let rec = Record {
         command: Kind::Lookup,
@@ -651,7 +652,7 @@ fn lookup_from(
         receiver_vir: owner_vir,
         sender_vir: other_vir,
         sender_phys: SocketAddr::new(from, other_vir.port()),
-        ext: Ext::None,
+        ext: Ext::Locator(locator),
         seq: 1,
         tag: junk(4242),
     };
@@ -684,16 +685,18 @@ fn lookup_from(
     })
 }
 
-/// Location records are public (any host may STORE and LOOKUP; the asker
-/// checks the MAC with the connection's key), but a location server must
-/// not let forged records push out the genuine one. Here the server's
-/// vnatd, a location server for the laptop's connection, first answers a
-/// LOOKUP with the laptop's genuine STORE (control), then an attacker
-/// STOREs forged records with high sequence numbers for the same
-/// connection, and after the next move the genuine location must still be
-/// among the answers. (Before 859b0d1 the store kept the highest sequence
-/// numbers of unauthenticated records: the forgeries evicted the genuine
-/// location and the laptop's next STORE was refused.)
+/// A location server keeps locations under a locator only the
+/// connection's two ends can compute, and must not let forged records push
+/// out the genuine one. Here the server's vnatd, a location server for the
+/// laptop's connection, does not tell an attacker who asks by the
+/// connection's addresses where the laptop is; the attacker then learns
+/// the locator as an on-path host would (from the laptop's STORE, captured
+/// at the router), which answers the genuine location (control); it STOREs
+/// forged records with high sequence numbers under that locator, and
+/// after the next move the genuine location must still be among the
+/// answers. (Before 859b0d1 the store kept the highest sequence numbers of
+/// unauthenticated records: the forgeries evicted the genuine location and
+/// the laptop's next STORE was refused.)
 #[test]
 fn forged_stores_do_not_crowd_out_the_genuine_location() {
     let tag = "fsto";
@@ -725,6 +728,11 @@ fn forged_stores_do_not_crowd_out_the_genuine_location() {
     thread::sleep(Duration::from_secs(2));
 
     // Control: a genuine move stores the laptop's location at the server.
+    let sniff = Pcap::start(
+        &topo.router,
+        &topo.router_if_c,
+        &format!("udp port {VCMP_PORT}"),
+    );
     topo.move_laptop_to_b();
     let s = flows(&client, &before, "moved to B");
     wait_mapping(
@@ -733,7 +741,34 @@ fn forged_stores_do_not_crowd_out_the_genuine_location() {
         ("translated", &server.to_string(), &at_b.to_string()),
         "server after the move to B",
     );
-    let found = lookup_from(&attacker, attacker_ip, server_vcmp, laptop_virtual, server);
+    let conn = (laptop_virtual, server);
+    let guessed = lookup_from(&attacker, attacker_ip, server_vcmp, conn, junk(31));
+    assert!(
+        !guessed.iter().any(|r| r.sender_phys == at_b),
+        "an attacker who knows only the connection's addresses found the laptop: {guessed:?}"
+    );
+    thread::sleep(Duration::from_secs(1));
+    let sniffed = sniff.stop();
+    eprintln!(
+        "forged: VCMP at the router during the first move: {:?}",
+        sniffed
+            .iter()
+            .map(|d| (d.src, d.dst, kind_of(&d.payload)))
+            .collect::<Vec<_>>()
+    );
+    let locator = sniffed
+        .iter()
+        .filter(|d| d.dst == server_vcmp && kind_of(&d.payload) == Some(Kind::Store))
+        .filter_map(|d| match Message::decode(&d.payload) {
+            Ok(Message::Records { records, .. }) => records.first().map(|r| r.ext),
+            _ => None,
+        })
+        .find_map(|e| match e {
+            Ext::Locator(l) => Some(l),
+            _ => None,
+        })
+        .expect("the laptop's STORE at the server was captured");
+    let found = lookup_from(&attacker, attacker_ip, server_vcmp, conn, locator);
     eprintln!("forged: LOOKUP after the first move: {found:?}");
     assert!(
         found.iter().any(|r| r.sender_phys == at_b),
@@ -767,7 +802,7 @@ fn forged_stores_do_not_crowd_out_the_genuine_location() {
             receiver_vir: server,
             sender_vir: laptop_virtual,
             sender_phys: SocketAddr::new(attacker_ip, laptop_virtual.port()),
-            ext: Ext::None,
+            ext: Ext::Locator(locator),
             seq,
             tag: junk(900 + i as u64),
         };
@@ -804,7 +839,7 @@ fn forged_stores_do_not_crowd_out_the_genuine_location() {
         .filter(|d| d.src == server_vcmp && kind_of(&d.payload) == Some(Kind::StoreR))
         .map(|d| d.payload[3])
         .collect();
-    let found = lookup_from(&attacker, attacker_ip, server_vcmp, laptop_virtual, server);
+    let found = lookup_from(&attacker, attacker_ip, server_vcmp, conn, locator);
     eprintln!("forged: STORE_R accepted counts during the second move: {store_r:?}; LOOKUP now: {found:?}");
     assert!(
         found.iter().any(|r| r.sender_phys == at_b),

@@ -142,16 +142,21 @@ impl Vnatd {
         (n, ls)
     }
 
-    /// `vnatctl --json ARGS`, None if it failed in any way: for a vnatd
-    /// that may die while it answers (the crash-safety tests).
-    pub fn try_ctl(&self, args: &[&str]) -> Option<Value> {
-        let out = Command::new(bin_path("vnatctl"))
+    /// Run `vnatctl --json ARGS` against this vnatd.
+    fn run_ctl(&self, args: &[&str]) -> std::process::Output {
+        Command::new(bin_path("vnatctl"))
             .arg("--control")
             .arg(&self.control)
             .arg("--json")
             .args(args)
             .output()
-            .expect("running vnatctl");
+            .expect("running vnatctl")
+    }
+
+    /// `vnatctl --json ARGS`, None if it failed in any way: for a vnatd
+    /// that may die while it answers (the crash-safety tests).
+    pub fn try_ctl(&self, args: &[&str]) -> Option<Value> {
+        let out = self.run_ctl(args);
         out.status
             .success()
             .then(|| serde_json::from_slice(&out.stdout).ok())
@@ -160,13 +165,7 @@ impl Vnatd {
 
     /// `vnatctl --json ARGS`, None if it could not reach vnatd.
     pub fn ctl(&self, args: &[&str]) -> Option<Value> {
-        let out = Command::new(bin_path("vnatctl"))
-            .arg("--control")
-            .arg(&self.control)
-            .arg("--json")
-            .args(args)
-            .output()
-            .expect("running vnatctl");
+        let out = self.run_ctl(args);
         if out.status.code() == Some(3) {
             return None;
         }
