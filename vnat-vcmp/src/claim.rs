@@ -347,6 +347,12 @@ impl Endpoint {
     /// connections it held, or `None` if the key is unknown here.
     pub fn forget_peer(&mut self, now: Timestamp, peer: &[u8; 32]) -> Option<usize> {
         let known = self.sessions.remove(peer).is_some();
+        // Forgotten entirely: no more pairing from anywhere by key alone.
+        self.pairing.known_hosts.remove(peer);
+        if let Some(a) = self.peer_addrs.get(peer) {
+            self.pairing.known_addrs.remove(&a.ip());
+            self.pairing.renewals.remove(&a.ip());
+        }
         self.peer_addrs.remove(peer);
         self.probes.remove(peer);
         self.claim_index.remove(peer);

@@ -499,18 +499,34 @@ impl Endpoint {
             }
             _ => 0,
         };
-        c.send_seq += 1;
-        let rec = Record {
+        // After a suspend-time rekey the peer may still store under its
+        // previous keys (it signs with them until it sees us use the new
+        // ones): ask under that locator too.
+        let prev_lookup = match (kind, &c.prev_keys) {
+            (Kind::Lookup, Some(p)) => Some(Ext::Locator(super::crypto::locator(&p.recv))),
+            _ => None,
+        };
+        let mut rec = Record {
             command: kind,
             proto: flow.proto,
             receiver_vir: flow.remote,
             sender_vir: flow.local,
             sender_phys: c.local_phys,
             ext,
-            seq: c.send_seq,
+            seq: 0,
             tag: [0; wire::TAG_LEN],
         };
-        self.push_signed(&rec, &key, kind, req, dst)
+        let mut sent = true;
+        for ext in std::iter::once(ext).chain(prev_lookup) {
+            let Some(c) = self.conns.get_mut(flow) else {
+                return false;
+            };
+            c.send_seq += 1;
+            rec.seq = c.send_seq;
+            rec.ext = ext;
+            sent &= self.push_signed(&rec, &key, kind, req, dst);
+        }
+        sent
     }
 
     /// Sign `rec` with `key` and queue it in a `kind` datagram.

@@ -161,6 +161,20 @@ impl Endpoint {
         self.run_step(ctx, flow);
     }
 
+    /// Whether a move of `flow` is under way and waits for its peer: an
+    /// update sent to the peer (at a step at its old address, or once it
+    /// was located) and not answered yet.
+    pub(crate) fn waits_for_peer(&self, flow: &VirtualFlow) -> bool {
+        self.conns
+            .get(flow)
+            .and_then(|c| c.mig.as_ref())
+            .is_some_and(|m| match m.phase {
+                Phase::Updating(_) => true,
+                Phase::Chain => m.steps.get(m.idx).is_some_and(|s| s.peer_old),
+                Phase::Parked => true,
+            })
+    }
+
     /// Start the move of `flow`, if one is under way, from its first step
     /// again: the pairing with its peer was renewed (the peer's vnatd had
     /// lost our session), and what was sent so far went unanswered.

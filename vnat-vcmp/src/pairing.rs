@@ -56,6 +56,10 @@ pub(crate) struct Pairings {
     /// daemon's `peers.json`): a PAIR_INIT with one is welcome from any
     /// address (see [`Endpoint::knows_initiator`]).
     pub known_hosts: std::collections::HashSet<[u8; 32]>,
+    /// The addresses those hosts last paired from: a record for a
+    /// connection with one of them that we have no keys for is answered
+    /// with ERROR unknown-connection (see `recv.rs`), nobody else's.
+    pub known_addrs: std::collections::HashSet<IpAddr>,
     /// When we last paired again with an address we were paired with,
     /// because an update went unanswered (see [`Endpoint::pair_again`]).
     pub renewals: HashMap<IpAddr, Timestamp>,
@@ -75,6 +79,7 @@ impl Pairings {
             starts: StartLimit::new(cfg.pair_starts_per_sec, cfg.pair_starts_burst),
             retry: HashMap::new(),
             known_hosts: std::collections::HashSet::new(),
+            known_addrs: std::collections::HashSet::new(),
             renewals: HashMap::new(),
         }
     }
@@ -159,10 +164,14 @@ impl Endpoint {
             || self.pairing.known_hosts.contains(key)
     }
 
-    /// Hosts paired with before (by a previous vnatd of this host): they
-    /// may pair again from any address.
-    pub fn know_hosts(&mut self, keys: impl IntoIterator<Item = [u8; 32]>) {
-        self.pairing.known_hosts.extend(keys);
+    /// Hosts paired with before (by a previous vnatd of this host), with
+    /// the address each last paired from: they may pair again from any
+    /// address (proving it with a cookie).
+    pub fn know_hosts(&mut self, hosts: impl IntoIterator<Item = ([u8; 32], IpAddr)>) {
+        for (key, ip) in hosts {
+            self.pairing.known_hosts.insert(key);
+            self.pairing.known_addrs.insert(ip);
+        }
     }
 
     pub(crate) fn start_pairing(&mut self, ctx: &mut Ctx, ip: IpAddr) {
@@ -181,12 +190,7 @@ impl Endpoint {
     /// per [`RENEW_INTERVAL`] per address.
     pub(crate) fn pair_again(&mut self, ctx: &mut Ctx, ip: IpAddr) {
         let now = ctx.now;
-        if self
-            .pairing
-            .renewals
-            .get(&ip)
-            .is_some_and(|at| now.since(*at) < RENEW_INTERVAL)
-        {
+        if !self.may_renew(ip, now) {
             return;
         }
         self.pairing
@@ -195,6 +199,15 @@ impl Endpoint {
         self.pairing.renewals.insert(ip, now);
         self.stats.count(Counter::PairingRenewed);
         self.initiate(ctx, ip);
+    }
+
+    /// Whether [`Endpoint::pair_again`] with `ip` would start a pairing
+    /// now (none in the last [`RENEW_INTERVAL`]).
+    pub(crate) fn may_renew(&self, ip: IpAddr, now: Timestamp) -> bool {
+        self.pairing
+            .renewals
+            .get(&ip)
+            .is_none_or(|at| now.since(*at) >= RENEW_INTERVAL)
     }
 
     fn initiate(&mut self, ctx: &mut Ctx, ip: IpAddr) {
@@ -315,7 +328,11 @@ impl Endpoint {
                 return;
             }
         }
-        if !self.proved_or_cheap(ctx, from, id, &init_static, cookie) {
+        // Admitted by its key alone (a known host at an address we share
+        // nothing with): keys travel in clear, so anyone can quote one;
+        // such an initiator proves its address with a cookie first.
+        let by_key_only = !self.pins.contains_key(&ip) && !self.tx.trusted.contains(&ip);
+        if !self.proved_or_cheap(ctx, from, id, &init_static, cookie, by_key_only) {
             return;
         }
         if !self.check_pin(from, &init_static, id) {
@@ -373,6 +390,7 @@ impl Endpoint {
         id: u32,
         init_static: &[u8; 32],
         cookie: Option<[u8; COOKIE_LEN]>,
+        always_cookie: bool,
     ) -> bool {
         self.pairing.cookies.rotate(ctx.now, &mut *ctx.rng);
         if let Some(c) = cookie {
@@ -386,7 +404,11 @@ impl Endpoint {
             // replaced (ours stays), and only those count as load.
             let replaces = self.pairing.handshakes.contains_key(&(from, Side::Theirs));
             let loaded = self.pairing.answering() >= self.cfg.max_pending_pairings / 2;
-            if !replaces && !loaded && self.pairing.limit.allow(from.ip(), ctx.now) {
+            if !always_cookie
+                && !replaces
+                && !loaded
+                && self.pairing.limit.allow(from.ip(), ctx.now)
+            {
                 return true;
             }
         }
@@ -534,6 +556,7 @@ impl Endpoint {
         self.pairing.handshakes.remove(&(from, Side::Theirs));
         let renewed = self.sessions.insert(peer, keys.secret).is_some();
         self.pairing.known_hosts.insert(peer);
+        self.pairing.known_addrs.insert(ip);
         self.peer_addrs.insert(peer, from);
         self.claim_index.remove(&peer);
         // A new session numbers its probes from the start.
@@ -558,6 +581,8 @@ impl Endpoint {
                 c.prev_keys = None;
                 c.replay = Default::default();
                 c.send_seq = 0;
+                // Its location records are numbered from the start too.
+                c.location_seq = 0;
             }
             held.push(c.flow);
         }
@@ -566,10 +591,13 @@ impl Endpoint {
         }
         if renewed && !held.is_empty() {
             self.send_claims(peer, from, &held, false);
-            // A move the old session left unanswered goes on under the new
-            // one (after the claims, which the peer needs first).
+            // A move the old session left waiting for the peer goes on
+            // under the new one (after the claims, which the peer needs
+            // first).
             for f in &held {
-                self.restart_migration(ctx, f);
+                if self.waits_for_peer(f) {
+                    self.restart_migration(ctx, f);
+                }
             }
         }
         let unbound = self.unbound_at(ip);

@@ -108,8 +108,20 @@ impl Endpoint {
                 // worst a forger gets is what we would do anyway.
                 self.stats.count(Counter::PeerError);
                 self.emit(Event::PeerError { from, code });
+                // Only while one of our moves waits for that peer's answer:
+                // otherwise a forger could make us pair again (and reset
+                // every connection's keys with it) at will.
+                let waiting = || {
+                    self.peer_addrs.iter().any(|(key, a)| {
+                        *a == from
+                            && self.conns.values().any(|c| {
+                                c.peer_key.as_ref() == Some(key) && self.waits_for_peer(&c.flow)
+                            })
+                    })
+                };
                 if code == ErrorCode::UnknownConnection
-                    && self.peer_addrs.values().any(|a| *a == from)
+                    && self.may_renew(from.ip(), ctx.now)
+                    && waiting()
                 {
                     // A host we are paired with does not know our
                     // connection: its vnatd restarted and lost our session
@@ -167,7 +179,12 @@ impl Endpoint {
         };
         let Some(keys) = &c.keys else {
             self.stats.reject(Reject::NoKeys);
-            return Some(false);
+            // Worth an answer only for a connection with a host we were
+            // paired with (a restart lost the keys): for any other, an
+            // answer would tell a stranger which connections exist.
+            let known = self.pairing.known_addrs.contains(&c.remote_phys.ip())
+                || self.pairing.known_addrs.contains(&flow.remote.ip());
+            return if known { Some(false) } else { None };
         };
         let mut buf = [0u8; MAX_SIGNED_LEN];
         let Ok(n) = rec.write_signed(&mut buf) else {

@@ -153,3 +153,62 @@ fn a_late_copy_of_an_older_keyx_does_not_roll_back_again() {
     assert_eq!(sim.hosts[b].ep.stats().get(Counter::Rekeyed), rekeyed);
     assert_the_laptop_s_move_completes(&mut sim, a, f);
 }
+
+/// The locators of the STORE and LOOKUP records among `ts`.
+fn locators(ts: &[super::tx::Transmit], kind: super::wire::Kind) -> Vec<[u8; 16]> {
+    use super::wire::{Ext, Message};
+    ts.iter()
+        .filter_map(|t| Message::decode(&t.payload).ok())
+        .flat_map(|m| match m {
+            Message::Records {
+                kind: k, records, ..
+            } if k == kind => records,
+            _ => Vec::new(),
+        })
+        .filter_map(|r| match r.ext {
+            Ext::Locator(l) => Some(l),
+            _ => None,
+        })
+        .collect()
+}
+
+/// After a suspend-time key update, the end that answered it signs with
+/// its previous keys until it sees the other use the new ones, and so
+/// stores its location under its previous locator; the other end, on the
+/// new keys already, must still find it: it looks up under both.
+#[test]
+fn after_a_key_update_each_end_still_finds_where_the_other_stored() {
+    use super::wire::Kind;
+    let (mut sim, flows) = setup(67, Link::default(), Config::default(), 1);
+    let (a, b) = (0, 1);
+    let f = flows[0];
+    let g = reverse(&f);
+    sim.with(a, |ep, now, rng| {
+        ep.suspend(now, rng, &[f]).expect("suspend")
+    });
+    sim.run_for(Duration::from_secs(5));
+    assert!(sim.hosts[a].ep.stats().get(Counter::Rekeyed) >= 1);
+    assert!(sim.hosts[b].ep.stats().get(Counter::Rekeyed) >= 1);
+    // Both move at once: what each stores and asks at its first step.
+    sim.move_host(a, "10.0.5.1");
+    sim.move_host(b, "10.0.6.1");
+    let from_a = sim.capture(a, |ep, now, rng| {
+        ep.resume(now, rng, &[(f, sa("10.0.5.1:40000"))])
+            .expect("resume")
+    });
+    let from_b = sim.capture(b, |ep, now, rng| {
+        ep.resume(now, rng, &[(g, sa("10.0.6.1:22"))])
+            .expect("resume")
+    });
+    for (stores, asks, who) in [
+        (&from_b, &from_a, "the laptop finds the server"),
+        (&from_a, &from_b, "the server finds the laptop"),
+    ] {
+        let stored = locators(stores, Kind::Store);
+        let asked = locators(asks, Kind::Lookup);
+        assert!(
+            !stored.is_empty() && stored.iter().all(|l| asked.contains(l)),
+            "{who}: stored under {stored:?}, asked under {asked:?}"
+        );
+    }
+}

@@ -140,11 +140,14 @@ fn one_end_moves_in_constant_round_trips() {
             "round trips must not grow with N: {rounds:?}"
         );
     }
-    // Datagrams grow only with the bytes (MTU-sized batches of ~30
-    // records): about six records per connection travel in all.
+    // Datagrams grow only with the bytes (MTU-sized batches of 22 to 30
+    // records): about six records per connection travel in all. (STORE
+    // and LOOKUP records carry a 16-byte locator since f17cea2, 64 bytes
+    // instead of 48 for IPv4, so at least 13 records per datagram on
+    // average instead of 15.)
     let (n, _, d) = rounds[2];
     assert!(
-        d * 15 <= n as usize * 6,
+        d * 13 <= n as usize * 6,
         "{n} connections used {d} datagrams: {rounds:?}"
     );
 }

@@ -220,7 +220,7 @@ impl Driver {
         let mut endpoint = Endpoint::new(vcfg, HostIdentity::from_bytes(key));
         // Hosts paired with before may pair again from a new address (one
         // that moved while this vnatd was not running).
-        endpoint.know_hosts(peers.peers.keys().copied());
+        endpoint.know_hosts(peers.peers.iter().map(|(k, ip)| (*k, *ip)));
         // An unspecified listen address means both families: one dual-stack
         // socket (binding 0.0.0.0 and [::] on one port would collide).
         let (bind, dual) = if cfg.listen.ip().is_unspecified() {
