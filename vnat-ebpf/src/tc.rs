@@ -241,18 +241,32 @@ fn try_translate(ctx: &TcContext, dir: Dir, l2: usize) -> Result<i32, Drop> {
         let _ = VNAT_FRAGS.insert(&frag_key(&p, f.id, dir), &flow, 0);
     }
     rewrite(ctx, &p, &nat)?;
-    finish(dir, &nat)
+    finish(ctx, dir, &nat, p.l3)
 }
 
 /// What is left after a translated packet's rewrite: count it, and send an
 /// egress packet whose destination changed out again with L2 resolved.
+/// `l2`: the link-layer header's length (the packet's L3 offset).
 #[inline(always)]
-fn finish(dir: Dir, nat: &NatRewrite) -> Result<i32, Drop> {
+fn finish(ctx: &TcContext, dir: Dir, nat: &NatRewrite, l2: usize) -> Result<i32, Drop> {
     if dir == Dir::Ingress {
         count(STAT_INGRESS_TRANSLATED);
         return Ok(TC_ACT_OK);
     }
     count(STAT_EGRESS_TRANSLATED);
+    if nat.flags & NAT_F_REDIRECT != 0 && l2 == 0 {
+        // An interface without a link layer has no neighbour to resolve:
+        // leaving through it is all a redirect to it would do. To another
+        // interface the packet would need an Ethernet header it does not
+        // have (bpf_redirect_neigh drops such a packet without a word),
+        // so it is refused and counted instead.
+        // SAFETY: reading a field of the context the verifier checked.
+        let here = unsafe { (*ctx.skb.skb).ifindex };
+        if nat.redirect_ifindex == here {
+            return Ok(TC_ACT_OK);
+        }
+        return Err(Drop(STAT_DROP_REDIRECT_FAILED));
+    }
     if nat.flags & NAT_F_REDIRECT != 0 {
         // tc egress runs after neighbour resolution for the *old*
         // destination; send the packet out again with L2 resolved for the new
@@ -332,7 +346,7 @@ fn translate_fragment(ctx: &TcContext, p: &Parsed, f: Frag, dir: Dir) -> Result<
             .map_err(|_| Drop(STAT_DROP_REWRITE_FAILED))?;
     }
     count(STAT_FRAGMENT_TRANSLATED);
-    finish(dir, &nat)
+    finish(ctx, dir, &nat, p.l3)
 }
 
 /// A packet with no translation, coming in: if it is the first of a

@@ -52,6 +52,25 @@ impl<'a> Host<'a> {
         })
     }
 
+    /// How many entries the pinned NAT maps hold, egress and ingress, read
+    /// from the pins alone: no datapath is opened, so nothing is
+    /// reconciled (the crash-safety tests check what vnatd left).
+    pub fn pinned_nat_entries(&self) -> usize {
+        use vnat_common::{FlowKey, NatRewrite, MAP_EGRESS_NAT, MAP_INGRESS_NAT};
+        [MAP_EGRESS_NAT, MAP_INGRESS_NAT]
+            .iter()
+            .map(|name| {
+                let pin = self.pins.path().join(name);
+                let data = aya::maps::MapData::from_pin(&pin)
+                    .unwrap_or_else(|e| panic!("opening the pinned map {}: {e}", pin.display()));
+                let map: aya::maps::HashMap<_, FlowKey, NatRewrite> =
+                    aya::maps::HashMap::try_from(aya::maps::Map::HashMap(data))
+                        .unwrap_or_else(|e| panic!("{name} is not a hash map: {e}"));
+                map.keys().filter(Result::is_ok).count()
+            })
+            .sum()
+    }
+
     /// A command that runs in this host's namespace and cgroup.
     pub fn command(&self, program: &str) -> Command {
         let mut cmd = self.ns.cmd(program);

@@ -55,8 +55,10 @@ const VERIFIED_RESTARTS_MAX: usize = 16;
 /// the socket on this host before it is forgotten.
 const IMPORT_GRACE: Duration = Duration::from_secs(60);
 /// How often vnatd looks for NAT entries whose socket is gone and that no
-/// connection of its own explains (what a vnatd killed mid-move left).
-const ORPHAN_CHECK_INTERVAL: Duration = Duration::from_secs(30);
+/// connection of its own explains (what a vnatd killed mid-move left). An
+/// entry goes when two checks in a row found it so: one listing that
+/// missed a live socket removes nothing.
+const ORPHAN_CHECK_INTERVAL: Duration = Duration::from_secs(10);
 
 #[derive(Clone, Debug)]
 pub struct DriverConfig {
@@ -200,8 +202,10 @@ pub struct Driver {
     /// Recorded connections vnatd refuses to manage, with the reason.
     refused: HashMap<VirtualFlow, &'static str>,
     /// When `resync` next looks for orphaned NAT entries (at once after a
-    /// start, then every [`ORPHAN_CHECK_INTERVAL`]).
+    /// start, then every [`ORPHAN_CHECK_INTERVAL`]), and what the last
+    /// look found.
     next_orphan_check: std::time::Instant,
+    orphans: HashSet<VirtualFlow>,
 }
 
 impl Driver {
@@ -287,6 +291,7 @@ impl Driver {
             imported: HashMap::new(),
             exported: HashSet::new(),
             next_orphan_check: std::time::Instant::now(),
+            orphans: HashSet::new(),
         }
     }
 

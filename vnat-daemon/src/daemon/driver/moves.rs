@@ -122,30 +122,35 @@ impl Driver {
 
     /// Remove the NAT entries (and what they set up: addresses on lo, host
     /// routes, tc) of flows whose socket is gone and that this vnatd is not
-    /// waiting for (an import): what a vnatd killed in the middle of a move
-    /// or a removal left behind, or a removal that failed.
+    /// waiting for (an import), found so by this check and the one before:
+    /// what a vnatd killed in the middle of a move or a removal left
+    /// behind, or a removal that failed.
     async fn remove_orphans(&mut self, live: &HashSet<VirtualFlow>) {
         let mut keep = live.clone();
         keep.extend(self.imported.keys());
-        let removed = with_dp(&self.dp, move |dp| {
+        let before = std::mem::take(&mut self.orphans);
+        let (found, removed) = with_dp(&self.dp, move |dp| {
             let flows = match dp.flows_with_entries() {
                 Ok(f) => f,
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot list the NAT entries");
-                    return 0;
+                    return (HashSet::new(), 0);
                 }
             };
+            let found: HashSet<VirtualFlow> =
+                flows.into_iter().filter(|f| !keep.contains(f)).collect();
             let mut n = 0;
-            for f in flows.into_iter().filter(|f| !keep.contains(f)) {
-                match dp.remove_translation(&f) {
+            for f in found.iter().filter(|f| before.contains(f)) {
+                match dp.remove_translation(f) {
                     Ok(()) => n += 1,
                     Err(DatapathError::NoSuchTranslation { .. }) => {}
                     Err(e) => tracing::warn!(flow = ?f, error = %e, "cannot remove the entries of a connection that is gone"),
                 }
             }
-            n
+            (found, n)
         })
         .await;
+        self.orphans = found;
         if removed > 0 {
             tracing::info!(
                 connections = removed,

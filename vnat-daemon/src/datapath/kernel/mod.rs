@@ -218,19 +218,33 @@ impl KernelDatapath {
             let sa = std::net::SocketAddr::new(ip, 0);
             crate::datapath::flow_key(Proto::Tcp, sa, sa).src_addr_be
         };
+        // A failure here is logged, not fatal: vnatd must start, and what is
+        // left is tried again at the next start.
         for (a, ours) in lo {
             if ours
                 && !self.mirror.local_moved.contains_key(&a)
                 && !self.mirror.prepared_lo.contains_key(&words(a))
             {
-                net::del_lo_addr(a)?;
-                tracing::info!(address = %a, "removed an address a previous vnatd left on lo");
+                match net::del_lo_addr(a, false) {
+                    Ok(_) => {
+                        tracing::info!(address = %a, "removed an address a previous vnatd left on lo")
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot remove an address a previous vnatd left on lo")
+                    }
+                }
             }
         }
         for r in routes {
             if !self.mirror.remote_moved.contains_key(&r) {
-                net::del_host_route(r)?;
-                tracing::info!(route = %r, "removed a host route a previous vnatd left");
+                match net::del_host_route(r) {
+                    Ok(()) => {
+                        tracing::info!(route = %r, "removed a host route a previous vnatd left")
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot remove a host route a previous vnatd left")
+                    }
+                }
             }
         }
         Ok(())
@@ -529,6 +543,13 @@ impl Datapath for KernelDatapath {
     fn set_standby(&mut self, ifindexes: &[u32]) -> Result<(), DatapathError> {
         let wanted: std::collections::BTreeSet<u32> = ifindexes.iter().copied().collect();
         for &ifindex in wanted.difference(&self.standby.clone()) {
+            // An interface vnat cannot translate on (CAN, InfiniBand, ...)
+            // is no place a connection moves to: skipped, not an error
+            // that would leave the interfaces after it unattached.
+            if let Err(e) = net::link_layer(ifindex) {
+                tracing::debug!(error = %e, "no standby tc here");
+                continue;
+            }
             if !self.tc_current.contains(&ifindex) {
                 attach::attach_tc(&mut self.loaded.ebpf, &self.bpffs, ifindex)?;
                 self.tc_current.insert(ifindex);

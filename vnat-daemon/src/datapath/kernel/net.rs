@@ -154,16 +154,18 @@ pub fn add_lo_addr(a: IpAddr) -> Result<(), DatapathError> {
     rtnl::add_address(a, lo_index()?, ROUTE_PROTO).map_err(kernel(format!("adding {a} to lo")))
 }
 
-/// Remove `a` from `lo` if vnat put it there; an address someone else added
-/// (no tag of ours) stays. Returns whether it was removed.
-pub fn del_lo_addr(a: IpAddr) -> Result<bool, DatapathError> {
+/// Remove `a` from `lo` if vnat put it there: it carries our tag, or
+/// `added_by_us` (a translation's own record that it added it, for the
+/// untagged addresses of a vnatd from before the tags). An address someone
+/// else added stays. Returns whether it was removed.
+pub fn del_lo_addr(a: IpAddr, added_by_us: bool) -> Result<bool, DatapathError> {
     match lo_addrs()?.into_iter().find(|(x, _)| *x == a) {
         None => Ok(false),
-        Some((_, false)) => {
+        Some((_, false)) if !added_by_us => {
             tracing::warn!(address = %a, "not removing an address on lo that vnat did not add");
             Ok(false)
         }
-        Some((_, true)) => {
+        Some(_) => {
             rtnl::del_address(a, lo_index()?).map_err(kernel(format!("removing {a} from lo")))?;
             Ok(true)
         }
@@ -226,6 +228,11 @@ pub fn host_routes() -> Result<Vec<IpAddr>, DatapathError> {
             routes
                 .into_iter()
                 .filter(|r| r.protocol == ROUTE_PROTO)
+                // Host routes only: vnat makes no other.
+                .filter(|r| {
+                    r.dst
+                        .is_some_and(|d| r.dst_len == if d.is_ipv4() { 32 } else { 128 })
+                })
                 .filter_map(|r| r.dst),
         );
     }

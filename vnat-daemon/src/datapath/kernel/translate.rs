@@ -45,7 +45,7 @@ impl KernelDatapath {
             let prepared_use = self.mirror.prepared_lo.contains_key(&local_words);
             if !prepared_use && !self.mirror.local_moved.contains_key(&ip) {
                 self.routes_changed();
-                net::del_lo_addr(ip)?;
+                net::del_lo_addr(ip, true)?;
                 self.lo_ours.remove(&ip);
                 fault::after("remove:lo-address");
             }
@@ -125,7 +125,7 @@ impl KernelDatapath {
                 dp.routes_changed();
             }
             if let Some(ip) = added_lo {
-                let _ = net::del_lo_addr(ip);
+                let _ = net::del_lo_addr(ip, true);
             }
             if let Some(ip) = added_route {
                 let _ = net::del_host_route(ip);
