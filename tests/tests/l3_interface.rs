@@ -32,15 +32,19 @@ fn tunnel(topo: &LaptopRouterServer) -> (ProcessGroup, ProcessGroup) {
             .stderr(Stdio::inherit());
         ProcessGroup::spawn(cmd, "socat (tun)")
     };
+    // Unconnected UDP at both ends: each opens its tun device at once, and
+    // an ICMP error for a datagram that arrived before the other end was
+    // bound does not end it (a connected socket reports ECONNREFUSED, and
+    // socat exits).
     let (router_b, laptop_b) = (topo.router_b_addr.v4, topo.laptop_b_addr.v4);
     let r = end(
         &topo.router,
-        format!("UDP4-LISTEN:{TUN_PORT},bind={router_b},reuseaddr"),
+        format!("UDP4-DATAGRAM:{laptop_b}:{TUN_PORT},bind={router_b}:{TUN_PORT}"),
         TUN_ROUTER,
     );
     let l = end(
         &topo.laptop,
-        format!("UDP4:{router_b}:{TUN_PORT},bind={laptop_b}:{TUN_PORT}"),
+        format!("UDP4-DATAGRAM:{router_b}:{TUN_PORT},bind={laptop_b}:{TUN_PORT}"),
         TUN_LAPTOP,
     );
     vnat_tests::wait_until(
@@ -57,9 +61,8 @@ fn tunnel(topo: &LaptopRouterServer) -> (ProcessGroup, ProcessGroup) {
         },
         || "the tun devices did not appear".into(),
     );
-    // The router's end knows where to answer once the laptop's first
-    // datagram arrived: send into the tunnel until the router's tun device
-    // has received something.
+    // Send into the tunnel until the router's tun device has received
+    // something: both ends are up and the path between them works.
     let received = || -> u64 {
         let out = topo
             .router
