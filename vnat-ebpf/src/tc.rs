@@ -569,16 +569,7 @@ fn parse(ctx: &TcContext, l2: usize) -> Option<Parsed> {
                 let more = frag_field & 0x2000 != 0;
                 if frag_field & 0x1fff != 0 {
                     // Not the first: no ports, matched by its datagram.
-                    return Some(Parsed {
-                        key,
-                        l3,
-                        l4: 0,
-                        frag: Some(Frag {
-                            id,
-                            first: false,
-                            more,
-                        }),
-                    });
+                    return Some(later_fragment(key, l3, id, more));
                 }
                 frag = Some(Frag {
                     id,
@@ -607,16 +598,7 @@ fn parse(ctx: &TcContext, l2: usize) -> Option<Parsed> {
                 key.dst_addr_be = ctx.load(l3 + IP6_DADDR_OFF).ok()?;
                 let more = offset_m & 1 != 0;
                 if offset_m >> 3 != 0 {
-                    return Some(Parsed {
-                        key,
-                        l3,
-                        l4: 0,
-                        frag: Some(Frag {
-                            id,
-                            first: false,
-                            more,
-                        }),
-                    });
+                    return Some(later_fragment(key, l3, id, more));
                 }
                 frag = Some(Frag {
                     id,
@@ -646,6 +628,22 @@ fn parse(ctx: &TcContext, l2: usize) -> Option<Parsed> {
     key.src_port_be = ports[0];
     key.dst_port_be = ports[1];
     Some(Parsed { key, l3, l4, frag })
+}
+
+/// A fragment after the first of its datagram: no L4 header, so no ports;
+/// it is matched by its datagram (`translate_fragment`).
+#[inline(always)]
+fn later_fragment(key: FlowKey, l3: usize, id: u32, more: bool) -> Parsed {
+    Parsed {
+        key,
+        l3,
+        l4: 0,
+        frag: Some(Frag {
+            id,
+            first: false,
+            more,
+        }),
+    }
 }
 
 #[inline(always)]
