@@ -88,6 +88,8 @@ pub mod sim;
 #[cfg(test)]
 mod sim_keyx_tests;
 #[cfg(test)]
+mod sim_location_tests;
+#[cfg(test)]
 mod sim_nat_tests;
 #[cfg(test)]
 mod sim_pairing_tests;
