@@ -492,19 +492,22 @@ impl Endpoint {
             (Kind::Lookup, Some(k)) => Ext::Locator(super::crypto::locator(&k.recv)),
             _ => ext,
         };
-        let req = match kind {
-            Kind::Lookup | Kind::Store => {
-                let cap = wire::records_per_datagram(self.cfg.mtu, Family::of(&flow.local), kind);
-                ctx.request_id(dst, kind, cap)
-            }
-            _ => 0,
-        };
         // After a suspend-time rekey the peer may still store under its
         // previous keys (it signs with them until it sees us use the new
         // ones): ask under that locator too.
         let prev_lookup = match (kind, &c.prev_keys) {
             (Kind::Lookup, Some(p)) => Some(Ext::Locator(super::crypto::locator(&p.recv))),
             _ => None,
+        };
+        let req = match kind {
+            Kind::Lookup | Kind::Store => {
+                let cap = wire::records_per_datagram(self.cfg.mtu, Family::of(&flow.local), kind);
+                // One request id per datagram: this call may put two records
+                // in it.
+                let per_call = 1 + usize::from(prev_lookup.is_some());
+                ctx.request_id(dst, kind, (cap / per_call).max(1))
+            }
+            _ => 0,
         };
         let mut rec = Record {
             command: kind,

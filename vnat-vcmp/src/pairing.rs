@@ -63,6 +63,9 @@ pub(crate) struct Pairings {
     /// When we last paired again with an address we were paired with,
     /// because an update went unanswered (see [`Endpoint::pair_again`]).
     pub renewals: HashMap<IpAddr, Timestamp>,
+    /// When an ERROR unknown-connection from each address was last looked
+    /// into (at most once a second: looking walks the connections).
+    pub error_checks: HashMap<IpAddr, Timestamp>,
 }
 
 /// How often at most we pair again with one peer whose updates go
@@ -81,6 +84,7 @@ impl Pairings {
             known_hosts: std::collections::HashSet::new(),
             known_addrs: std::collections::HashSet::new(),
             renewals: HashMap::new(),
+            error_checks: HashMap::new(),
         }
     }
 
@@ -199,6 +203,32 @@ impl Endpoint {
         self.pairing.renewals.insert(ip, now);
         self.stats.count(Counter::PairingRenewed);
         self.initiate(ctx, ip);
+    }
+
+    /// Whether an ERROR unknown-connection from `ip` is worth looking into
+    /// now: from the address of a host we share connections with, and not
+    /// looked into in the last second (anyone can send ERRORs as that
+    /// host, and looking walks every connection).
+    pub(crate) fn check_error_from(&mut self, ip: IpAddr, now: Timestamp) -> bool {
+        const EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+        if !self.tx.trusted.contains(&ip) || !self.may_renew(ip, now) {
+            return false;
+        }
+        if self
+            .pairing
+            .error_checks
+            .get(&ip)
+            .is_some_and(|at| now.since(*at) < EVERY)
+        {
+            return false;
+        }
+        if self.pairing.error_checks.len() >= 1024 {
+            self.pairing
+                .error_checks
+                .retain(|_, at| now.since(*at) < EVERY);
+        }
+        self.pairing.error_checks.insert(ip, now);
+        true
     }
 
     /// Whether [`Endpoint::pair_again`] with `ip` would start a pairing
@@ -581,7 +611,9 @@ impl Endpoint {
                 c.prev_keys = None;
                 c.replay = Default::default();
                 c.send_seq = 0;
-                // Its location records are numbered from the start too.
+                // Its updates and location records are numbered from the
+                // start too.
+                c.binding_seq = 0;
                 c.location_seq = 0;
             }
             held.push(c.flow);
@@ -591,13 +623,12 @@ impl Endpoint {
         }
         if renewed && !held.is_empty() {
             self.send_claims(peer, from, &held, false);
-            // A move the old session left waiting for the peer goes on
-            // under the new one (after the claims, which the peer needs
-            // first).
+            // Every move under way starts over under the new session (after
+            // the claims, which the peer needs first): what it sent is
+            // signed with keys nobody holds any more, and what it stored
+            // sits under a locator nobody will ask for.
             for f in &held {
-                if self.waits_for_peer(f) {
-                    self.restart_migration(ctx, f);
-                }
+                self.restart_migration(ctx, f);
             }
         }
         let unbound = self.unbound_at(ip);

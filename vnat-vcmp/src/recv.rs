@@ -111,17 +111,17 @@ impl Endpoint {
                 // Only while one of our moves waits for that peer's answer:
                 // otherwise a forger could make us pair again (and reset
                 // every connection's keys with it) at will.
-                let waiting = || {
-                    self.peer_addrs.iter().any(|(key, a)| {
+                let waiting = |ep: &Self| {
+                    ep.peer_addrs.iter().any(|(key, a)| {
                         *a == from
-                            && self.conns.values().any(|c| {
-                                c.peer_key.as_ref() == Some(key) && self.waits_for_peer(&c.flow)
+                            && ep.conns.values().any(|c| {
+                                c.peer_key.as_ref() == Some(key) && ep.waits_for_peer(&c.flow)
                             })
                     })
                 };
                 if code == ErrorCode::UnknownConnection
-                    && self.may_renew(from.ip(), ctx.now)
-                    && waiting()
+                    && self.check_error_from(from.ip(), ctx.now)
+                    && waiting(self)
                 {
                     // A host we are paired with does not know our
                     // connection: its vnatd restarted and lost our session

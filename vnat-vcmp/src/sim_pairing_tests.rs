@@ -337,11 +337,23 @@ fn a_retry_due_while_our_handshake_is_under_way_does_not_stay_due() {
 /// neither the laptop's session nor its new address, and the connection it
 /// finds again names the laptop's old address, where nobody answers. The
 /// laptop's update draws an ERROR (unknown connection), the laptop pairs
-/// again, the new server accepts the known host key from the new address,
-/// both claim the connection, and the move completes.
+/// again, the new server accepts the known host key from the new address
+/// (after a cookie), both claim the connection, and the move completes.
 #[test]
 fn a_move_completes_when_the_peer_s_vnatd_restarted_meanwhile() {
-    let mut sim = Sim::new(67, Link::default());
+    restart_while_moving(67, 0);
+}
+
+/// The same after moves under the old session: the new session numbers
+/// its updates from the start, which the laptop must not take for stale
+/// ones (its record of the old session's numbers goes with it).
+#[test]
+fn a_move_completes_when_the_peer_restarted_after_earlier_moves() {
+    restart_while_moving(69, 10);
+}
+
+fn restart_while_moving(seed: u64, moves_before: u8) {
+    let mut sim = Sim::new(seed, Link::default());
     sim.add_host("10.0.0.1", Config::default());
     sim.add_host("10.0.0.2", Config::default());
     let f = tcp("10.0.0.1:40000", "10.0.0.2:443");
@@ -351,33 +363,45 @@ fn a_move_completes_when_the_peer_s_vnatd_restarted_meanwhile() {
             .unwrap()
     });
     let back = reverse(&f);
-    let add_on_server = |sim: &mut Sim| {
+    let add_on_server = |sim: &mut Sim, remote: SocketAddr| {
         sim.with(S, |ep, now, rng| {
-            ep.connection_added(now, rng, back, back.local, back.remote, sb)
+            ep.connection_added(now, rng, back, back.local, remote, sb)
                 .unwrap()
         })
     };
-    add_on_server(&mut sim);
+    add_on_server(&mut sim, back.remote);
     sim.run_for(Duration::from_secs(5));
     assert!(sim.hosts[S].ep.connection(&back).unwrap().has_keys);
     let laptop_key = sim.hosts[L].ep.public_key();
+    let move_to = |sim: &mut Sim, ip: &str| {
+        sim.move_host_keeping_old_local(L, ip);
+        let to = SocketAddr::new(sim::ip(ip), 40000);
+        sim.with(L, |ep, now, rng| ep.resume(now, rng, &[(f, to)]).unwrap());
+        to
+    };
+    let mut at = back.remote;
+    for i in 0..moves_before {
+        at = move_to(&mut sim, &format!("10.0.{}.1", 2 + i));
+        sim.run_for(Duration::from_secs(5));
+        let s = sim.hosts[S].ep.connection(&back).unwrap();
+        assert_eq!(s.remote_phys, at, "move {i} before the restart");
+    }
 
     // The server's vnatd restarts (knowing the laptop's key from its peer
-    // store, and the connection from the kernel) while the laptop moves.
+    // store, and the connection, at its current translation, from the
+    // kernel) while the laptop moves.
     sim.restart_host(S, Config::default());
     sim.hosts[S]
         .ep
         .know_hosts([(laptop_key, sim::ip("10.0.0.1"))]);
-    add_on_server(&mut sim);
-    sim.move_host_keeping_old_local(L, "10.0.1.1");
-    let new_local = sa("10.0.1.1:40000");
-    sim.with(L, |ep, now, rng| {
-        ep.resume(now, rng, &[(f, new_local)]).unwrap()
-    });
+    add_on_server(&mut sim, at);
+    let new_local = move_to(&mut sim, "10.0.1.1");
     sim.run_for(Duration::from_secs(20));
 
     let l = sim.hosts[L].ep.stats();
     assert!(l.get(Counter::PairingRenewed) >= 1, "{l:?}");
+    // The new session's updates are not taken for the old one's.
+    assert_eq!(l.rejected(Reject::StaleUpdate), 0, "{l:?}");
     let s = sim.hosts[S]
         .ep
         .connection(&back)
@@ -388,7 +412,7 @@ fn a_move_completes_when_the_peer_s_vnatd_restarted_meanwhile() {
     );
     assert!(s.has_keys && s.peer_key == Some(laptop_key), "{s:?}");
     let v = sim.hosts[L].ep.connection(&f).expect("laptop's connection");
-    assert_eq!(v.local_phys, new_local);
+    assert_eq!(v.local_phys, new_local, "{l:?}");
     assert!(!v.migrating, "{v:?}");
 }
 

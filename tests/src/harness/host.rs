@@ -66,7 +66,12 @@ impl<'a> Host<'a> {
                 let map: aya::maps::HashMap<_, FlowKey, NatRewrite> =
                     aya::maps::HashMap::try_from(aya::maps::Map::HashMap(data))
                         .unwrap_or_else(|e| panic!("{name} is not a hash map: {e}"));
-                map.keys().filter(Result::is_ok).count()
+                let mut n = 0;
+                for k in map.keys() {
+                    k.unwrap_or_else(|e| panic!("reading {name}: {e}"));
+                    n += 1;
+                }
+                n
             })
             .sum()
     }

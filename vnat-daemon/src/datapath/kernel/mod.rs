@@ -551,7 +551,12 @@ impl Datapath for KernelDatapath {
                 continue;
             }
             if !self.tc_current.contains(&ifindex) {
-                attach::attach_tc(&mut self.loaded.ebpf, &self.bpffs, ifindex)?;
+                // One interface that cannot take tc (it vanished meanwhile)
+                // leaves the others attached.
+                if let Err(e) = attach::attach_tc(&mut self.loaded.ebpf, &self.bpffs, ifindex) {
+                    tracing::warn!(error = %e, "no standby tc on this interface");
+                    continue;
+                }
                 self.tc_current.insert(ifindex);
                 fault::after("install:tc");
             }
