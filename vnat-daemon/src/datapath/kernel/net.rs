@@ -65,7 +65,7 @@ pub fn ifname(index: u32) -> Result<String, DatapathError> {
 /// `ip route get DST [from SRC]`: the interface and gateway the kernel uses.
 pub fn route_get(dst: IpAddr, from: Option<IpAddr>) -> Result<RouteInfo, DatapathError> {
     let r = rtnl::route_get(dst, from).map_err(|_| DatapathError::NoRoute { addr: dst })?;
-    if r.kind != rtnl::RTN_UNICAST {
+    if r.kind != rtnl::RouteType::Unicast {
         return Err(DatapathError::NoRoute { addr: dst });
     }
     let ifindex = r.oif.ok_or(DatapathError::NoRoute { addr: dst })?;
@@ -222,7 +222,7 @@ pub fn del_host_route(virt: IpAddr) -> Result<(), DatapathError> {
 /// Host routes carrying vnat's protocol number.
 pub fn host_routes() -> Result<Vec<IpAddr>, DatapathError> {
     let mut all = Vec::new();
-    for fam in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
+    for fam in [rtnl::AddressFamily::Inet, rtnl::AddressFamily::Inet6] {
         let routes = rtnl::routes(fam).map_err(kernel("listing routes (rtnetlink)".into()))?;
         all.extend(
             routes

@@ -1,5 +1,5 @@
 //! A minimal rtnetlink client: the few requests the datapath makes about
-//! routes and addresses, sent straight to the kernel.
+//! routes, addresses and links, sent straight to the kernel.
 //!
 //! Moving a connection used to run `ip` several times, each a process start
 //! of 3 to 10 ms; one request here takes tens of microseconds, which is what
@@ -8,62 +8,38 @@
 //! change of) the calling thread's network namespace, so they act where the
 //! thread is ([`with_kept`]).
 //!
-//! Message layouts are those of `linux/netlink.h`, `linux/rtnetlink.h` and
-//! `linux/if_addr.h`; everything is native-endian except addresses.
+//! Messages are built and read with netlink-packet-route, the socket is
+//! netlink-sys's; this module only chooses what to ask and keeps the socket.
 
 use std::{
     io,
-    mem::size_of,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    net::IpAddr,
     sync::atomic::{AtomicU32, Ordering},
 };
 
-const NLMSG_HDRLEN: usize = 16;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
-const NLM_F_DUMP: u16 = 0x300;
-const NLM_F_REPLACE: u16 = 0x100;
-const NLM_F_EXCL: u16 = 0x200;
-const NLM_F_CREATE: u16 = 0x400;
+use netlink_packet_core::{
+    NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE,
+    NLM_F_DUMP, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST,
+};
+use netlink_packet_route::{
+    address::{AddressAttribute, AddressHeaderFlags, AddressMessage, AddressProtocol},
+    link::LinkMessage,
+    route::{
+        RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteMessage, RouteProtocol,
+        RouteVia,
+    },
+    RouteNetlinkMessage,
+};
+pub use netlink_packet_route::{route::RouteType, AddressFamily};
+use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
-const RTM_NEWLINK: u16 = 16;
-const RTM_DELLINK: u16 = 17;
-const RTM_GETLINK: u16 = 18;
-const RTM_NEWADDR: u16 = 20;
-const RTM_DELADDR: u16 = 21;
-const RTM_GETADDR: u16 = 22;
-const RTM_NEWROUTE: u16 = 24;
-const RTM_DELROUTE: u16 = 25;
-const RTM_GETROUTE: u16 = 26;
-
-const IFA_ADDRESS: u16 = 1;
-const IFA_LOCAL: u16 = 2;
-/// The address's protocol (who added it; Linux 5.18+), as routes have.
-const IFA_PROTO: u16 = 11;
-const IFA_F_NODAD: u8 = 0x02;
-
-const RTA_DST: u16 = 1;
-const RTA_SRC: u16 = 2;
-const RTA_OIF: u16 = 4;
-const RTA_GATEWAY: u16 = 5;
-const RTA_PREFSRC: u16 = 7;
-const RTA_TABLE: u16 = 15;
-const RTA_VIA: u16 = 18;
-
-pub const RT_TABLE_MAIN: u8 = 254;
+pub const RT_TABLE_MAIN: u8 = RouteHeader::RT_TABLE_MAIN;
 const RT_TABLE_LOCAL: u32 = 255;
-pub const RTN_UNICAST: u8 = 1;
-const RT_SCOPE_UNIVERSE: u8 = 0;
-const IFADDRMSG_LEN: usize = 8;
-const RTMSG_LEN: usize = 12;
 
-fn family(a: IpAddr) -> u8 {
+fn family(a: IpAddr) -> AddressFamily {
     match a {
-        IpAddr::V4(_) => libc::AF_INET as u8,
-        IpAddr::V6(_) => libc::AF_INET6 as u8,
+        IpAddr::V4(_) => AddressFamily::Inet,
+        IpAddr::V6(_) => AddressFamily::Inet6,
     }
 }
 
@@ -74,136 +50,71 @@ fn bits(a: IpAddr) -> u8 {
     }
 }
 
-fn octets(a: IpAddr) -> Vec<u8> {
+fn route_ip(a: &RouteAddress) -> Option<IpAddr> {
     match a {
-        IpAddr::V4(v4) => v4.octets().to_vec(),
-        IpAddr::V6(v6) => v6.octets().to_vec(),
-    }
-}
-
-fn align4(n: usize) -> usize {
-    (n + 3) & !3
-}
-
-/// One request: the netlink header is filled in by [`Request::finish`].
-pub struct Request {
-    buf: Vec<u8>,
-}
-
-impl Request {
-    pub fn new(kind: u16, flags: u16, body: &[u8]) -> Request {
-        let mut buf = vec![0u8; NLMSG_HDRLEN];
-        buf[4..6].copy_from_slice(&kind.to_ne_bytes());
-        buf[6..8].copy_from_slice(&(flags | NLM_F_REQUEST).to_ne_bytes());
-        buf.extend_from_slice(body);
-        buf.resize(align4(buf.len()), 0);
-        Request { buf }
-    }
-
-    pub fn attr(mut self, kind: u16, value: &[u8]) -> Request {
-        let len = 4 + value.len();
-        self.buf.extend_from_slice(&(len as u16).to_ne_bytes());
-        self.buf.extend_from_slice(&kind.to_ne_bytes());
-        self.buf.extend_from_slice(value);
-        self.buf.resize(align4(self.buf.len()), 0);
-        self
-    }
-
-    fn finish(mut self, seq: u32) -> Vec<u8> {
-        let len = self.buf.len() as u32;
-        self.buf[0..4].copy_from_slice(&len.to_ne_bytes());
-        self.buf[8..12].copy_from_slice(&seq.to_ne_bytes());
-        self.buf
-    }
-}
-
-/// One message of an answer: its type and the bytes after the header.
-pub struct Message<'a> {
-    pub kind: u16,
-    pub body: &'a [u8],
-}
-
-/// Split a datagram into messages; a malformed length ends the walk.
-pub fn messages(mut buf: &[u8]) -> Vec<(u32, Message<'_>)> {
-    let mut out = Vec::new();
-    while buf.len() >= NLMSG_HDRLEN {
-        let len = u32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
-        if len < NLMSG_HDRLEN || len > buf.len() {
-            break;
-        }
-        let kind = u16::from_ne_bytes([buf[4], buf[5]]);
-        let seq = u32::from_ne_bytes([buf[8], buf[9], buf[10], buf[11]]);
-        out.push((
-            seq,
-            Message {
-                kind,
-                body: &buf[NLMSG_HDRLEN..len],
-            },
-        ));
-        buf = &buf[align4(len).min(buf.len())..];
-    }
-    out
-}
-
-/// The attributes after a fixed-size header of `fixed` bytes.
-pub fn attrs(body: &[u8], fixed: usize) -> Vec<(u16, &[u8])> {
-    let mut out = Vec::new();
-    let mut rest = body.get(align4(fixed)..).unwrap_or(&[]);
-    while rest.len() >= 4 {
-        let len = u16::from_ne_bytes([rest[0], rest[1]]) as usize;
-        if len < 4 || len > rest.len() {
-            break;
-        }
-        let kind = u16::from_ne_bytes([rest[2], rest[3]]) & 0x3fff;
-        out.push((kind, &rest[4..len]));
-        rest = &rest[align4(len).min(rest.len())..];
-    }
-    out
-}
-
-fn ip_from(bytes: &[u8]) -> Option<IpAddr> {
-    match bytes.len() {
-        4 => Some(IpAddr::V4(Ipv4Addr::new(
-            bytes[0], bytes[1], bytes[2], bytes[3],
-        ))),
-        16 => {
-            let a: [u8; 16] = bytes.try_into().ok()?;
-            Some(IpAddr::V6(Ipv6Addr::from(a)))
-        }
+        RouteAddress::Inet(v4) => Some(IpAddr::V4(*v4)),
+        RouteAddress::Inet6(v6) => Some(IpAddr::V6(*v6)),
         _ => None,
     }
 }
 
+/// The messages of one datagram, each with its sequence number; a message
+/// the crate cannot read is `Err` (its sequence number still given), and a
+/// malformed length ends the walk.
+fn messages(buf: &[u8]) -> Vec<(u32, Result<NetlinkMessage<RouteNetlinkMessage>, String>)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < buf.len() {
+        let Ok(nl) = NetlinkBuffer::new_checked(&buf[at..]) else {
+            break;
+        };
+        let len = nl.length() as usize;
+        let seq = nl.sequence_number();
+        let one = &buf[at..at + len];
+        out.push((
+            seq,
+            NetlinkMessage::<RouteNetlinkMessage>::deserialize(one).map_err(|e| e.to_string()),
+        ));
+        // Messages are 4-byte aligned; `len` is at least the header's 16.
+        at += (len + 3) & !3;
+    }
+    out
+}
+
 static SEQ: AtomicU32 = AtomicU32::new(1);
 
-/// Send `req` and collect the answer: the data messages of a dump, or an
+/// Send `msg` (with `flags`, besides NLM_F_REQUEST) and collect the
+/// answer: the data messages of a dump, the one message of a get, or an
 /// empty list after the kernel's acknowledgement. A negative error code in
 /// the answer becomes that errno.
-pub fn call(req: Request) -> io::Result<Answer> {
+pub fn call(msg: RouteNetlinkMessage, flags: u16) -> io::Result<Answer> {
     // A socket that failed (as opposed to an error answer) may hold half an
     // answer: `with_kept` does not keep it, and the next call opens another.
     let answer = with_kept(
         &SOCKET,
         |e| e,
         || {
-            Ok(Socket {
-                fd: open_socket()?,
-                buf: vec![0u8; 64 * 1024],
+            Ok(Kernel {
+                socket: Socket::new(NETLINK_ROUTE)?,
+                buf: Vec::with_capacity(RECV_BUF),
             })
         },
-        |s| exchange(&s.fd, &mut s.buf, req),
+        |k| exchange(k, msg, flags),
     )?;
     answer.map_err(io::Error::from_raw_os_error)
 }
 
+/// What one read takes: a dump's datagrams are at most a page or two.
+const RECV_BUF: usize = 64 * 1024;
+
 thread_local! {
     /// This thread's request socket. A socket per request cost more than
     /// the request in a move of thousands of connections.
-    static SOCKET: Kept<Socket> = const { std::cell::RefCell::new(None) };
+    static SOCKET: Kept<Kernel> = const { std::cell::RefCell::new(None) };
 }
 
-struct Socket {
-    fd: OwnedFd,
+struct Kernel {
+    socket: Socket,
     buf: Vec<u8>,
 }
 
@@ -262,89 +173,68 @@ pub(crate) fn unpin_netns() {
     PINNED_NETNS.set(None);
 }
 
-fn open_socket() -> io::Result<OwnedFd> {
-    // SAFETY: plain socket(2); the descriptor is owned at once.
-    let raw = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            libc::NETLINK_ROUTE,
-        )
-    };
-    if raw < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `raw` is a fresh descriptor nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
-}
+/// The data messages of an answer.
+type Answer = Vec<RouteNetlinkMessage>;
 
-/// The data messages of an answer, as (type, body).
-type Answer = Vec<(u16, Vec<u8>)>;
-
-/// One request and its answer on `fd`. Messages of other sequence numbers
-/// (the rest of an answer an earlier call stopped reading) are skipped.
-/// The outer error is the socket's, the inner one the kernel's answer.
-fn exchange(fd: &OwnedFd, buf: &mut [u8], req: Request) -> io::Result<Result<Answer, i32>> {
+/// One request and its answer. Messages of other sequence numbers (the
+/// rest of an answer an earlier call stopped reading) are skipped, and so
+/// is a message of a dump the crate cannot read (logged). The outer error
+/// is the socket's, the inner one the kernel's answer.
+fn exchange(
+    k: &mut Kernel,
+    msg: RouteNetlinkMessage,
+    flags: u16,
+) -> io::Result<Result<Answer, i32>> {
     let seq = SEQ.fetch_add(1, Ordering::Relaxed);
-    let dump = u16::from_ne_bytes([req.buf[6], req.buf[7]]) & NLM_F_DUMP == NLM_F_DUMP;
-    let msg = req.finish(seq);
-    // SAFETY: sockaddr_nl is plain integers, for which all-zero is valid
-    // (pid 0 is the kernel).
-    let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-    sa.nl_family = libc::AF_NETLINK as u16;
-    // SAFETY: `fd` is borrowed, so open for the call; `msg` and `sa` are live
-    // for the call and their sizes are passed.
-    let n = unsafe {
-        libc::sendto(
-            fd.as_raw_fd(),
-            msg.as_ptr().cast(),
-            msg.len(),
-            0,
-            (&sa as *const libc::sockaddr_nl).cast(),
-            size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-        )
-    };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let dump = flags & NLM_F_DUMP == NLM_F_DUMP;
+    let mut header = NetlinkHeader::default();
+    header.flags = flags | NLM_F_REQUEST;
+    header.sequence_number = seq;
+    let mut req = NetlinkMessage::new(header, NetlinkPayload::from(msg));
+    req.finalize();
+    let mut bytes = vec![0u8; req.buffer_len()];
+    req.serialize(&mut bytes);
+    k.socket.send_to(&bytes, &SocketAddr::new(0, 0), 0)?;
     let mut out = Vec::new();
     loop {
-        // SAFETY: `fd` is borrowed, so open; recv writes at most buf.len()
-        // bytes into `buf`, which is writable for its whole length.
-        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
+        k.buf.clear();
+        k.buf.reserve(RECV_BUF);
+        if let Err(e) = k.socket.recv(&mut k.buf, 0) {
             if e.kind() == io::ErrorKind::Interrupted {
                 continue;
             }
             return Err(e);
         }
-        for (s, m) in messages(&buf[..n as usize]) {
+        for (s, m) in messages(&k.buf) {
             if s != seq {
                 continue;
             }
-            match m.kind {
-                NLMSG_DONE => return Ok(Ok(out)),
-                NLMSG_ERROR => {
-                    let code = m
-                        .body
-                        .get(0..4)
-                        .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-                        .unwrap_or(-libc::EIO);
-                    if code != 0 {
-                        return Ok(Err(-code));
+            let m = match m {
+                Ok(m) => m,
+                Err(e) if dump => {
+                    tracing::debug!(error = %e, "skipping an rtnetlink message vnat cannot read");
+                    continue;
+                }
+                Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
+            };
+            match m.payload {
+                NetlinkPayload::Done(_) => return Ok(Ok(out)),
+                NetlinkPayload::Error(e) => {
+                    if let Some(code) = e.code {
+                        return Ok(Err(code.get().wrapping_neg()));
                     }
                     if !dump {
                         return Ok(Ok(out));
                     }
                 }
-                kind => {
-                    out.push((kind, m.body.to_vec()));
+                NetlinkPayload::InnerMessage(m) => {
+                    out.push(m);
                     if !dump {
                         // A get answers with one message and no ack.
                         return Ok(Ok(out));
                     }
                 }
+                _ => {}
             }
         }
     }
@@ -353,13 +243,14 @@ fn exchange(fd: &OwnedFd, buf: &mut [u8], req: Request) -> io::Result<Result<Ans
 /// The link-layer type of interface `ifindex` (`ifi_type`, an `ARPHRD_*`
 /// value).
 pub fn link_type(ifindex: u32) -> io::Result<u16> {
-    let mut body = [0u8; 16];
-    body[4..8].copy_from_slice(&ifindex.to_ne_bytes());
-    let answer = call(Request::new(RTM_GETLINK, 0, &body))?;
-    answer
-        .iter()
-        .find(|(k, b)| *k == RTM_NEWLINK && b.len() >= 16)
-        .map(|(_, b)| u16::from_ne_bytes([b[2], b[3]]))
+    let mut m = LinkMessage::default();
+    m.header.index = ifindex;
+    call(RouteNetlinkMessage::GetLink(m), 0)?
+        .into_iter()
+        .find_map(|m| match m {
+            RouteNetlinkMessage::NewLink(l) => Some(u16::from(l.header.link_layer_type)),
+            _ => None,
+        })
         .ok_or_else(|| io::Error::other("the kernel answered a link query with no link"))
 }
 
@@ -373,55 +264,57 @@ pub struct Addr {
     pub protocol: u8,
 }
 
-pub fn parse_addr(body: &[u8]) -> Option<Addr> {
-    if body.len() < IFADDRMSG_LEN {
-        return None;
-    }
-    let scope = body[3];
-    let ifindex = u32::from_ne_bytes([body[4], body[5], body[6], body[7]]);
-    let mut local = None;
-    let mut address = None;
-    let mut protocol = 0;
-    for (kind, v) in attrs(body, IFADDRMSG_LEN) {
-        match kind {
-            IFA_LOCAL => local = ip_from(v),
-            IFA_ADDRESS => address = ip_from(v),
-            IFA_PROTO if v.len() == 1 => protocol = v[0],
-            _ => {}
+impl Addr {
+    fn from_message(m: &AddressMessage) -> Option<Addr> {
+        let mut local = None;
+        let mut address = None;
+        let mut protocol = 0;
+        for a in &m.attributes {
+            match a {
+                AddressAttribute::Local(ip) => local = Some(*ip),
+                AddressAttribute::Address(ip) => address = Some(*ip),
+                AddressAttribute::Protocol(p) => protocol = u8::from(*p),
+                _ => {}
+            }
         }
+        // IPv4 gives the interface's own address in IFA_LOCAL (IFA_ADDRESS
+        // is the peer on point-to-point links); IPv6 gives it in IFA_ADDRESS.
+        Some(Addr {
+            addr: local.or(address)?,
+            ifindex: m.header.index,
+            scope: u8::from(m.header.scope),
+            protocol,
+        })
     }
-    // IPv4 gives the interface's own address in IFA_LOCAL (IFA_ADDRESS is the
-    // peer on point-to-point links); IPv6 gives it in IFA_ADDRESS.
-    Some(Addr {
-        addr: local.or(address)?,
-        ifindex,
-        scope,
-        protocol,
-    })
 }
 
 /// Every address of every interface, both families.
 pub fn addresses() -> io::Result<Vec<Addr>> {
-    let body = [0u8; IFADDRMSG_LEN];
-    let answer = call(Request::new(RTM_GETADDR, NLM_F_DUMP, &body))?;
+    let answer = call(
+        RouteNetlinkMessage::GetAddress(AddressMessage::default()),
+        NLM_F_DUMP,
+    )?;
     Ok(answer
         .iter()
-        .filter(|(k, _)| *k == RTM_NEWADDR)
-        .filter_map(|(_, b)| parse_addr(b))
+        .filter_map(|m| match m {
+            RouteNetlinkMessage::NewAddress(a) => Addr::from_message(a),
+            _ => None,
+        })
         .collect())
 }
 
-fn addr_request(kind: u16, flags: u16, a: IpAddr, ifindex: u32) -> Request {
-    let mut body = [0u8; IFADDRMSG_LEN];
-    body[0] = family(a);
-    body[1] = bits(a);
-    body[2] = if a.is_ipv6() { IFA_F_NODAD } else { 0 };
-    body[3] = RT_SCOPE_UNIVERSE;
-    body[4..8].copy_from_slice(&ifindex.to_ne_bytes());
-    let o = octets(a);
-    Request::new(kind, flags, &body)
-        .attr(IFA_LOCAL, &o)
-        .attr(IFA_ADDRESS, &o)
+/// A host address (/32 or /128, no DAD, universe scope) on `ifindex`.
+fn host_address(a: IpAddr, ifindex: u32) -> AddressMessage {
+    let mut m = AddressMessage::default();
+    m.header.family = family(a);
+    m.header.prefix_len = bits(a);
+    if a.is_ipv6() {
+        m.header.flags = AddressHeaderFlags::Nodad;
+    }
+    m.header.index = ifindex;
+    m.attributes.push(AddressAttribute::Local(a));
+    m.attributes.push(AddressAttribute::Address(a));
+    m
 }
 
 /// Add `a` as a host address (/32 or /128, no DAD) on interface `ifindex`,
@@ -429,26 +322,28 @@ fn addr_request(kind: u16, flags: u16, a: IpAddr, ifindex: u32) -> Request {
 /// vnatd started after a crash, or an address someone else added).
 /// Fails with `EEXIST` if the interface has it already.
 pub fn add_address(a: IpAddr, ifindex: u32, protocol: u8) -> io::Result<()> {
+    let mut m = host_address(a, ifindex);
+    m.attributes
+        .push(AddressAttribute::Protocol(AddressProtocol::from(protocol)));
     call(
-        addr_request(
-            RTM_NEWADDR,
-            NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
-            a,
-            ifindex,
-        )
-        .attr(IFA_PROTO, &[protocol]),
+        RouteNetlinkMessage::NewAddress(m),
+        NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
     )
     .map(|_| ())
 }
 
 pub fn del_address(a: IpAddr, ifindex: u32) -> io::Result<()> {
-    call(addr_request(RTM_DELADDR, NLM_F_ACK, a, ifindex)).map(|_| ())
+    call(
+        RouteNetlinkMessage::DelAddress(host_address(a, ifindex)),
+        NLM_F_ACK,
+    )
+    .map(|_| ())
 }
 
 /// A route from an RTM_NEWROUTE message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Route {
-    pub kind: u8,
+    pub kind: RouteType,
     pub table: u32,
     pub protocol: u8,
     pub dst: Option<IpAddr>,
@@ -458,76 +353,72 @@ pub struct Route {
     pub prefsrc: Option<IpAddr>,
 }
 
-pub fn parse_route(body: &[u8]) -> Option<Route> {
-    if body.len() < RTMSG_LEN {
-        return None;
-    }
-    let mut r = Route {
-        kind: body[7],
-        table: u32::from(body[4]),
-        protocol: body[5],
-        dst: None,
-        dst_len: body[1],
-        oif: None,
-        gateway: None,
-        prefsrc: None,
-    };
-    for (kind, v) in attrs(body, RTMSG_LEN) {
-        match kind {
-            RTA_DST => r.dst = ip_from(v),
-            RTA_OIF if v.len() == 4 => r.oif = Some(u32::from_ne_bytes([v[0], v[1], v[2], v[3]])),
-            RTA_GATEWAY => r.gateway = ip_from(v),
-            RTA_VIA if v.len() >= 2 => r.gateway = ip_from(&v[2..]),
-            RTA_PREFSRC => r.prefsrc = ip_from(v),
-            RTA_TABLE if v.len() == 4 => r.table = u32::from_ne_bytes([v[0], v[1], v[2], v[3]]),
-            _ => {}
+impl Route {
+    fn from_message(m: &RouteMessage) -> Route {
+        let mut r = Route {
+            kind: m.header.kind,
+            table: u32::from(m.header.table),
+            protocol: u8::from(m.header.protocol),
+            dst: None,
+            dst_len: m.header.destination_prefix_length,
+            oif: None,
+            gateway: None,
+            prefsrc: None,
+        };
+        for a in &m.attributes {
+            match a {
+                RouteAttribute::Destination(d) => r.dst = route_ip(d),
+                RouteAttribute::Oif(i) => r.oif = Some(*i),
+                RouteAttribute::Gateway(g) => r.gateway = route_ip(g),
+                RouteAttribute::Via(RouteVia::Inet(v4)) => r.gateway = Some(IpAddr::V4(*v4)),
+                RouteAttribute::Via(RouteVia::Inet6(v6)) => r.gateway = Some(IpAddr::V6(*v6)),
+                RouteAttribute::PrefSource(p) => r.prefsrc = route_ip(p),
+                // Tables above 255 are only in RTA_TABLE.
+                RouteAttribute::Table(t) => r.table = *t,
+                _ => {}
+            }
         }
+        r
     }
-    Some(r)
 }
 
-fn rtmsg(fam: u8, dst_len: u8, src_len: u8, table: u8, protocol: u8, kind: u8) -> [u8; RTMSG_LEN] {
-    let mut b = [0u8; RTMSG_LEN];
-    b[0] = fam;
-    b[1] = dst_len;
-    b[2] = src_len;
-    b[4] = table;
-    b[5] = protocol;
-    b[6] = RT_SCOPE_UNIVERSE;
-    b[7] = kind;
-    b
+/// A route message for exactly `dst` (a /32 or /128) of `dst`'s family.
+fn host_route(dst: IpAddr) -> RouteMessage {
+    let mut m = RouteMessage::default();
+    m.header.address_family = family(dst);
+    m.header.destination_prefix_length = bits(dst);
+    m.attributes
+        .push(RouteAttribute::Destination(RouteAddress::from(dst)));
+    m
+}
+
+fn first_route(answer: Answer) -> Option<Route> {
+    answer.iter().find_map(|m| match m {
+        RouteNetlinkMessage::NewRoute(r) => Some(Route::from_message(r)),
+        _ => None,
+    })
 }
 
 /// The route the kernel would use for a packet to `dst` (from `from`).
 pub fn route_get(dst: IpAddr, from: Option<IpAddr>) -> io::Result<Route> {
-    let src_len = from.map_or(0, bits);
-    let body = rtmsg(family(dst), bits(dst), src_len, 0, 0, 0);
-    let mut req = Request::new(RTM_GETROUTE, 0, &body).attr(RTA_DST, &octets(dst));
+    let mut m = host_route(dst);
     if let Some(f) = from {
-        req = req.attr(RTA_SRC, &octets(f));
+        m.header.source_prefix_length = bits(f);
+        m.attributes
+            .push(RouteAttribute::Source(RouteAddress::from(f)));
     }
-    let answer = call(req)?;
-    answer
-        .iter()
-        .find(|(k, _)| *k == RTM_NEWROUTE)
-        .and_then(|(_, b)| parse_route(b))
+    first_route(call(RouteNetlinkMessage::GetRoute(m), 0)?)
         .ok_or_else(|| io::Error::other("the kernel answered a route query with no route"))
 }
-
-/// `RTM_F_FIB_MATCH`: answer a route query with the routing-table entry
-/// that matched instead of the resolved result.
-const RTM_F_FIB_MATCH: u32 = 0x2000;
 
 /// The routing-table entry the kernel would use for `dst` (its prefix,
 /// protocol and table), or None when nothing routes it.
 pub fn fib_match(dst: IpAddr) -> io::Result<Option<Route>> {
-    let mut body = rtmsg(family(dst), bits(dst), 0, 0, 0, 0);
-    body[8..12].copy_from_slice(&RTM_F_FIB_MATCH.to_ne_bytes());
-    match call(Request::new(RTM_GETROUTE, 0, &body).attr(RTA_DST, &octets(dst))) {
-        Ok(answer) => Ok(answer
-            .iter()
-            .find(|(k, _)| *k == RTM_NEWROUTE)
-            .and_then(|(_, b)| parse_route(b))),
+    let mut m = host_route(dst);
+    // Answer with the entry that matched, not the resolved result.
+    m.header.flags = RouteFlags::FibMatch;
+    match call(RouteNetlinkMessage::GetRoute(m), 0) {
+        Ok(answer) => Ok(first_route(answer)),
         Err(e)
             if matches!(
                 e.raw_os_error(),
@@ -541,13 +432,16 @@ pub fn fib_match(dst: IpAddr) -> io::Result<Option<Route>> {
 }
 
 /// Every route of the main table of one family.
-pub fn routes(fam: u8) -> io::Result<Vec<Route>> {
-    let body = rtmsg(fam, 0, 0, 0, 0, 0);
-    let answer = call(Request::new(RTM_GETROUTE, NLM_F_DUMP, &body))?;
+pub fn routes(fam: AddressFamily) -> io::Result<Vec<Route>> {
+    let mut m = RouteMessage::default();
+    m.header.address_family = fam;
+    let answer = call(RouteNetlinkMessage::GetRoute(m), NLM_F_DUMP)?;
     Ok(answer
         .iter()
-        .filter(|(k, _)| *k == RTM_NEWROUTE)
-        .filter_map(|(_, b)| parse_route(b))
+        .filter_map(|m| match m {
+            RouteNetlinkMessage::NewRoute(r) => Some(Route::from_message(r)),
+            _ => None,
+        })
         .filter(|r| r.table == u32::from(RT_TABLE_MAIN))
         .collect())
 }
@@ -564,32 +458,34 @@ pub fn set_host_route(
     protocol: u8,
     replace: bool,
 ) -> io::Result<()> {
-    let body = rtmsg(
-        family(dst),
-        bits(dst),
-        0,
-        RT_TABLE_MAIN,
-        protocol,
-        RTN_UNICAST,
-    );
-    let how = if replace { NLM_F_REPLACE } else { NLM_F_EXCL };
-    let mut req = Request::new(RTM_NEWROUTE, NLM_F_ACK | NLM_F_CREATE | how, &body)
-        .attr(RTA_DST, &octets(dst));
-    req = if gateway.is_ipv4() == dst.is_ipv4() {
-        req.attr(RTA_GATEWAY, &octets(gateway))
+    let mut m = host_route(dst);
+    m.header.table = RT_TABLE_MAIN;
+    m.header.protocol = RouteProtocol::from(protocol);
+    m.header.kind = RouteType::Unicast;
+    m.attributes.push(if gateway.is_ipv4() == dst.is_ipv4() {
+        RouteAttribute::Gateway(RouteAddress::from(gateway))
     } else {
         // An IPv4 route through an IPv6 next hop (RFC 5549).
-        let mut via = u16::from(family(gateway)).to_ne_bytes().to_vec();
-        via.extend_from_slice(&octets(gateway));
-        req.attr(RTA_VIA, &via)
-    };
-    call(req.attr(RTA_OIF, &oif.to_ne_bytes())).map(|_| ())
+        RouteAttribute::Via(match gateway {
+            IpAddr::V4(v4) => RouteVia::Inet(v4),
+            IpAddr::V6(v6) => RouteVia::Inet6(v6),
+        })
+    });
+    m.attributes.push(RouteAttribute::Oif(oif));
+    let how = if replace { NLM_F_REPLACE } else { NLM_F_EXCL };
+    call(
+        RouteNetlinkMessage::NewRoute(m),
+        NLM_F_ACK | NLM_F_CREATE | how,
+    )
+    .map(|_| ())
 }
 
 /// Delete the host route `dst` if it carries `protocol`.
 pub fn del_host_route(dst: IpAddr, protocol: u8) -> io::Result<()> {
-    let body = rtmsg(family(dst), bits(dst), 0, RT_TABLE_MAIN, protocol, 0);
-    call(Request::new(RTM_DELROUTE, NLM_F_ACK, &body).attr(RTA_DST, &octets(dst))).map(|_| ())
+    let mut m = host_route(dst);
+    m.header.table = RT_TABLE_MAIN;
+    m.header.protocol = RouteProtocol::from(protocol);
+    call(RouteNetlinkMessage::DelRoute(m), NLM_F_ACK).map(|_| ())
 }
 
 /// Whether a datagram of change notifications (links, addresses, routes)
@@ -601,12 +497,21 @@ pub fn del_host_route(dst: IpAddr, protocol: u8) -> io::Result<()> {
 pub fn notifications_matter(buf: &[u8], lo_ifindex: u32, own_protocol: u8) -> bool {
     let msgs = messages(buf);
     msgs.is_empty()
-        || msgs.iter().any(|(_, m)| match m.kind {
-            RTM_NEWLINK | RTM_DELLINK => true,
-            RTM_NEWADDR | RTM_DELADDR => parse_addr(m.body).is_none_or(|a| a.ifindex != lo_ifindex),
-            RTM_NEWROUTE | RTM_DELROUTE => parse_route(m.body)
-                .is_none_or(|r| r.protocol != own_protocol && r.table != RT_TABLE_LOCAL),
-            _ => true,
+        || msgs.iter().any(|(_, m)| match m {
+            Err(_) => true,
+            Ok(m) => match &m.payload {
+                NetlinkPayload::InnerMessage(m) => match m {
+                    RouteNetlinkMessage::NewAddress(a) | RouteNetlinkMessage::DelAddress(a) => {
+                        a.header.index != lo_ifindex
+                    }
+                    RouteNetlinkMessage::NewRoute(r) | RouteNetlinkMessage::DelRoute(r) => {
+                        let r = Route::from_message(r);
+                        r.protocol != own_protocol && r.table != RT_TABLE_LOCAL
+                    }
+                    _ => true,
+                },
+                _ => true,
+            },
         })
 }
 
@@ -614,63 +519,84 @@ pub fn notifications_matter(buf: &[u8], lo_ifindex: u32, own_protocol: u8) -> bo
 mod tests {
     use super::*;
 
-    #[test]
-    fn request_layout_is_aligned_and_sized() {
-        let r = Request::new(RTM_GETROUTE, 0, &[1, 2, 3]).attr(RTA_DST, &[10, 0, 0, 1]);
-        let b = r.finish(7);
-        // 16 header + 3 body padded to 4 + 8 attribute.
-        assert_eq!(b.len(), 28);
-        assert_eq!(u32::from_ne_bytes(b[0..4].try_into().unwrap()), 28);
-        assert_eq!(
-            u16::from_ne_bytes(b[4..6].try_into().unwrap()),
-            RTM_GETROUTE
-        );
-        assert_eq!(
-            u16::from_ne_bytes(b[6..8].try_into().unwrap()),
-            NLM_F_REQUEST
-        );
-        assert_eq!(u32::from_ne_bytes(b[8..12].try_into().unwrap()), 7);
-        assert_eq!(&b[16..20], &[1, 2, 3, 0]);
-        assert_eq!(u16::from_ne_bytes(b[20..22].try_into().unwrap()), 8);
-        assert_eq!(u16::from_ne_bytes(b[22..24].try_into().unwrap()), RTA_DST);
-        assert_eq!(&b[24..28], &[10, 0, 0, 1]);
+    /// `msg` as the kernel would send it: one netlink message.
+    fn datagram(msg: RouteNetlinkMessage) -> Vec<u8> {
+        let mut m = NetlinkMessage::new(NetlinkHeader::default(), NetlinkPayload::from(msg));
+        m.finalize();
+        let mut b = vec![0u8; m.buffer_len()];
+        m.serialize(&mut b);
+        b
+    }
+
+    fn only(buf: &[u8]) -> RouteNetlinkMessage {
+        let mut msgs = messages(buf);
+        assert_eq!(msgs.len(), 1);
+        match msgs.remove(0).1.expect("readable").payload {
+            NetlinkPayload::InnerMessage(m) => m,
+            other => panic!("not a route message: {other:?}"),
+        }
+    }
+
+    fn vnat_route(table: u8, protocol: u8) -> RouteMessage {
+        let mut m = host_route("198.18.1.2".parse().unwrap());
+        m.header.table = table;
+        m.header.protocol = RouteProtocol::from(protocol);
+        m.header.kind = RouteType::Unicast;
+        m
     }
 
     #[test]
     fn route_and_address_messages_parse_back() {
-        let r = Request::new(
-            RTM_NEWROUTE,
-            0,
-            &rtmsg(2, 32, 0, RT_TABLE_MAIN, 157, RTN_UNICAST),
-        )
-        .attr(RTA_DST, &[198, 18, 1, 2])
-        .attr(RTA_GATEWAY, &[198, 18, 3, 1])
-        .attr(RTA_OIF, &7u32.to_ne_bytes())
-        .finish(1);
-        let msgs = messages(&r);
-        assert_eq!(msgs.len(), 1);
-        let route = parse_route(msgs[0].1.body).unwrap();
+        let mut m = vnat_route(RT_TABLE_MAIN, 157);
+        m.attributes
+            .push(RouteAttribute::Gateway(RouteAddress::from(
+                "198.18.3.1".parse::<IpAddr>().unwrap(),
+            )));
+        m.attributes.push(RouteAttribute::Oif(7));
+        let RouteNetlinkMessage::NewRoute(r) = only(&datagram(RouteNetlinkMessage::NewRoute(m)))
+        else {
+            panic!("not a route");
+        };
+        let route = Route::from_message(&r);
         assert_eq!(route.dst, Some("198.18.1.2".parse().unwrap()));
+        assert_eq!((route.dst_len, route.oif), (32, Some(7)));
         assert_eq!(route.gateway, Some("198.18.3.1".parse().unwrap()));
-        assert_eq!(route.oif, Some(7));
         assert_eq!(
             (route.protocol, route.kind, route.table),
-            (157, RTN_UNICAST, 254)
+            (157, RouteType::Unicast, 254)
+        );
+
+        // An IPv4 route through an IPv6 next hop names it in RTA_VIA.
+        let mut m = vnat_route(RT_TABLE_MAIN, 157);
+        m.attributes.push(RouteAttribute::Via(RouteVia::Inet6(
+            "fe80::1".parse().unwrap(),
+        )));
+        let RouteNetlinkMessage::NewRoute(r) = only(&datagram(RouteNetlinkMessage::NewRoute(m)))
+        else {
+            panic!("not a route");
+        };
+        assert_eq!(
+            Route::from_message(&r).gateway,
+            Some("fe80::1".parse().unwrap())
         );
 
         let a: IpAddr = "2001:db8::5".parse().unwrap();
-        let m = addr_request(RTM_NEWADDR, 0, a, 3)
-            .attr(IFA_PROTO, &[157])
-            .finish(2);
-        let parsed = parse_addr(messages(&m)[0].1.body).unwrap();
+        let mut m = host_address(a, 3);
+        m.attributes
+            .push(AddressAttribute::Protocol(AddressProtocol::from(157)));
+        let RouteNetlinkMessage::NewAddress(parsed) =
+            only(&datagram(RouteNetlinkMessage::NewAddress(m)))
+        else {
+            panic!("not an address");
+        };
         assert_eq!(
-            parsed,
-            Addr {
+            Addr::from_message(&parsed),
+            Some(Addr {
                 addr: a,
                 ifindex: 3,
                 scope: 0,
                 protocol: 157,
-            }
+            })
         );
     }
 
@@ -682,29 +608,31 @@ mod tests {
         assert!(messages(&b).is_empty());
         b[0..4].copy_from_slice(&3u32.to_ne_bytes());
         assert!(messages(&b).is_empty());
-        assert!(attrs(&[0xff; 3], 12).is_empty());
-        assert!(parse_route(&[0; 5]).is_none());
-        assert!(parse_addr(&[0; 7]).is_none());
-        // An attribute whose length overruns the body is dropped.
-        let mut body = vec![0u8; RTMSG_LEN];
-        body.extend_from_slice(&[40, 0, 1, 0, 1, 2]);
-        assert!(attrs(&body, RTMSG_LEN).is_empty());
+        assert!(messages(&[0xff; 3]).is_empty());
+        // A route message whose body is too short for its header: read as
+        // unreadable, not as a route.
+        let mut b = datagram(RouteNetlinkMessage::NewRoute(vnat_route(254, 157)));
+        b.truncate(20);
+        b[0..4].copy_from_slice(&20u32.to_ne_bytes());
+        assert!(messages(&b)[0].1.is_err());
+        // An attribute whose length overruns the message.
+        let mut b = datagram(RouteNetlinkMessage::NewRoute(vnat_route(254, 157)));
+        let at = 16 + 12;
+        b[at..at + 2].copy_from_slice(&200u16.to_ne_bytes());
+        assert!(messages(&b)[0].1.is_err());
     }
 
     #[test]
     fn own_and_loopback_changes_do_not_matter() {
         let lo = 1;
         let route = |protocol: u8, table: u8| {
-            Request::new(
-                RTM_NEWROUTE,
-                0,
-                &rtmsg(2, 32, 0, table, protocol, RTN_UNICAST),
-            )
-            .attr(RTA_DST, &[198, 18, 1, 2])
-            .finish(0)
+            datagram(RouteNetlinkMessage::NewRoute(vnat_route(table, protocol)))
         };
         let addr = |ifindex| {
-            addr_request(RTM_DELADDR, 0, "198.18.1.2".parse().unwrap(), ifindex).finish(0)
+            datagram(RouteNetlinkMessage::DelAddress(host_address(
+                "198.18.1.2".parse().unwrap(),
+                ifindex,
+            )))
         };
         // vnat's host route, a local-table route, an address on lo: no.
         assert!(!notifications_matter(&route(157, RT_TABLE_MAIN), lo, 157));
@@ -718,7 +646,7 @@ mod tests {
         assert!(notifications_matter(&route(2, RT_TABLE_MAIN), lo, 157));
         assert!(notifications_matter(&addr(3), lo, 157));
         assert!(notifications_matter(
-            &Request::new(RTM_NEWLINK, 0, &[0; 16]).finish(0),
+            &datagram(RouteNetlinkMessage::NewLink(LinkMessage::default())),
             lo,
             157
         ));
@@ -726,10 +654,9 @@ mod tests {
         assert!(notifications_matter(&both, lo, 157));
         // Unreadable input counts as a change (a resync is always safe).
         assert!(notifications_matter(&[1, 2, 3], lo, 157));
-        assert!(notifications_matter(
-            &Request::new(RTM_NEWROUTE, 0, &[0; 4]).finish(0),
-            lo,
-            157
-        ));
+        let mut cut = route(157, RT_TABLE_MAIN);
+        cut.truncate(20);
+        cut[0..4].copy_from_slice(&20u32.to_ne_bytes());
+        assert!(notifications_matter(&cut, lo, 157));
     }
 }

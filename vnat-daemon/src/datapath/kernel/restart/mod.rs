@@ -129,16 +129,16 @@ pub fn restart_flow(
     }
     let gone = || DatapathError::NoSuchConnection { flow: *flow };
     let record = record.ok_or_else(gone)?;
-    let diag = SockDiag::open()?;
+    let mut diag = SockDiag::open()?;
     let state = diag.query(flow, record.cookie)?.ok_or_else(gone)?;
     if state.rto_backed_off() {
-        revert_backoff(&diag, flow, record, state)
-    } else if state.probe_stuck() && pushed(&diag, flow, record, &state)? {
+        revert_backoff(&mut diag, flow, record, state)
+    } else if state.probe_stuck() && pushed(&mut diag, flow, record, &state)? {
         Ok(RestartOutcome::Pushed {
             backoff: state.backoff,
         })
     } else if state.probe_stuck() && state.backoff > 0 {
-        ask_peer_for_ack(&diag, flow, record, state)
+        ask_peer_for_ack(&mut diag, flow, record, state)
     } else if state.probe_stuck() {
         // Not backed off: one send just failed, and the timer is one RTO
         // away, no more. One probe, no wait: a wait per connection, when a
@@ -155,7 +155,7 @@ pub fn restart_flow(
 /// of what it had queued. `Ok(false)` if it could not be pushed or sent
 /// nothing (the caller asks the peer for an ACK instead, if it can).
 fn pushed(
-    diag: &SockDiag,
+    diag: &mut SockDiag,
     flow: &VirtualFlow,
     record: &ConnRecord,
     state: &TcpState,
@@ -210,7 +210,7 @@ fn send_probe(flow: &VirtualFlow, segment: &[u8]) -> Result<(), DatapathError> {
 
 /// The retransmission timer: RFC 6069 unreachables quoting `snd_una`.
 fn revert_backoff(
-    diag: &SockDiag,
+    diag: &mut SockDiag,
     flow: &VirtualFlow,
     record: &ConnRecord,
     before: TcpState,
@@ -263,7 +263,7 @@ fn revert_backoff(
 /// The probe timer: one out-of-window segment to the peer, whose ACK
 /// restarts the socket (tcp_ack_probe).
 fn ask_peer_for_ack(
-    diag: &SockDiag,
+    diag: &mut SockDiag,
     flow: &VirtualFlow,
     record: &ConnRecord,
     before: TcpState,

@@ -1,6 +1,13 @@
 //! sock_diag (inet_diag with INET_DIAG_INFO): the timer, backoff and
 //! byte counts of one TCP socket.
 
+use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_REQUEST};
+use netlink_packet_sock_diag::{
+    inet::{nlas::Nla, ExtensionFlags, InetRequest, SocketId, StateFlags, Timer},
+    SockDiagMessage, AF_INET, AF_INET6, IPPROTO_TCP,
+};
+use netlink_sys::{protocols::NETLINK_SOCK_DIAG, Socket, SocketAddr as NlAddr};
+
 use super::*;
 use crate::datapath::kernel::rtnl::{with_kept, Kept};
 
@@ -69,22 +76,21 @@ impl TcpState {
     }
 }
 
-/// A NETLINK_SOCK_DIAG socket in the caller's network namespace.
+/// A NETLINK_SOCK_DIAG socket in the caller's network namespace, and the
+/// buffer its answers are read into.
 pub(super) struct SockDiag {
-    pub(super) fd: OwnedFd,
+    socket: Socket,
+    buf: Vec<u8>,
 }
 
-pub(super) const SOCK_DIAG_BY_FAMILY: u16 = 20;
-pub(super) const INET_DIAG_INFO: u16 = 2;
-/// sizeof(struct inet_diag_req_v2), sizeof(struct inet_diag_msg).
-pub(super) const REQ_LEN: usize = 56;
-pub(super) const MSG_LEN: usize = 72;
-pub(super) const NLMSG_HDRLEN: usize = 16;
 /// `idiag_timer` values (inet_sk_diag_fill): ICSK_TIME_RETRANS (and the
 /// loss-probe and reordering timers) is 1, ICSK_TIME_PROBE0 is 4.
 pub(super) const TIMER_RETRANSMIT: u8 = 1;
 pub(super) const TIMER_PROBE0: u8 = 4;
-/// Offsets in struct tcp_info (include/uapi/linux/tcp.h).
+/// Offsets in struct tcp_info (include/uapi/linux/tcp.h). It is read by
+/// offset, not as netlink-packet-sock-diag's `TcpInfo`: that one ends
+/// before `tcpi_rcv_wnd` (Linux 6.2) and rejects the shorter struct of
+/// kernels older than its own.
 pub(super) const TCPI_RETRANSMITS: usize = 2;
 pub(super) const TCPI_BACKOFF: usize = 4;
 /// `tcpi_snd_wscale : 4, tcpi_rcv_wscale : 4`: rcv in the high nibble.
@@ -98,20 +104,10 @@ pub(super) const TCPI_RCV_WND: usize = 232;
 
 impl SockDiag {
     pub(super) fn open() -> Result<SockDiag, DatapathError> {
-        // SAFETY: socket(2) takes no pointers; it returns a new descriptor,
-        // owned at once below, or -1 (which `cvt` turns into an error).
-        let raw = cvt(unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                libc::NETLINK_SOCK_DIAG,
-            )
-        })
-        .map_err(kernel_err("opening a sock_diag netlink socket"))?;
-        // SAFETY: `raw` is the fresh descriptor socket(2) just returned;
-        // nothing else owns it.
         Ok(SockDiag {
-            fd: unsafe { OwnedFd::from_raw_fd(raw) },
+            socket: Socket::new(NETLINK_SOCK_DIAG)
+                .map_err(kernel_err("opening a sock_diag netlink socket"))?,
+            buf: Vec::with_capacity(8192),
         })
     }
 
@@ -119,7 +115,7 @@ impl SockDiag {
     /// move of thousands of connections makes one query per connection, and
     /// a socket each cost more than the query.
     pub(super) fn with_shared<T>(
-        f: impl FnOnce(&SockDiag) -> Result<T, DatapathError>,
+        f: impl FnOnce(&mut SockDiag) -> Result<T, DatapathError>,
     ) -> Result<T, DatapathError> {
         thread_local! {
             static KEPT: Kept<SockDiag> = const { std::cell::RefCell::new(None) };
@@ -128,13 +124,13 @@ impl SockDiag {
             &KEPT,
             kernel_err("finding this thread's network namespace"),
             SockDiag::open,
-            |d| f(d),
+            f,
         )
     }
 
     /// Poll until the socket's state differs from `last` or `wait` passes.
     pub(super) fn wait_for_change(
-        &self,
+        &mut self,
         flow: &VirtualFlow,
         cookie: u64,
         last: &TcpState,
@@ -155,75 +151,64 @@ impl SockDiag {
     /// The socket of `flow` with this cookie (inet_diag exact lookup,
     /// inet_diag_find_one_icsk), or `None` if it is gone.
     pub(super) fn query(
-        &self,
+        &mut self,
         flow: &VirtualFlow,
         cookie: u64,
     ) -> Result<Option<TcpState>, DatapathError> {
-        let key = flow.to_key();
-        let family = if flow.local.is_ipv4() && flow.remote.is_ipv4() {
-            libc::AF_INET
-        } else {
-            libc::AF_INET6
-        };
-        let mut req = Vec::with_capacity(NLMSG_HDRLEN + REQ_LEN);
-        req.extend_from_slice(&((NLMSG_HDRLEN + REQ_LEN) as u32).to_ne_bytes());
-        req.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
-        req.extend_from_slice(&(libc::NLM_F_REQUEST as u16).to_ne_bytes());
-        req.extend_from_slice(&1u32.to_ne_bytes()); // sequence number
-        req.extend_from_slice(&0u32.to_ne_bytes()); // port id: the kernel
-        req.push(family as u8);
-        req.push(libc::IPPROTO_TCP as u8);
-        req.push(1 << (INET_DIAG_INFO - 1)); // idiag_ext: ask for tcp_info
-        req.push(0);
-        req.extend_from_slice(&u32::MAX.to_ne_bytes()); // every state
-                                                        // inet_diag_sockid: ports and addresses in network order, exactly as
-                                                        // in FlowKey; src is the socket's local end.
-        req.extend_from_slice(&key.src_port_be.to_ne_bytes());
-        req.extend_from_slice(&key.dst_port_be.to_ne_bytes());
-        for w in key.src_addr_be.iter().chain(key.dst_addr_be.iter()) {
-            req.extend_from_slice(&w.to_ne_bytes());
-        }
-        req.extend_from_slice(&0u32.to_ne_bytes()); // any interface
-                                                    // The cookie (sock_gen_cookie, as bpf_get_socket_cookie) makes sure
-                                                    // it is the recorded socket and not a later one with the same
-                                                    // 4-tuple (sock_diag_check_cookie); 0 means unknown.
-        let (lo, hi) = if cookie == 0 {
-            (u32::MAX, u32::MAX)
-        } else {
-            (cookie as u32, (cookie >> 32) as u32)
-        };
-        req.extend_from_slice(&lo.to_ne_bytes());
-        req.extend_from_slice(&hi.to_ne_bytes());
+        let mut header = NetlinkHeader::default();
+        header.flags = NLM_F_REQUEST;
+        let mut req = NetlinkMessage::new(
+            header,
+            NetlinkPayload::from(SockDiagMessage::InetRequest(request(flow, cookie))),
+        );
+        req.finalize();
+        let mut bytes = vec![0u8; req.buffer_len()];
+        req.serialize(&mut bytes);
+        self.socket
+            .send_to(&bytes, &NlAddr::new(0, 0), 0)
+            .map_err(kernel_err("querying sock_diag"))?;
+        self.buf.clear();
+        self.buf.reserve(8192);
+        self.socket
+            .recv(&mut self.buf, 0)
+            .map_err(kernel_err("reading the sock_diag answer"))?;
+        parse_answer(&self.buf).map_err(kernel_err("reading the sock_diag answer"))
+    }
+}
 
-        let fd = self.fd.as_raw_fd();
-        // SAFETY: all-zero is a valid sockaddr_nl (the kernel, pid 0).
-        let mut to: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        to.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-        // SAFETY: `fd` is owned by `self`, so open for the call; `req` and
-        // `to` are live and their exact lengths are passed.
-        let sent = unsafe {
-            libc::sendto(
-                fd,
-                req.as_ptr().cast(),
-                req.len(),
-                0,
-                (&to as *const libc::sockaddr_nl).cast(),
-                size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-            )
-        };
-        if sent < 0 {
-            return Err(kernel_err("querying sock_diag")(io::Error::last_os_error()));
-        }
-        let mut buf = vec![0u8; 8192];
-        // SAFETY: `fd` is owned by `self`, so open; recv writes at most
-        // buf.len() bytes into `buf`.
-        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n < 0 {
-            return Err(kernel_err("reading the sock_diag answer")(
-                io::Error::last_os_error(),
-            ));
-        }
-        parse_answer(&buf[..n as usize]).map_err(kernel_err("reading the sock_diag answer"))
+/// The exact inet_diag request for `flow`'s socket: every state, with
+/// tcp_info. Both ends are given in the socket's family: a mixed pair is an
+/// IPv6 socket with IPv4-mapped addresses.
+pub(super) fn request(flow: &VirtualFlow, cookie: u64) -> InetRequest {
+    let v6 = !(flow.local.is_ipv4() && flow.remote.is_ipv4());
+    let addr = |a: IpAddr| match a {
+        IpAddr::V4(v4) if v6 => IpAddr::V6(v4.to_ipv6_mapped()),
+        a => a,
+    };
+    // The cookie (sock_gen_cookie, as bpf_get_socket_cookie) makes sure it
+    // is the recorded socket and not a later one with the same 4-tuple
+    // (sock_diag_check_cookie): two native-endian u32, low half first; all
+    // ones means unknown.
+    let mut id = [0xffu8; 8];
+    if cookie != 0 {
+        id[..4].copy_from_slice(&(cookie as u32).to_ne_bytes());
+        id[4..].copy_from_slice(&((cookie >> 32) as u32).to_ne_bytes());
+    }
+    InetRequest {
+        family: if v6 { AF_INET6 } else { AF_INET },
+        protocol: IPPROTO_TCP,
+        extensions: ExtensionFlags::INFO,
+        // Every state, also those newer than the crate (`all()` has only
+        // the ones it names).
+        states: StateFlags::from_bits_retain(u32::MAX),
+        socket_id: SocketId {
+            source_port: flow.local.port(),
+            destination_port: flow.remote.port(),
+            source_address: addr(flow.local.ip()),
+            destination_address: addr(flow.remote.ip()),
+            interface_id: 0,
+            cookie: id,
+        },
     }
 }
 
@@ -235,67 +220,53 @@ pub(super) fn u64_at(b: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_ne_bytes(b.get(at..at + 8)?.try_into().ok()?))
 }
 
-pub(super) fn bad(what: &str) -> io::Error {
+pub(super) fn bad(what: impl std::fmt::Display) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what.to_string())
 }
 
 /// One netlink answer to an exact inet_diag request: an inet_diag_msg with
 /// attributes, or an NLMSG_ERROR (ENOENT / ESTALE when the socket is gone).
 pub(super) fn parse_answer(b: &[u8]) -> io::Result<Option<TcpState>> {
-    if b.len() < NLMSG_HDRLEN {
-        return Err(bad("short netlink message"));
-    }
-    let len = u32_at(b, 0).ok_or_else(|| bad("short netlink message"))? as usize;
-    let kind = u16::from_ne_bytes([b[4], b[5]]);
-    let b = b
-        .get(..len)
-        .ok_or_else(|| bad("truncated netlink message"))?;
-    if kind == libc::NLMSG_ERROR as u16 {
-        let errno = (u32_at(b, NLMSG_HDRLEN).ok_or_else(|| bad("short netlink error"))? as i32)
-            .wrapping_neg();
-        return match errno {
-            libc::ENOENT | libc::ESTALE => Ok(None),
-            0 => Err(bad("sock_diag acknowledged without an answer")),
-            e => Err(io::Error::from_raw_os_error(e)),
-        };
-    }
-    if kind != SOCK_DIAG_BY_FAMILY {
-        return Err(bad("unexpected netlink message type"));
-    }
-    let msg = b
-        .get(NLMSG_HDRLEN..NLMSG_HDRLEN + MSG_LEN)
-        .ok_or_else(|| bad("short inet_diag_msg"))?;
-    let timer = msg[2];
-    let expires_ms = u32_at(msg, 52).ok_or_else(|| bad("short inet_diag_msg"))?;
-    let inode = u32_at(msg, 68).ok_or_else(|| bad("short inet_diag_msg"))?;
-    let mut at = NLMSG_HDRLEN + MSG_LEN;
-    while at + 4 <= b.len() {
-        let alen = u16::from_ne_bytes([b[at], b[at + 1]]) as usize;
-        let atype = u16::from_ne_bytes([b[at + 2], b[at + 3]]);
-        if alen < 4 {
-            break;
+    let answer = NetlinkMessage::<SockDiagMessage>::deserialize(b).map_err(bad)?;
+    let r = match answer.payload {
+        NetlinkPayload::Error(e) => {
+            return match e.code.map(|c| c.get().wrapping_neg()) {
+                Some(libc::ENOENT) | Some(libc::ESTALE) => Ok(None),
+                None => Err(bad("sock_diag acknowledged without an answer")),
+                Some(e) => Err(io::Error::from_raw_os_error(e)),
+            };
         }
-        if atype == INET_DIAG_INFO {
-            let info = b
-                .get(at + 4..at + alen)
-                .ok_or_else(|| bad("truncated tcp_info"))?;
-            let short = || bad("short tcp_info");
-            return Ok(Some(TcpState {
-                timer,
-                expires_ms,
-                retransmits: *info.get(TCPI_RETRANSMITS).ok_or_else(short)?,
-                backoff: *info.get(TCPI_BACKOFF).ok_or_else(short)?,
-                total_retrans: u32_at(info, TCPI_TOTAL_RETRANS).ok_or_else(short)?,
-                bytes_acked: u64_at(info, TCPI_BYTES_ACKED).ok_or_else(short)?,
-                bytes_received: u64_at(info, TCPI_BYTES_RECEIVED).ok_or_else(short)?,
-                rcv_wscale: info.get(TCPI_WSCALE).ok_or_else(short)? >> 4,
-                notsent_bytes: u32_at(info, TCPI_NOTSENT_BYTES).ok_or_else(short)?,
-                snd_wnd: u32_at(info, TCPI_SND_WND),
-                rcv_wnd: u32_at(info, TCPI_RCV_WND),
-                inode: u64::from(inode),
-            }));
-        }
-        at += (alen + 3) & !3;
-    }
-    Err(bad("no tcp_info in the sock_diag answer"))
+        NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) => r,
+        _ => return Err(bad("unexpected netlink message type")),
+    };
+    let (timer, expires) = match r.header.timer {
+        None => (0, Duration::ZERO),
+        Some(Timer::Retransmit(d, _)) => (TIMER_RETRANSMIT, d),
+        Some(Timer::KeepAlive(d)) => (2, d),
+        Some(Timer::TimeWait) => (3, Duration::ZERO),
+        Some(Timer::Probe(d)) => (TIMER_PROBE0, d),
+    };
+    let info = r
+        .nlas
+        .iter()
+        .find_map(|n| match n {
+            Nla::TcpInfo(info) => Some(info),
+            _ => None,
+        })
+        .ok_or_else(|| bad("no tcp_info in the sock_diag answer"))?;
+    let short = || bad("short tcp_info");
+    Ok(Some(TcpState {
+        timer,
+        expires_ms: u32::try_from(expires.as_millis()).unwrap_or(u32::MAX),
+        retransmits: *info.get(TCPI_RETRANSMITS).ok_or_else(short)?,
+        backoff: *info.get(TCPI_BACKOFF).ok_or_else(short)?,
+        total_retrans: u32_at(info, TCPI_TOTAL_RETRANS).ok_or_else(short)?,
+        bytes_acked: u64_at(info, TCPI_BYTES_ACKED).ok_or_else(short)?,
+        bytes_received: u64_at(info, TCPI_BYTES_RECEIVED).ok_or_else(short)?,
+        rcv_wscale: info.get(TCPI_WSCALE).ok_or_else(short)? >> 4,
+        notsent_bytes: u32_at(info, TCPI_NOTSENT_BYTES).ok_or_else(short)?,
+        snd_wnd: u32_at(info, TCPI_SND_WND),
+        rcv_wnd: u32_at(info, TCPI_RCV_WND),
+        inode: u64::from(r.header.inode),
+    }))
 }

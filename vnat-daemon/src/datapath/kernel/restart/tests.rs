@@ -152,6 +152,14 @@ fn tcp_probe_checksums_verify() {
     }
 }
 
+/// The kernel's layout, written out here so that the test checks the
+/// crate's reading of it: the netlink header, `struct inet_diag_msg`, and
+/// the message type of an inet_diag answer.
+const NLMSG_HDRLEN: usize = 16;
+const MSG_LEN: usize = 72;
+const SOCK_DIAG_BY_FAMILY: u16 = 20;
+const INET_DIAG_INFO: u16 = 2;
+
 fn answer(kind: u16, body: &[u8]) -> Vec<u8> {
     let mut b = Vec::new();
     b.extend_from_slice(&((NLMSG_HDRLEN + body.len()) as u32).to_ne_bytes());
@@ -164,6 +172,7 @@ fn answer(kind: u16, body: &[u8]) -> Vec<u8> {
 #[test]
 fn parses_inet_diag_answers() {
     let mut body = vec![0u8; MSG_LEN];
+    body[0] = libc::AF_INET as u8;
     body[2] = 1;
     body[52..56].copy_from_slice(&4321u32.to_ne_bytes());
     body[68..72].copy_from_slice(&987_654u32.to_ne_bytes());
@@ -237,4 +246,49 @@ fn parses_inet_diag_answers() {
         parse_answer(&[1, 2, 3]).is_err(),
         "short input is an error, not a panic"
     );
+}
+
+#[test]
+fn inet_diag_requests_name_the_socket_as_the_kernel_keys_it() {
+    use netlink_packet_core::Emitable;
+    let bytes = |flow: &VirtualFlow, cookie| {
+        let r = request(flow, cookie);
+        let mut b = vec![0u8; r.buffer_len()];
+        r.emit(&mut b);
+        b
+    };
+    let v4 = VirtualFlow {
+        proto: Proto::Tcp,
+        local: "198.18.1.2:40000".parse().unwrap(),
+        remote: "198.18.3.4:22".parse().unwrap(),
+    };
+    let b = bytes(&v4, 0x1122_3344_5566_7788);
+    // inet_diag_req_v2: family, protocol, ext (tcp_info), pad, states.
+    assert_eq!(b.len(), 56);
+    assert_eq!(
+        &b[..4],
+        &[libc::AF_INET as u8, 6, 1 << (INET_DIAG_INFO - 1), 0]
+    );
+    assert_eq!(&b[4..8], &u32::MAX.to_ne_bytes()[..], "every state");
+    // inet_diag_sockid: ports in network order, the local end first.
+    assert_eq!(&b[8..12], &[0x9c, 0x40, 0, 22]);
+    assert_eq!(&b[12..16], &[198, 18, 1, 2]);
+    assert_eq!(&b[28..32], &[198, 18, 3, 4]);
+    assert_eq!(&b[44..48], &[0; 4], "any interface");
+    // The cookie as the kernel reads it: two u32, low half first.
+    assert_eq!(&b[48..52], &0x5566_7788u32.to_ne_bytes());
+    assert_eq!(&b[52..56], &0x1122_3344u32.to_ne_bytes());
+    assert_eq!(&bytes(&v4, 0)[48..56], &[0xff; 8], "unknown cookie");
+
+    // A pair of mixed families is an IPv6 socket: IPv4-mapped addresses.
+    let mixed = VirtualFlow {
+        remote: "[2001:db8::9]:22".parse().unwrap(),
+        ..v4
+    };
+    let b = bytes(&mixed, 0);
+    assert_eq!(b[0], libc::AF_INET6 as u8);
+    let mapped: std::net::Ipv6Addr = "::ffff:198.18.1.2".parse().unwrap();
+    assert_eq!(&b[12..28], &mapped.octets());
+    let remote: std::net::Ipv6Addr = "2001:db8::9".parse().unwrap();
+    assert_eq!(&b[28..44], &remote.octets());
 }
