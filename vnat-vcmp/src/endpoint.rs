@@ -17,7 +17,7 @@ use rand_core::{CryptoRng, RngCore};
 use super::binding::Binding;
 use super::crypto::{ConnKeys, Ephemeral, HostIdentity, PairSecret, SecretKey};
 use super::location::LocationStore;
-use super::migrate::{Migration, Validation, ValidationKey};
+use super::migrate::Migration;
 use super::replay::ReplayWindow;
 use super::roles::{Role, RoleState};
 use super::stats::Stats;
@@ -141,7 +141,8 @@ pub struct Endpoint {
     /// Keepalive state per paired host (`vcmp::probe`).
     pub(crate) probes: HashMap<[u8; 32], super::probe::ProbeState>,
     pub(crate) next_keepalive: Timestamp,
-    pub(crate) validations: HashMap<ValidationKey, Validation>,
+    /// Path validations under way (`vcmp::validation`).
+    pub(crate) validations: super::validation::Validations,
     /// Moved connections waiting for the peer's SWITCHED.
     pub(crate) awaiting: super::switched::Awaiting,
     pub(crate) requests: HashMap<u32, super::migrate::Request>,
@@ -268,7 +269,7 @@ impl Endpoint {
             aliases: HashMap::new(),
             probes: HashMap::new(),
             next_keepalive: Timestamp(0),
-            validations: HashMap::new(),
+            validations: Default::default(),
             awaiting: HashMap::new(),
             requests: HashMap::new(),
             next_store_expiry: Timestamp(0),
@@ -583,8 +584,8 @@ impl Endpoint {
         if let Some(d) = self.pairing.next_deadline() {
             take(d);
         }
-        for v in self.validations.values() {
-            take(v.deadline);
+        if let Some(d) = self.validations.next_deadline() {
+            take(d);
         }
         if let Some(d) = self.switch_deadline() {
             take(d);

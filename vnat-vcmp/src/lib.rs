@@ -46,6 +46,7 @@ mod switched;
 mod timers;
 pub mod tx;
 mod update;
+mod validation;
 pub mod wire;
 
 use std::time::Duration;

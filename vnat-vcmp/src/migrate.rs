@@ -8,8 +8,7 @@
 //! restoring N connections to one peer costs the same round trips as one.
 
 use crate::stats::{Counter, Reject};
-use std::collections::HashSet;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 
 use super::crypto;
 use super::endpoint::{AbortReason, Ctx, Endpoint, Event};
@@ -84,28 +83,6 @@ pub(crate) struct Request {
     pub expires: Timestamp,
 }
 
-/// Path validations are batched per (new address, peer host): one
-/// CHALLENGE covers every connection of that host that claimed the address.
-/// Connections whose host is unknown (imported ones) are validated alone.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum Group {
-    Host([u8; 32]),
-    Conn(VirtualFlow),
-}
-
-pub(crate) type ValidationKey = (IpAddr, Group);
-
-pub(crate) struct Validation {
-    pub anchor: VirtualFlow,
-    /// Where the challenge goes: the peer's VCMP at the new address, or
-    /// behind a NAT the address its update came from.
-    pub dst: SocketAddr,
-    pub nonce: [u8; 16],
-    pub flows: HashSet<VirtualFlow>,
-    pub tries: u32,
-    pub deadline: Timestamp,
-}
-
 /// Most request ids remembered at once.
 const MAX_REQUESTS: usize = 4096;
 
@@ -153,11 +130,7 @@ impl Endpoint {
         // move (the peer moved first and its update reached us here) gets
         // its RESPONSE at our old address, where it is lost: challenge
         // again now, from the new one, not at the retransmission timeout.
-        for v in self.validations.values_mut() {
-            if v.flows.contains(flow) {
-                v.deadline = ctx.now;
-            }
-        }
+        self.validations.hurry(flow, ctx.now);
         self.run_step(ctx, flow);
     }
 

@@ -37,7 +37,7 @@ use std::net::{IpAddr, SocketAddr};
 use rand_core::{CryptoRng, RngCore};
 
 use super::endpoint::{Ctx, Endpoint, Event};
-use super::migrate::Group;
+use super::validation::Group;
 use super::wire::{Ext, Kind};
 use super::Timestamp;
 use crate::flow::VirtualFlow;

@@ -5,9 +5,8 @@ use crate::stats::{Counter, Reject};
 use std::collections::HashSet;
 use std::net::SocketAddr;
 
-use super::crypto;
 use super::endpoint::{Ctx, Endpoint, Event};
-use super::migrate::{Group, Validation, ValidationKey};
+use super::validation::{Group, Validation};
 use super::wire::{Ext, Kind, Record};
 use crate::flow::VirtualFlow;
 
@@ -143,12 +142,11 @@ impl Endpoint {
             local,
             remote: addr,
         });
-        if let Some(v) = self.validations.get_mut(&key) {
-            v.flows.insert(*flow);
+        if self.validations.join(&key, *flow) {
             return;
         }
         let nonce = ctx.nonce::<16>();
-        self.validations.insert(
+        self.validations.start(
             key,
             Validation {
                 anchor: *flow,
@@ -185,21 +183,16 @@ impl Endpoint {
         let Ext::Nonce(n) = rec.ext else {
             return Err(Reject::BadExtension);
         };
-        let key = self
+        let (key, v) = self
             .validations
-            .iter()
-            .find(|(_, v)| v.anchor == *flow && crypto::tags_equal16(&v.nonce, &n))
-            .map(|(k, _)| *k)
+            .answered(flow, &n)
             .ok_or(Reject::UnexpectedResponse)?;
-        let Some(v) = self.validations.remove(&key) else {
-            return Err(Reject::UnexpectedResponse);
-        };
         let ip = key.0;
         self.tx.trusted.insert(ip);
         self.stats.count(Counter::PathValidated);
         // The peer's vnatd answered there: that is where it is reached now
         // (behind a NAT, the NAT's mapping).
-        if let super::migrate::Group::Host(k) = key.1 {
+        if let Group::Host(k) = key.1 {
             if self.sessions.contains_key(&k) {
                 self.peer_addrs.insert(k, v.dst);
             }
@@ -231,16 +224,7 @@ impl Endpoint {
 
     pub(crate) fn validation_timeouts(&mut self, ctx: &mut Ctx) {
         let now = ctx.now;
-        let due: Vec<ValidationKey> = self
-            .validations
-            .iter()
-            .filter(|(_, v)| v.deadline <= now)
-            .map(|(k, _)| *k)
-            .collect();
-        for key in due {
-            let Some(mut v) = self.validations.remove(&key) else {
-                continue;
-            };
+        for (key, mut v) in self.validations.take_due(now) {
             v.flows.retain(|f| self.conns.contains_key(f));
             if v.flows.is_empty() {
                 continue;
@@ -273,7 +257,7 @@ impl Endpoint {
             v.deadline = now.plus(self.rto(ctx, v.tries));
             v.tries += 1;
             let (anchor, nonce, dst) = (v.anchor, v.nonce, v.dst);
-            self.validations.insert(key, v);
+            self.validations.start(key, v);
             self.stats.count(Counter::Retransmit);
             self.send_record(ctx, &anchor, Kind::Challenge, Ext::Nonce(nonce), dst);
         }

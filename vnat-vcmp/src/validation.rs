@@ -1,0 +1,180 @@
+//! Path validations under way: a CHALLENGE sent to a peer's announced new
+//! address, waiting for its RESPONSE. An owned part of the endpoint, with
+//! its deadlines in order (the next one is the first entry, the due ones a
+//! prefix) and its validations by nonce (a RESPONSE finds its own at once),
+//! so that neither the loop's next deadline nor an answer is a scan of
+//! every validation: a move of thousands of keyless connections makes one
+//! each.
+
+use std::{
+    collections::{BTreeSet, HashMap, HashSet},
+    net::{IpAddr, SocketAddr},
+};
+
+use crate::{crypto, flow::VirtualFlow, Timestamp};
+
+/// Path validations are batched per (new address, peer host): one
+/// CHALLENGE covers every connection of that host that claimed the address.
+/// Connections whose host is unknown (imported ones) are validated alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum Group {
+    Host([u8; 32]),
+    Conn(VirtualFlow),
+}
+
+pub(crate) type ValidationKey = (IpAddr, Group);
+
+pub(crate) struct Validation {
+    pub anchor: VirtualFlow,
+    /// Where the challenge goes: the peer's VCMP at the new address, or
+    /// behind a NAT the address its update came from.
+    pub dst: SocketAddr,
+    pub nonce: [u8; 16],
+    pub flows: HashSet<VirtualFlow>,
+    pub tries: u32,
+    pub deadline: Timestamp,
+}
+
+#[derive(Default)]
+pub(crate) struct Validations {
+    live: HashMap<ValidationKey, Validation>,
+    by_nonce: HashMap<[u8; 16], ValidationKey>,
+    order: BTreeSet<(Timestamp, ValidationKey)>,
+}
+
+impl Validations {
+    /// Add `flow` to the validation of `key` if one is under way; false if
+    /// there is none.
+    pub fn join(&mut self, key: &ValidationKey, flow: VirtualFlow) -> bool {
+        match self.live.get_mut(key) {
+            Some(v) => {
+                v.flows.insert(flow);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Start (or, after a retry's new deadline, resume) the validation of
+    /// `key`, in place of any other of that key.
+    pub fn start(&mut self, key: ValidationKey, v: Validation) {
+        self.remove(&key);
+        self.by_nonce.insert(v.nonce, key);
+        self.order.insert((v.deadline, key));
+        self.live.insert(key, v);
+    }
+
+    fn remove(&mut self, key: &ValidationKey) -> Option<Validation> {
+        let v = self.live.remove(key)?;
+        self.by_nonce.remove(&v.nonce);
+        self.order.remove(&(v.deadline, *key));
+        Some(v)
+    }
+
+    /// The validation that a RESPONSE for `flow` echoing `nonce` answers,
+    /// taken out; `None` if it answers none (a stale, forged or replayed
+    /// RESPONSE, or one for another connection's challenge).
+    pub fn answered(
+        &mut self,
+        flow: &VirtualFlow,
+        nonce: &[u8; 16],
+    ) -> Option<(ValidationKey, Validation)> {
+        let key = *self.by_nonce.get(nonce)?;
+        let v = self.live.get(&key)?;
+        if v.anchor != *flow || !crypto::tags_equal16(&v.nonce, nonce) {
+            return None;
+        }
+        Some((key, self.remove(&key)?))
+    }
+
+    /// The validations whose deadline is at or before `now`, taken out,
+    /// earliest first.
+    pub fn take_due(&mut self, now: Timestamp) -> Vec<(ValidationKey, Validation)> {
+        let due: Vec<ValidationKey> = self
+            .order
+            .iter()
+            .take_while(|(t, _)| *t <= now)
+            .map(|(_, k)| *k)
+            .collect();
+        due.into_iter()
+            .filter_map(|k| Some((k, self.remove(&k)?)))
+            .collect()
+    }
+
+    /// The earliest deadline of any validation.
+    pub fn next_deadline(&self) -> Option<Timestamp> {
+        self.order.first().map(|(t, _)| *t)
+    }
+
+    /// Make every validation that covers `flow` due at `now`: its RESPONSE
+    /// would come back to an address we just left.
+    pub fn hurry(&mut self, flow: &VirtualFlow, now: Timestamp) {
+        let keys: Vec<ValidationKey> = self
+            .live
+            .iter()
+            .filter(|(_, v)| v.flows.contains(flow) && v.deadline > now)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in keys {
+            if let Some(mut v) = self.remove(&k) {
+                v.deadline = now;
+                self.start(k, v);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::flow::Proto;
+
+    fn flow(port: u16) -> VirtualFlow {
+        VirtualFlow {
+            proto: Proto::Tcp,
+            local: SocketAddr::from(([198, 18, 1, 2], port)),
+            remote: "198.18.3.2:5001".parse().unwrap(),
+        }
+    }
+
+    fn validation(anchor: VirtualFlow, nonce: u8, deadline: u64) -> Validation {
+        Validation {
+            anchor,
+            dst: "198.18.4.2:4790".parse().unwrap(),
+            nonce: [nonce; 16],
+            flows: HashSet::from([anchor]),
+            tries: 1,
+            deadline: Timestamp(deadline),
+        }
+    }
+
+    #[test]
+    fn deadlines_answers_and_hurries_find_their_validation() {
+        let ip: IpAddr = "198.18.4.2".parse().unwrap();
+        let (a, b) = (flow(1000), flow(1001));
+        let mut vs = Validations::default();
+        vs.start((ip, Group::Conn(a)), validation(a, 1, 300));
+        vs.start((ip, Group::Conn(b)), validation(b, 2, 100));
+        assert!(vs.join(&(ip, Group::Conn(b)), a));
+        assert!(!vs.join(&(ip, Group::Host([7; 32])), a));
+        assert_eq!(vs.next_deadline(), Some(Timestamp(100)));
+
+        // Only the anchor's RESPONSE with the right nonce answers.
+        assert!(vs.answered(&a, &[2; 16]).is_none());
+        assert!(vs.answered(&b, &[9; 16]).is_none());
+        let (key, v) = vs.answered(&b, &[2; 16]).expect("answered");
+        assert_eq!(key, (ip, Group::Conn(b)));
+        assert!(v.flows.contains(&a));
+        assert!(vs.answered(&b, &[2; 16]).is_none(), "answered once");
+        assert_eq!(vs.next_deadline(), Some(Timestamp(300)));
+
+        // A hurried validation is due now; taken out, it is gone.
+        assert!(vs.take_due(Timestamp(200)).is_empty());
+        vs.hurry(&a, Timestamp(200));
+        assert_eq!(vs.next_deadline(), Some(Timestamp(200)));
+        let due = vs.take_due(Timestamp(200));
+        assert_eq!(due.len(), 1);
+        assert_eq!(vs.next_deadline(), None);
+        assert!(vs.answered(&a, &[1; 16]).is_none());
+    }
+}
