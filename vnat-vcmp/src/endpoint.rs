@@ -270,7 +270,7 @@ impl Endpoint {
             probes: HashMap::new(),
             next_keepalive: Timestamp(0),
             validations: Default::default(),
-            awaiting: HashMap::new(),
+            awaiting: Default::default(),
             requests: HashMap::new(),
             next_store_expiry: Timestamp(0),
             conn_timers: Default::default(),

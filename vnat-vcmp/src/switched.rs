@@ -31,7 +31,7 @@
 //! and an unexpected one only releases nothing.
 
 use crate::stats::{Counter, Reject};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
 
 use rand_core::{CryptoRng, RngCore};
@@ -49,12 +49,58 @@ use crate::flow::VirtualFlow;
 pub(crate) const SWITCH_WAIT_TRIES: u32 = 1;
 
 /// Moved connections whose restart waits for the peer's SWITCHED, by
-/// (peer group, our address).
-pub(crate) type Awaiting = HashMap<(Group, IpAddr), AwaitingGroup>;
+/// (peer group, our address), with the groups' deadlines in order.
+#[derive(Default)]
+pub(crate) struct Awaiting {
+    groups: HashMap<AwaitKey, AwaitingGroup>,
+    order: BTreeSet<(Timestamp, AwaitKey)>,
+}
 
-pub(crate) struct AwaitingGroup {
-    pub deadline: Timestamp,
-    pub flows: Vec<VirtualFlow>,
+type AwaitKey = (Group, IpAddr);
+
+struct AwaitingGroup {
+    deadline: Timestamp,
+    flows: Vec<VirtualFlow>,
+}
+
+impl Awaiting {
+    /// `flow` waits with its group, which waits until `deadline` if it is
+    /// new.
+    fn add(&mut self, key: AwaitKey, flow: VirtualFlow, deadline: Timestamp) {
+        let g = self.groups.entry(key).or_insert_with(|| {
+            self.order.insert((deadline, key));
+            AwaitingGroup {
+                deadline,
+                flows: Vec::new(),
+            }
+        });
+        if !g.flows.contains(&flow) {
+            g.flows.push(flow);
+        }
+    }
+
+    /// The connections of group `key`, which waits no more.
+    fn take(&mut self, key: &AwaitKey) -> Option<Vec<VirtualFlow>> {
+        let g = self.groups.remove(key)?;
+        self.order.remove(&(g.deadline, *key));
+        Some(g.flows)
+    }
+
+    /// The connections of every group whose deadline is at or before
+    /// `now`, a list per group.
+    fn take_due(&mut self, now: Timestamp) -> Vec<Vec<VirtualFlow>> {
+        let due: Vec<AwaitKey> = self
+            .order
+            .iter()
+            .take_while(|(t, _)| *t <= now)
+            .map(|(_, k)| *k)
+            .collect();
+        due.iter().filter_map(|k| self.take(k)).collect()
+    }
+
+    fn next_deadline(&self) -> Option<Timestamp> {
+        self.order.first().map(|(t, _)| *t)
+    }
 }
 
 impl Endpoint {
@@ -70,16 +116,8 @@ impl Endpoint {
         let (Some(group), Some(c)) = (self.group_of(flow), self.conns.get(flow)) else {
             return;
         };
-        let entry = self
-            .awaiting
-            .entry((group, c.local_phys.ip()))
-            .or_insert_with(|| AwaitingGroup {
-                deadline: ctx.now.plus(wait),
-                flows: Vec::new(),
-            });
-        if !entry.flows.contains(flow) {
-            entry.flows.push(*flow);
-        }
+        self.awaiting
+            .add((group, c.local_phys.ip()), *flow, ctx.now.plus(wait));
     }
 
     /// SWITCHED from the peer of `flow` (authenticated, fresh): release
@@ -92,23 +130,18 @@ impl Endpoint {
             .ok_or(Reject::UnknownConnection)?
             .local_phys
             .ip();
-        if let Some(g) = self.awaiting.remove(&(group, ip)) {
+        if let Some(flows) = self.awaiting.take(&(group, ip)) {
             self.stats.count(Counter::SwitchConfirmed);
-            self.release_awaiting(g.flows, true);
+            self.release_awaiting(flows, true);
         }
         Ok(())
     }
 
     /// Connections whose peer never confirmed: go ahead.
     pub(crate) fn switch_timeouts(&mut self, now: Timestamp) {
-        let due: Vec<AwaitingGroup> = self
-            .awaiting
-            .extract_if(|_, g| g.deadline <= now)
-            .map(|(_, g)| g)
-            .collect();
-        for g in due {
+        for flows in self.awaiting.take_due(now) {
             self.stats.count(Counter::SwitchUnconfirmed);
-            self.release_awaiting(g.flows, false);
+            self.release_awaiting(flows, false);
         }
     }
 
@@ -122,7 +155,7 @@ impl Endpoint {
 
     /// The earliest deadline of a connection waiting for SWITCHED.
     pub(crate) fn switch_deadline(&self) -> Option<Timestamp> {
-        self.awaiting.values().map(|g| g.deadline).min()
+        self.awaiting.next_deadline()
     }
 
     /// The driver's datapath now sends `flows` to their peers' current
