@@ -7,11 +7,14 @@
 //! a thread that setns'd (setns(CLONE_NEWNET) changes only the calling thread).
 use std::{
     ffi::OsStr,
-    fs::File,
+    fs::{self, File, OpenOptions},
     io,
     net::{IpAddr, SocketAddr, TcpStream},
-    os::{fd::AsRawFd, unix::process::CommandExt},
-    path::PathBuf,
+    os::{
+        fd::AsRawFd,
+        unix::{fs::MetadataExt, process::CommandExt},
+    },
+    path::{Path, PathBuf},
     process::{Command, Output},
     sync::Arc,
     thread,
@@ -19,7 +22,8 @@ use std::{
 };
 
 use nix::{
-    sched::{setns, CloneFlags},
+    mount::{mount, umount2, MntFlags, MsFlags},
+    sched::{setns, unshare, CloneFlags},
     sys::signal::{kill, Signal},
     unistd::Pid,
 };
@@ -40,15 +44,9 @@ impl Netns {
     /// digits, `-`).
     pub fn new(tag: &str) -> Netns {
         let name = format!("vt-{tag}-{}", unique_suffix());
-        run_host(&["ip", "netns", "add", &name]);
-        let path = PathBuf::from("/run/netns").join(&name);
-        let fd = match File::open(&path) {
-            Ok(f) => Arc::new(f),
-            Err(e) => {
-                let _ = Command::new("ip").args(["netns", "del", &name]).output();
-                panic!("cannot open {}: {e}", path.display());
-            }
-        };
+        let path = PathBuf::from(NETNS_DIR).join(&name);
+        let fd = create(&path).unwrap_or_else(|e| panic!("creating netns {name}: {e}"));
+        let fd = Arc::new(fd);
         let ns = Netns { name, fd };
         ns.ip(&["link", "set", "lo", "up"]);
         // Make the namespace independent of the host's defaults (a new netns
@@ -70,7 +68,7 @@ impl Netns {
 
     /// `/run/netns/<name>`, for `nsenter --net=<path>` or `--netns` options.
     pub fn path(&self) -> PathBuf {
-        PathBuf::from("/run/netns").join(&self.name)
+        PathBuf::from(NETNS_DIR).join(&self.name)
     }
 
     /// A command that runs `program` inside this namespace (setns in the
@@ -220,18 +218,19 @@ impl Netns {
         self.route_via("default", via, dev);
     }
 
-    /// Pids of the processes whose network namespace this is.
+    /// Pids of the processes whose network namespace this is (as `ip netns
+    /// pids` finds them: /proc/<pid>/ns/net is this namespace's inode).
     pub fn pids(&self) -> Vec<i32> {
-        let out = Command::new("ip")
-            .args(["netns", "pids", &self.name])
-            .output();
-        match out {
-            Ok(out) => String::from_utf8_lossy(&out.stdout)
-                .split_whitespace()
-                .filter_map(|p| p.parse().ok())
-                .collect(),
-            Err(_) => Vec::new(),
-        }
+        let (Ok(ns), Ok(procs)) = (self.fd.metadata(), fs::read_dir("/proc")) else {
+            return Vec::new();
+        };
+        procs
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .filter(|pid: &i32| {
+                fs::metadata(format!("/proc/{pid}/ns/net"))
+                    .is_ok_and(|m| (m.dev(), m.ino()) == (ns.dev(), ns.ino()))
+            })
+            .collect()
     }
 
     /// True if a TCP connection attempt from this namespace to `addr` is
@@ -282,20 +281,55 @@ impl Drop for Netns {
                 thread::sleep(Duration::from_millis(20));
             }
         }
-        // Never panic in drop (a second panic during unwinding aborts).
-        match Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .output()
-        {
-            Ok(out) if out.status.success() => {}
-            Ok(out) => eprintln!(
-                "warning: ip netns del {} failed: {}",
-                self.name,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-            Err(e) => eprintln!("warning: cannot run ip netns del {}: {e}", self.name),
+        // Never panic in drop (a second panic during unwinding aborts). The
+        // namespace itself goes when its last user does (the open `fd`, the
+        // processes killed above), as after `ip netns del`.
+        if let Err(e) = remove(&self.path()) {
+            eprintln!("warning: deleting netns {}: {e}", self.name);
         }
     }
+}
+
+/// Where `ip netns` keeps named namespaces: a file each, on which the
+/// namespace is bind-mounted so that it lives without a process in it.
+const NETNS_DIR: &str = "/run/netns";
+
+/// Creates a network namespace bind-mounted on `path`, as `ip netns add`
+/// does, and returns it open (for setns).
+fn create(path: &Path) -> io::Result<File> {
+    fs::create_dir_all(NETNS_DIR)?;
+    // The mount point; an existing file is someone else's namespace.
+    OpenOptions::new().write(true).create_new(true).open(path)?;
+    // unshare(CLONE_NEWNET) moves only the calling thread, which then ends:
+    // the bind mount keeps the namespace.
+    let created = thread::scope(|s| {
+        s.spawn(|| -> io::Result<File> {
+            unshare(CloneFlags::CLONE_NEWNET)?;
+            mount(
+                Some("/proc/thread-self/ns/net"),
+                path,
+                None::<&str>,
+                MsFlags::MS_BIND,
+                None::<&str>,
+            )?;
+            File::open(path)
+        })
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    });
+    if created.is_err() {
+        let _ = remove(path);
+    }
+    created
+}
+
+/// Unmounts a namespace from its file and deletes the file (`ip netns del`).
+fn remove(path: &Path) -> io::Result<()> {
+    // MNT_DETACH: processes that still have it open (nsenter, a shell) do
+    // not make this fail.
+    let unmounted = umount2(path, MntFlags::MNT_DETACH);
+    fs::remove_file(path)?;
+    unmounted.map_err(io::Error::from)
 }
 
 /// Creates a veth pair with one end, `a_if`, in `a` and the other, `b_if`,
