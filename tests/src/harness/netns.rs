@@ -16,7 +16,7 @@ use std::{
     },
     path::{Path, PathBuf},
     process::{Command, Output},
-    sync::Arc,
+    sync::{Arc, Mutex},
     thread,
     time::{Duration, Instant},
 };
@@ -28,15 +28,18 @@ use nix::{
     unistd::Pid,
 };
 
-use super::unique_suffix;
+use super::{rtnl::Rtnl, unique_suffix};
 
 /// A uniquely named network namespace (`vt-<tag>-<pid>-<n>`) with `lo` up.
 /// Dropping it kills the processes still inside and deletes it.
 pub struct Netns {
-    name: String,
+    pub(super) name: String,
     /// Kept open for setns; shared with `pre_exec` closures of commands that
     /// may outlive a borrow of `self`.
-    fd: Arc<File>,
+    pub(super) fd: Arc<File>,
+    /// A NETLINK_ROUTE socket created inside the namespace, so it talks to
+    /// this namespace from any thread (see `links`).
+    pub(super) rtnl: Mutex<Rtnl>,
 }
 
 impl Netns {
@@ -45,10 +48,13 @@ impl Netns {
     pub fn new(tag: &str) -> Netns {
         let name = format!("vt-{tag}-{}", unique_suffix());
         let path = PathBuf::from(NETNS_DIR).join(&name);
-        let fd = create(&path).unwrap_or_else(|e| panic!("creating netns {name}: {e}"));
-        let fd = Arc::new(fd);
-        let ns = Netns { name, fd };
-        ns.ip(&["link", "set", "lo", "up"]);
+        let (fd, rtnl) = create(&path).unwrap_or_else(|e| panic!("creating netns {name}: {e}"));
+        let ns = Netns {
+            name,
+            fd: Arc::new(fd),
+            rtnl: Mutex::new(rtnl),
+        };
+        ns.link_up("lo");
         // Make the namespace independent of the host's defaults (a new netns
         // copies init_net's settings when net.core.devconf_inherit_init_net is
         // set): no reverse-path filter, so translated packets are judged only
@@ -182,42 +188,6 @@ impl Netns {
         self.set_sysctl("net/ipv6/conf/all/forwarding", "1");
     }
 
-    pub fn link_up(&self, dev: &str) {
-        self.ip(&["link", "set", dev, "up"]);
-    }
-
-    pub fn link_down(&self, dev: &str) {
-        self.ip(&["link", "set", dev, "down"]);
-    }
-
-    /// Adds `addr/prefix` to `dev`; IPv6 addresses get `nodad` so they are
-    /// usable at once.
-    pub fn add_addr(&self, dev: &str, addr: IpAddr, prefix: u8) {
-        let cidr = format!("{addr}/{prefix}");
-        match addr {
-            IpAddr::V4(_) => self.ip(&["addr", "add", &cidr, "dev", dev]),
-            IpAddr::V6(_) => self.ip(&["-6", "addr", "add", &cidr, "dev", dev, "nodad"]),
-        };
-    }
-
-    pub fn del_addr(&self, dev: &str, addr: IpAddr, prefix: u8) {
-        let cidr = format!("{addr}/{prefix}");
-        self.ip(&["addr", "del", &cidr, "dev", dev]);
-    }
-
-    /// `ip route replace DEST via VIA dev DEV` (DEST is a CIDR or `default`);
-    /// the family follows `via`.
-    pub fn route_via(&self, dest: &str, via: IpAddr, dev: &str) {
-        let via = via.to_string();
-        let family = if via.contains(':') { "-6" } else { "-4" };
-        self.ip(&[family, "route", "replace", dest, "via", &via, "dev", dev]);
-    }
-
-    /// `ip route replace default via VIA dev DEV`.
-    pub fn default_route(&self, via: IpAddr, dev: &str) {
-        self.route_via("default", via, dev);
-    }
-
     /// Pids of the processes whose network namespace this is (as `ip netns
     /// pids` finds them: /proc/<pid>/ns/net is this namespace's inode).
     pub fn pids(&self) -> Vec<i32> {
@@ -295,15 +265,15 @@ impl Drop for Netns {
 const NETNS_DIR: &str = "/run/netns";
 
 /// Creates a network namespace bind-mounted on `path`, as `ip netns add`
-/// does, and returns it open (for setns).
-fn create(path: &Path) -> io::Result<File> {
+/// does, and returns it open (for setns) with a netlink socket inside it.
+fn create(path: &Path) -> io::Result<(File, Rtnl)> {
     fs::create_dir_all(NETNS_DIR)?;
     // The mount point; an existing file is someone else's namespace.
     OpenOptions::new().write(true).create_new(true).open(path)?;
     // unshare(CLONE_NEWNET) moves only the calling thread, which then ends:
     // the bind mount keeps the namespace.
     let created = thread::scope(|s| {
-        s.spawn(|| -> io::Result<File> {
+        s.spawn(|| -> io::Result<(File, Rtnl)> {
             unshare(CloneFlags::CLONE_NEWNET)?;
             mount(
                 Some("/proc/thread-self/ns/net"),
@@ -312,7 +282,7 @@ fn create(path: &Path) -> io::Result<File> {
                 MsFlags::MS_BIND,
                 None::<&str>,
             )?;
-            File::open(path)
+            Ok((File::open(path)?, Rtnl::open()?))
         })
         .join()
         .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
@@ -330,33 +300,6 @@ fn remove(path: &Path) -> io::Result<()> {
     let unmounted = umount2(path, MntFlags::MNT_DETACH);
     fs::remove_file(path)?;
     unmounted.map_err(io::Error::from)
-}
-
-/// Creates a veth pair with one end, `a_if`, in `a` and the other, `b_if`,
-/// in `b`, both up. The ends are created directly in their namespaces, so the
-/// names only need to be unique there (and at most 15 bytes).
-pub fn veth(a: &Netns, a_if: &str, b: &Netns, b_if: &str) {
-    assert!(
-        a_if.len() <= 15 && b_if.len() <= 15,
-        "interface names are at most 15 bytes: {a_if}, {b_if}"
-    );
-    run_host(&[
-        "ip",
-        "link",
-        "add",
-        a_if,
-        "netns",
-        a.name(),
-        "type",
-        "veth",
-        "peer",
-        "name",
-        b_if,
-        "netns",
-        b.name(),
-    ]);
-    a.link_up(a_if);
-    b.link_up(b_if);
 }
 
 /// Runs a command in the test's own namespace; panics with its stderr on failure.
