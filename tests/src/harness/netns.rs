@@ -126,14 +126,6 @@ impl Netns {
         String::from_utf8_lossy(&self.run(args).stdout).into_owned()
     }
 
-    /// `ip -n <name> ARGS`; panics with ip's message on failure. (`ip -n`
-    /// switches namespace inside the ip process only.)
-    pub fn ip(&self, args: &[&str]) -> Output {
-        let mut full = vec!["ip", "-n", &self.name];
-        full.extend_from_slice(args);
-        run_host(&full)
-    }
-
     /// Runs `f` on a fresh thread that has entered this namespace, and
     /// returns its result (a panic in `f` is re-raised here). Sockets, BPF
     /// attachments by ifindex and /proc/sys/net writes made by `f` apply to
@@ -300,23 +292,6 @@ fn remove(path: &Path) -> io::Result<()> {
     let unmounted = umount2(path, MntFlags::MNT_DETACH);
     fs::remove_file(path)?;
     unmounted.map_err(io::Error::from)
-}
-
-/// Runs a command in the test's own namespace; panics with its stderr on failure.
-pub(crate) fn run_host(args: &[&str]) -> Output {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run `{}`: {e}", args.join(" ")));
-    if !out.status.success() {
-        panic!(
-            "`{}` failed ({}): {}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    out
 }
 
 fn sysctl_path(key: &str) -> PathBuf {
