@@ -425,7 +425,7 @@ pub fn delay_server_link_e(
     ns: &Netns,
     one_way: Duration,
 ) -> Result<DelayLine> {
-    topo.server.ip(&["link", "del", &e.server_if]);
+    topo.server.link_del(&e.server_if);
     veth(&topo.router, &e.router_if, ns, "e0");
     veth(ns, "e1", &topo.server, &e.server_if);
     offloads_off(&topo.router, &e.router_if)?;
@@ -453,7 +453,7 @@ pub fn delay_server_link(
     // router or neighbour solicitations of their own on the segment.
     ns.set_sysctl("net/ipv6/conf/all/disable_ipv6", "1");
     ns.set_sysctl("net/ipv6/conf/default/disable_ipv6", "1");
-    topo.server.ip(&["link", "del", &topo.server_if]);
+    topo.server.link_del(&topo.server_if);
     veth(&topo.router, &topo.router_if_c, &ns, "d0");
     veth(&ns, "d1", &topo.server, &topo.server_if);
     offloads_off(&topo.router, &topo.router_if_c)?;

@@ -120,7 +120,7 @@ fn roam_automatically(family: Family, proto: Proto, tag: &str) {
     // old address on lo. (A UDP echo keeps its socket open after the client
     // leaves: socat's per-peer child lives 600 s, so the server's side of a
     // UDP flow rightly stays translated.)
-    let old_ip = topo.laptop_a_addr.get(family).to_string();
+    let old_ip = topo.laptop_a_addr.get(family);
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let left = |d: &Vnatd| {
@@ -128,10 +128,7 @@ fn roam_automatically(family: Family, proto: Proto, tag: &str) {
                 s["datapath"]["translations"].as_u64().unwrap_or(u64::MAX)
             })
         };
-        let on_lo = topo
-            .laptop
-            .run_stdout(&["ip", "addr", "show", "dev", "lo"])
-            .contains(&format!("{old_ip}/"));
+        let on_lo = topo.laptop.addresses("lo").iter().any(|a| a.addr == old_ip);
         let server_done = proto == Proto::Udp || left(&srvd) == 0;
         if left(&lapd) == 0 && server_done && !on_lo {
             break;

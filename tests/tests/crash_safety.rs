@@ -20,38 +20,33 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde_json::Value;
+use netlink_packet_route::route::RouteProtocol;
 use vnat_daemon::datapath::kernel::fault;
 use vnat_tests::{
-    EchoServer, Host, LaptopRouterServer, StreamClient, StreamOptions, TempDir, Vnatd,
+    EchoServer, Host, LaptopRouterServer, Route, StreamClient, StreamOptions, TempDir, Vnatd,
 };
 
-/// Routes of protocol 157 in `ns` (both families), as `ip -j` shows them.
-fn vnat_routes(host: &Host) -> Vec<Value> {
-    let mut all = Vec::new();
-    for fam in ["-4", "-6"] {
-        let out = host.ns.ip(&["-j", fam, "route", "show", "proto", "157"]);
-        let text = String::from_utf8_lossy(&out.stdout);
-        let v: Value = serde_json::from_str(text.trim()).unwrap_or(Value::Array(vec![]));
-        all.extend(v.as_array().cloned().unwrap_or_default());
-    }
-    all
+/// Routes of protocol 157 in the main table of `ns` (both families), as
+/// `ip route show proto 157` lists them.
+fn vnat_routes(host: &Host) -> Vec<Route> {
+    host.ns
+        .routes()
+        .into_iter()
+        .filter(|r| r.in_main_table() && r.protocol == RouteProtocol::from(157))
+        .collect()
 }
 
 /// The addresses on `lo` in `ns`.
 fn lo_addresses(host: &Host) -> Vec<IpAddr> {
-    let out = host.ns.ip(&["-j", "addr", "show", "dev", "lo"]);
-    let v: Value = serde_json::from_slice(&out.stdout).expect("ip -j addr is JSON");
-    v.as_array()
+    host.ns
+        .addresses("lo")
         .into_iter()
-        .flatten()
-        .flat_map(|l| l["addr_info"].as_array().cloned().unwrap_or_default())
-        .filter_map(|a| a["local"].as_str().and_then(|s| s.parse().ok()))
+        .map(|a| a.addr)
         .collect()
 }
 
 /// What vnat has set up on `host`: routes of protocol 157 and addresses on
-/// `lo` other than loopback (from the kernel, with `ip`), entries of the
+/// `lo` other than loopback (from the kernel, over rtnetlink), entries of the
 /// pinned NAT maps (from the pins alone: opening a datapath would
 /// reconcile, and tidy what the check is about), and tc attachments (as
 /// vnatd reports them).
@@ -282,33 +277,30 @@ fn routes_and_addresses_vnat_did_not_make_are_left_alone() {
     let (ldir, sdir) = (TempDir::new("ckowl"), TempDir::new("ckows"));
     let server = SocketAddr::new(topo.server_addr.v4.into(), 5001);
     let _echo = EchoServer::tcp_in(&srv, server);
-    let laptop_old = topo.laptop_a_addr.v4.to_string();
-    let router_c = topo.router_c_addr.v4.to_string();
+    let laptop_old = topo.laptop_a_addr.v4;
+    let router_c = topo.router_c_addr.v4;
     // The server's administrator routes the laptop's address explicitly
     // (protocol "static"), and the laptop's keeps it on lo as well.
-    let admin_route = format!(
-        "{laptop_old} via {router_c} dev {} proto static",
-        topo.server_if
+    topo.server.add_route(
+        &laptop_old.to_string(),
+        router_c.into(),
+        &topo.server_if,
+        RouteProtocol::Static,
     );
-    let args: Vec<&str> = ["route", "add"]
-        .into_iter()
-        .chain(admin_route.split(' '))
-        .collect();
-    assert!(
-        topo.server.ip(&args).status.success(),
-        "ip route add {admin_route}"
-    );
-    assert!(topo
-        .laptop
-        .ip(&["addr", "add", &format!("{laptop_old}/32"), "dev", "lo"])
-        .status
-        .success());
-    let show_route = || {
-        let out = topo.server.ip(&["-j", "route", "show", &laptop_old]);
-        serde_json::from_slice::<Value>(&out.stdout).expect("ip -j route is JSON")
+    topo.laptop.add_addr("lo", laptop_old.into(), 32);
+    // `ip route show ADDR`: the main table's routes to exactly ADDR/32.
+    let show_route = || -> Vec<Route> {
+        topo.server
+            .routes()
+            .into_iter()
+            .filter(|r| r.in_main_table() && r.dst == IpAddr::from(laptop_old) && r.prefix == 32)
+            .collect()
     };
     let route_before = show_route();
-    assert_eq!(route_before[0]["protocol"], "static", "{route_before}");
+    assert!(
+        route_before.len() == 1 && route_before[0].protocol == RouteProtocol::Static,
+        "{route_before:?}"
+    );
 
     let lapd = Vnatd::start(&lap, ldir.path());
     let srvd = Vnatd::start(&srv, sdir.path());

@@ -4,22 +4,32 @@
 
 mod support;
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
+use netlink_packet_route::route::RouteProtocol;
 use vnat_daemon::datapath::{Datapath, DatapathError, Proto, Translation, VirtualFlow};
-use vnat_tests::{Host, SameLink};
+use vnat_tests::{Host, Route, SameLink};
 
 fn sa(s: &str) -> SocketAddr {
     s.parse().unwrap()
 }
 
-fn lo_has(h: &Host, ip: &str) -> bool {
-    h.ns.run_stdout(&["ip", "-4", "addr", "show", "dev", "lo"])
-        .contains(&format!("{ip}/32"))
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
 }
 
-fn vnat_routes(h: &Host) -> String {
-    h.ns.run_stdout(&["ip", "route", "show", "proto", "157"])
+fn lo_has(h: &Host, addr: &str) -> bool {
+    h.ns.addresses("lo")
+        .iter()
+        .any(|a| a.addr == ip(addr) && a.prefix == 32)
+}
+
+/// The main table's routes of protocol 157 (vnat's), both families.
+fn vnat_routes(h: &Host) -> Vec<Route> {
+    h.ns.routes()
+        .into_iter()
+        .filter(|r| r.in_main_table() && r.protocol == RouteProtocol::from(157))
+        .collect()
 }
 
 fn tc_users(h: &Host) -> Vec<(String, u32)> {
@@ -72,9 +82,13 @@ fn install_and_remove_set_up_and_take_down_everything() {
         "the moved-away address is not kept on lo"
     );
     assert_eq!(topo.laptop.sysctl("net.ipv4.conf.all.arp_ignore"), "1");
+    let eth0 = srv.ns.link("eth0").expect("the server's eth0").index;
     assert!(
-        vnat_routes(&srv).contains("198.18.1.2 via 198.18.1.9 dev eth0"),
-        "{}",
+        vnat_routes(&srv)
+            .iter()
+            .any(|r| (r.dst, r.prefix, r.gateway, r.oif)
+                == (ip("198.18.1.2"), 32, Some(ip("198.18.1.9")), Some(eth0))),
+        "no host route 198.18.1.2 via 198.18.1.9 dev eth0: {:?}",
         vnat_routes(&srv)
     );
     assert_eq!(tc_users(&lap), vec![("eth0".to_string(), 1)]);
@@ -117,8 +131,8 @@ fn install_and_remove_set_up_and_take_down_everything() {
         "the lo address outlived its last translation"
     );
     assert_eq!(
-        vnat_routes(&srv).trim(),
-        "",
+        vnat_routes(&srv),
+        vec![],
         "the host route outlived its translation"
     );
     assert!(
@@ -136,8 +150,7 @@ fn an_address_that_was_on_lo_before_is_left_alone() {
     let topo = SameLink::new("lifelo", false);
     let lap = Host::new(&topo.laptop, "lifelo");
     topo.move_laptop();
-    topo.laptop
-        .run(&["ip", "addr", "add", "198.18.1.2/32", "dev", "lo"]);
+    topo.laptop.add_addr("lo", ip("198.18.1.2"), 32);
     let flow = VirtualFlow {
         proto: Proto::Udp,
         local: sa("198.18.1.2:9000"),

@@ -2,6 +2,7 @@
 //! echoes, vnat-stream verifies bytes, and drop leaves nothing behind.
 //! Needs root (run through `cargo xtask test`).
 use std::{
+    fs, io,
     net::{IpAddr, SocketAddr},
     path::PathBuf,
     process::Command,
@@ -12,22 +13,28 @@ use vnat_tests::{
     BpffsDir, Cgroup, EchoServer, Family, LaptopRouterServer, SameLink, StreamClient, StreamOptions,
 };
 
-fn netns_list() -> String {
-    let out = Command::new("ip")
-        .args(["netns", "list"])
-        .output()
-        .expect("running ip netns list");
-    String::from_utf8_lossy(&out.stdout).into_owned()
+/// The namespaces `ip netns list` would show: the files in /run/netns.
+fn netns_list() -> Vec<String> {
+    match fs::read_dir("/run/netns") {
+        Ok(dir) => dir
+            .map(|e| {
+                e.expect("reading /run/netns")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => panic!("reading /run/netns: {e}"),
+    }
 }
 
 fn assert_netns_gone(names: &[String]) {
     let list = netns_list();
     for name in names {
         assert!(
-            !list
-                .lines()
-                .any(|l| l.split_whitespace().next() == Some(name.as_str())),
-            "netns {name} still exists after drop: {list}"
+            !list.contains(name),
+            "netns {name} still exists after drop: {list:?}"
         );
     }
 }
@@ -133,12 +140,16 @@ fn laptop_router_server_routes_and_echoes_dual_stack() {
             t.server
                 .wait_reachable(t.laptop_b_addr.get(family), Duration::from_secs(5));
         }
-        let addrs =
-            String::from_utf8_lossy(&t.laptop.ip(&["-br", "addr", "show", "dev", "wb"]).stdout)
-                .into_owned();
+        let addrs: Vec<(IpAddr, u8)> = t
+            .laptop
+            .addresses("wb")
+            .iter()
+            .map(|a| (a.addr, a.prefix))
+            .collect();
         assert!(
-            addrs.contains("198.18.2.2/24") && addrs.contains("fd00:5e:2::2/64"),
-            "wb: {addrs}"
+            addrs.contains(&("198.18.2.2".parse().unwrap(), 24))
+                && addrs.contains(&("fd00:5e:2::2".parse().unwrap(), 64)),
+            "wb: {addrs:?}"
         );
         t.move_laptop_to_a();
         t.laptop

@@ -106,8 +106,7 @@ fn a_host_that_gets_another_s_address_gets_nothing_of_its_connections() {
 
     // Y takes X's old place on A: the same link, the same address.
     let y_ns = Netns::new("idrey");
-    topo.laptop
-        .ip(&["link", "set", &topo.laptop_if_a, "netns", y_ns.name()]);
+    topo.laptop.link_set_netns(&topo.laptop_if_a, &y_ns);
     y_ns.link_up(&topo.laptop_if_a);
     y_ns.add_addr(&topo.laptop_if_a, a_ip, 24);
     y_ns.default_route(topo.router_a_addr.v4.into(), &topo.laptop_if_a);

@@ -50,29 +50,18 @@ fn tunnel(topo: &LaptopRouterServer) -> (ProcessGroup, ProcessGroup) {
     vnat_tests::wait_until(
         Duration::from_secs(10),
         || {
-            [&topo.laptop, &topo.router].iter().all(|ns| {
-                ns.cmd("ip")
-                    .args(["link", "show", "vt0"])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .status()
-                    .is_ok_and(|s| s.success())
-            })
+            [&topo.laptop, &topo.router]
+                .iter()
+                .all(|ns| ns.link("vt0").is_some())
         },
         || "the tun devices did not appear".into(),
     );
     // Send into the tunnel until the router's tun device has received
     // something: both ends are up and the path between them works.
     let received = || -> u64 {
-        let out = topo
-            .router
-            .cmd("ip")
-            .args(["-j", "-s", "link", "show", "vt0"])
-            .output()
-            .expect("ip");
-        serde_json::from_slice::<serde_json::Value>(&out.stdout)
-            .ok()
-            .and_then(|v| v[0]["stats64"]["rx"]["packets"].as_u64())
+        topo.router
+            .link("vt0")
+            .and_then(|l| l.rx_packets)
             .unwrap_or(0)
     };
     vnat_tests::wait_until(

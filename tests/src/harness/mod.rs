@@ -6,9 +6,11 @@ mod cgroup;
 mod daemon;
 mod echo;
 mod host;
+mod links;
 mod nat;
 mod netns;
 mod rogue;
+mod rtnl;
 mod server_move;
 mod servers;
 mod stream;
@@ -30,12 +32,14 @@ pub use cgroup::{cgroup2_mount, Cgroup};
 pub use daemon::{TempDir, Vnatd};
 pub use echo::{EchoServer, UDP_DATAGRAM_SIZE};
 pub use host::{move_flow, Host};
+pub use links::veth;
 pub use nat::{
     nat_router, nat_router_with, nat_subnet_d_as_a, port_forward, NatPorts, NAT_PUBLIC_A,
     NAT_PUBLIC_B, SERVER_PUBLIC,
 };
-pub use netns::{ss_endpoint, tcp_bytes_received, veth, Netns};
+pub use netns::{ss_endpoint, tcp_bytes_received, Netns};
 pub use rogue::Rogue;
+pub use rtnl::{Address, Link, Route};
 pub use server_move::{
     add_location_host, add_server_link_e, move_server_to_e, plug_server_e, unplug_server_c,
     LocationHost, OldServerAddress, ServerLinkE,

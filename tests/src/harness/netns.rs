@@ -7,32 +7,39 @@
 //! a thread that setns'd (setns(CLONE_NEWNET) changes only the calling thread).
 use std::{
     ffi::OsStr,
-    fs::File,
+    fs::{self, File, OpenOptions},
     io,
     net::{IpAddr, SocketAddr, TcpStream},
-    os::{fd::AsRawFd, unix::process::CommandExt},
-    path::PathBuf,
+    os::{
+        fd::AsRawFd,
+        unix::{fs::MetadataExt, process::CommandExt},
+    },
+    path::{Path, PathBuf},
     process::{Command, Output},
-    sync::Arc,
+    sync::{Arc, Mutex},
     thread,
     time::{Duration, Instant},
 };
 
 use nix::{
-    sched::{setns, CloneFlags},
+    mount::{mount, umount2, MntFlags, MsFlags},
+    sched::{setns, unshare, CloneFlags},
     sys::signal::{kill, Signal},
     unistd::Pid,
 };
 
-use super::unique_suffix;
+use super::{rtnl::Rtnl, unique_suffix};
 
 /// A uniquely named network namespace (`vt-<tag>-<pid>-<n>`) with `lo` up.
 /// Dropping it kills the processes still inside and deletes it.
 pub struct Netns {
-    name: String,
+    pub(super) name: String,
     /// Kept open for setns; shared with `pre_exec` closures of commands that
     /// may outlive a borrow of `self`.
-    fd: Arc<File>,
+    pub(super) fd: Arc<File>,
+    /// A NETLINK_ROUTE socket created inside the namespace, so it talks to
+    /// this namespace from any thread (see `links`).
+    pub(super) rtnl: Mutex<Rtnl>,
 }
 
 impl Netns {
@@ -40,17 +47,14 @@ impl Netns {
     /// digits, `-`).
     pub fn new(tag: &str) -> Netns {
         let name = format!("vt-{tag}-{}", unique_suffix());
-        run_host(&["ip", "netns", "add", &name]);
-        let path = PathBuf::from("/run/netns").join(&name);
-        let fd = match File::open(&path) {
-            Ok(f) => Arc::new(f),
-            Err(e) => {
-                let _ = Command::new("ip").args(["netns", "del", &name]).output();
-                panic!("cannot open {}: {e}", path.display());
-            }
+        let path = PathBuf::from(NETNS_DIR).join(&name);
+        let (fd, rtnl) = create(&path).unwrap_or_else(|e| panic!("creating netns {name}: {e}"));
+        let ns = Netns {
+            name,
+            fd: Arc::new(fd),
+            rtnl: Mutex::new(rtnl),
         };
-        let ns = Netns { name, fd };
-        ns.ip(&["link", "set", "lo", "up"]);
+        ns.link_up("lo");
         // Make the namespace independent of the host's defaults (a new netns
         // copies init_net's settings when net.core.devconf_inherit_init_net is
         // set): no reverse-path filter, so translated packets are judged only
@@ -70,7 +74,7 @@ impl Netns {
 
     /// `/run/netns/<name>`, for `nsenter --net=<path>` or `--netns` options.
     pub fn path(&self) -> PathBuf {
-        PathBuf::from("/run/netns").join(&self.name)
+        PathBuf::from(NETNS_DIR).join(&self.name)
     }
 
     /// A command that runs `program` inside this namespace (setns in the
@@ -120,14 +124,6 @@ impl Netns {
     /// Stdout of a successful [`Netns::run`], as a string.
     pub fn run_stdout<S: AsRef<OsStr>>(&self, args: &[S]) -> String {
         String::from_utf8_lossy(&self.run(args).stdout).into_owned()
-    }
-
-    /// `ip -n <name> ARGS`; panics with ip's message on failure. (`ip -n`
-    /// switches namespace inside the ip process only.)
-    pub fn ip(&self, args: &[&str]) -> Output {
-        let mut full = vec!["ip", "-n", &self.name];
-        full.extend_from_slice(args);
-        run_host(&full)
     }
 
     /// Runs `f` on a fresh thread that has entered this namespace, and
@@ -184,54 +180,19 @@ impl Netns {
         self.set_sysctl("net/ipv6/conf/all/forwarding", "1");
     }
 
-    pub fn link_up(&self, dev: &str) {
-        self.ip(&["link", "set", dev, "up"]);
-    }
-
-    pub fn link_down(&self, dev: &str) {
-        self.ip(&["link", "set", dev, "down"]);
-    }
-
-    /// Adds `addr/prefix` to `dev`; IPv6 addresses get `nodad` so they are
-    /// usable at once.
-    pub fn add_addr(&self, dev: &str, addr: IpAddr, prefix: u8) {
-        let cidr = format!("{addr}/{prefix}");
-        match addr {
-            IpAddr::V4(_) => self.ip(&["addr", "add", &cidr, "dev", dev]),
-            IpAddr::V6(_) => self.ip(&["-6", "addr", "add", &cidr, "dev", dev, "nodad"]),
-        };
-    }
-
-    pub fn del_addr(&self, dev: &str, addr: IpAddr, prefix: u8) {
-        let cidr = format!("{addr}/{prefix}");
-        self.ip(&["addr", "del", &cidr, "dev", dev]);
-    }
-
-    /// `ip route replace DEST via VIA dev DEV` (DEST is a CIDR or `default`);
-    /// the family follows `via`.
-    pub fn route_via(&self, dest: &str, via: IpAddr, dev: &str) {
-        let via = via.to_string();
-        let family = if via.contains(':') { "-6" } else { "-4" };
-        self.ip(&[family, "route", "replace", dest, "via", &via, "dev", dev]);
-    }
-
-    /// `ip route replace default via VIA dev DEV`.
-    pub fn default_route(&self, via: IpAddr, dev: &str) {
-        self.route_via("default", via, dev);
-    }
-
-    /// Pids of the processes whose network namespace this is.
+    /// Pids of the processes whose network namespace this is (as `ip netns
+    /// pids` finds them: /proc/<pid>/ns/net is this namespace's inode).
     pub fn pids(&self) -> Vec<i32> {
-        let out = Command::new("ip")
-            .args(["netns", "pids", &self.name])
-            .output();
-        match out {
-            Ok(out) => String::from_utf8_lossy(&out.stdout)
-                .split_whitespace()
-                .filter_map(|p| p.parse().ok())
-                .collect(),
-            Err(_) => Vec::new(),
-        }
+        let (Ok(ns), Ok(procs)) = (self.fd.metadata(), fs::read_dir("/proc")) else {
+            return Vec::new();
+        };
+        procs
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .filter(|pid: &i32| {
+                fs::metadata(format!("/proc/{pid}/ns/net"))
+                    .is_ok_and(|m| (m.dev(), m.ino()) == (ns.dev(), ns.ino()))
+            })
+            .collect()
     }
 
     /// True if a TCP connection attempt from this namespace to `addr` is
@@ -282,64 +243,55 @@ impl Drop for Netns {
                 thread::sleep(Duration::from_millis(20));
             }
         }
-        // Never panic in drop (a second panic during unwinding aborts).
-        match Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .output()
-        {
-            Ok(out) if out.status.success() => {}
-            Ok(out) => eprintln!(
-                "warning: ip netns del {} failed: {}",
-                self.name,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-            Err(e) => eprintln!("warning: cannot run ip netns del {}: {e}", self.name),
+        // Never panic in drop (a second panic during unwinding aborts). The
+        // namespace itself goes when its last user does (the open `fd`, the
+        // processes killed above), as after `ip netns del`.
+        if let Err(e) = remove(&self.path()) {
+            eprintln!("warning: deleting netns {}: {e}", self.name);
         }
     }
 }
 
-/// Creates a veth pair with one end, `a_if`, in `a` and the other, `b_if`,
-/// in `b`, both up. The ends are created directly in their namespaces, so the
-/// names only need to be unique there (and at most 15 bytes).
-pub fn veth(a: &Netns, a_if: &str, b: &Netns, b_if: &str) {
-    assert!(
-        a_if.len() <= 15 && b_if.len() <= 15,
-        "interface names are at most 15 bytes: {a_if}, {b_if}"
-    );
-    run_host(&[
-        "ip",
-        "link",
-        "add",
-        a_if,
-        "netns",
-        a.name(),
-        "type",
-        "veth",
-        "peer",
-        "name",
-        b_if,
-        "netns",
-        b.name(),
-    ]);
-    a.link_up(a_if);
-    b.link_up(b_if);
+/// Where `ip netns` keeps named namespaces: a file each, on which the
+/// namespace is bind-mounted so that it lives without a process in it.
+const NETNS_DIR: &str = "/run/netns";
+
+/// Creates a network namespace bind-mounted on `path`, as `ip netns add`
+/// does, and returns it open (for setns) with a netlink socket inside it.
+fn create(path: &Path) -> io::Result<(File, Rtnl)> {
+    fs::create_dir_all(NETNS_DIR)?;
+    // The mount point; an existing file is someone else's namespace.
+    OpenOptions::new().write(true).create_new(true).open(path)?;
+    // unshare(CLONE_NEWNET) moves only the calling thread, which then ends:
+    // the bind mount keeps the namespace.
+    let created = thread::scope(|s| {
+        s.spawn(|| -> io::Result<(File, Rtnl)> {
+            unshare(CloneFlags::CLONE_NEWNET)?;
+            mount(
+                Some("/proc/thread-self/ns/net"),
+                path,
+                None::<&str>,
+                MsFlags::MS_BIND,
+                None::<&str>,
+            )?;
+            Ok((File::open(path)?, Rtnl::open()?))
+        })
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    });
+    if created.is_err() {
+        let _ = remove(path);
+    }
+    created
 }
 
-/// Runs a command in the test's own namespace; panics with its stderr on failure.
-pub(crate) fn run_host(args: &[&str]) -> Output {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run `{}`: {e}", args.join(" ")));
-    if !out.status.success() {
-        panic!(
-            "`{}` failed ({}): {}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    out
+/// Unmounts a namespace from its file and deletes the file (`ip netns del`).
+fn remove(path: &Path) -> io::Result<()> {
+    // MNT_DETACH: processes that still have it open (nsenter, a shell) do
+    // not make this fail.
+    let unmounted = umount2(path, MntFlags::MNT_DETACH);
+    fs::remove_file(path)?;
+    unmounted.map_err(io::Error::from)
 }
 
 fn sysctl_path(key: &str) -> PathBuf {

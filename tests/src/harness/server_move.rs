@@ -80,11 +80,7 @@ pub fn move_server_to_e(topo: &LaptopRouterServer, e: &ServerLinkE, old: OldServ
     // then would be answered with a reset).
     if old == OldServerAddress::StillAnswers {
         for a in addrs(&topo.server_addr) {
-            let cidr = host_cidr(a);
-            match a {
-                IpAddr::V4(_) => s.ip(&["addr", "add", &cidr, "dev", "lo"]),
-                IpAddr::V6(_) => s.ip(&["-6", "addr", "add", &cidr, "dev", "lo", "nodad"]),
-            };
+            s.add_addr("lo", a, if a.is_ipv4() { 32 } else { 128 });
         }
     }
     unplug_server_c(topo);

@@ -9,7 +9,6 @@ use std::{
 };
 
 use anyhow::{ensure, Context, Result};
-use serde_json::Value;
 use vnat_bench::{
     host::{translate_both, untranslate_both, Counters, Host},
     iperf::{self, ClientRun, IperfServer},
@@ -345,16 +344,17 @@ impl<'a> Bed<'a> {
     }
 }
 
-/// Largest `gso_max_size`/`gro_max_size` of the two eth0 (`ip -d -j link`).
+/// Largest IFLA_GSO_MAX_SIZE / IFLA_GRO_MAX_SIZE of the two eth0.
 pub(crate) fn max_skb(topo: &SameLink) -> Result<u64> {
     let mut max = 0;
     for ns in [&topo.laptop, &topo.server] {
-        let out = ns.run_stdout(&["ip", "-d", "-j", "link", "show", "dev", "eth0"]);
-        let v: Value = serde_json::from_str(&out).context("parsing `ip -d -j link`")?;
-        for key in ["gso_max_size", "gro_max_size"] {
-            max = max.max(v[0][key].as_u64().unwrap_or(0));
+        let eth0 = ns
+            .link("eth0")
+            .with_context(|| format!("no eth0 in netns {}", ns.name()))?;
+        for size in [eth0.gso_max_size, eth0.gro_max_size] {
+            max = max.max(u64::from(size.unwrap_or(0)));
         }
     }
-    ensure!(max > 0, "`ip -d -j link` shows no gso_max_size for eth0");
+    ensure!(max > 0, "the kernel reports no gso_max_size for eth0");
     Ok(max)
 }
