@@ -12,7 +12,7 @@ pub use stats::*;
 
 /// Bumped whenever a map layout below changes; pinned maps from an older ABI
 /// are refused (and must be removed) rather than misread.
-pub const ABI_VERSION: u32 = 6;
+pub const ABI_VERSION: u32 = 7;
 
 pub const AF_INET: u8 = 2;
 pub const AF_INET6: u8 = 10;
@@ -25,6 +25,9 @@ pub const MAP_EGRESS_NAT: &str = "VNAT_EGRESS_NAT";
 pub const MAP_INGRESS_NAT: &str = "VNAT_INGRESS_NAT";
 pub const MAP_STATS: &str = "VNAT_STATS";
 pub const MAP_CONFIG: &str = "VNAT_CONFIG";
+/// TCP connections of enabled cgroups' sockets in other network namespaces
+/// (containers behind this host), keyed by [`GuestKey`].
+pub const MAP_GUESTS: &str = "VNAT_GUESTS";
 
 /// Program names (the function names in `vnat-ebpf`).
 pub const PROG_SOCKOPS: &str = "vnat_sockops";
@@ -62,6 +65,9 @@ pub const MAP_UDP_PER_SOCK: &str = "VNAT_UDP_PER_SOCK";
 /// answered), idle for this long, is dropped by vnatd's housekeeping
 /// (unless the flow is translated): a spoofed source leaves no trace.
 pub const UDP_IDLE_NS: u64 = 180_000_000_000;
+
+/// Capacity of [`MAP_GUESTS`] (allocated on demand, like the others).
+pub const GUESTS_MAX_ENTRIES: u32 = 65_536;
 
 /// Capacity of each NAT map (one entry per translated flow and direction).
 pub const NAT_MAX_ENTRIES: u32 = 131_072;
@@ -104,6 +110,18 @@ impl FlowKey {
         }
     }
 }
+
+/// Key of [`MAP_GUESTS`]: a connection of a socket in another network
+/// namespace, as that socket sees it (`flow.src` = its own private end).
+/// The namespace keeps two containers with the same private address apart.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GuestKey {
+    /// `bpf_get_netns_cookie` of the socket's namespace.
+    pub netns_cookie: u64,
+    pub flow: FlowKey,
+}
+const _: () = assert!(core::mem::size_of::<GuestKey>() == 48);
 
 /// Word 2 of an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`, RFC 4291
 /// section 2.5.5.2) as it sits in memory: bytes `00 00 ff ff`.
@@ -325,6 +343,7 @@ mod pod {
     unsafe impl aya::Pod for super::ConnRecord {}
     unsafe impl aya::Pod for super::NatRewrite {}
     unsafe impl aya::Pod for super::DatapathConfig {}
+    unsafe impl aya::Pod for super::GuestKey {}
 }
 
 /// Map of flows whose peer moved behind a NAT and whose new port is not

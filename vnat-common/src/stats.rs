@@ -80,4 +80,9 @@ counters! {
     /// A fragment after the first of a datagram whose first fragment was
     /// translated, translated by that datagram's flow (addresses only).
     STAT_FRAGMENT_TRANSLATED = 23, "fragment_translated";
+    /// A TCP connection of an enabled cgroup's socket in another network
+    /// namespace (a container) was recorded in the guest map.
+    STAT_GUEST_RECORDED = 24, "guest_recorded";
+    /// A guest connection could not be recorded: the guest map is full.
+    STAT_GUESTS_MAP_FULL = 25, "guests_map_full";
 }

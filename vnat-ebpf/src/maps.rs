@@ -7,9 +7,9 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray},
 };
 use vnat_common::{
-    ConnRecord, DatapathConfig, FlowKey, NatRewrite, RebindKey, RebindValue, CFG_F_BIND_DIVERT,
-    CFG_F_NAT_EMPTY, CFG_F_NETNS_FILTER, CFG_F_REBINDING, CONNS_MAX_ENTRIES, NAT_MAX_ENTRIES,
-    REBIND_MAX_ENTRIES, STAT_COUNT,
+    ConnRecord, DatapathConfig, FlowKey, GuestKey, NatRewrite, RebindKey, RebindValue,
+    CFG_F_BIND_DIVERT, CFG_F_NAT_EMPTY, CFG_F_NETNS_FILTER, CFG_F_REBINDING, CONNS_MAX_ENTRIES,
+    GUESTS_MAX_ENTRIES, NAT_MAX_ENTRIES, REBIND_MAX_ENTRIES, STAT_COUNT,
 };
 
 /// BPF_F_NO_PREALLOC: entries are allocated on insert, so the capacity costs
@@ -19,6 +19,12 @@ const NO_PREALLOC: u32 = 1;
 #[map]
 pub static VNAT_CONNS: HashMap<FlowKey, ConnRecord> =
     HashMap::pinned(CONNS_MAX_ENTRIES, NO_PREALLOC);
+
+/// Connections of sockets in other network namespaces (containers behind
+/// this host); vnatd decides from the host's NAT whether one is its own.
+#[map]
+pub static VNAT_GUESTS: HashMap<GuestKey, ConnRecord> =
+    HashMap::pinned(GUESTS_MAX_ENTRIES, NO_PREALLOC);
 
 #[map]
 pub static VNAT_EGRESS_NAT: HashMap<FlowKey, NatRewrite> =

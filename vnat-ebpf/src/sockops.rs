@@ -16,12 +16,12 @@ use aya_ebpf::{
     programs::SockOpsContext,
 };
 use vnat_common::{
-    ConnRecord, FlowKey, AF_INET, AF_INET6, ORIGIN_TCP_ACTIVE, ORIGIN_TCP_PASSIVE, PROTO_TCP,
-    STAT_CONNS_MAP_FULL, STAT_OTHER_NETNS, STAT_SOCKOPS_RECORDED, STAT_SOCKOPS_REMOVED,
-    STAT_SOCKOPS_RTO,
+    ConnRecord, FlowKey, GuestKey, AF_INET, AF_INET6, ORIGIN_TCP_ACTIVE, ORIGIN_TCP_PASSIVE,
+    PROTO_TCP, STAT_CONNS_MAP_FULL, STAT_GUESTS_MAP_FULL, STAT_GUEST_RECORDED,
+    STAT_SOCKOPS_RECORDED, STAT_SOCKOPS_REMOVED, STAT_SOCKOPS_RTO,
 };
 
-use crate::maps::{count, netns_is_ours, VNAT_CONNS};
+use crate::maps::{count, netns_is_ours, VNAT_CONNS, VNAT_GUESTS};
 
 /// `TCP_CLOSE` from include/net/tcp_states.h.
 const TCP_CLOSE: u32 = 7;
@@ -61,10 +61,8 @@ fn on_connect(ctx: &SockOpsContext) {
     // SAFETY: helper calls are unsafe only because Rust cannot check their
     // arguments; the verifier does, at load time. `ctx.ops` is this
     // program's context pointer, the argument both cookie helpers take.
-    let netns = unsafe { bpf_get_netns_cookie(ctx.ops as *mut _) };
-    if !netns_is_ours(netns) {
-        return;
-    }
+    // The owner is kept for sockets of every namespace: a container's
+    // connection (another namespace) is recorded as a guest.
     // SAFETY: as above, the context pointer is the argument.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.ops as *mut _) };
     let owner = Owner {
@@ -140,10 +138,7 @@ fn on_established(ctx: &SockOpsContext, origin: u8) {
     // SAFETY: the context pointer is the argument the helper takes; the
     // verifier checks it at load time.
     let netns = unsafe { bpf_get_netns_cookie(ctx.ops as *mut _) };
-    if !netns_is_ours(netns) {
-        count(STAT_OTHER_NETNS);
-        return;
-    }
+    let ours = netns_is_ours(netns);
     let Some(key) = key_of(ctx) else { return };
     // SAFETY: as above, the context pointer is the argument.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.ops as *mut _) };
@@ -189,11 +184,25 @@ fn on_established(ctx: &SockOpsContext, origin: u8) {
         rec.comm = owner.comm;
         let _ = VNAT_CONNECTING.remove(&cookie);
     }
-    if VNAT_CONNS.insert(&key, &rec, 0).is_err() {
+    if !ours {
+        // Another namespace's socket in an enabled cgroup: a container's,
+        // or a namespace that is no guest of this host's at all (vnatd
+        // tells them apart by the host's NAT). Kept apart by namespace.
+        let guest = GuestKey {
+            netns_cookie: netns,
+            flow: key,
+        };
+        if VNAT_GUESTS.insert(&guest, &rec, 0).is_err() {
+            count(STAT_GUESTS_MAP_FULL);
+            return;
+        }
+        count(STAT_GUEST_RECORDED);
+    } else if VNAT_CONNS.insert(&key, &rec, 0).is_err() {
         count(STAT_CONNS_MAP_FULL);
         return;
+    } else {
+        count(STAT_SOCKOPS_RECORDED);
     }
-    count(STAT_SOCKOPS_RECORDED);
     // Ask for state-change callbacks so the record goes away on close, and
     // for retransmission-timeout callbacks so that the daemon knows the
     // sequence number to quote when it restarts the connection after an
@@ -215,6 +224,13 @@ fn on_established(ctx: &SockOpsContext, origin: u8) {
 /// the socket is out of backoff (icsk_retransmits is 0) or has timed out
 /// again and this ran again.
 fn on_rto(ctx: &SockOpsContext) {
+    // A guest's socket is restarted by its own TCP (vnatd cannot reach it
+    // from this namespace), and its tuple must not touch a host record.
+    // SAFETY: the context pointer is the argument the helper takes.
+    let netns = unsafe { bpf_get_netns_cookie(ctx.ops as *mut _) };
+    if !netns_is_ours(netns) {
+        return;
+    }
     let Some(key) = key_of(ctx) else { return };
     let Some(rec) = VNAT_CONNS.get_ptr_mut(&key) else {
         return;
@@ -248,6 +264,16 @@ fn on_state(ctx: &SockOpsContext) {
         return;
     }
     let Some(key) = key_of(ctx) else { return };
+    // SAFETY: the context pointer is the argument the helper takes.
+    let netns = unsafe { bpf_get_netns_cookie(ctx.ops as *mut _) };
+    if !netns_is_ours(netns) {
+        let guest = GuestKey {
+            netns_cookie: netns,
+            flow: key,
+        };
+        let _ = VNAT_GUESTS.remove(&guest);
+        return;
+    }
     if VNAT_CONNS.remove(&key).is_ok() {
         count(STAT_SOCKOPS_REMOVED);
     }

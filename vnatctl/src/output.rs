@@ -46,6 +46,23 @@ pub struct LsRow {
     pub seen_by_peer_as: Option<String>,
     /// Why it cannot move, in a few words; null when it can.
     pub why_not_mobile: Option<String>,
+    /// A container's connection (a socket in another network namespace
+    /// behind this host's NAT): where it lives. The endpoints above are
+    /// then the public ones, after the host's NAT. Null for the host's own.
+    pub guest: Option<GuestRow>,
+}
+
+/// `guest` of an `ls` row.
+#[derive(Debug, Serialize)]
+pub struct GuestRow {
+    /// "net:[INODE]" as lsns and /proc/PID/ns/net name it; null if no
+    /// process of it is known.
+    pub netns: Option<String>,
+    /// The kernel's cookie for the namespace (`bpf_get_netns_cookie`).
+    pub netns_cookie: u64,
+    /// The socket's own ends, "ip:port", before the host's NAT.
+    pub private_local: String,
+    pub private_remote: String,
 }
 
 impl From<&ListedConnection> for LsRow {
@@ -69,6 +86,12 @@ impl From<&ListedConnection> for LsRow {
             behind_nat: listed.seen_by_peer_as.is_some(),
             seen_by_peer_as: listed.seen_by_peer_as.map(|a| a.to_string()),
             why_not_mobile: listed.why_not_mobile.clone(),
+            guest: c.guest.as_ref().map(|g| GuestRow {
+                netns: g.netns.clone(),
+                netns_cookie: g.netns_cookie,
+                private_local: g.private_local.to_string(),
+                private_remote: g.private_remote.to_string(),
+            }),
         }
     }
 }
@@ -113,11 +136,27 @@ pub fn ls_table(rows: &[LsRow]) -> String {
     table(&LS_HEADER, &cells)
 }
 
-/// The `ls` NOTE: where a NAT put our end, or why it cannot move.
+/// The `ls` NOTE: where a NAT put our end, or why it cannot move; for a
+/// container's connection, first its namespace and private end.
 fn note(r: &LsRow) -> String {
-    match (&r.seen_by_peer_as, &r.why_not_mobile) {
-        (_, Some(why)) => why.clone(),
-        (Some(seen), None) => format!("NAT: the peer sees {seen}"),
+    let rest = match (&r.seen_by_peer_as, &r.why_not_mobile) {
+        (_, Some(why)) => Some(why.clone()),
+        (Some(seen), None) => Some(format!("NAT: the peer sees {seen}")),
+        (None, None) => None,
+    };
+    let guest = r.guest.as_ref().map(|g| {
+        format!(
+            "container {} at {}",
+            g.netns
+                .clone()
+                .unwrap_or_else(|| format!("netns cookie {}", g.netns_cookie)),
+            g.private_local
+        )
+    });
+    match (guest, rest) {
+        (Some(g), Some(r)) => format!("{g}; {r}"),
+        (Some(g), None) => g,
+        (None, Some(r)) => r,
         (None, None) => "-".into(),
     }
 }

@@ -38,6 +38,7 @@ fn conn(
         age_secs: 12,
         tcp_isns: None,
         udp_inbound_only: false,
+        guest: None,
     };
     // The native TCP one has a vnatd peer in this sample; the UDP one not.
     let mobile = proto == Proto::Tcp;
@@ -100,6 +101,7 @@ fn ls_json_keys_are_the_contract() {
         "behind_nat",
         "seen_by_peer_as",
         "why_not_mobile",
+        "guest",
     ];
     let mut keys_sorted = keys.clone();
     keys_sorted.sort_unstable();
@@ -117,7 +119,8 @@ fn ls_json_keys_are_the_contract() {
             "physical_local": "198.18.1.2:40000", "physical_remote": "198.18.3.2:5001",
             "state": "native", "pid": 42, "command": "curl", "cgroup": "/system.slice/app.service",
             "cgroup_id": 5, "cookie": 99, "age_secs": 12, "mobile": true,
-            "behind_nat": false, "seen_by_peer_as": null, "why_not_mobile": null
+            "behind_nat": false, "seen_by_peer_as": null, "why_not_mobile": null,
+            "guest": null
         })
     );
     assert_eq!(array[1]["proto"], "udp");
@@ -417,5 +420,38 @@ fn ls_shows_where_a_nat_put_our_end() {
             .nth(1)
             .is_some_and(|l| l.ends_with("NAT: the peer sees 203.0.113.9:61000")),
         "{text}"
+    );
+}
+
+#[test]
+fn a_containers_connection_shows_its_namespace_and_private_end() {
+    let mut listed = conn(
+        Proto::Tcp,
+        "198.18.1.2:40001",
+        "198.18.3.2:5001",
+        "198.18.1.2:40001",
+        ConnState::Native,
+        Some(42),
+    );
+    listed.info.guest = Some(vnat_daemon::datapath::GuestInfo {
+        netns_cookie: 4099,
+        netns: Some("net:[4026532999]".into()),
+        private_local: "10.88.0.2:40000".parse().unwrap(),
+        private_remote: "198.18.3.2:5001".parse().unwrap(),
+    });
+    let rows = select(vec![listed], None, None);
+    let v = serde_json::to_value(&rows).expect("serializable");
+    assert_eq!(
+        v[0]["guest"],
+        json!({
+            "netns": "net:[4026532999]", "netns_cookie": 4099,
+            "private_local": "10.88.0.2:40000", "private_remote": "198.18.3.2:5001"
+        })
+    );
+    assert_eq!(v[0]["virtual_local"], "198.18.1.2:40001", "the public end");
+    let table = crate::output::ls_table(&rows);
+    assert!(
+        table.contains("container net:[4026532999] at 10.88.0.2:40000"),
+        "{table}"
     );
 }

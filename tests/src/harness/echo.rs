@@ -108,6 +108,13 @@ impl EchoServer {
         Self::start_in(host.ns, Some(&host.cgroup), addr, true, &args)
     }
 
+    /// TCP echo inside a container: its own namespace and cgroup
+    /// ([`super::Container`]), with nothing of vnat's there.
+    pub fn tcp_in_container(c: &super::Container, addr: SocketAddr) -> EchoServer {
+        let listen = format!("TCP-LISTEN:{},reuseaddr,fork", addr.port());
+        Self::start_in(&c.ns, Some(&c.cgroup), addr, false, &[&listen, "EXEC:cat"])
+    }
+
     /// socat listening with `listen` inside `host`'s namespace and cgroup:
     /// `EXEC:cat` for TCP, `PIPE` with datagrams of [`UDP_DATAGRAM_SIZE`]
     /// and a 600 s idle timeout for UDP.

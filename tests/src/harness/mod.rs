@@ -3,6 +3,7 @@ mod attacker;
 mod bpffs;
 mod capture;
 mod cgroup;
+mod container;
 mod daemon;
 mod echo;
 mod host;
@@ -29,6 +30,7 @@ pub use attacker::{
 pub use bpffs::{ensure_bpffs_mounted, BpffsDir, BPFFS_ROOT};
 pub use capture::Capture;
 pub use cgroup::{cgroup2_mount, Cgroup};
+pub use container::Container;
 pub use daemon::{TempDir, Vnatd};
 pub use echo::{EchoServer, UDP_DATAGRAM_SIZE};
 pub use host::{move_flow, Host};

@@ -102,7 +102,7 @@ pub fn port_forward(
     load_ruleset(r, "dnat", &ruleset)
 }
 
-fn load_ruleset(r: &super::Netns, what: &str, ruleset: &str) -> Result<(), String> {
+pub(crate) fn load_ruleset(r: &super::Netns, what: &str, ruleset: &str) -> Result<(), String> {
     let file = std::env::temp_dir().join(format!("vnat-{what}-{}.nft", r.name()));
     std::fs::write(&file, ruleset).map_err(|e| format!("writing the nft ruleset: {e}"))?;
     let out = r.try_run(&["nft", "-f", &file.display().to_string()]);

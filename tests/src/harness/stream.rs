@@ -251,6 +251,30 @@ impl StreamClient {
         self.wait_verified_at_least(now + more, timeout)
     }
 
+    /// Waits up to `timeout` for the stream to fail (a reset, a mismatch,
+    /// an exit) and returns what it reported; `None` if it is still fine.
+    pub fn wait_error(&self, timeout: Duration) -> Option<String> {
+        let deadline = Instant::now() + timeout;
+        let (lock, cv) = &*self.shared;
+        let mut s = lock.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(err) = s.latest.as_ref().and_then(|l| l.error.clone()) {
+                return Some(err);
+            }
+            if s.closed || s.final_status.is_some() {
+                return Some(format!("the stream ended: {}", s.stderr.trim()));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            s = cv
+                .wait_timeout(s, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
     /// Waits until a status line satisfies `done`; panics (with the latest
     /// status) if the stream reports an error, exits, or `timeout` passes.
     pub fn wait_until(

@@ -544,6 +544,7 @@ mod tests {
                 age_secs: 3,
                 tcp_isns: None,
                 udp_inbound_only: false,
+                guest: None,
             },
             mobile: true,
             seen_by_peer_as: None,

@@ -73,6 +73,7 @@ impl FakeDatapath {
                 age_secs: 0,
                 tcp_isns: None,
                 udp_inbound_only: false,
+                guest: None,
             },
         );
         id

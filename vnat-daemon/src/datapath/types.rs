@@ -61,6 +61,25 @@ pub struct ConnectionInfo {
     /// a flow is no pairing target until this host sends to it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub udp_inbound_only: bool,
+    /// A container's connection: its socket lives in another network
+    /// namespace behind this host's NAT, and the endpoints above are the
+    /// public ones, after the host's NAT, as the peer sees them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest: Option<GuestInfo>,
+}
+
+/// Where a container's connection lives (see [`ConnectionInfo::guest`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestInfo {
+    /// `bpf_get_netns_cookie` of the socket's namespace.
+    pub netns_cookie: u64,
+    /// The namespace as `ip netns identify`/lsns name it (`net:[INODE]`),
+    /// when a process of the connection is known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns: Option<String>,
+    /// The socket's own ends, before the host's NAT.
+    pub private_local: SocketAddr,
+    pub private_remote: SocketAddr,
 }
 
 /// A translation for one flow (what `install_translation` takes).

@@ -4,6 +4,8 @@
 use super::*;
 use vnat_common::{ORIGIN_UDP_RECVMSG, UDP_DIR_RECV, UDP_IDLE_NS};
 
+use crate::datapath::GuestInfo;
+
 impl KernelDatapath {
     /// Complete UDP flows whose connect() ran before the socket had a local
     /// port; drop UDP records whose socket is gone, and those of a source
@@ -123,6 +125,11 @@ impl KernelDatapath {
             .collect::<Result<_, _>>()
             .map_err(map_err(MAP_CONNS))?;
         records.extend(self.completed_udp().into_iter().map(|(_, k, r)| (k, r)));
+        let mut guests: StdHashMap<FlowKey, GuestInfo> = StdHashMap::new();
+        for g in self.guests()? {
+            records.push((g.key, g.rec));
+            guests.insert(g.key, g.info);
+        }
         let translations: StdHashMap<FlowKey, Translation> = self
             .egress_entries()?
             .iter()
@@ -156,8 +163,10 @@ impl KernelDatapath {
             }
             let key = flow.to_key();
             let t = translations.get(&key);
+            let guest = guests.remove(&key);
             let mut pid = (rec.pid != 0).then_some(rec.pid);
-            if pid.is_none() && with_owners {
+            // A guest's socket is not in this namespace's /proc/net.
+            if pid.is_none() && with_owners && guest.is_none() {
                 let s = sockets.get_or_insert_with(procfs::socket_inodes);
                 let o = owners.get_or_insert_with(procfs::inode_owners);
                 pid = s
@@ -206,6 +215,7 @@ impl KernelDatapath {
                 udp_inbound_only: flow.proto == Proto::Udp
                     && rec.origin == ORIGIN_UDP_RECVMSG
                     && rec.udp_dirs == UDP_DIR_RECV,
+                guest,
             });
         }
         out.sort_by_key(|c| (c.proto, c.virtual_local, c.virtual_remote));

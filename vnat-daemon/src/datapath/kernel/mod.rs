@@ -3,7 +3,9 @@
 //! directory so that translation survives the process (DESIGN.md §3).
 
 mod attach;
+mod conntrack;
 pub mod fault;
+mod guests;
 mod listing;
 mod mirror;
 mod nat;
@@ -66,6 +68,9 @@ pub struct KernelDatapath {
     /// Between `begin_batch` and `end_batch`: route lookups made and host
     /// routes set in this batch.
     memo: std::cell::RefCell<Option<RouteMemo>>,
+    /// Containers' connections: which NAT entries are pinned, which public
+    /// flows are guests' (`guests.rs`).
+    guests: std::cell::RefCell<guests::GuestState>,
     /// This process's copy of the two NAT maps, read from the pins at open
     /// and kept in step with every write (only this process writes them;
     /// the programs only read). Deciding whether anything else still needs
@@ -129,6 +134,7 @@ impl KernelDatapath {
             bind_ifaces: Default::default(),
             lo_ours: Default::default(),
             memo: Default::default(),
+            guests: Default::default(),
             mirror: Default::default(),
             nat_empty: false,
             rebinding: true,
@@ -537,6 +543,11 @@ impl Datapath for KernelDatapath {
             Err(e) if is_not_found(&e) => None,
             Err(e) => return Err(map_err(MAP_CONNS)(e)),
         };
+        if record.is_none() && self.guests.borrow().is_guest(&key) {
+            // A container's socket is in its own namespace, out of the
+            // levers' reach: its own TCP retransmits.
+            return Ok(super::RestartOutcome::NotStalled);
+        }
         restart::restart_flow(flow, record.as_ref())
     }
 

@@ -12,12 +12,12 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use vnat_common::{
-    ConnRecord, DatapathConfig, FlowKey, NatRewrite, RebindKey, RebindValue, UdpPending,
+    ConnRecord, DatapathConfig, FlowKey, GuestKey, NatRewrite, RebindKey, RebindValue, UdpPending,
     ABI_VERSION, CFG_F_NAT_EMPTY, CFG_F_NETNS_FILTER, MAP_CONFIG, MAP_CONNS, MAP_EGRESS_NAT,
-    MAP_INGRESS_NAT, MAP_REBIND, MAP_STATS, MAP_UDP_COUNT, MAP_UDP_PENDING, MAP_UDP_PER_SOCK,
-    PROG_SOCKOPS, PROG_TC_EGRESS, PROG_TC_EGRESS_L3, PROG_TC_INGRESS, PROG_TC_INGRESS_L3,
-    PROG_UDP_CONNECT4, PROG_UDP_CONNECT6, PROG_UDP_RECVMSG4, PROG_UDP_RECVMSG6, PROG_UDP_RELEASE,
-    PROG_UDP_SENDMSG4, PROG_UDP_SENDMSG6,
+    MAP_GUESTS, MAP_INGRESS_NAT, MAP_REBIND, MAP_STATS, MAP_UDP_COUNT, MAP_UDP_PENDING,
+    MAP_UDP_PER_SOCK, PROG_SOCKOPS, PROG_TC_EGRESS, PROG_TC_EGRESS_L3, PROG_TC_INGRESS,
+    PROG_TC_INGRESS_L3, PROG_UDP_CONNECT4, PROG_UDP_CONNECT6, PROG_UDP_RECVMSG4, PROG_UDP_RECVMSG6,
+    PROG_UDP_RELEASE, PROG_UDP_SENDMSG4, PROG_UDP_SENDMSG6,
 };
 
 use crate::datapath::DatapathError;
@@ -38,6 +38,7 @@ pub const SOCK_ADDR_PROGRAMS: [&str; 6] = [
 /// Typed handles on the pinned maps.
 pub struct Maps {
     pub conns: HashMap<MapData, FlowKey, ConnRecord>,
+    pub guests: HashMap<MapData, GuestKey, ConnRecord>,
     pub egress: HashMap<MapData, FlowKey, NatRewrite>,
     pub ingress: HashMap<MapData, FlowKey, NatRewrite>,
     pub stats: PerCpuArray<MapData, u64>,
@@ -159,6 +160,7 @@ pub fn load(bpffs: &Path) -> Result<Loaded, DatapathError> {
     };
     let maps = Maps {
         conns: HashMap::try_from(take(&mut ebpf, MAP_CONNS)?).map_err(map_err(MAP_CONNS))?,
+        guests: HashMap::try_from(take(&mut ebpf, MAP_GUESTS)?).map_err(map_err(MAP_GUESTS))?,
         egress: HashMap::try_from(take(&mut ebpf, MAP_EGRESS_NAT)?)
             .map_err(map_err(MAP_EGRESS_NAT))?,
         ingress: HashMap::try_from(take(&mut ebpf, MAP_INGRESS_NAT)?)

@@ -1,0 +1,75 @@
+//! A container as Docker's default bridge network makes one: its own
+//! network namespace on a veth to its host, an address of a private
+//! subnet, the host as its default gateway, the host's nftables
+//! masquerading whatever it sends out, and `-p HOST:CTR` publishing a port
+//! with destination NAT. Nothing of vnat's runs inside it: only its cgroup
+//! can be enabled on the host's vnatd.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use super::{nat::load_ruleset, veth, Cgroup, Netns};
+
+pub struct Container {
+    pub ns: Netns,
+    pub cgroup: Cgroup,
+    /// Its private address (10.S.0.2/24, the host being 10.S.0.1).
+    pub addr: Ipv4Addr,
+    host_if: String,
+    table: String,
+}
+
+impl Container {
+    /// A container behind `host` on subnet 10.`subnet`.0.0/24, its veth
+    /// named `host_if` on the host's side, masqueraded by the host towards
+    /// every other interface. `tag` names its namespace, cgroup and nft
+    /// table (keep it short).
+    pub fn behind(host: &Netns, tag: &str, subnet: u8, host_if: &str) -> Container {
+        let ns = Netns::new(tag);
+        veth(host, host_if, &ns, "eth0");
+        let gw = Ipv4Addr::new(10, subnet, 0, 1);
+        let addr = Ipv4Addr::new(10, subnet, 0, 2);
+        host.add_addr(host_if, gw.into(), 24);
+        ns.add_addr("eth0", addr.into(), 24);
+        ns.default_route(gw.into(), "eth0");
+        host.enable_forwarding();
+        let table = format!("vnatctr_{}", tag.replace('-', "_"));
+        let ruleset = format!(
+            "table ip {table} {{
+                chain post {{
+                    type nat hook postrouting priority srcnat;
+                    ip saddr 10.{subnet}.0.0/24 oifname != \"{host_if}\" masquerade
+                }}
+            }}"
+        );
+        load_ruleset(host, &table, &ruleset).unwrap_or_else(|e| panic!("{e}"));
+        Container {
+            ns,
+            cgroup: Cgroup::new(tag),
+            addr,
+            host_if: host_if.to_string(),
+            table,
+        }
+    }
+
+    /// `docker run -p host_port:port`: TCP to any of `host`'s addresses on
+    /// `host_port` goes to the container's `port`.
+    pub fn publish(&self, host: &Netns, host_port: u16, port: u16) {
+        let rule = format!(
+            "table ip {t} {{
+                chain pre {{
+                    type nat hook prerouting priority dstnat;
+                    iifname != \"{i}\" tcp dport {host_port} dnat to {a}:{port}
+                }}
+            }}",
+            t = self.table,
+            i = self.host_if,
+            a = self.addr,
+        );
+        load_ruleset(host, &format!("{}_pub", self.table), &rule).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// `addr`'s IP with `port`.
+    pub fn endpoint(&self, port: u16) -> SocketAddr {
+        SocketAddr::new(IpAddr::V4(self.addr), port)
+    }
+}

@@ -1,0 +1,169 @@
+//! Containers in their own network namespaces behind their host's NAT
+//! (issue 17). The container is what Docker's default bridge network makes
+//! (`harness::Container`): a veth to the host, the host's nftables
+//! masquerading it and publishing its ports. Nothing of vnat's runs inside
+//! it; its cgroup is enabled on the host's vnatd with `vnatctl enable`.
+
+mod support;
+
+use std::{net::SocketAddr, time::Duration};
+
+use serde_json::Value;
+use vnat_daemon::datapath::Proto;
+use vnat_tests::{
+    Container, EchoServer, Family, Host, LaptopRouterServer, StreamClient, StreamOptions, TempDir,
+    Vnatd,
+};
+
+/// The rows of `vnatctl ls` that are containers' connections.
+fn guest_rows(d: &Vnatd) -> Vec<Value> {
+    d.ctl(&["ls"])
+        .expect("vnatd unreachable")
+        .as_array()
+        .expect("ls is an array")
+        .iter()
+        .filter(|r| !r["guest"].is_null())
+        .cloned()
+        .collect()
+}
+
+fn enable(d: &Vnatd, c: &Container) {
+    let path = c.cgroup.path().display().to_string();
+    let out = d
+        .ctl(&["enable", "--cgroup", &path])
+        .expect("vnatd unreachable");
+    assert_eq!(out["enabled"], true, "{out}");
+}
+
+fn stream_from(c: &Container, server: SocketAddr, proto: Proto) -> StreamClient {
+    let opts = match proto {
+        Proto::Tcp => StreamOptions::tcp(server),
+        Proto::Udp => StreamOptions::udp(server),
+    }
+    .rate(300_000);
+    let mut cmd = opts.command(&c.ns);
+    c.cgroup.join_on_spawn(&mut cmd);
+    StreamClient::from_command(cmd)
+}
+
+/// A container on the laptop talks to the server; the laptop moves from
+/// subnet A to B. The container's connection carries on, byte-exact on the
+/// same socket, under the public name the server knows.
+fn container_moves_with_its_host(proto: Proto, tag: &str) {
+    let topo = LaptopRouterServer::builder().tag(tag).build();
+    let lap = Host::new(&topo.laptop, &format!("{tag}l"));
+    let srv = Host::new(&topo.server, &format!("{tag}s"));
+    let ctr = Container::behind(&topo.laptop, &format!("{tag}c"), 88, "ct0");
+    let (ldir, sdir) = (
+        TempDir::new(&format!("{tag}l")),
+        TempDir::new(&format!("{tag}s")),
+    );
+    let server = SocketAddr::new(topo.server_addr.get(Family::V4), 5001);
+    let _echo = match proto {
+        Proto::Tcp => EchoServer::tcp_in(&srv, server),
+        Proto::Udp => EchoServer::udp_in(&srv, server),
+    };
+    let lapd = Vnatd::start(&lap, ldir.path());
+    let srvd = Vnatd::start(&srv, sdir.path());
+    enable(&lapd, &ctr);
+
+    let client = stream_from(&ctr, server, proto);
+    let before = client.wait_verified_at_least(50_000, Duration::from_secs(10));
+    let private: SocketAddr = before.local.parse().expect("local endpoint");
+    assert_eq!(private.ip(), ctr.addr, "the stream runs in the container");
+    lapd.wait_paired("the laptop's vnatd");
+    srvd.wait_paired("the server's vnatd");
+
+    // The laptop's vnatd shows the container's connection under its public
+    // name: the laptop's address and the NAT's port.
+    let rows = guest_rows(&lapd);
+    let row = rows
+        .iter()
+        .find(|r| r["guest"]["private_local"] == private.to_string())
+        .unwrap_or_else(|| panic!("the container's connection is not listed: {rows:?}"));
+    let public: SocketAddr = row["virtual_local"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .expect("virtual_local");
+    assert_eq!(public.ip(), topo.laptop_a_addr.get(Family::V4));
+    assert_eq!(row["virtual_remote"], server.to_string());
+    assert_eq!(row["guest"]["private_remote"], server.to_string());
+    assert!(
+        row["guest"]["netns"]
+            .as_str()
+            .is_some_and(|n| n.starts_with("net:[")),
+        "no namespace shown: {row}"
+    );
+    assert!(
+        lapd.mobile_to(&proto.to_string(), server.ip()),
+        "not mobile"
+    );
+
+    topo.move_laptop_to_b();
+    let at_move = client.latest().expect("status").verified;
+    let after = client.wait_verified_at_least(at_move + 100_000, Duration::from_secs(20));
+
+    let moved = SocketAddr::new(topo.laptop_b_addr.get(Family::V4), public.port());
+    let rows = guest_rows(&lapd);
+    assert!(
+        rows.iter().any(|r| r["virtual_local"] == public.to_string()
+            && r["physical_local"] == moved.to_string()
+            && r["state"] == "translated"),
+        "the laptop's vnatd does not show the container's connection moved: {rows:?}"
+    );
+    let ls = srvd.ctl(&["ls"]).expect("server vnatd unreachable");
+    assert!(
+        ls.as_array()
+            .expect("array")
+            .iter()
+            .any(|r| r["virtual_remote"] == public.to_string()
+                && r["physical_remote"] == moved.to_string()),
+        "the server does not send to the laptop's new address: {ls}"
+    );
+    let fin = client.stop();
+    assert_eq!(fin.error, None, "{:?}", fin.json);
+    assert_eq!(fin.local, before.local, "the container's socket changed");
+    assert!(fin.verified >= after.verified);
+}
+
+#[test]
+fn tcp_of_a_container_behind_the_laptops_nat_survives_the_move() {
+    container_moves_with_its_host(Proto::Tcp, "ctt");
+}
+
+/// A container whose cgroup is not enabled is not vnat's: not listed, and
+/// its connection is left to the host's NAT, which loses it when the
+/// laptop moves, as it would without vnat.
+#[test]
+fn a_container_not_enabled_is_never_touched() {
+    let tag = "ctn";
+    let topo = LaptopRouterServer::builder().tag(tag).build();
+    let lap = Host::new(&topo.laptop, &format!("{tag}l"));
+    let srv = Host::new(&topo.server, &format!("{tag}s"));
+    let ctr = Container::behind(&topo.laptop, &format!("{tag}c"), 88, "ct0");
+    let (ldir, sdir) = (
+        TempDir::new(&format!("{tag}l")),
+        TempDir::new(&format!("{tag}s")),
+    );
+    let server = SocketAddr::new(topo.server_addr.get(Family::V4), 5001);
+    let _echo = EchoServer::tcp_in(&srv, server);
+    let lapd = Vnatd::start(&lap, ldir.path());
+    let _srvd = Vnatd::start(&srv, sdir.path());
+
+    let client = stream_from(&ctr, server, Proto::Tcp);
+    client.wait_verified_at_least(50_000, Duration::from_secs(10));
+    assert!(
+        guest_rows(&lapd).is_empty(),
+        "a container not enabled is listed"
+    );
+
+    topo.move_laptop_to_b();
+    assert!(
+        client.wait_error(Duration::from_secs(20)).is_some(),
+        "the connection of a container vnat must not touch survived the host's move"
+    );
+    assert!(
+        guest_rows(&lapd).is_empty(),
+        "a container not enabled is listed"
+    );
+}

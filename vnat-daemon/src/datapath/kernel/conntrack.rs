@@ -1,0 +1,424 @@
+//! The host's NAT state for containers' connections, through conntrack's
+//! netlink interface (netlink-packet-netfilter).
+//!
+//! A container behind this host reaches its peers through the host's NAT:
+//! its socket is (private address, remote), its peer sees (the host's
+//! address and the NAT's port, remote). The host's conntrack entry for the
+//! flow is what ties the two, so vnat reads the public endpoint from it
+//! (never from the container) and manages the connection under that name.
+//!
+//! Masquerade forgets its mappings when the address they use leaves the
+//! interface (nf_nat_masquerade flushes the entries of that address), and
+//! the container's next packet is then mapped to the new address and reset
+//! by the peer. An entry made over ctnetlink with the same mapping as an
+//! explicit source NAT is not masquerade's, so it survives the move:
+//! [`pin_snat`] swaps the one for the other while the address is still
+//! here. With the old address kept on `lo` and vnat's usual translation on
+//! the uplink, the container's packets keep leaving as (old address, port)
+//! and the uplink rewrites them, as for the host's own sockets.
+
+use std::{io, net::SocketAddr};
+
+use netlink_packet_core::{
+    DefaultNla, Emitable, NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE,
+    NLM_F_EXCL, NLM_F_REQUEST,
+};
+use netlink_packet_netfilter::{
+    conntrack::{
+        ConntrackAttribute, ConntrackMessage, IPTuple, ProtoInfo, ProtoInfoTCP, ProtoTuple,
+        Protocol, Status, TCPFlags, Tuple,
+    },
+    NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
+};
+use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr as NlAddr};
+
+use super::rtnl::{with_kept, Kept};
+use crate::datapath::Proto;
+
+/// `CTA_NAT_SRC` and its members (linux/netfilter/nfnetlink_conntrack.h),
+/// which the crate has no types for.
+const CTA_NAT_SRC: u16 = 6;
+const CTA_NAT_V4_MINIP: u16 = 1;
+const CTA_NAT_V4_MAXIP: u16 = 2;
+const CTA_NAT_PROTO: u16 = 3;
+const CTA_NAT_V6_MINIP: u16 = 4;
+const CTA_NAT_V6_MAXIP: u16 = 5;
+const CTA_PROTONAT_PORT_MIN: u16 = 1;
+const CTA_PROTONAT_PORT_MAX: u16 = 2;
+const NLA_F_NESTED: u16 = 0x8000;
+/// `IP_CT_TCP_FLAG_*` that describe the connection and may be copied to a
+/// new entry (window scale, SACK, liberal); the others are the tracker's.
+const TCP_FLAGS_COPIED: u8 = 0x01 | 0x02 | 0x08;
+/// TCP_CONNTRACK_ESTABLISHED.
+const TCP_ESTABLISHED: u8 = 3;
+
+/// One conntrack entry: its tuples (the original direction's packet and
+/// the reply's, after NAT), whether it is source- or destination-NATed,
+/// and what a copy of it needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub proto: Proto,
+    pub orig: (SocketAddr, SocketAddr),
+    pub reply: (SocketAddr, SocketAddr),
+    pub snat: bool,
+    pub dnat: bool,
+    timeout: u32,
+    tcp: Vec<ProtoInfoTCP>,
+}
+
+/// Which way a guest's connection crossed the host's NAT.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    /// The guest connected out: its socket's tuple is the original one.
+    Out,
+    /// A peer connected in (a published port): the socket's tuple is the
+    /// reply one.
+    In,
+}
+
+impl Entry {
+    /// The connection of a guest's socket as its peer sees it: (our end,
+    /// the peer's end), both after the host's NAT.
+    pub fn public(&self, dir: Direction) -> (SocketAddr, SocketAddr) {
+        match dir {
+            Direction::Out => (self.reply.1, self.reply.0),
+            Direction::In => (self.orig.1, self.orig.0),
+        }
+    }
+}
+
+/// The host's entry for a guest's socket `local -> remote`, and which way
+/// it crossed; `None` if the host tracks no such flow (a namespace that
+/// is not behind this host, or a flow not seen yet).
+pub fn find(
+    proto: Proto,
+    local: SocketAddr,
+    remote: SocketAddr,
+) -> io::Result<Option<(Entry, Direction)>> {
+    for (attr, dir) in [(Which::Orig, Direction::Out), (Which::Reply, Direction::In)] {
+        let msg = ConntrackMessage::Get(vec![tuple_attr(attr, proto, local, remote)]);
+        match call(msg, 0, local.is_ipv4()) {
+            Ok(Some(attrs)) => return Ok(parse(&attrs).map(|e| (e, dir))),
+            Ok(None) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(None)
+}
+
+/// Replace `e`, a source-NATed entry, with one that maps the same way as an
+/// explicit source NAT (see the module's comment). A packet of the flow
+/// that comes between the removal and the creation makes a new entry of
+/// its own, which is replaced in turn; while the address is still here it
+/// maps the same way, so nothing is lost.
+pub fn pin_snat(e: &Entry) -> io::Result<()> {
+    let v4 = e.orig.0.is_ipv4();
+    let mut last = None;
+    for _ in 0..3 {
+        match call(
+            ConntrackMessage::Delete(vec![tuple_attr(Which::Orig, e.proto, e.orig.0, e.orig.1)]),
+            NLM_F_ACK,
+            v4,
+        ) {
+            Ok(_) => {}
+            Err(err) if err.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(err) => return Err(err),
+        }
+        match call(
+            ConntrackMessage::New(pinned(e)),
+            NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+            v4,
+        ) {
+            Ok(_) => return Ok(()),
+            Err(err) if err.raw_os_error() == Some(libc::EEXIST) => last = Some(err),
+            Err(err) => return Err(err),
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::from_raw_os_error(libc::EEXIST)))
+}
+
+/// The attributes of the explicit-NAT copy of `e`: both tuples as they
+/// were before NAT (the kernel derives the reply from the NAT range), the
+/// mapping to exactly the address and port the peer knows, and the state.
+fn pinned(e: &Entry) -> Vec<ConntrackAttribute> {
+    let public = e.reply.1;
+    let mut range = match public {
+        SocketAddr::V4(a) => vec![
+            DefaultNla::new(CTA_NAT_V4_MINIP, a.ip().octets().to_vec()),
+            DefaultNla::new(CTA_NAT_V4_MAXIP, a.ip().octets().to_vec()),
+        ],
+        SocketAddr::V6(a) => vec![
+            DefaultNla::new(CTA_NAT_V6_MINIP, a.ip().octets().to_vec()),
+            DefaultNla::new(CTA_NAT_V6_MAXIP, a.ip().octets().to_vec()),
+        ],
+    };
+    let port = public.port().to_be_bytes().to_vec();
+    range.push(nested(
+        CTA_NAT_PROTO,
+        &[
+            DefaultNla::new(CTA_PROTONAT_PORT_MIN, port.clone()),
+            DefaultNla::new(CTA_PROTONAT_PORT_MAX, port),
+        ],
+    ));
+    let mut attrs = vec![
+        tuple_attr(Which::Orig, e.proto, e.orig.0, e.orig.1),
+        tuple_attr(Which::Reply, e.proto, e.orig.1, e.orig.0),
+        ConntrackAttribute::Other(nested(CTA_NAT_SRC, &range)),
+        // CONFIRMED is required of an entry made from userspace.
+        ConntrackAttribute::CtaStatus(Status::Confirmed | Status::SeenReply | Status::Assured),
+        ConntrackAttribute::CtaTimeout(e.timeout.max(1)),
+    ];
+    if e.proto == Proto::Tcp {
+        let mut tcp = vec![ProtoInfoTCP::State(TCP_ESTABLISHED)];
+        tcp.extend(e.tcp.iter().cloned());
+        attrs.push(ConntrackAttribute::CtaProtoInfo(vec![ProtoInfo::TCP(tcp)]));
+    }
+    attrs
+}
+
+fn nested(kind: u16, nlas: &[DefaultNla]) -> DefaultNla {
+    let mut value = vec![0u8; nlas.buffer_len()];
+    nlas.emit(&mut value);
+    DefaultNla::new(kind | NLA_F_NESTED, value)
+}
+
+#[derive(Clone, Copy)]
+enum Which {
+    Orig,
+    Reply,
+}
+
+fn tuple_attr(which: Which, proto: Proto, src: SocketAddr, dst: SocketAddr) -> ConntrackAttribute {
+    let t = vec![
+        Tuple::Ip(vec![
+            IPTuple::SourceAddress(src.ip()),
+            IPTuple::DestinationAddress(dst.ip()),
+        ]),
+        Tuple::Proto(vec![
+            ProtoTuple::Protocol(match proto {
+                Proto::Tcp => Protocol::Tcp,
+                Proto::Udp => Protocol::Udp,
+            }),
+            ProtoTuple::SourcePort(src.port()),
+            ProtoTuple::DestinationPort(dst.port()),
+        ]),
+    ];
+    match which {
+        Which::Orig => ConntrackAttribute::CtaTupleOrig(t),
+        Which::Reply => ConntrackAttribute::CtaTupleReply(t),
+    }
+}
+
+fn endpoints(t: &[Tuple]) -> Option<(SocketAddr, SocketAddr)> {
+    let (mut sa, mut da, mut sp, mut dp) = (None, None, None, None);
+    for x in t {
+        match x {
+            Tuple::Ip(ips) => {
+                for i in ips {
+                    match i {
+                        IPTuple::SourceAddress(a) => sa = Some(*a),
+                        IPTuple::DestinationAddress(a) => da = Some(*a),
+                        _ => {}
+                    }
+                }
+            }
+            Tuple::Proto(ps) => {
+                for p in ps {
+                    match p {
+                        ProtoTuple::SourcePort(v) => sp = Some(*v),
+                        ProtoTuple::DestinationPort(v) => dp = Some(*v),
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Some((SocketAddr::new(sa?, sp?), SocketAddr::new(da?, dp?)))
+}
+
+fn parse(attrs: &[ConntrackAttribute]) -> Option<Entry> {
+    let (mut orig, mut reply, mut status, mut timeout, mut proto) = (None, None, None, 0, None);
+    let mut tcp = Vec::new();
+    for a in attrs {
+        match a {
+            ConntrackAttribute::CtaTupleOrig(t) => {
+                orig = endpoints(t);
+                proto = t.iter().find_map(|x| match x {
+                    Tuple::Proto(ps) => ps.iter().find_map(|p| match p {
+                        ProtoTuple::Protocol(Protocol::Tcp) => Some(Proto::Tcp),
+                        ProtoTuple::Protocol(Protocol::Udp) => Some(Proto::Udp),
+                        _ => None,
+                    }),
+                    _ => None,
+                });
+            }
+            ConntrackAttribute::CtaTupleReply(t) => reply = endpoints(t),
+            ConntrackAttribute::CtaStatus(s) => status = Some(*s),
+            ConntrackAttribute::CtaTimeout(t) => timeout = *t,
+            ConntrackAttribute::CtaProtoInfo(infos) => {
+                for i in infos {
+                    let ProtoInfo::TCP(fields) = i else { continue };
+                    for f in fields {
+                        match f {
+                            ProtoInfoTCP::OriginalWindowScale(_)
+                            | ProtoInfoTCP::ReplyWindowScale(_) => tcp.push(f.clone()),
+                            ProtoInfoTCP::OriginalFlags(fl) => {
+                                tcp.push(ProtoInfoTCP::OriginalFlags(copied_flags(fl)?))
+                            }
+                            ProtoInfoTCP::ReplyFlags(fl) => {
+                                tcp.push(ProtoInfoTCP::ReplyFlags(copied_flags(fl)?))
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let status = status?;
+    Some(Entry {
+        proto: proto?,
+        orig: orig?,
+        reply: reply?,
+        snat: status.contains(Status::SrcNat),
+        dnat: status.contains(Status::DstNat),
+        timeout,
+        tcp,
+    })
+}
+
+fn copied_flags(f: &TCPFlags) -> Option<TCPFlags> {
+    TCPFlags::parse(&[f.flags & TCP_FLAGS_COPIED, TCP_FLAGS_COPIED]).ok()
+}
+
+thread_local! {
+    static SOCKET: Kept<Socket> = const { std::cell::RefCell::new(None) };
+}
+
+/// Send `msg` and read its answer: the entry's attributes for a get,
+/// `None` after an acknowledgement. An error answer is its errno.
+fn call(
+    msg: ConntrackMessage,
+    flags: u16,
+    v4: bool,
+) -> io::Result<Option<Vec<ConntrackAttribute>>> {
+    let family = if v4 {
+        NetfilterProtoFamily::IPv4
+    } else {
+        NetfilterProtoFamily::IPv6
+    };
+    let mut header = NetlinkHeader::default();
+    header.flags = NLM_F_REQUEST | flags;
+    let mut req = NetlinkMessage::new(
+        header,
+        NetlinkPayload::from(NetfilterMessage::new(
+            NetfilterHeader::new(family, 0, 0),
+            msg,
+        )),
+    );
+    req.finalize();
+    let mut bytes = vec![0u8; req.buffer_len()];
+    req.serialize(&mut bytes);
+    with_kept(
+        &SOCKET,
+        |e| e,
+        || Socket::new(NETLINK_NETFILTER),
+        |s| {
+            s.send_to(&bytes, &NlAddr::new(0, 0), 0)?;
+            let mut buf = Vec::with_capacity(8192);
+            s.recv(&mut buf, 0)?;
+            let answer = NetlinkMessage::<NetfilterMessage>::deserialize(&buf)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+            match answer.payload {
+                NetlinkPayload::Error(e) => match e.code {
+                    Some(code) => Err(io::Error::from_raw_os_error(code.get().wrapping_neg())),
+                    None => Ok(None),
+                },
+                NetlinkPayload::InnerMessage(NetfilterMessage {
+                    inner: NetfilterMessageInner::Conntrack(ConntrackMessage::New(attrs)),
+                    ..
+                }) => Ok(Some(attrs)),
+                _ => Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "unexpected conntrack answer",
+                )),
+            }
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use netlink_packet_core::Nla;
+
+    fn sa(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    fn masqueraded() -> Entry {
+        Entry {
+            proto: Proto::Tcp,
+            orig: (sa("10.88.0.2:40000"), sa("198.18.3.2:5001")),
+            reply: (sa("198.18.3.2:5001"), sa("198.18.1.2:40001")),
+            snat: true,
+            dnat: false,
+            timeout: 431_999,
+            tcp: vec![ProtoInfoTCP::OriginalWindowScale(7)],
+        }
+    }
+
+    #[test]
+    fn the_public_end_is_the_nat_side_of_either_direction() {
+        let out = masqueraded();
+        assert_eq!(
+            out.public(Direction::Out),
+            (sa("198.18.1.2:40001"), sa("198.18.3.2:5001"))
+        );
+        // A published port: the peer connected to the host's 8080, which
+        // the host forwards to the container's 80.
+        let inbound = Entry {
+            orig: (sa("198.18.3.2:5001"), sa("198.18.1.2:8080")),
+            reply: (sa("10.88.0.2:80"), sa("198.18.3.2:5001")),
+            snat: false,
+            dnat: true,
+            ..masqueraded()
+        };
+        assert_eq!(
+            inbound.public(Direction::In),
+            (sa("198.18.1.2:8080"), sa("198.18.3.2:5001"))
+        );
+    }
+
+    #[test]
+    fn a_pinned_copy_maps_to_exactly_the_public_end_and_reads_back() {
+        let e = masqueraded();
+        let attrs = pinned(&e);
+        // What the kernel reads: tuples before NAT, the NAT range as one
+        // address and one port, CONFIRMED, the timeout, TCP established.
+        let ConntrackAttribute::Other(nat) = &attrs[2] else {
+            panic!("no NAT attribute");
+        };
+        assert_eq!(nat.kind(), CTA_NAT_SRC | NLA_F_NESTED);
+        let mut value = vec![0u8; nat.value_len()];
+        nat.emit_value(&mut value);
+        // V4_MINIP, V4_MAXIP (8 bytes each), then the nested port range.
+        assert_eq!(&value[4..8], &[198, 18, 1, 2]);
+        assert_eq!(&value[12..16], &[198, 18, 1, 2]);
+        assert_eq!(&value[24..26], &40001u16.to_be_bytes());
+        assert_eq!(&value[32..34], &40001u16.to_be_bytes());
+        assert!(
+            matches!(attrs[3], ConntrackAttribute::CtaStatus(s) if s.contains(Status::Confirmed))
+        );
+        // Everything but the NAT range parses back as the entry it copies
+        // (the reply tuple before NAT is the inverse of the original).
+        let back = parse(&attrs).expect("parses");
+        assert_eq!(back.orig, e.orig);
+        assert_eq!(back.reply, (e.orig.1, e.orig.0));
+        assert_eq!(back.timeout, e.timeout);
+        assert!(back.tcp.contains(&ProtoInfoTCP::OriginalWindowScale(7)));
+    }
+}
