@@ -131,6 +131,11 @@ fn tcp_of_a_container_behind_the_laptops_nat_survives_the_move() {
     container_moves_with_its_host(Proto::Tcp, "ctt");
 }
 
+#[test]
+fn udp_of_a_container_behind_the_laptops_nat_survives_the_move() {
+    container_moves_with_its_host(Proto::Udp, "ctu");
+}
+
 /// A container whose cgroup is not enabled is not vnat's: not listed, and
 /// its connection is left to the host's NAT, which loses it when the
 /// laptop moves, as it would without vnat.
@@ -166,4 +171,112 @@ fn a_container_not_enabled_is_never_touched() {
         guest_rows(&lapd).is_empty(),
         "a container not enabled is listed"
     );
+}
+
+/// `docker run -p 8080:80` on the server: a laptop's connection to the
+/// published port survives the laptop's moves; the server's vnatd knows
+/// the container's connection by the name the laptop uses.
+#[test]
+fn a_containers_published_port_keeps_a_moving_laptops_connection() {
+    let tag = "ctp";
+    let topo = LaptopRouterServer::builder().tag(tag).build();
+    let lap = Host::new(&topo.laptop, &format!("{tag}l"));
+    let srv = Host::new(&topo.server, &format!("{tag}s"));
+    let ctr = Container::behind(&topo.server, &format!("{tag}c"), 89, "ct0");
+    ctr.publish(&topo.server, 8080, 80);
+    let (ldir, sdir) = (
+        TempDir::new(&format!("{tag}l")),
+        TempDir::new(&format!("{tag}s")),
+    );
+    let _echo = EchoServer::tcp_in_container(&ctr, ctr.endpoint(80));
+    let lapd = Vnatd::start(&lap, ldir.path());
+    let srvd = Vnatd::start(&srv, sdir.path());
+    enable(&srvd, &ctr);
+
+    let published = SocketAddr::new(topo.server_addr.get(Family::V4), 8080);
+    let mut cmd = StreamOptions::tcp(published)
+        .rate(300_000)
+        .command(&topo.laptop);
+    lap.cgroup.join_on_spawn(&mut cmd);
+    let client = StreamClient::from_command(cmd);
+    let before = client.wait_verified_at_least(50_000, Duration::from_secs(10));
+    lapd.wait_paired("the laptop's vnatd");
+    srvd.wait_paired("the server's vnatd");
+    let rows = guest_rows(&srvd);
+    assert!(
+        rows.iter()
+            .any(|r| r["virtual_local"] == published.to_string()
+                && r["virtual_remote"] == before.local
+                && r["guest"]["private_local"] == ctr.endpoint(80).to_string()),
+        "the server's vnatd does not show the container's connection by its public name: {rows:?}"
+    );
+
+    topo.move_laptop_to_b();
+    let at_move = client.latest().expect("status").verified;
+    client.wait_verified_at_least(at_move + 100_000, Duration::from_secs(20));
+    let fin = client.stop();
+    assert_eq!(fin.error, None, "{:?}", fin.json);
+    assert_eq!(fin.local, before.local, "the laptop's socket changed");
+}
+
+/// Two containers with the same private address, 10.88.0.2, one behind the
+/// laptop and one behind the server (published on 8080), each enabled on
+/// its own host's vnatd: the first talks to the second. Each vnatd lists
+/// its own container's end only, by that container's namespace, and the
+/// connection survives the laptop's move through both NATs.
+#[test]
+fn two_containers_with_the_same_private_address_are_kept_apart() {
+    let tag = "ct2";
+    let topo = LaptopRouterServer::builder().tag(tag).build();
+    let lap = Host::new(&topo.laptop, &format!("{tag}l"));
+    let srv = Host::new(&topo.server, &format!("{tag}s"));
+    let mine = Container::behind(&topo.laptop, &format!("{tag}a"), 88, "ct0");
+    let theirs = Container::behind(&topo.server, &format!("{tag}b"), 88, "ct0");
+    assert_eq!(mine.addr, theirs.addr);
+    theirs.publish(&topo.server, 8080, 80);
+    let (ldir, sdir) = (
+        TempDir::new(&format!("{tag}l")),
+        TempDir::new(&format!("{tag}s")),
+    );
+    let _echo = EchoServer::tcp_in_container(&theirs, theirs.endpoint(80));
+    let lapd = Vnatd::start(&lap, ldir.path());
+    let srvd = Vnatd::start(&srv, sdir.path());
+    enable(&lapd, &mine);
+    enable(&srvd, &theirs);
+
+    let published = SocketAddr::new(topo.server_addr.get(Family::V4), 8080);
+    let client = stream_from(&mine, published, Proto::Tcp);
+    let before = client.wait_verified_at_least(50_000, Duration::from_secs(10));
+    lapd.wait_paired("the laptop's vnatd");
+    srvd.wait_paired("the server's vnatd");
+
+    let (lrows, srows) = (guest_rows(&lapd), guest_rows(&srvd));
+    assert_eq!(
+        lrows.len(),
+        1,
+        "the laptop lists one container's end: {lrows:?}"
+    );
+    assert_eq!(
+        srows.len(),
+        1,
+        "the server lists one container's end: {srows:?}"
+    );
+    let (l, s) = (&lrows[0], &srows[0]);
+    assert_eq!(l["guest"]["private_local"], before.local);
+    assert_eq!(s["guest"]["private_local"], theirs.endpoint(80).to_string());
+    assert_ne!(
+        l["guest"]["netns_cookie"], s["guest"]["netns_cookie"],
+        "two namespaces"
+    );
+    // Each end's public name is the other's remote.
+    assert_eq!(l["virtual_remote"], published.to_string());
+    assert_eq!(s["virtual_local"], published.to_string());
+    assert_eq!(s["virtual_remote"], l["virtual_local"]);
+
+    topo.move_laptop_to_b();
+    let at_move = client.latest().expect("status").verified;
+    client.wait_verified_at_least(at_move + 100_000, Duration::from_secs(20));
+    let fin = client.stop();
+    assert_eq!(fin.error, None, "{:?}", fin.json);
+    assert_eq!(fin.local, before.local, "the container's socket changed");
 }

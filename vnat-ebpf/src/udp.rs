@@ -15,13 +15,14 @@ use aya_ebpf::{
     programs::{SockAddrContext, SockContext},
 };
 use vnat_common::{
-    v4_of_mapped, v4_of_mapped_or_any, ConnRecord, FlowKey, UdpPending, AF_INET, AF_INET6,
-    ORIGIN_UDP_CONNECT, ORIGIN_UDP_RECVMSG, ORIGIN_UDP_SENDMSG, PROTO_UDP, STAT_CONNS_MAP_FULL,
-    STAT_OTHER_NETNS, STAT_UDP_BUDGET_FULL, STAT_UDP_RECORDED, STAT_UDP_SOCKET_FULL, UDP_DIR_RECV,
-    UDP_DIR_SEND, UDP_MAX_RECORDS, UDP_PENDING_MAX_ENTRIES, UDP_PER_SOCKET_MAX, UDP_REFRESH_NS,
+    v4_of_mapped, v4_of_mapped_or_any, ConnRecord, FlowKey, GuestKey, UdpPending, AF_INET,
+    AF_INET6, ORIGIN_UDP_CONNECT, ORIGIN_UDP_RECVMSG, ORIGIN_UDP_SENDMSG, PROTO_UDP,
+    STAT_CONNS_MAP_FULL, STAT_GUESTS_MAP_FULL, STAT_GUEST_RECORDED, STAT_OTHER_NETNS,
+    STAT_UDP_BUDGET_FULL, STAT_UDP_RECORDED, STAT_UDP_SOCKET_FULL, UDP_DIR_RECV, UDP_DIR_SEND,
+    UDP_MAX_RECORDS, UDP_PENDING_MAX_ENTRIES, UDP_PER_SOCKET_MAX, UDP_REFRESH_NS,
 };
 
-use crate::maps::{count, netns_is_ours, VNAT_CONNS};
+use crate::maps::{count, netns_is_ours, VNAT_CONNS, VNAT_GUESTS};
 
 const IPPROTO_UDP: u32 = 17;
 /// sock_addr programs must return 1 ("proceed"); 0 would fail the syscall.
@@ -211,7 +212,11 @@ fn record(ctx: &SockAddrContext, family: u8, origin: u8) {
     // SAFETY: the context pointer is the argument this helper takes; the
     // verifier checks it at load time.
     let netns = unsafe { bpf_get_netns_cookie(sa as *mut _) };
-    if !netns_is_ours(netns) {
+    let ours = netns_is_ours(netns);
+    // Another namespace's socket (a container's) is recorded as a guest
+    // only when it sends: a datagram it merely receives may come from a
+    // spoofed source, and guests have no budget of their own per socket.
+    if !ours && origin == ORIGIN_UDP_RECVMSG {
         count(STAT_OTHER_NETNS);
         return;
     }
@@ -268,6 +273,10 @@ fn record(ctx: &SockAddrContext, family: u8, origin: u8) {
     } else {
         UDP_DIR_SEND
     };
+    if !ours && key.src_port_be != 0 {
+        record_guest(sa, netns, key, now, origin);
+        return;
+    }
     if let Some(existing) = VNAT_CONNS.get_ptr_mut(&key) {
         // Refresh at most once a second: a busy sender must not write the
         // map on every datagram.
@@ -310,7 +319,8 @@ fn record(ctx: &SockAddrContext, family: u8, origin: u8) {
     };
     if key.src_port_be == 0 {
         // connect() on an unbound socket: the kernel picks the local port
-        // after this hook. Userspace completes the record by cookie.
+        // after this hook. Userspace completes the record by cookie (a
+        // guest's too: the record's namespace tells it apart).
         let pending = UdpPending { key, record: rec };
         let _ = VNAT_UDP_PENDING.insert(&cookie, &pending, 0);
         return;
@@ -339,4 +349,46 @@ fn record(ctx: &SockAddrContext, family: u8, origin: u8) {
     let _ = VNAT_UDP_PER_SOCK.insert(&cookie, &(on_socket + 1), 0);
     let _ = VNAT_UDP_SOCKS.insert(&cookie, &key, 0);
     count(STAT_UDP_RECORDED);
+}
+
+/// A guest's UDP flow (a container's socket that sends to `key`'s peer):
+/// recorded in VNAT_GUESTS once, refreshed at most once a second. vnatd
+/// drops it when the host's NAT has forgotten the flow.
+#[inline(always)]
+fn record_guest(sa: *mut bpf_sock_addr, netns: u64, key: FlowKey, now: u64, origin: u8) {
+    let guest = GuestKey {
+        netns_cookie: netns,
+        flow: key,
+    };
+    if let Some(existing) = VNAT_GUESTS.get_ptr_mut(&guest) {
+        // SAFETY: as for the host's records in `record`: a pointer the
+        // lookup just returned, valid under RCU for this run; a racing or
+        // reused element only gets a timestamp.
+        unsafe {
+            if now.wrapping_sub((*existing).last_seen_ns) > UDP_REFRESH_NS {
+                (*existing).last_seen_ns = now;
+            }
+        }
+        return;
+    }
+    let rec = ConnRecord {
+        // SAFETY: the context pointer is the argument this helper requires
+        // (ARG_PTR_TO_CTX); the verifier checks it at load time.
+        cookie: unsafe { bpf_get_socket_cookie(sa as *mut _) },
+        // SAFETY: no arguments; sock_addr hooks run in the calling process.
+        cgroup_id: unsafe { bpf_get_current_cgroup_id() },
+        netns_cookie: netns,
+        first_seen_ns: now,
+        last_seen_ns: now,
+        pid: (bpf_get_current_pid_tgid() >> 32) as u32,
+        origin,
+        udp_dirs: UDP_DIR_SEND,
+        comm: bpf_get_current_comm().unwrap_or([0; 16]),
+        ..ConnRecord::default()
+    };
+    if VNAT_GUESTS.insert(&guest, &rec, 0).is_err() {
+        count(STAT_GUESTS_MAP_FULL);
+        return;
+    }
+    count(STAT_GUEST_RECORDED);
 }

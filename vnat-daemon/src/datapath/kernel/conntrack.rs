@@ -89,22 +89,29 @@ impl Entry {
 
 /// The host's entry for a guest's socket `local -> remote`, and which way
 /// it crossed; `None` if the host tracks no such flow (a namespace that
-/// is not behind this host, or a flow not seen yet).
+/// is not behind this host, or a flow not seen yet). The kernel finds an
+/// entry by either of its tuples, so the answer says which one it was.
 pub fn find(
     proto: Proto,
     local: SocketAddr,
     remote: SocketAddr,
 ) -> io::Result<Option<(Entry, Direction)>> {
-    for (attr, dir) in [(Which::Orig, Direction::Out), (Which::Reply, Direction::In)] {
-        let msg = ConntrackMessage::Get(vec![tuple_attr(attr, proto, local, remote)]);
-        match call(msg, 0, local.is_ipv4()) {
-            Ok(Some(attrs)) => return Ok(parse(&attrs).map(|e| (e, dir))),
-            Ok(None) => {}
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-            Err(e) => return Err(e),
-        }
+    let msg = ConntrackMessage::Get(vec![tuple_attr(Which::Orig, proto, local, remote)]);
+    match call(msg, 0, local.is_ipv4()) {
+        Ok(Some(attrs)) => Ok(parse(&attrs).and_then(|e| {
+            let dir = if e.orig == (local, remote) {
+                Direction::Out
+            } else if e.reply == (local, remote) {
+                Direction::In
+            } else {
+                return None;
+            };
+            Some((e, dir))
+        })),
+        Ok(None) => Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+        Err(e) => Err(e),
     }
-    Ok(None)
 }
 
 /// Replace `e`, a source-NATed entry, with one that maps the same way as an

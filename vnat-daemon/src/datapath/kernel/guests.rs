@@ -15,6 +15,7 @@ use std::collections::HashSet;
 use vnat_common::{GuestKey, MAP_GUESTS};
 
 use super::conntrack::{self, Direction};
+use super::listing::boottime_ns;
 use super::*;
 use crate::datapath::GuestInfo;
 
@@ -131,5 +132,38 @@ impl KernelDatapath {
             });
         }
         Ok(out)
+    }
+}
+
+/// How long a guest's UDP record outlives the host's NAT entry for it: the
+/// recorder runs before the datagram that makes the entry leaves.
+const UDP_GUEST_GRACE_NS: u64 = 5_000_000_000;
+
+impl KernelDatapath {
+    /// Drop the guests' UDP records whose flow the host's NAT has
+    /// forgotten (its conntrack entry timed out): nothing of vnat's can
+    /// keep such a flow, and the recorder cannot see a container's socket
+    /// close. TCP records go when their socket closes (sock_ops).
+    pub(super) fn drop_forgotten_udp_guests(&mut self) {
+        let now = boottime_ns();
+        let forgotten: Vec<GuestKey> = self
+            .loaded
+            .maps
+            .guests
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(k, r)| {
+                k.flow.proto == PROTO_UDP && now.saturating_sub(r.last_seen_ns) > UDP_GUEST_GRACE_NS
+            })
+            .filter(|(k, _)| {
+                VirtualFlow::from_key(&k.flow).is_some_and(|f| {
+                    matches!(conntrack::find(f.proto, f.local, f.remote), Ok(None))
+                })
+            })
+            .map(|(k, _)| k)
+            .collect();
+        for k in forgotten {
+            let _ = self.loaded.maps.guests.remove(&k);
+        }
     }
 }

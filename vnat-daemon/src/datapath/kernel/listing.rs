@@ -2,7 +2,7 @@
 //! records complete and current.
 
 use super::*;
-use vnat_common::{ORIGIN_UDP_RECVMSG, UDP_DIR_RECV, UDP_IDLE_NS};
+use vnat_common::{GuestKey, ORIGIN_UDP_RECVMSG, UDP_DIR_RECV, UDP_IDLE_NS};
 
 use crate::datapath::GuestInfo;
 
@@ -17,9 +17,18 @@ impl KernelDatapath {
     pub fn sync_udp(&mut self) -> Result<(), DatapathError> {
         let completed = self.completed_udp();
         for (cookie, key, rec) in completed {
-            let _ = self.loaded.maps.conns.insert(key, rec, 0);
+            if rec.netns_cookie == self.loaded.netns_cookie {
+                let _ = self.loaded.maps.conns.insert(key, rec, 0);
+            } else {
+                let guest = GuestKey {
+                    netns_cookie: rec.netns_cookie,
+                    flow: key,
+                };
+                let _ = self.loaded.maps.guests.insert(guest, rec, 0);
+            }
             let _ = self.loaded.maps.udp_pending.remove(&cookie);
         }
+        self.drop_forgotten_udp_guests();
         let sockets = procfs::socket_inodes();
         let translated: std::collections::HashSet<FlowKey> =
             self.egress_entries()?.iter().map(|(k, _)| *k).collect();
@@ -99,6 +108,14 @@ impl KernelDatapath {
             let Some((_, remote)) = key_endpoints(&p.key) else {
                 continue;
             };
+            // A guest's socket is in its own namespace: its process's view.
+            let theirs;
+            let sockets = if p.record.netns_cookie == self.loaded.netns_cookie {
+                &sockets
+            } else {
+                theirs = procfs::socket_inodes_in(&format!("/proc/{}/net", p.record.pid));
+                &theirs
+            };
             let matches: Vec<SocketAddr> = sockets
                 .iter()
                 .filter(|((proto, _, r), inode)| {
@@ -124,7 +141,15 @@ impl KernelDatapath {
             .iter()
             .collect::<Result<_, _>>()
             .map_err(map_err(MAP_CONNS))?;
-        records.extend(self.completed_udp().into_iter().map(|(_, k, r)| (k, r)));
+        // Guests' completed flows are listed once housekeeping has moved
+        // them to the guest map (under their public names).
+        let own = self.loaded.netns_cookie;
+        records.extend(
+            self.completed_udp()
+                .into_iter()
+                .filter(|(_, _, r)| r.netns_cookie == own)
+                .map(|(_, k, r)| (k, r)),
+        );
         let mut guests: StdHashMap<FlowKey, GuestInfo> = StdHashMap::new();
         for g in self.guests()? {
             records.push((g.key, g.rec));

@@ -11,14 +11,20 @@ use crate::datapath::Proto;
 
 /// (proto, local, remote) to socket inode, for this network namespace.
 pub fn socket_inodes() -> HashMap<(Proto, SocketAddr, SocketAddr), u64> {
+    socket_inodes_in("/proc/thread-self/net")
+}
+
+/// [`socket_inodes`] of the network namespace whose `net` directory is
+/// `dir` (`/proc/PID/net` shows the sockets of PID's namespace).
+pub fn socket_inodes_in(dir: &str) -> HashMap<(Proto, SocketAddr, SocketAddr), u64> {
     let mut map = HashMap::new();
     for (proto, file) in [
-        (Proto::Tcp, "/proc/thread-self/net/tcp"),
-        (Proto::Tcp, "/proc/thread-self/net/tcp6"),
-        (Proto::Udp, "/proc/thread-self/net/udp"),
-        (Proto::Udp, "/proc/thread-self/net/udp6"),
+        (Proto::Tcp, "tcp"),
+        (Proto::Tcp, "tcp6"),
+        (Proto::Udp, "udp"),
+        (Proto::Udp, "udp6"),
     ] {
-        let Ok(text) = fs::read_to_string(file) else {
+        let Ok(text) = fs::read_to_string(format!("{dir}/{file}")) else {
             continue;
         };
         for line in text.lines().skip(1) {
