@@ -280,3 +280,53 @@ fn two_containers_with_the_same_private_address_are_kept_apart() {
     assert_eq!(fin.error, None, "{:?}", fin.json);
     assert_eq!(fin.local, before.local, "the container's socket changed");
 }
+
+/// Planned mode: `vnatctl suspend --pid` names the container's process
+/// (its pid as the host sees it), the laptop moves, `vnatctl resume --all`,
+/// and the container's connection carries on.
+#[test]
+fn a_containers_connection_moves_in_planned_mode() {
+    let tag = "ctm";
+    let topo = LaptopRouterServer::builder().tag(tag).build();
+    let lap = Host::new(&topo.laptop, &format!("{tag}l"));
+    let srv = Host::new(&topo.server, &format!("{tag}s"));
+    let ctr = Container::behind(&topo.laptop, &format!("{tag}c"), 88, "ct0");
+    let (ldir, sdir) = (
+        TempDir::new(&format!("{tag}l")),
+        TempDir::new(&format!("{tag}s")),
+    );
+    let server = SocketAddr::new(topo.server_addr.get(Family::V4), 5001);
+    let _echo = EchoServer::tcp_in(&srv, server);
+    let lapd = Vnatd::start(&lap, ldir.path());
+    let srvd = Vnatd::start(&srv, sdir.path());
+    enable(&lapd, &ctr);
+
+    let client = stream_from(&ctr, server, Proto::Tcp);
+    let before = client.wait_verified_at_least(50_000, Duration::from_secs(10));
+    lapd.wait_paired("the laptop's vnatd");
+    srvd.wait_paired("the server's vnatd");
+    let rows = guest_rows(&lapd);
+    let row = rows
+        .iter()
+        .find(|r| r["guest"]["private_local"] == before.local)
+        .unwrap_or_else(|| panic!("the container's connection is not listed: {rows:?}"));
+    let pid = client.pid().to_string();
+    let suspended = lapd
+        .ctl(&["suspend", "--pid", &pid])
+        .expect("laptop vnatd unreachable");
+    assert!(
+        suspended["suspended"]
+            .as_array()
+            .is_some_and(|ids| ids.contains(&row["id"])),
+        "suspend --pid of the container's process did not take its connection: {suspended}"
+    );
+
+    topo.move_laptop_to_b();
+    lapd.ctl(&["resume", "--all"])
+        .expect("laptop vnatd unreachable");
+    let at_move = client.latest().expect("status").verified;
+    client.wait_verified_at_least(at_move + 100_000, Duration::from_secs(20));
+    let fin = client.stop();
+    assert_eq!(fin.error, None, "{:?}", fin.json);
+    assert_eq!(fin.local, before.local, "the container's socket changed");
+}
