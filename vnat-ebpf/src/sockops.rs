@@ -207,7 +207,9 @@ fn on_established(ctx: &SockOpsContext, origin: u8) {
     // for retransmission-timeout callbacks so that the daemon knows the
     // sequence number to quote when it restarts the connection after an
     // outage (see `on_rto`). Both cost nothing until they fire.
-    let flags = ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG | BPF_SOCK_OPS_RTO_CB_FLAG;
+    // A guest's RTO is no use to vnatd (its levers cannot reach it).
+    let rto = if ours { BPF_SOCK_OPS_RTO_CB_FLAG } else { 0 };
+    let flags = ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG | rto;
     let _ = ctx.set_cb_flags(flags as i32);
 }
 

@@ -301,22 +301,8 @@ fn record(ctx: &SockAddrContext, family: u8, origin: u8) {
         }
         return;
     }
-    // SAFETY: the context pointer is the argument this helper requires
-    // (ARG_PTR_TO_CTX); the verifier checks it at load time.
-    let cookie = unsafe { bpf_get_socket_cookie(sa as *mut _) };
-    let rec = ConnRecord {
-        cookie,
-        // SAFETY: no arguments; sock_addr hooks run in the calling process.
-        cgroup_id: unsafe { bpf_get_current_cgroup_id() },
-        netns_cookie: netns,
-        first_seen_ns: now,
-        last_seen_ns: now,
-        pid: (bpf_get_current_pid_tgid() >> 32) as u32,
-        origin,
-        udp_dirs: dir,
-        comm: bpf_get_current_comm().unwrap_or([0; 16]),
-        ..ConnRecord::default()
-    };
+    let rec = new_record(sa, netns, now, origin, dir);
+    let cookie = rec.cookie;
     if key.src_port_be == 0 {
         // connect() on an unbound socket: the kernel picks the local port
         // after this hook. Userspace completes the record by cookie (a
@@ -371,7 +357,19 @@ fn record_guest(sa: *mut bpf_sock_addr, netns: u64, key: FlowKey, now: u64, orig
         }
         return;
     }
-    let rec = ConnRecord {
+    let rec = new_record(sa, netns, now, origin, UDP_DIR_SEND);
+    if VNAT_GUESTS.insert(&guest, &rec, 0).is_err() {
+        count(STAT_GUESTS_MAP_FULL);
+        return;
+    }
+    count(STAT_GUEST_RECORDED);
+}
+
+/// A new UDP flow's record: the socket, the process sending or receiving,
+/// and which way (`dir`) it used the flow.
+#[inline(always)]
+fn new_record(sa: *mut bpf_sock_addr, netns: u64, now: u64, origin: u8, dir: u8) -> ConnRecord {
+    ConnRecord {
         // SAFETY: the context pointer is the argument this helper requires
         // (ARG_PTR_TO_CTX); the verifier checks it at load time.
         cookie: unsafe { bpf_get_socket_cookie(sa as *mut _) },
@@ -382,13 +380,8 @@ fn record_guest(sa: *mut bpf_sock_addr, netns: u64, key: FlowKey, now: u64, orig
         last_seen_ns: now,
         pid: (bpf_get_current_pid_tgid() >> 32) as u32,
         origin,
-        udp_dirs: UDP_DIR_SEND,
+        udp_dirs: dir,
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
         ..ConnRecord::default()
-    };
-    if VNAT_GUESTS.insert(&guest, &rec, 0).is_err() {
-        count(STAT_GUESTS_MAP_FULL);
-        return;
     }
-    count(STAT_GUEST_RECORDED);
 }

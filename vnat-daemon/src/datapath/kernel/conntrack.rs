@@ -17,11 +17,15 @@
 //! the uplink, the container's packets keep leaving as (old address, port)
 //! and the uplink rewrites them, as for the host's own sockets.
 
-use std::{io, net::SocketAddr};
+use std::{
+    io,
+    net::SocketAddr,
+    sync::atomic::{AtomicU32, Ordering},
+};
 
 use netlink_packet_core::{
-    DefaultNla, Emitable, NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE,
-    NLM_F_EXCL, NLM_F_REQUEST,
+    DefaultNla, Emitable, NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload, Nla,
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST,
 };
 use netlink_packet_netfilter::{
     conntrack::{
@@ -46,11 +50,15 @@ const CTA_NAT_V6_MAXIP: u16 = 5;
 const CTA_PROTONAT_PORT_MIN: u16 = 1;
 const CTA_PROTONAT_PORT_MAX: u16 = 2;
 const NLA_F_NESTED: u16 = 0x8000;
+/// Attributes of an entry that a copy made over ctnetlink would not carry
+/// the same way: a helper (FTP, SIP), sequence adjustment, a zone.
+const CTA_HELP: u16 = 5;
+const CTA_ZONE: u16 = 18;
+const CTA_SEQ_ADJ_ORIG: u16 = 15;
+const CTA_SEQ_ADJ_REPLY: u16 = 16;
 /// `IP_CT_TCP_FLAG_*` that describe the connection and may be copied to a
 /// new entry (window scale, SACK, liberal); the others are the tracker's.
 const TCP_FLAGS_COPIED: u8 = 0x01 | 0x02 | 0x08;
-/// TCP_CONNTRACK_ESTABLISHED.
-const TCP_ESTABLISHED: u8 = 3;
 
 /// One conntrack entry: its tuples (the original direction's packet and
 /// the reply's, after NAT), whether it is source- or destination-NATed,
@@ -62,8 +70,13 @@ pub struct Entry {
     pub reply: (SocketAddr, SocketAddr),
     pub snat: bool,
     pub dnat: bool,
+    status: Status,
     timeout: u32,
+    mark: Option<u32>,
     tcp: Vec<ProtoInfoTCP>,
+    /// Why a copy would not be the same entry (a helper, sequence
+    /// adjustment), if so.
+    uncopyable: Option<&'static str>,
 }
 
 /// Which way a guest's connection crossed the host's NAT.
@@ -97,7 +110,7 @@ pub fn find(
     remote: SocketAddr,
 ) -> io::Result<Option<(Entry, Direction)>> {
     let msg = ConntrackMessage::Get(vec![tuple_attr(Which::Orig, proto, local, remote)]);
-    match call(msg, 0, local.is_ipv4()) {
+    match call(msg, 0, local.is_ipv4())? {
         Ok(Some(attrs)) => Ok(parse(&attrs).and_then(|e| {
             let dir = if e.orig == (local, remote) {
                 Direction::Out
@@ -108,47 +121,56 @@ pub fn find(
             };
             Some((e, dir))
         })),
-        Ok(None) => Ok(None),
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
-        Err(e) => Err(e),
+        Ok(None) | Err(libc::ENOENT) => Ok(None),
+        Err(errno) => Err(io::Error::from_raw_os_error(errno)),
     }
 }
 
-/// Replace `e`, a source-NATed entry, with one that maps the same way as an
-/// explicit source NAT (see the module's comment). A packet of the flow
-/// that comes between the removal and the creation makes a new entry of
-/// its own, which is replaced in turn; while the address is still here it
-/// maps the same way, so nothing is lost.
+/// Replace `e`, a source-NATed entry, with a copy that maps the same way as
+/// an explicit source NAT (see the module's comment). The removal and the
+/// creation go in one datagram, which the kernel handles back to back:
+/// no packet of the flow finds it without an entry in between. An entry
+/// that a copy would not reproduce (destination NAT too, a helper,
+/// sequence adjustment) is left as it is.
 pub fn pin_snat(e: &Entry) -> io::Result<()> {
+    let attrs = pinned(e).map_err(|why| io::Error::new(io::ErrorKind::Unsupported, why))?;
     let v4 = e.orig.0.is_ipv4();
-    let mut last = None;
-    for _ in 0..3 {
-        match call(
-            ConntrackMessage::Delete(vec![tuple_attr(Which::Orig, e.proto, e.orig.0, e.orig.1)]),
-            NLM_F_ACK,
-            v4,
-        ) {
-            Ok(_) => {}
-            Err(err) if err.raw_os_error() == Some(libc::ENOENT) => {}
-            Err(err) => return Err(err),
-        }
-        match call(
-            ConntrackMessage::New(pinned(e)),
-            NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
-            v4,
-        ) {
-            Ok(_) => return Ok(()),
-            Err(err) if err.raw_os_error() == Some(libc::EEXIST) => last = Some(err),
-            Err(err) => return Err(err),
-        }
+    let answers = exchange(
+        vec![
+            (
+                ConntrackMessage::Delete(vec![tuple_attr(
+                    Which::Orig,
+                    e.proto,
+                    e.orig.0,
+                    e.orig.1,
+                )]),
+                NLM_F_ACK,
+            ),
+            (
+                ConntrackMessage::New(attrs),
+                NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+            ),
+        ],
+        v4,
+    )?;
+    match (&answers[0], &answers[1]) {
+        (_, Ok(_)) => Ok(()),
+        (Err(d), Err(_)) if *d != libc::ENOENT => Err(io::Error::from_raw_os_error(*d)),
+        (_, Err(c)) => Err(io::Error::from_raw_os_error(*c)),
     }
-    Err(last.unwrap_or_else(|| io::Error::from_raw_os_error(libc::EEXIST)))
 }
 
 /// The attributes of the explicit-NAT copy of `e`: both tuples as they
 /// were before NAT (the kernel derives the reply from the NAT range), the
-/// mapping to exactly the address and port the peer knows, and the state.
-fn pinned(e: &Entry) -> Vec<ConntrackAttribute> {
+/// mapping to exactly the address and port the peer knows, and the rest of
+/// its state as it was; or why a copy would not be the same.
+fn pinned(e: &Entry) -> Result<Vec<ConntrackAttribute>, &'static str> {
+    if let Some(why) = e.uncopyable {
+        return Err(why);
+    }
+    if e.dnat {
+        return Err("it is destination-NATed too");
+    }
     let public = e.reply.1;
     let mut range = match public {
         SocketAddr::V4(a) => vec![
@@ -168,20 +190,25 @@ fn pinned(e: &Entry) -> Vec<ConntrackAttribute> {
             DefaultNla::new(CTA_PROTONAT_PORT_MAX, port),
         ],
     ));
+    // CONFIRMED is required of an entry made from userspace; whether a
+    // reply was seen and the entry assured is copied, not made up.
+    let status = Status::Confirmed | (e.status & (Status::SeenReply | Status::Assured));
     let mut attrs = vec![
         tuple_attr(Which::Orig, e.proto, e.orig.0, e.orig.1),
         tuple_attr(Which::Reply, e.proto, e.orig.1, e.orig.0),
         ConntrackAttribute::Other(nested(CTA_NAT_SRC, &range)),
-        // CONFIRMED is required of an entry made from userspace.
-        ConntrackAttribute::CtaStatus(Status::Confirmed | Status::SeenReply | Status::Assured),
+        ConntrackAttribute::CtaStatus(status),
         ConntrackAttribute::CtaTimeout(e.timeout.max(1)),
     ];
-    if e.proto == Proto::Tcp {
-        let mut tcp = vec![ProtoInfoTCP::State(TCP_ESTABLISHED)];
-        tcp.extend(e.tcp.iter().cloned());
-        attrs.push(ConntrackAttribute::CtaProtoInfo(vec![ProtoInfo::TCP(tcp)]));
+    if let Some(mark) = e.mark {
+        attrs.push(ConntrackAttribute::CtaMark(mark));
     }
-    attrs
+    if e.proto == Proto::Tcp {
+        attrs.push(ConntrackAttribute::CtaProtoInfo(vec![ProtoInfo::TCP(
+            e.tcp.clone(),
+        )]));
+    }
+    Ok(attrs)
 }
 
 fn nested(kind: u16, nlas: &[DefaultNla]) -> DefaultNla {
@@ -247,7 +274,7 @@ fn endpoints(t: &[Tuple]) -> Option<(SocketAddr, SocketAddr)> {
 
 fn parse(attrs: &[ConntrackAttribute]) -> Option<Entry> {
     let (mut orig, mut reply, mut status, mut timeout, mut proto) = (None, None, None, 0, None);
-    let mut tcp = Vec::new();
+    let (mut tcp, mut mark, mut uncopyable) = (Vec::new(), None, None);
     for a in attrs {
         match a {
             ConntrackAttribute::CtaTupleOrig(t) => {
@@ -264,12 +291,14 @@ fn parse(attrs: &[ConntrackAttribute]) -> Option<Entry> {
             ConntrackAttribute::CtaTupleReply(t) => reply = endpoints(t),
             ConntrackAttribute::CtaStatus(s) => status = Some(*s),
             ConntrackAttribute::CtaTimeout(t) => timeout = *t,
+            ConntrackAttribute::CtaMark(m) => mark = Some(*m),
             ConntrackAttribute::CtaProtoInfo(infos) => {
                 for i in infos {
                     let ProtoInfo::TCP(fields) = i else { continue };
                     for f in fields {
                         match f {
-                            ProtoInfoTCP::OriginalWindowScale(_)
+                            ProtoInfoTCP::State(_)
+                            | ProtoInfoTCP::OriginalWindowScale(_)
                             | ProtoInfoTCP::ReplyWindowScale(_) => tcp.push(f.clone()),
                             ProtoInfoTCP::OriginalFlags(fl) => {
                                 tcp.push(ProtoInfoTCP::OriginalFlags(copied_flags(fl)?))
@@ -282,6 +311,14 @@ fn parse(attrs: &[ConntrackAttribute]) -> Option<Entry> {
                     }
                 }
             }
+            ConntrackAttribute::Other(nla) => match nla.kind() & !NLA_F_NESTED {
+                CTA_HELP => uncopyable = Some("a conntrack helper follows it"),
+                CTA_SEQ_ADJ_ORIG | CTA_SEQ_ADJ_REPLY => {
+                    uncopyable = Some("its sequence numbers are adjusted")
+                }
+                CTA_ZONE => uncopyable = Some("it is in a conntrack zone"),
+                _ => {}
+            },
             _ => {}
         }
     }
@@ -292,8 +329,11 @@ fn parse(attrs: &[ConntrackAttribute]) -> Option<Entry> {
         reply: reply?,
         snat: status.contains(Status::SrcNat),
         dnat: status.contains(Status::DstNat),
+        status,
         timeout,
+        mark,
         tcp,
+        uncopyable,
     })
 }
 
@@ -305,54 +345,96 @@ thread_local! {
     static SOCKET: Kept<Socket> = const { std::cell::RefCell::new(None) };
 }
 
-/// Send `msg` and read its answer: the entry's attributes for a get,
-/// `None` after an acknowledgement. An error answer is its errno.
-fn call(
-    msg: ConntrackMessage,
-    flags: u16,
-    v4: bool,
-) -> io::Result<Option<Vec<ConntrackAttribute>>> {
+static SEQ: AtomicU32 = AtomicU32::new(1);
+
+/// The kernel's answer to one request: the entry's attributes for a get,
+/// `None` for an acknowledgement, or the errno of an error answer.
+type Answer = Result<Option<Vec<ConntrackAttribute>>, i32>;
+
+/// Send `msg` and read its answer (see [`Answer`]); the outer error is the
+/// socket's.
+fn call(msg: ConntrackMessage, flags: u16, v4: bool) -> io::Result<Answer> {
+    Ok(exchange(vec![(msg, flags)], v4)?.remove(0))
+}
+
+/// Send `msgs` in one datagram, which the kernel handles one after the
+/// other with nothing of the network's in between, and read an answer to
+/// each, in order.
+fn exchange(msgs: Vec<(ConntrackMessage, u16)>, v4: bool) -> io::Result<Vec<Answer>> {
     let family = if v4 {
         NetfilterProtoFamily::IPv4
     } else {
         NetfilterProtoFamily::IPv6
     };
-    let mut header = NetlinkHeader::default();
-    header.flags = NLM_F_REQUEST | flags;
-    let mut req = NetlinkMessage::new(
-        header,
-        NetlinkPayload::from(NetfilterMessage::new(
-            NetfilterHeader::new(family, 0, 0),
-            msg,
-        )),
-    );
-    req.finalize();
-    let mut bytes = vec![0u8; req.buffer_len()];
-    req.serialize(&mut bytes);
+    let n = msgs.len();
+    let first = SEQ.fetch_add(n as u32, Ordering::Relaxed);
+    let mut bytes = Vec::new();
+    for (i, (msg, flags)) in msgs.into_iter().enumerate() {
+        let mut header = NetlinkHeader::default();
+        header.flags = NLM_F_REQUEST | flags;
+        header.sequence_number = first.wrapping_add(i as u32);
+        let mut req = NetlinkMessage::new(
+            header,
+            NetlinkPayload::from(NetfilterMessage::new(
+                NetfilterHeader::new(family, 0, 0),
+                msg,
+            )),
+        );
+        req.finalize();
+        let at = bytes.len();
+        bytes.resize(at + req.buffer_len(), 0);
+        req.serialize(&mut bytes[at..]);
+    }
+    // A socket that failed (not an error answer) may hold half an answer:
+    // `with_kept` does not keep it.
     with_kept(
         &SOCKET,
         |e| e,
         || Socket::new(NETLINK_NETFILTER),
         |s| {
             s.send_to(&bytes, &NlAddr::new(0, 0), 0)?;
-            let mut buf = Vec::with_capacity(8192);
-            s.recv(&mut buf, 0)?;
-            let answer = NetlinkMessage::<NetfilterMessage>::deserialize(&buf)
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
-            match answer.payload {
-                NetlinkPayload::Error(e) => match e.code {
-                    Some(code) => Err(io::Error::from_raw_os_error(code.get().wrapping_neg())),
-                    None => Ok(None),
-                },
-                NetlinkPayload::InnerMessage(NetfilterMessage {
-                    inner: NetfilterMessageInner::Conntrack(ConntrackMessage::New(attrs)),
-                    ..
-                }) => Ok(Some(attrs)),
-                _ => Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    "unexpected conntrack answer",
-                )),
+            let mut answers: Vec<Option<Answer>> = (0..n).map(|_| None).collect();
+            let mut buf = Vec::with_capacity(16384);
+            while answers.iter().any(Option::is_none) {
+                buf.clear();
+                s.recv(&mut buf, 0)?;
+                let mut at = 0;
+                while at < buf.len() {
+                    let Ok(nl) = NetlinkBuffer::new_checked(&buf[at..]) else {
+                        break;
+                    };
+                    let len = nl.length() as usize;
+                    let i = nl.sequence_number().wrapping_sub(first) as usize;
+                    let one = &buf[at..at + len];
+                    at += (len + 3) & !3;
+                    // Another request's late answer.
+                    let Some(slot) = answers.get_mut(i) else {
+                        continue;
+                    };
+                    let answer = NetlinkMessage::<NetfilterMessage>::deserialize(one)
+                        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+                    *slot = Some(match answer.payload {
+                        NetlinkPayload::Error(e) => match e.code {
+                            Some(code) => Err(code.get().wrapping_neg()),
+                            None => Ok(None),
+                        },
+                        NetlinkPayload::InnerMessage(NetfilterMessage {
+                            inner: NetfilterMessageInner::Conntrack(ConntrackMessage::New(attrs)),
+                            ..
+                        }) => Ok(Some(attrs)),
+                        _ => {
+                            return Err(io::Error::new(
+                                io::ErrorKind::InvalidData,
+                                "unexpected conntrack answer",
+                            ))
+                        }
+                    });
+                }
             }
+            Ok(answers
+                .into_iter()
+                .map(|a| a.unwrap_or(Err(libc::EIO)))
+                .collect())
         },
     )
 }
@@ -360,7 +442,6 @@ fn call(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use netlink_packet_core::Nla;
 
     fn sa(s: &str) -> SocketAddr {
         s.parse().unwrap()
@@ -373,8 +454,11 @@ mod tests {
             reply: (sa("198.18.3.2:5001"), sa("198.18.1.2:40001")),
             snat: true,
             dnat: false,
+            status: Status::Confirmed | Status::SeenReply | Status::Assured | Status::SrcNat,
             timeout: 431_999,
-            tcp: vec![ProtoInfoTCP::OriginalWindowScale(7)],
+            mark: Some(0x42),
+            tcp: vec![ProtoInfoTCP::State(3), ProtoInfoTCP::OriginalWindowScale(7)],
+            uncopyable: None,
         }
     }
 
@@ -403,7 +487,7 @@ mod tests {
     #[test]
     fn a_pinned_copy_maps_to_exactly_the_public_end_and_reads_back() {
         let e = masqueraded();
-        let attrs = pinned(&e);
+        let attrs = pinned(&e).expect("a masquerade entry can be pinned");
         // What the kernel reads: tuples before NAT, the NAT range as one
         // address and one port, CONFIRMED, the timeout, TCP established.
         let ConntrackAttribute::Other(nat) = &attrs[2] else {
@@ -426,6 +510,40 @@ mod tests {
         assert_eq!(back.orig, e.orig);
         assert_eq!(back.reply, (e.orig.1, e.orig.0));
         assert_eq!(back.timeout, e.timeout);
-        assert!(back.tcp.contains(&ProtoInfoTCP::OriginalWindowScale(7)));
+        assert_eq!(back.tcp, e.tcp, "TCP state and window scale copied");
+        assert_eq!(back.mark, Some(0x42), "the mark copied");
+        assert_eq!(
+            back.status,
+            Status::Confirmed | Status::SeenReply | Status::Assured,
+            "status copied, not made up (the kernel adds the NAT bits)"
+        );
+        // A UDP flow never answered stays unanswered in the copy.
+        let unanswered = Entry {
+            status: Status::Confirmed | Status::SrcNat,
+            ..masqueraded()
+        };
+        let attrs = pinned(&unanswered).expect("pinnable");
+        assert!(matches!(attrs[3], ConntrackAttribute::CtaStatus(s) if s == Status::Confirmed));
+    }
+
+    #[test]
+    fn entries_a_copy_would_change_are_not_pinned() {
+        let both = Entry {
+            dnat: true,
+            ..masqueraded()
+        };
+        assert!(pinned(&both).is_err(), "destination NAT would be lost");
+        let helped = Entry {
+            uncopyable: Some("a conntrack helper follows it"),
+            ..masqueraded()
+        };
+        assert!(pinned(&helped).is_err());
+        // What parse makes of a helper's attribute.
+        let mut attrs = pinned(&masqueraded()).expect("pinnable");
+        attrs.push(ConntrackAttribute::Other(DefaultNla::new(
+            CTA_HELP | NLA_F_NESTED,
+            vec![0; 4],
+        )));
+        assert!(parse(&attrs).expect("parses").uncopyable.is_some());
     }
 }

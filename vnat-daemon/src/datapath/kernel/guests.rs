@@ -10,12 +10,11 @@
 //! translations, is the public one (after the NAT), which is also what the
 //! uplink's tc sees.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use vnat_common::{GuestKey, MAP_GUESTS};
 
 use super::conntrack::{self, Direction};
-use super::listing::boottime_ns;
 use super::*;
 use crate::datapath::GuestInfo;
 
@@ -30,17 +29,34 @@ pub(super) struct Guest {
 /// What the listing learned about guests, kept between listings.
 #[derive(Default)]
 pub(super) struct GuestState {
-    /// Guests whose masquerade entry was swapped for an explicit one
-    /// ([`conntrack::pin_snat`]).
-    pinned: HashSet<GuestKey>,
-    /// Guests whose public address was on one of this host's interfaces
-    /// when listed: still this host's to manage after that address left
-    /// (the move that follows is what vnat is for).
-    vouched: HashSet<GuestKey>,
+    /// What the host's conntrack said of each guest, so that a listing
+    /// (each resync, just before a move) asks again only where the answer
+    /// can have changed.
+    verdicts: HashMap<GuestKey, Verdict>,
     /// The public keys of the guests listed last: the restart levers leave
     /// them to their own TCP (their sockets are not in this namespace).
     public: HashSet<FlowKey>,
 }
+
+enum Verdict {
+    /// The host NATs it: its entry as read, which way, whether the entry
+    /// is pinned (then it no longer changes), and whether its public
+    /// address was on one of this host's interfaces when read (still this
+    /// host's to manage after that address left: the move that follows
+    /// is what vnat is for).
+    Ours {
+        entry: conntrack::Entry,
+        dir: Direction,
+        pinned: bool,
+        vouched: bool,
+    },
+    /// Not this host's (no entry, not NATed, not its address): asked again
+    /// after `retry`, as a connection's entry may come after its socket.
+    NotOurs { retry: std::time::Instant },
+}
+
+/// How long a guest the host does not NAT goes unasked.
+const RETRY_NOT_OURS: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl GuestState {
     pub fn is_guest(&self, key: &FlowKey) -> bool {
@@ -50,9 +66,10 @@ impl GuestState {
 
 impl KernelDatapath {
     /// The guests' connections this host NATs with one of its addresses,
-    /// under their public names. Pins each outgoing one's NAT entry while
-    /// its address is still on an interface (see `conntrack`).
-    pub(super) fn guests(&self) -> Result<Vec<Guest>, DatapathError> {
+    /// under their public names (`with_owners`: with their namespaces'
+    /// names). Pins each outgoing one's NAT entry while its address is
+    /// still on an interface (see `conntrack`).
+    pub(super) fn guests(&self, with_owners: bool) -> Result<Vec<Guest>, DatapathError> {
         let all: Vec<(GuestKey, ConnRecord)> = self
             .loaded
             .maps
@@ -61,50 +78,51 @@ impl KernelDatapath {
             .collect::<Result<_, _>>()
             .map_err(map_err(MAP_GUESTS))?;
         let mut state = self.guests.borrow_mut();
-        state.pinned.retain(|k| all.iter().any(|(g, _)| g == k));
-        state.vouched.retain(|k| all.iter().any(|(g, _)| g == k));
+        let live: HashSet<GuestKey> = all.iter().map(|(k, _)| *k).collect();
+        state.verdicts.retain(|k, _| live.contains(k));
         state.public.clear();
         if all.is_empty() {
             return Ok(Vec::new());
         }
         let on_links = net::interface_addrs()?;
         let on_lo = net::lo_addrs()?;
+        let now = std::time::Instant::now();
         let mut out = Vec::new();
         for (gkey, rec) in all {
             let Some(private) = VirtualFlow::from_key(&gkey.flow) else {
                 continue;
             };
-            let (entry, dir) = match conntrack::find(private.proto, private.local, private.remote) {
-                Ok(Some(found)) => found,
-                Ok(None) => continue,
-                Err(e) => {
-                    tracing::debug!(flow = %private, error = %e, "no conntrack entry for a guest's connection");
-                    continue;
-                }
+            let stale = match state.verdicts.get(&gkey) {
+                None => true,
+                Some(Verdict::NotOurs { retry }) => now >= *retry,
+                // An entry not pinned may be replaced (masquerade again,
+                // after a failed pin): read it each time.
+                Some(Verdict::Ours { pinned, dir, .. }) => !pinned && *dir == Direction::Out,
             };
-            let nated = match dir {
-                Direction::Out => entry.snat,
-                Direction::In => entry.dnat,
-            };
-            if !nated {
-                continue;
+            if stale {
+                let verdict = judge(&private, &on_links, state.verdicts.get(&gkey), now);
+                state.verdicts.insert(gkey, verdict);
             }
-            let (local, remote) = entry.public(dir);
+            let Some(Verdict::Ours {
+                entry,
+                dir,
+                pinned,
+                vouched,
+            }) = state.verdicts.get_mut(&gkey)
+            else {
+                continue;
+            };
+            let (local, remote) = entry.public(*dir);
             let on_link = on_links.iter().any(|(a, _)| *a == local.ip());
-            if on_link {
-                state.vouched.insert(gkey);
-            } else if !state.vouched.contains(&gkey)
-                // A vnatd started after a move: the old address is kept on
-                // lo, tagged as vnat's.
-                && !on_lo.iter().any(|(a, ours)| *ours && *a == local.ip())
-            {
+            *vouched |= on_link;
+            // A vnatd started after a move: the old address is kept on lo,
+            // tagged as vnat's.
+            if !*vouched && !on_lo.iter().any(|(a, ours)| *ours && *a == local.ip()) {
                 continue;
             }
-            if dir == Direction::Out && on_link && !state.pinned.contains(&gkey) {
-                match conntrack::pin_snat(&entry) {
-                    Ok(()) => {
-                        state.pinned.insert(gkey);
-                    }
+            if *dir == Direction::Out && on_link && !*pinned {
+                match conntrack::pin_snat(entry) {
+                    Ok(()) => *pinned = true,
                     Err(e) => {
                         tracing::warn!(flow = %private, error = %e, "cannot pin the NAT entry of a container's connection: a move of this host would reset it");
                     }
@@ -122,7 +140,7 @@ impl KernelDatapath {
                 rec,
                 info: GuestInfo {
                     netns_cookie: gkey.netns_cookie,
-                    netns: (rec.pid != 0)
+                    netns: (with_owners && rec.pid != 0)
                         .then(|| std::fs::read_link(format!("/proc/{}/ns/net", rec.pid)).ok())
                         .flatten()
                         .map(|p| p.to_string_lossy().into_owned()),
@@ -133,37 +151,76 @@ impl KernelDatapath {
         }
         Ok(out)
     }
-}
 
-/// How long a guest's UDP record outlives the host's NAT entry for it: the
-/// recorder runs before the datagram that makes the entry leaves.
-const UDP_GUEST_GRACE_NS: u64 = 5_000_000_000;
-
-impl KernelDatapath {
-    /// Drop the guests' UDP records whose flow the host's NAT has
-    /// forgotten (its conntrack entry timed out): nothing of vnat's can
-    /// keep such a flow, and the recorder cannot see a container's socket
-    /// close. TCP records go when their socket closes (sock_ops).
-    pub(super) fn drop_forgotten_udp_guests(&mut self) {
-        let now = boottime_ns();
-        let forgotten: Vec<GuestKey> = self
+    /// Drop the guests' UDP records whose socket is gone: the recorder
+    /// cannot see a container's UDP socket close. A record is alive while
+    /// its process's namespace (`/proc/PID/net`) has a UDP socket on its
+    /// local end (connected to its peer, or not connected). TCP records go
+    /// when their socket closes (sock_ops).
+    pub(super) fn drop_closed_udp_guests(&mut self) {
+        let udp: Vec<(GuestKey, ConnRecord)> = self
             .loaded
             .maps
             .guests
             .iter()
             .filter_map(Result::ok)
-            .filter(|(k, r)| {
-                k.flow.proto == PROTO_UDP && now.saturating_sub(r.last_seen_ns) > UDP_GUEST_GRACE_NS
-            })
-            .filter(|(k, _)| {
-                VirtualFlow::from_key(&k.flow).is_some_and(|f| {
-                    matches!(conntrack::find(f.proto, f.local, f.remote), Ok(None))
-                })
-            })
-            .map(|(k, _)| k)
+            .filter(|(k, _)| k.flow.proto == PROTO_UDP)
             .collect();
-        for k in forgotten {
-            let _ = self.loaded.maps.guests.remove(&k);
+        let mut sockets: HashMap<u32, Vec<(SocketAddr, SocketAddr)>> = HashMap::new();
+        for (k, rec) in udp {
+            let Some((local, remote)) = key_endpoints(&k.flow) else {
+                continue;
+            };
+            let theirs = sockets.entry(rec.pid).or_insert_with(|| {
+                procfs::socket_inodes_in(&format!("/proc/{}/net", rec.pid))
+                    .into_keys()
+                    .filter(|(p, _, _)| *p == Proto::Udp)
+                    .map(|(_, l, r)| (l, r))
+                    .collect()
+            });
+            let alive = theirs.iter().any(|(l, r)| {
+                l.port() == local.port()
+                    && (l.ip() == local.ip() || l.ip().is_unspecified())
+                    && (r.port() == 0 || *r == remote)
+            });
+            if !alive {
+                let _ = self.loaded.maps.guests.remove(&k);
+            }
         }
+    }
+}
+
+/// What the host's conntrack says of a guest's connection `private`.
+fn judge(
+    private: &VirtualFlow,
+    on_links: &[(IpAddr, u32)],
+    before: Option<&Verdict>,
+    now: std::time::Instant,
+) -> Verdict {
+    let not_ours = Verdict::NotOurs {
+        retry: now + RETRY_NOT_OURS,
+    };
+    let (entry, dir) = match conntrack::find(private.proto, private.local, private.remote) {
+        Ok(Some(found)) => found,
+        Ok(None) => return not_ours,
+        Err(e) => {
+            tracing::debug!(flow = %private, error = %e, "no conntrack entry for a guest's connection");
+            return not_ours;
+        }
+    };
+    let nated = match dir {
+        Direction::Out => entry.snat,
+        Direction::In => entry.dnat,
+    };
+    if !nated {
+        return not_ours;
+    }
+    let vouched = matches!(before, Some(Verdict::Ours { vouched: true, .. }))
+        || on_links.iter().any(|(a, _)| *a == entry.public(dir).0.ip());
+    Verdict::Ours {
+        entry,
+        dir,
+        pinned: false,
+        vouched,
     }
 }

@@ -28,7 +28,7 @@ impl KernelDatapath {
             }
             let _ = self.loaded.maps.udp_pending.remove(&cookie);
         }
-        self.drop_forgotten_udp_guests();
+        self.drop_closed_udp_guests();
         let sockets = procfs::socket_inodes();
         let translated: std::collections::HashSet<FlowKey> =
             self.egress_entries()?.iter().map(|(k, _)| *k).collect();
@@ -151,7 +151,7 @@ impl KernelDatapath {
                 .map(|(_, k, r)| (k, r)),
         );
         let mut guests: StdHashMap<FlowKey, GuestInfo> = StdHashMap::new();
-        for g in self.guests()? {
+        for g in self.guests(with_owners)? {
             records.push((g.key, g.rec));
             guests.insert(g.key, g.info);
         }
