@@ -11,8 +11,8 @@ use std::{net::SocketAddr, time::Duration};
 use serde_json::Value;
 use vnat_daemon::datapath::Proto;
 use vnat_tests::{
-    Container, EchoServer, Family, Host, LaptopRouterServer, StreamClient, StreamOptions, TempDir,
-    Vnatd,
+    Container, EchoServer, Family, Host, LaptopRouterServer, StreamClient, StreamOptions,
+    StreamStatus, TempDir, Vnatd,
 };
 
 /// The rows of `vnatctl ls` that are containers' connections.
@@ -46,25 +46,58 @@ fn stream_from(c: &Container, server: SocketAddr, proto: Proto) -> StreamClient 
     StreamClient::from_command(cmd)
 }
 
+/// The laptop and server hosts of `topo`, and their vnatd's directories.
+struct Hosts<'t> {
+    lap: Host<'t>,
+    srv: Host<'t>,
+    ldir: TempDir,
+    sdir: TempDir,
+}
+
+impl<'t> Hosts<'t> {
+    fn new(topo: &'t LaptopRouterServer, tag: &str) -> Hosts<'t> {
+        Hosts {
+            lap: Host::new(&topo.laptop, &format!("{tag}l")),
+            srv: Host::new(&topo.server, &format!("{tag}s")),
+            ldir: TempDir::new(&format!("{tag}l")),
+            sdir: TempDir::new(&format!("{tag}s")),
+        }
+    }
+
+    /// The laptop's and the server's vnatd.
+    fn start(&self) -> (Vnatd, Vnatd) {
+        (
+            Vnatd::start(&self.lap, self.ldir.path()),
+            Vnatd::start(&self.srv, self.sdir.path()),
+        )
+    }
+}
+
+/// The laptop moves to subnet B; the stream carries on (100 kB more
+/// verified, byte-exact) and ends with no error, on the same socket.
+fn moves_and_carries_on(topo: &LaptopRouterServer, client: StreamClient, before: &StreamStatus) {
+    topo.move_laptop_to_b();
+    let at_move = client.latest().expect("status").verified;
+    client.wait_verified_at_least(at_move + 100_000, Duration::from_secs(20));
+    let fin = client.stop();
+    assert_eq!(fin.error, None, "{:?}", fin.json);
+    assert_eq!(fin.local, before.local, "the socket changed");
+}
+
 /// A container on the laptop talks to the server; the laptop moves from
 /// subnet A to B. The container's connection carries on, byte-exact on the
 /// same socket, under the public name the server knows.
 fn container_moves_with_its_host(proto: Proto, tag: &str) {
     let topo = LaptopRouterServer::builder().tag(tag).build();
-    let lap = Host::new(&topo.laptop, &format!("{tag}l"));
-    let srv = Host::new(&topo.server, &format!("{tag}s"));
+    let hosts = Hosts::new(&topo, tag);
+    let srv = &hosts.srv;
     let ctr = Container::behind(&topo.laptop, &format!("{tag}c"), 88, "ct0");
-    let (ldir, sdir) = (
-        TempDir::new(&format!("{tag}l")),
-        TempDir::new(&format!("{tag}s")),
-    );
     let server = SocketAddr::new(topo.server_addr.get(Family::V4), 5001);
     let _echo = match proto {
-        Proto::Tcp => EchoServer::tcp_in(&srv, server),
-        Proto::Udp => EchoServer::udp_in(&srv, server),
+        Proto::Tcp => EchoServer::tcp_in(srv, server),
+        Proto::Udp => EchoServer::udp_in(srv, server),
     };
-    let lapd = Vnatd::start(&lap, ldir.path());
-    let srvd = Vnatd::start(&srv, sdir.path());
+    let (lapd, srvd) = hosts.start();
     enable(&lapd, &ctr);
 
     let client = stream_from(&ctr, server, proto);
@@ -94,10 +127,15 @@ fn container_moves_with_its_host(proto: Proto, tag: &str) {
             .is_some_and(|n| n.starts_with("net:[")),
         "no namespace shown: {row}"
     );
-    assert!(
-        lapd.mobile_to(&proto.to_string(), server.ip()),
-        "not mobile"
-    );
+    // A UDP flow is mobile once its claim is bound, a moment after pairing.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !lapd.mobile_to(&proto.to_string(), server.ip()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the container's connection never became mobile: {rows:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 
     topo.move_laptop_to_b();
     let at_move = client.latest().expect("status").verified;
@@ -143,17 +181,12 @@ fn udp_of_a_container_behind_the_laptops_nat_survives_the_move() {
 fn a_container_not_enabled_is_never_touched() {
     let tag = "ctn";
     let topo = LaptopRouterServer::builder().tag(tag).build();
-    let lap = Host::new(&topo.laptop, &format!("{tag}l"));
-    let srv = Host::new(&topo.server, &format!("{tag}s"));
+    let hosts = Hosts::new(&topo, tag);
+    let srv = &hosts.srv;
     let ctr = Container::behind(&topo.laptop, &format!("{tag}c"), 88, "ct0");
-    let (ldir, sdir) = (
-        TempDir::new(&format!("{tag}l")),
-        TempDir::new(&format!("{tag}s")),
-    );
     let server = SocketAddr::new(topo.server_addr.get(Family::V4), 5001);
-    let _echo = EchoServer::tcp_in(&srv, server);
-    let lapd = Vnatd::start(&lap, ldir.path());
-    let _srvd = Vnatd::start(&srv, sdir.path());
+    let _echo = EchoServer::tcp_in(srv, server);
+    let (lapd, _srvd) = hosts.start();
 
     let client = stream_from(&ctr, server, Proto::Tcp);
     client.wait_verified_at_least(50_000, Duration::from_secs(10));
@@ -180,17 +213,12 @@ fn a_container_not_enabled_is_never_touched() {
 fn a_containers_published_port_keeps_a_moving_laptops_connection() {
     let tag = "ctp";
     let topo = LaptopRouterServer::builder().tag(tag).build();
-    let lap = Host::new(&topo.laptop, &format!("{tag}l"));
-    let srv = Host::new(&topo.server, &format!("{tag}s"));
+    let hosts = Hosts::new(&topo, tag);
+    let lap = &hosts.lap;
     let ctr = Container::behind(&topo.server, &format!("{tag}c"), 89, "ct0");
     ctr.publish(&topo.server, 8080, 80);
-    let (ldir, sdir) = (
-        TempDir::new(&format!("{tag}l")),
-        TempDir::new(&format!("{tag}s")),
-    );
     let _echo = EchoServer::tcp_in_container(&ctr, ctr.endpoint(80));
-    let lapd = Vnatd::start(&lap, ldir.path());
-    let srvd = Vnatd::start(&srv, sdir.path());
+    let (lapd, srvd) = hosts.start();
     enable(&srvd, &ctr);
 
     let published = SocketAddr::new(topo.server_addr.get(Family::V4), 8080);
@@ -211,38 +239,32 @@ fn a_containers_published_port_keeps_a_moving_laptops_connection() {
         "the server's vnatd does not show the container's connection by its public name: {rows:?}"
     );
 
-    topo.move_laptop_to_b();
-    let at_move = client.latest().expect("status").verified;
-    client.wait_verified_at_least(at_move + 100_000, Duration::from_secs(20));
-    let fin = client.stop();
-    assert_eq!(fin.error, None, "{:?}", fin.json);
-    assert_eq!(fin.local, before.local, "the laptop's socket changed");
+    moves_and_carries_on(&topo, client, &before);
 }
 
 /// Two containers with the same private address, 10.88.0.2, one behind the
-/// laptop and one behind the server (published on 8080), each enabled on
-/// its own host's vnatd: the first talks to the second. Each vnatd lists
-/// its own container's end only, by that container's namespace, and the
-/// connection survives the laptop's move through both NATs.
+/// laptop and one behind the server (published on 8080), both enabled on
+/// both hosts' vnatd: the first talks to the second. Each vnatd records
+/// both sockets but lists only its own host's container's end, by that
+/// container's namespace, and the connection survives the laptop's move
+/// through both NATs.
 #[test]
 fn two_containers_with_the_same_private_address_are_kept_apart() {
     let tag = "ct2";
     let topo = LaptopRouterServer::builder().tag(tag).build();
-    let lap = Host::new(&topo.laptop, &format!("{tag}l"));
-    let srv = Host::new(&topo.server, &format!("{tag}s"));
+    let hosts = Hosts::new(&topo, tag);
     let mine = Container::behind(&topo.laptop, &format!("{tag}a"), 88, "ct0");
     let theirs = Container::behind(&topo.server, &format!("{tag}b"), 88, "ct0");
     assert_eq!(mine.addr, theirs.addr);
     theirs.publish(&topo.server, 8080, 80);
-    let (ldir, sdir) = (
-        TempDir::new(&format!("{tag}l")),
-        TempDir::new(&format!("{tag}s")),
-    );
     let _echo = EchoServer::tcp_in_container(&theirs, theirs.endpoint(80));
-    let lapd = Vnatd::start(&lap, ldir.path());
-    let srvd = Vnatd::start(&srv, sdir.path());
-    enable(&lapd, &mine);
-    enable(&srvd, &theirs);
+    let (lapd, srvd) = hosts.start();
+    // Both containers' cgroups on both hosts' vnatd: each records both
+    // sockets, and must list only the one its own host NATs.
+    for d in [&lapd, &srvd] {
+        enable(d, &mine);
+        enable(d, &theirs);
+    }
 
     let published = SocketAddr::new(topo.server_addr.get(Family::V4), 8080);
     let client = stream_from(&mine, published, Proto::Tcp);
@@ -250,6 +272,13 @@ fn two_containers_with_the_same_private_address_are_kept_apart() {
     lapd.wait_paired("the laptop's vnatd");
     srvd.wait_paired("the server's vnatd");
 
+    for d in [&lapd, &srvd] {
+        let st = d.ctl(&["status"]).expect("vnatd unreachable");
+        assert!(
+            st["datapath"]["counters"]["guest_recorded"].as_u64() >= Some(2),
+            "a vnatd did not record both containers' sockets: {st}"
+        );
+    }
     let (lrows, srows) = (guest_rows(&lapd), guest_rows(&srvd));
     assert_eq!(
         lrows.len(),
@@ -273,12 +302,7 @@ fn two_containers_with_the_same_private_address_are_kept_apart() {
     assert_eq!(s["virtual_local"], published.to_string());
     assert_eq!(s["virtual_remote"], l["virtual_local"]);
 
-    topo.move_laptop_to_b();
-    let at_move = client.latest().expect("status").verified;
-    client.wait_verified_at_least(at_move + 100_000, Duration::from_secs(20));
-    let fin = client.stop();
-    assert_eq!(fin.error, None, "{:?}", fin.json);
-    assert_eq!(fin.local, before.local, "the container's socket changed");
+    moves_and_carries_on(&topo, client, &before);
 }
 
 /// Planned mode: `vnatctl suspend --pid` names the container's process
@@ -288,17 +312,12 @@ fn two_containers_with_the_same_private_address_are_kept_apart() {
 fn a_containers_connection_moves_in_planned_mode() {
     let tag = "ctm";
     let topo = LaptopRouterServer::builder().tag(tag).build();
-    let lap = Host::new(&topo.laptop, &format!("{tag}l"));
-    let srv = Host::new(&topo.server, &format!("{tag}s"));
+    let hosts = Hosts::new(&topo, tag);
+    let srv = &hosts.srv;
     let ctr = Container::behind(&topo.laptop, &format!("{tag}c"), 88, "ct0");
-    let (ldir, sdir) = (
-        TempDir::new(&format!("{tag}l")),
-        TempDir::new(&format!("{tag}s")),
-    );
     let server = SocketAddr::new(topo.server_addr.get(Family::V4), 5001);
-    let _echo = EchoServer::tcp_in(&srv, server);
-    let lapd = Vnatd::start(&lap, ldir.path());
-    let srvd = Vnatd::start(&srv, sdir.path());
+    let _echo = EchoServer::tcp_in(srv, server);
+    let (lapd, srvd) = hosts.start();
     enable(&lapd, &ctr);
 
     let client = stream_from(&ctr, server, Proto::Tcp);
