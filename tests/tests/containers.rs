@@ -349,3 +349,39 @@ fn a_containers_connection_moves_in_planned_mode() {
     assert_eq!(fin.error, None, "{:?}", fin.json);
     assert_eq!(fin.local, before.local, "the container's socket changed");
 }
+
+/// `docker run -p 5353:53/udp` on the server, the container's UDP server
+/// bound to the wildcard address (as UDP servers are): a laptop's flow to
+/// the published port survives the laptop's move. The server's vnatd finds
+/// the container's source address from the container's own routes.
+#[test]
+fn a_containers_published_udp_port_keeps_a_moving_laptops_flow() {
+    let tag = "ctq";
+    let topo = LaptopRouterServer::builder().tag(tag).build();
+    let hosts = Hosts::new(&topo, tag);
+    let lap = &hosts.lap;
+    let ctr = Container::behind(&topo.server, &format!("{tag}c"), 89, "ct0");
+    ctr.publish_udp(&topo.server, 5353, 53);
+    let _echo = EchoServer::udp_in_container(&ctr, 53);
+    let (lapd, srvd) = hosts.start();
+    enable(&srvd, &ctr);
+
+    let published = SocketAddr::new(topo.server_addr.get(Family::V4), 5353);
+    let mut cmd = StreamOptions::udp(published)
+        .rate(300_000)
+        .command(&topo.laptop);
+    lap.cgroup.join_on_spawn(&mut cmd);
+    let client = StreamClient::from_command(cmd);
+    let before = client.wait_verified_at_least(50_000, Duration::from_secs(10));
+    lapd.wait_paired("the laptop's vnatd");
+    srvd.wait_paired("the server's vnatd");
+    let rows = guest_rows(&srvd);
+    assert!(
+        rows.iter()
+            .any(|r| r["virtual_local"] == published.to_string()
+                && r["virtual_remote"] == before.local
+                && r["guest"]["private_local"] == ctr.endpoint(53).to_string()),
+        "the server's vnatd does not show the container's flow by its public name: {rows:?}"
+    );
+    moves_and_carries_on(&topo, client, &before);
+}

@@ -54,18 +54,28 @@ impl Container {
     /// `docker run -p host_port:port`: TCP to any of `host`'s addresses on
     /// `host_port` goes to the container's `port`.
     pub fn publish(&self, host: &Netns, host_port: u16, port: u16) {
+        self.publish_proto(host, "tcp", host_port, port);
+    }
+
+    /// `docker run -p host_port:port/udp`.
+    pub fn publish_udp(&self, host: &Netns, host_port: u16, port: u16) {
+        self.publish_proto(host, "udp", host_port, port);
+    }
+
+    fn publish_proto(&self, host: &Netns, proto: &str, host_port: u16, port: u16) {
         let rule = format!(
             "table ip {t} {{
                 chain pre {{
                     type nat hook prerouting priority dstnat;
-                    iifname != \"{i}\" tcp dport {host_port} dnat to {a}:{port}
+                    iifname != \"{i}\" {proto} dport {host_port} dnat to {a}:{port}
                 }}
             }}",
             t = self.table,
             i = self.host_if,
             a = self.addr,
         );
-        load_ruleset(host, &format!("{}_pub", self.table), &rule).unwrap_or_else(|e| panic!("{e}"));
+        let what = format!("{}_pub_{proto}_{host_port}", self.table);
+        load_ruleset(host, &what, &rule).unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// `addr`'s IP with `port`.

@@ -115,6 +115,15 @@ impl EchoServer {
         Self::start_in(&c.ns, Some(&c.cgroup), addr, false, &[&listen, "EXEC:cat"])
     }
 
+    /// UDP echo inside a container on all its addresses (the wildcard, as
+    /// a UDP server listens), one child per peer.
+    pub fn udp_in_container(c: &super::Container, port: u16) -> EchoServer {
+        let size = UDP_DATAGRAM_SIZE.to_string();
+        let listen = format!("UDP4-LISTEN:{port},fork");
+        let args = ["-T", "600", "-b", &size, &listen, "PIPE"];
+        Self::start_in(&c.ns, Some(&c.cgroup), c.endpoint(port), true, &args)
+    }
+
     /// socat listening with `listen` inside `host`'s namespace and cgroup:
     /// `EXEC:cat` for TCP, `PIPE` with datagrams of [`UDP_DATAGRAM_SIZE`]
     /// and a 600 s idle timeout for UDP.

@@ -36,6 +36,9 @@ pub(super) struct GuestState {
     /// The public keys of the guests listed last: the restart levers leave
     /// them to their own TCP (their sockets are not in this namespace).
     public: HashSet<FlowKey>,
+    /// The source address a guest's namespace sends from to a peer, for
+    /// the UDP sockets bound to the wildcard address, by (process, peer).
+    sources: HashMap<(u32, IpAddr), Option<IpAddr>>,
 }
 
 enum Verdict {
@@ -80,6 +83,8 @@ impl KernelDatapath {
         let mut state = self.guests.borrow_mut();
         let live: HashSet<GuestKey> = all.iter().map(|(k, _)| *k).collect();
         state.verdicts.retain(|k, _| live.contains(k));
+        let pids: HashSet<u32> = all.iter().map(|(_, r)| r.pid).collect();
+        state.sources.retain(|(pid, _), _| pids.contains(pid));
         state.public.clear();
         if all.is_empty() {
             return Ok(Vec::new());
@@ -89,9 +94,21 @@ impl KernelDatapath {
         let now = std::time::Instant::now();
         let mut out = Vec::new();
         for (gkey, rec) in all {
-            let Some(private) = VirtualFlow::from_key(&gkey.flow) else {
+            let Some(mut private) = VirtualFlow::from_key(&gkey.flow) else {
                 continue;
             };
+            if private.local.ip().is_unspecified() {
+                // A UDP socket bound to the wildcard address: its datagrams
+                // leave from the address its namespace routes from.
+                let src = *state
+                    .sources
+                    .entry((rec.pid, private.remote.ip()))
+                    .or_insert_with(|| source_in(rec.pid, private.remote.ip()));
+                match src {
+                    Some(ip) => private.local = SocketAddr::new(ip, private.local.port()),
+                    None => continue,
+                }
+            }
             let stale = match state.verdicts.get(&gkey) {
                 None => true,
                 Some(Verdict::NotOurs { retry }) => now >= *retry,
@@ -188,6 +205,25 @@ impl KernelDatapath {
             }
         }
     }
+}
+
+/// The source address the network namespace of process `pid` sends from
+/// to `dst` (its route's preferred source), asked from a thread that
+/// enters that namespace; `None` if the process is gone or has no route.
+fn source_in(pid: u32, dst: IpAddr) -> Option<IpAddr> {
+    if pid == 0 {
+        return None;
+    }
+    let ns = std::fs::File::open(format!("/proc/{pid}/ns/net")).ok()?;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).ok()?;
+            net::route_get(dst, None).ok()?.prefsrc
+        })
+        .join()
+        .ok()
+        .flatten()
+    })
 }
 
 /// What the host's conntrack says of a guest's connection `private`.
