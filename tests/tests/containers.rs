@@ -11,8 +11,8 @@ use std::{net::SocketAddr, time::Duration};
 use serde_json::Value;
 use vnat_daemon::datapath::Proto;
 use vnat_tests::{
-    Container, EchoServer, Family, Host, LaptopRouterServer, StreamClient, StreamOptions,
-    StreamStatus, TempDir, Vnatd,
+    Container, EchoServer, Family, Host, LaptopRouterServer, Netns, ProcessGroup, StreamClient,
+    StreamOptions, StreamStatus, TempDir, Vnatd,
 };
 
 /// The rows of `vnatctl ls` that are containers' connections.
@@ -384,4 +384,81 @@ fn a_containers_published_udp_port_keeps_a_moving_laptops_flow() {
         "the server's vnatd does not show the container's flow by its public name: {rows:?}"
     );
     moves_and_carries_on(&topo, client, &before);
+}
+
+/// A process in an enabled cgroup that makes a namespace of its own and a
+/// loopback connection with the same tuple as a container's real one
+/// cannot have vnatd take the real flow for its socket: two namespaces
+/// naming one flow of the host's NAT get neither managed.
+#[test]
+fn a_namespace_that_copies_a_containers_tuple_takes_nothing() {
+    let tag = "ctf";
+    let topo = LaptopRouterServer::builder().tag(tag).build();
+    let hosts = Hosts::new(&topo, tag);
+    let srv = &hosts.srv;
+    let ctr = Container::behind(&topo.laptop, &format!("{tag}c"), 88, "ct0");
+    let server = SocketAddr::new(topo.server_addr.get(Family::V4), 5001);
+    let _echo = EchoServer::tcp_in(srv, server);
+    let (lapd, srvd) = hosts.start();
+    enable(&lapd, &ctr);
+    let client = stream_from(&ctr, server, Proto::Tcp);
+    let before = client.wait_verified_at_least(50_000, Duration::from_secs(10));
+    lapd.wait_paired("the laptop's vnatd");
+    srvd.wait_paired("the server's vnatd");
+    let listed = |d: &Vnatd| {
+        guest_rows(d)
+            .iter()
+            .any(|r| r["guest"]["private_local"] == before.local)
+    };
+    assert!(
+        listed(&lapd),
+        "the real connection is not listed to begin with"
+    );
+
+    // The copy: both ends on the rogue namespace's lo, in the container's
+    // (enabled) cgroup, the client bound to the real one's address and port.
+    let rogue = Netns::new(&format!("{tag}r"));
+    rogue.add_addr("lo", ctr.addr.into(), 32);
+    rogue.add_addr("lo", server.ip(), 32);
+    let mut listen = rogue.cmd("socat");
+    listen.args([
+        &format!(
+            "TCP-LISTEN:{},bind={},reuseaddr,fork",
+            server.port(),
+            server.ip()
+        ),
+        "EXEC:cat",
+    ]);
+    ctr.cgroup.join_on_spawn(&mut listen);
+    let _listener = ProcessGroup::spawn(listen, "the rogue listener");
+    std::thread::sleep(Duration::from_millis(300));
+    let mut copy = rogue.cmd("socat");
+    copy.args([
+        "-u".to_string(),
+        "OPEN:/dev/zero".to_string(),
+        format!("TCP:{server},bind={}", before.local),
+    ])
+    .stdout(std::process::Stdio::null());
+    ctr.cgroup.join_on_spawn(&mut copy);
+    let _copy = ProcessGroup::spawn(copy, "the rogue client");
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while listed(&lapd) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "vnatd still takes the flow for one of two namespaces' sockets: {:?}",
+            guest_rows(&lapd)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let st = lapd.ctl(&["status"]).expect("vnatd unreachable");
+    assert!(
+        st["datapath"]["counters"]["guest_recorded"].as_u64() >= Some(2),
+        "the copy was never recorded, so this test showed nothing: {st}"
+    );
+    assert!(
+        guest_rows(&lapd).is_empty(),
+        "the copy's socket was taken for the flow"
+    );
+    drop(client);
 }

@@ -92,6 +92,7 @@ impl KernelDatapath {
         let on_links = net::interface_addrs()?;
         let on_lo = net::lo_addrs()?;
         let now = std::time::Instant::now();
+        let mut candidates = Vec::new();
         let mut out = Vec::new();
         for (gkey, rec) in all {
             let Some(mut private) = VirtualFlow::from_key(&gkey.flow) else {
@@ -123,8 +124,8 @@ impl KernelDatapath {
             let Some(Verdict::Ours {
                 entry,
                 dir,
-                pinned,
                 vouched,
+                ..
             }) = state.verdicts.get_mut(&gkey)
             else {
                 continue;
@@ -137,20 +138,41 @@ impl KernelDatapath {
             if !*vouched && !on_lo.iter().any(|(a, ours)| *ours && *a == local.ip()) {
                 continue;
             }
-            if *dir == Direction::Out && on_link && !*pinned {
-                match conntrack::pin_snat(entry) {
-                    Ok(()) => *pinned = true,
-                    Err(e) => {
-                        tracing::warn!(flow = %private, error = %e, "cannot pin the NAT entry of a container's connection: a move of this host would reset it");
-                    }
-                }
-            }
             let public = VirtualFlow {
                 proto: private.proto,
                 local,
                 remote,
             };
+            candidates.push((gkey, rec, private, public, on_link));
+        }
+        // Two namespaces' sockets that map to one entry of the host's: one
+        // of them made up the other's tuple. Neither is taken (nor pinned).
+        let mut seen: HashMap<FlowKey, usize> = HashMap::new();
+        for (_, _, _, public, _) in &candidates {
+            *seen.entry(public.to_key()).or_default() += 1;
+        }
+        for (gkey, rec, private, public, on_link) in candidates {
             let key = public.to_key();
+            if seen.get(&key) != Some(&1) {
+                tracing::warn!(flow = %public, "two network namespaces have a socket for the same NATed flow: managing neither");
+                continue;
+            }
+            if let Some(Verdict::Ours {
+                entry,
+                dir: Direction::Out,
+                pinned: pinned @ false,
+                ..
+            }) = state.verdicts.get_mut(&gkey)
+            {
+                if on_link {
+                    match conntrack::pin_snat(entry) {
+                        Ok(()) => *pinned = true,
+                        Err(e) => {
+                            tracing::warn!(flow = %private, error = %e, "cannot pin the NAT entry of a container's connection: a move of this host would reset it");
+                        }
+                    }
+                }
+            }
             state.public.insert(key);
             out.push(Guest {
                 key,
