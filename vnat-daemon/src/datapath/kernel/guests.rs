@@ -43,10 +43,10 @@ pub(super) struct GuestState {
 
 enum Verdict {
     /// The host NATs it: its entry as read, which way, whether the entry
-    /// is pinned (then it no longer changes), and whether its public
-    /// address was on one of this host's interfaces when read (still this
-    /// host's to manage after that address left: the move that follows
-    /// is what vnat is for).
+    /// was pinned or found unpinnable (then it is not read again), and
+    /// whether its public address was on one of this host's interfaces
+    /// when read (still this host's to manage after that address left:
+    /// the move that follows is what vnat is for).
     Ours {
         entry: conntrack::Entry,
         dir: Direction,
@@ -165,11 +165,11 @@ impl KernelDatapath {
             }) = state.verdicts.get_mut(&gkey)
             {
                 if on_link {
-                    match conntrack::pin_snat(entry) {
-                        Ok(()) => *pinned = true,
-                        Err(e) => {
-                            tracing::warn!(flow = %private, error = %e, "cannot pin the NAT entry of a container's connection: a move of this host would reset it");
-                        }
+                    // Tried once: an entry that cannot be pinned (a copy
+                    // would change it) is not asked about again.
+                    *pinned = true;
+                    if let Err(e) = conntrack::pin_snat(entry) {
+                        tracing::warn!(flow = %private, error = %e, "cannot pin the NAT entry of a container's connection: a move of this host would reset it");
                     }
                 }
             }
