@@ -128,10 +128,11 @@ pub fn find(
 
 /// Replace `e`, a source-NATed entry, with a copy that maps the same way as
 /// an explicit source NAT (see the module's comment). The removal and the
-/// creation go in one datagram, which the kernel handles back to back:
-/// no packet of the flow finds it without an entry in between. An entry
-/// that a copy would not reproduce (destination NAT too, a helper,
-/// sequence adjustment) is left as it is.
+/// creation go in one datagram, which the kernel handles one right after
+/// the other: a packet of the flow can find no entry only within those
+/// microseconds (on another CPU), not for a round trip through vnatd. An
+/// entry that a copy would not reproduce (destination NAT too, a helper,
+/// sequence adjustment, a zone) is left as it is.
 pub fn pin_snat(e: &Entry) -> io::Result<()> {
     let attrs = pinned(e).map_err(|why| io::Error::new(io::ErrorKind::Unsupported, why))?;
     let v4 = e.orig.0.is_ipv4();
@@ -357,9 +358,8 @@ fn call(msg: ConntrackMessage, flags: u16, v4: bool) -> io::Result<Answer> {
     Ok(exchange(vec![(msg, flags)], v4)?.remove(0))
 }
 
-/// Send `msgs` in one datagram, which the kernel handles one after the
-/// other with nothing of the network's in between, and read an answer to
-/// each, in order.
+/// Send `msgs` in one datagram, which the kernel handles one right after
+/// the other, and read an answer to each, in order.
 fn exchange(msgs: Vec<(ConntrackMessage, u16)>, v4: bool) -> io::Result<Vec<Answer>> {
     let family = if v4 {
         NetfilterProtoFamily::IPv4
