@@ -6,7 +6,10 @@
 
 mod support;
 
-use std::{net::SocketAddr, time::Duration};
+use std::{
+    net::{IpAddr, SocketAddr},
+    time::Duration,
+};
 
 use serde_json::Value;
 use vnat_daemon::datapath::Proto;
@@ -87,12 +90,15 @@ fn moves_and_carries_on(topo: &LaptopRouterServer, client: StreamClient, before:
 /// A container on the laptop talks to the server; the laptop moves from
 /// subnet A to B. The container's connection carries on, byte-exact on the
 /// same socket, under the public name the server knows.
-fn container_moves_with_its_host(proto: Proto, tag: &str) {
-    let topo = LaptopRouterServer::builder().tag(tag).build();
+fn container_moves_with_its_host(family: Family, proto: Proto, tag: &str) {
+    let topo = LaptopRouterServer::builder()
+        .tag(tag)
+        .ipv6(family == Family::V6)
+        .build();
     let hosts = Hosts::new(&topo, tag);
     let srv = &hosts.srv;
     let ctr = Container::behind(&topo.laptop, &format!("{tag}c"), 88, "ct0");
-    let server = SocketAddr::new(topo.server_addr.get(Family::V4), 5001);
+    let server = SocketAddr::new(topo.server_addr.get(family), 5001);
     let _echo = match proto {
         Proto::Tcp => EchoServer::tcp_in(srv, server),
         Proto::Udp => EchoServer::udp_in(srv, server),
@@ -103,7 +109,11 @@ fn container_moves_with_its_host(proto: Proto, tag: &str) {
     let client = stream_from(&ctr, server, proto);
     let before = client.wait_verified_at_least(50_000, Duration::from_secs(10));
     let private: SocketAddr = before.local.parse().expect("local endpoint");
-    assert_eq!(private.ip(), ctr.addr, "the stream runs in the container");
+    let mine = match family {
+        Family::V4 => IpAddr::V4(ctr.addr),
+        Family::V6 => IpAddr::V6(ctr.addr6),
+    };
+    assert_eq!(private.ip(), mine, "the stream runs in the container");
     lapd.wait_paired("the laptop's vnatd");
     srvd.wait_paired("the server's vnatd");
 
@@ -118,7 +128,7 @@ fn container_moves_with_its_host(proto: Proto, tag: &str) {
         .as_str()
         .and_then(|s| s.parse().ok())
         .expect("virtual_local");
-    assert_eq!(public.ip(), topo.laptop_a_addr.get(Family::V4));
+    assert_eq!(public.ip(), topo.laptop_a_addr.get(family));
     assert_eq!(row["virtual_remote"], server.to_string());
     assert_eq!(row["guest"]["private_remote"], server.to_string());
     assert!(
@@ -141,7 +151,7 @@ fn container_moves_with_its_host(proto: Proto, tag: &str) {
     let at_move = client.latest().expect("status").verified;
     let after = client.wait_verified_at_least(at_move + 100_000, Duration::from_secs(20));
 
-    let moved = SocketAddr::new(topo.laptop_b_addr.get(Family::V4), public.port());
+    let moved = SocketAddr::new(topo.laptop_b_addr.get(family), public.port());
     let rows = guest_rows(&lapd);
     assert!(
         rows.iter().any(|r| r["virtual_local"] == public.to_string()
@@ -166,12 +176,18 @@ fn container_moves_with_its_host(proto: Proto, tag: &str) {
 
 #[test]
 fn tcp_of_a_container_behind_the_laptops_nat_survives_the_move() {
-    container_moves_with_its_host(Proto::Tcp, "ctt");
+    container_moves_with_its_host(Family::V4, Proto::Tcp, "ctt");
 }
 
 #[test]
 fn udp_of_a_container_behind_the_laptops_nat_survives_the_move() {
-    container_moves_with_its_host(Proto::Udp, "ctu");
+    container_moves_with_its_host(Family::V4, Proto::Udp, "ctu");
+}
+
+/// The same over IPv6, the host masquerading the container's ULA (NAT66).
+#[test]
+fn tcp_v6_of_a_container_behind_the_laptops_nat66_survives_the_move() {
+    container_moves_with_its_host(Family::V6, Proto::Tcp, "ct6");
 }
 
 /// A container whose cgroup is not enabled is not vnat's: not listed, and

@@ -5,7 +5,7 @@
 //! with destination NAT. Nothing of vnat's runs inside it: only its cgroup
 //! can be enabled on the host's vnatd.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use super::{nat::load_ruleset, veth, Cgroup, Netns};
 
@@ -14,6 +14,9 @@ pub struct Container {
     pub cgroup: Cgroup,
     /// Its private address (10.S.0.2/24, the host being 10.S.0.1).
     pub addr: Ipv4Addr,
+    /// Its private IPv6 address (fd00:S::2/64, the host being fd00:S::1),
+    /// masqueraded too (NAT66, as Docker does with `ip6tables` on).
+    pub addr6: Ipv6Addr,
     host_if: String,
     table: String,
 }
@@ -31,6 +34,11 @@ impl Container {
         host.add_addr(host_if, gw.into(), 24);
         ns.add_addr("eth0", addr.into(), 24);
         ns.default_route(gw.into(), "eth0");
+        let gw6 = Ipv6Addr::new(0xfd00, u16::from(subnet), 0, 0, 0, 0, 0, 1);
+        let addr6 = Ipv6Addr::new(0xfd00, u16::from(subnet), 0, 0, 0, 0, 0, 2);
+        host.add_addr(host_if, gw6.into(), 64);
+        ns.add_addr("eth0", addr6.into(), 64);
+        ns.default_route(gw6.into(), "eth0");
         host.enable_forwarding();
         let table = format!("vnatctr_{}", tag.replace('-', "_"));
         let ruleset = format!(
@@ -39,6 +47,12 @@ impl Container {
                     type nat hook postrouting priority srcnat;
                     ip saddr 10.{subnet}.0.0/24 oifname != \"{host_if}\" masquerade
                 }}
+            }}
+            table ip6 {table} {{
+                chain post {{
+                    type nat hook postrouting priority srcnat;
+                    ip6 saddr fd00:{subnet:x}::/64 oifname != \"{host_if}\" masquerade
+                }}
             }}"
         );
         load_ruleset(host, &table, &ruleset).unwrap_or_else(|e| panic!("{e}"));
@@ -46,6 +60,7 @@ impl Container {
             ns,
             cgroup: Cgroup::new(tag),
             addr,
+            addr6,
             host_if: host_if.to_string(),
             table,
         }

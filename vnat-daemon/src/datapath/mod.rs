@@ -85,8 +85,11 @@ pub trait Datapath {
     /// addresses a moved connection could use), with the interface index.
     fn interface_addresses(&self) -> Result<Vec<(IpAddr, u32)>, DatapathError>;
 
-    /// The source address the kernel would use to reach `dst`, if it has a
-    /// route.
+    /// The source address a connection to `dst` would move to: the one the
+    /// kernel would use, if it has a route and the address is on the
+    /// interface that route leaves by (or the route names it as its own
+    /// source). An address the kernel borrows from another interface,
+    /// while the route's own has none, is no place to move to.
     fn source_address_for(&self, dst: IpAddr) -> Result<Option<IpAddr>, DatapathError>;
 
     /// Periodic housekeeping (the daemon calls it every few seconds):

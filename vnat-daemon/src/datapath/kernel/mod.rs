@@ -669,11 +669,27 @@ impl Datapath for KernelDatapath {
     }
 
     fn source_address_for(&self, dst: IpAddr) -> Result<Option<IpAddr>, DatapathError> {
-        match self.route(dst, None) {
-            Ok(r) => Ok(r.prefsrc),
-            Err(DatapathError::NoRoute { .. }) => Ok(None),
-            Err(e) => Err(e),
+        let r = match self.route(dst, None) {
+            Ok(r) => r,
+            Err(DatapathError::NoRoute { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let Some(src) = r.prefsrc else {
+            return Ok(None);
+        };
+        // When the interface the route leaves by has no address of the
+        // family (the old one just removed, the new one not there yet), the
+        // kernel borrows one from another interface: a container bridge's,
+        // a VPN's. No connection can move there.
+        if net::interface_addrs()?
+            .iter()
+            .any(|(a, i)| *a == src && *i == r.ifindex)
+        {
+            return Ok(Some(src));
         }
+        // A route with a source of its own (an address kept on lo) means it.
+        let configured = rtnl::fib_match(dst).ok().flatten().and_then(|m| m.prefsrc);
+        Ok((configured == Some(src)).then_some(src))
     }
 
     fn connections(&self) -> Result<Vec<ConnectionInfo>, DatapathError> {
