@@ -222,26 +222,44 @@ fn a_container_not_enabled_is_never_touched() {
     );
 }
 
-/// `docker run -p 8080:80` on the server: a laptop's connection to the
-/// published port survives the laptop's moves; the server's vnatd knows
-/// the container's connection by the name the laptop uses.
-#[test]
-fn a_containers_published_port_keeps_a_moving_laptops_connection() {
-    let tag = "ctp";
+/// `docker run -p 8080:80` (or `-p 5353:53/udp`, the container's UDP
+/// server bound to the wildcard address, as UDP servers are) on the
+/// server: a laptop's connection to the published port survives the
+/// laptop's move, and the server's vnatd knows the container's connection
+/// by the name the laptop uses, with the container's real private end (for
+/// the UDP server, found from the container's own routes).
+fn published_port_keeps_a_moving_laptops_connection(proto: Proto, tag: &str) {
     let topo = LaptopRouterServer::builder().tag(tag).build();
     let hosts = Hosts::new(&topo, tag);
-    let lap = &hosts.lap;
     let ctr = Container::behind(&topo.server, &format!("{tag}c"), 89, "ct0");
-    ctr.publish(&topo.server, 8080, 80);
-    let _echo = EchoServer::tcp_in_container(&ctr, ctr.endpoint(80));
+    let (host_port, port, opts) = match proto {
+        Proto::Tcp => (
+            8080,
+            80,
+            StreamOptions::tcp as fn(SocketAddr) -> StreamOptions,
+        ),
+        Proto::Udp => (
+            5353,
+            53,
+            StreamOptions::udp as fn(SocketAddr) -> StreamOptions,
+        ),
+    };
+    let _echo = match proto {
+        Proto::Tcp => {
+            ctr.publish(&topo.server, host_port, port);
+            EchoServer::tcp_in_container(&ctr, ctr.endpoint(port))
+        }
+        Proto::Udp => {
+            ctr.publish_udp(&topo.server, host_port, port);
+            EchoServer::udp_in_container(&ctr, port)
+        }
+    };
     let (lapd, srvd) = hosts.start();
     enable(&srvd, &ctr);
 
-    let published = SocketAddr::new(topo.server_addr.get(Family::V4), 8080);
-    let mut cmd = StreamOptions::tcp(published)
-        .rate(300_000)
-        .command(&topo.laptop);
-    lap.cgroup.join_on_spawn(&mut cmd);
+    let published = SocketAddr::new(topo.server_addr.get(Family::V4), host_port);
+    let mut cmd = opts(published).rate(300_000).command(&topo.laptop);
+    hosts.lap.cgroup.join_on_spawn(&mut cmd);
     let client = StreamClient::from_command(cmd);
     let before = client.wait_verified_at_least(50_000, Duration::from_secs(10));
     lapd.wait_paired("the laptop's vnatd");
@@ -251,11 +269,20 @@ fn a_containers_published_port_keeps_a_moving_laptops_connection() {
         rows.iter()
             .any(|r| r["virtual_local"] == published.to_string()
                 && r["virtual_remote"] == before.local
-                && r["guest"]["private_local"] == ctr.endpoint(80).to_string()),
+                && r["guest"]["private_local"] == ctr.endpoint(port).to_string()),
         "the server's vnatd does not show the container's connection by its public name: {rows:?}"
     );
-
     moves_and_carries_on(&topo, client, &before);
+}
+
+#[test]
+fn a_containers_published_port_keeps_a_moving_laptops_connection() {
+    published_port_keeps_a_moving_laptops_connection(Proto::Tcp, "ctp");
+}
+
+#[test]
+fn a_containers_published_udp_port_keeps_a_moving_laptops_flow() {
+    published_port_keeps_a_moving_laptops_connection(Proto::Udp, "ctq");
 }
 
 /// Two containers with the same private address, 10.88.0.2, one behind the
@@ -364,42 +391,6 @@ fn a_containers_connection_moves_in_planned_mode() {
     let fin = client.stop();
     assert_eq!(fin.error, None, "{:?}", fin.json);
     assert_eq!(fin.local, before.local, "the container's socket changed");
-}
-
-/// `docker run -p 5353:53/udp` on the server, the container's UDP server
-/// bound to the wildcard address (as UDP servers are): a laptop's flow to
-/// the published port survives the laptop's move. The server's vnatd finds
-/// the container's source address from the container's own routes.
-#[test]
-fn a_containers_published_udp_port_keeps_a_moving_laptops_flow() {
-    let tag = "ctq";
-    let topo = LaptopRouterServer::builder().tag(tag).build();
-    let hosts = Hosts::new(&topo, tag);
-    let lap = &hosts.lap;
-    let ctr = Container::behind(&topo.server, &format!("{tag}c"), 89, "ct0");
-    ctr.publish_udp(&topo.server, 5353, 53);
-    let _echo = EchoServer::udp_in_container(&ctr, 53);
-    let (lapd, srvd) = hosts.start();
-    enable(&srvd, &ctr);
-
-    let published = SocketAddr::new(topo.server_addr.get(Family::V4), 5353);
-    let mut cmd = StreamOptions::udp(published)
-        .rate(300_000)
-        .command(&topo.laptop);
-    lap.cgroup.join_on_spawn(&mut cmd);
-    let client = StreamClient::from_command(cmd);
-    let before = client.wait_verified_at_least(50_000, Duration::from_secs(10));
-    lapd.wait_paired("the laptop's vnatd");
-    srvd.wait_paired("the server's vnatd");
-    let rows = guest_rows(&srvd);
-    assert!(
-        rows.iter()
-            .any(|r| r["virtual_local"] == published.to_string()
-                && r["virtual_remote"] == before.local
-                && r["guest"]["private_local"] == ctr.endpoint(53).to_string()),
-        "the server's vnatd does not show the container's flow by its public name: {rows:?}"
-    );
-    moves_and_carries_on(&topo, client, &before);
 }
 
 /// A process in an enabled cgroup that makes a namespace of its own and a
