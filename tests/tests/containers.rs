@@ -87,6 +87,51 @@ fn moves_and_carries_on(topo: &LaptopRouterServer, client: StreamClient, before:
     assert_eq!(fin.local, before.local, "the socket changed");
 }
 
+/// A container behind the laptop, its cgroup enabled on the laptop's
+/// vnatd, streaming to an echo on the server in `family` and `proto`; both
+/// vnatd paired.
+struct Streaming {
+    ctr: Container,
+    _echo: EchoServer,
+    lapd: Vnatd,
+    srvd: Vnatd,
+    server: SocketAddr,
+    client: StreamClient,
+    before: StreamStatus,
+}
+
+impl Streaming {
+    fn start(
+        topo: &LaptopRouterServer,
+        hosts: &Hosts,
+        tag: &str,
+        family: Family,
+        proto: Proto,
+    ) -> Streaming {
+        let ctr = Container::behind(&topo.laptop, &format!("{tag}c"), 88, "ct0");
+        let server = SocketAddr::new(topo.server_addr.get(family), 5001);
+        let _echo = match proto {
+            Proto::Tcp => EchoServer::tcp_in(&hosts.srv, server),
+            Proto::Udp => EchoServer::udp_in(&hosts.srv, server),
+        };
+        let (lapd, srvd) = hosts.start();
+        enable(&lapd, &ctr);
+        let client = stream_from(&ctr, server, proto);
+        let before = client.wait_verified_at_least(50_000, Duration::from_secs(10));
+        lapd.wait_paired("the laptop's vnatd");
+        srvd.wait_paired("the server's vnatd");
+        Streaming {
+            ctr,
+            _echo,
+            lapd,
+            srvd,
+            server,
+            client,
+            before,
+        }
+    }
+}
+
 /// A container on the laptop talks to the server; the laptop moves from
 /// subnet A to B. The container's connection carries on, byte-exact on the
 /// same socket, under the public name the server knows.
@@ -96,26 +141,21 @@ fn container_moves_with_its_host(family: Family, proto: Proto, tag: &str) {
         .ipv6(family == Family::V6)
         .build();
     let hosts = Hosts::new(&topo, tag);
-    let srv = &hosts.srv;
-    let ctr = Container::behind(&topo.laptop, &format!("{tag}c"), 88, "ct0");
-    let server = SocketAddr::new(topo.server_addr.get(family), 5001);
-    let _echo = match proto {
-        Proto::Tcp => EchoServer::tcp_in(srv, server),
-        Proto::Udp => EchoServer::udp_in(srv, server),
-    };
-    let (lapd, srvd) = hosts.start();
-    enable(&lapd, &ctr);
-
-    let client = stream_from(&ctr, server, proto);
-    let before = client.wait_verified_at_least(50_000, Duration::from_secs(10));
+    let Streaming {
+        ctr,
+        _echo,
+        lapd,
+        srvd,
+        server,
+        client,
+        before,
+    } = Streaming::start(&topo, &hosts, tag, family, proto);
     let private: SocketAddr = before.local.parse().expect("local endpoint");
     let mine = match family {
         Family::V4 => IpAddr::V4(ctr.addr),
         Family::V6 => IpAddr::V6(ctr.addr6),
     };
     assert_eq!(private.ip(), mine, "the stream runs in the container");
-    lapd.wait_paired("the laptop's vnatd");
-    srvd.wait_paired("the server's vnatd");
 
     // The laptop's vnatd shows the container's connection under its public
     // name: the laptop's address and the NAT's port.
@@ -356,17 +396,17 @@ fn a_containers_connection_moves_in_planned_mode() {
     let tag = "ctm";
     let topo = LaptopRouterServer::builder().tag(tag).build();
     let hosts = Hosts::new(&topo, tag);
-    let srv = &hosts.srv;
-    let ctr = Container::behind(&topo.laptop, &format!("{tag}c"), 88, "ct0");
-    let server = SocketAddr::new(topo.server_addr.get(Family::V4), 5001);
-    let _echo = EchoServer::tcp_in(srv, server);
-    let (lapd, srvd) = hosts.start();
-    enable(&lapd, &ctr);
-
-    let client = stream_from(&ctr, server, Proto::Tcp);
-    let before = client.wait_verified_at_least(50_000, Duration::from_secs(10));
-    lapd.wait_paired("the laptop's vnatd");
-    srvd.wait_paired("the server's vnatd");
+    // Every field bound: one left out would be dropped here, and with it
+    // the container's namespace or the server's vnatd.
+    let Streaming {
+        ctr: _ctr,
+        _echo,
+        lapd,
+        srvd: _srvd,
+        server: _server,
+        client,
+        before,
+    } = Streaming::start(&topo, &hosts, tag, Family::V4, Proto::Tcp);
     let rows = guest_rows(&lapd);
     let row = rows
         .iter()
@@ -402,16 +442,15 @@ fn a_namespace_that_copies_a_containers_tuple_takes_nothing() {
     let tag = "ctf";
     let topo = LaptopRouterServer::builder().tag(tag).build();
     let hosts = Hosts::new(&topo, tag);
-    let srv = &hosts.srv;
-    let ctr = Container::behind(&topo.laptop, &format!("{tag}c"), 88, "ct0");
-    let server = SocketAddr::new(topo.server_addr.get(Family::V4), 5001);
-    let _echo = EchoServer::tcp_in(srv, server);
-    let (lapd, srvd) = hosts.start();
-    enable(&lapd, &ctr);
-    let client = stream_from(&ctr, server, Proto::Tcp);
-    let before = client.wait_verified_at_least(50_000, Duration::from_secs(10));
-    lapd.wait_paired("the laptop's vnatd");
-    srvd.wait_paired("the server's vnatd");
+    let Streaming {
+        ctr,
+        _echo,
+        lapd,
+        srvd: _srvd,
+        server,
+        client,
+        before,
+    } = Streaming::start(&topo, &hosts, tag, Family::V4, Proto::Tcp);
     let listed = |d: &Vnatd| {
         guest_rows(d)
             .iter()
