@@ -15,7 +15,7 @@ impl KernelDatapath {
     /// all and per socket, for the eBPF recorders' budgets. The daemon calls
     /// this periodically; `connections()` shows pending flows either way.
     pub fn sync_udp(&mut self) -> Result<(), DatapathError> {
-        let completed = self.completed_udp();
+        let completed = self.completed_udp(true);
         for (cookie, key, rec) in completed {
             if rec.netns_cookie == self.loaded.netns_cookie {
                 let _ = self.loaded.maps.conns.insert(key, rec, 0);
@@ -89,14 +89,18 @@ impl KernelDatapath {
     }
 
     /// Pending UDP connects matched to their now-bound socket: the socket in
-    /// /proc/net/udp* connected to the same peer and held by the same process.
-    pub(super) fn completed_udp(&self) -> Vec<(u64, FlowKey, ConnRecord)> {
+    /// /proc/net/udp* connected to the same peer and held by the same process
+    /// (with `guests`, also those of other namespaces, in their process's
+    /// /proc/PID/net).
+    pub(super) fn completed_udp(&self, guests: bool) -> Vec<(u64, FlowKey, ConnRecord)> {
+        let own = self.loaded.netns_cookie;
         let pending: Vec<_> = self
             .loaded
             .maps
             .udp_pending
             .iter()
             .filter_map(Result::ok)
+            .filter(|(_, p)| guests || p.record.netns_cookie == own)
             .collect();
         if pending.is_empty() {
             return Vec::new();
@@ -110,7 +114,7 @@ impl KernelDatapath {
             };
             // A guest's socket is in its own namespace: its process's view.
             let theirs;
-            let sockets = if p.record.netns_cookie == self.loaded.netns_cookie {
+            let sockets = if p.record.netns_cookie == own {
                 &sockets
             } else {
                 theirs = procfs::socket_inodes_in(&format!("/proc/{}/net", p.record.pid));
@@ -143,11 +147,9 @@ impl KernelDatapath {
             .map_err(map_err(MAP_CONNS))?;
         // Guests' completed flows are listed once housekeeping has moved
         // them to the guest map (under their public names).
-        let own = self.loaded.netns_cookie;
         records.extend(
-            self.completed_udp()
+            self.completed_udp(false)
                 .into_iter()
-                .filter(|(_, _, r)| r.netns_cookie == own)
                 .map(|(_, k, r)| (k, r)),
         );
         let mut guests: StdHashMap<FlowKey, GuestInfo> = StdHashMap::new();
