@@ -520,6 +520,9 @@ impl Endpoint {
             seq: 0,
             tag: [0; wire::TAG_LEN],
         };
+        // From where the connection is now, once it moved (see
+        // `Transmit::src`).
+        let src = (c.local_phys.ip() != flow.local.ip()).then_some(c.local_phys.ip());
         let mut sent = true;
         for ext in std::iter::once(ext).chain(prev_lookup) {
             let Some(c) = self.conns.get_mut(flow) else {
@@ -528,7 +531,7 @@ impl Endpoint {
             c.send_seq += 1;
             rec.seq = c.send_seq;
             rec.ext = ext;
-            sent &= self.push_signed(&rec, &key, kind, req, dst);
+            sent &= self.push_signed(&rec, &key, kind, req, dst, src);
         }
         sent
     }
@@ -541,6 +544,7 @@ impl Endpoint {
         kind: Kind,
         req: u32,
         dst: SocketAddr,
+        src: Option<IpAddr>,
     ) -> bool {
         let mut buf = [0u8; MAX_SIGNED_LEN];
         let Ok(n) = rec.write_signed(&mut buf) else {
@@ -549,7 +553,7 @@ impl Endpoint {
         };
         let tag = super::crypto::record_tag(key, &buf[..n]);
         self.tx.push_record(
-            (dst, kind, rec.family(), req),
+            (dst, kind, rec.family(), req, src),
             &buf[..n],
             &tag,
             &mut self.stats,

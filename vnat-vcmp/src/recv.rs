@@ -288,7 +288,7 @@ impl Endpoint {
                     continue;
                 };
                 self.tx.push_record(
-                    (from, Kind::LookupR, family, req),
+                    (from, Kind::LookupR, family, req, None),
                     &buf[..n],
                     &s.tag,
                     &mut self.stats,
@@ -341,7 +341,7 @@ impl Endpoint {
         };
         let tag = crypto::record_tag(&key, &out[..m]);
         self.tx.push_record(
-            (from, Kind::LookupR, mine.family(), req),
+            (from, Kind::LookupR, mine.family(), req, None),
             &out[..m],
             &tag,
             &mut self.stats,

@@ -212,7 +212,7 @@ impl Endpoint {
                 seq: c.send_seq,
                 tag: [0; 16],
             };
-            self.push_signed(&answer, &key, Kind::KeyX, 0, from);
+            self.push_signed(&answer, &key, Kind::KeyX, 0, from, None);
             return Ok(());
         }
         let keys = c.keys.as_ref().ok_or(Reject::NoKeys)?;

@@ -20,6 +20,14 @@ use super::wire::{self, Family, Kind, TAG_LEN};
 pub struct Transmit {
     pub dst: SocketAddr,
     pub payload: Vec<u8>,
+    /// The local address to send from, when it matters: records about a
+    /// connection that moved go from its new address, so that the peer
+    /// hears from the place it is to validate (its anti-amplification
+    /// budget there), and leave by that address's link while the old one
+    /// may still be up (a migration between links). None: the kernel's
+    /// choice. A driver that cannot send from it (it went away) sends
+    /// without.
+    pub src: Option<IpAddr>,
 }
 
 /// Factor of the anti-amplification limit.
@@ -27,8 +35,9 @@ pub const AMPLIFICATION_FACTOR: u64 = 3;
 /// Most addresses whose byte counts are tracked at once.
 const MAX_TRACKED: usize = 4096;
 
-/// Where a record goes: (destination, datagram kind, family, request id).
-pub(crate) type OpenKey = (SocketAddr, Kind, Family, u32);
+/// Where a record goes: (destination, datagram kind, family, request id,
+/// source address if it matters).
+pub(crate) type OpenKey = (SocketAddr, Kind, Family, u32, Option<IpAddr>);
 
 pub(crate) struct TxQueue {
     mtu: usize,
@@ -96,7 +105,7 @@ impl TxQueue {
         tag: &[u8; TAG_LEN],
         stats: &mut Stats,
     ) {
-        let (dst, kind, family, request_id) = key;
+        let (dst, kind, family, request_id, src) = key;
         let cap = wire::records_per_datagram(self.mtu, family, kind);
         let buf = self.open.entry(key).or_insert_with(|| {
             let mut b = Vec::with_capacity(wire::HEADER_LEN + cap * wire::record_len(family, kind));
@@ -113,14 +122,28 @@ impl TxQueue {
         if usize::from(buf[3]) >= cap {
             if let Some(full) = self.open.remove(&key) {
                 self.open_order.retain(|k| *k != key);
-                self.push_ready(Transmit { dst, payload: full }, stats);
+                self.push_ready(
+                    Transmit {
+                        dst,
+                        payload: full,
+                        src,
+                    },
+                    stats,
+                );
             }
         }
     }
 
     /// Queue a complete datagram.
     pub fn push_datagram(&mut self, dst: SocketAddr, payload: Vec<u8>, stats: &mut Stats) {
-        self.push_ready(Transmit { dst, payload }, stats);
+        self.push_ready(
+            Transmit {
+                dst,
+                payload,
+                src: None,
+            },
+            stats,
+        );
     }
 
     /// Close every datagram under construction (end of one input event).
@@ -131,6 +154,7 @@ impl TxQueue {
                     Transmit {
                         dst: key.0,
                         payload,
+                        src: key.4,
                     },
                     stats,
                 );

@@ -236,6 +236,12 @@ pub enum DatapathError {
     NoSuchConnection { flow: VirtualFlow },
     #[error("no route to {addr}: the kernel cannot reach the new physical endpoint")]
     NoRoute { addr: IpAddr },
+    #[error("no route to {addr} leaves through {dev}, the interface of {from}: add one (for example a default route through that link's router, with a higher metric than the current default route's)")]
+    NoRouteVia {
+        addr: IpAddr,
+        from: IpAddr,
+        dev: String,
+    },
     #[error("{what} failed: {source}")]
     Kernel {
         what: String,

@@ -68,6 +68,12 @@ pub struct KernelDatapath {
     /// Between `begin_batch` and `end_batch`: route lookups made and host
     /// routes set in this batch.
     memo: std::cell::RefCell<Option<RouteMemo>>,
+    /// Translations whose socket's packets the main table would send out
+    /// of another interface than their new local address's (`vnatctl
+    /// migrate` while the old address stays up), so that a rule of their
+    /// own routes them (`net::add_via_route`): egress key -> (flow, the
+    /// interface).
+    egress_via: StdHashMap<FlowKey, (VirtualFlow, u32)>,
     /// Containers' connections: which NAT entries are pinned, which public
     /// flows are guests' (`guests.rs`).
     guests: std::cell::RefCell<guests::GuestState>,
@@ -107,6 +113,8 @@ struct RouteMemo {
     routes: StdHashMap<(IpAddr, Option<IpAddr>), net::RouteInfo>,
     /// Host routes set: virtual address -> (next hop, interface).
     host_routes: StdHashMap<IpAddr, (IpAddr, u32)>,
+    /// This host's addresses with their interfaces, once listed.
+    addrs: Option<Vec<(IpAddr, u32)>>,
 }
 
 fn map_err(map: &'static str) -> impl FnOnce(MapError) -> DatapathError {
@@ -134,6 +142,7 @@ impl KernelDatapath {
             bind_ifaces: Default::default(),
             lo_ours: Default::default(),
             memo: Default::default(),
+            egress_via: StdHashMap::new(),
             guests: Default::default(),
             mirror: Default::default(),
             nat_empty: false,
@@ -191,6 +200,19 @@ impl KernelDatapath {
                 .iter()
                 .map(|(_, v)| v.redirect_ifindex),
         );
+        // The per-connection rules of migrated connections: kept for those
+        // still translated, removed for the others (a vnatd that died
+        // between removing a translation and its rule).
+        let sent: std::collections::HashSet<FlowKey> =
+            translations.iter().map(|(k, _)| *k).collect();
+        for (flow, ifindex) in net::via_routes()? {
+            let key = flow.to_key();
+            if sent.contains(&key) {
+                self.egress_via.insert(key, (flow, ifindex));
+            } else {
+                let _ = net::del_via_route(&flow, ifindex, false);
+            }
+        }
         needed.remove(&0);
         for ifindex in attach::pinned_tc(&self.bpffs) {
             if !needed.contains(&ifindex) || net::ifname(ifindex).is_err() {
@@ -279,7 +301,47 @@ impl KernelDatapath {
         if let Some(m) = self.memo.borrow_mut().as_mut() {
             m.routes.clear();
             m.host_routes.clear();
+            m.addrs = None;
         }
+    }
+
+    /// `net::interface_addrs`, listed once per batch.
+    fn interface_addrs_memo(&self) -> Result<Vec<(IpAddr, u32)>, DatapathError> {
+        if let Some(a) = self.memo.borrow().as_ref().and_then(|m| m.addrs.clone()) {
+            return Ok(a);
+        }
+        let a = net::interface_addrs()?;
+        if let Some(m) = self.memo.borrow_mut().as_mut() {
+            m.addrs = Some(a.clone());
+        }
+        Ok(a)
+    }
+
+    /// The route for packets from `src` to `dst`: the kernel's own choice
+    /// when it leaves through an interface that holds `src` (or `src` is on
+    /// no interface, as an address kept on `lo`), else the best route
+    /// through the interface that does. A connection moved to a second
+    /// interface's address while the first stays up (`vnatctl migrate`)
+    /// must leave by its new link, not by the old one's default route,
+    /// where its packets would go on with the new source address, and be
+    /// lost when that link goes dark.
+    fn route_from(&self, dst: IpAddr, src: IpAddr) -> Result<net::RouteInfo, DatapathError> {
+        let r = self.route(dst, Some(src))?;
+        let owners: Vec<u32> = self
+            .interface_addrs_memo()?
+            .into_iter()
+            .filter(|(a, _)| *a == src)
+            .map(|(_, i)| i)
+            .collect();
+        if owners.is_empty() || owners.contains(&r.ifindex) {
+            return Ok(r);
+        }
+        let via = owners[0];
+        net::route_get_via(dst, src, via)?.ok_or_else(|| DatapathError::NoRouteVia {
+            addr: dst,
+            from: src,
+            dev: net::ifname(via).unwrap_or_else(|_| via.to_string()),
+        })
     }
 
     /// Route the peer's virtual address `virt` like its physical one

@@ -8,7 +8,7 @@
 use std::net::IpAddr;
 
 use super::rtnl;
-use crate::datapath::DatapathError;
+use crate::datapath::{DatapathError, Proto, VirtualFlow};
 
 /// Protocol number of vnat's host routes (`ip route show proto 157`) and
 /// of the addresses it keeps on `lo` (`IFA_PROTO`).
@@ -75,6 +75,116 @@ pub fn route_get(dst: IpAddr, from: Option<IpAddr>) -> Result<RouteInfo, Datapat
         gateway: r.gateway,
         prefsrc: r.prefsrc,
     })
+}
+
+/// The route for packets from `from` to `dst` that leave through interface
+/// `oif`: `ip route get DST from SRC oif DEV`, but None where no route of
+/// the tables leaves through `oif` (see [`rtnl::route_get_via`]).
+pub fn route_get_via(
+    dst: IpAddr,
+    from: IpAddr,
+    oif: u32,
+) -> Result<Option<RouteInfo>, DatapathError> {
+    let r = rtnl::route_get_via(dst, from, oif).map_err(kernel(format!(
+        "looking up the route to {dst} from {from} through interface {oif}"
+    )))?;
+    // An answer through another interface is no route through this one.
+    let Some(r) =
+        r.filter(|r| r.kind == rtnl::RouteType::Unicast && r.oif.is_none_or(|i| i == oif))
+    else {
+        return Ok(None);
+    };
+    Ok(Some(RouteInfo {
+        dev: ifname(oif)?,
+        ifindex: oif,
+        gateway: r.gateway,
+        prefsrc: r.prefsrc,
+    }))
+}
+
+/// vnat's routing table for connections that leave through interface
+/// `ifindex` while the host's main table would send them elsewhere:
+/// `VIA_TABLE_BASE + ifindex` (`ip route show table N`).
+pub const VIA_TABLE_BASE: u32 = 0x766e_0000;
+
+/// Priority of vnat's per-connection rules (`ip rule`): after `local` (0),
+/// before `main` (32766) and the rules VPN clients add above 5000.
+pub const VIA_RULE_PRIORITY: u32 = 1000;
+
+fn via_rule(flow: &VirtualFlow, ifindex: u32) -> rtnl::FlowRule {
+    rtnl::FlowRule {
+        tcp: flow.proto == Proto::Tcp,
+        src: flow.local,
+        dst: flow.remote,
+        table: VIA_TABLE_BASE + ifindex,
+        priority: VIA_RULE_PRIORITY,
+    }
+}
+
+/// Route `flow`'s packets (by its virtual endpoints, as its socket sends
+/// them) by `route` instead of the main table: a host route for its remote
+/// address in the table of `route`'s interface, and a rule for exactly this
+/// flow (protocol, both addresses, both ports). For a connection moved to
+/// a second link's address while the first stays up (`vnatctl migrate`):
+/// routed by the main table, its packets would leave by the first link's
+/// default route, where tc could rewrite them but not make them leave by
+/// the second link once the first one's router is gone (the neighbour
+/// lookup for it fails before tc sees a packet).
+pub fn add_via_route(flow: &VirtualFlow, route: &RouteInfo) -> Result<(), DatapathError> {
+    let rule = via_rule(flow, route.ifindex);
+    rtnl::set_table_route(
+        flow.remote.ip(),
+        route.gateway,
+        route.ifindex,
+        rule.table,
+        ROUTE_PROTO,
+    )
+    .map_err(kernel(format!(
+        "adding the route to {} through {} in table {}",
+        flow.remote.ip(),
+        route.dev,
+        rule.table
+    )))?;
+    rtnl::add_flow_rule(&rule, ROUTE_PROTO).map_err(kernel(format!(
+        "adding the routing rule for {flow:?} (table {})",
+        rule.table
+    )))
+}
+
+/// Undo [`add_via_route`] for `flow` through `ifindex`; the table's route
+/// for its remote address too unless `route_still_used` (another flow to
+/// that address through that interface).
+pub fn del_via_route(
+    flow: &VirtualFlow,
+    ifindex: u32,
+    route_still_used: bool,
+) -> Result<(), DatapathError> {
+    let rule = via_rule(flow, ifindex);
+    rtnl::del_flow_rule(&rule, ROUTE_PROTO)
+        .map_err(kernel(format!("removing the routing rule for {flow:?}")))?;
+    if !route_still_used {
+        // Gone with its interface, or never added: nothing to undo.
+        let _ = rtnl::del_table_route(flow.remote.ip(), rule.table, ROUTE_PROTO);
+    }
+    Ok(())
+}
+
+/// The flows vnat routes by a per-connection rule, with the interface.
+pub fn via_routes() -> Result<Vec<(VirtualFlow, u32)>, DatapathError> {
+    let rules =
+        rtnl::flow_rules(ROUTE_PROTO).map_err(kernel("listing vnat's routing rules".into()))?;
+    Ok(rules
+        .into_iter()
+        .filter(|r| r.priority == VIA_RULE_PRIORITY && r.table > VIA_TABLE_BASE)
+        .map(|r| {
+            let flow = VirtualFlow {
+                proto: if r.tcp { Proto::Tcp } else { Proto::Udp },
+                local: r.src,
+                remote: r.dst,
+            };
+            (flow, r.table - VIA_TABLE_BASE)
+        })
+        .collect())
 }
 
 /// What comes before the IP header of a packet on an interface, as tc

@@ -26,9 +26,10 @@ use netlink_packet_route::{
     link::LinkMessage,
     route::{
         RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteMessage, RouteProtocol,
-        RouteVia,
+        RouteScope, RouteVia,
     },
-    RouteNetlinkMessage,
+    rule::{RuleAction, RuleAttribute, RuleMessage, RulePortRange},
+    IpProtocol, RouteNetlinkMessage,
 };
 pub use netlink_packet_route::{route::RouteType, AddressFamily};
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
@@ -411,6 +412,44 @@ pub fn route_get(dst: IpAddr, from: Option<IpAddr>) -> io::Result<Route> {
         .ok_or_else(|| io::Error::other("the kernel answered a route query with no route"))
 }
 
+/// The route the kernel would use for a packet from `from` to `dst` that
+/// must leave through interface `oif`, or None when no route of the tables
+/// leaves there. (Asked with an interface and no route, the kernel guesses
+/// that `dst` is on that link, which is wrong for anything behind a router:
+/// a FIB_MATCH query first tells a real route from that guess.)
+pub fn route_get_via(dst: IpAddr, from: IpAddr, oif: u32) -> io::Result<Option<Route>> {
+    let query = |fib_match: bool| {
+        let mut m = host_route(dst);
+        // IPv6 keeps to the interface only for a query without a source
+        // (with one, the interface is a mere preference).
+        if from.is_ipv4() {
+            m.header.source_prefix_length = bits(from);
+            m.attributes
+                .push(RouteAttribute::Source(RouteAddress::from(from)));
+        }
+        m.attributes.push(RouteAttribute::Oif(oif));
+        if fib_match {
+            m.header.flags = RouteFlags::FibMatch;
+        }
+        RouteNetlinkMessage::GetRoute(m)
+    };
+    match call(query(true), 0) {
+        Ok(_) => {}
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENETUNREACH) | Some(libc::EHOSTUNREACH) | Some(libc::ESRCH)
+            ) =>
+        {
+            return Ok(None)
+        }
+        Err(e) => return Err(e),
+    }
+    first_route(call(query(false), 0)?)
+        .map(Some)
+        .ok_or_else(|| io::Error::other("the kernel answered a route query with no route"))
+}
+
 /// The routing-table entry the kernel would use for `dst` (its prefix,
 /// protocol and table), or None when nothing routes it.
 pub fn fib_match(dst: IpAddr) -> io::Result<Option<Route>> {
@@ -486,6 +525,144 @@ pub fn del_host_route(dst: IpAddr, protocol: u8) -> io::Result<()> {
     m.header.table = RT_TABLE_MAIN;
     m.header.protocol = RouteProtocol::from(protocol);
     call(RouteNetlinkMessage::DelRoute(m), NLM_F_ACK).map(|_| ())
+}
+
+/// The host route `dst` via `gateway` (None: on the link) on `oif` in
+/// routing table `table`, tagged with `protocol`, in place of the one there
+/// is (the table is vnat's own).
+pub fn set_table_route(
+    dst: IpAddr,
+    gateway: Option<IpAddr>,
+    oif: u32,
+    table: u32,
+    protocol: u8,
+) -> io::Result<()> {
+    let mut m = host_route(dst);
+    m.header.table = RouteHeader::RT_TABLE_UNSPEC;
+    m.attributes.push(RouteAttribute::Table(table));
+    m.header.protocol = RouteProtocol::from(protocol);
+    m.header.kind = RouteType::Unicast;
+    match gateway {
+        Some(g) if g.is_ipv4() == dst.is_ipv4() => m
+            .attributes
+            .push(RouteAttribute::Gateway(RouteAddress::from(g))),
+        Some(IpAddr::V4(v4)) => m.attributes.push(RouteAttribute::Via(RouteVia::Inet(v4))),
+        Some(IpAddr::V6(v6)) => m.attributes.push(RouteAttribute::Via(RouteVia::Inet6(v6))),
+        None => m.header.scope = RouteScope::Link,
+    }
+    m.attributes.push(RouteAttribute::Oif(oif));
+    call(
+        RouteNetlinkMessage::NewRoute(m),
+        NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
+    )
+    .map(|_| ())
+}
+
+/// Delete the host route `dst` of table `table` if it carries `protocol`.
+pub fn del_table_route(dst: IpAddr, table: u32, protocol: u8) -> io::Result<()> {
+    let mut m = host_route(dst);
+    m.header.table = RouteHeader::RT_TABLE_UNSPEC;
+    m.attributes.push(RouteAttribute::Table(table));
+    m.header.protocol = RouteProtocol::from(protocol);
+    call(RouteNetlinkMessage::DelRoute(m), NLM_F_ACK).map(|_| ())
+}
+
+/// A policy rule for one flow: its packets, by protocol and both
+/// endpoints, are routed by table `table`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlowRule {
+    pub tcp: bool,
+    pub src: std::net::SocketAddr,
+    pub dst: std::net::SocketAddr,
+    pub table: u32,
+    pub priority: u32,
+}
+
+fn rule_message(r: &FlowRule, protocol: u8) -> RuleMessage {
+    let mut m = RuleMessage::default();
+    m.header.family = family(r.src.ip());
+    m.header.src_len = bits(r.src.ip());
+    m.header.dst_len = bits(r.dst.ip());
+    m.header.action = RuleAction::ToTable;
+    let ports = |p: u16| RulePortRange { start: p, end: p };
+    m.attributes.extend([
+        RuleAttribute::Source(r.src.ip()),
+        RuleAttribute::Destination(r.dst.ip()),
+        RuleAttribute::IpProtocol(if r.tcp {
+            IpProtocol::Tcp
+        } else {
+            IpProtocol::Udp
+        }),
+        RuleAttribute::SourcePortRange(ports(r.src.port())),
+        RuleAttribute::DestinationPortRange(ports(r.dst.port())),
+        RuleAttribute::Table(r.table),
+        RuleAttribute::Priority(r.priority),
+        RuleAttribute::Protocol(RouteProtocol::from(protocol)),
+    ]);
+    m
+}
+
+/// Add `rule`, tagged with `protocol`; one that exists already is kept.
+pub fn add_flow_rule(rule: &FlowRule, protocol: u8) -> io::Result<()> {
+    let m = rule_message(rule, protocol);
+    match call(
+        RouteNetlinkMessage::NewRule(m),
+        NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+    ) {
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+        other => other.map(|_| ()),
+    }
+}
+
+/// Delete `rule`; one that is not there is no error.
+pub fn del_flow_rule(rule: &FlowRule, protocol: u8) -> io::Result<()> {
+    let m = rule_message(rule, protocol);
+    match call(RouteNetlinkMessage::DelRule(m), NLM_F_ACK) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+        other => other.map(|_| ()),
+    }
+}
+
+/// Every per-flow rule of both families tagged with `protocol`.
+pub fn flow_rules(protocol: u8) -> io::Result<Vec<FlowRule>> {
+    let mut out = Vec::new();
+    for fam in [AddressFamily::Inet, AddressFamily::Inet6] {
+        let mut m = RuleMessage::default();
+        m.header.family = fam;
+        for msg in call(RouteNetlinkMessage::GetRule(m), NLM_F_DUMP)? {
+            let RouteNetlinkMessage::NewRule(r) = msg else {
+                continue;
+            };
+            let (mut src, mut dst, mut tcp, mut sport, mut dport) = (None, None, None, None, None);
+            let (mut table, mut priority, mut ours) = (u32::from(r.header.table), 0, false);
+            for a in &r.attributes {
+                match a {
+                    RuleAttribute::Source(ip) => src = Some(*ip),
+                    RuleAttribute::Destination(ip) => dst = Some(*ip),
+                    RuleAttribute::IpProtocol(IpProtocol::Tcp) => tcp = Some(true),
+                    RuleAttribute::IpProtocol(IpProtocol::Udp) => tcp = Some(false),
+                    RuleAttribute::SourcePortRange(p) => sport = Some(p.start),
+                    RuleAttribute::DestinationPortRange(p) => dport = Some(p.start),
+                    RuleAttribute::Table(t) => table = *t,
+                    RuleAttribute::Priority(p) => priority = *p,
+                    RuleAttribute::Protocol(p) => ours = u8::from(*p) == protocol,
+                    _ => {}
+                }
+            }
+            if let (true, Some(src), Some(dst), Some(tcp), Some(sp), Some(dp)) =
+                (ours, src, dst, tcp, sport, dport)
+            {
+                out.push(FlowRule {
+                    tcp,
+                    src: std::net::SocketAddr::new(src, sp),
+                    dst: std::net::SocketAddr::new(dst, dp),
+                    table,
+                    priority,
+                });
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Whether a datagram of change notifications (links, addresses, routes)

@@ -59,7 +59,11 @@ impl KernelDatapath {
                 }
             }
         }
-        let ifindex = v.redirect_ifindex;
+        self.detach_if_unused(v.redirect_ifindex)
+    }
+
+    /// Detach tc from `ifindex` unless something still needs it there.
+    pub(super) fn detach_if_unused(&mut self, ifindex: u32) -> Result<(), DatapathError> {
         if ifindex != 0
             && !self.standby.contains(&ifindex)
             && !self.bind_ifaces.contains(&ifindex)
@@ -77,11 +81,22 @@ impl KernelDatapath {
         Ok(self.mirror.interfaces.contains_key(&ifindex))
     }
 
+    /// Remove the rule that routed `flow` through `ifindex`, and the route
+    /// it used unless another such flow to the same address still does.
+    fn drop_via_route(&mut self, flow: &VirtualFlow, ifindex: u32) -> Result<(), DatapathError> {
+        let shared = self
+            .egress_via
+            .values()
+            .any(|(f, i)| *i == ifindex && f.remote.ip() == flow.remote.ip());
+        self.routes_changed();
+        net::del_via_route(flow, ifindex, shared)
+    }
+
     /// Install a translation; with `complete == false` only its receive side
     /// (see [`Datapath::prepare_translation`]).
     pub(super) fn apply(&mut self, t: &Translation, complete: bool) -> Result<(), DatapathError> {
         validate_translation(t)?;
-        let route = self.route(t.physical_remote.ip(), Some(t.physical_local.ip()))?;
+        let route = self.route_from(t.physical_remote.ip(), t.physical_local.ip())?;
         let egress_key = t.flow.to_key();
         // An entry that only holds the flow is no placement to go back to
         // or release; the new pair replaces it (and so ends the hold).
@@ -184,6 +199,11 @@ impl KernelDatapath {
                 _ => flags |= NAT_F_REDIRECT,
             }
         }
+        // The socket's own packets are routed by its virtual endpoints.
+        // Where the main table sends them out of another interface than the
+        // new source's (the old address is still up: `vnatctl migrate`), a
+        // rule of their own routes them by the new one's route, to be
+        // rewritten by tc there.
         if !self.tc_current.contains(&route.ifindex) {
             if let Err(e) = attach::attach_tc(&mut self.loaded.ebpf, &self.bpffs, route.ifindex) {
                 undo(self, added_lo, added_route);
@@ -192,6 +212,23 @@ impl KernelDatapath {
             self.tc_current.insert(route.ifindex);
             fault::after("install:tc");
         }
+        let mut via = None;
+        if complete && t.local_moved() && !t.remote_moved() {
+            let natural = self.route(t.flow.remote.ip(), Some(t.flow.local.ip()));
+            tracing::debug!(flow = ?t.flow, ?natural, new = ?route, "where the socket's packets go");
+            if let Ok(n) = natural {
+                if n.ifindex != route.ifindex {
+                    if let Err(e) = net::add_via_route(&t.flow, &route) {
+                        undo(self, added_lo, added_route);
+                        return Err(e);
+                    }
+                    self.routes_changed();
+                    via = Some(route.ifindex);
+                }
+            }
+        }
+        // A rule this call added goes again on a later failure.
+        let new_rule = via.filter(|i| self.egress_via.get(&egress_key).map(|(_, o)| o) != Some(i));
 
         let pair = pair_for(t, route.ifindex, flags);
         if !complete {
@@ -208,11 +245,21 @@ impl KernelDatapath {
             return Ok(());
         }
         if let Err(e) = self.write_pair(&pair, old.as_ref().map(|(p, _)| p)) {
+            if let Some(i) = new_rule {
+                let _ = net::del_via_route(&t.flow, i, true);
+            }
             undo(self, added_lo, added_route);
             return Err(e);
         }
         if flags & NAT_F_LO_ADDR_OURS != 0 {
             self.lo_ours.insert(t.flow.local.ip());
+        }
+        let old_via = match via {
+            Some(i) => self.egress_via.insert(egress_key, (t.flow, i)),
+            None => self.egress_via.remove(&egress_key),
+        };
+        if let Some((flow, o)) = old_via.filter(|(_, o)| Some(*o) != via) {
+            self.drop_via_route(&flow, o)?;
         }
         if let Some((old_pair, old_t)) = old {
             // Moving again: release what only the previous placement needed.
@@ -271,6 +318,9 @@ impl KernelDatapath {
         }
         if !reverse.is_empty() {
             fault::after("remove:receive-side");
+        }
+        if let Some((f, i)) = self.egress_via.remove(&key) {
+            self.drop_via_route(&f, i)?;
         }
         self.release(&t, &v)
     }
