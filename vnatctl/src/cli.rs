@@ -90,6 +90,20 @@ pub enum Command {
         #[command(flatten)]
         select: SelectArgs,
     },
+    /// Move connections to another local address or interface while the current one stays up.
+    #[command(long_about = MIGRATE_ABOUT)]
+    Migrate {
+        #[command(flatten)]
+        select: SelectArgs,
+        #[command(flatten)]
+        target: TargetArgs,
+        /// Return once each move has finished, printing each connection's outcome.
+        #[arg(long)]
+        wait: bool,
+        /// With --wait: give up waiting after this many seconds.
+        #[arg(long, value_name = "SECS", default_value_t = 15, requires = "wait")]
+        timeout: u64,
+    },
     /// The peer hosts vnatd has paired with: address, pinned key, connections, mobile connections.
     #[command(long_about = PEERS_ABOUT)]
     Peers {
@@ -120,6 +134,18 @@ pub enum Command {
         #[arg(long, value_name = "KEY")]
         from: Option<String>,
     },
+}
+
+/// Where `migrate` moves connections: exactly one of these.
+#[derive(Clone, Debug, PartialEq, Eq, Args)]
+#[group(id = "target", required = true, multiple = false)]
+pub struct TargetArgs {
+    /// This local address (a global address of one of the host's interfaces).
+    #[arg(long, value_name = "ADDR")]
+    pub to: Option<std::net::IpAddr>,
+    /// The interface's address of each connection's family (IPv4 or IPv6).
+    #[arg(long, value_name = "IFACE")]
+    pub dev: Option<String>,
 }
 
 /// Which connections a command is about: exactly one of these.
@@ -174,6 +200,35 @@ Examples:
 
     vnatctl resume --all
     vnatctl --json resume --pid 4242";
+
+const MIGRATE_ABOUT: &str = "\
+Move connections to another address of this host while their current one
+stays up: a laptop with Wi-Fi and a wired or cellular link moves a download
+or an ssh session from one to the other. The peer's vnatd validates the new
+address as for any move; the application notices nothing. Packets then leave
+through the new address's interface, by the best route through it (the host
+needs one there, such as a second default route with a higher metric, which
+NetworkManager and systemd-networkd add for every link). vnatd leaves the
+connection there while that address exists, also when the old one is still
+up; if the new address goes away, the connection moves on as any other.
+Migrating to the connection's original (virtual) address takes it back.
+
+Choose the connections with exactly one of --all, --conn ID..., --pid PID or
+--cgroup DIR, and the place with --to ADDR or --dev IFACE (its address of
+each connection's family). Only connections whose peer runs vnatd can move
+(`vnatctl ls` shows them as mobile); the others are listed as skipped. It is
+an error if none moves.
+
+Without --wait, migrate returns once the moves started; `vnatctl ls` shows
+MOVING until each completes. With --wait it returns when every move finished
+and prints each connection's outcome; it exits with status 1 if any did not
+move.
+
+Examples:
+
+    vnatctl migrate --conn 48211 --dev eth0 --wait
+    vnatctl migrate --all --to 192.0.2.7
+    vnatctl --json migrate --pid 4242 --dev wwan0 --wait --timeout 30";
 
 const PEERS_ABOUT: &str = "\
 The hosts whose vnatd this one has paired with, one row per host key: KEY is

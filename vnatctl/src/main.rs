@@ -16,7 +16,10 @@ use clap::Parser;
 use cli::{Cli, Command, PeersAction, ProtoArg, SelectArgs, StateArg};
 use output::LsRow;
 use vnat_daemon::{
-    control::{ClientError, ControlClient, ExportDocument, ListedConnection, Selector},
+    control::{
+        ClientError, ControlClient, ExportDocument, ListedConnection, MigrateReply, MigrateTarget,
+        Selector,
+    },
     datapath::{ConnState, Proto},
 };
 
@@ -47,6 +50,8 @@ enum Failure {
         #[source]
         source: io::Error,
     },
+    #[error("{failed} connection(s) did not move (see above; vnatd's log says why)")]
+    NotMoved { report: String, failed: usize },
     #[error("cannot read the export {}: {source}", name(path))]
     ReadInput {
         path: PathBuf,
@@ -80,6 +85,7 @@ impl Failure {
         match self {
             Failure::Client(e) if e.is_unreachable() => 3,
             Failure::Client(_)
+            | Failure::NotMoved { .. }
             | Failure::Runtime(_)
             | Failure::CreateOutput { .. }
             | Failure::WriteOutput { .. } => 1,
@@ -99,6 +105,7 @@ impl Failure {
                 "usage"
             }
             Failure::CreateOutput { .. } | Failure::WriteOutput { .. } => "output",
+            Failure::NotMoved { .. } => "mobility",
             Failure::Runtime(_) => "internal",
         }
     }
@@ -117,7 +124,10 @@ fn main() -> ExitCode {
         Err(failure) => {
             // After a failed export write, stdout holds the rescued export
             // document; an error object after it would make it unparsable.
-            if cli.json && !matches!(failure, Failure::WriteOutput { .. }) {
+            if let Failure::NotMoved { report, .. } = &failure {
+                // The outcomes are the answer, the failed ones included.
+                print!("{report}");
+            } else if cli.json && !matches!(failure, Failure::WriteOutput { .. }) {
                 println!(
                     "{}",
                     output::error_json(failure.kind(), &failure.to_string())
@@ -173,6 +183,20 @@ fn run(cli: &Cli) -> Result<String, Failure> {
         Command::Ls { proto, state } => Plan::Ls(*proto, *state),
         Command::Suspend { select } => Plan::Suspend(selector(select)?),
         Command::Resume { select } => Plan::Resume(selector(select)?),
+        Command::Migrate {
+            select,
+            target,
+            wait,
+            timeout,
+        } => {
+            let to = match (&target.to, &target.dev) {
+                (Some(a), _) => MigrateTarget::Address(*a),
+                // clap's group guarantees exactly one.
+                (None, dev) => MigrateTarget::Device(dev.clone().unwrap_or_default()),
+            };
+            let wait = wait.then(|| std::time::Duration::from_secs(*timeout));
+            Plan::Migrate(selector(select)?, to, wait)
+        }
         Command::Peers { action: None } => Plan::Peers,
         Command::Peers {
             action: Some(PeersAction::Forget { key }),
@@ -235,6 +259,30 @@ fn run(cli: &Cli) -> Result<String, Failure> {
                 } else {
                     output::resume_text(&reply)
                 }
+            }
+            Plan::Migrate(selector, to, wait) => {
+                let reply = client.migrate(selector, to).await?;
+                let Some(timeout) = wait else {
+                    return Ok(if json {
+                        pretty(&output::MigrateJson::from(&reply))
+                    } else {
+                        output::migrate_text(&reply)
+                    });
+                };
+                let outcomes = wait_for_moves(&mut client, &reply, timeout).await?;
+                let failed = outcomes.iter().filter(|o| o.outcome != "moved").count();
+                let report = if json {
+                    pretty(&output::MigrateWaitJson {
+                        moves: outcomes,
+                        skipped: output::skipped_json(&reply.skipped),
+                    })
+                } else {
+                    output::migrate_wait_text(&outcomes, &reply.skipped)
+                };
+                if failed > 0 {
+                    return Err(Failure::NotMoved { report, failed });
+                }
+                report
             }
             Plan::Peers => {
                 let rows: Vec<output::PeerRow> =
@@ -300,10 +348,38 @@ enum Plan {
     Disable(PathBuf),
     Suspend(Selector),
     Resume(Selector),
+    /// With how long `--wait` waits, if it does.
+    Migrate(Selector, MigrateTarget, Option<std::time::Duration>),
     Peers,
     ForgetPeer(String),
     Export(Selector, Option<(PathBuf, std::fs::File)>, Option<String>),
     Import(ExportDocument, Option<String>),
+}
+
+/// `migrate --wait`: poll the listing until no started move is under way
+/// (or `timeout`), then say where each connection ended up.
+async fn wait_for_moves(
+    client: &mut ControlClient,
+    reply: &MigrateReply,
+    timeout: std::time::Duration,
+) -> Result<Vec<output::MoveOutcome>, Failure> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let list = client.list().await?;
+        let find = |id: u64| list.iter().find(|c| c.info.id == id);
+        let pending = reply
+            .started
+            .iter()
+            .any(|s| find(s.id).is_some_and(|c| c.moving));
+        if !pending || std::time::Instant::now() >= deadline {
+            return Ok(reply
+                .started
+                .iter()
+                .map(|s| output::MoveOutcome::of(s, find(s.id)))
+                .collect());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }
 
 /// A new file only its owner can read: the export holds keys. `create_new`

@@ -12,8 +12,8 @@ use std::{
 use serde::Serialize;
 use vnat_daemon::{
     control::{
-        DaemonInfo, ExportDocument, ImportedConnection, ListedConnection, PeerInfo, ResumeReply,
-        StatusReply, SuspendReply,
+        DaemonInfo, ExportDocument, ImportedConnection, ListedConnection, MigrateReply,
+        MigrateStarted, PeerInfo, ResumeReply, Skipped, StatusReply, SuspendReply,
     },
     datapath::DatapathStatus,
 };
@@ -46,6 +46,11 @@ pub struct LsRow {
     pub seen_by_peer_as: Option<String>,
     /// Why it cannot move, in a few words; null when it can.
     pub why_not_mobile: Option<String>,
+    /// The role a suspension settled for this end: "primary" (this end
+    /// moves) or "secondary" (the peer does); null before any suspension.
+    pub role: Option<String>,
+    /// A move is under way: the peer is validating the new address.
+    pub moving: bool,
     /// A container's connection (a socket in another network namespace
     /// behind this host's NAT): where it lives. The endpoints above are
     /// then the public ones, after the host's NAT. Null for the host's own.
@@ -86,6 +91,8 @@ impl From<&ListedConnection> for LsRow {
             behind_nat: listed.seen_by_peer_as.is_some(),
             seen_by_peer_as: listed.seen_by_peer_as.map(|a| a.to_string()),
             why_not_mobile: listed.why_not_mobile.clone(),
+            role: listed.role.clone(),
+            moving: listed.moving,
             guest: c.guest.as_ref().map(|g| GuestRow {
                 netns: g.netns.clone(),
                 netns_cookie: g.netns_cookie,
@@ -96,7 +103,7 @@ impl From<&ListedConnection> for LsRow {
     }
 }
 
-pub const LS_HEADER: [&str; 12] = [
+pub const LS_HEADER: [&str; 13] = [
     "ID",
     "PROTO",
     "VIRTUAL-LOCAL",
@@ -105,6 +112,7 @@ pub const LS_HEADER: [&str; 12] = [
     "PHYSICAL-REMOTE",
     "STATE",
     "MOBILE",
+    "ROLE",
     "PID",
     "COMMAND",
     "CGROUP",
@@ -124,8 +132,13 @@ pub fn ls_table(rows: &[LsRow]) -> String {
                 r.virtual_remote.clone(),
                 r.physical_local.clone(),
                 r.physical_remote.clone(),
-                r.state.clone(),
+                if r.moving {
+                    "moving".into()
+                } else {
+                    r.state.clone()
+                },
                 yes_no(r.mobile),
+                dash(r.role.clone()),
                 dash(r.pid.map(|p| p.to_string())),
                 dash(r.command.clone()),
                 dash(r.cgroup.clone()),
@@ -507,6 +520,132 @@ pub fn resume_text(r: &ResumeReply) -> String {
             r.moves_started
         )
     }
+}
+
+/// `vnatctl --json migrate` (without --wait).
+#[derive(Debug, Serialize)]
+pub struct MigrateJson {
+    /// The moves started: the peers are validating the new addresses.
+    pub started: Vec<MigrateStartedJson>,
+    pub skipped: Vec<SkippedJson>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct MigrateStartedJson {
+    pub id: u64,
+    pub from: String,
+    pub to: String,
+}
+
+pub fn skipped_json(skipped: &[Skipped]) -> Vec<SkippedJson> {
+    skipped
+        .iter()
+        .map(|s| SkippedJson {
+            id: s.id,
+            reason: s.reason.clone(),
+        })
+        .collect()
+}
+
+impl From<&MigrateReply> for MigrateJson {
+    fn from(r: &MigrateReply) -> Self {
+        MigrateJson {
+            started: r
+                .started
+                .iter()
+                .map(|s| MigrateStartedJson {
+                    id: s.id,
+                    from: s.from.to_string(),
+                    to: s.to.to_string(),
+                })
+                .collect(),
+            skipped: skipped_json(&r.skipped),
+        }
+    }
+}
+
+pub fn migrate_text(r: &MigrateReply) -> String {
+    let mut out = String::new();
+    for s in &r.started {
+        let _ = writeln!(
+            out,
+            "connection {}: moving from {} to {}",
+            s.id, s.from, s.to
+        );
+    }
+    let _ = writeln!(
+        out,
+        "started {} move(s); `vnatctl ls` shows them as moving until their peers have validated the new addresses",
+        r.started.len()
+    );
+    for s in &r.skipped {
+        let _ = writeln!(out, "skipped connection {}: {}", s.id, s.reason);
+    }
+    out
+}
+
+/// Where one connection ended up after `migrate --wait`.
+#[derive(Debug, Serialize)]
+pub struct MoveOutcome {
+    pub id: u64,
+    pub from: String,
+    pub to: String,
+    /// "moved", "not_moved" (the move was given up: it stays where it
+    /// was), "still_moving" (the wait timed out) or "closed".
+    pub outcome: &'static str,
+    /// Its local physical endpoint now; null once closed.
+    pub physical_local: Option<String>,
+}
+
+impl MoveOutcome {
+    /// The outcome of the move `s` from the connection's listing now
+    /// (None: it is gone).
+    pub fn of(s: &MigrateStarted, now: Option<&ListedConnection>) -> MoveOutcome {
+        let outcome = match now {
+            None => "closed",
+            Some(c) if c.moving => "still_moving",
+            Some(c) if c.info.physical_local == s.to => "moved",
+            Some(_) => "not_moved",
+        };
+        MoveOutcome {
+            id: s.id,
+            from: s.from.to_string(),
+            to: s.to.to_string(),
+            outcome,
+            physical_local: now.map(|c| c.info.physical_local.to_string()),
+        }
+    }
+}
+
+/// `vnatctl --json migrate --wait`.
+#[derive(Debug, Serialize)]
+pub struct MigrateWaitJson {
+    pub moves: Vec<MoveOutcome>,
+    pub skipped: Vec<SkippedJson>,
+}
+
+pub fn migrate_wait_text(moves: &[MoveOutcome], skipped: &[Skipped]) -> String {
+    let mut out = String::new();
+    for m in moves {
+        let what = match m.outcome {
+            "moved" => format!("moved from {} to {}", m.from, m.to),
+            "closed" => "closed before its move finished".to_string(),
+            "still_moving" => format!(
+                "still moving to {} (its peer has not validated the new address yet)",
+                m.to
+            ),
+            _ => format!(
+                "did not move to {}: it stays at {} (its peer could not validate the new address)",
+                m.to,
+                m.physical_local.as_deref().unwrap_or("-")
+            ),
+        };
+        let _ = writeln!(out, "connection {}: {what}", m.id);
+    }
+    for s in skipped {
+        let _ = writeln!(out, "skipped connection {}: {}", s.id, s.reason);
+    }
+    out
 }
 
 /// One element of `vnatctl --json peers`.

@@ -47,6 +47,8 @@ fn conn(
         mobile,
         seen_by_peer_as: None,
         why_not_mobile: (!mobile).then(|| "no vnatd answered at the peer's address".into()),
+        role: None,
+        moving: false,
     }
 }
 
@@ -101,6 +103,8 @@ fn ls_json_keys_are_the_contract() {
         "behind_nat",
         "seen_by_peer_as",
         "why_not_mobile",
+        "role",
+        "moving",
         "guest",
     ];
     let mut keys_sorted = keys.clone();
@@ -120,7 +124,7 @@ fn ls_json_keys_are_the_contract() {
             "state": "native", "pid": 42, "command": "curl", "cgroup": "/system.slice/app.service",
             "cgroup_id": 5, "cookie": 99, "age_secs": 12, "mobile": true,
             "behind_nat": false, "seen_by_peer_as": null, "why_not_mobile": null,
-            "guest": null
+            "role": null, "moving": false, "guest": null
         })
     );
     assert_eq!(array[1]["proto"], "udp");
@@ -175,6 +179,7 @@ fn ls_table_has_the_documented_columns_and_dashes() {
             "PHYSICAL-REMOTE",
             "STATE",
             "MOBILE",
+            "ROLE",
             "PID",
             "COMMAND",
             "CGROUP",
@@ -193,6 +198,7 @@ fn ls_table_has_the_documented_columns_and_dashes() {
             "198.18.3.2:5001",
             "native",
             "yes",
+            "-",
             "42",
             "curl",
             "/system.slice/app.service",
@@ -200,12 +206,12 @@ fn ls_table_has_the_documented_columns_and_dashes() {
         ]
     );
     let udp: Vec<&str> = lines[2].split_whitespace().collect();
-    assert_eq!(&udp[6..11], ["translated", "no", "-", "-", "-"]);
+    assert_eq!(&udp[6..12], ["translated", "no", "-", "-", "-", "-"]);
     let note = lines[0].find("NOTE").expect("NOTE column");
     assert_eq!(&lines[2][note..], "no vnatd answered at the peer's address");
     // Columns line up: every column starts at the header's offset.
     let col = |line: &str, n: usize| line.match_indices(char::is_whitespace).count() >= n;
-    assert!(lines.iter().all(|l| col(l, 11)));
+    assert!(lines.iter().all(|l| col(l, 12)));
     let start = lines[0].find("STATE").expect("STATE column");
     assert_eq!(&lines[1][start..start + 6], "native");
     assert_eq!(&lines[2][start..start + 10], "translated");

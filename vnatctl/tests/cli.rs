@@ -48,6 +48,11 @@ impl Daemon {
             flow(Proto::Tcp, "198.18.1.2:40000", "198.18.3.2:5001"),
             Some(42),
         );
+        // A second link's address, for migrate.
+        dp.addresses = vec![
+            ("198.18.1.2".parse().expect("addr"), 2),
+            ("198.18.2.2".parse().expect("addr"), 3),
+        ];
         let moved = flow(Proto::Udp, "[fd00:1::2]:5353", "[fd00:3::2]:53");
         dp.add_connection(moved, None);
         let t = Translation {
@@ -119,8 +124,8 @@ async fn fake_driver(mut rx: tokio::sync::mpsc::Receiver<DriverCommand>) {
             DriverCommand::Mobility { reply } => {
                 let m = vnat_daemon::control::Mobility {
                     mobile: true,
-                    seen_by_peer_as: None,
-                    why_not: None,
+                    role: Some("primary".into()),
+                    ..Default::default()
                 };
                 let _ = reply.send(std::collections::HashMap::from([(tcp, m)]));
             }
@@ -129,6 +134,19 @@ async fn fake_driver(mut rx: tokio::sync::mpsc::Receiver<DriverCommand>) {
             }
             DriverCommand::Resume { reply } => {
                 let _ = reply.send(0);
+            }
+            DriverCommand::Migrate { moves, reply } => {
+                // Started, but the fake's datapath never moves anything.
+                let out = moves
+                    .into_iter()
+                    .map(|(f, ip)| {
+                        (
+                            f,
+                            Ok((f.local, std::net::SocketAddr::new(ip, f.local.port()))),
+                        )
+                    })
+                    .collect();
+                let _ = reply.send(out);
             }
             DriverCommand::Counters { reply } => {
                 let mut c = vnat_daemon::control::VcmpCounters::default();
@@ -247,6 +265,7 @@ fn ls_table_and_json() {
             "PHYSICAL-REMOTE",
             "STATE",
             "MOBILE",
+            "ROLE",
             "PID",
             "COMMAND",
             "CGROUP",
@@ -652,6 +671,66 @@ fn planned_mode_commands_with_vcmp() {
         v,
         serde_json::json!({ "selected": [tcp_flow().id()], "moves_started": 0 })
     );
+
+    // ls shows the role the suspension settled.
+    let v = json(&vnatctl(&d.socket, &["--json", "ls", "--proto", "tcp"]));
+    assert_eq!(v[0]["role"], "primary", "{v}");
+    assert_eq!(v[0]["moving"], false, "{v}");
+
+    // migrate: started; with --wait, a move that did not happen is
+    // reported as such, with exit status 1 (this fake never moves).
+    let o = vnatctl(&d.socket, &["migrate", "--conn", &id, "--to", "198.18.2.2"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).starts_with(&format!(
+            "connection {id}: moving from 198.18.1.2:40000 to 198.18.2.2:40000"
+        )),
+        "{}",
+        stdout(&o)
+    );
+    let o = vnatctl(
+        &d.socket,
+        &[
+            "--json",
+            "migrate",
+            "--all",
+            "--to",
+            "198.18.2.2",
+            "--wait",
+            "--timeout",
+            "2",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let v = json(&o);
+    assert_eq!(v["moves"][0]["outcome"], "not_moved", "{v}");
+    assert_eq!(v["moves"][0]["physical_local"], "198.18.1.2:40000", "{v}");
+    assert_eq!(
+        v["skipped"].as_array().map(Vec::len),
+        Some(1),
+        "the UDP one: {v}"
+    );
+    assert!(stderr(&o).contains("did not move"), "{}", stderr(&o));
+    // Not an address of this host; no such interface; neither given.
+    let o = vnatctl(
+        &d.socket,
+        &["--json", "migrate", "--all", "--to", "192.0.2.1"],
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        json(&o)["error"]["kind"],
+        "invalid_argument",
+        "{}",
+        stdout(&o)
+    );
+    let o = vnatctl(&d.socket, &["migrate", "--all", "--dev", "nosuch0"]);
+    assert!(
+        stderr(&o).contains("no interface \"nosuch0\""),
+        "{}",
+        stderr(&o)
+    );
+    let o = vnatctl(&d.socket, &["migrate", "--all"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 
     // peers: table and JSON.
     let o = vnatctl(&d.socket, &["peers"]);

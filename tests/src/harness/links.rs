@@ -77,10 +77,29 @@ impl Netns {
         self.route_via("default", via, dev);
     }
 
+    /// `ip route add default via VIA dev DEV metric METRIC`: one more
+    /// default route, as a network manager adds one per link (the lowest
+    /// metric is used; the others are there for traffic bound to a link).
+    pub fn add_default_route_metric(&self, via: IpAddr, dev: &str, metric: u32) {
+        self.new_route_metric(
+            "default",
+            via,
+            dev,
+            RouteProtocol::Boot,
+            false,
+            Some(metric),
+        );
+    }
+
     /// `ip route add DEST via VIA dev DEV proto PROTOCOL`: fails (panics)
     /// if the main table has a route to DEST already.
     pub fn add_route(&self, dest: &str, via: IpAddr, dev: &str, protocol: RouteProtocol) {
         self.new_route(dest, via, dev, protocol, false);
+    }
+
+    /// Every policy rule of both families, as (priority, table, protocol).
+    pub fn rules(&self) -> Vec<(u32, u32, u8)> {
+        self.rtnl("listing rules", Rtnl::rules)
     }
 
     /// Every route of both families, in every table (filter on
@@ -97,6 +116,18 @@ impl Netns {
         protocol: RouteProtocol,
         replace: bool,
     ) {
+        self.new_route_metric(dest, via, dev, protocol, replace, None);
+    }
+
+    fn new_route_metric(
+        &self,
+        dest: &str,
+        via: IpAddr,
+        dev: &str,
+        protocol: RouteProtocol,
+        replace: bool,
+        metric: Option<u32>,
+    ) {
         let (dst, prefix) = parse_dest(dest, via);
         let route = NewRoute {
             dst,
@@ -104,8 +135,9 @@ impl Netns {
             gateway: via,
             oif: self.index(dev),
             protocol,
+            metric,
         };
-        let what = format!("route {dest} via {via} dev {dev}");
+        let what = format!("route {dest} via {via} dev {dev} metric {metric:?}");
         self.rtnl(&what, |r| r.add_route(&route, replace));
     }
 

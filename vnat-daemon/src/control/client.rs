@@ -18,9 +18,9 @@ use super::proto::PeerInfo;
 use super::{
     lines::{read_line_bounded, Line},
     proto::{
-        ErrorKind, ImportedConnection, ListedConnection, Outcome, Reply, Request, RequestEnvelope,
-        ResponseEnvelope, ResumeReply, Selector, StatusReply, SuspendReply, MAX_RESPONSE_LINE,
-        PROTOCOL_VERSION,
+        ErrorKind, ImportedConnection, ListedConnection, MigrateReply, MigrateTarget, Outcome,
+        Reply, Request, RequestEnvelope, ResponseEnvelope, ResumeReply, Selector, StatusReply,
+        SuspendReply, MAX_RESPONSE_LINE, PROTOCOL_VERSION,
     },
     transfer::ExportDocument,
 };
@@ -180,6 +180,17 @@ impl ControlClient {
         match self.request(Request::Resume { selector }).await? {
             Reply::Resumed(r) => Ok(r),
             other => Err(self.unexpected("resume", &other)),
+        }
+    }
+
+    pub async fn migrate(
+        &mut self,
+        selector: Selector,
+        to: MigrateTarget,
+    ) -> Result<MigrateReply, ClientError> {
+        match self.request(Request::Migrate { selector, to }).await? {
+            Reply::Migrated(r) => Ok(r),
+            other => Err(self.unexpected("migrate", &other)),
         }
     }
 

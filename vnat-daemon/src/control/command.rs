@@ -4,7 +4,7 @@
 //! not import the driver.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -23,6 +23,12 @@ pub enum Command {
     },
     /// Re-read addresses and connections now and move what needs moving.
     Resume { reply: oneshot::Sender<usize> },
+    /// Move each flow to the address given with it (`vnatctl migrate`):
+    /// each one's outcome, where it goes from and to or why it does not.
+    Migrate {
+        moves: Vec<(VirtualFlow, IpAddr)>,
+        reply: oneshot::Sender<Vec<MoveOutcome>>,
+    },
     Peers {
         reply: oneshot::Sender<Vec<PeerInfo>>,
     },
@@ -67,3 +73,7 @@ pub enum Command {
 }
 
 pub type CommandSender = mpsc::Sender<Command>;
+
+/// How one move the driver was asked for went: where it goes from and to,
+/// or why it did not start.
+pub type MoveOutcome = (VirtualFlow, Result<(SocketAddr, SocketAddr), String>);

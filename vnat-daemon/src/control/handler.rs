@@ -9,6 +9,7 @@
 
 use std::{
     collections::HashMap,
+    net::IpAddr,
     path::{Path, PathBuf},
     sync::Arc,
     time::Instant,
@@ -21,8 +22,9 @@ use super::{
     command::{Command, CommandSender},
     proto::{
         require_absolute, DaemonInfo, ErrorBody, ErrorKind, ImportedConnection, ListedConnection,
-        Mobility, Outcome, Reply, Request, RequestEnvelope, ResponseEnvelope, ResumeReply,
-        Selector, Skipped, StatusReply, SuspendReply, PROTOCOL_VERSION,
+        MigrateReply, MigrateStarted, MigrateTarget, Mobility, Outcome, Reply, Request,
+        RequestEnvelope, ResponseEnvelope, ResumeReply, Selector, Skipped, StatusReply,
+        SuspendReply, PROTOCOL_VERSION,
     },
     transfer::{ExportDocument, TransferError},
 };
@@ -110,6 +112,7 @@ impl Handler {
             | Request::DisableCgroup { .. } => self.datapath_request(request),
             Request::Suspend { selector }
             | Request::Resume { selector }
+            | Request::Migrate { selector, .. }
             | Request::Export { selector, .. } => self.mobility_request(request, selector),
             Request::Peers => self
                 .ask(|reply| Command::Peers { reply })
@@ -173,6 +176,8 @@ impl Handler {
                         mobile: false,
                         seen_by_peer_as: None,
                         why_not_mobile: None,
+                        role: None,
+                        moving: false,
                     })
                     .collect(),
             },
@@ -209,6 +214,12 @@ impl Handler {
                     let m = mobility.get(&flow_of(&c.info));
                     c.mobile = m.is_some_and(|m| m.mobile);
                     c.seen_by_peer_as = m.and_then(|m| m.seen_by_peer_as);
+                    c.role = m.and_then(|m| m.role.clone());
+                    // Under way until the datapath sends from where VCMP
+                    // has our end (after the peer's SWITCHED).
+                    c.moving = m.is_some_and(|m| {
+                        m.moving || m.local_phys.is_some_and(|l| l != c.info.physical_local)
+                    });
                     c.why_not_mobile = match m {
                         Some(m) => m.why_not.clone(),
                         None => Some(NOT_MANAGED.into()),
@@ -270,6 +281,7 @@ impl Handler {
                     moves_started,
                 }))
             }
+            Request::Migrate { to, .. } => self.migrate(&selected, to),
             Request::Export { to, .. } => {
                 let to = host_key(to.as_deref(), "--to")?;
                 let flows: Vec<VirtualFlow> = selected.iter().map(flow_of).collect();
@@ -281,6 +293,70 @@ impl Handler {
             }
             _ => Err(RequestError::Misrouted),
         }
+    }
+
+    /// `migrate`: each selected connection that can move goes to the
+    /// target's address of its family.
+    fn migrate(
+        &self,
+        selected: &[ConnectionInfo],
+        to: &MigrateTarget,
+    ) -> Result<Reply, RequestError> {
+        let addrs = self
+            .datapath
+            .run_blocking(|dp| dp.interface_addresses())
+            .map_err(|DatapathGone| RequestError::DatapathGone)?
+            .map_err(RequestError::Datapath)?;
+        let ifindex = |name: &str| nix::net::if_::if_nametoindex(name).ok();
+        let targets =
+            migrate_targets(to, &addrs, ifindex).map_err(RequestError::InvalidArgument)?;
+        let mobility = self.ask(|reply| Command::Mobility { reply })?;
+        let (mobile, mut skipped) = split_mobile(selected, &mobility);
+        let mut moves = Vec::new();
+        for flow in mobile {
+            match targets.iter().find(|a| a.is_ipv4() == flow.local.is_ipv4()) {
+                Some(a) => moves.push((flow, *a)),
+                None => skipped.push(Skipped {
+                    id: flow.id(),
+                    reason: format!(
+                        "{to} has no IPv{} address",
+                        if flow.local.is_ipv4() { 4 } else { 6 }
+                    ),
+                }),
+            }
+        }
+        let outcomes = if moves.is_empty() {
+            Vec::new()
+        } else {
+            self.ask(|reply| Command::Migrate { moves, reply })?
+        };
+        let mut started = Vec::new();
+        for (flow, r) in outcomes {
+            match r {
+                Ok((from, to)) => started.push(MigrateStarted {
+                    id: flow.id(),
+                    from,
+                    to,
+                }),
+                Err(reason) => skipped.push(Skipped {
+                    id: flow.id(),
+                    reason,
+                }),
+            }
+        }
+        if started.is_empty() {
+            let why: Vec<String> = skipped
+                .iter()
+                .map(|s| format!("{}: {}", s.id, s.reason))
+                .collect();
+            return Err(RequestError::Refused(format!(
+                "no connection moved to {to}: {}",
+                why.join("; ")
+            )));
+        }
+        let ids: Vec<u64> = started.iter().map(|s| s.id).collect();
+        tracing::info!(connections = ?ids, %to, "control: migrate");
+        Ok(Reply::Migrated(MigrateReply { started, skipped }))
     }
 
     fn forget_peer(&self, key: &str) -> Result<Reply, RequestError> {
@@ -380,6 +456,46 @@ fn split_mobile(
         }
     }
     (mobile, skipped)
+}
+
+/// The addresses `migrate` may move connections to: `to` itself, which
+/// must be a global address of one of this host's interfaces (`addrs`,
+/// with their interface index), or the global addresses of the interface
+/// `to` names, in the kernel's order. An error sentence for anything else.
+fn migrate_targets(
+    to: &MigrateTarget,
+    addrs: &[(IpAddr, u32)],
+    ifindex: impl Fn(&str) -> Option<u32>,
+) -> Result<Vec<IpAddr>, String> {
+    match to {
+        MigrateTarget::Address(a) => {
+            if addrs.iter().any(|(x, _)| x == a) {
+                Ok(vec![*a])
+            } else {
+                Err(format!(
+                    "{a} is not a global address of any of this host's interfaces (loopback and link-local addresses cannot be moved to); `ip address` lists them"
+                ))
+            }
+        }
+        MigrateTarget::Device(name) => {
+            let Some(i) = ifindex(name) else {
+                return Err(format!(
+                    "there is no interface {name:?} on this host; `ip link` lists them"
+                ));
+            };
+            let here: Vec<IpAddr> = addrs
+                .iter()
+                .filter(|(_, x)| *x == i)
+                .map(|(a, _)| *a)
+                .collect();
+            if here.is_empty() {
+                return Err(format!(
+                    "interface {name} has no global address to move to (is it up and configured?)"
+                ));
+            }
+            Ok(here)
+        }
+    }
 }
 
 /// Why a selector matched nothing, or cannot be used.

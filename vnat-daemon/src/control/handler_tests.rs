@@ -112,6 +112,7 @@ impl FakeDriver {
                             mobile,
                             seen_by_peer_as: None,
                             why_not: (!mobile).then(|| "pairing with the peer's vnatd".into()),
+                            ..Default::default()
                         };
                         let _ = reply.send(HashMap::from([(a, m(true)), (b, m(false))]));
                     }
@@ -122,6 +123,19 @@ impl FakeDriver {
                     Command::Resume { reply } => {
                         seen.push("resume".into());
                         let _ = reply.send(1);
+                    }
+                    Command::Migrate { moves, reply } => {
+                        seen.push(format!("migrate {}", moves.len()));
+                        let out = moves
+                            .into_iter()
+                            .map(|(f, ip)| {
+                                (
+                                    f,
+                                    Ok((f.local, std::net::SocketAddr::new(ip, f.local.port()))),
+                                )
+                            })
+                            .collect();
+                        let _ = reply.send(out);
                     }
                     Command::Counters { reply } => {
                         seen.push("counters".into());

@@ -60,6 +60,14 @@ pub enum Request {
     /// After a planned move: re-read addresses now and move what lost its
     /// address, instead of waiting for the address watch.
     Resume { selector: Selector },
+    /// Move the selected connections to another local address of this
+    /// host while their current one stays up (a multihomed host: Wi-Fi to
+    /// wired or cellular). Their peers validate the new address as for any
+    /// move; automatic mode then leaves them there while it exists.
+    Migrate {
+        selector: Selector,
+        to: MigrateTarget,
+    },
     /// The peer hosts VCMP knows, by host key.
     Peers,
     /// Forget a peer host key (64 hex digits): its pairing, and its hold on
@@ -92,11 +100,32 @@ impl Request {
         "disable_cgroup",
         "suspend",
         "resume",
+        "migrate",
         "peers",
         "forget_peer",
         "export",
         "import",
     ];
+}
+
+/// Where [`Request::Migrate`] moves connections. On the wire
+/// `{"address":"198.18.2.2"}` or `{"device":"wlan0"}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum MigrateTarget {
+    /// This local address (each connection of its family).
+    Address(IpAddr),
+    /// The address of this interface of each connection's family.
+    Device(String),
+}
+
+impl std::fmt::Display for MigrateTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MigrateTarget::Address(a) => write!(f, "{a}"),
+            MigrateTarget::Device(d) => write!(f, "interface {d}"),
+        }
+    }
 }
 
 /// Which recorded connections a request is about. On the wire: `"all"`,
@@ -180,6 +209,7 @@ pub enum Reply {
     },
     Suspended(SuspendReply),
     Resumed(ResumeReply),
+    Migrated(MigrateReply),
     Peers {
         peers: Vec<PeerInfo>,
     },
@@ -206,6 +236,7 @@ impl Reply {
             Reply::CgroupDisabled { .. } => "cgroup_disabled",
             Reply::Suspended(_) => "suspended",
             Reply::Resumed(_) => "resumed",
+            Reply::Migrated(_) => "migrated",
             Reply::Peers { .. } => "peers",
             Reply::PeerForgotten { .. } => "peer_forgotten",
             Reply::Exported { .. } => "exported",
@@ -246,6 +277,14 @@ pub struct Mobility {
     pub seen_by_peer_as: Option<SocketAddr>,
     /// Why it cannot move, when it cannot.
     pub why_not: Option<String>,
+    /// The role its suspension settled ("primary" moves, "secondary"
+    /// waits for it), if one did.
+    pub role: Option<String>,
+    /// A move of it is under way.
+    pub moving: bool,
+    /// Where VCMP has our end (the datapath may not send from there yet:
+    /// the send side switches once the peer sends to it).
+    pub local_phys: Option<SocketAddr>,
 }
 
 /// One element of the `list` answer: the datapath's record plus what VCMP
@@ -267,6 +306,13 @@ pub struct ListedConnection {
     /// Why it cannot move, in a few words, when it cannot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub why_not_mobile: Option<String>,
+    /// The role a suspension settled for this end: "primary" (it moves)
+    /// or "secondary" (its peer does); none before any suspension.
+    #[serde(default)]
+    pub role: Option<String>,
+    /// A move of it is under way (the peer is validating its new address).
+    #[serde(default)]
+    pub moving: bool,
 }
 
 /// The answer to [`Request::Suspend`].
@@ -294,6 +340,26 @@ pub struct ResumeReply {
     /// as automatic mode would); 0 when everything already is where it
     /// should be, for example because automatic mode moved it first.
     pub moves_started: usize,
+}
+
+/// The answer to [`Request::Migrate`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigrateReply {
+    /// Moves started: the peers are validating the new addresses. `list`
+    /// shows each as `moving` until it completes or is given up.
+    pub started: Vec<MigrateStarted>,
+    /// Selected connections that were left where they are, with the reason.
+    pub skipped: Vec<Skipped>,
+}
+
+/// One move [`Request::Migrate`] started.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigrateStarted {
+    pub id: u64,
+    /// The local physical endpoint it leaves.
+    pub from: SocketAddr,
+    /// The one it moves to.
+    pub to: SocketAddr,
 }
 
 /// One connection taken over by [`Request::Import`].
@@ -477,6 +543,9 @@ mod tests {
                 "suspend" | "resume" | "export" => {
                     format!(r#"{{"type":"{t}","selector":"all"}}"#)
                 }
+                "migrate" => {
+                    format!(r#"{{"type":"{t}","selector":"all","to":{{"device":"wlan0"}}}}"#)
+                }
                 "import" => {
                     format!(r#"{{"type":"{t}","state":{{"vnat_export":1,"connections":[]}}}}"#)
                 }
@@ -549,11 +618,18 @@ mod tests {
             mobile: true,
             seen_by_peer_as: None,
             why_not_mobile: None,
+            role: None,
+            moving: false,
         };
         let v = serde_json::to_value(&listed).expect("serializable");
         let mut plain = serde_json::to_value(&listed.info).expect("serializable");
         plain["mobile"] = serde_json::json!(true);
-        assert_eq!(v, plain, "mobile is one more key beside the record's");
+        plain["role"] = serde_json::Value::Null;
+        plain["moving"] = serde_json::json!(false);
+        assert_eq!(
+            v, plain,
+            "mobile, role and moving are keys beside the record's"
+        );
         let back: ListedConnection = serde_json::from_value(v).expect("parses back");
         assert_eq!(back, listed);
         // A vnatd from before `mobile` still speaks version 1: its records

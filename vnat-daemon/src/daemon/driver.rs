@@ -26,7 +26,7 @@ mod moves;
 use super::{
     addrwatch::AddrWatch,
     identity::{self, PeerStore, StateError},
-    mobility::{self, Tracked},
+    mobility::{self, Move, Tracked},
     mover::{Mover, Step, Switch, HOLD_LIMIT},
 };
 use crate::{
@@ -172,6 +172,47 @@ fn to_socket_family(a: SocketAddr, dual: bool) -> SocketAddr {
     }
 }
 
+/// Send `payload` to `dst` from the local address `src` (IP_PKTINFO or
+/// IPV6_PKTINFO; on a dual-stack socket an IPv4 source is given mapped, as
+/// the kernel takes it there), without blocking.
+fn send_from(
+    sock: &UdpSocket,
+    payload: &[u8],
+    dst: SocketAddr,
+    src: IpAddr,
+) -> std::io::Result<usize> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, SockaddrIn, SockaddrIn6};
+    use std::os::fd::AsRawFd;
+    let fd = sock.as_raw_fd();
+    let iov = [std::io::IoSlice::new(payload)];
+    let flags = MsgFlags::MSG_DONTWAIT;
+    let r = match (dst, src) {
+        (SocketAddr::V6(d), IpAddr::V6(s)) => {
+            let info = libc::in6_pktinfo {
+                ipi6_addr: libc::in6_addr {
+                    s6_addr: s.octets(),
+                },
+                ipi6_ifindex: 0,
+            };
+            let cmsg = [ControlMessage::Ipv6PacketInfo(&info)];
+            sendmsg(fd, &iov, &cmsg, flags, Some(&SockaddrIn6::from(d)))
+        }
+        (SocketAddr::V4(d), IpAddr::V4(s)) => {
+            let info = libc::in_pktinfo {
+                ipi_ifindex: 0,
+                ipi_spec_dst: libc::in_addr {
+                    s_addr: u32::from(s).to_be(),
+                },
+                ipi_addr: libc::in_addr { s_addr: 0 },
+            };
+            let cmsg = [ControlMessage::Ipv4PacketInfo(&info)];
+            sendmsg(fd, &iov, &cmsg, flags, Some(&SockaddrIn::from(d)))
+        }
+        _ => return Err(std::io::Error::from_raw_os_error(libc::EAFNOSUPPORT)),
+    };
+    r.map_err(std::io::Error::from)
+}
+
 pub struct Driver {
     cfg: DriverConfig,
     dp: DatapathHandle,
@@ -206,6 +247,9 @@ pub struct Driver {
     /// look found.
     next_orphan_check: std::time::Instant,
     orphans: HashSet<VirtualFlow>,
+    /// Connections an operator moved (`vnatctl migrate`), to the address
+    /// given: automatic mode leaves them there while it exists.
+    placed: HashMap<VirtualFlow, IpAddr>,
 }
 
 impl Driver {
@@ -292,6 +336,7 @@ impl Driver {
             exported: HashSet::new(),
             next_orphan_check: std::time::Instant::now(),
             orphans: HashSet::new(),
+            placed: HashMap::new(),
         }
     }
 
@@ -447,6 +492,26 @@ impl Driver {
     async fn flush(&mut self) {
         while let Some(t) = self.endpoint.poll_transmit(now()) {
             let dst = to_socket_family(t.dst, self.dual);
+            if let Some(src) = t.src {
+                let src = match (src, self.dual) {
+                    (IpAddr::V4(v4), true) => IpAddr::V6(v4.to_ipv6_mapped()),
+                    _ => src,
+                };
+                let sent = self
+                    .sock
+                    .async_io(tokio::io::Interest::WRITABLE, || {
+                        send_from(&self.sock, &t.payload, dst, src)
+                    })
+                    .await;
+                match sent {
+                    Ok(_) => continue,
+                    // The address went away (or is of the other family):
+                    // the kernel's choice, as for any other datagram.
+                    Err(e) => {
+                        tracing::debug!(dst = %t.dst, %src, error = %e, "VCMP send from the connection's address failed; sending without")
+                    }
+                }
+            }
             if let Err(e) = self.sock.send_to(&t.payload, dst).await {
                 tracing::debug!(dst = %t.dst, error = %e, "VCMP send failed");
             }

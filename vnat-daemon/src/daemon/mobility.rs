@@ -18,6 +18,10 @@ pub struct Tracked {
     pub remote_phys: SocketAddr,
     /// A migration of this connection is under way.
     pub migrating: bool,
+    /// An operator placed it at `local_phys` (`vnatctl migrate`): it stays
+    /// there while that address exists, even where its virtual address is
+    /// still up (the old link of a multihomed host).
+    pub placed: bool,
 }
 
 /// A decided move: continue `flow` from `new_local`.
@@ -56,7 +60,8 @@ pub const NOT_OUR_ADDRESS: &str =
 /// moved to the address the kernel now uses towards their peer.
 ///
 /// A connection whose virtual address came back (the laptop returned home)
-/// moves back to it: continuing from the virtual address ends translation.
+/// moves back to it: continuing from the virtual address ends translation;
+/// except one an operator placed elsewhere, while that place exists.
 pub fn plan_moves(
     tracked: &[Tracked],
     addrs: &HashSet<IpAddr>,
@@ -65,7 +70,9 @@ pub fn plan_moves(
     let mut out = Vec::new();
     for t in tracked.iter().filter(|t| !t.migrating) {
         let here = addrs.contains(&t.local_phys.ip());
-        let home = t.local_phys != t.flow.local && addrs.contains(&t.flow.local.ip());
+        let home = !(t.placed && here)
+            && t.local_phys != t.flow.local
+            && addrs.contains(&t.flow.local.ip());
         let new_ip = if home {
             Some(t.flow.local.ip())
         } else if !here {
@@ -148,6 +155,7 @@ mod tests {
             local_phys: sa(phys),
             remote_phys: sa(remote),
             migrating: false,
+            placed: false,
         }
     }
 
@@ -213,6 +221,31 @@ mod tests {
         assert_eq!(moves[0].new_local, sa("198.18.1.2:4000"));
         t[0].migrating = true;
         assert!(plan_moves(&t, &addrs(&["198.18.1.2"]), |_| None).is_empty());
+    }
+
+    #[test]
+    fn a_placed_connection_stays_while_its_place_exists_then_moves_as_any() {
+        // Migrated from the first link's address to the second's, with
+        // the first still up: no "coming home".
+        let mut t = [tracked(
+            "198.18.1.2:4000",
+            "198.18.2.2:4000",
+            "198.18.3.2:22",
+        )];
+        t[0].placed = true;
+        let both = addrs(&["198.18.1.2", "198.18.2.2"]);
+        assert!(plan_moves(&t, &both, |_| Some("198.18.1.2".parse().unwrap())).is_empty());
+        // The second link goes: it moves where the route says, home here.
+        let moves = plan_moves(&t, &addrs(&["198.18.1.2"]), |_| {
+            Some("198.18.1.2".parse().unwrap())
+        });
+        assert_eq!(moves[0].new_local, sa("198.18.1.2:4000"));
+        // Not placed: the same connection goes home while both are up.
+        t[0].placed = false;
+        assert_eq!(
+            plan_moves(&t, &both, |_| None)[0].new_local,
+            sa("198.18.1.2:4000")
+        );
     }
 
     #[test]

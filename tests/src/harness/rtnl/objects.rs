@@ -14,6 +14,7 @@ use netlink_packet_route::{
         RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteMessage, RouteProtocol,
         RouteScope, RouteType,
     },
+    rule::{RuleAttribute, RuleMessage},
     AddressFamily, RouteNetlinkMessage,
 };
 
@@ -77,6 +78,8 @@ pub(crate) struct NewRoute {
     pub gateway: IpAddr,
     pub oif: u32,
     pub protocol: RouteProtocol,
+    /// The route's metric (RTA_PRIORITY); the kernel's default 0 if None.
+    pub metric: Option<u32>,
 }
 
 impl Rtnl {
@@ -212,8 +215,37 @@ impl Rtnl {
         let gateway = RouteAddress::from(route.gateway);
         msg.attributes.push(RouteAttribute::Gateway(gateway));
         msg.attributes.push(RouteAttribute::Oif(route.oif));
+        if let Some(m) = route.metric {
+            msg.attributes.push(RouteAttribute::Priority(m));
+        }
         let how = if replace { NLM_F_REPLACE } else { NLM_F_EXCL };
         self.request(RouteNetlinkMessage::NewRoute(msg), NLM_F_CREATE | how)
+    }
+
+    /// Every policy rule of both families (`ip rule`), as (priority,
+    /// table, protocol).
+    pub(crate) fn rules(&mut self) -> Result<Vec<(u32, u32, u8)>, RtnlError> {
+        let mut rules = Vec::new();
+        for fam in [AddressFamily::Inet, AddressFamily::Inet6] {
+            let mut msg = RuleMessage::default();
+            msg.header.family = fam;
+            for m in self.dump(RouteNetlinkMessage::GetRule(msg))? {
+                let RouteNetlinkMessage::NewRule(r) = m else {
+                    continue;
+                };
+                let (mut prio, mut table, mut proto) = (0, u32::from(r.header.table), 0);
+                for a in &r.attributes {
+                    match a {
+                        RuleAttribute::Priority(p) => prio = *p,
+                        RuleAttribute::Table(t) => table = *t,
+                        RuleAttribute::Protocol(p) => proto = u8::from(*p),
+                        _ => {}
+                    }
+                }
+                rules.push((prio, table, proto));
+            }
+        }
+        Ok(rules)
     }
 
     /// Every route of both families, in every table.

@@ -17,6 +17,10 @@ impl Driver {
                 let n = self.resync().await;
                 let _ = reply.send(n);
             }
+            Command::Migrate { moves, reply } => {
+                let r = self.migrate(moves).await;
+                let _ = reply.send(r);
+            }
             Command::Counters { reply } => {
                 let st = self.endpoint.stats();
                 let _ = reply.send(crate::control::VcmpCounters {
@@ -76,6 +80,12 @@ impl Driver {
                                 mobile: v.has_keys,
                                 seen_by_peer_as: v.seen_by_peer_as,
                                 why_not: self.endpoint.why_not_mobile(f).map(str::to_string),
+                                role: v.role.map(|r| match r {
+                                    vcmp::roles::Role::Primary => "primary".into(),
+                                    vcmp::roles::Role::Secondary => "secondary".into(),
+                                }),
+                                moving: v.migrating,
+                                local_phys: Some(v.local_phys),
                             },
                         ))
                     })
@@ -84,8 +94,8 @@ impl Driver {
                             *f,
                             crate::control::Mobility {
                                 mobile: false,
-                                seen_by_peer_as: None,
                                 why_not: Some((*why).to_string()),
+                                ..Default::default()
                             },
                         )
                     }))
@@ -277,5 +287,50 @@ impl Driver {
         );
         out.sort_by(|a, b| (a.address, &a.key).cmp(&(b.address, &b.key)));
         out
+    }
+}
+
+impl Driver {
+    /// `vnatctl migrate`: move each flow to the address given with it,
+    /// while its current one stays up. Started as automatic mode starts a
+    /// move (hold, receive side, UPD to the peer); the flow is then placed
+    /// there, so automatic mode does not take it back home.
+    pub(super) async fn migrate(
+        &mut self,
+        wanted: Vec<(VirtualFlow, IpAddr)>,
+    ) -> Vec<crate::control::command::MoveOutcome> {
+        let mut outcomes = Vec::new();
+        let mut moves = Vec::new();
+        for (flow, ip) in wanted {
+            let Some(v) = self.endpoint.connection(&flow) else {
+                outcomes.push((flow, Err("vnatd does not manage it".into())));
+                continue;
+            };
+            if v.migrating {
+                outcomes.push((flow, Err("a move of it is already under way".into())));
+                continue;
+            }
+            if v.local_phys.ip() == ip {
+                outcomes.push((flow, Err(format!("it is at {ip} already"))));
+                continue;
+            }
+            moves.push(Move {
+                flow,
+                new_local: SocketAddr::new(ip, flow.local.port()),
+                remote_phys: v.remote_phys,
+            });
+        }
+        for (flow, r) in self.start_moves(moves).await {
+            if let Ok((_, to)) = &r {
+                if to.ip() == flow.local.ip() {
+                    // Back to its own address: nothing left to keep.
+                    self.placed.remove(&flow);
+                } else {
+                    self.placed.insert(flow, to.ip());
+                }
+            }
+            outcomes.push((flow, r));
+        }
+        outcomes
     }
 }

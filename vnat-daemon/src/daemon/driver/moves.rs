@@ -97,6 +97,7 @@ impl Driver {
         for f in &gone {
             self.endpoint.connection_removed(f);
             self.mover.forget(f);
+            self.placed.remove(f);
         }
         if !gone.is_empty() {
             // The connections closed: undo what their translations set up
@@ -170,6 +171,7 @@ impl Driver {
                 local_phys: v.local_phys,
                 remote_phys: v.remote_phys,
                 migrating: v.migrating,
+                placed: self.placed.contains_key(&v.flow),
             })
             .collect();
         if tracked.is_empty() {
@@ -194,11 +196,30 @@ impl Driver {
         let moves =
             mobility::plan_moves(&tracked, &addrs, |ip| sources.get(&ip).copied().flatten());
         tracing::trace!(?tracked, ?addrs, ?sources, ?moves, "automatic mode");
-        // Which moves can go, then all their receive sides in one trip to
-        // the datapath thread.
+        // A connection placed by `vnatctl migrate` that lost its address
+        // is automatic mode's again.
+        for m in &moves {
+            self.placed.remove(&m.flow);
+        }
+        let outcomes = self.start_moves(moves).await;
+        outcomes.iter().filter(|(_, r)| r.is_ok()).count()
+    }
+
+    /// Start `moves`: hold and prepare each one's receive side in one trip
+    /// to the datapath thread, then tell the peers. Each move's outcome:
+    /// where it goes from and to, or why it did not start.
+    pub(super) async fn start_moves(
+        &mut self,
+        moves: Vec<Move>,
+    ) -> Vec<crate::control::command::MoveOutcome> {
+        let mut outcomes = Vec::new();
         let (candidates, stuck) = self.mover.starts(moves, |f| self.endpoint.connection(f));
         for m in stuck {
             tracing::warn!(flow = ?m.flow, peer = %m.remote_phys.ip(), "connection lost its address but cannot move: the peer runs no vnatd or pairing has not completed");
+            outcomes.push((
+                m.flow,
+                Err("it cannot move: the peer runs no vnatd or pairing has not completed".into()),
+            ));
         }
         let prepared = with_dp(&self.dp, move |dp| {
             candidates
@@ -244,19 +265,25 @@ impl Driver {
             }
             if let Err(e) = r {
                 tracing::warn!(flow = ?m.flow, error = %e, "cannot prepare the move");
+                outcomes.push((m.flow, Err(format!("cannot prepare the move: {e}"))));
                 continue;
             }
             tracing::info!(flow = ?m.flow, from = %from, to = %m.new_local, "resuming connection at a new address");
-            started.push((m.flow, m.new_local));
+            started.push((m.flow, from, m.new_local));
         }
         if started.is_empty() {
-            return 0;
+            return outcomes;
         }
-        if let Err(e) = self.endpoint.resume(now(), &mut OsRng, &started) {
+        let flows: Vec<(VirtualFlow, SocketAddr)> =
+            started.iter().map(|(f, _, to)| (*f, *to)).collect();
+        if let Err(e) = self.endpoint.resume(now(), &mut OsRng, &flows) {
             tracing::warn!(error = %e, "cannot start the migration");
-            return 0;
+            let why = format!("cannot start the migration: {e}");
+            outcomes.extend(started.into_iter().map(|(f, _, _)| (f, Err(why.clone()))));
+            return outcomes;
         }
-        started.len()
+        outcomes.extend(started.into_iter().map(|(f, from, to)| (f, Ok((from, to)))));
+        outcomes
     }
 
     /// Release the holds older than [`HOLD_LIMIT`] of moves still under
