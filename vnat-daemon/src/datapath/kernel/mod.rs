@@ -678,18 +678,31 @@ impl Datapath for KernelDatapath {
             return self.rebind(t);
         }
         // Any other placement ends a rebind still waiting (a failed
-        // validation reverts to the old one).
+        // validation reverts to the old one); only once it is in place:
+        // in between, a UDP datagram from the peer's new port would match
+        // neither and reach the flow's port untranslated, where a server
+        // takes it for a new peer's.
+        self.apply(t, true)?;
         self.drop_rebinds(&t.flow.to_key());
-        self.apply(t, true)
+        Ok(())
     }
 
     fn prepare_translation(&mut self, t: &Translation) -> Result<(), DatapathError> {
         if t.physical_remote.port() == 0 {
-            // Not before the new address is validated: a rebind entry lets
-            // the first in-window packet from that address redirect the
-            // connection, and an unvalidated address may be anyone's. The
-            // mover holds its TCP flows until our SWITCHED, which follows
-            // the install, so nothing is lost by waiting.
+            // TCP: not before the new address is validated: a rebind entry
+            // lets the first in-window packet from that address redirect
+            // the connection, and an unvalidated address may be anyone's.
+            // The mover holds its TCP flows until our SWITCHED, which
+            // follows the install, so nothing is lost by waiting. A UDP
+            // rebind only makes the tc program drop datagrams from that
+            // address to the flow's port that no recorded flow owns (the
+            // port is learnt from a BIND): at once, because the peer's
+            // datagrams follow our UPD_R, which leaves before we have
+            // validated it, and would reach the server's socket as a new
+            // peer's.
+            if t.flow.proto == crate::datapath::Proto::Udp {
+                return self.rebind(t);
+            }
             return Ok(());
         }
         self.apply(t, false)
