@@ -45,13 +45,26 @@ fn lo_addresses(host: &Host) -> Vec<IpAddr> {
         .collect()
 }
 
-/// What vnat has set up on `host`: routes of protocol 157 and addresses on
-/// `lo` other than loopback (from the kernel, over rtnetlink), entries of the
-/// pinned NAT maps (from the pins alone: opening a datapath would
+/// What vnat has set up on `host`: routes of protocol 157 (in any table),
+/// rules of protocol 157, the sink of its last-resort routes, addresses on
+/// `lo` other than loopback (from the kernel, over rtnetlink), entries of
+/// the pinned NAT maps (from the pins alone: opening a datapath would
 /// reconcile, and tidy what the check is about), and tc attachments (as
 /// vnatd reports them).
 fn leftovers(host: &Host, d: &Vnatd) -> String {
-    let routes = vnat_routes(host);
+    let routes: Vec<Route> = host
+        .ns
+        .routes()
+        .into_iter()
+        .filter(|r| r.protocol == RouteProtocol::from(157))
+        .collect();
+    let rules: Vec<_> = host
+        .ns
+        .rules()
+        .into_iter()
+        .filter(|r| r.protocol == 157)
+        .collect();
+    let sink = host.ns.link("vnat-sink").is_some();
     let lo: Vec<IpAddr> = lo_addresses(host)
         .into_iter()
         .filter(|a| !a.is_loopback())
@@ -59,10 +72,12 @@ fn leftovers(host: &Host, d: &Vnatd) -> String {
     let entries = host.pinned_nat_entries();
     let tc = d.ctl(&["status"]).expect("vnatd unreachable")["datapath"]["tc"].clone();
     let tc_empty = tc.as_array().is_none_or(|a| a.is_empty());
-    if routes.is_empty() && lo.is_empty() && entries == 0 && tc_empty {
+    if routes.is_empty() && rules.is_empty() && !sink && lo.is_empty() && entries == 0 && tc_empty {
         String::new()
     } else {
-        format!("routes {routes:?}, lo {lo:?}, {entries} NAT entries, tc {tc}")
+        format!(
+            "routes {routes:?}, rules {rules:?}, sink {sink}, lo {lo:?}, {entries} NAT entries, tc {tc}"
+        )
     }
 }
 
@@ -252,6 +267,10 @@ crash_at! {
     server_killed_after_removing_the_host_route: "cr6", "remove:host-route", Server;
     laptop_killed_after_detaching_tc: "cr7", "remove:tc", Laptop;
     server_killed_after_detaching_tc: "cr8", "remove:tc", Server;
+    laptop_killed_after_creating_the_sink: "ck9", "install:sink", Laptop;
+    server_killed_after_adding_a_kept_address_rule: "cka", "install:kept-rule", Server;
+    laptop_killed_after_removing_a_kept_address_rule: "cr9", "remove:kept-rule", Laptop;
+    server_killed_after_removing_the_sink: "cra", "remove:sink", Server;
 }
 
 #[test]

@@ -99,14 +99,21 @@ fn freebind_sender_cannot_make_vnatd_claim_an_address(family: Family, tag: &str)
         !lo.iter().any(|a| a.addr == fake),
         "vnatd put the user's freebind address on lo: {lo:?}"
     );
-    // Protocol 157 (vnat's), in any table, of either family.
+    // Protocol 157 (vnat's), in any table, of either family, but for the
+    // last-resort routes of the real connection's address (kept local
+    // while it is mobile): none; and no rule names the user's address.
     let routes: Vec<_> = topo
         .laptop
         .routes()
         .into_iter()
-        .filter(|r| r.protocol == RouteProtocol::from(157))
+        .filter(|r| r.protocol == RouteProtocol::from(157) && r.table != 0x766e_ffff)
         .collect();
     assert!(routes.is_empty(), "vnatd added routes: {routes:?}");
+    let rules = topo.laptop.rules();
+    assert!(
+        !rules.iter().any(|r| r.src == Some(fake)),
+        "vnatd routes the user's address: {rules:?}"
+    );
     let status = lapd.ctl(&["status"]).expect("status");
     assert_eq!(
         status["datapath"]["translations"].as_u64(),

@@ -50,7 +50,7 @@ extern "C" fn on_signal(_: libc::c_int) {
 
 const USAGE: &str =
     "usage: vnat-stream client --connect ADDR:PORT [--udp] [--rate-bytes-per-sec N] \
-[--duration-secs S] [--bind IP] [--datagram-size N] [--drain-secs S]";
+[--duration-secs S] [--bind IP] [--datagram-size N] [--drain-secs S] [--exit-on-send-error]";
 const STATUS_INTERVAL: Duration = Duration::from_millis(100);
 /// Socket timeouts: how often blocked I/O comes back to look at the stop flag.
 const IO_TICK: Duration = Duration::from_millis(100);
@@ -63,6 +63,9 @@ struct Opts {
     bind: Option<IpAddr>,
     datagram_size: usize,
     drain: Duration,
+    /// UDP: stop at the first failed send, as many applications do,
+    /// instead of counting it and going on.
+    exit_on_send_error: bool,
 }
 
 fn parse_args() -> Result<Opts, String> {
@@ -84,6 +87,7 @@ fn parse_args() -> Result<Opts, String> {
         bind: None,
         datagram_size: 512, // harness::UDP_DATAGRAM_SIZE
         drain: Duration::from_secs(5),
+        exit_on_send_error: false,
     };
     while let Some(flag) = args.next() {
         let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
@@ -96,6 +100,7 @@ fn parse_args() -> Result<Opts, String> {
                 );
             }
             "--udp" => o.udp = true,
+            "--exit-on-send-error" => o.exit_on_send_error = true,
             "--rate-bytes-per-sec" => o.rate = num(&value(&flag)?, &flag)?,
             "--duration-secs" => {
                 o.duration = Some(Duration::from_secs_f64(num::<f64>(&value(&flag)?, &flag)?))
@@ -458,6 +463,7 @@ fn run_udp(opts: &Opts) -> i32 {
         let state = Arc::clone(&state);
         let sender_done = Arc::clone(&sender_done);
         let (rate, duration) = (opts.rate, opts.duration);
+        let exit_on_send_error = opts.exit_on_send_error;
         thread::spawn(move || {
             let mut buf = vec![0u8; size];
             loop {
@@ -489,6 +495,10 @@ fn run_udp(opts: &Opts) -> i32 {
                         s.dgrams_sent += 1;
                     }
                     Err(e) if is_tick(&e) => {}
+                    Err(e) if exit_on_send_error => {
+                        lock(&state).fail(format!("send: {}", describe(&e)));
+                        break;
+                    }
                     Err(e) => {
                         // During a move the route or the peer may be gone
                         // for a while (ENETUNREACH, ECONNREFUSED from an ICMP

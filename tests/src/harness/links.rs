@@ -11,7 +11,7 @@ use std::{
 use netlink_packet_route::route::RouteProtocol;
 
 use super::{
-    rtnl::{Address, Link, NewRoute, Route, Rtnl, RtnlError},
+    rtnl::{Address, Link, NewRoute, Route, Rtnl, RtnlError, Rule},
     Netns,
 };
 
@@ -97,8 +97,8 @@ impl Netns {
         self.new_route(dest, via, dev, protocol, false);
     }
 
-    /// Every policy rule of both families, as (priority, table, protocol).
-    pub fn rules(&self) -> Vec<(u32, u32, u8)> {
+    /// Every policy rule of both families.
+    pub fn rules(&self) -> Vec<Rule> {
         self.rtnl("listing rules", Rtnl::rules)
     }
 

@@ -41,7 +41,7 @@ pub use nat::{
 };
 pub use netns::{ss_endpoint, tcp_bytes_received, Netns};
 pub use rogue::Rogue;
-pub use rtnl::{Address, Link, Route};
+pub use rtnl::{Address, Link, Route, Rule};
 pub use server_move::{
     add_location_host, add_server_link_e, move_server_to_e, plug_server_e, unplug_server_c,
     LocationHost, OldServerAddress, ServerLinkE,

@@ -79,8 +79,13 @@ pub fn move_server_to_e(topo: &LaptopRouterServer, e: &ServerLinkE, old: OldServ
     // moment in which the old address is not local (a TCP segment arriving
     // then would be answered with a reset).
     if old == OldServerAddress::StillAnswers {
+        // vnatd may keep it there already (it keeps the addresses of
+        // mobile connections local).
+        let on_lo: Vec<IpAddr> = s.addresses("lo").iter().map(|a| a.addr).collect();
         for a in addrs(&topo.server_addr) {
-            s.add_addr("lo", a, if a.is_ipv4() { 32 } else { 128 });
+            if !on_lo.contains(&a) {
+                s.add_addr("lo", a, if a.is_ipv4() { 32 } else { 128 });
+            }
         }
     }
     unplug_server_c(topo);

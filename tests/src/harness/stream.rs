@@ -31,6 +31,8 @@ pub struct StreamOptions {
     pub bind: Option<std::net::IpAddr>,
     /// UDP: bytes per datagram (vnat-stream's default otherwise).
     pub datagram_size: Option<usize>,
+    /// UDP: stop at the first failed send (as many applications do).
+    pub exit_on_send_error: bool,
 }
 
 impl StreamOptions {
@@ -42,6 +44,7 @@ impl StreamOptions {
             duration_secs: None,
             bind: None,
             datagram_size: None,
+            exit_on_send_error: false,
         }
     }
 
@@ -50,6 +53,12 @@ impl StreamOptions {
             udp: true,
             ..Self::tcp(connect)
         }
+    }
+
+    /// UDP: stop at the first failed send instead of going on.
+    pub fn exit_on_send_error(mut self) -> Self {
+        self.exit_on_send_error = true;
+        self
     }
 
     pub fn rate(mut self, bytes_per_sec: u64) -> Self {
@@ -95,6 +104,9 @@ impl StreamOptions {
         }
         if let Some(n) = self.datagram_size {
             cmd.arg("--datagram-size").arg(n.to_string());
+        }
+        if self.exit_on_send_error {
+            cmd.arg("--exit-on-send-error");
         }
         cmd
     }

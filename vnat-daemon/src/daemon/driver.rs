@@ -230,6 +230,11 @@ pub struct Driver {
     /// VCMP port makes thousands of turns a second, and each check walks
     /// every connection and dumps the interfaces.
     standby_due: bool,
+    /// Addresses kept local for mobile connections, as last set
+    /// (`Datapath::keep_local`); recomputed when `standby_due` is. None
+    /// until the first call, which also releases what a previous vnatd
+    /// kept for connections that closed meanwhile.
+    kept: Option<Vec<IpAddr>>,
     /// Imported flows not yet seen in this host's records: the migrated
     /// process restores its socket after the import (the import puts the
     /// connection's address in place first), so they are kept meanwhile.
@@ -332,6 +337,7 @@ impl Driver {
             refused: HashMap::new(),
             standby: Vec::new(),
             standby_due: true,
+            kept: None,
             imported: HashMap::new(),
             exported: HashSet::new(),
             next_orphan_check: std::time::Instant::now(),
@@ -429,10 +435,45 @@ impl Driver {
             self.restart_translated().await;
             // After the flush: attaching takes the kernel tens of ms, which
             // must not delay what a move just queued.
+            self.update_kept().await;
             self.update_standby().await;
             self.end_overdue_holds().await;
         }
         Ok(())
+    }
+
+    /// Keep the local addresses of the mobile connections local
+    /// (`Datapath::keep_local`), so that their sends never fail between
+    /// an address vanishing and their move. Checked when `standby_due`
+    /// says connections or keys changed, before `update_standby` takes
+    /// that flag.
+    async fn update_kept(&mut self) {
+        if !self.standby_due {
+            return;
+        }
+        let mut wanted: Vec<IpAddr> = self
+            .endpoint
+            .connections()
+            .filter_map(|f| self.endpoint.connection(f))
+            .filter(|v| v.has_keys)
+            .map(|v| v.flow.local.ip())
+            .collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        if self.kept.as_ref() == Some(&wanted) {
+            return;
+        }
+        let list = wanted.clone();
+        match with_dp(&self.dp, move |dp| dp.keep_local(&list)).await {
+            Ok(()) => {
+                tracing::debug!(addresses = ?wanted, "addresses kept local for mobile connections")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot keep the addresses of mobile connections local: their sends may fail while the host moves")
+            }
+        }
+        // Not again on every turn after a failure: the next change does.
+        self.kept = Some(wanted);
     }
 
     /// With `standby_tc`, keep the translators attached to every interface
@@ -452,6 +493,8 @@ impl Driver {
                 Ok(list) => list
                     .iter()
                     .filter(|i| i.name().to_bytes() != b"lo")
+                    // The sink of kept addresses' last-resort route.
+                    .filter(|i| !i.name().to_bytes().starts_with(b"vnat-sink"))
                     .map(|i| i.index())
                     .collect(),
                 Err(e) => {

@@ -260,11 +260,16 @@ impl Mover {
                 continue;
             }
             // Nothing of a TCP connection leaves until the peer sends to
-            // the new address (`PeerSwitched`), nor of a UDP flow through a
-            // NAT, whose new NAT port the peer learns only from our BIND.
-            // Other UDP is left alone: a datagram that reaches the peer
-            // early is delivered, and there is no timer to upset.
-            let hold = mv.flow.proto == Proto::Tcp || v.seen_by_peer_as.is_some();
+            // the new address (`PeerSwitched`), nor of a UDP flow until our
+            // move is acknowledged (it switches at once then): a datagram
+            // that left from the old placement after the peer switched to
+            // the new one (its receive side for the old one gone) would
+            // reach the peer's socket untranslated, which a UDP server takes
+            // for a new peer's; through a NAT, the peer learns the new port
+            // only from our BIND. The datagrams held meanwhile (one round
+            // trip) are lost, and a UDP socket never sees the hold fail a
+            // send.
+            let hold = true;
             go.push(Start {
                 mv,
                 from: v.local_phys,

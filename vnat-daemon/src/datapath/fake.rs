@@ -40,6 +40,8 @@ pub struct FakeDatapath {
     pub solicited: Vec<VirtualFlow>,
     /// Interfaces kept attached ([`Datapath::set_standby`]).
     pub standby: Vec<u32>,
+    /// Addresses kept local ([`Datapath::keep_local`]).
+    pub kept: Vec<std::net::IpAddr>,
     /// Calls of [`Datapath::maintain`].
     pub maintained: usize,
     /// Whether a batch is open ([`Datapath::begin_batch`]); batches do not
@@ -132,6 +134,12 @@ impl Datapath for FakeDatapath {
             self.solicited.push(*flow);
         }
         Ok(Kick::Nothing)
+    }
+
+    fn keep_local(&mut self, addrs: &[std::net::IpAddr]) -> Result<(), DatapathError> {
+        self.take_failure()?;
+        self.kept = addrs.to_vec();
+        Ok(())
     }
 
     fn set_standby(&mut self, ifindexes: &[u32]) -> Result<(), DatapathError> {

@@ -121,6 +121,14 @@ pub trait Datapath {
     /// returns to attaching only where used.
     fn set_standby(&mut self, ifindexes: &[u32]) -> Result<(), DatapathError>;
 
+    /// Keep exactly these addresses (those of the mobile connections)
+    /// local, with a last-resort route for packets from them: when one
+    /// vanishes from its interface, its connections' sends then fail
+    /// neither for a source that is no longer local nor for a missing
+    /// route until vnatd has moved them. Addresses kept before and not
+    /// given now are released, unless a translation keeps them on `lo`.
+    fn keep_local(&mut self, addrs: &[IpAddr]) -> Result<(), DatapathError>;
+
     /// Divert in-band BINDs coming from `toward` to vnatd's VCMP port
     /// `vcmp_port` (see `vnat_common::BIND_LEN`): a paired host behind NAT
     /// is about to send one on its UDP flow, and no application may

@@ -18,7 +18,7 @@ use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
 pub(crate) use objects::NewRoute;
-pub use objects::{Address, Link, Route};
+pub use objects::{Address, Link, Route, Rule};
 
 /// Why a request failed: the socket, the kernel's answer, or an answer the
 /// crate could not decode.

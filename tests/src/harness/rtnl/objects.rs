@@ -23,6 +23,17 @@ use super::{Rtnl, RtnlError};
 /// The main routing table (`RT_TABLE_MAIN`), where `ip route` adds and shows.
 const RT_TABLE_MAIN: u32 = 254;
 
+/// A policy rule as RTM_GETRULE reports it (`ip rule`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    pub priority: u32,
+    pub table: u32,
+    /// FRA_PROTOCOL: who added it (157: vnat).
+    pub protocol: u8,
+    /// Its "from" address, if it has one.
+    pub src: Option<IpAddr>,
+}
+
 /// A link as RTM_GETLINK reports it (what the tests and benchmarks read).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Link {
@@ -222,9 +233,8 @@ impl Rtnl {
         self.request(RouteNetlinkMessage::NewRoute(msg), NLM_F_CREATE | how)
     }
 
-    /// Every policy rule of both families (`ip rule`), as (priority,
-    /// table, protocol).
-    pub(crate) fn rules(&mut self) -> Result<Vec<(u32, u32, u8)>, RtnlError> {
+    /// Every policy rule of both families (`ip rule`).
+    pub(crate) fn rules(&mut self) -> Result<Vec<Rule>, RtnlError> {
         let mut rules = Vec::new();
         for fam in [AddressFamily::Inet, AddressFamily::Inet6] {
             let mut msg = RuleMessage::default();
@@ -233,16 +243,22 @@ impl Rtnl {
                 let RouteNetlinkMessage::NewRule(r) = m else {
                     continue;
                 };
-                let (mut prio, mut table, mut proto) = (0, u32::from(r.header.table), 0);
+                let mut rule = Rule {
+                    priority: 0,
+                    table: u32::from(r.header.table),
+                    protocol: 0,
+                    src: None,
+                };
                 for a in &r.attributes {
                     match a {
-                        RuleAttribute::Priority(p) => prio = *p,
-                        RuleAttribute::Table(t) => table = *t,
-                        RuleAttribute::Protocol(p) => proto = u8::from(*p),
+                        RuleAttribute::Priority(p) => rule.priority = *p,
+                        RuleAttribute::Table(t) => rule.table = *t,
+                        RuleAttribute::Protocol(p) => rule.protocol = u8::from(*p),
+                        RuleAttribute::Source(s) => rule.src = Some(*s),
                         _ => {}
                     }
                 }
-                rules.push((prio, table, proto));
+                rules.push(rule);
             }
         }
         Ok(rules)

@@ -6,14 +6,17 @@ mod attach;
 mod conntrack;
 pub mod fault;
 mod guests;
+mod kept;
 mod listing;
 mod mirror;
 mod nat;
 mod net;
 mod object;
+mod policy;
 mod procfs;
 mod rebind;
 mod restart;
+mod routing;
 mod rtnl;
 pub mod testrun;
 mod translate;
@@ -74,6 +77,8 @@ pub struct KernelDatapath {
     /// own routes them (`net::add_via_route`): egress key -> (flow, the
     /// interface).
     egress_via: StdHashMap<FlowKey, (VirtualFlow, u32)>,
+    /// Addresses kept local for mobile connections (`kept.rs`).
+    kept: std::collections::BTreeSet<IpAddr>,
     /// Containers' connections: which NAT entries are pinned, which public
     /// flows are guests' (`guests.rs`).
     guests: std::cell::RefCell<guests::GuestState>,
@@ -115,6 +120,8 @@ struct RouteMemo {
     host_routes: StdHashMap<IpAddr, (IpAddr, u32)>,
     /// This host's addresses with their interfaces, once listed.
     addrs: Option<Vec<(IpAddr, u32)>>,
+    /// The IPv6 last-resort route was renewed in this batch.
+    sink_renewed: bool,
 }
 
 fn map_err(map: &'static str) -> impl FnOnce(MapError) -> DatapathError {
@@ -143,6 +150,7 @@ impl KernelDatapath {
             lo_ours: Default::default(),
             memo: Default::default(),
             egress_via: StdHashMap::new(),
+            kept: Default::default(),
             guests: Default::default(),
             mirror: Default::default(),
             nat_empty: false,
@@ -248,8 +256,12 @@ impl KernelDatapath {
         };
         // A failure here is logged, not fatal: vnatd must start, and what is
         // left is tried again at the next start.
+        // The addresses a previous vnatd kept local for mobile connections
+        // stay until the driver says which still are.
+        self.kept = net::fallback_rules()?.into_iter().collect();
         for (a, ours) in lo {
             if ours
+                && !self.kept.contains(&a)
                 && !self.mirror.local_moved.contains_key(&a)
                 && !self.mirror.prepared_lo.contains_key(&words(a))
             {
@@ -276,108 +288,6 @@ impl KernelDatapath {
             }
         }
         Ok(())
-    }
-
-    /// `net::route_get`, answered from the batch's memory when it can be.
-    fn route(&self, dst: IpAddr, from: Option<IpAddr>) -> Result<net::RouteInfo, DatapathError> {
-        if let Some(r) = self
-            .memo
-            .borrow()
-            .as_ref()
-            .and_then(|m| m.routes.get(&(dst, from)))
-        {
-            return Ok(r.clone());
-        }
-        let r = net::route_get(dst, from)?;
-        if let Some(m) = self.memo.borrow_mut().as_mut() {
-            m.routes.insert((dst, from), r.clone());
-        }
-        Ok(r)
-    }
-
-    /// This datapath changed a route or an address: lookups remembered in
-    /// the batch may no longer hold.
-    fn routes_changed(&self) {
-        if let Some(m) = self.memo.borrow_mut().as_mut() {
-            m.routes.clear();
-            m.host_routes.clear();
-            m.addrs = None;
-        }
-    }
-
-    /// `net::interface_addrs`, listed once per batch.
-    fn interface_addrs_memo(&self) -> Result<Vec<(IpAddr, u32)>, DatapathError> {
-        if let Some(a) = self.memo.borrow().as_ref().and_then(|m| m.addrs.clone()) {
-            return Ok(a);
-        }
-        let a = net::interface_addrs()?;
-        if let Some(m) = self.memo.borrow_mut().as_mut() {
-            m.addrs = Some(a.clone());
-        }
-        Ok(a)
-    }
-
-    /// The route for packets from `src` to `dst`: the kernel's own choice
-    /// when it leaves through an interface that holds `src` (or `src` is on
-    /// no interface, as an address kept on `lo`), else the best route
-    /// through the interface that does. A connection moved to a second
-    /// interface's address while the first stays up (`vnatctl migrate`)
-    /// must leave by its new link, not by the old one's default route,
-    /// where its packets would go on with the new source address, and be
-    /// lost when that link goes dark.
-    fn route_from(&self, dst: IpAddr, src: IpAddr) -> Result<net::RouteInfo, DatapathError> {
-        let r = self.route(dst, Some(src))?;
-        let owners: Vec<u32> = self
-            .interface_addrs_memo()?
-            .into_iter()
-            .filter(|(a, _)| *a == src)
-            .map(|(_, i)| i)
-            .collect();
-        if owners.is_empty() || owners.contains(&r.ifindex) {
-            return Ok(r);
-        }
-        let via = owners[0];
-        net::route_get_via(dst, src, via)?.ok_or_else(|| DatapathError::NoRouteVia {
-            addr: dst,
-            from: src,
-            dev: net::ifname(via).unwrap_or_else(|_| via.to_string()),
-        })
-    }
-
-    /// Route the peer's virtual address `virt` like its physical one
-    /// (`net::add_host_route`) unless this batch already did exactly that.
-    /// Returns whether a route for `virt` existed before (vnat's, or
-    /// someone else's that is left alone): then a failure later in the
-    /// install has no route to take back.
-    fn ensure_host_route(
-        &self,
-        virt: IpAddr,
-        phys: IpAddr,
-        via: &net::RouteInfo,
-    ) -> Result<bool, DatapathError> {
-        let target = (via.gateway.unwrap_or(phys), via.ifindex);
-        if let Some(m) = self.memo.borrow().as_ref() {
-            if m.host_routes.get(&virt) == Some(&target) {
-                return Ok(true);
-            }
-        }
-        let r = net::add_host_route(virt, phys, via);
-        self.routes_changed();
-        match r? {
-            net::HostRoute::Foreign(protocol) => {
-                // Not ours to change: tc redirects the flow's packets to the
-                // right next hop instead (the caller checks the route).
-                tracing::warn!(address = %virt, protocol, "a host route vnat did not make is in place for a moved peer's address; leaving it and redirecting in tc");
-                Ok(true)
-            }
-            done => {
-                fault::after("install:host-route");
-                if let Some(m) = self.memo.borrow_mut().as_mut() {
-                    m.host_routes.insert(virt, target);
-                }
-                Ok(done == net::HostRoute::Replaced)
-            }
-        }
     }
 
     /// Every entry of the egress (`egress`) or ingress NAT map, read from
@@ -611,6 +521,10 @@ impl Datapath for KernelDatapath {
             return Ok(super::RestartOutcome::NotStalled);
         }
         restart::restart_flow(flow, record.as_ref())
+    }
+
+    fn keep_local(&mut self, addrs: &[IpAddr]) -> Result<(), DatapathError> {
+        self.keep_local_addrs(addrs)
     }
 
     fn set_standby(&mut self, ifindexes: &[u32]) -> Result<(), DatapathError> {

@@ -7,7 +7,7 @@
 
 use std::net::IpAddr;
 
-use super::rtnl;
+use super::{policy, rtnl};
 use crate::datapath::{DatapathError, Proto, VirtualFlow};
 
 /// Protocol number of vnat's host routes (`ip route show proto 157`) and
@@ -111,8 +111,8 @@ pub const VIA_TABLE_BASE: u32 = 0x766e_0000;
 /// before `main` (32766) and the rules VPN clients add above 5000.
 pub const VIA_RULE_PRIORITY: u32 = 1000;
 
-fn via_rule(flow: &VirtualFlow, ifindex: u32) -> rtnl::FlowRule {
-    rtnl::FlowRule {
+fn via_rule(flow: &VirtualFlow, ifindex: u32) -> policy::FlowRule {
+    policy::FlowRule {
         tcp: flow.proto == Proto::Tcp,
         src: flow.local,
         dst: flow.remote,
@@ -132,7 +132,7 @@ fn via_rule(flow: &VirtualFlow, ifindex: u32) -> rtnl::FlowRule {
 /// lookup for it fails before tc sees a packet).
 pub fn add_via_route(flow: &VirtualFlow, route: &RouteInfo) -> Result<(), DatapathError> {
     let rule = via_rule(flow, route.ifindex);
-    rtnl::set_table_route(
+    policy::set_table_route(
         flow.remote.ip(),
         route.gateway,
         route.ifindex,
@@ -145,7 +145,7 @@ pub fn add_via_route(flow: &VirtualFlow, route: &RouteInfo) -> Result<(), Datapa
         route.dev,
         rule.table
     )))?;
-    rtnl::add_flow_rule(&rule, ROUTE_PROTO).map_err(kernel(format!(
+    policy::add_flow_rule(&rule, ROUTE_PROTO).map_err(kernel(format!(
         "adding the routing rule for {flow:?} (table {})",
         rule.table
     )))
@@ -160,11 +160,11 @@ pub fn del_via_route(
     route_still_used: bool,
 ) -> Result<(), DatapathError> {
     let rule = via_rule(flow, ifindex);
-    rtnl::del_flow_rule(&rule, ROUTE_PROTO)
+    policy::del_flow_rule(&rule, ROUTE_PROTO)
         .map_err(kernel(format!("removing the routing rule for {flow:?}")))?;
     if !route_still_used {
         // Gone with its interface, or never added: nothing to undo.
-        let _ = rtnl::del_table_route(flow.remote.ip(), rule.table, ROUTE_PROTO);
+        let _ = policy::del_table_route(flow.remote.ip(), rule.table, ROUTE_PROTO);
     }
     Ok(())
 }
@@ -172,7 +172,7 @@ pub fn del_via_route(
 /// The flows vnat routes by a per-connection rule, with the interface.
 pub fn via_routes() -> Result<Vec<(VirtualFlow, u32)>, DatapathError> {
     let rules =
-        rtnl::flow_rules(ROUTE_PROTO).map_err(kernel("listing vnat's routing rules".into()))?;
+        policy::flow_rules(ROUTE_PROTO).map_err(kernel("listing vnat's routing rules".into()))?;
     Ok(rules
         .into_iter()
         .filter(|r| r.priority == VIA_RULE_PRIORITY && r.table > VIA_TABLE_BASE)
@@ -185,6 +185,79 @@ pub fn via_routes() -> Result<Vec<(VirtualFlow, u32)>, DatapathError> {
             (flow, r.table - VIA_TABLE_BASE)
         })
         .collect())
+}
+
+/// The sink for packets from a kept address that have no route (see
+/// [`keep_local`](super::KernelDatapath)): a veth pair in this namespace,
+/// `vnat-sink` without ARP, so that a packet routed there leaves at once,
+/// and its peer, where it arrives with a local source address and is
+/// dropped as a martian, never forwarded or answered. Both ends up, so
+/// that IPv6 uses the route (it skips routes over links without carrier).
+pub const SINK_DEV: &str = "vnat-sink";
+pub const SINK_PEER: &str = "vnat-sinkp";
+
+/// vnat's table of last-resort routes (one default route per family, to
+/// the sink), and the priority of its rules "from ADDR lookup" it: after
+/// `main` (32766) and `default` (32767), so consulted only when the host
+/// has no route at all.
+pub const FALLBACK_TABLE: u32 = 0x766e_ffff;
+pub const FALLBACK_PRIORITY: u32 = 32800;
+
+/// Make sure the sink and its routes are there; whether it was created.
+pub fn ensure_sink() -> Result<bool, DatapathError> {
+    let what = |s: &str| kernel(format!("{s} {SINK_DEV}"));
+    let created = nix::net::if_::if_nametoindex(SINK_DEV).is_err();
+    if created {
+        policy::add_veth(SINK_DEV, SINK_PEER).map_err(what("creating"))?;
+    }
+    let sink = ifindex(SINK_DEV)?;
+    let peer = ifindex(SINK_PEER)?;
+    policy::set_link_up(sink, true).map_err(what("setting up"))?;
+    policy::set_link_up(peer, false).map_err(what("setting up the peer of"))?;
+    for v6 in [false, true] {
+        policy::set_default_route_dev(v6, sink, FALLBACK_TABLE, ROUTE_PROTO)
+            .map_err(what("adding the last-resort route through"))?;
+    }
+    Ok(created)
+}
+
+/// Write the IPv6 last-resort route again. An IPv6 socket that sent
+/// while the host had no route caches the route to the sink, and keeps it
+/// until something changes in the sink's table: routes added to the main
+/// table since (the new network's) do not make it look again, as they do
+/// for IPv4.
+pub fn refresh_sink_v6() -> Result<(), DatapathError> {
+    let sink = ifindex(SINK_DEV)?;
+    policy::set_default_route_dev(true, sink, FALLBACK_TABLE, ROUTE_PROTO).map_err(kernel(format!(
+        "renewing the last-resort route through {SINK_DEV}"
+    )))
+}
+
+/// Remove the sink (its routes go with it); whether there was one.
+pub fn remove_sink() -> Result<bool, DatapathError> {
+    match nix::net::if_::if_nametoindex(SINK_DEV) {
+        Ok(i) => policy::del_link(i)
+            .map(|()| true)
+            .map_err(kernel(format!("removing {SINK_DEV}"))),
+        Err(_) => Ok(false),
+    }
+}
+
+/// Packets from `src` that have no route go to the sink.
+pub fn add_fallback_rule(src: IpAddr) -> Result<(), DatapathError> {
+    policy::add_source_rule(src, FALLBACK_TABLE, FALLBACK_PRIORITY, ROUTE_PROTO)
+        .map_err(kernel(format!("adding the last-resort rule for {src}")))
+}
+
+pub fn del_fallback_rule(src: IpAddr) -> Result<(), DatapathError> {
+    policy::del_source_rule(src, FALLBACK_TABLE, FALLBACK_PRIORITY, ROUTE_PROTO)
+        .map_err(kernel(format!("removing the last-resort rule for {src}")))
+}
+
+/// The addresses with a last-resort rule (what a previous vnatd kept).
+pub fn fallback_rules() -> Result<Vec<IpAddr>, DatapathError> {
+    policy::source_rules(FALLBACK_TABLE, ROUTE_PROTO)
+        .map_err(kernel("listing vnat's last-resort rules".into()))
 }
 
 /// What comes before the IP header of a packet on an interface, as tc

@@ -26,10 +26,9 @@ use netlink_packet_route::{
     link::LinkMessage,
     route::{
         RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteMessage, RouteProtocol,
-        RouteScope, RouteVia,
+        RouteVia,
     },
-    rule::{RuleAction, RuleAttribute, RuleMessage, RulePortRange},
-    IpProtocol, RouteNetlinkMessage,
+    RouteNetlinkMessage,
 };
 pub use netlink_packet_route::{route::RouteType, AddressFamily};
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
@@ -37,14 +36,14 @@ use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 pub const RT_TABLE_MAIN: u8 = RouteHeader::RT_TABLE_MAIN;
 const RT_TABLE_LOCAL: u32 = 255;
 
-fn family(a: IpAddr) -> AddressFamily {
+pub(super) fn family(a: IpAddr) -> AddressFamily {
     match a {
         IpAddr::V4(_) => AddressFamily::Inet,
         IpAddr::V6(_) => AddressFamily::Inet6,
     }
 }
 
-fn bits(a: IpAddr) -> u8 {
+pub(super) fn bits(a: IpAddr) -> u8 {
     match a {
         IpAddr::V4(_) => 32,
         IpAddr::V6(_) => 128,
@@ -384,7 +383,7 @@ impl Route {
 }
 
 /// A route message for exactly `dst` (a /32 or /128) of `dst`'s family.
-fn host_route(dst: IpAddr) -> RouteMessage {
+pub(super) fn host_route(dst: IpAddr) -> RouteMessage {
     let mut m = RouteMessage::default();
     m.header.address_family = family(dst);
     m.header.destination_prefix_length = bits(dst);
@@ -525,144 +524,6 @@ pub fn del_host_route(dst: IpAddr, protocol: u8) -> io::Result<()> {
     m.header.table = RT_TABLE_MAIN;
     m.header.protocol = RouteProtocol::from(protocol);
     call(RouteNetlinkMessage::DelRoute(m), NLM_F_ACK).map(|_| ())
-}
-
-/// The host route `dst` via `gateway` (None: on the link) on `oif` in
-/// routing table `table`, tagged with `protocol`, in place of the one there
-/// is (the table is vnat's own).
-pub fn set_table_route(
-    dst: IpAddr,
-    gateway: Option<IpAddr>,
-    oif: u32,
-    table: u32,
-    protocol: u8,
-) -> io::Result<()> {
-    let mut m = host_route(dst);
-    m.header.table = RouteHeader::RT_TABLE_UNSPEC;
-    m.attributes.push(RouteAttribute::Table(table));
-    m.header.protocol = RouteProtocol::from(protocol);
-    m.header.kind = RouteType::Unicast;
-    match gateway {
-        Some(g) if g.is_ipv4() == dst.is_ipv4() => m
-            .attributes
-            .push(RouteAttribute::Gateway(RouteAddress::from(g))),
-        Some(IpAddr::V4(v4)) => m.attributes.push(RouteAttribute::Via(RouteVia::Inet(v4))),
-        Some(IpAddr::V6(v6)) => m.attributes.push(RouteAttribute::Via(RouteVia::Inet6(v6))),
-        None => m.header.scope = RouteScope::Link,
-    }
-    m.attributes.push(RouteAttribute::Oif(oif));
-    call(
-        RouteNetlinkMessage::NewRoute(m),
-        NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
-    )
-    .map(|_| ())
-}
-
-/// Delete the host route `dst` of table `table` if it carries `protocol`.
-pub fn del_table_route(dst: IpAddr, table: u32, protocol: u8) -> io::Result<()> {
-    let mut m = host_route(dst);
-    m.header.table = RouteHeader::RT_TABLE_UNSPEC;
-    m.attributes.push(RouteAttribute::Table(table));
-    m.header.protocol = RouteProtocol::from(protocol);
-    call(RouteNetlinkMessage::DelRoute(m), NLM_F_ACK).map(|_| ())
-}
-
-/// A policy rule for one flow: its packets, by protocol and both
-/// endpoints, are routed by table `table`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FlowRule {
-    pub tcp: bool,
-    pub src: std::net::SocketAddr,
-    pub dst: std::net::SocketAddr,
-    pub table: u32,
-    pub priority: u32,
-}
-
-fn rule_message(r: &FlowRule, protocol: u8) -> RuleMessage {
-    let mut m = RuleMessage::default();
-    m.header.family = family(r.src.ip());
-    m.header.src_len = bits(r.src.ip());
-    m.header.dst_len = bits(r.dst.ip());
-    m.header.action = RuleAction::ToTable;
-    let ports = |p: u16| RulePortRange { start: p, end: p };
-    m.attributes.extend([
-        RuleAttribute::Source(r.src.ip()),
-        RuleAttribute::Destination(r.dst.ip()),
-        RuleAttribute::IpProtocol(if r.tcp {
-            IpProtocol::Tcp
-        } else {
-            IpProtocol::Udp
-        }),
-        RuleAttribute::SourcePortRange(ports(r.src.port())),
-        RuleAttribute::DestinationPortRange(ports(r.dst.port())),
-        RuleAttribute::Table(r.table),
-        RuleAttribute::Priority(r.priority),
-        RuleAttribute::Protocol(RouteProtocol::from(protocol)),
-    ]);
-    m
-}
-
-/// Add `rule`, tagged with `protocol`; one that exists already is kept.
-pub fn add_flow_rule(rule: &FlowRule, protocol: u8) -> io::Result<()> {
-    let m = rule_message(rule, protocol);
-    match call(
-        RouteNetlinkMessage::NewRule(m),
-        NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
-    ) {
-        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
-        other => other.map(|_| ()),
-    }
-}
-
-/// Delete `rule`; one that is not there is no error.
-pub fn del_flow_rule(rule: &FlowRule, protocol: u8) -> io::Result<()> {
-    let m = rule_message(rule, protocol);
-    match call(RouteNetlinkMessage::DelRule(m), NLM_F_ACK) {
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
-        other => other.map(|_| ()),
-    }
-}
-
-/// Every per-flow rule of both families tagged with `protocol`.
-pub fn flow_rules(protocol: u8) -> io::Result<Vec<FlowRule>> {
-    let mut out = Vec::new();
-    for fam in [AddressFamily::Inet, AddressFamily::Inet6] {
-        let mut m = RuleMessage::default();
-        m.header.family = fam;
-        for msg in call(RouteNetlinkMessage::GetRule(m), NLM_F_DUMP)? {
-            let RouteNetlinkMessage::NewRule(r) = msg else {
-                continue;
-            };
-            let (mut src, mut dst, mut tcp, mut sport, mut dport) = (None, None, None, None, None);
-            let (mut table, mut priority, mut ours) = (u32::from(r.header.table), 0, false);
-            for a in &r.attributes {
-                match a {
-                    RuleAttribute::Source(ip) => src = Some(*ip),
-                    RuleAttribute::Destination(ip) => dst = Some(*ip),
-                    RuleAttribute::IpProtocol(IpProtocol::Tcp) => tcp = Some(true),
-                    RuleAttribute::IpProtocol(IpProtocol::Udp) => tcp = Some(false),
-                    RuleAttribute::SourcePortRange(p) => sport = Some(p.start),
-                    RuleAttribute::DestinationPortRange(p) => dport = Some(p.start),
-                    RuleAttribute::Table(t) => table = *t,
-                    RuleAttribute::Priority(p) => priority = *p,
-                    RuleAttribute::Protocol(p) => ours = u8::from(*p) == protocol,
-                    _ => {}
-                }
-            }
-            if let (true, Some(src), Some(dst), Some(tcp), Some(sp), Some(dp)) =
-                (ours, src, dst, tcp, sport, dport)
-            {
-                out.push(FlowRule {
-                    tcp,
-                    src: std::net::SocketAddr::new(src, sp),
-                    dst: std::net::SocketAddr::new(dst, dp),
-                    table,
-                    priority,
-                });
-            }
-        }
-    }
-    Ok(out)
 }
 
 /// Whether a datagram of change notifications (links, addresses, routes)

@@ -43,7 +43,10 @@ impl KernelDatapath {
             let local_words =
                 crate::datapath::flow_key(t.flow.proto, t.flow.local, t.flow.remote).src_addr_be;
             let prepared_use = self.mirror.prepared_lo.contains_key(&local_words);
-            if !prepared_use && !self.mirror.local_moved.contains_key(&ip) {
+            if !prepared_use
+                && !self.mirror.local_moved.contains_key(&ip)
+                && !self.kept.contains(&ip)
+            {
                 self.routes_changed();
                 net::del_lo_addr(ip, true)?;
                 self.lo_ours.remove(&ip);
@@ -254,6 +257,9 @@ impl KernelDatapath {
         if flags & NAT_F_LO_ADDR_OURS != 0 {
             self.lo_ours.insert(t.flow.local.ip());
         }
+        if t.local_moved() {
+            self.moved_from_kept(t.flow.local.ip());
+        }
         let old_via = match via {
             Some(i) => self.egress_via.insert(egress_key, (t.flow, i)),
             None => self.egress_via.remove(&egress_key),
@@ -321,6 +327,11 @@ impl KernelDatapath {
         }
         if let Some((f, i)) = self.egress_via.remove(&key) {
             self.drop_via_route(&f, i)?;
+        }
+        if t.local_moved() {
+            // Home again (or closed): its socket must not keep a route to
+            // the sink it may have cached on the way.
+            self.moved_from_kept(t.flow.local.ip());
         }
         self.release(&t, &v)
     }

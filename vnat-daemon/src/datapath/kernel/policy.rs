@@ -1,0 +1,286 @@
+//! vnat's own routing, through rtnetlink: the per-connection rules and
+//! tables that send a migrated connection out of its new link, and the
+//! sink with its last-resort routes for the addresses kept local for
+//! mobile connections (`net.rs` says what each is for).
+
+use std::{io, net::IpAddr};
+
+use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REPLACE};
+use netlink_packet_route::{
+    link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage},
+    route::{
+        RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope,
+        RouteType, RouteVia,
+    },
+    rule::{RuleAction, RuleAttribute, RuleMessage, RulePortRange},
+    AddressFamily, IpProtocol, RouteNetlinkMessage,
+};
+
+use super::rtnl::{bits, call, family, host_route};
+
+/// The host route `dst` via `gateway` (None: on the link) on `oif` in
+/// routing table `table`, tagged with `protocol`, in place of the one there
+/// is (the table is vnat's own).
+pub fn set_table_route(
+    dst: IpAddr,
+    gateway: Option<IpAddr>,
+    oif: u32,
+    table: u32,
+    protocol: u8,
+) -> io::Result<()> {
+    let mut m = host_route(dst);
+    m.header.table = RouteHeader::RT_TABLE_UNSPEC;
+    m.attributes.push(RouteAttribute::Table(table));
+    m.header.protocol = RouteProtocol::from(protocol);
+    m.header.kind = RouteType::Unicast;
+    match gateway {
+        Some(g) if g.is_ipv4() == dst.is_ipv4() => m
+            .attributes
+            .push(RouteAttribute::Gateway(RouteAddress::from(g))),
+        Some(IpAddr::V4(v4)) => m.attributes.push(RouteAttribute::Via(RouteVia::Inet(v4))),
+        Some(IpAddr::V6(v6)) => m.attributes.push(RouteAttribute::Via(RouteVia::Inet6(v6))),
+        None => m.header.scope = RouteScope::Link,
+    }
+    m.attributes.push(RouteAttribute::Oif(oif));
+    call(
+        RouteNetlinkMessage::NewRoute(m),
+        NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
+    )
+    .map(|_| ())
+}
+
+/// Delete the host route `dst` of table `table` if it carries `protocol`.
+pub fn del_table_route(dst: IpAddr, table: u32, protocol: u8) -> io::Result<()> {
+    let mut m = host_route(dst);
+    m.header.table = RouteHeader::RT_TABLE_UNSPEC;
+    m.attributes.push(RouteAttribute::Table(table));
+    m.header.protocol = RouteProtocol::from(protocol);
+    call(RouteNetlinkMessage::DelRoute(m), NLM_F_ACK).map(|_| ())
+}
+
+/// A policy rule for one flow: its packets, by protocol and both
+/// endpoints, are routed by table `table`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlowRule {
+    pub tcp: bool,
+    pub src: std::net::SocketAddr,
+    pub dst: std::net::SocketAddr,
+    pub table: u32,
+    pub priority: u32,
+}
+
+fn rule_message(r: &FlowRule, protocol: u8) -> RuleMessage {
+    let mut m = RuleMessage::default();
+    m.header.family = family(r.src.ip());
+    m.header.src_len = bits(r.src.ip());
+    m.header.dst_len = bits(r.dst.ip());
+    m.header.action = RuleAction::ToTable;
+    let ports = |p: u16| RulePortRange { start: p, end: p };
+    m.attributes.extend([
+        RuleAttribute::Source(r.src.ip()),
+        RuleAttribute::Destination(r.dst.ip()),
+        RuleAttribute::IpProtocol(if r.tcp {
+            IpProtocol::Tcp
+        } else {
+            IpProtocol::Udp
+        }),
+        RuleAttribute::SourcePortRange(ports(r.src.port())),
+        RuleAttribute::DestinationPortRange(ports(r.dst.port())),
+        RuleAttribute::Table(r.table),
+        RuleAttribute::Priority(r.priority),
+        RuleAttribute::Protocol(RouteProtocol::from(protocol)),
+    ]);
+    m
+}
+
+/// Add `rule`, tagged with `protocol`; one that exists already is kept.
+pub fn add_flow_rule(rule: &FlowRule, protocol: u8) -> io::Result<()> {
+    let m = rule_message(rule, protocol);
+    match call(
+        RouteNetlinkMessage::NewRule(m),
+        NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+    ) {
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+        other => other.map(|_| ()),
+    }
+}
+
+/// Delete `rule`; one that is not there is no error.
+pub fn del_flow_rule(rule: &FlowRule, protocol: u8) -> io::Result<()> {
+    let m = rule_message(rule, protocol);
+    match call(RouteNetlinkMessage::DelRule(m), NLM_F_ACK) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+        other => other.map(|_| ()),
+    }
+}
+
+/// Every per-flow rule of both families tagged with `protocol`.
+pub fn flow_rules(protocol: u8) -> io::Result<Vec<FlowRule>> {
+    let mut out = Vec::new();
+    for fam in [AddressFamily::Inet, AddressFamily::Inet6] {
+        let mut m = RuleMessage::default();
+        m.header.family = fam;
+        for msg in call(RouteNetlinkMessage::GetRule(m), NLM_F_DUMP)? {
+            let RouteNetlinkMessage::NewRule(r) = msg else {
+                continue;
+            };
+            let (mut src, mut dst, mut tcp, mut sport, mut dport) = (None, None, None, None, None);
+            let (mut table, mut priority, mut ours) = (u32::from(r.header.table), 0, false);
+            for a in &r.attributes {
+                match a {
+                    RuleAttribute::Source(ip) => src = Some(*ip),
+                    RuleAttribute::Destination(ip) => dst = Some(*ip),
+                    RuleAttribute::IpProtocol(IpProtocol::Tcp) => tcp = Some(true),
+                    RuleAttribute::IpProtocol(IpProtocol::Udp) => tcp = Some(false),
+                    RuleAttribute::SourcePortRange(p) => sport = Some(p.start),
+                    RuleAttribute::DestinationPortRange(p) => dport = Some(p.start),
+                    RuleAttribute::Table(t) => table = *t,
+                    RuleAttribute::Priority(p) => priority = *p,
+                    RuleAttribute::Protocol(p) => ours = u8::from(*p) == protocol,
+                    _ => {}
+                }
+            }
+            if let (true, Some(src), Some(dst), Some(tcp), Some(sp), Some(dp)) =
+                (ours, src, dst, tcp, sport, dport)
+            {
+                out.push(FlowRule {
+                    tcp,
+                    src: std::net::SocketAddr::new(src, sp),
+                    dst: std::net::SocketAddr::new(dst, dp),
+                    table,
+                    priority,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Create the veth pair `name` - `peer` in this namespace.
+pub fn add_veth(name: &str, peer: &str) -> io::Result<()> {
+    let mut p = LinkMessage::default();
+    p.attributes.push(LinkAttribute::IfName(peer.into()));
+    let mut m = LinkMessage::default();
+    m.attributes.extend([
+        LinkAttribute::IfName(name.into()),
+        LinkAttribute::LinkInfo(vec![
+            LinkInfo::Kind(InfoKind::Veth),
+            LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(p))),
+        ]),
+    ]);
+    call(
+        RouteNetlinkMessage::NewLink(m),
+        NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+    )
+    .map(|_| ())
+}
+
+/// Set link `ifindex` up, and without ARP (`noarp`: its neighbours are
+/// never resolved, packets leave at once).
+pub fn set_link_up(ifindex: u32, noarp: bool) -> io::Result<()> {
+    let mut m = LinkMessage::default();
+    m.header.index = ifindex;
+    m.header.change_mask = LinkFlags::Up | LinkFlags::Noarp;
+    m.header.flags = LinkFlags::Up;
+    if noarp {
+        m.header.flags |= LinkFlags::Noarp;
+    }
+    call(RouteNetlinkMessage::SetLink(m), NLM_F_ACK).map(|_| ())
+}
+
+/// Delete link `ifindex` (a veth takes its peer with it).
+pub fn del_link(ifindex: u32) -> io::Result<()> {
+    let mut m = LinkMessage::default();
+    m.header.index = ifindex;
+    call(RouteNetlinkMessage::DelLink(m), NLM_F_ACK).map(|_| ())
+}
+
+/// The default route of `dst`'s family through `oif` (on the link) in
+/// table `table`, tagged with `protocol`, in place of the one there is.
+pub fn set_default_route_dev(v6: bool, oif: u32, table: u32, protocol: u8) -> io::Result<()> {
+    let mut m = RouteMessage::default();
+    m.header.address_family = if v6 {
+        AddressFamily::Inet6
+    } else {
+        AddressFamily::Inet
+    };
+    m.header.table = RouteHeader::RT_TABLE_UNSPEC;
+    m.header.protocol = RouteProtocol::from(protocol);
+    m.header.kind = RouteType::Unicast;
+    m.header.scope = RouteScope::Link;
+    m.attributes.push(RouteAttribute::Table(table));
+    m.attributes.push(RouteAttribute::Oif(oif));
+    call(
+        RouteNetlinkMessage::NewRoute(m),
+        NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
+    )
+    .map(|_| ())
+}
+
+fn source_rule_message(src: IpAddr, table: u32, priority: u32, protocol: u8) -> RuleMessage {
+    let mut m = RuleMessage::default();
+    m.header.family = family(src);
+    m.header.src_len = bits(src);
+    m.header.action = RuleAction::ToTable;
+    m.attributes.extend([
+        RuleAttribute::Source(src),
+        RuleAttribute::Table(table),
+        RuleAttribute::Priority(priority),
+        RuleAttribute::Protocol(RouteProtocol::from(protocol)),
+    ]);
+    m
+}
+
+/// Add the rule "from `src` lookup `table`" at `priority`, tagged with
+/// `protocol`; one that exists already is kept.
+pub fn add_source_rule(src: IpAddr, table: u32, priority: u32, protocol: u8) -> io::Result<()> {
+    let m = source_rule_message(src, table, priority, protocol);
+    match call(
+        RouteNetlinkMessage::NewRule(m),
+        NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+    ) {
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+        other => other.map(|_| ()),
+    }
+}
+
+/// Delete that rule; one that is not there is no error.
+pub fn del_source_rule(src: IpAddr, table: u32, priority: u32, protocol: u8) -> io::Result<()> {
+    let m = source_rule_message(src, table, priority, protocol);
+    match call(RouteNetlinkMessage::DelRule(m), NLM_F_ACK) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+        other => other.map(|_| ()),
+    }
+}
+
+/// The sources of the rules of both families that look up `table` and
+/// carry `protocol`, without ports or protocol of their own.
+pub fn source_rules(table: u32, protocol: u8) -> io::Result<Vec<IpAddr>> {
+    let mut out = Vec::new();
+    for fam in [AddressFamily::Inet, AddressFamily::Inet6] {
+        let mut m = RuleMessage::default();
+        m.header.family = fam;
+        for msg in call(RouteNetlinkMessage::GetRule(m), NLM_F_DUMP)? {
+            let RouteNetlinkMessage::NewRule(r) = msg else {
+                continue;
+            };
+            let (mut src, mut t, mut ours, mut ports) =
+                (None, u32::from(r.header.table), false, false);
+            for a in &r.attributes {
+                match a {
+                    RuleAttribute::Source(ip) => src = Some(*ip),
+                    RuleAttribute::Table(x) => t = *x,
+                    RuleAttribute::Protocol(p) => ours = u8::from(*p) == protocol,
+                    RuleAttribute::SourcePortRange(_) | RuleAttribute::IpProtocol(_) => {
+                        ports = true
+                    }
+                    _ => {}
+                }
+            }
+            if let (Some(src), true, true, false) = (src, ours, t == table, ports) {
+                out.push(src);
+            }
+        }
+    }
+    Ok(out)
+}
