@@ -4,6 +4,7 @@ mod bpffs;
 mod capture;
 mod cgroup;
 mod container;
+mod criu;
 mod daemon;
 mod echo;
 mod host;
@@ -31,6 +32,10 @@ pub use bpffs::{ensure_bpffs_mounted, BpffsDir, BPFFS_ROOT};
 pub use capture::Capture;
 pub use cgroup::{cgroup2_mount, Cgroup};
 pub use container::Container;
+pub use criu::{
+    become_child_subreaper, criu_lock_tables, kill_and_reap, remove_criu_lock_tables,
+    tcp_ext_counter, tcp_info, write_criu_hook, Criu, TcpInfo, CRIU_PREFIX,
+};
 pub use daemon::{TempDir, Vnatd};
 pub use echo::{EchoServer, UDP_DATAGRAM_SIZE};
 pub use host::{move_flow, Host};
