@@ -26,12 +26,19 @@
 //!   fails: the restore is done, and vnatd finds the sockets anyway.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeSet, HashSet},
     fs, io,
+    net::SocketAddr,
     path::{Path, PathBuf},
 };
 
-use vnat_daemon::control::ListedConnection;
+use vnat_daemon::{
+    control::ListedConnection,
+    datapath::{kernel::procfs, Proto},
+};
+
+/// A socket by its own (virtual) endpoints.
+pub type SocketTuple = (Proto, SocketAddr, SocketAddr);
 
 /// The export's name in CRIU's images directory.
 pub const EXPORT_FILE: &str = "vnat-connections.json";
@@ -168,17 +175,59 @@ pub fn process_tree(proc: &Path, root: u32) -> Result<BTreeSet<u32>, HookError> 
     Ok(tree)
 }
 
-/// The ids of the connections the tree's processes own, or why the dump
-/// must not go on: one of them cannot move, and the restored process would
-/// find it dead. Connections on loopback stay inside the host's (and the
-/// restored) namespace and are not vnat's to move.
+/// The endpoints of every socket the tree's processes hold: the socket
+/// inodes of their fd tables, looked up in their namespace's
+/// `/proc/PID/net/{tcp,udp}{,6}`. vnatd names one owner per connection,
+/// the first process it finds holding the socket; during a dump CRIU
+/// holds the dumped sockets too, and once pids wrap CRIU's may come first,
+/// so the owner alone would miss the tree's connection.
+pub fn tree_sockets(proc: &Path, tree: &BTreeSet<u32>) -> HashSet<SocketTuple> {
+    let mut out = HashSet::new();
+    for pid in tree {
+        let dir = proc.join(pid.to_string());
+        let Ok(fds) = fs::read_dir(dir.join("fd")) else {
+            continue;
+        };
+        let inodes: HashSet<u64> = fds
+            .flatten()
+            .filter_map(|fd| fs::read_link(fd.path()).ok())
+            .filter_map(|t| {
+                t.to_str()?
+                    .strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .parse()
+                    .ok()
+            })
+            .collect();
+        if inodes.is_empty() {
+            continue;
+        }
+        let net = dir.join("net");
+        for (tuple, inode) in procfs::socket_inodes_in(&net.to_string_lossy()) {
+            if inodes.contains(&inode) {
+                out.insert(tuple);
+            }
+        }
+    }
+    out
+}
+
+/// The ids of the connections the tree's processes own (by vnatd's owner
+/// or by the sockets the tree holds), or why the dump must not go on: one
+/// of them cannot move, and the restored process would find it dead.
+/// Connections on loopback stay inside the host's (and the restored)
+/// namespace and are not vnat's to move.
 pub fn tree_connections(
     conns: &[ListedConnection],
     tree: &BTreeSet<u32>,
+    sockets: &HashSet<SocketTuple>,
 ) -> Result<Vec<u64>, HookError> {
     let mine: Vec<&ListedConnection> = conns
         .iter()
-        .filter(|c| c.info.pid.is_some_and(|p| tree.contains(&p)))
+        .filter(|c| {
+            c.info.pid.is_some_and(|p| tree.contains(&p))
+                || sockets.contains(&(c.info.proto, c.info.virtual_local, c.info.virtual_remote))
+        })
         .filter(|c| {
             !(c.info.virtual_local.ip().is_loopback() && c.info.virtual_remote.ip().is_loopback())
         })
@@ -291,6 +340,33 @@ mod tests {
         ));
     }
 
+    /// A fake /proc: pid 10 holds socket 555 (fd 3) and a file; its
+    /// namespace's tcp table lists 555 and another process's 556.
+    #[test]
+    fn the_trees_sockets_come_from_its_fd_tables() {
+        let proc = tempfile::tempdir().unwrap();
+        let dir = proc.path().join("10");
+        fs::create_dir_all(dir.join("fd")).unwrap();
+        fs::create_dir_all(dir.join("net")).unwrap();
+        std::os::unix::fs::symlink("socket:[555]", dir.join("fd/3")).unwrap();
+        std::os::unix::fs::symlink("/etc/hosts", dir.join("fd/4")).unwrap();
+        fs::write(
+            dir.join("net/tcp"),
+            "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+             \x20  0: 020312C6:1BBC 020112C6:9C40 01 00000000:00000000 00:00000000 00000000     0        0 555 1\n\
+             \x20  1: 020312C6:1BBD 020112C6:9C41 01 00000000:00000000 00:00000000 00000000     0        0 556 1\n",
+        )
+        .unwrap();
+        let got = tree_sockets(proc.path(), &[10, 11].into());
+        let want: HashSet<SocketTuple> = [(
+            Proto::Tcp,
+            "198.18.3.2:7100".parse().unwrap(),
+            "198.18.1.2:40000".parse().unwrap(),
+        )]
+        .into();
+        assert_eq!(got, want);
+    }
+
     /// A fake /proc: 10 has a thread 11 whose child is 20, which has a child 30.
     #[test]
     fn the_tree_follows_every_threads_children() {
@@ -324,8 +400,25 @@ mod tests {
             // Loopback stays on whichever host: not vnat's to move.
             conn(5, "127.0.0.1:6379", "127.0.0.1:50000", Some(10), false),
         ];
-        assert_eq!(tree_connections(&conns, &tree).unwrap(), vec![1, 2]);
-        assert!(tree_connections(&conns, &[7].into()).unwrap().is_empty());
+        let none = HashSet::new();
+        assert_eq!(tree_connections(&conns, &tree, &none).unwrap(), vec![1, 2]);
+        assert!(tree_connections(&conns, &[7].into(), &none)
+            .unwrap()
+            .is_empty());
+        // vnatd named another holder (CRIU's pid came first): the tree's
+        // own socket still selects it.
+        let held: HashSet<SocketTuple> = [(
+            Proto::Tcp,
+            "198.18.3.2:7102".parse().unwrap(),
+            "198.18.1.2:40002".parse().unwrap(),
+        )]
+        .into();
+        let mut criu_first = conns.clone();
+        criu_first[2].mobile = true;
+        assert_eq!(
+            tree_connections(&criu_first, &tree, &held).unwrap(),
+            vec![1, 2, 3]
+        );
 
         let mut stuck = conns.clone();
         stuck.push(conn(
@@ -335,7 +428,7 @@ mod tests {
             Some(20),
             false,
         ));
-        match tree_connections(&stuck, &tree) {
+        match tree_connections(&stuck, &tree, &none) {
             Err(e @ HookError::NotMobile { count: 1, .. }) => {
                 let text = e.to_string();
                 assert!(text.contains("198.18.9.9:443"), "{text}");

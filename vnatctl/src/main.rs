@@ -342,7 +342,8 @@ fn run(cli: &Cli) -> Result<String, Failure> {
                 }
             }
             Plan::CriuExport { tree, to, path } => {
-                let ids = criu::tree_connections(&client.list().await?, &tree)?;
+                let sockets = criu::tree_sockets(Path::new("/proc"), &tree);
+                let ids = criu::tree_connections(&client.list().await?, &tree, &sockets)?;
                 if ids.is_empty() {
                     return Ok(format!(
                         "vnat: no connection of process tree {tree:?} is recorded by vnatd; nothing to export\n"

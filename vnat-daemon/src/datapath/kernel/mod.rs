@@ -11,7 +11,7 @@ mod mirror;
 mod nat;
 mod net;
 mod object;
-mod procfs;
+pub mod procfs;
 mod rebind;
 mod restart;
 mod rtnl;
