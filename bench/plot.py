@@ -219,6 +219,26 @@ def tcprog(r, out):
     save(fig, out, "tcprog")
 
 
+def criu(r, out):
+    fig, ax = plt.subplots(figsize=(7, 4))
+    names = ["freeze_ms", "dump_ms", "restore_ms"]
+    labels = ["freeze (client)", "criu dump", "criu restore"]
+    for i, n in enumerate(names):
+        samples = (r.get(n) or {}).get("samples", [])
+        ax.scatter([i] * len(samples), samples, alpha=0.5)
+        ax.plot([i - 0.2, i + 0.2], [med(r.get(n) or {}) or 0] * 2, "k-")
+    ref = r.get("reference", {})
+    for key, style in (("podmotion_median_ms", "r--"), ("podmotion_p99_ms", "r:")):
+        if key in ref:
+            ax.axhline(ref[key], color="r", linestyle=style[1:], label=key.replace("_ms", "").replace("_", " "))
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(labels)
+    ax.set_ylabel("ms")
+    ax.legend()
+    ax.set_title("CRIU %s migration, %s runs (black: median)" % (r.get("criu"), r.get("runs")))
+    save(fig, out, "criu")
+
+
 PLOTS = {
     "overhead": overhead,
     "throughput": throughput,
@@ -227,6 +247,7 @@ PLOTS = {
     "vcmp": vcmp,
     "scale": scale,
     "tcprog": tcprog,
+    "criu": criu,
 }
 
 

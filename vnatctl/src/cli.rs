@@ -31,6 +31,7 @@ Examples:
     vnatctl export --pid 4242 --to NEWKEY --output conns.json  # before checkpointing 4242
     vnatctl import --from OLDKEY conns.json          # on the host it is restored on
                                                      # (NEWKEY, OLDKEY: `vnatctl status`, host key)
+    vnatctl criu-hook                                # run by CRIU (--action-script): see criu-hook --help
     vnatctl --control /run/vnat/ns1.sock status     # a second vnatd
 
 With --json, results are printed to stdout as JSON; errors are printed to
@@ -132,6 +133,18 @@ pub enum Command {
         /// The key of the host that exported it (its `vnatctl status`), which must
         /// have sealed it for this host [default: this host].
         #[arg(long, value_name = "KEY")]
+        from: Option<String>,
+    },
+    /// CRIU's action script: export a dumped process's connections, import them before its restore.
+    #[command(long_about = CRIU_HOOK_ABOUT)]
+    CriuHook {
+        /// At post-dump: seal the export for the host with this key, where the
+        /// process will be restored (64 hex digits, its `vnatctl status` host key).
+        #[arg(long, value_name = "KEY", env = "VNAT_CRIU_TO")]
+        to: Option<String>,
+        /// At pre-restore: the key of the host that dumped the process
+        /// [default: the sender the export names].
+        #[arg(long, value_name = "KEY", env = "VNAT_CRIU_FROM")]
         from: Option<String>,
     },
 }
@@ -316,6 +329,53 @@ Examples:
     vnatctl import --from 9a41...07 /root/app-conns.json
     ssh root@old-host vnatctl export --pid 4242 --to $(vnatctl --json status | jq -r .vcmp.host_key) \\
         | vnatctl import --from OLD-HOST-KEY -";
+
+const CRIU_HOOK_ABOUT: &str = "\
+Move a process with its live connections to another host with CRIU
+(https://criu.org, 4.2 or later). CRIU runs this as its action script: at
+post-dump (the process is dumped and still frozen) it exports the
+connections of the dumped process tree, sealed for the target host, into
+vnat-connections.json (mode 0600) in the images directory, so whatever
+carries the images carries them too; at pre-restore on the target it
+imports that file, which puts each connection's old address in place so the
+restored sockets can bind to it, and vnatd moves them (the peers' vnatd are
+updated) as soon as they are restored. Other actions do nothing. If the
+export fails (a connection of the process cannot move, vnatd is not
+running), the hook exits non-zero: CRIU then aborts the dump and the process
+runs on here with its connections.
+
+CRIU runs an action script without arguments, so give it a two-line wrapper
+that sets what it needs:
+
+    #!/bin/sh
+    exec vnatctl criu-hook      # add --control PATH for a vnatd with another socket
+
+Dump side (VNAT_CRIU_TO: the target host's key, `vnatctl status` there):
+
+    VNAT_CRIU_TO=5f2c...e1 criu dump -t PID -D /srv/img --tcp-established \\
+        --network-lock nftables --action-script /usr/local/lib/vnat/criu-hook
+
+Then carry /srv/img to the target (the export inside holds the connections'
+keys: keep the images as secret as the process's memory). Restore it there
+into a cgroup vnatd manages, so that vnatd records the restored sockets: run
+criu from that cgroup and let the tree inherit it (--manage-cgroups=ignore),
+or map the dumped cgroup onto it with --cgroup-root. VNAT_CRIU_FROM,
+optional, is the dumping host's key, checked against the export's seal:
+
+    echo $$ > /sys/fs/cgroup/app.slice/cgroup.procs
+    VNAT_CRIU_FROM=9a41...07 criu restore -D /srv/img -d --tcp-established \\
+        --manage-cgroups=ignore --action-script /usr/local/lib/vnat/criu-hook
+
+At pre-restore the hook imports the connections (their old address goes
+on lo here, for the restored sockets to bind to); at post-restore it asks
+vnatd to move them at once. The old host keeps CRIU's network lock (an
+nftables table inet CRIU-...) after the dump: it drops the client's packets
+there instead of resetting them until the peer sends here. Delete it once
+the process runs on the target (nft delete table inet CRIU-...).
+
+Environment: VNAT_CRIU_TO (or --to), VNAT_CRIU_FROM (or --from),
+VNAT_CONTROL (or --control), and CRIU's CRTOOLS_SCRIPT_ACTION,
+CRTOOLS_IMAGE_DIR, CRTOOLS_INIT_PID.";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ProtoArg {

@@ -1,6 +1,7 @@
 //! vnatctl: the command line for vnatd. See `vnatctl --help`.
 
 mod cli;
+mod criu;
 mod output;
 #[cfg(test)]
 mod tests;
@@ -52,6 +53,8 @@ enum Failure {
     },
     #[error("{failed} connection(s) did not move (see above; vnatd's log says why)")]
     NotMoved { report: String, failed: usize },
+    #[error(transparent)]
+    Hook(#[from] criu::HookError),
     #[error("cannot read the export {}: {source}", name(path))]
     ReadInput {
         path: PathBuf,
@@ -90,6 +93,7 @@ impl Failure {
             | Failure::CreateOutput { .. }
             | Failure::WriteOutput { .. } => 1,
             Failure::Path { .. } | Failure::ReadInput { .. } | Failure::ParseInput { .. } => 2,
+            Failure::Hook(e) => e.exit_code(),
         }
     }
 
@@ -106,6 +110,8 @@ impl Failure {
             }
             Failure::CreateOutput { .. } | Failure::WriteOutput { .. } => "output",
             Failure::NotMoved { .. } => "mobility",
+            Failure::Hook(criu::HookError::NotMobile { .. }) => "mobility",
+            Failure::Hook(_) => "usage",
             Failure::Runtime(_) => "internal",
         }
     }
@@ -211,6 +217,10 @@ fn run(cli: &Cli) -> Result<String, Failure> {
             Plan::Export(selector(select)?, file, to.clone())
         }
         Command::Import { file, from } => Plan::Import(read_export(file)?, from.clone()),
+        Command::CriuHook { to, from } => match criu_plan(to, from)? {
+            Some(plan) => plan,
+            None => return Ok(String::new()),
+        },
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -218,7 +228,15 @@ fn run(cli: &Cli) -> Result<String, Failure> {
         .map_err(Failure::Runtime)?;
     let json = cli.json;
     runtime.block_on(async {
-        let mut client = ControlClient::connect(&cli.control).await?;
+        let mut client = match ControlClient::connect(&cli.control).await {
+            Ok(c) => c,
+            // After a restore, nothing may fail it (CRIU would kill the
+            // restored process); vnatd finds the sockets by itself.
+            Err(e) if matches!(request, Plan::CriuResume) => {
+                return Ok(format!("vnat: cannot reach vnatd to hurry it ({e})\n"))
+            }
+            Err(e) => return Err(e.into()),
+        };
         Ok(match request {
             Plan::Status => {
                 let status = client.status().await?;
@@ -323,6 +341,29 @@ fn run(cli: &Cli) -> Result<String, Failure> {
                     }
                 }
             }
+            Plan::CriuExport { tree, to, path } => {
+                let sockets = criu::tree_sockets(Path::new("/proc"), &tree);
+                let ids = criu::tree_connections(&client.list().await?, &tree, &sockets)?;
+                if ids.is_empty() {
+                    return Ok(format!(
+                        "vnat: no connection of process tree {tree:?} is recorded by vnatd; nothing to export\n"
+                    ));
+                }
+                // Create the file before vnatd forgets anything, so that an
+                // unwritable images directory fails with nothing exported.
+                let file = create_secret_replacing(&path)?;
+                let document = client.export(Selector::Conns(ids), Some(to)).await?;
+                let text = pretty(&document);
+                if let Err(source) = write_secret(file, &text) {
+                    print!("{text}");
+                    return Err(Failure::WriteOutput { path, source });
+                }
+                output::export_written(json, &path, &document)
+            }
+            Plan::CriuResume => match client.resume(Selector::All).await {
+                    Ok(_) => String::new(),
+                    Err(e) => format!("vnat: vnatd will find the restored connections by itself within a second ({e})\n"),
+                },
             Plan::Import(document, from) => {
                 let rows: Vec<output::ImportRow> = client
                     .import(document, from)
@@ -354,6 +395,65 @@ enum Plan {
     ForgetPeer(String),
     Export(Selector, Option<(PathBuf, std::fs::File)>, Option<String>),
     Import(ExportDocument, Option<String>),
+    /// criu-hook at post-dump: the dumped tree's connections, sealed for
+    /// `to`, into the images directory.
+    CriuExport {
+        tree: std::collections::BTreeSet<u32>,
+        to: String,
+        path: PathBuf,
+    },
+    /// criu-hook at post-restore: have vnatd look for the restored sockets
+    /// now.
+    CriuResume,
+}
+
+/// What `criu-hook` does for the action CRIU names (None: nothing). Reads
+/// the tree and the images before connecting, as the other commands check
+/// their arguments first.
+fn criu_plan(to: &Option<String>, from: &Option<String>) -> Result<Option<Plan>, Failure> {
+    let env = criu::CriuEnv::from_process();
+    Ok(match env.action()? {
+        criu::Action::Ignored(_) => None,
+        criu::Action::PostDump => {
+            let to = to.clone().ok_or(criu::HookError::NoTarget)?;
+            let pid = env.init_pid()?;
+            let tree = criu::process_tree(Path::new("/proc"), pid)?;
+            Some(Plan::CriuExport {
+                tree,
+                to,
+                path: env.export_path()?,
+            })
+        }
+        criu::Action::PreRestore => {
+            let path = env.export_path()?;
+            if !path.exists() {
+                // Dumped without the hook, or a process with no
+                // connection of vnat's: nothing to take over.
+                println!(
+                    "vnat: no {} in the images; nothing to import",
+                    criu::EXPORT_FILE
+                );
+                return Ok(None);
+            }
+            let document = read_export(&path)?;
+            let from = match from {
+                Some(k) => k.clone(),
+                // The images are code this host is about to run as root:
+                // trusting the sender they name adds nothing to that trust,
+                // and the seal still proves that sender wrote it for us.
+                None => document
+                    .seal
+                    .as_ref()
+                    .map(|s| s.from.clone())
+                    .ok_or(criu::HookError::NoSender { path })?,
+            };
+            Some(Plan::Import(document, Some(from)))
+        }
+        criu::Action::PostRestore => env
+            .export_path()
+            .is_ok_and(|p| p.exists())
+            .then_some(Plan::CriuResume),
+    })
 }
 
 /// `migrate --wait`: poll the listing until no started move is under way
@@ -394,6 +494,23 @@ fn create_secret(path: &Path) -> Result<std::fs::File, Failure> {
             path: path.to_path_buf(),
             source,
         })
+}
+
+/// As [`create_secret`], in a directory only root writes (CRIU's images):
+/// an export left by an earlier dump into the same directory is replaced,
+/// as CRIU replaces its own images.
+fn create_secret_replacing(path: &Path) -> Result<std::fs::File, Failure> {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(source) => {
+            return Err(Failure::CreateOutput {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
+    }
+    create_secret(path)
 }
 
 fn write_secret(mut file: std::fs::File, text: &str) -> io::Result<()> {

@@ -837,3 +837,73 @@ fn planned_mode_commands_with_vcmp() {
     assert_eq!(v[0]["physical_local"], "198.18.2.2:40000");
     assert_eq!(v[0]["moving"], true);
 }
+
+/// `criu-hook` as CRIU runs it: what it needs is checked before vnatd is
+/// asked anything, actions it has nothing to do for succeed without vnatd,
+/// and its help teaches the wrapper and both sides' commands.
+#[test]
+fn criu_hook_checks_its_environment_first() {
+    let images = tempfile::tempdir().expect("temp dir");
+    let hook = |env: &[(&str, &str)]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vnatctl"));
+        cmd.args(["--control", "/nonexistent/vnatd.sock", "criu-hook"])
+            .env_remove("CRTOOLS_SCRIPT_ACTION")
+            .env_remove("VNAT_CRIU_TO")
+            .env_remove("VNAT_CRIU_FROM")
+            .env("CRTOOLS_IMAGE_DIR", images.path())
+            .envs(env.iter().copied());
+        cmd.output().expect("run")
+    };
+    let o = hook(&[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--action-script"), "{}", stderr(&o));
+
+    for action in ["pre-dump", "post-resume", "network-unlock"] {
+        let o = hook(&[("CRTOOLS_SCRIPT_ACTION", action)]);
+        assert_eq!(o.status.code(), Some(0), "{action}: {}", stderr(&o));
+        assert_eq!(stdout(&o), "", "{action}");
+    }
+    // No export in the images: nothing to import or hurry, no vnatd needed.
+    for action in ["pre-restore", "post-restore"] {
+        let o = hook(&[("CRTOOLS_SCRIPT_ACTION", action)]);
+        assert_eq!(o.status.code(), Some(0), "{action}: {}", stderr(&o));
+    }
+
+    // The dump must not go on without knowing where the process goes.
+    let o = hook(&[
+        ("CRTOOLS_SCRIPT_ACTION", "post-dump"),
+        ("CRTOOLS_INIT_PID", &std::process::id().to_string()),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("VNAT_CRIU_TO") && err.contains("keeps running here"),
+        "{err}"
+    );
+    // With the key, vnatd is the next thing it needs.
+    let o = hook(&[
+        ("CRTOOLS_SCRIPT_ACTION", "post-dump"),
+        ("CRTOOLS_INIT_PID", &std::process::id().to_string()),
+        ("VNAT_CRIU_TO", &"ab".repeat(32)),
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(!images.path().join("vnat-connections.json").exists());
+
+    let help = Command::new(env!("CARGO_BIN_EXE_vnatctl"))
+        .args(["criu-hook", "--help"])
+        .output()
+        .expect("run");
+    let text = stdout(&help);
+    for needle in [
+        "exec vnatctl criu-hook",
+        "criu dump",
+        "criu restore",
+        "VNAT_CRIU_TO",
+        "0600",
+    ] {
+        assert!(
+            text.contains(needle),
+            "criu-hook --help lacks {needle}:\n{text}"
+        );
+    }
+}

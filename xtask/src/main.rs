@@ -6,6 +6,7 @@
 //! one place: `prereq.rs`. This crate builds with the stable toolchain and only
 //! `anyhow` + `clap`, so `.ci/run` can use it on a fresh machine before
 //! anything else is installed.
+mod criu;
 mod prereq;
 mod run;
 
@@ -43,9 +44,11 @@ enum Command {
     /// and eBPF support. Installs when missing: the Debian packages (iproute2,
     /// socat, iperf3, openssh, netcat, ethtool, tcpdump, util-linux,
     /// llvm-22-dev, libpolly-22-dev), the pinned eBPF nightly toolchain with
-    /// rust-src, bpf-linker, and mounts bpffs at /sys/fs/bpf. Prints one line
-    /// per thing it installs; takes well under two seconds when nothing is
-    /// missing.
+    /// rust-src, bpf-linker, and mounts bpffs at /sys/fs/bpf. For the CRIU
+    /// migration test only, CRIU 4.2 from Debian sid into /opt/vnat-criu when
+    /// no CRIU 4.2+ passes `criu check` (a failure there is a warning: that
+    /// test then skips). Prints one line per thing it installs; takes well
+    /// under two seconds when nothing is missing.
     Prereq {
         /// Only report what is missing; install nothing and need no root.
         #[arg(long)]

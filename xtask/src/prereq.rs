@@ -118,6 +118,10 @@ pub fn run(check_only: bool) -> Result<()> {
         }
     }
 
+    // Only for the CRIU migration test, which skips without it: never a
+    // reason to stop here.
+    crate::criu::ensure(check_only);
+
     if check_only {
         if !missing.is_empty() {
             bail!(

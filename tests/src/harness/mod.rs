@@ -4,6 +4,8 @@ mod bpffs;
 mod capture;
 mod cgroup;
 mod container;
+mod criu;
+mod criu_move;
 mod daemon;
 mod echo;
 mod host;
@@ -31,6 +33,11 @@ pub use bpffs::{ensure_bpffs_mounted, BpffsDir, BPFFS_ROOT};
 pub use capture::Capture;
 pub use cgroup::{cgroup2_mount, Cgroup};
 pub use container::Container;
+pub use criu::{
+    become_child_subreaper, criu_lock_tables, kill_and_reap, remove_criu_lock_tables,
+    tcp_ext_counter, tcp_info, write_criu_hook, Criu, TcpInfo, CRIU_PREFIX,
+};
+pub use criu_move::{move_echo_server_with_criu, CriuMove};
 pub use daemon::{TempDir, Vnatd};
 pub use echo::{EchoServer, UDP_DATAGRAM_SIZE};
 pub use host::{move_flow, Host};

@@ -13,7 +13,7 @@ mod nat;
 mod net;
 mod object;
 mod policy;
-mod procfs;
+pub mod procfs;
 mod rebind;
 mod restart;
 mod routing;
