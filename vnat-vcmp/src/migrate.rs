@@ -50,6 +50,9 @@ pub(crate) struct Migration {
     /// the move completes, the mover waits for its SWITCHED (see
     /// `vcmp::switched`); if it moved too, both would wait for each other.
     pub peer_at_start: SocketAddr,
+    /// Our end before the move: where it stays if the move is given up
+    /// (the datapath never switched its send side).
+    pub local_at_start: SocketAddr,
 }
 
 /// The location servers' part of the query a move starts with. The
@@ -98,6 +101,7 @@ impl Endpoint {
         let Some(c) = self.conns.get_mut(flow) else {
             return;
         };
+        let local_at_start = c.local_phys;
         let own_old = c.local_phys.ip();
         let peer_old = c.remote_phys.ip();
         c.local_phys = new_local;
@@ -115,6 +119,7 @@ impl Endpoint {
             store_ok: None,
             early: Early::default(),
             peer_at_start: c.remote_phys,
+            local_at_start,
         });
         self.tx.trusted.insert(own_old);
         // A receive side prepared for the peer's announced address was for
@@ -277,7 +282,13 @@ impl Endpoint {
 
     fn abort(&mut self, flow: &VirtualFlow, reason: AbortReason) {
         if let Some(c) = self.conns.get_mut(flow) {
-            c.mig = None;
+            // Where the datapath still sends from: a move given up while
+            // the old address is there (a migration between links) is not
+            // taken for done, and one whose address is gone is tried
+            // again by the next plan.
+            if let Some(m) = c.mig.take() {
+                c.local_phys = m.local_at_start;
+            }
             c.role = RoleState::default();
         }
         self.rearm(flow);

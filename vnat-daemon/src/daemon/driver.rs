@@ -172,14 +172,42 @@ fn to_socket_family(a: SocketAddr, dual: bool) -> SocketAddr {
     }
 }
 
-/// Send `payload` to `dst` from the local address `src` (IP_PKTINFO or
-/// IPV6_PKTINFO; on a dual-stack socket an IPv4 source is given mapped, as
-/// the kernel takes it there), without blocking.
+/// The interface of each address of this host (`lo` only for addresses on
+/// no other: vnatd keeps the addresses of mobile connections there too).
+fn address_owners() -> HashMap<IpAddr, u32> {
+    let mut out = HashMap::new();
+    let Ok(list) = nix::ifaddrs::getifaddrs() else {
+        return out;
+    };
+    for ifa in list {
+        let Some(a) = ifa.address else { continue };
+        let ip = match (a.as_sockaddr_in(), a.as_sockaddr_in6()) {
+            (Some(v4), _) => IpAddr::V4(v4.ip()),
+            (_, Some(v6)) => IpAddr::V6(v6.ip()),
+            _ => continue,
+        };
+        let Ok(index) = nix::net::if_::if_nametoindex(ifa.interface_name.as_str()) else {
+            continue;
+        };
+        if ifa.interface_name == "lo" {
+            out.entry(ip).or_insert(index);
+        } else {
+            out.insert(ip, index);
+        }
+    }
+    out
+}
+
+/// Send `payload` to `dst` from the local address `src` out of interface
+/// `oif` (0: any), with IP_PKTINFO or IPV6_PKTINFO (on a dual-stack socket
+/// an IPv4 source is given mapped, as the kernel takes it there), without
+/// blocking.
 fn send_from(
     sock: &UdpSocket,
     payload: &[u8],
     dst: SocketAddr,
     src: IpAddr,
+    oif: u32,
 ) -> std::io::Result<usize> {
     use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, SockaddrIn, SockaddrIn6};
     use std::os::fd::AsRawFd;
@@ -192,14 +220,14 @@ fn send_from(
                 ipi6_addr: libc::in6_addr {
                     s6_addr: s.octets(),
                 },
-                ipi6_ifindex: 0,
+                ipi6_ifindex: oif,
             };
             let cmsg = [ControlMessage::Ipv6PacketInfo(&info)];
             sendmsg(fd, &iov, &cmsg, flags, Some(&SockaddrIn6::from(d)))
         }
         (SocketAddr::V4(d), IpAddr::V4(s)) => {
             let info = libc::in_pktinfo {
-                ipi_ifindex: 0,
+                ipi_ifindex: oif as i32,
                 ipi_spec_dst: libc::in_addr {
                     s_addr: u32::from(s).to_be(),
                 },
@@ -234,7 +262,10 @@ pub struct Driver {
     /// (`Datapath::keep_local`); recomputed when `standby_due` is. None
     /// until the first call, which also releases what a previous vnatd
     /// kept for connections that closed meanwhile.
-    kept: Option<Vec<IpAddr>>,
+    kept: Option<(Vec<IpAddr>, Vec<IpAddr>)>,
+    /// The address watch fired since `update_kept` last ran (see
+    /// `Datapath::keep_local` on renewing).
+    kept_renew_due: bool,
     /// Imported flows not yet seen in this host's records: the migrated
     /// process restores its socket after the import (the import puts the
     /// connection's address in place first), so they are kept meanwhile.
@@ -338,6 +369,7 @@ impl Driver {
             standby: Vec::new(),
             standby_due: true,
             kept: None,
+            kept_renew_due: false,
             imported: HashMap::new(),
             exported: HashSet::new(),
             next_orphan_check: std::time::Instant::now(),
@@ -410,6 +442,7 @@ impl Driver {
                     // routes), and a resync that sees half of one starts no
                     // move; the next notification brings the rest.
                     self.resync().await;
+                    self.kept_renew_due = true;
                 }
                 _ = tokio::time::sleep_until(self.mover.next_hold_deadline().map_or(next_resync, tokio::time::Instant::from_std)),
                     if self.mover.next_hold_deadline().is_some() => {}
@@ -448,23 +481,34 @@ impl Driver {
     /// says connections or keys changed, before `update_standby` takes
     /// that flag.
     async fn update_kept(&mut self) {
-        if !self.standby_due {
+        let routes_changed = std::mem::take(&mut self.kept_renew_due);
+        if !self.standby_due && !routes_changed {
             return;
         }
-        let mut wanted: Vec<IpAddr> = self
+        let mut wanted: Vec<IpAddr> = Vec::new();
+        let mut in_use: Vec<IpAddr> = Vec::new();
+        for v in self
             .endpoint
             .connections()
             .filter_map(|f| self.endpoint.connection(f))
-            .filter(|v| v.has_keys)
-            .map(|v| v.flow.local.ip())
-            .collect();
-        wanted.sort_unstable();
-        wanted.dedup();
-        if self.kept.as_ref() == Some(&wanted) {
+        {
+            in_use.push(v.flow.local.ip());
+            if v.has_keys {
+                wanted.push(v.flow.local.ip());
+            }
+        }
+        for l in [&mut wanted, &mut in_use] {
+            l.sort_unstable();
+            l.dedup();
+        }
+        let renew = routes_changed && !wanted.is_empty();
+        let args = (wanted, in_use);
+        if self.kept.as_ref() == Some(&args) && !renew {
             return;
         }
-        let list = wanted.clone();
-        match with_dp(&self.dp, move |dp| dp.keep_local(&list)).await {
+        let (list, used) = args.clone();
+        let wanted = list.clone();
+        match with_dp(&self.dp, move |dp| dp.keep_local(&list, &used)).await {
             Ok(()) => {
                 tracing::debug!(addresses = ?wanted, "addresses kept local for mobile connections")
             }
@@ -473,7 +517,7 @@ impl Driver {
             }
         }
         // Not again on every turn after a failure: the next change does.
-        self.kept = Some(wanted);
+        self.kept = Some(args);
     }
 
     /// With `standby_tc`, keep the translators attached to every interface
@@ -533,9 +577,20 @@ impl Driver {
     }
 
     async fn flush(&mut self) {
+        // Which interface holds each source address, listed at most once
+        // per flush and only when some datagram names its source.
+        let mut owners: Option<HashMap<IpAddr, u32>> = None;
         while let Some(t) = self.endpoint.poll_transmit(now()) {
             let dst = to_socket_family(t.dst, self.dual);
             if let Some(src) = t.src {
+                // Out of that address's own interface, not by the main
+                // table's default route (the old link's, after a
+                // migration between links).
+                let oif = owners
+                    .get_or_insert_with(address_owners)
+                    .get(&src)
+                    .copied()
+                    .unwrap_or(0);
                 let src = match (src, self.dual) {
                     (IpAddr::V4(v4), true) => IpAddr::V6(v4.to_ipv6_mapped()),
                     _ => src,
@@ -543,7 +598,7 @@ impl Driver {
                 let sent = self
                     .sock
                     .async_io(tokio::io::Interest::WRITABLE, || {
-                        send_from(&self.sock, &t.payload, dst, src)
+                        send_from(&self.sock, &t.payload, dst, src, oif)
                     })
                     .await;
                 match sent {

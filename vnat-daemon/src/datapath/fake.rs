@@ -136,9 +136,17 @@ impl Datapath for FakeDatapath {
         Ok(Kick::Nothing)
     }
 
-    fn keep_local(&mut self, addrs: &[std::net::IpAddr]) -> Result<(), DatapathError> {
+    fn keep_local(
+        &mut self,
+        mobile: &[std::net::IpAddr],
+        in_use: &[std::net::IpAddr],
+    ) -> Result<(), DatapathError> {
         self.take_failure()?;
-        self.kept = addrs.to_vec();
+        let mut kept: Vec<std::net::IpAddr> = mobile.to_vec();
+        kept.extend(self.kept.iter().filter(|a| in_use.contains(a)));
+        kept.sort_unstable();
+        kept.dedup();
+        self.kept = kept;
         Ok(())
     }
 

@@ -121,13 +121,18 @@ pub trait Datapath {
     /// returns to attaching only where used.
     fn set_standby(&mut self, ifindexes: &[u32]) -> Result<(), DatapathError>;
 
-    /// Keep exactly these addresses (those of the mobile connections)
+    /// Keep the addresses `mobile` (those of the mobile connections)
     /// local, with a last-resort route for packets from them: when one
     /// vanishes from its interface, its connections' sends then fail
     /// neither for a source that is no longer local nor for a missing
-    /// route until vnatd has moved them. Addresses kept before and not
-    /// given now are released, unless a translation keeps them on `lo`.
-    fn keep_local(&mut self, addrs: &[IpAddr]) -> Result<(), DatapathError>;
+    /// route until vnatd has moved them. Addresses kept before are
+    /// released when neither in `mobile` nor in `in_use` (the addresses of
+    /// every tracked connection: after a restart, its connections are
+    /// tracked before pairing makes them mobile again), unless a
+    /// translation keeps them on `lo`. Called again with the same sets
+    /// after a route change, it renews the IPv6 last-resort route, which
+    /// IPv6 sockets that sent while there was no route keep cached.
+    fn keep_local(&mut self, mobile: &[IpAddr], in_use: &[IpAddr]) -> Result<(), DatapathError>;
 
     /// Divert in-band BINDs coming from `toward` to vnatd's VCMP port
     /// `vcmp_port` (see `vnat_common::BIND_LEN`): a paired host behind NAT

@@ -147,6 +147,7 @@ impl Driver {
             let translation = translations.iter().find(|t| t.flow == *f).copied();
             tracing::info!(flow = ?f, "connection exported; VCMP forgets it here");
             self.exported.insert(*f);
+            self.placed.remove(f);
             connections.push(ExportedConnection {
                 id: f.id(),
                 vcmp,

@@ -16,9 +16,22 @@ use crate::datapath::{DatapathError, Proto};
 
 impl KernelDatapath {
     /// See [`crate::datapath::Datapath::keep_local`].
-    pub(super) fn keep_local_addrs(&mut self, wanted: &[IpAddr]) -> Result<(), DatapathError> {
-        let wanted: BTreeSet<IpAddr> = wanted.iter().copied().collect();
+    pub(super) fn keep_local_addrs(
+        &mut self,
+        mobile: &[IpAddr],
+        in_use: &[IpAddr],
+    ) -> Result<(), DatapathError> {
+        let mut wanted: BTreeSet<IpAddr> = mobile.iter().copied().collect();
+        // Kept before and still used (its connections not mobile again
+        // yet, as after a restart): kept.
+        wanted.extend(self.kept.iter().filter(|a| in_use.contains(a)));
         if wanted == self.kept && !wanted.is_empty() {
+            // Asked again after a route change.
+            if wanted.iter().any(IpAddr::is_ipv6) {
+                if let Err(e) = net::refresh_sink_v6() {
+                    tracing::debug!(error = %e, "cannot renew the IPv6 last-resort route");
+                }
+            }
             return Ok(());
         }
         let adding: Vec<IpAddr> = wanted.difference(&self.kept).copied().collect();

@@ -213,13 +213,20 @@ impl KernelDatapath {
         // between removing a translation and its rule).
         let sent: std::collections::HashSet<FlowKey> =
             translations.iter().map(|(k, _)| *k).collect();
-        for (flow, ifindex) in net::via_routes()? {
-            let key = flow.to_key();
-            if sent.contains(&key) {
-                self.egress_via.insert(key, (flow, ifindex));
-            } else {
-                let _ = net::del_via_route(&flow, ifindex, false);
-            }
+        let (live, stale): (Vec<_>, Vec<_>) = net::via_routes()?
+            .into_iter()
+            .partition(|(flow, _)| sent.contains(&flow.to_key()));
+        for (flow, ifindex) in live {
+            self.egress_via.insert(flow.to_key(), (flow, ifindex));
+        }
+        for (flow, ifindex) in stale {
+            // The table's route stays if a live connection to that address
+            // through that interface uses it.
+            let shared = self
+                .egress_via
+                .values()
+                .any(|(f, i)| *i == ifindex && f.remote.ip() == flow.remote.ip());
+            let _ = net::del_via_route(&flow, ifindex, shared);
         }
         needed.remove(&0);
         for ifindex in attach::pinned_tc(&self.bpffs) {
@@ -523,8 +530,8 @@ impl Datapath for KernelDatapath {
         restart::restart_flow(flow, record.as_ref())
     }
 
-    fn keep_local(&mut self, addrs: &[IpAddr]) -> Result<(), DatapathError> {
-        self.keep_local_addrs(addrs)
+    fn keep_local(&mut self, mobile: &[IpAddr], in_use: &[IpAddr]) -> Result<(), DatapathError> {
+        self.keep_local_addrs(mobile, in_use)
     }
 
     fn set_standby(&mut self, ifindexes: &[u32]) -> Result<(), DatapathError> {

@@ -120,7 +120,13 @@ pub fn flow_rules(protocol: u8) -> io::Result<Vec<FlowRule>> {
     for fam in [AddressFamily::Inet, AddressFamily::Inet6] {
         let mut m = RuleMessage::default();
         m.header.family = fam;
-        for msg in call(RouteNetlinkMessage::GetRule(m), NLM_F_DUMP)? {
+        let answer = match call(RouteNetlinkMessage::GetRule(m), NLM_F_DUMP) {
+            Ok(a) => a,
+            // A kernel without IPv6 policy routing has no IPv6 rules.
+            Err(_) if fam == AddressFamily::Inet6 => continue,
+            Err(e) => return Err(e),
+        };
+        for msg in answer {
             let RouteNetlinkMessage::NewRule(r) = msg else {
                 continue;
             };
@@ -260,7 +266,13 @@ pub fn source_rules(table: u32, protocol: u8) -> io::Result<Vec<IpAddr>> {
     for fam in [AddressFamily::Inet, AddressFamily::Inet6] {
         let mut m = RuleMessage::default();
         m.header.family = fam;
-        for msg in call(RouteNetlinkMessage::GetRule(m), NLM_F_DUMP)? {
+        let answer = match call(RouteNetlinkMessage::GetRule(m), NLM_F_DUMP) {
+            Ok(a) => a,
+            // A kernel without IPv6 policy routing has no IPv6 rules.
+            Err(_) if fam == AddressFamily::Inet6 => continue,
+            Err(e) => return Err(e),
+        };
+        for msg in answer {
             let RouteNetlinkMessage::NewRule(r) = msg else {
                 continue;
             };

@@ -99,7 +99,15 @@ impl KernelDatapath {
     /// (see [`Datapath::prepare_translation`]).
     pub(super) fn apply(&mut self, t: &Translation, complete: bool) -> Result<(), DatapathError> {
         validate_translation(t)?;
-        let route = self.route_from(t.physical_remote.ip(), t.physical_local.ip())?;
+        // A connection whose own end moved leaves by its new address's
+        // interface; one whose peer alone moved keeps the kernel's route
+        // (its address may sit on another interface than the one towards
+        // the peer: a VIP, an anycast address on a dummy).
+        let route = if t.local_moved() {
+            self.route_from(t.physical_remote.ip(), t.physical_local.ip())?
+        } else {
+            self.route(t.physical_remote.ip(), Some(t.physical_local.ip()))?
+        };
         let egress_key = t.flow.to_key();
         // An entry that only holds the flow is no placement to go back to
         // or release; the new pair replaces it (and so ends the hold).
