@@ -267,10 +267,6 @@ crash_at! {
     server_killed_after_removing_the_host_route: "cr6", "remove:host-route", Server;
     laptop_killed_after_detaching_tc: "cr7", "remove:tc", Laptop;
     server_killed_after_detaching_tc: "cr8", "remove:tc", Server;
-    laptop_killed_after_creating_the_sink: "ck9", "install:sink", Laptop;
-    server_killed_after_adding_a_kept_address_rule: "cka", "install:kept-rule", Server;
-    laptop_killed_after_removing_a_kept_address_rule: "cr9", "remove:kept-rule", Laptop;
-    server_killed_after_removing_the_sink: "cra", "remove:sink", Server;
 }
 
 #[test]

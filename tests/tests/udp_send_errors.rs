@@ -77,9 +77,19 @@ fn udp_sender_that_stops_at_its_first_send_error_survives(tag: &str, family: Fam
             st.json
         );
     }
+    // vnatd killed while it keeps the address: what it set up is found
+    // by the next one, kept while the flow lives, and released after.
+    lapd.kill9();
+    let lapd = Vnatd::start(&lap, dl.path());
+    let st = client.wait_verified_at_least(
+        client.latest().expect("status").verified + 100_000,
+        Duration::from_secs(20),
+    );
+    assert_eq!(st.error, None, "after vnatd's restart: {:?}", st.json);
     let fin = client.stop();
     assert_eq!(fin.error, None, "the sender stopped: {:?}", fin.json);
     assert_eq!(fin.local, first.local, "the socket changed");
+    let _ = &lapd;
 
     // The flow is gone (vnatd notices within its resync): so are the rule
     // and the sink.

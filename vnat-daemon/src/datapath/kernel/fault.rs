@@ -17,15 +17,11 @@ pub const STEPS: &[&str] = &[
     "install:tc",
     "install:receive-side",
     "install:send-side",
-    "install:sink",
-    "install:kept-rule",
     "remove:send-side",
     "remove:receive-side",
     "remove:lo-address",
     "remove:host-route",
     "remove:tc",
-    "remove:kept-rule",
-    "remove:sink",
 ];
 
 /// The kernel change named `step` is done: die here if asked to.

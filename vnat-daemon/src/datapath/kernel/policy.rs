@@ -230,6 +230,10 @@ fn source_rule_message(src: IpAddr, table: u32, priority: u32, protocol: u8) -> 
     m.header.action = RuleAction::ToTable;
     m.attributes.extend([
         RuleAttribute::Source(src),
+        // UDP only: a TCP segment sent into the sink is lost where a
+        // failed send would be retried as soon as there is a route again,
+        // and TCP never shows its application a failed send.
+        RuleAttribute::IpProtocol(IpProtocol::Udp),
         RuleAttribute::Table(table),
         RuleAttribute::Priority(priority),
         RuleAttribute::Protocol(RouteProtocol::from(protocol)),
@@ -237,7 +241,7 @@ fn source_rule_message(src: IpAddr, table: u32, priority: u32, protocol: u8) -> 
     m
 }
 
-/// Add the rule "from `src` lookup `table`" at `priority`, tagged with
+/// Add the rule "from `src` ipproto udp lookup `table`" at `priority`, tagged with
 /// `protocol`; one that exists already is kept.
 pub fn add_source_rule(src: IpAddr, table: u32, priority: u32, protocol: u8) -> io::Result<()> {
     let m = source_rule_message(src, table, priority, protocol);
@@ -260,7 +264,7 @@ pub fn del_source_rule(src: IpAddr, table: u32, priority: u32, protocol: u8) -> 
 }
 
 /// The sources of the rules of both families that look up `table` and
-/// carry `protocol`, without ports or protocol of their own.
+/// carry `protocol`, without ports of their own.
 pub fn source_rules(table: u32, protocol: u8) -> io::Result<Vec<IpAddr>> {
     let mut out = Vec::new();
     for fam in [AddressFamily::Inet, AddressFamily::Inet6] {
@@ -283,9 +287,7 @@ pub fn source_rules(table: u32, protocol: u8) -> io::Result<Vec<IpAddr>> {
                     RuleAttribute::Source(ip) => src = Some(*ip),
                     RuleAttribute::Table(x) => t = *x,
                     RuleAttribute::Protocol(p) => ours = u8::from(*p) == protocol,
-                    RuleAttribute::SourcePortRange(_) | RuleAttribute::IpProtocol(_) => {
-                        ports = true
-                    }
+                    RuleAttribute::SourcePortRange(_) => ports = true,
                     _ => {}
                 }
             }
