@@ -233,7 +233,7 @@ each connection's family). Only connections whose peer runs vnatd can move
 an error if none moves.
 
 Without --wait, migrate returns once the moves started; `vnatctl ls` shows
-MOVING until each completes. With --wait it returns when every move finished
+each as `moving` in its STATE column until it completes. With --wait it returns when every move finished
 and prints each connection's outcome; it exits with status 1 if any did not
 move.
 
