@@ -114,8 +114,19 @@ pub fn del_flow_rule(rule: &FlowRule, protocol: u8) -> io::Result<()> {
     }
 }
 
-/// Every per-flow rule of both families tagged with `protocol`.
-pub fn flow_rules(protocol: u8) -> io::Result<Vec<FlowRule>> {
+/// A rule of ours as the kernel lists it: the fields vnat's rules use.
+struct ListedRule {
+    src: Option<IpAddr>,
+    dst: Option<IpAddr>,
+    tcp: Option<bool>,
+    sport: Option<u16>,
+    dport: Option<u16>,
+    table: u32,
+    priority: u32,
+}
+
+/// Every rule of both families tagged with `protocol`.
+fn rules_tagged(protocol: u8) -> io::Result<Vec<ListedRule>> {
     let mut out = Vec::new();
     for fam in [AddressFamily::Inet, AddressFamily::Inet6] {
         let mut m = RuleMessage::default();
@@ -130,36 +141,52 @@ pub fn flow_rules(protocol: u8) -> io::Result<Vec<FlowRule>> {
             let RouteNetlinkMessage::NewRule(r) = msg else {
                 continue;
             };
-            let (mut src, mut dst, mut tcp, mut sport, mut dport) = (None, None, None, None, None);
-            let (mut table, mut priority, mut ours) = (u32::from(r.header.table), 0, false);
+            let mut rule = ListedRule {
+                src: None,
+                dst: None,
+                tcp: None,
+                sport: None,
+                dport: None,
+                table: u32::from(r.header.table),
+                priority: 0,
+            };
+            let mut ours = false;
             for a in &r.attributes {
                 match a {
-                    RuleAttribute::Source(ip) => src = Some(*ip),
-                    RuleAttribute::Destination(ip) => dst = Some(*ip),
-                    RuleAttribute::IpProtocol(IpProtocol::Tcp) => tcp = Some(true),
-                    RuleAttribute::IpProtocol(IpProtocol::Udp) => tcp = Some(false),
-                    RuleAttribute::SourcePortRange(p) => sport = Some(p.start),
-                    RuleAttribute::DestinationPortRange(p) => dport = Some(p.start),
-                    RuleAttribute::Table(t) => table = *t,
-                    RuleAttribute::Priority(p) => priority = *p,
+                    RuleAttribute::Source(ip) => rule.src = Some(*ip),
+                    RuleAttribute::Destination(ip) => rule.dst = Some(*ip),
+                    RuleAttribute::IpProtocol(IpProtocol::Tcp) => rule.tcp = Some(true),
+                    RuleAttribute::IpProtocol(IpProtocol::Udp) => rule.tcp = Some(false),
+                    RuleAttribute::SourcePortRange(p) => rule.sport = Some(p.start),
+                    RuleAttribute::DestinationPortRange(p) => rule.dport = Some(p.start),
+                    RuleAttribute::Table(t) => rule.table = *t,
+                    RuleAttribute::Priority(p) => rule.priority = *p,
                     RuleAttribute::Protocol(p) => ours = u8::from(*p) == protocol,
                     _ => {}
                 }
             }
-            if let (true, Some(src), Some(dst), Some(tcp), Some(sp), Some(dp)) =
-                (ours, src, dst, tcp, sport, dport)
-            {
-                out.push(FlowRule {
-                    tcp,
-                    src: std::net::SocketAddr::new(src, sp),
-                    dst: std::net::SocketAddr::new(dst, dp),
-                    table,
-                    priority,
-                });
+            if ours {
+                out.push(rule);
             }
         }
     }
     Ok(out)
+}
+
+/// Every per-flow rule of both families tagged with `protocol`.
+pub fn flow_rules(protocol: u8) -> io::Result<Vec<FlowRule>> {
+    Ok(rules_tagged(protocol)?
+        .into_iter()
+        .filter_map(|r| {
+            Some(FlowRule {
+                tcp: r.tcp?,
+                src: std::net::SocketAddr::new(r.src?, r.sport?),
+                dst: std::net::SocketAddr::new(r.dst?, r.dport?),
+                table: r.table,
+                priority: r.priority,
+            })
+        })
+        .collect())
 }
 
 /// Create the veth pair `name` - `peer` in this namespace.
@@ -266,35 +293,9 @@ pub fn del_source_rule(src: IpAddr, table: u32, priority: u32, protocol: u8) -> 
 /// The sources of the rules of both families that look up `table` and
 /// carry `protocol`, without ports of their own.
 pub fn source_rules(table: u32, protocol: u8) -> io::Result<Vec<IpAddr>> {
-    let mut out = Vec::new();
-    for fam in [AddressFamily::Inet, AddressFamily::Inet6] {
-        let mut m = RuleMessage::default();
-        m.header.family = fam;
-        let answer = match call(RouteNetlinkMessage::GetRule(m), NLM_F_DUMP) {
-            Ok(a) => a,
-            // A kernel without IPv6 policy routing has no IPv6 rules.
-            Err(_) if fam == AddressFamily::Inet6 => continue,
-            Err(e) => return Err(e),
-        };
-        for msg in answer {
-            let RouteNetlinkMessage::NewRule(r) = msg else {
-                continue;
-            };
-            let (mut src, mut t, mut ours, mut ports) =
-                (None, u32::from(r.header.table), false, false);
-            for a in &r.attributes {
-                match a {
-                    RuleAttribute::Source(ip) => src = Some(*ip),
-                    RuleAttribute::Table(x) => t = *x,
-                    RuleAttribute::Protocol(p) => ours = u8::from(*p) == protocol,
-                    RuleAttribute::SourcePortRange(_) => ports = true,
-                    _ => {}
-                }
-            }
-            if let (Some(src), true, true, false) = (src, ours, t == table, ports) {
-                out.push(src);
-            }
-        }
-    }
-    Ok(out)
+    Ok(rules_tagged(protocol)?
+        .into_iter()
+        .filter(|r| r.table == table && r.sport.is_none())
+        .filter_map(|r| r.src)
+        .collect())
 }
