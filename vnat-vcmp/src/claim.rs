@@ -199,6 +199,10 @@ impl Endpoint {
                     self.ensure_keys(&flow);
                     self.rearm(&flow);
                     mine.push(flow);
+                    // A stranger's first bound connection makes it a peer.
+                    if let Some(ip) = self.peer_addrs.get(&peer).map(|a| a.ip()) {
+                        self.promote_stranger(peer, ip);
+                    }
                 }
             }
         }

@@ -41,6 +41,7 @@ mod recv;
 pub mod replay;
 pub mod roles;
 pub mod stats;
+mod strangers;
 mod suspend;
 mod switched;
 mod timers;
@@ -94,5 +95,7 @@ mod sim_location_tests;
 mod sim_nat_tests;
 #[cfg(test)]
 mod sim_pairing_tests;
+#[cfg(test)]
+mod sim_stranger_tests;
 #[cfg(test)]
 mod sim_tests;

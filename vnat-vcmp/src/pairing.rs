@@ -66,6 +66,9 @@ pub(crate) struct Pairings {
     /// When an ERROR unknown-connection from each address was last looked
     /// into (at most once a second: looking walks the connections).
     pub error_checks: HashMap<IpAddr, Timestamp>,
+    /// Hosts paired from an address we share nothing with, on probation
+    /// (`vcmp::strangers`).
+    pub strangers: super::strangers::Strangers,
 }
 
 /// How often at most we pair again with one peer whose updates go
@@ -85,6 +88,7 @@ impl Pairings {
             known_addrs: std::collections::HashSet::new(),
             renewals: HashMap::new(),
             error_checks: HashMap::new(),
+            strangers: Default::default(),
         }
     }
 
@@ -93,7 +97,10 @@ impl Pairings {
     pub fn next_deadline(&self) -> Option<Timestamp> {
         let handshakes = self.handshakes.values().map(Handshake::deadline);
         let retries = self.retry.values().filter_map(|(_, at)| *at);
-        handshakes.chain(retries).min()
+        handshakes
+            .chain(retries)
+            .chain(self.strangers.next_deadline())
+            .min()
     }
 
     /// Whether a handshake with the VCMP address `addr` is under way.
@@ -331,8 +338,10 @@ impl Endpoint {
         cookie: Option<[u8; COOKIE_LEN]>,
     ) {
         let ip = from.ip();
-        if !self.knows_initiator(&ip, &init_static) {
-            self.stats.reject(Reject::PairUnknownSource);
+        // A stranger only while a connection of ours waits for a host that
+        // does not answer at its address (`vcmp::strangers`), and always
+        // with a cookie (below: it is neither pinned nor trusted).
+        if !self.knows_initiator(&ip, &init_static) && !self.admits_stranger(ctx.now) {
             return;
         }
         if let Some(Handshake::Responder { id: rid, resp, .. }) =
@@ -575,6 +584,8 @@ impl Endpoint {
 
     fn paired(&mut self, ctx: &mut Ctx, from: SocketAddr, peer: [u8; 32], keys: PairKeys) {
         let ip = from.ip();
+        // Decided before the session exists: a stranger's is provisional.
+        let stranger = !self.knows_initiator(&ip, &peer);
         // A new session with a host we were already paired with means the
         // peer lost its state (its vnatd restarted): it derives every
         // connection's keys from the new session and numbers its records
@@ -585,19 +596,25 @@ impl Endpoint {
         self.pairing.handshakes.remove(&(from, Side::Ours));
         self.pairing.handshakes.remove(&(from, Side::Theirs));
         let renewed = self.sessions.insert(peer, keys.secret).is_some();
-        self.pairing.known_hosts.insert(peer);
-        self.pairing.known_addrs.insert(ip);
         self.peer_addrs.insert(peer, from);
         self.claim_index.remove(&peer);
         // A new session numbers its probes from the start.
         self.probes.remove(&peer);
-        self.tx.trusted.insert(ip);
-        self.pairing.retry.remove(&ip);
         self.stats.count(Counter::Paired);
-        self.emit(Event::Paired {
-            peer: ip,
-            key: peer,
-        });
+        if stranger {
+            // Known, trusted and announced only once a claim of its binds
+            // a connection (`promote_stranger`).
+            self.stranger_paired(peer, ctx.now);
+        } else {
+            self.pairing.known_hosts.insert(peer);
+            self.pairing.known_addrs.insert(ip);
+            self.tx.trusted.insert(ip);
+            self.pairing.retry.remove(&ip);
+            self.emit(Event::Paired {
+                peer: ip,
+                key: peer,
+            });
+        }
         let mut held = Vec::new();
         for c in self.conns.values_mut() {
             if c.peer_key != Some(peer) {
@@ -638,6 +655,7 @@ impl Endpoint {
     }
 
     pub(crate) fn pairing_timeouts(&mut self, ctx: &mut Ctx) {
+        self.stranger_timeouts(ctx.now);
         let due: Vec<(SocketAddr, Side)> = self
             .pairing
             .handshakes

@@ -53,6 +53,9 @@ pub enum Counter {
     Rekeyed,
     Retransmit,
     StoresServed,
+    StrangerDropped,
+    StrangerPaired,
+    StrangerPromoted,
     SwitchConfirmed,
     SwitchUnconfirmed,
     SwitchedSent,
@@ -61,7 +64,7 @@ pub enum Counter {
 
 impl Counter {
     /// Every value, in name order.
-    pub const ALL: [Counter; 50] = [
+    pub const ALL: [Counter; 53] = [
         Counter::BindAgain,
         Counter::BindDivertFailed,
         Counter::BindRequestsDropped,
@@ -108,6 +111,9 @@ impl Counter {
         Counter::Rekeyed,
         Counter::Retransmit,
         Counter::StoresServed,
+        Counter::StrangerDropped,
+        Counter::StrangerPaired,
+        Counter::StrangerPromoted,
         Counter::SwitchConfirmed,
         Counter::SwitchUnconfirmed,
         Counter::SwitchedSent,
@@ -163,6 +169,9 @@ impl Counter {
             Counter::Rekeyed => "rekeyed",
             Counter::Retransmit => "retransmit",
             Counter::StoresServed => "stores_served",
+            Counter::StrangerDropped => "stranger_dropped",
+            Counter::StrangerPaired => "stranger_paired",
+            Counter::StrangerPromoted => "stranger_promoted",
             Counter::SwitchConfirmed => "switch_confirmed",
             Counter::SwitchUnconfirmed => "switch_unconfirmed",
             Counter::SwitchedSent => "switched_sent",
@@ -232,6 +241,7 @@ pub enum Reject {
     StaleLocation,
     StaleUpdate,
     StoreFull,
+    StrangersFull,
     Truncated,
     TxQueueFull,
     TxRecordOverflow,
@@ -248,7 +258,7 @@ pub enum Reject {
 
 impl Reject {
     /// Every value, in name order.
-    pub const ALL: [Reject; 70] = [
+    pub const ALL: [Reject; 71] = [
         Reject::AmplificationLimit,
         Reject::BadCount,
         Reject::BadErrorCode,
@@ -307,6 +317,7 @@ impl Reject {
         Reject::StaleLocation,
         Reject::StaleUpdate,
         Reject::StoreFull,
+        Reject::StrangersFull,
         Reject::Truncated,
         Reject::TxQueueFull,
         Reject::TxRecordOverflow,
@@ -382,6 +393,7 @@ impl Reject {
             Reject::StaleLocation => "stale_location",
             Reject::StaleUpdate => "stale_update",
             Reject::StoreFull => "store_full",
+            Reject::StrangersFull => "strangers_full",
             Reject::Truncated => "truncated",
             Reject::TxQueueFull => "tx_queue_full",
             Reject::TxRecordOverflow => "tx_record_overflow",

@@ -1,0 +1,135 @@
+//! Simulator tests of pairing with a stranger (`vcmp::strangers`): a host
+//! whose connection this host knows under an address it does not speak
+//! VCMP from (a container whose address its host routes, no NAT).
+
+use crate::stats::{Counter, Reject};
+use std::time::Duration;
+
+use super::endpoint::{Config, Event};
+use super::sim::{reverse, sa, tcp, Link, Sim};
+
+/// The laptop at 10.0.0.1 routes 10.9.0.0/24 to a container; the
+/// container's connection to the server names 10.9.0.2, where nothing
+/// answers VCMP. The server's pairing with 10.9.0.2 fails, after which it
+/// lets the laptop pair from 10.0.0.1 (with a cookie), and the laptop's
+/// claim binds the connection: both ends get keys, the laptop becomes a
+/// known peer of the server's, and the connection then moves.
+#[test]
+fn a_routed_containers_host_pairs_as_a_stranger_and_its_claim_binds() {
+    let mut sim = Sim::new(41, Link::default());
+    let l = sim.add_host("10.0.0.1", Config::default());
+    let s = sim.add_host("10.0.0.2", Config::default());
+    sim.hosts[s].confirms_switch = true;
+    let f = tcp("10.9.0.2:40000", "10.0.0.2:80");
+    sim.connect(l, s, f);
+    let sf = reverse(&f);
+    sim.run_for(Duration::from_secs(60));
+
+    let server = sim.hosts[s].ep.connection(&sf).expect("server side");
+    let laptop = sim.hosts[l].ep.connection(&f).expect("laptop side");
+    let lkey = sim.hosts[l].ep.public_key();
+    assert!(
+        server.has_keys && laptop.has_keys,
+        "the connection has keys at both ends"
+    );
+    assert_eq!(server.peer_key, Some(lkey));
+    let st = sim.hosts[s].ep.stats();
+    assert!(
+        st.rejected(Reject::PairUnknownSource) >= 1,
+        "before its own pairing failed, the server refused the stranger: {st:?}"
+    );
+    assert_eq!(st.get(Counter::StrangerPaired), 1, "{st:?}");
+    assert_eq!(st.get(Counter::StrangerPromoted), 1, "{st:?}");
+    assert_eq!(st.get(Counter::StrangerDropped), 0, "{st:?}");
+    assert!(
+        st.get(Counter::PairCookiesSent) >= 1,
+        "a stranger proves its address first"
+    );
+    assert!(
+        sim.events(
+            s,
+            |e| matches!(e, Event::Paired { key, .. } if *key == lkey)
+        )
+        .next()
+        .is_some(),
+        "the server announces the laptop once its claim bound"
+    );
+    assert!(!sim.hosts[s].ep.pairing.strangers.is_pending(&lkey));
+
+    // The laptop moves: the container's connection goes on from its new
+    // address, which the server switches to.
+    sim.move_host(l, "10.0.1.1");
+    sim.with(l, |ep, now, rng| {
+        ep.resume(now, rng, &[(f, sa("10.0.1.1:40000"))])
+            .expect("resume")
+    });
+    sim.run_for(Duration::from_secs(10));
+    assert!(
+        sim.events(s, |e| matches!(e, Event::SetRemote { flow, remote } if *flow == sf && *remote == sa("10.0.1.1:40000")))
+            .next()
+            .is_some(),
+        "the server must send to the laptop's new address"
+    );
+}
+
+/// A stranger that pairs but binds nothing (it names a waiting connection
+/// without knowing its sequence numbers) is dropped after the grace, with
+/// no place among the known hosts; and with no connection waiting, a
+/// stranger is refused unanswered.
+#[test]
+fn a_stranger_that_binds_nothing_is_dropped_and_none_are_taken_when_nothing_waits() {
+    let mut sim = Sim::new(42, Link::default());
+    let s = sim.add_host("10.0.0.2", Config::default());
+    let x = sim.add_host("10.0.0.3", Config::default());
+    // The server waits for 10.9.0.2's host, which never answers.
+    let sf = tcp("10.0.0.2:80", "10.9.0.2:40000");
+    let (_, good) = sim.bindings(&reverse(&sf));
+    sim.with(s, |ep, now, rng| {
+        ep.connection_added(now, rng, sf, sf.local, sf.remote, good)
+            .expect("add")
+    });
+    sim.run_for(Duration::from_secs(20));
+    // The stranger guesses: right names, wrong sequence numbers.
+    let xf = reverse(&sf);
+    let (guessed, _) = sim.bindings(&xf);
+    sim.with(x, |ep, now, rng| {
+        ep.connection_added(now, rng, xf, xf.local, sa("10.0.0.2:80"), guessed)
+            .expect("add")
+    });
+    sim.run_for(Duration::from_secs(10));
+    let xkey = sim.hosts[x].ep.public_key();
+    let st = sim.hosts[s].ep.stats();
+    assert_eq!(st.get(Counter::StrangerPaired), 1, "{st:?}");
+    assert!(sim.hosts[s].ep.pairing.strangers.is_pending(&xkey));
+    assert_eq!(sim.hosts[s].ep.connection(&sf).expect("sf").peer_key, None);
+    sim.run_for(Duration::from_secs(30));
+    let st = sim.hosts[s].ep.stats();
+    assert_eq!(st.get(Counter::StrangerDropped), 1, "{st:?}");
+    assert_eq!(st.get(Counter::StrangerPromoted), 0, "{st:?}");
+    assert!(!sim.hosts[s].ep.pairing.strangers.is_pending(&xkey));
+    assert!(!sim.hosts[s].ep.pairing.known_hosts.contains(&xkey));
+    assert!(
+        sim.events(
+            s,
+            |e| matches!(e, Event::Paired { key, .. } if *key == xkey)
+        )
+        .next()
+        .is_none(),
+        "a stranger that bound nothing is never announced"
+    );
+
+    // Nothing waits any more: a stranger is refused without an answer.
+    sim.with(s, |ep, _, _| ep.connection_removed(&sf));
+    let before = sim.hosts[s].ep.stats().rejected(Reject::PairUnknownSource);
+    let y = sim.add_host("10.0.0.4", Config::default());
+    let yf = tcp("10.0.0.4:40001", "10.0.0.2:81");
+    let (b, _) = sim.bindings(&yf);
+    sim.with(y, |ep, now, rng| {
+        ep.connection_added(now, rng, yf, yf.local, yf.remote, b)
+            .expect("add")
+    });
+    sim.run_for(Duration::from_secs(5));
+    let st = sim.hosts[s].ep.stats();
+    assert!(st.rejected(Reject::PairUnknownSource) > before, "{st:?}");
+    assert_eq!(st.get(Counter::StrangerPaired), 1, "{st:?}");
+}
