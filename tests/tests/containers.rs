@@ -230,6 +230,92 @@ fn tcp_v6_of_a_container_behind_the_laptops_nat66_survives_the_move() {
     container_moves_with_its_host(Family::V6, Proto::Tcp, "ct6");
 }
 
+/// A container whose IPv6 prefix the laptop routes (no NAT): the network
+/// on A routes it to the laptop. Its connection is listed under its own
+/// address, routed via the laptop's address on A, and when the laptop moves
+/// to B (whose network does not route the prefix) it carries on byte-exact
+/// on the same socket, translated to the laptop's new address; the
+/// container's address is never put on the laptop's lo (that would take
+/// the container's traffic for the laptop).
+#[test]
+fn tcp_v6_of_a_routed_container_survives_the_move() {
+    let tag = "ctr";
+    let topo = LaptopRouterServer::builder().tag(tag).ipv6(true).build();
+    let hosts = Hosts::new(&topo, tag);
+    let ctr = Container::routed(&topo.laptop, &format!("{tag}c"), 0x88, "ct0");
+    let via_a = topo.laptop_a_addr.get(Family::V6);
+    ctr.route_prefix(&topo.router, via_a, &topo.router_if_a);
+    let server = SocketAddr::new(topo.server_addr.get(Family::V6), 5001);
+    let _echo = EchoServer::tcp_in(&hosts.srv, server);
+    let (lapd, srvd) = hosts.start();
+    enable(&lapd, &ctr);
+    let client = stream_from(&ctr, server, Proto::Tcp);
+    let before = client.wait_verified_at_least(50_000, Duration::from_secs(10));
+    let own: SocketAddr = before.local.parse().expect("local endpoint");
+    assert_eq!(
+        own.ip(),
+        IpAddr::V6(ctr.addr6),
+        "the stream runs in the container"
+    );
+    lapd.wait_paired("the laptop's vnatd");
+    srvd.wait_paired("the server's vnatd");
+
+    let rows = guest_rows(&lapd);
+    let row = rows
+        .iter()
+        .find(|r| r["virtual_local"] == own.to_string())
+        .unwrap_or_else(|| {
+            panic!(
+                "the routed container's connection is not listed under its own address: {rows:?}"
+            )
+        });
+    assert_eq!(row["guest"]["private_local"], own.to_string());
+    assert_eq!(row["guest"]["routed_via"], via_a.to_string(), "{row}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !lapd.mobile_to("tcp", server.ip()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the routed container's connection never became mobile: {:?}",
+            guest_rows(&lapd)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    topo.move_laptop_to_b();
+    let at_move = client.latest().expect("status").verified;
+    let after = client.wait_verified_at_least(at_move + 100_000, Duration::from_secs(20));
+
+    let moved = SocketAddr::new(topo.laptop_b_addr.get(Family::V6), own.port());
+    let rows = guest_rows(&lapd);
+    assert!(
+        rows.iter().any(|r| r["virtual_local"] == own.to_string()
+            && r["physical_local"] == moved.to_string()
+            && r["state"] == "translated"),
+        "the laptop's vnatd does not show the container's connection moved: {rows:?}"
+    );
+    let ls = srvd.ctl(&["ls"]).expect("server vnatd unreachable");
+    assert!(
+        ls.as_array()
+            .expect("array")
+            .iter()
+            .any(|r| r["virtual_remote"] == own.to_string()
+                && r["physical_remote"] == moved.to_string()),
+        "the server does not send to the laptop's new address: {ls}"
+    );
+    assert!(
+        !topo
+            .laptop
+            .addresses("lo")
+            .iter()
+            .any(|a| a.addr == IpAddr::V6(ctr.addr6)),
+        "the container's address was put on the laptop's lo"
+    );
+    let fin = client.stop();
+    assert_eq!(fin.error, None, "{:?}", fin.json);
+    assert_eq!(fin.local, before.local, "the container's socket changed");
+    assert!(fin.verified >= after.verified);
+}
+
 /// A container whose cgroup is not enabled is not vnat's: not listed, and
 /// its connection is left to the host's NAT, which loses it when the
 /// laptop moves, as it would without vnat.
@@ -435,8 +521,10 @@ fn a_containers_connection_moves_in_planned_mode() {
 
 /// A process in an enabled cgroup that makes a namespace of its own and a
 /// loopback connection with the same tuple as a container's real one
-/// cannot have vnatd take the real flow for its socket: two namespaces
-/// naming one flow of the host's NAT get neither managed.
+/// cannot have vnatd take the real flow for its socket: the host routes the
+/// container's address into the container's namespace, not the copy's, so
+/// the copy is never listed, the real one stays listed under its own
+/// namespace, and it still moves with the laptop.
 #[test]
 fn a_namespace_that_copies_a_containers_tuple_takes_nothing() {
     let tag = "ctf";
@@ -451,15 +539,12 @@ fn a_namespace_that_copies_a_containers_tuple_takes_nothing() {
         client,
         before,
     } = Streaming::start(&topo, &hosts, tag, Family::V4, Proto::Tcp);
-    let listed = |d: &Vnatd| {
-        guest_rows(d)
-            .iter()
-            .any(|r| r["guest"]["private_local"] == before.local)
-    };
-    assert!(
-        listed(&lapd),
-        "the real connection is not listed to begin with"
-    );
+    let rows = guest_rows(&lapd);
+    let real = rows
+        .iter()
+        .find(|r| r["guest"]["private_local"] == before.local)
+        .unwrap_or_else(|| panic!("the real connection is not listed to begin with: {rows:?}"));
+    let real_ns = real["guest"]["netns_cookie"].clone();
 
     // The copy: both ends on the rogue namespace's lo, in the container's
     // (enabled) cgroup, the client bound to the real one's address and port.
@@ -488,23 +573,29 @@ fn a_namespace_that_copies_a_containers_tuple_takes_nothing() {
     ctr.cgroup.join_on_spawn(&mut copy);
     let _copy = ProcessGroup::spawn(copy, "the rogue client");
 
+    let recorded = || {
+        lapd.ctl(&["status"]).expect("vnatd unreachable")["datapath"]["counters"]["guest_recorded"]
+            .as_u64()
+            .unwrap_or(0)
+    };
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while listed(&lapd) {
+    while recorded() < 2 {
         assert!(
             std::time::Instant::now() < deadline,
-            "vnatd still takes the flow for one of two namespaces' sockets: {:?}",
-            guest_rows(&lapd)
+            "the copy was never recorded, so this test would show nothing"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Several listings after the copy was recorded: only the real one.
+    for _ in 0..10 {
+        let rows = guest_rows(&lapd);
+        assert!(
+            rows.len() == 1
+                && rows[0]["guest"]["private_local"] == before.local
+                && rows[0]["guest"]["netns_cookie"] == real_ns,
+            "the copy's socket was taken for the flow, or the real one dropped: {rows:?}"
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    let st = lapd.ctl(&["status"]).expect("vnatd unreachable");
-    assert!(
-        st["datapath"]["counters"]["guest_recorded"].as_u64() >= Some(2),
-        "the copy was never recorded, so this test showed nothing: {st}"
-    );
-    assert!(
-        guest_rows(&lapd).is_empty(),
-        "the copy's socket was taken for the flow"
-    );
-    drop(client);
+    moves_and_carries_on(&topo, client, &before);
 }

@@ -270,6 +270,12 @@ pub const NAT_F_LO_ADDR_OURS: u32 = 2;
 /// it (and translate as before).
 pub const NAT_F_HOLD: u32 = 4;
 
+/// The flow's local virtual address is a container's, which this host
+/// routes to it (a routed guest): vnat never keeps it on `lo`, where it
+/// would take the container's traffic for the host. Userspace only; the
+/// programs ignore it.
+pub const NAT_F_ROUTED: u32 = 8;
+
 /// Value of the NAT maps: the tuple a matching packet is rewritten to.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

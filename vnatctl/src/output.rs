@@ -68,6 +68,10 @@ pub struct GuestRow {
     /// The socket's own ends, "ip:port", before the host's NAT.
     pub private_local: String,
     pub private_remote: String,
+    /// Not NATed: the container's own address, routed to it by this host;
+    /// this host's address on the network that routes it (the connection
+    /// moves when that address goes). Null when NATed.
+    pub routed_via: Option<String>,
 }
 
 impl From<&ListedConnection> for LsRow {
@@ -98,6 +102,7 @@ impl From<&ListedConnection> for LsRow {
                 netns_cookie: g.netns_cookie,
                 private_local: g.private_local.to_string(),
                 private_remote: g.private_remote.to_string(),
+                routed_via: g.routed_via.map(|a| a.to_string()),
             }),
         }
     }
@@ -158,13 +163,14 @@ fn note(r: &LsRow) -> String {
         (None, None) => None,
     };
     let guest = r.guest.as_ref().map(|g| {
-        format!(
-            "container {} at {}",
-            g.netns
-                .clone()
-                .unwrap_or_else(|| format!("netns cookie {}", g.netns_cookie)),
-            g.private_local
-        )
+        let ns = g
+            .netns
+            .clone()
+            .unwrap_or_else(|| format!("netns cookie {}", g.netns_cookie));
+        match &g.routed_via {
+            Some(via) => format!("container {ns}, its address routed here via {via}"),
+            None => format!("container {ns} at {}", g.private_local),
+        }
     });
     match (guest, rest) {
         (Some(g), Some(r)) => format!("{g}; {r}"),

@@ -444,6 +444,7 @@ fn a_containers_connection_shows_its_namespace_and_private_end() {
         netns: Some("net:[4026532999]".into()),
         private_local: "10.88.0.2:40000".parse().unwrap(),
         private_remote: "198.18.3.2:5001".parse().unwrap(),
+        routed_via: None,
     });
     let rows = select(vec![listed], None, None);
     let v = serde_json::to_value(&rows).expect("serializable");
@@ -451,13 +452,44 @@ fn a_containers_connection_shows_its_namespace_and_private_end() {
         v[0]["guest"],
         json!({
             "netns": "net:[4026532999]", "netns_cookie": 4099,
-            "private_local": "10.88.0.2:40000", "private_remote": "198.18.3.2:5001"
+            "private_local": "10.88.0.2:40000", "private_remote": "198.18.3.2:5001",
+            "routed_via": null
         })
     );
     assert_eq!(v[0]["virtual_local"], "198.18.1.2:40001", "the public end");
     let table = crate::output::ls_table(&rows);
     assert!(
         table.contains("container net:[4026532999] at 10.88.0.2:40000"),
+        "{table}"
+    );
+}
+
+/// A container whose address the host routes (not NATed): its own address
+/// is the public one, and the NOTE says which host address its network
+/// is reached by.
+#[test]
+fn ls_shows_a_routed_containers_connection() {
+    let mut listed = conn(
+        Proto::Tcp,
+        "[2001:db8:88::2]:40000",
+        "[fd00:5e:3::2]:5001",
+        "[2001:db8:88::2]:40000",
+        ConnState::Native,
+        Some(42),
+    );
+    listed.info.guest = Some(vnat_daemon::datapath::GuestInfo {
+        netns_cookie: 4099,
+        netns: Some("net:[4026532999]".into()),
+        private_local: "[2001:db8:88::2]:40000".parse().unwrap(),
+        private_remote: "[fd00:5e:3::2]:5001".parse().unwrap(),
+        routed_via: Some("fd00:5e:1::2".parse().unwrap()),
+    });
+    let rows = select(vec![listed], None, None);
+    let v = serde_json::to_value(&rows).expect("serializable");
+    assert_eq!(v[0]["guest"]["routed_via"], "fd00:5e:1::2");
+    let table = crate::output::ls_table(&rows);
+    assert!(
+        table.contains("container net:[4026532999], its address routed here via fd00:5e:1::2"),
         "{table}"
     );
 }

@@ -66,6 +66,44 @@ impl Container {
         }
     }
 
+    /// A container whose IPv6 prefix its host routes, with no NAT (an
+    /// IPv6 deployment with a routed or delegated prefix): its own
+    /// 2001:db8:`subnet`::2/64 on a veth to `host` (2001:db8:`subnet`::1),
+    /// reached from everywhere else through the network that routes the
+    /// prefix to the host (see [`Container::route_prefix`]). It has no IPv4
+    /// address (`addr` is 0.0.0.0) and no nft table.
+    pub fn routed(host: &Netns, tag: &str, subnet: u8, host_if: &str) -> Container {
+        let ns = Netns::new(tag);
+        veth(host, host_if, &ns, "eth0");
+        let gw6 = Ipv6Addr::new(0x2001, 0xdb8, u16::from(subnet), 0, 0, 0, 0, 1);
+        let addr6 = Ipv6Addr::new(0x2001, 0xdb8, u16::from(subnet), 0, 0, 0, 0, 2);
+        host.add_addr(host_if, gw6.into(), 64);
+        ns.add_addr("eth0", addr6.into(), 64);
+        ns.default_route(gw6.into(), "eth0");
+        host.enable_forwarding();
+        Container {
+            ns,
+            cgroup: Cgroup::new(tag),
+            addr: Ipv4Addr::UNSPECIFIED,
+            addr6,
+            host_if: host_if.to_string(),
+            table: String::new(),
+        }
+    }
+
+    /// The container's /64, for a route on the network's router.
+    pub fn prefix6(&self) -> String {
+        let s = self.addr6.segments();
+        format!("{:x}:{:x}:{:x}::/64", s[0], s[1], s[2])
+    }
+
+    /// `router` routes the container's prefix to its host at `host_addr`
+    /// through `router_if` (what the network that delegated the prefix
+    /// does).
+    pub fn route_prefix(&self, router: &Netns, host_addr: IpAddr, router_if: &str) {
+        router.route_via(&self.prefix6(), host_addr, router_if);
+    }
+
     /// `docker run -p host_port:port`: TCP to any of `host`'s addresses on
     /// `host_port` goes to the container's `port`.
     pub fn publish(&self, host: &Netns, host_port: u16, port: u16) {

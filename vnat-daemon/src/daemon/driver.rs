@@ -286,6 +286,10 @@ pub struct Driver {
     /// Connections an operator moved (`vnatctl migrate`), to the address
     /// given: automatic mode leaves them there while it exists.
     placed: HashMap<VirtualFlow, IpAddr>,
+    /// Containers' connections on addresses this host routes to them (not
+    /// NATed), with this host's address that stands for their network
+    /// (`mobility::Tracked::anchor`).
+    anchors: HashMap<VirtualFlow, IpAddr>,
 }
 
 impl Driver {
@@ -375,6 +379,7 @@ impl Driver {
             next_orphan_check: std::time::Instant::now(),
             orphans: HashSet::new(),
             placed: HashMap::new(),
+            anchors: HashMap::new(),
         }
     }
 
@@ -496,6 +501,8 @@ impl Driver {
             .endpoint
             .connections()
             .filter(|f| f.proto == crate::datapath::Proto::Udp)
+            // A routed container's address is the container's, not ours.
+            .filter(|f| !self.anchors.contains_key(f))
             .filter_map(|f| self.endpoint.connection(f))
         {
             in_use.push(v.flow.local.ip());

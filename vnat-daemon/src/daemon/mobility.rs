@@ -22,6 +22,11 @@ pub struct Tracked {
     /// there while that address exists, even where its virtual address is
     /// still up (the old link of a multihomed host).
     pub placed: bool,
+    /// A routed container's connection (its virtual address is the
+    /// container's, never one of this host's): the host address whose
+    /// presence stands for the virtual address's. The network that routes
+    /// the container's prefix to this host is the one that address is on.
+    pub anchor: Option<IpAddr>,
 }
 
 /// A decided move: continue `flow` from `new_local`.
@@ -69,10 +74,20 @@ pub fn plan_moves(
 ) -> Vec<Move> {
     let mut out = Vec::new();
     for t in tracked.iter().filter(|t| !t.migrating) {
-        let here = addrs.contains(&t.local_phys.ip());
-        let home = !(t.placed && here)
-            && t.local_phys != t.flow.local
-            && addrs.contains(&t.flow.local.ip());
+        // Where the virtual address is reachable: on this host, or, for a
+        // routed container's, while the network that routes it is here.
+        let virtual_here = match t.anchor {
+            None => addrs.contains(&t.flow.local.ip()),
+            // An anchor that is where the connection already is (learnt
+            // after the move, by a restarted vnatd) says nothing of home.
+            Some(a) => addrs.contains(&a) && a != t.local_phys.ip(),
+        };
+        let here = if t.local_phys == t.flow.local {
+            virtual_here
+        } else {
+            addrs.contains(&t.local_phys.ip())
+        };
+        let home = !(t.placed && here) && t.local_phys != t.flow.local && virtual_here;
         let new_ip = if home {
             Some(t.flow.local.ip())
         } else if !here {
@@ -156,6 +171,7 @@ mod tests {
             remote_phys: sa(remote),
             migrating: false,
             placed: false,
+            anchor: None,
         }
     }
 
@@ -246,6 +262,33 @@ mod tests {
             plan_moves(&t, &both, |_| None)[0].new_local,
             sa("198.18.1.2:4000")
         );
+    }
+
+    #[test]
+    fn a_routed_containers_connection_moves_with_its_anchor() {
+        // The container's own address (never one of the host's), reached
+        // through the network the host's 198.18.1.2 is on.
+        let mut t = [tracked(
+            "[2001:db8:88::2]:4000",
+            "[2001:db8:88::2]:4000",
+            "[fd00:5e:3::2]:22",
+        )];
+        t[0].anchor = Some("fd00:5e:1::2".parse().unwrap());
+        let new = |_| Some("fd00:5e:2::2".parse().unwrap());
+        // The anchor is here: nothing moves, although the container's
+        // address is no address of this host's.
+        assert!(plan_moves(&t, &addrs(&["fd00:5e:1::2", "fd00:5e:2::2"]), new).is_empty());
+        // The anchor went: the connection moves to the new source.
+        let moves = plan_moves(&t, &addrs(&["fd00:5e:2::2"]), new);
+        assert_eq!(moves[0].new_local, sa("[fd00:5e:2::2]:4000"));
+        // Moved; the anchor's network is back: home, untranslated.
+        t[0].local_phys = sa("[fd00:5e:2::2]:4000");
+        let moves = plan_moves(&t, &addrs(&["fd00:5e:1::2", "fd00:5e:2::2"]), new);
+        assert_eq!(moves[0].new_local, t[0].flow.local);
+        // Learnt after the move (a restarted vnatd): the anchor is where
+        // the connection is, which is no reason to go home.
+        t[0].anchor = Some("fd00:5e:2::2".parse().unwrap());
+        assert!(plan_moves(&t, &addrs(&["fd00:5e:2::2"]), new).is_empty());
     }
 
     #[test]

@@ -80,6 +80,11 @@ pub struct GuestInfo {
     /// The socket's own ends, before the host's NAT.
     pub private_local: SocketAddr,
     pub private_remote: SocketAddr,
+    /// Not NATed: the container's own address, which this host routes to
+    /// it; this is the host's address on the network that routes it (the
+    /// connection moves when that address goes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routed_via: Option<IpAddr>,
 }
 
 /// A translation for one flow (what `install_translation` takes).

@@ -41,6 +41,17 @@ impl Driver {
                 continue;
             }
             live.insert(flow);
+            // A routed container's connection counts as on the host's
+            // address its network is reached by, until it moves.
+            let anchor = c.guest.as_ref().and_then(|g| g.routed_via);
+            match anchor {
+                Some(a) => self.anchors.insert(flow, a),
+                None => self.anchors.remove(&flow),
+            };
+            let on = match anchor {
+                Some(a) if c.physical_local == c.virtual_local => a,
+                _ => c.physical_local.ip(),
+            };
             if self.endpoint.connection(&flow).is_none()
                 && !self.exported.contains(&flow)
                 && !self.imported.contains_key(&flow)
@@ -48,7 +59,7 @@ impl Driver {
                 // vnatd uses its new address; its virtual one is on `lo`.
                 && !self
                     .host_addrs
-                    .may_manage(c.physical_local.ip(), boot_secs.saturating_sub(c.age_secs))
+                    .may_manage(on, boot_secs.saturating_sub(c.age_secs))
             {
                 if self
                     .refused
@@ -99,6 +110,7 @@ impl Driver {
             self.mover.forget(f);
             self.placed.remove(f);
         }
+        self.anchors.retain(|f, _| live.contains(f));
         if !gone.is_empty() {
             // The connections closed: undo what their translations set up
             // (NAT entries, the address kept on lo, the peer's host route,
@@ -172,6 +184,7 @@ impl Driver {
                 remote_phys: v.remote_phys,
                 migrating: v.migrating,
                 placed: self.placed.contains_key(&v.flow),
+                anchor: self.anchors.get(&v.flow).copied(),
             })
             .collect();
         if tracked.is_empty() {

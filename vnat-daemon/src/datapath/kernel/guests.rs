@@ -1,20 +1,25 @@
 //! Containers' connections: sockets of enabled cgroups that live in other
-//! network namespaces, behind this host's NAT (README, "Containers").
+//! network namespaces, behind this host's NAT or on addresses this host
+//! routes to them (README, "Containers").
 //!
 //! The sock_ops recorder keeps them apart from the host's own, by
 //! namespace (`VNAT_GUESTS`). A guest's connection is this host's to
-//! manage only if the host's conntrack NATs it with an address of this
-//! host: that is read from the kernel, never taken from the container, so
-//! a container can make vnatd claim or route nothing the host's NAT did
-//! not already give it. Its name, for the peer and for vnat's
-//! translations, is the public one (after the NAT), which is also what the
-//! uplink's tc sees.
+//! manage only if the host routes the socket's own address into the very
+//! namespace the socket is in (`peerns`), and then either the host's
+//! conntrack NATs it with an address of this host, or nothing NATs it and
+//! the address is the container's own, routed by this host (a routed IPv6
+//! prefix). All of that is read from the kernel, never taken from the
+//! container, so a container can make vnatd claim or route nothing the
+//! host did not already give it. Its name, for the peer and for vnat's
+//! translations, is the public one (after the NAT; the socket's own when
+//! routed), which is also what the uplink's tc sees.
 
 use std::collections::{HashMap, HashSet};
 
 use vnat_common::{GuestKey, MAP_GUESTS};
 
 use super::conntrack::{self, Direction};
+use super::peerns::{self, NetnsFinder};
 use super::*;
 use crate::datapath::GuestInfo;
 
@@ -39,6 +44,11 @@ pub(super) struct GuestState {
     /// The source address a guest's namespace sends from to a peer, for
     /// the UDP sockets bound to the wildcard address, by (process, peer).
     sources: HashMap<(u32, IpAddr), Option<IpAddr>>,
+    /// The public keys of the routed guests listed last: their local
+    /// address is the container's, never kept on this host's `lo`.
+    routed: HashSet<FlowKey>,
+    /// Guests' namespaces, found by cookie.
+    namespaces: NetnsFinder,
 }
 
 enum Verdict {
@@ -53,6 +63,13 @@ enum Verdict {
         pinned: bool,
         vouched: bool,
     },
+    /// Not NATed: the container's own address, which this host routes
+    /// into its namespace. `anchor` is this host's address towards the
+    /// peer when first seen: the network that routes the container's
+    /// prefix to this host is the one that address is on, so the
+    /// connection moves when it goes, as the host's own connections on it
+    /// do.
+    Routed { anchor: IpAddr },
     /// Not this host's (no entry, not NATed, not its address): asked again
     /// after `retry`, as a connection's entry may come after its socket.
     NotOurs { retry: std::time::Instant },
@@ -61,9 +78,19 @@ enum Verdict {
 /// How long a guest the host does not NAT goes unasked.
 const RETRY_NOT_OURS: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// How old a UDP guest without a conntrack entry must be before it is
+/// taken for a routed one: the recorder sees a datagram before the host's
+/// NAT does, so a masqueraded flow's entry may not exist yet.
+const UDP_NAT_SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl GuestState {
     pub fn is_guest(&self, key: &FlowKey) -> bool {
         self.public.contains(key)
+    }
+
+    /// A routed guest's connection: its local address is a container's.
+    pub fn is_routed(&self, key: &FlowKey) -> bool {
+        self.routed.contains(key)
     }
 }
 
@@ -86,6 +113,7 @@ impl KernelDatapath {
         let pids: HashSet<u32> = all.iter().map(|(_, r)| r.pid).collect();
         state.sources.retain(|(pid, _), _| pids.contains(pid));
         state.public.clear();
+        state.routed.clear();
         if all.is_empty() {
             return Ok(Vec::new());
         }
@@ -116,42 +144,57 @@ impl KernelDatapath {
                 // An entry not pinned may be replaced (masquerade again,
                 // after a failed pin): read it each time.
                 Some(Verdict::Ours { pinned, dir, .. }) => !pinned && *dir == Direction::Out,
+                Some(Verdict::Routed { .. }) => false,
             };
             if stale {
-                let verdict = judge(&private, &on_links, state.verdicts.get(&gkey), now);
+                let was_vouched = matches!(
+                    state.verdicts.get(&gkey),
+                    Some(Verdict::Ours { vouched: true, .. })
+                );
+                let age = std::time::Duration::from_nanos(
+                    listing::boottime_ns().saturating_sub(rec.first_seen_ns),
+                );
+                let finder = &mut state.namespaces;
+                let verdict = judge(&private, &on_links, was_vouched, age, now, || {
+                    finder.find(gkey.netns_cookie, rec.pid)
+                });
                 state.verdicts.insert(gkey, verdict);
             }
-            let Some(Verdict::Ours {
-                entry,
-                dir,
-                vouched,
-                ..
-            }) = state.verdicts.get_mut(&gkey)
-            else {
-                continue;
-            };
-            let (local, remote) = entry.public(*dir);
-            let on_link = on_links.iter().any(|(a, _)| *a == local.ip());
-            *vouched |= on_link;
-            // A vnatd started after a move: the old address is kept on lo,
-            // tagged as vnat's.
-            if !*vouched && !on_lo.iter().any(|(a, ours)| *ours && *a == local.ip()) {
-                continue;
+            match state.verdicts.get_mut(&gkey) {
+                Some(Verdict::Ours {
+                    entry,
+                    dir,
+                    vouched,
+                    ..
+                }) => {
+                    let (local, remote) = entry.public(*dir);
+                    let on_link = on_links.iter().any(|(a, _)| *a == local.ip());
+                    *vouched |= on_link;
+                    // A vnatd started after a move: the old address is kept
+                    // on lo, tagged as vnat's.
+                    if !*vouched && !on_lo.iter().any(|(a, ours)| *ours && *a == local.ip()) {
+                        continue;
+                    }
+                    let public = VirtualFlow {
+                        proto: private.proto,
+                        local,
+                        remote,
+                    };
+                    candidates.push((gkey, rec, private, public, on_link, None));
+                }
+                Some(Verdict::Routed { anchor }) => {
+                    candidates.push((gkey, rec, private, private, false, Some(*anchor)));
+                }
+                _ => {}
             }
-            let public = VirtualFlow {
-                proto: private.proto,
-                local,
-                remote,
-            };
-            candidates.push((gkey, rec, private, public, on_link));
         }
         // Two namespaces' sockets that map to one entry of the host's: one
         // of them made up the other's tuple. Neither is taken (nor pinned).
         let mut seen: HashMap<FlowKey, usize> = HashMap::new();
-        for (_, _, _, public, _) in &candidates {
+        for (_, _, _, public, _, _) in &candidates {
             *seen.entry(public.to_key()).or_default() += 1;
         }
-        for (gkey, rec, private, public, on_link) in candidates {
+        for (gkey, rec, private, public, on_link, routed_via) in candidates {
             let key = public.to_key();
             if seen.get(&key) != Some(&1) {
                 tracing::warn!(flow = %public, "two network namespaces have a socket for the same NATed flow: managing neither");
@@ -174,6 +217,9 @@ impl KernelDatapath {
                 }
             }
             state.public.insert(key);
+            if routed_via.is_some() {
+                state.routed.insert(key);
+            }
             out.push(Guest {
                 key,
                 rec,
@@ -185,6 +231,7 @@ impl KernelDatapath {
                         .map(|p| p.to_string_lossy().into_owned()),
                     private_local: private.local,
                     private_remote: private.remote,
+                    routed_via,
                 },
             });
         }
@@ -248,37 +295,74 @@ fn source_in(pid: u32, dst: IpAddr) -> Option<IpAddr> {
     })
 }
 
-/// What the host's conntrack says of a guest's connection `private`.
+/// What this host says of a guest's connection `private`: whether it
+/// routes the socket's address into the socket's namespace (`namespace`
+/// finds it), and then whether its conntrack NATs the connection with an
+/// address of this host, or nothing NATs it (a routed container). `age` is
+/// how long ago the socket was recorded.
 fn judge(
     private: &VirtualFlow,
     on_links: &[(IpAddr, u32)],
-    before: Option<&Verdict>,
+    was_vouched: bool,
+    age: std::time::Duration,
     now: std::time::Instant,
+    namespace: impl FnOnce() -> Option<std::fs::File>,
 ) -> Verdict {
     let not_ours = Verdict::NotOurs {
         retry: now + RETRY_NOT_OURS,
     };
-    let (entry, dir) = match conntrack::find(private.proto, private.local, private.remote) {
-        Ok(Some(found)) => found,
-        Ok(None) => return not_ours,
+    let found = match conntrack::find(private.proto, private.local, private.remote) {
+        Ok(found) => found,
         Err(e) => {
-            tracing::debug!(flow = %private, error = %e, "no conntrack entry for a guest's connection");
+            tracing::debug!(flow = %private, error = %e, "cannot read the conntrack entry of a guest's connection");
             return not_ours;
         }
     };
-    let nated = match dir {
-        Direction::Out => entry.snat,
-        Direction::In => entry.dnat,
-    };
-    if !nated {
-        return not_ours;
+    let nat = found
+        .as_ref()
+        .filter(|(entry, dir)| match dir {
+            Direction::Out => entry.snat,
+            Direction::In => entry.dnat,
+        })
+        .cloned();
+    if nat.is_none() && found.is_none() && private.proto == Proto::Udp && age < UDP_NAT_SETTLE {
+        // Maybe masqueraded, its first datagram not through the NAT yet.
+        return Verdict::NotOurs {
+            retry: now + (UDP_NAT_SETTLE - age),
+        };
     }
-    let vouched = matches!(before, Some(Verdict::Ours { vouched: true, .. }))
-        || on_links.iter().any(|(a, _)| *a == entry.public(dir).0.ip());
-    Verdict::Ours {
-        entry,
-        dir,
-        pinned: false,
-        vouched,
+    let Some(ns) = namespace() else {
+        tracing::debug!(flow = %private, "the network namespace of a guest's socket is gone");
+        return not_ours;
+    };
+    match peerns::routes_into(private.local.ip(), &ns) {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::debug!(flow = %private, "this host does not route the guest's address into the guest's namespace: not its connection");
+            return not_ours;
+        }
+        Err(e) => {
+            tracing::debug!(flow = %private, error = %e, "cannot tell where this host routes a guest's address");
+            return not_ours;
+        }
+    }
+    if let Some((entry, dir)) = nat {
+        let vouched = was_vouched || on_links.iter().any(|(a, _)| *a == entry.public(dir).0.ip());
+        return Verdict::Ours {
+            entry,
+            dir,
+            pinned: false,
+            vouched,
+        };
+    }
+    // Not NATed: the container's own address, routed to it by this host.
+    // It moves with this host's address on the network towards its peer.
+    match net::route_get(private.remote.ip(), None)
+        .ok()
+        .and_then(|r| r.prefsrc)
+        .filter(|a| on_links.iter().any(|(o, _)| o == a))
+    {
+        Some(anchor) => Verdict::Routed { anchor },
+        None => not_ours,
     }
 }

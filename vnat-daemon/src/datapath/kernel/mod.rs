@@ -12,6 +12,7 @@ mod mirror;
 mod nat;
 mod net;
 mod object;
+mod peerns;
 mod policy;
 pub mod procfs;
 mod rebind;
@@ -30,7 +31,8 @@ use std::{
 use aya::maps::MapError;
 use vnat_common::{
     ConnRecord, FlowKey, NatRewrite, RebindKey, MAP_CONNS, MAP_EGRESS_NAT, MAP_INGRESS_NAT,
-    MAP_STATS, NAT_F_HOLD, NAT_F_LO_ADDR_OURS, NAT_F_REDIRECT, PROTO_UDP, STAT_COUNT, STAT_NAMES,
+    MAP_STATS, NAT_F_HOLD, NAT_F_LO_ADDR_OURS, NAT_F_REDIRECT, NAT_F_ROUTED, PROTO_UDP, STAT_COUNT,
+    STAT_NAMES,
 };
 
 pub use attach::{cgroup2_mount, cgroup_id};
@@ -246,7 +248,10 @@ impl KernelDatapath {
             let Some(t) = translation_of(k, v) else {
                 continue;
             };
-            if t.local_moved() && !lo.iter().any(|(a, _)| *a == t.flow.local.ip()) {
+            if t.local_moved()
+                && v.flags & NAT_F_ROUTED == 0
+                && !lo.iter().any(|(a, _)| *a == t.flow.local.ip())
+            {
                 net::add_lo_addr(t.flow.local.ip())?;
             }
             if t.remote_moved() && !routes.contains(&t.flow.remote.ip()) {

@@ -142,7 +142,9 @@ impl KernelDatapath {
             }
         }
 
-        let mut flags = 0;
+        // A routed container's address stays the container's: never on lo.
+        let routed = self.guests.borrow().is_routed(&egress_key);
+        let mut flags = if routed { NAT_F_ROUTED } else { 0 };
         let mut added_lo: Option<IpAddr> = None;
         let mut added_route: Option<IpAddr> = None;
         // Take back what this call added, on a later failure.
@@ -157,7 +159,7 @@ impl KernelDatapath {
                 let _ = net::del_host_route(ip);
             }
         };
-        if t.local_moved() {
+        if t.local_moved() && !routed {
             let ip = t.flow.local.ip();
             // Known from an earlier move of this address (the common case
             // when many connections move together), else from the maps.
@@ -265,7 +267,7 @@ impl KernelDatapath {
         if flags & NAT_F_LO_ADDR_OURS != 0 {
             self.lo_ours.insert(t.flow.local.ip());
         }
-        if t.local_moved() {
+        if t.local_moved() && !routed {
             self.moved_from_kept(t.flow.local.ip());
         }
         let old_via = match via {
