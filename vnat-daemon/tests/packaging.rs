@@ -42,6 +42,17 @@ fn unit_runs_the_daemon_with_the_config_and_the_sleep_hook_calls_suspend_and_res
         "SystemCallFilter={filter} does not allow pidfd_getfd"
     );
     assert!(unit.contains("CAP_SYS_PTRACE"));
+    // Containers' connections are judged from inside their network
+    // namespace (setns): "yes" would refuse that and manage no container.
+    let ns = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("RestrictNamespaces="))
+        .expect("the unit restricts namespaces");
+    assert_eq!(
+        ns.trim(),
+        "net",
+        "RestrictNamespaces={ns} must allow entering network namespaces"
+    );
     // systemctl reload: SIGHUP reloads the config; it must not stop vnatd.
     assert!(unit.contains("ExecReload=/bin/kill -HUP $MAINPID"));
     let hook = std::fs::read_to_string(repo("packaging/systemd/vnat-sleep")).unwrap();

@@ -552,6 +552,7 @@ impl Endpoint {
                 self.rearm(&flow);
                 self.index_connection(&flow, true);
                 self.stats.count(Counter::BindsBound);
+                self.promote_stranger(b.static_pub);
                 self.learn_peer_view(&flow, &e);
                 self.ensure_keys(&flow);
                 // Our claim of it, now with the sender's commitment, binds

@@ -200,9 +200,7 @@ impl Endpoint {
                     self.rearm(&flow);
                     mine.push(flow);
                     // A stranger's first bound connection makes it a peer.
-                    if let Some(ip) = self.peer_addrs.get(&peer).map(|a| a.ip()) {
-                        self.promote_stranger(peer, ip);
-                    }
+                    self.promote_stranger(peer);
                 }
             }
         }
@@ -351,6 +349,7 @@ impl Endpoint {
     /// connections it held, or `None` if the key is unknown here.
     pub fn forget_peer(&mut self, now: Timestamp, peer: &[u8; 32]) -> Option<usize> {
         let known = self.sessions.remove(peer).is_some();
+        self.pairing.strangers.forget(peer);
         // Forgotten entirely: no more pairing from anywhere by key alone.
         self.pairing.known_hosts.remove(peer);
         if let Some(a) = self.peer_addrs.get(peer) {

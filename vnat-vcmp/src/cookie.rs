@@ -110,13 +110,13 @@ impl CookieJar {
 /// Sources of PAIR_INITs, as the limit counts them: an IPv4 address, or an
 /// IPv6 /64 (one host's share of addresses).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum Source {
+pub(crate) enum Source {
     V4(u32),
     V6(u64),
 }
 
 impl Source {
-    fn of(ip: IpAddr) -> Source {
+    pub(crate) fn of(ip: IpAddr) -> Source {
         match ip {
             IpAddr::V4(a) => Source::V4(u32::from(a)),
             IpAddr::V6(a) => Source::V6((u128::from(a) >> 64) as u64),

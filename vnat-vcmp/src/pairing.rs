@@ -168,10 +168,11 @@ impl Endpoint {
     /// offer a known key, but the cookie and the per-source DH limit apply
     /// as to any PAIR_INIT, and only the key's holder completes a pairing.
     /// O(1): this check guards the DH against strangers.
-    fn knows_initiator(&self, ip: &IpAddr, key: &[u8; 32]) -> bool {
+    pub(crate) fn knows_initiator(&self, ip: &IpAddr, key: &[u8; 32]) -> bool {
         self.pins.contains_key(ip)
             || self.tx.trusted.contains(ip)
-            || self.sessions.contains_key(key)
+            // A stranger's provisional session makes it known to nobody.
+            || (self.sessions.contains_key(key) && !self.pairing.strangers.is_pending(key))
             || self.pairing.known_hosts.contains(key)
     }
 
@@ -341,7 +342,7 @@ impl Endpoint {
         // A stranger only while a connection of ours waits for a host that
         // does not answer at its address (`vcmp::strangers`), and always
         // with a cookie (below: it is neither pinned nor trusted).
-        if !self.knows_initiator(&ip, &init_static) && !self.admits_stranger(ctx.now) {
+        if !self.knows_initiator(&ip, &init_static) && !self.admits_stranger(ip, ctx.now) {
             return;
         }
         if let Some(Handshake::Responder { id: rid, resp, .. }) =
@@ -586,6 +587,13 @@ impl Endpoint {
         let ip = from.ip();
         // Decided before the session exists: a stranger's is provisional.
         let stranger = !self.knows_initiator(&ip, &peer);
+        if stranger && !self.stranger_fits(ip) {
+            // Over the caps since its PAIR_INIT was let through (several
+            // handshakes were in flight): no session.
+            self.pairing.handshakes.remove(&(from, Side::Ours));
+            self.pairing.handshakes.remove(&(from, Side::Theirs));
+            return;
+        }
         // A new session with a host we were already paired with means the
         // peer lost its state (its vnatd restarted): it derives every
         // connection's keys from the new session and numbers its records
@@ -600,12 +608,12 @@ impl Endpoint {
         self.claim_index.remove(&peer);
         // A new session numbers its probes from the start.
         self.probes.remove(&peer);
-        self.stats.count(Counter::Paired);
         if stranger {
-            // Known, trusted and announced only once a claim of its binds
-            // a connection (`promote_stranger`).
-            self.stranger_paired(peer, ctx.now);
+            // Known, trusted, counted and announced only once a claim of
+            // its binds a connection (`promote_stranger`).
+            self.stranger_paired(peer, ip, ctx.now);
         } else {
+            self.stats.count(Counter::Paired);
             self.pairing.known_hosts.insert(peer);
             self.pairing.known_addrs.insert(ip);
             self.tx.trusted.insert(ip);

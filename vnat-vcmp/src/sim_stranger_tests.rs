@@ -102,6 +102,21 @@ fn a_stranger_that_binds_nothing_is_dropped_and_none_are_taken_when_nothing_wait
     assert_eq!(st.get(Counter::StrangerPaired), 1, "{st:?}");
     assert!(sim.hosts[s].ep.pairing.strangers.is_pending(&xkey));
     assert_eq!(sim.hosts[s].ep.connection(&sf).expect("sf").peer_key, None);
+    // Its provisional session is no introduction: pairing again, from
+    // there or anywhere, is a stranger's pairing again.
+    for from in ["10.0.0.3", "10.0.0.9"] {
+        assert!(
+            !sim.hosts[s]
+                .ep
+                .knows_initiator(&super::sim::ip(from), &xkey),
+            "a pending stranger is known from {from}"
+        );
+    }
+    assert_eq!(
+        sim.hosts[s].ep.stats().get(Counter::Paired),
+        0,
+        "counted once promoted"
+    );
     sim.run_for(Duration::from_secs(30));
     let st = sim.hosts[s].ep.stats();
     assert_eq!(st.get(Counter::StrangerDropped), 1, "{st:?}");

@@ -25,12 +25,17 @@ use std::time::Duration;
 
 use crate::stats::{Counter, Reject};
 
+use super::cookie::Source;
 use super::endpoint::{Endpoint, Event};
 use super::pairing::{Handshake, Side};
 use super::Timestamp;
 
 /// Provisional sessions held at once.
 pub const MAX_STRANGERS: usize = 64;
+
+/// Provisional sessions held at once from one source (an IPv4 address, an
+/// IPv6 /64), so that one host cannot take every place.
+pub const MAX_STRANGERS_PER_SOURCE: usize = 4;
 
 /// How long a stranger's session may bind nothing before it is dropped.
 pub const STRANGER_GRACE: Duration = Duration::from_secs(30);
@@ -39,23 +44,46 @@ pub const STRANGER_GRACE: Duration = Duration::from_secs(30);
 /// finding out walks the connections.
 const WANTED_CHECK: Duration = Duration::from_secs(1);
 
+/// One provisional session: when it goes unless it bound a connection, and
+/// the address it proved with its cookie.
+struct Pending {
+    deadline: Timestamp,
+    ip: IpAddr,
+}
+
 /// The strangers' provisional sessions, owned by pairing.
 #[derive(Default)]
 pub(crate) struct Strangers {
-    /// By host key: when its session goes unless it bound a connection.
-    pending: HashMap<[u8; 32], Timestamp>,
+    /// By host key.
+    pending: HashMap<[u8; 32], Pending>,
     /// The last answer of [`Endpoint::strangers_wanted`], and when.
     wanted: Option<(Timestamp, bool)>,
 }
 
 impl Strangers {
-    #[cfg(test)]
     pub fn is_pending(&self, key: &[u8; 32]) -> bool {
         self.pending.contains_key(key)
     }
 
     pub fn next_deadline(&self) -> Option<Timestamp> {
-        self.pending.values().min().copied()
+        self.pending.values().map(|p| p.deadline).min()
+    }
+
+    /// Whether one more stranger from `ip` fits under both caps.
+    fn fits(&self, ip: IpAddr) -> bool {
+        let source = Source::of(ip);
+        self.pending.len() < MAX_STRANGERS
+            && self
+                .pending
+                .values()
+                .filter(|p| Source::of(p.ip) == source)
+                .count()
+                < MAX_STRANGERS_PER_SOURCE
+    }
+
+    /// The host `key` is forgotten (`forget_peer`).
+    pub fn forget(&mut self, key: &[u8; 32]) {
+        self.pending.remove(key);
     }
 }
 
@@ -89,41 +117,53 @@ impl Endpoint {
         wanted
     }
 
-    /// Whether a PAIR_INIT from a stranger may go on (to the cookie, then
-    /// the DH); counts the refusal if not.
-    pub(crate) fn admits_stranger(&mut self, now: Timestamp) -> bool {
+    /// Whether a PAIR_INIT from a stranger at `ip` may go on (to the
+    /// cookie, then the DH); counts the refusal if not.
+    pub(crate) fn admits_stranger(&mut self, ip: IpAddr, now: Timestamp) -> bool {
         if !self.strangers_wanted(now) {
             self.stats.reject(Reject::PairUnknownSource);
             return false;
         }
-        if self.pairing.strangers.pending.len() >= MAX_STRANGERS {
-            self.stats.reject(Reject::StrangersFull);
-            return false;
-        }
-        true
+        self.stranger_fits(ip)
     }
 
-    /// A stranger completed a pairing: hold its session until it binds a
-    /// connection or [`STRANGER_GRACE`] ends.
-    pub(crate) fn stranger_paired(&mut self, key: [u8; 32], now: Timestamp) {
+    /// Whether one more stranger from `ip` fits (checked again when its
+    /// pairing completes: several may have been under way at once).
+    pub(crate) fn stranger_fits(&mut self, ip: IpAddr) -> bool {
+        if self.pairing.strangers.fits(ip) {
+            return true;
+        }
+        self.stats.reject(Reject::StrangersFull);
+        false
+    }
+
+    /// A stranger completed a pairing from `ip`: hold its session until it
+    /// binds a connection or [`STRANGER_GRACE`] ends (a pairing again does
+    /// not extend it).
+    pub(crate) fn stranger_paired(&mut self, key: [u8; 32], ip: IpAddr, now: Timestamp) {
         self.pairing
             .strangers
             .pending
-            .insert(key, now.plus(STRANGER_GRACE));
+            .entry(key)
+            .or_insert(Pending {
+                deadline: now.plus(STRANGER_GRACE),
+                ip,
+            });
         self.stats.count(Counter::StrangerPaired);
     }
 
-    /// A claim of the stranger `key`, paired from `ip`, bound a connection:
-    /// from now on it is a peer like any other.
-    pub(crate) fn promote_stranger(&mut self, key: [u8; 32], ip: IpAddr) {
-        if self.pairing.strangers.pending.remove(&key).is_none() {
+    /// A claim or BIND of `key` bound a connection: if it is a stranger, it
+    /// is a peer like any other from now on, at the address it proved.
+    pub(crate) fn promote_stranger(&mut self, key: [u8; 32]) {
+        let Some(p) = self.pairing.strangers.pending.remove(&key) else {
             return;
-        }
+        };
         self.pairing.known_hosts.insert(key);
-        self.pairing.known_addrs.insert(ip);
-        self.tx.trusted.insert(ip);
+        self.pairing.known_addrs.insert(p.ip);
+        self.tx.trusted.insert(p.ip);
         self.stats.count(Counter::StrangerPromoted);
-        self.emit(Event::Paired { peer: ip, key });
+        self.stats.count(Counter::Paired);
+        self.emit(Event::Paired { peer: p.ip, key });
     }
 
     /// Drop the strangers whose grace ended with nothing bound.
@@ -133,7 +173,7 @@ impl Endpoint {
             .strangers
             .pending
             .iter()
-            .filter(|(_, at)| **at <= now)
+            .filter(|(_, p)| p.deadline <= now)
             .map(|(k, _)| *k)
             .collect();
         for key in due {
@@ -143,7 +183,49 @@ impl Endpoint {
             self.probes.remove(&key);
             self.claim_index.remove(&key);
             self.binds.forget(&key);
+            // Nothing should be bound to it (binding promotes); should
+            // anything be, it waits for a peer again rather than keep keys
+            // of a session that is gone.
+            for c in self.conns.values_mut() {
+                if c.peer_key == Some(key) {
+                    c.peer_key = None;
+                    c.keys = None;
+                    c.prev_keys = None;
+                }
+            }
             self.stats.count(Counter::StrangerDropped);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_source_takes_at_most_its_share_and_all_together_at_most_the_cap() {
+        let mut s = Strangers::default();
+        let add = |s: &mut Strangers, n: u8, ip: &str| {
+            s.pending.insert(
+                [n; 32],
+                Pending {
+                    deadline: Timestamp(0),
+                    ip: ip.parse().unwrap(),
+                },
+            );
+        };
+        for n in 0..MAX_STRANGERS_PER_SOURCE as u8 {
+            assert!(s.fits("2001:db8:1:1::7".parse().unwrap()));
+            add(&mut s, n, &format!("2001:db8:1:1::{}", n + 1));
+        }
+        // The same /64 under another address is the same source.
+        assert!(!s.fits("2001:db8:1:1::ffff".parse().unwrap()));
+        assert!(s.fits("2001:db8:1:2::1".parse().unwrap()));
+        for n in 0..(MAX_STRANGERS - MAX_STRANGERS_PER_SOURCE) as u8 {
+            add(&mut s, 100 + n, &format!("10.0.{n}.1"));
+        }
+        assert!(!s.fits("192.0.2.1".parse().unwrap()), "the table is full");
+        s.forget(&[100; 32]);
+        assert!(s.fits("192.0.2.1".parse().unwrap()));
     }
 }

@@ -71,7 +71,8 @@ impl Container {
     /// 2001:db8:`subnet`::2/64 on a veth to `host` (2001:db8:`subnet`::1),
     /// reached from everywhere else through the network that routes the
     /// prefix to the host (see [`Container::route_prefix`]). It has no IPv4
-    /// address (`addr` is 0.0.0.0) and no nft table.
+    /// address (`addr` is 0.0.0.0). The host forwards it through a stateful
+    /// firewall (conntrack), as Docker's and podman's hosts and routers do.
     pub fn routed(host: &Netns, tag: &str, subnet: u8, host_if: &str) -> Container {
         let ns = Netns::new(tag);
         veth(host, host_if, &ns, "eth0");
@@ -81,13 +82,24 @@ impl Container {
         ns.add_addr("eth0", addr6.into(), 64);
         ns.default_route(gw6.into(), "eth0");
         host.enable_forwarding();
+        let table = format!("vnatctr_{}", tag.replace('-', "_"));
+        let ruleset = format!(
+            "table ip6 {table} {{
+                chain forward {{
+                    type filter hook forward priority filter; policy accept;
+                    ct state established,related accept
+                    ip6 daddr {addr6} ct state invalid drop
+                }}
+            }}"
+        );
+        load_ruleset(host, &table, &ruleset).unwrap_or_else(|e| panic!("{e}"));
         Container {
             ns,
             cgroup: Cgroup::new(tag),
             addr: Ipv4Addr::UNSPECIFIED,
             addr6,
             host_if: host_if.to_string(),
-            table: String::new(),
+            table,
         }
     }
 

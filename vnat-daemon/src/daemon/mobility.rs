@@ -78,16 +78,20 @@ pub fn plan_moves(
         // routed container's, while the network that routes it is here.
         let virtual_here = match t.anchor {
             None => addrs.contains(&t.flow.local.ip()),
-            // An anchor that is where the connection already is (learnt
-            // after the move, by a restarted vnatd) says nothing of home.
-            Some(a) => addrs.contains(&a) && a != t.local_phys.ip(),
+            Some(a) => addrs.contains(&a),
         };
         let here = if t.local_phys == t.flow.local {
             virtual_here
         } else {
             addrs.contains(&t.local_phys.ip())
         };
-        let home = !(t.placed && here) && t.local_phys != t.flow.local && virtual_here;
+        // A routed container's connection never goes back untranslated:
+        // its address is where nothing speaks VCMP, so the peer could not
+        // validate it; it stays on this host's addresses.
+        let home = t.anchor.is_none()
+            && !(t.placed && here)
+            && t.local_phys != t.flow.local
+            && virtual_here;
         let new_ip = if home {
             Some(t.flow.local.ip())
         } else if !here {
@@ -281,14 +285,15 @@ mod tests {
         // The anchor went: the connection moves to the new source.
         let moves = plan_moves(&t, &addrs(&["fd00:5e:2::2"]), new);
         assert_eq!(moves[0].new_local, sa("[fd00:5e:2::2]:4000"));
-        // Moved; the anchor's network is back: home, untranslated.
+        // Moved; the anchor's network is back: it stays translated (the
+        // peer could not validate the container's address).
         t[0].local_phys = sa("[fd00:5e:2::2]:4000");
-        let moves = plan_moves(&t, &addrs(&["fd00:5e:1::2", "fd00:5e:2::2"]), new);
-        assert_eq!(moves[0].new_local, t[0].flow.local);
-        // Learnt after the move (a restarted vnatd): the anchor is where
-        // the connection is, which is no reason to go home.
-        t[0].anchor = Some("fd00:5e:2::2".parse().unwrap());
-        assert!(plan_moves(&t, &addrs(&["fd00:5e:2::2"]), new).is_empty());
+        assert!(plan_moves(&t, &addrs(&["fd00:5e:1::2", "fd00:5e:2::2"]), new).is_empty());
+        // Its new address goes too: on to where the route says, the
+        // anchor's network included, translated.
+        let back = |_| Some("fd00:5e:1::2".parse().unwrap());
+        let moves = plan_moves(&t, &addrs(&["fd00:5e:1::2"]), back);
+        assert_eq!(moves[0].new_local, sa("[fd00:5e:1::2]:4000"));
     }
 
     #[test]

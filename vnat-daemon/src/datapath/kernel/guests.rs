@@ -49,6 +49,10 @@ pub(super) struct GuestState {
     routed: HashSet<FlowKey>,
     /// Guests' namespaces, found by cookie.
     namespaces: NetnsFinder,
+    /// Where the host routes each guest's own address, once asked
+    /// (`peerns::routes_into`): a veth's or bridge's other end does not
+    /// change under a live socket, so it is not asked again.
+    checked: HashMap<GuestKey, Option<bool>>,
 }
 
 enum Verdict {
@@ -78,11 +82,6 @@ enum Verdict {
 /// How long a guest the host does not NAT goes unasked.
 const RETRY_NOT_OURS: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// How old a UDP guest without a conntrack entry must be before it is
-/// taken for a routed one: the recorder sees a datagram before the host's
-/// NAT does, so a masqueraded flow's entry may not exist yet.
-const UDP_NAT_SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
-
 impl GuestState {
     pub fn is_guest(&self, key: &FlowKey) -> bool {
         self.public.contains(key)
@@ -110,11 +109,12 @@ impl KernelDatapath {
         let mut state = self.guests.borrow_mut();
         let live: HashSet<GuestKey> = all.iter().map(|(k, _)| *k).collect();
         state.verdicts.retain(|k, _| live.contains(k));
+        state.checked.retain(|k, _| live.contains(k));
         let pids: HashSet<u32> = all.iter().map(|(_, r)| r.pid).collect();
         state.sources.retain(|(pid, _), _| pids.contains(pid));
-        state.public.clear();
-        state.routed.clear();
         if all.is_empty() {
+            state.public.clear();
+            state.routed.clear();
             return Ok(Vec::new());
         }
         let on_links = net::interface_addrs()?;
@@ -151,14 +151,26 @@ impl KernelDatapath {
                     state.verdicts.get(&gkey),
                     Some(Verdict::Ours { vouched: true, .. })
                 );
-                let age = std::time::Duration::from_nanos(
-                    listing::boottime_ns().saturating_sub(rec.first_seen_ns),
-                );
+                let mut checked = state.checked.get(&gkey).copied();
                 let finder = &mut state.namespaces;
-                let verdict = judge(&private, &on_links, was_vouched, age, now, || {
+                let judged = judge(&private, &on_links, was_vouched, &mut checked, now, || {
                     finder.find(gkey.netns_cookie, rec.pid)
                 });
-                state.verdicts.insert(gkey, verdict);
+                if let Some(c) = checked {
+                    state.checked.insert(gkey, c);
+                }
+                match judged {
+                    Some(verdict) => {
+                        state.verdicts.insert(gkey, verdict);
+                    }
+                    // Could not tell (a netlink error): as it was, or
+                    // asked again later.
+                    None => {
+                        state.verdicts.entry(gkey).or_insert(Verdict::NotOurs {
+                            retry: now + RETRY_NOT_OURS,
+                        });
+                    }
+                }
             }
             match state.verdicts.get_mut(&gkey) {
                 Some(Verdict::Ours {
@@ -191,6 +203,11 @@ impl KernelDatapath {
         // Two namespaces' sockets that map to one entry of the host's: one
         // of them made up the other's tuple. Neither is taken (nor pinned).
         let mut seen: HashMap<FlowKey, usize> = HashMap::new();
+        // Built whole, then swapped in: an error above leaves the last
+        // listing's sets (a routed guest taken for the host's own would get
+        // its address put on lo).
+        let mut public_keys = HashSet::new();
+        let mut routed_keys = HashSet::new();
         for (_, _, _, public, _, _) in &candidates {
             *seen.entry(public.to_key()).or_default() += 1;
         }
@@ -216,9 +233,9 @@ impl KernelDatapath {
                     }
                 }
             }
-            state.public.insert(key);
+            public_keys.insert(key);
             if routed_via.is_some() {
-                state.routed.insert(key);
+                routed_keys.insert(key);
             }
             out.push(Guest {
                 key,
@@ -235,6 +252,8 @@ impl KernelDatapath {
                 },
             });
         }
+        state.public = public_keys;
+        state.routed = routed_keys;
         Ok(out)
     }
 
@@ -297,72 +316,88 @@ fn source_in(pid: u32, dst: IpAddr) -> Option<IpAddr> {
 
 /// What this host says of a guest's connection `private`: whether it
 /// routes the socket's address into the socket's namespace (`namespace`
-/// finds it), and then whether its conntrack NATs the connection with an
-/// address of this host, or nothing NATs it (a routed container). `age` is
-/// how long ago the socket was recorded.
+/// finds it; `checked` keeps the answer), and then whether its conntrack
+/// NATs the connection with an address of this host, or tracks it without
+/// NAT (a routed container). `None`: it could not tell (an error), so the
+/// last verdict stands.
 fn judge(
     private: &VirtualFlow,
     on_links: &[(IpAddr, u32)],
     was_vouched: bool,
-    age: std::time::Duration,
+    checked: &mut Option<Option<bool>>,
     now: std::time::Instant,
     namespace: impl FnOnce() -> Option<std::fs::File>,
-) -> Verdict {
+) -> Option<Verdict> {
     let not_ours = Verdict::NotOurs {
         retry: now + RETRY_NOT_OURS,
     };
-    let found = match conntrack::find(private.proto, private.local, private.remote) {
-        Ok(found) => found,
+    let (entry, dir) = match conntrack::find(private.proto, private.local, private.remote) {
+        Ok(Some(found)) => found,
+        // No entry (yet): a masqueraded flow's may come after its socket,
+        // and without one nothing says the host routes it unNATed.
+        Ok(None) => return Some(not_ours),
         Err(e) => {
             tracing::debug!(flow = %private, error = %e, "cannot read the conntrack entry of a guest's connection");
-            return not_ours;
+            return None;
         }
     };
-    let nat = found
-        .as_ref()
-        .filter(|(entry, dir)| match dir {
-            Direction::Out => entry.snat,
-            Direction::In => entry.dnat,
-        })
-        .cloned();
-    if nat.is_none() && found.is_none() && private.proto == Proto::Udp && age < UDP_NAT_SETTLE {
-        // Maybe masqueraded, its first datagram not through the NAT yet.
-        return Verdict::NotOurs {
-            retry: now + (UDP_NAT_SETTLE - age),
-        };
-    }
-    let Some(ns) = namespace() else {
-        tracing::debug!(flow = %private, "the network namespace of a guest's socket is gone");
-        return not_ours;
+    let nated = match dir {
+        Direction::Out => entry.snat,
+        Direction::In => entry.dnat,
     };
-    match peerns::routes_into(private.local.ip(), &ns) {
-        Ok(true) => {}
-        Ok(false) => {
-            tracing::debug!(flow = %private, "this host does not route the guest's address into the guest's namespace: not its connection");
-            return not_ours;
+    let into = match *checked {
+        Some(c) => c,
+        None => {
+            let Some(ns) = namespace() else {
+                tracing::debug!(flow = %private, "the network namespace of a guest's socket is gone");
+                return Some(not_ours);
+            };
+            match peerns::routes_into(private.local.ip(), &ns) {
+                Ok(c) => {
+                    *checked = Some(c);
+                    c
+                }
+                Err(e) => {
+                    tracing::debug!(flow = %private, error = %e, "cannot tell where this host routes a guest's address");
+                    return None;
+                }
+            }
         }
-        Err(e) => {
-            tracing::debug!(flow = %private, error = %e, "cannot tell where this host routes a guest's address");
-            return not_ours;
-        }
+    };
+    if into == Some(false) {
+        tracing::debug!(flow = %private, "this host does not route the guest's address into the guest's namespace: not its connection");
+        return Some(not_ours);
     }
-    if let Some((entry, dir)) = nat {
+    if nated {
+        // Into the namespace, or by a link that cannot be followed (Open
+        // vSwitch, ipvlan): the host's NAT entry vouches for the rest.
         let vouched = was_vouched || on_links.iter().any(|(a, _)| *a == entry.public(dir).0.ip());
-        return Verdict::Ours {
+        return Some(Verdict::Ours {
             entry,
             dir,
             pinned: false,
             vouched,
-        };
+        });
     }
-    // Not NATed: the container's own address, routed to it by this host.
-    // It moves with this host's address on the network towards its peer.
+    // Tracked, not NATed: the container's own address, routed to it by
+    // this host (only where the route is seen to lead into its namespace),
+    // to a peer beyond this host (not this host itself, nor a neighbour on
+    // the container's own bridge). It moves with this host's address
+    // towards that peer.
+    if into != Some(true) {
+        return Some(not_ours);
+    }
+    match peerns::stays_on_host(private.local.ip(), private.remote.ip()) {
+        Ok(false) => {}
+        Ok(true) => return Some(not_ours),
+        Err(_) => return None,
+    }
     match net::route_get(private.remote.ip(), None)
         .ok()
         .and_then(|r| r.prefsrc)
         .filter(|a| on_links.iter().any(|(o, _)| o == a))
     {
-        Some(anchor) => Verdict::Routed { anchor },
-        None => not_ours,
+        Some(anchor) => Some(Verdict::Routed { anchor }),
+        None => Some(not_ours),
     }
 }

@@ -13,7 +13,7 @@ use std::{
     fs::File,
     io,
     net::IpAddr,
-    os::fd::{AsFd, AsRawFd},
+    os::fd::{AsFd, AsRawFd, FromRawFd},
 };
 
 use netlink_packet_core::NLM_F_DUMP;
@@ -101,14 +101,29 @@ fn nsid_of(ns: &File) -> io::Result<Option<i32>> {
     Ok(id.filter(|i| *i >= 0))
 }
 
-/// Whether this host routes `ip` into the namespace `ns`: its route leaves
-/// by a veth whose other end is in `ns`, or by a bridge that has such a
-/// veth as a port. A local address, a route out of a physical link, or a
-/// bridge without a port into `ns` is not.
-pub(super) fn routes_into(ip: IpAddr, ns: &File) -> io::Result<bool> {
+/// Where this host routes an address: into a namespace through a link it
+/// can follow, or out of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Leads {
+    /// A local address of this host's.
+    Local,
+    /// Out of a veth whose other end is in another namespace, or a bridge
+    /// with such veths as ports.
+    Namespaces,
+    /// Out of any other link (a physical one, a tunnel; or a kind of link
+    /// whose other end this cannot follow: Open vSwitch, ipvlan).
+    Elsewhere,
+}
+
+/// Where this host routes `ip`, and the numbers (this namespace's
+/// `IFLA_LINK_NETNSID`) of the namespaces the route leads into.
+fn follow(ip: IpAddr) -> io::Result<(Leads, Vec<i32>)> {
     let route = rtnl::route_get(ip, None)?;
+    if route.kind == RouteType::Local {
+        return Ok((Leads::Local, Vec::new()));
+    }
     let Some(oif) = route.oif.filter(|_| route.kind == RouteType::Unicast) else {
-        return Ok(false);
+        return Ok((Leads::Elsewhere, Vec::new()));
     };
     // The links first: listing a veth gives its peer's namespace a number.
     let out = link(oif)?;
@@ -118,22 +133,59 @@ pub(super) fn routes_into(ip: IpAddr, ns: &File) -> io::Result<bool> {
             .into_iter()
             .filter(|l| l.controller == Some(oif) && l.kind == Some(InfoKind::Veth))
             .collect(),
-        _ => return Ok(false),
+        _ => Vec::new(),
     };
-    let Some(id) = nsid_of(ns)? else {
-        return Ok(false);
-    };
-    Ok(ports.iter().any(|l| l.peer_nsid == Some(id)))
+    let peers: Vec<i32> = ports.iter().filter_map(|l| l.peer_nsid).collect();
+    if peers.is_empty() {
+        Ok((Leads::Elsewhere, peers))
+    } else {
+        Ok((Leads::Namespaces, peers))
+    }
+}
+
+/// Whether this host routes `ip` into the namespace `ns`: `Some(true)` if
+/// its route leaves by a veth whose other end is in `ns` (or a bridge with
+/// such a port), `Some(false)` if it is local or leads into other
+/// namespaces only, `None` if it leaves by a link this cannot follow.
+pub(super) fn routes_into(ip: IpAddr, ns: &File) -> io::Result<Option<bool>> {
+    let (leads, peers) = follow(ip)?;
+    match leads {
+        Leads::Local => Ok(Some(false)),
+        Leads::Elsewhere => Ok(None),
+        Leads::Namespaces => {
+            let id = nsid_of(ns)?;
+            Ok(Some(id.is_some_and(|id| peers.contains(&id))))
+        }
+    }
+}
+
+/// Whether a flow from `from` (a container's address) to `to` stays on
+/// this host: `to` is a local address, or the host reaches it by the same
+/// link as `from` (another container on the same bridge).
+pub(super) fn stays_on_host(from: IpAddr, to: IpAddr) -> io::Result<bool> {
+    let there = rtnl::route_get(to, None)?;
+    if there.kind == RouteType::Local {
+        return Ok(true);
+    }
+    Ok(there.oif.is_some() && there.oif == rtnl::route_get(from, None)?.oif)
 }
 
 /// The cookie (`SO_NETNS_COOKIE`, what `bpf_get_netns_cookie` gives the
-/// recorder) of the namespace `ns`, asked from a thread that enters it.
+/// recorder) of the namespace `ns`, asked from a thread that enters it
+/// with a socket made there (unbound: `lo` may be down).
 pub(super) fn cookie_of(ns: &File) -> io::Result<u64> {
     std::thread::scope(|s| {
         s.spawn(|| {
             nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(io::Error::from)?;
-            let sock = std::net::UdpSocket::bind("127.0.0.1:0")
-                .or_else(|_| std::net::UdpSocket::bind("[::1]:0"))?;
+            // SAFETY: socket() takes no pointers; a non-negative result is a
+            // new descriptor that nothing else owns.
+            let fd =
+                unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: `fd` was just opened above and is owned by nothing else.
+            let sock = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
             let mut cookie: u64 = 0;
             let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
             // SAFETY: getsockopt writes at most `len` bytes into `cookie`, a

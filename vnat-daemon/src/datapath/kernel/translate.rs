@@ -143,7 +143,9 @@ impl KernelDatapath {
         }
 
         // A routed container's address stays the container's: never on lo.
-        let routed = self.guests.borrow().is_routed(&egress_key);
+        // (Or known so from its entry, whatever the last listing said.)
+        let routed = self.guests.borrow().is_routed(&egress_key)
+            || old_val.is_some_and(|v| v.flags & NAT_F_ROUTED != 0);
         let mut flags = if routed { NAT_F_ROUTED } else { 0 };
         let mut added_lo: Option<IpAddr> = None;
         let mut added_route: Option<IpAddr> = None;
