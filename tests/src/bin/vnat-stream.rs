@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! vnat-stream client --connect ADDR:PORT [--udp] [--rate-bytes-per-sec N]
-//!                    [--duration-secs S] [--bind IP] [--datagram-size N] [--drain-secs S]
+//!                    [--duration-secs S] [--bind IP [--bind-port N]] [--datagram-size N] [--drain-secs S]
 //! ```
 //!
 //! Sends a deterministic byte stream over ONE socket to an echo peer (socat
@@ -50,7 +50,7 @@ extern "C" fn on_signal(_: libc::c_int) {
 
 const USAGE: &str =
     "usage: vnat-stream client --connect ADDR:PORT [--udp] [--rate-bytes-per-sec N] \
-[--duration-secs S] [--bind IP] [--datagram-size N] [--drain-secs S] [--exit-on-send-error]";
+[--duration-secs S] [--bind IP [--bind-port N]] [--datagram-size N] [--drain-secs S] [--exit-on-send-error]";
 const STATUS_INTERVAL: Duration = Duration::from_millis(100);
 /// Socket timeouts: how often blocked I/O comes back to look at the stop flag.
 const IO_TICK: Duration = Duration::from_millis(100);
@@ -61,6 +61,8 @@ struct Opts {
     rate: u64,
     duration: Option<Duration>,
     bind: Option<IpAddr>,
+    /// With `bind`: the local port (0: the kernel's choice).
+    bind_port: u16,
     datagram_size: usize,
     drain: Duration,
     /// UDP: stop at the first failed send, as many applications do,
@@ -85,6 +87,7 @@ fn parse_args() -> Result<Opts, String> {
         rate: 100_000,
         duration: None,
         bind: None,
+        bind_port: 0,
         datagram_size: 512, // harness::UDP_DATAGRAM_SIZE
         drain: Duration::from_secs(5),
         exit_on_send_error: false,
@@ -107,6 +110,7 @@ fn parse_args() -> Result<Opts, String> {
             }
             "--drain-secs" => o.drain = Duration::from_secs_f64(num::<f64>(&value(&flag)?, &flag)?),
             "--bind" => o.bind = Some(num(&value(&flag)?, &flag)?),
+            "--bind-port" => o.bind_port = num(&value(&flag)?, &flag)?,
             "--datagram-size" => {
                 o.datagram_size = num(&value(&flag)?, &flag)?;
                 if !(16..=65000).contains(&o.datagram_size) {
@@ -270,7 +274,7 @@ fn connect_socket(opts: &Opts, ty: SockType) -> io::Result<std::os::fd::OwnedFd>
     };
     let fd = socket::socket(family, ty, SockFlag::SOCK_CLOEXEC, None)?;
     if let Some(ip) = opts.bind {
-        let local = SockaddrStorage::from(SocketAddr::new(ip, 0));
+        let local = SockaddrStorage::from(SocketAddr::new(ip, opts.bind_port));
         socket::bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &local)?;
     }
     let tv = nix::sys::time::TimeVal::new(10, 0);

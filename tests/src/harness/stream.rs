@@ -29,6 +29,8 @@ pub struct StreamOptions {
     pub duration_secs: Option<u64>,
     /// Local address to bind before connecting.
     pub bind: Option<std::net::IpAddr>,
+    /// With `bind`, the local port (0: the kernel's choice).
+    pub bind_port: u16,
     /// UDP: bytes per datagram (vnat-stream's default otherwise).
     pub datagram_size: Option<usize>,
     /// UDP: stop at the first failed send (as many applications do).
@@ -43,6 +45,7 @@ impl StreamOptions {
             rate_bytes_per_sec: None,
             duration_secs: None,
             bind: None,
+            bind_port: 0,
             datagram_size: None,
             exit_on_send_error: false,
         }
@@ -76,6 +79,13 @@ impl StreamOptions {
         self
     }
 
+    /// Bind to exactly `local` (address and port) before connecting.
+    pub fn bind_to(mut self, local: SocketAddr) -> Self {
+        self.bind = Some(local.ip());
+        self.bind_port = local.port();
+        self
+    }
+
     /// UDP datagrams of `size` bytes (the echo server must read as many).
     pub fn datagram_size(mut self, size: usize) -> Self {
         self.datagram_size = Some(size);
@@ -101,6 +111,9 @@ impl StreamOptions {
         }
         if let Some(b) = self.bind {
             cmd.arg("--bind").arg(b.to_string());
+            if self.bind_port != 0 {
+                cmd.arg("--bind-port").arg(self.bind_port.to_string());
+            }
         }
         if let Some(n) = self.datagram_size {
             cmd.arg("--datagram-size").arg(n.to_string());

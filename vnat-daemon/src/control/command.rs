@@ -37,6 +37,7 @@ pub enum Command {
         location_servers: Vec<SocketAddr>,
         keepalive_secs: u32,
         standby_tc: bool,
+        preempt_cgroups: Vec<std::path::PathBuf>,
         reply: oneshot::Sender<()>,
     },
     /// Forget a host key: its session, the stored key, and the binding of

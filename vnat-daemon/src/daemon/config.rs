@@ -34,6 +34,7 @@ Config file (every key optional; these are the defaults):
     bpffs     = \"/sys/fs/bpf/vnat\"
     listen    = \"0.0.0.0:2031\"
     cgroups   = [\"/sys/fs/cgroup/unified\"]   # default: the cgroup2 mount root
+    preempt_cgroups = []                     # see below
     log_level = \"info\"                       # or a filter: \"info,vnat_daemon=debug\"
     log_format = \"text\"                      # or \"json\"
     location_servers = []                    # e.g. [\"192.0.2.7:2031\"]
@@ -54,6 +55,13 @@ the mapping through which the peer's vnatd reaches it (to validate a new
 address, to answer an update). The answers tell it where the peer sees it
 (`vnatctl peers`, column NAT). 0 turns keepalives off; a host that is not
 behind a NAT sends none.
+
+preempt_cgroups (or --preempt-cgroup, repeatable) decides virtual-address
+conflicts (paper section 3.4.3): when a connection would move (its own end
+or its peer's, or an import) onto the endpoints of another connection of
+this host, which the kernel could not tell apart, the move is refused
+(abort, the default) unless the moving connection's cgroup is one of
+these or below one; then the older connection is reset (preempt).
 
 standby_tc keeps the translators attached to every network interface while
 this host has connections paired with a peer, so that a move does not wait
@@ -120,6 +128,14 @@ pub struct Args {
         help = "cgroup v2 directory whose connections vnat manages; repeatable [default: the cgroup2 mount root, i.e. the whole host]"
     )]
     pub cgroups: Vec<PathBuf>,
+    /// cgroup v2 directory whose connections preempt older ones in a
+    /// virtual-address conflict; repeat for several.
+    #[arg(
+        long = "preempt-cgroup",
+        value_name = "DIR",
+        help = "cgroup v2 directory whose connections, in a virtual-address conflict, reset the older connection instead of giving up their move; repeatable [default: none, every conflict aborts the move]"
+    )]
+    pub preempt_cgroups: Vec<PathBuf>,
     /// Log filter.
     #[arg(long, value_name = "FILTER",
           help = format!("Log level or filter, e.g. debug or info,vnat_daemon=trace [default: RUST_LOG, else {DEFAULT_LOG_LEVEL}]"))]
@@ -197,6 +213,7 @@ pub struct FileConfig {
     pub bpffs: Option<PathBuf>,
     pub listen: Option<SocketAddr>,
     pub cgroups: Option<Vec<PathBuf>>,
+    pub preempt_cgroups: Option<Vec<PathBuf>>,
     pub log_level: Option<String>,
     pub log_format: Option<LogFormat>,
     pub location_servers: Option<Vec<SocketAddr>>,
@@ -214,6 +231,9 @@ pub struct Settings {
     pub bpffs: PathBuf,
     pub listen: SocketAddr,
     pub cgroups: Vec<PathBuf>,
+    /// `preempt_cgroups`: connections under these preempt in a conflict
+    /// (default: none, every conflict aborts).
+    pub preempt_cgroups: Vec<PathBuf>,
     pub log_level: String,
     pub log_format: LogFormat,
     /// Location servers for step P(3)/S(3) of the location chain, in the
@@ -335,6 +355,9 @@ pub fn parse_file(path: &Path, text: &str) -> Result<FileConfig, ConfigError> {
     for c in config.cgroups.iter().flatten() {
         relative("cgroups", &Some(c.clone()))?;
     }
+    for c in config.preempt_cgroups.iter().flatten() {
+        relative("preempt_cgroups", &Some(c.clone()))?;
+    }
     if let Some(value) = config.keepalive_secs.filter(|s| *s > 3600) {
         return Err(ConfigError::Keepalive {
             file: path.to_path_buf(),
@@ -412,6 +435,14 @@ impl Settings {
         } else {
             vec![cgroup_root()?]
         };
+        let preempt_cgroups = if !args.preempt_cgroups.is_empty() {
+            args.preempt_cgroups
+                .into_iter()
+                .map(abs)
+                .collect::<Result<Vec<_>, _>>()?
+        } else {
+            file.preempt_cgroups.unwrap_or_default()
+        };
         // Like --cgroup, the flags replace the file's list rather than add
         // to it, so one command line says the whole truth.
         let location_servers = if !args.location_servers.is_empty() {
@@ -426,6 +457,7 @@ impl Settings {
             bpffs,
             listen,
             cgroups,
+            preempt_cgroups,
             log_level,
             log_format,
             location_servers,
@@ -543,6 +575,36 @@ mod tests {
         assert!(parse_file(Path::new("t.toml"), "keepalive_secs = -1").is_err());
         assert!(Args::try_parse_from(["vnatd", "--keepalive-secs", "4000"]).is_err());
         assert!(Args::try_parse_from(["vnatd", "--keepalive-secs", "soon"]).is_err());
+    }
+
+    #[test]
+    fn preempt_cgroups_come_from_the_flags_over_the_file_and_must_be_absolute() {
+        let file: FileConfig =
+            toml::from_str("preempt_cgroups = [\"/sys/fs/cgroup/app\"]").expect("parses");
+        assert_eq!(
+            resolve(&["--cgroup", "/cg"], file).preempt_cgroups,
+            vec![PathBuf::from("/sys/fs/cgroup/app")]
+        );
+        let file: FileConfig =
+            toml::from_str("preempt_cgroups = [\"/sys/fs/cgroup/app\"]").expect("parses");
+        assert_eq!(
+            resolve(
+                &["--cgroup", "/cg", "--preempt-cgroup", "/sys/fs/cgroup/b"],
+                file
+            )
+            .preempt_cgroups,
+            vec![PathBuf::from("/sys/fs/cgroup/b")]
+        );
+        assert!(resolve(&["--cgroup", "/cg"], FileConfig::default())
+            .preempt_cgroups
+            .is_empty());
+        let dir = std::env::temp_dir().join(format!("vnat-preempt-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("vnatd.toml");
+        std::fs::write(&path, "preempt_cgroups = [\"relative/app\"]\n").unwrap();
+        let err = load_file_or(Some(&path), &path).expect_err("relative path refused");
+        assert!(err.to_string().contains("preempt_cgroups"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

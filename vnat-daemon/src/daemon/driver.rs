@@ -25,6 +25,7 @@ mod moves;
 
 use super::{
     addrwatch::AddrWatch,
+    conflict,
     identity::{self, PeerStore, StateError},
     mobility::{self, Move, Tracked},
     mover::{Mover, Step, Switch, HOLD_LIMIT},
@@ -71,6 +72,9 @@ pub struct DriverConfig {
     pub standby_tc: bool,
     /// `keepalive_secs`: NAT keepalive interval (0: off).
     pub keepalive_secs: u32,
+    /// `preempt_cgroups`: connections under these reset an older one in
+    /// a virtual-address conflict; everyone else's move is refused.
+    pub preempt_cgroups: Vec<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -290,6 +294,8 @@ pub struct Driver {
     /// NATed), with this host's address that stands for their network
     /// (`mobility::Tracked::anchor`).
     anchors: HashMap<VirtualFlow, IpAddr>,
+    /// Each tracked connection's cgroup id, for its conflict policy.
+    cgroup_of: HashMap<VirtualFlow, u64>,
 }
 
 impl Driver {
@@ -380,6 +386,7 @@ impl Driver {
             orphans: HashSet::new(),
             placed: HashMap::new(),
             anchors: HashMap::new(),
+            cgroup_of: HashMap::new(),
         }
     }
 

@@ -6,6 +6,7 @@
 mod addrwatch;
 pub mod cgroup;
 pub mod config;
+pub mod conflict;
 pub mod driver;
 pub mod hostaddrs;
 pub mod identity;
@@ -263,6 +264,7 @@ async fn apply_reloads(
                 location_servers: new.location_servers.clone(),
                 keepalive_secs: new.keepalive_secs,
                 standby_tc: new.standby_tc,
+                preempt_cgroups: new.preempt_cgroups.clone(),
                 reply: tx,
             })
             .await;
@@ -321,6 +323,7 @@ where
         location_servers: settings.location_servers.clone(),
         standby_tc: settings.standby_tc,
         keepalive_secs: settings.keepalive_secs,
+        preempt_cgroups: settings.preempt_cgroups.clone(),
     };
     let driver = driver::Driver::new(driver_cfg, shared.clone()).await?;
     let (commands_tx, commands_rx) = tokio::sync::mpsc::channel(64);

@@ -38,6 +38,8 @@ pub struct FakeDatapath {
     /// [`Datapath::kick_flow`]) and to solicit an ACK, in order.
     pub restarted: Vec<VirtualFlow>,
     pub solicited: Vec<VirtualFlow>,
+    /// Connections reset ([`Datapath::reset_connection`]), in order.
+    pub reset: Vec<VirtualFlow>,
     /// Interfaces kept attached ([`Datapath::set_standby`]).
     pub standby: Vec<u32>,
     /// Addresses kept local ([`Datapath::keep_local`]).
@@ -125,6 +127,18 @@ impl Datapath for FakeDatapath {
         self.take_failure()?;
         self.solicited.push(*flow);
         Ok(false)
+    }
+
+    fn reset_connection(&mut self, flow: &VirtualFlow) -> Result<bool, DatapathError> {
+        self.take_failure()?;
+        let before = self.conns.len();
+        self.conns.retain(|_, c| {
+            !(c.proto == flow.proto
+                && c.virtual_local == flow.local
+                && c.virtual_remote == flow.remote)
+        });
+        self.reset.push(*flow);
+        Ok(self.conns.len() < before)
     }
 
     fn kick_flow(&mut self, flow: &VirtualFlow, peer_moved: bool) -> Result<Kick, DatapathError> {
@@ -265,6 +279,22 @@ impl Datapath for FakeDatapath {
     fn prepare_translation(&mut self, t: &Translation) -> Result<(), DatapathError> {
         validate_translation(t)?;
         self.take_failure()?;
+        // As the kernel datapath: not onto another connection's endpoints.
+        if let Some(c) = self.conns.values().find(|c| {
+            c.proto == t.flow.proto
+                && c.virtual_local == t.physical_local
+                && c.virtual_remote == t.physical_remote
+                && (c.virtual_local, c.virtual_remote) != (t.flow.local, t.flow.remote)
+        }) {
+            return Err(DatapathError::Conflict {
+                flow: t.flow,
+                other: Box::new(VirtualFlow {
+                    proto: c.proto,
+                    local: c.virtual_local,
+                    remote: c.virtual_remote,
+                }),
+            });
+        }
         self.prepared.insert(t.flow, *t);
         Ok(())
     }

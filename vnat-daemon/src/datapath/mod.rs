@@ -116,6 +116,12 @@ pub trait Datapath {
     /// socket that is not established).
     fn solicit_ack(&mut self, flow: &VirtualFlow) -> Result<bool, DatapathError>;
 
+    /// Reset the connection `flow` of this host (SOCK_DESTROY: its
+    /// application sees ECONNABORTED, a TCP peer gets a reset), for a
+    /// conflict whose policy is to preempt it. Returns false if no such
+    /// socket exists.
+    fn reset_connection(&mut self, flow: &VirtualFlow) -> Result<bool, DatapathError>;
+
     /// Keep the tc translators attached to exactly these interfaces besides
     /// the ones translations use (the `standby_tc` setting); an empty list
     /// returns to attaching only where used.

@@ -235,6 +235,15 @@ pub enum DatapathError {
         flow: VirtualFlow,
         reason: &'static str,
     },
+    /// A virtual-address conflict (the paper's section 3.4.3): the
+    /// endpoints a connection would move to are those of another
+    /// connection of this host, so the kernel could not tell the two apart.
+    #[error("another connection of this host, {other}, has the endpoints {flow} would move to: the move is refused (on_conflict abort; list its cgroup in preempt_cgroups to reset the older connection instead)")]
+    Conflict {
+        flow: VirtualFlow,
+        /// Boxed: it would make every `DatapathError` larger.
+        other: Box<VirtualFlow>,
+    },
     #[error("no translation is installed for {flow:?}")]
     NoSuchTranslation { flow: VirtualFlow },
     #[error("no recorded connection {flow:?} (or its socket is gone): only TCP connections of an enabled cgroup, established while vnat ran, can be restarted")]

@@ -36,8 +36,10 @@ impl Driver {
                 location_servers,
                 keepalive_secs,
                 standby_tc,
+                preempt_cgroups,
                 reply,
             } => {
+                self.cfg.preempt_cgroups = preempt_cgroups;
                 self.endpoint.reconfigure(
                     location_servers.clone(),
                     std::time::Duration::from_secs(keepalive_secs.into()),
@@ -203,6 +205,7 @@ impl Driver {
                 continue;
             }
             let (flow, remote) = (*flow, v.remote_phys);
+            let preempt = !self.preempting(std::iter::once(flow)).is_empty();
             let prepared = with_dp(&self.dp, move |dp| {
                 let src = dp
                     .source_address_for(remote.ip())?
@@ -212,7 +215,7 @@ impl Driver {
                     physical_local: SocketAddr::new(src, flow.local.port()),
                     physical_remote: remote,
                 };
-                dp.prepare_translation(&t)
+                conflict::prepare_resolving(dp, &t, preempt)
             })
             .await;
             if let Err(e) = prepared {

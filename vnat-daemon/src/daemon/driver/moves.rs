@@ -41,6 +41,7 @@ impl Driver {
                 continue;
             }
             live.insert(flow);
+            self.cgroup_of.insert(flow, c.cgroup_id);
             // A routed container's connection counts as on the host's
             // address its network is reached by, until it moves.
             let anchor = c.guest.as_ref().and_then(|g| g.routed_via);
@@ -111,6 +112,7 @@ impl Driver {
             self.placed.remove(f);
         }
         self.anchors.retain(|f, _| live.contains(f));
+        self.cgroup_of.retain(|f, _| live.contains(f));
         if !gone.is_empty() {
             // The connections closed: undo what their translations set up
             // (NAT entries, the address kept on lo, the peer's host route,
@@ -131,6 +133,21 @@ impl Driver {
             self.remove_orphans(&live).await;
         }
         self.plan_and_move().await
+    }
+
+    /// Which of `flows` preempt in a virtual-address conflict: those in a
+    /// cgroup at or below one of `preempt_cgroups` (`daemon::conflict`).
+    pub(super) fn preempting(
+        &self,
+        flows: impl Iterator<Item = VirtualFlow>,
+    ) -> HashSet<VirtualFlow> {
+        if self.cfg.preempt_cgroups.is_empty() {
+            return HashSet::new();
+        }
+        let ids = conflict::cgroup_ids_under(&self.cfg.preempt_cgroups);
+        flows
+            .filter(|f| self.cgroup_of.get(f).is_some_and(|id| ids.contains(id)))
+            .collect()
     }
 
     /// Remove the NAT entries (and what they set up: addresses on lo, host
@@ -234,6 +251,7 @@ impl Driver {
                 Err("it cannot move: the peer runs no vnatd or pairing has not completed".into()),
             ));
         }
+        let preempt = self.preempting(candidates.iter().map(|st| st.mv.flow));
         let prepared = with_dp(&self.dp, move |dp| {
             candidates
                 .into_iter()
@@ -252,11 +270,12 @@ impl Driver {
                         }
                     }
                     let r = if m.new_local != m.flow.local {
-                        dp.prepare_translation(&Translation {
+                        let t = Translation {
                             flow: m.flow,
                             physical_local: m.new_local,
                             physical_remote: m.remote_phys,
-                        })
+                        };
+                        conflict::prepare_resolving(dp, &t, preempt.contains(&m.flow))
                     } else {
                         Ok(())
                     };
@@ -344,12 +363,14 @@ impl Driver {
             return;
         }
         // One trip to the datapath thread for all of them.
+        let preempt = self.preempting(work.iter().map(|t| t.flow));
         let done = with_dp(&self.dp, move |dp| {
             work.into_iter()
                 .map(|t| {
-                    let r = dp.prepare_translation(&t).map(|()| {
-                        prepare_old_address(dp, t.flow, t.physical_local, t.physical_remote);
-                    });
+                    let r =
+                        conflict::prepare_resolving(dp, &t, preempt.contains(&t.flow)).map(|()| {
+                            prepare_old_address(dp, t.flow, t.physical_local, t.physical_remote);
+                        });
                     (t, r)
                 })
                 .collect::<Vec<_>>()

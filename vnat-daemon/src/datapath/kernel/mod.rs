@@ -597,6 +597,26 @@ impl Datapath for KernelDatapath {
         restart::solicit_ack(flow, &record)
     }
 
+    fn reset_connection(&mut self, flow: &VirtualFlow) -> Result<bool, DatapathError> {
+        let key = flow.to_key();
+        let cookie = match self.loaded.maps.conns.get(&key, 0) {
+            Ok(r) => r.cookie,
+            Err(e) if is_not_found(&e) => 0,
+            Err(e) => return Err(map_err(MAP_CONNS)(e)),
+        };
+        let found = restart::reset(flow, cookie)?;
+        // Gone now: a UDP record waits for housekeeping, and a move that
+        // preempted it must not find it (or its translation) in its way.
+        let _ = self.loaded.maps.conns.remove(&key);
+        match self.remove(flow) {
+            Ok(()) | Err(DatapathError::NoSuchTranslation { .. }) => {}
+            Err(e) => {
+                tracing::warn!(?flow, error = %e, "cannot remove the translation of a connection reset for a conflict")
+            }
+        }
+        Ok(found)
+    }
+
     fn install_translation(&mut self, t: &Translation) -> Result<(), DatapathError> {
         // Port 0: the peer moved behind a NAT whose port only its first
         // packet can tell; the tc program learns it (`rebind`).

@@ -126,18 +126,29 @@ impl KernelDatapath {
         // address is being validated.
         let physical = crate::datapath::flow_key(t.flow.proto, t.physical_local, t.physical_remote);
         if physical != egress_key && self.recorded_elsewhere(&physical, &egress_key)? {
-            return Err(DatapathError::InvalidTranslation {
+            return Err(DatapathError::Conflict {
                 flow: t.flow,
-                reason: "another connection of this host has these physical endpoints",
+                other: Box::new(VirtualFlow {
+                    proto: t.flow.proto,
+                    local: t.physical_local,
+                    remote: t.physical_remote,
+                }),
             });
         }
         if let Some(other) = self.ingress_get(&probe.ingress_key)? {
             // The entry restores (remote virtual -> local virtual); reversed,
             // that is the egress key of the translation that owns it.
-            if restored_key(&probe.ingress_key, &other).reversed() != egress_key {
-                return Err(DatapathError::InvalidTranslation {
-                    flow: t.flow,
-                    reason: "another translation already uses these physical endpoints",
+            let owner = restored_key(&probe.ingress_key, &other).reversed();
+            if owner != egress_key {
+                return Err(match VirtualFlow::from_key(&owner) {
+                    Some(o) => DatapathError::Conflict {
+                        flow: t.flow,
+                        other: Box::new(o),
+                    },
+                    None => DatapathError::InvalidTranslation {
+                        flow: t.flow,
+                        reason: "another translation already uses these physical endpoints",
+                    },
                 });
             }
         }

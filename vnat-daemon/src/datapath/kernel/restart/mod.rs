@@ -370,6 +370,12 @@ pub fn sequence_state(
     )))
 }
 
+/// Reset `flow`'s socket (see [`sockdiag::destroy`]); `cookie` 0: any
+/// socket with the tuple.
+pub fn reset(flow: &VirtualFlow, cookie: u64) -> Result<bool, DatapathError> {
+    sockdiag::destroy(flow, cookie)
+}
+
 pub fn solicit_ack(flow: &VirtualFlow, record: &ConnRecord) -> Result<bool, DatapathError> {
     if flow.proto != Proto::Tcp || flow.local.is_ipv4() != flow.remote.is_ipv4() {
         return Ok(false);

@@ -1,10 +1,12 @@
 //! sock_diag (inet_diag with INET_DIAG_INFO): the timer, backoff and
 //! byte counts of one TCP socket.
 
-use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_REQUEST};
+use netlink_packet_core::{
+    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_REQUEST,
+};
 use netlink_packet_sock_diag::{
     inet::{nlas::Nla, ExtensionFlags, InetRequest, SocketId, StateFlags, Timer},
-    SockDiagMessage, AF_INET, AF_INET6, IPPROTO_TCP,
+    SockDiagDestroy, SockDiagMessage, AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP,
 };
 use netlink_sys::{protocols::NETLINK_SOCK_DIAG, Socket, SocketAddr as NlAddr};
 
@@ -173,6 +175,49 @@ impl SockDiag {
             .recv(&mut self.buf, 0)
             .map_err(kernel_err("reading the sock_diag answer"))?;
         parse_answer(&self.buf).map_err(kernel_err("reading the sock_diag answer"))
+    }
+}
+
+/// Destroy the socket of `flow` (SOCK_DESTROY, as `ss -K` does: the kernel
+/// aborts it, a TCP socket with a reset to its peer). `cookie` 0 matches
+/// any socket with the tuple. Returns false if there is none.
+pub(super) fn destroy(flow: &VirtualFlow, cookie: u64) -> Result<bool, DatapathError> {
+    let mut req = request(flow, cookie);
+    if flow.proto == Proto::Udp {
+        req.protocol = IPPROTO_UDP;
+    }
+    req.extensions = ExtensionFlags::empty();
+    let mut header = NetlinkHeader::default();
+    header.flags = NLM_F_REQUEST | NLM_F_ACK;
+    let mut msg = NetlinkMessage::new(
+        header,
+        NetlinkPayload::from(SockDiagDestroy::new(SockDiagMessage::InetRequest(req))),
+    );
+    msg.finalize();
+    let mut bytes = vec![0u8; msg.buffer_len()];
+    msg.serialize(&mut bytes);
+    let socket =
+        Socket::new(NETLINK_SOCK_DIAG).map_err(kernel_err("opening a sock_diag netlink socket"))?;
+    socket
+        .send_to(&bytes, &NlAddr::new(0, 0), 0)
+        .map_err(kernel_err("asking sock_diag to destroy a socket"))?;
+    let mut buf = Vec::with_capacity(4096);
+    socket
+        .recv(&mut buf, 0)
+        .map_err(kernel_err("reading the sock_diag answer"))?;
+    let answer = NetlinkMessage::<SockDiagDestroy>::deserialize(&buf)
+        .map_err(bad)
+        .map_err(kernel_err("reading the sock_diag answer"))?;
+    match answer.payload {
+        NetlinkPayload::Error(e) => match e.code.map(|c| -c.get()) {
+            None => Ok(true),
+            Some(libc::ENOENT) => Ok(false),
+            Some(errno) => Err(DatapathError::Kernel {
+                what: format!("destroying the socket of {flow}"),
+                source: std::io::Error::from_raw_os_error(errno),
+            }),
+        },
+        _ => Ok(true),
     }
 }
 

@@ -1,0 +1,167 @@
+//! Virtual-address conflicts (the paper's section 3.4.3; issue 18 item
+//! 4). The laptop is on links A and B at once and has two connections to
+//! the server's port 5001 from the same local port P: X from A:P and Y from
+//! B:P. Migrating X to B would give it Y's endpoints, which the kernels at
+//! both ends could not tell apart. By default the move is refused with a
+//! sentence that says why, and both connections go on untouched; with the
+//! laptop's cgroup in `preempt_cgroups`, Y (the older holder of those
+//! endpoints) is reset and X moves to B and goes on.
+
+mod support;
+
+use std::{
+    net::{IpAddr, SocketAddr},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use vnat_tests::{
+    bin_path, EchoServer, Family, Host, LaptopRouterServer, StreamClient, StreamOptions, TempDir,
+    Vnatd,
+};
+
+/// Metric of the second default route, via B.
+const B_METRIC: u32 = 2000;
+
+/// `vnatctl --json ARGS`: its exit status and what it printed.
+fn ctl(d: &Vnatd, args: &[&str]) -> (i32, Value) {
+    let out = Command::new(bin_path("vnatctl"))
+        .arg("--control")
+        .arg(&d.control)
+        .arg("--json")
+        .args(args)
+        .output()
+        .expect("running vnatctl");
+    let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    (out.status.code().unwrap_or(-1), v)
+}
+
+/// The laptop's row of the connection from `local`, once mobile.
+fn mobile_row(d: &Vnatd, local: SocketAddr) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let ls = d.ctl(&["ls", "--proto", "tcp"]).unwrap_or_default();
+        let row = ls.as_array().and_then(|rows| {
+            rows.iter()
+                .find(|r| r["virtual_local"] == local.to_string() && r["mobile"] == true)
+                .cloned()
+        });
+        if let Some(r) = row {
+            return r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the connection from {local} never became mobile: {ls}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn conflict(tag: &str, preempt: bool) {
+    let topo = LaptopRouterServer::builder().tag(tag).build();
+    topo.plug_laptop_b();
+    topo.laptop
+        .add_default_route_metric(topo.router_b_addr.v4.into(), &topo.laptop_if_b, B_METRIC);
+    let lap = Host::new(&topo.laptop, &format!("{tag}l"));
+    let srv = Host::new(&topo.server, &format!("{tag}s"));
+    let (dl, ds) = (
+        TempDir::new(&format!("{tag}l")),
+        TempDir::new(&format!("{tag}s")),
+    );
+    let server = SocketAddr::new(topo.server_addr.get(Family::V4), 5001);
+    let (a, b): (IpAddr, IpAddr) = (
+        topo.laptop_a_addr.get(Family::V4),
+        topo.laptop_b_addr.get(Family::V4),
+    );
+    let _echo = EchoServer::tcp_in(&srv, server);
+    let cgroup = lap.cgroup.path().display().to_string();
+    let lapd = if preempt {
+        Vnatd::start_with(&lap, dl.path(), &["--preempt-cgroup", &cgroup])
+    } else {
+        Vnatd::start(&lap, dl.path())
+    };
+    let _srvd = Vnatd::start(&srv, ds.path());
+
+    let stream = |opts: StreamOptions| {
+        let mut cmd = opts.rate(200_000).command(lap.ns);
+        lap.cgroup.join_on_spawn(&mut cmd);
+        StreamClient::from_command(cmd)
+    };
+    let x = stream(StreamOptions::tcp(server).bind(a));
+    let xs = x.wait_verified_at_least(50_000, Duration::from_secs(15));
+    let x_local: SocketAddr = xs.local.parse().expect("X's local endpoint");
+    let y_local = SocketAddr::new(b, x_local.port());
+    let y = stream(StreamOptions::tcp(server).bind_to(y_local));
+    let ys = y.wait_verified_at_least(50_000, Duration::from_secs(15));
+    assert_eq!(ys.local, y_local.to_string(), "Y uses B with X's port");
+    let row = mobile_row(&lapd, x_local);
+    mobile_row(&lapd, y_local);
+    let id = row["id"].to_string();
+
+    let b_str = b.to_string();
+    let (code, out) = ctl(
+        &lapd,
+        &[
+            "migrate",
+            "--conn",
+            &id,
+            "--to",
+            &b_str,
+            "--wait",
+            "--timeout",
+            "10",
+        ],
+    );
+    if !preempt {
+        // Refused with the reason; nothing changed.
+        assert_ne!(code, 0, "a refused migration must fail: {out}");
+        let text = out.to_string();
+        assert!(
+            text.contains("another connection of this host") && text.contains("preempt_cgroups"),
+            "the refusal does not say why or what to do: {out}"
+        );
+        let now = mobile_row(&lapd, x_local);
+        assert_eq!(now["physical_local"], x_local.to_string(), "X moved: {now}");
+        for (c, what) in [(&x, "X"), (&y, "Y")] {
+            let at = c.latest().expect("status").verified;
+            c.wait_verified_at_least(at + 100_000, Duration::from_secs(15));
+            assert_eq!(
+                c.wait_error(Duration::from_millis(10)),
+                None,
+                "{what} broke"
+            );
+        }
+        let (fx, fy) = (x.stop(), y.stop());
+        assert_eq!(fx.error, None, "X: {:?}", fx.json);
+        assert_eq!(fy.error, None, "Y: {:?}", fy.json);
+        return;
+    }
+    // Preempt: Y is reset, X moves to B and goes on there.
+    assert_eq!(code, 0, "migrate failed: {out}");
+    assert_eq!(out["moves"][0]["outcome"], "moved", "{out}");
+    assert_eq!(out["moves"][0]["to"], y_local.to_string(), "{out}");
+    // SOCK_DESTROY aborts the socket: its application sees ECONNABORTED.
+    let err = y.wait_error(Duration::from_secs(5));
+    assert!(
+        err.as_deref().is_some_and(|e| e.contains("os error 103")),
+        "Y was not reset: {err:?}"
+    );
+    let at = x.latest().expect("status").verified;
+    x.wait_verified_at_least(at + 200_000, Duration::from_secs(20));
+    let now = mobile_row(&lapd, x_local);
+    assert_eq!(now["physical_local"], y_local.to_string(), "{now}");
+    let fx = x.stop();
+    assert_eq!(fx.error, None, "X: {:?}", fx.json);
+    assert_eq!(fx.local, x_local.to_string(), "X's socket changed");
+}
+
+#[test]
+fn a_migration_onto_another_connections_endpoints_is_refused_by_default() {
+    conflict("cfa", false);
+}
+
+#[test]
+fn a_preempting_cgroup_resets_the_older_connection_and_moves() {
+    conflict("cfp", true);
+}

@@ -1,0 +1,135 @@
+//! Virtual-address conflicts (the paper's section 3.4.3). A connection's
+//! virtual endpoints travel with it, so a move (its own end's, its peer's,
+//! or an import) can land on the endpoints of another connection of this
+//! host; the kernel could not tell the two apart. The datapath refuses such
+//! a move (`DatapathError::Conflict`); the moving connection's cgroup
+//! decides what then happens: `abort` (the default: the move is refused and
+//! says why) or `preempt` (the older connection is reset and the move goes
+//! on), for the cgroups listed in `preempt_cgroups` and those below them.
+
+use std::{
+    collections::HashSet,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+};
+
+use crate::datapath::{Datapath, DatapathError, Translation};
+
+/// The ids of the cgroups at and below `dirs` (on cgroup v2 a cgroup's id
+/// is its directory's inode number, what the recorders store).
+pub fn cgroup_ids_under(dirs: &[PathBuf]) -> HashSet<u64> {
+    fn walk(dir: &Path, out: &mut HashSet<u64>, depth: usize) {
+        let Ok(meta) = std::fs::symlink_metadata(dir) else {
+            return;
+        };
+        if !meta.is_dir() || !out.insert(meta.ino()) || depth > 64 {
+            return;
+        }
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            for e in entries.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    walk(&e.path(), out, depth + 1);
+                }
+            }
+        }
+    }
+    let mut out = HashSet::new();
+    for d in dirs {
+        walk(d, &mut out, 0);
+    }
+    out
+}
+
+/// Prepare the receive side of `t` (see `Datapath::prepare_translation`).
+/// If it lands on another connection's endpoints and `preempt` is set,
+/// reset that connection and try once more; otherwise the conflict is the
+/// answer.
+pub fn prepare_resolving(
+    dp: &mut dyn Datapath,
+    t: &Translation,
+    preempt: bool,
+) -> Result<(), DatapathError> {
+    match dp.prepare_translation(t) {
+        Err(DatapathError::Conflict { other, .. }) if preempt => {
+            tracing::warn!(flow = %t.flow, %other, "virtual-address conflict: resetting the older connection (its mover's cgroup preempts)");
+            dp.reset_connection(&other)?;
+            dp.prepare_translation(t)
+        }
+        Err(e @ DatapathError::Conflict { .. }) => {
+            tracing::warn!(flow = %t.flow, error = %e, "virtual-address conflict: the move is refused");
+            Err(e)
+        }
+        r => r,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::datapath::{fake::FakeDatapath, Proto, VirtualFlow};
+
+    fn flow(local: &str, remote: &str) -> VirtualFlow {
+        VirtualFlow {
+            proto: Proto::Tcp,
+            local: local.parse().unwrap(),
+            remote: remote.parse().unwrap(),
+        }
+    }
+
+    /// The laptop migrates `moving` (A:40000) to B:40000, where `older`
+    /// already talks to the same server port.
+    fn setup() -> (FakeDatapath, Translation, VirtualFlow) {
+        let mut dp = FakeDatapath::new();
+        let moving = flow("198.18.1.2:40000", "198.18.3.2:5001");
+        let older = flow("198.18.2.2:40000", "198.18.3.2:5001");
+        dp.add_connection(moving, None);
+        dp.add_connection(older, None);
+        let t = Translation {
+            flow: moving,
+            physical_local: older.local,
+            physical_remote: moving.remote,
+        };
+        (dp, t, older)
+    }
+
+    #[test]
+    fn abort_refuses_the_move_and_touches_nothing() {
+        let (mut dp, t, older) = setup();
+        let r = prepare_resolving(&mut dp, &t, false);
+        assert!(
+            matches!(&r, Err(DatapathError::Conflict { other, .. }) if **other == older),
+            "{r:?}"
+        );
+        assert!(dp.reset.is_empty());
+        assert!(dp.prepared.is_empty());
+        let text = r.unwrap_err().to_string();
+        assert!(
+            text.contains("preempt_cgroups"),
+            "the refusal says how to preempt: {text}"
+        );
+    }
+
+    #[test]
+    fn preempt_resets_the_older_connection_then_moves() {
+        let (mut dp, t, older) = setup();
+        prepare_resolving(&mut dp, &t, true).expect("preempted");
+        assert_eq!(dp.reset, vec![older]);
+        assert_eq!(dp.prepared.get(&t.flow), Some(&t));
+    }
+
+    #[test]
+    fn cgroup_ids_cover_the_directory_and_everything_below() {
+        let base = std::env::temp_dir().join(format!("vnat-conflict-{}", std::process::id()));
+        let deep = base.join("a/b");
+        std::fs::create_dir_all(&deep).unwrap();
+        let other = std::env::temp_dir().join(format!("vnat-conflict-o-{}", std::process::id()));
+        std::fs::create_dir_all(&other).unwrap();
+        let ino = |p: &Path| std::fs::metadata(p).unwrap().ino();
+        let ids = cgroup_ids_under(&[base.join("a")]);
+        assert!(ids.contains(&ino(&base.join("a"))) && ids.contains(&ino(&deep)));
+        assert!(!ids.contains(&ino(&base)) && !ids.contains(&ino(&other)));
+        assert!(cgroup_ids_under(&[]).is_empty());
+        let _ = std::fs::remove_dir_all(&base);
+        let _ = std::fs::remove_dir_all(&other);
+    }
+}
