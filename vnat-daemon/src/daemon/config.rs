@@ -57,11 +57,12 @@ address, to answer an update). The answers tell it where the peer sees it
 behind a NAT sends none.
 
 preempt_cgroups (or --preempt-cgroup, repeatable) decides virtual-address
-conflicts (paper section 3.4.3): when a connection would move (its own end
-or its peer's, or an import) onto the endpoints of another connection of
-this host, which the kernel could not tell apart, the move is refused
-(abort, the default) unless the moving connection's cgroup is one of
-these or below one; then the older connection is reset (preempt).
+conflicts (paper section 3.4.3): when a connection would move (its own end,
+or an import) onto the endpoints of another connection of this host, which
+the kernel could not tell apart, the move is refused (abort, the default)
+unless the moving connection's cgroup is one of these or below one; then
+the older connection is reset (preempt). A peer's move onto such endpoints
+is always refused.
 
 standby_tc keeps the translators attached to every network interface while
 this host has connections paired with a peer, so that a move does not wait

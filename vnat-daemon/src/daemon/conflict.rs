@@ -2,10 +2,13 @@
 //! virtual endpoints travel with it, so a move (its own end's, its peer's,
 //! or an import) can land on the endpoints of another connection of this
 //! host; the kernel could not tell the two apart. The datapath refuses such
-//! a move (`DatapathError::Conflict`); the moving connection's cgroup
-//! decides what then happens: `abort` (the default: the move is refused and
-//! says why) or `preempt` (the older connection is reset and the move goes
-//! on), for the cgroups listed in `preempt_cgroups` and those below them.
+//! a move (`DatapathError::Conflict`); for a move this host makes (its own
+//! end's, or an import) the moving connection's cgroup decides what then
+//! happens: `abort` (the default: the move is refused and says why) or
+//! `preempt` (the older connection is reset and the move goes on), for the
+//! cgroups listed in `preempt_cgroups` and those below them. A peer's move
+//! always aborts: a peer with valid keys could otherwise name the endpoints
+//! of a neighbour's connection and have it reset.
 
 use std::{
     collections::HashSet,

@@ -362,15 +362,17 @@ impl Driver {
         if work.is_empty() {
             return;
         }
-        // One trip to the datapath thread for all of them.
-        let preempt = self.preempting(work.iter().map(|t| t.flow));
+        // One trip to the datapath thread for all of them. A peer's move
+        // never preempts: a peer with valid keys could name the endpoints
+        // of a neighbour's connection as its new address and have this
+        // host reset it. The conflict refuses the move (and the address
+        // fails validation).
         let done = with_dp(&self.dp, move |dp| {
             work.into_iter()
                 .map(|t| {
-                    let r =
-                        conflict::prepare_resolving(dp, &t, preempt.contains(&t.flow)).map(|()| {
-                            prepare_old_address(dp, t.flow, t.physical_local, t.physical_remote);
-                        });
+                    let r = conflict::prepare_resolving(dp, &t, false).map(|()| {
+                        prepare_old_address(dp, t.flow, t.physical_local, t.physical_remote);
+                    });
                     (t, r)
                 })
                 .collect::<Vec<_>>()
