@@ -16,49 +16,74 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::datapath::{Datapath, DatapathError, Translation};
+use crate::datapath::{Datapath, DatapathError, Proto, Translation, VirtualFlow};
+
+/// `statfs` magic of the cgroup v2 filesystem.
+const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
 
 /// The ids of the cgroups at and below `dirs` (on cgroup v2 a cgroup's id
-/// is its directory's inode number, what the recorders store).
+/// is its directory's inode number, what the recorders store). A directory
+/// that is not on a cgroup v2 filesystem counts for nothing (its inode
+/// numbers would name unrelated cgroups), with a warning.
 pub fn cgroup_ids_under(dirs: &[PathBuf]) -> HashSet<u64> {
-    fn walk(dir: &Path, out: &mut HashSet<u64>, depth: usize) {
+    ids_under(dirs, true)
+}
+
+fn ids_under(dirs: &[PathBuf], cgroup2_only: bool) -> HashSet<u64> {
+    fn walk(dir: &Path, dev: u64, out: &mut HashSet<u64>, depth: usize) {
         let Ok(meta) = std::fs::symlink_metadata(dir) else {
             return;
         };
-        if !meta.is_dir() || !out.insert(meta.ino()) || depth > 64 {
+        if !meta.is_dir() || meta.dev() != dev || !out.insert(meta.ino()) || depth > 64 {
             return;
         }
         if let Ok(entries) = std::fs::read_dir(dir) {
             for e in entries.flatten() {
                 if e.file_type().is_ok_and(|t| t.is_dir()) {
-                    walk(&e.path(), out, depth + 1);
+                    walk(&e.path(), dev, out, depth + 1);
                 }
             }
         }
     }
     let mut out = HashSet::new();
     for d in dirs {
-        walk(d, &mut out, 0);
+        let on_cgroup2 = nix::sys::statfs::statfs(d.as_path())
+            .is_ok_and(|st| st.filesystem_type().0 == CGROUP2_SUPER_MAGIC);
+        if cgroup2_only && !on_cgroup2 {
+            tracing::warn!(dir = %d.display(), "preempt_cgroups: not a cgroup v2 directory; ignored");
+            continue;
+        }
+        if let Ok(meta) = std::fs::metadata(d) {
+            walk(d, meta.dev(), &mut out, 0);
+        }
     }
     out
 }
 
 /// Prepare the receive side of `t` (see `Datapath::prepare_translation`).
-/// If it lands on another connection's endpoints and `preempt` is set,
-/// reset that connection and try once more; otherwise the conflict is the
-/// answer.
+/// If it lands on another connection's endpoints, `preempt` is set and
+/// `may_reset` allows resetting that connection (it is under the same
+/// policy, in this namespace), reset it and try once more; otherwise the
+/// conflict is the answer. Only TCP preempts: a UDP socket may serve many
+/// peers, and one that is reset stays bound and may send again.
 pub fn prepare_resolving(
     dp: &mut dyn Datapath,
     t: &Translation,
     preempt: bool,
+    may_reset: impl Fn(&VirtualFlow) -> bool,
 ) -> Result<(), DatapathError> {
     match dp.prepare_translation(t) {
-        Err(DatapathError::Conflict { other, .. }) if preempt => {
-            tracing::warn!(flow = %t.flow, %other, "virtual-address conflict: resetting the older connection (its mover's cgroup preempts)");
-            dp.reset_connection(&other)?;
-            dp.prepare_translation(t)
-        }
         Err(e @ DatapathError::Conflict { .. }) => {
+            let DatapathError::Conflict { other, .. } = &e else {
+                unreachable!()
+            };
+            let other = **other;
+            if preempt && t.flow.proto == Proto::Tcp && may_reset(&other) {
+                tracing::warn!(flow = %t.flow, %other, "virtual-address conflict: resetting the older connection (both are in preempt_cgroups)");
+                if dp.reset_connection(&other)? {
+                    return dp.prepare_translation(t);
+                }
+            }
             tracing::warn!(flow = %t.flow, error = %e, "virtual-address conflict: the move is refused");
             Err(e)
         }
@@ -98,7 +123,7 @@ mod tests {
     #[test]
     fn abort_refuses_the_move_and_touches_nothing() {
         let (mut dp, t, older) = setup();
-        let r = prepare_resolving(&mut dp, &t, false);
+        let r = prepare_resolving(&mut dp, &t, false, |_| true);
         assert!(
             matches!(&r, Err(DatapathError::Conflict { other, .. }) if **other == older),
             "{r:?}"
@@ -115,9 +140,37 @@ mod tests {
     #[test]
     fn preempt_resets_the_older_connection_then_moves() {
         let (mut dp, t, older) = setup();
-        prepare_resolving(&mut dp, &t, true).expect("preempted");
+        prepare_resolving(&mut dp, &t, true, |f| *f == older).expect("preempted");
         assert_eq!(dp.reset, vec![older]);
         assert_eq!(dp.prepared.get(&t.flow), Some(&t));
+    }
+
+    #[test]
+    fn an_older_connection_outside_the_policy_or_udp_is_never_reset() {
+        let (mut dp, t, _) = setup();
+        assert!(matches!(
+            prepare_resolving(&mut dp, &t, true, |_| false),
+            Err(DatapathError::Conflict { .. })
+        ));
+        assert!(dp.reset.is_empty() && dp.prepared.is_empty());
+        let mut dp = FakeDatapath::new();
+        let moving = VirtualFlow {
+            proto: Proto::Udp,
+            ..flow("198.18.1.2:40000", "198.18.3.2:53")
+        };
+        let older = VirtualFlow {
+            proto: Proto::Udp,
+            ..flow("198.18.2.2:40000", "198.18.3.2:53")
+        };
+        dp.add_connection(moving, None);
+        dp.add_connection(older, None);
+        let t = Translation {
+            flow: moving,
+            physical_local: older.local,
+            physical_remote: moving.remote,
+        };
+        assert!(prepare_resolving(&mut dp, &t, true, |_| true).is_err());
+        assert!(dp.reset.is_empty(), "a UDP socket is never reset");
     }
 
     #[test]
@@ -128,10 +181,12 @@ mod tests {
         let other = std::env::temp_dir().join(format!("vnat-conflict-o-{}", std::process::id()));
         std::fs::create_dir_all(&other).unwrap();
         let ino = |p: &Path| std::fs::metadata(p).unwrap().ino();
-        let ids = cgroup_ids_under(&[base.join("a")]);
+        let ids = ids_under(&[base.join("a")], false);
         assert!(ids.contains(&ino(&base.join("a"))) && ids.contains(&ino(&deep)));
         assert!(!ids.contains(&ino(&base)) && !ids.contains(&ino(&other)));
         assert!(cgroup_ids_under(&[]).is_empty());
+        // Not a cgroup v2 directory: its inode numbers name nothing.
+        assert!(cgroup_ids_under(&[base.join("a")]).is_empty());
         let _ = std::fs::remove_dir_all(&base);
         let _ = std::fs::remove_dir_all(&other);
     }

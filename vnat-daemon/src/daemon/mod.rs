@@ -283,9 +283,11 @@ async fn apply_reloads(
         running.location_servers = new.location_servers;
         running.keepalive_secs = new.keepalive_secs;
         running.standby_tc = new.standby_tc;
+        running.preempt_cgroups = new.preempt_cgroups;
         running.log_level = new.log_level;
         tracing::info!(
             cgroups = ?running.cgroups,
+            preempt_cgroups = ?running.preempt_cgroups,
             location_servers = ?running.location_servers,
             keepalive_secs = running.keepalive_secs,
             standby_tc = running.standby_tc,

@@ -238,7 +238,7 @@ pub enum DatapathError {
     /// A virtual-address conflict (the paper's section 3.4.3): the
     /// endpoints a connection would move to are those of another
     /// connection of this host, so the kernel could not tell the two apart.
-    #[error("another connection of this host, {other}, has the endpoints {flow} would move to: the move is refused (on_conflict abort; list its cgroup in preempt_cgroups to reset the older connection instead)")]
+    #[error("another connection of this host, {other}, has the endpoints {flow} would move to: the move is refused (for a move of this host's own end, preempt_cgroups listing both connections' cgroups resets the older TCP connection instead)")]
     Conflict {
         flow: VirtualFlow,
         /// Boxed: it would make every `DatapathError` larger.

@@ -205,7 +205,7 @@ impl Driver {
                 continue;
             }
             let (flow, remote) = (*flow, v.remote_phys);
-            let preempt = !self.preempting(std::iter::once(flow)).is_empty();
+            let preempt = self.preempting(std::iter::once(flow));
             let prepared = with_dp(&self.dp, move |dp| {
                 let src = dp
                     .source_address_for(remote.ip())?
@@ -215,7 +215,9 @@ impl Driver {
                     physical_local: SocketAddr::new(src, flow.local.port()),
                     physical_remote: remote,
                 };
-                conflict::prepare_resolving(dp, &t, preempt)
+                conflict::prepare_resolving(dp, &t, preempt.contains(&flow), |o| {
+                    preempt.contains(o)
+                })
             })
             .await;
             if let Err(e) = prepared {

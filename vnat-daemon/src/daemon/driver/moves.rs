@@ -135,18 +135,23 @@ impl Driver {
         self.plan_and_move().await
     }
 
-    /// Which of `flows` preempt in a virtual-address conflict: those in a
-    /// cgroup at or below one of `preempt_cgroups` (`daemon::conflict`).
+    /// The connections under `preempt_cgroups` (`daemon::conflict`) when
+    /// some of `flows` are about to move: those of them may preempt, and
+    /// only those can be preempted. Empty when nothing moves or no cgroup
+    /// is listed (no walk of the cgroup tree then).
     pub(super) fn preempting(
         &self,
         flows: impl Iterator<Item = VirtualFlow>,
     ) -> HashSet<VirtualFlow> {
-        if self.cfg.preempt_cgroups.is_empty() {
+        let mut flows = flows.peekable();
+        if self.cfg.preempt_cgroups.is_empty() || flows.peek().is_none() {
             return HashSet::new();
         }
         let ids = conflict::cgroup_ids_under(&self.cfg.preempt_cgroups);
-        flows
-            .filter(|f| self.cgroup_of.get(f).is_some_and(|id| ids.contains(id)))
+        self.cgroup_of
+            .iter()
+            .filter(|(_, id)| **id != 0 && ids.contains(id))
+            .map(|(f, _)| *f)
             .collect()
     }
 
@@ -275,7 +280,9 @@ impl Driver {
                             physical_local: m.new_local,
                             physical_remote: m.remote_phys,
                         };
-                        conflict::prepare_resolving(dp, &t, preempt.contains(&m.flow))
+                        conflict::prepare_resolving(dp, &t, preempt.contains(&m.flow), |o| {
+                            preempt.contains(o)
+                        })
                     } else {
                         Ok(())
                     };
@@ -370,7 +377,7 @@ impl Driver {
         let done = with_dp(&self.dp, move |dp| {
             work.into_iter()
                 .map(|t| {
-                    let r = conflict::prepare_resolving(dp, &t, false).map(|()| {
+                    let r = conflict::prepare_resolving(dp, &t, false, |_| false).map(|()| {
                         prepare_old_address(dp, t.flow, t.physical_local, t.physical_remote);
                     });
                     (t, r)

@@ -599,14 +599,20 @@ impl Datapath for KernelDatapath {
 
     fn reset_connection(&mut self, flow: &VirtualFlow) -> Result<bool, DatapathError> {
         let key = flow.to_key();
+        // Only a socket recorded here, by its cookie: never one found by its
+        // tuple alone (a later socket that reused it), nor a container's
+        // (its socket is in another namespace, its record in the guest map).
         let cookie = match self.loaded.maps.conns.get(&key, 0) {
-            Ok(r) => r.cookie,
-            Err(e) if is_not_found(&e) => 0,
+            Ok(r) if r.cookie != 0 => r.cookie,
+            Ok(_) => return Ok(false),
+            Err(e) if is_not_found(&e) => return Ok(false),
             Err(e) => return Err(map_err(MAP_CONNS)(e)),
         };
-        let found = restart::reset(flow, cookie)?;
-        // Gone now: a UDP record waits for housekeeping, and a move that
-        // preempted it must not find it (or its translation) in its way.
+        if !restart::reset(flow, cookie)? {
+            return Ok(false);
+        }
+        // Gone now: a move that preempted it must not find its record (or
+        // its translation) in its way.
         let _ = self.loaded.maps.conns.remove(&key);
         match self.remove(flow) {
             Ok(()) | Err(DatapathError::NoSuchTranslation { .. }) => {}
@@ -614,7 +620,7 @@ impl Datapath for KernelDatapath {
                 tracing::warn!(?flow, error = %e, "cannot remove the translation of a connection reset for a conflict")
             }
         }
-        Ok(found)
+        Ok(true)
     }
 
     fn install_translation(&mut self, t: &Translation) -> Result<(), DatapathError> {

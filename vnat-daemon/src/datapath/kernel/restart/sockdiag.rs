@@ -211,13 +211,23 @@ pub(super) fn destroy(flow: &VirtualFlow, cookie: u64) -> Result<bool, DatapathE
     match answer.payload {
         NetlinkPayload::Error(e) => match e.code.map(|c| -c.get()) {
             None => Ok(true),
-            Some(libc::ENOENT) => Ok(false),
+            // Gone, or another socket has the tuple now (the cookie differs).
+            Some(libc::ENOENT) | Some(libc::ESTALE) => Ok(false),
+            Some(libc::EOPNOTSUPP) => Err(DatapathError::Kernel {
+                what: format!(
+                    "destroying the socket of {flow} (the kernel lacks CONFIG_INET_DIAG_DESTROY)"
+                ),
+                source: std::io::Error::from_raw_os_error(libc::EOPNOTSUPP),
+            }),
             Some(errno) => Err(DatapathError::Kernel {
                 what: format!("destroying the socket of {flow}"),
                 source: std::io::Error::from_raw_os_error(errno),
             }),
         },
-        _ => Ok(true),
+        _ => Err(DatapathError::Kernel {
+            what: format!("destroying the socket of {flow}"),
+            source: std::io::Error::other("sock_diag answered with no acknowledgement"),
+        }),
     }
 }
 
