@@ -296,6 +296,9 @@ pub struct Driver {
     anchors: HashMap<VirtualFlow, IpAddr>,
     /// Each tracked connection's cgroup id, for its conflict policy.
     cgroup_of: HashMap<VirtualFlow, u64>,
+    /// Suspended connections whose keepalive vnatd turned off until resume
+    /// (`Datapath::hold_keepalive`).
+    keepalive_held: HashSet<VirtualFlow>,
 }
 
 impl Driver {
@@ -387,6 +390,7 @@ impl Driver {
             placed: HashMap::new(),
             anchors: HashMap::new(),
             cgroup_of: HashMap::new(),
+            keepalive_held: HashSet::new(),
         }
     }
 
@@ -484,6 +488,8 @@ impl Driver {
             self.update_standby().await;
             self.end_overdue_holds().await;
         }
+        // A socket must not stay without the keepalive its application set.
+        self.release_keepalives().await;
         Ok(())
     }
 

@@ -40,6 +40,8 @@ pub struct FakeDatapath {
     pub solicited: Vec<VirtualFlow>,
     /// Connections reset ([`Datapath::reset_connection`]), in order.
     pub reset: Vec<VirtualFlow>,
+    /// Keepalive holds (true) and releases ([`Datapath::hold_keepalive`]).
+    pub keepalive_held: Vec<(VirtualFlow, bool)>,
     /// Interfaces kept attached ([`Datapath::set_standby`]).
     pub standby: Vec<u32>,
     /// Addresses kept local ([`Datapath::keep_local`]).
@@ -127,6 +129,12 @@ impl Datapath for FakeDatapath {
         self.take_failure()?;
         self.solicited.push(*flow);
         Ok(false)
+    }
+
+    fn hold_keepalive(&mut self, flow: &VirtualFlow, hold: bool) -> Result<bool, DatapathError> {
+        self.take_failure()?;
+        self.keepalive_held.push((*flow, hold));
+        Ok(flow.proto == crate::datapath::Proto::Tcp)
     }
 
     fn reset_connection(&mut self, flow: &VirtualFlow) -> Result<bool, DatapathError> {

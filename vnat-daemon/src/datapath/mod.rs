@@ -116,6 +116,12 @@ pub trait Datapath {
     /// socket that is not established).
     fn solicit_ack(&mut self, flow: &VirtualFlow) -> Result<bool, DatapathError>;
 
+    /// Turn the TCP keepalive of `flow`'s socket off (`hold`) or on again,
+    /// while its host is away (`vnatctl suspend`): unanswered keepalive
+    /// probes would otherwise kill the connection the suspension carries.
+    /// Returns whether it was changed (holding: whether it was on).
+    fn hold_keepalive(&mut self, flow: &VirtualFlow, hold: bool) -> Result<bool, DatapathError>;
+
     /// Reset the connection `flow` of this host (SOCK_DESTROY: its
     /// application sees ECONNABORTED, a TCP peer gets a reset), for a
     /// conflict whose policy is to preempt it. Returns false if no such

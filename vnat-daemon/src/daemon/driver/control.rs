@@ -4,6 +4,52 @@
 use super::*;
 
 impl Driver {
+    /// Turn off the keepalive of the suspended TCP connections among
+    /// `flows` until resume: their host may be away longer than their
+    /// keepalive lets an unanswered peer live.
+    async fn hold_keepalives(&mut self, flows: &[VirtualFlow]) {
+        let tcp: Vec<VirtualFlow> = flows
+            .iter()
+            .filter(|f| f.proto == crate::datapath::Proto::Tcp && !self.keepalive_held.contains(f))
+            .copied()
+            .collect();
+        if tcp.is_empty() {
+            return;
+        }
+        let held = with_dp(&self.dp, move |dp| {
+            tcp.into_iter()
+                .filter(|f| match dp.hold_keepalive(f, true) {
+                    Ok(changed) => changed,
+                    Err(e) => {
+                        tracing::warn!(flow = %f, error = %e, "cannot hold the connection's keepalive during its suspension");
+                        false
+                    }
+                })
+                .collect::<Vec<_>>()
+        })
+        .await;
+        if !held.is_empty() {
+            tracing::info!(connections = held.len(), "keepalives held until resume");
+        }
+        self.keepalive_held.extend(held);
+    }
+
+    /// Turn the held keepalives on again (resume, shutdown).
+    pub(super) async fn release_keepalives(&mut self) {
+        if self.keepalive_held.is_empty() {
+            return;
+        }
+        let held: Vec<VirtualFlow> = self.keepalive_held.drain().collect();
+        with_dp(&self.dp, move |dp| {
+            for f in held {
+                if let Err(e) = dp.hold_keepalive(&f, false) {
+                    tracing::warn!(flow = %f, error = %e, "cannot turn the connection's keepalive on again");
+                }
+            }
+        })
+        .await;
+    }
+
     pub(super) async fn command(&mut self, cmd: Command) {
         match cmd {
             Command::Suspend { flows, reply } => {
@@ -11,10 +57,14 @@ impl Driver {
                     .endpoint
                     .suspend(now(), &mut OsRng, &flows)
                     .map(|()| flows.len());
+                if r.is_ok() {
+                    self.hold_keepalives(&flows).await;
+                }
                 let _ = reply.send(r);
             }
             Command::Resume { reply } => {
                 let n = self.resync().await;
+                self.release_keepalives().await;
                 let _ = reply.send(n);
             }
             Command::Migrate { moves, reply } => {

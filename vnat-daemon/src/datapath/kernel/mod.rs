@@ -597,6 +597,14 @@ impl Datapath for KernelDatapath {
         restart::solicit_ack(flow, &record)
     }
 
+    fn hold_keepalive(&mut self, flow: &VirtualFlow, hold: bool) -> Result<bool, DatapathError> {
+        match self.loaded.maps.conns.get(&flow.to_key(), 0) {
+            Ok(record) => restart::hold_keepalive(flow, &record, hold),
+            Err(e) if is_not_found(&e) => Ok(false),
+            Err(e) => Err(map_err(MAP_CONNS)(e)),
+        }
+    }
+
     fn reset_connection(&mut self, flow: &VirtualFlow) -> Result<bool, DatapathError> {
         let key = flow.to_key();
         // Only a socket recorded here, by its cookie: never one found by its

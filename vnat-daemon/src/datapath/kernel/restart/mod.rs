@@ -370,6 +370,23 @@ pub fn sequence_state(
     )))
 }
 
+/// Hold (`hold`: turn off) or release (turn on again) the keepalive of
+/// `flow`'s socket (see `keepalive.rs`). `Ok(true)`: it was changed.
+pub fn hold_keepalive(
+    flow: &VirtualFlow,
+    record: &ConnRecord,
+    hold: bool,
+) -> Result<bool, DatapathError> {
+    if flow.proto != Proto::Tcp {
+        return Ok(false);
+    }
+    let Some(state) = SockDiag::with_shared(|d| d.query(flow, record.cookie))? else {
+        return Ok(false);
+    };
+    keepalive::set_keepalive(record.pid, state.inode, !hold)
+        .map_err(kernel_err("changing the socket's keepalive"))
+}
+
 /// Reset `flow`'s socket (see [`sockdiag::destroy`]); `cookie` 0: any
 /// socket with the tuple.
 pub fn reset(flow: &VirtualFlow, cookie: u64) -> Result<bool, DatapathError> {
@@ -543,6 +560,7 @@ pub fn checksum(bytes: &[u8]) -> u16 {
     !(sum as u16)
 }
 
+mod keepalive;
 mod push;
 mod rawsock;
 mod sockdiag;

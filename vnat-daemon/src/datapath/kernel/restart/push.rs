@@ -23,7 +23,7 @@ use std::{fs, io, os::fd::OwnedFd};
 use super::*;
 
 /// The socket with `inode`, taken from process `pid`, if it still holds it.
-fn socket_of(pid: u32, inode: u64) -> io::Result<Option<OwnedFd>> {
+pub(super) fn socket_of(pid: u32, inode: u64) -> io::Result<Option<OwnedFd>> {
     let want = format!("socket:[{inode}]");
     let Some(fd) = fs::read_dir(format!("/proc/{pid}/fd"))?
         .filter_map(Result::ok)

@@ -1,0 +1,50 @@
+//! The keepalive hold (issue 18, item 3): while a connection is suspended
+//! (`vnatctl suspend`) its host may be offline for minutes, and a socket
+//! with TCP keepalive on (redis-cli sets 15 s) would probe a peer it cannot
+//! reach and give up after a few unanswered probes, although the suspension
+//! exists to carry it across. vnatd turns SO_KEEPALIVE off on the socket
+//! (a duplicate taken from its process with pidfd_getfd, checked by inode,
+//! as the push lever does) and on again at resume. The socket's keepalive
+//! times (TCP_KEEPIDLE, TCP_KEEPINTVL, TCP_KEEPCNT) are not touched; turning
+//! it on again starts the idle time afresh.
+
+use std::io;
+
+use super::*;
+
+/// SO_KEEPALIVE of the socket of `pid` with `inode`: with `on == false`,
+/// turn it off if it is on; with `on == true`, turn it on. `Ok(true)`: it
+/// was changed (off: it was on). `Ok(false)`: nothing to do, or the socket
+/// cannot be reached (no owner known, gone).
+pub(super) fn set_keepalive(pid: u32, inode: u64, on: bool) -> io::Result<bool> {
+    if pid == 0 || inode == 0 {
+        return Ok(false);
+    }
+    let Some(sock) = push::socket_of(pid, inode)? else {
+        return Ok(false);
+    };
+    let mut cur: libc::c_int = 0;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `sock` is open (owned here); `cur` and `len` are live and
+    // sized for SO_KEEPALIVE's int, and the kernel writes at most `len`
+    // bytes.
+    cvt(unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_KEEPALIVE,
+            (&mut cur as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    })?;
+    if (cur != 0) == on {
+        return Ok(false);
+    }
+    setsockopt(
+        &sock,
+        libc::SOL_SOCKET,
+        libc::SO_KEEPALIVE,
+        &libc::c_int::from(on),
+    )?;
+    Ok(true)
+}
