@@ -104,7 +104,8 @@ fn install_and_remove_set_up_and_take_down_everything() {
         .unwrap_err();
     assert!(matches!(err, DatapathError::NoRoute { .. }), "{err}");
     assert_eq!(srv.datapath(|dp| dp.translations().unwrap()), vec![back]);
-    // Another flow claiming the same physical endpoints is refused.
+    // Another flow claiming the same physical endpoints is refused: a
+    // conflict that names the translation holding them.
     let other = Translation {
         flow: VirtualFlow {
             local: sa("198.18.1.3:5002"),
@@ -117,7 +118,7 @@ fn install_and_remove_set_up_and_take_down_everything() {
         .datapath(move |dp| dp.install_translation(&other))
         .unwrap_err();
     assert!(
-        matches!(err, DatapathError::InvalidTranslation { .. }),
+        matches!(&err, DatapathError::Conflict { other, .. } if **other == back.flow),
         "{err}"
     );
     assert_eq!(srv.datapath(|dp| dp.translations().unwrap()), vec![back]);

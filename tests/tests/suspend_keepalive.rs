@@ -110,6 +110,15 @@ fn a_suspended_clients_keepalive_does_not_kill_it_during_a_minute_offline() {
     }
 
     vnatctl(&lapd, &["suspend", "--all"]);
+    let held_rows = |d: &Vnatd| {
+        d.ctl(&["ls", "--proto", "tcp"])
+            .unwrap_or_default()
+            .as_array()
+            .map_or(0, |rows| {
+                rows.iter().filter(|r| r["keepalive_held"] == true).count()
+            })
+    };
+    assert_eq!(held_rows(&lapd), 1, "ls does not show the held keepalive");
     for (a, p) in topo.laptop_a_addr.with_prefixes() {
         topo.laptop.del_addr(&topo.laptop_if_a, a, p);
     }
@@ -133,6 +142,11 @@ fn a_suspended_clients_keepalive_does_not_kill_it_during_a_minute_offline() {
     assert!(
         held.echo("again"),
         "the suspended client's connection does not echo after resume"
+    );
+    assert_eq!(
+        held_rows(&lapd),
+        0,
+        "ls still shows a held keepalive after resume"
     );
     // Its keepalive is on again: the hold ends with the suspension (the
     // timer shows once the connection is idle).

@@ -296,6 +296,7 @@ mod tests {
             why_not_mobile: (!mobile).then(|| "no vnatd answered at the peer's address".into()),
             role: None,
             moving: false,
+            keepalive_held: false,
         }
     }
 

@@ -51,6 +51,8 @@ pub struct LsRow {
     pub role: Option<String>,
     /// A move is under way: the peer is validating the new address.
     pub moving: bool,
+    /// Suspended: vnatd turned its TCP keepalive off until resume.
+    pub keepalive_held: bool,
     /// A container's connection (a socket in another network namespace
     /// behind this host's NAT): where it lives. The endpoints above are
     /// then the public ones, after the host's NAT. Null for the host's own.
@@ -97,6 +99,7 @@ impl From<&ListedConnection> for LsRow {
             why_not_mobile: listed.why_not_mobile.clone(),
             role: listed.role.clone(),
             moving: listed.moving,
+            keepalive_held: listed.keepalive_held,
             guest: c.guest.as_ref().map(|g| GuestRow {
                 netns: g.netns.clone(),
                 netns_cookie: g.netns_cookie,
@@ -157,11 +160,18 @@ pub fn ls_table(rows: &[LsRow]) -> String {
 /// The `ls` NOTE: where a NAT put our end, or why it cannot move; for a
 /// container's connection, first its namespace and private end.
 fn note(r: &LsRow) -> String {
-    let rest = match (&r.seen_by_peer_as, &r.why_not_mobile) {
+    let mut rest = match (&r.seen_by_peer_as, &r.why_not_mobile) {
         (_, Some(why)) => Some(why.clone()),
         (Some(seen), None) => Some(format!("NAT: the peer sees {seen}")),
         (None, None) => None,
     };
+    if r.keepalive_held {
+        let held = "keepalive held until resume".to_string();
+        rest = Some(match rest {
+            Some(r) => format!("{r}; {held}"),
+            None => held,
+        });
+    }
     let guest = r.guest.as_ref().map(|g| {
         let ns = g
             .netns

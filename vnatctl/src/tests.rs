@@ -49,6 +49,7 @@ fn conn(
         why_not_mobile: (!mobile).then(|| "no vnatd answered at the peer's address".into()),
         role: None,
         moving: false,
+        keepalive_held: false,
     }
 }
 
@@ -105,6 +106,7 @@ fn ls_json_keys_are_the_contract() {
         "why_not_mobile",
         "role",
         "moving",
+        "keepalive_held",
         "guest",
     ];
     let mut keys_sorted = keys.clone();
@@ -124,7 +126,7 @@ fn ls_json_keys_are_the_contract() {
             "state": "native", "pid": 42, "command": "curl", "cgroup": "/system.slice/app.service",
             "cgroup_id": 5, "cookie": 99, "age_secs": 12, "mobile": true,
             "behind_nat": false, "seen_by_peer_as": null, "why_not_mobile": null,
-            "role": null, "moving": false, "guest": null
+            "role": null, "moving": false, "keepalive_held": false, "guest": null
         })
     );
     assert_eq!(array[1]["proto"], "udp");
@@ -462,6 +464,26 @@ fn a_containers_connection_shows_its_namespace_and_private_end() {
         table.contains("container net:[4026532999] at 10.88.0.2:40000"),
         "{table}"
     );
+}
+
+/// A suspended connection whose keepalive vnatd holds says so in NOTE and
+/// in JSON.
+#[test]
+fn ls_shows_a_held_keepalive() {
+    let mut listed = conn(
+        Proto::Tcp,
+        "198.18.1.2:40001",
+        "198.18.3.2:5001",
+        "198.18.1.2:40001",
+        ConnState::Native,
+        Some(42),
+    );
+    listed.keepalive_held = true;
+    let rows = select(vec![listed], None, None);
+    let v = serde_json::to_value(&rows).expect("serializable");
+    assert_eq!(v[0]["keepalive_held"], true);
+    let table = crate::output::ls_table(&rows);
+    assert!(table.contains("keepalive held until resume"), "{table}");
 }
 
 /// A container whose address the host routes (not NATed): its own address

@@ -178,6 +178,7 @@ impl Handler {
                         why_not_mobile: None,
                         role: None,
                         moving: false,
+                        keepalive_held: false,
                     })
                     .collect(),
             },
@@ -215,6 +216,7 @@ impl Handler {
                     c.mobile = m.is_some_and(|m| m.mobile);
                     c.seen_by_peer_as = m.and_then(|m| m.seen_by_peer_as);
                     c.role = m.and_then(|m| m.role.clone());
+                    c.keepalive_held = m.is_some_and(|m| m.keepalive_held);
                     // Under way until the datapath sends from where VCMP
                     // has our end (after the peer's SWITCHED).
                     c.moving = m.is_some_and(|m| {

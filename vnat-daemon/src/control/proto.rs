@@ -285,6 +285,8 @@ pub struct Mobility {
     /// Where VCMP has our end (the datapath may not send from there yet:
     /// the send side switches once the peer sends to it).
     pub local_phys: Option<SocketAddr>,
+    /// Its keepalive is held (off) until resume (`vnatctl suspend`).
+    pub keepalive_held: bool,
 }
 
 /// One element of the `list` answer: the datapath's record plus what VCMP
@@ -313,6 +315,9 @@ pub struct ListedConnection {
     /// A move of it is under way (the peer is validating its new address).
     #[serde(default)]
     pub moving: bool,
+    /// Suspended: vnatd turned its TCP keepalive off until resume.
+    #[serde(default)]
+    pub keepalive_held: bool,
 }
 
 /// The answer to [`Request::Suspend`].
@@ -620,12 +625,14 @@ mod tests {
             why_not_mobile: None,
             role: None,
             moving: false,
+            keepalive_held: false,
         };
         let v = serde_json::to_value(&listed).expect("serializable");
         let mut plain = serde_json::to_value(&listed.info).expect("serializable");
         plain["mobile"] = serde_json::json!(true);
         plain["role"] = serde_json::Value::Null;
         plain["moving"] = serde_json::json!(false);
+        plain["keepalive_held"] = serde_json::json!(false);
         assert_eq!(
             v, plain,
             "mobile, role and moving are keys beside the record's"

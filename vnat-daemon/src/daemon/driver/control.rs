@@ -138,6 +138,7 @@ impl Driver {
                                 }),
                                 moving: v.migrating,
                                 local_phys: Some(v.local_phys),
+                                keepalive_held: self.keepalive_held.contains(f),
                             },
                         ))
                     })
