@@ -1,10 +1,12 @@
 //! The keepalive hold (issue 18, item 3 in part): a client whose TCP
 //! keepalive gives up after 5 s idle and three unanswered probes 1 s apart
-//! is suspended (`vnatctl suspend --all`), the laptop is offline for 60 s,
-//! wakes up on another subnet and resumes: the connection echoes again. A
-//! second client, identical but in a cgroup vnat does not manage, is cut by
-//! its own keepalive during the same outage, which is what the first one's
-//! would have done without the hold.
+//! is suspended (`vnatctl suspend --all`) and the laptop is offline for
+//! 60 s. As the sleep hook does, `vnatctl resume --all` comes at wake, 15 s
+//! before the network is back (on another subnet): the keepalive stays held
+//! until the connection works again, and then it echoes. A second client,
+//! identical but in a cgroup vnat does not manage, is cut by its own
+//! keepalive during the same outage, which is what the first one's would
+//! have done without the hold.
 
 mod support;
 
@@ -17,12 +19,14 @@ use std::{
 
 use vnat_tests::{bin_path, EchoServer, Host, LaptopRouterServer, Netns, TempDir, Vnatd};
 
-const OUTAGE: Duration = Duration::from_secs(60);
+/// Offline before `resume`, and after it until the network is back.
+const BEFORE_RESUME: Duration = Duration::from_secs(45);
+const AFTER_RESUME: Duration = Duration::from_secs(15);
 
 /// An idle line client with keepalive at 5 s idle, 1 s interval, 3 probes.
 struct IdleClient {
     child: Child,
-    out: BufReader<ChildStdout>,
+    out: Option<BufReader<ChildStdout>>,
 }
 
 impl IdleClient {
@@ -39,7 +43,7 @@ impl IdleClient {
             c.join_on_spawn(&mut cmd);
         }
         let mut child = cmd.spawn().expect("starting socat");
-        let out = BufReader::new(child.stdout.take().expect("stdout"));
+        let out = Some(BufReader::new(child.stdout.take().expect("stdout")));
         IdleClient { child, out }
     }
 
@@ -55,8 +59,24 @@ impl IdleClient {
         {
             return false;
         }
-        let mut got = String::new();
-        matches!(self.out.read_line(&mut got), Ok(n) if n > 0) && got.trim_end() == line
+        // Read in a thread, so that a connection that never answers fails
+        // the test instead of hanging it.
+        let Some(mut out) = self.out.take() else {
+            return false;
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut got = String::new();
+            let n = out.read_line(&mut got);
+            let _ = tx.send((out, n.map(|n| (n, got))));
+        });
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok((out, Ok((n, got)))) => {
+                self.out = Some(out);
+                n > 0 && got.trim_end() == line
+            }
+            _ => false,
+        }
     }
 
     fn exited(&mut self) -> bool {
@@ -110,20 +130,34 @@ fn a_suspended_clients_keepalive_does_not_kill_it_during_a_minute_offline() {
     }
 
     vnatctl(&lapd, &["suspend", "--all"]);
+    // (held, listed) among the laptop's connections to the server.
     let held_rows = |d: &Vnatd| {
-        d.ctl(&["ls", "--proto", "tcp"])
-            .unwrap_or_default()
+        let ls = d
+            .ctl(&["ls", "--proto", "tcp"])
+            .expect("ls lists the connection");
+        let rows: Vec<&serde_json::Value> = ls
             .as_array()
-            .map_or(0, |rows| {
-                rows.iter().filter(|r| r["keepalive_held"] == true).count()
+            .map(|a| {
+                a.iter()
+                    .filter(|r| r["virtual_remote"] == server.to_string())
+                    .collect()
             })
+            .unwrap_or_default();
+        (
+            rows.iter().filter(|r| r["keepalive_held"] == true).count(),
+            rows.len(),
+        )
     };
-    assert_eq!(held_rows(&lapd), 1, "ls does not show the held keepalive");
+    assert_eq!(
+        held_rows(&lapd),
+        (1, 1),
+        "ls does not show the held keepalive"
+    );
     for (a, p) in topo.laptop_a_addr.with_prefixes() {
         topo.laptop.del_addr(&topo.laptop_if_a, a, p);
     }
     topo.laptop.link_down(&topo.laptop_if_a);
-    std::thread::sleep(OUTAGE);
+    std::thread::sleep(BEFORE_RESUME);
     // The unmanaged one's keepalive gave up (about 8 s in): the outage was
     // long enough to kill a connection with these settings.
     assert!(
@@ -135,19 +169,35 @@ fn a_suspended_clients_keepalive_does_not_kill_it_during_a_minute_offline() {
         "the suspended client died during the outage"
     );
 
-    topo.plug_laptop_b();
-    topo.laptop
-        .default_route(topo.router_b_addr.v4.into(), &topo.laptop_if_b);
+    // Resumed at wake (as the sleep hook does), the network not back yet:
+    // still held, and alive after longer than its keepalive allows.
     vnatctl(&lapd, &["resume", "--all"]);
+    std::thread::sleep(AFTER_RESUME);
     assert!(
-        held.echo("again"),
-        "the suspended client's connection does not echo after resume"
+        !held.exited(),
+        "the client died between resume and the network's return"
     );
     assert_eq!(
         held_rows(&lapd),
-        0,
-        "ls still shows a held keepalive after resume"
+        (1, 1),
+        "the hold ended before the connection worked again"
     );
+    topo.plug_laptop_b();
+    topo.laptop
+        .default_route(topo.router_b_addr.v4.into(), &topo.laptop_if_b);
+    assert!(
+        held.echo("again"),
+        "the suspended client's connection does not echo after the move"
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while held_rows(&lapd) != (0, 1) {
+        assert!(
+            Instant::now() < deadline,
+            "ls still shows a held keepalive once the connection works: {:?}",
+            held_rows(&lapd)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     // Its keepalive is on again: the hold ends with the suspension (the
     // timer shows once the connection is idle).
     let deadline = Instant::now() + Duration::from_secs(5);

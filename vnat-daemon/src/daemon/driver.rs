@@ -296,9 +296,12 @@ pub struct Driver {
     anchors: HashMap<VirtualFlow, IpAddr>,
     /// Each tracked connection's cgroup id, for its conflict policy.
     cgroup_of: HashMap<VirtualFlow, u64>,
-    /// Suspended connections whose keepalive vnatd turned off until resume
-    /// (`Datapath::hold_keepalive`).
-    keepalive_held: HashSet<VirtualFlow>,
+    /// Suspended connections whose keepalive vnatd turned off until they
+    /// work again (`Datapath::hold_keepalive`,
+    /// `mobility::keepalive_release_due`).
+    keepalive_held: HashMap<VirtualFlow, mobility::HeldKeepalive>,
+    /// When held keepalives are next looked at.
+    next_keepalive_check: std::time::Instant,
 }
 
 impl Driver {
@@ -390,7 +393,8 @@ impl Driver {
             placed: HashMap::new(),
             anchors: HashMap::new(),
             cgroup_of: HashMap::new(),
-            keepalive_held: HashSet::new(),
+            keepalive_held: HashMap::new(),
+            next_keepalive_check: std::time::Instant::now(),
         }
     }
 
@@ -487,9 +491,10 @@ impl Driver {
             self.update_kept().await;
             self.update_standby().await;
             self.end_overdue_holds().await;
+            self.release_due_keepalives().await;
         }
         // A socket must not stay without the keepalive its application set.
-        self.release_keepalives().await;
+        self.release_keepalives(true).await;
         Ok(())
     }
 

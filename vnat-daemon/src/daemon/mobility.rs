@@ -113,6 +113,42 @@ pub fn plan_moves(
     out
 }
 
+/// A suspended connection whose keepalive vnatd holds (turned off) until
+/// it works again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldKeepalive {
+    pub since: std::time::Instant,
+    /// Where our end was when the hold began.
+    pub local_at_hold: SocketAddr,
+    /// `vnatctl resume` was asked since.
+    pub resume_asked: bool,
+}
+
+/// How long a keepalive is held at most, whatever happens.
+pub const MAX_KEEPALIVE_HOLD: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+/// Whether a held keepalive goes back on now: once its connection works
+/// again, i.e. no move of it is under way, its local address is one of this
+/// host's, and either `resume` was asked or it moved since the hold began
+/// (automatic mode). Not at the `resume` command itself: a laptop resumes
+/// at wake, before its network is back, and a keepalive turned on then
+/// probes a peer it cannot reach yet. At the latest after
+/// [`MAX_KEEPALIVE_HOLD`].
+pub fn keepalive_release_due(
+    held: &HeldKeepalive,
+    local_phys: SocketAddr,
+    migrating: bool,
+    addrs: &HashSet<IpAddr>,
+    now: std::time::Instant,
+) -> bool {
+    if now.duration_since(held.since) >= MAX_KEEPALIVE_HOLD {
+        return true;
+    }
+    !migrating
+        && addrs.contains(&local_phys.ip())
+        && (held.resume_asked || local_phys != held.local_at_hold)
+}
+
 /// Where our send side goes when our own move completes (`Resumed`): to
 /// (`local`, the peer's last validated endpoint), unless the peer moved too
 /// and its new endpoint is still being validated. Then its validated endpoint
@@ -294,6 +330,44 @@ mod tests {
         let back = |_| Some("fd00:5e:1::2".parse().unwrap());
         let moves = plan_moves(&t, &addrs(&["fd00:5e:1::2"]), back);
         assert_eq!(moves[0].new_local, sa("[fd00:5e:1::2]:4000"));
+    }
+
+    #[test]
+    fn a_held_keepalive_goes_back_on_when_the_connection_works_again() {
+        let t0 = std::time::Instant::now();
+        let here = sa("198.18.1.2:4000");
+        let held = HeldKeepalive {
+            since: t0,
+            local_at_hold: here,
+            resume_asked: false,
+        };
+        let none = addrs(&[]);
+        let a = addrs(&["198.18.1.2"]);
+        let b = addrs(&["198.18.2.2"]);
+        // Suspended, nothing asked yet: held, even with the address here.
+        assert!(!keepalive_release_due(&held, here, false, &a, t0));
+        // Resumed at wake, the network not back: still held.
+        let resumed = HeldKeepalive {
+            resume_asked: true,
+            ..held
+        };
+        assert!(!keepalive_release_due(&resumed, here, false, &none, t0));
+        // Its move under way: held.
+        let there = sa("198.18.2.2:4000");
+        assert!(!keepalive_release_due(&resumed, there, true, &b, t0));
+        // Moved, or back where it was after resume: released.
+        assert!(keepalive_release_due(&resumed, there, false, &b, t0));
+        assert!(keepalive_release_due(&resumed, here, false, &a, t0));
+        // Moved by automatic mode without resume: released too.
+        assert!(keepalive_release_due(&held, there, false, &b, t0));
+        // At the latest after the limit.
+        assert!(keepalive_release_due(
+            &held,
+            here,
+            false,
+            &none,
+            t0 + MAX_KEEPALIVE_HOLD
+        ));
     }
 
     #[test]

@@ -5,20 +5,22 @@ use super::*;
 
 impl Driver {
     /// Turn off the keepalive of the suspended TCP connections among
-    /// `flows` until resume: their host may be away longer than their
-    /// keepalive lets an unanswered peer live.
+    /// `flows` until they work again: their host may be away longer than
+    /// their keepalive lets an unanswered peer live.
     async fn hold_keepalives(&mut self, flows: &[VirtualFlow]) {
-        let tcp: Vec<VirtualFlow> = flows
+        let tcp: Vec<(VirtualFlow, SocketAddr)> = flows
             .iter()
-            .filter(|f| f.proto == crate::datapath::Proto::Tcp && !self.keepalive_held.contains(f))
-            .copied()
+            .filter(|f| {
+                f.proto == crate::datapath::Proto::Tcp && !self.keepalive_held.contains_key(f)
+            })
+            .filter_map(|f| Some((*f, self.endpoint.connection(f)?.local_phys)))
             .collect();
         if tcp.is_empty() {
             return;
         }
         let held = with_dp(&self.dp, move |dp| {
             tcp.into_iter()
-                .filter(|f| match dp.hold_keepalive(f, true) {
+                .filter(|(f, _)| match dp.hold_keepalive(f, true) {
                     Ok(changed) => changed,
                     Err(e) => {
                         tracing::warn!(flow = %f, error = %e, "cannot hold the connection's keepalive during its suspension");
@@ -29,25 +31,88 @@ impl Driver {
         })
         .await;
         if !held.is_empty() {
-            tracing::info!(connections = held.len(), "keepalives held until resume");
+            tracing::info!(
+                connections = held.len(),
+                "keepalives held until the connections work again"
+            );
         }
-        self.keepalive_held.extend(held);
+        let since = std::time::Instant::now();
+        for (f, local) in held {
+            self.keepalive_held.insert(
+                f,
+                mobility::HeldKeepalive {
+                    since,
+                    local_at_hold: local,
+                    resume_asked: false,
+                },
+            );
+        }
     }
 
-    /// Turn the held keepalives on again (resume, shutdown).
-    pub(super) async fn release_keepalives(&mut self) {
+    /// Turn on again the held keepalives of the connections that work
+    /// again (`mobility::keepalive_release_due`); all of them with `all`
+    /// (vnatd stops). Looked at twice a second at most. A failed release
+    /// stays held and is tried again.
+    pub(super) async fn release_keepalives(&mut self, all: bool) {
         if self.keepalive_held.is_empty() {
             return;
         }
-        let held: Vec<VirtualFlow> = self.keepalive_held.drain().collect();
-        with_dp(&self.dp, move |dp| {
-            for f in held {
-                if let Err(e) = dp.hold_keepalive(&f, false) {
-                    tracing::warn!(flow = %f, error = %e, "cannot turn the connection's keepalive on again");
+        let now = std::time::Instant::now();
+        if !all && now < self.next_keepalive_check {
+            return;
+        }
+        self.next_keepalive_check = now + std::time::Duration::from_millis(500);
+        // (flow, its hold, where VCMP has it and whether it is moving)
+        #[allow(clippy::type_complexity)]
+        let state: Vec<(
+            VirtualFlow,
+            mobility::HeldKeepalive,
+            Option<(SocketAddr, bool)>,
+        )> = self
+            .keepalive_held
+            .iter()
+            .map(|(f, h)| {
+                let c = self
+                    .endpoint
+                    .connection(f)
+                    .map(|v| (v.local_phys, v.migrating));
+                (*f, *h, c)
+            })
+            .collect();
+        let released = with_dp(&self.dp, move |dp| {
+            let addrs: HashSet<IpAddr> = if all {
+                HashSet::new()
+            } else {
+                match dp.interface_addresses() {
+                    Ok(a) => a.into_iter().map(|(ip, _)| ip).collect(),
+                    Err(_) => return Vec::new(),
                 }
-            }
+            };
+            state
+                .into_iter()
+                .filter(|(_, h, c)| {
+                    all || c.is_some_and(|(local, migrating)| {
+                        mobility::keepalive_release_due(h, local, migrating, &addrs, now)
+                    })
+                })
+                .filter_map(|(f, _, _)| match dp.hold_keepalive(&f, false) {
+                    Ok(_) => Some(f),
+                    Err(e) => {
+                        tracing::warn!(flow = %f, error = %e, "cannot turn the connection's keepalive on again; will retry");
+                        None
+                    }
+                })
+                .collect::<Vec<_>>()
         })
         .await;
+        for f in released {
+            self.keepalive_held.remove(&f);
+            tracing::debug!(flow = %f, "keepalive on again");
+        }
+    }
+
+    pub(super) async fn release_due_keepalives(&mut self) {
+        self.release_keepalives(false).await;
     }
 
     pub(super) async fn command(&mut self, cmd: Command) {
@@ -63,8 +128,12 @@ impl Driver {
                 let _ = reply.send(r);
             }
             Command::Resume { reply } => {
+                // Held keepalives go back on once each connection works
+                // again, not now: at wake the network may not be back.
+                for h in self.keepalive_held.values_mut() {
+                    h.resume_asked = true;
+                }
                 let n = self.resync().await;
-                self.release_keepalives().await;
                 let _ = reply.send(n);
             }
             Command::Migrate { moves, reply } => {
@@ -138,7 +207,7 @@ impl Driver {
                                 }),
                                 moving: v.migrating,
                                 local_phys: Some(v.local_phys),
-                                keepalive_held: self.keepalive_held.contains(f),
+                                keepalive_held: self.keepalive_held.contains_key(f),
                             },
                         ))
                     })

@@ -113,7 +113,7 @@ impl Driver {
         }
         self.anchors.retain(|f, _| live.contains(f));
         self.cgroup_of.retain(|f, _| live.contains(f));
-        self.keepalive_held.retain(|f| live.contains(f));
+        self.keepalive_held.retain(|f, _| live.contains(f));
         if !gone.is_empty() {
             // The connections closed: undo what their translations set up
             // (NAT entries, the address kept on lo, the peer's host route,

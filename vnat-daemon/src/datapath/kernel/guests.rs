@@ -82,6 +82,14 @@ enum Verdict {
 /// How long a guest the host does not NAT goes unasked.
 const RETRY_NOT_OURS: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// How soon a young guest without a conntrack entry is asked again: the
+/// recorder sees a UDP socket's first datagram before the host's NAT makes
+/// its entry, and a flow that waits 5 s to be judged is not mobile by then.
+const RETRY_NO_ENTRY_YET: std::time::Duration = std::time::Duration::from_millis(300);
+
+/// How long a guest counts as young for [`RETRY_NO_ENTRY_YET`].
+const YOUNG: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl GuestState {
     pub fn is_guest(&self, key: &FlowKey) -> bool {
         self.public.contains(key)
@@ -153,9 +161,17 @@ impl KernelDatapath {
                 );
                 let mut checked = state.checked.get(&gkey).copied();
                 let finder = &mut state.namespaces;
-                let judged = judge(&private, &on_links, was_vouched, &mut checked, now, || {
-                    finder.find(gkey.netns_cookie, rec.pid)
-                });
+                let young = listing::boottime_ns().saturating_sub(rec.first_seen_ns)
+                    < YOUNG.as_nanos() as u64;
+                let judged = judge(
+                    &private,
+                    &on_links,
+                    was_vouched,
+                    young,
+                    &mut checked,
+                    now,
+                    || finder.find(gkey.netns_cookie, rec.pid),
+                );
                 if let Some(c) = checked {
                     state.checked.insert(gkey, c);
                 }
@@ -324,6 +340,7 @@ fn judge(
     private: &VirtualFlow,
     on_links: &[(IpAddr, u32)],
     was_vouched: bool,
+    young: bool,
     checked: &mut Option<Option<bool>>,
     now: std::time::Instant,
     namespace: impl FnOnce() -> Option<std::fs::File>,
@@ -335,7 +352,16 @@ fn judge(
         Ok(Some(found)) => found,
         // No entry (yet): a masqueraded flow's may come after its socket,
         // and without one nothing says the host routes it unNATed.
-        Ok(None) => return Some(not_ours),
+        Ok(None) => {
+            return Some(Verdict::NotOurs {
+                retry: now
+                    + if young {
+                        RETRY_NO_ENTRY_YET
+                    } else {
+                        RETRY_NOT_OURS
+                    },
+            })
+        }
         Err(e) => {
             tracing::debug!(flow = %private, error = %e, "cannot read the conntrack entry of a guest's connection");
             return None;

@@ -4,9 +4,10 @@
 //! reach and give up after a few unanswered probes, although the suspension
 //! exists to carry it across. vnatd turns SO_KEEPALIVE off on the socket
 //! (a duplicate taken from its process with pidfd_getfd, checked by inode,
-//! as the push lever does) and on again at resume. The socket's keepalive
-//! times (TCP_KEEPIDLE, TCP_KEEPINTVL, TCP_KEEPCNT) are not touched; turning
-//! it on again starts the idle time afresh.
+//! as the push lever does) and on again once the connection works again
+//! (`mobility::keepalive_release_due`). The socket's keepalive times
+//! (TCP_KEEPIDLE, TCP_KEEPINTVL, TCP_KEEPCNT) are not touched; turning it
+//! on again arms the timer for a full idle time from then.
 
 use std::io;
 
@@ -14,8 +15,9 @@ use super::*;
 
 /// SO_KEEPALIVE of the socket of `pid` with `inode`: with `on == false`,
 /// turn it off if it is on; with `on == true`, turn it on. `Ok(true)`: it
-/// was changed (off: it was on). `Ok(false)`: nothing to do, or the socket
-/// cannot be reached (no owner known, gone).
+/// was changed (off: it was on). `Ok(false)`: nothing to do, or no owner
+/// is known, or the owner no longer holds the socket; an owner that is
+/// gone is an error (ENOENT).
 pub(super) fn set_keepalive(pid: u32, inode: u64, on: bool) -> io::Result<bool> {
     if pid == 0 || inode == 0 {
         return Ok(false);
