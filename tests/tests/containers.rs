@@ -87,6 +87,28 @@ fn moves_and_carries_on(topo: &LaptopRouterServer, client: StreamClient, before:
     assert_eq!(fin.local, before.local, "the socket changed");
 }
 
+/// After the laptop's move: its vnatd lists the container's connection
+/// (`public`, the name the server knows) translated to `moved`, and the
+/// server's vnatd sends to `moved`.
+fn both_show_the_move(lapd: &Vnatd, srvd: &Vnatd, public: SocketAddr, moved: SocketAddr) {
+    let rows = guest_rows(lapd);
+    assert!(
+        rows.iter().any(|r| r["virtual_local"] == public.to_string()
+            && r["physical_local"] == moved.to_string()
+            && r["state"] == "translated"),
+        "the laptop's vnatd does not show the container's connection moved: {rows:?}"
+    );
+    let ls = srvd.ctl(&["ls"]).expect("server vnatd unreachable");
+    assert!(
+        ls.as_array()
+            .expect("array")
+            .iter()
+            .any(|r| r["virtual_remote"] == public.to_string()
+                && r["physical_remote"] == moved.to_string()),
+        "the server does not send to the laptop's new address: {ls}"
+    );
+}
+
 /// A container behind the laptop, its cgroup enabled on the laptop's
 /// vnatd, streaming to an echo on the server in `family` and `proto`; both
 /// vnatd paired.
@@ -192,22 +214,7 @@ fn container_moves_with_its_host(family: Family, proto: Proto, tag: &str) {
     let after = client.wait_verified_at_least(at_move + 100_000, Duration::from_secs(20));
 
     let moved = SocketAddr::new(topo.laptop_b_addr.get(family), public.port());
-    let rows = guest_rows(&lapd);
-    assert!(
-        rows.iter().any(|r| r["virtual_local"] == public.to_string()
-            && r["physical_local"] == moved.to_string()
-            && r["state"] == "translated"),
-        "the laptop's vnatd does not show the container's connection moved: {rows:?}"
-    );
-    let ls = srvd.ctl(&["ls"]).expect("server vnatd unreachable");
-    assert!(
-        ls.as_array()
-            .expect("array")
-            .iter()
-            .any(|r| r["virtual_remote"] == public.to_string()
-                && r["physical_remote"] == moved.to_string()),
-        "the server does not send to the laptop's new address: {ls}"
-    );
+    both_show_the_move(&lapd, &srvd, public, moved);
     let fin = client.stop();
     assert_eq!(fin.error, None, "{:?}", fin.json);
     assert_eq!(fin.local, before.local, "the container's socket changed");
@@ -286,22 +293,7 @@ fn tcp_v6_of_a_routed_container_survives_the_move() {
     let after = client.wait_verified_at_least(at_move + 100_000, Duration::from_secs(20));
 
     let moved = SocketAddr::new(topo.laptop_b_addr.get(Family::V6), own.port());
-    let rows = guest_rows(&lapd);
-    assert!(
-        rows.iter().any(|r| r["virtual_local"] == own.to_string()
-            && r["physical_local"] == moved.to_string()
-            && r["state"] == "translated"),
-        "the laptop's vnatd does not show the container's connection moved: {rows:?}"
-    );
-    let ls = srvd.ctl(&["ls"]).expect("server vnatd unreachable");
-    assert!(
-        ls.as_array()
-            .expect("array")
-            .iter()
-            .any(|r| r["virtual_remote"] == own.to_string()
-                && r["physical_remote"] == moved.to_string()),
-        "the server does not send to the laptop's new address: {ls}"
-    );
+    both_show_the_move(&lapd, &srvd, own, moved);
     assert!(
         !topo
             .laptop
