@@ -11,31 +11,16 @@ mod support;
 
 use std::{
     net::{IpAddr, SocketAddr},
-    process::Command,
     time::{Duration, Instant},
 };
 
 use serde_json::Value;
 use vnat_tests::{
-    bin_path, EchoServer, Family, Host, LaptopRouterServer, StreamClient, StreamOptions, TempDir,
-    Vnatd,
+    EchoServer, Family, Host, LaptopRouterServer, StreamClient, StreamOptions, TempDir, Vnatd,
 };
 
 /// Metric of the second default route, via B.
 const B_METRIC: u32 = 2000;
-
-/// `vnatctl --json ARGS`: its exit status and what it printed.
-fn ctl(d: &Vnatd, args: &[&str]) -> (i32, Value) {
-    let out = Command::new(bin_path("vnatctl"))
-        .arg("--control")
-        .arg(&d.control)
-        .arg("--json")
-        .args(args)
-        .output()
-        .expect("running vnatctl");
-    let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    (out.status.code().unwrap_or(-1), v)
-}
 
 /// The laptop's row of the connection from `local`, once mobile.
 fn mobile_row(d: &Vnatd, local: SocketAddr) -> Value {
@@ -100,19 +85,16 @@ fn conflict(tag: &str, preempt: bool) {
     let id = row["id"].to_string();
 
     let b_str = b.to_string();
-    let (code, out) = ctl(
-        &lapd,
-        &[
-            "migrate",
-            "--conn",
-            &id,
-            "--to",
-            &b_str,
-            "--wait",
-            "--timeout",
-            "10",
-        ],
-    );
+    let (code, out) = lapd.ctl_status(&[
+        "migrate",
+        "--conn",
+        &id,
+        "--to",
+        &b_str,
+        "--wait",
+        "--timeout",
+        "10",
+    ]);
     if !preempt {
         // Refused with the reason; nothing changed.
         assert_ne!(code, 0, "a refused migration must fail: {out}");

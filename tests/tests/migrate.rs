@@ -10,14 +10,12 @@ mod support;
 
 use std::{
     net::{IpAddr, SocketAddr},
-    process::Command,
     time::{Duration, Instant},
 };
 
 use serde_json::Value;
 use vnat_tests::{
-    bin_path, EchoServer, Family, Host, LaptopRouterServer, StreamClient, StreamOptions, TempDir,
-    Vnatd,
+    EchoServer, Family, Host, LaptopRouterServer, StreamClient, StreamOptions, TempDir, Vnatd,
 };
 
 /// Metric of the second default route, via B (A's has the kernel's
@@ -77,20 +75,9 @@ fn row_by_id(d: &Vnatd, id: &str) -> Value {
 
 /// `vnatctl --json ARGS` that must fail: its exit status and error object.
 fn ctl_refused(d: &Vnatd, args: &[&str]) -> (i32, Value) {
-    let out = Command::new(bin_path("vnatctl"))
-        .arg("--control")
-        .arg(&d.control)
-        .arg("--json")
-        .args(args)
-        .output()
-        .expect("running vnatctl");
-    assert!(
-        !out.status.success(),
-        "vnatctl {args:?} should have failed, printed {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    (out.status.code().unwrap_or(-1), v)
+    let (code, v) = d.ctl_status(args);
+    assert_ne!(code, 0, "vnatctl {args:?} should have failed, printed {v}");
+    (code, v)
 }
 
 fn migrate_then_the_old_link_goes_dark(tag: &str, family: Family) {

@@ -13,11 +13,11 @@ mod support;
 use std::{
     io::{BufRead, BufReader, Write},
     net::SocketAddr,
-    process::{Child, ChildStdout, Command, Stdio},
+    process::{Child, ChildStdout, Stdio},
     time::{Duration, Instant},
 };
 
-use vnat_tests::{bin_path, EchoServer, Host, LaptopRouterServer, Netns, TempDir, Vnatd};
+use vnat_tests::{EchoServer, Host, LaptopRouterServer, Netns, TempDir, Vnatd};
 
 /// Offline before `resume`, and after it until the network is back.
 const BEFORE_RESUME: Duration = Duration::from_secs(45);
@@ -91,20 +91,6 @@ impl Drop for IdleClient {
     }
 }
 
-fn vnatctl(d: &Vnatd, args: &[&str]) {
-    let out = Command::new(bin_path("vnatctl"))
-        .arg("--control")
-        .arg(&d.control)
-        .args(args)
-        .output()
-        .expect("running vnatctl");
-    assert!(
-        out.status.success(),
-        "vnatctl {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 #[test]
 fn a_suspended_clients_keepalive_does_not_kill_it_during_a_minute_offline() {
     let topo = LaptopRouterServer::builder().tag("kah").build();
@@ -129,7 +115,7 @@ fn a_suspended_clients_keepalive_does_not_kill_it_during_a_minute_offline() {
         std::thread::sleep(Duration::from_millis(100));
     }
 
-    vnatctl(&lapd, &["suspend", "--all"]);
+    lapd.ctl(&["suspend", "--all"]).expect("suspend answers");
     // (held, listed) among the laptop's connections to the server.
     let held_rows = |d: &Vnatd| {
         let ls = d
@@ -171,7 +157,7 @@ fn a_suspended_clients_keepalive_does_not_kill_it_during_a_minute_offline() {
 
     // Resumed at wake (as the sleep hook does), the network not back yet:
     // still held, and alive after longer than its keepalive allows.
-    vnatctl(&lapd, &["resume", "--all"]);
+    lapd.ctl(&["resume", "--all"]).expect("resume answers");
     std::thread::sleep(AFTER_RESUME);
     assert!(
         !held.exited(),

@@ -153,6 +153,14 @@ impl Vnatd {
             .expect("running vnatctl")
     }
 
+    /// `vnatctl --json ARGS` whatever its outcome: its exit status and what
+    /// it printed (null if not JSON), for commands expected to fail.
+    pub fn ctl_status(&self, args: &[&str]) -> (i32, Value) {
+        let out = self.run_ctl(args);
+        let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        (out.status.code().unwrap_or(-1), v)
+    }
+
     /// `vnatctl --json ARGS`, None if it failed in any way: for a vnatd
     /// that may die while it answers (the crash-safety tests).
     pub fn try_ctl(&self, args: &[&str]) -> Option<Value> {

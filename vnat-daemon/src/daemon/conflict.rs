@@ -18,9 +18,6 @@ use std::{
 
 use crate::datapath::{Datapath, DatapathError, Proto, Translation, VirtualFlow};
 
-/// `statfs` magic of the cgroup v2 filesystem.
-const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
-
 /// The ids of the cgroups at and below `dirs` (on cgroup v2 a cgroup's id
 /// is its directory's inode number, what the recorders store). A directory
 /// that is not on a cgroup v2 filesystem counts for nothing (its inode
@@ -47,9 +44,7 @@ fn ids_under(dirs: &[PathBuf], cgroup2_only: bool) -> HashSet<u64> {
     }
     let mut out = HashSet::new();
     for d in dirs {
-        let on_cgroup2 = nix::sys::statfs::statfs(d.as_path())
-            .is_ok_and(|st| st.filesystem_type().0 == CGROUP2_SUPER_MAGIC);
-        if cgroup2_only && !on_cgroup2 {
+        if cgroup2_only && crate::datapath::kernel::cgroup_id(d).is_err() {
             tracing::warn!(dir = %d.display(), "preempt_cgroups: not a cgroup v2 directory; ignored");
             continue;
         }
@@ -105,11 +100,17 @@ mod tests {
     }
 
     /// The laptop migrates `moving` (A:40000) to B:40000, where `older`
-    /// already talks to the same server port.
-    fn setup() -> (FakeDatapath, Translation, VirtualFlow) {
+    /// already talks to the same server port, both of `proto`.
+    fn setup_of(proto: Proto) -> (FakeDatapath, Translation, VirtualFlow) {
         let mut dp = FakeDatapath::new();
-        let moving = flow("198.18.1.2:40000", "198.18.3.2:5001");
-        let older = flow("198.18.2.2:40000", "198.18.3.2:5001");
+        let moving = VirtualFlow {
+            proto,
+            ..flow("198.18.1.2:40000", "198.18.3.2:5001")
+        };
+        let older = VirtualFlow {
+            proto,
+            ..flow("198.18.2.2:40000", "198.18.3.2:5001")
+        };
         dp.add_connection(moving, None);
         dp.add_connection(older, None);
         let t = Translation {
@@ -118,6 +119,10 @@ mod tests {
             physical_remote: moving.remote,
         };
         (dp, t, older)
+    }
+
+    fn setup() -> (FakeDatapath, Translation, VirtualFlow) {
+        setup_of(Proto::Tcp)
     }
 
     #[test]
@@ -153,22 +158,7 @@ mod tests {
             Err(DatapathError::Conflict { .. })
         ));
         assert!(dp.reset.is_empty() && dp.prepared.is_empty());
-        let mut dp = FakeDatapath::new();
-        let moving = VirtualFlow {
-            proto: Proto::Udp,
-            ..flow("198.18.1.2:40000", "198.18.3.2:53")
-        };
-        let older = VirtualFlow {
-            proto: Proto::Udp,
-            ..flow("198.18.2.2:40000", "198.18.3.2:53")
-        };
-        dp.add_connection(moving, None);
-        dp.add_connection(older, None);
-        let t = Translation {
-            flow: moving,
-            physical_local: older.local,
-            physical_remote: moving.remote,
-        };
+        let (mut dp, t, _) = setup_of(Proto::Udp);
         assert!(prepare_resolving(&mut dp, &t, true, |_| true).is_err());
         assert!(dp.reset.is_empty(), "a UDP socket is never reset");
     }

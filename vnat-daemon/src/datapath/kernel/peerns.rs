@@ -13,7 +13,7 @@ use std::{
     fs::File,
     io,
     net::IpAddr,
-    os::fd::{AsFd, AsRawFd, FromRawFd},
+    os::fd::{AsFd, AsRawFd},
 };
 
 use netlink_packet_core::NLM_F_DUMP;
@@ -177,15 +177,13 @@ pub(super) fn cookie_of(ns: &File) -> io::Result<u64> {
     std::thread::scope(|s| {
         s.spawn(|| {
             nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(io::Error::from)?;
-            // SAFETY: socket() takes no pointers; a non-negative result is a
-            // new descriptor that nothing else owns.
-            let fd =
-                unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-            if fd < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // SAFETY: `fd` was just opened above and is owned by nothing else.
-            let sock = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+            let sock = nix::sys::socket::socket(
+                nix::sys::socket::AddressFamily::Inet,
+                nix::sys::socket::SockType::Datagram,
+                nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+                None,
+            )
+            .map_err(io::Error::from)?;
             let mut cookie: u64 = 0;
             let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
             // SAFETY: getsockopt writes at most `len` bytes into `cookie`, a
