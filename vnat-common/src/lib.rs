@@ -187,6 +187,14 @@ pub const ORIGIN_TCP_PASSIVE: u8 = 2;
 pub const ORIGIN_UDP_CONNECT: u8 = 3;
 pub const ORIGIN_UDP_SENDMSG: u8 = 4;
 pub const ORIGIN_UDP_RECVMSG: u8 = 5;
+/// Recorded by vnatd, not by sock_ops: a TCP connection that was open
+/// before its cgroup was enabled (adopted). It gets no state callbacks, so
+/// vnatd drops the record once the socket is gone.
+pub const ORIGIN_TCP_ADOPTED: u8 = 6;
+/// Recorded by vnatd: a connected UDP socket that was connected before its
+/// cgroup was enabled (the recorders see only later connects and sends to
+/// an address).
+pub const ORIGIN_UDP_ADOPTED: u8 = 7;
 
 /// [`ConnRecord::udp_dirs`]: the socket received from the peer.
 pub const UDP_DIR_RECV: u8 = 1;

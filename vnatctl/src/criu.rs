@@ -288,6 +288,7 @@ mod tests {
                 command: None,
                 age_secs: 1,
                 tcp_isns: None,
+                adopted: false,
                 udp_inbound_only: false,
                 guest: None,
             },

@@ -53,6 +53,9 @@ pub struct LsRow {
     pub moving: bool,
     /// Suspended: vnatd turned its TCP keepalive off until resume.
     pub keepalive_held: bool,
+    /// Recorded after the fact: the connection was open before vnatd
+    /// started or before its cgroup was enabled (it moves like any other).
+    pub adopted: bool,
     /// A container's connection (a socket in another network namespace
     /// behind this host's NAT): where it lives. The endpoints above are
     /// then the public ones, after the host's NAT. Null for the host's own.
@@ -100,6 +103,7 @@ impl From<&ListedConnection> for LsRow {
             role: listed.role.clone(),
             moving: listed.moving,
             keepalive_held: listed.keepalive_held,
+            adopted: c.adopted,
             guest: c.guest.as_ref().map(|g| GuestRow {
                 netns: g.netns.clone(),
                 netns_cookie: g.netns_cookie,
@@ -165,12 +169,16 @@ fn note(r: &LsRow) -> String {
         (Some(seen), None) => Some(format!("NAT: the peer sees {seen}")),
         (None, None) => None,
     };
-    if r.keepalive_held {
-        let held = "keepalive held until resume".to_string();
-        rest = Some(match rest {
-            Some(r) => format!("{r}; {held}"),
-            None => held,
-        });
+    for (on, what) in [
+        (r.keepalive_held, "keepalive held until resume"),
+        (r.adopted, "adopted (open before vnat recorded its cgroup)"),
+    ] {
+        if on {
+            rest = Some(match rest {
+                Some(r) => format!("{r}; {what}"),
+                None => what.to_string(),
+            });
+        }
     }
     let guest = r.guest.as_ref().map(|g| {
         let ns = g

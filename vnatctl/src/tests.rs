@@ -37,6 +37,7 @@ fn conn(
         command: pid.map(|_| "curl".into()),
         age_secs: 12,
         tcp_isns: None,
+        adopted: false,
         udp_inbound_only: false,
         guest: None,
     };
@@ -107,6 +108,7 @@ fn ls_json_keys_are_the_contract() {
         "role",
         "moving",
         "keepalive_held",
+        "adopted",
         "guest",
     ];
     let mut keys_sorted = keys.clone();
@@ -126,7 +128,8 @@ fn ls_json_keys_are_the_contract() {
             "state": "native", "pid": 42, "command": "curl", "cgroup": "/system.slice/app.service",
             "cgroup_id": 5, "cookie": 99, "age_secs": 12, "mobile": true,
             "behind_nat": false, "seen_by_peer_as": null, "why_not_mobile": null,
-            "role": null, "moving": false, "keepalive_held": false, "guest": null
+            "role": null, "moving": false, "keepalive_held": false, "adopted": false,
+            "guest": null
         })
     );
     assert_eq!(array[1]["proto"], "udp");
@@ -484,6 +487,28 @@ fn ls_shows_a_held_keepalive() {
     assert_eq!(v[0]["keepalive_held"], true);
     let table = crate::output::ls_table(&rows);
     assert!(table.contains("keepalive held until resume"), "{table}");
+}
+
+/// A connection vnatd adopted says so in NOTE and in JSON.
+#[test]
+fn ls_shows_an_adopted_connection() {
+    let mut listed = conn(
+        Proto::Tcp,
+        "198.18.1.2:40001",
+        "198.18.3.2:5001",
+        "198.18.1.2:40001",
+        ConnState::Native,
+        Some(42),
+    );
+    listed.info.adopted = true;
+    let rows = select(vec![listed], None, None);
+    let v = serde_json::to_value(&rows).expect("serializable");
+    assert_eq!(v[0]["adopted"], true);
+    let table = crate::output::ls_table(&rows);
+    assert!(
+        table.contains("adopted (open before vnat recorded its cgroup)"),
+        "{table}"
+    );
 }
 
 /// A container whose address the host routes (not NATed): its own address

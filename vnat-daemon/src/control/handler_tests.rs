@@ -52,6 +52,7 @@ fn record(f: VirtualFlow, pid: Option<u32>, cgroup: Option<&str>) -> ConnectionI
         command: None,
         age_secs: 0,
         tcp_isns: None,
+        adopted: false,
         udp_inbound_only: false,
         guest: None,
     }

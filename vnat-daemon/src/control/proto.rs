@@ -617,6 +617,7 @@ mod tests {
                 command: None,
                 age_secs: 3,
                 tcp_isns: None,
+                adopted: false,
                 udp_inbound_only: false,
                 guest: None,
             },

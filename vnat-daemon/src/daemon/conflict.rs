@@ -10,11 +10,7 @@
 //! always aborts: a peer with valid keys could otherwise name the endpoints
 //! of a neighbour's connection and have it reset.
 
-use std::{
-    collections::HashSet,
-    os::unix::fs::MetadataExt,
-    path::{Path, PathBuf},
-};
+use std::{collections::HashSet, path::PathBuf};
 
 use crate::datapath::{Datapath, DatapathError, Proto, Translation, VirtualFlow};
 
@@ -27,30 +23,13 @@ pub fn cgroup_ids_under(dirs: &[PathBuf]) -> HashSet<u64> {
 }
 
 fn ids_under(dirs: &[PathBuf], cgroup2_only: bool) -> HashSet<u64> {
-    fn walk(dir: &Path, dev: u64, out: &mut HashSet<u64>, depth: usize) {
-        let Ok(meta) = std::fs::symlink_metadata(dir) else {
-            return;
-        };
-        if !meta.is_dir() || meta.dev() != dev || !out.insert(meta.ino()) || depth > 64 {
-            return;
-        }
-        if let Ok(entries) = std::fs::read_dir(dir) {
-            for e in entries.flatten() {
-                if e.file_type().is_ok_and(|t| t.is_dir()) {
-                    walk(&e.path(), dev, out, depth + 1);
-                }
-            }
-        }
-    }
     let mut out = HashSet::new();
     for d in dirs {
         if cgroup2_only && crate::datapath::kernel::cgroup_id(d).is_err() {
             tracing::warn!(dir = %d.display(), "preempt_cgroups: not a cgroup v2 directory; ignored");
             continue;
         }
-        if let Ok(meta) = std::fs::metadata(d) {
-            walk(d, meta.dev(), &mut out, 0);
-        }
+        crate::datapath::kernel::cgroup_tree_ids(d, &mut out);
     }
     out
 }
@@ -170,7 +149,9 @@ mod tests {
         std::fs::create_dir_all(&deep).unwrap();
         let other = std::env::temp_dir().join(format!("vnat-conflict-o-{}", std::process::id()));
         std::fs::create_dir_all(&other).unwrap();
-        let ino = |p: &Path| std::fs::metadata(p).unwrap().ino();
+        let ino = |p: &std::path::Path| {
+            std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap())
+        };
         let ids = ids_under(&[base.join("a")], false);
         assert!(ids.contains(&ino(&base.join("a"))) && ids.contains(&ino(&deep)));
         assert!(!ids.contains(&ino(&base)) && !ids.contains(&ino(&other)));

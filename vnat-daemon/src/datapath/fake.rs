@@ -78,6 +78,7 @@ impl FakeDatapath {
                 command: pid.map(|_| "fake".into()),
                 age_secs: 0,
                 tcp_isns: None,
+                adopted: false,
                 udp_inbound_only: false,
                 guest: None,
             },

@@ -93,8 +93,11 @@ pub trait Datapath {
     fn source_address_for(&self, dst: IpAddr) -> Result<Option<IpAddr>, DatapathError>;
 
     /// Periodic housekeeping (the daemon calls it every few seconds):
-    /// complete UDP records whose socket was unbound at connect() and drop
-    /// UDP records whose socket is gone.
+    /// complete UDP records whose socket was unbound at connect(), drop
+    /// UDP records whose socket is gone and the records of adopted TCP
+    /// connections that closed, and once a minute look for connections of
+    /// the enabled cgroups that have no record, to adopt them (as opening
+    /// the datapath and enabling a cgroup do).
     fn maintain(&mut self) -> Result<(), DatapathError>;
 
     /// Restart the data flow of a TCP connection whose socket on this host

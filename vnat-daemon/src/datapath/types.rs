@@ -61,6 +61,10 @@ pub struct ConnectionInfo {
     /// a flow is no pairing target until this host sends to it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub udp_inbound_only: bool,
+    /// vnatd recorded it after the fact (adoption): it was opened before
+    /// vnatd started or before its cgroup was enabled.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub adopted: bool,
     /// A container's connection: its socket lives in another network
     /// namespace behind this host's NAT, and the endpoints above are the
     /// public ones, after the host's NAT, as the peer sees them.

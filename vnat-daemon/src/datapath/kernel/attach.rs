@@ -64,6 +64,30 @@ pub fn cgroup_id(path: &Path) -> Result<u64, DatapathError> {
 
 pub use crate::mounts::cgroup2_mount;
 
+/// Add the ids of the cgroup directory `dir` and of every directory below
+/// it (on cgroup v2 a cgroup's id is its directory's inode number, what
+/// the recorders and sock_diag give) to `out`. Stays on `dir`'s filesystem.
+pub fn cgroup_tree_ids(dir: &Path, out: &mut std::collections::HashSet<u64>) {
+    fn walk(dir: &Path, dev: u64, out: &mut std::collections::HashSet<u64>, depth: usize) {
+        let Ok(meta) = fs::symlink_metadata(dir) else {
+            return;
+        };
+        if !meta.is_dir() || meta.dev() != dev || !out.insert(meta.ino()) || depth > 64 {
+            return;
+        }
+        if let Ok(entries) = fs::read_dir(dir) {
+            for e in entries.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    walk(&e.path(), dev, out, depth + 1);
+                }
+            }
+        }
+    }
+    if let Ok(meta) = fs::metadata(dir) {
+        walk(dir, meta.dev(), out, 0);
+    }
+}
+
 /// Find the directory of a cgroup id under the cgroup2 mount (for display).
 pub fn cgroup_path(id: u64) -> Option<PathBuf> {
     fn walk(dir: &Path, id: u64, depth: u32) -> Option<PathBuf> {

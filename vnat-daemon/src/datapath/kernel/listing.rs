@@ -2,7 +2,9 @@
 //! records complete and current.
 
 use super::*;
-use vnat_common::{GuestKey, ORIGIN_UDP_RECVMSG, UDP_DIR_RECV, UDP_IDLE_NS};
+use vnat_common::{
+    GuestKey, ORIGIN_TCP_ADOPTED, ORIGIN_UDP_ADOPTED, ORIGIN_UDP_RECVMSG, UDP_DIR_RECV, UDP_IDLE_NS,
+};
 
 use crate::datapath::GuestInfo;
 
@@ -239,6 +241,7 @@ impl KernelDatapath {
                 // two ends. (snd_una_base is not: the SYN's ACK counts in
                 // bytes_acked at one end only.)
                 tcp_isns: (flow.proto == Proto::Tcp).then_some([rec.snd_nxt, rec.rcv_nxt]),
+                adopted: matches!(rec.origin, ORIGIN_TCP_ADOPTED | ORIGIN_UDP_ADOPTED),
                 udp_inbound_only: flow.proto == Proto::Udp
                     && rec.origin == ORIGIN_UDP_RECVMSG
                     && rec.udp_dirs == UDP_DIR_RECV,

@@ -2,6 +2,7 @@
 //! cgroups and interfaces, with maps and links pinned under a bpffs
 //! directory so that translation survives the process (DESIGN.md §3).
 
+mod adopt;
 mod attach;
 mod conntrack;
 pub mod fault;
@@ -35,7 +36,7 @@ use vnat_common::{
     STAT_NAMES,
 };
 
-pub use attach::{cgroup2_mount, cgroup_id};
+pub use attach::{cgroup2_mount, cgroup_id, cgroup_tree_ids};
 use mirror::Mirror;
 pub use nat::{pair_for, translation_of, NatPair};
 pub use net::ROUTE_PROTO;
@@ -43,8 +44,8 @@ pub use object::{own_netns_cookie, EBPF_OBJECT};
 pub use rtnl::notifications_matter;
 
 use super::{
-    key_endpoints, validate_translation, CgroupAttachment, ConnState, ConnectionInfo, Datapath,
-    DatapathError, DatapathStatus, Proto, TcAttachment, Translation, VirtualFlow,
+    flow_key, key_endpoints, validate_translation, CgroupAttachment, ConnState, ConnectionInfo,
+    Datapath, DatapathError, DatapathStatus, Proto, TcAttachment, Translation, VirtualFlow,
 };
 
 /// How to open the kernel datapath.
@@ -107,6 +108,8 @@ pub struct KernelDatapath {
     /// given up after [`UDP_REBIND_LIMIT`] (while it waits, datagrams from
     /// that address to that port that no recorded flow owns are dropped).
     udp_rebinds_since: StdHashMap<RebindKey, std::time::Instant>,
+    /// When connections were last looked for to adopt (`adopt.rs`).
+    last_adoption: Option<std::time::Instant>,
 }
 
 /// How long a UDP flow waits for its peer's BIND after a move behind a new
@@ -160,6 +163,7 @@ impl KernelDatapath {
             bind_divert_port: 0,
             rebinds: std::collections::HashSet::new(),
             udp_rebinds_since: StdHashMap::new(),
+            last_adoption: None,
         };
         dp.mirror = Mirror::from(dp.read_map(true)?, dp.read_map(false)?);
         // Rebinds a previous vnatd left waiting are ours to finish.
@@ -189,6 +193,8 @@ impl KernelDatapath {
             attach::attach_cgroup(&mut dp.loaded.ebpf, &dp.bpffs, cg)?;
         }
         dp.reconcile()?;
+        // Connections opened while no vnatd recorded them.
+        dp.adopt_logged();
         Ok(dp)
     }
 
@@ -512,7 +518,10 @@ impl Datapath for KernelDatapath {
     }
 
     fn enable_cgroup(&mut self, path: &Path) -> Result<(), DatapathError> {
-        attach::attach_cgroup(&mut self.loaded.ebpf, &self.bpffs, path).map(|_| ())
+        attach::attach_cgroup(&mut self.loaded.ebpf, &self.bpffs, path)?;
+        // The cgroup's connections opened before now.
+        self.adopt_logged();
+        Ok(())
     }
 
     fn disable_cgroup(&mut self, path: &Path) -> Result<(), DatapathError> {
@@ -696,7 +705,15 @@ impl Datapath for KernelDatapath {
     }
 
     fn maintain(&mut self) -> Result<(), DatapathError> {
-        self.sync_udp()
+        self.sync_udp()?;
+        self.drop_closed_adopted()?;
+        if self
+            .last_adoption
+            .is_none_or(|t| t.elapsed() >= adopt::ADOPT_EVERY)
+        {
+            self.adopt()?;
+        }
+        Ok(())
     }
 
     fn interface_addresses(&self) -> Result<Vec<(IpAddr, u32)>, DatapathError> {

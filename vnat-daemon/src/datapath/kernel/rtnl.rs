@@ -18,8 +18,8 @@ use std::{
 };
 
 use netlink_packet_core::{
-    NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE,
-    NLM_F_DUMP, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST,
+    NetlinkBuffer, NetlinkDeserializable, NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK,
+    NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST,
 };
 use netlink_packet_route::{
     address::{AddressAttribute, AddressHeaderFlags, AddressMessage, AddressProtocol},
@@ -61,7 +61,9 @@ fn route_ip(a: &RouteAddress) -> Option<IpAddr> {
 /// The messages of one datagram, each with its sequence number; a message
 /// the crate cannot read is `Err` (its sequence number still given), and a
 /// malformed length ends the walk.
-fn messages(buf: &[u8]) -> Vec<(u32, Result<NetlinkMessage<RouteNetlinkMessage>, String>)> {
+pub(super) fn messages<T: NetlinkDeserializable>(
+    buf: &[u8],
+) -> Vec<(u32, Result<NetlinkMessage<T>, String>)> {
     let mut out = Vec::new();
     let mut at = 0;
     while at < buf.len() {
@@ -73,7 +75,7 @@ fn messages(buf: &[u8]) -> Vec<(u32, Result<NetlinkMessage<RouteNetlinkMessage>,
         let one = &buf[at..at + len];
         out.push((
             seq,
-            NetlinkMessage::<RouteNetlinkMessage>::deserialize(one).map_err(|e| e.to_string()),
+            NetlinkMessage::<T>::deserialize(one).map_err(|e| e.to_string()),
         ));
         // Messages are 4-byte aligned; `len` is at least the header's 16.
         at += (len + 3) & !3;
@@ -205,7 +207,7 @@ fn exchange(
             }
             return Err(e);
         }
-        for (s, m) in messages(&k.buf) {
+        for (s, m) in messages::<RouteNetlinkMessage>(&k.buf) {
             if s != seq {
                 continue;
             }
@@ -533,7 +535,7 @@ pub fn del_host_route(dst: IpAddr, protocol: u8) -> io::Result<()> {
 /// addresses it keeps on `lo`, which a move of thousands of connections
 /// changes over and over. Anything else, and anything unreadable, matters.
 pub fn notifications_matter(buf: &[u8], lo_ifindex: u32, own_protocol: u8) -> bool {
-    let msgs = messages(buf);
+    let msgs = messages::<RouteNetlinkMessage>(buf);
     msgs.is_empty()
         || msgs.iter().any(|(_, m)| match m {
             Err(_) => true,
@@ -567,7 +569,7 @@ mod tests {
     }
 
     fn only(buf: &[u8]) -> RouteNetlinkMessage {
-        let mut msgs = messages(buf);
+        let mut msgs = messages::<RouteNetlinkMessage>(buf);
         assert_eq!(msgs.len(), 1);
         match msgs.remove(0).1.expect("readable").payload {
             NetlinkPayload::InnerMessage(m) => m,
@@ -643,21 +645,21 @@ mod tests {
         // A length beyond the buffer, a length below the header, garbage.
         let mut b = vec![0u8; 20];
         b[0..4].copy_from_slice(&100u32.to_ne_bytes());
-        assert!(messages(&b).is_empty());
+        assert!(messages::<RouteNetlinkMessage>(&b).is_empty());
         b[0..4].copy_from_slice(&3u32.to_ne_bytes());
-        assert!(messages(&b).is_empty());
-        assert!(messages(&[0xff; 3]).is_empty());
+        assert!(messages::<RouteNetlinkMessage>(&b).is_empty());
+        assert!(messages::<RouteNetlinkMessage>(&[0xff; 3]).is_empty());
         // A route message whose body is too short for its header: read as
         // unreadable, not as a route.
         let mut b = datagram(RouteNetlinkMessage::NewRoute(vnat_route(254, 157)));
         b.truncate(20);
         b[0..4].copy_from_slice(&20u32.to_ne_bytes());
-        assert!(messages(&b)[0].1.is_err());
+        assert!(messages::<RouteNetlinkMessage>(&b)[0].1.is_err());
         // An attribute whose length overruns the message.
         let mut b = datagram(RouteNetlinkMessage::NewRoute(vnat_route(254, 157)));
         let at = 16 + 12;
         b[at..at + 2].copy_from_slice(&200u16.to_ne_bytes());
-        assert!(messages(&b)[0].1.is_err());
+        assert!(messages::<RouteNetlinkMessage>(&b)[0].1.is_err());
     }
 
     #[test]

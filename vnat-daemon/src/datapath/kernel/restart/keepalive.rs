@@ -25,20 +25,7 @@ pub(super) fn set_keepalive(pid: u32, inode: u64, on: bool) -> io::Result<bool> 
     let Some(sock) = push::socket_of(pid, inode)? else {
         return Ok(false);
     };
-    let mut cur: libc::c_int = 0;
-    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `sock` is open (owned here); `cur` and `len` are live and
-    // sized for SO_KEEPALIVE's int, and the kernel writes at most `len`
-    // bytes.
-    cvt(unsafe {
-        libc::getsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_KEEPALIVE,
-            (&mut cur as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    })?;
+    let cur = getsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_KEEPALIVE)?;
     if (cur != 0) == on {
         return Ok(false);
     }

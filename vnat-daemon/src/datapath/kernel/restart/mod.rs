@@ -387,6 +387,23 @@ pub fn hold_keepalive(
         .map_err(kernel_err("changing the socket's keepalive"))
 }
 
+/// The sockets of `proto` in one of `states` (bit `1 << state`) in this
+/// thread's network namespace (see [`sockdiag::dump`]).
+pub fn list_sockets(proto: Proto, states: u32) -> Result<Vec<Listed>, DatapathError> {
+    let protocol = match proto {
+        Proto::Tcp => libc::IPPROTO_TCP as u8,
+        Proto::Udp => libc::IPPROTO_UDP as u8,
+    };
+    sockdiag::dump(protocol, states)
+}
+
+/// The sequence bases of an established TCP socket sock_ops never saw, read
+/// in repair mode from a duplicate taken from `pid` (see `peek.rs`).
+pub fn sequence_bases(pid: u32, inode: u64) -> Result<Option<SequenceBases>, DatapathError> {
+    peek::sequence_bases(pid, inode)
+        .map_err(kernel_err("reading an adopted socket's sequence numbers"))
+}
+
 /// Reset `flow`'s socket (see [`sockdiag::destroy`]); `cookie` 0: any
 /// socket with the tuple.
 pub fn reset(flow: &VirtualFlow, cookie: u64) -> Result<bool, DatapathError> {
@@ -561,12 +578,15 @@ pub fn checksum(bytes: &[u8]) -> u16 {
 }
 
 mod keepalive;
+mod peek;
 mod push;
 mod rawsock;
 mod sockdiag;
 #[cfg(test)]
 mod tests;
 
+pub use peek::SequenceBases;
 pub use rawsock::send_udp;
 use rawsock::*;
+pub use sockdiag::Listed;
 use sockdiag::*;

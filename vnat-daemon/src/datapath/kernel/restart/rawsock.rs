@@ -39,6 +39,29 @@ pub(super) fn setsockopt<T>(
     .map(|_| ())
 }
 
+/// An int-valued socket option of `fd`.
+pub(super) fn getsockopt_int(
+    fd: &OwnedFd,
+    level: libc::c_int,
+    name: libc::c_int,
+) -> io::Result<libc::c_int> {
+    let mut v: libc::c_int = 0;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `fd` is borrowed, so open for the call; `v` and `len` are
+    // live locals and `len` says how many bytes `v` has, which the kernel
+    // writes at most.
+    cvt(unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (&mut v as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    })?;
+    Ok(v)
+}
+
 /// sockaddr_in / sockaddr_in6 for `ip`, port 0 (raw sockets have none).
 pub(super) fn sockaddr(ip: IpAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     // SAFETY: all-zero is a valid sockaddr_storage.
