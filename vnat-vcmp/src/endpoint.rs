@@ -76,6 +76,8 @@ pub(crate) struct Conn {
     /// Retransmission of our SUSP_PRIMARY claim.
     pub claim_retry: Option<(u32, Timestamp)>,
     pub mig: Option<Migration>,
+    /// Our HELP, until the peer echoes it.
+    pub help: Option<super::help::HelpOut>,
 }
 
 impl Conn {
@@ -87,6 +89,7 @@ impl Conn {
             self.keyx.as_ref().map(|k| k.deadline),
             self.claim_retry.map(|(_, d)| d),
             self.bind_retry.map(|(_, d)| d),
+            self.help.as_ref().map(|h| h.deadline),
         ]
         .into_iter()
         .flatten()
@@ -332,7 +335,11 @@ impl Endpoint {
     pub(crate) fn emit(&mut self, e: Event) {
         // A receive side that is never prepared costs a connection; these
         // come only from authenticated updates, at most one per record.
-        let needed = matches!(e, Event::PrepareReceive { .. });
+        // A lost end of help would leave the peer helping.
+        let needed = matches!(
+            e,
+            Event::PrepareReceive { .. } | Event::HelpRequested { .. }
+        );
         if self.events.len() >= self.cfg.max_events && !needed {
             self.stats.reject(Reject::EventQueueFull);
             return;
@@ -638,6 +645,7 @@ impl Endpoint {
         self.claim_timeouts(&mut ctx);
         self.keepalive_timeouts(now);
         self.role_and_key_timeouts(&mut ctx);
+        self.help_timeouts(&mut ctx);
         self.migration_timeouts(&mut ctx);
         self.validation_timeouts(&mut ctx);
         self.switch_timeouts(now);
@@ -670,6 +678,34 @@ impl Endpoint {
         }
         self.tx.flush(&mut self.stats);
         Ok(())
+    }
+
+    /// Ask the peers of `flows` for `help` while this host is away (see
+    /// `vcmp::help`); an empty `help` ends it. Connections without keys
+    /// (not paired) are skipped: nothing could authenticate the request.
+    /// Returns how many were asked.
+    pub fn request_help<R: RngCore + CryptoRng>(
+        &mut self,
+        now: Timestamp,
+        rng: &mut R,
+        flows: &[VirtualFlow],
+        help: &super::help::Help,
+    ) -> Result<usize, EndpointError> {
+        for f in flows {
+            if !self.conns.contains_key(f) {
+                return Err(EndpointError::UnknownConnection(*f));
+            }
+        }
+        let mut ctx = Ctx::new(now, rng);
+        let mut asked = 0;
+        for f in flows {
+            if self.conns.get(f).is_some_and(|c| c.keys.is_some()) {
+                self.start_help(&mut ctx, f, help);
+                asked += 1;
+            }
+        }
+        self.tx.flush(&mut self.stats);
+        Ok(asked)
     }
 
     /// `flows` now live at new local physical endpoints (the host woke up
@@ -732,6 +768,7 @@ impl Conn {
             validated: vec![remote_phys.ip()],
             claim_retry: None,
             mig: None,
+            help: None,
         }
     }
 }

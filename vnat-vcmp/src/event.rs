@@ -74,6 +74,12 @@ pub enum Event {
     },
     /// A role was settled at suspend time.
     RoleDecided { flow: VirtualFlow, role: Role },
+    /// The peer of `flow` asks for `help` while it is away (`vcmp::help`);
+    /// an empty `help`: it is back, stop helping.
+    HelpRequested {
+        flow: VirtualFlow,
+        help: super::help::Help,
+    },
     /// Pairing with the host `key`, from `peer`, completed.
     Paired { peer: IpAddr, key: [u8; 32] },
     /// The paired host `claimant`, at `peer`, claimed connections that are

@@ -33,6 +33,7 @@ pub mod endpoint;
 pub mod event;
 pub mod export;
 pub mod flow;
+pub mod help;
 pub mod location;
 mod migrate;
 mod pairing;

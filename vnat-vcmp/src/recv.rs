@@ -223,6 +223,8 @@ impl Endpoint {
             Kind::Challenge => self.on_challenge(ctx, from, &flow, rec),
             Kind::Response => self.on_response(ctx.now, &flow, rec),
             Kind::Switched => self.on_switched(&flow),
+            Kind::Help => self.on_help(ctx, from, &flow, rec),
+            Kind::HelpR => self.on_help_r(&flow, rec),
             _ => Err(Reject::UnexpectedKind),
         };
         self.rearm(&flow);

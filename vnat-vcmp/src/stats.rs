@@ -21,6 +21,9 @@ pub enum Counter {
     ClaimsBound,
     ClaimsSent,
     DatagramsReceived,
+    HelpAnswered,
+    HelpRequested,
+    HelpUnanswered,
     KeepalivesSent,
     KeyxRolledBack,
     KeyxUnanswered,
@@ -64,7 +67,7 @@ pub enum Counter {
 
 impl Counter {
     /// Every value, in name order.
-    pub const ALL: [Counter; 53] = [
+    pub const ALL: [Counter; 56] = [
         Counter::BindAgain,
         Counter::BindDivertFailed,
         Counter::BindRequestsDropped,
@@ -79,6 +82,9 @@ impl Counter {
         Counter::ClaimsBound,
         Counter::ClaimsSent,
         Counter::DatagramsReceived,
+        Counter::HelpAnswered,
+        Counter::HelpRequested,
+        Counter::HelpUnanswered,
         Counter::KeepalivesSent,
         Counter::KeyxRolledBack,
         Counter::KeyxUnanswered,
@@ -137,6 +143,9 @@ impl Counter {
             Counter::ClaimsBound => "claims_bound",
             Counter::ClaimsSent => "claims_sent",
             Counter::DatagramsReceived => "datagrams_received",
+            Counter::HelpAnswered => "help_answered",
+            Counter::HelpRequested => "help_requested",
+            Counter::HelpUnanswered => "help_unanswered",
             Counter::KeepalivesSent => "keepalives_sent",
             Counter::KeyxRolledBack => "keyx_rolled_back",
             Counter::KeyxUnanswered => "keyx_unanswered",

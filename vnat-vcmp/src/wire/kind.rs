@@ -41,6 +41,12 @@ pub enum Kind {
     /// initiator's address receives, to be echoed in its PAIR_INIT (see
     /// `vcmp::pairing`). Kind 21.
     PairCookie = 21,
+    /// Beyond the paper: "I am about to be away; help this connection
+    /// survive it" (keep-alive helpers, see `vcmp::help`); empty: "I am
+    /// back". Kind 22.
+    Help = 22,
+    /// The answer to a HELP, echoing it. Kind 23.
+    HelpR = 23,
     // 19 (BIND) and 20 (BIND_REQ) bind a UDP flow through a NAT that
     // changes its port; they have their own codec in `vcmp::bind`, because
     // a BIND travels on the flow's own 5-tuple, not between the daemons.
@@ -69,6 +75,8 @@ impl Kind {
             17 => Claim,
             18 => Probe,
             21 => PairCookie,
+            22 => Help,
+            23 => HelpR,
             _ => return None,
         })
     }
@@ -89,6 +97,8 @@ impl Kind {
                 | Challenge
                 | Response
                 | Switched
+                | Help
+                | HelpR
         )
     }
 
@@ -116,6 +126,7 @@ impl Kind {
             Kind::KeyX => 32,
             Kind::Challenge | Kind::Response => NONCE_LEN,
             Kind::Store | Kind::Lookup => LOCATOR_LEN,
+            Kind::Help | Kind::HelpR => crate::help::HELP_LEN,
             _ => 0,
         }
     }

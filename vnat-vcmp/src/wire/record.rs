@@ -19,6 +19,9 @@ pub enum Ext {
     /// LOOKUP): derived from the connection's keys, so only its two ends
     /// can name it (`crypto::locator`).
     Locator([u8; LOCATOR_LEN]),
+    /// What a host asks its peer to do while it is away (HELP, HELP_R; see
+    /// `vcmp::help`), as the bytes the daemon's request encodes to.
+    Help([u8; crate::help::HELP_LEN]),
 }
 
 impl Ext {
@@ -28,6 +31,7 @@ impl Ext {
             (Kind::KeyX, Ext::Key(_)) => true,
             (Kind::Challenge | Kind::Response, Ext::Nonce(_)) => true,
             (Kind::Store | Kind::Lookup, Ext::Locator(_)) => true,
+            (Kind::Help | Kind::HelpR, Ext::Help(_)) => true,
             (k, Ext::None) => k.ext_len() == 0,
             _ => false,
         }
@@ -85,6 +89,7 @@ impl Record {
             Ext::Key(k) => w.put(k),
             Ext::Nonce(n) => w.put(n),
             Ext::Locator(l) => w.put(l),
+            Ext::Help(h) => w.put(h),
         }
         w.put(&[self.proto.number(), 0, 0, 0]);
         w.put(&self.seq.to_be_bytes());
@@ -154,6 +159,11 @@ pub(super) fn decode_record(c: &[u8], kind: Kind, family: Family) -> Result<Reco
             let mut l = [0u8; LOCATOR_LEN];
             l.copy_from_slice(&c[at..at + LOCATOR_LEN]);
             Ext::Locator(l)
+        }
+        Kind::Help | Kind::HelpR => {
+            let mut h = [0u8; crate::help::HELP_LEN];
+            h.copy_from_slice(&c[at..at + crate::help::HELP_LEN]);
+            Ext::Help(h)
         }
         _ => Ext::None,
     };
