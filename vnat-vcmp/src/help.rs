@@ -57,7 +57,7 @@ impl Help {
 
     pub(crate) fn encode(&self) -> [u8; HELP_LEN] {
         let mut b = [0u8; HELP_LEN];
-        b[0] = u8::from(self.zero_window) * F_ZERO_WINDOW | u8::from(self.stop) * F_STOP;
+        b[0] = (u8::from(self.zero_window) * F_ZERO_WINDOW) | (u8::from(self.stop) * F_STOP);
         if let Some(n) = &self.user {
             b[1] = n.len() as u8;
             b[2..2 + n.len()].copy_from_slice(n.as_bytes());

@@ -8,6 +8,7 @@ mod conntrack;
 pub mod fault;
 mod guests;
 mod kept;
+mod levers;
 mod listing;
 mod mirror;
 mod nat;
@@ -530,13 +531,8 @@ impl Datapath for KernelDatapath {
     }
 
     fn restart_flow(&mut self, flow: &VirtualFlow) -> Result<super::RestartOutcome, DatapathError> {
-        let key = flow.to_key();
-        let record = match self.loaded.maps.conns.get(&key, 0) {
-            Ok(r) => Some(r),
-            Err(e) if is_not_found(&e) => None,
-            Err(e) => return Err(map_err(MAP_CONNS)(e)),
-        };
-        if record.is_none() && self.guests.borrow().is_guest(&key) {
+        let record = self.record(flow)?;
+        if record.is_none() && self.guests.borrow().is_guest(&flow.to_key()) {
             // A container's socket is in its own namespace, out of the
             // levers' reach: its own TCP retransmits.
             return Ok(super::RestartOutcome::NotStalled);
@@ -549,37 +545,7 @@ impl Datapath for KernelDatapath {
     }
 
     fn set_standby(&mut self, ifindexes: &[u32]) -> Result<(), DatapathError> {
-        let wanted: std::collections::BTreeSet<u32> = ifindexes.iter().copied().collect();
-        for &ifindex in wanted.difference(&self.standby.clone()) {
-            // An interface vnat cannot translate on (CAN, InfiniBand, ...)
-            // is no place a connection moves to: skipped, not an error
-            // that would leave the interfaces after it unattached.
-            if let Err(e) = net::link_layer(ifindex) {
-                tracing::debug!(error = %e, "no standby tc here");
-                continue;
-            }
-            if !self.tc_current.contains(&ifindex) {
-                // One interface that cannot take tc (it vanished meanwhile)
-                // leaves the others attached.
-                if let Err(e) = attach::attach_tc(&mut self.loaded.ebpf, &self.bpffs, ifindex) {
-                    tracing::warn!(error = %e, "no standby tc on this interface");
-                    continue;
-                }
-                self.tc_current.insert(ifindex);
-                fault::after("install:tc");
-            }
-            self.standby.insert(ifindex);
-        }
-        let leaving: Vec<u32> = self.standby.difference(&wanted).copied().collect();
-        for ifindex in leaving {
-            self.standby.remove(&ifindex);
-            if !self.bind_ifaces.contains(&ifindex) && !self.tc_used_by_translation(ifindex)? {
-                attach::detach_tc(&self.bpffs, ifindex);
-                self.tc_current.remove(&ifindex);
-                fault::after("remove:tc");
-            }
-        }
-        Ok(())
+        self.standby_tc(ifindexes)
     }
 
     fn kick_flow(
@@ -587,57 +553,28 @@ impl Datapath for KernelDatapath {
         flow: &VirtualFlow,
         peer_moved: bool,
     ) -> Result<super::Kick, DatapathError> {
-        let key = flow.to_key();
-        let record = match self.loaded.maps.conns.get(&key, 0) {
-            Ok(r) => r,
-            Err(e) if is_not_found(&e) => return Ok(super::Kick::Nothing),
-            Err(e) => return Err(map_err(MAP_CONNS)(e)),
-        };
-        restart::kick(flow, &record, peer_moved)
+        match self.record(flow)? {
+            Some(record) => restart::kick(flow, &record, peer_moved),
+            None => Ok(super::Kick::Nothing),
+        }
     }
 
     fn solicit_ack(&mut self, flow: &VirtualFlow) -> Result<bool, DatapathError> {
-        let key = flow.to_key();
-        let record = match self.loaded.maps.conns.get(&key, 0) {
-            Ok(r) => r,
-            Err(e) if is_not_found(&e) => return Ok(false),
-            Err(e) => return Err(map_err(MAP_CONNS)(e)),
-        };
-        restart::solicit_ack(flow, &record)
+        match self.record(flow)? {
+            Some(record) => restart::solicit_ack(flow, &record),
+            None => Ok(false),
+        }
     }
 
     fn hold_keepalive(&mut self, flow: &VirtualFlow, hold: bool) -> Result<bool, DatapathError> {
-        match self.loaded.maps.conns.get(&flow.to_key(), 0) {
-            Ok(record) => restart::hold_keepalive(flow, &record, hold),
-            Err(e) if is_not_found(&e) => Ok(false),
-            Err(e) => Err(map_err(MAP_CONNS)(e)),
+        match self.record(flow)? {
+            Some(record) => restart::hold_keepalive(flow, &record, hold),
+            None => Ok(false),
         }
     }
 
     fn reset_connection(&mut self, flow: &VirtualFlow) -> Result<bool, DatapathError> {
-        let key = flow.to_key();
-        // Only a socket recorded here, by its cookie: never one found by its
-        // tuple alone (a later socket that reused it), nor a container's
-        // (its socket is in another namespace, its record in the guest map).
-        let cookie = match self.loaded.maps.conns.get(&key, 0) {
-            Ok(r) if r.cookie != 0 => r.cookie,
-            Ok(_) => return Ok(false),
-            Err(e) if is_not_found(&e) => return Ok(false),
-            Err(e) => return Err(map_err(MAP_CONNS)(e)),
-        };
-        if !restart::reset(flow, cookie)? {
-            return Ok(false);
-        }
-        // Gone now: a move that preempted it must not find its record (or
-        // its translation) in its way.
-        let _ = self.loaded.maps.conns.remove(&key);
-        match self.remove(flow) {
-            Ok(()) | Err(DatapathError::NoSuchTranslation { .. }) => {}
-            Err(e) => {
-                tracing::warn!(?flow, error = %e, "cannot remove the translation of a connection reset for a conflict")
-            }
-        }
-        Ok(true)
+        self.reset_recorded(flow)
     }
 
     fn install_translation(&mut self, t: &Translation) -> Result<(), DatapathError> {
