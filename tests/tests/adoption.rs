@@ -5,8 +5,9 @@
 //!
 //! - opened before vnatd started, on both hosts (both ends adopt it, and
 //!   each works out the connection's first sequence numbers on its own);
-//! - opened before the server's cgroup was enabled (`vnatctl enable`): the
-//!   server adopts the accepted end, the laptop recorded it as usual;
+//! - opened before the server's cgroup was enabled (`vnatctl enable`), to a
+//!   server whose listener closed after accepting it: the server adopts the
+//!   accepted end, the laptop recorded it as usual;
 //! - held by a laptop whose vnatd lost its pins (killed, pins removed,
 //!   started again): the laptop adopts the connecting end, the server
 //!   recorded it as usual.
@@ -97,11 +98,23 @@ struct Setup<'a> {
     server: SocketAddr,
 }
 
-fn setup<'a>(topo: &'a LaptopRouterServer, tag: &str) -> Setup<'a> {
+/// The server's echo: a listener that stays, or one that closes once it
+/// has accepted the connection (the accepted end must then be told from
+/// its ports).
+#[derive(PartialEq)]
+enum Listener {
+    Stays,
+    ClosesAfterAccept,
+}
+
+fn setup<'a>(topo: &'a LaptopRouterServer, tag: &str, listener: Listener) -> Setup<'a> {
     let lap = Host::new(&topo.laptop, &format!("{tag}l"));
     let srv = Host::new(&topo.server, &format!("{tag}s"));
     let server = SocketAddr::new(topo.server_addr.v4.into(), 5001);
-    let echo = EchoServer::tcp_in(&srv, server);
+    let echo = match listener {
+        Listener::Stays => EchoServer::tcp_in(&srv, server),
+        Listener::ClosesAfterAccept => EchoServer::tcp_once_in(&srv, server),
+    };
     Setup {
         ldir: TempDir::new(&format!("{tag}l")),
         sdir: TempDir::new(&format!("{tag}s")),
@@ -128,7 +141,7 @@ fn stream(s: &Setup) -> (StreamClient, StreamStatus) {
 #[test]
 fn a_connection_opened_before_vnatd_started_on_both_hosts_moves() {
     let topo = LaptopRouterServer::builder().tag("adb").build();
-    let s = setup(&topo, "adb");
+    let s = setup(&topo, "adb", Listener::Stays);
     unpin_all(&s.lap);
     unpin_all(&s.srv);
     let (client, first) = stream(&s);
@@ -152,7 +165,9 @@ fn a_connection_opened_before_vnatd_started_on_both_hosts_moves() {
 #[test]
 fn a_connection_opened_before_its_cgroup_was_enabled_moves() {
     let topo = LaptopRouterServer::builder().tag("ade").build();
-    let s = setup(&topo, "ade");
+    // The echo's listener closes once it has accepted: the server tells
+    // the accepted end by its ports.
+    let s = setup(&topo, "ade", Listener::ClosesAfterAccept);
     let lapd = Vnatd::start(&s.lap, s.ldir.path());
     // The server's vnatd runs, but does not record the echo's cgroup.
     let srvd = Vnatd::start(&s.srv, s.sdir.path());
@@ -186,7 +201,7 @@ fn a_connection_opened_before_its_cgroup_was_enabled_moves() {
 #[test]
 fn a_vnatd_that_lost_its_pins_adopts_its_connections_again() {
     let topo = LaptopRouterServer::builder().tag("adp").build();
-    let s = setup(&topo, "adp");
+    let s = setup(&topo, "adp", Listener::Stays);
     let lapd = Vnatd::start(&s.lap, s.ldir.path());
     let srvd = Vnatd::start(&s.srv, s.sdir.path());
     let (client, first) = stream(&s);

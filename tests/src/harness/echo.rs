@@ -79,6 +79,19 @@ impl EchoServer {
         Self::echo_in(host, addr, false, &listen)
     }
 
+    /// TCP echo of one connection inside a [`Host`]'s namespace and cgroup:
+    /// socat without `fork` closes its listener once it has accepted, as
+    /// `nc -l` or an FTP data port does.
+    pub fn tcp_once_in(host: &Host, addr: SocketAddr) -> EchoServer {
+        let listen = format!(
+            "{}-LISTEN:{},{},reuseaddr",
+            family(addr, "TCP"),
+            addr.port(),
+            bind(addr)
+        );
+        Self::echo_in(host, addr, false, &listen)
+    }
+
     /// TCP echo on a dual-stack socket (`[::]:PORT`, IPV6_V6ONLY off, as
     /// the listeners of Go, Node.js, Java and iperf3 are by default) inside a
     /// [`Host`]'s namespace and cgroup: IPv4 clients reach it as

@@ -26,7 +26,13 @@
 
 use std::collections::HashSet;
 
-use vnat_common::{ORIGIN_TCP_ADOPTED, ORIGIN_UDP_ADOPTED, UDP_DIR_RECV, UDP_DIR_SEND};
+use vnat_common::{
+    ORIGIN_TCP_ADOPTED, ORIGIN_UDP_ADOPTED, UDP_DIR_RECV, UDP_DIR_SEND, UDP_MAX_RECORDS,
+    UDP_PER_SOCKET_MAX,
+};
+
+/// BPF_NOEXIST: insert only if the key is absent.
+const BPF_NOEXIST: u64 = 1;
 
 use super::*;
 use listing::boottime_ns;
@@ -34,14 +40,8 @@ use restart::Listed;
 
 const TCP_ESTABLISHED: u8 = 1;
 const TCP_LISTEN: u8 = 10;
-/// The states in which sock_ops would still hold the record: it removes it
-/// at TCP_CLOSE, which a closing socket reaches when it enters TIME_WAIT.
-const TCP_ALIVE: u32 = 1 << TCP_ESTABLISHED
-    | 1 << 4 // FIN_WAIT1
-    | 1 << 5 // FIN_WAIT2
-    | 1 << 8 // CLOSE_WAIT
-    | 1 << 9 // LAST_ACK
-    | 1 << 11; // CLOSING
+/// The longest an adoption pass keeps the datapath thread.
+const ADOPT_BUDGET: std::time::Duration = std::time::Duration::from_millis(1500);
 
 /// How often the periodic housekeeping looks for connections to adopt
 /// besides when vnatd starts and when a cgroup is enabled (the times
@@ -64,7 +64,11 @@ impl KernelDatapath {
             return Ok(0);
         }
         let tcp = restart::list_sockets(Proto::Tcp, 1 << TCP_ESTABLISHED | 1 << TCP_LISTEN)?;
-        let udp = restart::list_sockets(Proto::Udp, 1 << TCP_ESTABLISHED)?;
+        // A kernel without udp_diag still has its TCP connections adopted.
+        let udp = restart::list_sockets(Proto::Udp, 1 << TCP_ESTABLISHED).unwrap_or_else(|e| {
+            tracing::debug!(error = %e, "cannot list UDP sockets; adopting TCP only");
+            Vec::new()
+        });
         let listeners: Vec<SocketAddr> = tcp
             .iter()
             .filter(|s| s.state == TCP_LISTEN)
@@ -95,9 +99,19 @@ impl KernelDatapath {
             return Ok(0);
         }
         let owners = procfs::inode_owners();
+        // The datapath thread also serves moves: a pass takes at most this
+        // long, and what it leaves is looked at again at the next
+        // housekeeping (5 s).
+        let budget = std::time::Instant::now() + ADOPT_BUDGET;
+        let mut deferred = false;
+        let ephemeral = local_port_range();
         let now = boottime_ns();
         let mut adopted = 0;
         for (proto, s) in candidates {
+            if std::time::Instant::now() >= budget {
+                deferred = true;
+                break;
+            }
             let pid = owners.get(&s.inode).copied().unwrap_or(0);
             let mut rec = ConnRecord {
                 cookie: s.cookie,
@@ -114,10 +128,16 @@ impl KernelDatapath {
             }
             match proto {
                 Proto::Tcp => {
-                    let bases = match restart::sequence_bases(pid, s.inode) {
+                    let flow = VirtualFlow {
+                        proto,
+                        local: s.local,
+                        remote: s.remote,
+                    };
+                    let bases = match restart::sequence_bases(&flow, s.cookie) {
                         Ok(Some(b)) => b,
                         Ok(None) => {
-                            tracing::debug!(local = %s.local, remote = %s.remote, pid, "not adopting a TCP connection yet: its sequence numbers could not be read (no owner found, or never still)");
+                            deferred = true;
+                            tracing::debug!(local = %s.local, remote = %s.remote, pid, "not adopting a TCP connection yet: its sequence numbers could not be read (busy, or on its probe timer); trying again later");
                             continue;
                         }
                         Err(e) => {
@@ -125,10 +145,7 @@ impl KernelDatapath {
                             continue;
                         }
                     };
-                    let passive = listeners.iter().any(|l| {
-                        l.port() == s.local.port()
-                            && (l.ip() == s.local.ip() || l.ip().is_unspecified())
-                    });
+                    let passive = accepted(&listeners, s.local, s.remote, ephemeral);
                     rec.origin = ORIGIN_TCP_ADOPTED;
                     rec.snd_una_base = bases.snd_una_base;
                     rec.rcv_nxt_base = bases.rcv_nxt_base;
@@ -136,13 +153,29 @@ impl KernelDatapath {
                     rec.rcv_nxt = bases.rcv_nxt_base;
                 }
                 Proto::Udp => {
+                    // The recorders' budgets (vnat-common): adoption never
+                    // lets a cgroup's sockets past them.
+                    let total = self.loaded.maps.udp_count.get(&0, 0).unwrap_or(0);
+                    let on_socket = self.loaded.maps.udp_per_sock.get(&s.cookie, 0).unwrap_or(0);
+                    if total >= UDP_MAX_RECORDS || on_socket >= UDP_PER_SOCKET_MAX {
+                        tracing::debug!(local = %s.local, remote = %s.remote, "not adopting a UDP flow: the UDP record budget is spent");
+                        continue;
+                    }
                     rec.origin = ORIGIN_UDP_ADOPTED;
                     rec.udp_dirs = UDP_DIR_SEND | UDP_DIR_RECV;
                 }
             }
             let key = flow_key(proto, s.local, s.remote);
-            match self.loaded.maps.conns.insert(key, rec, 0) {
+            // UDP: never over a record the recorders made meanwhile.
+            let flags = if proto == Proto::Udp { BPF_NOEXIST } else { 0 };
+            match self.loaded.maps.conns.insert(key, rec, flags) {
                 Ok(()) => {
+                    if proto == Proto::Udp {
+                        let total = self.loaded.maps.udp_count.get(&0, 0).unwrap_or(0);
+                        let _ = self.loaded.maps.udp_count.set(0, total + 1, 0);
+                        let n = self.loaded.maps.udp_per_sock.get(&s.cookie, 0).unwrap_or(0);
+                        let _ = self.loaded.maps.udp_per_sock.insert(s.cookie, n + 1, 0);
+                    }
                     adopted += 1;
                     tracing::info!(%proto, local = %s.local, remote = %s.remote, pid, "adopted a connection opened before vnat recorded its cgroup");
                 }
@@ -150,6 +183,10 @@ impl KernelDatapath {
                     tracing::warn!(%proto, local = %s.local, remote = %s.remote, error = %e, "could not record an adopted connection (the connection map is full?)");
                 }
             }
+        }
+        if deferred {
+            // Again at the next housekeeping, not in a minute.
+            self.last_adoption = None;
         }
         Ok(adopted)
     }
@@ -163,7 +200,8 @@ impl KernelDatapath {
     }
 
     /// Drop the records of adopted TCP connections whose socket has closed
-    /// (sock_ops removes the others itself).
+    /// (sock_ops removes the others itself): one exact sock_diag lookup
+    /// each, and the record is removed only if it still is that socket's.
     pub(super) fn drop_closed_adopted(&mut self) -> Result<(), DatapathError> {
         let adopted: Vec<(FlowKey, u64)> = self
             .loaded
@@ -174,18 +212,104 @@ impl KernelDatapath {
             .filter(|(_, r)| r.origin == ORIGIN_TCP_ADOPTED)
             .map(|(k, r)| (k, r.cookie))
             .collect();
-        if adopted.is_empty() {
-            return Ok(());
-        }
-        let alive: HashSet<u64> = restart::list_sockets(Proto::Tcp, TCP_ALIVE)?
-            .iter()
-            .map(|s| s.cookie)
-            .collect();
         for (key, cookie) in adopted {
-            if !alive.contains(&cookie) {
+            let Some(flow) = VirtualFlow::from_key(&key) else {
+                continue;
+            };
+            if restart::socket_alive(&flow, cookie)? {
+                continue;
+            }
+            if self
+                .loaded
+                .maps
+                .conns
+                .get(&key, 0)
+                .is_ok_and(|r| r.cookie == cookie)
+            {
                 let _ = self.loaded.maps.conns.remove(&key);
             }
         }
         Ok(())
+    }
+}
+
+/// Whether the connection from `local` to `remote` was accepted here (a
+/// passive open) rather than opened from here; the first sequence number
+/// sock_ops records differs by one between the two. A listener on the
+/// local port says accepted. Without one (it closed, as `nc -l` or an FTP
+/// data port's does), the ports say it: the side whose port is in the
+/// ephemeral range (`ip_local_port_range`) is the one that connected. When
+/// both or neither are, it is taken as opened from here.
+fn accepted(
+    listeners: &[SocketAddr],
+    local: SocketAddr,
+    remote: SocketAddr,
+    ephemeral: (u16, u16),
+) -> bool {
+    if listeners
+        .iter()
+        .any(|l| l.port() == local.port() && (l.ip() == local.ip() || l.ip().is_unspecified()))
+    {
+        return true;
+    }
+    let in_range = |p: u16| (ephemeral.0..=ephemeral.1).contains(&p);
+    in_range(remote.port()) && !in_range(local.port())
+}
+
+/// net.ipv4.ip_local_port_range (it applies to IPv6 too), or Linux's
+/// default.
+fn local_port_range() -> (u16, u16) {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| {
+            let mut it = s.split_whitespace().map(|w| w.parse::<u16>().ok());
+            Some((it.next()??, it.next()??))
+        })
+        .unwrap_or((32768, 60999))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_opener_is_told_by_listener_then_by_ports() {
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+        let range = (32768, 60999);
+        let listeners = [a("0.0.0.0:5001"), a("[::]:22")];
+        // A listener holds the local port: accepted.
+        assert!(accepted(
+            &listeners,
+            a("10.0.0.1:5001"),
+            a("10.0.0.2:40000"),
+            range
+        ));
+        assert!(accepted(
+            &listeners,
+            a("[fd00::1]:22"),
+            a("[fd00::2]:50000"),
+            range
+        ));
+        // Opened from here to a server port.
+        assert!(!accepted(
+            &listeners,
+            a("10.0.0.1:40000"),
+            a("10.0.0.2:5001"),
+            range
+        ));
+        // The listener is gone (nc -l): the peer's port is the ephemeral one.
+        assert!(accepted(
+            &[],
+            a("10.0.0.1:7000"),
+            a("10.0.0.2:45000"),
+            range
+        ));
+        // Both ephemeral (an FTP data connection): taken as opened here.
+        assert!(!accepted(
+            &[],
+            a("10.0.0.1:40001"),
+            a("10.0.0.2:45000"),
+            range
+        ));
     }
 }

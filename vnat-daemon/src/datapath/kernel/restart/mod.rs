@@ -397,11 +397,19 @@ pub fn list_sockets(proto: Proto, states: u32) -> Result<Vec<Listed>, DatapathEr
     sockdiag::dump(protocol, states)
 }
 
-/// The sequence bases of an established TCP socket sock_ops never saw, read
-/// in repair mode from a duplicate taken from `pid` (see `peek.rs`).
-pub fn sequence_bases(pid: u32, inode: u64) -> Result<Option<SequenceBases>, DatapathError> {
-    peek::sequence_bases(pid, inode)
-        .map_err(kernel_err("reading an adopted socket's sequence numbers"))
+/// Whether `flow`'s socket with `cookie` is still open (not closed, not in
+/// TIME_WAIT).
+pub fn socket_alive(flow: &VirtualFlow, cookie: u64) -> Result<bool, DatapathError> {
+    Ok(SockDiag::with_shared(|d| d.query(flow, cookie))?.is_some())
+}
+
+/// The sequence bases of an established TCP socket sock_ops never saw (see
+/// `peek.rs`): `None` if it is gone or never held still.
+pub fn sequence_bases(
+    flow: &VirtualFlow,
+    cookie: u64,
+) -> Result<Option<SequenceBases>, DatapathError> {
+    peek::sequence_bases(flow, cookie)
 }
 
 /// Reset `flow`'s socket (see [`sockdiag::destroy`]); `cookie` 0: any

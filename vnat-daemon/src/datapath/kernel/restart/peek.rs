@@ -5,40 +5,32 @@
 //! binding, `vcmp::Binding::tcp`) and give the restart levers the socket's
 //! `snd_una` and `rcv_nxt` (with tcp_info's byte counters).
 //!
-//! No interface reads a live socket's sequence numbers except TCP_REPAIR
-//! (what CRIU uses): in repair mode TCP_QUEUE_SEQ reads `rcv_nxt` (receive
-//! queue selected) or `write_seq` (send queue), and SIOCOUTQ gives
-//! `write_seq - snd_una` at any time. vnatd takes a duplicate of the socket
-//! from its process (pidfd_getfd, as the push lever does), turns repair on,
-//! reads, and turns it off without the window probe (TCP_REPAIR_OFF_NO_WP).
+//! No interface reads a live socket's sequence numbers without side
+//! effects (TCP_REPAIR, which CRIU uses, makes the application's reads fail
+//! and turns its writes into receive-queue data while it is on), so vnatd
+//! asks the socket itself, as a peer could: a segment from the peer's end
+//! with a sequence number outside the receive window makes the socket
+//! answer with a duplicate ACK (tcp_validate_incoming -> tcp_send_dupack)
+//! whose sequence number is `snd_nxt` and acknowledgement `rcv_nxt`, and
+//! changes nothing else. The segment is delivered to the local stack over
+//! loopback (as the restart levers' are), and the answer is read as it
+//! leaves, from a packet socket with a filter for the socket's port. The
+//! peer gets one duplicate ACK. Around it sock_diag gives `write_seq -
+//! snd_una` and `write_seq - snd_nxt`, hence `snd_una`, and the byte
+//! counters; a reading whose counters moved (data sent, acknowledged or
+//! received meanwhile) does not count and is tried again.
 //!
-//! What repair mode does meanwhile, and what is done about it:
-//! - Leaving it sets the socket's SO_REUSEADDR to off; the value read
-//!   before is set again.
-//! - While the send queue is selected (two system calls), data the
-//!   application writes is queued as sent without being sent
-//!   (tcp_write_xmit); it goes out at the next retransmission timeout. The
-//!   send queue is selected only for the one read.
-//! - A socket already in repair mode (being checkpointed) is left alone.
-//!
-//! Each value is read under the socket's lock, but not all at once: an ACK
-//! or data arriving, or a write, between two reads would mix two moments.
-//! So tcp_info's byte counters are read before and after, and a round whose
-//! counters changed does not count; two rounds must agree.
+//! Keepalive and zero-window probes carry `snd_una - 1`, below `snd_nxt`:
+//! of the pure ACKs seen, the highest sequence number is taken. A socket
+//! waiting on its probe timer is left for later.
 
-use std::io;
+use std::{
+    io,
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    time::{Duration, Instant},
+};
 
 use super::*;
-
-const TCP_REPAIR_OFF_NO_WP: libc::c_int = -1;
-const TCP_NO_QUEUE: libc::c_int = 0;
-const TCP_RECV_QUEUE: libc::c_int = 1;
-const TCP_SEND_QUEUE: libc::c_int = 2;
-/// `tcpi_state`: the first byte of tcp_info.
-const TCPI_STATE: usize = 0;
-const TCP_ESTABLISHED: u8 = 1;
-/// Rounds tried before giving up (until the next look).
-const MAX_ROUNDS: usize = 6;
 
 /// What sock_ops would have recorded at establishment: `snd_una -
 /// bytes_acked` and `rcv_nxt - bytes_received` (mod 2^32), constant for the
@@ -49,126 +41,310 @@ pub struct SequenceBases {
     pub rcv_nxt_base: u32,
 }
 
-/// The bases of the established TCP socket of `pid` with `inode`, or `None`
-/// when the process no longer holds it, it is not established, it is in
-/// repair mode already, or its counters never held still for two rounds.
-pub(super) fn sequence_bases(pid: u32, inode: u64) -> io::Result<Option<SequenceBases>> {
-    if pid == 0 || inode == 0 {
+/// Readings tried before giving up until the next look. A reading takes
+/// well under a millisecond when the socket answers at once, so even a busy
+/// connection's counters hold still for most.
+const MAX_TRIES: u32 = 3;
+/// How long to wait for the socket's answer.
+const ANSWER_WAIT: Duration = Duration::from_millis(100);
+/// Between two tries: the socket answers out-of-window segments at most
+/// once per tcp_invalid_ratelimit (500 ms by default).
+const RETRY_AFTER: Duration = Duration::from_millis(550);
+
+/// The bases of `flow`'s established socket (with `cookie`), or `None` if
+/// it is gone, or no reading held still.
+pub(super) fn sequence_bases(
+    flow: &VirtualFlow,
+    cookie: u64,
+) -> Result<Option<SequenceBases>, DatapathError> {
+    if flow.local.is_ipv4() != flow.remote.is_ipv4() {
         return Ok(None);
     }
-    let Some(sock) = push::socket_of(pid, inode)? else {
-        return Ok(None);
-    };
-    if getsockopt_int(&sock, libc::IPPROTO_TCP, libc::TCP_REPAIR)? != 0 {
-        return Ok(None);
-    }
-    let reuse = getsockopt_int(&sock, libc::SOL_SOCKET, libc::SO_REUSEADDR)?;
-    setsockopt(
-        &sock,
-        libc::IPPROTO_TCP,
-        libc::TCP_REPAIR,
-        &1 as &libc::c_int,
-    )?;
-    let repair = Repair { sock: &sock, reuse };
-    let mut last = None;
-    for _ in 0..MAX_ROUNDS {
-        let Some(now) = repair.round()? else {
+    let mut diag = SockDiag::open()?;
+    for attempt in 0..MAX_TRIES {
+        if attempt > 0 {
+            std::thread::sleep(RETRY_AFTER);
+        }
+        let Some(before) = diag.query(flow, cookie)? else {
+            return Ok(None);
+        };
+        if before.timer == TIMER_PROBE0 {
+            return Ok(None);
+        }
+        let capture =
+            Capture::open(flow.local.port()).map_err(kernel_err("opening a packet socket"))?;
+        let reversed = VirtualFlow {
+            proto: flow.proto,
+            local: flow.remote,
+            remote: flow.local,
+        };
+        let [seq, ack] = random_words();
+        inject_from_peer(flow, &tcp_probe(&reversed, seq, ack, u16::MAX))?;
+        let answer = capture
+            .highest_ack(flow, ANSWER_WAIT)
+            .map_err(kernel_err("reading the socket's answer"))?;
+        let Some(after) = diag.query(flow, cookie)? else {
+            return Ok(None);
+        };
+        let (Some((snd_nxt, rcv_nxt)), true) = (answer, still(&before, &after)) else {
             continue;
         };
-        if last == Some(now) {
-            return Ok(Some(now));
-        }
-        last = Some(now);
+        let unacked = before.send_queue.wrapping_sub(before.notsent_bytes);
+        let snd_una = snd_nxt.wrapping_sub(unacked);
+        return Ok(Some(SequenceBases {
+            snd_una_base: snd_una.wrapping_sub(before.bytes_acked as u32),
+            rcv_nxt_base: rcv_nxt.wrapping_sub(before.bytes_received as u32),
+        }));
     }
     Ok(None)
 }
 
-/// A socket in repair mode; leaving it restores what entering changed.
-struct Repair<'a> {
-    sock: &'a OwnedFd,
-    reuse: libc::c_int,
+/// Nothing was sent, acknowledged, received or queued between two
+/// readings.
+fn still(a: &TcpState, b: &TcpState) -> bool {
+    (
+        a.bytes_acked,
+        a.bytes_received,
+        a.bytes_sent,
+        a.send_queue,
+        a.notsent_bytes,
+        a.total_retrans,
+    ) == (
+        b.bytes_acked,
+        b.bytes_received,
+        b.bytes_sent,
+        b.send_queue,
+        b.notsent_bytes,
+        b.total_retrans,
+    )
 }
 
-impl Repair<'_> {
-    /// One reading, `None` if the counters moved during it (or the socket
-    /// is no longer established).
-    fn round(&self) -> io::Result<Option<SequenceBases>> {
-        let before = self.counters()?;
-        let Some((acked, received)) = before else {
-            return Ok(None);
-        };
-        let rcv_nxt = self.queue_seq(TCP_RECV_QUEUE)?;
-        let write_seq = self.queue_seq(TCP_SEND_QUEUE);
-        setsockopt(
-            self.sock,
-            libc::IPPROTO_TCP,
-            libc::TCP_REPAIR_QUEUE,
-            &TCP_NO_QUEUE,
-        )?;
-        let write_seq = write_seq?;
-        let mut outq: libc::c_int = 0;
-        // SAFETY: `sock` is open (borrowed); TIOCOUTQ (SIOCOUTQ) writes one
-        // int, into the live `outq`.
-        cvt(unsafe { libc::ioctl(self.sock.as_raw_fd(), libc::TIOCOUTQ, &mut outq) })?;
-        if self.counters()? != before {
-            return Ok(None);
-        }
-        let snd_una = (write_seq as u32).wrapping_sub(outq as u32);
-        Ok(Some(SequenceBases {
-            snd_una_base: snd_una.wrapping_sub(acked as u32),
-            rcv_nxt_base: (rcv_nxt as u32).wrapping_sub(received as u32),
-        }))
-    }
+/// Sequence and acknowledgement numbers for the probe: any will do, as long
+/// as the sequence number is outside the socket's window (it is, but for a
+/// chance of window/2^32; then the segment is dropped or answered with a
+/// challenge ACK, which carries the same numbers).
+fn random_words() -> [u32; 2] {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom writes at most `b.len()` bytes into `b`, a live
+    // local; a failure leaves it zeroed, which is still a valid probe.
+    unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    [
+        u32::from_ne_bytes([b[0], b[1], b[2], b[3]]),
+        u32::from_ne_bytes([b[4], b[5], b[6], b[7]]),
+    ]
+}
 
-    fn queue_seq(&self, queue: libc::c_int) -> io::Result<libc::c_int> {
-        setsockopt(self.sock, libc::IPPROTO_TCP, libc::TCP_REPAIR_QUEUE, &queue)?;
-        getsockopt_int(self.sock, libc::IPPROTO_TCP, libc::TCP_QUEUE_SEQ)
-    }
+/// A packet socket seeing every IPv4 and IPv6 TCP packet with one source
+/// port, leaving or arriving, on every interface of this namespace.
+struct Capture(OwnedFd);
 
-    /// tcp_info's bytes acked and received, `None` unless established.
-    fn counters(&self) -> io::Result<Option<(u64, u64)>> {
-        let mut info = [0u8; 256];
-        let mut len = info.len() as libc::socklen_t;
-        // SAFETY: `sock` is open (borrowed); the kernel writes at most `len`
-        // bytes into `info`, which has that many, and stores the length it
-        // wrote in the live `len`.
-        cvt(unsafe {
-            libc::getsockopt(
-                self.sock.as_raw_fd(),
-                libc::IPPROTO_TCP,
-                libc::TCP_INFO,
-                info.as_mut_ptr().cast(),
-                &mut len,
+const ETH_P_ALL: u16 = 0x0003;
+
+impl Capture {
+    fn open(sport: u16) -> io::Result<Capture> {
+        // SAFETY: socket() takes no pointers; the result is owned at once
+        // below or is -1. Protocol 0: nothing is received until bind(), so
+        // no packet gets past before the filter is in place.
+        let fd = cvt(unsafe {
+            libc::socket(
+                libc::AF_PACKET,
+                libc::SOCK_DGRAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+                0,
             )
         })?;
-        let info = &info[..(len as usize).min(info.len())];
-        if info.get(TCPI_STATE) != Some(&TCP_ESTABLISHED) {
-            return Ok(None);
+        // SAFETY: `fd` is the fresh descriptor socket() just returned.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let filter = port_filter(sport);
+        let prog = libc::sock_fprog {
+            len: filter.len() as u16,
+            filter: filter.as_ptr() as *mut libc::sock_filter,
+        };
+        setsockopt(&fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &prog)?;
+        // SAFETY: all-zero is a valid sockaddr_ll.
+        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        sll.sll_family = libc::AF_PACKET as u16;
+        sll.sll_protocol = ETH_P_ALL.to_be();
+        // SAFETY: `fd` is open; `sll` is a live sockaddr_ll and its size is
+        // passed, so the kernel reads only within it.
+        cvt(unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&sll as *const libc::sockaddr_ll).cast(),
+                size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+            )
+        })?;
+        Ok(Capture(fd))
+    }
+
+    /// The highest sequence number, and the acknowledgement number, of the
+    /// pure ACKs `flow`'s socket has sent, once it has sent one (waiting at
+    /// most `wait`): the sooner the second reading follows, the likelier
+    /// a busy connection's counters held still.
+    fn highest_ack(&self, flow: &VirtualFlow, wait: Duration) -> io::Result<Option<(u32, u32)>> {
+        let deadline = Instant::now() + wait;
+        let mut best: Option<(u32, u32)> = None;
+        let mut buf = [0u8; 256];
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || best.is_some() {
+                return Ok(best);
+            }
+            let mut pfd = libc::pollfd {
+                fd: self.0.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: `pfd` is one live pollfd and 1 is passed as the count.
+            let n = unsafe { libc::poll(&mut pfd, 1, left.as_millis().max(1) as libc::c_int) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if n == 0 {
+                return Ok(best);
+            }
+            loop {
+                // SAFETY: `buf` is live and its length is passed; the kernel
+                // writes at most that many bytes (a longer packet is
+                // truncated, and only its headers are read).
+                let got = unsafe {
+                    libc::recv(
+                        self.0.as_raw_fd(),
+                        buf.as_mut_ptr().cast(),
+                        buf.len(),
+                        libc::MSG_DONTWAIT,
+                    )
+                };
+                if got < 0 {
+                    break;
+                }
+                if let Some((seq, ack)) = pure_ack_of(&buf[..got as usize], flow) {
+                    best = match best {
+                        Some((s, _)) if (seq.wrapping_sub(s) as i32) <= 0 => best,
+                        _ => Some((seq, ack)),
+                    };
+                }
+            }
         }
-        let short = || io::Error::new(io::ErrorKind::InvalidData, "short tcp_info");
-        Ok(Some((
-            sockdiag::u64_at(info, sockdiag::TCPI_BYTES_ACKED).ok_or_else(short)?,
-            sockdiag::u64_at(info, sockdiag::TCPI_BYTES_RECEIVED).ok_or_else(short)?,
-        )))
     }
 }
 
-impl Drop for Repair<'_> {
-    fn drop(&mut self) {
-        let _ = setsockopt(
-            self.sock,
-            libc::IPPROTO_TCP,
-            libc::TCP_REPAIR_QUEUE,
-            &TCP_NO_QUEUE,
-        );
-        if let Err(e) = setsockopt(
-            self.sock,
-            libc::IPPROTO_TCP,
-            libc::TCP_REPAIR,
-            &TCP_REPAIR_OFF_NO_WP,
-        ) {
-            tracing::error!(error = %e, "could not take an adopted socket out of repair mode");
+/// Classic BPF for a packet socket of type SOCK_DGRAM (the packet starts at
+/// its IP header): accept IPv4 or IPv6 TCP with source port `sport`
+/// (IPv6 without extension headers), drop the rest.
+fn port_filter(sport: u16) -> Vec<libc::sock_filter> {
+    const LDB_ABS: u16 = 0x30; // BPF_LD | BPF_B | BPF_ABS
+    const LDH_ABS: u16 = 0x28; // BPF_LD | BPF_H | BPF_ABS
+    const LDH_IND: u16 = 0x48; // BPF_LD | BPF_H | BPF_IND
+    const LDXB_MSH: u16 = 0xb1; // BPF_LDX | BPF_B | BPF_MSH
+    const RSH_K: u16 = 0x74; // BPF_ALU | BPF_RSH | BPF_K
+    const JEQ_K: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
+    const RET_K: u16 = 0x06; // BPF_RET | BPF_K
+    let i = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
+    let p = u32::from(sport);
+    vec![
+        i(LDB_ABS, 0, 0, 0),   // 0: A = first byte
+        i(RSH_K, 0, 0, 4),     // 1: A = IP version
+        i(JEQ_K, 0, 5, 4),     // 2: IPv4? else 8
+        i(LDB_ABS, 0, 0, 9),   // 3: A = protocol
+        i(JEQ_K, 0, 9, 6),     // 4: TCP? else 14
+        i(LDXB_MSH, 0, 0, 0),  // 5: X = IPv4 header length
+        i(LDH_IND, 0, 0, 0),   // 6: A = source port
+        i(JEQ_K, 5, 6, p),     // 7: ours? 13 : 14
+        i(JEQ_K, 0, 5, 6),     // 8: IPv6? else 14
+        i(LDB_ABS, 0, 0, 6),   // 9: A = next header
+        i(JEQ_K, 0, 3, 6),     // 10: TCP? else 14
+        i(LDH_ABS, 0, 0, 40),  // 11: A = source port
+        i(JEQ_K, 0, 1, p),     // 12: ours? 13 : 14
+        i(RET_K, 0, 0, 65535), // 13: accept
+        i(RET_K, 0, 0, 0),     // 14: drop
+    ]
+}
+
+/// A pure ACK (no data, no SYN or RST) from `flow.local` to `flow.remote`:
+/// its sequence and acknowledgement numbers.
+fn pure_ack_of(p: &[u8], flow: &VirtualFlow) -> Option<(u32, u32)> {
+    let (src, dst, total, tcp) = match p.first()? >> 4 {
+        4 => {
+            let ihl = usize::from(p[0] & 0x0f) * 4;
+            if p.len() < 20 || ihl < 20 || *p.get(9)? != 6 {
+                return None;
+            }
+            let src = IpAddr::from(<[u8; 4]>::try_from(&p[12..16]).ok()?);
+            let dst = IpAddr::from(<[u8; 4]>::try_from(&p[16..20]).ok()?);
+            let total = usize::from(u16::from_be_bytes([p[2], p[3]]));
+            (src, dst, total.checked_sub(ihl)?, p.get(ihl..)?)
         }
-        let _ = setsockopt(self.sock, libc::SOL_SOCKET, libc::SO_REUSEADDR, &self.reuse);
+        6 => {
+            if p.len() < 40 || p[6] != 6 {
+                return None;
+            }
+            let src = IpAddr::from(<[u8; 16]>::try_from(&p[8..24]).ok()?);
+            let dst = IpAddr::from(<[u8; 16]>::try_from(&p[24..40]).ok()?);
+            let payload = usize::from(u16::from_be_bytes([p[4], p[5]]));
+            (src, dst, payload, p.get(40..)?)
+        }
+        _ => return None,
+    };
+    if tcp.len() < 20 {
+        return None;
+    }
+    let port = |at: usize| u16::from_be_bytes([tcp[at], tcp[at + 1]]);
+    let word = |at: usize| u32::from_be_bytes([tcp[at], tcp[at + 1], tcp[at + 2], tcp[at + 3]]);
+    let doff = usize::from(tcp[12] >> 4) * 4;
+    let flags = tcp[13];
+    const SYN: u8 = 0x02;
+    const RST: u8 = 0x04;
+    const ACK: u8 = 0x10;
+    let ours = src.to_canonical() == flow.local.ip().to_canonical()
+        && dst.to_canonical() == flow.remote.ip().to_canonical()
+        && port(0) == flow.local.port()
+        && port(2) == flow.remote.port();
+    (ours && flags & ACK != 0 && flags & (SYN | RST) == 0 && total == doff)
+        .then(|| (word(4), word(8)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flow() -> VirtualFlow {
+        VirtualFlow {
+            proto: Proto::Tcp,
+            local: "198.18.1.2:40000".parse().unwrap(),
+            remote: "198.18.3.2:5001".parse().unwrap(),
+        }
+    }
+
+    fn v4_segment(flags: u8, payload: usize) -> Vec<u8> {
+        let mut p = vec![0u8; 20 + 20 + payload];
+        p[0] = 0x45;
+        p[2..4].copy_from_slice(&((40 + payload) as u16).to_be_bytes());
+        p[9] = 6;
+        p[12..16].copy_from_slice(&[198, 18, 1, 2]);
+        p[16..20].copy_from_slice(&[198, 18, 3, 2]);
+        p[20..22].copy_from_slice(&40000u16.to_be_bytes());
+        p[22..24].copy_from_slice(&5001u16.to_be_bytes());
+        p[24..28].copy_from_slice(&7u32.to_be_bytes());
+        p[28..32].copy_from_slice(&9u32.to_be_bytes());
+        p[32] = 5 << 4;
+        p[33] = flags;
+        p
+    }
+
+    #[test]
+    fn only_the_sockets_pure_acks_count() {
+        assert_eq!(pure_ack_of(&v4_segment(0x10, 0), &flow()), Some((7, 9)));
+        assert_eq!(pure_ack_of(&v4_segment(0x10, 3), &flow()), None, "data");
+        assert_eq!(pure_ack_of(&v4_segment(0x12, 0), &flow()), None, "SYN");
+        assert_eq!(pure_ack_of(&v4_segment(0x14, 0), &flow()), None, "RST");
+        let mut other = v4_segment(0x10, 0);
+        other[22..24].copy_from_slice(&5002u16.to_be_bytes());
+        assert_eq!(pure_ack_of(&other, &flow()), None, "another flow");
+        assert_eq!(pure_ack_of(&v4_segment(0x10, 0)[..30], &flow()), None);
+        assert_eq!(pure_ack_of(&[], &flow()), None);
     }
 }

@@ -32,6 +32,13 @@ pub(super) struct TcpState {
     pub(super) bytes_received: u64,
     /// `tcpi_rcv_wscale`.
     pub(super) rcv_wscale: u8,
+    /// `tcpi_snd_wscale`: the shift of the peer's window field.
+    pub(super) snd_wscale: u8,
+    /// `idiag_wqueue`: `write_seq - snd_una`, everything written and not
+    /// acknowledged.
+    pub(super) send_queue: u32,
+    /// `tcpi_bytes_sent`: grows with every byte sent, retransmissions too.
+    pub(super) bytes_sent: u64,
     /// `tcpi_notsent_bytes`: written by the application, never sent.
     pub(super) notsent_bytes: u32,
     /// `tcpi_snd_wnd`, `tcpi_rcv_wnd` (Linux 5.19 / 6.2; `None` before).
@@ -101,6 +108,7 @@ pub(super) const TCPI_TOTAL_RETRANS: usize = 100;
 pub(super) const TCPI_BYTES_ACKED: usize = 120;
 pub(super) const TCPI_BYTES_RECEIVED: usize = 128;
 pub(super) const TCPI_NOTSENT_BYTES: usize = 144;
+pub(super) const TCPI_BYTES_SENT: usize = 200;
 pub(super) const TCPI_SND_WND: usize = 228;
 pub(super) const TCPI_RCV_WND: usize = 232;
 
@@ -259,6 +267,28 @@ const INET_DIAG_CGROUP_ID: u16 = 21;
 pub(super) fn dump(protocol: u8, states: u32) -> Result<Vec<Listed>, DatapathError> {
     let socket =
         Socket::new(NETLINK_SOCK_DIAG).map_err(kernel_err("opening a sock_diag netlink socket"))?;
+    // A dump the crate cannot read to its end (no DONE recognised) must not
+    // block the datapath thread for ever.
+    let timeout = libc::timeval {
+        tv_sec: 2,
+        tv_usec: 0,
+    };
+    // SAFETY: the socket is open (owned by `socket`); `timeout` is a live
+    // timeval and its size is passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&socket),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&timeout as *const libc::timeval).cast(),
+            size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        return Err(kernel_err("setting a receive timeout")(
+            io::Error::last_os_error(),
+        ));
+    }
     let mut out = Vec::new();
     let mut buf = Vec::with_capacity(64 * 1024);
     for (seq, family) in [(1, AF_INET), (2, AF_INET6)] {
@@ -412,6 +442,11 @@ pub(super) fn parse_answer(b: &[u8]) -> io::Result<Option<TcpState>> {
         NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) => r,
         _ => return Err(bad("unexpected netlink message type")),
     };
+    // TIME_WAIT (a twsk, answered without tcp_info) and CLOSE: the
+    // connection is over, as for the callers' purposes it is gone.
+    if matches!(r.header.state, 6 | 7) {
+        return Ok(None);
+    }
     let (timer, expires) = match r.header.timer {
         None => (0, Duration::ZERO),
         Some(Timer::Retransmit(d, _)) => (TIMER_RETRANSMIT, d),
@@ -437,6 +472,9 @@ pub(super) fn parse_answer(b: &[u8]) -> io::Result<Option<TcpState>> {
         bytes_acked: u64_at(info, TCPI_BYTES_ACKED).ok_or_else(short)?,
         bytes_received: u64_at(info, TCPI_BYTES_RECEIVED).ok_or_else(short)?,
         rcv_wscale: info.get(TCPI_WSCALE).ok_or_else(short)? >> 4,
+        snd_wscale: info.get(TCPI_WSCALE).ok_or_else(short)? & 0x0f,
+        send_queue: r.header.send_queue,
+        bytes_sent: u64_at(info, TCPI_BYTES_SENT).ok_or_else(short)?,
         notsent_bytes: u32_at(info, TCPI_NOTSENT_BYTES).ok_or_else(short)?,
         snd_wnd: u32_at(info, TCPI_SND_WND),
         rcv_wnd: u32_at(info, TCPI_RCV_WND),

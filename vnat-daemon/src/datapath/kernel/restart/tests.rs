@@ -175,6 +175,7 @@ fn parses_inet_diag_answers() {
     body[0] = libc::AF_INET as u8;
     body[2] = 1;
     body[52..56].copy_from_slice(&4321u32.to_ne_bytes());
+    body[60..64].copy_from_slice(&1234u32.to_ne_bytes());
     body[68..72].copy_from_slice(&987_654u32.to_ne_bytes());
     let mut info = vec![0u8; 240];
     info[TCPI_RETRANSMITS] = 6;
@@ -184,6 +185,7 @@ fn parses_inet_diag_answers() {
     info[TCPI_BYTES_ACKED..TCPI_BYTES_ACKED + 8].copy_from_slice(&0x1_0000_0005u64.to_ne_bytes());
     info[TCPI_BYTES_RECEIVED..TCPI_BYTES_RECEIVED + 8].copy_from_slice(&6u64.to_ne_bytes());
     info[TCPI_NOTSENT_BYTES..TCPI_NOTSENT_BYTES + 4].copy_from_slice(&77u32.to_ne_bytes());
+    info[TCPI_BYTES_SENT..TCPI_BYTES_SENT + 8].copy_from_slice(&0x2_0000_0003u64.to_ne_bytes());
     info[TCPI_SND_WND..TCPI_SND_WND + 4].copy_from_slice(&1000u32.to_ne_bytes());
     info[TCPI_RCV_WND..TCPI_RCV_WND + 4].copy_from_slice(&(300u32 << 7).to_ne_bytes());
     // An unrelated attribute first, with a length that needs padding.
@@ -207,6 +209,9 @@ fn parses_inet_diag_answers() {
             bytes_acked: 0x1_0000_0005,
             bytes_received: 6,
             rcv_wscale: 7,
+            snd_wscale: 10,
+            send_queue: 1234,
+            bytes_sent: 0x2_0000_0003,
             notsent_bytes: 77,
             snd_wnd: Some(1000),
             rcv_wnd: Some(300 << 7),
