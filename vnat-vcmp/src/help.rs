@@ -23,6 +23,10 @@ use crate::flow::VirtualFlow;
 pub const HELP_LEN: usize = 16;
 /// The longest helper name.
 pub const HELP_NAME_MAX: usize = HELP_LEN - 2;
+/// The built-in helper that answers for the absent end with a zero window.
+pub const ZERO_WINDOW: &str = "zero-window";
+/// The built-in helper that stops the peer's processes of the connection.
+pub const STOP: &str = "stop";
 const F_ZERO_WINDOW: u8 = 1;
 const F_STOP: u8 = 2;
 
@@ -53,6 +57,46 @@ impl Help {
             && name
                 .bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+    }
+
+    /// The helpers named on `vnatctl suspend --helper NAME`: the built-in
+    /// [`ZERO_WINDOW`] and [`STOP`], and at most one installed helper's
+    /// name. The error says what is wrong, for the user.
+    pub fn from_names(names: &[String]) -> Result<Help, String> {
+        let mut help = Help::default();
+        for n in names {
+            match n.as_str() {
+                ZERO_WINDOW => help.zero_window = true,
+                STOP => help.stop = true,
+                other if !Help::valid_name(other) => {
+                    return Err(format!(
+                        "{other:?} is no helper name: the built-in helpers are {ZERO_WINDOW:?} and {STOP:?}; an installed helper's name has 1 to {HELP_NAME_MAX} of a-z, 0-9, '-' and '_'"
+                    ));
+                }
+                other => match &help.user {
+                    Some(u) if u != other => {
+                        return Err(format!(
+                            "at most one installed helper per suspend ({u:?} and {other:?} were named)"
+                        ));
+                    }
+                    _ => help.user = Some(other.to_string()),
+                },
+            }
+        }
+        Ok(help)
+    }
+
+    /// The names [`Help::from_names`] takes back.
+    pub fn names(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.zero_window {
+            out.push(ZERO_WINDOW.to_string());
+        }
+        if self.stop {
+            out.push(STOP.to_string());
+        }
+        out.extend(self.user.clone());
+        out
     }
 
     pub(crate) fn encode(&self) -> [u8; HELP_LEN] {
@@ -233,6 +277,14 @@ mod tests {
         for bad in ["", "-x", "A", "a/b", "a.b", "fifteen-letters"] {
             assert!(!Help::valid_name(bad), "{bad:?}");
         }
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let h = Help::from_names(&names(&["zero-window", "stop", "notify"])).unwrap();
+        assert!(h.zero_window && h.stop && h.user.as_deref() == Some("notify"));
+        assert_eq!(Help::from_names(&h.names()), Ok(h));
+        assert!(Help::from_names(&names(&["a", "b"])).is_err());
+        assert!(Help::from_names(&names(&["../x"]))
+            .unwrap_err()
+            .contains("no helper name"));
     }
 }
 

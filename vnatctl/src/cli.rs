@@ -84,6 +84,9 @@ pub enum Command {
     Suspend {
         #[command(flatten)]
         select: SelectArgs,
+        /// Ask the peers to keep the connections alive while this host is away: zero-window, stop; repeatable.
+        #[arg(long = "helper", value_name = "NAME", value_parser = helper_name)]
+        helpers: Vec<String>,
     },
     /// After a planned move: re-read the host's addresses now and move the connections that lost theirs.
     #[command(long_about = RESUME_ABOUT)]
@@ -179,6 +182,11 @@ pub struct SelectArgs {
     pub cgroup: Option<PathBuf>,
 }
 
+/// `--helper NAME`: a name the wire can carry (see `vcmp::help`).
+fn helper_name(s: &str) -> Result<String, String> {
+    vnat_daemon::vcmp::help::Help::from_names(&[s.to_string()]).map(|_| s.to_string())
+}
+
 const SUSPEND_ABOUT: &str = "\
 Prepare connections for a planned move (paper section 3.3.1): this host claims
 the primary role and agrees fresh keys with each peer's vnatd, while both
@@ -192,9 +200,23 @@ Choose the connections with exactly one of --all, --conn ID..., --pid PID or
 --cgroup DIR. A selector that matches no connection is an error and changes
 nothing.
 
+While this host is away, the connections' TCP keepalives are held (turned
+off) until each connection works again. --helper NAME also asks each peer's
+vnatd to keep its end alive meanwhile, if the peer allows it (its
+peer_helpers setting):
+  zero-window  answer for this host with a zero window, so that the peer's
+               TCP waits (window probes) instead of retransmitting until it
+               gives up (after net.ipv4.tcp_retries2 tries, about 15 minutes
+               by default); the window reopens when this host is back
+  stop         stop (SIGSTOP) the peer's process of the connection until
+               this host is back (SIGCONT)
+The peers are told this host is back once each connection works again (a
+resume, or a move by automatic mode).
+
 Examples:
 
     vnatctl suspend --all
+    vnatctl suspend --all --helper zero-window
     vnatctl suspend --conn 48211 --conn 9120
     vnatctl --json suspend --cgroup /sys/fs/cgroup/system.slice/app.service";
 

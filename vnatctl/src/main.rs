@@ -187,7 +187,7 @@ fn run(cli: &Cli) -> Result<String, Failure> {
         Command::Disable { cgroup } => Plan::Disable(absolute(cgroup)?),
         Command::Status => Plan::Status,
         Command::Ls { proto, state } => Plan::Ls(*proto, *state),
-        Command::Suspend { select } => Plan::Suspend(selector(select)?),
+        Command::Suspend { select, helpers } => Plan::Suspend(selector(select)?, helpers.clone()),
         Command::Resume { select } => Plan::Resume(selector(select)?),
         Command::Migrate {
             select,
@@ -262,8 +262,8 @@ fn run(cli: &Cli) -> Result<String, Failure> {
                 let path = client.disable_cgroup(&cgroup).await?;
                 cgroup_result(json, &path, false)
             }
-            Plan::Suspend(selector) => {
-                let reply = client.suspend(selector).await?;
+            Plan::Suspend(selector, helpers) => {
+                let reply = client.suspend(selector, helpers).await?;
                 if json {
                     pretty(&output::SuspendJson::from(&reply))
                 } else {
@@ -387,7 +387,7 @@ enum Plan {
     Ls(Option<ProtoArg>, Option<StateArg>),
     Enable(PathBuf),
     Disable(PathBuf),
-    Suspend(Selector),
+    Suspend(Selector, Vec<String>),
     Resume(Selector),
     /// With how long `--wait` waits, if it does.
     Migrate(Selector, MigrateTarget, Option<std::time::Duration>),

@@ -483,6 +483,8 @@ pub fn error_json(kind: &str, message: &str) -> String {
 pub struct SuspendJson {
     /// Ids of the connections whose peers were asked to prepare.
     pub suspended: Vec<u64>,
+    /// Ids of those whose peers were also asked for the helpers.
+    pub helped: Vec<u64>,
     pub skipped: Vec<SkippedJson>,
 }
 
@@ -496,6 +498,7 @@ impl From<&SuspendReply> for SuspendJson {
     fn from(r: &SuspendReply) -> Self {
         SuspendJson {
             suspended: r.suspended.clone(),
+            helped: r.helped.clone(),
             skipped: r
                 .skipped
                 .iter()
@@ -513,6 +516,13 @@ pub fn suspend_text(r: &SuspendReply) -> String {
         "suspended {} connection(s): their peers are agreeing roles and fresh keys; after the move run: vnatctl resume\n",
         r.suspended.len()
     );
+    if !r.helped.is_empty() {
+        let _ = writeln!(
+            out,
+            "asked the peers of {} of them to keep them alive until they work again",
+            r.helped.len()
+        );
+    }
     for s in &r.skipped {
         let _ = writeln!(out, "skipped connection {}: {}", s.id, s.reason);
     }

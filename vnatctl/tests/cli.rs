@@ -129,8 +129,9 @@ async fn fake_driver(mut rx: tokio::sync::mpsc::Receiver<DriverCommand>) {
                 };
                 let _ = reply.send(std::collections::HashMap::from([(tcp, m)]));
             }
-            DriverCommand::Suspend { flows, reply } => {
-                let _ = reply.send(Ok(flows.len()));
+            DriverCommand::Suspend { flows, help, reply } => {
+                let helped = if help.is_none() { Vec::new() } else { flows };
+                let _ = reply.send(Ok(helped));
             }
             DriverCommand::Resume { reply } => {
                 let _ = reply.send(0);

@@ -169,8 +169,12 @@ impl ControlClient {
         }
     }
 
-    pub async fn suspend(&mut self, selector: Selector) -> Result<SuspendReply, ClientError> {
-        match self.request(Request::Suspend { selector }).await? {
+    pub async fn suspend(
+        &mut self,
+        selector: Selector,
+        helpers: Vec<String>,
+    ) -> Result<SuspendReply, ClientError> {
+        match self.request(Request::Suspend { selector, helpers }).await? {
             Reply::Suspended(r) => Ok(r),
             other => Err(self.unexpected("suspend", &other)),
         }

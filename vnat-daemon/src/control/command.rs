@@ -17,9 +17,12 @@ use crate::vcmp::EndpointError;
 /// core: the control handler sends these, the driver answers on `reply`.
 pub enum Command {
     /// Planned suspend (paper 3.3.1): settle roles and keys for these flows.
+    /// With `help` (not empty), the peers are also asked for keep-alive
+    /// helpers (`vcmp::help`); the answer is the flows whose peers were.
     Suspend {
         flows: Vec<VirtualFlow>,
-        reply: oneshot::Sender<Result<usize, EndpointError>>,
+        help: crate::vcmp::help::Help,
+        reply: oneshot::Sender<Result<Vec<VirtualFlow>, EndpointError>>,
     },
     /// Re-read addresses and connections now and move what needs moving.
     Resume { reply: oneshot::Sender<usize> },

@@ -110,7 +110,7 @@ impl Handler {
             | Request::List
             | Request::EnableCgroup { .. }
             | Request::DisableCgroup { .. } => self.datapath_request(request),
-            Request::Suspend { selector }
+            Request::Suspend { selector, .. }
             | Request::Resume { selector }
             | Request::Migrate { selector, .. }
             | Request::Export { selector, .. } => self.mobility_request(request, selector),
@@ -257,7 +257,9 @@ impl Handler {
         };
         let ids: Vec<u64> = selected.iter().map(|c| c.id).collect();
         match request {
-            Request::Suspend { .. } => {
+            Request::Suspend { helpers, .. } => {
+                let help = crate::vcmp::help::Help::from_names(helpers)
+                    .map_err(RequestError::InvalidArgument)?;
                 let mobility = self.ask(|reply| Command::Mobility { reply })?;
                 let (mobile, skipped) = split_mobile(&selected, &mobility);
                 if mobile.is_empty() {
@@ -267,13 +269,22 @@ impl Handler {
                     });
                 }
                 let suspended: Vec<u64> = mobile.iter().map(VirtualFlow::id).collect();
-                self.ask(|reply| Command::Suspend {
-                    flows: mobile,
-                    reply,
-                })?
-                .map_err(|e| RequestError::Refused(e.to_string()))?;
-                tracing::info!(connections = ?suspended, "control: suspend (planned move)");
-                Ok(Reply::Suspended(SuspendReply { suspended, skipped }))
+                let helped: Vec<u64> = self
+                    .ask(|reply| Command::Suspend {
+                        flows: mobile,
+                        help: help.clone(),
+                        reply,
+                    })?
+                    .map_err(|e| RequestError::Refused(e.to_string()))?
+                    .iter()
+                    .map(VirtualFlow::id)
+                    .collect();
+                tracing::info!(connections = ?suspended, helpers = ?help.names(), "control: suspend (planned move)");
+                Ok(Reply::Suspended(SuspendReply {
+                    suspended,
+                    helped,
+                    skipped,
+                }))
             }
             Request::Resume { .. } => {
                 let moves_started = self.ask(|reply| Command::Resume { reply })?;

@@ -117,9 +117,10 @@ impl FakeDriver {
                         };
                         let _ = reply.send(HashMap::from([(a, m(true)), (b, m(false))]));
                     }
-                    Command::Suspend { flows, reply } => {
-                        seen.push(format!("suspend {}", flows.len()));
-                        let _ = reply.send(Ok(flows.len()));
+                    Command::Suspend { flows, help, reply } => {
+                        seen.push(format!("suspend {} {:?}", flows.len(), help.names()));
+                        let helped = if help.is_none() { Vec::new() } else { flows };
+                        let _ = reply.send(Ok(helped));
                     }
                     Command::Resume { reply } => {
                         seen.push("resume".into());
@@ -361,6 +362,7 @@ fn suspend_moves_only_mobile_connections_and_says_why_not_the_others() {
     let [a, b, c] = flows();
     let reply = ok(h.handle(&Request::Suspend {
         selector: Selector::All,
+        helpers: Vec::new(),
     }));
     let Reply::Suspended(r) = reply.clone() else {
         panic!("suspend answered {reply:?}")
@@ -379,11 +381,42 @@ fn suspend_moves_only_mobile_connections_and_says_why_not_the_others() {
     // not asked to suspend anything.
     let e = err(h.handle(&Request::Suspend {
         selector: Selector::Pid(7),
+        helpers: Vec::new(),
     }));
     assert_eq!(e.kind, ErrorKind::Mobility);
     assert!(e.message.contains("can move yet"), "{}", e.message);
     drop(h);
-    assert_eq!(driver.log(), ["mobility", "suspend 1", "mobility"]);
+    assert_eq!(driver.log(), ["mobility", "suspend 1 []", "mobility"]);
+}
+
+/// `suspend --helper`: the names reach the driver as one request, the
+/// reply says whose peers were asked, and a bad name is refused before
+/// anything is suspended.
+#[test]
+fn suspend_with_helpers_asks_the_driver_and_refuses_bad_names() {
+    let (driver, tx) = FakeDriver::start();
+    let h = Handler::new(spawn(Box::new(datapath())).unwrap(), info()).with_driver(tx);
+    let [a, _, _] = flows();
+    let reply = ok(h.handle(&Request::Suspend {
+        selector: Selector::All,
+        helpers: vec!["zero-window".into(), "stop".into()],
+    }));
+    let Reply::Suspended(r) = reply else {
+        panic!("suspend answered {reply:?}")
+    };
+    assert_eq!(r.helped, vec![a.id()]);
+    for bad in [vec!["../etc/x".to_string()], vec!["a".into(), "b".into()]] {
+        let e = err(h.handle(&Request::Suspend {
+            selector: Selector::All,
+            helpers: bad,
+        }));
+        assert_eq!(e.kind, ErrorKind::InvalidArgument, "{}", e.message);
+    }
+    drop(h);
+    assert_eq!(
+        driver.log(),
+        ["mobility", "suspend 1 [\"zero-window\", \"stop\"]"]
+    );
 }
 
 #[test]
@@ -393,6 +426,7 @@ fn a_bad_selector_changes_nothing_and_never_reaches_the_driver() {
     for request in [
         Request::Suspend {
             selector: Selector::Pid(999),
+            helpers: Vec::new(),
         },
         Request::Resume {
             selector: Selector::Conns(vec![1, 2]),
@@ -545,6 +579,7 @@ fn without_a_driver_mobility_requests_fail_with_one_sentence_and_list_works() {
     for request in [
         Request::Suspend {
             selector: Selector::All,
+            helpers: Vec::new(),
         },
         Request::Resume {
             selector: Selector::Pid(12345),

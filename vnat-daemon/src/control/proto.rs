@@ -56,7 +56,14 @@ pub enum Request {
     DisableCgroup { path: PathBuf },
     /// Planned move, before it (paper section 3.3.1): settle roles and fresh
     /// keys with the peers of the selected connections.
-    Suspend { selector: Selector },
+    Suspend {
+        selector: Selector,
+        /// Keep-alive helpers to ask the peers for while this host is
+        /// away (`vcmp::help`): "zero-window", "stop", and the name of at
+        /// most one helper installed on the peer.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        helpers: Vec<String>,
+    },
     /// After a planned move: re-read addresses now and move what lost its
     /// address, instead of waiting for the address watch.
     Resume { selector: Selector },
@@ -325,6 +332,10 @@ pub struct ListedConnection {
 pub struct SuspendReply {
     /// Ids of the connections whose peers were asked to prepare.
     pub suspended: Vec<u64>,
+    /// Ids of those whose peers were also asked for the helpers (the ones
+    /// with keys: paired).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub helped: Vec<u64>,
     /// Selected connections that cannot move, with the reason.
     pub skipped: Vec<Skipped>,
 }
@@ -576,6 +587,7 @@ mod tests {
         for (selector, wire) in cases {
             let req = Request::Suspend {
                 selector: selector.clone(),
+                helpers: Vec::new(),
             };
             let line = serde_json::to_string(&req).expect("serializable");
             assert_eq!(line, format!(r#"{{"type":"suspend","selector":{wire}}}"#));

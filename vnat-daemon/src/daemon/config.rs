@@ -40,6 +40,7 @@ Config file (every key optional; these are the defaults):
     location_servers = []                    # e.g. [\"192.0.2.7:2031\"]
     standby_tc = true                        # see below
     keepalive_secs = 25                      # 0: no NAT keepalives
+    peer_helpers = [\"zero-window\"]           # see below
 
 location_servers (or --location-server, repeatable) are other vnatd asked
 where a peer went when both ends of a connection moved and neither old
@@ -63,6 +64,13 @@ the kernel could not tell apart, the move is refused (abort, the default)
 unless the moving connection's cgroup is one of these or below one; then
 the older connection is reset (preempt). A peer's move onto such endpoints
 is always refused.
+
+peer_helpers (or --peer-helper, repeatable; --peer-helper none for none)
+are the keep-alive helpers this host runs when a peer about to be away
+asks for them (`vnatctl suspend --helper NAME` on the peer): zero-window
+answers for the absent end so that this host's TCP waits instead of giving
+up; stop stops (SIGSTOP) this host's processes of the connection until the
+peer is back (SIGCONT). A helper not listed is not run.
 
 standby_tc keeps the translators attached to every network interface while
 this host has connections paired with a peer, so that a move does not wait
@@ -137,6 +145,13 @@ pub struct Args {
         help = "cgroup v2 directory whose connections, in a virtual-address conflict, reset the older connection instead of giving up their move; repeatable [default: none, every conflict aborts the move]"
     )]
     pub preempt_cgroups: Vec<PathBuf>,
+    /// Keep-alive helpers a peer may ask of this host.
+    #[arg(
+        long = "peer-helper",
+        value_name = "NAME",
+        help = "keep-alive helper this host runs when a peer about to be away asks for it: zero-window or stop; repeatable; none for none [default: zero-window]"
+    )]
+    pub peer_helpers: Vec<String>,
     /// Log filter.
     #[arg(long, value_name = "FILTER",
           help = format!("Log level or filter, e.g. debug or info,vnat_daemon=trace [default: RUST_LOG, else {DEFAULT_LOG_LEVEL}]"))]
@@ -215,6 +230,7 @@ pub struct FileConfig {
     pub listen: Option<SocketAddr>,
     pub cgroups: Option<Vec<PathBuf>>,
     pub preempt_cgroups: Option<Vec<PathBuf>>,
+    pub peer_helpers: Option<Vec<String>>,
     pub log_level: Option<String>,
     pub log_format: Option<LogFormat>,
     pub location_servers: Option<Vec<SocketAddr>>,
@@ -235,6 +251,8 @@ pub struct Settings {
     /// `preempt_cgroups`: connections under these preempt in a conflict
     /// (default: none, every conflict aborts).
     pub preempt_cgroups: Vec<PathBuf>,
+    /// `peer_helpers`: the keep-alive helpers peers may ask of this host.
+    pub peer_helpers: Vec<String>,
     pub log_level: String,
     pub log_format: LogFormat,
     /// Location servers for step P(3)/S(3) of the location chain, in the
@@ -272,6 +290,8 @@ pub enum ConfigError {
     LocationServer { file: PathBuf, value: SocketAddr },
     #[error("keepalive_secs = {value} in the config file {} is out of range; use 0 (off) to 3600 seconds (default 25)", file.display())]
     Keepalive { file: PathBuf, value: u32 },
+    #[error("unknown keep-alive helper {name:?}{}; peer_helpers (--peer-helper) takes zero-window and stop, or none", file.as_ref().map(|f| format!(" in the config file {}", f.display())).unwrap_or_default())]
+    PeerHelper { file: Option<PathBuf>, name: String },
     #[error("cannot make {} absolute: {source}", path.display())]
     Absolute {
         path: PathBuf,
@@ -436,6 +456,14 @@ impl Settings {
         } else {
             vec![cgroup_root()?]
         };
+        let peer_helpers = peer_helpers(
+            if args.peer_helpers.is_empty() {
+                file.peer_helpers
+            } else {
+                Some(args.peer_helpers)
+            },
+            config_file.as_deref(),
+        )?;
         let preempt_cgroups = if !args.preempt_cgroups.is_empty() {
             args.preempt_cgroups
                 .into_iter()
@@ -459,6 +487,7 @@ impl Settings {
             listen,
             cgroups,
             preempt_cgroups,
+            peer_helpers,
             log_level,
             log_format,
             location_servers,
@@ -483,6 +512,29 @@ pub struct ReloadPlan {
     /// Settings the new file changes that only a restart applies
     /// (sockets, directories, pins, the log format).
     pub restart_only: Vec<&'static str>,
+}
+
+/// The `peer_helpers` setting: the built-in helpers by name, checked; the
+/// default is zero-window alone, and "none" alone means none.
+fn peer_helpers(
+    names: Option<Vec<String>>,
+    file: Option<&Path>,
+) -> Result<Vec<String>, ConfigError> {
+    let Some(names) = names else {
+        return Ok(vec![crate::vcmp::help::ZERO_WINDOW.to_string()]);
+    };
+    if names == ["none"] {
+        return Ok(Vec::new());
+    }
+    for n in &names {
+        if n != crate::vcmp::help::ZERO_WINDOW && n != crate::vcmp::help::STOP {
+            return Err(ConfigError::PeerHelper {
+                file: file.map(Path::to_path_buf),
+                name: n.clone(),
+            });
+        }
+    }
+    Ok(names)
 }
 
 impl ReloadPlan {
@@ -515,6 +567,9 @@ impl ReloadPlan {
         }
         if running.log_format != new.log_format {
             restart_only.push("log_format");
+        }
+        if running.peer_helpers != new.peer_helpers {
+            restart_only.push("peer_helpers");
         }
         ReloadPlan {
             enable,

@@ -21,6 +21,7 @@ use rand_core::OsRng;
 use tokio::{net::UdpSocket, sync::mpsc};
 
 mod control;
+mod helping;
 mod moves;
 
 use super::{
@@ -75,6 +76,8 @@ pub struct DriverConfig {
     /// `preempt_cgroups`: connections under these reset an older one in
     /// a virtual-address conflict; everyone else's move is refused.
     pub preempt_cgroups: Vec<PathBuf>,
+    /// `peer_helpers`: the keep-alive helpers a peer may ask of this host.
+    pub peer_helpers: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -302,6 +305,13 @@ pub struct Driver {
     keepalive_held: HashMap<VirtualFlow, mobility::HeldKeepalive>,
     /// When held keepalives are next looked at.
     next_keepalive_check: std::time::Instant,
+    /// Connections whose peers this host asked for keep-alive helpers at
+    /// suspend, until they work again (`daemon::helping`).
+    help_asked: HashMap<VirtualFlow, mobility::HeldKeepalive>,
+    /// Connections whose absent peer this host helps.
+    helping: HashMap<VirtualFlow, super::helping::Helping>,
+    /// When the absent peers are next answered for.
+    next_help_answer: std::time::Instant,
 }
 
 impl Driver {
@@ -395,6 +405,9 @@ impl Driver {
             cgroup_of: HashMap::new(),
             keepalive_held: HashMap::new(),
             next_keepalive_check: std::time::Instant::now(),
+            help_asked: HashMap::new(),
+            helping: HashMap::new(),
+            next_help_answer: std::time::Instant::now(),
         }
     }
 
@@ -428,6 +441,7 @@ impl Driver {
         let mut buf = vec![0u8; 65536];
         tokio::pin!(shutdown);
         loop {
+            let far = std::time::Instant::now() + Duration::from_secs(3600);
             let timeout = self.endpoint.poll_timeout().map(|t| t.since(now()));
             let sleep = tokio::time::sleep(timeout.unwrap_or(Duration::from_secs(3600)));
             tokio::select! {
@@ -473,6 +487,9 @@ impl Driver {
                         + RESYNC_INTERVAL.max(started.elapsed() * RESYNC_SHARE);
                 }
                 Some(cmd) = commands.recv() => self.command(cmd).await,
+                _ = tokio::time::sleep_until(tokio::time::Instant::from_std(
+                        self.next_helper_wake().unwrap_or(far))),
+                    if self.next_helper_wake().is_some() => {}
             }
             // Order matters: become receive-ready for a peer's announced new
             // address and apply events *before* sending what the core queued
@@ -492,9 +509,14 @@ impl Driver {
             self.update_standby().await;
             self.end_overdue_holds().await;
             self.release_due_keepalives().await;
+            self.answer_for_absent_peers().await;
         }
-        // A socket must not stay without the keepalive its application set.
+        // A socket must not stay without the keepalive its application set,
+        // nor a process stopped for a peer.
         self.release_keepalives(true).await;
+        for f in self.helping.keys().copied().collect::<Vec<_>>() {
+            self.end_helping(f, true).await;
+        }
         Ok(())
     }
 

@@ -8,6 +8,7 @@ pub mod cgroup;
 pub mod config;
 pub mod conflict;
 pub mod driver;
+pub mod helping;
 pub mod hostaddrs;
 pub mod identity;
 pub mod mobility;
@@ -326,6 +327,7 @@ where
         standby_tc: settings.standby_tc,
         keepalive_secs: settings.keepalive_secs,
         preempt_cgroups: settings.preempt_cgroups.clone(),
+        peer_helpers: settings.peer_helpers.clone(),
     };
     let driver = driver::Driver::new(driver_cfg, shared.clone()).await?;
     let (commands_tx, commands_rx) = tokio::sync::mpsc::channel(64);

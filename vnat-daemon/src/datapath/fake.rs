@@ -42,6 +42,11 @@ pub struct FakeDatapath {
     pub reset: Vec<VirtualFlow>,
     /// Keepalive holds (true) and releases ([`Datapath::hold_keepalive`]).
     pub keepalive_held: Vec<(VirtualFlow, bool)>,
+    /// `answer_for_peer` deliveries: (flow, window).
+    pub answered: Vec<(VirtualFlow, u32)>,
+    /// The byte counters `answer_for_peer` reports per flow (default 0, 0):
+    /// a test changes them to play a peer that is back.
+    pub peer_counters: BTreeMap<VirtualFlow, (u64, u64)>,
     /// Interfaces kept attached ([`Datapath::set_standby`]).
     pub standby: Vec<u32>,
     /// Addresses kept local ([`Datapath::keep_local`]).
@@ -136,6 +141,33 @@ impl Datapath for FakeDatapath {
         self.take_failure()?;
         self.keepalive_held.push((*flow, hold));
         Ok(flow.proto == crate::datapath::Proto::Tcp)
+    }
+
+    fn answer_for_peer(
+        &mut self,
+        flow: &VirtualFlow,
+        window: u32,
+        unless_moved_from: Option<(u64, u64)>,
+    ) -> Result<super::PeerAnswer, DatapathError> {
+        self.take_failure()?;
+        let known = flow.proto == crate::datapath::Proto::Tcp
+            && self.conns.values().any(|c| {
+                c.proto == flow.proto
+                    && c.virtual_local == flow.local
+                    && c.virtual_remote == flow.remote
+            });
+        if !known {
+            return Ok(super::PeerAnswer::Gone);
+        }
+        let counters = self.peer_counters.get(flow).copied().unwrap_or((0, 0));
+        if unless_moved_from.is_some_and(|c| c != counters) {
+            return Ok(super::PeerAnswer::PeerActive { counters });
+        }
+        self.answered.push((*flow, window));
+        Ok(super::PeerAnswer::Answered {
+            counters,
+            peer_window: Some(65_535),
+        })
     }
 
     fn reset_connection(&mut self, flow: &VirtualFlow) -> Result<bool, DatapathError> {

@@ -125,6 +125,21 @@ pub trait Datapath {
     /// Returns whether it was changed (holding: whether it was on).
     fn hold_keepalive(&mut self, flow: &VirtualFlow, hold: bool) -> Result<bool, DatapathError>;
 
+    /// Answer for this host's absent peer on `flow` (the zero-window
+    /// helper, `vcmp::help`): deliver to the local TCP socket, as from the
+    /// peer, an ACK of what the peer last acknowledged with a window of
+    /// `window` bytes. With 0 the socket waits in persist mode, probing,
+    /// where it would retransmit until it gave up; it survives as long as
+    /// such ACKs come. Nothing is delivered if the socket's counters are
+    /// not `unless_moved_from` (the peer was heard from since; counters no
+    /// socket can have make this a reading only).
+    fn answer_for_peer(
+        &mut self,
+        flow: &VirtualFlow,
+        window: u32,
+        unless_moved_from: Option<(u64, u64)>,
+    ) -> Result<PeerAnswer, DatapathError>;
+
     /// Reset the connection `flow` of this host (SOCK_DESTROY: its
     /// application sees ECONNABORTED, a TCP peer gets a reset), for a
     /// conflict whose policy is to preempt it. Returns false if no such

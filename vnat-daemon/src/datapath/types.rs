@@ -126,6 +126,23 @@ pub enum Kick {
     AckSolicited,
 }
 
+/// What [`super::Datapath::answer_for_peer`] found and did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeerAnswer {
+    /// No such TCP socket here (closed, UDP, or not this host's).
+    Gone,
+    /// The socket's counters (bytes acknowledged, received) are not the
+    /// ones given: the peer was heard from since. Nothing was delivered.
+    PeerActive { counters: (u64, u64) },
+    /// The ACK was delivered. `counters` (bytes acknowledged, received) are
+    /// for the next call; `peer_window` is the window the peer last
+    /// advertised, in bytes, as the socket had it before this ACK.
+    Answered {
+        counters: (u64, u64),
+        peer_window: Option<u32>,
+    },
+}
+
 /// What [`super::restart_verified`] did: the restart levers, which watch
 /// the socket act, and whether an ACK was solicited (when the peer moved).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -54,7 +54,7 @@ impl Driver {
     /// (vnatd stops). Looked at twice a second at most. A failed release
     /// stays held and is tried again.
     pub(super) async fn release_keepalives(&mut self, all: bool) {
-        if self.keepalive_held.is_empty() {
+        if self.keepalive_held.is_empty() && self.help_asked.is_empty() {
             return;
         }
         let now = std::time::Instant::now();
@@ -79,16 +79,16 @@ impl Driver {
                 (*f, *h, c)
             })
             .collect();
-        let released = with_dp(&self.dp, move |dp| {
+        let (released, addrs) = with_dp(&self.dp, move |dp| {
             let addrs: HashSet<IpAddr> = if all {
                 HashSet::new()
             } else {
                 match dp.interface_addresses() {
                     Ok(a) => a.into_iter().map(|(ip, _)| ip).collect(),
-                    Err(_) => return Vec::new(),
+                    Err(_) => return (Vec::new(), None),
                 }
             };
-            state
+            let released = state
                 .into_iter()
                 .filter(|(_, h, c)| {
                     all || c.is_some_and(|(local, migrating)| {
@@ -102,12 +102,16 @@ impl Driver {
                         None
                     }
                 })
-                .collect::<Vec<_>>()
+                .collect::<Vec<_>>();
+            (released, Some(addrs))
         })
         .await;
         for f in released {
             self.keepalive_held.remove(&f);
             tracing::debug!(flow = %f, "keepalive on again");
+        }
+        if let Some(addrs) = addrs.filter(|_| !all) {
+            self.end_asked_help(&addrs).await;
         }
     }
 
@@ -117,14 +121,19 @@ impl Driver {
 
     pub(super) async fn command(&mut self, cmd: Command) {
         match cmd {
-            Command::Suspend { flows, reply } => {
-                let r = self
-                    .endpoint
-                    .suspend(now(), &mut OsRng, &flows)
-                    .map(|()| flows.len());
-                if r.is_ok() {
-                    self.hold_keepalives(&flows).await;
-                }
+            Command::Suspend { flows, help, reply } => {
+                let r = self.endpoint.suspend(now(), &mut OsRng, &flows);
+                let r = match r {
+                    Ok(()) => {
+                        self.hold_keepalives(&flows).await;
+                        Ok(if help.is_none() {
+                            Vec::new()
+                        } else {
+                            self.ask_help(&flows, &help)
+                        })
+                    }
+                    Err(e) => Err(e),
+                };
                 let _ = reply.send(r);
             }
             Command::Resume { reply } => {

@@ -414,6 +414,7 @@ impl Driver {
         // Datapath work of all other events in one batch, in event order.
         let mut batch = Vec::new();
         let mut aborted = Vec::new();
+        let mut help_requests = Vec::new();
         for ev in events {
             let flow = match &ev {
                 Event::SetRemote { flow, .. }
@@ -494,12 +495,26 @@ impl Driver {
                         tracing::warn!(%local, %remote, error = %e, "cannot send a BIND on the flow's path");
                     }
                 }
+                Event::HelpRequested { flow, help } => help_requests.push((flow, help)),
                 // Prepared above, before the rest.
                 Event::PrepareReceive { .. } => {}
                 other => tracing::debug!(event = ?other, "VCMP event"),
             }
         }
         let done = self.translate_all(batch).await;
+        // A helped peer that moved is back: reopen its window now that the
+        // socket's packets reach it.
+        let back: Vec<VirtualFlow> = done
+            .iter()
+            .filter(|s| s.peer_moved && self.helping.contains_key(&s.flow))
+            .map(|s| s.flow)
+            .collect();
+        for f in back {
+            self.end_helping(f, true).await;
+        }
+        for (flow, help) in help_requests {
+            self.help_requested(flow, help).await;
+        }
         // Tell each peer whose new address we now send to (SWITCHED).
         let confirm: Vec<VirtualFlow> = done
             .iter()

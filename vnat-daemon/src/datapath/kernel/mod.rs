@@ -577,6 +577,18 @@ impl Datapath for KernelDatapath {
         self.reset_recorded(flow)
     }
 
+    fn answer_for_peer(
+        &mut self,
+        flow: &VirtualFlow,
+        window: u32,
+        unless_moved_from: Option<(u64, u64)>,
+    ) -> Result<super::PeerAnswer, DatapathError> {
+        match self.record(flow)? {
+            Some(record) => restart::answer_for_peer(flow, &record, window, unless_moved_from),
+            None => Ok(super::PeerAnswer::Gone),
+        }
+    }
+
     fn install_translation(&mut self, t: &Translation) -> Result<(), DatapathError> {
         // Port 0: the peer moved behind a NAT whose port only its first
         // packet can tell; the tc program learns it (`rebind`).

@@ -397,6 +397,50 @@ pub fn list_sockets(proto: Proto, states: u32) -> Result<Vec<Listed>, DatapathEr
     sockdiag::dump(protocol, states)
 }
 
+/// Deliver to `flow`'s socket, as from its peer, an ACK of what the peer
+/// last acknowledged (`snd_una`, at `rcv_nxt`) with `window` bytes of window
+/// (see `Datapath::answer_for_peer`). In window and acceptable, it updates
+/// the socket's view of the peer's window (tcp_ack_update_window: the
+/// sequence number is not older than the last update's), clears the count
+/// of unanswered window probes and refreshes the time the peer was last
+/// heard from (tcp_ack), so that neither the persist timer nor a
+/// retransmission towards a zero window (tcp_retransmit_timer, for 240 s
+/// after the last ACK) gives up. It carries no data and no timestamp
+/// (PAWS skips segments without one).
+pub fn answer_for_peer(
+    flow: &VirtualFlow,
+    record: &ConnRecord,
+    window: u32,
+    unless_moved_from: Option<(u64, u64)>,
+) -> Result<crate::datapath::PeerAnswer, DatapathError> {
+    use crate::datapath::PeerAnswer;
+    if flow.proto != Proto::Tcp || flow.local.is_ipv4() != flow.remote.is_ipv4() {
+        return Ok(PeerAnswer::Gone);
+    }
+    let Some(state) = SockDiag::with_shared(|d| d.query(flow, record.cookie))? else {
+        return Ok(PeerAnswer::Gone);
+    };
+    let counters = (state.bytes_acked, state.bytes_received);
+    if unless_moved_from.is_some_and(|c| c != counters) {
+        return Ok(PeerAnswer::PeerActive { counters });
+    }
+    let snd_una = record.snd_una_base.wrapping_add(state.bytes_acked as u32);
+    let rcv_nxt = record
+        .rcv_nxt_base
+        .wrapping_add(state.bytes_received as u32);
+    let field = (window >> state.snd_wscale).min(u32::from(u16::MAX)) as u16;
+    let reversed = VirtualFlow {
+        proto: flow.proto,
+        local: flow.remote,
+        remote: flow.local,
+    };
+    inject_from_peer(flow, &tcp_probe(&reversed, rcv_nxt, snd_una, field))?;
+    Ok(PeerAnswer::Answered {
+        counters,
+        peer_window: state.snd_wnd,
+    })
+}
+
 /// Whether `flow`'s socket with `cookie` is still open (not closed, not in
 /// TIME_WAIT).
 pub fn socket_alive(flow: &VirtualFlow, cookie: u64) -> Result<bool, DatapathError> {

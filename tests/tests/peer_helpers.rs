@@ -1,0 +1,234 @@
+//! Keep-alive helpers (issue 18, item 3): the server's TCP gives up after
+//! `net.ipv4.tcp_retries2 = 3` unanswered retransmissions (about 3 s). A
+//! laptop streams to the server's echo and suspends; then what the server
+//! sends stops reaching it for half a second (so that the server always has
+//! unacknowledged data when the laptop leaves), the laptop is offline for
+//! 20 s, comes back on subnet B and resumes.
+//!
+//! - With `vnatctl suspend --all --helper zero-window` the server's vnatd
+//!   answers for the laptop with a zero window: the server's socket waits
+//!   instead of giving up, is still there during the outage, and the stream
+//!   goes on byte-exact on the same socket after the move.
+//! - Without the helper (same outage, same settings) the server's socket
+//!   is gone within seconds and the stream fails when the laptop is back.
+//! - With `--helper stop` as well, on a server that allows it
+//!   (`--peer-helper stop`), the server's echo process is stopped during the
+//!   outage and runs again once the laptop is back.
+
+use std::{
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
+
+use vnat_tests::{
+    EchoServer, Host, LaptopRouterServer, StreamClient, StreamOptions, TempDir, Vnatd,
+};
+
+/// Longer than the server's TCP lasts without help (about 3 s).
+const OUTAGE: Duration = Duration::from_secs(20);
+
+/// The server's established sockets to the laptop's address A.
+fn server_sockets(topo: &LaptopRouterServer) -> usize {
+    let a = topo.laptop_a_addr.v4.to_string();
+    topo.server
+        .run_stdout(&["ss", "-Htn", "state", "established", "( sport = :5001 )"])
+        .lines()
+        .filter(|l| l.contains(&a))
+        .count()
+}
+
+/// The server's process of its connection to the laptop's address A (as
+/// the server's vnatd lists it), and whether it is stopped.
+fn server_process(srvd: &Vnatd, lap_a: &str) -> (u32, bool) {
+    let ls = srvd.ctl(&["ls", "--proto", "tcp"]).expect("ls");
+    let pid = ls
+        .as_array()
+        .and_then(|a| {
+            a.iter().find(|r| {
+                r["virtual_remote"]
+                    .as_str()
+                    .is_some_and(|s| s.starts_with(lap_a))
+            })
+        })
+        .and_then(|r| r["pid"].as_u64())
+        .unwrap_or_else(|| panic!("the server lists no process for the connection: {ls}"))
+        as u32;
+    (pid, stopped(pid))
+}
+
+/// Whether process `pid` is stopped (state T in /proc/PID/stat).
+fn stopped(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the process's stat");
+    // "pid (comm) S ...": the state follows the command's closing paren.
+    let state = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r.trim_start().chars().next());
+    state == Some(Some('T'))
+}
+
+fn outage(tag: &str, helpers: &[&str], server_flags: &[&str]) {
+    let helper = helpers.contains(&"zero-window");
+    let stop = helpers.contains(&"stop");
+    let topo = LaptopRouterServer::builder().tag(tag).build();
+    let lap = Host::new(&topo.laptop, &format!("{tag}l"));
+    let srv = Host::new(&topo.server, &format!("{tag}s"));
+    let (dl, ds) = (
+        TempDir::new(&format!("{tag}l")),
+        TempDir::new(&format!("{tag}s")),
+    );
+    let server = SocketAddr::new(topo.server_addr.v4.into(), 5001);
+    let _echo = EchoServer::tcp_in(&srv, server);
+    topo.server.set_sysctl("net/ipv4/tcp_retries2", "3");
+    let lapd = Vnatd::start(&lap, dl.path());
+    let srvd = Vnatd::start_with(&srv, ds.path(), server_flags);
+
+    let mut cmd = StreamOptions::tcp(server)
+        .rate(300_000)
+        .command(&topo.laptop);
+    lap.cgroup.join_on_spawn(&mut cmd);
+    let client = StreamClient::from_command(cmd);
+    client.wait_verified_at_least(50_000, Duration::from_secs(10));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !lapd.mobile_to("tcp", server.ip()) {
+        assert!(
+            Instant::now() < deadline,
+            "the connection never became mobile"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let mut args = vec!["suspend", "--all"];
+    for h in helpers {
+        args.extend(["--helper", h]);
+    }
+    let reply = lapd.ctl(&args).expect("suspend answers");
+    let helped = reply["helped"].as_array().map_or(0, Vec::len);
+    assert_eq!(helped, usize::from(helper), "suspend's answer: {reply}");
+    if helper {
+        // The server's vnatd has the request before the laptop leaves.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let st = srvd.ctl(&["status"]).expect("status");
+            if st["vcmp"]["events"]["help_answered"].as_u64() >= Some(1) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the server's vnatd never got the request for help: {st}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    // What the server sends stops reaching the laptop, which still sends:
+    // the server has unacknowledged data from now on.
+    let server_ip = topo.server_addr.v4.to_string();
+    topo.laptop
+        .run(&["nft", "add", "table", "ip", "vnatoutage"]);
+    topo.laptop.run(&[
+        "nft",
+        "add chain ip vnatoutage in { type filter hook input priority 0 ; }",
+    ]);
+    topo.laptop.run(&[
+        "nft",
+        "add",
+        "rule",
+        "ip",
+        "vnatoutage",
+        "in",
+        "ip",
+        "saddr",
+        &server_ip,
+        "tcp",
+        "sport",
+        "5001",
+        "drop",
+    ]);
+    std::thread::sleep(Duration::from_millis(500));
+    let before = client.latest().expect("a status line");
+    for (a, p) in topo.laptop_a_addr.with_prefixes() {
+        topo.laptop.del_addr(&topo.laptop_if_a, a, p);
+    }
+    topo.laptop.link_down(&topo.laptop_if_a);
+    std::thread::sleep(OUTAGE);
+    let alive = server_sockets(&topo);
+    let lap_a = topo.laptop_a_addr.v4.to_string();
+    let stopped = stop.then(|| server_process(&srvd, &lap_a));
+    if let Some((pid, stopped)) = stopped {
+        assert!(
+            stopped,
+            "the server's process {pid} was not stopped while the laptop was away"
+        );
+    }
+
+    topo.plug_laptop_b();
+    topo.laptop
+        .default_route(topo.router_b_addr.v4.into(), &topo.laptop_if_b);
+    topo.laptop
+        .run(&["nft", "delete", "table", "ip", "vnatoutage"]);
+    lapd.ctl(&["resume", "--all"]).expect("resume answers");
+
+    if helper {
+        assert_eq!(
+            alive, 1,
+            "the server's socket did not last the outage although its vnatd answered for the laptop"
+        );
+        let after = client.wait_progress(&before, 200_000, Duration::from_secs(30));
+        assert_eq!(after.local, before.local, "not the same socket");
+        if let Some((pid, _)) = stopped {
+            assert!(
+                !self::stopped(pid),
+                "the server's process {pid} is still stopped after the laptop came back"
+            );
+        }
+        // The laptop tells the server it is back once the connection works
+        // again: a second HELP (an empty one) is answered.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let ev = srvd.ctl(&["status"]).expect("status")["vcmp"]["events"].clone();
+            if ev["help_answered"].as_u64() >= Some(2) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the laptop never told the server it is back: {ev}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let end = client.stop();
+        assert!(end.error.is_none(), "the stream failed: {end:?}");
+    } else {
+        assert_eq!(
+            alive, 0,
+            "without help the server's socket outlived the outage: the test shows nothing"
+        );
+        // The laptop's end is alive, the server's is gone: nothing more
+        // arrives (the laptop retransmits into a socket that no longer
+        // exists, whose resets cannot reach it).
+        let at_resume = client.latest().map_or(0, |s| s.verified);
+        std::thread::sleep(Duration::from_secs(15));
+        let now = client.latest().map_or(0, |s| s.verified);
+        assert!(
+            now < at_resume + 100_000,
+            "the stream went on ({at_resume} -> {now} bytes) although its server's TCP gave up: the test shows nothing"
+        );
+    }
+}
+
+#[test]
+fn a_zero_window_helper_keeps_the_peers_tcp_waiting_through_an_outage() {
+    outage("hzw", &["zero-window"], &[]);
+}
+
+#[test]
+fn the_stop_helper_stops_the_peers_process_until_the_end_is_back() {
+    outage(
+        "hzs",
+        &["zero-window", "stop"],
+        &["--peer-helper", "zero-window", "--peer-helper", "stop"],
+    );
+}
+
+#[test]
+fn without_a_helper_the_peers_tcp_gives_up_during_the_outage() {
+    outage("hzn", &[], &[]);
+}

@@ -1,0 +1,181 @@
+//! Keep-alive helpers (issue 18, item 3; paper 3.3.1.3, VTL's zero-window
+//! persist), what the driver decides on each side, without I/O:
+//! - the host about to be away (`vnatctl suspend --helper NAME`) asks its
+//!   peers through VCMP (`vcmp::help`) and tells them it is back once each
+//!   connection works again (the keepalive hold's rule,
+//!   `mobility::keepalive_release_due`);
+//! - the peer runs what it allows (`peer_helpers`): "zero-window" answers
+//!   for the absent end every [`ANSWER_EVERY`] with a zero window, so that
+//!   its TCP waits in persist mode instead of retransmitting to death, and
+//!   reopens the window (the one the absent end last advertised) when the
+//!   end is back; "stop" stops the connection's local process until then.
+//!   Help ends when the end says it is back, when the connection moves,
+//!   when the end is heard from (the socket's byte counters move), when the
+//!   connection closes, and after [`MAX_HELP`].
+
+use std::time::{Duration, Instant};
+
+use crate::datapath::PeerAnswer;
+use crate::vcmp::help::{Help, STOP, ZERO_WINDOW};
+
+/// How often a zero-window answer is repeated: each one clears the count of
+/// the socket's unanswered window probes, which backs off from 200 ms, so
+/// that even a `tcp_retries2` of 2 is never reached between two.
+pub const ANSWER_EVERY: Duration = Duration::from_millis(500);
+/// How long a peer is helped at most.
+pub const MAX_HELP: Duration = Duration::from_secs(24 * 3600);
+/// Counters no socket has: an answer "delivered only at these" is a
+/// reading.
+pub const READ_ONLY: (u64, u64) = (u64::MAX, u64::MAX);
+/// The window reopened when the absent end's last one is unknown.
+const DEFAULT_REOPEN: u32 = 65_535;
+
+/// The part of `asked` this host runs (`allowed`: the `peer_helpers`
+/// setting). Installed helpers are not run by this vnatd yet.
+pub fn allowed(asked: &Help, allowed: &[String]) -> Help {
+    let has = |n: &str| allowed.iter().any(|a| a == n);
+    Help {
+        zero_window: asked.zero_window && has(ZERO_WINDOW),
+        stop: asked.stop && has(STOP),
+        user: None,
+    }
+}
+
+/// Help this host gives a peer that is away, for one connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Helping {
+    pub help: Help,
+    pub since: Instant,
+    /// The socket's byte counters at the last look.
+    pub counters: Option<(u64, u64)>,
+    /// The peer has gone quiet (its counters held still for a look) and
+    /// is being answered for: from now on, counters that move mean it is
+    /// back. Before, the peer may still be talking (a suspend comes before
+    /// the host leaves), and nothing is answered for it.
+    pub quiet: bool,
+    /// The window the absent end advertised last, before the first answer.
+    pub peer_window: Option<u32>,
+    /// Processes stopped for it.
+    pub stopped: Vec<u32>,
+}
+
+/// What an answer means for the help.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AfterAnswer {
+    Keep,
+    /// The end is back (its socket's counters moved): end the help, and
+    /// leave the window as the end itself set it.
+    PeerBack,
+    /// The connection is gone.
+    Gone,
+}
+
+impl Helping {
+    pub fn new(help: Help, now: Instant) -> Helping {
+        Helping {
+            help,
+            since: now,
+            counters: None,
+            quiet: false,
+            peer_window: None,
+            stopped: Vec::new(),
+        }
+    }
+
+    /// The counters a zero-window answer is delivered at: the last ones
+    /// seen, so that it goes only to a socket whose peer stayed quiet
+    /// since; at the first look none ([`READ_ONLY`]).
+    pub fn deliver_if_still_at(&self) -> (u64, u64) {
+        self.counters.unwrap_or(READ_ONLY)
+    }
+
+    /// Take in what a zero-window answer found.
+    pub fn answered(&mut self, a: PeerAnswer) -> AfterAnswer {
+        match a {
+            PeerAnswer::Gone => AfterAnswer::Gone,
+            PeerAnswer::PeerActive { .. } if self.quiet => AfterAnswer::PeerBack,
+            PeerAnswer::PeerActive { counters } => {
+                // Still talking (not gone yet): look again.
+                self.counters = Some(counters);
+                AfterAnswer::Keep
+            }
+            PeerAnswer::Answered {
+                counters,
+                peer_window,
+            } => {
+                if !self.quiet {
+                    // Before our first answer: the end's own window.
+                    self.peer_window = peer_window;
+                    self.quiet = true;
+                }
+                self.counters = Some(counters);
+                AfterAnswer::Keep
+            }
+        }
+    }
+
+    /// The window to reopen with when the end is back by its word or by a
+    /// move (it may not have sent anything yet).
+    pub fn reopen_window(&self) -> u32 {
+        self.peer_window
+            .filter(|w| *w > 0)
+            .unwrap_or(DEFAULT_REOPEN)
+    }
+
+    pub fn expired(&self, now: Instant) -> bool {
+        now.duration_since(self.since) >= MAX_HELP
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_allowed_helpers_run() {
+        let asked = Help {
+            zero_window: true,
+            stop: true,
+            user: Some("notify".into()),
+        };
+        let z = allowed(&asked, &["zero-window".to_string()]);
+        assert!(z.zero_window && !z.stop && z.user.is_none());
+        assert!(allowed(&asked, &[]).is_none());
+        let both = allowed(&asked, &["zero-window".into(), "stop".into()]);
+        assert!(both.zero_window && both.stop);
+    }
+
+    #[test]
+    fn the_first_answer_keeps_the_ends_window_and_moved_counters_end_the_help() {
+        let t = Instant::now();
+        let mut h = Helping::new(
+            Help {
+                zero_window: true,
+                ..Help::default()
+            },
+            t,
+        );
+        assert_eq!(h.reopen_window(), DEFAULT_REOPEN);
+        assert_eq!(h.deliver_if_still_at(), READ_ONLY, "the first look reads");
+        let a = |c, w| PeerAnswer::Answered {
+            counters: c,
+            peer_window: w,
+        };
+        // Still talking after the suspend: not back, not answered for.
+        let moved = |c| PeerAnswer::PeerActive { counters: c };
+        assert_eq!(h.answered(moved((1, 2))), AfterAnswer::Keep);
+        assert_eq!(h.answered(moved((3, 4))), AfterAnswer::Keep);
+        assert!(!h.quiet);
+        assert_eq!(h.deliver_if_still_at(), (3, 4));
+        assert_eq!(h.answered(a((5, 6), Some(4096))), AfterAnswer::Keep);
+        assert!(h.quiet);
+        // Our own zero window, seen by the next answer, is not the end's.
+        assert_eq!(h.answered(a((5, 6), Some(0))), AfterAnswer::Keep);
+        assert_eq!(h.reopen_window(), 4096);
+        assert_eq!(h.counters, Some((5, 6)));
+        assert_eq!(h.answered(moved((7, 8))), AfterAnswer::PeerBack);
+        assert_eq!(h.answered(PeerAnswer::Gone), AfterAnswer::Gone);
+        assert!(!h.expired(t));
+        assert!(h.expired(t + MAX_HELP));
+    }
+}
