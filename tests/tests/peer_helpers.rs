@@ -66,7 +66,25 @@ fn stopped(pid: u32) -> bool {
     state == Some(Some('T'))
 }
 
-fn outage(tag: &str, helpers: &[&str], server_flags: &[&str]) {
+/// The one TCP connection `d` lists.
+fn first_row(d: &Vnatd) -> serde_json::Value {
+    let ls = d.ctl(&["ls", "--proto", "tcp"]).expect("ls");
+    ls.as_array()
+        .and_then(|a| a.first().cloned())
+        .unwrap_or_else(|| panic!("no connection listed: {ls}"))
+}
+
+/// Where the laptop comes back.
+#[derive(PartialEq)]
+enum Back {
+    /// On subnet B: the connection moves.
+    Elsewhere,
+    /// Where it was (woken on the same network): nothing moves, and the
+    /// laptop's word ends the help.
+    SamePlace,
+}
+
+fn outage(tag: &str, helpers: &[&str], server_flags: &[&str], back: Back) {
     let helper = helpers.contains(&"zero-window");
     let stop = helpers.contains(&"stop");
     let topo = LaptopRouterServer::builder().tag(tag).build();
@@ -144,11 +162,45 @@ fn outage(tag: &str, helpers: &[&str], server_flags: &[&str]) {
         "drop",
     ]);
     std::thread::sleep(Duration::from_millis(500));
-    let before = client.latest().expect("a status line");
-    for (a, p) in topo.laptop_a_addr.with_prefixes() {
-        topo.laptop.del_addr(&topo.laptop_if_a, a, p);
+    if helper {
+        // Both ends say so in `ls`.
+        let row = first_row;
+        let want: Vec<&str> = helpers.to_vec();
+        let l = row(&lapd);
+        assert_eq!(l["helpers_asked"], serde_json::json!(want), "laptop: {l}");
+        let s = row(&srvd);
+        assert_eq!(s["helping"], serde_json::json!(want), "server: {s}");
     }
-    topo.laptop.link_down(&topo.laptop_if_a);
+    let before = client.latest().expect("a status line");
+    match back {
+        Back::Elsewhere => {
+            for (a, p) in topo.laptop_a_addr.with_prefixes() {
+                topo.laptop.del_addr(&topo.laptop_if_a, a, p);
+            }
+            topo.laptop.link_down(&topo.laptop_if_a);
+        }
+        // Asleep: nothing of the server's reaches it, nothing leaves it.
+        Back::SamePlace => {
+            topo.laptop.run(&[
+                "nft",
+                "add chain ip vnatoutage out { type filter hook output priority 0 ; }",
+            ]);
+            for (chain, dir) in [("in", "saddr"), ("out", "daddr")] {
+                topo.laptop.run(&[
+                    "nft",
+                    "add",
+                    "rule",
+                    "ip",
+                    "vnatoutage",
+                    chain,
+                    "ip",
+                    dir,
+                    &server_ip,
+                    "drop",
+                ]);
+            }
+        }
+    }
     std::thread::sleep(OUTAGE);
     let alive = server_sockets(&topo);
     let lap_a = topo.laptop_a_addr.v4.to_string();
@@ -160,9 +212,11 @@ fn outage(tag: &str, helpers: &[&str], server_flags: &[&str]) {
         );
     }
 
-    topo.plug_laptop_b();
-    topo.laptop
-        .default_route(topo.router_b_addr.v4.into(), &topo.laptop_if_b);
+    if back == Back::Elsewhere {
+        topo.plug_laptop_b();
+        topo.laptop
+            .default_route(topo.router_b_addr.v4.into(), &topo.laptop_if_b);
+    }
     topo.laptop
         .run(&["nft", "delete", "table", "ip", "vnatoutage"]);
     lapd.ctl(&["resume", "--all"]).expect("resume answers");
@@ -181,19 +235,28 @@ fn outage(tag: &str, helpers: &[&str], server_flags: &[&str]) {
             );
         }
         // The laptop tells the server it is back once the connection works
-        // again: a second HELP (an empty one) is answered.
+        // again, and neither end shows the helpers any more.
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            let ev = srvd.ctl(&["status"]).expect("status")["vcmp"]["events"].clone();
-            if ev["help_answered"].as_u64() >= Some(2) {
+            let l = first_row(&lapd);
+            let s = first_row(&srvd);
+            let none = serde_json::json!([]);
+            let asked = l.get("helpers_asked").unwrap_or(&none);
+            let helping = s.get("helping").unwrap_or(&none);
+            if asked == &none && helping == &none {
                 break;
             }
             assert!(
                 Instant::now() < deadline,
-                "the laptop never told the server it is back: {ev}"
+                "the help did not end once the laptop was back: laptop {l}, server {s}"
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+        let ev = srvd.ctl(&["status"]).expect("status")["vcmp"]["events"].clone();
+        assert!(
+            ev["help_answered"].as_u64() >= Some(2),
+            "the laptop never said it is back: {ev}"
+        );
         let end = client.stop();
         assert!(end.error.is_none(), "the stream failed: {end:?}");
     } else {
@@ -216,7 +279,7 @@ fn outage(tag: &str, helpers: &[&str], server_flags: &[&str]) {
 
 #[test]
 fn a_zero_window_helper_keeps_the_peers_tcp_waiting_through_an_outage() {
-    outage("hzw", &["zero-window"], &[]);
+    outage("hzw", &["zero-window"], &[], Back::Elsewhere);
 }
 
 #[test]
@@ -225,10 +288,19 @@ fn the_stop_helper_stops_the_peers_process_until_the_end_is_back() {
         "hzs",
         &["zero-window", "stop"],
         &["--peer-helper", "zero-window", "--peer-helper", "stop"],
+        Back::Elsewhere,
     );
 }
 
 #[test]
 fn without_a_helper_the_peers_tcp_gives_up_during_the_outage() {
-    outage("hzn", &[], &[]);
+    outage("hzn", &[], &[], Back::Elsewhere);
+}
+
+/// Woken where it slept: nothing moves, so the help ends by the laptop's
+/// word (an empty HELP once the connection works again after `resume`),
+/// and the server reopens the window and restarts its socket at once.
+#[test]
+fn back_at_the_same_place_the_laptops_word_ends_the_help() {
+    outage("hzp", &["zero-window"], &[], Back::SamePlace);
 }

@@ -78,6 +78,9 @@ pub(crate) struct Conn {
     pub mig: Option<Migration>,
     /// Our HELP, until the peer echoes it.
     pub help: Option<super::help::HelpOut>,
+    /// The sequence number of the newest HELP taken from the peer: an
+    /// older one that arrives later (reordered, or resent) is not news.
+    pub help_seq: u64,
 }
 
 impl Conn {
@@ -769,6 +772,7 @@ impl Conn {
             claim_retry: None,
             mig: None,
             help: None,
+            help_seq: 0,
         }
     }
 }

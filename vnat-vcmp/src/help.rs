@@ -60,27 +60,22 @@ impl Help {
     }
 
     /// The helpers named on `vnatctl suspend --helper NAME`: the built-in
-    /// [`ZERO_WINDOW`] and [`STOP`], and at most one installed helper's
-    /// name. The error says what is wrong, for the user.
+    /// [`ZERO_WINDOW`] and [`STOP`]. The error says what is wrong, for the
+    /// user.
     pub fn from_names(names: &[String]) -> Result<Help, String> {
         let mut help = Help::default();
         for n in names {
             match n.as_str() {
                 ZERO_WINDOW => help.zero_window = true,
                 STOP => help.stop = true,
-                other if !Help::valid_name(other) => {
+                // The wire carries an installed helper's name, but no vnatd
+                // runs installed helpers yet: naming one would be asking
+                // for nothing.
+                other => {
                     return Err(format!(
-                        "{other:?} is no helper name: the built-in helpers are {ZERO_WINDOW:?} and {STOP:?}; an installed helper's name has 1 to {HELP_NAME_MAX} of a-z, 0-9, '-' and '_'"
+                        "{other:?} is not a keep-alive helper: use {ZERO_WINDOW:?} or {STOP:?} (helpers installed by the administrator are not supported yet)"
                     ));
                 }
-                other => match &help.user {
-                    Some(u) if u != other => {
-                        return Err(format!(
-                            "at most one installed helper per suspend ({u:?} and {other:?} were named)"
-                        ));
-                    }
-                    _ => help.user = Some(other.to_string()),
-                },
             }
         }
         Ok(help)
@@ -218,12 +213,19 @@ impl Endpoint {
             return Err(Reject::BadExtension);
         };
         let help = Help::decode(&bytes).ok_or(Reject::BadExtension)?;
-        if !self.conns.contains_key(flow) {
-            return Err(Reject::UnknownConnection);
+        let c = self.conns.get_mut(flow).ok_or(Reject::UnknownConnection)?;
+        // Older than one taken already (the replay window lets a delayed
+        // one in): echoed, so that its sender stops resending, but not
+        // news (a HELP sent before an empty one must not restart help).
+        let news = rec.seq > c.help_seq;
+        if news {
+            c.help_seq = rec.seq;
         }
         self.send_record(ctx, flow, Kind::HelpR, Ext::Help(bytes), from);
         self.stats.count(Counter::HelpAnswered);
-        self.emit(Event::HelpRequested { flow: *flow, help });
+        if news {
+            self.emit(Event::HelpRequested { flow: *flow, help });
+        }
         Ok(())
     }
 
@@ -278,13 +280,13 @@ mod tests {
             assert!(!Help::valid_name(bad), "{bad:?}");
         }
         let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let h = Help::from_names(&names(&["zero-window", "stop", "notify"])).unwrap();
-        assert!(h.zero_window && h.stop && h.user.as_deref() == Some("notify"));
+        let h = Help::from_names(&names(&["zero-window", "stop"])).unwrap();
+        assert!(h.zero_window && h.stop && h.user.is_none());
         assert_eq!(Help::from_names(&h.names()), Ok(h));
-        assert!(Help::from_names(&names(&["a", "b"])).is_err());
-        assert!(Help::from_names(&names(&["../x"]))
-            .unwrap_err()
-            .contains("no helper name"));
+        for bad in ["zero_window", "notify", "../x"] {
+            let e = Help::from_names(&names(&[bad])).unwrap_err();
+            assert!(e.contains("not a keep-alive helper"), "{e}");
+        }
     }
 }
 

@@ -298,6 +298,8 @@ mod tests {
             role: None,
             moving: false,
             keepalive_held: false,
+            helpers_asked: Vec::new(),
+            helping: Vec::new(),
         }
     }
 

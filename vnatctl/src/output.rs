@@ -53,6 +53,11 @@ pub struct LsRow {
     pub moving: bool,
     /// Suspended: vnatd turned its TCP keepalive off until resume.
     pub keepalive_held: bool,
+    /// Keep-alive helpers this host asked the peer for (`suspend
+    /// --helper`), until the connection works again.
+    pub helpers_asked: Vec<String>,
+    /// Keep-alive helpers this host runs for the absent peer.
+    pub helping: Vec<String>,
     /// Recorded after the fact: the connection was open before vnatd
     /// started or before its cgroup was enabled (it moves like any other).
     pub adopted: bool,
@@ -104,6 +109,8 @@ impl From<&ListedConnection> for LsRow {
             moving: listed.moving,
             keepalive_held: listed.keepalive_held,
             adopted: c.adopted,
+            helpers_asked: listed.helpers_asked.clone(),
+            helping: listed.helping.clone(),
             guest: c.guest.as_ref().map(|g| GuestRow {
                 netns: g.netns.clone(),
                 netns_cookie: g.netns_cookie,
@@ -169,8 +176,18 @@ fn note(r: &LsRow) -> String {
         (Some(seen), None) => Some(format!("NAT: the peer sees {seen}")),
         (None, None) => None,
     };
+    let asked = format!(
+        "peer asked to keep it alive ({})",
+        r.helpers_asked.join(", ")
+    );
+    let helping = format!(
+        "keeping it alive for the absent peer ({})",
+        r.helping.join(", ")
+    );
     for (on, what) in [
         (r.keepalive_held, "keepalive held until resume"),
+        (!r.helpers_asked.is_empty(), asked.as_str()),
+        (!r.helping.is_empty(), helping.as_str()),
         (r.adopted, "adopted (open before vnat recorded its cgroup)"),
     ] {
         if on {

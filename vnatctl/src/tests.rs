@@ -51,6 +51,8 @@ fn conn(
         role: None,
         moving: false,
         keepalive_held: false,
+        helpers_asked: Vec::new(),
+        helping: Vec::new(),
     }
 }
 
@@ -108,6 +110,8 @@ fn ls_json_keys_are_the_contract() {
         "role",
         "moving",
         "keepalive_held",
+        "helpers_asked",
+        "helping",
         "adopted",
         "guest",
     ];
@@ -128,7 +132,8 @@ fn ls_json_keys_are_the_contract() {
             "state": "native", "pid": 42, "command": "curl", "cgroup": "/system.slice/app.service",
             "cgroup_id": 5, "cookie": 99, "age_secs": 12, "mobile": true,
             "behind_nat": false, "seen_by_peer_as": null, "why_not_mobile": null,
-            "role": null, "moving": false, "keepalive_held": false, "adopted": false,
+            "role": null, "moving": false, "keepalive_held": false, "helpers_asked": [],
+            "helping": [], "adopted": false,
             "guest": null
         })
     );
@@ -482,11 +487,17 @@ fn ls_shows_a_held_keepalive() {
         Some(42),
     );
     listed.keepalive_held = true;
+    listed.helpers_asked = vec!["zero-window".into()];
     let rows = select(vec![listed], None, None);
     let v = serde_json::to_value(&rows).expect("serializable");
     assert_eq!(v[0]["keepalive_held"], true);
+    assert_eq!(v[0]["helpers_asked"], serde_json::json!(["zero-window"]));
     let table = crate::output::ls_table(&rows);
     assert!(table.contains("keepalive held until resume"), "{table}");
+    assert!(
+        table.contains("peer asked to keep it alive (zero-window)"),
+        "{table}"
+    );
 }
 
 /// A connection vnatd adopted says so in NOTE and in JSON.

@@ -80,4 +80,24 @@ pub type CommandSender = mpsc::Sender<Command>;
 
 /// How one move the driver was asked for went: where it goes from and to,
 /// or why it did not start.
-pub type MoveOutcome = (VirtualFlow, Result<(SocketAddr, SocketAddr), String>);
+pub type MoveOutcome = (VirtualFlow, Result<(SocketAddr, SocketAddr), MoveRefused>);
+
+/// Why a move the driver was asked for did not start (the `skipped`
+/// reasons of `migrate`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MoveRefused {
+    #[error("vnatd does not manage it")]
+    NotManaged,
+    #[error("a move of it is already under way")]
+    AlreadyMoving,
+    #[error("it is at {0} already")]
+    AlreadyThere(IpAddr),
+    #[error("it cannot move: the peer runs no vnatd or pairing has not completed")]
+    NotMobile,
+    /// The datapath could not make the receive side ready (its error, in
+    /// words: a datapath error is not `Clone`).
+    #[error("cannot prepare the move: {0}")]
+    Prepare(String),
+    #[error("cannot start the migration: {0}")]
+    Start(EndpointError),
+}

@@ -179,6 +179,8 @@ impl Handler {
                         role: None,
                         moving: false,
                         keepalive_held: false,
+                        helpers_asked: Vec::new(),
+                        helping: Vec::new(),
                     })
                     .collect(),
             },
@@ -217,6 +219,8 @@ impl Handler {
                     c.seen_by_peer_as = m.and_then(|m| m.seen_by_peer_as);
                     c.role = m.and_then(|m| m.role.clone());
                     c.keepalive_held = m.is_some_and(|m| m.keepalive_held);
+                    c.helpers_asked = m.map(|m| m.helpers_asked.clone()).unwrap_or_default();
+                    c.helping = m.map(|m| m.helping.clone()).unwrap_or_default();
                     // Under way until the datapath sends from where VCMP
                     // has our end (after the peer's SWITCHED).
                     c.moving = m.is_some_and(|m| {
@@ -351,9 +355,9 @@ impl Handler {
                     from,
                     to,
                 }),
-                Err(reason) => skipped.push(Skipped {
+                Err(why) => skipped.push(Skipped {
                     id: flow.id(),
-                    reason,
+                    reason: why.to_string(),
                 }),
             }
         }

@@ -294,6 +294,11 @@ pub struct Mobility {
     pub local_phys: Option<SocketAddr>,
     /// Its keepalive is held (off) until resume (`vnatctl suspend`).
     pub keepalive_held: bool,
+    /// Keep-alive helpers this host asked the peer for, until the
+    /// connection works again (`suspend --helper`).
+    pub helpers_asked: Vec<String>,
+    /// Keep-alive helpers this host runs for the absent peer.
+    pub helping: Vec<String>,
 }
 
 /// One element of the `list` answer: the datapath's record plus what VCMP
@@ -325,6 +330,12 @@ pub struct ListedConnection {
     /// Suspended: vnatd turned its TCP keepalive off until resume.
     #[serde(default)]
     pub keepalive_held: bool,
+    /// Keep-alive helpers asked of the peer until it works again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub helpers_asked: Vec<String>,
+    /// Keep-alive helpers this host runs for the absent peer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub helping: Vec<String>,
 }
 
 /// The answer to [`Request::Suspend`].
@@ -639,6 +650,8 @@ mod tests {
             role: None,
             moving: false,
             keepalive_held: false,
+            helpers_asked: Vec::new(),
+            helping: Vec::new(),
         };
         let v = serde_json::to_value(&listed).expect("serializable");
         let mut plain = serde_json::to_value(&listed.info).expect("serializable");

@@ -290,7 +290,7 @@ pub enum ConfigError {
     LocationServer { file: PathBuf, value: SocketAddr },
     #[error("keepalive_secs = {value} in the config file {} is out of range; use 0 (off) to 3600 seconds (default 25)", file.display())]
     Keepalive { file: PathBuf, value: u32 },
-    #[error("unknown keep-alive helper {name:?}{}; peer_helpers (--peer-helper) takes zero-window and stop, or none", file.as_ref().map(|f| format!(" in the config file {}", f.display())).unwrap_or_default())]
+    #[error("unknown keep-alive helper {name:?} {}; peer_helpers (--peer-helper) takes zero-window and stop, or none", file.as_ref().map(|f| format!("in peer_helpers in the config file {}", f.display())).unwrap_or_else(|| "given to --peer-helper".into()))]
     PeerHelper { file: Option<PathBuf>, name: String },
     #[error("cannot make {} absolute: {source}", path.display())]
     Absolute {
@@ -456,14 +456,11 @@ impl Settings {
         } else {
             vec![cgroup_root()?]
         };
-        let peer_helpers = peer_helpers(
-            if args.peer_helpers.is_empty() {
-                file.peer_helpers
-            } else {
-                Some(args.peer_helpers)
-            },
-            config_file.as_deref(),
-        )?;
+        let peer_helpers = if args.peer_helpers.is_empty() {
+            peer_helpers(file.peer_helpers, config_file.as_deref())?
+        } else {
+            peer_helpers(Some(args.peer_helpers), None)?
+        };
         let preempt_cgroups = if !args.preempt_cgroups.is_empty() {
             args.preempt_cgroups
                 .into_iter()

@@ -93,7 +93,7 @@ pub enum DriverError {
     State(#[from] StateError),
 }
 
-pub use crate::control::{Command, CommandSender, PeerInfo};
+pub use crate::control::{command::MoveRefused, Command, CommandSender, PeerInfo};
 
 /// CLOCK_BOOTTIME: keeps counting while a laptop sleeps (STYLE.md).
 pub fn now() -> Timestamp {
@@ -307,7 +307,7 @@ pub struct Driver {
     next_keepalive_check: std::time::Instant,
     /// Connections whose peers this host asked for keep-alive helpers at
     /// suspend, until they work again (`daemon::helping`).
-    help_asked: HashMap<VirtualFlow, mobility::HeldKeepalive>,
+    help_asked: HashMap<VirtualFlow, (mobility::HeldKeepalive, crate::vcmp::help::Help)>,
     /// Connections whose absent peer this host helps.
     helping: HashMap<VirtualFlow, super::helping::Helping>,
     /// When the absent peers are next answered for.
@@ -515,7 +515,7 @@ impl Driver {
         // nor a process stopped for a peer.
         self.release_keepalives(true).await;
         for f in self.helping.keys().copied().collect::<Vec<_>>() {
-            self.end_helping(f, true).await;
+            self.end_helping(f, helping::End::Reopen).await;
         }
         Ok(())
     }

@@ -41,8 +41,16 @@ pub fn allowed(asked: &Help, allowed: &[String]) -> Help {
     }
 }
 
+/// A process stopped for an absent peer, held by a pidfd so that the
+/// SIGCONT reaches that process and no other that took its pid.
+#[derive(Debug)]
+pub struct Stopped {
+    pub pid: u32,
+    pub pidfd: std::os::fd::OwnedFd,
+}
+
 /// Help this host gives a peer that is away, for one connection.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Helping {
     pub help: Help,
     pub since: Instant,
@@ -55,17 +63,22 @@ pub struct Helping {
     pub quiet: bool,
     /// The window the absent end advertised last, before the first answer.
     pub peer_window: Option<u32>,
-    /// Processes stopped for it.
-    pub stopped: Vec<u32>,
+    /// The process stopped for it.
+    pub stopped: Option<Stopped>,
 }
 
 /// What an answer means for the help.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AfterAnswer {
     Keep,
-    /// The end is back (its socket's counters moved): end the help, and
-    /// leave the window as the end itself set it.
+    /// The end is back (its socket's counters moved, or the window it
+    /// advertises is open again): end the help, leave the window as the
+    /// end set it, and restart the socket's timers (backed off meanwhile).
     PeerBack,
+    /// Our zero-window ACK did not take (the socket still saw an open
+    /// window at the next look while nothing moved): answering for the
+    /// peer does not work on this connection; end the help.
+    NotTaken,
     /// The connection is gone.
     Gone,
 }
@@ -78,7 +91,7 @@ impl Helping {
             counters: None,
             quiet: false,
             peer_window: None,
-            stopped: Vec::new(),
+            stopped: None,
         }
     }
 
@@ -93,6 +106,8 @@ impl Helping {
     pub fn answered(&mut self, a: PeerAnswer) -> AfterAnswer {
         match a {
             PeerAnswer::Gone => AfterAnswer::Gone,
+            // Only for an open window, which the periodic answer is not.
+            PeerAnswer::Retransmitting => AfterAnswer::Keep,
             PeerAnswer::PeerActive { .. } if self.quiet => AfterAnswer::PeerBack,
             PeerAnswer::PeerActive { counters } => {
                 // Still talking (not gone yet): look again.
@@ -107,19 +122,28 @@ impl Helping {
                     // Before our first answer: the end's own window.
                     self.peer_window = peer_window;
                     self.quiet = true;
+                    self.counters = Some(counters);
+                    return AfterAnswer::Keep;
                 }
                 self.counters = Some(counters);
-                AfterAnswer::Keep
+                // After one of our zero windows the socket should see 0.
+                match peer_window {
+                    Some(w) if w > 0 => AfterAnswer::NotTaken,
+                    _ => AfterAnswer::Keep,
+                }
             }
         }
     }
 
     /// The window to reopen with when the end is back by its word or by a
-    /// move (it may not have sent anything yet).
-    pub fn reopen_window(&self) -> u32 {
-        self.peer_window
-            .filter(|w| *w > 0)
-            .unwrap_or(DEFAULT_REOPEN)
+    /// move (it may not have sent anything yet): none if no zero window
+    /// was ever delivered (the socket's view is the end's own).
+    pub fn reopen_window(&self) -> Option<u32> {
+        self.quiet.then(|| {
+            self.peer_window
+                .filter(|w| *w > 0)
+                .unwrap_or(DEFAULT_REOPEN)
+        })
     }
 
     pub fn expired(&self, now: Instant) -> bool {
@@ -155,7 +179,11 @@ mod tests {
             },
             t,
         );
-        assert_eq!(h.reopen_window(), DEFAULT_REOPEN);
+        assert_eq!(
+            h.reopen_window(),
+            None,
+            "nothing to reopen before a zero window"
+        );
         assert_eq!(h.deliver_if_still_at(), READ_ONLY, "the first look reads");
         let a = |c, w| PeerAnswer::Answered {
             counters: c,
@@ -171,8 +199,10 @@ mod tests {
         assert!(h.quiet);
         // Our own zero window, seen by the next answer, is not the end's.
         assert_eq!(h.answered(a((5, 6), Some(0))), AfterAnswer::Keep);
-        assert_eq!(h.reopen_window(), 4096);
+        assert_eq!(h.reopen_window(), Some(4096));
         assert_eq!(h.counters, Some((5, 6)));
+        // An open window at the next look: our ACK did not take.
+        assert_eq!(h.answered(a((5, 6), Some(100))), AfterAnswer::NotTaken);
         assert_eq!(h.answered(moved((7, 8))), AfterAnswer::PeerBack);
         assert_eq!(h.answered(PeerAnswer::Gone), AfterAnswer::Gone);
         assert!(!h.expired(t));

@@ -134,6 +134,13 @@ pub enum PeerAnswer {
     /// The socket's counters (bytes acknowledged, received) are not the
     /// ones given: the peer was heard from since. Nothing was delivered.
     PeerActive { counters: (u64, u64) },
+    /// An open window (`window` > 0) was not delivered: the socket has
+    /// unacknowledged data and has been retransmitting towards the zero
+    /// window all along, so with the window open its next retransmission
+    /// would find the time for `tcp_retries2` long past and give up. Its
+    /// retransmission towards the zero window reaches the peer instead,
+    /// whose own ACK opens the window.
+    Retransmitting,
     /// The ACK was delivered. `counters` (bytes acknowledged, received) are
     /// for the next call; `peer_window` is the window the peer last
     /// advertised, in bytes, as the socket had it before this ACK.

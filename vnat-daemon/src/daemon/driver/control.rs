@@ -142,6 +142,12 @@ impl Driver {
                 for h in self.keepalive_held.values_mut() {
                     h.resume_asked = true;
                 }
+                // The same for the helpers asked of the peers: a host that
+                // wakes at the same address says it is back as soon as the
+                // connection works.
+                for (h, _) in self.help_asked.values_mut() {
+                    h.resume_asked = true;
+                }
                 let n = self.resync().await;
                 let _ = reply.send(n);
             }
@@ -217,6 +223,16 @@ impl Driver {
                                 moving: v.migrating,
                                 local_phys: Some(v.local_phys),
                                 keepalive_held: self.keepalive_held.contains_key(f),
+                                helpers_asked: self
+                                    .help_asked
+                                    .get(f)
+                                    .map(|(_, h)| h.names())
+                                    .unwrap_or_default(),
+                                helping: self
+                                    .helping
+                                    .get(f)
+                                    .map(|h| h.help.names())
+                                    .unwrap_or_default(),
                             },
                         ))
                     })
@@ -438,15 +454,15 @@ impl Driver {
         let mut moves = Vec::new();
         for (flow, ip) in wanted {
             let Some(v) = self.endpoint.connection(&flow) else {
-                outcomes.push((flow, Err("vnatd does not manage it".into())));
+                outcomes.push((flow, Err(MoveRefused::NotManaged)));
                 continue;
             };
             if v.migrating {
-                outcomes.push((flow, Err("a move of it is already under way".into())));
+                outcomes.push((flow, Err(MoveRefused::AlreadyMoving)));
                 continue;
             }
             if v.local_phys.ip() == ip {
-                outcomes.push((flow, Err(format!("it is at {ip} already"))));
+                outcomes.push((flow, Err(MoveRefused::AlreadyThere(ip))));
                 continue;
             }
             moves.push(Move {

@@ -6,6 +6,7 @@ use super::*;
 use crate::daemon::helping::{self, AfterAnswer, Helping};
 use crate::datapath::PeerAnswer;
 use crate::vcmp::help::Help;
+use std::os::fd::FromRawFd;
 
 impl Driver {
     /// When the loop must wake next for the helpers: the next answer for an
@@ -36,11 +37,14 @@ impl Driver {
             if let Some(v) = self.endpoint.connection(f) {
                 self.help_asked.insert(
                     *f,
-                    mobility::HeldKeepalive {
-                        since,
-                        local_at_hold: v.local_phys,
-                        resume_asked: false,
-                    },
+                    (
+                        mobility::HeldKeepalive {
+                            since,
+                            local_at_hold: v.local_phys,
+                            resume_asked: false,
+                        },
+                        help.clone(),
+                    ),
                 );
             }
         }
@@ -55,7 +59,7 @@ impl Driver {
         let back: Vec<VirtualFlow> = self
             .help_asked
             .iter()
-            .filter(|(f, h)| match self.endpoint.connection(f) {
+            .filter(|(f, (h, _))| match self.endpoint.connection(f) {
                 Some(v) => {
                     mobility::keepalive_release_due(h, v.local_phys, v.migrating, addrs, now_i)
                 }
@@ -90,7 +94,7 @@ impl Driver {
     /// request, says it is back).
     pub(super) async fn help_requested(&mut self, flow: VirtualFlow, asked: Help) {
         if asked.is_none() {
-            self.end_helping(flow, true).await;
+            self.end_helping(flow, End::Reopen).await;
             return;
         }
         let help = helping::allowed(&asked, &self.cfg.peer_helpers);
@@ -98,24 +102,39 @@ impl Driver {
             tracing::info!(%flow, asked = ?asked.names(), allowed = ?self.cfg.peer_helpers,
                 "a peer asked for keep-alive helpers this host does not run (peer_helpers); running only the allowed ones");
         }
-        if help.is_none() {
-            return;
-        }
         if self.helping.get(&flow).is_some_and(|h| h.help == help) {
             return; // a retransmission
         }
-        self.end_helping(flow, false).await;
-        let mut h = Helping::new(help.clone(), std::time::Instant::now());
-        if help.stop {
-            h.stopped = self.stop_processes(&flow).await;
+        let now_i = std::time::Instant::now();
+        // A changed request keeps the help's age (the 24 h limit holds
+        // whatever a peer asks) and what it stopped.
+        let (since, mut stopped) = match self.helping.remove(&flow) {
+            Some(old) => (old.since, old.stopped),
+            None => (now_i, None),
+        };
+        if help.is_none() {
+            if let Some(s) = stopped.take() {
+                resume_process(&s);
+            }
+            return;
         }
-        tracing::info!(%flow, helpers = ?help.names(), stopped = ?h.stopped, "helping a peer that is away");
+        if help.stop && stopped.is_none() {
+            stopped = self.stop_process(&flow).await;
+        } else if !help.stop {
+            if let Some(s) = stopped.take() {
+                resume_process(&s);
+            }
+        }
+        let mut h = Helping::new(help.clone(), since);
+        h.stopped = stopped;
+        tracing::info!(%flow, helpers = ?help.names(), stopped = ?h.stopped.as_ref().map(|s| s.pid), "helping a peer that is away");
         self.helping.insert(flow, h);
-        self.next_help_answer = std::time::Instant::now();
+        self.next_help_answer = now_i;
     }
 
-    /// Answer for the absent peers (zero-window), at most every
-    /// [`helping::ANSWER_EVERY`], and end what is over.
+    /// Answer for the absent peers (zero-window) at most every
+    /// [`helping::ANSWER_EVERY`], look at the others' sockets, and end
+    /// what is over.
     pub(super) async fn answer_for_absent_peers(&mut self) {
         if self.helping.is_empty() || std::time::Instant::now() < self.next_help_answer {
             return;
@@ -130,20 +149,25 @@ impl Driver {
             .collect();
         for f in expired {
             tracing::info!(flow = %f, "the peer has been away for the longest help; ending it");
-            self.end_helping(f, true).await;
+            self.end_helping(f, End::Reopen).await;
         }
+        // Zero-window: an answer where the peer stayed quiet; otherwise a
+        // reading, to notice the connection closing.
         let due: Vec<(VirtualFlow, (u64, u64))> = self
             .helping
             .iter()
-            .filter(|(_, h)| h.help.zero_window)
-            .map(|(f, h)| (*f, h.deliver_if_still_at()))
+            .map(|(f, h)| {
+                let at = if h.help.zero_window {
+                    h.deliver_if_still_at()
+                } else {
+                    helping::READ_ONLY
+                };
+                (*f, at)
+            })
             .collect();
-        if due.is_empty() {
-            return;
-        }
         let answers = with_dp(&self.dp, move |dp| {
             due.into_iter()
-                .map(|(f, last)| (f, dp.answer_for_peer(&f, 0, Some(last))))
+                .map(|(f, at)| (f, dp.answer_for_peer(&f, 0, Some(at))))
                 .collect::<Vec<_>>()
         })
         .await;
@@ -158,81 +182,141 @@ impl Driver {
             let Some(h) = self.helping.get_mut(&f) else {
                 continue;
             };
+            if !h.help.zero_window {
+                if a == PeerAnswer::Gone {
+                    self.end_helping(f, End::Quiet).await;
+                }
+                continue;
+            }
             match h.answered(a) {
                 AfterAnswer::Keep => {}
                 AfterAnswer::PeerBack => {
                     tracing::info!(flow = %f, "the absent peer is heard from again; help ends");
-                    self.end_helping(f, false).await;
+                    self.end_helping(f, End::Restart).await;
+                }
+                AfterAnswer::NotTaken => {
+                    tracing::warn!(flow = %f, "the socket sees an open window again although nothing moved: the peer is back, or the zero-window answers do not take here; help ends");
+                    self.end_helping(f, End::Restart).await;
                 }
                 AfterAnswer::Gone => {
-                    self.end_helping(f, false).await;
+                    self.end_helping(f, End::Quiet).await;
                 }
             }
         }
     }
 
-    /// End the help for `flow`, if any: reopen the window (`reopen`: the
-    /// end is back by its word or by a move, and may not have sent anything
-    /// yet) and restart the socket's timers, and let stopped processes go
-    /// on.
-    pub(super) async fn end_helping(&mut self, flow: VirtualFlow, reopen: bool) {
+    /// End the help for `flow`, if any, and let a stopped process go on.
+    /// `End::Reopen`: the end is back by its word or by a move and may not
+    /// have sent anything yet: deliver the window it last advertised (if a
+    /// zero one was delivered and nothing is in flight, see
+    /// `PeerAnswer::Retransmitting`) and restart the socket's timers;
+    /// `End::Restart`: it was heard from (the window is its own): restart
+    /// the timers only; `End::Quiet`: the connection is over.
+    pub(super) async fn end_helping(&mut self, flow: VirtualFlow, how: End) {
         let Some(h) = self.helping.remove(&flow) else {
             return;
         };
-        if h.help.zero_window && reopen {
-            let window = h.reopen_window();
+        let reopen = match how {
+            End::Reopen => h.reopen_window(),
+            End::Restart | End::Quiet => None,
+        };
+        if h.help.zero_window && h.quiet && how != End::Quiet {
             let r = with_dp(&self.dp, move |dp| {
-                let a = dp.answer_for_peer(&flow, window, None)?;
-                if a == PeerAnswer::Gone {
-                    return Ok(a);
+                if let Some(window) = reopen {
+                    if dp.answer_for_peer(&flow, window, None)? == PeerAnswer::Gone {
+                        return Ok(());
+                    }
                 }
-                dp.restart_flow(&flow)?;
-                Ok::<_, crate::datapath::DatapathError>(a)
+                dp.restart_flow(&flow).map(|_| ())
             })
             .await;
             if let Err(e) = r {
-                tracing::warn!(%flow, error = %e, "cannot reopen the window of a helped connection");
+                tracing::warn!(%flow, error = %e, "cannot restart a helped connection's socket");
             }
         }
-        for pid in &h.stopped {
-            signal(*pid, libc::SIGCONT);
+        if let Some(s) = &h.stopped {
+            resume_process(s);
         }
         tracing::info!(%flow, helpers = ?h.help.names(), "stopped helping: the peer is back or the connection is over");
     }
 
     /// The "stop" helper: SIGSTOP the local process of `flow` (the one the
-    /// datapath lists as its owner), never vnatd itself or init.
-    async fn stop_processes(&mut self, flow: &VirtualFlow) -> Vec<u32> {
+    /// datapath lists as its owner) through a pidfd kept for the SIGCONT.
+    /// Not a process that serves other recorded connections too (a server
+    /// process of many clients), nor init or vnatd, nor a UDP flow's.
+    async fn stop_process(&mut self, flow: &VirtualFlow) -> Option<helping::Stopped> {
         let flow = *flow;
-        let pid = with_dp(&self.dp, move |dp| {
-            dp.connections().ok()?.into_iter().find_map(|c| {
+        if flow.proto != crate::datapath::Proto::Tcp {
+            return None;
+        }
+        let (pid, others) = with_dp(&self.dp, move |dp| {
+            let all = dp.connections().ok()?;
+            let pid = all.iter().find_map(|c| {
                 (c.proto == flow.proto
                     && c.virtual_local == flow.local
                     && c.virtual_remote == flow.remote)
                     .then_some(c.pid)
                     .flatten()
-            })
+            })?;
+            let others = all.iter().filter(|c| c.pid == Some(pid)).count() - 1;
+            Some((pid, others))
         })
-        .await;
-        match pid {
-            Some(p) if p > 1 && p != std::process::id() => {
-                signal(p, libc::SIGSTOP);
-                vec![p]
-            }
-            _ => {
-                tracing::info!(%flow, "no local process to stop for the absent peer");
-                Vec::new()
-            }
+        .await?;
+        if pid <= 1 || pid == std::process::id() {
+            return None;
         }
+        if others > 0 {
+            tracing::info!(%flow, pid, others, "not stopping a process that serves other connections too");
+            return None;
+        }
+        let Ok(p) = libc::pid_t::try_from(pid) else {
+            return None;
+        };
+        // SAFETY: pidfd_open takes no pointers; the result is owned at once
+        // below or is -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, p, 0) };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: `fd` is the fresh descriptor pidfd_open just returned.
+        let pidfd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as libc::c_int) };
+        let s = helping::Stopped { pid, pidfd };
+        if !send_signal(&s, libc::SIGSTOP) {
+            return None;
+        }
+        Some(s)
     }
 }
 
-fn signal(pid: u32, sig: libc::c_int) {
-    let Ok(p) = libc::pid_t::try_from(pid) else {
-        return;
+/// How a help ends (see [`Driver::end_helping`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum End {
+    Reopen,
+    Restart,
+    Quiet,
+}
+
+fn resume_process(s: &helping::Stopped) {
+    send_signal(s, libc::SIGCONT);
+}
+
+/// `sig` to the process of `s`, through its pidfd: never to another
+/// process that took its pid meanwhile.
+fn send_signal(s: &helping::Stopped, sig: libc::c_int) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: pidfd_send_signal reads no memory here (a null siginfo);
+    // the pidfd is open (owned by `s`).
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            s.pidfd.as_raw_fd(),
+            sig,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
     };
-    // SAFETY: kill takes no pointers; a pid that is gone only makes it fail.
-    if unsafe { libc::kill(p, sig) } < 0 {
-        tracing::debug!(pid, sig, error = %std::io::Error::last_os_error(), "cannot signal a helped connection's process");
+    if r < 0 {
+        tracing::debug!(pid = s.pid, sig, error = %std::io::Error::last_os_error(), "cannot signal a helped connection's process");
     }
+    r == 0
 }

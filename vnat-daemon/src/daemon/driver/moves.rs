@@ -114,6 +114,17 @@ impl Driver {
         self.anchors.retain(|f, _| live.contains(f));
         self.cgroup_of.retain(|f, _| live.contains(f));
         self.keepalive_held.retain(|f, _| live.contains(f));
+        self.help_asked.retain(|f, _| live.contains(f));
+        // A closed connection's help ends (its stopped process goes on).
+        let helped_gone: Vec<VirtualFlow> = self
+            .helping
+            .keys()
+            .filter(|f| !live.contains(f))
+            .copied()
+            .collect();
+        for f in helped_gone {
+            self.end_helping(f, helping::End::Quiet).await;
+        }
         if !gone.is_empty() {
             // The connections closed: undo what their translations set up
             // (NAT entries, the address kept on lo, the peer's host route,
@@ -252,10 +263,7 @@ impl Driver {
         let (candidates, stuck) = self.mover.starts(moves, |f| self.endpoint.connection(f));
         for m in stuck {
             tracing::warn!(flow = ?m.flow, peer = %m.remote_phys.ip(), "connection lost its address but cannot move: the peer runs no vnatd or pairing has not completed");
-            outcomes.push((
-                m.flow,
-                Err("it cannot move: the peer runs no vnatd or pairing has not completed".into()),
-            ));
+            outcomes.push((m.flow, Err(MoveRefused::NotMobile)));
         }
         let preempt = self.preempting(candidates.iter().map(|st| st.mv.flow));
         let prepared = with_dp(&self.dp, move |dp| {
@@ -305,7 +313,7 @@ impl Driver {
             }
             if let Err(e) = r {
                 tracing::warn!(flow = ?m.flow, error = %e, "cannot prepare the move");
-                outcomes.push((m.flow, Err(format!("cannot prepare the move: {e}"))));
+                outcomes.push((m.flow, Err(MoveRefused::Prepare(e.to_string()))));
                 continue;
             }
             tracing::info!(flow = ?m.flow, from = %from, to = %m.new_local, "resuming connection at a new address");
@@ -318,7 +326,7 @@ impl Driver {
             started.iter().map(|(f, _, to)| (*f, *to)).collect();
         if let Err(e) = self.endpoint.resume(now(), &mut OsRng, &flows) {
             tracing::warn!(error = %e, "cannot start the migration");
-            let why = format!("cannot start the migration: {e}");
+            let why = MoveRefused::Start(e);
             outcomes.extend(started.into_iter().map(|(f, _, _)| (f, Err(why.clone()))));
             return outcomes;
         }
@@ -510,7 +518,7 @@ impl Driver {
             .map(|s| s.flow)
             .collect();
         for f in back {
-            self.end_helping(f, true).await;
+            self.end_helping(f, helping::End::Reopen).await;
         }
         for (flow, help) in help_requests {
             self.help_requested(flow, help).await;

@@ -424,6 +424,9 @@ pub fn answer_for_peer(
     if unless_moved_from.is_some_and(|c| c != counters) {
         return Ok(PeerAnswer::PeerActive { counters });
     }
+    if window > 0 && state.timer == sockdiag::TIMER_RETRANSMIT {
+        return Ok(PeerAnswer::Retransmitting);
+    }
     let snd_una = record.snd_una_base.wrapping_add(state.bytes_acked as u32);
     let rcv_nxt = record
         .rcv_nxt_base
