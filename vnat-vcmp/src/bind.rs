@@ -73,6 +73,18 @@ pub(crate) const KIND_BIND_REQ: u8 = 20;
 /// the commitments to ask for.
 type WaitingRequest = ([u8; 32], SocketAddr, Vec<[u8; TAG_LEN]>);
 
+impl BindState {
+    fn set_reask(&mut self, flow: VirtualFlow, tries: u32, at: Timestamp) {
+        self.reasks.insert(flow, tries);
+        self.reask_at.set(flow, Some(at));
+    }
+
+    fn clear_reask(&mut self, flow: &VirtualFlow) {
+        self.reasks.remove(flow);
+        self.reask_at.set(*flow, None);
+    }
+}
+
 /// BIND state of one endpoint.
 #[derive(Default)]
 pub(crate) struct BindState {
@@ -86,9 +98,11 @@ pub(crate) struct BindState {
     /// nonces of the requests still outstanding (the last few: an answer
     /// to an earlier request may still be on its way).
     asked: HashMap<([u8; 32], [u8; TAG_LEN]), Vec<u64>>,
-    /// UDP flows waiting for their moved peer's BIND: (requests sent, when
-    /// to ask again).
-    reasks: HashMap<VirtualFlow, (u32, Timestamp)>,
+    /// UDP flows waiting for their moved peer's BIND: requests sent, and
+    /// when to ask again in a table of their own (the next deadline is not
+    /// a scan of every waiting flow).
+    reasks: HashMap<VirtualFlow, u32>,
+    reask_at: super::timers::ConnTimers,
     /// When we last sent a BIND on each of our flows, from which local
     /// endpoint (a move allows the next one at once).
     last_sent: HashMap<VirtualFlow, (SocketAddr, Timestamp)>,
@@ -256,7 +270,7 @@ impl Endpoint {
     pub(crate) fn ask_rebind(&mut self, now: Timestamp, flow: &VirtualFlow) {
         if self.request_rebind(flow) {
             let wait = self.cfg.initial_rto;
-            self.binds.reasks.insert(*flow, (1, now.plus(wait)));
+            self.binds.set_reask(*flow, 1, now.plus(wait));
         }
     }
 
@@ -265,10 +279,10 @@ impl Endpoint {
     pub(crate) fn bind_timeouts(&mut self, now: Timestamp) {
         let due: Vec<(VirtualFlow, u32)> = self
             .binds
-            .reasks
-            .iter()
-            .filter(|(_, (_, d))| *d <= now)
-            .map(|(f, (n, _))| (*f, *n))
+            .reask_at
+            .due(now)
+            .into_iter()
+            .map(|f| (f, self.binds.reasks.get(&f).copied().unwrap_or(0)))
             .collect();
         for (flow, tries) in due {
             let waiting = self
@@ -276,7 +290,7 @@ impl Endpoint {
                 .get(&flow)
                 .is_some_and(|c| c.remote_phys.port() == 0);
             if !waiting || tries >= self.cfg.max_tries || !self.request_rebind(&flow) {
-                self.binds.reasks.remove(&flow);
+                self.binds.clear_reask(&flow);
                 continue;
             }
             self.stats.count(Counter::BindRequestsResent);
@@ -285,13 +299,13 @@ impl Endpoint {
                 .initial_rto
                 .saturating_mul(1u32 << tries.min(16))
                 .min(self.cfg.max_rto);
-            self.binds.reasks.insert(flow, (tries + 1, now.plus(wait)));
+            self.binds.set_reask(flow, tries + 1, now.plus(wait));
         }
     }
 
     /// The next time `bind_timeouts` has work.
     pub(crate) fn next_bind_timeout(&self) -> Option<Timestamp> {
-        self.binds.reasks.values().map(|(_, d)| *d).min()
+        self.binds.reask_at.next()
     }
 
     /// Send (or queue) a BIND_REQ for a rebinding UDP flow; false if it is
@@ -520,7 +534,7 @@ impl Endpoint {
                 c.remote_phys = from;
             }
             self.stats.count(Counter::BindsRebound);
-            self.binds.reasks.remove(&flow);
+            self.binds.clear_reask(&flow);
             self.emit(Event::SetRemote { flow, remote: from });
             return Ok(());
         }
