@@ -640,6 +640,7 @@ impl Endpoint {
                 // start too.
                 c.binding_seq = 0;
                 c.location_seq = 0;
+                c.help_seq = 0;
             }
             held.push(c.flow);
         }

@@ -108,7 +108,19 @@ impl Driver {
         let now_i = std::time::Instant::now();
         // A changed request keeps the help's age (the 24 h limit holds
         // whatever a peer asks) and what it stopped.
-        let (since, mut stopped) = match self.helping.remove(&flow) {
+        let old = self.helping.remove(&flow);
+        // A request without zero-window any more: the socket must not be
+        // left with the zero window we delivered.
+        if let Some(o) = old.as_ref().filter(|o| o.help.zero_window && o.quiet) {
+            if !help.zero_window {
+                self.restart_socket(flow, o.reopen_window()).await;
+            }
+        }
+        let kept = old
+            .as_ref()
+            .filter(|o| o.help.zero_window && help.zero_window)
+            .map(|o| (o.quiet, o.peer_window, o.counters));
+        let (since, mut stopped) = match old {
             Some(old) => (old.since, old.stopped),
             None => (now_i, None),
         };
@@ -127,6 +139,9 @@ impl Driver {
         }
         let mut h = Helping::new(help.clone(), since);
         h.stopped = stopped;
+        if let Some((quiet, peer_window, counters)) = kept {
+            (h.quiet, h.peer_window, h.counters) = (quiet, peer_window, counters);
+        }
         tracing::info!(%flow, helpers = ?help.names(), stopped = ?h.stopped.as_ref().map(|s| s.pid), "helping a peer that is away");
         self.helping.insert(flow, h);
         self.next_help_answer = now_i;
@@ -221,23 +236,30 @@ impl Driver {
             End::Restart | End::Quiet => None,
         };
         if h.help.zero_window && h.quiet && how != End::Quiet {
-            let r = with_dp(&self.dp, move |dp| {
-                if let Some(window) = reopen {
-                    if dp.answer_for_peer(&flow, window, None)? == PeerAnswer::Gone {
-                        return Ok(());
-                    }
-                }
-                dp.restart_flow(&flow).map(|_| ())
-            })
-            .await;
-            if let Err(e) = r {
-                tracing::warn!(%flow, error = %e, "cannot restart a helped connection's socket");
-            }
+            self.restart_socket(flow, reopen).await;
         }
         if let Some(s) = &h.stopped {
             resume_process(s);
         }
         tracing::info!(%flow, helpers = ?h.help.names(), "stopped helping: the peer is back or the connection is over");
+    }
+
+    /// After zero-window answers: deliver `reopen` as the peer's window if
+    /// given (see `PeerAnswer::Retransmitting`), and restart the socket's
+    /// timers.
+    async fn restart_socket(&mut self, flow: VirtualFlow, reopen: Option<u32>) {
+        let r = with_dp(&self.dp, move |dp| {
+            if let Some(window) = reopen {
+                if dp.answer_for_peer(&flow, window, None)? == PeerAnswer::Gone {
+                    return Ok(());
+                }
+            }
+            dp.restart_flow(&flow).map(|_| ())
+        })
+        .await;
+        if let Err(e) = r {
+            tracing::warn!(%flow, error = %e, "cannot restart a helped connection's socket");
+        }
     }
 
     /// The "stop" helper: SIGSTOP the local process of `flow` (the one the

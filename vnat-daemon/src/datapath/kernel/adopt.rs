@@ -11,11 +11,11 @@
 //! records those in an enabled cgroup that have no record, as sock_ops and
 //! the UDP recorders would have:
 //! - TCP: the sequence numbers sock_ops reads at establishment are read
-//!   back from the live socket (`restart::sequence_bases`, repair mode): the
-//!   first sequence numbers after the SYNs are `snd_una - bytes_acked` and
-//!   `rcv_nxt - bytes_received`, with one exception: an active opener's
-//!   bytes_acked counts its SYN, a passive one's does not. A socket is
-//!   passive when a listener holds its local port. The record's origin is
+//!   back from the live socket (`restart::sequence_bases`: its own answer
+//!   to an out-of-window segment): the first sequence numbers after the
+//!   SYNs are `snd_una - bytes_acked` and `rcv_nxt - bytes_received`, with
+//!   one exception: an active opener's bytes_acked counts its SYN, a
+//!   passive one's does not ([`accepted`]). The record's origin is
 //!   `ORIGIN_TCP_ADOPTED`: no state callback will remove it, so
 //!   [`KernelDatapath::drop_closed_adopted`] does once the socket is gone.
 //! - UDP: the connected pair, used both ways (`ORIGIN_UDP_ADOPTED`);
@@ -40,6 +40,11 @@ use restart::Listed;
 
 const TCP_ESTABLISHED: u8 = 1;
 const TCP_LISTEN: u8 = 10;
+/// The first wait before a socket whose sequence numbers could not be read
+/// is tried again (then doubling), and the tries before it is left alone.
+const ADOPT_RETRY: std::time::Duration = std::time::Duration::from_millis(2500);
+const ADOPT_TRIES: u32 = 8;
+
 /// The longest an adoption pass keeps the datapath thread.
 const ADOPT_BUDGET: std::time::Duration = std::time::Duration::from_millis(1500);
 
@@ -95,7 +100,21 @@ impl KernelDatapath {
                     .map(|s| (Proto::Udp, *s)),
             )
             .collect();
+        // Sockets looked at before and not read yet wait their turn (the
+        // backoff), and the ones gone are forgotten.
+        let clock = std::time::Instant::now();
+        self.adopt_backoff
+            .retain(|cookie, _| candidates.iter().any(|(_, s)| s.cookie == *cookie));
+        let candidates: Vec<(Proto, Listed)> = candidates
+            .into_iter()
+            .filter(|(_, s)| {
+                self.adopt_backoff
+                    .get(&s.cookie)
+                    .is_none_or(|(_, next)| *next <= clock)
+            })
+            .collect();
         if candidates.is_empty() {
+            self.retry_adoption_soon(clock);
             return Ok(0);
         }
         let owners = procfs::inode_owners();
@@ -136,7 +155,7 @@ impl KernelDatapath {
                     let bases = match restart::sequence_bases(&flow, s.cookie) {
                         Ok(Some(b)) => b,
                         Ok(None) => {
-                            deferred = true;
+                            self.back_off_adoption(s.cookie, clock);
                             tracing::debug!(local = %s.local, remote = %s.remote, pid, "not adopting a TCP connection yet: its sequence numbers could not be read (busy, or on its probe timer); trying again later");
                             continue;
                         }
@@ -187,8 +206,40 @@ impl KernelDatapath {
         if deferred {
             // Again at the next housekeeping, not in a minute.
             self.last_adoption = None;
+        } else {
+            self.retry_adoption_soon(clock);
         }
         Ok(adopted)
+    }
+
+    /// A socket whose sequence numbers could not be read: the next try
+    /// waits 5 s, doubling to 10 minutes; after [`ADOPT_TRIES`] it is left
+    /// alone (each try costs the peer a duplicate ACK).
+    fn back_off_adoption(&mut self, cookie: u64, now: std::time::Instant) {
+        let tries = self.adopt_backoff.get(&cookie).map_or(0, |(t, _)| *t) + 1;
+        let wait = if tries >= ADOPT_TRIES {
+            tracing::info!(
+                cookie,
+                tries,
+                "giving up adopting a connection whose sequence numbers could not be read"
+            );
+            std::time::Duration::from_secs(u64::from(u32::MAX))
+        } else {
+            (ADOPT_RETRY * (1 << tries.min(7))).min(std::time::Duration::from_secs(600))
+        };
+        self.adopt_backoff.insert(cookie, (tries, now + wait));
+    }
+
+    /// Look again at the next housekeeping (5 s) rather than in a minute
+    /// when a socket's next try is due before then.
+    fn retry_adoption_soon(&mut self, now: std::time::Instant) {
+        if self
+            .adopt_backoff
+            .values()
+            .any(|(_, next)| next.saturating_duration_since(now) < ADOPT_EVERY)
+        {
+            self.last_adoption = None;
+        }
     }
 
     /// [`KernelDatapath::adopt`], where a failure only delays adoption to

@@ -111,6 +111,9 @@ pub struct KernelDatapath {
     udp_rebinds_since: StdHashMap<RebindKey, std::time::Instant>,
     /// When connections were last looked for to adopt (`adopt.rs`).
     last_adoption: Option<std::time::Instant>,
+    /// Sockets whose sequence numbers could not be read yet: tries, and
+    /// when to try again (`adopt.rs`).
+    adopt_backoff: StdHashMap<u64, (u32, std::time::Instant)>,
 }
 
 /// How long a UDP flow waits for its peer's BIND after a move behind a new
@@ -165,6 +168,7 @@ impl KernelDatapath {
             rebinds: std::collections::HashSet::new(),
             udp_rebinds_since: StdHashMap::new(),
             last_adoption: None,
+            adopt_backoff: StdHashMap::new(),
         };
         dp.mirror = Mirror::from(dp.read_map(true)?, dp.read_map(false)?);
         // Rebinds a previous vnatd left waiting are ours to finish.

@@ -50,6 +50,8 @@ const ANSWER_WAIT: Duration = Duration::from_millis(100);
 /// Between two tries: the socket answers out-of-window segments at most
 /// once per tcp_invalid_ratelimit (500 ms by default).
 const RETRY_AFTER: Duration = Duration::from_millis(550);
+/// `idiag_timer` of a pending keepalive timer.
+const TIMER_KEEPALIVE: u8 = 2;
 
 /// The bases of `flow`'s established socket (with `cookie`), or `None` if
 /// it is gone, or no reading held still.
@@ -68,11 +70,14 @@ pub(super) fn sequence_bases(
         let Some(before) = diag.query(flow, cookie)? else {
             return Ok(None);
         };
-        if before.timer == TIMER_PROBE0 {
+        // A window or keepalive probe (sequence number snd_una - 1) due
+        // while the answer is awaited would pass for it.
+        if before.timer == TIMER_PROBE0
+            || (before.timer == TIMER_KEEPALIVE && before.expires_ms < 300)
+        {
             return Ok(None);
         }
-        let capture =
-            Capture::open(flow.local.port()).map_err(kernel_err("opening a packet socket"))?;
+        let capture = Capture::open(flow).map_err(kernel_err("opening a packet socket"))?;
         let reversed = VirtualFlow {
             proto: flow.proto,
             local: flow.remote,
@@ -90,6 +95,11 @@ pub(super) fn sequence_bases(
             continue;
         };
         let unacked = before.send_queue.wrapping_sub(before.notsent_bytes);
+        // An ACK's sequence number is snd_nxt unless the peer's window
+        // shrank below what is in flight (tcp_acceptable_seq).
+        if before.snd_wnd.is_some_and(|w| w < unacked) {
+            return Ok(None);
+        }
         let snd_una = snd_nxt.wrapping_sub(unacked);
         return Ok(Some(SequenceBases {
             snd_una_base: snd_una.wrapping_sub(before.bytes_acked as u32),
@@ -141,7 +151,7 @@ struct Capture(OwnedFd);
 const ETH_P_ALL: u16 = 0x0003;
 
 impl Capture {
-    fn open(sport: u16) -> io::Result<Capture> {
+    fn open(flow: &VirtualFlow) -> io::Result<Capture> {
         // SAFETY: socket() takes no pointers; the result is owned at once
         // below or is -1. Protocol 0: nothing is received until bind(), so
         // no packet gets past before the filter is in place.
@@ -154,7 +164,7 @@ impl Capture {
         })?;
         // SAFETY: `fd` is the fresh descriptor socket() just returned.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let filter = port_filter(sport);
+        let filter = port_filter(flow.local.port(), flow.remote.port());
         let prog = libc::sock_fprog {
             len: filter.len() as u16,
             filter: filter.as_ptr() as *mut libc::sock_filter,
@@ -233,9 +243,9 @@ impl Capture {
 }
 
 /// Classic BPF for a packet socket of type SOCK_DGRAM (the packet starts at
-/// its IP header): accept IPv4 or IPv6 TCP with source port `sport`
-/// (IPv6 without extension headers), drop the rest.
-fn port_filter(sport: u16) -> Vec<libc::sock_filter> {
+/// its IP header): accept IPv4 or IPv6 TCP from port `sport` to port
+/// `dport` (IPv6 without extension headers), drop the rest.
+fn port_filter(sport: u16, dport: u16) -> Vec<libc::sock_filter> {
     const LDB_ABS: u16 = 0x30; // BPF_LD | BPF_B | BPF_ABS
     const LDH_ABS: u16 = 0x28; // BPF_LD | BPF_H | BPF_ABS
     const LDH_IND: u16 = 0x48; // BPF_LD | BPF_H | BPF_IND
@@ -244,23 +254,28 @@ fn port_filter(sport: u16) -> Vec<libc::sock_filter> {
     const JEQ_K: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
     const RET_K: u16 = 0x06; // BPF_RET | BPF_K
     let i = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
-    let p = u32::from(sport);
+    let (s, d) = (u32::from(sport), u32::from(dport));
+    // A jump's targets count from the next instruction.
     vec![
         i(LDB_ABS, 0, 0, 0),   // 0: A = first byte
         i(RSH_K, 0, 0, 4),     // 1: A = IP version
-        i(JEQ_K, 0, 5, 4),     // 2: IPv4? else 8
+        i(JEQ_K, 0, 7, 4),     // 2: IPv4? 3 : 10
         i(LDB_ABS, 0, 0, 9),   // 3: A = protocol
-        i(JEQ_K, 0, 9, 6),     // 4: TCP? else 14
+        i(JEQ_K, 0, 13, 6),    // 4: TCP? 5 : 18
         i(LDXB_MSH, 0, 0, 0),  // 5: X = IPv4 header length
         i(LDH_IND, 0, 0, 0),   // 6: A = source port
-        i(JEQ_K, 5, 6, p),     // 7: ours? 13 : 14
-        i(JEQ_K, 0, 5, 6),     // 8: IPv6? else 14
-        i(LDB_ABS, 0, 0, 6),   // 9: A = next header
-        i(JEQ_K, 0, 3, 6),     // 10: TCP? else 14
-        i(LDH_ABS, 0, 0, 40),  // 11: A = source port
-        i(JEQ_K, 0, 1, p),     // 12: ours? 13 : 14
-        i(RET_K, 0, 0, 65535), // 13: accept
-        i(RET_K, 0, 0, 0),     // 14: drop
+        i(JEQ_K, 0, 10, s),    // 7: ours? 8 : 18
+        i(LDH_IND, 0, 0, 2),   // 8: A = destination port
+        i(JEQ_K, 7, 8, d),     // 9: the peer's? 17 : 18
+        i(JEQ_K, 0, 7, 6),     // 10: IPv6 (A is still the version)? 11 : 18
+        i(LDB_ABS, 0, 0, 6),   // 11: A = next header
+        i(JEQ_K, 0, 5, 6),     // 12: TCP? 13 : 18
+        i(LDH_ABS, 0, 0, 40),  // 13: A = source port
+        i(JEQ_K, 0, 3, s),     // 14: ours? 15 : 18
+        i(LDH_ABS, 0, 0, 42),  // 15: A = destination port
+        i(JEQ_K, 0, 1, d),     // 16: the peer's? 17 : 18
+        i(RET_K, 0, 0, 65535), // 17: accept
+        i(RET_K, 0, 0, 0),     // 18: drop
     ]
 }
 
@@ -333,6 +348,59 @@ mod tests {
         p[32] = 5 << 4;
         p[33] = flags;
         p
+    }
+
+    /// The filter's verdict on `p`, run by a small classic-BPF interpreter
+    /// for the instructions it uses.
+    fn run(filter: &[libc::sock_filter], p: &[u8]) -> u32 {
+        let (mut a, mut x, mut pc) = (0u32, 0u32, 0usize);
+        let byte = |at: usize| u32::from(p.get(at).copied().unwrap_or(0));
+        let half = |at: usize| byte(at) << 8 | byte(at + 1);
+        loop {
+            let f = filter[pc];
+            let k = f.k as usize;
+            pc += 1;
+            match f.code {
+                0x30 => a = byte(k),
+                0x28 => a = half(k),
+                0x48 => a = half(x as usize + k),
+                0xb1 => x = (byte(k) & 0x0f) * 4,
+                0x74 => a >>= f.k,
+                0x15 => pc += usize::from(if a == f.k { f.jt } else { f.jf }),
+                0x06 => return f.k,
+                c => panic!("opcode {c:#x}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_filter_takes_the_flows_tcp_packets_only() {
+        let f = port_filter(40000, 5001);
+        let v4 = v4_segment(0x10, 0);
+        assert_ne!(run(&f, &v4), 0, "the flow's own IPv4 segment");
+        let mut other = v4.clone();
+        other[22..24].copy_from_slice(&5002u16.to_be_bytes());
+        assert_eq!(run(&f, &other), 0, "another destination port");
+        let mut other = v4.clone();
+        other[20..22].copy_from_slice(&40001u16.to_be_bytes());
+        assert_eq!(run(&f, &other), 0, "another source port");
+        let mut udp = v4.clone();
+        udp[9] = 17;
+        assert_eq!(run(&f, &udp), 0, "UDP");
+        let mut opts = vec![0u8; 44];
+        opts[..20].copy_from_slice(&v4[..20]);
+        opts[0] = 0x46; // 24-byte header
+        opts[24..44].copy_from_slice(&v4[20..40]);
+        assert_ne!(run(&f, &opts), 0, "an IPv4 header with options");
+        let mut v6 = vec![0u8; 60];
+        v6[0] = 0x60;
+        v6[6] = 6;
+        v6[40..42].copy_from_slice(&40000u16.to_be_bytes());
+        v6[42..44].copy_from_slice(&5001u16.to_be_bytes());
+        assert_ne!(run(&f, &v6), 0, "the flow's own IPv6 segment");
+        v6[43] ^= 1;
+        assert_eq!(run(&f, &v6), 0, "IPv6, another destination port");
+        assert_eq!(run(&f, &[0x70]), 0, "neither family");
     }
 
     #[test]
