@@ -93,6 +93,10 @@ pub enum DriverError {
     State(#[from] StateError),
 }
 
+/// A TCP_USER_TIMEOUT held for a helped peer: the value to give back, the
+/// bytes acknowledged when first looked at after the help, since when.
+type HeldTimeout = (u32, Option<u64>, std::time::Instant);
+
 pub use crate::control::{command::MoveRefused, Command, CommandSender, PeerInfo};
 
 /// CLOCK_BOOTTIME: keeps counting while a laptop sleeps (STYLE.md).
@@ -312,6 +316,9 @@ pub struct Driver {
     helping: HashMap<VirtualFlow, super::helping::Helping>,
     /// When the absent peers are next answered for.
     next_help_answer: std::time::Instant,
+    /// TCP_USER_TIMEOUTs held for helped peers, to give back: (the value,
+    /// the bytes acknowledged when first looked at, since when).
+    timeout_restore: HashMap<VirtualFlow, HeldTimeout>,
 }
 
 impl Driver {
@@ -408,6 +415,7 @@ impl Driver {
             help_asked: HashMap::new(),
             helping: HashMap::new(),
             next_help_answer: std::time::Instant::now(),
+            timeout_restore: HashMap::new(),
         }
     }
 
@@ -517,6 +525,18 @@ impl Driver {
         for f in self.helping.keys().copied().collect::<Vec<_>>() {
             self.end_helping(f, helping::End::Reopen).await;
         }
+        // Nor with a retransmission timeout held for a peer.
+        let held: Vec<(VirtualFlow, u32)> = self
+            .timeout_restore
+            .drain()
+            .map(|(f, (prev, _, _))| (f, prev))
+            .collect();
+        with_dp(&self.dp, move |dp| {
+            for (f, prev) in held {
+                let _ = dp.set_user_timeout(&f, prev);
+            }
+        })
+        .await;
         Ok(())
     }
 

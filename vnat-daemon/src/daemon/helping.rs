@@ -65,7 +65,18 @@ pub struct Helping {
     pub peer_window: Option<u32>,
     /// The process stopped for it.
     pub stopped: Option<Stopped>,
+    /// The socket's TCP_USER_TIMEOUT before the help held it (see
+    /// [`USER_TIMEOUT_HOLD`]).
+    pub user_timeout: Option<u32>,
 }
+
+/// TCP_USER_TIMEOUT while a peer is helped (ms): the absence must not count
+/// against `tcp_retries2` when the window opens again (a socket that
+/// retransmitted before its window closed measures its timeout from its
+/// first retransmission). Given back once the peer has acknowledged data
+/// again, or after [`USER_TIMEOUT_GIVE_BACK`].
+pub const USER_TIMEOUT_HOLD: u32 = 24 * 3600 * 1000;
+pub const USER_TIMEOUT_GIVE_BACK: Duration = Duration::from_secs(600);
 
 /// What an answer means for the help.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,6 +103,7 @@ impl Helping {
             quiet: false,
             peer_window: None,
             stopped: None,
+            user_timeout: None,
         }
     }
 

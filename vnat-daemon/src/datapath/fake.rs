@@ -42,6 +42,8 @@ pub struct FakeDatapath {
     pub reset: Vec<VirtualFlow>,
     /// Keepalive holds (true) and releases ([`Datapath::hold_keepalive`]).
     pub keepalive_held: Vec<(VirtualFlow, bool)>,
+    /// `set_user_timeout` values per flow.
+    pub user_timeouts: BTreeMap<VirtualFlow, u32>,
     /// `answer_for_peer` deliveries: (flow, window).
     pub answered: Vec<(VirtualFlow, u32)>,
     /// The byte counters `answer_for_peer` reports per flow (default 0, 0):
@@ -141,6 +143,15 @@ impl Datapath for FakeDatapath {
         self.take_failure()?;
         self.keepalive_held.push((*flow, hold));
         Ok(flow.proto == crate::datapath::Proto::Tcp)
+    }
+
+    fn set_user_timeout(
+        &mut self,
+        flow: &VirtualFlow,
+        ms: u32,
+    ) -> Result<Option<u32>, DatapathError> {
+        self.take_failure()?;
+        Ok(self.user_timeouts.insert(*flow, ms).or(Some(0)))
     }
 
     fn answer_for_peer(

@@ -140,6 +140,18 @@ pub trait Datapath {
         unless_moved_from: Option<(u64, u64)>,
     ) -> Result<PeerAnswer, DatapathError>;
 
+    /// Set TCP_USER_TIMEOUT (milliseconds; 0: the kernel's default, from
+    /// `tcp_retries2`) of `flow`'s socket, and return the value it had
+    /// (`None`: no such TCP socket or owner here). The zero-window helper
+    /// holds it high while it answers for an absent peer: a socket that
+    /// retransmitted before the window closed counts the whole absence
+    /// against `tcp_retries2` once the window opens again.
+    fn set_user_timeout(
+        &mut self,
+        flow: &VirtualFlow,
+        ms: u32,
+    ) -> Result<Option<u32>, DatapathError>;
+
     /// Reset the connection `flow` of this host (SOCK_DESTROY: its
     /// application sees ECONNABORTED, a TCP peer gets a reset), for a
     /// conflict whose policy is to preempt it. Returns false if no such

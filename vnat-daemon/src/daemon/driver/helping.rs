@@ -12,7 +12,8 @@ impl Driver {
     /// When the loop must wake next for the helpers: the next answer for an
     /// absent peer, the next look at whether asked help can end.
     pub(super) fn next_helper_wake(&self) -> Option<std::time::Instant> {
-        let answer = (!self.helping.is_empty()).then_some(self.next_help_answer);
+        let answer = (!self.helping.is_empty() || !self.timeout_restore.is_empty())
+            .then_some(self.next_help_answer);
         let asked = (!self.help_asked.is_empty()).then_some(self.next_keepalive_check);
         answer.into_iter().chain(asked).min()
     }
@@ -120,10 +121,16 @@ impl Driver {
             .as_ref()
             .filter(|o| o.help.zero_window && help.zero_window)
             .map(|o| (o.quiet, o.peer_window, o.counters));
-        let (since, mut stopped) = match old {
-            Some(old) => (old.since, old.stopped),
-            None => (now_i, None),
+        let (since, mut stopped, mut old_timeout) = match old {
+            Some(old) => (old.since, old.stopped, old.user_timeout),
+            None => (now_i, None, None),
         };
+        if !help.zero_window {
+            if let Some(prev) = old_timeout.take() {
+                self.timeout_restore
+                    .insert(flow, (prev, None, std::time::Instant::now()));
+            }
+        }
         if help.is_none() {
             if let Some(s) = stopped.take() {
                 resume_process(&s);
@@ -139,6 +146,22 @@ impl Driver {
         }
         let mut h = Helping::new(help.clone(), since);
         h.stopped = stopped;
+        h.user_timeout = old_timeout;
+        if help.zero_window && h.user_timeout.is_none() {
+            // Given back by a restore still pending? Then that value.
+            let pending = self.timeout_restore.remove(&flow).map(|r| r.0);
+            let r = with_dp(&self.dp, move |dp| {
+                dp.set_user_timeout(&flow, helping::USER_TIMEOUT_HOLD)
+            })
+            .await;
+            h.user_timeout = match r {
+                Ok(prev) => pending.or(prev),
+                Err(e) => {
+                    tracing::warn!(%flow, error = %e, "cannot hold the socket's retransmission timeout for the absent peer");
+                    pending
+                }
+            };
+        }
         if let Some((quiet, peer_window, counters)) = kept {
             (h.quiet, h.peer_window, h.counters) = (quiet, peer_window, counters);
         }
@@ -151,10 +174,13 @@ impl Driver {
     /// [`helping::ANSWER_EVERY`], look at the others' sockets, and end
     /// what is over.
     pub(super) async fn answer_for_absent_peers(&mut self) {
-        if self.helping.is_empty() || std::time::Instant::now() < self.next_help_answer {
+        if (self.helping.is_empty() && self.timeout_restore.is_empty())
+            || std::time::Instant::now() < self.next_help_answer
+        {
             return;
         }
         self.next_help_answer = std::time::Instant::now() + helping::ANSWER_EVERY;
+        self.give_back_user_timeouts().await;
         let now_i = std::time::Instant::now();
         let expired: Vec<VirtualFlow> = self
             .helping
@@ -241,7 +267,58 @@ impl Driver {
         if let Some(s) = &h.stopped {
             resume_process(s);
         }
+        if let Some(prev) = h.user_timeout.filter(|_| how != End::Quiet) {
+            // Given back once the peer acknowledges data again.
+            self.timeout_restore
+                .insert(flow, (prev, None, std::time::Instant::now()));
+        }
         tracing::info!(%flow, helpers = ?h.help.names(), "stopped helping: the peer is back or the connection is over");
+    }
+
+    /// Give the held TCP_USER_TIMEOUTs back once their peer has
+    /// acknowledged data since the help ended (its retransmissions then
+    /// count from anew), or after [`helping::USER_TIMEOUT_GIVE_BACK`].
+    async fn give_back_user_timeouts(&mut self) {
+        if self.timeout_restore.is_empty() {
+            return;
+        }
+        let pending: Vec<(VirtualFlow, super::HeldTimeout)> =
+            self.timeout_restore.iter().map(|(f, r)| (*f, *r)).collect();
+        let done = with_dp(&self.dp, move |dp| {
+            let mut out = Vec::new();
+            for (f, (prev, acked, since)) in pending {
+                let now_acked = match dp.answer_for_peer(&f, 0, Some(helping::READ_ONLY)) {
+                    Ok(PeerAnswer::PeerActive { counters }) => counters.0,
+                    Ok(_) => {
+                        out.push((f, None)); // gone
+                        continue;
+                    }
+                    Err(_) => continue,
+                };
+                let due = acked.is_some_and(|a| now_acked > a)
+                    || since.elapsed() >= helping::USER_TIMEOUT_GIVE_BACK;
+                if due {
+                    let _ = dp.set_user_timeout(&f, prev);
+                    out.push((f, None));
+                } else if acked.is_none() {
+                    out.push((f, Some(now_acked)));
+                }
+            }
+            out
+        })
+        .await;
+        for (f, baseline) in done {
+            match baseline {
+                None => {
+                    self.timeout_restore.remove(&f);
+                }
+                Some(a) => {
+                    if let Some(r) = self.timeout_restore.get_mut(&f) {
+                        r.1 = Some(a);
+                    }
+                }
+            }
+        }
     }
 
     /// After zero-window answers: deliver `reopen` as the peer's window if

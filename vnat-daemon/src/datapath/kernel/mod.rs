@@ -581,6 +581,17 @@ impl Datapath for KernelDatapath {
         self.reset_recorded(flow)
     }
 
+    fn set_user_timeout(
+        &mut self,
+        flow: &VirtualFlow,
+        ms: u32,
+    ) -> Result<Option<u32>, DatapathError> {
+        match self.record(flow)? {
+            Some(record) => restart::set_user_timeout(flow, &record, ms),
+            None => Ok(None),
+        }
+    }
+
     fn answer_for_peer(
         &mut self,
         flow: &VirtualFlow,

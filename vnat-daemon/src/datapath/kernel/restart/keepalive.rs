@@ -13,6 +13,21 @@ use std::io;
 
 use super::*;
 
+/// Set TCP_USER_TIMEOUT (ms) of the socket of `pid` with `inode` to `ms`;
+/// the value it had, or `None` if the owner no longer holds the socket.
+pub(super) fn set_user_timeout(pid: u32, inode: u64, ms: u32) -> io::Result<Option<u32>> {
+    if pid == 0 || inode == 0 {
+        return Ok(None);
+    }
+    let Some(sock) = push::socket_of(pid, inode)? else {
+        return Ok(None);
+    };
+    let old = getsockopt_int(&sock, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT)?;
+    let ms = libc::c_int::try_from(ms).unwrap_or(libc::c_int::MAX);
+    setsockopt(&sock, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, &ms)?;
+    Ok(Some(old.max(0) as u32))
+}
+
 /// SO_KEEPALIVE of the socket of `pid` with `inode`: with `on == false`,
 /// turn it off if it is on; with `on == true`, turn it on. `Ok(true)`: it
 /// was changed (off: it was on). `Ok(false)`: nothing to do, or no owner

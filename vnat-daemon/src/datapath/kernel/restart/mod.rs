@@ -387,6 +387,32 @@ pub fn hold_keepalive(
         .map_err(kernel_err("changing the socket's keepalive"))
 }
 
+/// Set TCP_USER_TIMEOUT of `flow`'s socket to `ms` (see
+/// `Datapath::set_user_timeout`); the value it had. The socket is taken
+/// from the recorded process, or from the one holding its inode (an
+/// accepted socket's).
+pub fn set_user_timeout(
+    flow: &VirtualFlow,
+    record: &ConnRecord,
+    ms: u32,
+) -> Result<Option<u32>, DatapathError> {
+    if flow.proto != Proto::Tcp {
+        return Ok(None);
+    }
+    let Some(state) = SockDiag::with_shared(|d| d.query(flow, record.cookie))? else {
+        return Ok(None);
+    };
+    let pid = match record.pid {
+        0 => super::procfs::inode_owners()
+            .get(&state.inode)
+            .copied()
+            .unwrap_or(0),
+        p => p,
+    };
+    keepalive::set_user_timeout(pid, state.inode, ms)
+        .map_err(kernel_err("changing the socket's user timeout"))
+}
+
 /// The sockets of `proto` in one of `states` (bit `1 << state`) in this
 /// thread's network namespace (see [`sockdiag::dump`]).
 pub fn list_sockets(proto: Proto, states: u32) -> Result<Vec<Listed>, DatapathError> {
