@@ -304,3 +304,125 @@ fn without_a_helper_the_peers_tcp_gives_up_during_the_outage() {
 fn back_at_the_same_place_the_laptops_word_ends_the_help() {
     outage("hzp", &["zero-window"], &[], Back::SamePlace);
 }
+
+/// An installed helper (`--peer-helper note` on the server, an executable
+/// `note` in its `--helpers-dir`): the laptop suspends with `--helper
+/// zero-window --helper note`; the server runs `note` as user nobody with
+/// the connection's socket as descriptor 3 and the event on its standard
+/// input, "away" at the suspension and "back" once the laptop is back.
+#[test]
+fn an_installed_helper_runs_unprivileged_with_its_connection() {
+    use std::os::unix::fs::PermissionsExt;
+    let tag = "hzu";
+    let topo = LaptopRouterServer::builder().tag(tag).build();
+    let lap = Host::new(&topo.laptop, &format!("{tag}l"));
+    let srv = Host::new(&topo.server, &format!("{tag}s"));
+    let (dl, ds) = (
+        TempDir::new(&format!("{tag}l")),
+        TempDir::new(&format!("{tag}s")),
+    );
+    let helpers = TempDir::new(&format!("{tag}h"));
+    let out = TempDir::new(&format!("{tag}o"));
+    let mode = |p: &std::path::Path, m: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).expect("chmod")
+    };
+    mode(helpers.path(), 0o755);
+    mode(out.path(), 0o1777);
+    let script = helpers.path().join("note");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n{{ id -u; readlink /proc/self/fd/3; cat; }} > {}/run.$$\n",
+            out.path().display()
+        ),
+    )
+    .expect("writing the helper");
+    mode(&script, 0o755);
+    let server = SocketAddr::new(topo.server_addr.v4.into(), 5001);
+    let _echo = EchoServer::tcp_in(&srv, server);
+    let lapd = Vnatd::start(&lap, dl.path());
+    let hd = helpers.path().display().to_string();
+    let _srvd = Vnatd::start_with(
+        &srv,
+        ds.path(),
+        &[
+            "--helpers-dir",
+            &hd,
+            "--peer-helper",
+            "zero-window",
+            "--peer-helper",
+            "note",
+        ],
+    );
+    let mut cmd = StreamOptions::tcp(server)
+        .rate(100_000)
+        .command(&topo.laptop);
+    lap.cgroup.join_on_spawn(&mut cmd);
+    let client = StreamClient::from_command(cmd);
+    let first = client.wait_verified_at_least(20_000, Duration::from_secs(10));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !lapd.mobile_to("tcp", server.ip()) {
+        assert!(
+            Instant::now() < deadline,
+            "the connection never became mobile"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    lapd.ctl(&[
+        "suspend",
+        "--all",
+        "--helper",
+        "zero-window",
+        "--helper",
+        "note",
+    ])
+    .expect("suspend answers");
+    // The runs so far, as (uid, fd 3's target, the event's JSON).
+    let runs = || -> Vec<(String, String, serde_json::Value)> {
+        let mut v = Vec::new();
+        for e in std::fs::read_dir(out.path())
+            .expect("the output directory")
+            .flatten()
+        {
+            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+            let mut lines = text.lines();
+            let (Some(uid), Some(fd3), Some(json)) = (lines.next(), lines.next(), lines.next())
+            else {
+                continue;
+            };
+            if let Ok(j) = serde_json::from_str(json) {
+                v.push((uid.to_string(), fd3.to_string(), j));
+            }
+        }
+        v
+    };
+    let wait_event = |event: &str| {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some(r) = runs().into_iter().find(|r| r.2["event"] == event) {
+                return r;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the helper never ran for {event:?}: {:?}",
+                runs()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let (uid, fd3, json) = wait_event("away");
+    assert_eq!(uid, "65534", "the helper does not run as nobody");
+    assert!(
+        fd3.starts_with("socket:["),
+        "descriptor 3 is not a socket: {fd3}"
+    );
+    assert_eq!(json["proto"], "tcp");
+    assert_eq!(json["local"], server.to_string(), "{json}");
+    assert_eq!(json["remote"], first.local, "{json}");
+    // Back at the same place: the laptop's word ends the help.
+    lapd.ctl(&["resume", "--all"]).expect("resume answers");
+    let (_, _, json) = wait_event("back");
+    assert_eq!(json["remote"], first.local, "{json}");
+    let end = client.stop();
+    assert!(end.error.is_none(), "the stream failed: {end:?}");
+}

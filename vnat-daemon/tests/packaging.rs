@@ -42,6 +42,32 @@ fn unit_runs_the_daemon_with_the_config_and_the_sleep_hook_calls_suspend_and_res
         "SystemCallFilter={filter} does not allow pidfd_getfd"
     );
     assert!(unit.contains("CAP_SYS_PTRACE"));
+    // Raw and packet sockets (restart levers, zero-window answers,
+    // adoption), signals and setuid for the helpers.
+    let caps = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("CapabilityBoundingSet="))
+        .expect("the unit bounds capabilities");
+    for cap in ["CAP_NET_RAW", "CAP_KILL", "CAP_SETUID", "CAP_SETGID"] {
+        assert!(
+            caps.split_whitespace().any(|c| c == cap),
+            "CapabilityBoundingSet={caps} lacks {cap}"
+        );
+    }
+    let families = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("RestrictAddressFamilies="))
+        .expect("the unit restricts address families");
+    assert!(
+        families.split_whitespace().any(|f| f == "AF_PACKET"),
+        "RestrictAddressFamilies={families} lacks AF_PACKET (adoption)"
+    );
+    for call in ["pidfd_open", "pidfd_send_signal"] {
+        assert!(
+            filter.split_whitespace().any(|c| c == call),
+            "SystemCallFilter={filter} does not allow {call}"
+        );
+    }
     // Containers' connections are judged from inside their network
     // namespace (setns): "yes" would refuse that and manage no container.
     let ns = unit

@@ -303,6 +303,11 @@ impl Endpoint {
         }
     }
 
+    /// A connection that goes: no BIND is asked for it any more.
+    pub(crate) fn forget_rebind(&mut self, flow: &VirtualFlow) {
+        self.binds.clear_reask(flow);
+    }
+
     /// The next time `bind_timeouts` has work.
     pub(crate) fn next_bind_timeout(&self) -> Option<Timestamp> {
         self.binds.reask_at.next()

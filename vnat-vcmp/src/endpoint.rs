@@ -427,6 +427,7 @@ impl Endpoint {
 
     pub(crate) fn release(&mut self, c: &Conn) {
         self.conn_timers.set(c.flow, None);
+        self.forget_rebind(&c.flow);
         let peer = c.flow.remote.ip();
         if let Some(n) = self.per_peer.get_mut(&peer) {
             *n = n.saturating_sub(1);

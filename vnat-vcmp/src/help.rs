@@ -60,22 +60,27 @@ impl Help {
     }
 
     /// The helpers named on `vnatctl suspend --helper NAME`: the built-in
-    /// [`ZERO_WINDOW`] and [`STOP`]. The error says what is wrong, for the
-    /// user.
+    /// [`ZERO_WINDOW`] and [`STOP`], and at most one installed on the peer.
+    /// The error says what is wrong, for the user.
     pub fn from_names(names: &[String]) -> Result<Help, String> {
         let mut help = Help::default();
         for n in names {
             match n.as_str() {
                 ZERO_WINDOW => help.zero_window = true,
                 STOP => help.stop = true,
-                // The wire carries an installed helper's name, but no vnatd
-                // runs installed helpers yet: naming one would be asking
-                // for nothing.
-                other => {
+                other if !Help::valid_name(other) => {
                     return Err(format!(
-                        "{other:?} is not a keep-alive helper: use {ZERO_WINDOW:?} or {STOP:?} (helpers installed by the administrator are not supported yet)"
+                        "{other:?} is not a keep-alive helper: use {ZERO_WINDOW:?}, {STOP:?} or the name of a helper installed on the peer (1 to {HELP_NAME_MAX} of a-z, 0-9, '-', '_')"
                     ));
                 }
+                other => match &help.user {
+                    Some(u) if u != other => {
+                        return Err(format!(
+                            "at most one installed helper per suspend ({u:?} and {other:?} were named)"
+                        ));
+                    }
+                    _ => help.user = Some(other.to_string()),
+                },
             }
         }
         Ok(help)
@@ -280,10 +285,14 @@ mod tests {
             assert!(!Help::valid_name(bad), "{bad:?}");
         }
         let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let h = Help::from_names(&names(&["zero-window", "stop"])).unwrap();
-        assert!(h.zero_window && h.stop && h.user.is_none());
+        let h = Help::from_names(&names(&["zero-window", "stop", "notify"])).unwrap();
+        assert!(h.zero_window && h.stop && h.user.as_deref() == Some("notify"));
         assert_eq!(Help::from_names(&h.names()), Ok(h));
-        for bad in ["zero_window", "notify", "../x"] {
+        assert!(
+            Help::from_names(&names(&["a", "b"])).is_err(),
+            "two installed"
+        );
+        for bad in ["../x", "Zero", ""] {
             let e = Help::from_names(&names(&[bad])).unwrap_err();
             assert!(e.contains("not a keep-alive helper"), "{e}");
         }

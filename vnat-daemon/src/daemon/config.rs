@@ -15,91 +15,10 @@ pub const DEFAULT_BPFFS: &str = "/sys/fs/bpf/vnat";
 /// The VCMP port of the paper (section 3.3).
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:2031";
 pub const DEFAULT_LOG_LEVEL: &str = "info";
+pub const DEFAULT_HELPERS_DIR: &str = "/etc/vnat/helpers";
 
-const LONG_ABOUT: &str = "\
-vnatd keeps this host's TCP and UDP connections alive when an endpoint moves
-to another IP address (roaming, suspend and resume elsewhere, process
-migration). eBPF programs record the connections of the enabled cgroups and
-rewrite the packets of connections that moved; vnatd manages them and serves
-vnatctl on its control socket.
-
-Settings come from the config file, and flags override it. Paths given as
-flags may be relative to the current directory; paths in the file must be
-absolute.
-
-Config file (every key optional; these are the defaults):
-
-    control   = \"/run/vnat/vnatd.sock\"
-    state_dir = \"/var/lib/vnat\"
-    bpffs     = \"/sys/fs/bpf/vnat\"
-    listen    = \"0.0.0.0:2031\"
-    cgroups   = [\"/sys/fs/cgroup/unified\"]   # default: the cgroup2 mount root
-    preempt_cgroups = []                     # see below
-    log_level = \"info\"                       # or a filter: \"info,vnat_daemon=debug\"
-    log_format = \"text\"                      # or \"json\"
-    location_servers = []                    # e.g. [\"192.0.2.7:2031\"]
-    standby_tc = true                        # see below
-    keepalive_secs = 25                      # 0: no NAT keepalives
-    peer_helpers = [\"zero-window\"]           # see below
-
-location_servers (or --location-server, repeatable) are other vnatd asked
-where a peer went when both ends of a connection moved and neither old
-location answers (paper section 3.3.2.1, steps P(3)/S(3)). Every vnatd
-already serves as one: point both hosts of a connection at the same one.
-A moving vnatd stores its new location there and looks the peer up from
-the start of every move (one small datagram each way per 30 connections),
-so two ends that moved at once find each other in one round trip to it.
-
-keepalive_secs (or --keepalive-secs) is how often a host behind a NAT
-probes each peer it holds mobile connections with, so that its NAT keeps
-the mapping through which the peer's vnatd reaches it (to validate a new
-address, to answer an update). The answers tell it where the peer sees it
-(`vnatctl peers`, column NAT). 0 turns keepalives off; a host that is not
-behind a NAT sends none.
-
-preempt_cgroups (or --preempt-cgroup, repeatable) decides virtual-address
-conflicts (paper section 3.4.3): when a connection would move (its own end,
-or an import) onto the endpoints of another connection of this host, which
-the kernel could not tell apart, the move is refused (abort, the default)
-unless the moving connection's cgroup is one of these or below one; then
-the older connection is reset (preempt). A peer's move onto such endpoints
-is always refused.
-
-peer_helpers (or --peer-helper, repeatable; --peer-helper none for none)
-are the keep-alive helpers this host runs when a peer about to be away
-asks for them (`vnatctl suspend --helper NAME` on the peer): zero-window
-answers for the absent end so that this host's TCP waits instead of giving
-up; stop stops (SIGSTOP) this host's processes of the connection until the
-peer is back (SIGCONT). A helper not listed is not run.
-
-standby_tc keeps the translators attached to every network interface while
-this host has connections paired with a peer, so that a move does not wait
-the 10 to 25 ms the kernel needs to attach them (an RCU grace period each,
-on both hosts). While nothing is translated on the host they pass packets
-without looking at them (about 20 ns a packet); once some connection moved,
-every packet on those interfaces pays one map lookup (about 70 ns). With
-standby_tc = false (or --no-standby-tc) they are attached only to the
-interfaces moved connections use, and packets elsewhere pay nothing.
-
-Examples:
-
-    # the whole host, default paths (what the systemd unit runs)
-    vnatd
-
-    # only one service's connections, verbose
-    vnatd --cgroup /sys/fs/cgroup/unified/system.slice/app.service --log-level debug
-
-    # a second instance for another network namespace: its own socket, state and pins
-    vnatd --control /run/vnat/ns1.sock --state-dir /var/lib/vnat/ns1 --bpffs /sys/fs/bpf/vnat-ns1
-
-    # both ends may move at once: ask the vnatd at 192.0.2.7 where the peer went
-    vnatd --location-server 192.0.2.7:2031
-
-Stopping vnatd (SIGTERM or Ctrl-C) leaves the eBPF programs and maps pinned,
-so connections that moved keep being translated until vnatd starts again.
-
-Exit status: 0 after a clean stop, 1 on a runtime error, 2 on a usage or
-config error.";
+mod about;
+use about::LONG_ABOUT;
 
 /// How log lines are written (to stderr, which systemd sends to the journal).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, clap::ValueEnum)]
@@ -152,6 +71,13 @@ pub struct Args {
         help = "keep-alive helper this host runs when a peer about to be away asks for it: zero-window or stop; repeatable; none for none [default: zero-window]"
     )]
     pub peer_helpers: Vec<String>,
+    /// Where installed keep-alive helpers are.
+    #[arg(
+        long = "helpers-dir",
+        value_name = "DIR",
+        help = "directory of the installed keep-alive helpers that peer_helpers may name [default: /etc/vnat/helpers]"
+    )]
+    pub helpers_dir: Option<PathBuf>,
     /// Log filter.
     #[arg(long, value_name = "FILTER",
           help = format!("Log level or filter, e.g. debug or info,vnat_daemon=trace [default: RUST_LOG, else {DEFAULT_LOG_LEVEL}]"))]
@@ -231,6 +157,7 @@ pub struct FileConfig {
     pub cgroups: Option<Vec<PathBuf>>,
     pub preempt_cgroups: Option<Vec<PathBuf>>,
     pub peer_helpers: Option<Vec<String>>,
+    pub helpers_dir: Option<PathBuf>,
     pub log_level: Option<String>,
     pub log_format: Option<LogFormat>,
     pub location_servers: Option<Vec<SocketAddr>>,
@@ -253,6 +180,8 @@ pub struct Settings {
     pub preempt_cgroups: Vec<PathBuf>,
     /// `peer_helpers`: the keep-alive helpers peers may ask of this host.
     pub peer_helpers: Vec<String>,
+    /// `helpers_dir`: where the installed ones are.
+    pub helpers_dir: PathBuf,
     pub log_level: String,
     pub log_format: LogFormat,
     /// Location servers for step P(3)/S(3) of the location chain, in the
@@ -290,7 +219,7 @@ pub enum ConfigError {
     LocationServer { file: PathBuf, value: SocketAddr },
     #[error("keepalive_secs = {value} in the config file {} is out of range; use 0 (off) to 3600 seconds (default 25)", file.display())]
     Keepalive { file: PathBuf, value: u32 },
-    #[error("unknown keep-alive helper {name:?} {}; peer_helpers (--peer-helper) takes zero-window and stop, or none", file.as_ref().map(|f| format!("in peer_helpers in the config file {}", f.display())).unwrap_or_else(|| "given to --peer-helper".into()))]
+    #[error("{name:?} {} is no keep-alive helper: peer_helpers (--peer-helper) takes zero-window, stop, the name of an executable in helpers_dir (1 to 14 of a-z, 0-9, '-', '_'), or none", file.as_ref().map(|f| format!("in peer_helpers in the config file {}", f.display())).unwrap_or_else(|| "given to --peer-helper".into()))]
     PeerHelper { file: Option<PathBuf>, name: String },
     #[error("cannot make {} absolute: {source}", path.display())]
     Absolute {
@@ -373,6 +302,7 @@ pub fn parse_file(path: &Path, text: &str) -> Result<FileConfig, ConfigError> {
     relative("control", &config.control)?;
     relative("state_dir", &config.state_dir)?;
     relative("bpffs", &config.bpffs)?;
+    relative("helpers_dir", &config.helpers_dir)?;
     for c in config.cgroups.iter().flatten() {
         relative("cgroups", &Some(c.clone()))?;
     }
@@ -485,6 +415,7 @@ impl Settings {
             cgroups,
             preempt_cgroups,
             peer_helpers,
+            helpers_dir: pick(args.helpers_dir, file.helpers_dir, DEFAULT_HELPERS_DIR)?,
             log_level,
             log_format,
             location_servers,
@@ -524,7 +455,7 @@ fn peer_helpers(
         return Ok(Vec::new());
     }
     for n in &names {
-        if n != crate::vcmp::help::ZERO_WINDOW && n != crate::vcmp::help::STOP {
+        if !crate::vcmp::help::Help::valid_name(n) {
             return Err(ConfigError::PeerHelper {
                 file: file.map(Path::to_path_buf),
                 name: n.clone(),
@@ -567,6 +498,9 @@ impl ReloadPlan {
         }
         if running.peer_helpers != new.peer_helpers {
             restart_only.push("peer_helpers");
+        }
+        if running.helpers_dir != new.helpers_dir {
+            restart_only.push("helpers_dir");
         }
         ReloadPlan {
             enable,

@@ -78,6 +78,8 @@ pub struct DriverConfig {
     pub preempt_cgroups: Vec<PathBuf>,
     /// `peer_helpers`: the keep-alive helpers a peer may ask of this host.
     pub peer_helpers: Vec<String>,
+    /// `helpers_dir`: where the installed ones are.
+    pub helpers_dir: PathBuf,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -474,7 +476,12 @@ impl Driver {
                     }
                     Err(e) => tracing::warn!(error = %e, "VCMP receive failed"),
                 },
-                _ = sleep, if timeout.is_some() => self.endpoint.handle_timeout(now(), &mut OsRng),
+                _ = sleep, if timeout.is_some() => {
+                    // What the core's timers log (retransmissions, give-ups)
+                    // carries where it came from.
+                    let _timers = tracing::debug_span!("vcmp_timers").entered();
+                    self.endpoint.handle_timeout(now(), &mut OsRng);
+                }
                 r = watch.changed() => {
                     if let Err(e) = r {
                         tracing::warn!(error = %e, "address watch failed; relying on the periodic resync");

@@ -31,13 +31,13 @@ pub const READ_ONLY: (u64, u64) = (u64::MAX, u64::MAX);
 const DEFAULT_REOPEN: u32 = 65_535;
 
 /// The part of `asked` this host runs (`allowed`: the `peer_helpers`
-/// setting). Installed helpers are not run by this vnatd yet.
+/// setting, which names the installed helpers peers may ask for too).
 pub fn allowed(asked: &Help, allowed: &[String]) -> Help {
     let has = |n: &str| allowed.iter().any(|a| a == n);
     Help {
         zero_window: asked.zero_window && has(ZERO_WINDOW),
         stop: asked.stop && has(STOP),
-        user: None,
+        user: asked.user.clone().filter(|u| has(u)),
     }
 }
 
@@ -176,6 +176,8 @@ mod tests {
         };
         let z = allowed(&asked, &["zero-window".to_string()]);
         assert!(z.zero_window && !z.stop && z.user.is_none());
+        let n = allowed(&asked, &["notify".to_string()]);
+        assert!(!n.zero_window && n.user.as_deref() == Some("notify"));
         assert!(allowed(&asked, &[]).is_none());
         let both = allowed(&asked, &["zero-window".into(), "stop".into()]);
         assert!(both.zero_window && both.stop);

@@ -13,6 +13,7 @@ pub mod hostaddrs;
 pub mod identity;
 pub mod mobility;
 pub mod mover;
+pub mod userhelper;
 
 #[cfg(test)]
 mod tests;
@@ -328,6 +329,7 @@ where
         keepalive_secs: settings.keepalive_secs,
         preempt_cgroups: settings.preempt_cgroups.clone(),
         peer_helpers: settings.peer_helpers.clone(),
+        helpers_dir: settings.helpers_dir.clone(),
     };
     let driver = driver::Driver::new(driver_cfg, shared.clone()).await?;
     let (commands_tx, commands_rx) = tokio::sync::mpsc::channel(64);

@@ -145,6 +145,14 @@ impl Datapath for FakeDatapath {
         Ok(flow.proto == crate::datapath::Proto::Tcp)
     }
 
+    fn connection_socket(
+        &mut self,
+        _flow: &VirtualFlow,
+    ) -> Result<Option<std::os::fd::OwnedFd>, DatapathError> {
+        self.take_failure()?;
+        Ok(None)
+    }
+
     fn set_user_timeout(
         &mut self,
         flow: &VirtualFlow,

@@ -152,6 +152,14 @@ pub trait Datapath {
         ms: u32,
     ) -> Result<Option<u32>, DatapathError>;
 
+    /// A duplicate of `flow`'s socket, taken from the process that holds
+    /// it (for an installed keep-alive helper, which gets that connection
+    /// and nothing else); `None` if there is no such socket or owner.
+    fn connection_socket(
+        &mut self,
+        flow: &VirtualFlow,
+    ) -> Result<Option<std::os::fd::OwnedFd>, DatapathError>;
+
     /// Reset the connection `flow` of this host (SOCK_DESTROY: its
     /// application sees ECONNABORTED, a TCP peer gets a reset), for a
     /// conflict whose policy is to preempt it. Returns false if no such

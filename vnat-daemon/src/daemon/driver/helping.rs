@@ -121,6 +121,7 @@ impl Driver {
             .as_ref()
             .filter(|o| o.help.zero_window && help.zero_window)
             .map(|o| (o.quiet, o.peer_window, o.counters));
+        let old_user = old.as_ref().and_then(|o| o.help.user.clone());
         let (since, mut stopped, mut old_timeout) = match old {
             Some(old) => (old.since, old.stopped, old.user_timeout),
             None => (now_i, None, None),
@@ -129,6 +130,15 @@ impl Driver {
             if let Some(prev) = old_timeout.take() {
                 self.timeout_restore
                     .insert(flow, (prev, None, std::time::Instant::now()));
+            }
+        }
+        let user_before = old_user;
+        if help.user != user_before {
+            if let Some(name) = &user_before {
+                self.run_user_helper(flow, name, "back").await;
+            }
+            if let Some(name) = &help.user {
+                self.run_user_helper(flow, name, "away").await;
             }
         }
         if help.is_none() {
@@ -267,6 +277,9 @@ impl Driver {
         if let Some(s) = &h.stopped {
             resume_process(s);
         }
+        if let Some(name) = &h.help.user {
+            self.run_user_helper(flow, name, "back").await;
+        }
         if let Some(prev) = h.user_timeout.filter(|_| how != End::Quiet) {
             // Given back once the peer acknowledges data again.
             self.timeout_restore
@@ -319,6 +332,37 @@ impl Driver {
                 }
             }
         }
+    }
+
+    /// Run the installed helper `name` for `event` on `flow` (see
+    /// `daemon::userhelper`), in a thread of its own: the driver does not
+    /// wait for it.
+    async fn run_user_helper(&mut self, flow: VirtualFlow, name: &str, event: &'static str) {
+        let path = match crate::daemon::userhelper::executable(&self.cfg.helpers_dir, name) {
+            Ok(p) => p,
+            Err(why) => {
+                tracing::warn!(%flow, helper = name, "not running the installed helper: {why}");
+                return;
+            }
+        };
+        let socket = match with_dp(&self.dp, move |dp| dp.connection_socket(&flow)).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(%flow, error = %e, "cannot give the helper its connection's socket");
+                None
+            }
+        };
+        let name = name.to_string();
+        tokio::task::spawn_blocking(move || {
+            match crate::daemon::userhelper::run(&path, event, &flow, socket) {
+                Ok(status) => {
+                    tracing::info!(%flow, helper = %name, event, %status, "installed helper ran")
+                }
+                Err(e) => {
+                    tracing::warn!(%flow, helper = %name, event, error = %e, "installed helper failed")
+                }
+            }
+        });
     }
 
     /// After zero-window answers: deliver `reopen` as the peer's window if

@@ -581,6 +581,16 @@ impl Datapath for KernelDatapath {
         self.reset_recorded(flow)
     }
 
+    fn connection_socket(
+        &mut self,
+        flow: &VirtualFlow,
+    ) -> Result<Option<std::os::fd::OwnedFd>, DatapathError> {
+        match self.record(flow)? {
+            Some(record) => restart::connection_socket(flow, &record),
+            None => Ok(None),
+        }
+    }
+
     fn set_user_timeout(
         &mut self,
         flow: &VirtualFlow,

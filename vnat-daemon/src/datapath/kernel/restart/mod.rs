@@ -387,15 +387,9 @@ pub fn hold_keepalive(
         .map_err(kernel_err("changing the socket's keepalive"))
 }
 
-/// Set TCP_USER_TIMEOUT of `flow`'s socket to `ms` (see
-/// `Datapath::set_user_timeout`); the value it had. The socket is taken
-/// from the recorded process, or from the one holding its inode (an
-/// accepted socket's).
-pub fn set_user_timeout(
-    flow: &VirtualFlow,
-    record: &ConnRecord,
-    ms: u32,
-) -> Result<Option<u32>, DatapathError> {
+/// The owner (the recorded process, or the one holding the inode) and
+/// inode of `flow`'s TCP socket.
+fn owner_of(flow: &VirtualFlow, record: &ConnRecord) -> Result<Option<(u32, u64)>, DatapathError> {
     if flow.proto != Proto::Tcp {
         return Ok(None);
     }
@@ -409,7 +403,35 @@ pub fn set_user_timeout(
             .unwrap_or(0),
         p => p,
     };
-    keepalive::set_user_timeout(pid, state.inode, ms)
+    Ok((pid != 0 && state.inode != 0).then_some((pid, state.inode)))
+}
+
+/// A duplicate of `flow`'s TCP socket (see `Datapath::connection_socket`).
+pub fn connection_socket(
+    flow: &VirtualFlow,
+    record: &ConnRecord,
+) -> Result<Option<OwnedFd>, DatapathError> {
+    let Some((pid, inode)) = owner_of(flow, record)? else {
+        return Ok(None);
+    };
+    push::socket_of(pid, inode).map_err(kernel_err(
+        "taking the connection's socket from its process",
+    ))
+}
+
+/// Set TCP_USER_TIMEOUT of `flow`'s socket to `ms` (see
+/// `Datapath::set_user_timeout`); the value it had. The socket is taken
+/// from the recorded process, or from the one holding its inode (an
+/// accepted socket's).
+pub fn set_user_timeout(
+    flow: &VirtualFlow,
+    record: &ConnRecord,
+    ms: u32,
+) -> Result<Option<u32>, DatapathError> {
+    let Some((pid, inode)) = owner_of(flow, record)? else {
+        return Ok(None);
+    };
+    keepalive::set_user_timeout(pid, inode, ms)
         .map_err(kernel_err("changing the socket's user timeout"))
 }
 
