@@ -412,9 +412,19 @@ fn an_installed_helper_runs_unprivileged_with_its_connection() {
     };
     let (uid, fd3, json) = wait_event("away");
     assert_eq!(uid, "65534", "the helper does not run as nobody");
-    assert!(
-        fd3.starts_with("socket:["),
-        "descriptor 3 is not a socket: {fd3}"
+    // Descriptor 3 is the connection's own socket (the server's end, by
+    // its inode as ss shows it).
+    let ss = topo
+        .server
+        .run_stdout(&["ss", "-Htne", "state", "established", "( sport = :5001 )"]);
+    let inode = ss
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("ino:"))
+        .unwrap_or_else(|| panic!("no inode in ss: {ss}"));
+    assert_eq!(
+        fd3,
+        format!("socket:[{inode}]"),
+        "descriptor 3 is not the connection's socket"
     );
     assert_eq!(json["proto"], "tcp");
     assert_eq!(json["local"], server.to_string(), "{json}");
@@ -423,6 +433,17 @@ fn an_installed_helper_runs_unprivileged_with_its_connection() {
     lapd.ctl(&["resume", "--all"]).expect("resume answers");
     let (_, _, json) = wait_event("back");
     assert_eq!(json["remote"], first.local, "{json}");
+    std::thread::sleep(Duration::from_secs(1));
+    let events: Vec<String> = runs()
+        .iter()
+        .map(|r| r.2["event"].as_str().unwrap_or("?").to_string())
+        .collect();
+    let count = |e: &str| events.iter().filter(|x| *x == e).count();
+    assert_eq!(
+        (count("away"), count("back")),
+        (1, 1),
+        "one run each: {events:?}"
+    );
     let end = client.stop();
     assert!(end.error.is_none(), "the stream failed: {end:?}");
 }

@@ -321,6 +321,9 @@ pub struct Driver {
     /// TCP_USER_TIMEOUTs held for helped peers, to give back: (the value,
     /// the bytes acknowledged when first looked at, since when).
     timeout_restore: HashMap<VirtualFlow, HeldTimeout>,
+    /// Installed helpers' runs per connection, and the slots they share.
+    helper_runs: HashMap<VirtualFlow, helping::HelperQueue>,
+    helper_slots: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
 impl Driver {
@@ -418,6 +421,8 @@ impl Driver {
             helping: HashMap::new(),
             next_help_answer: std::time::Instant::now(),
             timeout_restore: HashMap::new(),
+            helper_runs: HashMap::new(),
+            helper_slots: std::sync::Arc::new(tokio::sync::Semaphore::new(helping::HELPER_SLOTS)),
         }
     }
 

@@ -37,7 +37,11 @@ pub fn allowed(asked: &Help, allowed: &[String]) -> Help {
     Help {
         zero_window: asked.zero_window && has(ZERO_WINDOW),
         stop: asked.stop && has(STOP),
-        user: asked.user.clone().filter(|u| has(u)),
+        // Never a built-in's name taken for an installed helper's.
+        user: asked
+            .user
+            .clone()
+            .filter(|u| has(u) && u != ZERO_WINDOW && u != STOP),
     }
 }
 

@@ -7,10 +7,14 @@
 //! with the connection's socket as descriptor 3 (a duplicate taken from
 //! its process) and a JSON object on its standard input:
 //! `{"event": "away" | "back", "proto", "local", "remote"}`. Its
-//! output is discarded; it is killed after [`RUN_LIMIT`]. vnatd runs only a
-//! regular file that belongs to root and that neither its group nor others
-//! may write, in a directory of the same kind: anyone who could change it
-//! could otherwise run code as vnatd's helper.
+//! output is discarded; it runs in a session of its own, which is killed
+//! after [`RUN_LIMIT`], with no other descriptor of vnatd's and no way to
+//! gain privileges (no_new_privs). vnatd runs only a regular file that
+//! belongs to root, that neither its group nor others may write and that
+//! is not set-uid or set-gid, in a directory (and parents) of the same
+//! kind: anyone who could change it could otherwise run code as vnatd's
+//! helper. Every helper runs as nobody: another process of that user could
+//! reach it (and its descriptor 3) while it runs.
 
 use std::{
     io::{self, Write},
@@ -35,6 +39,9 @@ const NOBODY: u32 = 65534;
 pub fn executable(dir: &Path, name: &str) -> Result<PathBuf, String> {
     let safe = |p: &Path, what: &str| -> Result<std::fs::Metadata, String> {
         let m = std::fs::symlink_metadata(p).map_err(|e| format!("{what} {}: {e}", p.display()))?;
+        if m.file_type().is_symlink() {
+            return Err(format!("{what} {} is a symbolic link", p.display()));
+        }
         if m.uid() != 0 || m.mode() & 0o022 != 0 {
             return Err(format!(
                 "{what} {} must belong to root and be writable by nobody else",
@@ -44,11 +51,29 @@ pub fn executable(dir: &Path, name: &str) -> Result<PathBuf, String> {
         Ok(m)
     };
     safe(dir, "the helpers directory")?;
+    // A parent anyone may write could have the directory swapped, unless
+    // it is sticky (as /tmp is: only a file's owner may rename it there).
+    for parent in dir.ancestors().skip(1) {
+        let m = std::fs::metadata(parent)
+            .map_err(|e| format!("the helpers directory's parent {}: {e}", parent.display()))?;
+        if m.uid() != 0 || (m.mode() & 0o022 != 0 && m.mode() & 0o1000 == 0) {
+            return Err(format!(
+                "the helpers directory's parent {} must belong to root and be writable by nobody else",
+                parent.display()
+            ));
+        }
+    }
     let path = dir.join(name);
     let m = safe(&path, "the helper")?;
     if !m.file_type().is_file() || m.mode() & 0o111 == 0 {
         return Err(format!(
             "the helper {} is no executable file",
+            path.display()
+        ));
+    }
+    if m.mode() & 0o6000 != 0 {
+        return Err(format!(
+            "the helper {} is set-uid or set-gid",
             path.display()
         ));
     }
@@ -78,33 +103,61 @@ pub fn run(
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    if let Some(sock) = &socket {
-        let fd = sock.as_raw_fd();
-        // SAFETY: between fork and exec only dup2 is called, which is
-        // async-signal-safe, on descriptors that are open in the child
-        // (`fd` is vnatd's duplicate, inherited by the fork); dup2 clears
-        // close-on-exec on descriptor 3, so the helper gets the socket.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::dup2(fd, 3) < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+    let fd = socket.as_ref().map(|s| s.as_raw_fd());
+    // SAFETY: between fork and exec only async-signal-safe system calls are
+    // made (setsid, prctl, dup2, fcntl, close_range), on descriptors open in
+    // the child (`fd` is vnatd's duplicate, inherited by the fork). dup2
+    // clears close-on-exec on descriptor 3 (fcntl does, when the duplicate
+    // already is 3), so the helper gets the socket and, after close_range,
+    // no other descriptor of vnatd's (std's own are close-on-exec).
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setsid() < 0 || libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let moved = match fd {
+                Some(3) => libc::fcntl(3, libc::F_SETFD, 0),
+                Some(fd) => libc::dup2(fd, 3),
+                None => 0,
+            };
+            if moved < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let first: libc::c_uint = if fd.is_some() { 4 } else { 3 };
+            libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, 0);
+            Ok(())
+        });
     }
     let mut child = cmd.spawn()?;
     drop(socket);
     if let Some(mut stdin) = child.stdin.take() {
+        // One line, far below a pipe's buffer: never blocks.
         let _ = writeln!(stdin, "{input}");
     }
+    // Its whole session: what it started in the background too.
+    let kill_all = |child: &mut std::process::Child| {
+        if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+            // SAFETY: kill takes no pointers; the group is the helper's own
+            // session (setsid above), whose leader is not reaped yet.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+        }
+        let _ = child.kill();
+    };
     let deadline = Instant::now() + RUN_LIMIT;
     loop {
-        if let Some(status) = child.try_wait()? {
+        let done = match child.try_wait() {
+            Ok(d) => d,
+            Err(e) => {
+                kill_all(&mut child);
+                let _ = child.wait();
+                return Err(e);
+            }
+        };
+        if let Some(status) = done {
             return Ok(status);
         }
         if Instant::now() >= deadline {
-            let _ = child.kill();
+            kill_all(&mut child);
             let status = child.wait()?;
             return Err(io::Error::new(
                 io::ErrorKind::TimedOut,

@@ -6,6 +6,19 @@ use super::*;
 use crate::daemon::helping::{self, AfterAnswer, Helping};
 use crate::datapath::PeerAnswer;
 use crate::vcmp::help::Help;
+use std::sync::atomic::Ordering;
+
+/// Runs of an installed helper that may wait per connection.
+const MAX_QUEUED_RUNS: usize = 4;
+/// Installed helpers running at once.
+pub(super) const HELPER_SLOTS: usize = 4;
+
+/// The runs of one connection's installed helper, one at a time.
+#[derive(Clone, Default)]
+pub(super) struct HelperQueue {
+    lock: std::sync::Arc<tokio::sync::Mutex<()>>,
+    pending: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
 use std::os::fd::FromRawFd;
 
 impl Driver {
@@ -353,15 +366,37 @@ impl Driver {
             }
         };
         let name = name.to_string();
-        tokio::task::spawn_blocking(move || {
-            match crate::daemon::userhelper::run(&path, event, &flow, socket) {
-                Ok(status) => {
+        // One run at a time per connection, in order (away before back),
+        // a few queued at most, and a few at once overall: a peer that
+        // keeps changing its request cannot make vnatd spawn without end.
+        let q = self.helper_runs.entry(flow).or_default().clone();
+        if q.pending.load(Ordering::Relaxed) >= MAX_QUEUED_RUNS {
+            tracing::warn!(%flow, helper = %name, event, "not running the installed helper: too many runs of it are waiting");
+            return;
+        }
+        q.pending.fetch_add(1, Ordering::Relaxed);
+        let slots = self.helper_slots.clone();
+        tokio::spawn(async move {
+            let _order = q.lock.lock().await;
+            let Ok(_slot) = slots.acquire_owned().await else {
+                return;
+            };
+            let run = tokio::task::spawn_blocking(move || {
+                crate::daemon::userhelper::run(&path, event, &flow, socket)
+            })
+            .await;
+            match run {
+                Ok(Ok(status)) => {
                     tracing::info!(%flow, helper = %name, event, %status, "installed helper ran")
                 }
-                Err(e) => {
+                Ok(Err(e)) => {
                     tracing::warn!(%flow, helper = %name, event, error = %e, "installed helper failed")
                 }
+                Err(e) => {
+                    tracing::warn!(%flow, helper = %name, error = %e, "installed helper task failed")
+                }
             }
+            q.pending.fetch_sub(1, Ordering::Relaxed);
         });
     }
 

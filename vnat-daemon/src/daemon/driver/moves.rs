@@ -115,6 +115,7 @@ impl Driver {
         self.cgroup_of.retain(|f, _| live.contains(f));
         self.keepalive_held.retain(|f, _| live.contains(f));
         self.help_asked.retain(|f, _| live.contains(f));
+        self.helper_runs.retain(|f, _| live.contains(f));
         // A closed connection's help ends (its stopped process goes on).
         let helped_gone: Vec<VirtualFlow> = self
             .helping
