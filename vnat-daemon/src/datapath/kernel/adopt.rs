@@ -45,6 +45,9 @@ const TCP_LISTEN: u8 = 10;
 const ADOPT_RETRY: std::time::Duration = std::time::Duration::from_millis(2500);
 const ADOPT_TRIES: u32 = 8;
 
+/// Sockets looked at in one pass at most (the rest at the next).
+const MAX_CANDIDATES: usize = 256;
+
 /// The longest an adoption pass keeps the datapath thread.
 const ADOPT_BUDGET: std::time::Duration = std::time::Duration::from_millis(1500);
 
@@ -90,15 +93,19 @@ impl KernelDatapath {
                     .get(&flow_key(proto, s.local, s.remote), 0)
                     .is_ok_and(|r| r.cookie == s.cookie || proto == Proto::Udp)
         };
+        // With the UDP budget spent (a flood of sources), no UDP flow could
+        // be recorded: none is looked at, nor counted as left to do.
+        let udp_room = self.loaded.maps.udp_count.get(&0, 0).unwrap_or(0) < UDP_MAX_RECORDS;
         let candidates: Vec<(Proto, Listed)> = tcp
             .iter()
             .filter(|s| unrecorded(Proto::Tcp, s))
             .map(|s| (Proto::Tcp, *s))
             .chain(
                 udp.iter()
-                    .filter(|s| unrecorded(Proto::Udp, s))
+                    .filter(|s| udp_room && unrecorded(Proto::Udp, s))
                     .map(|s| (Proto::Udp, *s)),
             )
+            .take(MAX_CANDIDATES)
             .collect();
         // Sockets looked at before and not read yet wait their turn (the
         // backoff), and the ones gone are forgotten.
@@ -117,7 +124,14 @@ impl KernelDatapath {
             self.retry_adoption_soon(clock);
             return Ok(0);
         }
-        let owners = procfs::inode_owners();
+        // The owners (pid, command) need a walk of every process's
+        // descriptors: only for the TCP connections, whose owner the
+        // helpers and levers use; a UDP flow's is found when listed.
+        let owners = if candidates.iter().any(|(p, _)| *p == Proto::Tcp) {
+            procfs::inode_owners()
+        } else {
+            Default::default()
+        };
         // The datapath thread also serves moves: a pass takes at most this
         // long, and what it leaves is looked at again at the next
         // housekeeping (5 s).

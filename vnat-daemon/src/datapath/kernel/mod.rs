@@ -198,8 +198,10 @@ impl KernelDatapath {
             attach::attach_cgroup(&mut dp.loaded.ebpf, &dp.bpffs, cg)?;
         }
         dp.reconcile()?;
-        // Connections opened while no vnatd recorded them.
-        dp.adopt_logged();
+        // Connections opened while no vnatd recorded them are adopted by
+        // the first housekeeping (`maintain`, at once when vnatd starts),
+        // not here: every opening of the datapath (tools, the tests'
+        // harness) would walk and probe the host's sockets.
         Ok(dp)
     }
 
