@@ -95,9 +95,9 @@ pub trait Datapath {
     /// Periodic housekeeping (the daemon calls it every few seconds):
     /// complete UDP records whose socket was unbound at connect(), drop
     /// UDP records whose socket is gone and the records of adopted TCP
-    /// connections that closed, and once a minute look for connections of
-    /// the enabled cgroups that have no record, to adopt them (as opening
-    /// the datapath and enabling a cgroup do).
+    /// connections that closed, and look for connections of the enabled
+    /// cgroups that have no record, to adopt them: at the first call, then
+    /// once a minute (and at once when a cgroup is enabled).
     fn maintain(&mut self) -> Result<(), DatapathError>;
 
     /// Restart the data flow of a TCP connection whose socket on this host
