@@ -157,7 +157,7 @@ fn a_connection_opened_before_vnatd_started_on_both_hosts_moves() {
     assert_eq!(r["adopted"], true, "{r}");
     lapd.wait_paired("the laptop's vnatd");
     srvd.wait_paired("the server's vnatd");
-    wait_mobile(&lapd, s.server);
+    lapd.wait_mobile_to("tcp", s.server.ip());
     let now = client.wait_progress(&first, 50_000, Duration::from_secs(10));
     move_and_check(s.topo, client, &now, &lapd, &srvd);
 }
@@ -193,7 +193,7 @@ fn a_connection_opened_before_its_cgroup_was_enabled_moves() {
     assert_eq!(l["adopted"], false, "recorded as usual, not adopted: {l}");
     lapd.wait_paired("the laptop's vnatd");
     srvd.wait_paired("the server's vnatd");
-    wait_mobile(&lapd, s.server);
+    lapd.wait_mobile_to("tcp", s.server.ip());
     let now = client.wait_progress(&first, 50_000, Duration::from_secs(10));
     move_and_check(s.topo, client, &now, &lapd, &srvd);
 }
@@ -206,7 +206,7 @@ fn a_vnatd_that_lost_its_pins_adopts_its_connections_again() {
     let srvd = Vnatd::start(&s.srv, s.sdir.path());
     let (client, first) = stream(&s);
     lapd.wait_paired("the laptop's vnatd");
-    wait_mobile(&lapd, s.server);
+    lapd.wait_mobile_to("tcp", s.server.ip());
     // Killed (no clean stop), and everything it pinned is gone: the new
     // vnatd starts with empty maps.
     drop(lapd);
@@ -214,7 +214,7 @@ fn a_vnatd_that_lost_its_pins_adopts_its_connections_again() {
     let lapd = Vnatd::start(&s.lap, s.ldir.path());
     let l = listed(&lapd, &first.local, "laptop");
     assert_eq!(l["adopted"], true, "{l}");
-    wait_mobile(&lapd, s.server);
+    lapd.wait_mobile_to("tcp", s.server.ip());
     let now = client.wait_progress(&first, 50_000, Duration::from_secs(10));
     move_and_check(s.topo, client, &now, &lapd, &srvd);
 }
@@ -231,20 +231,6 @@ fn unpin_all(host: &Host) {
             std::fs::remove_file(&p)
         };
         r.unwrap_or_else(|e| panic!("removing {}: {e}", p.display()));
-    }
-}
-
-/// Wait (up to 20 s) until `d` shows the stream's connection as mobile:
-/// paired with the peer's vnatd, which holds the same connection.
-fn wait_mobile(d: &Vnatd, server: SocketAddr) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !d.mobile_to("tcp", server.ip()) {
-        assert!(
-            Instant::now() < deadline,
-            "the connection never became mobile (the two vnatds do not name it alike?): {:?}",
-            d.ctl(&["ls"])
-        );
-        std::thread::sleep(Duration::from_millis(200));
     }
 }
 
@@ -271,15 +257,7 @@ fn a_connected_udp_socket_opened_before_vnatd_started_moves() {
     let srvd = Vnatd::start(&srv, sdir.path());
     let l = listed(&lapd, &first.local, "laptop");
     assert_eq!(l["adopted"], true, "{l}");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !lapd.mobile_to("udp", server.ip()) {
-        assert!(
-            Instant::now() < deadline,
-            "the adopted UDP flow never became mobile: {:?}",
-            lapd.ctl(&["ls"])
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    lapd.wait_mobile_to("udp", server.ip());
     let now = client.wait_progress(&first, 50_000, Duration::from_secs(10));
     move_and_check(&topo, client, &now, &lapd, &srvd);
 }

@@ -106,14 +106,7 @@ fn outage(tag: &str, helpers: &[&str], server_flags: &[&str], back: Back) {
     lap.cgroup.join_on_spawn(&mut cmd);
     let client = StreamClient::from_command(cmd);
     client.wait_verified_at_least(50_000, Duration::from_secs(10));
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !lapd.mobile_to("tcp", server.ip()) {
-        assert!(
-            Instant::now() < deadline,
-            "the connection never became mobile"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    lapd.wait_mobile_to("tcp", server.ip());
 
     let mut args = vec!["suspend", "--all"];
     for h in helpers {
@@ -360,14 +353,7 @@ fn an_installed_helper_runs_unprivileged_with_its_connection() {
     lap.cgroup.join_on_spawn(&mut cmd);
     let client = StreamClient::from_command(cmd);
     let first = client.wait_verified_at_least(20_000, Duration::from_secs(10));
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !lapd.mobile_to("tcp", server.ip()) {
-        assert!(
-            Instant::now() < deadline,
-            "the connection never became mobile"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    lapd.wait_mobile_to("tcp", server.ip());
     lapd.ctl(&[
         "suspend",
         "--all",

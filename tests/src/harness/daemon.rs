@@ -118,6 +118,21 @@ impl Vnatd {
         lists_mobile(self.ctl(&["ls", "--proto", proto]), remote)
     }
 
+    /// Wait (at most 20 s) until [`Vnatd::mobile_to`]: paired with the
+    /// peer's vnatd, which names the connection alike. Panics with the
+    /// listing otherwise.
+    pub fn wait_mobile_to(&self, proto: &str, remote: std::net::IpAddr) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !self.mobile_to(proto, remote) {
+            assert!(
+                Instant::now() < deadline,
+                "the {proto} connection to {remote} never became mobile: {:?}",
+                self.ctl(&["ls"])
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// [`Vnatd::mobile_to`], false if vnatd does not answer (it may be
     /// dying: the crash-safety tests).
     pub fn try_mobile_to(&self, proto: &str, remote: std::net::IpAddr) -> bool {
