@@ -12,7 +12,7 @@ pub use stats::*;
 
 /// Bumped whenever a map layout below changes; pinned maps from an older ABI
 /// are refused (and must be removed) rather than misread.
-pub const ABI_VERSION: u32 = 7;
+pub const ABI_VERSION: u32 = 8;
 
 pub const AF_INET: u8 = 2;
 pub const AF_INET6: u8 = 10;
@@ -38,6 +38,14 @@ pub const PROG_UDP_SENDMSG6: &str = "vnat_udp_sendmsg6";
 pub const PROG_UDP_RECVMSG4: &str = "vnat_udp_recvmsg4";
 pub const PROG_UDP_RECVMSG6: &str = "vnat_udp_recvmsg6";
 pub const PROG_UDP_RELEASE: &str = "vnat_udp_release";
+/// Hide location (`vnatctl enable --hide-location`): the addresses
+/// getpeername() and accept(), getsockname() and bind() see.
+pub const PROG_HIDE_GETPEERNAME4: &str = "vnat_hide_getpeername4";
+pub const PROG_HIDE_GETPEERNAME6: &str = "vnat_hide_getpeername6";
+pub const PROG_HIDE_GETSOCKNAME4: &str = "vnat_hide_getsockname4";
+pub const PROG_HIDE_GETSOCKNAME6: &str = "vnat_hide_getsockname6";
+pub const PROG_HIDE_BIND4: &str = "vnat_hide_bind4";
+pub const PROG_HIDE_BIND6: &str = "vnat_hide_bind6";
 pub const PROG_TC_EGRESS: &str = "vnat_tc_egress";
 pub const PROG_TC_INGRESS: &str = "vnat_tc_ingress";
 /// The tc translators of an interface without a link-layer header (tun,
@@ -300,6 +308,10 @@ pub struct NatRewrite {
 }
 const _: () = assert!(core::mem::size_of::<NatRewrite>() == 48);
 
+/// Some cgroup hides location ([`MAP_HIDE_CGROUPS`] is not empty): only
+/// then do the sock_addr programs look an address up in [`MAP_HIDE_ADDRS`].
+pub const CFG_F_HIDE: u32 = 16;
+
 /// Only record sockets of this network namespace (a program attached to a
 /// cgroup sees that cgroup's sockets in every namespace).
 pub const CFG_F_NETNS_FILTER: u32 = 1;
@@ -359,6 +371,69 @@ mod pod {
     unsafe impl aya::Pod for super::DatapathConfig {}
     unsafe impl aya::Pod for super::GuestKey {}
 }
+
+/// Cgroups whose applications do not see moves (`vnatctl enable
+/// --hide-location`, paper section 3.4.1): cgroup id to 1. A process is
+/// covered if its cgroup or one of its ancestors (up to
+/// [`HIDE_MAX_LEVEL`]) is listed.
+pub const MAP_HIDE_CGROUPS: &str = "VNAT_HIDE_CGROUPS";
+pub const HIDE_CGROUPS_MAX_ENTRIES: u32 = 1024;
+/// Deepest cgroup level whose ancestors are looked up.
+pub const HIDE_MAX_LEVEL: u32 = 16;
+/// What the applications of those cgroups are shown for, and where they
+/// reach through, an address ([`HideKey`] to [`HideValue`]); vnatd writes
+/// it from the moved connections.
+pub const MAP_HIDE_ADDRS: &str = "VNAT_HIDE_ADDRS";
+pub const HIDE_ADDRS_MAX_ENTRIES: u32 = 4096;
+/// Translated flows whose remote virtual endpoint a connect() or sendmsg()
+/// names: left to the tc translation, never redirected. A [`FlowKey`] with
+/// the local address zero (the local port is the socket's), to 1.
+pub const MAP_HIDE_FLOWS: &str = "VNAT_HIDE_FLOWS";
+pub const HIDE_FLOWS_MAX_ENTRIES: u32 = 65_536;
+
+/// [`HideKey::side`]: an address of this host.
+pub const HIDE_SIDE_LOCAL: u8 = 0;
+/// [`HideKey::side`]: an address of a peer host.
+pub const HIDE_SIDE_REMOTE: u8 = 1;
+/// [`HideValue::flags`]: `show_be` is what getpeername(), accept() and
+/// recvmsg() (remote side) or getsockname() (local side) report instead.
+pub const HIDE_F_SHOW: u32 = 1;
+/// [`HideValue::flags`]: `reach_be` is where a connect() or sendmsg() to
+/// the address (remote side) or a bind() to it (local side) goes instead.
+pub const HIDE_F_REACH: u32 = 2;
+
+/// Key of [`MAP_HIDE_ADDRS`]: an address as the kernel shows it (an IPv4
+/// address in word 0, also when a dual-stack socket shows it mapped).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HideKey {
+    pub addr_be: [u32; 4],
+    /// [`AF_INET`] or [`AF_INET6`].
+    pub family: u8,
+    /// [`HIDE_SIDE_LOCAL`] or [`HIDE_SIDE_REMOTE`].
+    pub side: u8,
+    pub _pad: [u8; 2],
+}
+const _: () = assert!(core::mem::size_of::<HideKey>() == 20);
+
+/// Value of [`MAP_HIDE_ADDRS`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HideValue {
+    /// The virtual address the applications see (with [`HIDE_F_SHOW`]).
+    pub show_be: [u32; 4],
+    /// The physical address sent to or bound (with [`HIDE_F_REACH`]).
+    pub reach_be: [u32; 4],
+    pub flags: u32,
+}
+const _: () = assert!(core::mem::size_of::<HideValue>() == 36);
+
+// SAFETY: both are repr(C), made only of integers and arrays of integers,
+// with every padding byte spelled out as a field (sizes asserted above).
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for HideKey {}
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for HideValue {}
 
 /// Map of flows whose peer moved behind a NAT and whose new port is not
 /// known yet (a "rebinding" flow, DESIGN.md section 3): keyed by the NAT's

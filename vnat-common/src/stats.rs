@@ -85,4 +85,11 @@ counters! {
     STAT_GUEST_RECORDED = 24, "guest_recorded";
     /// A guest connection could not be recorded: the guest map is full.
     STAT_GUESTS_MAP_FULL = 25, "guests_map_full";
+    /// Hide location: an application was shown a moved host's virtual
+    /// address instead of its physical one (getpeername, accept, recvmsg,
+    /// getsockname).
+    STAT_HIDE_SHOWN = 26, "hide_shown";
+    /// Hide location: a connect(), sendmsg() or bind() naming a moved
+    /// host's virtual address went to its physical one.
+    STAT_HIDE_REDIRECTED = 27, "hide_redirected";
 }

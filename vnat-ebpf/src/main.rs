@@ -2,6 +2,7 @@
 //!
 //! * `sockops`: records TCP connections of enabled cgroups (DESIGN.md §3).
 //! * `udp`: cgroup sock_addr hooks that record UDP flows.
+//! * `hide`: what the applications of a hiding cgroup see of moves.
 //! * `tc`: translates moved flows between virtual and physical endpoints.
 //!
 //! Shared types live in `vnat-common`; nothing here logs per packet, every
@@ -12,6 +13,8 @@
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 
+#[cfg(target_arch = "bpf")]
+mod hide;
 #[cfg(target_arch = "bpf")]
 mod maps;
 #[cfg(target_arch = "bpf")]

@@ -1,8 +1,12 @@
 //! cgroup sock_addr hooks that record UDP flows, so that UDP is virtualized
 //! and translated like TCP (DESIGN.md §3). UDP has no connection events, so
 //! flows are recorded where the kernel tells us about a peer: connect(),
-//! sendmsg() with a destination, recvmsg() asking for the source. Records are
-//! removed when the socket is released.
+//! sendmsg() with a destination, recvmsg() asking for the source. Records
+//! are removed when the socket is released.
+//!
+//! The connect, sendmsg and recvmsg hooks also hide location (`hide`), for
+//! TCP's connect too: one program per hook, so that the flow recorded is
+//! always the one on the wire, whatever order the kernel runs programs in.
 
 use aya_ebpf::{
     bindings::{bpf_sock, bpf_sock_addr},
@@ -68,24 +72,32 @@ fn udp_count_add(delta: u64) {
 
 #[cgroup_sock_addr(connect4)]
 pub fn vnat_udp_connect4(ctx: SockAddrContext) -> i32 {
+    // First: the flow recorded is the one the kernel then uses.
+    crate::hide::reach(&ctx, AF_INET);
     record(&ctx, AF_INET, ORIGIN_UDP_CONNECT);
     PROCEED
 }
 
 #[cgroup_sock_addr(connect6)]
 pub fn vnat_udp_connect6(ctx: SockAddrContext) -> i32 {
+    // First: the flow recorded is the one the kernel then uses.
+    crate::hide::reach(&ctx, AF_INET6);
     record(&ctx, AF_INET6, ORIGIN_UDP_CONNECT);
     PROCEED
 }
 
 #[cgroup_sock_addr(sendmsg4)]
 pub fn vnat_udp_sendmsg4(ctx: SockAddrContext) -> i32 {
+    // First: the flow recorded is the one the kernel then uses.
+    crate::hide::reach(&ctx, AF_INET);
     record(&ctx, AF_INET, ORIGIN_UDP_SENDMSG);
     PROCEED
 }
 
 #[cgroup_sock_addr(sendmsg6)]
 pub fn vnat_udp_sendmsg6(ctx: SockAddrContext) -> i32 {
+    // First: the flow recorded is the one the kernel then uses.
+    crate::hide::reach(&ctx, AF_INET6);
     record(&ctx, AF_INET6, ORIGIN_UDP_SENDMSG);
     PROCEED
 }
@@ -93,12 +105,16 @@ pub fn vnat_udp_sendmsg6(ctx: SockAddrContext) -> i32 {
 #[cgroup_sock_addr(recvmsg4)]
 pub fn vnat_udp_recvmsg4(ctx: SockAddrContext) -> i32 {
     record(&ctx, AF_INET, ORIGIN_UDP_RECVMSG);
+    // Last: the flow is recorded by the source it really has.
+    crate::hide::show(&ctx, AF_INET, vnat_common::HIDE_SIDE_REMOTE);
     PROCEED
 }
 
 #[cgroup_sock_addr(recvmsg6)]
 pub fn vnat_udp_recvmsg6(ctx: SockAddrContext) -> i32 {
     record(&ctx, AF_INET6, ORIGIN_UDP_RECVMSG);
+    // Last: the flow is recorded by the source it really has.
+    crate::hide::show(&ctx, AF_INET6, vnat_common::HIDE_SIDE_REMOTE);
     PROCEED
 }
 

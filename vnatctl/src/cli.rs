@@ -68,10 +68,17 @@ pub enum Command {
         state: Option<StateArg>,
     },
     /// Start managing the connections of a cgroup v2 directory.
+    #[command(long_about = ENABLE_ABOUT)]
     Enable {
         /// cgroup v2 directory (relative paths are made absolute).
         #[arg(long, value_name = "DIR")]
         cgroup: PathBuf,
+        /// Its applications keep seeing moved hosts at their old addresses, in new connections too (FTP).
+        #[arg(long, conflicts_with = "no_hide_location")]
+        hide_location: bool,
+        /// Stop hiding location for it (the default for a cgroup enabled without --hide-location).
+        #[arg(long)]
+        no_hide_location: bool,
     },
     /// Stop recording new connections of a cgroup (translated ones keep working).
     Disable {
@@ -186,6 +193,27 @@ pub struct SelectArgs {
 fn helper_name(s: &str) -> Result<String, String> {
     vnat_daemon::vcmp::help::Help::from_names(&[s.to_string()]).map(|_| s.to_string())
 }
+
+const ENABLE_ABOUT: &str = "\
+Start managing the connections of a cgroup v2 directory and of every cgroup
+below it: vnat records their TCP and UDP connections (those open already
+too) so that they survive a move of this host or of their peer.
+
+--hide-location (paper section 3.4.1) is for applications that compare
+addresses, such as FTP: after a move, the applications of the cgroup keep
+seeing the host that moved, this one or a peer, at the address it had
+before, in new connections and datagrams too. accept(), getpeername() and
+recvmsg() show a moved peer's old address, getsockname() this host's; a
+connect() or sendto() to a moved peer's old address reaches it where it is
+now, and a bind() to this host's old address binds where its connections
+went. Without it, new connections show the true addresses, as TCP and UDP
+always do. An FTP server needs it for passive mode; active mode needs it on
+both hosts. Given again without either flag, `enable` leaves the setting as
+it was; --no-hide-location turns it off.
+
+Examples:
+  vnatctl enable --cgroup /sys/fs/cgroup/system.slice/vsftpd.service --hide-location
+  vnatctl enable --cgroup /sys/fs/cgroup/system.slice/vsftpd.service --no-hide-location";
 
 const SUSPEND_ABOUT: &str = "\
 Prepare connections for a planned move (paper section 3.3.1): this host claims

@@ -289,6 +289,7 @@ mod tests {
                 age_secs: 1,
                 tcp_isns: None,
                 adopted: false,
+                hide_location: false,
                 udp_inbound_only: false,
                 guest: None,
             },

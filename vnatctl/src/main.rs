@@ -183,7 +183,18 @@ fn run(cli: &Cli) -> Result<String, Failure> {
         })
     };
     let request = match &cli.command {
-        Command::Enable { cgroup } => Plan::Enable(absolute(cgroup)?),
+        Command::Enable {
+            cgroup,
+            hide_location,
+            no_hide_location,
+        } => Plan::Enable(
+            absolute(cgroup)?,
+            match (hide_location, no_hide_location) {
+                (true, _) => Some(true),
+                (_, true) => Some(false),
+                _ => None,
+            },
+        ),
         Command::Disable { cgroup } => Plan::Disable(absolute(cgroup)?),
         Command::Status => Plan::Status,
         Command::Ls { proto, state } => Plan::Ls(*proto, *state),
@@ -254,13 +265,13 @@ fn run(cli: &Cli) -> Result<String, Failure> {
                     output::ls_table(&rows)
                 }
             }
-            Plan::Enable(cgroup) => {
-                let path = client.enable_cgroup(&cgroup).await?;
-                cgroup_result(json, &path, true)
+            Plan::Enable(cgroup, hide) => {
+                let (path, hiding) = client.enable_cgroup_hiding(&cgroup, hide).await?;
+                cgroup_result(json, &path, Some(hiding))
             }
             Plan::Disable(cgroup) => {
                 let path = client.disable_cgroup(&cgroup).await?;
-                cgroup_result(json, &path, false)
+                cgroup_result(json, &path, None)
             }
             Plan::Suspend(selector, helpers) => {
                 let reply = client.suspend(selector, helpers).await?;
@@ -385,7 +396,8 @@ fn run(cli: &Cli) -> Result<String, Failure> {
 enum Plan {
     Status,
     Ls(Option<ProtoArg>, Option<StateArg>),
-    Enable(PathBuf),
+    /// With hide location turned on or off, or left as it is.
+    Enable(PathBuf, Option<bool>),
     Disable(PathBuf),
     Suspend(Selector, Vec<String>),
     Resume(Selector),
@@ -554,13 +566,24 @@ fn select(
     conns.iter().map(LsRow::from).collect()
 }
 
-fn cgroup_result(json: bool, path: &std::path::Path, enabled: bool) -> String {
+/// `enable` (with whether the cgroup now hides location) or `disable`.
+fn cgroup_result(json: bool, path: &std::path::Path, enabled: Option<bool>) -> String {
     if json {
-        pretty(&serde_json::json!({ "cgroup": path, "enabled": enabled }))
-    } else if enabled {
+        match enabled {
+            Some(hide) => pretty(
+                &serde_json::json!({ "cgroup": path, "enabled": true, "hide_location": hide }),
+            ),
+            None => pretty(&serde_json::json!({ "cgroup": path, "enabled": false })),
+        }
+    } else if let Some(hide) = enabled {
         format!(
-            "vnat now manages the connections of cgroup {}\n",
-            path.display()
+            "vnat now manages the connections of cgroup {}{}\n",
+            path.display(),
+            if hide {
+                "; its applications keep seeing moved hosts at their old addresses (hide location)"
+            } else {
+                ""
+            }
         )
     } else {
         format!(

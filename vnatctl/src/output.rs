@@ -93,6 +93,8 @@ pub struct VcmpJson {
 pub struct CgroupJson {
     pub path: PathBuf,
     pub id: u64,
+    /// `enable --hide-location`.
+    pub hide_location: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -135,6 +137,7 @@ impl From<&StatusReply> for StatusJson {
                     .map(|c| CgroupJson {
                         path: c.path.clone(),
                         id: c.id,
+                        hide_location: c.hide_location,
                     })
                     .collect(),
                 tc: d
@@ -197,7 +200,18 @@ pub fn status_text(s: &StatusReply) -> String {
     let cgroups: Vec<String> = d
         .cgroups
         .iter()
-        .map(|c| format!("{} (id {})", c.path.display(), c.id))
+        .map(|c| {
+            format!(
+                "{} (id {}{})",
+                c.path.display(),
+                c.id,
+                if c.hide_location {
+                    ", hides location"
+                } else {
+                    ""
+                }
+            )
+        })
         .collect();
     line(
         "cgroups",

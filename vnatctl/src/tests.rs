@@ -38,6 +38,7 @@ fn conn(
         age_secs: 12,
         tcp_isns: None,
         adopted: false,
+        hide_location: false,
         udp_inbound_only: false,
         guest: None,
     };
@@ -113,6 +114,7 @@ fn ls_json_keys_are_the_contract() {
         "helpers_asked",
         "helping",
         "adopted",
+        "hide_location",
         "guest",
     ];
     let mut keys_sorted = keys.clone();
@@ -133,7 +135,7 @@ fn ls_json_keys_are_the_contract() {
             "cgroup_id": 5, "cookie": 99, "age_secs": 12, "mobile": true,
             "behind_nat": false, "seen_by_peer_as": null, "why_not_mobile": null,
             "role": null, "moving": false, "keepalive_held": false, "helpers_asked": [],
-            "helping": [], "adopted": false,
+            "helping": [], "adopted": false, "hide_location": false,
             "guest": null
         })
     );
@@ -254,6 +256,7 @@ fn status() -> StatusReply {
             cgroups: vec![CgroupAttachment {
                 path: "/sys/fs/cgroup/unified".into(),
                 id: 1,
+                hide_location: true,
             }],
             tc: vec![TcAttachment {
                 ifname: "eth0".into(),
@@ -283,7 +286,7 @@ fn status_text_shows_attachments_counts_and_counters() {
     let text = output::status_text(&status());
     for needle in [
         "vnatd 0.1.0, pid 321, up 1h02m05s",
-        "/sys/fs/cgroup/unified (id 1)",
+        "/sys/fs/cgroup/unified (id 1, hides location)",
         "eth0 (ifindex 2, tcx, 3 translated flows)",
         "10 (3 translated)",
         "vnat_sockops, vnat_tc_egress",
@@ -337,7 +340,7 @@ fn status_json_shape() {
     );
     assert_eq!(
         v["datapath"]["cgroups"],
-        json!([{ "path": "/sys/fs/cgroup/unified", "id": 1 }])
+        json!([{ "path": "/sys/fs/cgroup/unified", "id": 1, "hide_location": true }])
     );
     assert_eq!(
         v["datapath"]["tc"],

@@ -364,12 +364,39 @@ fn status_enable_disable() {
     assert_eq!(o.status.code(), Some(0), "stderr: {}", stderr(&o));
     assert_eq!(
         json(&o),
-        serde_json::json!({ "cgroup": cg, "enabled": true })
+        serde_json::json!({ "cgroup": cg, "enabled": true, "hide_location": false })
     );
+
+    // Hide location on, shown by status, left on by a plain enable, off
+    // with --no-hide-location; both flags at once are a usage error.
+    let o = vnatctl(&d.socket, &["enable", "--cgroup", &cg, "--hide-location"]);
+    assert_eq!(o.status.code(), Some(0), "stderr: {}", stderr(&o));
+    assert!(stdout(&o).contains("(hide location)"), "{}", stdout(&o));
+    let v = json(&vnatctl(&d.socket, &["--json", "status"]));
+    assert_eq!(v["datapath"]["cgroups"][0]["hide_location"], true, "{v}");
+    let o = vnatctl(&d.socket, &["--json", "enable", "--cgroup", &cg]);
+    assert_eq!(json(&o)["hide_location"], true);
+    let o = vnatctl(
+        &d.socket,
+        &["--json", "enable", "--cgroup", &cg, "--no-hide-location"],
+    );
+    assert_eq!(json(&o)["hide_location"], false);
+    let o = vnatctl(
+        &d.socket,
+        &[
+            "enable",
+            "--cgroup",
+            &cg,
+            "--hide-location",
+            "--no-hide-location",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(2), "stderr: {}", stderr(&o));
 
     let o = vnatctl(&d.socket, &["--json", "status"]);
     let v = json(&o);
     assert_eq!(v["datapath"]["cgroups"][0]["path"], cg.as_str(), "{v}");
+    assert_eq!(v["datapath"]["cgroups"][0]["hide_location"], false, "{v}");
     assert_eq!(v["datapath"]["connections"], 2);
 
     let o = vnatctl(&d.socket, &["disable", "--cgroup", &cg]);

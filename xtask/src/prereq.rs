@@ -26,7 +26,8 @@ pub const LLVM_MAJOR: u32 = 22;
 /// tests drive (socat and iperf3 as servers, sshd, nc, tcpdump for debugging,
 /// nsenter from util-linux to enter namespaces without `ip netns exec`,
 /// nftables for real NAT between namespace hosts, python3 for the UDP
-/// collector of the recorders' flood test).
+/// collector of the recorders' flood test, vsftpd and the ftp client for
+/// hide location's FTP test).
 const DEBIAN_PACKAGES: &[&str] = &[
     "iproute2",
     "nftables",
@@ -39,6 +40,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "tcpdump",
     "util-linux",
     "python3",
+    "vsftpd",
+    "tnftp",
     "llvm-22-dev",
     "libpolly-22-dev",
 ];
@@ -85,6 +88,9 @@ pub fn run(check_only: bool) -> Result<()> {
             missing.push(format!("Debian packages: {}", packages.join(" ")));
         } else {
             install_debian_packages(&packages)?;
+            if packages.iter().any(|p| p == "vsftpd") {
+                stop_vsftpd_service();
+            }
         }
     }
 
@@ -267,6 +273,29 @@ fn install_debian_packages(packages: &[String]) -> Result<()> {
             .args(packages),
         &format!("installing the Debian packages {}", packages.join(" ")),
     )
+}
+
+/// The tests run their own vsftpd in a namespace; the package's service
+/// (an FTP server on port 21 of the host, local logins allowed) is not
+/// wanted, so on a machine run by systemd it is stopped and disabled right
+/// after the install that brought it. An install by the user is left alone.
+fn stop_vsftpd_service() {
+    if !Path::new("/run/systemd/system").exists() {
+        return;
+    }
+    match Command::new("systemctl")
+        .args(["disable", "--now", "vsftpd.service"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+    {
+        Ok(st) if st.success() => {
+            println!("stopped and disabled vsftpd.service (the tests start their own vsftpd)")
+        }
+        _ => println!(
+            "note: could not stop vsftpd.service; stop it with `systemctl disable --now vsftpd` if this host should not serve FTP"
+        ),
+    }
 }
 
 fn apt() -> Command {

@@ -116,5 +116,11 @@ fn open_datapath(settings: &Settings) -> Result<Box<dyn Datapath + Send>, Daemon
         bpffs: settings.bpffs.clone(),
         cgroups: settings.cgroups.clone(),
     };
-    Ok(Box::new(KernelDatapath::open(&opts)?))
+    let mut dp = KernelDatapath::open(&opts)?;
+    // The configured hiding cgroups (one enabled with vnatctl stays so:
+    // it is pinned).
+    for c in &settings.hide_location_cgroups {
+        dp.set_hide_location(c, true)?;
+    }
+    Ok(Box::new(dp))
 }

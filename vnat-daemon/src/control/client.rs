@@ -146,13 +146,29 @@ impl ControlClient {
     }
 
     pub async fn enable_cgroup(&mut self, path: &Path) -> Result<PathBuf, ClientError> {
+        self.enable_cgroup_hiding(path, None)
+            .await
+            .map(|(path, _)| path)
+    }
+
+    /// Enable a cgroup and turn hiding location on or off for it (`None`:
+    /// leave it): the cgroup and whether it now hides.
+    pub async fn enable_cgroup_hiding(
+        &mut self,
+        path: &Path,
+        hide_location: Option<bool>,
+    ) -> Result<(PathBuf, bool), ClientError> {
         match self
             .request(Request::EnableCgroup {
                 path: path.to_path_buf(),
+                hide_location,
             })
             .await?
         {
-            Reply::CgroupEnabled { path } => Ok(path),
+            Reply::CgroupEnabled {
+                path,
+                hide_location,
+            } => Ok((path, hide_location)),
             other => Err(self.unexpected("enable_cgroup", &other)),
         }
     }

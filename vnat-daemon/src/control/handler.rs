@@ -30,7 +30,7 @@ use super::{
 };
 use crate::datapath::{
     owner::{DatapathGone, DatapathHandle},
-    ConnectionInfo, DatapathError, DatapathStatus, VirtualFlow,
+    ConnectionInfo, Datapath, DatapathError, DatapathStatus, VirtualFlow,
 };
 
 /// An optional host key given as 64 hex digits (`--to`, `--from`).
@@ -49,7 +49,7 @@ fn host_key(key: Option<&str>, what: &str) -> Result<Option<[u8; 32]>, RequestEr
 enum Done {
     Status(DatapathStatus),
     Connections(Vec<ConnectionInfo>),
-    Enabled(PathBuf),
+    Enabled(PathBuf, bool),
     Disabled(PathBuf),
     Misrouted,
 }
@@ -135,7 +135,7 @@ impl Handler {
     }
 
     fn datapath_request(&self, request: &Request) -> Result<Reply, RequestError> {
-        if let Request::EnableCgroup { path } | Request::DisableCgroup { path } = request {
+        if let Request::EnableCgroup { path, .. } | Request::DisableCgroup { path } = request {
             // Checked before the datapath sees it: bad input never reaches it.
             require_absolute(path).map_err(RequestError::InvalidArgument)?;
         }
@@ -145,9 +145,10 @@ impl Handler {
             .run_blocking(move |dp| match req {
                 Request::Status => dp.status().map(Done::Status),
                 Request::List => dp.connections().map(Done::Connections),
-                Request::EnableCgroup { path } => {
-                    dp.enable_cgroup(&path).map(|()| Done::Enabled(path))
-                }
+                Request::EnableCgroup {
+                    path,
+                    hide_location,
+                } => enable(dp, path, hide_location),
                 Request::DisableCgroup { path } => {
                     dp.disable_cgroup(&path).map(|()| Done::Disabled(path))
                 }
@@ -184,7 +185,10 @@ impl Handler {
                     })
                     .collect(),
             },
-            Done::Enabled(path) => Reply::CgroupEnabled { path },
+            Done::Enabled(path, hide_location) => Reply::CgroupEnabled {
+                path,
+                hide_location,
+            },
             Done::Disabled(path) => Reply::CgroupDisabled { path },
             Done::Misrouted => return Err(RequestError::Misrouted),
         };
@@ -662,9 +666,47 @@ impl RequestError {
     }
 }
 
+/// Enable a cgroup and, if asked, turn hiding location on or off for it,
+/// all or nothing: hiding is set first (a map entry, undone if enabling
+/// fails), so that no moment exists where the cgroup is recorded but not
+/// yet hidden as asked.
+fn enable(
+    dp: &mut dyn Datapath,
+    path: PathBuf,
+    hide_location: Option<bool>,
+) -> Result<Done, DatapathError> {
+    let changed = match hide_location {
+        Some(on) => dp.set_hide_location(&path, on)?,
+        None => false,
+    };
+    if let Err(e) = dp.enable_cgroup(&path) {
+        if let (true, Some(on)) = (changed, hide_location) {
+            let _ = dp.set_hide_location(&path, !on);
+        }
+        return Err(e);
+    }
+    let hiding = match hide_location {
+        Some(on) => on,
+        None => dp
+            .status()?
+            .cgroups
+            .iter()
+            .any(|c| c.path == path && c.hide_location),
+    };
+    Ok(Done::Enabled(path, hiding))
+}
+
 fn log_change(request: &Request, error: Option<&DatapathError>) {
     let (action, path): (&str, &Path) = match request {
-        Request::EnableCgroup { path } => ("enable", path),
+        Request::EnableCgroup {
+            path,
+            hide_location: Some(true),
+        } => ("enable (hide location) of", path),
+        Request::EnableCgroup {
+            path,
+            hide_location: Some(false),
+        } => ("enable (location shown) of", path),
+        Request::EnableCgroup { path, .. } => ("enable", path),
         Request::DisableCgroup { path } => ("disable", path),
         _ => return,
     };

@@ -53,6 +53,7 @@ fn record(f: VirtualFlow, pid: Option<u32>, cgroup: Option<&str>) -> ConnectionI
         age_secs: 0,
         tcp_isns: None,
         adopted: false,
+        hide_location: false,
         udp_inbound_only: false,
         guest: None,
     }

@@ -50,8 +50,14 @@ pub enum Request {
     Status,
     /// Every recorded connection.
     List,
-    /// Start recording connections of a cgroup v2 directory (absolute path).
-    EnableCgroup { path: PathBuf },
+    /// Start recording connections of a cgroup v2 directory (absolute path);
+    /// with `hide_location`, also turn hiding location on or off for it
+    /// (absent: as it was).
+    EnableCgroup {
+        path: PathBuf,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        hide_location: Option<bool>,
+    },
     /// Stop recording them.
     DisableCgroup { path: PathBuf },
     /// Planned move, before it (paper section 3.3.1): settle roles and fresh
@@ -210,6 +216,10 @@ pub enum Reply {
     },
     CgroupEnabled {
         path: PathBuf,
+        /// Whether its applications now see moved hosts at their virtual
+        /// addresses in new connections too.
+        #[serde(default)]
+        hide_location: bool,
     },
     CgroupDisabled {
         path: PathBuf,
@@ -523,6 +533,7 @@ mod tests {
             version: PROTOCOL_VERSION,
             request: Request::EnableCgroup {
                 path: "/sys/fs/cgroup/unified/a".into(),
+                hide_location: None,
             },
         };
         let line = serde_json::to_string(&req).expect("serializable");
@@ -641,6 +652,7 @@ mod tests {
                 age_secs: 3,
                 tcp_isns: None,
                 adopted: false,
+                hide_location: false,
                 udp_inbound_only: false,
                 guest: None,
             },

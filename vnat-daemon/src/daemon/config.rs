@@ -64,6 +64,14 @@ pub struct Args {
         help = "cgroup v2 directory whose connections, in a virtual-address conflict, reset the older connection instead of giving up their move; repeatable [default: none, every conflict aborts the move]"
     )]
     pub preempt_cgroups: Vec<PathBuf>,
+    /// cgroup v2 directory whose applications keep seeing moved hosts at
+    /// their virtual addresses; repeat for several.
+    #[arg(
+        long = "hide-location-cgroup",
+        value_name = "DIR",
+        help = "cgroup v2 directory whose applications keep seeing moved hosts at their old addresses in new connections too (FTP-like applications; vnatctl enable --hide-location); enabled if no --cgroup covers it; repeatable [default: none]"
+    )]
+    pub hide_location_cgroups: Vec<PathBuf>,
     /// Keep-alive helpers a peer may ask of this host.
     #[arg(
         long = "peer-helper",
@@ -156,6 +164,7 @@ pub struct FileConfig {
     pub listen: Option<SocketAddr>,
     pub cgroups: Option<Vec<PathBuf>>,
     pub preempt_cgroups: Option<Vec<PathBuf>>,
+    pub hide_location_cgroups: Option<Vec<PathBuf>>,
     pub peer_helpers: Option<Vec<String>>,
     pub helpers_dir: Option<PathBuf>,
     pub log_level: Option<String>,
@@ -178,6 +187,9 @@ pub struct Settings {
     /// `preempt_cgroups`: connections under these preempt in a conflict
     /// (default: none, every conflict aborts).
     pub preempt_cgroups: Vec<PathBuf>,
+    /// `hide_location_cgroups`: these hide location (default: none). Each
+    /// is in `cgroups` too unless a cgroup there is it or above it.
+    pub hide_location_cgroups: Vec<PathBuf>,
     /// `peer_helpers`: the keep-alive helpers peers may ask of this host.
     pub peer_helpers: Vec<String>,
     /// `helpers_dir`: where the installed ones are.
@@ -309,6 +321,9 @@ pub fn parse_file(path: &Path, text: &str) -> Result<FileConfig, ConfigError> {
     for c in config.preempt_cgroups.iter().flatten() {
         relative("preempt_cgroups", &Some(c.clone()))?;
     }
+    for c in config.hide_location_cgroups.iter().flatten() {
+        relative("hide_location_cgroups", &Some(c.clone()))?;
+    }
     if let Some(value) = config.keepalive_secs.filter(|s| *s > 3600) {
         return Err(ConfigError::Keepalive {
             file: path.to_path_buf(),
@@ -376,7 +391,15 @@ impl Settings {
             .log_format
             .or(file.log_format)
             .unwrap_or(LogFormat::Text);
-        let cgroups = if !args.cgroups.is_empty() {
+        let hide_location_cgroups = if !args.hide_location_cgroups.is_empty() {
+            args.hide_location_cgroups
+                .into_iter()
+                .map(abs)
+                .collect::<Result<Vec<_>, _>>()?
+        } else {
+            file.hide_location_cgroups.unwrap_or_default()
+        };
+        let mut cgroups = if !args.cgroups.is_empty() {
             args.cgroups
                 .into_iter()
                 .map(abs)
@@ -386,6 +409,14 @@ impl Settings {
         } else {
             vec![cgroup_root()?]
         };
+        // A hiding cgroup that no enabled one covers is enabled too (the
+        // programs that hide run where the recorders are attached).
+        let uncovered: Vec<PathBuf> = hide_location_cgroups
+            .iter()
+            .filter(|h| !cgroups.iter().any(|c| h.starts_with(c)))
+            .cloned()
+            .collect();
+        cgroups.extend(uncovered);
         let peer_helpers = if args.peer_helpers.is_empty() {
             peer_helpers(file.peer_helpers, config_file.as_deref())?
         } else {
@@ -414,6 +445,7 @@ impl Settings {
             listen,
             cgroups,
             preempt_cgroups,
+            hide_location_cgroups,
             peer_helpers,
             helpers_dir: pick(args.helpers_dir, file.helpers_dir, DEFAULT_HELPERS_DIR)?,
             log_level,
@@ -437,6 +469,10 @@ pub struct ReloadPlan {
     /// cgroups to start and to stop recording.
     pub enable: Vec<PathBuf>,
     pub disable: Vec<PathBuf>,
+    /// cgroups to start and to stop hiding location for (after the
+    /// enables, before the disables).
+    pub hide: Vec<PathBuf>,
+    pub unhide: Vec<PathBuf>,
     /// Settings the new file changes that only a restart applies
     /// (sockets, directories, pins, the log format).
     pub restart_only: Vec<&'static str>,
@@ -480,6 +516,18 @@ impl ReloadPlan {
             .filter(|c| !new.cgroups.contains(c))
             .cloned()
             .collect();
+        let hide = new
+            .hide_location_cgroups
+            .iter()
+            .filter(|c| !running.hide_location_cgroups.contains(c))
+            .cloned()
+            .collect();
+        let unhide = running
+            .hide_location_cgroups
+            .iter()
+            .filter(|c| !new.hide_location_cgroups.contains(c))
+            .cloned()
+            .collect();
         let mut restart_only = Vec::new();
         if running.control != new.control {
             restart_only.push("control");
@@ -505,6 +553,8 @@ impl ReloadPlan {
         ReloadPlan {
             enable,
             disable,
+            hide,
+            unhide,
             restart_only,
         }
     }
@@ -562,6 +612,41 @@ mod tests {
         assert!(parse_file(Path::new("t.toml"), "keepalive_secs = -1").is_err());
         assert!(Args::try_parse_from(["vnatd", "--keepalive-secs", "4000"]).is_err());
         assert!(Args::try_parse_from(["vnatd", "--keepalive-secs", "soon"]).is_err());
+    }
+
+    #[test]
+    fn hiding_cgroups_are_enabled_unless_covered_and_reload_turns_them_on_and_off() {
+        let file: FileConfig = toml::from_str(
+            "cgroups = [\"/cg/apps\"]\nhide_location_cgroups = [\"/cg/apps/ftp\", \"/cg/other\"]",
+        )
+        .expect("parses");
+        let s = resolve(&[], file);
+        assert_eq!(
+            s.hide_location_cgroups,
+            vec![PathBuf::from("/cg/apps/ftp"), PathBuf::from("/cg/other")]
+        );
+        // /cg/apps covers the first; the second is enabled itself.
+        assert_eq!(
+            s.cgroups,
+            vec![PathBuf::from("/cg/apps"), PathBuf::from("/cg/other")]
+        );
+        let flags = resolve(
+            &["--cgroup", "/cg", "--hide-location-cgroup", "/cg/ftp"],
+            FileConfig::default(),
+        );
+        assert_eq!(flags.cgroups, vec![PathBuf::from("/cg")]);
+        assert_eq!(flags.hide_location_cgroups, vec![PathBuf::from("/cg/ftp")]);
+        let e = parse_file(Path::new("t.toml"), "hide_location_cgroups = [\"ftp\"]")
+            .expect_err("relative")
+            .to_string();
+        assert!(e.contains("hide_location_cgroups"), "{e}");
+        let plan = ReloadPlan::between(&s, &flags);
+        assert_eq!(plan.hide, vec![PathBuf::from("/cg/ftp")]);
+        assert_eq!(
+            plan.unhide,
+            vec![PathBuf::from("/cg/apps/ftp"), PathBuf::from("/cg/other")]
+        );
+        assert_eq!(plan.enable, vec![PathBuf::from("/cg")]);
     }
 
     #[test]

@@ -324,6 +324,14 @@ pub struct Driver {
     /// Installed helpers' runs per connection, and the slots they share.
     helper_runs: HashMap<VirtualFlow, helping::HelperQueue>,
     helper_slots: std::sync::Arc<tokio::sync::Semaphore>,
+    /// Hide location: whether some cgroup hides (as last read), the
+    /// shown addresses kept from one table to the next, whether
+    /// connections changed since the table was last computed, and the
+    /// table last written (none before the first write).
+    hiding: bool,
+    hider: super::hide::Hider,
+    hide_due: bool,
+    last_hidden: Option<crate::datapath::HideTable>,
 }
 
 impl Driver {
@@ -423,6 +431,10 @@ impl Driver {
             timeout_restore: HashMap::new(),
             helper_runs: HashMap::new(),
             helper_slots: std::sync::Arc::new(tokio::sync::Semaphore::new(helping::HELPER_SLOTS)),
+            hiding: false,
+            hider: Default::default(),
+            hide_due: true,
+            last_hidden: None,
         }
     }
 
@@ -450,6 +462,7 @@ impl Driver {
         // as it hears from us, and its claims must find them.
         self.resync().await;
         self.apply_events().await;
+        self.update_hidden().await;
         self.flush().await;
         self.host_addrs.save_if_changed();
         let mut next_resync = tokio::time::Instant::now() + RESYNC_INTERVAL;
@@ -515,6 +528,9 @@ impl Driver {
             // address and apply events *before* sending what the core queued
             // (an UPD_R lets the peer start sending from its new address).
             self.apply_events().await;
+            // Before the peer hears of it: what a hiding application opens
+            // once a move works must find its addresses already hidden.
+            self.update_hidden().await;
             self.flush().await;
             // After the flush: an address change starts moves, whose first
             // datagrams must not wait for this write's fsyncs.
@@ -603,6 +619,54 @@ impl Driver {
         }
         // Not again on every turn after a failure: the next change does.
         self.kept = Some(args);
+    }
+
+    /// Hide location: compute what the hiding cgroups' applications see
+    /// from VCMP's connections (`super::hide`) and write it when it
+    /// changed. Nothing to do while no cgroup hides, once the table
+    /// written is empty.
+    async fn update_hidden(&mut self) {
+        if !std::mem::take(&mut self.hide_due) {
+            return;
+        }
+        if !self.hiding && self.last_hidden.as_ref().is_some_and(|t| t.is_empty()) {
+            return;
+        }
+        let table = if self.hiding {
+            let seen = self
+                .endpoint
+                .connections()
+                .filter_map(|f| self.endpoint.connection(f))
+                .map(|v| super::hide::Seen {
+                    flow: v.flow,
+                    local_phys: v.local_phys,
+                    remote_phys: v.remote_phys,
+                    peer: v.peer_key.filter(|_| v.has_keys),
+                })
+                .collect::<Vec<_>>();
+            self.hider.table(seen)
+        } else {
+            crate::datapath::HideTable::default()
+        };
+        if self.last_hidden.as_ref() == Some(&table) {
+            return;
+        }
+        let written = table.clone();
+        match with_dp(&self.dp, move |dp| dp.set_hidden(&written)).await {
+            Ok(()) => {
+                tracing::debug!(
+                    peers_shown = table.remote_show.len(),
+                    peers_reached = table.remote_reach.len(),
+                    local_shown = table.local_show.len(),
+                    "hide location updated"
+                );
+                self.last_hidden = Some(table);
+            }
+            Err(e) => {
+                // Tried again at the next change (not on every turn).
+                tracing::warn!(error = %e, "cannot update what hiding applications see of moves");
+            }
+        }
     }
 
     /// With `standby_tc`, keep the translators attached to every interface

@@ -9,6 +9,7 @@ pub mod config;
 pub mod conflict;
 pub mod driver;
 pub mod helping;
+pub mod hide;
 pub mod hostaddrs;
 pub mod identity;
 pub mod mobility;
@@ -231,6 +232,7 @@ async fn apply_reloads(
             );
         }
         let (enable, disable) = (plan.enable.clone(), plan.disable.clone());
+        let (hide, unhide) = (plan.hide.clone(), plan.unhide.clone());
         let outcome = dp
             .run(move |dp| {
                 let mut out = Vec::new();
@@ -239,6 +241,19 @@ async fn apply_reloads(
                         format!("enable {}", p.display()),
                         dp.enable_cgroup(p).map_err(|e| e.to_string()),
                     ));
+                }
+                for (list, on, what) in [
+                    (&hide, true, "hide location for"),
+                    (&unhide, false, "stop hiding location for"),
+                ] {
+                    for p in list {
+                        out.push((
+                            format!("{what} {}", p.display()),
+                            dp.set_hide_location(p, on)
+                                .map(|_| ())
+                                .map_err(|e| e.to_string()),
+                        ));
+                    }
                 }
                 for p in &disable {
                     out.push((
@@ -277,6 +292,7 @@ async fn apply_reloads(
         }
         if cgroups_applied {
             running.cgroups = new.cgroups;
+            running.hide_location_cgroups = new.hide_location_cgroups;
             match info.write() {
                 Ok(mut i) => i.configured_cgroups = running.cgroups.clone(),
                 Err(poisoned) => poisoned.into_inner().configured_cgroups = running.cgroups.clone(),
@@ -289,6 +305,7 @@ async fn apply_reloads(
         running.log_level = new.log_level;
         tracing::info!(
             cgroups = ?running.cgroups,
+            hide_location_cgroups = ?running.hide_location_cgroups,
             preempt_cgroups = ?running.preempt_cgroups,
             location_servers = ?running.location_servers,
             keepalive_secs = running.keepalive_secs,

@@ -21,6 +21,11 @@ pub struct FakeDatapath {
     /// Flows whose send side is held ([`Datapath::hold_send_side`]).
     pub held: BTreeSet<VirtualFlow>,
     cgroups: Vec<PathBuf>,
+    /// Cgroups that hide location ([`Datapath::set_hide_location`]).
+    pub hiding: BTreeSet<PathBuf>,
+    /// The last [`Datapath::set_hidden`] table, and how many were written.
+    pub hidden: crate::datapath::HideTable,
+    pub hidden_writes: usize,
     /// What [`Datapath::interface_addresses`] returns (tests change it to
     /// simulate a move).
     pub addresses: Vec<(std::net::IpAddr, u32)>,
@@ -86,6 +91,7 @@ impl FakeDatapath {
                 age_secs: 0,
                 tcp_isns: None,
                 adopted: false,
+                hide_location: false,
                 udp_inbound_only: false,
                 guest: None,
             },
@@ -277,6 +283,7 @@ impl Datapath for FakeDatapath {
                 .map(|(i, p)| CgroupAttachment {
                     path: p.clone(),
                     id: i as u64 + 1,
+                    hide_location: self.hiding.contains(p),
                 })
                 .collect(),
             tc: Vec::new(),
@@ -324,6 +331,33 @@ impl Datapath for FakeDatapath {
                 path: path.to_path_buf(),
             });
         }
+        self.hiding.remove(path);
+        Ok(())
+    }
+
+    fn set_hide_location(&mut self, path: &Path, on: bool) -> Result<bool, DatapathError> {
+        self.take_failure()?;
+        Ok(if on {
+            self.hiding.insert(path.to_path_buf())
+        } else {
+            self.hiding.remove(path)
+        })
+    }
+
+    fn hiding_cgroups(&self) -> Result<Vec<u64>, DatapathError> {
+        Ok(self
+            .cgroups
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| self.hiding.contains(*p))
+            .map(|(i, _)| i as u64 + 1)
+            .collect())
+    }
+
+    fn set_hidden(&mut self, table: &crate::datapath::HideTable) -> Result<(), DatapathError> {
+        self.take_failure()?;
+        self.hidden = table.clone();
+        self.hidden_writes += 1;
         Ok(())
     }
 

@@ -35,8 +35,27 @@ pub trait Datapath {
     /// Start recording the sockets of processes in this cgroup v2 directory.
     fn enable_cgroup(&mut self, path: &std::path::Path) -> Result<(), DatapathError>;
 
-    /// Stop recording them (recorded connections and translations stay).
+    /// Stop recording them (recorded connections and translations stay),
+    /// and stop hiding location for them.
     fn disable_cgroup(&mut self, path: &std::path::Path) -> Result<(), DatapathError>;
+
+    /// Hide location (`vnatctl enable --hide-location`) for the processes
+    /// of this cgroup and its descendants, or stop: they see moved hosts,
+    /// this one and its peers, at their virtual addresses also in new
+    /// connections and datagrams (what [`Datapath::set_hidden`] says).
+    /// Returns whether anything changed.
+    fn set_hide_location(
+        &mut self,
+        path: &std::path::Path,
+        on: bool,
+    ) -> Result<bool, DatapathError>;
+
+    /// The ids of the cgroups that hide location.
+    fn hiding_cgroups(&self) -> Result<Vec<u64>, DatapathError>;
+
+    /// Write what the hiding cgroups' applications are shown, and where
+    /// they reach, for each moved address (computed by `daemon::hide`).
+    fn set_hidden(&mut self, table: &HideTable) -> Result<(), DatapathError>;
 
     /// Install (or replace) the translation of one flow: forward and reverse
     /// NAT entries, the tc attachment on the interface that reaches the

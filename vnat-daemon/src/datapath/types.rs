@@ -1,6 +1,7 @@
 //! Userspace views of the kernel state, independent of the map layouts.
 
 use std::{
+    collections::{BTreeMap, BTreeSet},
     net::{IpAddr, SocketAddr},
     path::PathBuf,
 };
@@ -65,6 +66,11 @@ pub struct ConnectionInfo {
     /// vnatd started or before its cgroup was enabled.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub adopted: bool,
+    /// Its application's cgroup hides location (`enable --hide-location`):
+    /// it sees moved hosts at their virtual addresses in new connections
+    /// too. Listed with the owners only.
+    #[serde(default)]
+    pub hide_location: bool,
     /// A container's connection: its socket lives in another network
     /// namespace behind this host's NAT, and the endpoints above are the
     /// public ones, after the host's NAT, as the peer sees them.
@@ -207,6 +213,41 @@ pub enum RestartOutcome {
 pub struct CgroupAttachment {
     pub path: PathBuf,
     pub id: u64,
+    /// Its applications do not see moves (`enable --hide-location`).
+    #[serde(default)]
+    pub hide_location: bool,
+}
+
+/// What the applications of the hiding cgroups see of moves
+/// (`Datapath::set_hidden`, computed by `daemon::hide`). Addresses of one
+/// family map to the same family.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HideTable {
+    /// A peer's address (where it is now, or a virtual address of a
+    /// connection opened since it moved) -> the virtual address shown for
+    /// it by getpeername(), accept() and recvmsg().
+    pub remote_show: BTreeMap<IpAddr, IpAddr>,
+    /// A moved peer's shown address -> where a connect() or sendmsg() to
+    /// it goes.
+    pub remote_reach: BTreeMap<IpAddr, IpAddr>,
+    /// This host's address -> the virtual address getsockname() shows.
+    pub local_show: BTreeMap<IpAddr, IpAddr>,
+    /// This host's moved-away address -> where a bind() to it binds.
+    pub local_reach: BTreeMap<IpAddr, IpAddr>,
+    /// Translated flows whose remote virtual address is in `remote_reach`:
+    /// a sendmsg() to one (from the flow's local port) is left to the tc
+    /// translation. (protocol, local port, remote virtual endpoint).
+    pub translated: BTreeSet<(Proto, u16, SocketAddr)>,
+}
+
+impl HideTable {
+    pub fn is_empty(&self) -> bool {
+        self.remote_show.is_empty()
+            && self.remote_reach.is_empty()
+            && self.local_show.is_empty()
+            && self.local_reach.is_empty()
+            && self.translated.is_empty()
+    }
 }
 
 /// An interface with the tc translators attached.

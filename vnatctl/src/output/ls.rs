@@ -49,6 +49,9 @@ pub struct LsRow {
     /// Recorded after the fact: the connection was open before vnatd
     /// started or before its cgroup was enabled (it moves like any other).
     pub adopted: bool,
+    /// Its application's cgroup hides location (`enable --hide-location`):
+    /// it keeps seeing moved hosts at their old addresses.
+    pub hide_location: bool,
     /// A container's connection (a socket in another network namespace
     /// behind this host's NAT): where it lives. The endpoints above are
     /// then the public ones, after the host's NAT. Null for the host's own.
@@ -97,6 +100,7 @@ impl From<&ListedConnection> for LsRow {
             moving: listed.moving,
             keepalive_held: listed.keepalive_held,
             adopted: c.adopted,
+            hide_location: c.hide_location,
             helpers_asked: listed.helpers_asked.clone(),
             helping: listed.helping.clone(),
             guest: c.guest.as_ref().map(|g| GuestRow {
@@ -177,6 +181,7 @@ fn note(r: &LsRow) -> String {
         (!r.helpers_asked.is_empty(), asked.as_str()),
         (!r.helping.is_empty(), helping.as_str()),
         (r.adopted, "adopted (open before vnat recorded its cgroup)"),
+        (r.hide_location, "hide location"),
     ] {
         if on {
             rest = Some(match rest {

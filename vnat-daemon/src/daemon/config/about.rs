@@ -20,6 +20,7 @@ Config file (every key optional; these are the defaults):
     listen    = \"0.0.0.0:2031\"
     cgroups   = [\"/sys/fs/cgroup/unified\"]   # default: the cgroup2 mount root
     preempt_cgroups = []                     # see below
+    hide_location_cgroups = []               # see below
     log_level = \"info\"                       # or a filter: \"info,vnat_daemon=debug\"
     log_format = \"text\"                      # or \"json\"
     location_servers = []                    # e.g. [\"192.0.2.7:2031\"]
@@ -50,6 +51,15 @@ the kernel could not tell apart, the move is refused (abort, the default)
 unless the moving connection's cgroup is one of these or below one; then
 the older connection is reset (preempt). A peer's move onto such endpoints
 is always refused.
+
+hide_location_cgroups (or --hide-location-cgroup, repeatable) hide
+location (paper section 3.4.1) for applications that compare addresses,
+such as FTP: after a move, the applications of these cgroups (and of the
+cgroups below) keep seeing the host that moved, this one or a peer, at its
+old address in new connections and datagrams too, and their connections
+and datagrams to that address reach it where it is now. Each is enabled
+too unless one of `cgroups` is it or above it. `vnatctl enable --cgroup
+DIR --hide-location` does the same at run time.
 
 peer_helpers (or --peer-helper, repeatable; --peer-helper none for none)
 are the keep-alive helpers this host runs when a peer about to be away

@@ -187,6 +187,7 @@ impl Driver {
             Command::ForgetPeer { key, reply } => {
                 let held = self.endpoint.forget_peer(now(), &key);
                 self.standby_due = true;
+                self.hide_due = true;
                 let stored = match self.peers.forget(&key) {
                     Ok(b) => b,
                     Err(e) => {

@@ -10,11 +10,20 @@ impl Driver {
     pub(super) async fn resync(&mut self) -> usize {
         tracing::trace!("resync");
         self.standby_due = true;
+        self.hide_due = true;
         let port = self.cfg.listen.port();
         let listed = with_dp(&self.dp, |dp| {
-            (dp.connections_without_owners(), dp.interface_addresses())
+            (
+                dp.connections_without_owners(),
+                dp.interface_addresses(),
+                dp.hiding_cgroups(),
+            )
         })
         .await;
+        match listed.2 {
+            Ok(ids) => self.hiding = !ids.is_empty(),
+            Err(e) => tracing::warn!(error = %e, "cannot read which cgroups hide location"),
+        }
         let conns = match listed.0 {
             Ok(c) => c,
             Err(e) => {
@@ -416,6 +425,7 @@ impl Driver {
         }
         if !events.is_empty() {
             self.standby_due = true;
+            self.hide_due = true;
         }
         // Receive sides first, as the core asks: what it queued with the
         // events may let a peer send to them.

@@ -176,6 +176,13 @@ impl KernelDatapath {
         // One process usually owns many connections: read its /proc entries
         // once per listing, not once per connection.
         let mut procs: StdHashMap<u32, (Option<String>, Option<String>)> = StdHashMap::new();
+        // The cgroups under a hiding one, and whether each owner's is.
+        let hiding = if with_owners {
+            self.hiding_tree()
+        } else {
+            Default::default()
+        };
+        let mut hides: StdHashMap<String, bool> = StdHashMap::new();
         for (key, rec) in records {
             let Some(mut flow) = VirtualFlow::from_key(&key) else {
                 continue;
@@ -209,6 +216,20 @@ impl KernelDatapath {
                     .or_insert_with(|| (procfs::comm(p), procfs::cgroup_of(p)))
                     .clone()
             });
+            let hide_location = !hiding.is_empty()
+                && (hiding.contains(&rec.cgroup_id)
+                    || cgroup.as_ref().is_some_and(|c| {
+                        *hides.entry(c.clone()).or_insert_with(|| {
+                            attach::cgroup2_mount()
+                                .and_then(|m| {
+                                    std::fs::metadata(m.join(c.trim_start_matches('/'))).ok()
+                                })
+                                .is_some_and(|md| {
+                                    use std::os::unix::fs::MetadataExt;
+                                    hiding.contains(&md.ino())
+                                })
+                        })
+                    }));
             let command = comm.or_else(|| {
                 let end = rec
                     .comm
@@ -245,6 +266,7 @@ impl KernelDatapath {
                 udp_inbound_only: flow.proto == Proto::Udp
                     && rec.origin == ORIGIN_UDP_RECVMSG
                     && rec.udp_dirs == UDP_DIR_RECV,
+                hide_location,
                 guest,
             });
         }

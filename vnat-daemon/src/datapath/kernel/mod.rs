@@ -7,6 +7,7 @@ mod attach;
 mod conntrack;
 pub mod fault;
 mod guests;
+mod hide;
 mod kept;
 mod levers;
 mod listing;
@@ -114,6 +115,8 @@ pub struct KernelDatapath {
     /// Sockets whose sequence numbers could not be read yet: tries, and
     /// when to try again (`adopt.rs`).
     adopt_backoff: StdHashMap<u64, (u32, std::time::Instant)>,
+    /// What this process last wrote for hide location (`hide.rs`).
+    hide_mirror: Option<hide::HideMirror>,
 }
 
 /// How long a UDP flow waits for its peer's BIND after a move behind a new
@@ -169,6 +172,7 @@ impl KernelDatapath {
             udp_rebinds_since: StdHashMap::new(),
             last_adoption: None,
             adopt_backoff: StdHashMap::new(),
+            hide_mirror: None,
         };
         dp.mirror = Mirror::from(dp.read_map(true)?, dp.read_map(false)?);
         // Rebinds a previous vnatd left waiting are ours to finish.
@@ -498,12 +502,14 @@ impl Datapath for KernelDatapath {
                 users: users.get(&ifindex).copied().unwrap_or(0),
             })
             .collect();
+        let hiding = self.hiding_ids();
         let cgroups = attach::pinned_cgroups(&self.bpffs)
             .into_iter()
             .map(|id| CgroupAttachment {
                 path: attach::cgroup_path(id)
                     .unwrap_or_else(|| PathBuf::from(format!("(gone, id {id})"))),
                 id,
+                hide_location: hiding.contains(&id),
             })
             .collect();
         let connections = self.loaded.maps.conns.keys().filter(Result::is_ok).count() as u64;
@@ -533,7 +539,22 @@ impl Datapath for KernelDatapath {
 
     fn disable_cgroup(&mut self, path: &Path) -> Result<(), DatapathError> {
         let id = cgroup_id(path)?;
-        attach::detach_cgroup(&self.bpffs, id)
+        attach::detach_cgroup(&self.bpffs, id)?;
+        // Nothing of it is recorded or hidden any more.
+        self.hide_cgroup_id(id, false)?;
+        Ok(())
+    }
+
+    fn set_hide_location(&mut self, path: &Path, on: bool) -> Result<bool, DatapathError> {
+        self.hide_cgroup(path, on)
+    }
+
+    fn hiding_cgroups(&self) -> Result<Vec<u64>, DatapathError> {
+        Ok(self.hiding_ids())
+    }
+
+    fn set_hidden(&mut self, table: &crate::datapath::HideTable) -> Result<(), DatapathError> {
+        self.write_hidden(table)
     }
 
     fn restart_flow(&mut self, flow: &VirtualFlow) -> Result<super::RestartOutcome, DatapathError> {

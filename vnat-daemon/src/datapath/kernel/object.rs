@@ -12,12 +12,15 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use vnat_common::{
-    ConnRecord, DatapathConfig, FlowKey, GuestKey, NatRewrite, RebindKey, RebindValue, UdpPending,
-    ABI_VERSION, CFG_F_NAT_EMPTY, CFG_F_NETNS_FILTER, MAP_CONFIG, MAP_CONNS, MAP_EGRESS_NAT,
-    MAP_GUESTS, MAP_INGRESS_NAT, MAP_REBIND, MAP_STATS, MAP_UDP_COUNT, MAP_UDP_PENDING,
-    MAP_UDP_PER_SOCK, PROG_SOCKOPS, PROG_TC_EGRESS, PROG_TC_EGRESS_L3, PROG_TC_INGRESS,
-    PROG_TC_INGRESS_L3, PROG_UDP_CONNECT4, PROG_UDP_CONNECT6, PROG_UDP_RECVMSG4, PROG_UDP_RECVMSG6,
-    PROG_UDP_RELEASE, PROG_UDP_SENDMSG4, PROG_UDP_SENDMSG6,
+    ConnRecord, DatapathConfig, FlowKey, GuestKey, HideKey, HideValue, NatRewrite, RebindKey,
+    RebindValue, UdpPending, ABI_VERSION, CFG_F_HIDE, CFG_F_NAT_EMPTY, CFG_F_NETNS_FILTER,
+    MAP_CONFIG, MAP_CONNS, MAP_EGRESS_NAT, MAP_GUESTS, MAP_HIDE_ADDRS, MAP_HIDE_CGROUPS,
+    MAP_HIDE_FLOWS, MAP_INGRESS_NAT, MAP_REBIND, MAP_STATS, MAP_UDP_COUNT, MAP_UDP_PENDING,
+    MAP_UDP_PER_SOCK, PROG_HIDE_BIND4, PROG_HIDE_BIND6, PROG_HIDE_GETPEERNAME4,
+    PROG_HIDE_GETPEERNAME6, PROG_HIDE_GETSOCKNAME4, PROG_HIDE_GETSOCKNAME6, PROG_SOCKOPS,
+    PROG_TC_EGRESS, PROG_TC_EGRESS_L3, PROG_TC_INGRESS, PROG_TC_INGRESS_L3, PROG_UDP_CONNECT4,
+    PROG_UDP_CONNECT6, PROG_UDP_RECVMSG4, PROG_UDP_RECVMSG6, PROG_UDP_RELEASE, PROG_UDP_SENDMSG4,
+    PROG_UDP_SENDMSG6,
 };
 
 use crate::datapath::DatapathError;
@@ -26,13 +29,19 @@ use crate::datapath::DatapathError;
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/vnat"));
 
 /// The cgroup sock_addr programs, in attach order.
-pub const SOCK_ADDR_PROGRAMS: [&str; 6] = [
+pub const SOCK_ADDR_PROGRAMS: [&str; 12] = [
     PROG_UDP_CONNECT4,
     PROG_UDP_CONNECT6,
     PROG_UDP_SENDMSG4,
     PROG_UDP_SENDMSG6,
     PROG_UDP_RECVMSG4,
     PROG_UDP_RECVMSG6,
+    PROG_HIDE_GETPEERNAME4,
+    PROG_HIDE_GETPEERNAME6,
+    PROG_HIDE_GETSOCKNAME4,
+    PROG_HIDE_GETSOCKNAME6,
+    PROG_HIDE_BIND4,
+    PROG_HIDE_BIND6,
 ];
 
 /// Typed handles on the pinned maps.
@@ -49,12 +58,19 @@ pub struct Maps {
     pub udp_count: Array<MapData, u64>,
     pub udp_per_sock: HashMap<MapData, u64, u32>,
     pub rebind: HashMap<MapData, RebindKey, RebindValue>,
+    /// Hide location: the hiding cgroups, the addresses, the translated
+    /// flows connect() and sendmsg() leave alone (`hide.rs`).
+    pub hide_cgroups: HashMap<MapData, u64, u32>,
+    pub hide_addrs: HashMap<MapData, HideKey, HideValue>,
+    pub hide_flows: HashMap<MapData, FlowKey, u32>,
 }
 
 pub struct Loaded {
     pub ebpf: Ebpf,
     pub maps: Maps,
     pub netns_cookie: u64,
+    /// Whether some cgroup hides location (`CFG_F_HIDE`), as last written.
+    pub hide: bool,
 }
 
 fn map_err(map: &'static str) -> impl FnOnce(aya::maps::MapError) -> DatapathError {
@@ -174,11 +190,19 @@ pub fn load(bpffs: &Path) -> Result<Loaded, DatapathError> {
             .map_err(map_err(MAP_UDP_COUNT))?,
         udp_per_sock: HashMap::try_from(take(&mut ebpf, MAP_UDP_PER_SOCK)?)
             .map_err(map_err(MAP_UDP_PER_SOCK))?,
+        hide_cgroups: HashMap::try_from(take(&mut ebpf, MAP_HIDE_CGROUPS)?)
+            .map_err(map_err(MAP_HIDE_CGROUPS))?,
+        hide_addrs: HashMap::try_from(take(&mut ebpf, MAP_HIDE_ADDRS)?)
+            .map_err(map_err(MAP_HIDE_ADDRS))?,
+        hide_flows: HashMap::try_from(take(&mut ebpf, MAP_HIDE_FLOWS)?)
+            .map_err(map_err(MAP_HIDE_FLOWS))?,
     };
+    let hide = maps.hide_cgroups.keys().next().is_some();
     let mut loaded = Loaded {
         ebpf,
         maps,
         netns_cookie: own_netns_cookie()?,
+        hide,
     };
     check_and_set_config(bpffs, &mut loaded)?;
     Ok(loaded)
@@ -208,7 +232,8 @@ fn check_and_set_config(bpffs: &Path, l: &mut Loaded) -> Result<(), DatapathErro
 /// Write this namespace's config: whether both NAT maps are empty
 /// (`CFG_F_NAT_EMPTY`: the tc translators then pass packets unparsed),
 /// whether some flow is rebinding, and the VCMP port in-band BINDs are
-/// diverted to (0: none are).
+/// diverted to (0: none are); whether some cgroup hides location comes
+/// from `l.hide`.
 pub fn set_config(
     l: &mut Loaded,
     nat_empty: bool,
@@ -221,7 +246,8 @@ pub fn set_config(
         flags: CFG_F_NETNS_FILTER
             | flag(nat_empty, CFG_F_NAT_EMPTY)
             | flag(rebinding, vnat_common::CFG_F_REBINDING)
-            | flag(bind_divert_port != 0, vnat_common::CFG_F_BIND_DIVERT),
+            | flag(bind_divert_port != 0, vnat_common::CFG_F_BIND_DIVERT)
+            | flag(l.hide, CFG_F_HIDE),
         abi_version: ABI_VERSION,
         vcmp_port_be: bind_divert_port.to_be(),
         _pad: [0; 3],
