@@ -223,8 +223,15 @@ fn setup<'a>(
 /// connection is mobile on both ends and the server shows it moved; then
 /// fetch another file over a new data connection. Returns that fetch's
 /// outcome and the ftp client, still logged in.
-fn fetch_across_a_move(s: &Setup, active: bool) -> (Result<String, String>, Ftp) {
-    let server = s.topo.server_addr.v4.into();
+fn fetch_across_a_move(s: &Setup, active: bool, v6: bool) -> (Result<String, String>, Ftp) {
+    let pick = |d: &vnat_tests::harness::Dual| -> IpAddr {
+        if v6 {
+            d.v6().into()
+        } else {
+            d.v4.into()
+        }
+    };
+    let server = pick(&s.topo.server_addr);
     let mut ftp = Ftp::start(&s.lap, server, active);
     let got = s.lap.ns.name().to_string();
     let local = std::env::temp_dir().join(format!("vnat-hide-{got}"));
@@ -241,9 +248,9 @@ fn fetch_across_a_move(s: &Setup, active: bool) -> (Result<String, String>, Ftp)
     s.lapd.wait_paired("the laptop's vnatd");
     s.srvd.wait_paired("the server's vnatd");
     s.lapd.wait_mobile_to("tcp", server);
-    s.srvd.wait_mobile_to("tcp", s.topo.laptop_a_addr.v4.into());
+    s.srvd.wait_mobile_to("tcp", pick(&s.topo.laptop_a_addr));
     s.topo.move_laptop_to_b();
-    let b: IpAddr = s.topo.laptop_b_addr.v4.into();
+    let b = pick(&s.topo.laptop_b_addr);
     // The control connection, as the server has it, now comes from B.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -283,7 +290,7 @@ fn fetch_across_a_move(s: &Setup, active: bool) -> (Result<String, String>, Ftp)
 fn passive_ftp_fetches_after_the_client_moved_with_hide_location() {
     let topo = LaptopRouterServer::builder().tag("hlp").build();
     let s = setup(&topo, "hlp", true, false);
-    let (after, mut ftp) = fetch_across_a_move(&s, false);
+    let (after, mut ftp) = fetch_across_a_move(&s, false, false);
     assert!(
         after.is_ok(),
         "passive mode after the move failed with hide location on: {after:?}\n{}",
@@ -320,10 +327,23 @@ fn passive_ftp_fetches_after_the_client_moved_with_hide_location() {
 }
 
 #[test]
+fn passive_ftp_over_ipv6_fetches_after_the_client_moved_with_hide_location() {
+    let topo = LaptopRouterServer::builder().tag("hl6").ipv6(true).build();
+    let s = setup(&topo, "hl6", true, false);
+    let (after, mut ftp) = fetch_across_a_move(&s, false, true);
+    assert!(
+        after.is_ok(),
+        "passive mode over IPv6 after the move failed with hide location on: {after:?}\n{}",
+        ftp.output()
+    );
+    ftp.send("quit");
+}
+
+#[test]
 fn passive_ftp_fails_after_the_client_moved_without_hide_location() {
     let topo = LaptopRouterServer::builder().tag("hln").build();
     let s = setup(&topo, "hln", false, false);
-    let (after, ftp) = fetch_across_a_move(&s, false);
+    let (after, ftp) = fetch_across_a_move(&s, false, false);
     match after {
         Err(line) => assert!(
             line.starts_with("425 Security: Bad IP connecting"),
@@ -340,7 +360,7 @@ fn passive_ftp_fails_after_the_client_moved_without_hide_location() {
 fn active_ftp_fetches_after_the_client_moved_with_hide_location_on_both_hosts() {
     let topo = LaptopRouterServer::builder().tag("hla").build();
     let s = setup(&topo, "hla", true, true);
-    let (after, mut ftp) = fetch_across_a_move(&s, true);
+    let (after, mut ftp) = fetch_across_a_move(&s, true, false);
     assert!(
         after.is_ok(),
         "active mode after the move failed with hide location on both hosts: {after:?}\n{}",
