@@ -19,6 +19,7 @@ mod peerns;
 mod policy;
 pub mod procfs;
 mod rebind;
+mod reconcile;
 mod restart;
 mod routing;
 mod rtnl;
@@ -212,111 +213,6 @@ impl KernelDatapath {
     /// The pin directory.
     pub fn bpffs(&self) -> &Path {
         &self.bpffs
-    }
-
-    /// Bring tc links and the per-translation kernel state (addresses on lo,
-    /// host routes) in line with the pinned translations.
-    fn reconcile(&mut self) -> Result<(), DatapathError> {
-        let translations = self.egress_entries()?;
-        let mut needed: std::collections::BTreeSet<u32> = translations
-            .iter()
-            .map(|(_, v)| v.redirect_ifindex)
-            .collect();
-        needed.extend(
-            self.ingress_entries()?
-                .iter()
-                .map(|(_, v)| v.redirect_ifindex),
-        );
-        // The per-connection rules of migrated connections: kept for those
-        // still translated, removed for the others (a vnatd that died
-        // between removing a translation and its rule).
-        let sent: std::collections::HashSet<FlowKey> =
-            translations.iter().map(|(k, _)| *k).collect();
-        let (live, stale): (Vec<_>, Vec<_>) = net::via_routes()?
-            .into_iter()
-            .partition(|(flow, _)| sent.contains(&flow.to_key()));
-        for (flow, ifindex) in live {
-            self.egress_via.insert(flow.to_key(), (flow, ifindex));
-        }
-        for (flow, ifindex) in stale {
-            // The table's route stays if a live connection to that address
-            // through that interface uses it.
-            let shared = self
-                .egress_via
-                .values()
-                .any(|(f, i)| *i == ifindex && f.remote.ip() == flow.remote.ip());
-            let _ = net::del_via_route(&flow, ifindex, shared);
-        }
-        needed.remove(&0);
-        for ifindex in attach::pinned_tc(&self.bpffs) {
-            if !needed.contains(&ifindex) || net::ifname(ifindex).is_err() {
-                attach::detach_tc(&self.bpffs, ifindex);
-            }
-        }
-        for ifindex in needed {
-            if net::ifname(ifindex).is_ok() {
-                attach::attach_tc(&mut self.loaded.ebpf, &self.bpffs, ifindex)?;
-                self.tc_current.insert(ifindex);
-            }
-        }
-        let lo = net::lo_addrs()?;
-        let routes = net::host_routes()?;
-        for (k, v) in &translations {
-            let Some(t) = translation_of(k, v) else {
-                continue;
-            };
-            if t.local_moved()
-                && v.flags & NAT_F_ROUTED == 0
-                && !lo.iter().any(|(a, _)| *a == t.flow.local.ip())
-            {
-                net::add_lo_addr(t.flow.local.ip())?;
-            }
-            if t.remote_moved() && !routes.contains(&t.flow.remote.ip()) {
-                let via = net::route_get(t.physical_remote.ip(), None)?;
-                net::add_host_route(t.flow.remote.ip(), t.physical_remote.ip(), &via)?;
-            }
-        }
-        // What a vnatd killed in the middle of an install or a removal left
-        // behind: its own addresses on lo and host routes that no pinned
-        // entry needs. (Someone else's carry no tag of ours and stay.)
-        let words = |ip: IpAddr| {
-            let sa = std::net::SocketAddr::new(ip, 0);
-            crate::datapath::flow_key(Proto::Tcp, sa, sa).src_addr_be
-        };
-        // A failure here is logged, not fatal: vnatd must start, and what is
-        // left is tried again at the next start.
-        // The addresses a previous vnatd kept local for mobile connections
-        // stay until the driver says which still are.
-        self.kept = net::fallback_rules()?.into_iter().collect();
-        for (a, ours) in lo {
-            if ours
-                && !self.kept.contains(&a)
-                && !self.mirror.local_moved.contains_key(&a)
-                && !self.mirror.prepared_lo.contains_key(&words(a))
-            {
-                match net::del_lo_addr(a, false) {
-                    Ok(_) => {
-                        tracing::info!(address = %a, "removed an address a previous vnatd left on lo")
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot remove an address a previous vnatd left on lo")
-                    }
-                }
-            }
-        }
-        for r in routes {
-            if !self.mirror.remote_moved.contains_key(&r) {
-                match net::del_host_route(r) {
-                    Ok(()) => {
-                        tracing::info!(route = %r, "removed a host route a previous vnatd left")
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot remove a host route a previous vnatd left")
-                    }
-                }
-            }
-        }
-        Ok(())
     }
 
     /// Every entry of the egress (`egress`) or ingress NAT map, read from
