@@ -407,7 +407,7 @@ s.settimeout(0.5)
 for _ in range(10):
     s.sendto(b"probe", (sys.argv[1], int(sys.argv[2])))
     try:
-        print(s.recv(2048).decode(), s.getsockname()[0])
+        print(s.recv(2048).decode(), s.getsockname()[1])
         sys.exit(0)
     except socket.timeout:
         pass
@@ -496,21 +496,38 @@ fn a_udp_server_sees_new_datagrams_of_the_moved_laptop_from_its_old_address() {
             String::from_utf8_lossy(&out.stderr)
         );
         let said = String::from_utf8_lossy(&out.stdout).to_string();
-        assert!(said.starts_with("echo:probe"), "{what}: {said}");
-        // The last source the server logged is the probe's.
+        let port = match said.split_whitespace().collect::<Vec<_>>()[..] {
+            ["echo:probe", port] => port.to_string(),
+            _ => panic!("{what}: the probe printed {said:?}"),
+        };
+        // The source the server logged for the probe's port (the session
+        // is logged too, from another port).
         let sources = fs::read_to_string(&log).expect("the echo's log");
         sources
             .lines()
-            .rfind(|l| !l.is_empty())
-            .expect("a source")
+            .rfind(|l| l.ends_with(&format!(":{port}")))
+            .unwrap_or_else(|| {
+                panic!("{what}: the server logged no source with port {port}:\n{sources}")
+            })
             .to_string()
+    };
+    let counter = |name: &str| {
+        srvd.ctl(&["status"]).expect("status")["datapath"]["counters"][name]
+            .as_u64()
+            .unwrap_or(0)
     };
     // A new socket on the laptop, after the move: recvfrom() shows the
     // server the laptop's old address, and its answer to that address
     // reaches the laptop where it is.
+    let (shown, redirected) = (counter("hide_shown"), counter("hide_redirected"));
     let seen = probe("with hide location");
     let seen: SocketAddr = seen.parse().expect("ip:port");
     assert_eq!(seen.ip(), a, "recvfrom() did not show the old address");
+    assert!(counter("hide_shown") > shown, "nothing was shown");
+    assert!(
+        counter("hide_redirected") > redirected,
+        "the answer to the old address was not redirected"
+    );
     // Turned off: the server sees the truth again.
     srvd.ctl(&["enable", "--cgroup", &cg, "--no-hide-location"])
         .expect("enable --no-hide-location");

@@ -16,7 +16,7 @@
 
 use aya_ebpf::{
     bindings::{bpf_sock, bpf_sock_addr},
-    helpers::bpf_get_current_ancestor_cgroup_id,
+    helpers::{bpf_get_current_ancestor_cgroup_id, bpf_get_netns_cookie},
     macros::{cgroup_sock_addr, map},
     maps::HashMap,
     programs::SockAddrContext,
@@ -28,7 +28,7 @@ use vnat_common::{
     STAT_HIDE_REDIRECTED, STAT_HIDE_SHOWN, V4_MAPPED_WORD2_BE,
 };
 
-use crate::maps::{count, VNAT_CONFIG};
+use crate::maps::{count, netns_is_ours, VNAT_CONFIG};
 
 /// BPF_F_NO_PREALLOC, as in `maps`.
 const NO_PREALLOC: u32 = 1;
@@ -118,12 +118,20 @@ fn set_user_addr(sa: *mut bpf_sock_addr, at: &UserAddr, to: &[u32; 4]) {
     }
 }
 
-/// The entry for an address, if some cgroup hides at all.
+/// The entry for an address, if some cgroup hides at all and the socket
+/// is in this vnatd's network namespace (the table is about this
+/// namespace's connections; a container's socket in a hiding cgroup is
+/// left alone).
 #[inline(always)]
-fn entry(at: &UserAddr, side: u8) -> Option<HideValue> {
+fn entry(sa: *mut bpf_sock_addr, at: &UserAddr, side: u8) -> Option<HideValue> {
     match VNAT_CONFIG.get(0) {
         Some(cfg) if cfg.flags & CFG_F_HIDE != 0 => {}
         _ => return None,
+    }
+    // SAFETY: the context pointer is the argument this helper takes; the
+    // verifier checks it at load time.
+    if !netns_is_ours(unsafe { bpf_get_netns_cookie(sa as *mut _) }) {
+        return None;
     }
     let key = HideKey {
         addr_be: at.addr,
@@ -164,7 +172,9 @@ fn caller_hides() -> bool {
 pub fn show(ctx: &SockAddrContext, family: u8, side: u8) {
     let sa = ctx.sock_addr;
     let at = user_addr(sa, family);
-    let Some(v) = entry(&at, side) else { return };
+    let Some(v) = entry(sa, &at, side) else {
+        return;
+    };
     if v.flags & HIDE_F_SHOW == 0 || !caller_hides() {
         return;
     }
@@ -185,7 +195,7 @@ pub fn reach(ctx: &SockAddrContext, family: u8) {
         return;
     }
     let at = user_addr(sa, family);
-    let Some(v) = entry(&at, HIDE_SIDE_REMOTE) else {
+    let Some(v) = entry(sa, &at, HIDE_SIDE_REMOTE) else {
         return;
     };
     if v.flags & HIDE_F_REACH == 0 {
@@ -225,7 +235,7 @@ pub fn reach(ctx: &SockAddrContext, family: u8) {
 fn rebind(ctx: &SockAddrContext, family: u8) {
     let sa = ctx.sock_addr;
     let at = user_addr(sa, family);
-    let Some(v) = entry(&at, HIDE_SIDE_LOCAL) else {
+    let Some(v) = entry(sa, &at, HIDE_SIDE_LOCAL) else {
         return;
     };
     if v.flags & HIDE_F_REACH == 0 || !caller_hides() {

@@ -244,6 +244,10 @@ pub struct ConnectionView {
     /// How that host names our end of it, when it differs from our name (a
     /// NAT between us: the address and port the peer sees).
     pub seen_by_peer_as: Option<SocketAddr>,
+    /// The peer names its own end otherwise than we do: a NAT was between
+    /// us when the connection was opened, so the peer's virtual address
+    /// here is that NAT's (which other hosts may share).
+    pub peer_behind_nat: bool,
     pub has_keys: bool,
     pub role: Option<Role>,
     pub migrating: bool,
@@ -318,6 +322,7 @@ impl Endpoint {
             pending_remote: c.pending_remote.map(|p| p.0),
             peer_key: c.peer_key,
             seen_by_peer_as: c.peer_named.map(|n| n.local).filter(|a| *a != c.flow.local),
+            peer_behind_nat: c.peer_named.is_some_and(|n| n.remote != c.flow.remote),
             has_keys: c.keys.is_some(),
             role: c.role.negotiated,
             migrating: c.mig.is_some(),

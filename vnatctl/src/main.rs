@@ -51,6 +51,10 @@ enum Failure {
         #[source]
         source: io::Error,
     },
+    /// vnatd answered `enable --hide-location` without hiding (one older
+    /// than this vnatctl ignores the flag).
+    #[error("vnatd enabled {} but did not turn hide location on; is vnatd older than vnatctl? (vnatd --version)", path.display())]
+    NotHiding { path: PathBuf },
     #[error("{failed} connection(s) did not move (see above; vnatd's log says why)")]
     NotMoved { report: String, failed: usize },
     #[error(transparent)]
@@ -89,6 +93,7 @@ impl Failure {
             Failure::Client(e) if e.is_unreachable() => 3,
             Failure::Client(_)
             | Failure::NotMoved { .. }
+            | Failure::NotHiding { .. }
             | Failure::Runtime(_)
             | Failure::CreateOutput { .. }
             | Failure::WriteOutput { .. } => 1,
@@ -110,6 +115,7 @@ impl Failure {
             }
             Failure::CreateOutput { .. } | Failure::WriteOutput { .. } => "output",
             Failure::NotMoved { .. } => "mobility",
+            Failure::NotHiding { .. } => "protocol",
             Failure::Hook(criu::HookError::NotMobile { .. }) => "mobility",
             Failure::Hook(_) => "usage",
             Failure::Runtime(_) => "internal",
@@ -267,6 +273,9 @@ fn run(cli: &Cli) -> Result<String, Failure> {
             }
             Plan::Enable(cgroup, hide) => {
                 let (path, hiding) = client.enable_cgroup_hiding(&cgroup, hide).await?;
+                if hide == Some(true) && !hiding {
+                    return Err(Failure::NotHiding { path });
+                }
                 cgroup_result(json, &path, Some(hiding))
             }
             Plan::Disable(cgroup) => {

@@ -669,31 +669,34 @@ impl RequestError {
 /// Enable a cgroup and, if asked, turn hiding location on or off for it,
 /// all or nothing: hiding is set first (a map entry, undone if enabling
 /// fails), so that no moment exists where the cgroup is recorded but not
-/// yet hidden as asked.
+/// yet hidden as asked. A cgroup that an enabled one above already covers
+/// (its connections are managed already) only has its hiding set:
+/// attaching the programs there too would run them twice on its sockets.
 fn enable(
     dp: &mut dyn Datapath,
     path: PathBuf,
     hide_location: Option<bool>,
 ) -> Result<Done, DatapathError> {
+    let before = dp.status()?.cgroups;
+    let was_hiding = before.iter().any(|c| c.path == path && c.hide_location);
+    // A listed cgroup above it has programs, or is listed for hiding
+    // under one that has.
+    let covered = before
+        .iter()
+        .any(|c| c.path != path && path.starts_with(&c.path));
     let changed = match hide_location {
         Some(on) => dp.set_hide_location(&path, on)?,
         None => false,
     };
-    if let Err(e) = dp.enable_cgroup(&path) {
-        if let (true, Some(on)) = (changed, hide_location) {
-            let _ = dp.set_hide_location(&path, !on);
+    if !covered {
+        if let Err(e) = dp.enable_cgroup(&path) {
+            if let (true, Some(on)) = (changed, hide_location) {
+                let _ = dp.set_hide_location(&path, !on);
+            }
+            return Err(e);
         }
-        return Err(e);
     }
-    let hiding = match hide_location {
-        Some(on) => on,
-        None => dp
-            .status()?
-            .cgroups
-            .iter()
-            .any(|c| c.path == path && c.hide_location),
-    };
-    Ok(Done::Enabled(path, hiding))
+    Ok(Done::Enabled(path, hide_location.unwrap_or(was_hiding)))
 }
 
 fn log_change(request: &Request, error: Option<&DatapathError>) {

@@ -161,6 +161,42 @@ async fn list_and_status_round_trip() {
 }
 
 #[tokio::test]
+async fn hiding_a_cgroup_that_an_enabled_one_covers_attaches_nothing_more() {
+    let dir = TempDir::new();
+    let server = Running::start(&dir.path().join("vnatd.sock"), FakeDatapath::new()).await;
+    let mut client = server.client().await;
+    let app = Path::new("/sys/fs/cgroup/unified/app");
+    let ftp = Path::new("/sys/fs/cgroup/unified/app/ftp");
+    client.enable_cgroup(app).await.expect("enable");
+    assert_eq!(
+        client
+            .enable_cgroup_hiding(ftp, Some(true))
+            .await
+            .expect("enable --hide-location"),
+        (ftp.to_path_buf(), true)
+    );
+    let cgroups = client.status().await.expect("status").datapath.cgroups;
+    let shown: Vec<(&Path, bool)> = cgroups
+        .iter()
+        .map(|c| (c.path.as_path(), c.hide_location))
+        .collect();
+    assert_eq!(shown, vec![(app, false), (ftp, true)], "{cgroups:?}");
+    // A plain enable leaves hiding as it was and says so.
+    assert_eq!(
+        client
+            .enable_cgroup_hiding(ftp, None)
+            .await
+            .expect("enable"),
+        (ftp.to_path_buf(), true)
+    );
+    // Disabling it stops its hiding; the cgroup above stays enabled.
+    assert_eq!(client.disable_cgroup(ftp).await.expect("disable"), ftp);
+    let cgroups = client.status().await.expect("status").datapath.cgroups;
+    assert_eq!(cgroups.len(), 1, "{cgroups:?}");
+    assert!(!cgroups[0].hide_location);
+}
+
+#[tokio::test]
 async fn enable_disable_and_datapath_errors() {
     let dir = TempDir::new();
     let server = Running::start(&dir.path().join("vnatd.sock"), FakeDatapath::new()).await;

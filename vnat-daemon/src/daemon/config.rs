@@ -469,8 +469,9 @@ pub struct ReloadPlan {
     /// cgroups to start and to stop recording.
     pub enable: Vec<PathBuf>,
     pub disable: Vec<PathBuf>,
-    /// cgroups to start and to stop hiding location for (after the
-    /// enables, before the disables).
+    /// cgroups to hide location for (all the new file's, applied after
+    /// the disables: disabling a cgroup that a newly enabled one covers
+    /// also stopped its hiding) and to stop hiding for.
     pub hide: Vec<PathBuf>,
     pub unhide: Vec<PathBuf>,
     /// Settings the new file changes that only a restart applies
@@ -516,12 +517,7 @@ impl ReloadPlan {
             .filter(|c| !new.cgroups.contains(c))
             .cloned()
             .collect();
-        let hide = new
-            .hide_location_cgroups
-            .iter()
-            .filter(|c| !running.hide_location_cgroups.contains(c))
-            .cloned()
-            .collect();
+        let hide = new.hide_location_cgroups.clone();
         let unhide = running
             .hide_location_cgroups
             .iter()

@@ -641,7 +641,8 @@ impl Driver {
                     flow: v.flow,
                     local_phys: v.local_phys,
                     remote_phys: v.remote_phys,
-                    peer: v.peer_key.filter(|_| v.has_keys),
+                    peer: v.peer_key,
+                    peer_behind_nat: v.peer_behind_nat,
                 })
                 .collect::<Vec<_>>();
             self.hider.table(seen)

@@ -3,23 +3,31 @@
 //! connections to it go. Sans-IO: connections in, a [`HideTable`] out, for
 //! `Datapath::set_hidden`.
 //!
-//! A host that moved keeps one address for the applications: the virtual
-//! address of its connections opened before the move (its "shown"
-//! address). Every other address its connections use now, where it is and
-//! the virtual addresses of connections opened since, is shown as that
-//! one; a new connection or datagram to the shown address goes to where
-//! the host is now. The same holds for this host's own moves (getsockname
-//! and bind) and for each peer host (getpeername, accept, recvmsg, connect
-//! and sendmsg), told apart by its key.
+//! A host that moved keeps, for the applications, the addresses its
+//! connections had before the move (its "original" addresses): a new
+//! connection or datagram to one of them goes to where the host is now.
+//! Where it is now, and the addresses of connections it opened while away,
+//! are shown as one of them: the address of its oldest moved connection
+//! (the "shown" address). The same holds for this host's own moves
+//! (getsockname and bind) and for each peer host (getpeername, accept,
+//! recvmsg, connect and sendmsg), told apart by its key. An original
+//! address is never shown as another one: an existing connection's
+//! getpeername stays what it was.
+//!
+//! What an address stands for must be certain, or a hiding application
+//! would be sent to, or shown, the wrong host. So an address that another
+//! host's connection also uses (a recorded flow of another peer, or of no
+//! peer vnatd knows) is shown as it is and never redirected, nor is an
+//! original address where the peer was behind a NAT (other hosts may
+//! share it), nor an address that two moved hosts would each claim.
 //!
 //! The shown address stays the same while connections use it, so that a
 //! host that moves twice, or moves back, keeps being shown where its
-//! applications first saw it. An address that would be shown as two
-//! different ones (two moved peers behind one NAT address) is shown as it
-//! is: nothing can tell which host a new connection from it belongs to.
+//! applications first saw it. vnatd forgets it when it restarts, and then
+//! chooses among the original addresses again.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     net::{IpAddr, SocketAddr},
 };
 
@@ -31,8 +39,13 @@ pub struct Seen {
     pub flow: VirtualFlow,
     pub local_phys: SocketAddr,
     pub remote_phys: SocketAddr,
-    /// The peer host's key (none before pairing: its peer side is skipped).
+    /// The peer host the connection is bound to, by key (none before its
+    /// claim: its peer side is skipped, and its addresses count as an
+    /// unknown host's).
     pub peer: Option<[u8; 32]>,
+    /// A NAT was between the hosts when it was opened (the peer names its
+    /// end otherwise): its remote virtual address is that NAT's.
+    pub peer_behind_nat: bool,
 }
 
 /// Whose addresses: this host's, or a peer host's; one family each.
@@ -42,64 +55,117 @@ enum Group {
     Peer { key: [u8; 32], v6: bool },
 }
 
-/// Computes the table, keeping each group's shown address from one call
-/// to the next.
+/// Computes the table, keeping from one call to the next each group's
+/// shown address, the addresses where each was while moved, and the order
+/// in which connections were first seen.
 #[derive(Debug, Default)]
 pub struct Hider {
     shown: HashMap<Group, IpAddr>,
+    away: HashMap<Group, BTreeSet<IpAddr>>,
+    first_seen: HashMap<VirtualFlow, u64>,
+    seen_count: u64,
 }
 
-/// A group's connections: (virtual address, physical address, the flow).
-type Members = Vec<(IpAddr, IpAddr, VirtualFlow)>;
+/// One connection of a group: its virtual and physical address on the
+/// group's side, when it was first seen, and whether that side's virtual
+/// address was a NAT's.
+#[derive(Clone, Copy, Debug)]
+struct Member {
+    virt: IpAddr,
+    phys: IpAddr,
+    age: u64,
+    natted: bool,
+    flow: VirtualFlow,
+}
 
 impl Hider {
     /// The table for these connections.
     pub fn table(&mut self, conns: impl IntoIterator<Item = Seen>) -> HideTable {
-        let mut groups: BTreeMap<Group, Members> = BTreeMap::new();
-        for c in conns {
-            let v6 = c.flow.local.is_ipv6();
-            groups.entry(Group::Local { v6 }).or_default().push((
-                c.flow.local.ip(),
-                c.local_phys.ip(),
-                c.flow,
-            ));
+        let mut conns: Vec<Seen> = conns.into_iter().collect();
+        conns.sort_by_key(|c| c.flow);
+        let live: HashSet<VirtualFlow> = conns.iter().map(|c| c.flow).collect();
+        self.first_seen.retain(|f, _| live.contains(f));
+        let mut groups: BTreeMap<Group, Vec<Member>> = BTreeMap::new();
+        // Which hosts use each remote address (None: one vnatd knows no key of).
+        let mut users: HashMap<IpAddr, HashSet<Option<[u8; 32]>>> = HashMap::new();
+        for c in &conns {
+            let age = *self.first_seen.entry(c.flow).or_insert_with(|| {
+                self.seen_count += 1;
+                self.seen_count
+            });
+            for a in [c.flow.remote.ip(), c.remote_phys.ip()] {
+                users.entry(a).or_default().insert(c.peer);
+            }
+            groups
+                .entry(Group::Local {
+                    v6: c.flow.local.is_ipv6(),
+                })
+                .or_default()
+                .push(Member {
+                    virt: c.flow.local.ip(),
+                    phys: c.local_phys.ip(),
+                    age,
+                    natted: false,
+                    flow: c.flow,
+                });
             if let Some(key) = c.peer {
-                let v6 = c.flow.remote.is_ipv6();
-                groups.entry(Group::Peer { key, v6 }).or_default().push((
-                    c.flow.remote.ip(),
-                    c.remote_phys.ip(),
-                    c.flow,
-                ));
+                groups
+                    .entry(Group::Peer {
+                        key,
+                        v6: c.flow.remote.is_ipv6(),
+                    })
+                    .or_default()
+                    .push(Member {
+                        virt: c.flow.remote.ip(),
+                        phys: c.remote_phys.ip(),
+                        age,
+                        natted: c.peer_behind_nat,
+                        flow: c.flow,
+                    });
             }
         }
         // A group without connections has nothing to keep.
         self.shown.retain(|g, _| groups.contains_key(g));
-        // Candidates per side: address -> the shown ones it would map to.
+        self.away.retain(|g, _| groups.contains_key(g));
+        // Candidates per side: address -> the addresses it would map to.
         let mut show: [BTreeMap<IpAddr, BTreeSet<IpAddr>>; 2] = Default::default();
         let mut reach: [BTreeMap<IpAddr, BTreeSet<IpAddr>>; 2] = Default::default();
-        // Translated flows to a remote address that may get a reach entry.
+        // Moved flows to remote addresses that may be redirected.
         let mut moved_flows: Vec<VirtualFlow> = Vec::new();
         for (group, members) in &groups {
-            let side = usize::from(matches!(group, Group::Peer { .. }));
-            let Some(shown) = self.shown_for(*group, members) else {
+            let peer = match group {
+                Group::Peer { key, .. } => Some(*key),
+                Group::Local { .. } => None,
+            };
+            // Only this host uses its own addresses. A peer's address is
+            // redirected only if no other host uses it, not even one vnatd
+            // has no key of; it is shown as another only if no other
+            // known host uses it (the moved peer's own new connections
+            // are of no known host until they are claimed).
+            let used_only_by_it = |a: &IpAddr, unknown_ok: bool| {
+                peer.is_none()
+                    || users
+                        .get(a)
+                        .is_none_or(|u| u.iter().all(|o| *o == peer || (unknown_ok && o.is_none())))
+            };
+            let Some(plan) = self.plan(*group, members) else {
                 continue;
             };
-            for (virt, phys, flow) in members {
-                if virt == phys {
-                    continue;
-                }
-                for a in [virt, phys] {
-                    if *a != shown {
-                        show[side].entry(*a).or_default().insert(shown);
-                    }
-                }
-                if side == 1 {
-                    moved_flows.push(*flow);
+            let side = usize::from(peer.is_some());
+            for a in &plan.shown_as {
+                if used_only_by_it(a, true) {
+                    show[side].entry(*a).or_default().insert(plan.shown);
                 }
             }
-            if let Some(now) = where_now(members, shown) {
-                reach[side].entry(shown).or_default().insert(now);
+            for (original, now) in &plan.reach {
+                if used_only_by_it(original, false) {
+                    reach[side].entry(*original).or_default().insert(*now);
+                }
             }
+            if peer.is_some() {
+                moved_flows.extend(members.iter().filter(|m| m.virt != m.phys).map(|m| m.flow));
+            }
+            self.away.entry(*group).or_default().extend(plan.shown_as);
         }
         let single = |m: BTreeMap<IpAddr, BTreeSet<IpAddr>>| -> BTreeMap<IpAddr, IpAddr> {
             m.into_iter()
@@ -129,41 +195,81 @@ impl Hider {
         }
     }
 
-    /// The group's shown address: the one it had, while some connection
-    /// still has it as virtual address; else the lowest virtual address of
-    /// its moved connections. None while none of them moved.
-    fn shown_for(&mut self, group: Group, members: &Members) -> Option<IpAddr> {
+    /// One group's entries, or None while none of its connections moved.
+    fn plan(&mut self, group: Group, members: &[Member]) -> Option<Plan> {
+        let moved: Vec<&Member> = members.iter().filter(|m| m.virt != m.phys).collect();
+        let away = self.away.get(&group).cloned().unwrap_or_default();
+        // The addresses the applications knew the host at before it moved.
+        let originals: BTreeSet<IpAddr> = moved
+            .iter()
+            .map(|m| m.virt)
+            .filter(|v| !away.contains(v))
+            .collect();
         let kept = self
             .shown
             .get(&group)
             .copied()
-            .filter(|s| members.iter().any(|(v, _, _)| v == s));
-        let moved = members.iter().filter(|(v, p, _)| v != p);
+            .filter(|s| members.iter().any(|m| m.virt == *s));
         let shown = match kept {
             Some(s) => s,
             None => {
-                let first = moved.clone().map(|(v, _, _)| *v).min()?;
-                self.shown.insert(group, first);
-                first
+                let oldest = moved
+                    .iter()
+                    .filter(|m| originals.contains(&m.virt))
+                    .min_by_key(|m| m.age)?
+                    .virt;
+                self.shown.insert(group, oldest);
+                oldest
             }
         };
-        moved.clone().next().map(|_| shown)
+        if moved.is_empty() {
+            return None;
+        }
+        let shown_as: BTreeSet<IpAddr> = moved
+            .iter()
+            .map(|m| m.phys)
+            .chain(members.iter().map(|m| m.virt).filter(|v| away.contains(v)))
+            .filter(|a| *a != shown && !originals.contains(a))
+            .collect();
+        let mut reach = Vec::new();
+        for original in originals.iter().chain(std::iter::once(&shown)) {
+            if reach.iter().any(|(o, _)| o == original) {
+                continue;
+            }
+            let natted = members.iter().any(|m| m.virt == *original && m.natted);
+            if let Some(now) = where_now(members, *original).filter(|_| !natted) {
+                reach.push((*original, now));
+            }
+        }
+        Some(Plan {
+            shown,
+            shown_as,
+            reach,
+        })
     }
 }
 
-/// Where the connections with virtual address `shown` are now: the
+/// What one group's applications see: `shown_as` are shown as `shown`;
+/// each (original, now) is reached at now.
+struct Plan {
+    shown: IpAddr,
+    shown_as: BTreeSet<IpAddr>,
+    reach: Vec<(IpAddr, IpAddr)>,
+}
+
+/// Where the connections with virtual address `original` are now: the
 /// physical address most of them use (the lowest on a tie), if that is not
-/// `shown` itself.
-fn where_now(members: &Members, shown: IpAddr) -> Option<IpAddr> {
+/// `original` itself.
+fn where_now(members: &[Member], original: IpAddr) -> Option<IpAddr> {
     let mut count: BTreeMap<IpAddr, usize> = BTreeMap::new();
-    for (v, p, _) in members {
-        if *v == shown {
-            *count.entry(*p).or_default() += 1;
+    for m in members {
+        if m.virt == original {
+            *count.entry(m.phys).or_default() += 1;
         }
     }
     let best = count.values().copied().max()?;
     let now = count.into_iter().find(|(_, n)| *n == best)?.0;
-    (now != shown).then_some(now)
+    (now != original).then_some(now)
 }
 
 #[cfg(test)]
@@ -191,6 +297,7 @@ mod tests {
             local_phys: sa(srv),
             remote_phys: sa(rp),
             peer: Some(peer),
+            peer_behind_nat: false,
         }
     }
 
@@ -205,6 +312,7 @@ mod tests {
             local_phys: sa(lp),
             remote_phys: sa(srv),
             peer: Some([9; 32]),
+            peer_behind_nat: false,
         }
     }
 
@@ -275,24 +383,136 @@ mod tests {
     #[test]
     fn a_second_move_keeps_the_first_address_shown() {
         let mut h = Hider::default();
-        h.table([at_laptop("10.0.2.5:40000", "10.0.3.5:40000", "10.0.9.1:21")]);
-        // Before that, from the first one's point of view: it was opened at
-        // 10.0.2.5, moved; now a connection from 10.0.1.5 (lower) appears
-        // moved too: the shown address stays the one already shown.
+        // Opened at A, moved to B; one opened at B since.
         let t = h.table([
-            at_laptop("10.0.2.5:40000", "10.0.3.5:40000", "10.0.9.1:21"),
-            at_laptop("10.0.1.5:40001", "10.0.3.5:40001", "10.0.9.1:21"),
+            at_laptop("10.0.1.5:40000", "10.0.2.5:40000", "10.0.9.1:21"),
+            at_laptop("10.0.2.5:40100", "10.0.2.5:40100", "10.0.9.1:21"),
+        ]);
+        assert_eq!(
+            t.local_show,
+            BTreeMap::from([(ip("10.0.2.5"), ip("10.0.1.5"))])
+        );
+        // Both move on to C: B was where the host was away, so it is shown
+        // as A too, and only A (the original) is reached at C.
+        let t = h.table([
+            at_laptop("10.0.1.5:40000", "10.0.3.5:40000", "10.0.9.1:21"),
+            at_laptop("10.0.2.5:40100", "10.0.3.5:40100", "10.0.9.1:21"),
         ]);
         assert_eq!(
             t.local_show,
             BTreeMap::from([
-                (ip("10.0.1.5"), ip("10.0.2.5")),
-                (ip("10.0.3.5"), ip("10.0.2.5"))
+                (ip("10.0.2.5"), ip("10.0.1.5")),
+                (ip("10.0.3.5"), ip("10.0.1.5"))
             ])
         );
         assert_eq!(
             t.local_reach,
-            BTreeMap::from([(ip("10.0.2.5"), ip("10.0.3.5"))])
+            BTreeMap::from([(ip("10.0.1.5"), ip("10.0.3.5"))])
+        );
+    }
+
+    #[test]
+    fn several_original_addresses_are_each_reached_and_none_is_shown_as_another() {
+        let mut h = Hider::default();
+        // Two connections opened from two addresses (IPv6 privacy
+        // addresses, say), the second one first; both moved to P.
+        h.table([at_server(
+            Proto::Tcp,
+            "[fd00:9::1]:21",
+            "[fd00:1::20]:40000",
+            "[fd00:1::20]:40000",
+            LAPTOP,
+        )]);
+        let t = h.table([
+            at_server(
+                Proto::Tcp,
+                "[fd00:9::1]:21",
+                "[fd00:1::20]:40000",
+                "[fd00:2::5]:40000",
+                LAPTOP,
+            ),
+            at_server(
+                Proto::Tcp,
+                "[fd00:9::1]:22",
+                "[fd00:1::10]:40001",
+                "[fd00:2::5]:40001",
+                LAPTOP,
+            ),
+        ]);
+        // The oldest connection's address is shown for P; the other
+        // original address stays itself (an existing connection's
+        // getpeername never changes); both are reached at P.
+        assert_eq!(
+            t.remote_show,
+            BTreeMap::from([(ip("fd00:2::5"), ip("fd00:1::20"))])
+        );
+        assert_eq!(
+            t.remote_reach,
+            BTreeMap::from([
+                (ip("fd00:1::10"), ip("fd00:2::5")),
+                (ip("fd00:1::20"), ip("fd00:2::5"))
+            ])
+        );
+    }
+
+    #[test]
+    fn an_address_another_host_uses_is_neither_shown_nor_redirected() {
+        let mut h = Hider::default();
+        // A peer that left the NAT address N, where a host vnatd has no
+        // key of still talks to us from, for P.
+        let moved = at_server(
+            Proto::Tcp,
+            "10.0.9.1:21",
+            "192.0.2.1:50000",
+            "10.0.2.5:50000",
+            LAPTOP,
+        );
+        let mut other = at_server(
+            Proto::Tcp,
+            "10.0.9.1:21",
+            "192.0.2.1:50001",
+            "192.0.2.1:50001",
+            OTHER,
+        );
+        other.peer = None;
+        let t = h.table([moved, other]);
+        assert!(t.remote_reach.is_empty(), "N is not only the peer's: {t:?}");
+        assert!(t.translated.is_empty());
+        assert_eq!(
+            t.remote_show,
+            BTreeMap::from([(ip("10.0.2.5"), ip("192.0.2.1"))])
+        );
+        // A known host that never moved, at P: P is not the moved peer's
+        // alone, so it is shown as it is. (An unknown one's connection
+        // at P may be the moved peer's own, not claimed yet.)
+        let at_p = at_server(
+            Proto::Tcp,
+            "10.0.9.1:21",
+            "10.0.2.5:50002",
+            "10.0.2.5:50002",
+            OTHER,
+        );
+        let t = h.table([moved, at_p]);
+        assert!(t.remote_show.is_empty(), "{t:?}");
+        assert_eq!(t.remote_reach.len(), 1);
+    }
+
+    #[test]
+    fn a_peer_that_was_behind_a_nat_is_not_reached_through_the_nat_address() {
+        let mut h = Hider::default();
+        let mut c = at_server(
+            Proto::Tcp,
+            "10.0.9.1:21",
+            "192.0.2.1:50000",
+            "10.0.2.5:50000",
+            LAPTOP,
+        );
+        c.peer_behind_nat = true;
+        let t = h.table([c]);
+        assert!(t.remote_reach.is_empty(), "others may be behind it: {t:?}");
+        assert_eq!(
+            t.remote_show,
+            BTreeMap::from([(ip("10.0.2.5"), ip("192.0.2.1"))])
         );
     }
 

@@ -242,24 +242,27 @@ async fn apply_reloads(
                         dp.enable_cgroup(p).map_err(|e| e.to_string()),
                     ));
                 }
-                for (list, on, what) in [
-                    (&hide, true, "hide location for"),
-                    (&unhide, false, "stop hiding location for"),
-                ] {
-                    for p in list {
-                        out.push((
-                            format!("{what} {}", p.display()),
-                            dp.set_hide_location(p, on)
-                                .map(|_| ())
-                                .map_err(|e| e.to_string()),
-                        ));
-                    }
-                }
                 for p in &disable {
                     out.push((
                         format!("disable {}", p.display()),
                         dp.disable_cgroup(p).map_err(|e| e.to_string()),
                     ));
+                }
+                // After the disables, which stop hiding too; only changes
+                // are logged (the file's list is asserted each time).
+                for (list, on, what) in [
+                    (&hide, true, "hide location for"),
+                    (&unhide, false, "stop hiding location for"),
+                ] {
+                    for p in list {
+                        match dp.set_hide_location(p, on) {
+                            Ok(false) => {}
+                            Ok(true) => out.push((format!("{what} {}", p.display()), Ok(()))),
+                            Err(e) => {
+                                out.push((format!("{what} {}", p.display()), Err(e.to_string())))
+                            }
+                        }
+                    }
                 }
                 out
             })

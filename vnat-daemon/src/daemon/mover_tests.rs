@@ -38,6 +38,7 @@ fn view(flow: VirtualFlow) -> ConnectionView {
         pending_remote: None,
         peer_key: Some([7; 32]),
         seen_by_peer_as: None,
+        peer_behind_nat: false,
         has_keys: true,
         role: None,
         migrating: false,

@@ -276,9 +276,12 @@ impl Datapath for FakeDatapath {
             bpffs: PathBuf::from("/fake"),
             netns_cookie: 1,
             programs_loaded: vec!["fake".into()],
+            // As the kernel's: the enabled ones, then hiding ones that an
+            // enabled one above covers.
             cgroups: self
                 .cgroups
                 .iter()
+                .chain(self.hiding.iter().filter(|h| !self.cgroups.contains(h)))
                 .enumerate()
                 .map(|(i, p)| CgroupAttachment {
                     path: p.clone(),
@@ -326,7 +329,7 @@ impl Datapath for FakeDatapath {
         self.take_failure()?;
         let before = self.cgroups.len();
         self.cgroups.retain(|p| p != path);
-        if self.cgroups.len() == before {
+        if self.cgroups.len() == before && !self.hiding.contains(path) {
             return Err(DatapathError::CgroupNotEnabled {
                 path: path.to_path_buf(),
             });

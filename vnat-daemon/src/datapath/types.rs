@@ -291,6 +291,9 @@ pub enum DatapathError {
     NotACgroup { path: PathBuf },
     #[error("cgroup {path} is not enabled")]
     CgroupNotEnabled { path: PathBuf },
+    /// Hide location refused for a cgroup, and why.
+    #[error("cannot hide location for cgroup {path}: {reason}")]
+    CannotHide { path: PathBuf, reason: String },
     #[error("the bpffs directory {path} is unusable: {reason}; mount bpffs (mount -t bpf bpf /sys/fs/bpf) or pass --bpffs")]
     Bpffs { path: PathBuf, reason: String },
     #[error("the pins in {path} were made by an incompatible vnat (ABI {found}, this is {expected}); stop every vnatd using it and remove the directory")]

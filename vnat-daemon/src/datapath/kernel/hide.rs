@@ -10,8 +10,8 @@ use std::{
 
 use vnat_common::{
     FlowKey, HideKey, HideValue, HIDE_ADDRS_MAX_ENTRIES, HIDE_FLOWS_MAX_ENTRIES, HIDE_F_REACH,
-    HIDE_F_SHOW, HIDE_SIDE_LOCAL, HIDE_SIDE_REMOTE, MAP_HIDE_ADDRS, MAP_HIDE_CGROUPS,
-    MAP_HIDE_FLOWS,
+    HIDE_F_SHOW, HIDE_MAX_LEVEL, HIDE_SIDE_LOCAL, HIDE_SIDE_REMOTE, MAP_HIDE_ADDRS,
+    MAP_HIDE_CGROUPS, MAP_HIDE_FLOWS,
 };
 
 use super::{attach, flow_key, map_err, object, DatapathError, KernelDatapath, Proto};
@@ -75,6 +75,88 @@ pub(super) fn entries(t: &HideTable) -> (StdHashMap<HideKey, HideValue>, HashSet
     (addrs, flows)
 }
 
+/// Refuse to hide location for a cgroup that holds vnatd itself (its own
+/// VCMP socket would be shown and sent to the wrong addresses), or that is
+/// deeper than the programs look ([`HIDE_MAX_LEVEL`]).
+fn may_hide(path: &Path) -> Result<(), DatapathError> {
+    let refuse = |reason: String| DatapathError::CannotHide {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let mount = attach::cgroup2_mount().ok_or_else(|| refuse("no cgroup2 mount".into()))?;
+    let canonical = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let dir = canonical(path);
+    let mount = canonical(&mount);
+    let depth = dir
+        .strip_prefix(&mount)
+        .map(|rel| rel.components().count())
+        .map_err(|_| {
+            refuse(format!(
+                "it is not under the cgroup2 mount {}",
+                mount.display()
+            ))
+        })?;
+    if depth > HIDE_MAX_LEVEL as usize {
+        return Err(refuse(format!(
+            "it is {depth} levels below the cgroup2 mount, and hide location looks {HIDE_MAX_LEVEL} deep; choose a cgroup above it"
+        )));
+    }
+    if let Some(own) = super::procfs::cgroup_of(std::process::id()) {
+        let own = mount.join(own.trim_start_matches('/'));
+        if own.starts_with(&dir) {
+            return Err(refuse(format!(
+                "vnatd itself runs in {}, below it, and its own VCMP socket must see true addresses; choose a cgroup that does not hold vnatd (such as the application's own service)",
+                own.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Cut `addrs` and `flows` to the maps' capacity without ever keeping a
+/// redirection whose translated flows are not all exempt: a flow left out
+/// takes its address's redirection with it.
+pub(super) fn fit(addrs: &mut StdHashMap<HideKey, HideValue>, flows: &mut HashSet<FlowKey>) {
+    let mut fl: Vec<FlowKey> = flows.drain().collect();
+    fl.sort_unstable();
+    for dropped in fl.split_off(fl.len().min(HIDE_FLOWS_MAX_ENTRIES as usize)) {
+        let key = HideKey {
+            addr_be: dropped.dst_addr_be,
+            family: dropped.family,
+            side: HIDE_SIDE_REMOTE,
+            _pad: [0; 2],
+        };
+        if let Some(v) = addrs.get_mut(&key) {
+            v.flags &= !HIDE_F_REACH;
+            v.reach_be = [0; 4];
+        }
+    }
+    addrs.retain(|_, v| v.flags != 0);
+    // Flows whose address lost its redirection need no exemption.
+    *flows = fl
+        .into_iter()
+        .filter(|f| {
+            addrs
+                .get(&HideKey {
+                    addr_be: f.dst_addr_be,
+                    family: f.family,
+                    side: HIDE_SIDE_REMOTE,
+                    _pad: [0; 2],
+                })
+                .is_some_and(|v| v.flags & HIDE_F_REACH != 0)
+        })
+        .collect();
+    if addrs.len() > HIDE_ADDRS_MAX_ENTRIES as usize {
+        // Dropping a whole entry takes away a redirection with it, never
+        // an exemption: safe in any order.
+        let mut keys: Vec<HideKey> = addrs.keys().copied().collect();
+        keys.sort_unstable();
+        for k in keys.split_off(HIDE_ADDRS_MAX_ENTRIES as usize) {
+            addrs.remove(&k);
+        }
+    }
+}
+
 /// What this process last wrote to the two maps (read from the pins at
 /// the first write).
 #[derive(Default)]
@@ -88,6 +170,9 @@ impl KernelDatapath {
     /// whether that changed anything.
     pub(super) fn hide_cgroup(&mut self, path: &Path, on: bool) -> Result<bool, DatapathError> {
         let id = attach::cgroup_id(path)?;
+        if on {
+            may_hide(path)?;
+        }
         self.hide_cgroup_id(id, on)
     }
 
@@ -169,15 +254,7 @@ impl KernelDatapath {
                 flows = flows.len(),
                 "more moved addresses or flows than hide location can hold; some are not hidden"
             );
-            let mut keep: Vec<HideKey> = addrs.keys().copied().collect();
-            keep.sort_unstable();
-            keep.truncate(HIDE_ADDRS_MAX_ENTRIES as usize);
-            let keep: HashSet<HideKey> = keep.into_iter().collect();
-            addrs.retain(|k, _| keep.contains(k));
-            let mut fl: Vec<FlowKey> = flows.into_iter().collect();
-            fl.sort_unstable();
-            fl.truncate(HIDE_FLOWS_MAX_ENTRIES as usize);
-            flows = fl.into_iter().collect();
+            fit(&mut addrs, &mut flows);
         }
         if self.hide_mirror.is_none() {
             let m = &self.loaded.maps;
@@ -238,6 +315,69 @@ impl KernelDatapath {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cgroup_that_holds_vnatd_or_lies_too_deep_is_refused() {
+        let mount = attach::cgroup2_mount().expect("this platform has a cgroup2 mount");
+        // This process stands for vnatd: the root holds it.
+        let e = may_hide(&mount).expect_err("the root holds this process");
+        assert!(e.to_string().contains("vnatd itself runs in"), "{e}");
+        let deep: std::path::PathBuf =
+            (0..=HIDE_MAX_LEVEL).fold(mount.clone(), |p, i| p.join(format!("l{i}")));
+        let e = may_hide(&deep).expect_err("too deep");
+        assert!(e.to_string().contains("levels below"), "{e}");
+        let e = may_hide(Path::new("/tmp")).expect_err("not a cgroup");
+        assert!(e.to_string().contains("not under the cgroup2 mount"), "{e}");
+    }
+
+    #[test]
+    fn cutting_to_capacity_never_keeps_a_redirection_without_its_exemptions() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let mut t = HideTable::default();
+        t.remote_show.insert(ip("10.0.1.5"), ip("10.0.0.1"));
+        t.remote_reach.insert(ip("10.0.1.5"), ip("10.0.2.5"));
+        t.remote_reach.insert(ip("10.0.1.6"), ip("10.0.2.6"));
+        for port in 0..=HIDE_FLOWS_MAX_ENTRIES {
+            // All but the last sort before the other address's one flow.
+            let (peer, port) = if port == HIDE_FLOWS_MAX_ENTRIES {
+                ("10.0.1.6", 1)
+            } else {
+                ("10.0.1.5", port as u16)
+            };
+            t.translated.insert((
+                if port % 2 == 0 {
+                    Proto::Udp
+                } else {
+                    Proto::Tcp
+                },
+                port,
+                SocketAddr::new(ip(peer), 7000 + (port % 3)),
+            ));
+        }
+        let (mut addrs, mut flows) = entries(&t);
+        assert!(flows.len() > HIDE_FLOWS_MAX_ENTRIES as usize);
+        fit(&mut addrs, &mut flows);
+        assert!(flows.len() <= HIDE_FLOWS_MAX_ENTRIES as usize);
+        for (k, v) in &addrs {
+            if v.flags & HIDE_F_REACH == 0 {
+                continue;
+            }
+            // Every translated flow to a redirected address is exempt.
+            let all = entries(&t).1;
+            for f in all.iter().filter(|f| f.dst_addr_be == k.addr_be) {
+                assert!(
+                    flows.contains(f),
+                    "{f:?} lost its exemption but {k:?} still redirects"
+                );
+            }
+        }
+        // Some address lost its redirection; the show entry stays.
+        let a = addrs
+            .values()
+            .filter(|v| v.flags & HIDE_F_SHOW != 0)
+            .count();
+        assert_eq!(a, 1);
+    }
 
     #[test]
     fn one_address_can_be_shown_and_reached_and_families_stay_apart() {

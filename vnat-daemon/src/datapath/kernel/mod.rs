@@ -399,7 +399,15 @@ impl Datapath for KernelDatapath {
             })
             .collect();
         let hiding = self.hiding_ids();
-        let cgroups = attach::pinned_cgroups(&self.bpffs)
+        let mut ids = attach::pinned_cgroups(&self.bpffs);
+        // Hiding cgroups that an enabled one above covers are listed too.
+        ids.extend(
+            hiding
+                .iter()
+                .filter(|h| !ids.contains(h))
+                .collect::<Vec<_>>(),
+        );
+        let cgroups = ids
             .into_iter()
             .map(|id| CgroupAttachment {
                 path: attach::cgroup_path(id)
@@ -435,7 +443,13 @@ impl Datapath for KernelDatapath {
 
     fn disable_cgroup(&mut self, path: &Path) -> Result<(), DatapathError> {
         let id = cgroup_id(path)?;
-        attach::detach_cgroup(&self.bpffs, id)?;
+        match attach::detach_cgroup(&self.bpffs, id) {
+            Ok(()) => {}
+            // A hiding cgroup that an enabled one above covers has no
+            // programs of its own: disabling it stops its hiding.
+            Err(DatapathError::CgroupNotEnabled { .. }) if self.hiding_ids().contains(&id) => {}
+            Err(e) => return Err(e),
+        }
         // Nothing of it is recorded or hidden any more.
         self.hide_cgroup_id(id, false)?;
         Ok(())
