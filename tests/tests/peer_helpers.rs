@@ -433,3 +433,88 @@ fn an_installed_helper_runs_unprivileged_with_its_connection() {
     let end = client.stop();
     assert!(end.error.is_none(), "the stream failed: {end:?}");
 }
+
+/// `--helper hold` (what `vnatctl criu-hook` asks for before a
+/// checkpoint): the server's vnatd keeps the server's packets of the
+/// connection in its socket, so the laptop's stream stops; the laptop's
+/// word that it is back (after `resume` at the same place) lets them go,
+/// and a hold nobody ends lets them go by itself after its limit (3.75 s
+/// with the default `tcp_retries2`), before the server's TCP gives up.
+#[test]
+fn the_hold_helper_keeps_the_peers_packets_until_the_end_is_back_or_the_limit() {
+    let tag = "hzh";
+    let topo = LaptopRouterServer::builder().tag(tag).build();
+    let lap = Host::new(&topo.laptop, &format!("{tag}l"));
+    let srv = Host::new(&topo.server, &format!("{tag}s"));
+    let (dl, ds) = (
+        TempDir::new(&format!("{tag}l")),
+        TempDir::new(&format!("{tag}s")),
+    );
+    let server = SocketAddr::new(topo.server_addr.v4.into(), 5001);
+    let _echo = EchoServer::tcp_in(&srv, server);
+    // The server allows hold by default.
+    let lapd = Vnatd::start(&lap, dl.path());
+    let srvd = Vnatd::start(&srv, ds.path());
+    let mut cmd = StreamOptions::tcp(server)
+        .rate(300_000)
+        .command(&topo.laptop);
+    lap.cgroup.join_on_spawn(&mut cmd);
+    let client = StreamClient::from_command(cmd);
+    client.wait_verified_at_least(50_000, Duration::from_secs(10));
+    lapd.wait_mobile_to("tcp", server.ip());
+    let verified = || client.latest().map_or(0, |s| s.verified);
+
+    // Held until the laptop says it is back.
+    let reply = lapd
+        .ctl(&["suspend", "--all", "--helper", "hold"])
+        .expect("suspend answers");
+    assert_eq!(reply["helped"].as_array().map(Vec::len), Some(1), "{reply}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while first_row(&srvd)["helping"] != serde_json::json!(["hold"]) {
+        assert!(
+            Instant::now() < deadline,
+            "the server never held: {}",
+            first_row(&srvd)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // What was in flight drains; then nothing comes back.
+    std::thread::sleep(Duration::from_millis(500));
+    let held_at = verified();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        verified() < held_at + 20_000,
+        "the server's packets were not held: {} bytes came back in 1.5 s",
+        verified() - held_at
+    );
+    let resumed = Instant::now();
+    lapd.ctl(&["resume", "--all"]).expect("resume answers");
+    let after = client.wait_verified_at_least(held_at + 100_000, Duration::from_secs(8));
+    assert!(
+        resumed.elapsed() < Duration::from_secs(8),
+        "the hold did not end with the laptop's word"
+    );
+    assert!(after.error.is_none());
+
+    // Held again, and nobody ends it: the limit does, after 10 s.
+    let reply = lapd
+        .ctl(&["suspend", "--all", "--helper", "hold"])
+        .expect("suspend answers");
+    assert_eq!(reply["helped"].as_array().map(Vec::len), Some(1), "{reply}");
+    let asked = Instant::now();
+    std::thread::sleep(Duration::from_millis(500));
+    let held_at = verified();
+    let back = client.wait_verified_at_least(held_at + 100_000, Duration::from_secs(20));
+    let waited = asked.elapsed();
+    // The limit: half of what the server's TCP would take to give up
+    // (tcp_retries2 probes, 500 ms apart when sends fail locally).
+    assert!(
+        waited >= Duration::from_millis(3500),
+        "the stream went on after {waited:?}, before the hold's limit (3.75 s)"
+    );
+    let end = client.stop();
+    assert!(
+        end.error.is_none() && end.verified >= back.verified,
+        "the stream failed: {end:?}"
+    );
+}

@@ -717,6 +717,13 @@ impl Endpoint {
         Ok(asked)
     }
 
+    /// Whether the peer of `flow` has confirmed (HELP_R) the last help
+    /// asked of it with [`Endpoint::request_help`]: false while it is
+    /// being resent, and for a connection VCMP does not have.
+    pub fn help_confirmed(&self, flow: &VirtualFlow) -> bool {
+        self.conns.get(flow).is_some_and(|c| c.help.is_none())
+    }
+
     /// `flows` now live at new local physical endpoints (the host woke up
     /// elsewhere, or the connections were imported on a new host): locate
     /// the peers and update them (paper section 3.3.2).

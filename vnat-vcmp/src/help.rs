@@ -27,8 +27,12 @@ pub const HELP_NAME_MAX: usize = HELP_LEN - 2;
 pub const ZERO_WINDOW: &str = "zero-window";
 /// The built-in helper that stops the peer's processes of the connection.
 pub const STOP: &str = "stop";
+/// The built-in helper that holds the peer's packets of the connection
+/// (queued in its socket, not sent) until this end is back.
+pub const HOLD: &str = "hold";
 const F_ZERO_WINDOW: u8 = 1;
 const F_STOP: u8 = 2;
+const F_HOLD: u8 = 4;
 
 /// What a host asks its peer to do for a connection while it is away.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
@@ -39,6 +43,11 @@ pub struct Help {
     /// Stop (SIGSTOP) the peer's processes of the connection until the end
     /// is back (SIGCONT).
     pub stop: bool,
+    /// Hold the peer's packets of the connection in its socket (nothing is
+    /// sent, so nothing is lost on the way) until the end is back or has
+    /// moved: for an end that is about to freeze (a process checkpointed
+    /// by CRIU), whose host would drop them.
+    pub hold: bool,
     /// A helper the peer's administrator installed, by name.
     pub user: Option<String>,
 }
@@ -68,9 +77,10 @@ impl Help {
             match n.as_str() {
                 ZERO_WINDOW => help.zero_window = true,
                 STOP => help.stop = true,
+                HOLD => help.hold = true,
                 other if !Help::valid_name(other) => {
                     return Err(format!(
-                        "{other:?} is not a keep-alive helper: use {ZERO_WINDOW:?}, {STOP:?} or the name of a helper installed on the peer (1 to {HELP_NAME_MAX} of a-z, 0-9, '-', '_')"
+                        "{other:?} is not a keep-alive helper: use {ZERO_WINDOW:?}, {STOP:?}, {HOLD:?} or the name of a helper installed on the peer (1 to {HELP_NAME_MAX} of a-z, 0-9, '-', '_')"
                     ));
                 }
                 other => match &help.user {
@@ -95,13 +105,18 @@ impl Help {
         if self.stop {
             out.push(STOP.to_string());
         }
+        if self.hold {
+            out.push(HOLD.to_string());
+        }
         out.extend(self.user.clone());
         out
     }
 
     pub(crate) fn encode(&self) -> [u8; HELP_LEN] {
         let mut b = [0u8; HELP_LEN];
-        b[0] = (u8::from(self.zero_window) * F_ZERO_WINDOW) | (u8::from(self.stop) * F_STOP);
+        b[0] = (u8::from(self.zero_window) * F_ZERO_WINDOW)
+            | (u8::from(self.stop) * F_STOP)
+            | (u8::from(self.hold) * F_HOLD);
         if let Some(n) = &self.user {
             b[1] = n.len() as u8;
             b[2..2 + n.len()].copy_from_slice(n.as_bytes());
@@ -112,7 +127,7 @@ impl Help {
     /// `None` for anything but what [`Help::encode`] writes: unknown flags,
     /// a bad name, bytes after it.
     pub(crate) fn decode(b: &[u8; HELP_LEN]) -> Option<Help> {
-        if b[0] & !(F_ZERO_WINDOW | F_STOP) != 0 {
+        if b[0] & !(F_ZERO_WINDOW | F_STOP | F_HOLD) != 0 {
             return None;
         }
         let n = usize::from(b[1]);
@@ -130,6 +145,7 @@ impl Help {
         Some(Help {
             zero_window: b[0] & F_ZERO_WINDOW != 0,
             stop: b[0] & F_STOP != 0,
+            hold: b[0] & F_HOLD != 0,
             user,
         })
     }
@@ -263,13 +279,18 @@ mod tests {
             Help {
                 zero_window: true,
                 stop: true,
+                hold: false,
                 user: Some("notify-send_2".into()),
+            },
+            Help {
+                hold: true,
+                ..Help::default()
             },
         ] {
             assert_eq!(Help::decode(&h.encode()), Some(h));
         }
         let mut b = Help::default().encode();
-        b[0] = 4;
+        b[0] = 8;
         assert_eq!(Help::decode(&b), None, "unknown flag");
         let mut b = Help::default().encode();
         b[1] = 15;
@@ -285,8 +306,8 @@ mod tests {
             assert!(!Help::valid_name(bad), "{bad:?}");
         }
         let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let h = Help::from_names(&names(&["zero-window", "stop", "notify"])).unwrap();
-        assert!(h.zero_window && h.stop && h.user.as_deref() == Some("notify"));
+        let h = Help::from_names(&names(&["zero-window", "stop", "hold", "notify"])).unwrap();
+        assert!(h.zero_window && h.stop && h.hold && h.user.as_deref() == Some("notify"));
         assert_eq!(Help::from_names(&h.names()), Ok(h));
         assert!(
             Help::from_names(&names(&["a", "b"])).is_err(),
@@ -334,6 +355,7 @@ mod sim_tests {
         let help = Help {
             zero_window: true,
             stop: false,
+            hold: true,
             user: Some("notify".into()),
         };
         let n = sim.with(a, |ep, now, rng| {

@@ -91,7 +91,7 @@ pub enum Command {
     Suspend {
         #[command(flatten)]
         select: SelectArgs,
-        /// Ask the peers to keep the connections alive while this host is away: zero-window, stop; repeatable.
+        /// Ask the peers to keep the connections alive while this host is away: zero-window, stop, hold; repeatable.
         #[arg(long = "helper", value_name = "NAME", value_parser = helper_name)]
         helpers: Vec<String>,
     },
@@ -238,6 +238,12 @@ peer_helpers setting):
                by default); the window reopens when this host is back
   stop         stop (SIGSTOP) the peer's process of the connection until
                this host is back (SIGCONT)
+  hold         hold the peer's packets of the connection in its socket
+               (not sent, so none is lost on the way) until this host is
+               back or has moved, for at most half of what the peer's
+               TCP would take to give up (3.75 s by default): for a host
+               about to freeze (vnatctl criu-hook asks for it before a
+               checkpoint)
 The peers are told this host is back once each connection works again (a
 resume, or a move by automatic mode).
 
@@ -389,10 +395,16 @@ vnat-connections.json (mode 0600) in the images directory, so whatever
 carries the images carries them too; at pre-restore on the target it
 imports that file, which puts each connection's old address in place so the
 restored sockets can bind to it, and vnatd moves them (the peers' vnatd are
-updated) as soon as they are restored. Other actions do nothing. If the
-export fails (a connection of the process cannot move, vnatd is not
-running), the hook exits non-zero: CRIU then aborts the dump and the process
-runs on here with its connections.
+updated) as soon as they are restored. Before that, at pre-dump (the
+process still runs), it asks the peers' vnatd to hold their packets of those
+connections in their sockets until the connections have moved (the hold
+helper, which peers allow by default), and waits up to a second for them to
+confirm: nothing they send then meets the frozen process's host, whose
+network lock would drop it (if the dump fails after that, they hold them
+for a few seconds at most). Other actions do nothing. If a connection of
+the process cannot move, or vnatd is not running, the hook exits non-zero at
+pre-dump or post-dump: CRIU then aborts the dump and the process runs on
+here with its connections.
 
 CRIU runs an action script without arguments, so give it a two-line wrapper
 that sets what it needs:

@@ -11,7 +11,17 @@
 //! (cr-dump.c, `cr_dump_finish`), so a failed export leaves the process
 //! where it was, with its connections.
 //!
-//! Two actions do something:
+//! These actions do something:
+//! - `pre-dump`: the tree still runs. Ask the peers of its connections to
+//!   hold their packets (the "hold" helper) until the connections have
+//!   moved, and wait up to a second for them to confirm, so that nothing
+//!   they send meets the frozen host (whose network lock drops it). A
+//!   connection that cannot move fails the dump here, before any freeze.
+//!   A peer that does not confirm is no reason to fail: its packets are
+//!   dropped during the freeze and resent after, as without the hold. If
+//!   the dump fails after this, the peers hold their packets until the
+//!   hold's limit (3.75 s by default): CRIU runs no action for a failed
+//!   dump.
 //! - `post-dump`: the tree is dumped and still frozen. Export the
 //!   connections its processes own, sealed for the target host, into
 //!   [`EXPORT_FILE`] in the images directory, so whatever carries the
@@ -40,22 +50,30 @@ use vnat_daemon::{
 /// A socket by its own (virtual) endpoints.
 pub type SocketTuple = (Proto, SocketAddr, SocketAddr);
 
+/// How long the hook waits at pre-dump for the peers to confirm that they
+/// hold their packets (one round trip, and the resends of a lost one).
+pub const HOLD_CONFIRM_MS: u32 = 1000;
+
 /// The export's name in CRIU's images directory.
 pub const EXPORT_FILE: &str = "vnat-connections.json";
 
 /// What the hook does for one `CRTOOLS_SCRIPT_ACTION`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
+    PreDump,
     PostDump,
     PreRestore,
     PostRestore,
-    /// Any other action (pre-dump, post-restore, network-lock, ...): nothing.
+    /// Any other action (network-lock, post-resume, ...): nothing. (At
+    /// the restore's post-resume the connections are moving already; the
+    /// peers' holds end with that move.)
     Ignored(String),
 }
 
 impl Action {
     pub fn parse(action: &str) -> Action {
         match action {
+            "pre-dump" => Action::PreDump,
             "post-dump" => Action::PostDump,
             "pre-restore" => Action::PreRestore,
             "post-restore" => Action::PostRestore,
@@ -309,12 +327,8 @@ mod tests {
         assert_eq!(Action::parse("post-dump"), Action::PostDump);
         assert_eq!(Action::parse("pre-restore"), Action::PreRestore);
         assert_eq!(Action::parse("post-restore"), Action::PostRestore);
-        for other in [
-            "pre-dump",
-            "network-lock",
-            "post-resume",
-            "setup-namespaces",
-        ] {
+        assert_eq!(Action::parse("pre-dump"), Action::PreDump);
+        for other in ["network-lock", "post-resume", "setup-namespaces"] {
             assert_eq!(Action::parse(other), Action::Ignored(other.into()));
         }
         assert!(matches!(

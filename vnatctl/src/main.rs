@@ -380,6 +380,30 @@ fn run(cli: &Cli) -> Result<String, Failure> {
                 }
                 output::export_written(json, &path, &document)
             }
+            Plan::CriuHold { tree } => {
+                let sockets = criu::tree_sockets(Path::new("/proc"), &tree);
+                // Before any freeze: a connection that cannot move fails
+                // the dump now rather than after it.
+                let ids = criu::tree_connections(&client.list().await?, &tree, &sockets)?;
+                if ids.is_empty() {
+                    return Ok(String::new());
+                }
+                let hold = vec![vnat_daemon::vcmp::help::HOLD.to_string()];
+                match client
+                    .ask_help(Selector::Conns(ids), hold, criu::HOLD_CONFIRM_MS)
+                    .await
+                {
+                    Ok((asked, confirmed)) => format!(
+                        "vnat: {} of {} peer connection(s) hold their packets until the connections have moved\n",
+                        confirmed.len(),
+                        asked.len()
+                    ),
+                    // Not holding costs what it did before the hold existed
+                    // (the packets sent during the freeze are resent): no
+                    // reason to fail the checkpoint.
+                    Err(e) => format!("vnat: cannot ask the peers to hold their packets ({e}); those sent during the freeze will be resent\n"),
+                }
+            }
             Plan::CriuResume => match client.resume(Selector::All).await {
                     Ok(_) => String::new(),
                     Err(e) => format!("vnat: vnatd will find the restored connections by itself within a second ({e})\n"),
@@ -426,6 +450,11 @@ enum Plan {
     /// criu-hook at post-restore: have vnatd look for the restored sockets
     /// now.
     CriuResume,
+    /// criu-hook at pre-dump: the tree's peers hold their packets until
+    /// its connections have moved.
+    CriuHold {
+        tree: std::collections::BTreeSet<u32>,
+    },
 }
 
 /// What `criu-hook` does for the action CRIU names (None: nothing). Reads
@@ -435,6 +464,9 @@ fn criu_plan(to: &Option<String>, from: &Option<String>) -> Result<Option<Plan>,
     let env = criu::CriuEnv::from_process();
     Ok(match env.action()? {
         criu::Action::Ignored(_) => None,
+        criu::Action::PreDump => Some(Plan::CriuHold {
+            tree: criu::process_tree(Path::new("/proc"), env.init_pid()?)?,
+        }),
         criu::Action::PostDump => {
             let to = to.clone().ok_or(criu::HookError::NoTarget)?;
             let pid = env.init_pid()?;

@@ -133,6 +133,9 @@ async fn fake_driver(mut rx: tokio::sync::mpsc::Receiver<DriverCommand>) {
                 let helped = if help.is_none() { Vec::new() } else { flows };
                 let _ = reply.send(Ok(helped));
             }
+            DriverCommand::AskHelp { flows, reply, .. } => {
+                let _ = reply.send((flows.clone(), flows));
+            }
             DriverCommand::Resume { reply } => {
                 let _ = reply.send(0);
             }
@@ -886,11 +889,22 @@ fn criu_hook_checks_its_environment_first() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("--action-script"), "{}", stderr(&o));
 
-    for action in ["pre-dump", "post-resume", "network-unlock"] {
+    for action in ["post-resume", "network-unlock"] {
         let o = hook(&[("CRTOOLS_SCRIPT_ACTION", action)]);
         assert_eq!(o.status.code(), Some(0), "{action}: {}", stderr(&o));
         assert_eq!(stdout(&o), "", "{action}");
     }
+    // pre-dump asks the peers to hold their packets: it needs the dumped
+    // tree, and vnatd (whose absence would fail the export anyway).
+    let o = hook(&[("CRTOOLS_SCRIPT_ACTION", "pre-dump")]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("CRTOOLS_INIT_PID"), "{}", stderr(&o));
+    let me = std::process::id().to_string();
+    let o = hook(&[
+        ("CRTOOLS_SCRIPT_ACTION", "pre-dump"),
+        ("CRTOOLS_INIT_PID", me.as_str()),
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
     // No export in the images: nothing to import or hurry, no vnatd needed.
     for action in ["pre-restore", "post-restore"] {
         let o = hook(&[("CRTOOLS_SCRIPT_ACTION", action)]);

@@ -196,6 +196,28 @@ impl ControlClient {
         }
     }
 
+    /// Ask the selected connections' peers for `helpers` without
+    /// suspending (none: this host is back), waiting up to `wait_ms` for
+    /// their confirmations: (ids asked, ids confirmed).
+    pub async fn ask_help(
+        &mut self,
+        selector: Selector,
+        helpers: Vec<String>,
+        wait_ms: u32,
+    ) -> Result<(Vec<u64>, Vec<u64>), ClientError> {
+        match self
+            .request(Request::AskHelp {
+                selector,
+                helpers,
+                wait_ms,
+            })
+            .await?
+        {
+            Reply::HelpAsked { asked, confirmed } => Ok((asked, confirmed)),
+            other => Err(self.unexpected("ask_help", &other)),
+        }
+    }
+
     pub async fn resume(&mut self, selector: Selector) -> Result<ResumeReply, ClientError> {
         match self.request(Request::Resume { selector }).await? {
             Reply::Resumed(r) => Ok(r),

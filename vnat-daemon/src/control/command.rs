@@ -24,6 +24,15 @@ pub enum Command {
         help: crate::vcmp::help::Help,
         reply: oneshot::Sender<Result<Vec<VirtualFlow>, EndpointError>>,
     },
+    /// Ask the peers of `flows` for `help` (empty: this host is back)
+    /// without suspending; the answer, once every peer confirmed or `wait`
+    /// passed: the flows whose peers were asked, and those that confirmed.
+    AskHelp {
+        flows: Vec<VirtualFlow>,
+        help: crate::vcmp::help::Help,
+        wait: std::time::Duration,
+        reply: oneshot::Sender<(Vec<VirtualFlow>, Vec<VirtualFlow>)>,
+    },
     /// Re-read addresses and connections now and move what needs moving.
     Resume { reply: oneshot::Sender<usize> },
     /// Move each flow to the address given with it (`vnatctl migrate`):

@@ -113,7 +113,8 @@ impl Handler {
             Request::Suspend { selector, .. }
             | Request::Resume { selector }
             | Request::Migrate { selector, .. }
-            | Request::Export { selector, .. } => self.mobility_request(request, selector),
+            | Request::Export { selector, .. }
+            | Request::AskHelp { selector, .. } => self.mobility_request(request, selector),
             Request::Peers => self
                 .ask(|reply| Command::Peers { reply })
                 .map(|peers| Reply::Peers { peers }),
@@ -303,6 +304,24 @@ impl Handler {
                 }))
             }
             Request::Migrate { to, .. } => self.migrate(&selected, to),
+            Request::AskHelp {
+                helpers, wait_ms, ..
+            } => {
+                let help = crate::vcmp::help::Help::from_names(helpers)
+                    .map_err(RequestError::InvalidArgument)?;
+                let flows: Vec<VirtualFlow> = selected.iter().map(flow_of).collect();
+                let wait = std::time::Duration::from_millis(u64::from((*wait_ms).min(2000)));
+                let (asked, confirmed) = self.ask(|reply| Command::AskHelp {
+                    flows,
+                    help: help.clone(),
+                    wait,
+                    reply,
+                })?;
+                let ids = |v: Vec<VirtualFlow>| v.iter().map(VirtualFlow::id).collect::<Vec<_>>();
+                let (asked, confirmed) = (ids(asked), ids(confirmed));
+                tracing::info!(connections = ?asked, confirmed = ?confirmed, helpers = ?help.names(), "control: asked the peers for helpers");
+                Ok(Reply::HelpAsked { asked, confirmed })
+            }
             Request::Export { to, .. } => {
                 let to = host_key(to.as_deref(), "--to")?;
                 let flows: Vec<VirtualFlow> = selected.iter().map(flow_of).collect();

@@ -123,6 +123,22 @@ impl FakeDriver {
                         let helped = if help.is_none() { Vec::new() } else { flows };
                         let _ = reply.send(Ok(helped));
                     }
+                    Command::AskHelp {
+                        flows,
+                        help,
+                        wait,
+                        reply,
+                    } => {
+                        seen.push(format!(
+                            "ask_help {} {:?} {}ms",
+                            flows.len(),
+                            help.names(),
+                            wait.as_millis()
+                        ));
+                        // The first peer confirms, the others do not.
+                        let confirmed = flows.iter().take(1).copied().collect();
+                        let _ = reply.send((flows, confirmed));
+                    }
                     Command::Resume { reply } => {
                         seen.push("resume".into());
                         let _ = reply.send(1);
@@ -418,6 +434,38 @@ fn suspend_with_helpers_asks_the_driver_and_refuses_bad_names() {
         driver.log(),
         ["mobility", "suspend 1 [\"zero-window\", \"stop\"]"]
     );
+}
+
+#[test]
+fn ask_help_passes_the_helpers_and_the_bounded_wait_and_refuses_bad_names() {
+    let (driver, tx) = FakeDriver::start();
+    let h = Handler::new(spawn(Box::new(datapath())).unwrap(), info()).with_driver(tx);
+    let reply = ok(h.handle(&Request::AskHelp {
+        selector: Selector::Pid(42),
+        helpers: vec!["hold".into()],
+        wait_ms: 60_000,
+    }));
+    let Reply::HelpAsked { asked, confirmed } = reply.clone() else {
+        panic!("ask_help answered {reply:?}")
+    };
+    assert_eq!(asked.len(), 2);
+    assert_eq!(confirmed, asked[..1]);
+    let v = serde_json::to_value(ResponseEnvelope::ok(reply)).expect("serializable");
+    assert_eq!(v["ok"]["type"], "help_asked");
+    let e = err(h.handle(&Request::AskHelp {
+        selector: Selector::All,
+        helpers: vec!["Hold".into()],
+        wait_ms: 0,
+    }));
+    assert_eq!(e.kind, ErrorKind::InvalidArgument, "{}", e.message);
+    let parsed = parse_request(
+        br#"{"version":1,"request":{"type":"ask_help","selector":"all","helpers":["hold"],"wait_ms":500}}"#,
+    )
+    .expect("parses");
+    assert!(matches!(parsed, Request::AskHelp { wait_ms: 500, .. }));
+    drop(h);
+    // The wait is capped at 2 s whatever the client asks.
+    assert_eq!(driver.log(), ["ask_help 2 [\"hold\"] 2000ms"]);
 }
 
 #[test]

@@ -73,6 +73,18 @@ pub enum Request {
     /// After a planned move: re-read addresses now and move what lost its
     /// address, instead of waiting for the address watch.
     Resume { selector: Selector },
+    /// Ask the peers of the selected connections for keep-alive helpers
+    /// (`vcmp::help`) without suspending them (no keepalive hold, no role
+    /// or key agreement); no helpers: this host is back. `vnatctl
+    /// criu-hook` asks for "hold" before a checkpoint. Waits up to
+    /// `wait_ms` (at most 2000) for the peers to confirm.
+    AskHelp {
+        selector: Selector,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        helpers: Vec<String>,
+        #[serde(default)]
+        wait_ms: u32,
+    },
     /// Move the selected connections to another local address of this
     /// host while their current one stays up (a multihomed host: Wi-Fi to
     /// wired or cellular). Their peers validate the new address as for any
@@ -113,6 +125,7 @@ impl Request {
         "disable_cgroup",
         "suspend",
         "resume",
+        "ask_help",
         "migrate",
         "peers",
         "forget_peer",
@@ -226,6 +239,13 @@ pub enum Reply {
     },
     Suspended(SuspendReply),
     Resumed(ResumeReply),
+    /// The answer to [`Request::AskHelp`].
+    HelpAsked {
+        /// Ids of the connections whose peers were asked (those with keys).
+        asked: Vec<u64>,
+        /// Those whose peers confirmed within the wait.
+        confirmed: Vec<u64>,
+    },
     Migrated(MigrateReply),
     Peers {
         peers: Vec<PeerInfo>,
@@ -253,6 +273,7 @@ impl Reply {
             Reply::CgroupDisabled { .. } => "cgroup_disabled",
             Reply::Suspended(_) => "suspended",
             Reply::Resumed(_) => "resumed",
+            Reply::HelpAsked { .. } => "help_asked",
             Reply::Migrated(_) => "migrated",
             Reply::Peers { .. } => "peers",
             Reply::PeerForgotten { .. } => "peer_forgotten",
@@ -578,7 +599,7 @@ mod tests {
         for t in Request::TYPES {
             let line = match *t {
                 "enable_cgroup" | "disable_cgroup" => format!(r#"{{"type":"{t}","path":"/p"}}"#),
-                "suspend" | "resume" | "export" => {
+                "suspend" | "resume" | "export" | "ask_help" => {
                     format!(r#"{{"type":"{t}","selector":"all"}}"#)
                 }
                 "migrate" => {

@@ -266,7 +266,7 @@ async fn malformed_input_gets_an_error_and_the_server_stays_up() {
     assert_eq!(e.kind, ErrorKind::UnknownRequest);
     assert!(
         e.message.contains(
-            "status, list, enable_cgroup, disable_cgroup, suspend, resume, migrate, peers, forget_peer, export, import"
+            "status, list, enable_cgroup, disable_cgroup, suspend, resume, ask_help, migrate, peers, forget_peer, export, import"
         ),
         "{}",
         e.message

@@ -76,7 +76,7 @@ pub struct Args {
     #[arg(
         long = "peer-helper",
         value_name = "NAME",
-        help = "keep-alive helper this host runs when a peer about to be away asks for it: zero-window or stop; repeatable; none for none [default: zero-window]"
+        help = "keep-alive helper this host runs when a peer about to be away asks for it: zero-window, stop or hold; repeatable; none for none [default: zero-window and hold]"
     )]
     pub peer_helpers: Vec<String>,
     /// Where installed keep-alive helpers are.
@@ -231,7 +231,7 @@ pub enum ConfigError {
     LocationServer { file: PathBuf, value: SocketAddr },
     #[error("keepalive_secs = {value} in the config file {} is out of range; use 0 (off) to 3600 seconds (default 25)", file.display())]
     Keepalive { file: PathBuf, value: u32 },
-    #[error("{name:?} {} is no keep-alive helper: peer_helpers (--peer-helper) takes zero-window, stop, the name of an executable in helpers_dir (1 to 14 of a-z, 0-9, '-', '_'), or none", file.as_ref().map(|f| format!("in peer_helpers in the config file {}", f.display())).unwrap_or_else(|| "given to --peer-helper".into()))]
+    #[error("{name:?} {} is no keep-alive helper: peer_helpers (--peer-helper) takes zero-window, stop, hold, the name of an executable in helpers_dir (1 to 14 of a-z, 0-9, '-', '_'), or none", file.as_ref().map(|f| format!("in peer_helpers in the config file {}", f.display())).unwrap_or_else(|| "given to --peer-helper".into()))]
     PeerHelper { file: Option<PathBuf>, name: String },
     #[error("cannot make {} absolute: {source}", path.display())]
     Absolute {
@@ -480,13 +480,18 @@ pub struct ReloadPlan {
 }
 
 /// The `peer_helpers` setting: the built-in helpers by name, checked; the
-/// default is zero-window alone, and "none" alone means none.
+/// default is zero-window and hold (neither can harm this host: the
+/// first answers for the peer, the second holds only that connection's
+/// own packets, for seconds), and "none" alone means none.
 fn peer_helpers(
     names: Option<Vec<String>>,
     file: Option<&Path>,
 ) -> Result<Vec<String>, ConfigError> {
     let Some(names) = names else {
-        return Ok(vec![crate::vcmp::help::ZERO_WINDOW.to_string()]);
+        return Ok(vec![
+            crate::vcmp::help::ZERO_WINDOW.to_string(),
+            crate::vcmp::help::HOLD.to_string(),
+        ]);
     };
     if names == ["none"] {
         return Ok(Vec::new());

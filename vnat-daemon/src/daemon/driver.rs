@@ -324,6 +324,9 @@ pub struct Driver {
     /// Installed helpers' runs per connection, and the slots they share.
     helper_runs: HashMap<VirtualFlow, helping::HelperQueue>,
     helper_slots: std::sync::Arc<tokio::sync::Semaphore>,
+    /// `AskHelp` requests waiting for their peers' confirmations: the
+    /// flows asked, until when, where the answer goes.
+    help_waits: Vec<helping::HelpWait>,
     /// Hide location: whether some cgroup hides (as last read), the
     /// shown addresses kept from one table to the next, whether
     /// connections changed since the table was last computed, and the
@@ -431,6 +434,7 @@ impl Driver {
             timeout_restore: HashMap::new(),
             helper_runs: HashMap::new(),
             helper_slots: std::sync::Arc::new(tokio::sync::Semaphore::new(helping::HELPER_SLOTS)),
+            help_waits: Vec::new(),
             hiding: false,
             hider: Default::default(),
             hide_due: true,
@@ -546,6 +550,7 @@ impl Driver {
             self.end_overdue_holds().await;
             self.release_due_keepalives().await;
             self.answer_for_absent_peers().await;
+            self.answer_help_waits();
         }
         // A socket must not stay without the keepalive its application set,
         // nor a process stopped for a peer.

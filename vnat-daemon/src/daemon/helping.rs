@@ -8,7 +8,11 @@
 //!   for the absent end every [`ANSWER_EVERY`] with a zero window, so that
 //!   its TCP waits in persist mode instead of retransmitting to death, and
 //!   reopens the window (the one the absent end last advertised) when the
-//!   end is back; "stop" stops the connection's local process until then.
+//!   end is back; "stop" stops the connection's local process until then;
+//!   "hold" keeps the connection's packets in its socket (held at the tc
+//!   egress: the socket sees a local send failure and keeps its data) for
+//!   at most [`hold_limit`], for an end about to freeze, whose host would
+//!   drop them.
 //!   Help ends when the end says it is back, when the connection moves,
 //!   when the end is heard from (the socket's byte counters move), when the
 //!   connection closes, and after [`MAX_HELP`].
@@ -16,7 +20,7 @@
 use std::time::{Duration, Instant};
 
 use crate::datapath::PeerAnswer;
-use crate::vcmp::help::{Help, STOP, ZERO_WINDOW};
+use crate::vcmp::help::{Help, HOLD, STOP, ZERO_WINDOW};
 
 /// How often a zero-window answer is repeated: each one clears the count of
 /// the socket's unanswered window probes, which backs off from 200 ms, so
@@ -24,6 +28,17 @@ use crate::vcmp::help::{Help, STOP, ZERO_WINDOW};
 pub const ANSWER_EVERY: Duration = Duration::from_millis(500);
 /// How long a peer is helped at most.
 pub const MAX_HELP: Duration = Duration::from_secs(24 * 3600);
+/// How long a connection's packets are held for a peer at most, for a
+/// host whose `net.ipv4.tcp_retries2` is `retries2`. A socket whose sends
+/// fail locally tries again every 500 ms, and one waiting on a closed
+/// window counts each try as an unanswered window probe: after
+/// `tcp_retries2` of them (7.5 s by default) it gives up and the
+/// connection is lost (seen in the hold test). So half that, at most 5 s:
+/// a checkpoint and restore takes a few hundred ms. After it, the packets
+/// leave again, to wherever the peer was.
+pub fn hold_limit(retries2: u32) -> Duration {
+    (Duration::from_millis(250) * retries2.max(1)).min(Duration::from_secs(5))
+}
 /// Counters no socket has: an answer "delivered only at these" is a
 /// reading.
 pub const READ_ONLY: (u64, u64) = (u64::MAX, u64::MAX);
@@ -37,11 +52,12 @@ pub fn allowed(asked: &Help, allowed: &[String]) -> Help {
     Help {
         zero_window: asked.zero_window && has(ZERO_WINDOW),
         stop: asked.stop && has(STOP),
+        hold: asked.hold && has(HOLD),
         // Never a built-in's name taken for an installed helper's.
         user: asked
             .user
             .clone()
-            .filter(|u| has(u) && u != ZERO_WINDOW && u != STOP),
+            .filter(|u| has(u) && u != ZERO_WINDOW && u != STOP && u != HOLD),
     }
 }
 
@@ -72,6 +88,9 @@ pub struct Helping {
     /// The socket's TCP_USER_TIMEOUT before the help held it (see
     /// [`USER_TIMEOUT_HOLD`]).
     pub user_timeout: Option<u32>,
+    /// Until when the connection's packets are held ("hold", see
+    /// [`hold_limit`]).
+    pub held_until: Option<Instant>,
 }
 
 /// TCP_USER_TIMEOUT while a peer is helped (ms): the absence must not count
@@ -108,7 +127,13 @@ impl Helping {
             peer_window: None,
             stopped: None,
             user_timeout: None,
+            held_until: None,
         }
+    }
+
+    /// The hold has reached its limit at `now`.
+    pub fn hold_overdue(&self, now: Instant) -> bool {
+        self.held_until.is_some_and(|t| now >= t)
     }
 
     /// The counters a zero-window answer is delivered at: the last ones
@@ -176,6 +201,7 @@ mod tests {
         let asked = Help {
             zero_window: true,
             stop: true,
+            hold: true,
             user: Some("notify".into()),
         };
         let z = allowed(&asked, &["zero-window".to_string()]);
@@ -184,7 +210,19 @@ mod tests {
         assert!(!n.zero_window && n.user.as_deref() == Some("notify"));
         assert!(allowed(&asked, &[]).is_none());
         let both = allowed(&asked, &["zero-window".into(), "stop".into()]);
-        assert!(both.zero_window && both.stop);
+        assert!(both.zero_window && both.stop && !both.hold);
+        assert_eq!(hold_limit(15), Duration::from_millis(3750));
+        assert_eq!(hold_limit(3), Duration::from_millis(750));
+        assert_eq!(hold_limit(0), Duration::from_millis(250));
+        assert_eq!(hold_limit(100), Duration::from_secs(5));
+        let hold = allowed(&asked, &["hold".into()]);
+        assert!(hold.hold && !hold.zero_window && hold.user.is_none());
+        // An installed helper cannot take a built-in's name.
+        let named = Help {
+            user: Some("hold".into()),
+            ..Help::default()
+        };
+        assert!(allowed(&named, &["hold".into()]).is_none());
     }
 
     #[test]

@@ -26,7 +26,7 @@ Config file (every key optional; these are the defaults):
     location_servers = []                    # e.g. [\"192.0.2.7:2031\"]
     standby_tc = true                        # see below
     keepalive_secs = 25                      # 0: no NAT keepalives
-    peer_helpers = [\"zero-window\"]           # see below
+    peer_helpers = [\"zero-window\", \"hold\"] # see below
     helpers_dir = \"/etc/vnat/helpers\"
 
 location_servers (or --location-server, repeatable) are other vnatd asked
@@ -66,7 +66,12 @@ are the keep-alive helpers this host runs when a peer about to be away
 asks for them (`vnatctl suspend --helper NAME` on the peer): zero-window
 answers for the absent end so that this host's TCP waits instead of giving
 up; stop stops (SIGSTOP) this host's processes of the connection until the
-peer is back (SIGCONT). Any other name is an installed helper: the
+peer is back (SIGCONT); hold keeps this host's packets of the connection
+in its socket, unsent, until the peer is back or has moved, for at most
+half of what this host's TCP would take to give up (3.75 s with the
+default tcp_retries2); a peer whose process is about to be checkpointed by
+CRIU asks for it, so that none of them is dropped by the frozen host. Any other name is an
+installed helper: the
 executable of that name in helpers_dir (--helpers-dir), which must belong to
 root and be writable by nobody else. vnatd runs it as user nobody, with no
 environment, the connection's socket as descriptor 3 and a JSON object on

@@ -136,6 +136,12 @@ impl Driver {
                 };
                 let _ = reply.send(r);
             }
+            Command::AskHelp {
+                flows,
+                help,
+                wait,
+                reply,
+            } => self.ask_help_now(&flows, &help, wait, reply),
             Command::Resume { reply } => {
                 // Held keepalives go back on once each connection works
                 // again, not now: at wake the network may not be back.

@@ -13,6 +13,13 @@ const MAX_QUEUED_RUNS: usize = 4;
 /// Installed helpers running at once.
 pub(super) const HELPER_SLOTS: usize = 4;
 
+/// An `AskHelp` waiting for its peers' confirmations.
+pub(super) struct HelpWait {
+    asked: Vec<VirtualFlow>,
+    until: std::time::Instant,
+    reply: tokio::sync::oneshot::Sender<(Vec<VirtualFlow>, Vec<VirtualFlow>)>,
+}
+
 /// The runs of one connection's installed helper, one at a time.
 #[derive(Clone, Default)]
 pub(super) struct HelperQueue {
@@ -28,7 +35,75 @@ impl Driver {
         let answer = (!self.helping.is_empty() || !self.timeout_restore.is_empty())
             .then_some(self.next_help_answer);
         let asked = (!self.help_asked.is_empty()).then_some(self.next_keepalive_check);
-        answer.into_iter().chain(asked).min()
+        let waits = self.help_waits.iter().map(|w| w.until).min();
+        let holds = self.helping.values().filter_map(|h| h.held_until).min();
+        answer
+            .into_iter()
+            .chain(asked)
+            .chain(waits)
+            .chain(holds)
+            .min()
+    }
+
+    /// `AskHelp`: ask the peers of `flows` for `help` (empty: this host is
+    /// back), without the suspend's keepalive hold or the back-when-working
+    /// rule (what is asked ends with a move, the peer's limits, or an empty
+    /// request); answer once every peer confirmed or after `wait`.
+    pub(super) fn ask_help_now(
+        &mut self,
+        flows: &[VirtualFlow],
+        help: &Help,
+        wait: std::time::Duration,
+        reply: tokio::sync::oneshot::Sender<(Vec<VirtualFlow>, Vec<VirtualFlow>)>,
+    ) {
+        let asked: Vec<VirtualFlow> = flows
+            .iter()
+            .filter(|f| self.endpoint.connection(f).is_some_and(|v| v.has_keys))
+            .copied()
+            .collect();
+        let asked = match self.endpoint.request_help(now(), &mut OsRng, &asked, help) {
+            Ok(_) => asked,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot ask the peers for helpers");
+                Vec::new()
+            }
+        };
+        if help.is_none() {
+            // Back: nothing of ours is asked of them any more.
+            for f in &asked {
+                self.help_asked.remove(f);
+            }
+        }
+        tracing::info!(connections = asked.len(), helpers = ?help.names(), "asked the peers for keep-alive helpers");
+        self.help_waits.push(HelpWait {
+            asked,
+            until: std::time::Instant::now() + wait,
+            reply,
+        });
+        self.answer_help_waits();
+    }
+
+    /// Answer the `AskHelp` requests whose peers all confirmed, or whose
+    /// wait is over.
+    pub(super) fn answer_help_waits(&mut self) {
+        if self.help_waits.is_empty() {
+            return;
+        }
+        let now_i = std::time::Instant::now();
+        let waits = std::mem::take(&mut self.help_waits);
+        for w in waits {
+            let confirmed: Vec<VirtualFlow> = w
+                .asked
+                .iter()
+                .filter(|f| self.endpoint.help_confirmed(f))
+                .copied()
+                .collect();
+            if confirmed.len() == w.asked.len() || now_i >= w.until || w.reply.is_closed() {
+                let _ = w.reply.send((w.asked, confirmed));
+            } else {
+                self.help_waits.push(w);
+            }
+        }
     }
 
     /// At suspend: ask the peers of `flows` for `help`; the ones with keys
@@ -135,6 +210,22 @@ impl Driver {
             .filter(|o| o.help.zero_window && help.zero_window)
             .map(|o| (o.quiet, o.peer_window, o.counters));
         let old_user = old.as_ref().and_then(|o| o.help.user.clone());
+        let old_held = old.as_ref().and_then(|o| o.held_until);
+        // "hold": the connection's packets stay in its socket until the
+        // peer is back or has moved (or the limit), also when this request
+        // ends every other help.
+        let held_until = match (help.hold, old_held) {
+            (true, Some(t)) => Some(t),
+            (true, None) => self
+                .hold_for_peer(flow, true)
+                .await
+                .then(|| now_i + helping::hold_limit(tcp_retries2())),
+            (false, Some(_)) => {
+                self.hold_for_peer(flow, false).await;
+                None
+            }
+            (false, None) => None,
+        };
         let (since, mut stopped, mut old_timeout) = match old {
             Some(old) => (old.since, old.stopped, old.user_timeout),
             None => (now_i, None, None),
@@ -170,6 +261,7 @@ impl Driver {
         let mut h = Helping::new(help.clone(), since);
         h.stopped = stopped;
         h.user_timeout = old_timeout;
+        h.held_until = held_until;
         if help.zero_window && h.user_timeout.is_none() {
             // Given back by a restore still pending? Then that value.
             let pending = self.timeout_restore.remove(&flow).map(|r| r.0);
@@ -197,6 +289,22 @@ impl Driver {
     /// [`helping::ANSWER_EVERY`], look at the others' sockets, and end
     /// what is over.
     pub(super) async fn answer_for_absent_peers(&mut self) {
+        // Holds end at their limit to the moment, not at the next answer:
+        // the limit keeps the socket short of giving up.
+        let now_i = std::time::Instant::now();
+        let overdue: Vec<VirtualFlow> = self
+            .helping
+            .iter()
+            .filter(|(_, h)| h.hold_overdue(now_i))
+            .map(|(f, _)| *f)
+            .collect();
+        for f in overdue {
+            tracing::info!(flow = %f, "the peer is not back within the hold's limit; the connection's packets leave again");
+            self.hold_for_peer(f, false).await;
+            if let Some(h) = self.helping.get_mut(&f) {
+                h.held_until = None;
+            }
+        }
         if (self.helping.is_empty() && self.timeout_restore.is_empty())
             || std::time::Instant::now() < self.next_help_answer
         {
@@ -289,6 +397,10 @@ impl Driver {
         }
         if let Some(s) = &h.stopped {
             resume_process(s);
+        }
+        if h.held_until.is_some() {
+            // After a move, installing the translation released it already.
+            self.hold_for_peer(flow, false).await;
         }
         if let Some(name) = &h.help.user {
             self.run_user_helper(flow, name, "back").await;
@@ -400,6 +512,18 @@ impl Driver {
         });
     }
 
+    /// Hold (or release) `flow`'s packets for its peer ("hold"): whether
+    /// that took.
+    async fn hold_for_peer(&mut self, flow: VirtualFlow, on: bool) -> bool {
+        match with_dp(&self.dp, move |dp| dp.hold_send_side(&flow, on)).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(%flow, hold = on, error = %e, "cannot hold or release the connection's packets for its peer");
+                false
+            }
+        }
+    }
+
     /// After zero-window answers: deliver `reopen` as the peer's window if
     /// given (see `PeerAnswer::Retransmitting`), and restart the socket's
     /// timers.
@@ -464,6 +588,15 @@ impl Driver {
         }
         Some(s)
     }
+}
+
+/// This namespace's `net.ipv4.tcp_retries2` (15, the kernel's default,
+/// if it cannot be read).
+fn tcp_retries2() -> u32 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_retries2")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(15)
 }
 
 /// How a help ends (see [`Driver::end_helping`]).
