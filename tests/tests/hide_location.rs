@@ -98,8 +98,7 @@ impl Ftp {
             }
         });
         let mut ftp = Ftp { child, stdin, out };
-        ftp.send("user anonymous vnat@");
-        if let Err(line) = ftp.wait_for(&["230 "], &["530 "], "login") {
+        if let Err(line) = ftp.ask("user anonymous vnat@", &["230 "], &["530 "], "login") {
             panic!("vsftpd refused the anonymous login: {line}");
         }
         ftp.send("binary");
@@ -115,10 +114,18 @@ impl Ftp {
         self.out.lock().unwrap().clone()
     }
 
-    /// Wait until the output since now shows one of `good` (Ok, the line)
-    /// or of `bad` (Err, the line), at most 30 s.
-    fn wait_for(&self, good: &[&str], bad: &[&str], what: &str) -> Result<String, String> {
+    /// Send `line`, then wait until what ftp printed since (the answer may
+    /// be there before we look) shows one of `good` (Ok, the line) or of
+    /// `bad` (Err, the line), at most 30 s.
+    fn ask(
+        &mut self,
+        line: &str,
+        good: &[&str],
+        bad: &[&str],
+        what: &str,
+    ) -> Result<String, String> {
         let from = self.output().len();
+        self.send(line);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let all = self.output();
@@ -142,8 +149,8 @@ impl Ftp {
     /// failure vsftpd or ftp reported.
     fn get(&mut self, name: &str, local: &Path) -> Result<String, String> {
         let _ = fs::remove_file(local);
-        self.send(&format!("get {name} {}", local.display()));
-        self.wait_for(
+        self.ask(
+            &format!("get {name} {}", local.display()),
             &["226 "],
             &["425 ", "426 ", "500 ", "501 ", "550 ", "ftp: "],
             &format!("get {name}"),
