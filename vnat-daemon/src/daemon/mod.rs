@@ -13,6 +13,7 @@ pub mod hide;
 pub mod hostaddrs;
 pub mod identity;
 pub mod mobility;
+pub mod moveops;
 pub mod mover;
 pub mod userhelper;
 

@@ -1,9 +1,11 @@
 //! The move choreography, without I/O (DESIGN.md section 3; STYLE.md, the
 //! sans-IO core and its driver): what the datapath must do, and in which
 //! order, for the core's events and the address watch's moves. The driver
-//! asks it, runs what it returns against the datapath in one trip, and
-//! reports the outcome back; every decision and every piece of move
-//! bookkeeping is here, unit-tested with the fake datapath without root.
+//! asks it, runs what it returns against the datapath in one trip (with
+//! `super::moveops`, which does each step's datapath work in the rule's
+//! order), and reports the outcome back; every decision and every piece of
+//! move bookkeeping is here, unit-tested with the fake datapath without
+//! root.
 //!
 //! The rule it keeps: no kernel ever sees an untranslated packet for a
 //! socket it lacks. So a receive side is prepared before anyone may send to

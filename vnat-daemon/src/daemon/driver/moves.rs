@@ -3,6 +3,7 @@
 //! datapath in one trip per turn.
 
 use super::*;
+use crate::daemon::moveops;
 
 impl Driver {
     /// Track new connections, forget closed ones, and move the ones whose
@@ -280,37 +281,10 @@ impl Driver {
             candidates
                 .into_iter()
                 .map(|st| {
-                    let m = st.mv;
-                    // Held first: preparing the receive side puts the old
-                    // address back on lo, and from then on the socket can
-                    // send again; a packet that left unheld in between
-                    // would reach the peer from the new network, untranslated
-                    // (a UDP server takes it for a new peer's).
-                    let mut held = false;
-                    if st.hold {
-                        match dp.hold_send_side(&m.flow, true) {
-                            Ok(()) => held = true,
-                            Err(e) => tracing::warn!(flow = ?m.flow, error = %e, "cannot hold the connection's packets during its move"),
-                        }
-                    }
-                    let r = if m.new_local != m.flow.local {
-                        let t = Translation {
-                            flow: m.flow,
-                            physical_local: m.new_local,
-                            physical_remote: m.remote_phys,
-                        };
-                        conflict::prepare_resolving(dp, &t, preempt.contains(&m.flow), |o| {
-                            preempt.contains(o)
-                        })
-                    } else {
-                        Ok(())
-                    };
-                    if r.is_err() && held {
-                        // Not moving after all: back as it was.
-                        let _ = dp.hold_send_side(&m.flow, false);
-                        held = false;
-                    }
-                    (m, st.from, r, held)
+                    let s = moveops::start_one(dp, &st, preempt.contains(&st.mv.flow), |o| {
+                        preempt.contains(o)
+                    });
+                    (st.mv, st.from, s.result, s.held)
                 })
                 .collect::<Vec<_>>()
         })
@@ -353,20 +327,7 @@ impl Driver {
             return;
         }
         let n = overdue.len();
-        let failed = with_dp(&self.dp, move |dp| {
-            let mut failed = Vec::new();
-            for f in overdue {
-                match dp.hold_send_side(&f, false) {
-                    // The socket's sends failed while held, so it waits on
-                    // a backed-off probe timer: push what it queued now,
-                    // not seconds later.
-                    Ok(()) => restart_one(dp, f, false, false),
-                    Err(e) => failed.push((f, e)),
-                }
-            }
-            failed
-        })
-        .await;
+        let failed = with_dp(&self.dp, move |dp| moveops::release_overdue(dp, overdue)).await;
         for (flow, e) in &failed {
             tracing::warn!(?flow, error = %e, "cannot release the connection's held packets");
         }
@@ -389,16 +350,12 @@ impl Driver {
             return;
         }
         // One trip to the datapath thread for all of them. A peer's move
-        // never preempts: a peer with valid keys could name the endpoints
-        // of a neighbour's connection as its new address and have this
-        // host reset it. The conflict refuses the move (and the address
-        // fails validation).
+        // never preempts (see `moveops::prepare_peer_receive_side`); a
+        // conflict refuses it (and the address fails validation).
         let done = with_dp(&self.dp, move |dp| {
             work.into_iter()
                 .map(|t| {
-                    let r = conflict::prepare_resolving(dp, &t, false, |_| false).map(|()| {
-                        prepare_old_address(dp, t.flow, t.physical_local, t.physical_remote);
-                    });
+                    let r = moveops::prepare_peer_receive_side(dp, &t);
                     (t, r)
                 })
                 .collect::<Vec<_>>()
@@ -544,16 +501,7 @@ impl Driver {
             self.endpoint.confirm_switched(now(), &mut OsRng, &confirm);
         }
         if !aborted.is_empty() {
-            // Back to what it did before the move (the connection is most
-            // likely lost, but that is for TCP to decide).
-            with_dp(&self.dp, move |dp| {
-                for flow in aborted {
-                    if let Err(e) = dp.hold_send_side(&flow, false) {
-                        tracing::warn!(?flow, error = %e, "cannot release the connection's held packets");
-                    }
-                }
-            })
-            .await;
+            with_dp(&self.dp, move |dp| moveops::release_aborted(dp, &aborted)).await;
         }
     }
 
@@ -598,9 +546,9 @@ impl Driver {
             items
                 .into_iter()
                 .map(|s| {
-                    let r = translate_one(dp, s.flow, s.local, s.remote);
+                    let r = moveops::translate_one(dp, s.flow, s.local, s.remote);
                     if verified && r.is_ok() {
-                        restart_one(dp, s.flow, s.solicit, true);
+                        moveops::restart_one(dp, s.flow, s.solicit, true);
                     }
                     (s, r)
                 })
@@ -645,7 +593,7 @@ impl Driver {
         let (n, started) = (items.len(), std::time::Instant::now());
         with_dp(&self.dp, move |dp| {
             for (flow, solicit) in items {
-                restart_one(dp, flow, solicit, false);
+                moveops::restart_one(dp, flow, solicit, false);
             }
         })
         .await;
@@ -655,69 +603,5 @@ impl Driver {
             elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
             "restart levers sent"
         );
-    }
-}
-
-/// Make the datapath translate `flow` to (local, remote), or stop
-/// translating it when both are its virtual endpoints again.
-fn translate_one(
-    dp: &mut dyn Datapath,
-    flow: VirtualFlow,
-    local: SocketAddr,
-    remote: SocketAddr,
-) -> Result<(), DatapathError> {
-    if local == flow.local && remote == flow.remote {
-        match dp.remove_translation(&flow) {
-            Err(DatapathError::NoSuchTranslation { .. }) => Ok(()),
-            r => r,
-        }
-    } else {
-        dp.install_translation(&Translation {
-            flow,
-            physical_local: local,
-            physical_remote: remote,
-        })?;
-        prepare_old_address(dp, flow, local, remote);
-        Ok(())
-    }
-}
-
-/// After an outage TCP has backed off its retransmission timer; make it
-/// retransmit now rather than tens of seconds later (DESIGN.md §3, "no
-/// stall"); and with `solicit`, have the socket send its peer an ACK (see
-/// [`Switch`]). `wait`: the verified levers, which watch the socket act (and
-/// try again).
-fn restart_one(dp: &mut dyn Datapath, flow: VirtualFlow, solicit: bool, wait: bool) {
-    if flow.proto != crate::datapath::Proto::Tcp {
-        return;
-    }
-    let r = if wait {
-        crate::datapath::restart_verified(dp, &flow, solicit).map(|r| format!("{r:?}"))
-    } else {
-        dp.kick_flow(&flow, solicit).map(|k| format!("{k:?}"))
-    };
-    match r {
-        Ok(sent) => tracing::debug!(?flow, %sent, "restart"),
-        Err(e) => {
-            tracing::debug!(?flow, error = %e, "could not restart the flow's retransmissions")
-        }
-    }
-}
-
-/// When both ends moved, the peer may still send to our old (virtual)
-/// address, which stays local here: take those packets in as well (receive
-/// side only), or the kernel would answer them with a reset that the peer's
-/// translation delivers into its socket. See
-/// [`mobility::old_address_receive_side`].
-fn prepare_old_address(
-    dp: &mut dyn Datapath,
-    flow: VirtualFlow,
-    local: SocketAddr,
-    remote: SocketAddr,
-) {
-    if let Some(t) = mobility::old_address_receive_side(flow, local, remote) {
-        if let Err(e) = dp.prepare_translation(&t) {
-            tracing::debug!(?flow, error = %e, "cannot take in the peer's packets to our old address");
-        }
     }
 }

@@ -1,0 +1,312 @@
+//! The datapath work of a move, in the order the rule needs (see
+//! `super::mover`): no kernel may ever see an untranslated packet for a
+//! socket it lacks. The mover decides what to do; these run it against
+//! the [`Datapath`] seam, so that the order is unit-tested with the fake
+//! datapath, without root. The driver calls them on the datapath's own
+//! thread, a batch per loop turn.
+
+use std::net::SocketAddr;
+
+use super::{conflict, mobility, mover::Start};
+use crate::datapath::{Datapath, DatapathError, Proto, Translation, VirtualFlow};
+
+/// How starting one move went: the receive side's preparation, and
+/// whether the send side is held now.
+#[derive(Debug)]
+pub struct Started {
+    pub result: Result<(), DatapathError>,
+    pub held: bool,
+}
+
+/// Start one move of our own end: hold its send side first (if the mover
+/// says so), then prepare the receive side at the new address; if that
+/// fails, the send side is released again and nothing changed.
+///
+/// Held first because preparing puts the old address back on lo, and from
+/// then on the socket can send again: a packet that left unheld in between
+/// would reach the peer from the new network, untranslated (a UDP server
+/// takes it for a new peer's). `preempt` and `may_reset` are the conflict
+/// policy (`conflict::prepare_resolving`).
+pub fn start_one(
+    dp: &mut dyn Datapath,
+    st: &Start,
+    preempt: bool,
+    may_reset: impl Fn(&VirtualFlow) -> bool,
+) -> Started {
+    let m = st.mv;
+    let mut held = false;
+    if st.hold {
+        match dp.hold_send_side(&m.flow, true) {
+            Ok(()) => held = true,
+            Err(e) => {
+                tracing::warn!(flow = ?m.flow, error = %e, "cannot hold the connection's packets during its move")
+            }
+        }
+    }
+    let result = if m.new_local != m.flow.local {
+        let t = Translation {
+            flow: m.flow,
+            physical_local: m.new_local,
+            physical_remote: m.remote_phys,
+        };
+        conflict::prepare_resolving(dp, &t, preempt, may_reset)
+    } else {
+        Ok(())
+    };
+    if result.is_err() && held {
+        // Not moving after all: back as it was.
+        let _ = dp.hold_send_side(&m.flow, false);
+        held = false;
+    }
+    Started { result, held }
+}
+
+/// Make the datapath translate `flow` to (local, remote), or stop
+/// translating it when both are its virtual endpoints again. Installing
+/// releases a held send side. When both ends moved, the old address's
+/// receive side is prepared too ([`prepare_old_address`]).
+pub fn translate_one(
+    dp: &mut dyn Datapath,
+    flow: VirtualFlow,
+    local: SocketAddr,
+    remote: SocketAddr,
+) -> Result<(), DatapathError> {
+    if local == flow.local && remote == flow.remote {
+        match dp.remove_translation(&flow) {
+            Err(DatapathError::NoSuchTranslation { .. }) => Ok(()),
+            r => r,
+        }
+    } else {
+        dp.install_translation(&Translation {
+            flow,
+            physical_local: local,
+            physical_remote: remote,
+        })?;
+        prepare_old_address(dp, flow, local, remote);
+        Ok(())
+    }
+}
+
+/// After an outage TCP has backed off its retransmission timer; make it
+/// retransmit now rather than tens of seconds later (DESIGN.md §3, "no
+/// stall"); and with `solicit`, have the socket send its peer an ACK (see
+/// `mover::Switch`). `wait`: the verified levers, which watch the socket
+/// act (and try again).
+pub fn restart_one(dp: &mut dyn Datapath, flow: VirtualFlow, solicit: bool, wait: bool) {
+    if flow.proto != Proto::Tcp {
+        return;
+    }
+    let r = if wait {
+        crate::datapath::restart_verified(dp, &flow, solicit).map(|r| format!("{r:?}"))
+    } else {
+        dp.kick_flow(&flow, solicit).map(|k| format!("{k:?}"))
+    };
+    match r {
+        Ok(sent) => tracing::debug!(?flow, %sent, "restart"),
+        Err(e) => {
+            tracing::debug!(?flow, error = %e, "could not restart the flow's retransmissions")
+        }
+    }
+}
+
+/// When both ends moved, the peer may still send to our old (virtual)
+/// address, which stays local here: take those packets in as well (receive
+/// side only), or the kernel would answer them with a reset that the peer's
+/// translation delivers into its socket. See
+/// [`mobility::old_address_receive_side`].
+pub fn prepare_old_address(
+    dp: &mut dyn Datapath,
+    flow: VirtualFlow,
+    local: SocketAddr,
+    remote: SocketAddr,
+) {
+    if let Some(t) = mobility::old_address_receive_side(flow, local, remote) {
+        if let Err(e) = dp.prepare_translation(&t) {
+            tracing::debug!(?flow, error = %e, "cannot take in the peer's packets to our old address");
+        }
+    }
+}
+
+/// A peer announced a new address (still being validated): accept its
+/// packets from there already, and, when our end moved too, at our old
+/// address as well. A peer's move never preempts: a peer with valid keys
+/// could name the endpoints of a neighbour's connection as its new address
+/// and have this host reset it; the conflict refuses the move.
+pub fn prepare_peer_receive_side(
+    dp: &mut dyn Datapath,
+    t: &Translation,
+) -> Result<(), DatapathError> {
+    conflict::prepare_resolving(dp, t, false, |_| false)?;
+    prepare_old_address(dp, t.flow, t.physical_local, t.physical_remote);
+    Ok(())
+}
+
+/// Holds past the mover's limit: release each, and push what its socket
+/// queued meanwhile (its sends failed while held, so it waits on a
+/// backed-off probe timer). The ones that could not be released.
+pub fn release_overdue(
+    dp: &mut dyn Datapath,
+    flows: Vec<VirtualFlow>,
+) -> Vec<(VirtualFlow, DatapathError)> {
+    let mut failed = Vec::new();
+    for f in flows {
+        match dp.hold_send_side(&f, false) {
+            Ok(()) => restart_one(dp, f, false, false),
+            Err(e) => failed.push((f, e)),
+        }
+    }
+    failed
+}
+
+/// Migrations the core aborted: their held send sides go back to what they
+/// did before the move (the connection is most likely lost, but that is
+/// for TCP to decide).
+pub fn release_aborted(dp: &mut dyn Datapath, flows: &[VirtualFlow]) {
+    for flow in flows {
+        if let Err(e) = dp.hold_send_side(flow, false) {
+            tracing::warn!(?flow, error = %e, "cannot release the connection's held packets");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::mobility::Move;
+    use crate::datapath::fake::FakeDatapath;
+
+    fn sa(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    fn flow(local: &str, remote: &str) -> VirtualFlow {
+        VirtualFlow {
+            proto: Proto::Tcp,
+            local: sa(local),
+            remote: sa(remote),
+        }
+    }
+
+    fn start(f: VirtualFlow, new_local: &str, hold: bool) -> Start {
+        Start {
+            mv: Move {
+                flow: f,
+                new_local: sa(new_local),
+                remote_phys: f.remote,
+            },
+            from: f.local,
+            hold,
+        }
+    }
+
+    #[test]
+    fn a_move_holds_then_prepares_the_new_receive_side() {
+        let mut dp = FakeDatapath::new();
+        let f = flow("10.0.1.5:40000", "10.0.9.1:22");
+        dp.add_connection(f, None);
+        let s = start_one(&mut dp, &start(f, "10.0.2.5:40000", true), false, |_| false);
+        assert!(s.result.is_ok() && s.held, "{s:?}");
+        assert!(dp.held.contains(&f));
+        assert_eq!(
+            dp.prepared.get(&f).map(|t| t.physical_local),
+            Some(sa("10.0.2.5:40000"))
+        );
+        // The switch installs the translation, which releases the hold.
+        translate_one(&mut dp, f, sa("10.0.2.5:40000"), f.remote).expect("install");
+        assert!(!dp.held.contains(&f) && dp.prepared.is_empty());
+    }
+
+    #[test]
+    fn a_move_onto_another_connections_endpoints_changes_nothing() {
+        let mut dp = FakeDatapath::new();
+        let f = flow("10.0.1.5:40000", "10.0.9.1:22");
+        let other = flow("10.0.2.5:40000", "10.0.9.1:22");
+        dp.add_connection(f, None);
+        dp.add_connection(other, None);
+        let s = start_one(&mut dp, &start(f, "10.0.2.5:40000", true), false, |_| false);
+        assert!(
+            matches!(s.result, Err(DatapathError::Conflict { .. })),
+            "{s:?}"
+        );
+        // The hold taken first is given back: the connection sends as before.
+        assert!(!s.held && dp.held.is_empty() && dp.prepared.is_empty());
+        // With preempt (both listed), the older connection is reset and
+        // the move goes on.
+        let s = start_one(&mut dp, &start(f, "10.0.2.5:40000", true), true, |o| {
+            *o == other
+        });
+        assert!(s.result.is_ok() && s.held, "{s:?}");
+        assert_eq!(dp.reset, vec![other]);
+    }
+
+    #[test]
+    fn a_hold_that_fails_does_not_stop_the_move_and_a_stay_prepares_nothing() {
+        let mut dp = FakeDatapath::new();
+        let f = flow("10.0.1.5:40000", "10.0.9.1:22");
+        dp.add_connection(f, None);
+        dp.fail_next = Some(DatapathError::NoEbpfObject);
+        let s = start_one(&mut dp, &start(f, "10.0.2.5:40000", true), false, |_| false);
+        assert!(s.result.is_ok() && !s.held, "{s:?}");
+        assert!(dp.prepared.contains_key(&f));
+        // Back at its own address (the peer moved, or a move back): held
+        // only, no receive side to prepare.
+        let mut dp = FakeDatapath::new();
+        dp.add_connection(f, None);
+        let s = start_one(&mut dp, &start(f, "10.0.1.5:40000", true), false, |_| false);
+        assert!(s.result.is_ok() && s.held);
+        assert!(dp.prepared.is_empty());
+        release_aborted(&mut dp, &[f]);
+        assert!(dp.held.is_empty());
+    }
+
+    #[test]
+    fn a_peers_move_never_resets_another_connection_and_overdue_holds_are_released() {
+        let mut dp = FakeDatapath::new();
+        let f = flow("10.0.9.1:22", "10.0.1.5:40000");
+        let neighbour = flow("10.0.9.1:22", "10.0.2.5:40000");
+        dp.add_connection(f, None);
+        dp.add_connection(neighbour, None);
+        // The peer claims the neighbour's endpoints as its new address.
+        let t = Translation {
+            flow: f,
+            physical_local: f.local,
+            physical_remote: neighbour.remote,
+        };
+        assert!(matches!(
+            prepare_peer_receive_side(&mut dp, &t),
+            Err(DatapathError::Conflict { .. })
+        ));
+        assert!(dp.reset.is_empty() && dp.prepared.is_empty());
+        let ok = Translation {
+            physical_remote: sa("10.0.3.5:40000"),
+            ..t
+        };
+        prepare_peer_receive_side(&mut dp, &ok).expect("prepared");
+        assert_eq!(dp.prepared.get(&f), Some(&ok));
+        dp.hold_send_side(&f, true).unwrap();
+        assert!(release_overdue(&mut dp, vec![f]).is_empty());
+        assert!(dp.held.is_empty());
+        // A TCP socket released from a hold gets its levers.
+        assert_eq!(dp.restarted, vec![f]);
+    }
+
+    #[test]
+    fn both_ends_moved_takes_in_the_old_address_too_and_back_home_untranslates() {
+        let mut dp = FakeDatapath::new();
+        let f = flow("10.0.1.5:40000", "10.0.9.1:22");
+        dp.add_connection(f, None);
+        translate_one(&mut dp, f, sa("10.0.2.5:40000"), sa("10.0.8.1:22")).expect("install");
+        assert_eq!(dp.translations().unwrap().len(), 1);
+        // The peer's packets to our old address are taken in as well.
+        assert_eq!(
+            dp.prepared
+                .get(&f)
+                .map(|t| (t.physical_local, t.physical_remote)),
+            Some((f.local, sa("10.0.8.1:22")))
+        );
+        translate_one(&mut dp, f, f.local, f.remote).expect("remove");
+        assert!(dp.translations().unwrap().is_empty());
+        // Nothing to remove is no error.
+        translate_one(&mut dp, f, f.local, f.remote).expect("nothing to remove");
+    }
+}
