@@ -167,7 +167,9 @@ impl CriuEnv {
 
 /// The pids of the tree rooted at `root` (threads' children included),
 /// from `proc`'s `PID/task/TID/children` (Linux 3.5+, which CRIU needs
-/// anyway). The tree is frozen at post-dump, so it cannot change meanwhile.
+/// anyway). The tree is frozen at post-dump, so it cannot change meanwhile;
+/// at pre-dump it runs, and a child that exits while it is read is left
+/// out.
 pub fn process_tree(proc: &Path, root: u32) -> Result<BTreeSet<u32>, HookError> {
     let mut tree = BTreeSet::new();
     let mut todo = vec![root];
@@ -176,7 +178,13 @@ pub fn process_tree(proc: &Path, root: u32) -> Result<BTreeSet<u32>, HookError> 
             continue;
         }
         let tasks = proc.join(pid.to_string()).join("task");
-        let entries = fs::read_dir(&tasks).map_err(|source| HookError::Tree { pid, source })?;
+        let entries = match fs::read_dir(&tasks) {
+            Ok(e) => e,
+            // A child that exited while we read (at pre-dump the tree still
+            // runs) is no part of it any more.
+            Err(e) if pid != root && e.kind() == io::ErrorKind::NotFound => continue,
+            Err(source) => return Err(HookError::Tree { pid, source }),
+        };
         for task in entries {
             let task = task.map_err(|source| HookError::Tree { pid, source })?;
             // A thread that exits while we read has no file any more.
@@ -323,7 +331,7 @@ mod tests {
     }
 
     #[test]
-    fn only_post_dump_pre_restore_and_post_restore_act() {
+    fn only_pre_dump_post_dump_pre_restore_and_post_restore_act() {
         assert_eq!(Action::parse("post-dump"), Action::PostDump);
         assert_eq!(Action::parse("pre-restore"), Action::PreRestore);
         assert_eq!(Action::parse("post-restore"), Action::PostRestore);
@@ -397,11 +405,12 @@ mod tests {
         };
         task(10, 10, "");
         task(10, 11, "20 ");
-        task(20, 20, "30");
+        // 40 exited after 20 listed it (a running tree, at pre-dump).
+        task(20, 20, "30 40");
         task(30, 30, "");
         task(99, 99, "");
         let tree = process_tree(proc.path(), 10).unwrap();
-        assert_eq!(tree.into_iter().collect::<Vec<_>>(), vec![10, 20, 30]);
+        assert_eq!(tree.into_iter().collect::<Vec<_>>(), vec![10, 20, 30, 40]);
         assert!(matches!(
             process_tree(proc.path(), 5),
             Err(HookError::Tree { pid: 5, .. })

@@ -371,8 +371,22 @@ fn run(cli: &Cli) -> Result<String, Failure> {
                 }
                 // Create the file before vnatd forgets anything, so that an
                 // unwritable images directory fails with nothing exported.
-                let file = create_secret_replacing(&path)?;
-                let document = client.export(Selector::Conns(ids), Some(to)).await?;
+                // A failure here aborts the dump: the process runs on here,
+                // so its peers are told to stop holding (pre-dump asked).
+                let file = match create_secret_replacing(&path) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        let _ = client.ask_help(Selector::Conns(ids), Vec::new(), 0).await;
+                        return Err(e);
+                    }
+                };
+                let document = match client.export(Selector::Conns(ids.clone()), Some(to)).await {
+                    Ok(d) => d,
+                    Err(e) => {
+                        let _ = client.ask_help(Selector::Conns(ids), Vec::new(), 0).await;
+                        return Err(e.into());
+                    }
+                };
                 let text = pretty(&document);
                 if let Err(source) = write_secret(file, &text) {
                     print!("{text}");
@@ -394,7 +408,7 @@ fn run(cli: &Cli) -> Result<String, Failure> {
                     .await
                 {
                     Ok((asked, confirmed)) => format!(
-                        "vnat: {} of {} peer connection(s) hold their packets until the connections have moved\n",
+                        "vnat: the peers of {} of {} connection(s) received the request to hold their packets until the connections have moved\n",
                         confirmed.len(),
                         asked.len()
                     ),

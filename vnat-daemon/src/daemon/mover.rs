@@ -281,6 +281,12 @@ impl Mover {
         (go, stuck)
     }
 
+    /// Whether `flow`'s send side is held for a move of our own end (a
+    /// hold for a peer, `daemon::helping`, must not end it).
+    pub fn holding(&self, flow: &VirtualFlow) -> bool {
+        self.hold_started.contains_key(flow)
+    }
+
     /// `flow`'s send side was held at `at`.
     pub fn held(&mut self, flow: VirtualFlow, at: Instant) {
         self.holds.push_back((at, flow));

@@ -214,7 +214,15 @@ impl Driver {
         // "hold": the connection's packets stay in its socket until the
         // peer is back or has moved (or the limit), also when this request
         // ends every other help.
-        let held_until = match (help.hold, old_held) {
+        // Only a TCP socket keeps what it could not send (a UDP socket's
+        // held datagrams would be lost); and only where tc is attached to
+        // every interface (`standby_tc`): a connection that never moved
+        // has no translator on its interface otherwise.
+        let can_hold = flow.proto == crate::datapath::Proto::Tcp && self.cfg.standby_tc;
+        if help.hold && !can_hold && old_held.is_none() {
+            tracing::info!(%flow, standby_tc = self.cfg.standby_tc, "not holding a connection's packets for its peer: only TCP connections, and only with standby_tc on");
+        }
+        let held_until = match (help.hold && can_hold, old_held) {
             (true, Some(t)) => Some(t),
             (true, None) => self
                 .hold_for_peer(flow, true)
@@ -300,9 +308,18 @@ impl Driver {
             .collect();
         for f in overdue {
             tracing::info!(flow = %f, "the peer is not back within the hold's limit; the connection's packets leave again");
-            self.hold_for_peer(f, false).await;
-            if let Some(h) = self.helping.get_mut(&f) {
+            if !self.hold_for_peer(f, false).await {
+                continue; // tried again at the next wake
+            }
+            // Spent: a new request for hold may arm it again; this one
+            // is over (and so is the help, if it asked for nothing else).
+            let nothing_left = self.helping.get_mut(&f).is_some_and(|h| {
                 h.held_until = None;
+                h.help.hold = false;
+                h.help.is_none()
+            });
+            if nothing_left {
+                self.end_helping(f, End::Restart).await;
             }
         }
         if (self.helping.is_empty() && self.timeout_restore.is_empty())
@@ -513,9 +530,22 @@ impl Driver {
     }
 
     /// Hold (or release) `flow`'s packets for its peer ("hold"): whether
-    /// that took.
+    /// that took. A release leaves a hold of this host's own move alone
+    /// (the two share the datapath's flag), and restarts the socket, whose
+    /// sends failed while held.
     async fn hold_for_peer(&mut self, flow: VirtualFlow, on: bool) -> bool {
-        match with_dp(&self.dp, move |dp| dp.hold_send_side(&flow, on)).await {
+        if !on && self.mover.holding(&flow) {
+            return true;
+        }
+        let r = with_dp(&self.dp, move |dp| {
+            dp.hold_send_side(&flow, on)?;
+            if !on {
+                crate::daemon::moveops::restart_one(dp, flow, false, false);
+            }
+            Ok::<(), crate::datapath::DatapathError>(())
+        })
+        .await;
+        match r {
             Ok(()) => true,
             Err(e) => {
                 tracing::warn!(%flow, hold = on, error = %e, "cannot hold or release the connection's packets for its peer");
