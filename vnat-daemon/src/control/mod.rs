@@ -12,6 +12,7 @@ pub mod command;
 pub mod handler;
 mod lines;
 pub mod proto;
+mod select;
 pub mod server;
 pub mod transfer;
 
