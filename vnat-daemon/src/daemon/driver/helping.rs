@@ -309,7 +309,11 @@ impl Driver {
         for f in overdue {
             tracing::info!(flow = %f, "the peer is not back within the hold's limit; the connection's packets leave again");
             if !self.hold_for_peer(f, false).await {
-                continue; // tried again at the next wake
+                // Tried again in a while (not at once: the loop would spin).
+                if let Some(h) = self.helping.get_mut(&f) {
+                    h.held_until = Some(now_i + helping::ANSWER_EVERY);
+                }
+                continue;
             }
             // Spent: a new request for hold may arm it again; this one
             // is over (and so is the help, if it asked for nothing else).
