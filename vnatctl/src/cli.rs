@@ -209,7 +209,10 @@ now, and a bind() to this host's old address binds where its connections
 went. Without it, new connections show the true addresses, as TCP and UDP
 always do. An FTP server needs it for passive mode; active mode needs it on
 both hosts. Given again without either flag, `enable` leaves the setting as
-it was; --no-hide-location turns it off.
+it was; --no-hide-location turns it off. vnatd refuses to hide location for
+a cgroup that holds vnatd itself (its own VCMP socket must see true
+addresses): name the application's own cgroup. A cgroup below one that is
+enabled already only has its hiding set; `disable` stops it.
 
 Examples:
   vnatctl enable --cgroup /sys/fs/cgroup/system.slice/vsftpd.service --hide-location
