@@ -270,6 +270,19 @@ impl Vnatd {
 
 impl Drop for Vnatd {
     fn drop(&mut self) {
+        // A failing test: what this vnatd counted and listed (drops, holds,
+        // translations) is the first thing to read, so it is printed
+        // before vnatd goes.
+        if std::thread::panicking() {
+            let status = self.try_ctl(&["status"]);
+            let ls = self.try_ctl(&["ls"]);
+            eprintln!(
+                "vnatd {} at the failure:\nstatus {}\nls {}",
+                self.control.display(),
+                status.map_or("(no answer)".into(), |v| v.to_string()),
+                ls.map_or("(no answer)".into(), |v| v.to_string()),
+            );
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

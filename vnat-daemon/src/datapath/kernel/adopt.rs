@@ -212,6 +212,14 @@ impl KernelDatapath {
                     adopted += 1;
                     tracing::info!(%proto, local = %s.local, remote = %s.remote, pid, "adopted a connection opened before vnat recorded its cgroup");
                 }
+                Err(aya::maps::MapError::SyscallError(e))
+                    if proto == Proto::Udp && e.io_error.raw_os_error() == Some(libc::EEXIST) =>
+                {
+                    // Recorded meanwhile: by the recorders, or for another
+                    // socket with the same endpoints (a server that forks a
+                    // connected socket per peer can make two at once).
+                    tracing::debug!(%proto, local = %s.local, remote = %s.remote, "a UDP flow to adopt is recorded already");
+                }
                 Err(e) => {
                     tracing::warn!(%proto, local = %s.local, remote = %s.remote, error = %e, "could not record an adopted connection (the connection map is full?)");
                 }
