@@ -37,6 +37,7 @@ use super::cookie::{CookieJar, PairLimiter, StartLimit};
 use super::crypto::{self, Ephemeral, PairKeys, Transcript};
 use super::endpoint::Config;
 use super::endpoint::{CryptoDyn, Ctx, Endpoint, Event};
+use super::timers::TimerTable;
 use super::wire::{ErrorCode, Message, COOKIE_LEN};
 use super::Timestamp;
 
@@ -44,14 +45,19 @@ use super::Timestamp;
 /// (per address and side), the last PAIR_FIN per address, the cookie
 /// secrets, the DH and start limits, and the failed pairings to retry.
 pub(crate) struct Pairings {
-    pub handshakes: HashMap<(SocketAddr, Side), Handshake>,
+    /// Reached through [`Pairings::insert_handshake`] and its siblings,
+    /// which keep `timers` in step.
+    handshakes: HashMap<(SocketAddr, Side), Handshake>,
     pub fins: HashMap<SocketAddr, (u32, Vec<u8>)>,
     pub cookies: CookieJar,
     pub limit: PairLimiter,
     pub starts: StartLimit,
     /// By address: (failures so far, when to try next, `None` while an
-    /// attempt is under way).
-    pub retry: HashMap<IpAddr, (u32, Option<Timestamp>)>,
+    /// attempt is under way). Changed through [`Pairings::schedule_retry`]
+    /// and its siblings.
+    retry: HashMap<IpAddr, (u32, Option<Timestamp>)>,
+    /// The handshakes' retransmissions and the retries, in deadline order.
+    timers: TimerTable<PairTimer>,
     /// Host keys this host has paired with, now or before a restart (the
     /// daemon's `peers.json`): a PAIR_INIT with one is welcome from any
     /// address (see [`Endpoint::knows_initiator`]).
@@ -84,6 +90,7 @@ impl Pairings {
             limit: PairLimiter::new(cfg.pair_dh_per_sec, cfg.pair_dh_burst),
             starts: StartLimit::new(cfg.pair_starts_per_sec, cfg.pair_starts_burst),
             retry: HashMap::new(),
+            timers: TimerTable::default(),
             known_hosts: std::collections::HashSet::new(),
             known_addrs: std::collections::HashSet::new(),
             renewals: HashMap::new(),
@@ -93,19 +100,134 @@ impl Pairings {
     }
 
     /// When pairing needs `handle_timeout` next: a handshake's
-    /// retransmission or a retry.
+    /// retransmission, a retry or a stranger's probation.
     pub fn next_deadline(&self) -> Option<Timestamp> {
-        let handshakes = self.handshakes.values().map(Handshake::deadline);
-        let retries = self.retry.values().filter_map(|(_, at)| *at);
-        handshakes
-            .chain(retries)
-            .chain(self.strangers.next_deadline())
+        #[cfg(debug_assertions)]
+        self.check_timers();
+        [self.timers.next(), self.strangers.next_deadline()]
+            .into_iter()
+            .flatten()
             .min()
+    }
+
+    /// Every handshake's and retry's deadline is in the timer table, and
+    /// nothing else is: a deadline changed behind the table's back panics
+    /// here in tests instead of firing late.
+    #[cfg(debug_assertions)]
+    fn check_timers(&self) {
+        for (&(addr, side), h) in &self.handshakes {
+            let key = PairTimer::Handshake(addr, side);
+            assert_eq!(self.timers.get(&key), Some(h.deadline()), "{key:?}");
+        }
+        let mut armed = self.handshakes.len();
+        for (&ip, &(_, at)) in &self.retry {
+            let key = PairTimer::Retry(ip);
+            assert_eq!(self.timers.get(&key), at, "{key:?}");
+            armed += usize::from(at.is_some());
+        }
+        assert_eq!(self.timers.len(), armed, "stale pairing timers");
     }
 
     /// Whether a handshake with the VCMP address `addr` is under way.
     pub fn with(&self, addr: SocketAddr) -> bool {
-        self.handshakes.keys().any(|(a, _)| *a == addr)
+        self.has_handshake(addr, Side::Ours) || self.has_handshake(addr, Side::Theirs)
+    }
+
+    pub fn handshake(&self, addr: SocketAddr, side: Side) -> Option<&Handshake> {
+        self.handshakes.get(&(addr, side))
+    }
+
+    /// The handshake, to change what it sends (never its deadline: a
+    /// handshake is put back with [`Pairings::insert_handshake`] for that).
+    pub fn handshake_mut(&mut self, addr: SocketAddr, side: Side) -> Option<&mut Handshake> {
+        self.handshakes.get_mut(&(addr, side))
+    }
+
+    pub fn has_handshake(&self, addr: SocketAddr, side: Side) -> bool {
+        self.handshakes.contains_key(&(addr, side))
+    }
+
+    /// Handshakes under way, both sides (against `max_pending_pairings`).
+    pub fn handshake_count(&self) -> usize {
+        self.handshakes.len()
+    }
+
+    /// Hold `h` (replacing any with that address and side), due at its
+    /// deadline.
+    pub fn insert_handshake(&mut self, addr: SocketAddr, side: Side, h: Handshake) {
+        self.timers
+            .set(PairTimer::Handshake(addr, side), Some(h.deadline()));
+        self.handshakes.insert((addr, side), h);
+    }
+
+    pub fn remove_handshake(&mut self, addr: SocketAddr, side: Side) -> Option<Handshake> {
+        self.timers.set(PairTimer::Handshake(addr, side), None);
+        self.handshakes.remove(&(addr, side))
+    }
+
+    /// Forget every handshake (for tests that start from a clean table).
+    #[cfg(test)]
+    pub fn clear_handshakes(&mut self) {
+        let all: Vec<(SocketAddr, Side)> = self.handshakes.keys().copied().collect();
+        for (addr, side) in all {
+            self.remove_handshake(addr, side);
+        }
+    }
+
+    /// The handshakes whose retransmission is due at `now`, earliest first.
+    pub fn due_handshakes(&self, now: Timestamp) -> Vec<(SocketAddr, Side)> {
+        let due = self.timers.due(now).into_iter();
+        due.filter_map(|t| match t {
+            PairTimer::Handshake(addr, side) => Some((addr, side)),
+            PairTimer::Retry(_) => None,
+        })
+        .collect()
+    }
+
+    /// The pairings with `ip` that failed in a row so far.
+    pub fn failures(&self, ip: IpAddr) -> u32 {
+        self.retry.get(&ip).map_or(0, |r| r.0)
+    }
+
+    /// The retry kept for `ip`: failures so far, and when it is due
+    /// (`None`: an attempt is under way).
+    pub fn retry_of(&self, ip: IpAddr) -> Option<(u32, Option<Timestamp>)> {
+        self.retry.get(&ip).copied()
+    }
+
+    pub fn has_retries(&self) -> bool {
+        !self.retry.is_empty()
+    }
+
+    /// Pair with `ip` again at `at` (`None`: an attempt is under way),
+    /// after `failures` failed pairings.
+    pub fn schedule_retry(&mut self, ip: IpAddr, failures: u32, at: Option<Timestamp>) {
+        self.timers.set(PairTimer::Retry(ip), at);
+        self.retry.insert(ip, (failures, at));
+    }
+
+    /// An attempt with `ip` is under way: its retry, if one is kept, is
+    /// not due until the attempt fails.
+    pub fn attempting(&mut self, ip: IpAddr) {
+        if let Some(failures) = self.retry.get(&ip).map(|r| r.0) {
+            self.schedule_retry(ip, failures, None);
+        }
+    }
+
+    /// Paired, or nothing waits for it any more: no retry with `ip`.
+    pub fn forget_retry(&mut self, ip: IpAddr) {
+        self.timers.set(PairTimer::Retry(ip), None);
+        self.retry.remove(&ip);
+    }
+
+    /// The addresses whose retry is due at `now`.
+    pub fn due_retries(&self, now: Timestamp) -> Vec<IpAddr> {
+        let due = self.timers.due(now).into_iter();
+        due.filter_map(|t| match t {
+            PairTimer::Retry(ip) => Some(ip),
+            PairTimer::Handshake(..) => None,
+        })
+        .collect()
     }
 
     /// Handshakes we answer (what "loaded" counts).
@@ -120,10 +242,19 @@ impl Pairings {
 /// Whose handshake with an address: the one we started, or theirs that we
 /// answer. Both may be under way at once (crossing initiations), and
 /// answering theirs never touches ours.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) enum Side {
     Ours,
     Theirs,
+}
+
+/// What pairing's timer table holds (see [`Pairings::next_deadline`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum PairTimer {
+    /// A handshake's next retransmission, or its end.
+    Handshake(SocketAddr, Side),
+    /// A failed pairing's next attempt.
+    Retry(IpAddr),
 }
 
 pub(crate) enum Handshake {
@@ -250,31 +381,30 @@ impl Endpoint {
 
     fn initiate(&mut self, ctx: &mut Ctx, ip: IpAddr) {
         let dst = self.pair_addr(ip);
-        if self.pairing.handshakes.contains_key(&(dst, Side::Ours)) {
+        if self.pairing.has_handshake(dst, Side::Ours) {
             return;
         }
-        if self.pairing.handshakes.len() >= self.cfg.max_pending_pairings {
+        if self.pairing.handshake_count() >= self.cfg.max_pending_pairings {
             self.stats.reject(Reject::PairingTableFull);
             self.retry_pairing_later(ctx.now, ip);
             return;
         }
         if !self.pairing.starts.allow(ctx.now) {
             // Over the rate of new pairings: in a second, not a failure.
-            let failures = self.pairing.retry.get(&ip).map_or(0, |r| r.0);
+            let failures = self.pairing.failures(ip);
             let at = ctx.now.plus(std::time::Duration::from_secs(1));
-            self.pairing.retry.insert(ip, (failures, Some(at)));
+            self.pairing.schedule_retry(ip, failures, Some(at));
             self.stats.count(Counter::PairingDeferred);
             return;
         }
-        if let Some(r) = self.pairing.retry.get_mut(&ip) {
-            r.1 = None;
-        }
+        self.pairing.attempting(ip);
         let eph = Ephemeral::generate(&mut CryptoDyn(&mut ctx.rng));
         let id = ctx.rng.next_u32();
         self.send_pair_init(dst, id, &eph, None);
         let deadline = ctx.now.plus(self.rto(ctx, 0));
-        self.pairing.handshakes.insert(
-            (dst, Side::Ours),
+        self.pairing.insert_handshake(
+            dst,
+            Side::Ours,
             Handshake::Initiator {
                 id,
                 eph,
@@ -346,7 +476,7 @@ impl Endpoint {
             return;
         }
         if let Some(Handshake::Responder { id: rid, resp, .. }) =
-            self.pairing.handshakes.get(&(from, Side::Theirs))
+            self.pairing.handshake(from, Side::Theirs)
         {
             if *rid == id {
                 let again = resp.clone();
@@ -359,7 +489,7 @@ impl Endpoint {
             self.stats.reject(Reject::PairReflected);
             return;
         }
-        if self.pairing.handshakes.contains_key(&(from, Side::Ours)) {
+        if self.pairing.has_handshake(from, Side::Ours) {
             // Crossing initiations: the host with the lower key answers (its
             // own handshake stays until the pairing completes) and the
             // other one waits for that answer.
@@ -378,8 +508,8 @@ impl Endpoint {
         if !self.check_pin(from, &init_static, id) {
             return;
         }
-        if !self.pairing.handshakes.contains_key(&(from, Side::Theirs))
-            && self.pairing.handshakes.len() >= self.cfg.max_pending_pairings
+        if !self.pairing.has_handshake(from, Side::Theirs)
+            && self.pairing.handshake_count() >= self.cfg.max_pending_pairings
         {
             self.stats.reject(Reject::PairingTableFull);
             return;
@@ -406,8 +536,9 @@ impl Endpoint {
         let Ok(resp) = msg.encode() else { return };
         self.tx.push_datagram(from, resp.clone(), &mut self.stats);
         let deadline = ctx.now.plus(self.rto(ctx, 0));
-        self.pairing.handshakes.insert(
-            (from, Side::Theirs),
+        self.pairing.insert_handshake(
+            from,
+            Side::Theirs,
             Handshake::Responder {
                 id,
                 init_static,
@@ -442,7 +573,7 @@ impl Endpoint {
         } else {
             // Only a handshake we answer for that address would be
             // replaced (ours stays), and only those count as load.
-            let replaces = self.pairing.handshakes.contains_key(&(from, Side::Theirs));
+            let replaces = self.pairing.has_handshake(from, Side::Theirs);
             let loaded = self.pairing.answering() >= self.cfg.max_pending_pairings / 2;
             if !always_cookie
                 && !replaces
@@ -473,7 +604,7 @@ impl Endpoint {
             eph,
             cookie,
             ..
-        }) = self.pairing.handshakes.get_mut(&(from, Side::Ours))
+        }) = self.pairing.handshake_mut(from, Side::Ours)
         else {
             self.stats.reject(Reject::PairCookieUnsolicited);
             return;
@@ -505,7 +636,7 @@ impl Endpoint {
         tag: [u8; 32],
     ) {
         let Some(Handshake::Initiator { id: iid, eph, .. }) =
-            self.pairing.handshakes.get(&(from, Side::Ours))
+            self.pairing.handshake(from, Side::Ours)
         else {
             // A duplicate RESP after we finished: our FIN was lost, send
             // it again (no new state, no DH).
@@ -541,7 +672,7 @@ impl Endpoint {
             return;
         }
         if !self.check_pin(from, &resp_static, id) {
-            self.pairing.handshakes.remove(&(from, Side::Ours));
+            self.pairing.remove_handshake(from, Side::Ours);
             self.retry_pairing_later(ctx.now, from.ip());
             return;
         }
@@ -566,7 +697,7 @@ impl Endpoint {
             keys,
             init_static,
             ..
-        }) = self.pairing.handshakes.get(&(from, Side::Theirs))
+        }) = self.pairing.handshake(from, Side::Theirs)
         else {
             self.stats.reject(Reject::PairFinUnsolicited);
             return;
@@ -577,7 +708,7 @@ impl Endpoint {
         }
         let peer = *init_static;
         if let Some(Handshake::Responder { keys, .. }) =
-            self.pairing.handshakes.remove(&(from, Side::Theirs))
+            self.pairing.remove_handshake(from, Side::Theirs)
         {
             self.paired(ctx, from, peer, keys);
         }
@@ -590,8 +721,8 @@ impl Endpoint {
         if stranger && !self.stranger_fits(ip) {
             // Over the caps since its PAIR_INIT was let through (several
             // handshakes were in flight): no session.
-            self.pairing.handshakes.remove(&(from, Side::Ours));
-            self.pairing.handshakes.remove(&(from, Side::Theirs));
+            self.pairing.remove_handshake(from, Side::Ours);
+            self.pairing.remove_handshake(from, Side::Theirs);
             return;
         }
         // A new session with a host we were already paired with means the
@@ -601,8 +732,8 @@ impl Endpoint {
         // refused (bad MAC, then "replay" on the sequence numbers). It also
         // lost its bindings, so those connections are claimed to it again.
         // Paired: neither side's handshake with that address is needed.
-        self.pairing.handshakes.remove(&(from, Side::Ours));
-        self.pairing.handshakes.remove(&(from, Side::Theirs));
+        self.pairing.remove_handshake(from, Side::Ours);
+        self.pairing.remove_handshake(from, Side::Theirs);
         let renewed = self.sessions.insert(peer, keys.secret).is_some();
         self.peer_addrs.insert(peer, from);
         self.claim_index.remove(&peer);
@@ -617,7 +748,7 @@ impl Endpoint {
             self.pairing.known_hosts.insert(peer);
             self.pairing.known_addrs.insert(ip);
             self.tx.trusted.insert(ip);
-            self.pairing.retry.remove(&ip);
+            self.pairing.forget_retry(ip);
             self.emit(Event::Paired {
                 peer: ip,
                 key: peer,
@@ -665,16 +796,8 @@ impl Endpoint {
 
     pub(crate) fn pairing_timeouts(&mut self, ctx: &mut Ctx) {
         self.stranger_timeouts(ctx.now);
-        let due: Vec<(SocketAddr, Side)> = self
-            .pairing
-            .handshakes
-            .iter()
-            .filter(|(_, h)| h.deadline() <= ctx.now)
-            .map(|(k, _)| *k)
-            .collect();
-        for key in due {
-            let dst = key.0;
-            let Some(mut h) = self.pairing.handshakes.remove(&key) else {
+        for (dst, side) in self.pairing.due_handshakes(ctx.now) {
+            let Some(mut h) = self.pairing.remove_handshake(dst, side) else {
                 continue;
             };
             let tries = match &mut h {
@@ -711,7 +834,7 @@ impl Endpoint {
                 }
             }
             self.stats.count(Counter::PairRetransmit);
-            self.pairing.handshakes.insert(key, h);
+            self.pairing.insert_handshake(dst, side, h);
         }
     }
 
@@ -723,7 +846,7 @@ impl Endpoint {
     /// each. Retries go on at most every `pair_retry_max` (one PAIR_INIT
     /// per five minutes to a host that never answers).
     pub(crate) fn retry_pairing_later(&mut self, now: Timestamp, ip: IpAddr) {
-        let failures = self.pairing.retry.get(&ip).map_or(0, |r| r.0) + 1;
+        let failures = self.pairing.failures(ip) + 1;
         let wait = self
             .cfg
             .pair_retry_initial
@@ -731,7 +854,7 @@ impl Endpoint {
             .min(self.cfg.pair_retry_max);
         let at = now.plus(wait);
         let at = Timestamp(at.0.div_ceil(1_000_000_000).saturating_mul(1_000_000_000));
-        self.pairing.retry.insert(ip, (failures, Some(at)));
+        self.pairing.schedule_retry(ip, failures, Some(at));
         self.stats.count(Counter::PairingRetryScheduled);
         tracing::debug!(peer = %ip, failures, retry_in_s = wait.as_secs(), "pairing failed; trying again later");
     }
@@ -739,13 +862,8 @@ impl Endpoint {
     /// Start again the failed pairings that are due, for the addresses
     /// that still have connections waiting and no session.
     pub(crate) fn pair_retry_timeouts(&mut self, ctx: &mut Ctx) {
-        let due: std::collections::HashSet<IpAddr> = self
-            .pairing
-            .retry
-            .iter()
-            .filter(|(_, (_, at))| at.is_some_and(|t| t <= ctx.now))
-            .map(|(ip, _)| *ip)
-            .collect();
+        let due: std::collections::HashSet<IpAddr> =
+            self.pairing.due_retries(ctx.now).into_iter().collect();
         if due.is_empty() {
             return;
         }
@@ -757,22 +875,19 @@ impl Endpoint {
             .collect();
         for ip in due {
             if !waiting.contains(&ip) || !self.sessions_at(ip).is_empty() {
-                self.pairing.retry.remove(&ip);
+                self.pairing.forget_retry(ip);
                 continue;
             }
             self.stats.count(Counter::PairingRetried);
             self.start_pairing(ctx, ip);
-            let ours = self
-                .pairing
-                .handshakes
-                .contains_key(&(self.pair_addr(ip), Side::Ours));
-            match self.pairing.retry.get_mut(&ip) {
+            let ours = self.pairing.has_handshake(self.pair_addr(ip), Side::Ours);
+            match self.pairing.retry_of(ip) {
                 // An attempt of ours is under way (just started, or it was
                 // already: then the due retry must not stay due, or every
                 // loop turn would come back here).
-                Some(r) if ours => r.1 = None,
+                Some(_) if ours => self.pairing.attempting(ip),
                 // Deferred by the start rate: due again in a second.
-                Some((_, Some(t))) if *t > ctx.now => {}
+                Some((_, Some(t))) if t > ctx.now => {}
                 // Could not start (its table full): not forgotten.
                 _ => self.retry_pairing_later(ctx.now, ip),
             }

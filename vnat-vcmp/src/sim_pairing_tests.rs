@@ -146,7 +146,7 @@ fn a_handshake_under_way_is_not_replaced_by_a_spoofed_pair_init() {
         ep.connection_added(now, rng, g, g.local, g.remote, bs)
             .unwrap()
     });
-    sim.hosts[S].ep.pairing.handshakes.clear();
+    sim.hosts[S].ep.pairing.clear_handshakes();
     let real = out
         .iter()
         .find(|t| t.payload[1] == Kind::PairInit as u8)
@@ -183,7 +183,7 @@ fn a_loaded_responder_pairs_a_real_initiator_through_its_cookie() {
     // address it has a connection with): with a table of 2, it is loaded.
     let other = tcp("10.0.0.2:5000", "10.0.0.9:53");
     sim.capture(S, |ep, now, rng| added(ep, now, rng, other));
-    sim.hosts[S].ep.pairing.handshakes.clear();
+    sim.hosts[S].ep.pairing.clear_handshakes();
     let mut rng = DrbgRng::from_seed(8);
     let replies = sim.inject(S, sa("10.0.0.9:2031"), &spoofed_init(&mut rng));
     assert_eq!(kinds(&replies), vec![Kind::PairResp as u8]);
@@ -196,11 +196,9 @@ fn a_loaded_responder_pairs_a_real_initiator_through_its_cookie() {
         ep.connection_added(now, rng, g, g.local, g.remote, bs)
             .unwrap()
     });
-    sim.hosts[S]
-        .ep
-        .pairing
-        .handshakes
-        .retain(|(a, _), _| *a != sa("10.0.0.1:2031"));
+    let pairing = &mut sim.hosts[S].ep.pairing;
+    pairing.remove_handshake(sa("10.0.0.1:2031"), super::pairing::Side::Ours);
+    pairing.remove_handshake(sa("10.0.0.1:2031"), super::pairing::Side::Theirs);
     sim.with(L, |ep, now, rng| {
         ep.connection_added(now, rng, f, f.local, f.remote, bl)
             .unwrap()
@@ -322,8 +320,7 @@ fn a_retry_due_while_our_handshake_is_under_way_does_not_stay_due() {
     let ep = &sim.hosts[L].ep;
     assert!(ep
         .pairing
-        .handshakes
-        .contains_key(&(sa("10.0.0.2:2031"), super::pairing::Side::Ours)));
+        .has_handshake(sa("10.0.0.2:2031"), super::pairing::Side::Ours));
     let next = ep
         .poll_timeout()
         .expect("a handshake under way has a deadline");

@@ -100,16 +100,13 @@ impl Endpoint {
         let port = self.cfg.port;
         let pairing = &self.pairing;
         let unanswered = |ip: IpAddr| {
-            pairing
-                .retry
-                .get(&ip)
-                .is_some_and(|(failures, _)| *failures > 0)
+            pairing.failures(ip) > 0
                 || matches!(
-                    pairing.handshakes.get(&(SocketAddr::new(ip, port), Side::Ours)),
+                    pairing.handshake(SocketAddr::new(ip, port), Side::Ours),
                     Some(Handshake::Initiator { tries, .. }) if *tries > 1
                 )
         };
-        let wanted = (!pairing.retry.is_empty() || !pairing.handshakes.is_empty())
+        let wanted = (pairing.has_retries() || pairing.handshake_count() > 0)
             && self.conns.values().any(|c| {
                 c.peer_key.is_none() && c.binding.is_strong() && unanswered(c.remote_phys.ip())
             });

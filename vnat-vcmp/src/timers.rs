@@ -1,58 +1,73 @@
-//! The connections' timer table: each connection's next deadline (its
-//! migration's, key agreement's, claim resend's or role claim's, whichever
-//! is first), ordered, so that the next deadline is the table's first entry
-//! and the connections due are a prefix of it, not a scan of them all.
+//! Timer tables: each key's next deadline, ordered, so that the next
+//! deadline is the table's first entry and the keys due are a prefix of it,
+//! not a scan of them all. The connections' table ([`ConnTimers`]) holds
+//! each connection's earliest deadline (its migration's, key agreement's,
+//! claim resend's or role claim's); pairing has its own for handshakes and
+//! retries (`pairing::PairTimer`).
 //!
-//! The rule that keeps it right: whatever changes one of a connection's
-//! deadlines calls `Endpoint::rearm` for it afterwards. Debug builds check
-//! the table against the connections on every `poll_timeout`.
+//! The rule that keeps a table right: whatever changes a key's deadline
+//! sets it in the table afterwards (for connections, `Endpoint::rearm`).
+//! Debug builds check the tables against their state on every
+//! `poll_timeout`.
 
 use std::collections::{BTreeSet, HashMap};
+use std::hash::Hash;
 
 use crate::flow::VirtualFlow;
 use crate::Timestamp;
 
-#[derive(Default)]
-pub(crate) struct ConnTimers {
-    order: BTreeSet<(Timestamp, VirtualFlow)>,
-    at: HashMap<VirtualFlow, Timestamp>,
+pub(crate) struct TimerTable<K> {
+    order: BTreeSet<(Timestamp, K)>,
+    at: HashMap<K, Timestamp>,
 }
 
-impl ConnTimers {
-    /// `flow`'s next deadline is now `deadline` (`None`: it has none).
-    pub fn set(&mut self, flow: VirtualFlow, deadline: Option<Timestamp>) {
-        let old = self.at.get(&flow).copied();
+/// The connections' timer table.
+pub(crate) type ConnTimers = TimerTable<VirtualFlow>;
+
+impl<K> Default for TimerTable<K> {
+    fn default() -> Self {
+        TimerTable {
+            order: BTreeSet::new(),
+            at: HashMap::new(),
+        }
+    }
+}
+
+impl<K: Copy + Ord + Hash> TimerTable<K> {
+    /// `key`'s next deadline is now `deadline` (`None`: it has none).
+    pub fn set(&mut self, key: K, deadline: Option<Timestamp>) {
+        let old = self.at.get(&key).copied();
         if old == deadline {
             return;
         }
         if let Some(old) = old {
-            self.order.remove(&(old, flow));
-            self.at.remove(&flow);
+            self.order.remove(&(old, key));
+            self.at.remove(&key);
         }
         if let Some(d) = deadline {
-            self.order.insert((d, flow));
-            self.at.insert(flow, d);
+            self.order.insert((d, key));
+            self.at.insert(key, d);
         }
     }
 
-    /// The earliest deadline of any connection.
+    /// The earliest deadline of any key.
     pub fn next(&self) -> Option<Timestamp> {
         self.order.first().map(|(t, _)| *t)
     }
 
-    /// The connections whose deadline is at or before `now`, earliest first.
-    pub fn due(&self, now: Timestamp) -> Vec<VirtualFlow> {
+    /// The keys whose deadline is at or before `now`, earliest first.
+    pub fn due(&self, now: Timestamp) -> Vec<K> {
         self.order
             .iter()
             .take_while(|(t, _)| *t <= now)
-            .map(|(_, f)| *f)
+            .map(|(_, k)| *k)
             .collect()
     }
 
-    /// The deadline the table holds for `flow`.
+    /// The deadline the table holds for `key`.
     #[cfg(debug_assertions)]
-    pub fn get(&self, flow: &VirtualFlow) -> Option<Timestamp> {
-        self.at.get(flow).copied()
+    pub fn get(&self, key: &K) -> Option<Timestamp> {
+        self.at.get(key).copied()
     }
 
     #[cfg(debug_assertions)]
