@@ -106,6 +106,12 @@ pub fn key_hex(k: &[u8; 32]) -> String {
     k.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The key's first 8 bytes as 16 hex digits: what logs name a peer host
+/// by (its address may be the thing that changes).
+pub fn key_short(k: &[u8; 32]) -> String {
+    k[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// The key written as 64 hex digits (either case), nothing else: no sign,
 /// no prefix, no spaces.
 pub fn parse_key_hex(s: &str) -> Option<[u8; 32]> {

@@ -207,6 +207,14 @@ impl Endpoint {
             }
             under_prev = true;
         }
+        // Authentic: what handling it logs carries the connection and the
+        // peer host's key.
+        let span = tracing::debug_span!(
+            "conn",
+            flow = %flow,
+            peer = c.peer_key.as_ref().map(crypto::key_short).as_deref().unwrap_or("-")
+        );
+        let _in = span.enter();
         if let Err(e) = c.replay.check(rec.seq) {
             self.stats.reject(match e {
                 ReplayError::TooOld(_) => Reject::ReplayTooOld,

@@ -85,6 +85,25 @@ pub enum Command {
     },
 }
 
+impl Command {
+    /// The command's name, for the span its work is logged in.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Suspend { .. } => "suspend",
+            Command::AskHelp { .. } => "ask-help",
+            Command::Resume { .. } => "resume",
+            Command::Migrate { .. } => "migrate",
+            Command::Peers { .. } => "peers",
+            Command::Reconfigure { .. } => "reconfigure",
+            Command::ForgetPeer { .. } => "forget-peer",
+            Command::Mobility { .. } => "mobility",
+            Command::Counters { .. } => "counters",
+            Command::Export { .. } => "export",
+            Command::Import { .. } => "import",
+        }
+    }
+}
+
 pub type CommandSender = mpsc::Sender<Command>;
 
 /// How one move the driver was asked for went: where it goes from and to,

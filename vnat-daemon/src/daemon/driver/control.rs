@@ -119,7 +119,15 @@ impl Driver {
         self.release_keepalives(false).await;
     }
 
+    /// One control request, in a span naming it: what the moves, exports
+    /// and imports it starts log carries the command.
     pub(super) async fn command(&mut self, cmd: Command) {
+        use tracing::Instrument;
+        let span = tracing::info_span!("control", command = cmd.name());
+        self.run_command(cmd).instrument(span).await;
+    }
+
+    async fn run_command(&mut self, cmd: Command) {
         match cmd {
             Command::Suspend { flows, help, reply } => {
                 let r = self.endpoint.suspend(now(), &mut OsRng, &flows);
