@@ -9,7 +9,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use crate::cookie::{CookieJar, PairLimiter, StartLimit};
 use crate::crypto::{Ephemeral, PairKeys};
-use crate::endpoint::Config;
+use crate::config::Config;
 use crate::timers::TimerTable;
 use crate::wire::COOKIE_LEN;
 use crate::Timestamp;
