@@ -53,9 +53,6 @@ const DATAGRAMS_PER_TURN: usize = 64;
 /// (`Datapath::kick_flow`), or one backed-off socket after another would
 /// hold up a mass move by 20 ms to 1.2 s each.
 const VERIFIED_RESTARTS_MAX: usize = 16;
-/// How long an imported connection may wait for its process to restore
-/// the socket on this host before it is forgotten.
-const IMPORT_GRACE: Duration = Duration::from_secs(60);
 /// How often vnatd looks for NAT entries whose socket is gone and that no
 /// connection of its own explains (what a vnatd killed mid-move left). An
 /// entry goes when two checks in a row found it so: one listing that
@@ -279,32 +276,17 @@ pub struct Driver {
     /// The address watch fired since `update_kept` last ran (see
     /// `Datapath::keep_local` on renewing).
     kept_renew_due: bool,
-    /// Imported flows not yet seen in this host's records: the migrated
-    /// process restores its socket after the import (the import puts the
-    /// connection's address in place first), so they are kept meanwhile.
-    imported: HashMap<VirtualFlow, Timestamp>,
-    /// Exported flows: their process is being checkpointed to another host,
-    /// so they are not tracked again here while their socket still exists.
-    exported: HashSet<VirtualFlow>,
     /// The host's addresses as last seen, for the check that a connection
     /// vnatd starts to manage uses one of them.
     host_addrs: super::hostaddrs::HostAddresses,
-    /// Recorded connections vnatd refuses to manage, with the reason.
-    refused: HashMap<VirtualFlow, &'static str>,
+    /// Which recorded connections the core tracks, and what moves need to
+    /// know of them (exported, imported, placed, anchors, cgroups).
+    tracking: super::tracking::Tracking,
     /// When `resync` next looks for orphaned NAT entries (at once after a
     /// start, then every [`ORPHAN_CHECK_INTERVAL`]), and what the last
     /// look found.
     next_orphan_check: std::time::Instant,
     orphans: HashSet<VirtualFlow>,
-    /// Connections an operator moved (`vnatctl migrate`), to the address
-    /// given: automatic mode leaves them there while it exists.
-    placed: HashMap<VirtualFlow, IpAddr>,
-    /// Containers' connections on addresses this host routes to them (not
-    /// NATed), with this host's address that stands for their network
-    /// (`mobility::Tracked::anchor`).
-    anchors: HashMap<VirtualFlow, IpAddr>,
-    /// Each tracked connection's cgroup id, for its conflict policy.
-    cgroup_of: HashMap<VirtualFlow, u64>,
     /// Suspended connections whose keepalive vnatd turned off until they
     /// work again (`Datapath::hold_keepalive`,
     /// `mobility::keepalive_release_due`).
@@ -414,18 +396,13 @@ impl Driver {
             dual,
             mover: Mover::new(),
             host_addrs,
-            refused: HashMap::new(),
+            tracking: Default::default(),
             standby: Vec::new(),
             standby_due: true,
             kept: None,
             kept_renew_due: false,
-            imported: HashMap::new(),
-            exported: HashSet::new(),
             next_orphan_check: std::time::Instant::now(),
             orphans: HashSet::new(),
-            placed: HashMap::new(),
-            anchors: HashMap::new(),
-            cgroup_of: HashMap::new(),
             keepalive_held: HashMap::new(),
             next_keepalive_check: std::time::Instant::now(),
             help_asked: HashMap::new(),
@@ -595,7 +572,7 @@ impl Driver {
             .connections()
             .filter(|f| f.proto == crate::datapath::Proto::Udp)
             // A routed container's address is the container's, not ours.
-            .filter(|f| !self.anchors.contains_key(f))
+            .filter(|f| self.tracking.anchor(f).is_none())
             .filter_map(|f| self.endpoint.connection(f))
         {
             in_use.push(v.flow.local.ip());

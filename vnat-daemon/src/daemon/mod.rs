@@ -15,6 +15,7 @@ pub mod identity;
 pub mod mobility;
 pub mod moveops;
 pub mod mover;
+pub mod tracking;
 pub mod userhelper;
 
 #[cfg(test)]

@@ -251,12 +251,12 @@ impl Driver {
                             },
                         ))
                     })
-                    .chain(self.refused.iter().map(|(f, why)| {
+                    .chain(self.tracking.refused().map(|(f, why)| {
                         (
                             *f,
                             crate::control::Mobility {
                                 mobile: false,
-                                why_not: Some((*why).to_string()),
+                                why_not: Some(why.to_string()),
                                 ..Default::default()
                             },
                         )
@@ -308,8 +308,7 @@ impl Driver {
                 .map_err(|source| TransferError::Export { id: f.id(), source })?;
             let translation = translations.iter().find(|t| t.flow == *f).copied();
             tracing::info!(flow = ?f, "connection exported; VCMP forgets it here");
-            self.exported.insert(*f);
-            self.placed.remove(f);
+            self.tracking.exported(*f);
             connections.push(ExportedConnection {
                 id: f.id(),
                 vcmp,
@@ -345,7 +344,7 @@ impl Driver {
                 return Err(TransferError::Import { id: c.id, source });
             }
             done.push(c.vcmp.flow);
-            self.imported.insert(c.vcmp.flow, now());
+            self.tracking.imported(c.vcmp.flow, now());
         }
         // Do not move yet: the process restores its socket after the import,
         // and until that socket exists here a packet the peer sends to this
@@ -488,12 +487,9 @@ impl Driver {
         }
         for (flow, r) in self.start_moves(moves).await {
             if let Ok((_, to)) = &r {
-                if to.ip() == flow.local.ip() {
-                    // Back to its own address: nothing left to keep.
-                    self.placed.remove(&flow);
-                } else {
-                    self.placed.insert(flow, to.ip());
-                }
+                // Back to its own address: nothing left to keep.
+                let back = to.ip() == flow.local.ip();
+                self.tracking.place(flow, (!back).then_some(to.ip()));
             }
             outcomes.push((flow, r));
         }

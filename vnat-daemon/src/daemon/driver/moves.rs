@@ -40,89 +40,39 @@ impl Driver {
                 .update(boot_secs, a.into_iter().map(|(ip, _)| ip).collect()),
             Err(e) => tracing::warn!(error = %e, "cannot list this host's addresses"),
         }
-        let mut live = HashSet::new();
-        for c in conns {
-            let flow = VirtualFlow {
-                proto: c.proto,
-                local: c.virtual_local,
-                remote: c.virtual_remote,
-            };
-            if !mobility::is_mobile_candidate(&flow, port) {
-                continue;
-            }
-            live.insert(flow);
-            self.cgroup_of.insert(flow, c.cgroup_id);
-            // A routed container's connection counts as on the host's
-            // address its network is reached by, until it moves.
-            let anchor = c.guest.as_ref().and_then(|g| g.routed_via);
-            match anchor {
-                Some(a) => self.anchors.insert(flow, a),
-                None => self.anchors.remove(&flow),
-            };
-            let on = match anchor {
-                Some(a) if c.physical_local == c.virtual_local => a,
-                _ => c.physical_local.ip(),
-            };
-            if self.endpoint.connection(&flow).is_none()
-                && !self.exported.contains(&flow)
-                && !self.imported.contains_key(&flow)
-                // Physical: a connection that moved before a restart of
-                // vnatd uses its new address; its virtual one is on `lo`.
-                && !self
-                    .host_addrs
-                    .may_manage(on, boot_secs.saturating_sub(c.age_secs))
-            {
-                if self
-                    .refused
-                    .insert(flow, mobility::NOT_OUR_ADDRESS)
-                    .is_none()
-                {
-                    tracing::warn!(?flow, pid = ?c.pid, "not managing a connection whose local address is not one of this host's (IP_FREEBIND or IP_TRANSPARENT socket)");
-                }
-                continue;
-            }
-            if c.udp_inbound_only && self.endpoint.connection(&flow).is_none() {
-                // Only received from (anyone can spoof a source): no pairing
-                // with it until this host answers it.
-                self.refused.insert(flow, mobility::INBOUND_ONLY);
-                continue;
-            }
-            if self.endpoint.connection(&flow).is_none() && !self.exported.contains(&flow) {
-                if self.refused.get(&flow) == Some(&mobility::INBOUND_ONLY) {
-                    self.refused.remove(&flow);
-                }
-                let r = self.endpoint.connection_added(
-                    now(),
-                    &mut OsRng,
-                    flow,
-                    c.physical_local,
-                    c.physical_remote,
-                    vcmp::Binding::of(&flow, c.tcp_isns),
-                );
-                match r {
-                    Ok(()) => tracing::debug!(?flow, "tracking connection"),
-                    Err(e) => tracing::debug!(?flow, error = %e, "not tracking connection"),
-                }
+        let endpoint = &self.endpoint;
+        let host_addrs = &self.host_addrs;
+        let synced = self.tracking.sync(
+            conns,
+            port,
+            |f| endpoint.connection(f).is_some(),
+            |ip, at| host_addrs.may_manage(ip, at),
+            boot_secs,
+            now(),
+        );
+        for (flow, pid) in &synced.not_ours {
+            tracing::warn!(?flow, ?pid, "not managing a connection whose local address is not one of this host's (IP_FREEBIND or IP_TRANSPARENT socket)");
+        }
+        for n in synced.new {
+            let r = self.endpoint.connection_added(
+                now(),
+                &mut OsRng,
+                n.flow,
+                n.local_phys,
+                n.remote_phys,
+                n.binding,
+            );
+            match r {
+                Ok(()) => tracing::debug!(flow = ?n.flow, "tracking connection"),
+                Err(e) => tracing::debug!(flow = ?n.flow, error = %e, "not tracking connection"),
             }
         }
-        self.exported.retain(|f| live.contains(f));
-        self.refused.retain(|f, _| live.contains(f));
-        let t = now();
-        self.imported
-            .retain(|f, since| !live.contains(f) && t.since(*since) < IMPORT_GRACE);
-        let gone: Vec<VirtualFlow> = self
-            .endpoint
-            .connections()
-            .filter(|f| !live.contains(f) && !self.imported.contains_key(f))
-            .copied()
-            .collect();
+        let live = synced.live;
+        let gone = self.tracking.gone(self.endpoint.connections(), &live);
         for f in &gone {
             self.endpoint.connection_removed(f);
             self.mover.forget(f);
-            self.placed.remove(f);
         }
-        self.anchors.retain(|f, _| live.contains(f));
-        self.cgroup_of.retain(|f, _| live.contains(f));
         self.keepalive_held.retain(|f, _| live.contains(f));
         self.help_asked.retain(|f, _| live.contains(f));
         self.helper_runs.retain(|f, _| live.contains(f));
@@ -171,9 +121,9 @@ impl Driver {
             return HashSet::new();
         }
         let ids = conflict::cgroup_ids_under(&self.cfg.preempt_cgroups);
-        self.cgroup_of
-            .iter()
-            .filter(|(_, id)| **id != 0 && ids.contains(id))
+        self.tracking
+            .cgroups()
+            .filter(|(_, id)| *id != 0 && ids.contains(id))
             .map(|(f, _)| *f)
             .collect()
     }
@@ -185,7 +135,7 @@ impl Driver {
     /// behind, or a removal that failed.
     async fn remove_orphans(&mut self, live: &HashSet<VirtualFlow>) {
         let mut keep = live.clone();
-        keep.extend(self.imported.keys());
+        keep.extend(self.tracking.imports());
         let before = std::mem::take(&mut self.orphans);
         let (found, removed) = with_dp(&self.dp, move |dp| {
             let flows = match dp.flows_with_entries() {
@@ -221,15 +171,15 @@ impl Driver {
         let tracked: Vec<Tracked> = self
             .endpoint
             .connections()
-            .filter(|f| !self.imported.contains_key(f))
+            .filter(|f| !self.tracking.is_imported(f))
             .filter_map(|f| self.endpoint.connection(f))
             .map(|v| Tracked {
                 flow: v.flow,
                 local_phys: v.local_phys,
                 remote_phys: v.remote_phys,
                 migrating: v.migrating,
-                placed: self.placed.contains_key(&v.flow),
-                anchor: self.anchors.get(&v.flow).copied(),
+                placed: self.tracking.is_placed(&v.flow),
+                anchor: self.tracking.anchor(&v.flow),
             })
             .collect();
         if tracked.is_empty() {
@@ -257,7 +207,7 @@ impl Driver {
         // A connection placed by `vnatctl migrate` that lost its address
         // is automatic mode's again.
         for m in &moves {
-            self.placed.remove(&m.flow);
+            self.tracking.place(m.flow, None);
         }
         let outcomes = self.start_moves(moves).await;
         outcomes.iter().filter(|(_, r)| r.is_ok()).count()
