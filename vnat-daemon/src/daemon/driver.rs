@@ -44,6 +44,11 @@ use crate::{
 /// daemon's time, in the middle of moving them.
 const RESYNC_INTERVAL: Duration = Duration::from_secs(1);
 const RESYNC_SHARE: u32 = 10;
+/// The longest wait between two resyncs however slow one was: a new
+/// connection is paired for at most this long after it opened (a flood of
+/// 65,536 spoofed UDP sources made one resync take 1.7 s on a debug build,
+/// and the next waited 17 s).
+const RESYNC_MAX_WAIT: Duration = Duration::from_secs(5);
 /// Most VCMP datagrams handled in one loop turn before the datapath work
 /// they call for (a full one carries up to 30 records).
 const DATAGRAMS_PER_TURN: usize = 64;
@@ -497,8 +502,12 @@ impl Driver {
                 _ = tokio::time::sleep_until(next_resync) => {
                     let started = tokio::time::Instant::now();
                     self.resync().await;
-                    next_resync = tokio::time::Instant::now()
-                        + RESYNC_INTERVAL.max(started.elapsed() * RESYNC_SHARE);
+                    let took = started.elapsed();
+                    if took * RESYNC_SHARE > RESYNC_INTERVAL {
+                        tracing::debug!(took_ms = took.as_millis() as u64, "slow resync: the next one waits longer");
+                    }
+                    let wait = (took * RESYNC_SHARE).clamp(RESYNC_INTERVAL, RESYNC_MAX_WAIT);
+                    next_resync = tokio::time::Instant::now() + wait;
                 }
                 Some(cmd) = commands.recv() => self.command(cmd).await,
                 _ = tokio::time::sleep_until(tokio::time::Instant::from_std(

@@ -7,9 +7,9 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 
+use crate::config::Config;
 use crate::cookie::{CookieJar, PairLimiter, StartLimit};
 use crate::crypto::{Ephemeral, PairKeys};
-use crate::config::Config;
 use crate::timers::TimerTable;
 use crate::wire::COOKIE_LEN;
 use crate::Timestamp;
