@@ -49,6 +49,8 @@ fn lists_mobile(ls: Option<Value>, remote: std::net::IpAddr) -> bool {
 /// drop.
 pub struct Vnatd {
     child: Child,
+    /// Its namespace (`/run/netns/NAME`), for what a failing test prints.
+    netns: PathBuf,
     pub control: PathBuf,
     /// `--state-dir`: identity.key and peers.json.
     pub state_dir: PathBuf,
@@ -101,6 +103,7 @@ impl Vnatd {
             .expect("starting vnatd");
         let d = Vnatd {
             child,
+            netns: ns.path(),
             control,
             state_dir: dir.join("state"),
         };
@@ -281,6 +284,41 @@ impl Drop for Vnatd {
                 self.control.display(),
                 status.map_or("(no answer)".into(), |v| v.to_string()),
                 ls.map_or("(no answer)".into(), |v| v.to_string()),
+            );
+            // Its namespace's sockets (queues, drops, owners) and the
+            // kernel's non-zero UDP and IP error counters.
+            let net = format!("--net={}", self.netns.display());
+            let run = |args: &[&str]| {
+                Command::new("nsenter")
+                    .arg(&net)
+                    .args(args)
+                    .output()
+                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                    .unwrap_or_default()
+            };
+            let sockets: Vec<String> = run(&["ss", "-tuanpem"])
+                .lines()
+                .take(40)
+                .map(String::from)
+                .collect();
+            let errors: Vec<String> = run(&["nstat", "-asz"])
+                .lines()
+                .filter(|l| {
+                    let mut f = l.split_whitespace();
+                    let (name, value) = (f.next().unwrap_or(""), f.next().unwrap_or("0"));
+                    value != "0"
+                        && (name.starts_with("Udp")
+                            || name.contains("Error")
+                            || name.contains("NoPorts")
+                            || name.contains("ReversePath")
+                            || name.contains("Discard"))
+                })
+                .map(String::from)
+                .collect();
+            eprintln!(
+                "sockets:\n{}\ncounters: {}",
+                sockets.join("\n"),
+                errors.join("; ")
             );
         }
         let _ = self.child.kill();
