@@ -1,14 +1,99 @@
 //! The datapath work of a move, in the order the rule needs (see
 //! `super::mover`): no kernel may ever see an untranslated packet for a
-//! socket it lacks. The mover decides what to do; these run it against
-//! the [`Datapath`] seam, so that the order is unit-tested with the fake
-//! datapath, without root. The driver calls them on the datapath's own
-//! thread, a batch per loop turn.
+//! socket it lacks. The mover decides what to do, as a list of typed
+//! operations ([`Op`]); [`run`] does them against the [`Datapath`] seam, in
+//! order, so that the order is unit-tested with the fake datapath, without
+//! root. The driver runs each list on the datapath's own thread, in one
+//! trip, and hands the outcomes back.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 
-use super::{conflict, mobility, mover::Start};
+use super::{
+    conflict, mobility,
+    mover::{Start, Switch},
+};
 use crate::datapath::{Datapath, DatapathError, Proto, Translation, VirtualFlow};
+
+/// One piece of the datapath work of moves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Hold our send side (if the mover says so) and prepare our receive
+    /// side at the new address ([`start_one`]); `preempt`: this connection
+    /// may reset an older one in its way (`daemon::conflict`).
+    Start { start: Start, preempt: bool },
+    /// A peer announced a new address: accept its packets from there
+    /// already ([`prepare_peer_receive_side`]).
+    PrepareReceive(Translation),
+    /// Switch the send side ([`translate_one`]); with `verified`, the
+    /// restart levers that watch the socket act right after.
+    Switch { switch: Switch, verified: bool },
+    /// The restart levers alone, without waits (a mass move's, after the
+    /// flush).
+    Restart { flow: VirtualFlow, solicit: bool },
+    /// A hold past the mover's limit: release it and push what its socket
+    /// queued meanwhile.
+    ReleaseOverdue(VirtualFlow),
+    /// The core aborted the flow's migration: release its hold.
+    ReleaseAborted(VirtualFlow),
+}
+
+/// How one [`Op`] went.
+#[derive(Debug)]
+pub enum Outcome {
+    /// A [`Op::Start`].
+    Started(Started),
+    /// Any other operation.
+    Done(Result<(), DatapathError>),
+}
+
+impl Outcome {
+    /// The error, if the operation failed.
+    pub fn error(&self) -> Option<&DatapathError> {
+        match self {
+            Outcome::Started(s) => s.result.as_ref().err(),
+            Outcome::Done(r) => r.as_ref().err(),
+        }
+    }
+}
+
+/// Do `ops` in order. `preempting`: the connections a preempting move may
+/// reset (`daemon::conflict`); only [`Op::Start`] uses it.
+pub fn run(
+    dp: &mut dyn Datapath,
+    ops: Vec<Op>,
+    preempting: &HashSet<VirtualFlow>,
+) -> Vec<(Op, Outcome)> {
+    ops.into_iter()
+        .map(|op| {
+            let outcome = match &op {
+                Op::Start { start, preempt } => {
+                    Outcome::Started(start_one(dp, start, *preempt, |o| preempting.contains(o)))
+                }
+                Op::PrepareReceive(t) => Outcome::Done(prepare_peer_receive_side(dp, t)),
+                Op::Switch {
+                    switch: s,
+                    verified,
+                } => {
+                    let r = translate_one(dp, s.flow, s.local, s.remote);
+                    if *verified && r.is_ok() {
+                        restart_one(dp, s.flow, s.solicit, true);
+                    }
+                    Outcome::Done(r)
+                }
+                Op::Restart { flow, solicit } => {
+                    restart_one(dp, *flow, *solicit, false);
+                    Outcome::Done(Ok(()))
+                }
+                Op::ReleaseOverdue(f) => Outcome::Done(dp.hold_send_side(f, false).map(|()| {
+                    restart_one(dp, *f, false, false);
+                })),
+                Op::ReleaseAborted(f) => Outcome::Done(dp.hold_send_side(f, false)),
+            };
+            (op, outcome)
+        })
+        .collect()
+}
 
 /// How starting one move went: the receive side's preparation, and
 /// whether the send side is held now.
@@ -141,34 +226,6 @@ pub fn prepare_peer_receive_side(
     Ok(())
 }
 
-/// Holds past the mover's limit: release each, and push what its socket
-/// queued meanwhile (its sends failed while held, so it waits on a
-/// backed-off probe timer). The ones that could not be released.
-pub fn release_overdue(
-    dp: &mut dyn Datapath,
-    flows: Vec<VirtualFlow>,
-) -> Vec<(VirtualFlow, DatapathError)> {
-    let mut failed = Vec::new();
-    for f in flows {
-        match dp.hold_send_side(&f, false) {
-            Ok(()) => restart_one(dp, f, false, false),
-            Err(e) => failed.push((f, e)),
-        }
-    }
-    failed
-}
-
-/// Migrations the core aborted: their held send sides go back to what they
-/// did before the move (the connection is most likely lost, but that is
-/// for TCP to decide).
-pub fn release_aborted(dp: &mut dyn Datapath, flows: &[VirtualFlow]) {
-    for flow in flows {
-        if let Err(e) = dp.hold_send_side(flow, false) {
-            tracing::warn!(?flow, error = %e, "cannot release the connection's held packets");
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -255,8 +312,8 @@ mod tests {
         let s = start_one(&mut dp, &start(f, "10.0.1.5:40000", true), false, |_| false);
         assert!(s.result.is_ok() && s.held);
         assert!(dp.prepared.is_empty());
-        release_aborted(&mut dp, &[f]);
-        assert!(dp.held.is_empty());
+        let done = run(&mut dp, vec![Op::ReleaseAborted(f)], &HashSet::new());
+        assert!(done[0].1.error().is_none() && dp.held.is_empty());
     }
 
     #[test]
@@ -284,7 +341,8 @@ mod tests {
         prepare_peer_receive_side(&mut dp, &ok).expect("prepared");
         assert_eq!(dp.prepared.get(&f), Some(&ok));
         dp.hold_send_side(&f, true).unwrap();
-        assert!(release_overdue(&mut dp, vec![f]).is_empty());
+        let done = run(&mut dp, vec![Op::ReleaseOverdue(f)], &HashSet::new());
+        assert!(done[0].1.error().is_none());
         assert!(dp.held.is_empty());
         // A TCP socket released from a hold gets its levers.
         assert_eq!(dp.restarted, vec![f]);
@@ -308,5 +366,64 @@ mod tests {
         assert!(dp.translations().unwrap().is_empty());
         // Nothing to remove is no error.
         translate_one(&mut dp, f, f.local, f.remote).expect("nothing to remove");
+    }
+
+    #[test]
+    fn a_list_of_ops_runs_in_order_and_one_failure_stops_no_other() {
+        let mut dp = FakeDatapath::new();
+        let ours = flow("10.0.1.5:40000", "10.0.9.1:22");
+        let theirs = flow("10.0.1.5:40001", "10.0.9.2:22");
+        let blocked = flow("10.0.1.5:40002", "10.0.9.3:22");
+        let neighbour = flow("10.0.2.5:40002", "10.0.9.3:22");
+        for f in [ours, theirs, blocked, neighbour] {
+            dp.add_connection(f, None);
+        }
+        let peer_new = Translation {
+            flow: theirs,
+            physical_local: theirs.local,
+            physical_remote: sa("10.0.8.2:22"),
+        };
+        let switch = Switch {
+            flow: theirs,
+            local: theirs.local,
+            remote: sa("10.0.8.2:22"),
+            peer_moved: true,
+            solicit: true,
+        };
+        let ops = vec![
+            Op::Start {
+                start: start(ours, "10.0.2.5:40000", true),
+                preempt: false,
+            },
+            // Onto the neighbour's endpoints, not preempting: refused.
+            Op::Start {
+                start: start(blocked, "10.0.2.5:40002", true),
+                preempt: false,
+            },
+            Op::PrepareReceive(peer_new),
+            Op::Switch {
+                switch,
+                verified: true,
+            },
+        ];
+        let done = run(&mut dp, ops.clone(), &HashSet::new());
+        assert_eq!(
+            done.iter().map(|(op, _)| op.clone()).collect::<Vec<_>>(),
+            ops
+        );
+        assert!(matches!(&done[0].1, Outcome::Started(s) if s.held && s.result.is_ok()));
+        assert!(matches!(
+            done[1].1.error(),
+            Some(DatapathError::Conflict { .. })
+        ));
+        assert!(done[2].1.error().is_none() && done[3].1.error().is_none());
+        // Ours: held, its new receive side ready; the blocked one: as
+        // before; theirs: switched (its receive side was prepared first and
+        // the install replaced it), the verified levers run.
+        assert!(dp.held.contains(&ours) && !dp.held.contains(&blocked));
+        assert!(dp.prepared.contains_key(&ours) && !dp.prepared.contains_key(&blocked));
+        assert_eq!(dp.translations().unwrap().len(), 1);
+        assert_eq!(dp.restarted, vec![theirs]);
+        assert!(dp.reset.is_empty());
     }
 }

@@ -3,7 +3,7 @@
 //! datapath in one trip per turn.
 
 use super::*;
-use crate::daemon::moveops;
+use crate::daemon::moveops::{self, Op, Outcome};
 
 impl Driver {
     /// Track new connections, forget closed ones, and move the ones whose
@@ -227,25 +227,25 @@ impl Driver {
             outcomes.push((m.flow, Err(MoveRefused::NotMobile)));
         }
         let preempt = self.preempting(candidates.iter().map(|st| st.mv.flow));
-        let prepared = with_dp(&self.dp, move |dp| {
-            candidates
-                .into_iter()
-                .map(|st| {
-                    let s = moveops::start_one(dp, &st, preempt.contains(&st.mv.flow), |o| {
-                        preempt.contains(o)
-                    });
-                    (st.mv, st.from, s.result, s.held)
-                })
-                .collect::<Vec<_>>()
-        })
-        .await;
+        let ops = candidates
+            .into_iter()
+            .map(|start| Op::Start {
+                preempt: preempt.contains(&start.mv.flow),
+                start,
+            })
+            .collect();
+        let prepared = self.run_ops(ops, preempt).await;
         let mut started = Vec::new();
         let held_at = std::time::Instant::now();
-        for (m, from, r, held) in prepared {
-            if held {
+        for (op, outcome) in prepared {
+            let (Op::Start { start, .. }, Outcome::Started(s)) = (op, outcome) else {
+                continue;
+            };
+            let (m, from) = (start.mv, start.from);
+            if s.held {
                 self.mover.held(m.flow, held_at);
             }
-            if let Err(e) = r {
+            if let Err(e) = s.result {
                 tracing::warn!(flow = ?m.flow, error = %e, "cannot prepare the move");
                 outcomes.push((m.flow, Err(MoveRefused::Prepare(e.to_string()))));
                 continue;
@@ -277,12 +277,16 @@ impl Driver {
             return;
         }
         let n = overdue.len();
-        let failed = with_dp(&self.dp, move |dp| moveops::release_overdue(dp, overdue)).await;
-        for (flow, e) in &failed {
-            tracing::warn!(?flow, error = %e, "cannot release the connection's held packets");
+        let ops = overdue.into_iter().map(Op::ReleaseOverdue).collect();
+        let mut failed = 0;
+        for (op, outcome) in self.run_ops(ops, HashSet::new()).await {
+            if let (Op::ReleaseOverdue(flow), Some(e)) = (op, outcome.error()) {
+                tracing::warn!(?flow, error = %e, "cannot release the connection's held packets");
+                failed += 1;
+            }
         }
         tracing::info!(
-            connections = n - failed.len(),
+            connections = n - failed,
             limit_ms = HOLD_LIMIT.as_millis() as u64,
             "moves not done within the hold limit: their packets leave with the old address until they are"
         );
@@ -302,16 +306,11 @@ impl Driver {
         // One trip to the datapath thread for all of them. A peer's move
         // never preempts (see `moveops::prepare_peer_receive_side`); a
         // conflict refuses it (and the address fails validation).
-        let done = with_dp(&self.dp, move |dp| {
-            work.into_iter()
-                .map(|t| {
-                    let r = moveops::prepare_peer_receive_side(dp, &t);
-                    (t, r)
-                })
-                .collect::<Vec<_>>()
-        })
-        .await;
-        for (t, r) in done {
+        let ops = work.into_iter().map(Op::PrepareReceive).collect();
+        for (op, outcome) in self.run_ops(ops, HashSet::new()).await {
+            let (Op::PrepareReceive(t), Outcome::Done(r)) = (op, outcome) else {
+                continue;
+            };
             let new_failure = self.mover.receive_side_done(&t, &r);
             match r {
                 Ok(()) => {
@@ -457,8 +456,11 @@ impl Driver {
         if !confirm.is_empty() {
             self.endpoint.confirm_switched(now(), &mut OsRng, &confirm);
         }
-        if !aborted.is_empty() {
-            with_dp(&self.dp, move |dp| moveops::release_aborted(dp, &aborted)).await;
+        let ops = aborted.into_iter().map(Op::ReleaseAborted).collect();
+        for (op, outcome) in self.run_ops(ops, HashSet::new()).await {
+            if let (Op::ReleaseAborted(flow), Some(e)) = (op, outcome.error()) {
+                tracing::warn!(?flow, error = %e, "cannot release the connection's held packets");
+            }
         }
     }
 
@@ -499,21 +501,16 @@ impl Driver {
         }
         let verified = items.len() <= VERIFIED_RESTARTS_MAX;
         let started = std::time::Instant::now();
-        let done = with_dp(&self.dp, move |dp| {
-            items
-                .into_iter()
-                .map(|s| {
-                    let r = moveops::translate_one(dp, s.flow, s.local, s.remote);
-                    if verified && r.is_ok() {
-                        moveops::restart_one(dp, s.flow, s.solicit, true);
-                    }
-                    (s, r)
-                })
-                .collect::<Vec<_>>()
-        })
-        .await;
+        let ops = items
+            .into_iter()
+            .map(|switch| Op::Switch { switch, verified })
+            .collect();
+        let done = self.run_ops(ops, HashSet::new()).await;
         let mut ok = Vec::with_capacity(done.len());
-        for (s, r) in done {
+        for (op, outcome) in done {
+            let (Op::Switch { switch: s, .. }, Outcome::Done(r)) = (op, outcome) else {
+                continue;
+            };
             match r {
                 Ok(()) => {
                     // The peer's solicited ACKs leave after its SWITCHED and
@@ -548,17 +545,30 @@ impl Driver {
             return;
         }
         let (n, started) = (items.len(), std::time::Instant::now());
-        with_dp(&self.dp, move |dp| {
-            for (flow, solicit) in items {
-                moveops::restart_one(dp, flow, solicit, false);
-            }
-        })
-        .await;
+        let ops = items
+            .into_iter()
+            .map(|(flow, solicit)| Op::Restart { flow, solicit })
+            .collect();
+        self.run_ops(ops, HashSet::new()).await;
         tracing::info!(
             connections = n,
             verified = false,
             elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
             "restart levers sent"
         );
+    }
+
+    /// Run `ops` on the datapath thread, in one trip and in order
+    /// ([`moveops::run`]); `preempting`: the connections a preempting move
+    /// may reset. Nothing to run costs no trip.
+    async fn run_ops(
+        &mut self,
+        ops: Vec<Op>,
+        preempting: HashSet<VirtualFlow>,
+    ) -> Vec<(Op, Outcome)> {
+        if ops.is_empty() {
+            return Vec::new();
+        }
+        with_dp(&self.dp, move |dp| moveops::run(dp, ops, &preempting)).await
     }
 }
