@@ -352,12 +352,18 @@ impl Driver {
             let view = flow.and_then(|f| self.endpoint.connection(&f));
             // What is logged about the event carries its connection and
             // the peer host's key (its address may be the one changing).
+            // (The fields are only worked out when the span is enabled.)
             let span = flow.map(|f| {
-                let peer = view
-                    .as_ref()
-                    .and_then(|v| v.peer_key)
-                    .map(|k| vcmp::crypto::key_short(&k));
-                tracing::debug_span!("conn", flow = %f, peer = peer.as_deref().unwrap_or("-"))
+                tracing::debug_span!(
+                    "conn",
+                    flow = %f,
+                    peer = view
+                        .as_ref()
+                        .and_then(|v| v.peer_key)
+                        .map(|k| vcmp::crypto::key_short(&k))
+                        .as_deref()
+                        .unwrap_or("-")
+                )
             });
             let _in = span.as_ref().map(|s| s.enter());
             match self.mover.step(&ev, view.as_ref()) {
