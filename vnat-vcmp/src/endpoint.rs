@@ -5,7 +5,7 @@
 //! cryptographic random generator. Outputs: `poll_transmit` (datagrams),
 //! `poll_event` (datapath actions and reports), `poll_timeout` (when to call
 //! `handle_timeout` next). Receiving is in `recv.rs`, pairing in
-//! `pairing.rs`, the location chain and updates in `migrate.rs`.
+//! `pairing/` (its state and timers in `pairing/state.rs`), the location chain and updates in `migrate.rs`.
 
 use crate::stats::{Counter, Reject};
 use std::collections::{HashMap, VecDeque};

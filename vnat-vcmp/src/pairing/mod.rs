@@ -356,25 +356,14 @@ impl Endpoint {
     /// A responder asks us to prove our address: PAIR_INIT again, at once,
     /// with its cookie (and with it on every retransmission).
     pub(crate) fn on_pair_cookie(&mut self, from: SocketAddr, id: u32, c: [u8; COOKIE_LEN]) {
-        let Some(Handshake::Initiator {
-            id: iid,
-            eph,
-            cookie,
-            ..
-        }) = self.pairing.handshake_mut(from, Side::Ours)
-        else {
+        let Some(eph_pub) = self.pairing.set_cookie(from, id, c) else {
             self.stats.reject(Reject::PairCookieUnsolicited);
             return;
         };
-        if *iid != id {
-            self.stats.reject(Reject::PairCookieUnsolicited);
-            return;
-        }
-        *cookie = Some(c);
         let msg = Message::PairInit {
             request_id: id,
             static_pub: self.identity.public(),
-            eph_pub: eph.public(),
+            eph_pub,
             cookie: Some(c),
         };
         if let Ok(b) = msg.encode() {

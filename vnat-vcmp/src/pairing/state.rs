@@ -106,10 +106,28 @@ impl Pairings {
         self.handshakes.get(&(addr, side))
     }
 
-    /// The handshake, to change what it sends (never its deadline: a
-    /// handshake is put back with [`Pairings::insert_handshake`] for that).
-    pub fn handshake_mut(&mut self, addr: SocketAddr, side: Side) -> Option<&mut Handshake> {
-        self.handshakes.get_mut(&(addr, side))
+    /// Our handshake with `addr` whose PAIR_INIT had the id `id` echoes
+    /// the responder's `cookie` from now on; its ephemeral key's public
+    /// half, for the PAIR_INIT to send again at once. `None`: no such
+    /// handshake of ours (the cookie was not asked for).
+    pub fn set_cookie(
+        &mut self,
+        addr: SocketAddr,
+        id: u32,
+        cookie: [u8; COOKIE_LEN],
+    ) -> Option<[u8; 32]> {
+        match self.handshakes.get_mut(&(addr, Side::Ours)) {
+            Some(Handshake::Initiator {
+                id: iid,
+                eph,
+                cookie: c,
+                ..
+            }) if *iid == id => {
+                *c = Some(cookie);
+                Some(eph.public())
+            }
+            _ => None,
+        }
     }
 
     pub fn has_handshake(&self, addr: SocketAddr, side: Side) -> bool {
