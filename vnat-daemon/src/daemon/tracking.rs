@@ -78,6 +78,9 @@ impl Tracking {
         now: Timestamp,
     ) -> Synced {
         let mut out = Synced::default();
+        // A listing may name a flow twice (a record and a guest's): added
+        // once.
+        let mut adding = HashSet::new();
         for c in conns {
             let flow = VirtualFlow {
                 proto: c.proto,
@@ -100,8 +103,7 @@ impl Tracking {
                 Some(a) if c.physical_local == c.virtual_local => a,
                 _ => c.physical_local.ip(),
             };
-            let tracked = in_core(&flow);
-            if tracked || self.exported.contains(&flow) {
+            if in_core(&flow) || self.exported.contains(&flow) || adding.contains(&flow) {
                 continue;
             }
             // Physical: a connection that moved before a restart of vnatd
@@ -124,9 +126,10 @@ impl Tracking {
                 self.refused.insert(flow, mobility::INBOUND_ONLY);
                 continue;
             }
-            if self.refused.get(&flow) == Some(&mobility::INBOUND_ONLY) {
-                self.refused.remove(&flow);
-            }
+            // Refused before (inbound only, or on an address that is ours
+            // only now): no longer.
+            self.refused.remove(&flow);
+            adding.insert(flow);
             out.new.push(NewConn {
                 flow,
                 local_phys: c.physical_local,
@@ -293,6 +296,55 @@ mod tests {
         let s = sync(&mut t, vec![mine], &[]);
         assert_eq!(s.live.len(), 1);
         assert_eq!(t.refused().count(), 0);
+    }
+
+    #[test]
+    fn a_connection_refused_for_its_address_is_added_once_the_address_is_ours() {
+        let mut t = Tracking::default();
+        let c = record("192.0.2.9:40000", "10.0.0.2:22");
+        let f = flow_of(&c);
+        assert_eq!(sync(&mut t, vec![c.clone()], &[]).not_ours.len(), 1);
+        let now_ours = |ip: IpAddr, _: u64| ip == "192.0.2.9".parse::<IpAddr>().unwrap();
+        let s = t.sync(
+            vec![c.clone(), c],
+            2031,
+            |_| false,
+            now_ours,
+            100,
+            Timestamp(0),
+        );
+        assert_eq!(
+            s.new.iter().map(|n| n.flow).collect::<Vec<_>>(),
+            vec![f],
+            "once"
+        );
+        assert_eq!(t.refused().count(), 0, "no longer listed as refused");
+    }
+
+    #[test]
+    fn an_address_is_ours_if_it_was_when_the_connection_was_recorded() {
+        let mut t = Tracking::default();
+        // Recorded 5 s ago (age 5 at boot clock 100): asked at 95.
+        let asked = std::cell::Cell::new(None);
+        let was_ours = |_: IpAddr, at: u64| {
+            asked.set(Some(at));
+            at == 95
+        };
+        let c = record("192.0.2.9:40000", "10.0.0.2:22");
+        let s = t.sync(vec![c], 2031, |_| false, was_ours, 100, Timestamp(0));
+        assert_eq!(asked.get(), Some(95));
+        assert_eq!(s.new.len(), 1);
+    }
+
+    #[test]
+    fn a_gone_connection_is_no_longer_placed() {
+        let mut t = Tracking::default();
+        let f = flow_of(&record("10.0.0.1:40000", "10.0.0.2:22"));
+        t.place(f, OURS.parse().ok());
+        assert!(t.is_placed(&f));
+        let s = sync(&mut t, vec![], &[f]);
+        assert_eq!(t.gone([f].iter(), &s.live), vec![f]);
+        assert!(!t.is_placed(&f));
     }
 
     #[test]
