@@ -277,13 +277,34 @@ impl Drop for Vnatd {
         // translations) is the first thing to read, so it is printed
         // before vnatd goes.
         if std::thread::panicking() {
-            let status = self.try_ctl(&["status"]);
-            let ls = self.try_ctl(&["ls"]);
+            // Nothing here may panic (a panic while panicking aborts the
+            // test binary): every failure prints as "(no answer)".
+            let ctl = |args: &[&str]| -> String {
+                Command::new(bin_path("vnatctl"))
+                    .arg("--control")
+                    .arg(&self.control)
+                    .arg("--json")
+                    .args(args)
+                    .output()
+                    .ok()
+                    .filter(|o| o.status.success())
+                    .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+                    .unwrap_or_else(|| "(no answer)".into())
+            };
+            let mut ls = ctl(&["ls"]);
+            if ls.len() > 4000 {
+                let cut = (0..=4000)
+                    .rev()
+                    .find(|i| ls.is_char_boundary(*i))
+                    .unwrap_or(0);
+                ls.truncate(cut);
+                ls.push_str(" ...(cut)");
+            }
             eprintln!(
                 "vnatd {} at the failure:\nstatus {}\nls {}",
                 self.control.display(),
-                status.map_or("(no answer)".into(), |v| v.to_string()),
-                ls.map_or("(no answer)".into(), |v| v.to_string()),
+                ctl(&["status"]),
+                ls,
             );
             // Its namespace's sockets (queues, drops, owners) and the
             // kernel's non-zero UDP and IP error counters.

@@ -39,9 +39,10 @@ use crate::{
 
 /// How often the recorded connections are re-read even without an address
 /// change (new connections to pair for): at least this often, and at most
-/// [`RESYNC_SHARE`] of the time: with 100,000 connections one resync takes
-/// a few hundred milliseconds, and once a second it took a third of the
-/// daemon's time, in the middle of moving them.
+/// [`RESYNC_SHARE`] of the time (until the wait reaches
+/// [`RESYNC_MAX_WAIT`]): with 100,000 connections one resync takes a few
+/// hundred milliseconds, and once a second it took a third of the daemon's
+/// time, in the middle of moving them.
 const RESYNC_INTERVAL: Duration = Duration::from_secs(1);
 const RESYNC_SHARE: u32 = 10;
 /// The longest wait between two resyncs however slow one was: a new

@@ -1,7 +1,7 @@
 //! The datapath work of a move, in the order the rule needs (see
 //! `super::mover`): no kernel may ever see an untranslated packet for a
-//! socket it lacks. The mover decides what to do, as a list of typed
-//! operations ([`Op`]); [`run`] does them against the [`Datapath`] seam, in
+//! socket it lacks. The mover decides what to do, and the driver writes
+//! that as a list of typed operations ([`Op`]); [`run`] does them against the [`Datapath`] seam, in
 //! order, so that the order is unit-tested with the fake datapath, without
 //! root. The driver runs each list on the datapath's own thread, in one
 //! trip, and hands the outcomes back.

@@ -119,8 +119,9 @@ impl Driver {
         self.release_keepalives(false).await;
     }
 
-    /// One control request, in a span naming it: what the moves, exports
-    /// and imports it starts log carries the command.
+    /// One control request, in a span naming it: what the driver logs
+    /// while it starts the moves, exports and imports carries the command
+    /// (the datapath thread's own lines do not).
     pub(super) async fn command(&mut self, cmd: Command) {
         use tracing::Instrument;
         let span = tracing::info_span!("control", command = cmd.name());

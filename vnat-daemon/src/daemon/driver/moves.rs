@@ -239,7 +239,7 @@ impl Driver {
         let held_at = std::time::Instant::now();
         for (op, outcome) in prepared {
             let (Op::Start { start, .. }, Outcome::Started(s)) = (op, outcome) else {
-                continue;
+                unreachable!("moveops::run answers a Start with Started");
             };
             let (m, from) = (start.mv, start.from);
             if s.held {
@@ -309,7 +309,7 @@ impl Driver {
         let ops = work.into_iter().map(Op::PrepareReceive).collect();
         for (op, outcome) in self.run_ops(ops, HashSet::new()).await {
             let (Op::PrepareReceive(t), Outcome::Done(r)) = (op, outcome) else {
-                continue;
+                unreachable!("moveops::run answers each op with its own outcome");
             };
             let new_failure = self.mover.receive_side_done(&t, &r);
             match r {
@@ -365,7 +365,7 @@ impl Driver {
                         .unwrap_or("-")
                 )
             });
-            let _in = span.as_ref().map(|s| s.enter());
+            let in_span = span.as_ref().map(|s| s.enter());
             match self.mover.step(&ev, view.as_ref()) {
                 Step::Switch(s) => {
                     if let Event::PeerSwitched { confirmed, .. } = ev {
@@ -387,6 +387,8 @@ impl Driver {
                 }
                 Step::NotAMove => {}
             }
+            // Not entered across the awaits below.
+            drop(in_span);
             match ev {
                 Event::Paired { peer, key } => {
                     tracing::info!(%peer, key = %identity::key_hex(&key), "paired with peer host");
@@ -515,7 +517,7 @@ impl Driver {
         let mut ok = Vec::with_capacity(done.len());
         for (op, outcome) in done {
             let (Op::Switch { switch: s, .. }, Outcome::Done(r)) = (op, outcome) else {
-                continue;
+                unreachable!("moveops::run answers each op with its own outcome");
             };
             match r {
                 Ok(()) => {
