@@ -98,10 +98,6 @@ pub enum DriverError {
     State(#[from] StateError),
 }
 
-/// A TCP_USER_TIMEOUT held for a helped peer: the value to give back, the
-/// bytes acknowledged when first looked at after the help, since when.
-type HeldTimeout = (u32, Option<u64>, std::time::Instant);
-
 pub use crate::control::{command::MoveRefused, Command, CommandSender, PeerInfo};
 
 /// CLOCK_BOOTTIME: keeps counting while a laptop sleeps (STYLE.md).
@@ -293,28 +289,9 @@ pub struct Driver {
     /// look found.
     next_orphan_check: std::time::Instant,
     orphans: HashSet<VirtualFlow>,
-    /// Suspended connections whose keepalive vnatd turned off until they
-    /// work again (`Datapath::hold_keepalive`,
-    /// `mobility::keepalive_release_due`).
-    keepalive_held: HashMap<VirtualFlow, mobility::HeldKeepalive>,
-    /// When held keepalives are next looked at.
-    next_keepalive_check: std::time::Instant,
-    /// Connections whose peers this host asked for keep-alive helpers at
-    /// suspend, until they work again (`daemon::helping`).
-    help_asked: HashMap<VirtualFlow, (mobility::HeldKeepalive, crate::vcmp::help::Help)>,
-    /// Connections whose absent peer this host helps.
-    helping: HashMap<VirtualFlow, super::helping::Helping>,
-    /// When the absent peers are next answered for.
-    next_help_answer: std::time::Instant,
-    /// TCP_USER_TIMEOUTs held for helped peers, to give back: (the value,
-    /// the bytes acknowledged when first looked at, since when).
-    timeout_restore: HashMap<VirtualFlow, HeldTimeout>,
-    /// Installed helpers' runs per connection, and the slots they share.
-    helper_runs: HashMap<VirtualFlow, helping::HelperQueue>,
-    helper_slots: std::sync::Arc<tokio::sync::Semaphore>,
-    /// `AskHelp` requests waiting for their peers' confirmations: the
-    /// flows asked, until when, where the answer goes.
-    help_waits: Vec<helping::HelpWait>,
+    /// Keepalives held at suspend, helpers asked of the peers and given
+    /// to them, installed helpers' runs (`driver/helping.rs`).
+    helpers: helping::Helpers,
     /// Hide location: whether some cgroup hides (as last read), the
     /// shown addresses kept from one table to the next, whether
     /// connections changed since the table was last computed, and the
@@ -409,15 +386,7 @@ impl Driver {
             kept_renew_due: false,
             next_orphan_check: std::time::Instant::now(),
             orphans: HashSet::new(),
-            keepalive_held: HashMap::new(),
-            next_keepalive_check: std::time::Instant::now(),
-            help_asked: HashMap::new(),
-            helping: HashMap::new(),
-            next_help_answer: std::time::Instant::now(),
-            timeout_restore: HashMap::new(),
-            helper_runs: HashMap::new(),
-            helper_slots: std::sync::Arc::new(tokio::sync::Semaphore::new(helping::HELPER_SLOTS)),
-            help_waits: Vec::new(),
+            helpers: helping::Helpers::new(),
             hiding: false,
             hider: Default::default(),
             hide_due: true,
@@ -542,11 +511,12 @@ impl Driver {
         // A socket must not stay without the keepalive its application set,
         // nor a process stopped for a peer.
         self.release_keepalives(true).await;
-        for f in self.helping.keys().copied().collect::<Vec<_>>() {
+        for f in self.helpers.helping.keys().copied().collect::<Vec<_>>() {
             self.end_helping(f, helping::End::Reopen).await;
         }
         // Nor with a retransmission timeout held for a peer.
         let held: Vec<(VirtualFlow, u32)> = self
+            .helpers
             .timeout_restore
             .drain()
             .map(|(f, (prev, _, _))| (f, prev))

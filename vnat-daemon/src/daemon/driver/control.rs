@@ -11,7 +11,8 @@ impl Driver {
         let tcp: Vec<(VirtualFlow, SocketAddr)> = flows
             .iter()
             .filter(|f| {
-                f.proto == crate::datapath::Proto::Tcp && !self.keepalive_held.contains_key(f)
+                f.proto == crate::datapath::Proto::Tcp
+                    && !self.helpers.keepalive_held.contains_key(f)
             })
             .filter_map(|f| Some((*f, self.endpoint.connection(f)?.local_phys)))
             .collect();
@@ -38,7 +39,7 @@ impl Driver {
         }
         let since = std::time::Instant::now();
         for (f, local) in held {
-            self.keepalive_held.insert(
+            self.helpers.keepalive_held.insert(
                 f,
                 mobility::HeldKeepalive {
                     since,
@@ -54,14 +55,14 @@ impl Driver {
     /// (vnatd stops). Looked at twice a second at most. A failed release
     /// stays held and is tried again.
     pub(super) async fn release_keepalives(&mut self, all: bool) {
-        if self.keepalive_held.is_empty() && self.help_asked.is_empty() {
+        if self.helpers.keepalive_held.is_empty() && self.helpers.help_asked.is_empty() {
             return;
         }
         let now = std::time::Instant::now();
-        if !all && now < self.next_keepalive_check {
+        if !all && now < self.helpers.next_keepalive_check {
             return;
         }
-        self.next_keepalive_check = now + std::time::Duration::from_millis(500);
+        self.helpers.next_keepalive_check = now + std::time::Duration::from_millis(500);
         // (flow, its hold, where VCMP has it and whether it is moving)
         #[allow(clippy::type_complexity)]
         let state: Vec<(
@@ -69,6 +70,7 @@ impl Driver {
             mobility::HeldKeepalive,
             Option<(SocketAddr, bool)>,
         )> = self
+            .helpers
             .keepalive_held
             .iter()
             .map(|(f, h)| {
@@ -107,7 +109,7 @@ impl Driver {
         })
         .await;
         for f in released {
-            self.keepalive_held.remove(&f);
+            self.helpers.keepalive_held.remove(&f);
             tracing::debug!(flow = %f, "keepalive on again");
         }
         if let Some(addrs) = addrs.filter(|_| !all) {
@@ -154,13 +156,13 @@ impl Driver {
             Command::Resume { reply } => {
                 // Held keepalives go back on once each connection works
                 // again, not now: at wake the network may not be back.
-                for h in self.keepalive_held.values_mut() {
+                for h in self.helpers.keepalive_held.values_mut() {
                     h.resume_asked = true;
                 }
                 // The same for the helpers asked of the peers: a host that
                 // wakes at the same address says it is back as soon as the
                 // connection works.
-                for (h, _) in self.help_asked.values_mut() {
+                for (h, _) in self.helpers.help_asked.values_mut() {
                     h.resume_asked = true;
                 }
                 let n = self.resync().await;
@@ -238,13 +240,15 @@ impl Driver {
                                 }),
                                 moving: v.migrating,
                                 local_phys: Some(v.local_phys),
-                                keepalive_held: self.keepalive_held.contains_key(f),
+                                keepalive_held: self.helpers.keepalive_held.contains_key(f),
                                 helpers_asked: self
+                                    .helpers
                                     .help_asked
                                     .get(f)
                                     .map(|(_, h)| h.names())
                                     .unwrap_or_default(),
                                 helping: self
+                                    .helpers
                                     .helping
                                     .get(f)
                                     .map(|h| h.help.names())

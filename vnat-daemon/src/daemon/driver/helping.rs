@@ -13,6 +13,55 @@ const MAX_QUEUED_RUNS: usize = 4;
 /// Installed helpers running at once.
 pub(super) const HELPER_SLOTS: usize = 4;
 
+/// A TCP_USER_TIMEOUT held for a helped peer: the value to give back, the
+/// bytes acknowledged when first looked at after the help, since when.
+type HeldTimeout = (u32, Option<u64>, std::time::Instant);
+
+/// The driver's helper state: keepalives held at suspend, the helpers
+/// asked of the peers and those this host gives them, installed helpers'
+/// runs, and the requests waiting for the peers' confirmations.
+pub(super) struct Helpers {
+    /// Suspended connections whose keepalive vnatd turned off until they
+    /// work again (`Datapath::hold_keepalive`,
+    /// `mobility::keepalive_release_due`).
+    pub(super) keepalive_held: HashMap<VirtualFlow, mobility::HeldKeepalive>,
+    /// When held keepalives are next looked at.
+    pub(super) next_keepalive_check: std::time::Instant,
+    /// Connections whose peers this host asked for keep-alive helpers at
+    /// suspend, until they work again (`daemon::helping`).
+    pub(super) help_asked: HashMap<VirtualFlow, (mobility::HeldKeepalive, crate::vcmp::help::Help)>,
+    /// Connections whose absent peer this host helps.
+    pub(super) helping: HashMap<VirtualFlow, Helping>,
+    /// When the absent peers are next answered for.
+    pub(super) next_help_answer: std::time::Instant,
+    /// TCP_USER_TIMEOUTs held for helped peers, to give back: (the value,
+    /// the bytes acknowledged when first looked at, since when).
+    pub(super) timeout_restore: HashMap<VirtualFlow, HeldTimeout>,
+    /// Installed helpers' runs per connection, and the slots they share.
+    pub(super) helper_runs: HashMap<VirtualFlow, HelperQueue>,
+    pub(super) helper_slots: std::sync::Arc<tokio::sync::Semaphore>,
+    /// `AskHelp` requests waiting for their peers' confirmations: the
+    /// flows asked, until when, where the answer goes.
+    pub(super) help_waits: Vec<HelpWait>,
+}
+
+impl Helpers {
+    pub(super) fn new() -> Helpers {
+        let now = std::time::Instant::now();
+        Helpers {
+            keepalive_held: HashMap::new(),
+            next_keepalive_check: now,
+            help_asked: HashMap::new(),
+            helping: HashMap::new(),
+            next_help_answer: now,
+            timeout_restore: HashMap::new(),
+            helper_runs: HashMap::new(),
+            helper_slots: std::sync::Arc::new(tokio::sync::Semaphore::new(HELPER_SLOTS)),
+            help_waits: Vec::new(),
+        }
+    }
+}
+
 /// An `AskHelp` waiting for its peers' confirmations.
 pub(super) struct HelpWait {
     asked: Vec<VirtualFlow>,
@@ -32,11 +81,17 @@ impl Driver {
     /// When the loop must wake next for the helpers: the next answer for an
     /// absent peer, the next look at whether asked help can end.
     pub(super) fn next_helper_wake(&self) -> Option<std::time::Instant> {
-        let answer = (!self.helping.is_empty() || !self.timeout_restore.is_empty())
-            .then_some(self.next_help_answer);
-        let asked = (!self.help_asked.is_empty()).then_some(self.next_keepalive_check);
-        let waits = self.help_waits.iter().map(|w| w.until).min();
-        let holds = self.helping.values().filter_map(|h| h.held_until).min();
+        let answer = (!self.helpers.helping.is_empty() || !self.helpers.timeout_restore.is_empty())
+            .then_some(self.helpers.next_help_answer);
+        let asked =
+            (!self.helpers.help_asked.is_empty()).then_some(self.helpers.next_keepalive_check);
+        let waits = self.helpers.help_waits.iter().map(|w| w.until).min();
+        let holds = self
+            .helpers
+            .helping
+            .values()
+            .filter_map(|h| h.held_until)
+            .min();
         answer
             .into_iter()
             .chain(asked)
@@ -71,11 +126,11 @@ impl Driver {
         if help.is_none() {
             // Back: nothing of ours is asked of them any more.
             for f in &asked {
-                self.help_asked.remove(f);
+                self.helpers.help_asked.remove(f);
             }
         }
         tracing::info!(connections = asked.len(), helpers = ?help.names(), "asked the peers for keep-alive helpers");
-        self.help_waits.push(HelpWait {
+        self.helpers.help_waits.push(HelpWait {
             asked,
             until: std::time::Instant::now() + wait,
             reply,
@@ -86,11 +141,11 @@ impl Driver {
     /// Answer the `AskHelp` requests whose peers all confirmed, or whose
     /// wait is over.
     pub(super) fn answer_help_waits(&mut self) {
-        if self.help_waits.is_empty() {
+        if self.helpers.help_waits.is_empty() {
             return;
         }
         let now_i = std::time::Instant::now();
-        let waits = std::mem::take(&mut self.help_waits);
+        let waits = std::mem::take(&mut self.helpers.help_waits);
         for w in waits {
             let confirmed: Vec<VirtualFlow> = w
                 .asked
@@ -101,7 +156,7 @@ impl Driver {
             if confirmed.len() == w.asked.len() || now_i >= w.until || w.reply.is_closed() {
                 let _ = w.reply.send((w.asked, confirmed));
             } else {
-                self.help_waits.push(w);
+                self.helpers.help_waits.push(w);
             }
         }
     }
@@ -124,7 +179,7 @@ impl Driver {
         let since = std::time::Instant::now();
         for f in &asked {
             if let Some(v) = self.endpoint.connection(f) {
-                self.help_asked.insert(
+                self.helpers.help_asked.insert(
                     *f,
                     (
                         mobility::HeldKeepalive {
@@ -146,6 +201,7 @@ impl Driver {
     pub(super) async fn end_asked_help(&mut self, addrs: &HashSet<IpAddr>) {
         let now_i = std::time::Instant::now();
         let back: Vec<VirtualFlow> = self
+            .helpers
             .help_asked
             .iter()
             .filter(|(f, (h, _))| match self.endpoint.connection(f) {
@@ -160,7 +216,7 @@ impl Driver {
             return;
         }
         for f in &back {
-            self.help_asked.remove(f);
+            self.helpers.help_asked.remove(f);
         }
         let known: Vec<VirtualFlow> = back
             .into_iter()
@@ -191,13 +247,18 @@ impl Driver {
             tracing::info!(%flow, asked = ?asked.names(), allowed = ?self.cfg.peer_helpers,
                 "a peer asked for keep-alive helpers this host does not run (peer_helpers); running only the allowed ones");
         }
-        if self.helping.get(&flow).is_some_and(|h| h.help == help) {
+        if self
+            .helpers
+            .helping
+            .get(&flow)
+            .is_some_and(|h| h.help == help)
+        {
             return; // a retransmission
         }
         let now_i = std::time::Instant::now();
         // A changed request keeps the help's age (the 24 h limit holds
         // whatever a peer asks) and what it stopped.
-        let old = self.helping.remove(&flow);
+        let old = self.helpers.helping.remove(&flow);
         // A request without zero-window any more: the socket must not be
         // left with the zero window we delivered.
         if let Some(o) = old.as_ref().filter(|o| o.help.zero_window && o.quiet) {
@@ -240,7 +301,8 @@ impl Driver {
         };
         if !help.zero_window {
             if let Some(prev) = old_timeout.take() {
-                self.timeout_restore
+                self.helpers
+                    .timeout_restore
                     .insert(flow, (prev, None, std::time::Instant::now()));
             }
         }
@@ -272,7 +334,7 @@ impl Driver {
         h.held_until = held_until;
         if help.zero_window && h.user_timeout.is_none() {
             // Given back by a restore still pending? Then that value.
-            let pending = self.timeout_restore.remove(&flow).map(|r| r.0);
+            let pending = self.helpers.timeout_restore.remove(&flow).map(|r| r.0);
             let r = with_dp(&self.dp, move |dp| {
                 dp.set_user_timeout(&flow, helping::USER_TIMEOUT_HOLD)
             })
@@ -289,8 +351,8 @@ impl Driver {
             (h.quiet, h.peer_window, h.counters) = (quiet, peer_window, counters);
         }
         tracing::info!(%flow, helpers = ?help.names(), stopped = ?h.stopped.as_ref().map(|s| s.pid), "helping a peer that is away");
-        self.helping.insert(flow, h);
-        self.next_help_answer = now_i;
+        self.helpers.helping.insert(flow, h);
+        self.helpers.next_help_answer = now_i;
     }
 
     /// Answer for the absent peers (zero-window) at most every
@@ -301,6 +363,7 @@ impl Driver {
         // the limit keeps the socket short of giving up.
         let now_i = std::time::Instant::now();
         let overdue: Vec<VirtualFlow> = self
+            .helpers
             .helping
             .iter()
             .filter(|(_, h)| h.hold_overdue(now_i))
@@ -310,14 +373,14 @@ impl Driver {
             tracing::info!(flow = %f, "the peer is not back within the hold's limit; the connection's packets leave again");
             if !self.hold_for_peer(f, false).await {
                 // Tried again in a while (not at once: the loop would spin).
-                if let Some(h) = self.helping.get_mut(&f) {
+                if let Some(h) = self.helpers.helping.get_mut(&f) {
                     h.held_until = Some(now_i + helping::ANSWER_EVERY);
                 }
                 continue;
             }
             // Spent: a new request for hold may arm it again; this one
             // is over (and so is the help, if it asked for nothing else).
-            let nothing_left = self.helping.get_mut(&f).is_some_and(|h| {
+            let nothing_left = self.helpers.helping.get_mut(&f).is_some_and(|h| {
                 h.held_until = None;
                 h.help.hold = false;
                 h.help.is_none()
@@ -326,15 +389,16 @@ impl Driver {
                 self.end_helping(f, End::Restart).await;
             }
         }
-        if (self.helping.is_empty() && self.timeout_restore.is_empty())
-            || std::time::Instant::now() < self.next_help_answer
+        if (self.helpers.helping.is_empty() && self.helpers.timeout_restore.is_empty())
+            || std::time::Instant::now() < self.helpers.next_help_answer
         {
             return;
         }
-        self.next_help_answer = std::time::Instant::now() + helping::ANSWER_EVERY;
+        self.helpers.next_help_answer = std::time::Instant::now() + helping::ANSWER_EVERY;
         self.give_back_user_timeouts().await;
         let now_i = std::time::Instant::now();
         let expired: Vec<VirtualFlow> = self
+            .helpers
             .helping
             .iter()
             .filter(|(_, h)| h.expired(now_i))
@@ -347,6 +411,7 @@ impl Driver {
         // Zero-window: an answer where the peer stayed quiet; otherwise a
         // reading, to notice the connection closing.
         let due: Vec<(VirtualFlow, (u64, u64))> = self
+            .helpers
             .helping
             .iter()
             .map(|(f, h)| {
@@ -372,7 +437,7 @@ impl Driver {
                     continue;
                 }
             };
-            let Some(h) = self.helping.get_mut(&f) else {
+            let Some(h) = self.helpers.helping.get_mut(&f) else {
                 continue;
             };
             if !h.help.zero_window {
@@ -406,7 +471,7 @@ impl Driver {
     /// `End::Restart`: it was heard from (the window is its own): restart
     /// the timers only; `End::Quiet`: the connection is over.
     pub(super) async fn end_helping(&mut self, flow: VirtualFlow, how: End) {
-        let Some(h) = self.helping.remove(&flow) else {
+        let Some(h) = self.helpers.helping.remove(&flow) else {
             return;
         };
         let reopen = match how {
@@ -428,7 +493,8 @@ impl Driver {
         }
         if let Some(prev) = h.user_timeout.filter(|_| how != End::Quiet) {
             // Given back once the peer acknowledges data again.
-            self.timeout_restore
+            self.helpers
+                .timeout_restore
                 .insert(flow, (prev, None, std::time::Instant::now()));
         }
         tracing::info!(%flow, helpers = ?h.help.names(), "stopped helping: the peer is back or the connection is over");
@@ -438,11 +504,15 @@ impl Driver {
     /// acknowledged data since the help ended (its retransmissions then
     /// count from anew), or after [`helping::USER_TIMEOUT_GIVE_BACK`].
     async fn give_back_user_timeouts(&mut self) {
-        if self.timeout_restore.is_empty() {
+        if self.helpers.timeout_restore.is_empty() {
             return;
         }
-        let pending: Vec<(VirtualFlow, super::HeldTimeout)> =
-            self.timeout_restore.iter().map(|(f, r)| (*f, *r)).collect();
+        let pending: Vec<(VirtualFlow, HeldTimeout)> = self
+            .helpers
+            .timeout_restore
+            .iter()
+            .map(|(f, r)| (*f, *r))
+            .collect();
         let done = with_dp(&self.dp, move |dp| {
             let mut out = Vec::new();
             for (f, (prev, acked, since)) in pending {
@@ -469,10 +539,10 @@ impl Driver {
         for (f, baseline) in done {
             match baseline {
                 None => {
-                    self.timeout_restore.remove(&f);
+                    self.helpers.timeout_restore.remove(&f);
                 }
                 Some(a) => {
-                    if let Some(r) = self.timeout_restore.get_mut(&f) {
+                    if let Some(r) = self.helpers.timeout_restore.get_mut(&f) {
                         r.1 = Some(a);
                     }
                 }
@@ -502,13 +572,13 @@ impl Driver {
         // One run at a time per connection, in order (away before back),
         // a few queued at most, and a few at once overall: a peer that
         // keeps changing its request cannot make vnatd spawn without end.
-        let q = self.helper_runs.entry(flow).or_default().clone();
+        let q = self.helpers.helper_runs.entry(flow).or_default().clone();
         if q.pending.load(Ordering::Relaxed) >= MAX_QUEUED_RUNS {
             tracing::warn!(%flow, helper = %name, event, "not running the installed helper: too many runs of it are waiting");
             return;
         }
         q.pending.fetch_add(1, Ordering::Relaxed);
-        let slots = self.helper_slots.clone();
+        let slots = self.helpers.helper_slots.clone();
         tokio::spawn(async move {
             let _order = q.lock.lock().await;
             let Ok(_slot) = slots.acquire_owned().await else {

@@ -73,11 +73,12 @@ impl Driver {
             self.endpoint.connection_removed(f);
             self.mover.forget(f);
         }
-        self.keepalive_held.retain(|f, _| live.contains(f));
-        self.help_asked.retain(|f, _| live.contains(f));
-        self.helper_runs.retain(|f, _| live.contains(f));
+        self.helpers.keepalive_held.retain(|f, _| live.contains(f));
+        self.helpers.help_asked.retain(|f, _| live.contains(f));
+        self.helpers.helper_runs.retain(|f, _| live.contains(f));
         // A closed connection's help ends (its stopped process goes on).
         let helped_gone: Vec<VirtualFlow> = self
+            .helpers
             .helping
             .keys()
             .filter(|f| !live.contains(f))
@@ -446,7 +447,7 @@ impl Driver {
         // socket's packets reach it.
         let back: Vec<VirtualFlow> = done
             .iter()
-            .filter(|s| s.peer_moved && self.helping.contains_key(&s.flow))
+            .filter(|s| s.peer_moved && self.helpers.helping.contains_key(&s.flow))
             .map(|s| s.flow)
             .collect();
         for f in back {
