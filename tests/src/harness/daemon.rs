@@ -162,13 +162,17 @@ impl Vnatd {
 
     /// Run `vnatctl --json ARGS` against this vnatd.
     fn run_ctl(&self, args: &[&str]) -> std::process::Output {
-        Command::new(bin_path("vnatctl"))
-            .arg("--control")
+        self.ctl_command(args).output().expect("running vnatctl")
+    }
+
+    /// `vnatctl --control <this vnatd's socket> --json ARGS`, not started.
+    fn ctl_command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(bin_path("vnatctl"));
+        cmd.arg("--control")
             .arg(&self.control)
             .arg("--json")
-            .args(args)
-            .output()
-            .expect("running vnatctl")
+            .args(args);
+        cmd
     }
 
     /// `vnatctl --json ARGS` whatever its outcome: its exit status and what
@@ -280,11 +284,7 @@ impl Drop for Vnatd {
             // Nothing here may panic (a panic while panicking aborts the
             // test binary): every failure prints as "(no answer)".
             let ctl = |args: &[&str]| -> String {
-                Command::new(bin_path("vnatctl"))
-                    .arg("--control")
-                    .arg(&self.control)
-                    .arg("--json")
-                    .args(args)
+                self.ctl_command(args)
                     .output()
                     .ok()
                     .filter(|o| o.status.success())

@@ -157,7 +157,7 @@ impl Endpoint {
         self.pairing.attempting(ip);
         let eph = Ephemeral::generate(&mut CryptoDyn(&mut ctx.rng));
         let id = ctx.rng.next_u32();
-        self.send_pair_init(dst, id, &eph, None);
+        self.send_pair_init(dst, id, eph.public(), None);
         let deadline = ctx.now.plus(self.rto(ctx, 0));
         self.pairing.insert_handshake(
             dst,
@@ -172,22 +172,24 @@ impl Endpoint {
         );
     }
 
+    /// Send a PAIR_INIT with our ephemeral key's public half `eph_pub`;
+    /// whether it was queued.
     fn send_pair_init(
         &mut self,
         dst: SocketAddr,
         id: u32,
-        eph: &Ephemeral,
+        eph_pub: [u8; 32],
         cookie: Option<[u8; COOKIE_LEN]>,
-    ) {
+    ) -> bool {
         let msg = Message::PairInit {
             request_id: id,
             static_pub: self.identity.public(),
-            eph_pub: eph.public(),
+            eph_pub,
             cookie,
         };
-        if let Ok(b) = msg.encode() {
-            self.tx.push_datagram(dst, b, &mut self.stats);
-        }
+        let Ok(b) = msg.encode() else { return false };
+        self.tx.push_datagram(dst, b, &mut self.stats);
+        true
     }
 
     /// Refuse loudly a key that differs from one pre-configured for the
@@ -360,14 +362,7 @@ impl Endpoint {
             self.stats.reject(Reject::PairCookieUnsolicited);
             return;
         };
-        let msg = Message::PairInit {
-            request_id: id,
-            static_pub: self.identity.public(),
-            eph_pub,
-            cookie: Some(c),
-        };
-        if let Ok(b) = msg.encode() {
-            self.tx.push_datagram(from, b, &mut self.stats);
+        if self.send_pair_init(from, id, eph_pub, Some(c)) {
             self.stats.count(Counter::PairCookieEchoed);
         }
     }
@@ -570,7 +565,7 @@ impl Endpoint {
                 } => {
                     *d = deadline;
                     let (id, eph, cookie) = (*id, &*eph, *cookie);
-                    self.send_pair_init(dst, id, eph, cookie);
+                    self.send_pair_init(dst, id, eph.public(), cookie);
                 }
                 Handshake::Responder {
                     resp, deadline: d, ..
