@@ -4,7 +4,7 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, PerCpuArray},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
 use vnat_common::{
     ConnRecord, DatapathConfig, FlowKey, GuestKey, NatRewrite, RebindKey, RebindValue,
@@ -37,6 +37,28 @@ pub static VNAT_INGRESS_NAT: HashMap<FlowKey, NatRewrite> =
 #[map]
 pub static VNAT_REBIND: HashMap<RebindKey, RebindValue> =
     HashMap::pinned(REBIND_MAX_ENTRIES, NO_PREALLOC);
+
+/// Who called connect() on a TCP socket, keyed by socket cookie, for
+/// sock_ops to copy into the record at ACTIVE_ESTABLISHED (which usually runs
+/// in softirq, where "current" is whoever was interrupted).
+///
+/// Written by the connect4/connect6 hooks (`udp.rs`), not by sock_ops'
+/// TCP_CONNECT_CB: sock_ops may not call bpf_get_current_cgroup_id before
+/// Linux 6.5 ("unknown func bpf_get_current_cgroup_id#80" on 6.1) nor
+/// bpf_get_current_comm at all up to 6.12 at least ("program of this type
+/// cannot use helper bpf_get_current_comm#16"), while the cgroup sock_addr
+/// hooks run in the connecting process and may call both.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Owner {
+    pub cgroup_id: u64,
+    pub pid: u32,
+    pub _pad: u32,
+    pub comm: [u8; 16],
+}
+
+#[map]
+pub static VNAT_CONNECTING: LruHashMap<u64, Owner> = LruHashMap::with_max_entries(16_384, 0);
 
 #[map]
 pub static VNAT_STATS: PerCpuArray<u64> = PerCpuArray::pinned(STAT_COUNT, 0);

@@ -5,14 +5,10 @@ use aya_ebpf::{
     bindings::{
         BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB,
         BPF_SOCK_OPS_RTO_CB, BPF_SOCK_OPS_RTO_CB_FLAG, BPF_SOCK_OPS_STATE_CB,
-        BPF_SOCK_OPS_STATE_CB_FLAG, BPF_SOCK_OPS_TCP_CONNECT_CB,
+        BPF_SOCK_OPS_STATE_CB_FLAG,
     },
-    helpers::{
-        bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
-        bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_ktime_get_boot_ns,
-    },
-    macros::{map, sock_ops},
-    maps::LruHashMap,
+    helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_ktime_get_boot_ns},
+    macros::sock_ops,
     programs::SockOpsContext,
 };
 use vnat_common::{
@@ -21,32 +17,16 @@ use vnat_common::{
     STAT_SOCKOPS_RECORDED, STAT_SOCKOPS_REMOVED, STAT_SOCKOPS_RTO,
 };
 
-use crate::maps::{count, netns_is_ours, VNAT_CONNS, VNAT_GUESTS};
+use crate::maps::{count, netns_is_ours, VNAT_CONNECTING, VNAT_CONNS, VNAT_GUESTS};
 
 /// `TCP_CLOSE` from include/net/tcp_states.h.
 const TCP_CLOSE: u32 = 7;
 const KERNEL_AF_INET: u32 = 2;
 const KERNEL_AF_INET6: u32 = 10;
 
-/// Who called connect(), keyed by socket cookie. TCP_CONNECT_CB runs in the
-/// connecting process's context, ACTIVE_ESTABLISHED usually in softirq where
-/// "current" is whoever was interrupted, so the owner is captured here.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct Owner {
-    pub cgroup_id: u64,
-    pub pid: u32,
-    pub _pad: u32,
-    pub comm: [u8; 16],
-}
-
-#[map]
-static VNAT_CONNECTING: LruHashMap<u64, Owner> = LruHashMap::with_max_entries(16_384, 0);
-
 #[sock_ops]
 pub fn vnat_sockops(ctx: SockOpsContext) -> u32 {
     match ctx.op() {
-        BPF_SOCK_OPS_TCP_CONNECT_CB => on_connect(&ctx),
         BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => on_established(&ctx, ORIGIN_TCP_ACTIVE),
         BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => on_established(&ctx, ORIGIN_TCP_PASSIVE),
         BPF_SOCK_OPS_STATE_CB => on_state(&ctx),
@@ -55,24 +35,6 @@ pub fn vnat_sockops(ctx: SockOpsContext) -> u32 {
     }
     // sock_ops return value is ignored by the kernel for these callbacks.
     1
-}
-
-fn on_connect(ctx: &SockOpsContext) {
-    // SAFETY: helper calls are unsafe only because Rust cannot check their
-    // arguments; the verifier does, at load time. `ctx.ops` is this
-    // program's context pointer, the argument both cookie helpers take.
-    // The owner is kept for sockets of every namespace: a container's
-    // connection (another namespace) is recorded as a guest.
-    // SAFETY: as above, the context pointer is the argument.
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.ops as *mut _) };
-    let owner = Owner {
-        // SAFETY: no arguments; "current" is the connecting process here.
-        cgroup_id: unsafe { bpf_get_current_cgroup_id() },
-        pid: (bpf_get_current_pid_tgid() >> 32) as u32,
-        _pad: 0,
-        comm: bpf_get_current_comm().unwrap_or([0; 16]),
-    };
-    let _ = VNAT_CONNECTING.insert(&cookie, &owner, 0);
 }
 
 /// Read the connection's 4-tuple from the context, local side first.

@@ -114,14 +114,40 @@ struct Parsed {
     l4: usize,
     /// A fragment: its IP identification, whether it is the first (the one
     /// with the L4 header), and whether more follow (not the last).
-    frag: Option<Frag>,
+    frag: Frag,
 }
 
+/// A fragment's facts, `Frag::NONE` for a whole datagram.
+///
+/// Not an `Option<Frag>`: a `None` leaves the payload's bytes unwritten,
+/// LLVM copies the whole value through the stack, and verifiers before
+/// Linux 6.3 refuse a read of stack never written ("invalid read from
+/// stack R10 off=-328 size=8" on 6.1). Every field here is always written.
 #[derive(Clone, Copy)]
 struct Frag {
     id: u32,
+    is_fragment: bool,
     first: bool,
     more: bool,
+}
+
+impl Frag {
+    const NONE: Frag = Frag {
+        id: 0,
+        is_fragment: false,
+        first: false,
+        more: false,
+    };
+
+    #[inline(always)]
+    fn new(id: u32, first: bool, more: bool) -> Frag {
+        Frag {
+            id,
+            is_fragment: true,
+            first,
+            more,
+        }
+    }
 }
 
 /// A fragmented datagram's flow, and when its first fragment was seen.
@@ -191,8 +217,8 @@ fn try_translate(ctx: &TcContext, dir: Dir, l2: usize) -> Result<i32, Drop> {
     let Some(p) = parse(ctx, l2) else {
         return Ok(TC_ACT_OK);
     };
-    if let Some(f) = p.frag.filter(|f| !f.first) {
-        return translate_fragment(ctx, &p, f, dir);
+    if p.frag.is_fragment && !p.frag.first {
+        return translate_fragment(ctx, &p, p.frag, dir);
     }
     if let Some(vcmp_port_be) = divert {
         if divert_bind(ctx, &p, vcmp_port_be)? {
@@ -231,7 +257,8 @@ fn try_translate(ctx: &TcContext, dir: Dir, l2: usize) -> Result<i32, Drop> {
         count(STAT_DROP_HELD);
         return Ok(TC_ACT_SHOT);
     }
-    if let Some(f) = p.frag.filter(|f| f.more) {
+    if p.frag.is_fragment && p.frag.more {
+        let f = p.frag;
         // The later fragments follow this one's flow.
         let flow = FragFlow {
             key: p.key,
@@ -403,7 +430,7 @@ fn udp_rebinding(p: &Parsed) -> Result<Option<NatRewrite>, Drop> {
     }
     // A socket bound to the wildcard address is recorded under it.
     let wildcard = FlowKey {
-        src_addr_be: [0; 4],
+        src_addr_be: [opaque_zero(), opaque_zero(), opaque_zero(), opaque_zero()],
         ..own
     };
     if VNAT_CONNS.get_ptr(&wildcard).is_some() {
@@ -528,8 +555,26 @@ fn rebind_key(p: &Parsed) -> RebindKey {
         family: p.key.family,
         proto: p.key.proto,
         slot: 0,
-        _pad: [0; 3],
+        _pad: [opaque_zero(), opaque_zero(), opaque_zero()],
     }
+}
+
+/// A zero the compiler cannot see through.
+///
+/// LLVM turns zero bytes it cannot merge into aligned stores (3 bytes of
+/// padding at an odd offset, an address array in a struct update) into a
+/// call to `memset`, a BPF function of its own. Before Linux 6.9 or so the
+/// verifier rounds every frame of a call chain up to 32 bytes (a frameless
+/// memset too) and refuses more than 512 in all: the translators' frame of
+/// 488 bytes plus that call made 544 ("combined stack size of 2 calls is
+/// 544. Too large" on 6.1). Zeros written from a value LLVM cannot know
+/// are plain stores (one read each: a repeated value is a memset again),
+/// and the translators call no function at all.
+#[inline(always)]
+fn opaque_zero<T: Copy + Default>() -> T {
+    let zero = T::default();
+    // SAFETY: a read of a live, initialized local through a reference to it.
+    unsafe { core::ptr::read_volatile(&zero) }
 }
 
 /// Parse Ethernet (`l2` = 14) or nothing (`l2` = 0, an L3 interface, where
@@ -545,7 +590,7 @@ fn parse(ctx: &TcContext, l2: usize) -> Option<Parsed> {
     };
     let l3 = l2;
     let mut key = FlowKey::default();
-    let mut frag = None;
+    let mut frag = Frag::NONE;
     let l4 = match proto {
         ETH_P_IP => {
             let vihl: u8 = ctx.load(l3).ok()?;
@@ -571,11 +616,7 @@ fn parse(ctx: &TcContext, l2: usize) -> Option<Parsed> {
                     // Not the first: no ports, matched by its datagram.
                     return Some(later_fragment(key, l3, id, more));
                 }
-                frag = Some(Frag {
-                    id,
-                    first: true,
-                    more,
-                });
+                frag = Frag::new(id, true, more);
             }
             l3 + ihl * 4
         }
@@ -600,11 +641,7 @@ fn parse(ctx: &TcContext, l2: usize) -> Option<Parsed> {
                 if offset_m >> 3 != 0 {
                     return Some(later_fragment(key, l3, id, more));
                 }
-                frag = Some(Frag {
-                    id,
-                    first: true,
-                    more,
-                });
+                frag = Frag::new(id, true, more);
                 l4 = fh + IP6_FRAGHDR_LEN;
             }
             if key.proto != PROTO_TCP && key.proto != PROTO_UDP {
@@ -638,11 +675,7 @@ fn later_fragment(key: FlowKey, l3: usize, id: u32, more: bool) -> Parsed {
         key,
         l3,
         l4: 0,
-        frag: Some(Frag {
-            id,
-            first: false,
-            more,
-        }),
+        frag: Frag::new(id, false, more),
     }
 }
 

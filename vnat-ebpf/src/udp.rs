@@ -26,9 +26,10 @@ use vnat_common::{
     UDP_MAX_RECORDS, UDP_PENDING_MAX_ENTRIES, UDP_PER_SOCKET_MAX, UDP_REFRESH_NS,
 };
 
-use crate::maps::{count, netns_is_ours, VNAT_CONNS, VNAT_GUESTS};
+use crate::maps::{count, netns_is_ours, Owner, VNAT_CONNECTING, VNAT_CONNS, VNAT_GUESTS};
 
 const IPPROTO_UDP: u32 = 17;
+const IPPROTO_TCP: u32 = 6;
 /// sock_addr programs must return 1 ("proceed"); 0 would fail the syscall.
 const PROCEED: i32 = 1;
 
@@ -75,6 +76,7 @@ pub fn vnat_udp_connect4(ctx: SockAddrContext) -> i32 {
     // First: the flow recorded is the one the kernel then uses.
     crate::hide::reach(&ctx, AF_INET);
     record(&ctx, AF_INET, ORIGIN_UDP_CONNECT);
+    note_tcp_owner(&ctx);
     PROCEED
 }
 
@@ -83,6 +85,7 @@ pub fn vnat_udp_connect6(ctx: SockAddrContext) -> i32 {
     // First: the flow recorded is the one the kernel then uses.
     crate::hide::reach(&ctx, AF_INET6);
     record(&ctx, AF_INET6, ORIGIN_UDP_CONNECT);
+    note_tcp_owner(&ctx);
     PROCEED
 }
 
@@ -116,6 +119,31 @@ pub fn vnat_udp_recvmsg6(ctx: SockAddrContext) -> i32 {
     // Last: the flow is recorded by the source it really has.
     crate::hide::show(&ctx, AF_INET6, vnat_common::HIDE_SIDE_REMOTE);
     PROCEED
+}
+
+/// A TCP connect(): remember who made it, by socket cookie, for sock_ops
+/// to put in the connection's record once it is established (see
+/// `maps::Owner` for why this is not done in sock_ops). Kept for sockets of
+/// every namespace: a container's connection is recorded as a guest.
+#[inline(always)]
+fn note_tcp_owner(ctx: &SockAddrContext) {
+    let sa: *mut bpf_sock_addr = ctx.sock_addr;
+    // SAFETY: `protocol` is a 4-byte field every sock_addr hook may read;
+    // the verifier checks the access at load time.
+    if unsafe { (*sa).protocol } != IPPROTO_TCP {
+        return;
+    }
+    // SAFETY: the context pointer is the argument this helper requires
+    // (ARG_PTR_TO_CTX); the verifier checks it at load time.
+    let cookie = unsafe { bpf_get_socket_cookie(sa as *mut _) };
+    let owner = Owner {
+        // SAFETY: no arguments; sock_addr hooks run in the calling process.
+        cgroup_id: unsafe { bpf_get_current_cgroup_id() },
+        pid: (bpf_get_current_pid_tgid() >> 32) as u32,
+        _pad: 0,
+        comm: bpf_get_current_comm().unwrap_or([0; 16]),
+    };
+    let _ = VNAT_CONNECTING.insert(&cookie, &owner, 0);
 }
 
 /// Forget a UDP socket's (last) flow when it is closed. Older flows of an

@@ -287,6 +287,14 @@ pub enum DatapathError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The kernel's verifier refused one program: `verdict` is the line of
+    /// its log that says why; the whole log is logged at debug level.
+    #[error("this kernel (Linux {kernel}) refused vnat's eBPF program {program}: the verifier said \"{verdict}\"; run `vnatd --check` to see what this kernel lacks, and report it with the output of `vnatd --check --json`")]
+    ProgramRefused {
+        program: &'static str,
+        kernel: String,
+        verdict: String,
+    },
     #[error("{path} is not a cgroup v2 directory; pass a directory under the cgroup2 mount (e.g. /sys/fs/cgroup/unified/...)")]
     NotACgroup { path: PathBuf },
     #[error("cgroup {path} is not enabled")]

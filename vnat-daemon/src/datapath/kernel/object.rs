@@ -86,6 +86,51 @@ fn load_err<E: std::error::Error + Send + Sync + 'static>(e: E) -> DatapathError
     }
 }
 
+/// A program's load error as one sentence: the verifier's verdict (the last
+/// line of its log that is not a statistic) and the kernel's release, with
+/// the whole log at debug level for whoever reports it.
+fn refused(program: &'static str) -> impl FnOnce(aya::programs::ProgramError) -> DatapathError {
+    move |e| match e {
+        aya::programs::ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => {
+            let log = verifier_log.to_string();
+            tracing::debug!(program, %io_error, "the verifier's log:\n{log}");
+            DatapathError::ProgramRefused {
+                program,
+                kernel: kernel_release(),
+                verdict: verifier_verdict(&log)
+                    .map(str::to_string)
+                    .unwrap_or_else(|| io_error.to_string()),
+            }
+        }
+        other => load_err(other),
+    }
+}
+
+/// The line of a verifier log that says why it refused the program: the
+/// last one that is not one of the statistics it ends with.
+pub fn verifier_verdict(log: &str) -> Option<&str> {
+    const STATS: [&str; 4] = [
+        "verification time",
+        "stack depth",
+        "processed ",
+        "Live regs",
+    ];
+    log.lines()
+        .map(str::trim)
+        .rev()
+        .find(|l| !l.is_empty() && !STATS.iter().any(|s| l.starts_with(s)))
+}
+
+/// This kernel's release (`uname -r`), for messages.
+pub fn kernel_release() -> String {
+    fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "of unknown release".to_string())
+}
+
 /// Make sure `dir` is a directory on bpffs (creating it if needed).
 pub fn prepare_bpffs(dir: &Path) -> Result<(), DatapathError> {
     const BPF_FS_MAGIC: i64 = 0xcafe4a11;
@@ -149,15 +194,15 @@ pub fn load(bpffs: &Path) -> Result<Loaded, DatapathError> {
 
     {
         let p: &mut SockOps = prog(&mut ebpf, PROG_SOCKOPS)?;
-        p.load().map_err(load_err)?;
+        p.load().map_err(refused(PROG_SOCKOPS))?;
     }
     for name in SOCK_ADDR_PROGRAMS {
         let p: &mut CgroupSockAddr = prog(&mut ebpf, name)?;
-        p.load().map_err(load_err)?;
+        p.load().map_err(refused(name))?;
     }
     {
         let p: &mut CgroupSock = prog(&mut ebpf, PROG_UDP_RELEASE)?;
-        p.load().map_err(load_err)?;
+        p.load().map_err(refused(PROG_UDP_RELEASE))?;
     }
     for name in [
         PROG_TC_EGRESS,
@@ -166,7 +211,7 @@ pub fn load(bpffs: &Path) -> Result<Loaded, DatapathError> {
         PROG_TC_INGRESS_L3,
     ] {
         let p: &mut SchedClassifier = prog(&mut ebpf, name)?;
-        p.load().map_err(load_err)?;
+        p.load().map_err(refused(name))?;
     }
 
     let take = |ebpf: &mut Ebpf, name: &'static str| {
@@ -263,6 +308,25 @@ where
         source: format!("program {name} missing from the eBPF object").into(),
     })?;
     p.try_into().map_err(load_err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::verifier_verdict;
+
+    #[test]
+    fn the_verdict_is_the_last_line_before_the_statistics() {
+        let log = "0: R1=ctx() R10=fp0\n181: (85) call bpf_get_current_cgroup_id#80\n\
+            unknown func bpf_get_current_cgroup_id#80\n\
+            verification time 52666 usec\nstack depth 112+312+0\n\
+            processed 2246 insns (limit 1000000) max_states_per_insn 4\n";
+        assert_eq!(
+            verifier_verdict(log),
+            Some("unknown func bpf_get_current_cgroup_id#80")
+        );
+        assert_eq!(verifier_verdict("verification time 1 usec\n"), None);
+        assert_eq!(verifier_verdict(""), None);
+    }
 }
 
 /// Where the link pins live.
