@@ -65,6 +65,7 @@ impl<'a> Host<'a> {
         let opts = KernelOptions {
             bpffs: pins.path().to_path_buf(),
             cgroups: vec![self.cgroup.path().to_path_buf()],
+            tc_attach: vnat_daemon::datapath::TcAttach::from_env().unwrap_or_default(),
         };
         let name = self.ns.name();
         self.ns.run_in(move || {

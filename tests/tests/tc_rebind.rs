@@ -23,7 +23,9 @@ use vnat_daemon::datapath::{
 };
 use vnat_tests::BpffsDir;
 
-const TC_ACT_OK: u32 = 0;
+/// The translators' verdict for a packet that goes on: TC_ACT_UNSPEC (-1,
+/// "next"), so that a program after vnat's on the same hook still runs.
+const PASS: u32 = -1i32 as u32;
 
 /// The server's end, the laptop's old NAT endpoint (what the server's
 /// socket names the peer), and the new NAT's public address.
@@ -84,6 +86,7 @@ fn the_first_in_window_packet_from_the_nat_teaches_its_port() {
     let mut dp = KernelDatapath::open(&KernelOptions {
         bpffs: pins.path().to_path_buf(),
         cgroups: vec![],
+        tc_attach: vnat_tests::harness::tc_attach(),
     })
     .unwrap_or_else(|e| panic!("opening the kernel datapath: {e}"));
     dp.insert_rebind(key(), value()).unwrap();
@@ -92,7 +95,7 @@ fn the_first_in_window_packet_from_the_nat_teaches_its_port() {
     // From another address: not the flow's, untouched, nothing learned.
     let other = Spec::tcp("198.18.3.103:61000", SERVER).frame();
     let out = run(&dp, false, &other);
-    assert_eq!((out.verdict, &out.packet), (TC_ACT_OK, &other));
+    assert_eq!((out.verdict, &out.packet), (PASS, &other));
     assert!(dp.rebind_pending(&key()).unwrap());
 
     // From the NAT's address but outside the window (an off-path guess):
@@ -100,7 +103,7 @@ fn the_first_in_window_packet_from_the_nat_teaches_its_port() {
     let mut guess = Spec::tcp(&new_nat(61000), SERVER).frame();
     guess[SEQ_AT..SEQ_AT + 4].copy_from_slice(&(SEQ ^ 0x8000_0000).to_be_bytes());
     let out = run(&dp, false, &guess);
-    assert_eq!((out.verdict, &out.packet), (TC_ACT_OK, &guess));
+    assert_eq!((out.verdict, &out.packet), (PASS, &guess));
     assert_eq!(counter(&dp, "rebind_refused"), 1);
     assert!(dp.rebind_pending(&key()).unwrap());
     assert_eq!(counter(&dp, "rebind_learned"), 0);
@@ -109,7 +112,7 @@ fn the_first_in_window_packet_from_the_nat_teaches_its_port() {
     // translated in the same pass, to what the server's socket knows.
     let first = Spec::tcp(&new_nat(61000), SERVER);
     let out = run(&dp, false, &first.frame());
-    assert_eq!(out.verdict, TC_ACT_OK);
+    assert_eq!(out.verdict, PASS);
     let p = parse_checked(&out.packet);
     assert_eq!(
         (p.src, p.dst),
@@ -126,7 +129,7 @@ fn the_first_in_window_packet_from_the_nat_teaches_its_port() {
     // The server's replies now go to the new NAT port.
     let reply = Spec::tcp(SERVER, OLD_NAT);
     let out = run(&dp, true, &reply.frame());
-    assert_eq!(out.verdict, TC_ACT_OK);
+    assert_eq!(out.verdict, PASS);
     let p = parse_checked(&out.packet);
     assert_eq!(
         (p.src, p.dst),
@@ -137,7 +140,7 @@ fn the_first_in_window_packet_from_the_nat_teaches_its_port() {
     // not this flow's.
     let late = Spec::tcp(&new_nat(62000), SERVER).frame();
     let out = run(&dp, false, &late);
-    assert_eq!((out.verdict, &out.packet), (TC_ACT_OK, &late));
+    assert_eq!((out.verdict, &out.packet), (PASS, &late));
     assert_eq!(counter(&dp, "rebind_learned"), 1);
 
     // vnatd's view takes the learned translation in.
@@ -169,6 +172,7 @@ fn udp_waits_for_the_bind_and_binds_are_diverted_to_vnatd() {
     let mut dp = KernelDatapath::open(&KernelOptions {
         bpffs: pins.path().to_path_buf(),
         cgroups: vec![],
+        tc_attach: vnat_tests::harness::tc_attach(),
     })
     .unwrap_or_else(|e| panic!("opening the kernel datapath: {e}"));
     let udp_key = RebindKey {
@@ -206,7 +210,7 @@ fn udp_waits_for_the_bind_and_binds_are_diverted_to_vnatd() {
     .unwrap();
     let theirs = Spec::udp("198.18.3.102:61001", SERVER).frame();
     let out = run(&dp, false, &theirs);
-    assert_eq!((out.verdict, &out.packet), (TC_ACT_OK, &theirs));
+    assert_eq!((out.verdict, &out.packet), (PASS, &theirs));
 
     // A BIND, before vnatd asks for BINDs: no different from a datagram.
     let mut bind = Spec::udp("198.18.3.102:61000", SERVER);
@@ -221,7 +225,7 @@ fn udp_waits_for_the_bind_and_binds_are_diverted_to_vnatd() {
     // changed.
     dp.set_bind_divert_port(2031).unwrap();
     let out = run(&dp, false, &bind.frame());
-    assert_eq!(out.verdict, TC_ACT_OK);
+    assert_eq!(out.verdict, PASS);
     let p = parse_checked(&out.packet);
     assert_eq!(p.dst, "198.18.3.2:2031".parse().unwrap());
     assert_eq!(p.src, "198.18.3.102:61000".parse().unwrap());
@@ -249,7 +253,7 @@ fn udp_waits_for_the_bind_and_binds_are_diverted_to_vnatd() {
     .unwrap();
     let theirs = Spec::udp("198.18.3.102:61002", SERVER).frame();
     let out = run(&dp, false, &theirs);
-    assert_eq!((out.verdict, &out.packet), (TC_ACT_OK, &theirs));
+    assert_eq!((out.verdict, &out.packet), (PASS, &theirs));
 
     // Application datagrams of that length that are not BINDs stay
     // application datagrams (here: dropped as the rebinding flow's).

@@ -13,7 +13,9 @@ use vnat_daemon::datapath::{
 };
 use vnat_tests::BpffsDir;
 
-const TC_ACT_OK: u32 = 0;
+/// The translators' verdict for a packet that goes on: TC_ACT_UNSPEC (-1,
+/// "next"), so that a program after vnat's on the same hook still runs.
+const PASS: u32 = -1i32 as u32;
 const TC_ACT_SHOT: u32 = 2;
 const TC_ACT_REDIRECT: u32 = 7;
 
@@ -27,6 +29,7 @@ fn fixture(tag: &str) -> Fixture {
     let dp = KernelDatapath::open(&KernelOptions {
         bpffs: pins.path().to_path_buf(),
         cgroups: vec![],
+        tc_attach: vnat_tests::harness::tc_attach(),
     })
     .unwrap_or_else(|e| panic!("opening the kernel datapath: {e}"));
     Fixture { dp, _pins: pins }
@@ -70,7 +73,7 @@ fn translate(
     let want = if flags & vnat_common::NAT_F_REDIRECT != 0 {
         TC_ACT_REDIRECT
     } else {
-        TC_ACT_OK
+        PASS
     };
     assert_eq!(out.verdict, want, "verdict");
     let p = parse_checked(&out.packet);
@@ -195,7 +198,7 @@ fn non_matching_packets_are_untouched_and_not_counted() {
     for spec in others {
         let frame = spec.frame();
         let out = run(&f.dp, true, &frame);
-        assert_eq!(out.verdict, TC_ACT_OK);
+        assert_eq!(out.verdict, PASS);
         assert_eq!(
             out.packet, frame,
             "a packet of another flow was modified: {spec:?}"
@@ -207,7 +210,7 @@ fn non_matching_packets_are_untouched_and_not_counted() {
     let mut short = Spec::tcp("198.18.1.2:40000", "198.18.3.2:5001").frame();
     short.truncate(14 + 20 + 2);
     let out = run(&f.dp, true, &short);
-    assert_eq!((out.verdict, out.packet), (TC_ACT_OK, short));
+    assert_eq!((out.verdict, out.packet), (PASS, short));
     assert_eq!(counter(&f.dp, "egress_translated"), 0);
 }
 
@@ -226,7 +229,7 @@ fn non_first_fragment_passes_and_is_counted() {
     spec.frag_offset = 185; // 1480 bytes in
     let frame = spec.frame();
     let out = run(&f.dp, true, &frame);
-    assert_eq!((out.verdict, &out.packet), (TC_ACT_OK, &frame));
+    assert_eq!((out.verdict, &out.packet), (PASS, &frame));
     assert_eq!(counter(&f.dp, "pass_fragment"), 1);
 }
 
@@ -280,7 +283,7 @@ fn held_flows_are_dropped_at_egress_until_released() {
     );
     // The peer's packets still come in, translated.
     let back = run(&f.dp, false, &in_spec.frame());
-    assert_eq!(back.verdict, TC_ACT_OK);
+    assert_eq!(back.verdict, PASS);
     let p = parse_checked(&back.packet);
     assert_eq!((p.src, p.dst), (t.flow.remote, t.flow.local));
     assert_eq!(
@@ -291,7 +294,7 @@ fn held_flows_are_dropped_at_egress_until_released() {
 
     f.dp.hold_send_side(&t.flow, false).unwrap();
     let out = run(&f.dp, true, &out_frame);
-    assert_eq!(out.verdict, TC_ACT_OK, "released");
+    assert_eq!(out.verdict, PASS, "released");
     let p = parse_checked(&out.packet);
     assert_eq!((p.src, p.dst), (t.physical_local, t.physical_remote));
     assert_eq!(counter(&f.dp, "egress_translated"), translated + 1);
@@ -312,8 +315,8 @@ fn held_flows_are_dropped_at_egress_until_released() {
     f.dp.hold_send_side(&t.flow, true).unwrap();
     assert_eq!(f.dp.release_held().unwrap(), 2);
     let out = run(&f.dp, true, &bare_frame);
-    assert_eq!((out.verdict, &out.packet), (TC_ACT_OK, &bare_frame));
-    assert_eq!(run(&f.dp, true, &out_frame).verdict, TC_ACT_OK);
+    assert_eq!((out.verdict, &out.packet), (PASS, &bare_frame));
+    assert_eq!(run(&f.dp, true, &out_frame).verdict, PASS);
     assert_eq!(f.dp.translations().unwrap(), vec![t]);
     assert_eq!(f.dp.release_held().unwrap(), 0, "nothing is held any more");
 }
@@ -331,7 +334,7 @@ fn installing_the_new_translation_releases_the_hold() {
         true,
         &Spec::tcp("198.18.1.2:40000", "198.18.3.2:5001").frame(),
     );
-    assert_eq!(out.verdict, TC_ACT_OK);
+    assert_eq!(out.verdict, PASS);
     let p = parse_checked(&out.packet);
     assert_eq!((p.src, p.dst), (t.physical_local, t.physical_remote));
     assert_eq!(f.dp.release_held().unwrap(), 0);
@@ -350,6 +353,7 @@ fn reopen_body() {
     let opts = KernelOptions {
         bpffs: pins.path().to_path_buf(),
         cgroups: vec![],
+        tc_attach: vnat_tests::harness::tc_attach(),
     };
     let t = laptop_moved();
     {
@@ -390,7 +394,7 @@ fn idle_body() {
 
     for egress in [true, false] {
         let out = run(&f.dp, egress, &short);
-        assert_eq!((out.verdict, out.packet), (TC_ACT_OK, short.clone()));
+        assert_eq!((out.verdict, out.packet), (PASS, short.clone()));
     }
     assert_eq!(
         counter(&f.dp, "pass_truncated"),
@@ -417,5 +421,5 @@ fn idle_body() {
         "the translators still parse packets after the last translation went"
     );
     let out = run(&f.dp, true, &frame);
-    assert_eq!((out.verdict, out.packet), (TC_ACT_OK, frame));
+    assert_eq!((out.verdict, out.packet), (PASS, frame));
 }

@@ -12,7 +12,7 @@
 //! is not even parsed.
 
 use aya_ebpf::{
-    bindings::{TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT},
+    bindings::{TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC},
     helpers::{bpf_ktime_get_ns, bpf_redirect_neigh},
     macros::{classifier, map},
     maps::{HashMap, LruHashMap},
@@ -57,6 +57,13 @@ const UDP_CSUM_OFF: usize = 6;
 /// bpf_l4_csum_replace flags (include/uapi/linux/bpf.h).
 const BPF_F_PSEUDO_HDR: u64 = 1 << 4;
 const BPF_F_MARK_MANGLED_0: u64 = 1 << 5;
+
+/// The verdict for a packet that goes on its way, translated or not:
+/// "next" (TC_ACT_UNSPEC, TCX_NEXT), not "OK". OK would end the hook there,
+/// so a program after vnat's on the same hook (Cilium's, a firewall's,
+/// another clsact filter) would never see the packet; next lets it run,
+/// and a hook with nothing after vnat passes the packet all the same.
+const PASS: i32 = TC_ACT_UNSPEC;
 
 /// Why a packet was not simply passed: every such verdict is counted under
 /// one of these (the `STAT_*` index), never returned as a bare integer.
@@ -212,22 +219,22 @@ fn try_translate(ctx: &TcContext, dir: Dir, l2: usize) -> Result<i32, Drop> {
         Dir::Egress => None,
     };
     if divert.is_none() && nat_is_empty() {
-        return Ok(TC_ACT_OK);
+        return Ok(PASS);
     }
     let Some(p) = parse(ctx, l2) else {
-        return Ok(TC_ACT_OK);
+        return Ok(PASS);
     };
     if p.frag.is_fragment && !p.frag.first {
         return translate_fragment(ctx, &p, p.frag, dir);
     }
     if let Some(vcmp_port_be) = divert {
         if divert_bind(ctx, &p, vcmp_port_be)? {
-            return Ok(TC_ACT_OK);
+            return Ok(PASS);
         }
         // Parsed only for the divert: with nothing translated, that is all
         // (no lookup per packet for a host that once diverted a BIND).
         if nat_is_empty() {
-            return Ok(TC_ACT_OK);
+            return Ok(PASS);
         }
     }
     let map: &HashMap<FlowKey, NatRewrite> = match dir {
@@ -249,7 +256,7 @@ fn try_translate(ctx: &TcContext, dir: Dir, l2: usize) -> Result<i32, Drop> {
                 count(STAT_INGRESS_TRANSLATED);
             }
         }
-        return Ok(TC_ACT_OK);
+        return Ok(PASS);
     };
     let nat = *nat;
     if dir == Dir::Egress && nat.flags & NAT_F_HOLD != 0 {
@@ -278,7 +285,7 @@ fn try_translate(ctx: &TcContext, dir: Dir, l2: usize) -> Result<i32, Drop> {
 fn finish(ctx: &TcContext, dir: Dir, nat: &NatRewrite, l2: usize) -> Result<i32, Drop> {
     if dir == Dir::Ingress {
         count(STAT_INGRESS_TRANSLATED);
-        return Ok(TC_ACT_OK);
+        return Ok(PASS);
     }
     count(STAT_EGRESS_TRANSLATED);
     if nat.flags & NAT_F_REDIRECT != 0 && l2 == 0 {
@@ -290,7 +297,7 @@ fn finish(ctx: &TcContext, dir: Dir, nat: &NatRewrite, l2: usize) -> Result<i32,
         // SAFETY: reading a field of the context the verifier checked.
         let here = unsafe { (*ctx.skb.skb).ifindex };
         if nat.redirect_ifindex == here {
-            return Ok(TC_ACT_OK);
+            return Ok(PASS);
         }
         return Err(Drop(STAT_DROP_REDIRECT_FAILED));
     }
@@ -308,7 +315,7 @@ fn finish(ctx: &TcContext, dir: Dir, nat: &NatRewrite, l2: usize) -> Result<i32,
         count(STAT_EGRESS_REDIRECTED);
         return Ok(TC_ACT_REDIRECT);
     }
-    Ok(TC_ACT_OK)
+    Ok(PASS)
 }
 
 /// A fragment after the first of its datagram: translated (addresses only;
@@ -323,7 +330,7 @@ fn translate_fragment(ctx: &TcContext, p: &Parsed, f: Frag, dir: Dir) -> Result<
     // whose addresses must then match the fragment's for it to be used.
     let Some(entry) = (unsafe { VNAT_FRAGS.get(&fk) }).copied() else {
         count(STAT_PASS_FRAGMENT);
-        return Ok(TC_ACT_OK);
+        return Ok(PASS);
     };
     // SAFETY: a helper without arguments or preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
@@ -335,7 +342,7 @@ fn translate_fragment(ctx: &TcContext, p: &Parsed, f: Frag, dir: Dir) -> Result<
         // Another datagram's, long gone (its identification reused).
         let _ = VNAT_FRAGS.remove(&fk);
         count(STAT_PASS_FRAGMENT);
-        return Ok(TC_ACT_OK);
+        return Ok(PASS);
     }
     if !f.more {
         // The last fragment: the datagram is complete.
@@ -348,7 +355,7 @@ fn translate_fragment(ctx: &TcContext, p: &Parsed, f: Frag, dir: Dir) -> Result<
     // SAFETY: as in `try_translate`.
     let Some(nat) = (unsafe { map.get(&flow) }).copied() else {
         count(STAT_PASS_FRAGMENT);
-        return Ok(TC_ACT_OK);
+        return Ok(PASS);
     };
     if dir == Dir::Egress && nat.flags & NAT_F_HOLD != 0 {
         count(STAT_DROP_HELD);

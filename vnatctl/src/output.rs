@@ -146,7 +146,7 @@ impl From<&StatusReply> for StatusJson {
                     .map(|t| TcJson {
                         ifname: t.ifname.clone(),
                         ifindex: t.ifindex,
-                        mode: t.mode.clone(),
+                        mode: t.mode.to_string(),
                         users: t.users,
                     })
                     .collect(),

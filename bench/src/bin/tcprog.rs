@@ -81,6 +81,7 @@ fn measure(args: &Args) -> Result<Vec<Row>> {
     let mut dp = KernelDatapath::open(&KernelOptions {
         bpffs: pins.path().to_path_buf(),
         cgroups: vec![],
+        tc_attach: vnat_daemon::datapath::TcAttach::from_env().unwrap_or_default(),
     })
     .context("opening the kernel datapath")?;
     let fd = dp.tc_program_fd(true)?;

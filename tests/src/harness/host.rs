@@ -38,6 +38,7 @@ impl<'a> Host<'a> {
         KernelOptions {
             bpffs: self.pins.path().to_path_buf(),
             cgroups: vec![self.cgroup.path().to_path_buf()],
+            tc_attach: super::tc_attach(),
         }
     }
 

@@ -73,6 +73,13 @@ pub fn wait_until(
     }
 }
 
+/// How the tests attach tc: `VNAT_TC_ATTACH` (auto, tcx or clsact), which
+/// the vnatd they start read too (`--tc-attach`'s variable), so that
+/// `VNAT_TC_ATTACH=clsact cargo xtask test` runs the suite on clsact.
+pub fn tc_attach() -> vnat_daemon::datapath::TcAttach {
+    vnat_daemon::datapath::TcAttach::from_env().unwrap_or_else(|e| panic!("{e}"))
+}
+
 /// `<pid>-<n>`: unique among everything this process creates, and across
 /// processes (cargo runs test binaries one after another, but a demo or a
 /// second `cargo test` may run beside them).

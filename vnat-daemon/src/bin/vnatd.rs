@@ -115,6 +115,7 @@ fn open_datapath(settings: &Settings) -> Result<Box<dyn Datapath + Send>, Daemon
     let opts = KernelOptions {
         bpffs: settings.bpffs.clone(),
         cgroups: settings.cgroups.clone(),
+        tc_attach: settings.tc_attach,
     };
     let mut dp = KernelDatapath::open(&opts)?;
     // The configured hiding cgroups (one enabled with vnatctl stays so:

@@ -7,7 +7,7 @@ use std::{
 
 use serde::Deserialize;
 
-use crate::control::DEFAULT_CONTROL_PATH;
+use crate::{control::DEFAULT_CONTROL_PATH, datapath::TcAttach};
 
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/vnat/vnatd.toml";
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/vnat";
@@ -120,6 +120,15 @@ pub struct Args {
         help = "Attach the tc translators only to interfaces that moved connections use: nothing on other packets, 10-25 ms more per move"
     )]
     pub no_standby_tc: bool,
+    /// How the tc translators attach.
+    #[arg(
+        long = "tc-attach",
+        env = "VNAT_TC_ATTACH",
+        value_enum,
+        value_name = "HOW",
+        help = "How the tc translators attach to interfaces: auto (TCX where the kernel has it, Linux 6.6, else clsact), tcx, or clsact (cls_bpf filters on a clsact qdisc, any kernel) [default: auto]"
+    )]
+    pub tc_attach: Option<TcAttach>,
     /// NAT keepalive interval.
     #[arg(
         long = "keepalive-secs",
@@ -171,6 +180,7 @@ pub struct FileConfig {
     pub log_format: Option<LogFormat>,
     pub location_servers: Option<Vec<SocketAddr>>,
     pub standby_tc: Option<bool>,
+    pub tc_attach: Option<TcAttach>,
     pub keepalive_secs: Option<u32>,
 }
 
@@ -202,6 +212,8 @@ pub struct Settings {
     /// `standby_tc`: tc stays attached to every interface while
     /// connections are paired (default: on; off attaches only where used).
     pub standby_tc: bool,
+    /// `tc_attach`: TCX, clsact, or whichever the kernel has (default).
+    pub tc_attach: TcAttach,
     /// NAT keepalive interval in seconds (default 25; 0: off).
     pub keepalive_secs: u32,
 }
@@ -458,6 +470,7 @@ impl Settings {
             } else {
                 file.standby_tc.unwrap_or(true)
             },
+            tc_attach: args.tc_attach.or(file.tc_attach).unwrap_or_default(),
             keepalive_secs: args.keepalive_secs.or(file.keepalive_secs).unwrap_or(25),
         })
     }
@@ -578,6 +591,16 @@ mod tests {
 
     fn sa(s: &str) -> SocketAddr {
         s.parse().unwrap_or_else(|e| panic!("bad address {s}: {e}"))
+    }
+
+    #[test]
+    fn tc_attach_is_auto_by_default_and_the_flag_overrides_the_file() {
+        assert_eq!(resolve(&[], FileConfig::default()).tc_attach, TcAttach::Auto);
+        let file = || parse_file(Path::new("t.toml"), "tc_attach = \"clsact\"").expect("valid file");
+        assert_eq!(resolve(&[], file()).tc_attach, TcAttach::Clsact);
+        assert_eq!(resolve(&["--tc-attach", "tcx"], file()).tc_attach, TcAttach::Tcx);
+        let err = parse_file(Path::new("t.toml"), "tc_attach = \"xdp\"").unwrap_err();
+        assert!(err.to_string().contains("tc_attach"), "{err}");
     }
 
     #[test]

@@ -250,13 +250,64 @@ impl HideTable {
     }
 }
 
+/// How vnatd attaches the tc translators (`tc_attach`, `--tc-attach`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum TcAttach {
+    /// TCX where the kernel has it (Linux 6.6), clsact elsewhere.
+    #[default]
+    Auto,
+    /// TCX links only; vnatd does not start on a kernel without TCX.
+    Tcx,
+    /// cls_bpf filters on a clsact qdisc, on any kernel.
+    Clsact,
+}
+
+impl TcAttach {
+    /// The environment variable `--tc-attach` also reads.
+    pub const ENV: &'static str = "VNAT_TC_ATTACH";
+
+    /// `VNAT_TC_ATTACH` (auto when unset), for the tests and benchmarks
+    /// that open a datapath in their own process.
+    pub fn from_env() -> Result<TcAttach, String> {
+        match std::env::var(Self::ENV).as_deref() {
+            Err(_) | Ok("") | Ok("auto") => Ok(TcAttach::Auto),
+            Ok("tcx") => Ok(TcAttach::Tcx),
+            Ok("clsact") => Ok(TcAttach::Clsact),
+            Ok(other) => Err(format!(
+                "{}={other} is no way to attach tc: use auto, tcx or clsact",
+                Self::ENV
+            )),
+        }
+    }
+}
+
+/// How the translators of one interface are attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TcMode {
+    /// A pinned TCX link per hook (Linux 6.6).
+    Tcx,
+    /// A cls_bpf filter per hook on a clsact qdisc.
+    Clsact,
+}
+
+impl std::fmt::Display for TcMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TcMode::Tcx => "tcx",
+            TcMode::Clsact => "clsact",
+        })
+    }
+}
+
 /// An interface with the tc translators attached.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TcAttachment {
     pub ifname: String,
     pub ifindex: u32,
-    /// "tcx" or "clsact".
-    pub mode: String,
+    /// How they are attached there.
+    pub mode: TcMode,
     /// Number of translations that need this attachment.
     pub users: u32,
 }
@@ -294,6 +345,14 @@ pub enum DatapathError {
         program: &'static str,
         kernel: String,
         verdict: String,
+    },
+    /// Something asked for needs a kernel feature this kernel lacks.
+    #[error("{what} needs {needs}, which this kernel (Linux {kernel}) lacks: {instead}")]
+    Unsupported {
+        what: String,
+        needs: String,
+        kernel: String,
+        instead: String,
     },
     #[error("{path} is not a cgroup v2 directory; pass a directory under the cgroup2 mount (e.g. /sys/fs/cgroup/unified/...)")]
     NotACgroup { path: PathBuf },

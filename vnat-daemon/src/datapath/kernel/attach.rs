@@ -7,7 +7,7 @@
 //! left unattached in between.
 
 use std::{
-    fs,
+    fs, io,
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
 };
@@ -15,7 +15,7 @@ use std::{
 use aya::{
     programs::{
         links::{FdLink, PinnedLink},
-        tc::{SchedClassifierLink, TcAttachOptions},
+        tc::{qdisc_add_clsact, NlOptions, SchedClassifierLink, TcAttachOptions, TcError, TcHandle},
         CgroupAttachMode, CgroupSock, CgroupSockAddr, LinkOrder, SchedClassifier, SockOps,
         TcAttachType,
     },
@@ -27,10 +27,10 @@ use vnat_common::{
 };
 
 use super::{
-    net,
+    clsact, net,
     object::{links_dir, prog, SOCK_ADDR_PROGRAMS},
 };
-use crate::datapath::DatapathError;
+use crate::datapath::{DatapathError, TcMode};
 
 const CGROUP2_SUPER_MAGIC: i64 = 0x63677270;
 
@@ -233,8 +233,13 @@ fn tc_pin(bpffs: &Path, ifindex: u32, egress: bool) -> PathBuf {
     ))
 }
 
-/// Interfaces with pinned tc links.
-pub fn pinned_tc(bpffs: &Path) -> Vec<u32> {
+/// The pin that marks a clsact qdisc vnat added itself (see `clsact.rs`).
+fn qdisc_pin(bpffs: &Path, ifindex: u32) -> PathBuf {
+    links_dir(bpffs).join(format!("clsact{ifindex}"))
+}
+
+/// Interfaces with pinned TCX links.
+fn pinned_tcx(bpffs: &Path) -> Vec<u32> {
     let mut ids: Vec<u32> = pinned_names(bpffs)
         .iter()
         .filter_map(|n| n.strip_prefix("tc")?.split_once('_')?.0.parse().ok())
@@ -244,19 +249,57 @@ pub fn pinned_tc(bpffs: &Path) -> Vec<u32> {
     ids
 }
 
-/// Attach both tc translators to an interface with TCX, or, when pins exist
-/// from an earlier process, swap this process's programs into those links
-/// atomically.
-pub fn attach_tc(ebpf: &mut Ebpf, bpffs: &Path, ifindex: u32) -> Result<(), DatapathError> {
+/// Interfaces with the translators attached, and how: TCX links from their
+/// pins, clsact filters from the kernel (a filter cannot be pinned).
+pub fn tc_attachments(bpffs: &Path) -> Vec<(u32, TcMode)> {
+    let mut out: Vec<(u32, TcMode)> = pinned_tcx(bpffs)
+        .into_iter()
+        .map(|i| (i, TcMode::Tcx))
+        .collect();
+    match clsact::attached() {
+        Ok(ids) => {
+            for i in ids {
+                if !out.iter().any(|(t, _)| *t == i) {
+                    out.push((i, TcMode::Clsact));
+                }
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot list the clsact filters"),
+    }
+    out.sort_unstable_by_key(|(i, _)| *i);
+    out
+}
+
+/// Interfaces with the translators attached, either way.
+pub fn pinned_tc(bpffs: &Path) -> Vec<u32> {
+    tc_attachments(bpffs).into_iter().map(|(i, _)| i).collect()
+}
+
+/// Attach both tc translators to an interface (TCX or clsact, as `mode`
+/// says), or, when an earlier process attached them, swap this process's
+/// programs into that attachment atomically (a TCX link stays TCX, a
+/// clsact filter stays clsact, whatever `mode` says now).
+pub fn attach_tc(
+    ebpf: &mut Ebpf,
+    bpffs: &Path,
+    ifindex: u32,
+    mode: TcMode,
+) -> Result<(), DatapathError> {
     let ifname = net::ifname(ifindex)?;
     let programs = match net::link_layer(ifindex)? {
         net::LinkLayer::Ethernet => [(PROG_TC_INGRESS, false), (PROG_TC_EGRESS, true)],
         net::LinkLayer::None => [(PROG_TC_INGRESS_L3, false), (PROG_TC_EGRESS_L3, true)],
     };
+    let has_tcx = programs
+        .iter()
+        .any(|(_, egress)| tc_pin(bpffs, ifindex, *egress).exists());
+    if mode == TcMode::Clsact && !has_tcx {
+        return attach_clsact(ebpf, bpffs, ifindex, &ifname, programs);
+    }
     let mut made: Vec<PathBuf> = Vec::new();
     for (name, egress) in programs {
         let pin = tc_pin(bpffs, ifindex, egress);
-        let r = attach_one_tc(ebpf, name, egress, &ifname, &pin);
+        let r = attach_one_tcx(ebpf, name, egress, &ifname, &pin);
         match r {
             Ok(fresh) => {
                 if fresh {
@@ -275,7 +318,7 @@ pub fn attach_tc(ebpf: &mut Ebpf, bpffs: &Path, ifindex: u32) -> Result<(), Data
     Ok(())
 }
 
-fn attach_one_tc(
+fn attach_one_tcx(
     ebpf: &mut Ebpf,
     name: &'static str,
     egress: bool,
@@ -298,7 +341,9 @@ fn attach_one_tc(
             } else {
                 TcAttachType::Ingress
             };
-            let opts = TcAttachOptions::TcxOrder(LinkOrder::default());
+            // First on the hook, and passing on what it does not
+            // translate (TCX_NEXT), so programs after it still run.
+            let opts = TcAttachOptions::TcxOrder(LinkOrder::first());
             (
                 p.attach_with_options(ifname, kind, opts)
                     .map_err(attach_err(name, ifname))?,
@@ -312,9 +357,111 @@ fn attach_one_tc(
     Ok(fresh)
 }
 
-/// Remove both tc translators from an interface.
+/// The clsact way (see `clsact.rs`): add the qdisc if the interface has
+/// none (marking it as vnat's), then put each program in vnat's filter,
+/// replacing the program of a filter an earlier vnatd left there.
+fn attach_clsact(
+    ebpf: &mut Ebpf,
+    bpffs: &Path,
+    ifindex: u32,
+    ifname: &str,
+    programs: [(&'static str, bool); 2],
+) -> Result<(), DatapathError> {
+    let kernel = |what: String| move |source: io::Error| DatapathError::Kernel { what, source };
+    match qdisc_add_clsact(ifname) {
+        Ok(()) => {
+            // Ours: marked so that it goes when vnat's filters do. The mark
+            // is a pin of the program (bpffs holds nothing else).
+            let p: &mut SchedClassifier = prog(ebpf, programs[1].0)?;
+            let marker = qdisc_pin(bpffs, ifindex);
+            let _ = fs::remove_file(&marker);
+            p.pin(&marker)
+                .map_err(|e| DatapathError::Attach {
+                    program: programs[1].0,
+                    target: marker.display().to_string(),
+                    source: Box::new(e),
+                })?;
+        }
+        // EEXIST: the interface has a clsact already (vnat's or another's).
+        Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => {}
+        Err(e) => {
+            return Err(DatapathError::Attach {
+                program: programs[0].0,
+                target: format!("{ifname} (adding a clsact qdisc)"),
+                source: Box::new(e),
+            })
+        }
+    }
+    for (name, egress) in programs {
+        let existing = clsact::filters(ifindex, egress)
+            .map_err(kernel(format!("listing the tc filters of {ifname}")))?;
+        let slot = existing
+            .iter()
+            .find(|f| f.priority == clsact::PRIORITY && f.handle == clsact::HANDLE);
+        if let Some(f) = slot {
+            if !f.is_vnats() {
+                return Err(DatapathError::Kernel {
+                    what: format!(
+                        "attaching {name} to {ifname}: another program ({}) has vnat's tc filter priority {} and handle {:#x} there",
+                        f.program.as_deref().unwrap_or("not BPF"),
+                        clsact::PRIORITY,
+                        clsact::HANDLE
+                    ),
+                    source: io::Error::from_raw_os_error(libc::EEXIST),
+                });
+            }
+        }
+        let kind = if egress {
+            TcAttachType::Egress
+        } else {
+            TcAttachType::Ingress
+        };
+        let p: &mut SchedClassifier = prog(ebpf, name)?;
+        let id = if slot.is_some() {
+            let link = SchedClassifierLink::attached(
+                ifname,
+                kind,
+                clsact::PRIORITY,
+                TcHandle::new((clsact::HANDLE >> 16) as u16, clsact::HANDLE as u16),
+                None,
+            )
+            .map_err(attach_err(name, ifname))?;
+            p.attach_to_link(link).map_err(attach_err(name, ifname))?
+        } else {
+            let opts = TcAttachOptions::Netlink(NlOptions {
+                priority: clsact::PRIORITY,
+                handle: TcHandle::new((clsact::HANDLE >> 16) as u16, clsact::HANDLE as u16),
+                classid: None,
+            });
+            p.attach_with_options(ifname, kind, opts)
+                .map_err(attach_err(name, ifname))?
+        };
+        // The filter stays when the link is dropped: taking it out of the
+        // program keeps aya from detaching it when the program goes.
+        let link = p.take_link(id).map_err(attach_err(name, ifname))?;
+        std::mem::forget(link);
+    }
+    Ok(())
+}
+
+/// Remove both tc translators from an interface: its TCX pins, vnat's
+/// clsact filters, and the clsact qdisc if vnat added it and nothing else
+/// is on it.
 pub fn detach_tc(bpffs: &Path, ifindex: u32) {
     for egress in [true, false] {
         let _ = fs::remove_file(tc_pin(bpffs, ifindex, egress));
+    }
+    let marker = qdisc_pin(bpffs, ifindex);
+    match clsact::remove_ours(ifindex) {
+        Ok(others) => {
+            if marker.exists() && !others {
+                if let Err(e) = clsact::del_qdisc(ifindex) {
+                    tracing::warn!(ifindex, error = %e, "cannot remove the clsact qdisc vnat added");
+                    return;
+                }
+            }
+            let _ = fs::remove_file(&marker);
+        }
+        Err(e) => tracing::warn!(ifindex, error = %e, "cannot remove vnat's clsact filters"),
     }
 }

@@ -4,8 +4,10 @@
 
 mod adopt;
 mod attach;
+mod clsact;
 mod conntrack;
 pub mod fault;
+pub mod features;
 mod guests;
 mod hide;
 mod kept;
@@ -48,7 +50,8 @@ pub use rtnl::notifications_matter;
 
 use super::{
     flow_key, key_endpoints, validate_translation, CgroupAttachment, ConnState, ConnectionInfo,
-    Datapath, DatapathError, DatapathStatus, Proto, TcAttachment, Translation, VirtualFlow,
+    Datapath, DatapathError, DatapathStatus, Proto, TcAttach, TcAttachment, TcMode, Translation,
+    VirtualFlow,
 };
 
 /// How to open the kernel datapath.
@@ -59,11 +62,15 @@ pub struct KernelOptions {
     /// cgroup v2 directories to record connections of (`--cgroup`). Cgroups
     /// enabled earlier (pinned) stay enabled.
     pub cgroups: Vec<PathBuf>,
+    /// How to attach the tc translators (`tc_attach`).
+    pub tc_attach: TcAttach,
 }
 
 pub struct KernelDatapath {
     bpffs: PathBuf,
     loaded: object::Loaded,
+    /// How new tc attachments are made (`tc_attach` resolved at open).
+    tc_mode: TcMode,
     /// Interfaces whose tc links run this process's programs.
     tc_current: std::collections::BTreeSet<u32>,
     /// Interfaces kept attached without a translation (`standby_tc`).
@@ -148,15 +155,52 @@ fn is_not_found(e: &MapError) -> bool {
     matches!(e, MapError::KeyNotFound)
 }
 
+/// `tc_attach` as this kernel allows: TCX where it has TCX (probed with
+/// the loaded tc program), clsact where it does not or where asked.
+fn resolve_tc_attach(loaded: &mut object::Loaded, want: TcAttach) -> Result<TcMode, DatapathError> {
+    use std::os::fd::AsFd;
+    if want == TcAttach::Clsact {
+        return Ok(TcMode::Clsact);
+    }
+    let p: &mut aya::programs::SchedClassifier =
+        object::prog(&mut loaded.ebpf, vnat_common::PROG_TC_INGRESS)?;
+    let fd = p.fd().map_err(|e| DatapathError::Load {
+        source: Box::new(e),
+    })?;
+    let tcx = features::probe_tcx(fd.as_fd());
+    match (want, tcx) {
+        (_, true) => Ok(TcMode::Tcx),
+        (TcAttach::Tcx, false) => Err(DatapathError::Unsupported {
+            what: "tc_attach = \"tcx\"".into(),
+            needs: "TCX (Linux 6.6)".into(),
+            kernel: object::kernel_release(),
+            instead: "use tc_attach = \"auto\" or \"clsact\" (--tc-attach clsact)".into(),
+        }),
+        _ => {
+            tracing::info!(
+                "this kernel has no TCX (Linux 6.6): the tc translators attach as clsact filters"
+            );
+            Ok(TcMode::Clsact)
+        }
+    }
+}
+
 impl KernelDatapath {
+    /// How new tc attachments are made.
+    pub fn tc_mode(&self) -> TcMode {
+        self.tc_mode
+    }
+
     /// Load the programs (reusing pinned maps), attach the recorders to the
     /// requested and the previously enabled cgroups, take over pinned tc
     /// links, and check that what the pinned translations need is in place.
     pub fn open(opts: &KernelOptions) -> Result<KernelDatapath, DatapathError> {
-        let loaded = object::load(&opts.bpffs)?;
+        let mut loaded = object::load(&opts.bpffs)?;
+        let tc_mode = resolve_tc_attach(&mut loaded, opts.tc_attach)?;
         let mut dp = KernelDatapath {
             bpffs: opts.bpffs.clone(),
             loaded,
+            tc_mode,
             tc_current: Default::default(),
             standby: Default::default(),
             bind_ifaces: Default::default(),
@@ -389,12 +433,12 @@ impl Datapath for KernelDatapath {
         for (_, v) in &egress {
             *users.entry(v.redirect_ifindex).or_default() += 1;
         }
-        let tc = attach::pinned_tc(&self.bpffs)
+        let tc = attach::tc_attachments(&self.bpffs)
             .into_iter()
-            .map(|ifindex| TcAttachment {
+            .map(|(ifindex, mode)| TcAttachment {
                 ifname: net::ifname(ifindex).unwrap_or_else(|_| format!("(gone, index {ifindex})")),
                 ifindex,
-                mode: "tcx".into(),
+                mode,
                 users: users.get(&ifindex).copied().unwrap_or(0),
             })
             .collect();

@@ -46,7 +46,7 @@ impl KernelDatapath {
         }
         for ifindex in needed {
             if net::ifname(ifindex).is_ok() {
-                attach::attach_tc(&mut self.loaded.ebpf, &self.bpffs, ifindex)?;
+                attach::attach_tc(&mut self.loaded.ebpf, &self.bpffs, ifindex, self.tc_mode)?;
                 self.tc_current.insert(ifindex);
             }
         }

@@ -1,0 +1,142 @@
+//! Kernel features that vnat uses and that a supported kernel may lack,
+//! each probed by asking the kernel (never guessed from its version).
+//!
+//! `VNAT_KERNEL_LACKS` (a comma-separated list of [`Feature`] names) makes
+//! vnatd treat those features as missing whatever the kernel says: the same
+//! switch the fallbacks and `vnatd --check` go through, so that a test on a
+//! new kernel can show what happens on an old one.
+
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+use serde::{Deserialize, Serialize};
+
+/// The environment variable that makes vnatd treat features as missing.
+pub const LACKS_ENV: &str = "VNAT_KERNEL_LACKS";
+
+/// A kernel feature vnat probes for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Feature {
+    /// TCX links for tc programs (Linux 6.6).
+    Tcx,
+    /// The getsockname/getpeername cgroup hooks (Linux 5.8), for hide
+    /// location.
+    SockAddrNameHooks,
+    /// `IFA_PROTO` on addresses (Linux 6.1): tells vnat's own addresses on
+    /// `lo` from the others.
+    IfaProto,
+    /// `SO_NETNS_COOKIE` (Linux 5.14).
+    NetnsCookie,
+    /// pidfd_open and pidfd_getfd (Linux 5.6).
+    PidfdGetfd,
+    /// SOCK_DESTROY through sock_diag (`CONFIG_INET_DIAG_DESTROY`).
+    SockDestroy,
+    /// The window fields of `tcp_info` (`tcpi_rcv_wnd`, Linux 6.2).
+    TcpInfoWindows,
+}
+
+impl Feature {
+    pub const ALL: [Feature; 7] = [
+        Feature::Tcx,
+        Feature::SockAddrNameHooks,
+        Feature::IfaProto,
+        Feature::NetnsCookie,
+        Feature::PidfdGetfd,
+        Feature::SockDestroy,
+        Feature::TcpInfoWindows,
+    ];
+
+    /// Its name in `VNAT_KERNEL_LACKS` and in `vnatd --check --json`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Feature::Tcx => "tcx",
+            Feature::SockAddrNameHooks => "sock-addr-name-hooks",
+            Feature::IfaProto => "ifa-proto",
+            Feature::NetnsCookie => "netns-cookie",
+            Feature::PidfdGetfd => "pidfd-getfd",
+            Feature::SockDestroy => "sock-destroy",
+            Feature::TcpInfoWindows => "tcp-info-windows",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Feature> {
+        Feature::ALL.into_iter().find(|f| f.name() == name)
+    }
+}
+
+/// Whether `VNAT_KERNEL_LACKS` names `f`.
+pub fn simulated_missing(f: Feature) -> bool {
+    std::env::var(LACKS_ENV)
+        .map(|v| v.split(',').map(str::trim).any(|n| n == f.name()))
+        .unwrap_or(false)
+}
+
+/// The names in `VNAT_KERNEL_LACKS` that name no feature (a typo would
+/// otherwise simulate nothing without a word).
+pub fn unknown_simulated() -> Vec<String> {
+    std::env::var(LACKS_ENV)
+        .map(|v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|n| !n.is_empty() && Feature::from_name(n).is_none())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `BPF_LINK_CREATE` (bpf(2) command 28).
+const BPF_LINK_CREATE: libc::c_long = 28;
+/// `BPF_TCX_INGRESS` (enum bpf_attach_type, Linux 6.6).
+const BPF_TCX_INGRESS: u32 = 46;
+
+/// Whether the kernel has TCX: a link of a loaded tc program (`prog`) to
+/// the interface with index 0, which does not exist. A kernel with TCX
+/// looks the interface up and answers ENODEV; one without it does not know
+/// the attach type and answers EINVAL. Nothing is attached either way.
+pub fn probe_tcx(prog: BorrowedFd<'_>) -> bool {
+    if simulated_missing(Feature::Tcx) {
+        return false;
+    }
+    // union bpf_attr's link_create: prog_fd, target_ifindex, attach_type,
+    // flags, then the tcx part (relative fd or id, expected revision);
+    // zeros for all but the first three.
+    #[repr(C)]
+    struct LinkCreate {
+        prog_fd: u32,
+        target_ifindex: u32,
+        attach_type: u32,
+        flags: u32,
+        relative: u32,
+        _pad: u32,
+        expected_revision: u64,
+        _rest: [u64; 4],
+    }
+    let attr = LinkCreate {
+        prog_fd: prog.as_raw_fd() as u32,
+        target_ifindex: 0,
+        attach_type: BPF_TCX_INGRESS,
+        flags: 0,
+        relative: 0,
+        _pad: 0,
+        expected_revision: 0,
+        _rest: [0; 4],
+    };
+    // SAFETY: bpf(2) reads `size` bytes of `attr`, a live, initialized
+    // struct of exactly that size; with ifindex 0 it creates nothing (and
+    // should it ever, the fd it returns is closed below).
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_LINK_CREATE,
+            &attr as *const LinkCreate,
+            std::mem::size_of::<LinkCreate>(),
+        )
+    };
+    if rc >= 0 {
+        // SAFETY: a successful BPF_LINK_CREATE returns a new fd we own.
+        unsafe { libc::close(rc as i32) };
+        return true;
+    }
+    std::io::Error::last_os_error().raw_os_error() == Some(libc::ENODEV)
+}
