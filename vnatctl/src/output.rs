@@ -69,6 +69,12 @@ pub struct DaemonJson {
 
 #[derive(Debug, Serialize)]
 pub struct DatapathJson {
+    /// `uname -r` of vnatd's host.
+    pub kernel: String,
+    /// How new tc attachments are made: "tcx" or "clsact".
+    pub tc_mode: String,
+    /// Capabilities this kernel weakens or turns off.
+    pub degraded: Vec<vnat_daemon::datapath::Degraded>,
     pub bpffs: PathBuf,
     pub netns_cookie: u64,
     pub programs_loaded: Vec<String>,
@@ -128,6 +134,9 @@ impl From<&StatusReply> for StatusJson {
                 configured_cgroups: configured_cgroups.clone(),
             },
             datapath: DatapathJson {
+                kernel: d.kernel.clone(),
+                tc_mode: d.tc_mode.to_string(),
+                degraded: d.degraded.clone(),
                 bpffs: d.bpffs.clone(),
                 netns_cookie: d.netns_cookie,
                 programs_loaded: d.programs_loaded.clone(),
@@ -236,6 +245,22 @@ pub fn status_text(s: &StatusReply) -> String {
             "none (attached only while a flow on the interface is translated)",
         ),
     );
+    line(
+        "kernel",
+        vec![format!(
+            "Linux {} (tc attaches with {})",
+            or_none(d.kernel.clone(), "unknown"),
+            d.tc_mode
+        )],
+    );
+    let degraded: Vec<String> = d
+        .degraded
+        .iter()
+        .map(|g| format!("{}: needs {}; {}", g.feature, g.needs, g.effect))
+        .collect();
+    if !degraded.is_empty() {
+        line("degraded", degraded);
+    }
     line(
         "connections",
         vec![format!("{} ({} translated)", d.connections, d.translations)],

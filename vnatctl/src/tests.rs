@@ -250,6 +250,13 @@ fn status() -> StatusReply {
             configured_cgroups: vec!["/sys/fs/cgroup/unified".into()],
         },
         datapath: DatapathStatus {
+            kernel: "6.1.0-50-amd64".into(),
+            tc_mode: vnat_daemon::datapath::TcMode::Clsact,
+            degraded: vec![vnat_daemon::datapath::Degraded {
+                feature: "tcx".into(),
+                needs: "TCX (Linux 6.6)".into(),
+                effect: "tc attaches as clsact filters".into(),
+            }],
             bpffs: "/sys/fs/bpf/vnat".into(),
             netns_cookie: 4096,
             programs_loaded: vec!["vnat_sockops".into(), "vnat_tc_egress".into()],
@@ -261,7 +268,7 @@ fn status() -> StatusReply {
             tc: vec![TcAttachment {
                 ifname: "eth0".into(),
                 ifindex: 2,
-                mode: "tcx".into(),
+                mode: vnat_daemon::datapath::TcMode::Tcx,
                 users: 3,
             }],
             connections: 10,

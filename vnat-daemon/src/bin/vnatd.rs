@@ -15,7 +15,7 @@ use vnat_daemon::{
         DaemonError,
     },
     datapath::{
-        kernel::{KernelDatapath, KernelOptions},
+        kernel::{check, KernelDatapath, KernelOptions},
         Datapath,
     },
 };
@@ -23,6 +23,15 @@ use vnat_daemon::{
 fn main() -> ExitCode {
     // clap prints its own usage errors and exits 2 (0 for --help/--version).
     let args = Args::parse();
+    if args.check {
+        return match check(&args) {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("vnatd: {e}");
+                ExitCode::from(e.exit_code())
+            }
+        };
+    }
     match start(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -45,6 +54,39 @@ fn settings_of(args: &Args) -> Result<Settings, DaemonError> {
         rust_log,
         cgroup2_root,
     )?)
+}
+
+/// `vnatd --check [--json]`: print the report; exit 0 when vnatd can run
+/// here, 1 when it cannot.
+fn check(args: &Args) -> Result<ExitCode, DaemonError> {
+    let settings = settings_of(args)?;
+    let unknown = vnat_daemon::datapath::kernel::features::unknown_simulated();
+    if !unknown.is_empty() {
+        eprintln!(
+            "vnatd: {} names no kernel feature: {} (known: {})",
+            vnat_daemon::datapath::kernel::features::LACKS_ENV,
+            unknown.join(", "),
+            vnat_daemon::datapath::kernel::features::Feature::ALL
+                .map(|f| f.name())
+                .join(", ")
+        );
+        return Ok(ExitCode::from(2));
+    }
+    let report = check::check(&settings.bpffs, settings.tc_attach);
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report)
+                .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+        );
+    } else {
+        print!("{}", check::render(&report));
+    }
+    Ok(if report.can_run {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 fn start(args: Args) -> Result<(), DaemonError> {

@@ -120,6 +120,19 @@ pub struct Args {
         help = "Attach the tc translators only to interfaces that moved connections use: nothing on other packets, 10-25 ms more per move"
     )]
     pub no_standby_tc: bool,
+    /// Check the kernel and exit.
+    #[arg(
+        long,
+        help = "Check this kernel's features and vnatd's other requirements, print each as ok, MISSING or degraded (with what it affects), and exit: 0 when vnatd can run (degraded capabilities listed), 1 when it cannot. Changes nothing on the host"
+    )]
+    pub check: bool,
+    /// `--check` as JSON.
+    #[arg(
+        long,
+        requires = "check",
+        help = "With --check: print the report as one JSON object (kernel, can_run, items with name, status, needs, affects, detail)"
+    )]
+    pub json: bool,
     /// How the tc translators attach.
     #[arg(
         long = "tc-attach",
@@ -595,12 +608,23 @@ mod tests {
 
     #[test]
     fn tc_attach_is_auto_by_default_and_the_flag_overrides_the_file() {
-        assert_eq!(resolve(&[], FileConfig::default()).tc_attach, TcAttach::Auto);
-        let file = || parse_file(Path::new("t.toml"), "tc_attach = \"clsact\"").expect("valid file");
+        assert_eq!(
+            resolve(&[], FileConfig::default()).tc_attach,
+            TcAttach::Auto
+        );
+        let file =
+            || parse_file(Path::new("t.toml"), "tc_attach = \"clsact\"").expect("valid file");
         assert_eq!(resolve(&[], file()).tc_attach, TcAttach::Clsact);
-        assert_eq!(resolve(&["--tc-attach", "tcx"], file()).tc_attach, TcAttach::Tcx);
+        assert_eq!(
+            resolve(&["--tc-attach", "tcx"], file()).tc_attach,
+            TcAttach::Tcx
+        );
         let err = parse_file(Path::new("t.toml"), "tc_attach = \"xdp\"").unwrap_err();
-        assert!(err.to_string().contains("tc_attach"), "{err}");
+        let err = err.to_string();
+        assert!(
+            err.contains("line 1") && err.contains("expected one of `auto`, `tcx`, `clsact`"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -273,6 +273,9 @@ impl Datapath for FakeDatapath {
 
     fn status(&self) -> Result<DatapathStatus, DatapathError> {
         Ok(DatapathStatus {
+            kernel: "fake".into(),
+            tc_mode: crate::datapath::TcMode::Tcx,
+            degraded: Vec::new(),
             bpffs: PathBuf::from("/fake"),
             netns_cookie: 1,
             programs_loaded: vec!["fake".into()],

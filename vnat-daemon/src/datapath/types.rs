@@ -282,6 +282,10 @@ impl TcAttach {
     }
 }
 
+fn default_tc_mode() -> TcMode {
+    TcMode::Tcx
+}
+
 /// How the translators of one interface are attached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -312,9 +316,30 @@ pub struct TcAttachment {
     pub users: u32,
 }
 
+/// A capability this kernel weakens or turns off, and why (`vnatctl
+/// status`, `vnatd --check`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Degraded {
+    /// The missing feature's name (as in `VNAT_KERNEL_LACKS`).
+    pub feature: String,
+    /// What it needs ("TCX (Linux 6.6)").
+    pub needs: String,
+    /// One sentence: what vnat does without it.
+    pub effect: String,
+}
+
 /// `vnatctl status`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DatapathStatus {
+    /// `uname -r`.
+    #[serde(default)]
+    pub kernel: String,
+    /// How new tc attachments are made.
+    #[serde(default = "default_tc_mode")]
+    pub tc_mode: TcMode,
+    /// Capabilities this kernel weakens or turns off.
+    #[serde(default)]
+    pub degraded: Vec<Degraded>,
     pub bpffs: PathBuf,
     pub netns_cookie: u64,
     pub programs_loaded: Vec<String>,

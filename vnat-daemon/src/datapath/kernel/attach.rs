@@ -15,7 +15,9 @@ use std::{
 use aya::{
     programs::{
         links::{FdLink, PinnedLink},
-        tc::{qdisc_add_clsact, NlOptions, SchedClassifierLink, TcAttachOptions, TcError, TcHandle},
+        tc::{
+            qdisc_add_clsact, NlOptions, SchedClassifierLink, TcAttachOptions, TcError, TcHandle,
+        },
         CgroupAttachMode, CgroupSock, CgroupSockAddr, LinkOrder, SchedClassifier, SockOps,
         TcAttachType,
     },
@@ -159,6 +161,10 @@ pub fn attach_cgroup(ebpf: &mut Ebpf, bpffs: &Path, path: &Path) -> Result<u64, 
     }
     for name in SOCK_ADDR_PROGRAMS {
         let p: &mut CgroupSockAddr = prog(ebpf, name)?;
+        if p.fd().is_err() {
+            // Not loaded: a hide location program this kernel refused.
+            continue;
+        }
         let l = p
             .attach(&dir, CgroupAttachMode::Single)
             .map_err(attach_err(name, &target))?;
@@ -375,12 +381,11 @@ fn attach_clsact(
             let p: &mut SchedClassifier = prog(ebpf, programs[1].0)?;
             let marker = qdisc_pin(bpffs, ifindex);
             let _ = fs::remove_file(&marker);
-            p.pin(&marker)
-                .map_err(|e| DatapathError::Attach {
-                    program: programs[1].0,
-                    target: marker.display().to_string(),
-                    source: Box::new(e),
-                })?;
+            p.pin(&marker).map_err(|e| DatapathError::Attach {
+                program: programs[1].0,
+                target: marker.display().to_string(),
+                source: Box::new(e),
+            })?;
         }
         // EEXIST: the interface has a clsact already (vnat's or another's).
         Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => {}

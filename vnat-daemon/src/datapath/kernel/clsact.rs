@@ -84,13 +84,15 @@ fn tc_message(ifindex: u32) -> TcMessage {
 pub fn filters(ifindex: u32, egress: bool) -> io::Result<Vec<Filter>> {
     let mut m = tc_message(ifindex);
     m.header.parent = hook(egress);
-    let answer = match rtnl::call(
-        RouteNetlinkMessage::GetTrafficFilter(m),
-        NLM_F_DUMP,
-    ) {
+    let answer = match rtnl::call(RouteNetlinkMessage::GetTrafficFilter(m), NLM_F_DUMP) {
         Ok(a) => a,
         // No clsact (or no such interface): nothing is attached there.
-        Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOENT | libc::ENODEV)) => {
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EINVAL | libc::ENOENT | libc::ENODEV)
+            ) =>
+        {
             return Ok(Vec::new())
         }
         Err(e) => return Err(e),
@@ -162,7 +164,12 @@ pub fn del_qdisc(ifindex: u32) -> io::Result<()> {
     m.attributes.push(TcAttribute::Kind("clsact".into()));
     match rtnl::call(RouteNetlinkMessage::DelQueueDiscipline(m), NLM_F_ACK) {
         Ok(_) => Ok(()),
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::EINVAL | libc::ENODEV)) => {
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENOENT | libc::EINVAL | libc::ENODEV)
+            ) =>
+        {
             Ok(())
         }
         Err(e) => Err(e),

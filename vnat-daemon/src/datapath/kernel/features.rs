@@ -27,22 +27,16 @@ pub enum Feature {
     IfaProto,
     /// `SO_NETNS_COOKIE` (Linux 5.14).
     NetnsCookie,
-    /// pidfd_open and pidfd_getfd (Linux 5.6).
-    PidfdGetfd,
-    /// SOCK_DESTROY through sock_diag (`CONFIG_INET_DIAG_DESTROY`).
-    SockDestroy,
     /// The window fields of `tcp_info` (`tcpi_rcv_wnd`, Linux 6.2).
     TcpInfoWindows,
 }
 
 impl Feature {
-    pub const ALL: [Feature; 7] = [
+    pub const ALL: [Feature; 5] = [
         Feature::Tcx,
         Feature::SockAddrNameHooks,
         Feature::IfaProto,
         Feature::NetnsCookie,
-        Feature::PidfdGetfd,
-        Feature::SockDestroy,
         Feature::TcpInfoWindows,
     ];
 
@@ -53,8 +47,6 @@ impl Feature {
             Feature::SockAddrNameHooks => "sock-addr-name-hooks",
             Feature::IfaProto => "ifa-proto",
             Feature::NetnsCookie => "netns-cookie",
-            Feature::PidfdGetfd => "pidfd-getfd",
-            Feature::SockDestroy => "sock-destroy",
             Feature::TcpInfoWindows => "tcp-info-windows",
         }
     }
@@ -64,11 +56,21 @@ impl Feature {
     }
 }
 
-/// Whether `VNAT_KERNEL_LACKS` names `f`.
+/// Whether `VNAT_KERNEL_LACKS` names `f` (read once: some callers are on
+/// per-socket paths).
 pub fn simulated_missing(f: Feature) -> bool {
-    std::env::var(LACKS_ENV)
-        .map(|v| v.split(',').map(str::trim).any(|n| n == f.name()))
-        .unwrap_or(false)
+    static LACKS: std::sync::OnceLock<Vec<Feature>> = std::sync::OnceLock::new();
+    LACKS
+        .get_or_init(|| {
+            std::env::var(LACKS_ENV)
+                .map(|v| {
+                    v.split(',')
+                        .filter_map(|n| Feature::from_name(n.trim()))
+                        .collect()
+                })
+                .unwrap_or_default()
+        })
+        .contains(&f)
 }
 
 /// The names in `VNAT_KERNEL_LACKS` that name no feature (a typo would

@@ -171,6 +171,14 @@ impl KernelDatapath {
     pub(super) fn hide_cgroup(&mut self, path: &Path, on: bool) -> Result<bool, DatapathError> {
         let id = attach::cgroup_id(path)?;
         if on {
+            if let Some(why) = &self.loaded.hide_unavailable {
+                return Err(DatapathError::Unsupported {
+                    what: format!("hiding location for {}", path.display()),
+                    needs: "the getsockname/getpeername cgroup hooks (Linux 5.8)".into(),
+                    kernel: super::object::kernel_release(),
+                    instead: format!("hide location is off on this machine ({why}); connections still move, but applications see moved peers at their new addresses"),
+                });
+            }
             may_hide(path)?;
         }
         self.hide_cgroup_id(id, on)

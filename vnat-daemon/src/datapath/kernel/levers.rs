@@ -29,7 +29,9 @@ impl KernelDatapath {
             if !self.tc_current.contains(&ifindex) {
                 // One interface that cannot take tc (it vanished meanwhile)
                 // leaves the others attached.
-                if let Err(e) = attach::attach_tc(&mut self.loaded.ebpf, &self.bpffs, ifindex, self.tc_mode) {
+                if let Err(e) =
+                    attach::attach_tc(&mut self.loaded.ebpf, &self.bpffs, ifindex, self.tc_mode)
+                {
                     tracing::warn!(error = %e, "no standby tc on this interface");
                     continue;
                 }

@@ -4,6 +4,7 @@
 
 mod adopt;
 mod attach;
+pub mod check;
 mod clsact;
 mod conntrack;
 pub mod fault;
@@ -71,6 +72,8 @@ pub struct KernelDatapath {
     loaded: object::Loaded,
     /// How new tc attachments are made (`tc_attach` resolved at open).
     tc_mode: TcMode,
+    /// Capabilities this kernel weakens or turns off, found at open.
+    degraded: Vec<super::Degraded>,
     /// Interfaces whose tc links run this process's programs.
     tc_current: std::collections::BTreeSet<u32>,
     /// Interfaces kept attached without a translation (`standby_tc`).
@@ -185,6 +188,48 @@ fn resolve_tc_attach(loaded: &mut object::Loaded, want: TcAttach) -> Result<TcMo
     }
 }
 
+/// What this kernel weakens or turns off, each probed (see `features.rs`).
+fn degraded(loaded: &object::Loaded, want: TcAttach, mode: TcMode) -> Vec<super::Degraded> {
+    use features::Feature;
+    let mut out = Vec::new();
+    let mut add = |f: Feature, needs: &str, effect: &str| {
+        out.push(super::Degraded {
+            feature: f.name().into(),
+            needs: needs.into(),
+            effect: effect.into(),
+        })
+    };
+    if want == TcAttach::Auto && mode == TcMode::Clsact {
+        add(
+            Feature::Tcx,
+            "TCX (Linux 6.6)",
+            "the tc translators attach as clsact filters (the same translation)",
+        );
+    }
+    if loaded.hide_unavailable.is_some() {
+        add(
+            Feature::SockAddrNameHooks,
+            "the getsockname/getpeername cgroup hooks (Linux 5.8)",
+            "hide location is off: applications see moved peers at their new addresses",
+        );
+    }
+    if !check::ifa_proto_available() {
+        add(
+            Feature::IfaProto,
+            "IFA_PROTO (Linux 6.1)",
+            "addresses a crashed vnatd left on lo are not removed at the next start",
+        );
+    }
+    if !check::tcp_info_windows_available() {
+        add(
+            Feature::TcpInfoWindows,
+            "tcp_info's receive window (Linux 6.2)",
+            "the probe that restarts a stalled TCP connection advertises 65535 bytes, not the socket's window",
+        );
+    }
+    out
+}
+
 impl KernelDatapath {
     /// How new tc attachments are made.
     pub fn tc_mode(&self) -> TcMode {
@@ -197,10 +242,15 @@ impl KernelDatapath {
     pub fn open(opts: &KernelOptions) -> Result<KernelDatapath, DatapathError> {
         let mut loaded = object::load(&opts.bpffs)?;
         let tc_mode = resolve_tc_attach(&mut loaded, opts.tc_attach)?;
+        let degraded = degraded(&loaded, opts.tc_attach, tc_mode);
+        for d in &degraded {
+            tracing::warn!(feature = %d.feature, "this kernel lacks {}: {}", d.needs, d.effect);
+        }
         let mut dp = KernelDatapath {
             bpffs: opts.bpffs.clone(),
             loaded,
             tc_mode,
+            degraded,
             tc_current: Default::default(),
             standby: Default::default(),
             bind_ifaces: Default::default(),
@@ -462,6 +512,9 @@ impl Datapath for KernelDatapath {
             .collect();
         let connections = self.loaded.maps.conns.keys().filter(Result::is_ok).count() as u64;
         Ok(DatapathStatus {
+            kernel: object::kernel_release(),
+            tc_mode: self.tc_mode,
+            degraded: self.degraded.clone(),
             bpffs: self.bpffs.clone(),
             netns_cookie: self.loaded.netns_cookie,
             programs_loaded: self

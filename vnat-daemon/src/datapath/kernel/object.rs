@@ -44,6 +44,25 @@ pub const SOCK_ADDR_PROGRAMS: [&str; 12] = [
     PROG_HIDE_BIND6,
 ];
 
+/// The programs only hide location uses: a kernel that refuses them runs
+/// vnat without hide location.
+pub const HIDE_PROGRAMS: [&str; 6] = [
+    PROG_HIDE_GETPEERNAME4,
+    PROG_HIDE_GETPEERNAME6,
+    PROG_HIDE_GETSOCKNAME4,
+    PROG_HIDE_GETSOCKNAME6,
+    PROG_HIDE_BIND4,
+    PROG_HIDE_BIND6,
+];
+
+/// The tc translators, in load order.
+pub const TC_LOADED: [&str; 4] = [
+    PROG_TC_EGRESS,
+    PROG_TC_INGRESS,
+    PROG_TC_EGRESS_L3,
+    PROG_TC_INGRESS_L3,
+];
+
 /// Typed handles on the pinned maps.
 pub struct Maps {
     pub conns: HashMap<MapData, FlowKey, ConnRecord>,
@@ -71,6 +90,9 @@ pub struct Loaded {
     pub netns_cookie: u64,
     /// Whether some cgroup hides location (`CFG_F_HIDE`), as last written.
     pub hide: bool,
+    /// Why hide location is off on this kernel (its programs were refused
+    /// or `VNAT_KERNEL_LACKS` says so); None when it is available.
+    pub hide_unavailable: Option<String>,
 }
 
 fn map_err(map: &'static str) -> impl FnOnce(aya::maps::MapError) -> DatapathError {
@@ -156,6 +178,17 @@ pub fn own_netns_cookie() -> Result<u64, DatapathError> {
     let sock = std::net::UdpSocket::bind("127.0.0.1:0")
         .or_else(|_| std::net::UdpSocket::bind("[::1]:0"))
         .map_err(|e| kernel("opening a socket to read the netns cookie", e))?;
+    let unsupported = || {
+        DatapathError::Unsupported {
+        what: "vnat".into(),
+        needs: "SO_NETNS_COOKIE (Linux 5.14) to tell this namespace's connections from other namespaces'".into(),
+        kernel: kernel_release(),
+        instead: "run vnat on Linux 5.15 or newer (Debian 12, Ubuntu 22.04, RHEL 9 and later have it)".into(),
+    }
+    };
+    if super::features::simulated_missing(super::features::Feature::NetnsCookie) {
+        return Err(unsupported());
+    }
     let mut cookie: u64 = 0;
     let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
     // SO_NETNS_COOKIE (71) since Linux 5.14.
@@ -172,10 +205,11 @@ pub fn own_netns_cookie() -> Result<u64, DatapathError> {
         )
     };
     if rc != 0 {
-        return Err(kernel(
-            "getsockopt(SO_NETNS_COOKIE)",
-            std::io::Error::last_os_error(),
-        ));
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::ENOPROTOOPT) {
+            return Err(unsupported());
+        }
+        return Err(kernel("getsockopt(SO_NETNS_COOKIE)", e));
     }
     Ok(cookie)
 }
@@ -196,20 +230,38 @@ pub fn load(bpffs: &Path) -> Result<Loaded, DatapathError> {
         let p: &mut SockOps = prog(&mut ebpf, PROG_SOCKOPS)?;
         p.load().map_err(refused(PROG_SOCKOPS))?;
     }
+    let mut hide_unavailable = None;
+    if super::features::simulated_missing(super::features::Feature::SockAddrNameHooks) {
+        hide_unavailable = Some(format!(
+            "{} names sock-addr-name-hooks",
+            super::features::LACKS_ENV
+        ));
+    }
     for name in SOCK_ADDR_PROGRAMS {
+        let hide = HIDE_PROGRAMS.contains(&name);
+        if hide && hide_unavailable.is_some() {
+            continue;
+        }
         let p: &mut CgroupSockAddr = prog(&mut ebpf, name)?;
-        p.load().map_err(refused(name))?;
+        match p.load().map_err(refused(name)) {
+            Ok(()) => {}
+            // Only hide location needs these: vnat runs without it.
+            Err(DatapathError::ProgramRefused { verdict, .. }) if hide => {
+                hide_unavailable = Some(format!("the kernel refused {name}: {verdict}"));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if let Some(why) = &hide_unavailable {
+        tracing::warn!(
+            "hide location is off: it needs the getsockname/getpeername cgroup hooks (Linux 5.8) ({why})"
+        );
     }
     {
         let p: &mut CgroupSock = prog(&mut ebpf, PROG_UDP_RELEASE)?;
         p.load().map_err(refused(PROG_UDP_RELEASE))?;
     }
-    for name in [
-        PROG_TC_EGRESS,
-        PROG_TC_INGRESS,
-        PROG_TC_EGRESS_L3,
-        PROG_TC_INGRESS_L3,
-    ] {
+    for name in TC_LOADED {
         let p: &mut SchedClassifier = prog(&mut ebpf, name)?;
         p.load().map_err(refused(name))?;
     }
@@ -248,6 +300,7 @@ pub fn load(bpffs: &Path) -> Result<Loaded, DatapathError> {
         maps,
         netns_cookie: own_netns_cookie()?,
         hide,
+        hide_unavailable,
     };
     check_and_set_config(bpffs, &mut loaded)?;
     Ok(loaded)

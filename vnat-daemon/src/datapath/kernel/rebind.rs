@@ -105,7 +105,12 @@ impl KernelDatapath {
         const BEHIND: u32 = 1 << 16;
         let route = self.route(t.physical_remote.ip(), Some(t.physical_local.ip()))?;
         if !self.tc_current.contains(&route.ifindex) {
-            attach::attach_tc(&mut self.loaded.ebpf, &self.bpffs, route.ifindex, self.tc_mode)?;
+            attach::attach_tc(
+                &mut self.loaded.ebpf,
+                &self.bpffs,
+                route.ifindex,
+                self.tc_mode,
+            )?;
             self.tc_current.insert(route.ifindex);
         }
         let vkey = t.flow.to_key();
@@ -200,7 +205,12 @@ impl KernelDatapath {
     ) -> Result<(), DatapathError> {
         let route = self.route(toward, None)?;
         if !self.tc_current.contains(&route.ifindex) {
-            attach::attach_tc(&mut self.loaded.ebpf, &self.bpffs, route.ifindex, self.tc_mode)?;
+            attach::attach_tc(
+                &mut self.loaded.ebpf,
+                &self.bpffs,
+                route.ifindex,
+                self.tc_mode,
+            )?;
             self.tc_current.insert(route.ifindex);
         }
         self.bind_ifaces.insert(route.ifindex);

@@ -256,6 +256,12 @@ pub fn link_type(ifindex: u32) -> io::Result<u16> {
         .ok_or_else(|| io::Error::other("the kernel answered a link query with no link"))
 }
 
+/// `VNAT_KERNEL_LACKS=ifa-proto`: read addresses as a kernel before 6.1
+/// gives them, without who added them.
+static NO_IFA_PROTO: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
+    super::features::simulated_missing(super::features::Feature::IfaProto)
+});
+
 /// An address of an interface, from an RTM_NEWADDR message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Addr {
@@ -275,7 +281,7 @@ impl Addr {
             match a {
                 AddressAttribute::Local(ip) => local = Some(*ip),
                 AddressAttribute::Address(ip) => address = Some(*ip),
-                AddressAttribute::Protocol(p) => protocol = u8::from(*p),
+                AddressAttribute::Protocol(p) if !*NO_IFA_PROTO => protocol = u8::from(*p),
                 _ => {}
             }
         }

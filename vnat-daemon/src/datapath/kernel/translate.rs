@@ -231,7 +231,12 @@ impl KernelDatapath {
         // rule of their own routes them by the new one's route, to be
         // rewritten by tc there.
         if !self.tc_current.contains(&route.ifindex) {
-            if let Err(e) = attach::attach_tc(&mut self.loaded.ebpf, &self.bpffs, route.ifindex, self.tc_mode) {
+            if let Err(e) = attach::attach_tc(
+                &mut self.loaded.ebpf,
+                &self.bpffs,
+                route.ifindex,
+                self.tc_mode,
+            ) {
                 undo(self, added_lo, added_route);
                 return Err(e);
             }

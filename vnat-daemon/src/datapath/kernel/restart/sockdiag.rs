@@ -477,7 +477,11 @@ pub(super) fn parse_answer(b: &[u8]) -> io::Result<Option<TcpState>> {
         bytes_sent: u64_at(info, TCPI_BYTES_SENT).ok_or_else(short)?,
         notsent_bytes: u32_at(info, TCPI_NOTSENT_BYTES).ok_or_else(short)?,
         snd_wnd: u32_at(info, TCPI_SND_WND),
-        rcv_wnd: u32_at(info, TCPI_RCV_WND),
+        rcv_wnd: u32_at(info, TCPI_RCV_WND).filter(|_| {
+            !crate::datapath::kernel::features::simulated_missing(
+                crate::datapath::kernel::features::Feature::TcpInfoWindows,
+            )
+        }),
         inode: u64::from(r.header.inode),
     }))
 }
