@@ -9,10 +9,11 @@
 mod criu;
 mod prereq;
 mod run;
+mod vm;
 
 use std::ffi::OsString;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -28,6 +29,8 @@ use clap::{Parser, Subcommand};
         cargo xtask prereq          install what is missing (Debian packages, eBPF toolchain, bpffs)\n  \
         cargo xtask test            unit tests, then the privileged integration tests\n  \
         cargo xtask demo            build and run the roaming demo\n  \
+        cargo xtask test --kernel 6.1   the core integration tests on Debian 12's kernel, in a VM\n  \
+        cargo xtask demo --kernel 6.12  the demo on Debian 13's kernel, in a VM\n  \
         cargo xtask bench NAME      run one benchmark from bench/src/bin\n  \
         cargo xtask fuzz TARGET     fuzz one parser for a minute (cargo-fuzz, pinned nightly)"
 )]
@@ -64,14 +67,39 @@ enum Command {
     /// namespaces, cgroups and bpffs pins. Arguments after `--` are passed to
     /// the test binaries of both phases, e.g. a name filter:
     /// `cargo xtask test -- roam`.
+    ///
+    /// With `--kernel`, only the privileged phase runs, inside a VM that
+    /// boots Debian's stock kernel of that version (qemu without KVM through
+    /// virtme-ng, sharing this machine's root filesystem): vnatd, vnatctl
+    /// and the test binaries are built here, then a core set of test files
+    /// runs in the VM (see CORE_TESTS in xtask/src/vm.rs), or the ones named
+    /// by `--tests`, or all with `--all-tests`. The kernel package is fetched
+    /// into target/kernels; qemu, busybox-static, kmod and virtme-ng are
+    /// installed when missing.
     Test {
-        /// Which phases to run.
+        /// Which phases to run (with --kernel: the privileged one only).
         #[arg(long, value_enum, default_value = "all")]
         phase: run::Phase,
         /// Parallel tests in the privileged phase (each test builds its own
         /// namespaces; a few at a time is what 2-core machines take).
-        #[arg(long, default_value_t = 4)]
-        test_threads: u32,
+        /// Default: 4, or 1 in a --kernel VM (qemu without KVM is slow enough that two at once miss the tests' deadlines).
+        #[arg(long)]
+        test_threads: Option<u32>,
+        /// Run the privileged tests on Debian's stock kernel of this version,
+        /// in a VM: 6.1 is Debian 12's, 6.12 Debian 13's.
+        #[arg(long, value_enum)]
+        kernel: Option<vm::Kernel>,
+        /// The test files of the privileged phase to run (names of
+        /// tests/tests/*.rs, comma-separated): all of them by default, the
+        /// core set with --kernel.
+        #[arg(long, value_delimiter = ',', conflicts_with = "all_tests")]
+        tests: Option<Vec<String>>,
+        /// With --kernel: run every test file instead of the core set.
+        #[arg(long, requires = "kernel")]
+        all_tests: bool,
+        /// With --kernel: stop the tests in the VM after this many seconds.
+        #[arg(long, requires = "kernel", default_value_t = vm::TEST_TIMEOUT_SECS)]
+        vm_timeout: u64,
         /// Skip the prerequisite check (for repeated runs on a prepared machine).
         #[arg(long)]
         no_prereq: bool,
@@ -85,10 +113,19 @@ enum Command {
     /// both hosts.
     ///
     /// Arguments after `--` go to the demo; see `cargo xtask demo -- --help`.
+    /// With `--kernel`, the demo runs in a VM on Debian's stock kernel of
+    /// that version (see `cargo xtask test --help`).
     Demo {
         /// Skip the prerequisite check.
         #[arg(long)]
         no_prereq: bool,
+        /// Run the demo on Debian's stock kernel of this version, in a VM:
+        /// 6.1 is Debian 12's, 6.12 Debian 13's.
+        #[arg(long, value_enum)]
+        kernel: Option<vm::Kernel>,
+        /// With --kernel: stop the demo in the VM after this many seconds.
+        #[arg(long, requires = "kernel", default_value_t = vm::DEMO_TIMEOUT_SECS)]
+        vm_timeout: u64,
         /// Arguments for vnat-demo (after `--`).
         #[arg(last = true)]
         args: Vec<OsString>,
@@ -140,19 +177,58 @@ fn dispatch(cli: Cli) -> Result<()> {
         Command::Test {
             phase,
             test_threads,
+            kernel,
+            tests,
+            all_tests,
+            vm_timeout,
             no_prereq,
+            args,
+        } => {
+            if kernel.is_some() && phase == run::Phase::Unit {
+                bail!("--kernel runs the privileged integration tests only: the unprivileged ones have nothing kernel-specific");
+            }
+            if !no_prereq {
+                prereq::run(false)?;
+            }
+            match kernel {
+                Some(kernel) => {
+                    let selection = match (tests, all_tests) {
+                        (Some(names), _) => vm::Selection::Named(names),
+                        (None, true) => vm::Selection::All,
+                        (None, false) => vm::Selection::Core,
+                    };
+                    let threads = test_threads.unwrap_or(1);
+                    vm::test(&root, kernel, selection, threads, vm_timeout, &args)
+                }
+                None => {
+                    if all_tests {
+                        bail!("--all-tests is for --kernel runs (without --kernel every test file runs)");
+                    }
+                    let files = tests.unwrap_or_default();
+                    let available = run::rs_names(&root.join("tests/tests"))?;
+                    if let Some(bad) = files.iter().find(|f| !available.contains(f)) {
+                        bail!(
+                            "unknown test file {bad}: the test files in tests/tests are {}",
+                            available.join(", ")
+                        );
+                    }
+                    run::test(&root, phase, test_threads.unwrap_or(4), &files, &args)
+                }
+            }
+        }
+        Command::Demo {
+            no_prereq,
+            kernel,
+            vm_timeout,
             args,
         } => {
             if !no_prereq {
                 prereq::run(false)?;
             }
-            run::test(&root, phase, test_threads, &args)
-        }
-        Command::Demo { no_prereq, args } => {
-            if !no_prereq {
-                prereq::run(false)?;
+            match kernel {
+                Some(kernel) => vm::demo(&root, kernel, vm_timeout, &args),
+                None => run::demo(&root, &args),
             }
-            run::demo(&root, &args)
         }
         Command::Bench {
             name,

@@ -30,7 +30,7 @@ pub fn workspace_root() -> Result<PathBuf> {
         .context("xtask's manifest directory has no parent")
 }
 
-fn cargo(root: &Path) -> Command {
+pub(crate) fn cargo(root: &Path) -> Command {
     // `cargo` from PATH (the rustup proxy), run in the workspace so that
     // rust-toolchain.toml picks the pinned stable toolchain.
     let mut cmd = Command::new("cargo");
@@ -38,7 +38,7 @@ fn cargo(root: &Path) -> Command {
     cmd
 }
 
-fn warn_build_skip() {
+pub(crate) fn warn_build_skip() {
     if std::env::var_os("AYA_BUILD_SKIP").is_some() {
         println!(
             "warning: AYA_BUILD_SKIP is set: vnat-daemon is built without its eBPF programs, so anything that loads them will fail"
@@ -56,7 +56,7 @@ fn status(cmd: &mut Command) -> Result<bool> {
     Ok(st.success())
 }
 
-fn describe(cmd: &Command) -> String {
+pub(crate) fn describe(cmd: &Command) -> String {
     let mut s = cmd.get_program().to_string_lossy().into_owned();
     for a in cmd.get_args() {
         s.push(' ');
@@ -65,7 +65,7 @@ fn describe(cmd: &Command) -> String {
     s
 }
 
-fn must(cmd: &mut Command) -> Result<()> {
+pub(crate) fn must(cmd: &mut Command) -> Result<()> {
     if status(cmd)? {
         Ok(())
     } else {
@@ -86,7 +86,15 @@ fn phase_footer(what: &str, started: Instant, ok: bool) {
     );
 }
 
-pub fn test(root: &Path, phase: Phase, test_threads: u32, args: &[OsString]) -> Result<()> {
+/// `files`: the test files (tests/tests/NAME.rs) of the privileged phase to
+/// run; all when empty.
+pub fn test(
+    root: &Path,
+    phase: Phase,
+    test_threads: u32,
+    files: &[String],
+    args: &[OsString],
+) -> Result<()> {
     warn_build_skip();
     let mut failed = Vec::new();
     let total = if phase == Phase::All { 2 } else { 1 };
@@ -119,14 +127,25 @@ pub fn test(root: &Path, phase: Phase, test_threads: u32, args: &[OsString]) -> 
         // only vnat-tests' own binaries for its tests, so build these first
         // (same profile, same target dir: the harness finds them beside its
         // own binaries).
+        let mut tests = cargo(root);
+        tests.args(["test", "--no-fail-fast", "-p", "vnat-tests"]);
+        for f in files {
+            tests.args(["--test", f]);
+        }
+        tests
+            .arg("--")
+            .arg(format!("--test-threads={test_threads}"))
+            .args(args);
         let ok =
             status(cargo(root).args(["build", "-p", "vnat-daemon", "-p", "vnatctl", "--bins"]))?
-                && status(
-                    cargo(root)
-                        .args(["test", "--no-fail-fast", "-p", "vnat-tests", "--"])
-                        .arg(format!("--test-threads={test_threads}"))
-                        .args(args),
-                )?;
+                && match crate::prereq::kernel_check(&root.join("target/debug/vnatd")) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        println!("error: {e:#}");
+                        false
+                    }
+                }
+                && status(&mut tests)?;
         phase_footer("privileged integration tests", t, ok);
         if !ok {
             failed.push("privileged integration tests");
@@ -141,24 +160,8 @@ pub fn test(root: &Path, phase: Phase, test_threads: u32, args: &[OsString]) -> 
 }
 
 pub fn demo(root: &Path, args: &[OsString]) -> Result<()> {
-    warn_build_skip();
-    let t = Instant::now();
-    println!("==> building vnatd, vnatctl and the demo (release)");
-    must(cargo(root).args([
-        "build",
-        "--release",
-        "-p",
-        "vnat-daemon",
-        "-p",
-        "vnatctl",
-        "-p",
-        "vnat-tests",
-        "--bins",
-    ]))?;
-    println!(
-        "==> built in {:.1} s; running the demo",
-        t.elapsed().as_secs_f64()
-    );
+    build_demo(root)?;
+    crate::prereq::kernel_check(&root.join("target/release/vnatd"))?;
     must(
         cargo(root)
             .args([
@@ -175,13 +178,34 @@ pub fn demo(root: &Path, args: &[OsString]) -> Result<()> {
     )
 }
 
+/// Build vnatd, vnatctl and vnat-demo in release mode (the demo starts the
+/// daemons as separate processes from the same target directory).
+pub(crate) fn build_demo(root: &Path) -> Result<()> {
+    warn_build_skip();
+    let t = Instant::now();
+    println!("==> building vnatd, vnatctl and the demo (release)");
+    must(cargo(root).args([
+        "build",
+        "--release",
+        "-p",
+        "vnat-daemon",
+        "-p",
+        "vnatctl",
+        "-p",
+        "vnat-tests",
+        "--bins",
+    ]))?;
+    println!("==> built in {:.1} s", t.elapsed().as_secs_f64());
+    Ok(())
+}
+
 /// Benchmarks are the binaries in bench/src/bin: `NAME.rs` or `NAME/main.rs`.
 fn bench_names(root: &Path) -> Result<Vec<String>> {
     rs_names(&root.join("bench/src/bin"))
 }
 
 /// Names of the Rust targets in `dir`: `NAME.rs` files and `NAME/main.rs`.
-fn rs_names(dir: &Path) -> Result<Vec<String>> {
+pub(crate) fn rs_names(dir: &Path) -> Result<Vec<String>> {
     let mut names = Vec::new();
     for entry in fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
         let path = entry?.path();

@@ -1,0 +1,1172 @@
+//! `--kernel`: the demo and the privileged integration tests on Debian's
+//! stock kernels, in a VM.
+//!
+//! vnat is developed on a recent kernel, but the kernels its users run are
+//! Debian 12's 6.1 (no TCX: the tc programs attach with clsact) and Debian
+//! 13's 6.12, whose verifiers and helpers differ. `--kernel` boots the real
+//! Debian kernel, unmodified, with virtme-ng: qemu (TCG, since KVM guests hang
+//! on the machines vnat is developed and tested on) with this machine's root
+//! filesystem shared read-write, so the VM runs the binaries that were just
+//! built here, as root, with the same tools installed.
+//!
+//! The kernel packages are fetched with apt through a private configuration
+//! under target/kernels (never the system's sources) and unpacked there with
+//! `dpkg -x`; nothing is installed into the system. The VM's command writes
+//! its exit status to a file under target/kernels/run-PID: vng's own exit
+//! status says nothing about the command, and a missing file means that the
+//! VM did not boot or died, which must never pass as success.
+use std::{
+    ffi::OsString,
+    fs,
+    io::{BufRead as _, BufReader, IsTerminal as _, Write as _},
+    os::unix::process::CommandExt as _,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::mpsc::{self, RecvTimeoutError},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _, Result};
+
+use crate::{prereq, run};
+
+/// The tests that `cargo xtask test --kernel` runs unless `--all-tests` or
+/// `--tests` says otherwise: (test file, its tests to run by exact name; all
+/// of them when empty). TCG runs CPU-bound code about 18 times slower than
+/// the host (a namespace test takes 40 s or so there, one at a time), so
+/// the whole suite would take hours; these exercise what differs between
+/// kernels: the tc translators and their attach mode (clsact before 6.6,
+/// TCX after), the sock_ops and sock_addr programs, conntrack and nftables
+/// NAT, the recorders, adoption of existing sockets, a container's cgroup,
+/// crash cleanup of tc and the hide-location programs. Everything else runs
+/// on the host kernel. A file or test name that does not exist fails a unit
+/// test below.
+pub const CORE_TESTS: &[(&str, &[&str])] = &[
+    // The tc translators in the kernel (BPF_PROG_TEST_RUN): the verifier's
+    // verdict on the oldest kernel, and the rewrite itself.
+    ("tc_rewrite", &[]),
+    // What vnatd --check says of this kernel (the fallbacks themselves are
+    // simulated on the host: they do not depend on the kernel).
+    (
+        "kernel_features",
+        &["check_lists_every_requirement_and_says_vnatd_can_run"],
+    ),
+    (
+        "recorders",
+        &[
+            "tcp_recorded_only_in_enabled_cgroup_and_removed_on_close",
+            "udp_v4_connected_sender_is_recorded",
+        ],
+    ),
+    // TCP and UDP roams over IPv4 and IPv6.
+    (
+        "move_conn",
+        &[
+            "tcp_v4_laptop_changes_subnet",
+            "tcp_v6_laptop_changes_subnet",
+            "udp_v4_laptop_changes_subnet",
+            "udp_v6_laptop_changes_subnet",
+        ],
+    ),
+    ("nat", &["tcp_moves_from_one_nat_to_another"]),
+    // Suspend and resume.
+    ("planned_mode", &[]),
+    (
+        "containers",
+        &["a_containers_connection_moves_in_planned_mode"],
+    ),
+    ("crash_safety", &["laptop_killed_after_attaching_tc"]),
+    (
+        "adoption",
+        &["a_connection_opened_before_vnatd_started_on_both_hosts_moves"],
+    ),
+    (
+        "hide_location",
+        &["passive_ftp_fetches_after_the_client_moved_with_hide_location"],
+    ),
+];
+
+/// The virtme-ng release that boots the VMs (from PyPI, `python3 -m pip`).
+/// Pinned: its command line and console behaviour (`--verbose` is what shows
+/// the command's output) have changed between releases.
+pub const VIRTME_NG_VERSION: &str = "1.42";
+
+/// Kernel modules the tests and the demo need. virtme-ng mounts its own
+/// /lib/modules, so they are loaded explicitly from the unpacked package with
+/// `modprobe -d TREE` rather than relying on the kernel's autoloading: veth
+/// and tun for the namespace hosts, nftables with NAT, masquerade and
+/// conntrack matches for the routers and containers (nf_conntrack_netlink
+/// for conntrack lookups), clsact/ingress and cls_bpf for the tc programs on
+/// kernels without TCX, netem for the delay tests, and the sock_diag modules
+/// for `ss`.
+const VM_MODULES: &[&str] = &[
+    "veth",
+    "tun",
+    "nf_tables",
+    "nft_nat",
+    "nft_masq",
+    "nft_chain_nat",
+    "nft_ct",
+    "nf_conntrack_netlink",
+    "sch_ingress",
+    "sch_netem",
+    "cls_bpf",
+    "inet_diag",
+    "tcp_diag",
+    "udp_diag",
+];
+
+/// CPUs and memory of the VM: the machine has 2 cores, and the tests run two
+/// at a time.
+const VM_CPUS: &str = "2";
+const VM_MEMORY: &str = "4G";
+
+/// How long the VM may take to reach its command. A TCG boot takes about
+/// 15 s; far longer means it hangs.
+const BOOT_LIMIT: Duration = Duration::from_secs(300);
+
+/// Default limits for the command inside the VM, in seconds.
+pub const TEST_TIMEOUT_SECS: u64 = 3600;
+pub const DEMO_TIMEOUT_SECS: u64 = 900;
+
+/// The line the in-VM script prints first: everything before it is the
+/// boot, which goes to the console log only.
+const STARTED_MARKER: &str = "@@vnat-vm: started@@";
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+pub enum Kernel {
+    /// Debian 12 (bookworm): linux-image-6.1.0-N-amd64-unsigned.
+    #[value(name = "6.1")]
+    Linux6_1,
+    /// Debian 13 (trixie): linux-image-6.12.N+deb13-amd64-unsigned.
+    #[value(name = "6.12")]
+    Linux6_12,
+}
+
+/// Where a kernel series comes from: the Debian release whose stock kernel it
+/// is, and the package names of its builds (`PREFIX<number>SUFFIX`, where
+/// the number grows with every new build: the ABI number for 6.1, the patch
+/// level for 6.12). Only the generic flavour matches: cloud and rt kernels
+/// have other suffixes.
+struct Series {
+    short: &'static str,
+    debian: &'static str,
+    suite: &'static str,
+    prefix: &'static str,
+    suffix: &'static str,
+}
+
+impl Kernel {
+    fn series(self) -> Series {
+        match self {
+            Kernel::Linux6_1 => Series {
+                short: "6.1",
+                debian: "Debian 12",
+                suite: "bookworm",
+                prefix: "linux-image-6.1.0-",
+                suffix: "-amd64-unsigned",
+            },
+            Kernel::Linux6_12 => Series {
+                short: "6.12",
+                debian: "Debian 13",
+                suite: "trixie",
+                prefix: "linux-image-6.12.",
+                suffix: "+deb13-amd64-unsigned",
+            },
+        }
+    }
+
+    /// "Linux 6.1 (Debian 12's stock kernel)".
+    pub fn describe(self) -> String {
+        let s = self.series();
+        format!("Linux {} ({}'s stock kernel)", s.short, s.debian)
+    }
+
+    fn short(self) -> &'static str {
+        self.series().short
+    }
+}
+
+/// An unpacked kernel package: `tree` holds boot/vmlinuz-VERSION and
+/// lib/modules/VERSION with depmod's indexes.
+struct Unpacked {
+    package: String,
+    tree: PathBuf,
+    version: String,
+}
+
+impl Unpacked {
+    fn image(&self) -> PathBuf {
+        self.tree
+            .join("boot")
+            .join(format!("vmlinuz-{}", self.version))
+    }
+}
+
+/// Everything a VM run needs on the host: the kernel and a `vng` to boot it.
+struct Vm {
+    kernel: Kernel,
+    unpacked: Unpacked,
+    vng: PathBuf,
+    target: PathBuf,
+}
+
+/// What to run inside the VM for `cargo xtask test --kernel`.
+pub enum Selection {
+    /// The CORE_TESTS.
+    Core,
+    /// Every test file.
+    All,
+    /// The named test files.
+    Named(Vec<String>),
+}
+
+/// `cargo xtask demo --kernel K`: build the release binaries on the host,
+/// then run vnat-demo in the VM.
+pub fn demo(root: &Path, kernel: Kernel, timeout_secs: u64, args: &[OsString]) -> Result<()> {
+    let vm = prepare(root, kernel)?;
+    run::build_demo(root)?;
+    let demo = vm.target.join("release/vnat-demo");
+    let mut body = String::new();
+    body.push_str(&format!("cd {}\n", sh_quote(&path_str(root)?)));
+    body.push_str(&format!(
+        "{} --config /dev/null --check || echo '==> vnatd --check: vnatd cannot run on this kernel'\n",
+        sh_quote(&path_str(&vm.target.join("release/vnatd"))?)
+    ));
+    body.push_str(&format!(
+        "timeout -k 10 {timeout_secs} {}{}\n",
+        sh_quote(&path_str(&demo)?),
+        sh_args(args)?
+    ));
+    body.push_str("rc=$?\n");
+    body.push_str(&format!(
+        "if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then echo '==> the demo timed out after {timeout_secs} s'; fi\n\
+         (exit $rc)\n"
+    ));
+    let what = format!("demo on {}", kernel.describe());
+    println!("\n==> {what}");
+    let t = Instant::now();
+    let outcome = vm.boot(root, &body, timeout_secs)?;
+    let ok = outcome.status == 0;
+    footer(&what, t, ok);
+    if !ok {
+        bail!(
+            "the demo failed on {} (exit status {}; console log: {})",
+            kernel.describe(),
+            outcome.status,
+            shown(root, &outcome.log)
+        );
+    }
+    outcome.clean_up();
+    Ok(())
+}
+
+/// `cargo xtask test --kernel K`: build vnatd, vnatctl and the test binaries
+/// on the host, then run the selected test binaries in the VM, one after the
+/// other, each with `--test-threads=N` and the user's arguments.
+pub fn test(
+    root: &Path,
+    kernel: Kernel,
+    selection: Selection,
+    test_threads: u32,
+    timeout_secs: u64,
+    args: &[OsString],
+) -> Result<()> {
+    // Check the names before anything slow.
+    let available = run::rs_names(&root.join("tests/tests"))?;
+    // (file, the tests of it to run: all when empty).
+    let chosen: Vec<(String, Vec<String>)> = match selection {
+        Selection::Core => CORE_TESTS
+            .iter()
+            .map(|(f, t)| (f.to_string(), t.iter().map(|s| s.to_string()).collect()))
+            .collect(),
+        Selection::Named(names) => names.into_iter().map(|n| (n, Vec::new())).collect(),
+        Selection::All => available.iter().map(|n| (n.clone(), Vec::new())).collect(),
+    };
+    let names: Vec<String> = chosen.iter().map(|(n, _)| n.clone()).collect();
+    let unknown: Vec<&str> = names
+        .iter()
+        .filter(|n| !available.contains(n))
+        .map(String::as_str)
+        .collect();
+    if !unknown.is_empty() {
+        bail!(
+            "unknown test file(s) {}: the test files in tests/tests are {}",
+            unknown.join(", "),
+            available.join(", ")
+        );
+    }
+    if names.is_empty() {
+        bail!("no test file selected: name some with --tests NAME,NAME");
+    }
+
+    let vm = prepare(root, kernel)?;
+    run::warn_build_skip();
+    println!("==> building vnatd, vnatctl and the integration tests (debug)");
+    run::must(run::cargo(root).args(["build", "-p", "vnat-daemon", "-p", "vnatctl", "--bins"]))?;
+    let executables = test_executables(root)?;
+
+    let tests_dir = path_str(&root.join("tests"))?;
+    let user_args = sh_args(args)?;
+    let mut body = String::new();
+    // One function per file: it runs the binary within what is left of the
+    // time budget and records the outcome, so that a hung file is reported
+    // by name and the files after it are still reported (as not run).
+    body.push_str(&format!(
+        "deadline=$(( $(date +%s) + {timeout_secs} ))\n\
+         failed=''\n\
+         cd {}\n\
+         run_file() {{\n\
+         \x20 name=\"$1\"; exe=\"$2\"; shift 2\n\
+         \x20 left=$(( deadline - $(date +%s) ))\n\
+         \x20 if [ $left -le 0 ]; then echo \"==> $name: not run (out of time)\"; failed=\"$failed $name\"; return; fi\n\
+         \x20 echo \"==> $name\"\n\
+         \x20 start=$(date +%s)\n\
+         \x20 timeout -k 10 $left \"$exe\" --test-threads={test_threads} \"$@\"{user_args}\n\
+         \x20 rc=$?\n\
+         \x20 secs=$(( $(date +%s) - start ))\n\
+         \x20 case $rc in\n\
+         \x20   0) echo \"==> $name: passed in $secs s\" ;;\n\
+         \x20   124|137) echo \"==> $name: TIMED OUT after $secs s\"; failed=\"$failed $name\" ;;\n\
+         \x20   *) echo \"==> $name: FAILED (exit status $rc) after $secs s\"; failed=\"$failed $name\" ;;\n\
+         \x20 esac\n\
+         }}\n",
+        sh_quote(&tests_dir)
+    ));
+    // What this kernel offers, as vnatd sees it, first in the log.
+    body.push_str(&format!(
+        "{} --config /dev/null --check || echo '==> vnatd --check: vnatd cannot run on this kernel'\n",
+        sh_quote(&path_str(&vm.target.join("debug/vnatd"))?)
+    ));
+    for (name, tests) in &chosen {
+        let exe = executables
+            .iter()
+            .find(|(n, _)| n == name)
+            .with_context(|| format!("cargo built no test executable for tests/tests/{name}.rs"))?;
+        // Named tests run by their exact names (a filter is a substring).
+        let mut filters = String::new();
+        for t in tests {
+            filters.push(' ');
+            filters.push_str(&sh_quote(t));
+        }
+        if !tests.is_empty() {
+            filters.push_str(" --exact");
+        }
+        body.push_str(&format!(
+            "run_file {} {}{filters}\n",
+            sh_quote(name),
+            sh_quote(&path_str(&exe.1)?)
+        ));
+    }
+    body.push_str("echo \"$failed\" > \"$run/failed\"\n");
+    body.push_str(
+        "[ -z \"$failed\" ] && echo '==> every test file passed' || echo \"==> failed:$failed\"\n",
+    );
+    body.push_str("[ -z \"$failed\" ]\n");
+
+    let what = format!("privileged integration tests on {}", kernel.describe());
+    println!(
+        "\n==> {what}: {} test file(s): {}",
+        names.len(),
+        names.join(", ")
+    );
+    let t = Instant::now();
+    let outcome = vm.boot(root, &body, timeout_secs)?;
+    let ok = outcome.status == 0;
+    footer(&what, t, ok);
+    if !ok {
+        let failed = fs::read_to_string(outcome.dir.join("failed")).unwrap_or_default();
+        let failed: Vec<&str> = failed.split_whitespace().collect();
+        bail!(
+            "{} test file(s) failed on {}: {} (console log: {})",
+            failed.len(),
+            kernel.describe(),
+            failed.join(", "),
+            shown(root, &outcome.log)
+        );
+    }
+    outcome.clean_up();
+    Ok(())
+}
+
+fn footer(what: &str, started: Instant, ok: bool) {
+    let verdict = if ok { "passed" } else { "FAILED" };
+    println!(
+        "==> {what}: {verdict} in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// The test executables of vnat-tests as (file name, path), built without
+/// running them: cargo's JSON messages name each one (`"executable"` of a
+/// compiler-artifact whose target kind is "test").
+fn test_executables(root: &Path) -> Result<Vec<(String, PathBuf)>> {
+    let mut cmd = run::cargo(root);
+    cmd.args([
+        "test",
+        "--no-run",
+        "-p",
+        "vnat-tests",
+        "--message-format=json-render-diagnostics",
+    ]);
+    println!("+ {}", run::describe(&cmd));
+    // stdout carries the JSON; diagnostics and progress go to the terminal.
+    let out = cmd
+        .stderr(Stdio::inherit())
+        .output()
+        .context("cannot run cargo to build the integration tests")?;
+    if !out.status.success() {
+        bail!("building the integration tests failed (cargo test --no-run -p vnat-tests)");
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let found: Vec<(String, PathBuf)> = text.lines().filter_map(test_artifact).collect();
+    if found.is_empty() {
+        bail!("cargo test --no-run -p vnat-tests reported no test executable");
+    }
+    Ok(found)
+}
+
+/// (target name, executable) from one line of cargo's JSON output, if it is
+/// a compiler-artifact of kind "test" with an executable. A string search,
+/// not a JSON parser: xtask has no serde, and cargo's message format is
+/// stable (the target object has no nested objects).
+fn test_artifact(line: &str) -> Option<(String, PathBuf)> {
+    if !line.contains("\"reason\":\"compiler-artifact\"") {
+        return None;
+    }
+    let target_start = line.find("\"target\":{")? + "\"target\":{".len();
+    let target = &line[target_start..];
+    let target = &target[..target.find('}')?];
+    if !target.contains("\"kind\":[\"test\"]") {
+        return None;
+    }
+    let name = json_string(target, "name")?;
+    let exe = json_string(line, "executable")?;
+    Some((name, PathBuf::from(exe)))
+}
+
+/// The string value of `"key":"..."` in `text` (the first one), unescaped.
+fn json_string(text: &str, key: &str) -> Option<String> {
+    let pat = format!("\"{key}\":\"");
+    let start = text.find(&pat)? + pat.len();
+    let mut out = String::new();
+    let mut chars = text[start..].chars();
+    loop {
+        match chars.next()? {
+            '"' => return Some(out),
+            '\\' => match chars.next()? {
+                'n' => out.push('\n'),
+                't' => out.push('\t'),
+                c => out.push(c),
+            },
+            c => out.push(c),
+        }
+    }
+}
+
+/// Host prerequisites and the kernel: Debian packages, virtme-ng, and the
+/// newest build of the kernel series, unpacked.
+fn prepare(root: &Path, kernel: Kernel) -> Result<Vm> {
+    if std::env::consts::ARCH != "x86_64" {
+        bail!(
+            "--kernel boots Debian's amd64 kernels and needs an x86_64 machine (this one is {})",
+            std::env::consts::ARCH
+        );
+    }
+    for dir in ["/tmp", "/var/tmp"] {
+        if root.starts_with(dir) {
+            bail!(
+                "the workspace is under {dir}, which the VM does not share (it has its own): move it elsewhere to use --kernel"
+            );
+        }
+    }
+    prereq::vm_packages()?;
+    let vng = virtme_ng()?;
+    let target = target_dir(root);
+    let unpacked = kernel_tree(&target.join("kernels"), kernel)?;
+    Ok(Vm {
+        kernel,
+        unpacked,
+        vng,
+        target,
+    })
+}
+
+fn target_dir(root: &Path) -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(d) => root.join(d),
+        None => root.join("target"),
+    }
+}
+
+/// The `vng` of the pinned virtme-ng: the one on PATH if it is that
+/// version, else installed with `python3 -m pip` (CI's python3 is pyenv's,
+/// with pip) and run from that interpreter's scripts directory, which need
+/// not be on PATH.
+fn virtme_ng() -> Result<PathBuf> {
+    if vng_version(Path::new("vng")).as_deref() == Some(VIRTME_NG_VERSION) {
+        return Ok(PathBuf::from("vng"));
+    }
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import sysconfig; print(sysconfig.get_path('scripts'))",
+        ])
+        .stderr(Stdio::null())
+        .output();
+    let scripts = match out {
+        Ok(out) if out.status.success() => {
+            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+        }
+        _ => bail!(
+            "python3 is not on PATH: --kernel boots its VM with virtme-ng {VIRTME_NG_VERSION}, a Python program (install python3 with pip, or virtme-ng itself)"
+        ),
+    };
+    let vng = scripts.join("vng");
+    if vng_version(&vng).as_deref() == Some(VIRTME_NG_VERSION) {
+        return Ok(vng);
+    }
+    println!("installing virtme-ng {VIRTME_NG_VERSION} (python3 -m pip; boots the kernel VMs)");
+    prereq::run_quiet(
+        Command::new("python3").args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            &format!("virtme-ng=={VIRTME_NG_VERSION}"),
+        ]),
+        &format!("installing virtme-ng {VIRTME_NG_VERSION} with python3 -m pip"),
+    )?;
+    if vng_version(&vng).as_deref() == Some(VIRTME_NG_VERSION) {
+        return Ok(vng);
+    }
+    bail!(
+        "virtme-ng {VIRTME_NG_VERSION} was installed with python3 -m pip, but {} is not it",
+        vng.display()
+    )
+}
+
+/// The version `vng --version` prints ("virtme-ng 1.42"), or None.
+fn vng_version(vng: &Path) -> Option<String> {
+    let out = Command::new(vng)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .nth(1)
+        .map(str::to_string)
+}
+
+/// A private apt configuration for one Debian suite under `dir`: its own
+/// sources, lists and cache, no dpkg status and no pinning, so that the
+/// system's sources and package state are neither used nor touched.
+fn apt_private(program: &str, dir: &Path) -> Command {
+    let mut cmd = Command::new(program);
+    let opt = |k: &str, v: &Path| format!("{k}={}", v.display());
+    cmd.env("DEBIAN_FRONTEND", "noninteractive")
+        .stdin(Stdio::null())
+        .args([
+            "-o",
+            &opt("Dir::Etc::SourceList", &dir.join("sources.list")),
+        ])
+        .args(["-o", "Dir::Etc::SourceParts=/nonexistent"])
+        .args(["-o", "Dir::Etc::Preferences=/dev/null"])
+        .args(["-o", "Dir::Etc::PreferencesParts=/nonexistent"])
+        .args(["-o", &opt("Dir::State::Lists", &dir.join("lists"))])
+        .args(["-o", &opt("Dir::Cache", &dir.join("cache"))])
+        .args(["-o", "Dir::State::status=/dev/null"])
+        // Downloads land in target/, which apt's sandbox user cannot write.
+        .args(["-o", "APT::Sandbox::User=root"])
+        .args([
+            "-o",
+            "Acquire::IndexTargets::deb::DEP-11::DefaultEnabled=false",
+        ])
+        .args(["-o", "Acquire::Languages=none"]);
+    cmd
+}
+
+/// The newest build of `kernel` from Debian's archive, unpacked under
+/// `kernels` (reused when that build is already there). Without the archive
+/// (no network), the newest build already unpacked is used.
+fn kernel_tree(kernels: &Path, kernel: Kernel) -> Result<Unpacked> {
+    let series = kernel.series();
+    let apt_dir = kernels.join(format!("apt-{}", series.suite));
+    for d in ["lists/partial", "cache/archives/partial"] {
+        fs::create_dir_all(apt_dir.join(d))
+            .with_context(|| format!("creating {}", apt_dir.join(d).display()))?;
+    }
+    let sources = format!(
+        "# Written by cargo xtask (--kernel): {debian}'s stock kernel.\n\
+         deb [signed-by={KEYRING}] http://deb.debian.org/debian {s} main\n\
+         deb [signed-by={KEYRING}] http://deb.debian.org/debian {s}-updates main\n\
+         deb [signed-by={KEYRING}] http://deb.debian.org/debian-security {s}-security main\n",
+        debian = series.debian,
+        s = series.suite,
+    );
+    fs::write(apt_dir.join("sources.list"), sources)
+        .with_context(|| format!("writing {}", apt_dir.join("sources.list").display()))?;
+
+    let cached = newest_unpacked(kernels, kernel)?;
+    let update = prereq::run_quiet(
+        apt_private("apt-get", &apt_dir).args(["-q", "update"]),
+        &format!(
+            "updating the package lists of Debian {} (apt-get update, private configuration)",
+            series.suite
+        ),
+    );
+    if let Err(e) = update {
+        return match cached {
+            Some(u) => {
+                println!(
+                    "note: Debian's archive is out of reach, so {} uses the kernel already unpacked: {}",
+                    kernel.describe(),
+                    u.package
+                );
+                Ok(u)
+            }
+            None => Err(e),
+        };
+    }
+    let out = apt_private("apt-cache", &apt_dir)
+        .args(["pkgnames", series.prefix])
+        .stderr(Stdio::null())
+        .output()
+        .context("cannot run apt-cache")?;
+    let names = String::from_utf8_lossy(&out.stdout);
+    let Some(package) = newest_package(names.lines(), &series) else {
+        bail!(
+            "Debian {}'s package lists have no {}N{} package",
+            series.suite,
+            series.prefix,
+            series.suffix
+        );
+    };
+    if let Some(u) = cached.filter(|u| u.package == package) {
+        return Ok(u);
+    }
+    unpack(kernels, &apt_dir, kernel, &package)
+}
+
+const KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
+
+/// The build number of a package name of `series`, if it is one.
+fn build_number(name: &str, series: &Series) -> Option<u32> {
+    let middle = name
+        .strip_prefix(series.prefix)?
+        .strip_suffix(series.suffix)?;
+    if middle.is_empty() || !middle.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    middle.parse().ok()
+}
+
+fn newest_package<'a>(names: impl Iterator<Item = &'a str>, series: &Series) -> Option<String> {
+    names
+        .map(str::trim)
+        .filter_map(|n| build_number(n, series).map(|b| (b, n)))
+        .max_by_key(|(b, _)| *b)
+        .map(|(_, n)| n.to_string())
+}
+
+/// The newest package of `kernel` already unpacked under `kernels`.
+fn newest_unpacked(kernels: &Path, kernel: Kernel) -> Result<Option<Unpacked>> {
+    let series = kernel.series();
+    let mut best: Option<(u32, Unpacked)> = None;
+    for (package, tree) in unpacked_trees(kernels, &series)? {
+        let Some(version) = image_version(&tree) else {
+            continue;
+        };
+        let b = build_number(&package, &series).unwrap_or(0);
+        if best.as_ref().is_none_or(|(bb, _)| b > *bb) {
+            best = Some((
+                b,
+                Unpacked {
+                    package,
+                    tree,
+                    version,
+                },
+            ));
+        }
+    }
+    Ok(best.map(|(_, u)| u))
+}
+
+/// (package, directory) of every unpacked tree of `series` under `kernels`.
+fn unpacked_trees(kernels: &Path, series: &Series) -> Result<Vec<(String, PathBuf)>> {
+    let mut found = Vec::new();
+    let entries = match fs::read_dir(kernels) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(found),
+        Err(e) => return Err(e).with_context(|| format!("listing {}", kernels.display())),
+    };
+    for entry in entries {
+        let path = entry?.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        if path.is_dir() && build_number(name, series).is_some() {
+            found.push((name.to_string(), path.clone()));
+        }
+    }
+    Ok(found)
+}
+
+/// VERSION of the tree's boot/vmlinuz-VERSION.
+fn image_version(tree: &Path) -> Option<String> {
+    fs::read_dir(tree.join("boot"))
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()?
+                .strip_prefix("vmlinuz-")
+                .map(str::to_string)
+        })
+        .next()
+}
+
+/// Download `package` with the private apt configuration, unpack it with
+/// `dpkg -x` (never installed) and index its modules with depmod. The tree
+/// is built beside its final place and renamed at the end, so an
+/// interrupted unpack is never taken for a ready kernel. Older builds of the
+/// same series are removed (about 400 MB each).
+fn unpack(kernels: &Path, apt_dir: &Path, kernel: Kernel, package: &str) -> Result<Unpacked> {
+    let series = kernel.series();
+    println!(
+        "fetching {} for {} (Debian {}; unpacked under {}, not installed)",
+        package,
+        kernel.describe(),
+        series.suite,
+        kernels.display()
+    );
+    let download = kernels.join("download");
+    let _ = fs::remove_dir_all(&download);
+    fs::create_dir_all(&download).with_context(|| format!("creating {}", download.display()))?;
+    prereq::run_quiet(
+        apt_private("apt-get", apt_dir)
+            .current_dir(&download)
+            .args(["-q", "download", package]),
+        &format!("downloading {package} (apt-get download, private configuration)"),
+    )?;
+    let deb = fs::read_dir(&download)?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "deb"))
+        .with_context(|| {
+            format!(
+                "apt-get download {package} left no .deb file in {}",
+                download.display()
+            )
+        })?;
+
+    let partial = kernels.join(format!("{package}.partial"));
+    let _ = fs::remove_dir_all(&partial);
+    prereq::run_quiet(
+        Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&partial),
+        &format!("unpacking {}", deb.display()),
+    )?;
+    // Debian 13's packages put the modules under usr/lib/modules; modprobe
+    // -d and virtme-ng look under lib/modules.
+    if !partial.join("lib").exists() {
+        std::os::unix::fs::symlink("usr/lib", partial.join("lib"))
+            .with_context(|| format!("linking lib to usr/lib in {}", partial.display()))?;
+    }
+    let version = image_version(&partial)
+        .with_context(|| format!("{package} has no boot/vmlinuz-VERSION"))?;
+    prereq::run_quiet(
+        Command::new("depmod").arg("-b").arg(&partial).arg(&version),
+        &format!("indexing the modules of {package} (depmod)"),
+    )?;
+    let tree = kernels.join(package);
+    let _ = fs::remove_dir_all(&tree);
+    fs::rename(&partial, &tree)
+        .with_context(|| format!("renaming {} to {}", partial.display(), tree.display()))?;
+    let _ = fs::remove_dir_all(&download);
+    for (other, dir) in unpacked_trees(kernels, &series)? {
+        if other != package {
+            let _ = fs::remove_dir_all(dir);
+        }
+    }
+    Ok(Unpacked {
+        package: package.to_string(),
+        tree,
+        version,
+    })
+}
+
+/// What a VM run left: the command's exit status and its files.
+struct Outcome {
+    status: i32,
+    dir: PathBuf,
+    log: PathBuf,
+}
+
+impl Outcome {
+    /// The run's directory is kept only when something failed.
+    fn clean_up(self) {
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Vm {
+    /// Boot the kernel with `body` as the command: a shell script run as
+    /// root in the VM after the common setup (bpffs, modules, PATH), whose
+    /// last command's exit status is the outcome. The VM's console goes to
+    /// target/kernels/run-PID/console.log; the command's own output (not the
+    /// kernel's log lines) is shown live. `limit_secs` bounds the command
+    /// inside the VM; the host kills the VM if it overruns that by a margin.
+    fn boot(&self, root: &Path, body: &str, limit_secs: u64) -> Result<Outcome> {
+        let dir = self
+            .target
+            .join("kernels")
+            .join(format!("run-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let log_path = dir.join("console.log");
+        let status_path = dir.join("status");
+        let script_path = dir.join("vm.sh");
+        fs::write(&script_path, self.script(&dir, body)?)
+            .with_context(|| format!("writing {}", script_path.display()))?;
+        let mut log = fs::File::create(&log_path)
+            .with_context(|| format!("creating {}", log_path.display()))?;
+
+        let (reader, writer) = std::io::pipe().context("creating a pipe for the VM's console")?;
+        let mut cmd = Command::new(&self.vng);
+        cmd.current_dir(root)
+            // 9p, not virtiofs: Debian 12's qemu ships a virtiofsd that
+            // virtme-ng fails to start, and it then falls back to 9p after
+            // several seconds of retries.
+            .args(["--disable-kvm", "--verbose", "--rw", "--force-9p"])
+            .args(["--cpus", VM_CPUS, "--memory", VM_MEMORY])
+            .arg("--run")
+            .arg(self.unpacked.image())
+            .arg("--exec")
+            .arg(format!("bash {}", sh_quote(&path_str(&script_path)?)))
+            .stdin(Stdio::null())
+            .stdout(writer.try_clone().context("duplicating the console pipe")?)
+            .stderr(writer)
+            // Its own process group, so that a timeout ends vng, qemu and
+            // anything else they started, and nothing else.
+            .process_group(0);
+        println!(
+            "==> booting {} in a VM ({}; qemu without KVM, so slow)",
+            self.kernel.describe(),
+            self.unpacked.package
+        );
+        let started = Instant::now();
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start {}", self.vng.display()))?;
+        // The Command holds the pipe's write ends: drop it so that the
+        // reader sees the end once the VM's processes are gone.
+        drop(cmd);
+
+        let (tx, rx) = mpsc::channel::<()>();
+        let pgid = child.id();
+        let run_limit = Duration::from_secs(limit_secs + 120);
+        let watchdog = thread::spawn(move || -> Option<String> {
+            match rx.recv_timeout(BOOT_LIMIT) {
+                Ok(()) => {}
+                Err(RecvTimeoutError::Disconnected) => return None,
+                Err(RecvTimeoutError::Timeout) => {
+                    kill_group(pgid);
+                    return Some(format!("it did not boot within {} s", BOOT_LIMIT.as_secs()));
+                }
+            }
+            match rx.recv_timeout(run_limit) {
+                Err(RecvTimeoutError::Timeout) => {
+                    kill_group(pgid);
+                    Some(format!(
+                        "it was stopped after running for {} s",
+                        run_limit.as_secs()
+                    ))
+                }
+                _ => None,
+            }
+        });
+
+        let mut seen_start = false;
+        // The first line of a kernel crash, to name it in the error.
+        let mut crash: Option<String> = None;
+        let mut reader = BufReader::new(reader);
+        let mut raw = Vec::new();
+        let stdout = std::io::stdout();
+        loop {
+            raw.clear();
+            match reader.read_until(b'\n', &mut raw) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) => {
+                    let _ = writeln!(log, "xtask: reading the console failed: {e}");
+                    break;
+                }
+            }
+            let _ = log.write_all(&raw);
+            let text = String::from_utf8_lossy(&raw);
+            let line = text.trim_end_matches(['\n', '\r']);
+            if !seen_start {
+                if line.contains(STARTED_MARKER) {
+                    seen_start = true;
+                    let _ = tx.send(());
+                    println!(
+                        "==> the VM booted in {:.1} s",
+                        started.elapsed().as_secs_f64()
+                    );
+                }
+                continue;
+            }
+            if crash.is_none()
+                && ["Kernel panic", "Oops:", "BUG:", "general protection fault"]
+                    .iter()
+                    .any(|p| line.contains(p))
+            {
+                crash = Some(line.trim().to_string());
+            }
+            if !is_kernel_log(line) {
+                let mut out = stdout.lock();
+                let _ = writeln!(out, "{line}");
+                let _ = out.flush();
+            }
+        }
+        drop(tx);
+        let _ = child.wait();
+        let killed = watchdog.join().unwrap_or(None);
+        let _ = log.flush();
+
+        let linux = format!("the Linux {} VM", self.kernel.short());
+        let shown_log = shown(root, &log_path);
+        match fs::read_to_string(&status_path) {
+            Ok(s) => {
+                let status = s.trim().parse().with_context(|| {
+                    format!("{linux} wrote an unreadable exit status `{}` (see {shown_log})", s.trim())
+                })?;
+                Ok(Outcome {
+                    status,
+                    dir,
+                    log: log_path,
+                })
+            }
+            Err(_) if !seen_start => match killed {
+                Some(why) => bail!("{linux} did not boot: {why} (see {shown_log})"),
+                None => bail!("{linux} did not boot (see {shown_log})"),
+            },
+            Err(_) => match (killed, crash) {
+                (Some(why), _) => {
+                    bail!("{linux} did not finish its command: {why} (see {shown_log})")
+                }
+                (None, Some(crash)) => bail!(
+                    "{linux}'s kernel crashed before its command finished: `{crash}` (see {shown_log})"
+                ),
+                (None, None) => bail!(
+                    "{linux} stopped before its command finished, so it crashed or was killed (see {shown_log})"
+                ),
+            },
+        }
+    }
+
+    /// The whole in-VM script: the start marker, the setup, `body`, and the
+    /// exit status written where the host reads it.
+    fn script(&self, run_dir: &Path, body: &str) -> Result<String> {
+        let mut s = String::new();
+        s.push_str(&format!(
+            "#!/bin/bash\n\
+             # Written by cargo xtask for one VM run on {}; runs as root in the VM.\n\
+             echo '{STARTED_MARKER}'\n\
+             run={}\n",
+            self.kernel.describe(),
+            sh_quote(&path_str(run_dir)?)
+        ));
+        s.push_str(
+            "mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf || echo 'warning: cannot mount bpffs at /sys/fs/bpf'\n",
+        );
+        s.push_str(&format!(
+            "modprobe -d {} -a {} || echo 'warning: some kernel modules did not load'\n",
+            sh_quote(&path_str(&self.unpacked.tree)?),
+            VM_MODULES.join(" ")
+        ));
+        // The host's PATH (pyenv, ~/.cargo/bin: the same tools as a run on
+        // the host), HOME, and the variables the harness and Rust's test
+        // runner read. The VM starts with a minimal environment of its own.
+        let mut path = std::env::var("PATH").unwrap_or_default();
+        let cargo_bin = match std::env::var_os("CARGO_HOME") {
+            Some(h) => PathBuf::from(h).join("bin"),
+            None => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
+                .join(".cargo/bin"),
+        };
+        let cargo_bin = path_str(&cargo_bin)?;
+        if !path.split(':').any(|p| p == cargo_bin) {
+            path = format!("{cargo_bin}:{path}");
+        }
+        path.push_str(":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+        s.push_str(&format!("export PATH={}\n", sh_quote(&path)));
+        for (k, v) in std::env::vars() {
+            if k == "HOME"
+                || k.starts_with("VNAT_")
+                || k.starts_with("RUST_")
+                || k.starts_with("CARGO_TERM_")
+            {
+                s.push_str(&format!("export {k}={}\n", sh_quote(&v)));
+            }
+        }
+        // On a terminal the command keeps the VM's console as its terminal
+        // (colours, as on the host); for a log (CI) its output goes through
+        // a pipe, so that neither the test runner nor vnatd colours it.
+        if std::io::stdout().is_terminal() {
+            s.push_str(body);
+        } else {
+            s.push_str("set -o pipefail\n{\n");
+            s.push_str(body);
+            s.push_str("\n} 2>&1 | cat");
+        }
+        s.push_str(
+            "\nrc=$?\n\
+             echo $rc > \"$run/status.tmp\" && mv \"$run/status.tmp\" \"$run/status\"\n\
+             sync\n\
+             echo \"==> exit status in the VM: $rc\"\n",
+        );
+        Ok(s)
+    }
+}
+
+/// Kernel log lines on the console start with a `[   12.345678]` stamp.
+fn is_kernel_log(line: &str) -> bool {
+    let Some(rest) = line.trim_start().strip_prefix('[') else {
+        return false;
+    };
+    let Some(end) = rest.find(']') else {
+        return false;
+    };
+    let stamp = rest[..end].trim();
+    !stamp.is_empty() && stamp.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+}
+
+/// Kill the process group `pgid` (vng, qemu and their children): only the
+/// processes this run started.
+fn kill_group(pgid: u32) {
+    let _ = Command::new("kill")
+        .args(["-KILL", "--", &format!("-{pgid}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// `path` relative to the workspace when it is inside it: shorter in errors.
+fn shown(root: &Path, path: &Path) -> String {
+    path.strip_prefix(root)
+        .unwrap_or(path)
+        .display()
+        .to_string()
+}
+
+fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+/// " 'a' 'b'": the arguments quoted for sh, each after a space.
+fn sh_args(args: &[OsString]) -> Result<String> {
+    let mut s = String::new();
+    for a in args {
+        let a = a.to_str().with_context(|| {
+            format!("the argument {a:?} is not UTF-8, so it cannot be passed into the VM")
+        })?;
+        s.push(' ');
+        s.push_str(&sh_quote(a));
+    }
+    Ok(s)
+}
+
+fn path_str(p: &Path) -> Result<String> {
+    p.to_str().map(str::to_string).with_context(|| {
+        format!(
+            "the path {} is not UTF-8, so the VM cannot be told it",
+            p.display()
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn core_tests_exist() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/tests");
+        for (name, tests) in CORE_TESTS {
+            let path = dir.join(format!("{name}.rs"));
+            let src = std::fs::read_to_string(&path).unwrap_or_else(|_| {
+                panic!("CORE_TESTS names {name}, but there is no tests/tests/{name}.rs")
+            });
+            // A renamed test would otherwise match nothing and pass.
+            for t in tests.iter() {
+                assert!(
+                    src.contains(&format!("fn {t}(")) || src.contains(&format!("{t}: \"")),
+                    "CORE_TESTS names {name}::{t}, which tests/tests/{name}.rs does not define"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn newest_package_compares_numbers_not_strings() {
+        let s = Kernel::Linux6_1.series();
+        let names = [
+            "linux-image-6.1.0-47-amd64-unsigned",
+            "linux-image-6.1.0-50-amd64-unsigned",
+            "linux-image-6.1.0-9-amd64-unsigned",
+            "linux-image-6.1.0-56-cloud-amd64-unsigned",
+            "linux-image-6.1.0-56-rt-amd64-unsigned",
+        ];
+        assert_eq!(
+            newest_package(names.into_iter(), &s).as_deref(),
+            Some("linux-image-6.1.0-50-amd64-unsigned")
+        );
+        let s = Kernel::Linux6_12.series();
+        let names = [
+            "linux-image-6.12.107+deb13-amd64-unsigned",
+            "linux-image-6.12.117+deb13-amd64-unsigned",
+            "linux-image-6.12.118+deb13-rt-amd64-unsigned",
+            "linux-image-6.12.99+deb13-amd64-unsigned",
+        ];
+        assert_eq!(
+            newest_package(names.into_iter(), &s).as_deref(),
+            Some("linux-image-6.12.117+deb13-amd64-unsigned")
+        );
+    }
+
+    #[test]
+    fn kernel_log_lines_are_told_apart() {
+        assert!(is_kernel_log("[   12.345678] veth: loaded"));
+        assert!(is_kernel_log("[0.000000] Linux version 6.1.0"));
+        assert!(!is_kernel_log("test result: ok. 3 passed; 0 failed"));
+        assert!(!is_kernel_log("[recorders] flood"));
+        assert!(!is_kernel_log("[]"));
+    }
+
+    #[test]
+    fn test_artifacts_are_found_in_cargo_json() {
+        let line = r#"{"reason":"compiler-artifact","package_id":"path+file:///w/tests#vnat-tests@0.1.0","manifest_path":"/w/tests/Cargo.toml","target":{"kind":["test"],"crate_types":["bin"],"name":"recorders","src_path":"/w/tests/tests/recorders.rs","edition":"2021","doctest":false,"test":true},"profile":{"opt_level":"0","debuginfo":2,"debug_assertions":true,"overflow_checks":true,"test":true},"features":[],"filenames":["/w/target/debug/deps/recorders-0123"],"executable":"/w/target/debug/deps/recorders-0123","fresh":true}"#;
+        assert_eq!(
+            test_artifact(line),
+            Some((
+                "recorders".to_string(),
+                PathBuf::from("/w/target/debug/deps/recorders-0123")
+            ))
+        );
+        let lib = line.replace(r#""kind":["test"]"#, r#""kind":["lib"]"#);
+        assert_eq!(test_artifact(&lib), None);
+    }
+
+    #[test]
+    fn shell_quoting() {
+        assert_eq!(sh_quote("a b"), "'a b'");
+        assert_eq!(sh_quote("it's"), "'it'\\''s'");
+    }
+}
