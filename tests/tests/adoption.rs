@@ -27,9 +27,10 @@ use vnat_tests::{
 
 /// The row of `d`'s listing for the stream whose laptop end is `lap_end`
 /// (the laptop's local or the server's remote end), waiting for it up to
-/// 15 s.
+/// 45 s (adoption is periodic, and in a VM without KVM, as `cargo xtask
+/// test --kernel` runs, its probes take seconds).
 fn listed(d: &Vnatd, lap_end: &str, what: &str) -> serde_json::Value {
-    let deadline = Instant::now() + Duration::from_secs(15);
+    let deadline = Instant::now() + Duration::from_secs(45);
     loop {
         let ls = d.ctl(&["ls"]);
         if let Some(r) = ls.as_ref().and_then(|v| v.as_array()).and_then(|a| {

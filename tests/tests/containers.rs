@@ -142,6 +142,21 @@ impl Streaming {
         let before = client.wait_verified_at_least(50_000, Duration::from_secs(10));
         lapd.wait_paired("the laptop's vnatd");
         srvd.wait_paired("the server's vnatd");
+        // vnatd finds a container's connection at its next resync: wait for
+        // it to be listed (a slow VM takes seconds; 20 s is the limit).
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !guest_rows(&lapd)
+            .iter()
+            .any(|r| r["guest"]["private_local"] == before.local)
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the laptop's vnatd never listed the container's connection {}: {:?}",
+                before.local,
+                guest_rows(&lapd)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
         Streaming {
             ctr,
             _echo,

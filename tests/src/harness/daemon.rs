@@ -107,9 +107,14 @@ impl Vnatd {
             control,
             state_dir: dir.join("state"),
         };
-        let deadline = Instant::now() + Duration::from_secs(20);
+        // 60 s: in a VM without KVM (cargo xtask test --kernel) loading and
+        // verifying the programs alone takes several seconds.
+        let deadline = Instant::now() + Duration::from_secs(60);
         while d.ctl(&["status"]).is_none() {
-            assert!(Instant::now() < deadline, "vnatd did not come up");
+            assert!(
+                Instant::now() < deadline,
+                "vnatd did not come up within 60 s"
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
         d

@@ -380,18 +380,25 @@ fn tcx_item(tcx: Option<bool>, want: TcAttach) -> CheckItem {
 pub fn tcp_info_windows_available() -> bool {
     /// Offset of tcpi_rcv_wnd in struct tcp_info, plus its 4 bytes.
     const RCV_WND_END: usize = 236;
-    !features::simulated_missing(Feature::TcpInfoWindows)
-        && tcp_info_len().is_some_and(|n| n >= RCV_WND_END)
+    // The kernel does not change under a running process: asked once.
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        !features::simulated_missing(Feature::TcpInfoWindows)
+            && tcp_info_len().is_some_and(|n| n >= RCV_WND_END)
+    })
 }
 
 /// Whether the kernel keeps IFA_PROTO on addresses: asked in a network
 /// namespace of its own, so the host's addresses are not touched.
 pub fn ifa_proto_available() -> bool {
-    std::thread::spawn(|| {
-        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).is_ok() && ifa_proto_probe()
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).is_ok() && ifa_proto_probe()
+        })
+        .join()
+        .unwrap_or(false)
     })
-    .join()
-    .unwrap_or(false)
 }
 
 /// The window fields of tcp_info: see [`tcp_info_windows_available`].

@@ -157,6 +157,27 @@ pub fn pin_snat(e: &Entry) -> io::Result<()> {
     match (&answers[0], &answers[1]) {
         (_, Ok(_)) => Ok(()),
         (Err(d), Err(_)) if *d != libc::ENOENT => Err(io::Error::from_raw_os_error(*d)),
+        // Before Linux 6.5 or so a deleted entry can stay in the table,
+        // dying, until its destroy event is delivered, and a new entry
+        // with its tuples is refused (EEXIST, seen on Debian 12's 6.1): the
+        // copy goes in once it has left, a few milliseconds later.
+        (Ok(_), Err(libc::EEXIST)) => {
+            for wait_ms in [1, 2, 5, 10, 20, 50] {
+                std::thread::sleep(std::time::Duration::from_millis(wait_ms));
+                let attrs =
+                    pinned(e).map_err(|why| io::Error::new(io::ErrorKind::Unsupported, why))?;
+                match call(
+                    ConntrackMessage::New(attrs),
+                    NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+                    v4,
+                )? {
+                    Ok(_) => return Ok(()),
+                    Err(libc::EEXIST) => continue,
+                    Err(c) => return Err(io::Error::from_raw_os_error(c)),
+                }
+            }
+            Err(io::Error::from_raw_os_error(libc::EEXIST))
+        }
         (_, Err(c)) => Err(io::Error::from_raw_os_error(*c)),
     }
 }
