@@ -355,6 +355,30 @@ fn clsact_keeps_another_filter_and_removes_only_what_vnat_added() {
         "{shown}"
     );
 
+    // A vnatd restarted with tc_attach = "auto" (TCX on a kernel that has
+    // it) keeps translating through those filters and adds no TCX link
+    // beside them, which would translate twice.
+    let opts = KernelOptions {
+        tc_attach: TcAttach::Auto,
+        ..srv.options()
+    };
+    let modes = srv.ns.run_in(move || {
+        let dp = KernelDatapath::open(&opts).unwrap_or_else(|e| panic!("opening: {e}"));
+        let st = dp.status().expect("status");
+        st.tc.iter().map(|t| t.mode.to_string()).collect::<Vec<_>>()
+    });
+    assert_eq!(modes, vec!["clsact".to_string()]);
+    let links = std::fs::read_dir(srv.pins.path().join("links"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("tc"))
+        .collect::<Vec<_>>();
+    assert!(
+        links.is_empty(),
+        "TCX links beside the clsact filters: {links:?}"
+    );
+
     with_clsact(&lap, move |dp| dp.remove_translation(&flow)).expect("removing on the laptop");
     with_clsact(&srv, move |dp| dp.remove_translation(&back_flow)).expect("removing on the server");
     // vnat's filters are gone; the other program's filters and the qdisc

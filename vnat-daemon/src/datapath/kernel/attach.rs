@@ -299,7 +299,14 @@ pub fn attach_tc(
     let has_tcx = programs
         .iter()
         .any(|(_, egress)| tc_pin(bpffs, ifindex, *egress).exists());
-    if mode == TcMode::Clsact && !has_tcx {
+    // vnat's clsact filters left by a vnatd with tc_attach = "clsact": a
+    // TCX link beside them would run the translators twice.
+    let has_clsact = !has_tcx
+        && mode == TcMode::Tcx
+        && [false, true].iter().any(|&egress| {
+            clsact::filters(ifindex, egress).is_ok_and(|fs| fs.iter().any(clsact::Filter::is_vnats))
+        });
+    if (mode == TcMode::Clsact && !has_tcx) || has_clsact {
         return attach_clsact(ebpf, bpffs, ifindex, &ifname, programs);
     }
     let mut made: Vec<PathBuf> = Vec::new();
