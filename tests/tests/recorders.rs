@@ -104,20 +104,7 @@ fn tcp_passive_connections_are_recorded() {
     .stderr(Stdio::null());
     let socat = Kill(cmd.spawn().expect("starting socat"));
     // Until socat listens (a fixed wait was too short in a slow VM).
-    let filter = format!("sport = :{}", server.port());
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while topo
-        .server
-        .run_stdout(&["ss", "-H", "-ltn", &filter])
-        .trim()
-        .is_empty()
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "socat is not listening on {server} after 10 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    topo.server.wait_tcp_listening(server.port());
     let client = StreamClient::spawn(&topo.laptop, &StreamOptions::tcp(server).rate(50_000));
     let local = client
         .wait_verified_at_least(1_000, Duration::from_secs(10))

@@ -71,7 +71,7 @@ fn check(family: Family, tag: &str) {
         ),
     };
     let _server = srv.socat(&[&listen, "SYSTEM:sleep 60"], Stdio::null());
-    thread::sleep(Duration::from_millis(200));
+    topo.server.wait_tcp_listening(PORT);
     let connect = format!("TCP:{}", socat_addr(server));
     let _client = lap.socat(&[&connect, "SYSTEM:sleep 60"], Stdio::null());
 

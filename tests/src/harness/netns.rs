@@ -121,6 +121,27 @@ impl Netns {
             .unwrap_or_else(|e| panic!("in netns {}: cannot run `{}`: {e}", self.name, show(args)))
     }
 
+    /// Wait (at most 10 s) until something listens on TCP `port` in this
+    /// namespace: a server just spawned may take a while to get there on a
+    /// loaded machine or in a slow VM, and a client started before would
+    /// be refused.
+    pub fn wait_tcp_listening(&self, port: u16) {
+        let filter = format!("sport = :{port}");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while self
+            .run_stdout(&["ss", "-H", "-ltn", &filter])
+            .trim()
+            .is_empty()
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "in netns {}: nothing listens on TCP port {port} after 10 s",
+                self.name
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     /// Stdout of a successful [`Netns::run`], as a string.
     pub fn run_stdout<S: AsRef<OsStr>>(&self, args: &[S]) -> String {
         String::from_utf8_lossy(&self.run(args).stdout).into_owned()
