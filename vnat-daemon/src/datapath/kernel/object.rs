@@ -363,6 +363,11 @@ where
     p.try_into().map_err(load_err)
 }
 
+/// Where the link pins live.
+pub fn links_dir(bpffs: &Path) -> PathBuf {
+    bpffs.join("links")
+}
+
 #[cfg(test)]
 mod tests {
     use super::verifier_verdict;
@@ -380,9 +385,4 @@ mod tests {
         assert_eq!(verifier_verdict("verification time 1 usec\n"), None);
         assert_eq!(verifier_verdict(""), None);
     }
-}
-
-/// Where the link pins live.
-pub fn links_dir(bpffs: &Path) -> PathBuf {
-    bpffs.join("links")
 }
