@@ -134,9 +134,9 @@ fn on_established(ctx: &SockOpsContext, origin: u8) {
     // SAFETY: aya marks `get` unsafe because the entry of a preallocated map
     // (an LRU map always is) can be deleted and its memory reused for
     // another key while we hold the reference. This entry is keyed by this
-    // socket's cookie: only this socket's connect callback writes it and only
-    // this callback removes it, both under the socket's lock, and its three
-    // fields are copied out at once. An insert on another CPU that evicts it
+    // socket's cookie: only the connect hook of this socket writes it (in
+    // connect(), before the handshake that ends here) and only this callback
+    // removes it, and its three fields are copied out at once. An insert on another CPU that evicts it
     // from a full map could still reuse it under us; the owner would then
     // be another connection's, but the reference stays inside the map's
     // memory, which the verifier checked, so nothing is read out of bounds.

@@ -10,6 +10,9 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 
 use serde::{Deserialize, Serialize};
 
+use super::{check, object};
+use crate::datapath::{DatapathError, Degraded, TcAttach, TcMode};
+
 /// The environment variable that makes vnatd treat features as missing.
 pub const LACKS_ENV: &str = "VNAT_KERNEL_LACKS";
 
@@ -141,4 +144,78 @@ pub fn probe_tcx(prog: BorrowedFd<'_>) -> bool {
         return true;
     }
     std::io::Error::last_os_error().raw_os_error() == Some(libc::ENODEV)
+}
+
+/// `tc_attach` as this kernel allows: TCX where it has TCX (probed with
+/// the loaded tc program), clsact where it does not or where asked.
+pub(super) fn resolve_tc_attach(
+    loaded: &mut object::Loaded,
+    want: TcAttach,
+) -> Result<TcMode, DatapathError> {
+    use std::os::fd::AsFd;
+    if want == TcAttach::Clsact {
+        return Ok(TcMode::Clsact);
+    }
+    let p: &mut aya::programs::SchedClassifier =
+        object::prog(&mut loaded.ebpf, vnat_common::PROG_TC_INGRESS)?;
+    let fd = p.fd().map_err(|e| DatapathError::Load {
+        source: Box::new(e),
+    })?;
+    let tcx = probe_tcx(fd.as_fd());
+    match (want, tcx) {
+        (_, true) => Ok(TcMode::Tcx),
+        (TcAttach::Tcx, false) => Err(DatapathError::Unsupported {
+            what: "tc_attach = \"tcx\"".into(),
+            needs: "TCX (Linux 6.6)".into(),
+            kernel: object::kernel_release(),
+            instead: "use tc_attach = \"auto\" or \"clsact\" (--tc-attach clsact)".into(),
+        }),
+        _ => {
+            tracing::info!(
+                "this kernel has no TCX (Linux 6.6): the tc translators attach as clsact filters"
+            );
+            Ok(TcMode::Clsact)
+        }
+    }
+}
+
+/// What this kernel weakens or turns off, each probed (see `features.rs`).
+pub(super) fn degraded(loaded: &object::Loaded, want: TcAttach, mode: TcMode) -> Vec<Degraded> {
+    let mut out = Vec::new();
+    let mut add = |f: Feature, needs: &str, effect: &str| {
+        out.push(Degraded {
+            feature: f.name().into(),
+            needs: needs.into(),
+            effect: effect.into(),
+        })
+    };
+    if want == TcAttach::Auto && mode == TcMode::Clsact {
+        add(
+            Feature::Tcx,
+            "TCX (Linux 6.6)",
+            "the tc translators attach as clsact filters (the same translation)",
+        );
+    }
+    if loaded.hide_unavailable.is_some() {
+        add(
+            Feature::SockAddrNameHooks,
+            "the getsockname/getpeername cgroup hooks (Linux 5.8)",
+            "hide location is off: applications see moved peers at their new addresses",
+        );
+    }
+    if !check::ifa_proto_available() {
+        add(
+            Feature::IfaProto,
+            "IFA_PROTO (Linux 6.1)",
+            "addresses a crashed vnatd left on lo are not removed at the next start",
+        );
+    }
+    if !check::tcp_info_windows_available() {
+        add(
+            Feature::TcpInfoWindows,
+            "tcp_info's receive window (Linux 6.2)",
+            "the probe that restarts a stalled TCP connection advertises 65535 bytes, not the socket's window",
+        );
+    }
+    out
 }

@@ -158,78 +158,6 @@ fn is_not_found(e: &MapError) -> bool {
     matches!(e, MapError::KeyNotFound)
 }
 
-/// `tc_attach` as this kernel allows: TCX where it has TCX (probed with
-/// the loaded tc program), clsact where it does not or where asked.
-fn resolve_tc_attach(loaded: &mut object::Loaded, want: TcAttach) -> Result<TcMode, DatapathError> {
-    use std::os::fd::AsFd;
-    if want == TcAttach::Clsact {
-        return Ok(TcMode::Clsact);
-    }
-    let p: &mut aya::programs::SchedClassifier =
-        object::prog(&mut loaded.ebpf, vnat_common::PROG_TC_INGRESS)?;
-    let fd = p.fd().map_err(|e| DatapathError::Load {
-        source: Box::new(e),
-    })?;
-    let tcx = features::probe_tcx(fd.as_fd());
-    match (want, tcx) {
-        (_, true) => Ok(TcMode::Tcx),
-        (TcAttach::Tcx, false) => Err(DatapathError::Unsupported {
-            what: "tc_attach = \"tcx\"".into(),
-            needs: "TCX (Linux 6.6)".into(),
-            kernel: object::kernel_release(),
-            instead: "use tc_attach = \"auto\" or \"clsact\" (--tc-attach clsact)".into(),
-        }),
-        _ => {
-            tracing::info!(
-                "this kernel has no TCX (Linux 6.6): the tc translators attach as clsact filters"
-            );
-            Ok(TcMode::Clsact)
-        }
-    }
-}
-
-/// What this kernel weakens or turns off, each probed (see `features.rs`).
-fn degraded(loaded: &object::Loaded, want: TcAttach, mode: TcMode) -> Vec<super::Degraded> {
-    use features::Feature;
-    let mut out = Vec::new();
-    let mut add = |f: Feature, needs: &str, effect: &str| {
-        out.push(super::Degraded {
-            feature: f.name().into(),
-            needs: needs.into(),
-            effect: effect.into(),
-        })
-    };
-    if want == TcAttach::Auto && mode == TcMode::Clsact {
-        add(
-            Feature::Tcx,
-            "TCX (Linux 6.6)",
-            "the tc translators attach as clsact filters (the same translation)",
-        );
-    }
-    if loaded.hide_unavailable.is_some() {
-        add(
-            Feature::SockAddrNameHooks,
-            "the getsockname/getpeername cgroup hooks (Linux 5.8)",
-            "hide location is off: applications see moved peers at their new addresses",
-        );
-    }
-    if !check::ifa_proto_available() {
-        add(
-            Feature::IfaProto,
-            "IFA_PROTO (Linux 6.1)",
-            "addresses a crashed vnatd left on lo are not removed at the next start",
-        );
-    }
-    if !check::tcp_info_windows_available() {
-        add(
-            Feature::TcpInfoWindows,
-            "tcp_info's receive window (Linux 6.2)",
-            "the probe that restarts a stalled TCP connection advertises 65535 bytes, not the socket's window",
-        );
-    }
-    out
-}
-
 impl KernelDatapath {
     /// How new tc attachments are made.
     pub fn tc_mode(&self) -> TcMode {
@@ -241,8 +169,8 @@ impl KernelDatapath {
     /// links, and check that what the pinned translations need is in place.
     pub fn open(opts: &KernelOptions) -> Result<KernelDatapath, DatapathError> {
         let mut loaded = object::load(&opts.bpffs)?;
-        let tc_mode = resolve_tc_attach(&mut loaded, opts.tc_attach)?;
-        let degraded = degraded(&loaded, opts.tc_attach, tc_mode);
+        let tc_mode = features::resolve_tc_attach(&mut loaded, opts.tc_attach)?;
+        let degraded = features::degraded(&loaded, opts.tc_attach, tc_mode);
         for d in &degraded {
             tracing::warn!(feature = %d.feature, "this kernel lacks {}: {}", d.needs, d.effect);
         }
