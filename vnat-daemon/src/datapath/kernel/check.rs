@@ -148,7 +148,7 @@ pub fn check(bpffs: &Path, tc_attach: TcAttach) -> CheckReport {
     items.push(item(
         Feature::NetnsCookie.name(),
         if netns_cookie { CheckStatus::Ok } else { Missing },
-        "SO_NETNS_COOKIE (Linux 5.14)",
+        Feature::NetnsCookie.needs(),
         "telling this namespace's connections from containers'",
         if netns_cookie {
             "ok".to_string()
@@ -254,7 +254,7 @@ fn check_programs(pin_root: &Path) -> (Vec<CheckItem>, Option<bool>) {
                     (_, true) => (CheckStatus::Ok, "", ""),
                     (true, false) => (
                         Degraded,
-                        "the getsockname/getpeername cgroup hooks (Linux 5.8)",
+                        Feature::SockAddrNameHooks.needs(),
                         "hide location (vnatctl enable --hide-location)",
                     ),
                     (false, false) => (Missing, "", "everything"),
@@ -340,7 +340,7 @@ fn program_affects(name: &str) -> &'static str {
 }
 
 fn tcx_item(tcx: Option<bool>, want: TcAttach) -> CheckItem {
-    let needs = "TCX (Linux 6.6)";
+    let needs = Feature::Tcx.needs();
     let affects = "attaching the tc translators";
     match (tcx, want) {
         (Some(true), TcAttach::Clsact) => item(
@@ -407,7 +407,7 @@ fn tcp_info_item() -> CheckItem {
     item(
         Feature::TcpInfoWindows.name(),
         if has { CheckStatus::Ok } else { Degraded },
-        "tcp_info's tcpi_rcv_wnd (Linux 6.2)",
+        Feature::TcpInfoWindows.needs(),
         "restarting a stalled TCP connection after an outage",
         if has {
             "ok"
@@ -484,7 +484,7 @@ fn scratch_netns_checks(pin_root: Option<PathBuf>) -> Vec<CheckItem> {
     items.push(item(
         Feature::IfaProto.name(),
         if ifa { CheckStatus::Ok } else { Degraded },
-        "IFA_PROTO on addresses (Linux 6.1)",
+        Feature::IfaProto.needs(),
         "removing the addresses a crashed vnatd left on lo",
         if ifa {
             "ok"

@@ -54,6 +54,17 @@ impl Feature {
         }
     }
 
+    /// What it is and the kernel that brought it, as every message says it.
+    pub fn needs(self) -> &'static str {
+        match self {
+            Feature::Tcx => "TCX (Linux 6.6)",
+            Feature::SockAddrNameHooks => "the getsockname/getpeername cgroup hooks (Linux 5.8)",
+            Feature::IfaProto => "IFA_PROTO on addresses (Linux 6.1)",
+            Feature::NetnsCookie => "SO_NETNS_COOKIE (Linux 5.14)",
+            Feature::TcpInfoWindows => "tcp_info's receive window (Linux 6.2)",
+        }
+    }
+
     pub fn from_name(name: &str) -> Option<Feature> {
         Feature::ALL.into_iter().find(|f| f.name() == name)
     }
@@ -166,7 +177,7 @@ pub(super) fn resolve_tc_attach(
         (_, true) => Ok(TcMode::Tcx),
         (TcAttach::Tcx, false) => Err(DatapathError::Unsupported {
             what: "tc_attach = \"tcx\"".into(),
-            needs: "TCX (Linux 6.6)".into(),
+            needs: Feature::Tcx.needs().into(),
             kernel: object::kernel_release(),
             instead: "use tc_attach = \"auto\" or \"clsact\" (--tc-attach clsact)".into(),
         }),
@@ -192,28 +203,28 @@ pub(super) fn degraded(loaded: &object::Loaded, want: TcAttach, mode: TcMode) ->
     if want == TcAttach::Auto && mode == TcMode::Clsact {
         add(
             Feature::Tcx,
-            "TCX (Linux 6.6)",
+            Feature::Tcx.needs(),
             "the tc translators attach as clsact filters (the same translation)",
         );
     }
     if loaded.hide_unavailable.is_some() {
         add(
             Feature::SockAddrNameHooks,
-            "the getsockname/getpeername cgroup hooks (Linux 5.8)",
+            Feature::SockAddrNameHooks.needs(),
             "hide location is off: applications see moved peers at their new addresses",
         );
     }
     if !check::ifa_proto_available() {
         add(
             Feature::IfaProto,
-            "IFA_PROTO (Linux 6.1)",
+            Feature::IfaProto.needs(),
             "addresses a crashed vnatd left on lo are not removed at the next start",
         );
     }
     if !check::tcp_info_windows_available() {
         add(
             Feature::TcpInfoWindows,
-            "tcp_info's receive window (Linux 6.2)",
+            Feature::TcpInfoWindows.needs(),
             "the probe that restarts a stalled TCP connection advertises 65535 bytes, not the socket's window",
         );
     }

@@ -174,7 +174,7 @@ impl KernelDatapath {
             if let Some(why) = &self.loaded.hide_unavailable {
                 return Err(DatapathError::Unsupported {
                     what: format!("hiding location for {}", path.display()),
-                    needs: "the getsockname/getpeername cgroup hooks (Linux 5.8)".into(),
+                    needs: super::features::Feature::SockAddrNameHooks.needs().into(),
                     kernel: super::object::kernel_release(),
                     instead: format!("hide location is off on this machine ({why}); connections still move, but applications see moved peers at their new addresses"),
                 });

@@ -178,13 +178,16 @@ pub fn own_netns_cookie() -> Result<u64, DatapathError> {
     let sock = std::net::UdpSocket::bind("127.0.0.1:0")
         .or_else(|_| std::net::UdpSocket::bind("[::1]:0"))
         .map_err(|e| kernel("opening a socket to read the netns cookie", e))?;
-    let unsupported = || {
-        DatapathError::Unsupported {
+    let unsupported = || DatapathError::Unsupported {
         what: "vnat".into(),
-        needs: "SO_NETNS_COOKIE (Linux 5.14) to tell this namespace's connections from other namespaces'".into(),
+        needs: format!(
+            "{} to tell this namespace's connections from other namespaces'",
+            super::features::Feature::NetnsCookie.needs()
+        ),
         kernel: kernel_release(),
-        instead: "run vnat on Linux 5.15 or newer (Debian 12, Ubuntu 22.04, RHEL 9 and later have it)".into(),
-    }
+        instead:
+            "run vnat on Linux 5.15 or newer (Debian 12, Ubuntu 22.04, RHEL 9 and later have it)"
+                .into(),
     };
     if super::features::simulated_missing(super::features::Feature::NetnsCookie) {
         return Err(unsupported());
@@ -254,7 +257,8 @@ pub fn load(bpffs: &Path) -> Result<Loaded, DatapathError> {
     }
     if let Some(why) = &hide_unavailable {
         tracing::warn!(
-            "hide location is off: it needs the getsockname/getpeername cgroup hooks (Linux 5.8) ({why})"
+            "hide location is off: it needs {} ({why})",
+            super::features::Feature::SockAddrNameHooks.needs()
         );
     }
     {
