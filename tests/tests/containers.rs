@@ -67,10 +67,16 @@ impl<'t> Hosts<'t> {
         }
     }
 
-    /// The laptop's and the server's vnatd.
+    /// The laptop's and the server's vnatd. The laptop's logs how it
+    /// judges each container's connection (debug), so that a connection
+    /// that is never listed says why in the test's output.
     fn start(&self) -> (Vnatd, Vnatd) {
+        let judging = [(
+            "RUST_LOG",
+            "info,vnat_daemon::datapath::kernel::guests=debug,vnat_daemon::datapath::kernel::peerns=debug",
+        )];
         (
-            Vnatd::start(&self.lap, self.ldir.path()),
+            Vnatd::start_with_env(&self.lap, self.ldir.path(), &[], &judging),
             Vnatd::start(&self.srv, self.sdir.path()),
         )
     }

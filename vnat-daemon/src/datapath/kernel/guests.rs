@@ -201,6 +201,7 @@ impl KernelDatapath {
                     // A vnatd started after a move: the old address is kept
                     // on lo, tagged as vnat's.
                     if !*vouched && !on_lo.iter().any(|(a, ours)| *ours && *a == local.ip()) {
+                        tracing::debug!(flow = %private, public = %local, "a guest's connection NATed to an address this host does not have: not listed");
                         continue;
                     }
                     let public = VirtualFlow {
@@ -353,6 +354,7 @@ fn judge(
         // No entry (yet): a masqueraded flow's may come after its socket,
         // and without one nothing says the host routes it unNATed.
         Ok(None) => {
+            tracing::debug!(flow = %private, young, "no conntrack entry for a guest's connection (yet)");
             return Some(Verdict::NotOurs {
                 retry: now
                     + if young {
