@@ -75,6 +75,9 @@ pub(crate) struct Conn {
     pub validated: Vec<IpAddr>,
     /// Retransmission of our SUSP_PRIMARY claim.
     pub claim_retry: Option<(u32, Timestamp)>,
+    /// A suspension under way until its claim and key agreement are over
+    /// (`Event::SuspendSettled`).
+    pub settling: Option<Settling>,
     pub mig: Option<Migration>,
     /// Our HELP, until the peer echoes it.
     pub help: Option<super::help::HelpOut>,
@@ -109,6 +112,13 @@ impl Conn {
             (None, _) => None,
         }
     }
+}
+
+/// What a suspension under way has met so far.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Settling {
+    /// Its claim or key agreement was given up unanswered.
+    pub unanswered: bool,
 }
 
 pub(crate) struct KeyxState {
@@ -431,6 +441,12 @@ impl Endpoint {
     }
 
     pub(crate) fn release(&mut self, c: &Conn) {
+        if c.settling.is_some() {
+            self.emit(Event::SuspendSettled {
+                flow: c.flow,
+                answered: false,
+            });
+        }
         self.conn_timers.set(c.flow, None);
         self.forget_rebind(&c.flow);
         let peer = c.flow.remote.ip();
@@ -783,6 +799,7 @@ impl Conn {
             send_prev: false,
             validated: vec![remote_phys.ip()],
             claim_retry: None,
+            settling: None,
             mig: None,
             help: None,
             help_seq: 0,

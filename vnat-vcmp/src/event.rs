@@ -74,6 +74,14 @@ pub enum Event {
     },
     /// A role was settled at suspend time.
     RoleDecided { flow: VirtualFlow, role: Role },
+    /// The suspension of `flow` that [`Endpoint::suspend`] started is over:
+    /// the peer answered its role claim and its key agreement (`answered`),
+    /// or one of them was given up after its last resend, or the
+    /// connection went (moved, exported or closed) first. One per suspension,
+    /// however often `suspend` was called meanwhile.
+    ///
+    /// [`Endpoint::suspend`]: crate::Endpoint::suspend
+    SuspendSettled { flow: VirtualFlow, answered: bool },
     /// The peer of `flow` asks for `help` while it is away (`vcmp::help`);
     /// an empty `help`: it is back, stop helping.
     HelpRequested {

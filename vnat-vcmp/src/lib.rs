@@ -99,4 +99,6 @@ mod sim_pairing_tests;
 #[cfg(test)]
 mod sim_stranger_tests;
 #[cfg(test)]
+mod sim_suspend_tests;
+#[cfg(test)]
 mod sim_tests;

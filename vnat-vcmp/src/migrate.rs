@@ -105,7 +105,12 @@ impl Endpoint {
         let own_old = c.local_phys.ip();
         let peer_old = c.remote_phys.ip();
         c.local_phys = new_local;
-        c.claim_retry = None;
+        // A claim still unanswered is moot once we move.
+        if c.claim_retry.take().is_some() {
+            if let Some(s) = c.settling.as_mut() {
+                s.unanswered = true;
+            }
+        }
         let prepared_for = c.pending_remote.map(|(p, _)| p);
         let steps = location::chain(c.role.effective(), peer_old, own_old, &servers, port);
         c.mig = Some(Migration {
@@ -122,6 +127,7 @@ impl Endpoint {
             local_at_start,
         });
         self.tx.trusted.insert(own_old);
+        self.settle_if_done(flow);
         // A receive side prepared for the peer's announced address was for
         // our old end: it is needed again for the new one.
         if let Some(remote) = prepared_for {

@@ -5,7 +5,7 @@ use crate::stats::{Counter, Reject};
 use std::net::SocketAddr;
 
 use super::crypto::Ephemeral;
-use super::endpoint::{CryptoDyn, Ctx, Endpoint, Event, KeyxState};
+use super::endpoint::{CryptoDyn, Ctx, Endpoint, Event, KeyxState, Settling};
 use super::roles::{ClaimOutcome, Role};
 use super::wire::{Ext, Kind, Record};
 use crate::flow::VirtualFlow;
@@ -38,6 +38,8 @@ impl Endpoint {
                 deadline: ctx.now.plus(rto),
             });
         }
+        // A suspension already under way goes on (one SuspendSettled).
+        c.settling.get_or_insert_with(Settling::default);
         if claim {
             self.send_record(ctx, flow, Kind::SuspPrimary, Ext::None, dst);
         }
@@ -45,6 +47,25 @@ impl Endpoint {
             self.send_record(ctx, flow, Kind::KeyX, Ext::Key(p), dst);
         }
         self.rearm(flow);
+        // Nothing to wait for (no keys, roles not negotiated): over now.
+        self.settle_if_done(flow);
+    }
+
+    /// End `flow`'s suspension (`Event::SuspendSettled`) once neither its
+    /// claim nor its key agreement waits for the peer.
+    pub(crate) fn settle_if_done(&mut self, flow: &VirtualFlow) {
+        let Some(c) = self.conns.get_mut(flow) else {
+            return;
+        };
+        if c.claim_retry.is_some() || c.keyx.is_some() {
+            return;
+        }
+        if let Some(s) = c.settling.take() {
+            self.emit(Event::SuspendSettled {
+                flow: *flow,
+                answered: !s.unanswered,
+            });
+        }
     }
 
     pub(crate) fn role_and_key_timeouts(&mut self, ctx: &mut Ctx) {
@@ -75,6 +96,9 @@ impl Endpoint {
                         // Unanswered: we keep the primary role we claimed.
                         c.claim_retry = None;
                         c.role.claim_pending = false;
+                        if let Some(s) = c.settling.as_mut() {
+                            s.unanswered = true;
+                        }
                         self.stats.count(Counter::ClaimUnanswered);
                     } else {
                         resend_claim = true;
@@ -86,6 +110,9 @@ impl Endpoint {
                 if k.deadline <= now {
                     if k.tries >= max {
                         c.keyx = None;
+                        if let Some(s) = c.settling.as_mut() {
+                            s.unanswered = true;
+                        }
                         self.stats.count(Counter::KeyxUnanswered);
                     } else {
                         resend_key = Some((k.tries, k.eph.public()));
@@ -111,6 +138,7 @@ impl Endpoint {
                 self.stats.count(Counter::Retransmit);
             }
             self.rearm(&f);
+            self.settle_if_done(&f);
         }
     }
 
@@ -132,6 +160,7 @@ impl Endpoint {
             ClaimOutcome::Arbitrated(role) => {
                 c.claim_retry = None;
                 self.emit(Event::RoleDecided { flow: *flow, role });
+                self.settle_if_done(flow);
             }
         }
         Ok(())
@@ -151,6 +180,7 @@ impl Endpoint {
                 role: Role::Primary,
             });
         }
+        self.settle_if_done(flow);
         Ok(())
     }
 
@@ -243,6 +273,7 @@ impl Endpoint {
         }
         self.stats.count(Counter::Rekeyed);
         self.emit(Event::Rekeyed { flow: *flow });
+        self.settle_if_done(flow);
         Ok(())
     }
 }
