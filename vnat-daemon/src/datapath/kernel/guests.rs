@@ -1,6 +1,6 @@
 //! Containers' connections: sockets of enabled cgroups that live in other
 //! network namespaces, behind this host's NAT or on addresses this host
-//! routes to them (README, "Containers").
+//! routes to them (docs/containers.md).
 //!
 //! The sock_ops recorder keeps them apart from the host's own, by
 //! namespace (`VNAT_GUESTS`). A guest's connection is this host's to

@@ -1,6 +1,6 @@
 //! Which network namespace an address of this host's routes leads into:
 //! the check that ties a container's socket to the namespace the host
-//! really sends that container's address to (README, "Containers").
+//! really sends that container's address to (docs/containers.md).
 //!
 //! A process in an enabled cgroup can make a namespace of its own and give
 //! a socket any address there. What it cannot change is the host's routing:
