@@ -275,15 +275,18 @@ pub const NAT_F_REDIRECT: u32 = 1;
 /// Stored in the pinned map, so a restarted vnatd still knows.
 pub const NAT_F_LO_ADDR_OURS: u32 = 2;
 
-/// Egress only: drop the flow's packets (the sending socket sees a local
+/// Drop the flow's packets. On egress the sending socket sees a local
 /// transmission failure, keeps the data and tries again later, as with no
-/// route). Set while the flow's own end moves, from the moment the move
+/// route. Set while the flow's own end moves, from the moment the move
 /// starts until the peer sends to the new address: a packet that left
 /// earlier, with the old source or translated, would reach a peer that
 /// still answers at the old address, and could make its TCP retransmit
-/// into the void and then wait out a full timeout. An entry that only
-/// holds rewrites the flow to itself. Programs that predate the bit ignore
-/// it (and translate as before).
+/// into the void and then wait out a full timeout. On ingress, for the
+/// replies of a container's connection for the instant its NAT entry is
+/// replaced by a pinned copy (one that finds no entry would be answered
+/// with a reset); the peer sends them again. An entry that only holds
+/// rewrites the flow to itself. Programs that predate the bit ignore it
+/// (and translate as before).
 pub const NAT_F_HOLD: u32 = 4;
 
 /// The flow's local virtual address is a container's, which this host

@@ -259,8 +259,10 @@ fn try_translate(ctx: &TcContext, dir: Dir, l2: usize) -> Result<i32, Drop> {
         return Ok(PASS);
     };
     let nat = *nat;
-    if dir == Dir::Egress && nat.flags & NAT_F_HOLD != 0 {
-        // The socket sees a failed transmission and keeps the data.
+    if nat.flags & NAT_F_HOLD != 0 {
+        // Egress: the socket sees a failed transmission and keeps the data.
+        // Ingress: a container's replies while vnatd pins its NAT entry;
+        // the peer sends them again.
         count(STAT_DROP_HELD);
         return Ok(TC_ACT_SHOT);
     }

@@ -32,6 +32,14 @@ pub trait Datapath {
     /// resync needs, at a cost that stays small with 100,000 connections.
     fn connections_without_owners(&self) -> Result<Vec<ConnectionInfo>, DatapathError>;
 
+    /// After a listing: make the containers' connections it found ready
+    /// to move (the kernel datapath pins their NAT entries, `guests.rs`).
+    /// The daemon's resync calls it right after its listing, so that a
+    /// connection is ready within a resync of being seen.
+    fn settle_guests(&mut self) -> Result<(), DatapathError> {
+        Ok(())
+    }
+
     /// Start recording the sockets of processes in this cgroup v2 directory.
     fn enable_cgroup(&mut self, path: &std::path::Path) -> Result<(), DatapathError>;
 

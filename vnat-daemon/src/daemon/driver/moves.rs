@@ -14,11 +14,15 @@ impl Driver {
         self.hide_due = true;
         let port = self.cfg.listen.port();
         let listed = with_dp(&self.dp, |dp| {
-            (
+            let listed = (
                 dp.connections_without_owners(),
                 dp.interface_addresses(),
                 dp.hiding_cgroups(),
-            )
+            );
+            if let Err(e) = dp.settle_guests() {
+                tracing::warn!(error = %e, "cannot make containers' connections ready to move");
+            }
+            listed
         })
         .await;
         match listed.2 {

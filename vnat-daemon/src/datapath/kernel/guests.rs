@@ -53,6 +53,9 @@ pub(super) struct GuestState {
     /// (`peerns::routes_into`): a veth's or bridge's other end does not
     /// change under a live socket, so it is not asked again.
     checked: HashMap<GuestKey, Option<bool>>,
+    /// Outgoing NATed guests the last listing found on an interface's
+    /// address and not pinned yet, with that interface (`pin_guests`).
+    to_pin: HashMap<GuestKey, u32>,
 }
 
 enum Verdict {
@@ -196,8 +199,11 @@ impl KernelDatapath {
                     ..
                 }) => {
                     let (local, remote) = entry.public(*dir);
-                    let on_link = on_links.iter().any(|(a, _)| *a == local.ip());
-                    *vouched |= on_link;
+                    let on_link = on_links
+                        .iter()
+                        .find(|(a, _)| *a == local.ip())
+                        .map(|(_, ifindex)| *ifindex);
+                    *vouched |= on_link.is_some();
                     // A vnatd started after a move: the old address is kept
                     // on lo, tagged as vnat's.
                     if !*vouched && !on_lo.iter().any(|(a, ours)| *ours && *a == local.ip()) {
@@ -212,7 +218,7 @@ impl KernelDatapath {
                     candidates.push((gkey, rec, private, public, on_link, None));
                 }
                 Some(Verdict::Routed { anchor }) => {
-                    candidates.push((gkey, rec, private, private, false, Some(*anchor)));
+                    candidates.push((gkey, rec, private, private, None, Some(*anchor)));
                 }
                 _ => {}
             }
@@ -228,27 +234,23 @@ impl KernelDatapath {
         for (_, _, _, public, _, _) in &candidates {
             *seen.entry(public.to_key()).or_default() += 1;
         }
+        let mut to_pin = HashMap::new();
         for (gkey, rec, private, public, on_link, routed_via) in candidates {
             let key = public.to_key();
             if seen.get(&key) != Some(&1) {
                 tracing::warn!(flow = %public, "two network namespaces have a socket for the same NATed flow: managing neither");
                 continue;
             }
-            if let Some(Verdict::Ours {
-                entry,
-                dir: Direction::Out,
-                pinned: pinned @ false,
-                ..
-            }) = state.verdicts.get_mut(&gkey)
+            if let (
+                Some(Verdict::Ours {
+                    dir: Direction::Out,
+                    pinned: false,
+                    ..
+                }),
+                Some(ifindex),
+            ) = (state.verdicts.get(&gkey), on_link)
             {
-                if on_link {
-                    // Tried once: an entry that cannot be pinned (a copy
-                    // would change it) is not asked about again.
-                    *pinned = true;
-                    if let Err(e) = conntrack::pin_snat(entry) {
-                        tracing::warn!(flow = %private, error = %e, "cannot pin the NAT entry of a container's connection: a move of this host would reset it");
-                    }
-                }
+                to_pin.insert(gkey, ifindex);
             }
             public_keys.insert(key);
             if routed_via.is_some() {
@@ -271,7 +273,93 @@ impl KernelDatapath {
         }
         state.public = public_keys;
         state.routed = routed_keys;
+        state.to_pin = to_pin;
         Ok(out)
+    }
+
+    /// Pin the NAT entries of the guests' connections the last listing
+    /// found unpinned (see `conntrack::pin_snat`), each while the replies
+    /// of its flow are held in tc ingress: between the entry's removal and
+    /// its copy a reply would find no entry, be taken for this host's own
+    /// and answered with a reset that ends the connection on both ends (a
+    /// gap of microseconds that a slow machine or a busy flow hits). The
+    /// held replies are dropped and the peer's TCP sends them again.
+    pub(super) fn pin_guests(&mut self) -> Result<(), DatapathError> {
+        let pending: Vec<(GuestKey, u32)> = self.guests.borrow_mut().to_pin.drain().collect();
+        let mut by_link: HashMap<u32, Vec<GuestKey>> = HashMap::new();
+        for (gkey, ifindex) in pending {
+            by_link.entry(ifindex).or_default().push(gkey);
+        }
+        for (ifindex, gkeys) in by_link {
+            // tc on the interface the replies come in by: the standby's,
+            // or attached for these pins only.
+            let borrowed = !self.tc_current.contains(&ifindex);
+            if borrowed {
+                if let Err(e) =
+                    attach::attach_tc(&mut self.loaded.ebpf, &self.bpffs, ifindex, self.tc_mode)
+                {
+                    tracing::warn!(error = %e, "cannot hold replies while pinning containers' NAT entries: not pinned now");
+                    continue;
+                }
+                self.tc_current.insert(ifindex);
+            }
+            for gkey in gkeys {
+                self.pin_guest(&gkey)?;
+            }
+            if borrowed
+                && !self.standby.contains(&ifindex)
+                && !self.bind_ifaces.contains(&ifindex)
+                && !self.tc_used_by_translation(ifindex)?
+            {
+                attach::detach_tc(&self.bpffs, ifindex);
+                self.tc_current.remove(&ifindex);
+            }
+        }
+        Ok(())
+    }
+
+    /// Pin one guest's entry, its replies held meanwhile (`pin_guests`).
+    fn pin_guest(&mut self, gkey: &GuestKey) -> Result<(), DatapathError> {
+        let entry = match self.guests.borrow_mut().verdicts.get_mut(gkey) {
+            Some(Verdict::Ours {
+                entry,
+                dir: Direction::Out,
+                pinned: pinned @ false,
+                ..
+            }) => {
+                // Tried once: an entry that cannot be pinned (a copy
+                // would change it) is not asked about again.
+                *pinned = true;
+                entry.clone()
+            }
+            _ => return Ok(()),
+        };
+        // Read again: the copy takes the entry's state as it is now, and
+        // an entry that changed (replaced meanwhile) is left as it is.
+        let entry = match conntrack::find(entry.proto, entry.orig.0, entry.orig.1) {
+            Ok(Some((now, Direction::Out))) if now.reply == entry.reply && now.snat => now,
+            _ => return Ok(()),
+        };
+        let (local, remote) = entry.public(Direction::Out);
+        let public = VirtualFlow {
+            proto: entry.proto,
+            local,
+            remote,
+        };
+        // The replies as they arrive: from the peer to the public name.
+        let reply = public.to_key().reversed();
+        let hold = self.ingress_get(&reply)?.is_none();
+        if hold {
+            self.nat_insert(false, reply, translate::hold_only(&reply))?;
+        }
+        let pinned = conntrack::pin_snat(&entry);
+        if hold {
+            self.nat_remove(false, &reply)?;
+        }
+        if let Err(e) = pinned {
+            tracing::warn!(flow = %public, error = %e, "cannot pin the NAT entry of a container's connection: a move of this host would reset it");
+        }
+        Ok(())
     }
 
     /// Drop the guests' UDP records whose socket is gone: the recorder

@@ -684,6 +684,10 @@ impl Datapath for KernelDatapath {
         self.list(false)
     }
 
+    fn settle_guests(&mut self) -> Result<(), DatapathError> {
+        self.pin_guests()
+    }
+
     fn remove_translation(&mut self, flow: &VirtualFlow) -> Result<(), DatapathError> {
         self.remove(flow)
     }

@@ -447,8 +447,10 @@ impl KernelDatapath {
     }
 }
 
-/// The egress entry that only holds a flow: it rewrites the flow to itself.
-fn hold_only(key: &FlowKey) -> NatRewrite {
+/// The entry that only holds a flow: it rewrites the flow to itself (on
+/// egress for a moving connection's send side, on ingress for the replies
+/// of a container's connection while its NAT entry is pinned).
+pub(super) fn hold_only(key: &FlowKey) -> NatRewrite {
     NatRewrite {
         src_addr_be: key.src_addr_be,
         dst_addr_be: key.dst_addr_be,
