@@ -7,6 +7,8 @@
 //! `anyhow` + `clap`, so `.ci/run` can use it on a fresh machine before
 //! anything else is installed.
 mod criu;
+mod package;
+mod package_check;
 mod prereq;
 mod run;
 mod vm;
@@ -32,6 +34,7 @@ use clap::{Parser, Subcommand};
         cargo xtask test --kernel 6.1   the core integration tests on Debian 12's kernel, in a VM\n  \
         cargo xtask demo --kernel 6.12  the demo on Debian 13's kernel, in a VM\n  \
         cargo xtask bench NAME      run one benchmark from bench/src/bin\n  \
+        cargo xtask package         build target/debian/vnat_<version>_amd64.deb\n  \
         cargo xtask fuzz TARGET     fuzz one parser for a minute (cargo-fuzz, pinned nightly)"
 )]
 struct Cli {
@@ -144,6 +147,25 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<OsString>,
     },
+    /// Build the Debian package: target/debian/vnat_<version>_amd64.deb.
+    ///
+    /// Release binaries (vnatd with its eBPF programs built in, vnatctl),
+    /// the systemd unit, /etc/vnat/vnatd.toml (every key commented out with
+    /// its default), man pages vnatd(8), vnatctl(8), vnatd.toml(5) and
+    /// bash, zsh and fish completions generated from the same clap
+    /// definitions as --help, and iproute2 names for vnat's route protocol
+    /// and table. Install it with `apt install ./target/debian/vnat_*.deb`.
+    Package {
+        /// Skip the prerequisite check.
+        #[arg(long)]
+        no_prereq: bool,
+        /// Then install it into a scratch root and check it: files,
+        /// conffiles, the installed binaries, man pages, completions in
+        /// their shells, the unit (systemd-analyze verify), upgrade,
+        /// removal and purge. Needs root.
+        #[arg(long)]
+        verify: bool,
+    },
     /// Fuzz one target of fuzz/ with cargo-fuzz and the pinned nightly:
     /// `cargo +NIGHTLY fuzz run TARGET -- -max_total_time=SECONDS`.
     ///
@@ -248,5 +270,15 @@ fn dispatch(cli: Cli) -> Result<()> {
             seconds,
             args,
         } => run::fuzz(&root, &target, seconds, &args),
+        Command::Package { no_prereq, verify } => {
+            if !no_prereq {
+                prereq::run(false)?;
+            }
+            let deb = package::build(&root)?;
+            if verify {
+                package::verify(&root, &deb)?;
+            }
+            Ok(())
+        }
     }
 }

@@ -68,6 +68,15 @@ pub fn bench_packages() -> Result<()> {
     ensure_packages(BENCH_PACKAGES)
 }
 
+/// What `cargo xtask package --verify` checks the package with: the
+/// shells its completions load in, man, and objdump (the libc6 version).
+pub const PACKAGE_CHECK_PACKAGES: &[&str] = &["zsh", "fish", "man-db", "binutils"];
+
+/// Install the package check's Debian packages if any is missing.
+pub fn package_check_packages() -> Result<()> {
+    ensure_packages(PACKAGE_CHECK_PACKAGES)
+}
+
 /// Install the VM runs' Debian packages if any is missing.
 pub fn vm_packages() -> Result<()> {
     ensure_packages(VM_PACKAGES)
