@@ -8,7 +8,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::proto::{Mobility, PeerInfo, VcmpCounters};
+use super::proto::{PeerInfo, VcmpCounters};
 use super::transfer::{ExportDocument, ImportOutcome, TransferError};
 use crate::datapath::VirtualFlow;
 use crate::vcmp::EndpointError;
@@ -128,4 +128,32 @@ pub enum MoveRefused {
     Prepare(String),
     #[error("cannot start the migration: {0}")]
     Start(EndpointError),
+}
+
+/// What VCMP says of one connection's mobility, for `list` and the
+/// selectors of mobility requests.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Mobility {
+    /// VCMP holds keys for it, so it can move.
+    pub mobile: bool,
+    /// The address and port the peer sees for our end, when it differs
+    /// from ours (a NAT between the ends).
+    pub seen_by_peer_as: Option<SocketAddr>,
+    /// Why it cannot move, when it cannot.
+    pub why_not: Option<String>,
+    /// The role its suspension settled ("primary" moves, "secondary"
+    /// waits for it), if one did.
+    pub role: Option<String>,
+    /// A move of it is under way.
+    pub moving: bool,
+    /// Where VCMP has our end (the datapath may not send from there yet:
+    /// the send side switches once the peer sends to it).
+    pub local_phys: Option<SocketAddr>,
+    /// Its keepalive is held (off) until resume (`vnatctl suspend`).
+    pub keepalive_held: bool,
+    /// Keep-alive helpers this host asked the peer for, until the
+    /// connection works again (`suspend --helper`).
+    pub helpers_asked: Vec<String>,
+    /// Keep-alive helpers this host runs for the absent peer.
+    pub helping: Vec<String>,
 }

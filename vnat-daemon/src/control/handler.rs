@@ -20,19 +20,31 @@ use tokio::sync::oneshot;
 
 pub use super::select::{resolve, SelectError};
 use super::{
-    command::{Command, CommandSender},
+    command::{Command, CommandSender, Mobility},
     proto::{
-        require_absolute, DaemonInfo, ErrorBody, ErrorKind, ImportedConnection, ListedConnection,
-        MigrateReply, MigrateStarted, MigrateTarget, Mobility, Outcome, Reply, Request,
-        RequestEnvelope, ResponseEnvelope, ResumeReply, Selector, Skipped, StatusReply,
-        SuspendReply, PROTOCOL_VERSION,
+        DaemonInfo, ErrorBody, ErrorKind, ImportedConnection, ListedConnection, MigrateReply,
+        MigrateStarted, MigrateTarget, Outcome, Reply, Request, RequestEnvelope, ResponseEnvelope,
+        ResumeReply, Selector, Skipped, StatusReply, SuspendReply, PROTOCOL_VERSION,
     },
-    transfer::{ExportDocument, TransferError},
+    transfer::{self, ExportDocument, TransferError},
 };
 use crate::datapath::{
     owner::{DatapathGone, DatapathHandle},
     ConnectionInfo, Datapath, DatapathError, DatapathStatus, VirtualFlow,
 };
+
+/// Paths sent to vnatd must be absolute: the daemon's working directory is not
+/// the client's.
+fn require_absolute(path: &Path) -> Result<(), String> {
+    if path.is_absolute() {
+        Ok(())
+    } else {
+        Err(format!(
+            "the cgroup path {} is relative; pass an absolute path (vnatctl makes paths absolute for you)",
+            path.display()
+        ))
+    }
+}
 
 /// An optional host key given as 64 hex digits (`--to`, `--from`).
 fn host_key(key: Option<&str>, what: &str) -> Result<Option<[u8; 32]>, RequestError> {
@@ -419,7 +431,7 @@ impl Handler {
     fn import(&self, state: &ExportDocument, from: Option<&str>) -> Result<Reply, RequestError> {
         // Refuse a bad document or key before the driver is involved.
         let from = host_key(from, "--from")?;
-        state.validate().map_err(RequestError::Transfer)?;
+        transfer::validate(state).map_err(RequestError::Transfer)?;
         let state = state.clone();
         let outcomes = self
             .ask(|reply| Command::Import { state, from, reply })?

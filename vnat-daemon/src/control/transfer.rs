@@ -1,128 +1,64 @@
-//! The document `vnatctl export` writes and `vnatctl import` reads: the VCMP
-//! state of connections that travel with a checkpointed process (paper
-//! section 3.3.1.1), plus the translation each had on the exporting host.
+//! Sealing and checking the export document (its shapes are in
+//! `vnat_control::transfer`, re-exported here): what `vnatctl export`
+//! writes and `vnatctl import` reads, the VCMP state of connections that
+//! travel with a checkpointed process (paper section 3.3.1.1).
 //!
-//! ```json
-//! {"vnat_export": 1,
-//!  "connections": [{"id": 123, "vcmp": {...}, "translation": {...} | null}]}
-//! ```
-//!
-//! `vcmp` is [`ConnectionExport`], which holds the connection's root key:
-//! whoever holds the document can move the connection, so it is a secret
-//! like the process image it travels with.
-//!
-//! `seal` authenticates it: the exporting host's key (`from`), the key of
-//! the host it is for (`to`), and a MAC of the document's canonical bytes
-//! under a key only those two hosts can derive (their static
-//! Diffie-Hellman; `vcmp::crypto::export_seal`). The importing vnatd
-//! refuses a document without a seal, sealed for another host, sealed by
-//! a host other than the one named on import (this host by default), or
-//! changed since it was sealed.
+//! The seal authenticates a document: the exporting host's key (`from`),
+//! the key of the host it is for (`to`), and a MAC of the document's
+//! canonical bytes ([`sealed_bytes`]) under a key only those two hosts can
+//! derive (their static Diffie-Hellman; `vcmp::crypto::export_seal`). The
+//! importing vnatd refuses a document without a seal, sealed for another
+//! host, sealed by a host other than the one named on import (this host by
+//! default), or changed since it was sealed.
 
 use std::net::SocketAddr;
 
-use serde::{Deserialize, Serialize};
+pub use vnat_control::transfer::{ExportDocument, ExportedConnection, Seal, EXPORT_FORMAT};
 
 use crate::{
-    datapath::{DatapathError, Translation, VirtualFlow},
+    datapath::{DatapathError, VirtualFlow},
     vcmp::{
         crypto::{key_hex, parse_key_hex},
         endpoint::EndpointError,
-        export::ConnectionExport,
         Endpoint,
     },
 };
 
-/// Version of the document (the `vnat_export` key). Bump it on any
-/// incompatible change; [`ConnectionExport`] carries its own version too.
-pub const EXPORT_FORMAT: u32 = 1;
-
-/// A whole export: what `export` answers and `import` takes.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ExportDocument {
-    pub vnat_export: u32,
-    pub connections: Vec<ExportedConnection>,
-    /// Who sealed it for whom, and the MAC (absent only in documents of
-    /// vnatd before the seal, which are refused).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seal: Option<Seal>,
+/// The bytes the seal covers: the document without its seal, as this
+/// vnatd serializes it (so whitespace or key order changed in the file do
+/// not matter, and every value does).
+/// `None` if it cannot be serialized (then it is neither sealed nor
+/// accepted). The bytes hold the connections' keys: wiped when dropped.
+pub fn sealed_bytes(doc: &ExportDocument) -> Option<zeroize::Zeroizing<Vec<u8>>> {
+    let unsealed = ExportDocument {
+        seal: None,
+        ..doc.clone()
+    };
+    serde_json::to_vec(&unsealed)
+        .ok()
+        .map(zeroize::Zeroizing::new)
 }
 
-/// See the module documentation: keys and MAC as 64 hex digits.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct Seal {
-    pub from: String,
-    pub to: String,
-    pub mac: String,
-}
-
-/// One exported connection.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ExportedConnection {
-    /// The id `vnatctl ls` showed (derived from the virtual endpoints).
-    pub id: u64,
-    #[serde(with = "vcmp_text")]
-    pub vcmp: ConnectionExport,
-    /// The translation installed on the exporting host, if the connection
-    /// had moved; for people reading the file (the importing host derives
-    /// its own from `vcmp`'s physical endpoints and its addresses).
-    pub translation: Option<Translation>,
-}
-
-// The control protocol's request type derives `Eq` (its tests compare
-// requests); the export holds a key type without `PartialEq` on purpose, so
-// compare documents by their serialized form (a string: `serde_json::Value`
-// cannot hold the replay window's u128).
-impl PartialEq for ExportDocument {
-    fn eq(&self, other: &Self) -> bool {
-        match (serde_json::to_string(self), serde_json::to_string(other)) {
-            (Ok(a), Ok(b)) => a == b,
-            _ => false,
-        }
+/// Check what can be checked without VCMP, so that a bad file is refused
+/// before anything changes.
+pub fn validate(doc: &ExportDocument) -> Result<(), TransferError> {
+    if doc.vnat_export != EXPORT_FORMAT {
+        return Err(TransferError::Format {
+            found: doc.vnat_export,
+        });
     }
-}
-impl Eq for ExportDocument {}
-
-impl ExportDocument {
-    /// The bytes the seal covers: the document without its seal, as this
-    /// vnatd serializes it (so whitespace or key order changed in the file
-    /// do not matter, and every value does).
-    /// `None` if it cannot be serialized (then it is neither sealed nor
-    /// accepted). The bytes hold the connections' keys: wiped when dropped.
-    pub fn sealed_bytes(&self) -> Option<zeroize::Zeroizing<Vec<u8>>> {
-        let unsealed = ExportDocument {
-            seal: None,
-            ..self.clone()
-        };
-        serde_json::to_vec(&unsealed)
-            .ok()
-            .map(zeroize::Zeroizing::new)
+    if doc.connections.is_empty() {
+        return Err(TransferError::Empty);
     }
-
-    /// Check what can be checked without VCMP, so that a bad file is refused
-    /// before anything changes.
-    pub fn validate(&self) -> Result<(), TransferError> {
-        if self.vnat_export != EXPORT_FORMAT {
-            return Err(TransferError::Format {
-                found: self.vnat_export,
+    for c in &doc.connections {
+        if c.vcmp.flow.id() != c.id {
+            return Err(TransferError::IdMismatch {
+                id: c.id,
+                flow: describe(&c.vcmp.flow),
             });
         }
-        if self.connections.is_empty() {
-            return Err(TransferError::Empty);
-        }
-        for c in &self.connections {
-            if c.vcmp.flow.id() != c.id {
-                return Err(TransferError::IdMismatch {
-                    id: c.id,
-                    flow: describe(&c.vcmp.flow),
-                });
-            }
-        }
-        Ok(())
     }
+    Ok(())
 }
 
 /// Seal `doc` (see the module documentation) for the host `to`; `false`
@@ -130,10 +66,7 @@ impl ExportDocument {
 /// serialized.
 pub fn seal(doc: &mut ExportDocument, endpoint: &Endpoint, to: &[u8; 32]) -> bool {
     doc.seal = None;
-    let Some(mac) = doc
-        .sealed_bytes()
-        .and_then(|body| endpoint.seal_export(to, &body))
-    else {
+    let Some(mac) = sealed_bytes(doc).and_then(|body| endpoint.seal_export(to, &body)) else {
         return false;
     };
     doc.seal = Some(Seal {
@@ -168,7 +101,7 @@ pub fn check_seal(
             from: seal.from.clone(),
         });
     }
-    let body = doc.sealed_bytes().ok_or(TransferError::BadSeal)?;
+    let body = sealed_bytes(doc).ok_or(TransferError::BadSeal)?;
     if !endpoint.check_export_seal(&sealed_from, &body, &mac) {
         return Err(TransferError::BadSeal);
     }
@@ -214,71 +147,6 @@ pub enum TransferError {
         #[source]
         source: EndpointError,
     },
-}
-
-/// [`ConnectionExport`] as the document holds it: as VCMP serializes it,
-/// except the replay window's 128-bit bitmap, which is written as 32 hex
-/// digits. Why: the control protocol's messages are internally tagged serde
-/// enums, which buffer their content in a form that has no 128-bit integers
-/// (and `serde_json::Value` has none either), so a u128 inside an `import`
-/// request or an `export` answer could not be read back.
-mod vcmp_text {
-    use serde::{
-        de::Error as _, ser::Error as _, Deserialize, Deserializer, Serialize, Serializer,
-    };
-    use serde_json::{json, Value};
-
-    use crate::vcmp::{export::ConnectionExport, replay::ReplayWindow};
-
-    /// The window as VCMP serializes it, read with serde_json's own parser
-    /// (which does handle u128).
-    #[derive(Deserialize)]
-    struct Native {
-        highest: u64,
-        bitmap: u128,
-    }
-
-    /// The window as the document holds it.
-    #[derive(Serialize, Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Text {
-        highest: u64,
-        bitmap: String,
-    }
-
-    pub fn serialize<S: Serializer>(e: &ConnectionExport, s: S) -> Result<S::Ok, S::Error> {
-        let native = serde_json::to_string(&e.replay)
-            .and_then(|w| serde_json::from_str::<Native>(&w))
-            .map_err(S::Error::custom)?;
-        let mut plain = e.clone();
-        plain.replay = ReplayWindow::default();
-        let mut v = serde_json::to_value(&plain).map_err(S::Error::custom)?;
-        v["replay"] = json!(Text {
-            highest: native.highest,
-            bitmap: format!("{:032x}", native.bitmap),
-        });
-        v.serialize(s)
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<ConnectionExport, D::Error> {
-        let mut v = Value::deserialize(d)?;
-        let text = v
-            .get_mut("replay")
-            .map(Value::take)
-            .ok_or_else(|| D::Error::missing_field("replay"))?;
-        let text: Text = serde_json::from_value(text).map_err(D::Error::custom)?;
-        let bitmap = u128::from_str_radix(&text.bitmap, 16)
-            .map_err(|_| D::Error::custom("the replay bitmap is not 32 hex digits"))?;
-        let native = format!(r#"{{"highest":{},"bitmap":{bitmap}}}"#, text.highest);
-        let replay: ReplayWindow = serde_json::from_str(&native).map_err(D::Error::custom)?;
-        // The rest through serde_json's parser too (ConnectionExport's own
-        // window field is a u128, which `from_value` refuses even when 0).
-        v["replay"] = json!({ "highest": 0, "bitmap": 0 });
-        let mut e: ConnectionExport =
-            serde_json::from_str(&v.to_string()).map_err(D::Error::custom)?;
-        e.replay = replay;
-        Ok(e)
-    }
 }
 
 /// "tcp 198.18.1.2:40000 -> 198.18.3.2:5001", for messages.

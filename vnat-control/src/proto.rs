@@ -9,13 +9,13 @@
 
 use std::{
     net::{IpAddr, SocketAddr},
-    path::{Path, PathBuf},
+    path::PathBuf,
 };
 
 use serde::{Deserialize, Serialize};
 
-use super::transfer::ExportDocument;
 use crate::datapath::{ConnectionInfo, DatapathStatus};
+use crate::transfer::ExportDocument;
 
 /// The protocol version this build speaks. Bump it on any incompatible change
 /// to [`Request`] or [`Reply`].
@@ -304,34 +304,6 @@ pub struct PeerInfo {
     pub reflexive: Option<SocketAddr>,
 }
 
-/// What VCMP says of one connection's mobility, for `list` and the
-/// selectors of mobility requests.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Mobility {
-    /// VCMP holds keys for it, so it can move.
-    pub mobile: bool,
-    /// The address and port the peer sees for our end, when it differs
-    /// from ours (a NAT between the ends).
-    pub seen_by_peer_as: Option<SocketAddr>,
-    /// Why it cannot move, when it cannot.
-    pub why_not: Option<String>,
-    /// The role its suspension settled ("primary" moves, "secondary"
-    /// waits for it), if one did.
-    pub role: Option<String>,
-    /// A move of it is under way.
-    pub moving: bool,
-    /// Where VCMP has our end (the datapath may not send from there yet:
-    /// the send side switches once the peer sends to it).
-    pub local_phys: Option<SocketAddr>,
-    /// Its keepalive is held (off) until resume (`vnatctl suspend`).
-    pub keepalive_held: bool,
-    /// Keep-alive helpers this host asked the peer for, until the
-    /// connection works again (`suspend --helper`).
-    pub helpers_asked: Vec<String>,
-    /// Keep-alive helpers this host runs for the absent peer.
-    pub helping: Vec<String>,
-}
-
 /// One element of the `list` answer: the datapath's record plus what VCMP
 /// knows of it. Flattened, so the record's keys stay where they were.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -528,19 +500,6 @@ impl ErrorKind {
 impl std::fmt::Display for ErrorKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
-    }
-}
-
-/// Paths sent to vnatd must be absolute: the daemon's working directory is not
-/// the client's.
-pub(crate) fn require_absolute(path: &Path) -> Result<(), String> {
-    if path.is_absolute() {
-        Ok(())
-    } else {
-        Err(format!(
-            "the cgroup path {} is relative; pass an absolute path (vnatctl makes paths absolute for you)",
-            path.display()
-        ))
     }
 }
 

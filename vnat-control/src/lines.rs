@@ -1,10 +1,11 @@
-//! Newline-delimited framing with a length bound, shared by server and client.
+//! The protocol's framing: newline-delimited lines with a length bound, read
+//! the same way by vnatd's server and by the client.
 
 use tokio::io::{AsyncBufRead, AsyncBufReadExt};
 
 /// One framed line, or why there is none.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Line {
+pub enum Line {
     /// A line without its `\n`. A last line cut short by EOF counts too, so
     /// that `printf '{...}' | socat - UNIX:...` gets an answer.
     Data(Vec<u8>),
@@ -17,7 +18,7 @@ pub(crate) enum Line {
 
 /// Read one line of at most `max` bytes (newline excluded) without ever
 /// buffering more than `max` plus one read's worth.
-pub(crate) async fn read_line_bounded<R: AsyncBufRead + Unpin>(
+pub async fn read_line_bounded<R: AsyncBufRead + Unpin>(
     reader: &mut R,
     max: usize,
 ) -> std::io::Result<Line> {

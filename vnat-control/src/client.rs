@@ -14,13 +14,12 @@ use tokio::{
     },
 };
 
-use super::proto::PeerInfo;
-use super::{
+use crate::{
     lines::{read_line_bounded, Line},
     proto::{
         ErrorKind, ImportedConnection, ListedConnection, MigrateReply, MigrateTarget, Outcome,
-        Reply, Request, RequestEnvelope, ResponseEnvelope, ResumeReply, Selector, StatusReply,
-        SuspendReply, MAX_RESPONSE_LINE, PROTOCOL_VERSION,
+        PeerInfo, Reply, Request, RequestEnvelope, ResponseEnvelope, ResumeReply, Selector,
+        StatusReply, SuspendReply, MAX_RESPONSE_LINE, PROTOCOL_VERSION,
     },
     transfer::ExportDocument,
 };
@@ -353,5 +352,28 @@ fn unreachable_hint(e: &io::Error) -> &'static str {
             "the control socket is only open to its owner; run vnatctl as root (or with sudo)"
         }
         _ => "is vnatd running? (start it with: systemctl start vnatd)",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn unreachable_daemon_error_is_one_clear_sentence() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("vnatd.sock");
+        let e = match ControlClient::connect(&path).await {
+            Err(e) => e,
+            Ok(_) => panic!("connected to nothing"),
+        };
+        assert!(e.is_unreachable());
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "cannot reach vnatd at {}: No such file or directory; is vnatd running? (start it with: systemctl start vnatd)",
+                path.display()
+            )
+        );
     }
 }

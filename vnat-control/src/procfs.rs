@@ -1,0 +1,111 @@
+//! The socket tables of a network namespace, /proc/PID/net/{tcp,udp}{,6}:
+//! the socket inode of each (protocol, local, remote) endpoint pair. vnatd
+//! reads them to name a connection's owner, `vnatctl criu-hook` to find the
+//! connections of the process tree CRIU dumps.
+
+use std::{
+    collections::HashMap,
+    fs,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+};
+
+use crate::datapath::Proto;
+
+/// (proto, local, remote) to socket inode, for this network namespace.
+pub fn socket_inodes() -> HashMap<(Proto, SocketAddr, SocketAddr), u64> {
+    socket_inodes_in("/proc/thread-self/net")
+}
+
+/// [`socket_inodes`] of the network namespace whose `net` directory is
+/// `dir` (`/proc/PID/net` shows the sockets of PID's namespace).
+pub fn socket_inodes_in(dir: &str) -> HashMap<(Proto, SocketAddr, SocketAddr), u64> {
+    let mut map = HashMap::new();
+    for (proto, file) in [
+        (Proto::Tcp, "tcp"),
+        (Proto::Tcp, "tcp6"),
+        (Proto::Udp, "udp"),
+        (Proto::Udp, "udp6"),
+    ] {
+        let Ok(text) = fs::read_to_string(format!("{dir}/{file}")) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            if let Some((l, r, inode)) = parse_line(line) {
+                if inode != 0 {
+                    map.insert((proto, l, r), inode);
+                }
+            }
+        }
+    }
+    map
+}
+
+fn parse_line(line: &str) -> Option<(SocketAddr, SocketAddr, u64)> {
+    let f: Vec<&str> = line.split_whitespace().collect();
+    let local = parse_endpoint(f.get(1)?)?;
+    let remote = parse_endpoint(f.get(2)?)?;
+    let inode = f.get(9)?.parse().ok()?;
+    Some((local, remote, inode))
+}
+
+/// `0100007F:0050` is 127.0.0.1:80: each 32-bit word is printed as the host
+/// (little-endian here) integer of its network-order bytes.
+fn parse_endpoint(s: &str) -> Option<SocketAddr> {
+    let (addr, port) = s.split_once(':')?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    let word = |i: usize| -> Option<[u8; 4]> {
+        Some(
+            u32::from_str_radix(addr.get(i * 8..i * 8 + 8)?, 16)
+                .ok()?
+                .to_ne_bytes(),
+        )
+    };
+    let ip = match addr.len() {
+        8 => IpAddr::V4(Ipv4Addr::from(word(0)?)),
+        32 => {
+            let mut b = [0u8; 16];
+            for i in 0..4 {
+                b[i * 4..i * 4 + 4].copy_from_slice(&word(i)?);
+            }
+            // A dual-stack socket's IPv4 connection (::ffff:a.b.c.d) is
+            // the IPv4 flow vnat's records name.
+            IpAddr::V6(Ipv6Addr::from(b)).to_canonical()
+        }
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_proc_net_endpoints() {
+        assert_eq!(
+            parse_endpoint("0100007F:0050"),
+            Some("127.0.0.1:80".parse().unwrap())
+        );
+        assert_eq!(
+            parse_endpoint("000080FE00000000FF57B0A0CB31D2FE:1F90"),
+            Some("[fe80::a0b0:57ff:fed2:31cb]:8080".parse().unwrap())
+        );
+        // A dual-stack socket's IPv4 peer in /proc/net/tcp6 is the IPv4
+        // endpoint, as vnat's records name it.
+        assert_eq!(
+            parse_endpoint("0000000000000000FFFF0000020112C6:1389"),
+            Some("198.18.1.2:5001".parse().unwrap())
+        );
+        assert_eq!(
+            parse_endpoint("00000000000000000000000000000000:1389"),
+            Some("[::]:5001".parse().unwrap())
+        );
+        assert_eq!(parse_endpoint("zz:1"), None);
+        let line = "   0: 0201A8C0:0016 0301A8C0:D431 01 00000000:00000000 02:000A 00000000     0        0 4242 2 0";
+        let (l, r, inode) = parse_line(line).unwrap();
+        assert_eq!(
+            (l.to_string(), r.to_string(), inode),
+            ("192.168.1.2:22".into(), "192.168.1.3:54321".into(), 4242)
+        );
+    }
+}
