@@ -3,9 +3,9 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use vnat_daemon::{
-    control::DEFAULT_CONTROL_PATH,
+use vnat_control::{
     datapath::{ConnState, Proto},
+    DEFAULT_CONTROL_PATH,
 };
 
 const LONG_ABOUT: &str = "\
@@ -191,7 +191,7 @@ pub struct SelectArgs {
 
 /// `--helper NAME`: a name the wire can carry (see `vcmp::help`).
 fn helper_name(s: &str) -> Result<String, String> {
-    vnat_daemon::vcmp::help::Help::from_names(&[s.to_string()]).map(|_| s.to_string())
+    vnat_control::vcmp::help::Help::from_names(&[s.to_string()]).map(|_| s.to_string())
 }
 
 const ENABLE_ABOUT: &str = "\

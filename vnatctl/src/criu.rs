@@ -42,10 +42,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use vnat_daemon::{
-    control::ListedConnection,
-    datapath::{kernel::procfs, Proto},
-};
+use vnat_control::{datapath::Proto, procfs, ListedConnection};
 
 /// A socket by its own (virtual) endpoints.
 pub type SocketTuple = (Proto, SocketAddr, SocketAddr);
@@ -283,7 +280,7 @@ pub fn tree_connections(
 
 #[cfg(test)]
 mod tests {
-    use vnat_daemon::datapath::{ConnState, ConnectionInfo, Proto};
+    use vnat_control::datapath::{ConnState, ConnectionInfo, Proto};
 
     use super::*;
 

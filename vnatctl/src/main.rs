@@ -16,12 +16,10 @@ use std::{
 use clap::Parser;
 use cli::{Cli, Command, PeersAction, ProtoArg, SelectArgs, StateArg};
 use output::LsRow;
-use vnat_daemon::{
-    control::{
-        ClientError, ControlClient, ExportDocument, ListedConnection, MigrateReply, MigrateTarget,
-        Selector,
-    },
+use vnat_control::{
     datapath::{ConnState, Proto},
+    ClientError, ControlClient, ExportDocument, ListedConnection, MigrateReply, MigrateTarget,
+    Selector,
 };
 
 /// Why a command failed; each maps to an exit status and a JSON `kind`.
@@ -402,7 +400,7 @@ fn run(cli: &Cli) -> Result<String, Failure> {
                 if ids.is_empty() {
                     return Ok(String::new());
                 }
-                let hold = vec![vnat_daemon::vcmp::help::HOLD.to_string()];
+                let hold = vec![vnat_control::vcmp::help::HOLD.to_string()];
                 match client
                     .ask_help(Selector::Conns(ids), hold, criu::HOLD_CONFIRM_MS)
                     .await

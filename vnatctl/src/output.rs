@@ -10,12 +10,9 @@ use std::{
 };
 
 use serde::Serialize;
-use vnat_daemon::{
-    control::{
-        DaemonInfo, ExportDocument, ImportedConnection, ListedConnection, MigrateReply,
-        MigrateStarted, PeerInfo, ResumeReply, Skipped, StatusReply, SuspendReply,
-    },
-    datapath::DatapathStatus,
+use vnat_control::{
+    datapath::DatapathStatus, DaemonInfo, ExportDocument, ImportedConnection, ListedConnection,
+    MigrateReply, MigrateStarted, PeerInfo, ResumeReply, Skipped, StatusReply, SuspendReply,
 };
 
 mod ls;
@@ -74,7 +71,7 @@ pub struct DatapathJson {
     /// How new tc attachments are made: "tcx" or "clsact".
     pub tc_mode: String,
     /// Capabilities this kernel weakens or turns off.
-    pub degraded: Vec<vnat_daemon::datapath::Degraded>,
+    pub degraded: Vec<vnat_control::datapath::Degraded>,
     pub bpffs: PathBuf,
     pub netns_cookie: u64,
     pub programs_loaded: Vec<String>,

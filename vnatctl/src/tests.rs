@@ -3,9 +3,9 @@
 use std::path::PathBuf;
 
 use serde_json::{json, Value};
-use vnat_daemon::{
-    control::{DaemonInfo, ErrorKind, ListedConnection, StatusReply},
+use vnat_control::{
     datapath::{CgroupAttachment, ConnState, ConnectionInfo, DatapathStatus, Proto, TcAttachment},
+    DaemonInfo, ErrorKind, ListedConnection, StatusReply,
 };
 
 use super::{output, select, ClientError, Failure, ProtoArg, StateArg};
@@ -251,8 +251,8 @@ fn status() -> StatusReply {
         },
         datapath: DatapathStatus {
             kernel: "6.1.0-50-amd64".into(),
-            tc_mode: vnat_daemon::datapath::TcMode::Clsact,
-            degraded: vec![vnat_daemon::datapath::Degraded {
+            tc_mode: vnat_control::datapath::TcMode::Clsact,
+            degraded: vec![vnat_control::datapath::Degraded {
                 feature: "tcx".into(),
                 needs: "TCX (Linux 6.6)".into(),
                 effect: "tc attaches as clsact filters".into(),
@@ -268,7 +268,7 @@ fn status() -> StatusReply {
             tc: vec![TcAttachment {
                 ifname: "eth0".into(),
                 ifindex: 2,
-                mode: vnat_daemon::datapath::TcMode::Tcx,
+                mode: vnat_control::datapath::TcMode::Tcx,
                 users: 3,
             }],
             connections: 10,
@@ -278,7 +278,7 @@ fn status() -> StatusReply {
                 ("tc_drop_no_route".into(), 2),
             ],
         },
-        vcmp: Some(vnat_daemon::control::VcmpCounters {
+        vcmp: Some(vnat_control::VcmpCounters {
             host_key: "ab".repeat(32),
             events: [("datagrams_received".to_string(), 12)]
                 .into_iter()
@@ -459,7 +459,7 @@ fn a_containers_connection_shows_its_namespace_and_private_end() {
         ConnState::Native,
         Some(42),
     );
-    listed.info.guest = Some(vnat_daemon::datapath::GuestInfo {
+    listed.info.guest = Some(vnat_control::datapath::GuestInfo {
         netns_cookie: 4099,
         netns: Some("net:[4026532999]".into()),
         private_local: "10.88.0.2:40000".parse().unwrap(),
@@ -545,7 +545,7 @@ fn ls_shows_a_routed_containers_connection() {
         ConnState::Native,
         Some(42),
     );
-    listed.info.guest = Some(vnat_daemon::datapath::GuestInfo {
+    listed.info.guest = Some(vnat_control::datapath::GuestInfo {
         netns_cookie: 4099,
         netns: Some("net:[4026532999]".into()),
         private_local: "[2001:db8:88::2]:40000".parse().unwrap(),

@@ -2,7 +2,7 @@
 //! the tests) and its table.
 
 use serde::Serialize;
-use vnat_daemon::control::ListedConnection;
+use vnat_control::ListedConnection;
 
 use super::table;
 
