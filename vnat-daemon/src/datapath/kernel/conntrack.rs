@@ -227,10 +227,51 @@ fn pinned(e: &Entry) -> Result<Vec<ConntrackAttribute>, &'static str> {
     }
     if e.proto == Proto::Tcp {
         attrs.push(ConntrackAttribute::CtaProtoInfo(vec![ProtoInfo::TCP(
-            e.tcp.clone(),
+            liberal(&e.tcp),
         )]));
     }
     Ok(attrs)
+}
+
+/// `IP_CT_TCP_FLAG_BE_LIBERAL`: conntrack does not judge the direction's
+/// packets by their window.
+const TCP_FLAG_BE_LIBERAL: u8 = 0x08;
+
+/// The TCP state of a copy: as it was, with both directions liberal. A
+/// copy starts without the tracker's window data (ctnetlink cannot set
+/// it), and the kernel picks it up from the next packet; a packet already
+/// in flight in the other direction can then fall outside that guess, be
+/// marked invalid and so skip NAT: the reply reaches this host unNATed,
+/// which answers with a reset (seen on Debian 12's 6.1 with a busy flow).
+/// Liberal tracking, as `nf_conntrack_tcp_be_liberal` gives every flow,
+/// leaves window checks to the two ends.
+fn liberal(tcp: &[ProtoInfoTCP]) -> Vec<ProtoInfoTCP> {
+    let with = |f: Option<&TCPFlags>| {
+        let flags = f.map_or(0, |f| f.flags) | TCP_FLAG_BE_LIBERAL;
+        TCPFlags::parse(&[flags & TCP_FLAGS_COPIED, TCP_FLAGS_COPIED])
+            .expect("two bytes are a TCP flags attribute")
+    };
+    let mut out: Vec<ProtoInfoTCP> = tcp
+        .iter()
+        .filter(|f| {
+            !matches!(
+                f,
+                ProtoInfoTCP::OriginalFlags(_) | ProtoInfoTCP::ReplyFlags(_)
+            )
+        })
+        .cloned()
+        .collect();
+    let orig = tcp.iter().find_map(|f| match f {
+        ProtoInfoTCP::OriginalFlags(fl) => Some(fl),
+        _ => None,
+    });
+    let reply = tcp.iter().find_map(|f| match f {
+        ProtoInfoTCP::ReplyFlags(fl) => Some(fl),
+        _ => None,
+    });
+    out.push(ProtoInfoTCP::OriginalFlags(with(orig)));
+    out.push(ProtoInfoTCP::ReplyFlags(with(reply)));
+    out
 }
 
 fn nested(kind: u16, nlas: &[DefaultNla]) -> DefaultNla {
@@ -531,7 +572,13 @@ mod tests {
         assert_eq!(back.orig, e.orig);
         assert_eq!(back.reply, (e.orig.1, e.orig.0));
         assert_eq!(back.timeout, e.timeout);
-        assert_eq!(back.tcp, e.tcp, "TCP state and window scale copied");
+        // TCP state and window scale copied; both directions liberal (the
+        // copy has no window data to judge packets by, see `liberal`).
+        let liberal = TCPFlags::parse(&[TCP_FLAG_BE_LIBERAL, TCP_FLAGS_COPIED]).unwrap();
+        let mut expected = e.tcp.clone();
+        expected.push(ProtoInfoTCP::OriginalFlags(liberal.clone()));
+        expected.push(ProtoInfoTCP::ReplyFlags(liberal));
+        assert_eq!(back.tcp, expected);
         assert_eq!(back.mark, Some(0x42), "the mark copied");
         assert_eq!(
             back.status,
