@@ -299,7 +299,7 @@ impl Endpoint {
         }
         self.rearm(flow);
         self.stats.count(Counter::MigrationAborted);
-        tracing::warn!(?flow, %reason, "VCMP migration aborted");
+        tracing::warn!(id = flow.id(), %flow, %reason, "VCMP migration aborted");
         self.emit(Event::MigrationAborted {
             flow: *flow,
             reason,

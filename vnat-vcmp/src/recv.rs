@@ -211,7 +211,7 @@ impl Endpoint {
         // peer host's key.
         let span = tracing::debug_span!(
             "conn",
-            flow = %flow,
+            id = flow.id(), flow = %flow,
             peer = c.peer_key.as_ref().map(crypto::key_short).as_deref().unwrap_or("-")
         );
         let _in = span.enter();

@@ -53,12 +53,12 @@ pub fn prepare_resolving(
             };
             let other = **other;
             if preempt && t.flow.proto == Proto::Tcp && may_reset(&other) {
-                tracing::warn!(flow = %t.flow, %other, "virtual-address conflict: resetting the older connection (both are in preempt_cgroups)");
+                tracing::warn!(id = t.flow.id(), flow = %t.flow, %other, "virtual-address conflict: resetting the older connection (both are in preempt_cgroups)");
                 if dp.reset_connection(&other)? {
                     return dp.prepare_translation(t);
                 }
             }
-            tracing::warn!(flow = %t.flow, error = %e, "virtual-address conflict: the move is refused");
+            tracing::warn!(id = t.flow.id(), flow = %t.flow, error = %e, "virtual-address conflict: the move is refused");
             Err(e)
         }
         r => r,

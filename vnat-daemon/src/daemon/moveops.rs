@@ -124,7 +124,7 @@ pub fn start_one(
         match dp.hold_send_side(&m.flow, true) {
             Ok(()) => held = true,
             Err(e) => {
-                tracing::warn!(flow = ?m.flow, error = %e, "cannot hold the connection's packets during its move")
+                tracing::warn!(id = m.flow.id(), flow = %m.flow, error = %e, "cannot hold the connection's packets during its move")
             }
         }
     }
@@ -187,9 +187,9 @@ pub fn restart_one(dp: &mut dyn Datapath, flow: VirtualFlow, solicit: bool, wait
         dp.kick_flow(&flow, solicit).map(|k| format!("{k:?}"))
     };
     match r {
-        Ok(sent) => tracing::debug!(?flow, %sent, "restart"),
+        Ok(sent) => tracing::debug!(id = flow.id(), %flow, %sent, "restart"),
         Err(e) => {
-            tracing::debug!(?flow, error = %e, "could not restart the flow's retransmissions")
+            tracing::debug!(id = flow.id(), %flow, error = %e, "could not restart the flow's retransmissions")
         }
     }
 }
@@ -207,7 +207,7 @@ pub fn prepare_old_address(
 ) {
     if let Some(t) = mobility::old_address_receive_side(flow, local, remote) {
         if let Err(e) = dp.prepare_translation(&t) {
-            tracing::debug!(?flow, error = %e, "cannot take in the peer's packets to our old address");
+            tracing::debug!(id = flow.id(), %flow, error = %e, "cannot take in the peer's packets to our old address");
         }
     }
 }

@@ -24,7 +24,7 @@ impl Driver {
                 .filter(|(f, _)| match dp.hold_keepalive(f, true) {
                     Ok(changed) => changed,
                     Err(e) => {
-                        tracing::warn!(flow = %f, error = %e, "cannot hold the connection's keepalive during its suspension");
+                        tracing::warn!(id = f.id(), flow = %f, error = %e, "cannot hold the connection's keepalive during its suspension");
                         false
                     }
                 })
@@ -100,7 +100,7 @@ impl Driver {
                 .filter_map(|(f, _, _)| match dp.hold_keepalive(&f, false) {
                     Ok(_) => Some(f),
                     Err(e) => {
-                        tracing::warn!(flow = %f, error = %e, "cannot turn the connection's keepalive on again; will retry");
+                        tracing::warn!(id = f.id(), flow = %f, error = %e, "cannot turn the connection's keepalive on again; will retry");
                         None
                     }
                 })
@@ -110,7 +110,7 @@ impl Driver {
         .await;
         for f in released {
             self.helpers.keepalive_held.remove(&f);
-            tracing::debug!(flow = %f, "keepalive on again");
+            tracing::debug!(id = f.id(), flow = %f, "keepalive on again");
         }
         if let Some(addrs) = addrs.filter(|_| !all) {
             self.end_asked_help(&addrs).await;
@@ -312,7 +312,7 @@ impl Driver {
                 .export_connection(f)
                 .map_err(|source| TransferError::Export { id: f.id(), source })?;
             let translation = translations.iter().find(|t| t.flow == *f).copied();
-            tracing::info!(flow = ?f, "connection exported; VCMP forgets it here");
+            tracing::info!(id = f.id(), flow = %f, "connection exported; VCMP forgets it here");
             self.tracking.exported(*f);
             connections.push(ExportedConnection {
                 id: f.id(),
@@ -385,7 +385,7 @@ impl Driver {
             })
             .await;
             if let Err(e) = prepared {
-                tracing::warn!(?flow, error = %e, "cannot prepare the imported connection's address");
+                tracing::warn!(id = flow.id(), %flow, error = %e, "cannot prepare the imported connection's address");
             }
         }
         let mut out = Vec::with_capacity(done.len());
@@ -400,7 +400,7 @@ impl Driver {
                 self.translate(flow, v.local_phys, v.remote_phys, false)
                     .await;
             }
-            tracing::info!(?flow, local = %v.local_phys, moving = v.migrating, "connection imported");
+            tracing::info!(id = flow.id(), %flow, local = %v.local_phys, moving = v.migrating, "connection imported");
             out.push(ImportOutcome {
                 flow,
                 physical_local: v.local_phys,

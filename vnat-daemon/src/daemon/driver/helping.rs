@@ -244,7 +244,7 @@ impl Driver {
         }
         let help = helping::allowed(&asked, &self.cfg.peer_helpers);
         if help != asked {
-            tracing::info!(%flow, asked = ?asked.names(), allowed = ?self.cfg.peer_helpers,
+            tracing::info!(id = flow.id(), %flow, asked = ?asked.names(), allowed = ?self.cfg.peer_helpers,
                 "a peer asked for keep-alive helpers this host does not run (peer_helpers); running only the allowed ones");
         }
         if self
@@ -281,7 +281,7 @@ impl Driver {
         // has no translator on its interface otherwise.
         let can_hold = flow.proto == crate::datapath::Proto::Tcp && self.cfg.standby_tc;
         if help.hold && !can_hold && old_held.is_none() {
-            tracing::info!(%flow, standby_tc = self.cfg.standby_tc, "not holding a connection's packets for its peer: only TCP connections, and only with standby_tc on");
+            tracing::info!(id = flow.id(), %flow, standby_tc = self.cfg.standby_tc, "not holding a connection's packets for its peer: only TCP connections, and only with standby_tc on");
         }
         let held_until = match (help.hold && can_hold, old_held) {
             (true, Some(t)) => Some(t),
@@ -342,7 +342,7 @@ impl Driver {
             h.user_timeout = match r {
                 Ok(prev) => pending.or(prev),
                 Err(e) => {
-                    tracing::warn!(%flow, error = %e, "cannot hold the socket's retransmission timeout for the absent peer");
+                    tracing::warn!(id = flow.id(), %flow, error = %e, "cannot hold the socket's retransmission timeout for the absent peer");
                     pending
                 }
             };
@@ -350,7 +350,7 @@ impl Driver {
         if let Some((quiet, peer_window, counters)) = kept {
             (h.quiet, h.peer_window, h.counters) = (quiet, peer_window, counters);
         }
-        tracing::info!(%flow, helpers = ?help.names(), stopped = ?h.stopped.as_ref().map(|s| s.pid), "helping a peer that is away");
+        tracing::info!(id = flow.id(), %flow, helpers = ?help.names(), stopped = ?h.stopped.as_ref().map(|s| s.pid), "helping a peer that is away");
         self.helpers.helping.insert(flow, h);
         self.helpers.next_help_answer = now_i;
     }
@@ -370,7 +370,7 @@ impl Driver {
             .map(|(f, _)| *f)
             .collect();
         for f in overdue {
-            tracing::info!(flow = %f, "the peer is not back within the hold's limit; the connection's packets leave again");
+            tracing::info!(id = f.id(), flow = %f, "the peer is not back within the hold's limit; the connection's packets leave again");
             if !self.hold_for_peer(f, false).await {
                 // Tried again in a while (not at once: the loop would spin).
                 if let Some(h) = self.helpers.helping.get_mut(&f) {
@@ -405,7 +405,7 @@ impl Driver {
             .map(|(f, _)| *f)
             .collect();
         for f in expired {
-            tracing::info!(flow = %f, "the peer has been away for the longest help; ending it");
+            tracing::info!(id = f.id(), flow = %f, "the peer has been away for the longest help; ending it");
             self.end_helping(f, End::Reopen).await;
         }
         // Zero-window: an answer where the peer stayed quiet; otherwise a
@@ -433,7 +433,7 @@ impl Driver {
             let a = match a {
                 Ok(a) => a,
                 Err(e) => {
-                    tracing::warn!(flow = %f, error = %e, "cannot answer for the absent peer");
+                    tracing::warn!(id = f.id(), flow = %f, error = %e, "cannot answer for the absent peer");
                     continue;
                 }
             };
@@ -449,11 +449,11 @@ impl Driver {
             match h.answered(a) {
                 AfterAnswer::Keep => {}
                 AfterAnswer::PeerBack => {
-                    tracing::info!(flow = %f, "the absent peer is heard from again; help ends");
+                    tracing::info!(id = f.id(), flow = %f, "the absent peer is heard from again; help ends");
                     self.end_helping(f, End::Restart).await;
                 }
                 AfterAnswer::NotTaken => {
-                    tracing::warn!(flow = %f, "the socket sees an open window again although nothing moved: the peer is back, or the zero-window answers do not take here; help ends");
+                    tracing::warn!(id = f.id(), flow = %f, "the socket sees an open window again although nothing moved: the peer is back, or the zero-window answers do not take here; help ends");
                     self.end_helping(f, End::Restart).await;
                 }
                 AfterAnswer::Gone => {
@@ -497,7 +497,7 @@ impl Driver {
                 .timeout_restore
                 .insert(flow, (prev, None, std::time::Instant::now()));
         }
-        tracing::info!(%flow, helpers = ?h.help.names(), "stopped helping: the peer is back or the connection is over");
+        tracing::info!(id = flow.id(), %flow, helpers = ?h.help.names(), "stopped helping: the peer is back or the connection is over");
     }
 
     /// Give the held TCP_USER_TIMEOUTs back once their peer has
@@ -557,14 +557,14 @@ impl Driver {
         let path = match crate::daemon::userhelper::executable(&self.cfg.helpers_dir, name) {
             Ok(p) => p,
             Err(why) => {
-                tracing::warn!(%flow, helper = name, "not running the installed helper: {why}");
+                tracing::warn!(id = flow.id(), %flow, helper = name, "not running the installed helper: {why}");
                 return;
             }
         };
         let socket = match with_dp(&self.dp, move |dp| dp.connection_socket(&flow)).await {
             Ok(s) => s,
             Err(e) => {
-                tracing::warn!(%flow, error = %e, "cannot give the helper its connection's socket");
+                tracing::warn!(id = flow.id(), %flow, error = %e, "cannot give the helper its connection's socket");
                 None
             }
         };
@@ -574,7 +574,7 @@ impl Driver {
         // keeps changing its request cannot make vnatd spawn without end.
         let q = self.helpers.helper_runs.entry(flow).or_default().clone();
         if q.pending.load(Ordering::Relaxed) >= MAX_QUEUED_RUNS {
-            tracing::warn!(%flow, helper = %name, event, "not running the installed helper: too many runs of it are waiting");
+            tracing::warn!(id = flow.id(), %flow, helper = %name, event, "not running the installed helper: too many runs of it are waiting");
             return;
         }
         q.pending.fetch_add(1, Ordering::Relaxed);
@@ -590,13 +590,13 @@ impl Driver {
             .await;
             match run {
                 Ok(Ok(status)) => {
-                    tracing::info!(%flow, helper = %name, event, %status, "installed helper ran")
+                    tracing::info!(id = flow.id(), %flow, helper = %name, event, %status, "installed helper ran")
                 }
                 Ok(Err(e)) => {
-                    tracing::warn!(%flow, helper = %name, event, error = %e, "installed helper failed")
+                    tracing::warn!(id = flow.id(), %flow, helper = %name, event, error = %e, "installed helper failed")
                 }
                 Err(e) => {
-                    tracing::warn!(%flow, helper = %name, error = %e, "installed helper task failed")
+                    tracing::warn!(id = flow.id(), %flow, helper = %name, error = %e, "installed helper task failed")
                 }
             }
             q.pending.fetch_sub(1, Ordering::Relaxed);
@@ -622,7 +622,7 @@ impl Driver {
         match r {
             Ok(()) => true,
             Err(e) => {
-                tracing::warn!(%flow, hold = on, error = %e, "cannot hold or release the connection's packets for its peer");
+                tracing::warn!(id = flow.id(), %flow, hold = on, error = %e, "cannot hold or release the connection's packets for its peer");
                 false
             }
         }
@@ -642,7 +642,7 @@ impl Driver {
         })
         .await;
         if let Err(e) = r {
-            tracing::warn!(%flow, error = %e, "cannot restart a helped connection's socket");
+            tracing::warn!(id = flow.id(), %flow, error = %e, "cannot restart a helped connection's socket");
         }
     }
 
@@ -672,7 +672,7 @@ impl Driver {
             return None;
         }
         if others > 0 {
-            tracing::info!(%flow, pid, others, "not stopping a process that serves other connections too");
+            tracing::info!(id = flow.id(), %flow, pid, others, "not stopping a process that serves other connections too");
             return None;
         }
         let Ok(p) = libc::pid_t::try_from(pid) else {

@@ -55,7 +55,7 @@ impl Driver {
             now(),
         );
         for (flow, pid) in &synced.not_ours {
-            tracing::warn!(?flow, ?pid, "not managing a connection whose local address is not one of this host's (IP_FREEBIND or IP_TRANSPARENT socket)");
+            tracing::warn!(id = flow.id(), %flow, ?pid, "not managing a connection whose local address is not one of this host's (IP_FREEBIND or IP_TRANSPARENT socket)");
         }
         for n in synced.new {
             let r = self.endpoint.connection_added(
@@ -67,8 +67,10 @@ impl Driver {
                 n.binding,
             );
             match r {
-                Ok(()) => tracing::debug!(flow = ?n.flow, "tracking connection"),
-                Err(e) => tracing::debug!(flow = ?n.flow, error = %e, "not tracking connection"),
+                Ok(()) => tracing::debug!(id = n.flow.id(), flow = %n.flow, "tracking connection"),
+                Err(e) => {
+                    tracing::debug!(id = n.flow.id(), flow = %n.flow, error = %e, "not tracking connection")
+                }
             }
         }
         let live = synced.live;
@@ -98,9 +100,9 @@ impl Driver {
             with_dp(&self.dp, move |dp| {
                 for f in gone {
                     match dp.remove_translation(&f) {
-                        Ok(()) => tracing::info!(flow = ?f, "connection closed; translation removed"),
+                        Ok(()) => tracing::info!(id = f.id(), flow = %f, "connection closed; translation removed"),
                         Err(DatapathError::NoSuchTranslation { .. }) => {}
-                        Err(e) => tracing::warn!(flow = ?f, error = %e, "cannot remove a closed connection's translation"),
+                        Err(e) => tracing::warn!(id = f.id(), flow = %f, error = %e, "cannot remove a closed connection's translation"),
                     }
                 }
             })
@@ -157,7 +159,7 @@ impl Driver {
                 match dp.remove_translation(f) {
                     Ok(()) => n += 1,
                     Err(DatapathError::NoSuchTranslation { .. }) => {}
-                    Err(e) => tracing::warn!(flow = ?f, error = %e, "cannot remove the entries of a connection that is gone"),
+                    Err(e) => tracing::warn!(id = f.id(), flow = %f, error = %e, "cannot remove the entries of a connection that is gone"),
                 }
             }
             (found, n)
@@ -228,7 +230,7 @@ impl Driver {
         let mut outcomes = Vec::new();
         let (candidates, stuck) = self.mover.starts(moves, |f| self.endpoint.connection(f));
         for m in stuck {
-            tracing::warn!(flow = ?m.flow, peer = %m.remote_phys.ip(), "connection lost its address but cannot move: the peer runs no vnatd or pairing has not completed");
+            tracing::warn!(id = m.flow.id(), flow = %m.flow, peer = %m.remote_phys.ip(), "connection lost its address but cannot move: the peer runs no vnatd or pairing has not completed");
             outcomes.push((m.flow, Err(MoveRefused::NotMobile)));
         }
         let preempt = self.preempting(candidates.iter().map(|st| st.mv.flow));
@@ -251,11 +253,11 @@ impl Driver {
                 self.mover.held(m.flow, held_at);
             }
             if let Err(e) = s.result {
-                tracing::warn!(flow = ?m.flow, error = %e, "cannot prepare the move");
+                tracing::warn!(id = m.flow.id(), flow = %m.flow, error = %e, "cannot prepare the move");
                 outcomes.push((m.flow, Err(MoveRefused::Prepare(e.to_string()))));
                 continue;
             }
-            tracing::info!(flow = ?m.flow, from = %from, to = %m.new_local, "resuming connection at a new address");
+            tracing::info!(id = m.flow.id(), flow = %m.flow, from = %from, to = %m.new_local, "resuming connection at a new address");
             started.push((m.flow, from, m.new_local));
         }
         if started.is_empty() {
@@ -286,7 +288,7 @@ impl Driver {
         let mut failed = 0;
         for (op, outcome) in self.run_ops(ops, HashSet::new()).await {
             if let (Op::ReleaseOverdue(flow), Some(e)) = (op, outcome.error()) {
-                tracing::warn!(?flow, error = %e, "cannot release the connection's held packets");
+                tracing::warn!(id = flow.id(), %flow, error = %e, "cannot release the connection's held packets");
                 failed += 1;
             }
         }
@@ -319,10 +321,10 @@ impl Driver {
             let new_failure = self.mover.receive_side_done(&t, &r);
             match r {
                 Ok(()) => {
-                    tracing::debug!(flow = ?t.flow, remote = %t.physical_remote, "receive side ready for the peer's new address")
+                    tracing::debug!(id = t.flow.id(), flow = %t.flow, remote = %t.physical_remote, "receive side ready for the peer's new address")
                 }
                 Err(e) if new_failure => {
-                    tracing::warn!(flow = ?t.flow, error = %e, "cannot prepare for the peer's new address yet; will retry")
+                    tracing::warn!(id = t.flow.id(), flow = %t.flow, error = %e, "cannot prepare for the peer's new address yet; will retry")
                 }
                 Err(_) => {}
             }
@@ -361,7 +363,7 @@ impl Driver {
             let span = flow.map(|f| {
                 tracing::debug_span!(
                     "conn",
-                    flow = %f,
+                    id = f.id(), flow = %f,
                     peer = view
                         .as_ref()
                         .and_then(|v| v.peer_key)
@@ -374,20 +376,20 @@ impl Driver {
             match self.mover.step(&ev, view.as_ref()) {
                 Step::Switch(s) => {
                     if let Event::PeerSwitched { confirmed, .. } = ev {
-                        tracing::debug!(flow = ?s.flow, confirmed, "the peer sends to our new address");
+                        tracing::debug!(id = s.flow.id(), flow = %s.flow, confirmed, "the peer sends to our new address");
                     }
                     batch.push(s);
                     continue;
                 }
                 Step::Release(flow) => {
                     if let Event::MigrationAborted { reason, .. } = &ev {
-                        tracing::warn!(?flow, %reason, "migration aborted");
+                        tracing::warn!(id = flow.id(), %flow, %reason, "migration aborted");
                     }
                     aborted.push(flow);
                     continue;
                 }
                 Step::Wait(flow, why) => {
-                    tracing::debug!(?flow, ?view, "{why}");
+                    tracing::debug!(id = flow.id(), %flow, ?view, "{why}");
                     continue;
                 }
                 Step::NotAMove => {}
@@ -437,6 +439,8 @@ impl Driver {
                     let r =
                         with_dp(&self.dp, move |dp| dp.send_in_band(local, remote, &payload)).await;
                     if let Err(e) = r {
+                        // The event names the path (physical endpoints), not
+                        // the flow, so there is no id to log.
                         tracing::warn!(%local, %remote, error = %e, "cannot send a BIND on the flow's path");
                     }
                 }
@@ -472,7 +476,7 @@ impl Driver {
         let ops = aborted.into_iter().map(Op::ReleaseAborted).collect();
         for (op, outcome) in self.run_ops(ops, HashSet::new()).await {
             if let (Op::ReleaseAborted(flow), Some(e)) = (op, outcome.error()) {
-                tracing::warn!(?flow, error = %e, "cannot release the connection's held packets");
+                tracing::warn!(id = flow.id(), %flow, error = %e, "cannot release the connection's held packets");
             }
         }
     }
@@ -531,11 +535,11 @@ impl Driver {
                     // their ACK; one with nothing to send keeps its ACK
                     // until it next sends or receives.
                     self.mover.switched(&s, verified);
-                    tracing::info!(flow = ?s.flow, local = %s.local, remote = %s.remote, "translation updated");
+                    tracing::info!(id = s.flow.id(), flow = %s.flow, local = %s.local, remote = %s.remote, "translation updated");
                     ok.push(s);
                 }
                 Err(e) => {
-                    tracing::error!(flow = ?s.flow, error = %e, "cannot update the translation")
+                    tracing::error!(id = s.flow.id(), flow = %s.flow, error = %e, "cannot update the translation")
                 }
             }
         }

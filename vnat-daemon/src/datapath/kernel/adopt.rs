@@ -159,22 +159,24 @@ impl KernelDatapath {
                 let n = comm.len().min(rec.comm.len() - 1);
                 rec.comm[..n].copy_from_slice(&comm.as_bytes()[..n]);
             }
+            // Not moved: its virtual endpoints are its socket's, and its id
+            // the one `vnatctl ls` lists once it is adopted.
+            let flow = VirtualFlow {
+                proto,
+                local: s.local,
+                remote: s.remote,
+            };
             match proto {
                 Proto::Tcp => {
-                    let flow = VirtualFlow {
-                        proto,
-                        local: s.local,
-                        remote: s.remote,
-                    };
                     let bases = match restart::sequence_bases(&flow, s.cookie) {
                         Ok(Some(b)) => b,
                         Ok(None) => {
-                            self.back_off_adoption(s.cookie, clock);
-                            tracing::debug!(local = %s.local, remote = %s.remote, pid, "not adopting a TCP connection yet: its sequence numbers could not be read (busy, or on its probe timer); trying again later");
+                            self.back_off_adoption(s.cookie, flow.id(), clock);
+                            tracing::debug!(id = flow.id(), %flow, pid, "not adopting a TCP connection yet: its sequence numbers could not be read (busy, or on its probe timer); trying again later");
                             continue;
                         }
                         Err(e) => {
-                            tracing::warn!(local = %s.local, remote = %s.remote, pid, error = %e, "not adopting a TCP connection");
+                            tracing::warn!(id = flow.id(), %flow, pid, error = %e, "not adopting a TCP connection");
                             continue;
                         }
                     };
@@ -191,7 +193,7 @@ impl KernelDatapath {
                     let total = self.loaded.maps.udp_count.get(&0, 0).unwrap_or(0);
                     let on_socket = self.loaded.maps.udp_per_sock.get(&s.cookie, 0).unwrap_or(0);
                     if total >= UDP_MAX_RECORDS || on_socket >= UDP_PER_SOCKET_MAX {
-                        tracing::debug!(local = %s.local, remote = %s.remote, "not adopting a UDP flow: the UDP record budget is spent");
+                        tracing::debug!(id = flow.id(), %flow, "not adopting a UDP flow: the UDP record budget is spent");
                         continue;
                     }
                     rec.origin = ORIGIN_UDP_ADOPTED;
@@ -210,7 +212,7 @@ impl KernelDatapath {
                         let _ = self.loaded.maps.udp_per_sock.insert(s.cookie, n + 1, 0);
                     }
                     adopted += 1;
-                    tracing::info!(%proto, local = %s.local, remote = %s.remote, pid, "adopted a connection opened before vnat recorded its cgroup");
+                    tracing::info!(id = flow.id(), %flow, pid, "adopted a connection opened before vnat recorded its cgroup");
                 }
                 Err(aya::maps::MapError::SyscallError(e))
                     if proto == Proto::Udp && e.io_error.raw_os_error() == Some(libc::EEXIST) =>
@@ -218,10 +220,10 @@ impl KernelDatapath {
                     // Recorded meanwhile: by the recorders, or for another
                     // socket with the same endpoints (a server that forks a
                     // connected socket per peer can make two at once).
-                    tracing::debug!(%proto, local = %s.local, remote = %s.remote, "a UDP flow to adopt is recorded already");
+                    tracing::debug!(id = flow.id(), %flow, "a UDP flow to adopt is recorded already");
                 }
                 Err(e) => {
-                    tracing::warn!(%proto, local = %s.local, remote = %s.remote, error = %e, "could not record an adopted connection (the connection map is full?)");
+                    tracing::warn!(id = flow.id(), %flow, error = %e, "could not record an adopted connection (the connection map is full?)");
                 }
             }
         }
@@ -237,10 +239,11 @@ impl KernelDatapath {
     /// A socket whose sequence numbers could not be read: the next try
     /// waits 5 s, doubling to 10 minutes; after [`ADOPT_TRIES`] it is left
     /// alone (each try costs the peer a duplicate ACK).
-    fn back_off_adoption(&mut self, cookie: u64, now: std::time::Instant) {
+    fn back_off_adoption(&mut self, cookie: u64, id: u64, now: std::time::Instant) {
         let tries = self.adopt_backoff.get(&cookie).map_or(0, |(t, _)| *t) + 1;
         let wait = if tries >= ADOPT_TRIES {
             tracing::info!(
+                id,
                 cookie,
                 tries,
                 "giving up adopting a connection whose sequence numbers could not be read"

@@ -206,15 +206,15 @@ impl KernelDatapath {
                     *vouched |= on_link.is_some();
                     // A vnatd started after a move: the old address is kept
                     // on lo, tagged as vnat's.
-                    if !*vouched && !on_lo.iter().any(|(a, ours)| *ours && *a == local.ip()) {
-                        tracing::debug!(flow = %private, public = %local, "a guest's connection NATed to an address this host does not have: not listed");
-                        continue;
-                    }
                     let public = VirtualFlow {
                         proto: private.proto,
                         local,
                         remote,
                     };
+                    if !*vouched && !on_lo.iter().any(|(a, ours)| *ours && *a == local.ip()) {
+                        tracing::debug!(id = public.id(), flow = %public, %private, "a guest's connection NATed to an address this host does not have: not listed");
+                        continue;
+                    }
                     candidates.push((gkey, rec, private, public, on_link, None));
                 }
                 Some(Verdict::Routed { anchor }) => {
@@ -238,7 +238,7 @@ impl KernelDatapath {
         for (gkey, rec, private, public, on_link, routed_via) in candidates {
             let key = public.to_key();
             if seen.get(&key) != Some(&1) {
-                tracing::warn!(flow = %public, "two network namespaces have a socket for the same NATed flow: managing neither");
+                tracing::warn!(id = public.id(), flow = %public, "two network namespaces have a socket for the same NATed flow: managing neither");
                 continue;
             }
             if let (
@@ -357,7 +357,7 @@ impl KernelDatapath {
             self.nat_remove(false, &reply)?;
         }
         if let Err(e) = pinned {
-            tracing::warn!(flow = %public, error = %e, "cannot pin the NAT entry of a container's connection: a move of this host would reset it");
+            tracing::warn!(id = public.id(), flow = %public, error = %e, "cannot pin the NAT entry of a container's connection: a move of this host would reset it");
         }
         Ok(())
     }
@@ -441,8 +441,10 @@ fn judge(
         Ok(Some(found)) => found,
         // No entry (yet): a masqueraded flow's may come after its socket,
         // and without one nothing says the host routes it unNATed.
+        // Without the host's entry the public flow, and so the id `vnatctl
+        // ls` would list it under, is not known: the private flow names it.
         Ok(None) => {
-            tracing::debug!(flow = %private, young, "no conntrack entry for a guest's connection (yet)");
+            tracing::debug!(%private, young, "no conntrack entry for a guest's connection (yet)");
             return Some(Verdict::NotOurs {
                 retry: now
                     + if young {
@@ -450,10 +452,10 @@ fn judge(
                     } else {
                         RETRY_NOT_OURS
                     },
-            })
+            });
         }
         Err(e) => {
-            tracing::debug!(flow = %private, error = %e, "cannot read the conntrack entry of a guest's connection");
+            tracing::debug!(%private, error = %e, "cannot read the conntrack entry of a guest's connection");
             return None;
         }
     };
@@ -461,11 +463,21 @@ fn judge(
         Direction::Out => entry.snat,
         Direction::In => entry.dnat,
     };
+    // The connection as `vnatctl ls` would list it (the same as `private`
+    // when the host does not NAT it), for what is logged.
+    let public = {
+        let (local, remote) = entry.public(dir);
+        VirtualFlow {
+            proto: private.proto,
+            local,
+            remote,
+        }
+    };
     let into = match *checked {
         Some(c) => c,
         None => {
             let Some(ns) = namespace() else {
-                tracing::debug!(flow = %private, "the network namespace of a guest's socket is gone");
+                tracing::debug!(id = public.id(), flow = %public, %private, "the network namespace of a guest's socket is gone");
                 return Some(not_ours);
             };
             match peerns::routes_into(private.local.ip(), &ns) {
@@ -474,14 +486,14 @@ fn judge(
                     c
                 }
                 Err(e) => {
-                    tracing::debug!(flow = %private, error = %e, "cannot tell where this host routes a guest's address");
+                    tracing::debug!(id = public.id(), flow = %public, %private, error = %e, "cannot tell where this host routes a guest's address");
                     return None;
                 }
             }
         }
     };
     if into == Some(false) {
-        tracing::debug!(flow = %private, "this host does not route the guest's address into the guest's namespace: not its connection");
+        tracing::debug!(id = public.id(), flow = %public, %private, "this host does not route the guest's address into the guest's namespace: not its connection");
         return Some(not_ours);
     }
     if nated {

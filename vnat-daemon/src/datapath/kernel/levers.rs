@@ -73,7 +73,7 @@ impl KernelDatapath {
         match self.remove(flow) {
             Ok(()) | Err(DatapathError::NoSuchTranslation { .. }) => {}
             Err(e) => {
-                tracing::warn!(?flow, error = %e, "cannot remove the translation of a connection reset for a conflict")
+                tracing::warn!(id = flow.id(), %flow, error = %e, "cannot remove the translation of a connection reset for a conflict")
             }
         }
         Ok(true)

@@ -717,6 +717,8 @@ impl Datapath for KernelDatapath {
                 self.udp_rebinds_since.remove(&k);
                 if self.loaded.maps.rebind.remove(&k).is_ok() || self.rebinds.contains(&k) {
                     self.rebinds.remove(&k);
+                    // The key has no local port: it names no single flow,
+                    // so there is no id to log.
                     tracing::warn!(
                         "a UDP flow's peer moved behind a NAT and never sent its BIND: no longer waiting for it"
                     );

@@ -189,7 +189,7 @@ impl KernelDatapath {
             self.udp_rebinds_since
                 .insert(key, std::time::Instant::now());
         }
-        tracing::debug!(flow = ?t.flow, "rebinding: the tc program learns the peer's new NAT port");
+        tracing::debug!(id = t.flow.id(), flow = %t.flow, "rebinding: the tc program learns the peer's new NAT port");
         Ok(())
     }
 

@@ -246,7 +246,7 @@ impl KernelDatapath {
         let mut via = None;
         if complete && t.local_moved() && !t.remote_moved() {
             let natural = self.route(t.flow.remote.ip(), Some(t.flow.local.ip()));
-            tracing::debug!(flow = ?t.flow, ?natural, new = ?route, "where the socket's packets go");
+            tracing::debug!(id = t.flow.id(), flow = %t.flow, ?natural, new = ?route, "where the socket's packets go");
             if let Ok(n) = natural {
                 if n.ifindex != route.ifindex {
                     if let Err(e) = net::add_via_route(&t.flow, &route) {

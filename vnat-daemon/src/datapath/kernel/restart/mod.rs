@@ -164,7 +164,7 @@ fn pushed(
         Ok(true) => {}
         Ok(false) => return Ok(false),
         Err(e) => {
-            tracing::debug!(?flow, pid = record.pid, error = %e, "cannot push the socket's queued data");
+            tracing::debug!(id = flow.id(), %flow, pid = record.pid, error = %e, "cannot push the socket's queued data");
             return Ok(false);
         }
     }
