@@ -122,6 +122,8 @@ fn start(args: Args) -> Result<(), DaemonError> {
         tokio::spawn(async move {
             while hup.recv().await.is_some() {
                 tracing::info!("SIGHUP received; reading the configuration again");
+                // `systemctl status` shows "reloading" until READY=1.
+                daemon::systemd::reloading();
                 match settings_of(&args) {
                     Ok(new) => {
                         if let Err(e) = log.set_level(&new.log_level) {
@@ -131,10 +133,13 @@ fn start(args: Args) -> Result<(), DaemonError> {
                             break;
                         }
                     }
-                    Err(e) => tracing::error!(
-                        error = %e,
-                        "reload refused: the running configuration is unchanged; fix the file and send SIGHUP again"
-                    ),
+                    Err(e) => {
+                        tracing::error!(
+                            error = %e,
+                            "reload refused: the running configuration is unchanged; fix the file and send SIGHUP again"
+                        );
+                        daemon::systemd::reload_refused();
+                    }
                 }
             }
         });

@@ -15,6 +15,7 @@ pub mod identity;
 pub mod mobility;
 pub mod moveops;
 pub mod mover;
+pub mod systemd;
 pub mod tracking;
 pub mod userhelper;
 
@@ -84,7 +85,9 @@ impl DaemonError {
     }
 }
 
-/// Install the tracing subscriber (stderr; systemd puts it in the journal).
+/// Install the tracing subscriber: text (or JSON) on stderr, or, when
+/// stderr is the journal and the format is text, the journal itself, with
+/// each line's priority and fields (`systemd::journal_layer`).
 pub fn init_logging(settings: &Settings) -> Result<LogReload, DaemonError> {
     use tracing_subscriber::{layer::SubscriberExt, util::SubscriberInitExt};
     let filter = log_filter(&settings.log_level)?;
@@ -94,14 +97,20 @@ pub fn init_logging(settings: &Settings) -> Result<LogReload, DaemonError> {
     let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(ansi)
         .with_writer(io::stderr);
+    let journal = (settings.log_format == LogFormat::Text && systemd::stderr_is_journal())
+        .then(systemd::journal_layer);
     let registry = tracing_subscriber::registry().with(filter);
-    let result = match settings.log_format {
-        LogFormat::Text => registry.with(fmt).try_init(),
-        LogFormat::Json => registry.with(fmt.json()).try_init(),
+    let (result, journal_error) = match (settings.log_format, journal) {
+        (_, Some(Ok(journal))) => (registry.with(journal).try_init(), None),
+        (LogFormat::Text, other) => (registry.with(fmt).try_init(), other.and_then(Result::err)),
+        (LogFormat::Json, _) => (registry.with(fmt.json()).try_init(), None),
     };
     result.map_err(|source| DaemonError::Logging {
         source: Box::new(source),
     })?;
+    if let Some(e) = journal_error {
+        tracing::warn!(error = %e, "cannot write to the journal's socket; logging to stderr instead");
+    }
     Ok(LogReload(handle))
 }
 
@@ -224,6 +233,7 @@ async fn apply_reloads(
     dp: DatapathHandle,
     driver: driver::CommandSender,
     info: std::sync::Arc<std::sync::RwLock<DaemonInfo>>,
+    notifier: systemd::Notifier,
 ) {
     while let Some(new) = reloads.recv().await {
         let plan = config::ReloadPlan::between(&running, &new);
@@ -318,6 +328,8 @@ async fn apply_reloads(
             log_level = %running.log_level,
             "configuration reloaded"
         );
+        // Ends the RELOADING=1 that the SIGHUP sent.
+        notifier.ready().await;
     }
 }
 
@@ -361,12 +373,14 @@ where
     }));
     let handler =
         Handler::new(shared.clone(), daemon_info(settings)).with_driver(commands_tx.clone());
+    let notifier = systemd::Notifier::new(handler.clone());
     let reloading = tokio::spawn(apply_reloads(
         reloads,
         settings.clone(),
         shared,
         commands_tx,
         handler.daemon_info(),
+        notifier.clone(),
     ));
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
@@ -382,7 +396,11 @@ where
             .map_or_else(|| "none, defaults".to_string(), |p| p.display().to_string()),
         "vnatd started"
     );
+    notifier.ready().await;
+    let reporting = tokio::spawn(notifier.report_periodically());
     listener.serve(handler, shutdown).await;
+    systemd::stopping();
+    reporting.abort();
     housekeeping.abort();
     reloading.abort();
     let _ = stop_tx.send(true);
