@@ -29,7 +29,28 @@ fn example_config_parses_and_states_the_defaults() {
 #[test]
 fn unit_runs_the_daemon_with_the_config_and_the_sleep_hook_calls_suspend_and_resume() {
     let unit = std::fs::read_to_string(repo("packaging/systemd/vnatd.service")).unwrap();
-    assert!(unit.contains("ExecStart=/usr/local/sbin/vnatd --config /etc/vnat/vnatd.toml"));
+    // Where the package installs vnatd and its config (xtask/src/package.rs).
+    assert!(unit.contains("ExecStart=/usr/sbin/vnatd --config /etc/vnat/vnatd.toml"));
+    // vnatd sends READY=1, RELOADING=1 and STATUS= (daemon/systemd.rs);
+    // notify-reload needs systemd 253, newer than Debian 12's.
+    let setting = |key: &str| {
+        unit.lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+            .unwrap_or_else(|| panic!("the unit has no {key}="))
+    };
+    assert_eq!(setting("Type"), "notify");
+    assert_eq!(setting("NotifyAccess"), "main");
+    // What the package installs for `systemctl help vnatd`.
+    let docs: Vec<&str> = setting("Documentation").split_whitespace().collect();
+    assert_eq!(
+        docs,
+        [
+            "man:vnatd(8)",
+            "man:vnatctl(8)",
+            "man:vnatd.toml(5)",
+            "file:/usr/share/doc/vnat/README.md"
+        ]
+    );
     assert!(unit.contains("CapabilityBoundingSet=") && unit.contains("NoNewPrivileges=yes"));
     // The restart lever's pidfd_getfd (push.rs) is outside @system-service:
     // without it in the filter, the first push would kill vnatd (SIGSYS).
