@@ -36,8 +36,9 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // Logging may not be up yet (bad config), and the journal shows
-            // stderr anyway: one sentence, prefixed like every other tool.
-            eprintln!("vnatd: {e}");
+            // stderr anyway: one sentence, prefixed like every other tool
+            // (and, for the journal, with its priority).
+            eprintln!("{}vnatd: {e}", daemon::systemd::error_prefix());
             ExitCode::from(e.exit_code())
         }
     }

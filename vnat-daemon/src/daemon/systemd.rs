@@ -171,6 +171,17 @@ pub fn stderr_is_journal() -> bool {
         .is_some_and(|v| names_stream(v, st.st_dev, st.st_ino))
 }
 
+/// What starts a line written straight to stderr that says why vnatd
+/// stops: the journal reads a `<3>` prefix as priority err (sd-daemon(3)),
+/// so `journalctl -p err` shows it; nothing elsewhere.
+pub fn error_prefix() -> &'static str {
+    if stderr_is_journal() {
+        "<3>"
+    } else {
+        ""
+    }
+}
+
 /// Whether a `JOURNAL_STREAM` value names the file with `dev` and `ino`.
 fn names_stream(value: &str, dev: u64, ino: u64) -> bool {
     value.split_once(':').is_some_and(|(d, i)| {
