@@ -23,6 +23,7 @@ use tokio::{net::UdpSocket, sync::mpsc};
 mod control;
 mod helping;
 mod moves;
+mod settling;
 
 use super::{
     addrwatch::AddrWatch,
@@ -292,6 +293,8 @@ pub struct Driver {
     /// Keepalives held at suspend, helpers asked of the peers and given
     /// to them, installed helpers' runs (`driver/helping.rs`).
     helpers: helping::Helpers,
+    /// Planned suspensions the peers have yet to settle (`settling.rs`).
+    settling: settling::Settling,
     /// Hide location: whether some cgroup hides (as last read), the
     /// shown addresses kept from one table to the next, whether
     /// connections changed since the table was last computed, and the
@@ -387,6 +390,7 @@ impl Driver {
             next_orphan_check: std::time::Instant::now(),
             orphans: HashSet::new(),
             helpers: helping::Helpers::new(),
+            settling: Default::default(),
             hiding: false,
             hider: Default::default(),
             hide_due: true,

@@ -136,6 +136,7 @@ impl Driver {
                 let r = self.endpoint.suspend(now(), &mut OsRng, &flows);
                 let r = match r {
                     Ok(()) => {
+                        self.settling.started(&flows);
                         self.hold_keepalives(&flows).await;
                         Ok(if help.is_none() {
                             Vec::new()

@@ -445,6 +445,10 @@ impl Driver {
                     }
                 }
                 Event::HelpRequested { flow, help } => help_requests.push((flow, help)),
+                Event::SuspendSettled { flow, answered } => {
+                    tracing::debug!(%flow, answered, "suspension settled");
+                    self.settling.settled(&flow);
+                }
                 // Prepared above, before the rest.
                 Event::PrepareReceive { .. } => {}
                 other => tracing::debug!(event = ?other, "VCMP event"),
