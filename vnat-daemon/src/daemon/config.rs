@@ -120,6 +120,20 @@ pub struct Args {
         help = "Attach the tc translators only to interfaces that moved connections use: nothing on other packets, 10-25 ms more per move"
     )]
     pub no_standby_tc: bool,
+    /// Take logind's sleep inhibitor (the default; the flag overrides
+    /// `sleep_inhibit = false` in the file).
+    #[arg(
+        long = "sleep-inhibit",
+        help = "Hold a logind delay inhibitor for sleep: before the host sleeps, settle roles and keys of every mobile connection with its peer while the network is up (as vnatctl suspend --all), resume at wake [default: on, when there is a system bus with logind]"
+    )]
+    pub sleep_inhibit: bool,
+    /// Leave sleep to vnatctl suspend/resume.
+    #[arg(
+        long = "no-sleep-inhibit",
+        conflicts_with = "sleep_inhibit",
+        help = "Do not watch sleep through logind: connections are suspended and resumed only by vnatctl suspend/resume or by automatic mode"
+    )]
+    pub no_sleep_inhibit: bool,
     /// Check the kernel and exit.
     #[arg(
         long,
@@ -195,6 +209,7 @@ pub struct FileConfig {
     pub standby_tc: Option<bool>,
     pub tc_attach: Option<TcAttach>,
     pub keepalive_secs: Option<u32>,
+    pub sleep_inhibit: Option<bool>,
 }
 
 /// The effective settings.
@@ -229,6 +244,9 @@ pub struct Settings {
     pub tc_attach: TcAttach,
     /// NAT keepalive interval in seconds (default 25; 0: off).
     pub keepalive_secs: u32,
+    /// `sleep_inhibit`: hold logind's delay inhibitor and settle the
+    /// connections before sleep (`daemon::sleep`; default on).
+    pub sleep_inhibit: bool,
 }
 
 /// A bad flag or config file (vnatd exit status 2).
@@ -485,6 +503,9 @@ impl Settings {
             },
             tc_attach: args.tc_attach.or(file.tc_attach).unwrap_or_default(),
             keepalive_secs: args.keepalive_secs.or(file.keepalive_secs).unwrap_or(25),
+            // The two flags conflict: at most one is given.
+            sleep_inhibit: !args.no_sleep_inhibit
+                && (args.sleep_inhibit || file.sleep_inhibit.unwrap_or(true)),
         })
     }
 }
@@ -576,6 +597,9 @@ impl ReloadPlan {
         }
         if running.helpers_dir != new.helpers_dir {
             restart_only.push("helpers_dir");
+        }
+        if running.sleep_inhibit != new.sleep_inhibit {
+            restart_only.push("sleep_inhibit");
         }
         ReloadPlan {
             enable,

@@ -15,6 +15,7 @@ pub mod identity;
 pub mod mobility;
 pub mod moveops;
 pub mod mover;
+pub mod sleep;
 pub mod systemd;
 pub mod tracking;
 pub mod userhelper;
@@ -366,6 +367,7 @@ where
         helpers_dir: settings.helpers_dir.clone(),
     };
     let driver = driver::Driver::new(driver_cfg, shared.clone()).await?;
+    let settling = driver.suspensions_settling();
     let (commands_tx, commands_rx) = tokio::sync::mpsc::channel(64);
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let driver_task = tokio::spawn(driver.run(commands_rx, async move {
@@ -373,6 +375,12 @@ where
     }));
     let handler =
         Handler::new(shared.clone(), daemon_info(settings)).with_driver(commands_tx.clone());
+    // Suspend before sleep and resume after, through logind (`sleep`).
+    let sleeping = settings.sleep_inhibit.then(|| {
+        let sleep_handler =
+            Handler::new(shared.clone(), daemon_info(settings)).with_driver(commands_tx.clone());
+        tokio::spawn(sleep::watch(sleep::Mobility::new(sleep_handler, settling)))
+    });
     let notifier = systemd::Notifier::new(handler.clone());
     let reloading = tokio::spawn(apply_reloads(
         reloads,
@@ -403,6 +411,9 @@ where
     reporting.abort();
     housekeeping.abort();
     reloading.abort();
+    if let Some(s) = sleeping {
+        s.abort();
+    }
     let _ = stop_tx.send(true);
     match driver_task.await {
         Ok(Err(e)) => tracing::warn!(error = %e, "the VCMP driver stopped with an error"),

@@ -26,6 +26,7 @@ Config file (every key optional; these are the defaults):
     location_servers = []                    # e.g. [\"192.0.2.7:2031\"]
     standby_tc = true                        # see below
     keepalive_secs = 25                      # 0: no NAT keepalives
+    sleep_inhibit = true                     # see below
     peer_helpers = [\"zero-window\", \"hold\"] # see below
     helpers_dir = \"/etc/vnat/helpers\"
 
@@ -87,6 +88,15 @@ without looking at them (about 20 ns a packet); once some connection moved,
 every packet on those interfaces pays one map lookup (about 70 ns). With
 standby_tc = false (or --no-standby-tc) they are attached only to the
 interfaces moved connections use, and packets elsewhere pay nothing.
+
+sleep_inhibit (or --no-sleep-inhibit) holds a logind delay inhibitor for
+sleep on the system bus. When the host is about to sleep, vnatd does what
+`vnatctl suspend --all` does while the network is still up, waits for the
+peers to settle roles and keys, and releases the inhibitor at most one
+second before logind's InhibitDelayMaxSec (5 s by default) runs out, even
+if a peer never answers; at wake it resumes (`vnatctl resume --all`) and
+takes a new inhibitor. Without a system bus or logind (containers) vnatd
+says so once and leaves sleep to vnatctl suspend and resume.
 
 Examples:
 
