@@ -1,12 +1,12 @@
 //! The keepalive hold (issue 18, item 3 in part): a client whose TCP
 //! keepalive gives up after 5 s idle and three unanswered probes 1 s apart
 //! is suspended (`vnatctl suspend --all`) and the laptop is offline for
-//! 60 s. As the sleep hook does, `vnatctl resume --all` comes at wake, 15 s
-//! before the network is back (on another subnet): the keepalive stays held
-//! until the connection works again, and then it echoes. A second client,
-//! identical but in a cgroup vnat does not manage, is cut by its own
-//! keepalive during the same outage, which is what the first one's would
-//! have done without the hold.
+//! 60 s. As vnatd does at logind's wake signal, `vnatctl resume --all` comes
+//! at wake, 15 s before the network is back (on another subnet): the
+//! keepalive stays held until the connection works again, and then it
+//! echoes. A second client, identical but in a cgroup vnat does not manage,
+//! is cut by its own keepalive during the same outage, which is what the
+//! first one's would have done without the hold.
 
 mod support;
 
@@ -155,7 +155,7 @@ fn a_suspended_clients_keepalive_does_not_kill_it_during_a_minute_offline() {
         "the suspended client died during the outage"
     );
 
-    // Resumed at wake (as the sleep hook does), the network not back yet:
+    // Resumed at wake (as vnatd does for logind), the network not back yet:
     // still held, and alive after longer than its keepalive allows.
     lapd.ctl(&["resume", "--all"]).expect("resume answers");
     std::thread::sleep(AFTER_RESUME);
