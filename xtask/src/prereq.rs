@@ -27,7 +27,8 @@ pub const LLVM_MAJOR: u32 = 22;
 /// nsenter from util-linux to enter namespaces without `ip netns exec`,
 /// nftables for real NAT between namespace hosts, python3 for the UDP
 /// collector of the recorders' flood test, vsftpd and the ftp client for
-/// hide location's FTP test).
+/// hide location's FTP test, dbus-daemon for the system bus of the sleep
+/// test's stand-in logind).
 const DEBIAN_PACKAGES: &[&str] = &[
     "iproute2",
     "nftables",
@@ -42,6 +43,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "python3",
     "vsftpd",
     "tnftp",
+    "dbus-daemon",
     "llvm-22-dev",
     "libpolly-22-dev",
 ];

@@ -10,6 +10,7 @@ mod daemon;
 mod echo;
 mod host;
 mod links;
+mod logind;
 mod nat;
 mod netns;
 mod rogue;
@@ -42,6 +43,7 @@ pub use daemon::{TempDir, Vnatd};
 pub use echo::{EchoServer, UDP_DATAGRAM_SIZE};
 pub use host::{move_flow, Host};
 pub use links::veth;
+pub use logind::{LogindEvent, StandInLogind, SystemBus};
 pub use nat::{
     nat_router, nat_router_with, nat_subnet_d_as_a, port_forward, NatPorts, NAT_PUBLIC_A,
     NAT_PUBLIC_B, SERVER_PUBLIC,
