@@ -52,6 +52,10 @@ pub fn set_table_route(
 /// Delete the host route `dst` of table `table` if it carries `protocol`.
 pub fn del_table_route(dst: IpAddr, table: u32, protocol: u8) -> io::Result<()> {
     let mut m = host_route(dst);
+    // Any scope (`ip route del` asks so too): the IPv4 FIB deletes only a
+    // route of the scope asked for, unless it is RT_SCOPE_NOWHERE
+    // (`fib_table_delete`), and a route without a gateway is on-link.
+    m.header.scope = RouteScope::NoWhere;
     m.header.table = RouteHeader::RT_TABLE_UNSPEC;
     m.attributes.push(RouteAttribute::Table(table));
     m.header.protocol = RouteProtocol::from(protocol);
