@@ -66,6 +66,7 @@ impl<'a> Host<'a> {
             bpffs: pins.path().to_path_buf(),
             cgroups: vec![self.cgroup.path().to_path_buf()],
             tc_attach: vnat_daemon::datapath::TcAttach::from_env().unwrap_or_default(),
+            sysctl_record: None,
         };
         let name = self.ns.name();
         self.ns.run_in(move || {

@@ -199,6 +199,7 @@ fn each_namespace_records_only_its_own_sockets() {
         bpffs: srv.pins.path().to_path_buf(),
         cgroups: vec![shared],
         tc_attach: vnat_tests::harness::tc_attach(),
+        sysctl_record: None,
     };
     topo.server
         .run_in(move || vnat_daemon::datapath::kernel::KernelDatapath::open(&opts).map(|_| ()))

@@ -87,6 +87,7 @@ fn the_first_in_window_packet_from_the_nat_teaches_its_port() {
         bpffs: pins.path().to_path_buf(),
         cgroups: vec![],
         tc_attach: vnat_tests::harness::tc_attach(),
+        sysctl_record: None,
     })
     .unwrap_or_else(|e| panic!("opening the kernel datapath: {e}"));
     dp.insert_rebind(key(), value()).unwrap();
@@ -173,6 +174,7 @@ fn udp_waits_for_the_bind_and_binds_are_diverted_to_vnatd() {
         bpffs: pins.path().to_path_buf(),
         cgroups: vec![],
         tc_attach: vnat_tests::harness::tc_attach(),
+        sysctl_record: None,
     })
     .unwrap_or_else(|e| panic!("opening the kernel datapath: {e}"));
     let udp_key = RebindKey {

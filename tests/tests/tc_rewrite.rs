@@ -30,6 +30,7 @@ fn fixture(tag: &str) -> Fixture {
         bpffs: pins.path().to_path_buf(),
         cgroups: vec![],
         tc_attach: vnat_tests::harness::tc_attach(),
+        sysctl_record: None,
     })
     .unwrap_or_else(|e| panic!("opening the kernel datapath: {e}"));
     Fixture { dp, _pins: pins }
@@ -354,6 +355,7 @@ fn reopen_body() {
         bpffs: pins.path().to_path_buf(),
         cgroups: vec![],
         tc_attach: vnat_tests::harness::tc_attach(),
+        sysctl_record: None,
     };
     let t = laptop_moved();
     {

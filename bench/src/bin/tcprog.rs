@@ -82,6 +82,7 @@ fn measure(args: &Args) -> Result<Vec<Row>> {
         bpffs: pins.path().to_path_buf(),
         cgroups: vec![],
         tc_attach: vnat_daemon::datapath::TcAttach::from_env().unwrap_or_default(),
+        sysctl_record: None,
     })
     .context("opening the kernel datapath")?;
     let fd = dp.tc_program_fd(true)?;

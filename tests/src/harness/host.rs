@@ -39,6 +39,7 @@ impl<'a> Host<'a> {
             bpffs: self.pins.path().to_path_buf(),
             cgroups: vec![self.cgroup.path().to_path_buf()],
             tc_attach: super::tc_attach(),
+            sysctl_record: None,
         }
     }
 

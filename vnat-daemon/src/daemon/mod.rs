@@ -32,7 +32,7 @@ use std::{
 
 use crate::{
     control::{ControlListener, DaemonInfo, Handler, ServerError},
-    datapath::{owner::DatapathHandle, Datapath, DatapathError},
+    datapath::{owner::DatapathHandle, Datapath, DatapathError, SysctlRestore, SysctlsAtStop},
 };
 use config::{ConfigError, LogFormat, Settings};
 
@@ -334,6 +334,35 @@ async fn apply_reloads(
     }
 }
 
+/// Say what a clean stop did with the sysctls vnat changed.
+fn log_sysctls(
+    outcome: Result<Result<SysctlsAtStop, DatapathError>, crate::datapath::owner::DatapathGone>,
+) {
+    match outcome {
+        Ok(Ok(SysctlsAtStop::Unchanged)) => {}
+        Ok(Ok(SysctlsAtStop::Restored(all))) => {
+            for r in all {
+                match r {
+                    SysctlRestore::PutBack { key, value } => {
+                        tracing::info!(sysctl = %key, %value, "put back the value from before vnat changed it")
+                    }
+                    SysctlRestore::LeftChanged { key, value } => tracing::info!(
+                        sysctl = %key,
+                        %value,
+                        "left as it is: it changed since vnat set it"
+                    ),
+                }
+            }
+        }
+        Ok(Ok(SysctlsAtStop::Kept { lo_addresses })) => tracing::info!(
+            lo_addresses,
+            "keeping net.ipv4.conf.all.arp_ignore and arp_announce as vnat set them: addresses stay on lo for connections translated while vnatd is down, and without these the host would answer ARP for them on its other links; a clean stop without such addresses, or vnatd --cleanup, puts them back"
+        ),
+        Ok(Err(e)) => tracing::warn!(error = %e, "cannot put back the sysctls vnat changed"),
+        Err(e) => tracing::warn!(error = %e, "cannot put back the sysctls vnat changed"),
+    }
+}
+
 /// Run vnatd until `shutdown` completes.
 ///
 /// The control socket is bound *before* the datapath is opened: binding is
@@ -355,6 +384,7 @@ where
     // On error the listener is dropped here, which removes the socket file.
     let datapath = open_datapath(settings)?;
     let shared = crate::datapath::owner::spawn(datapath).map_err(DaemonError::DatapathThread)?;
+    let at_stop = shared.clone();
     let housekeeping = tokio::spawn(maintain_periodically(shared.clone()));
     let driver_cfg = driver::DriverConfig {
         listen: settings.listen,
@@ -420,6 +450,7 @@ where
         Err(e) => tracing::warn!(error = %e, "the VCMP driver task failed"),
         Ok(Ok(())) => {}
     }
+    log_sysctls(at_stop.run(|dp| dp.restore_sysctls()).await);
     tracing::info!(
         bpffs = %settings.bpffs.display(),
         "vnatd stopped; the eBPF programs and maps stay pinned, so translated connections keep working until vnatd starts again"

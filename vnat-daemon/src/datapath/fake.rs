@@ -216,6 +216,12 @@ impl Datapath for FakeDatapath {
         Ok(Kick::Nothing)
     }
 
+    /// The fake changes no sysctl.
+    fn restore_sysctls(&mut self) -> Result<crate::datapath::SysctlsAtStop, DatapathError> {
+        self.take_failure()?;
+        Ok(crate::datapath::SysctlsAtStop::Unchanged)
+    }
+
     fn keep_local(
         &mut self,
         mobile: &[std::net::IpAddr],

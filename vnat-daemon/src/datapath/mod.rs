@@ -247,6 +247,11 @@ pub trait Datapath {
     /// without waiting to see the socket act (a move of thousands of
     /// connections cannot wait per connection). Returns what was sent.
     fn kick_flow(&mut self, flow: &VirtualFlow, peer_moved: bool) -> Result<Kick, DatapathError>;
+
+    /// vnatd is stopping cleanly: put the sysctls vnat changed back to
+    /// the values they had before, unless an address vnat keeps on `lo`
+    /// still needs them (see [`SysctlsAtStop::Kept`]).
+    fn restore_sysctls(&mut self) -> Result<SysctlsAtStop, DatapathError>;
 }
 
 /// The verified restart levers: [`Datapath::restart_flow`] (which watches

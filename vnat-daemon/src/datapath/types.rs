@@ -296,3 +296,28 @@ pub fn validate_translation(t: &Translation) -> Result<(), DatapathError> {
     }
     Ok(())
 }
+
+/// A sysctl vnat changed, when vnatd gives it back (a clean stop,
+/// `vnatd --cleanup`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum SysctlRestore {
+    /// Back at the value it had before vnat first changed it.
+    PutBack { key: String, value: String },
+    /// Someone changed it since vnat set it: left at their value.
+    LeftChanged { key: String, value: String },
+}
+
+/// What a clean stop did with the sysctls vnat changed
+/// ([`crate::datapath::Datapath::restore_sysctls`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SysctlsAtStop {
+    /// vnat changed none since they were last given back.
+    Unchanged,
+    /// Given back, each as said.
+    Restored(Vec<SysctlRestore>),
+    /// Kept as vnat set them: this many IPv4 addresses stay kept on `lo`
+    /// (their connections are translated while vnatd is down), and the
+    /// host would answer ARP for them on its other links without them.
+    Kept { lo_addresses: usize },
+}

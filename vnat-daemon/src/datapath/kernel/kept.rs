@@ -41,7 +41,7 @@ impl KernelDatapath {
             for ip in adding {
                 if !lo.iter().any(|(a, _)| *a == ip) {
                     self.routes_changed();
-                    net::add_lo_addr(ip)?;
+                    self.add_lo_addr(ip)?;
                     fault::after("install:lo-address");
                 }
                 net::add_fallback_rule(ip)?;

@@ -26,6 +26,7 @@ mod reconcile;
 mod restart;
 mod routing;
 mod rtnl;
+pub mod sysctls;
 pub mod testrun;
 mod translate;
 
@@ -65,6 +66,11 @@ pub struct KernelOptions {
     pub cgroups: Vec<PathBuf>,
     /// How to attach the tc translators (`tc_attach`).
     pub tc_attach: TcAttach,
+    /// Where to record the sysctls' values before vnat first changes them,
+    /// so that they can be put back ([`sysctls::record_path`] of vnatd's
+    /// state directory); None changes them without a record (tools,
+    /// tests).
+    pub sysctl_record: Option<PathBuf>,
 }
 
 pub struct KernelDatapath {
@@ -128,6 +134,8 @@ pub struct KernelDatapath {
     adopt_backoff: StdHashMap<u64, (u32, std::time::Instant)>,
     /// What this process last wrote for hide location (`hide.rs`).
     hide_mirror: Option<hide::HideMirror>,
+    /// [`KernelOptions::sysctl_record`].
+    sysctl_record: Option<PathBuf>,
 }
 
 /// How long a UDP flow waits for its peer's BIND after a move behind a new
@@ -196,6 +204,7 @@ impl KernelDatapath {
             last_adoption: None,
             adopt_backoff: StdHashMap::new(),
             hide_mirror: None,
+            sysctl_record: opts.sysctl_record.clone(),
         };
         dp.mirror = Mirror::from(dp.read_map(true)?, dp.read_map(false)?);
         // Rebinds a previous vnatd left waiting are ours to finish.
@@ -743,5 +752,9 @@ impl Datapath for KernelDatapath {
     fn end_batch(&mut self) {
         *self.memo.get_mut() = None;
         rtnl::unpin_netns();
+    }
+
+    fn restore_sysctls(&mut self) -> Result<super::SysctlsAtStop, DatapathError> {
+        self.sysctls_at_stop()
     }
 }

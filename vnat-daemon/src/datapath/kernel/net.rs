@@ -1,4 +1,4 @@
-//! Routes, addresses and sysctls, through rtnetlink ([`super::rtnl`]).
+//! Routes and addresses, through rtnetlink ([`super::rtnl`]).
 //!
 //! Every route and every `lo` address vnat adds carries [`ROUTE_PROTO`], so
 //! cleanup removes exactly what vnat added, also after a crash, and a route
@@ -322,16 +322,10 @@ pub fn interface_addrs() -> Result<Vec<(IpAddr, u32)>, DatapathError> {
         .collect())
 }
 
-/// Keep a moved-away address local (DESIGN.md §3): as a host address on `lo`,
-/// never answered for or announced on other links.
+/// Keep a moved-away address local (DESIGN.md §3): as a host address on
+/// `lo`. The datapath adds it with the ARP settings that keep it from being
+/// answered for or announced on other links (`sysctls.rs`).
 pub fn add_lo_addr(a: IpAddr) -> Result<(), DatapathError> {
-    if a.is_ipv4() {
-        // arp_ignore=1: answer ARP only for addresses of the receiving
-        // interface; arp_announce=2: never use a non-local-subnet source
-        // address in ARP. The kernel uses max(all, iface), so "all" is enough.
-        sysctl("net/ipv4/conf/all/arp_ignore", "1")?;
-        sysctl("net/ipv4/conf/all/arp_announce", "2")?;
-    }
     // IPv6 without duplicate address detection: the address is the
     // connection's own and must be usable at once.
     rtnl::add_address(a, lo_index()?, ROUTE_PROTO).map_err(kernel(format!("adding {a} to lo")))
@@ -420,11 +414,4 @@ pub fn host_routes() -> Result<Vec<IpAddr>, DatapathError> {
         );
     }
     Ok(all)
-}
-
-fn sysctl(key: &str, value: &str) -> Result<(), DatapathError> {
-    std::fs::write(format!("/proc/sys/{key}"), value).map_err(|e| DatapathError::Kernel {
-        what: format!("setting sysctl {}", key.replace('/', ".")),
-        source: e,
-    })
 }

@@ -60,7 +60,7 @@ impl KernelDatapath {
                 && v.flags & NAT_F_ROUTED == 0
                 && !lo.iter().any(|(a, _)| *a == t.flow.local.ip())
             {
-                net::add_lo_addr(t.flow.local.ip())?;
+                self.add_lo_addr(t.flow.local.ip())?;
             }
             if t.remote_moved() && !routes.contains(&t.flow.remote.ip()) {
                 let via = net::route_get(t.physical_remote.ip(), None)?;

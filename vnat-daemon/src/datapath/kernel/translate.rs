@@ -198,7 +198,7 @@ impl KernelDatapath {
                     Some((_, false)) => {}
                     None => {
                         self.routes_changed();
-                        net::add_lo_addr(ip)?;
+                        self.add_lo_addr(ip)?;
                         added_lo = Some(ip);
                         flags |= NAT_F_LO_ADDR_OURS;
                         fault::after("install:lo-address");
