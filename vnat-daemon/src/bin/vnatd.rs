@@ -32,6 +32,15 @@ fn main() -> ExitCode {
             }
         };
     }
+    if args.cleanup {
+        return match cleanup(&args) {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("vnatd: {e}");
+                ExitCode::from(e.exit_code())
+            }
+        };
+    }
     match start(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -84,6 +93,62 @@ fn check(args: &Args) -> Result<ExitCode, DaemonError> {
         print!("{}", check::render(&report));
     }
     Ok(if report.can_run {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// `vnatd --cleanup [--json]`: refuse while a vnatd answers on the control
+/// socket, else remove what vnat changed on this host and print each thing
+/// done; exit 1 if anything could not be removed (each said on stderr).
+fn cleanup(args: &Args) -> Result<ExitCode, DaemonError> {
+    use vnat_daemon::{
+        control::{server::remove_if_stale, ServerError},
+        datapath::kernel::cleanup::{self, Done, Kind},
+    };
+    // The cgroups vnatd would enable play no part here: a host without a
+    // cgroup2 mount (a container, a rescue shell) can be cleaned too.
+    let (config_file, file) = load_file(args.config.as_deref())?;
+    let settings = Settings::resolve(args.clone(), config_file, file, None, || {
+        Ok(std::path::PathBuf::from("/"))
+    })?;
+    let control = &settings.control;
+    let stale = control.exists();
+    match remove_if_stale(control) {
+        Ok(()) => {}
+        Err(ServerError::AlreadyRunning { .. }) => {
+            eprintln!(
+                "vnatd: a vnatd is running (it answers on {}); stop it first (systemctl stop vnatd), then run vnatd --cleanup again",
+                control.display()
+            );
+            return Ok(ExitCode::from(1));
+        }
+        Err(e) => return Err(e.into()),
+    }
+    let mut report = cleanup::cleanup(&settings.bpffs, &settings.state_dir);
+    if stale {
+        report.done.insert(
+            0,
+            Done {
+                kind: Kind::ControlSocket,
+                what: format!("removed the stale control socket {}", control.display()),
+            },
+        );
+    }
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report)
+                .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+        );
+    } else {
+        print!("{}", report.render());
+        for f in &report.failed {
+            eprintln!("vnatd: cannot {}: {}", f.what, f.error);
+        }
+    }
+    Ok(if report.failed.is_empty() {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)

@@ -193,8 +193,9 @@ impl Drop for ControlListener {
     }
 }
 
-/// Remove `path` if it is a socket nobody listens on; refuse if someone does.
-fn remove_if_stale(path: &Path) -> Result<(), ServerError> {
+/// Remove `path` if it is a socket nobody listens on; refuse if someone
+/// does (`vnatd --cleanup` asks too).
+pub fn remove_if_stale(path: &Path) -> Result<(), ServerError> {
     let meta = match std::fs::symlink_metadata(path) {
         Ok(meta) => meta,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),

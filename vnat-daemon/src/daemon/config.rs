@@ -137,14 +137,15 @@ pub struct Args {
     /// Check the kernel and exit.
     #[arg(
         long,
+        group = "report",
         help = "Check this kernel's features and vnatd's other requirements, print each as ok, MISSING or degraded (with what it affects), and exit: 0 when vnatd can run (degraded capabilities listed), 1 when it cannot. Changes nothing on the host"
     )]
     pub check: bool,
-    /// `--check` as JSON.
+    /// `--check` or `--cleanup` as JSON.
     #[arg(
         long,
-        requires = "check",
-        help = "With --check: print the report as one JSON object (kernel, can_run, items with name, status, needs, affects, detail)"
+        requires = "report",
+        help = "With --check: print the report as one JSON object (kernel, can_run, items with name, status, needs, affects, detail). With --cleanup: what was done and what failed (done and failed, each item with kind and what; failed with error)"
     )]
     pub json: bool,
     /// How the tc translators attach.
@@ -156,6 +157,14 @@ pub struct Args {
         help = "How the tc translators attach to interfaces: auto (TCX where the kernel has it, Linux 6.6, else clsact), tcx, or clsact (cls_bpf filters on a clsact qdisc, any kernel) [default: auto]"
     )]
     pub tc_attach: Option<TcAttach>,
+    /// Remove what vnatd changed on this host, when no vnatd runs.
+    #[arg(
+        long,
+        group = "report",
+        conflicts_with = "check",
+        help = "Remove everything vnatd changed on this host (its policy rules and routes, the addresses it kept on lo, the sink interface, its tc and cgroup attachments, the pinned programs and maps under --bpffs; the sysctls it changed go back to their values before), print each, and exit: 0 when nothing of vnat's is left, 1 when something could not be removed. Refused while a vnatd answers on --control. Keeps --state-dir (keys, peers). Connections that moved lose their translation. The package runs it when it is purged"
+    )]
+    pub cleanup: bool,
     /// NAT keepalive interval.
     #[arg(
         long = "keepalive-secs",

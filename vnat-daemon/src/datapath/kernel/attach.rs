@@ -232,7 +232,7 @@ fn pinned_names(bpffs: &Path) -> Vec<String> {
         .unwrap_or_default()
 }
 
-fn tc_pin(bpffs: &Path, ifindex: u32, egress: bool) -> PathBuf {
+pub(super) fn tc_pin(bpffs: &Path, ifindex: u32, egress: bool) -> PathBuf {
     links_dir(bpffs).join(format!(
         "tc{ifindex}_{}",
         if egress { "egress" } else { "ingress" }
@@ -240,7 +240,7 @@ fn tc_pin(bpffs: &Path, ifindex: u32, egress: bool) -> PathBuf {
 }
 
 /// The pin that marks a clsact qdisc vnat added itself (see `clsact.rs`).
-fn qdisc_pin(bpffs: &Path, ifindex: u32) -> PathBuf {
+pub(super) fn qdisc_pin(bpffs: &Path, ifindex: u32) -> PathBuf {
     links_dir(bpffs).join(format!("clsact{ifindex}"))
 }
 

@@ -5,6 +5,7 @@
 mod adopt;
 mod attach;
 pub mod check;
+pub mod cleanup;
 mod clsact;
 mod conntrack;
 pub mod fault;

@@ -62,6 +62,34 @@ pub fn del_table_route(dst: IpAddr, table: u32, protocol: u8) -> io::Result<()> 
     call(RouteNetlinkMessage::DelRoute(m), NLM_F_ACK).map(|_| ())
 }
 
+/// Delete the route to `dst`/`dst_len` (None: the default route of
+/// the family `v6` says) of table `table` if it carries `protocol`.
+pub fn del_route(
+    v6: bool,
+    dst: Option<IpAddr>,
+    dst_len: u8,
+    table: u32,
+    protocol: u8,
+) -> io::Result<()> {
+    let mut m = RouteMessage::default();
+    m.header.address_family = if v6 {
+        AddressFamily::Inet6
+    } else {
+        AddressFamily::Inet
+    };
+    m.header.destination_prefix_length = dst_len;
+    // Any scope, as in `del_table_route`.
+    m.header.scope = RouteScope::NoWhere;
+    m.header.table = RouteHeader::RT_TABLE_UNSPEC;
+    m.header.protocol = RouteProtocol::from(protocol);
+    if let Some(d) = dst {
+        m.attributes
+            .push(RouteAttribute::Destination(RouteAddress::from(d)));
+    }
+    m.attributes.push(RouteAttribute::Table(table));
+    call(RouteNetlinkMessage::DelRoute(m), NLM_F_ACK).map(|_| ())
+}
+
 /// A policy rule for one flow: its packets, by protocol and both
 /// endpoints, are routed by table `table`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -479,6 +479,14 @@ pub fn fib_match(dst: IpAddr) -> io::Result<Option<Route>> {
 
 /// Every route of the main table of one family.
 pub fn routes(fam: AddressFamily) -> io::Result<Vec<Route>> {
+    Ok(routes_of_every_table(fam)?
+        .into_iter()
+        .filter(|r| r.table == u32::from(RT_TABLE_MAIN))
+        .collect())
+}
+
+/// Every route of family `fam`, of every table.
+pub fn routes_of_every_table(fam: AddressFamily) -> io::Result<Vec<Route>> {
     let mut m = RouteMessage::default();
     m.header.address_family = fam;
     let answer = call(RouteNetlinkMessage::GetRoute(m), NLM_F_DUMP)?;
@@ -488,7 +496,6 @@ pub fn routes(fam: AddressFamily) -> io::Result<Vec<Route>> {
             RouteNetlinkMessage::NewRoute(r) => Some(Route::from_message(r)),
             _ => None,
         })
-        .filter(|r| r.table == u32::from(RT_TABLE_MAIN))
         .collect())
 }
 
