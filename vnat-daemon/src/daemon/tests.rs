@@ -162,6 +162,17 @@ fn bad_listen_flag_is_refused_by_clap() {
 }
 
 #[test]
+fn json_goes_with_check_or_cleanup_which_exclude_each_other() {
+    assert!(args(&["--check", "--json"]).json);
+    assert!(args(&["--cleanup", "--json"]).cleanup);
+    for flags in [&["--json"][..], &["--check", "--cleanup"]] {
+        let e = Args::try_parse_from(std::iter::once("vnatd").chain(flags.iter().copied()))
+            .expect_err("refused");
+        assert_eq!(e.exit_code(), 2, "{flags:?}: {e}");
+    }
+}
+
+#[test]
 fn missing_default_config_is_fine_missing_explicit_one_is_not() {
     let dir = TempDir::new();
     let absent = dir.0.join("absent.toml");
