@@ -11,7 +11,7 @@ use vnat_daemon::{
     daemon::{
         self,
         cgroup::cgroup2_root,
-        config::{load_file, Args, Settings},
+        config::{keys, load_file, Args, Generate, Settings},
         DaemonError,
     },
     datapath::{
@@ -23,6 +23,9 @@ use vnat_daemon::{
 fn main() -> ExitCode {
     // clap prints its own usage errors and exits 2 (0 for --help/--version).
     let args = Args::parse();
+    if let Some(what) = args.generate {
+        return generate(what);
+    }
     if args.check {
         return match check(&args) {
             Ok(code) => code,
@@ -64,6 +67,39 @@ fn settings_of(args: &Args) -> Result<Settings, DaemonError> {
         rust_log,
         cgroup2_root,
     )?)
+}
+
+/// `vnatd --generate WHAT`: a man page, the example config or a shell
+/// completion on stdout, from the same definitions as `--help` and the
+/// config parser (`cargo xtask package` writes the package's from these).
+fn generate(what: Generate) -> ExitCode {
+    use std::io::Write;
+
+    use clap::CommandFactory;
+    use clap_complete::Shell;
+    let mut cmd = Args::command();
+    let mut out = std::io::stdout().lock();
+    let written = match what {
+        Generate::Man => clap_mangen::Man::new(cmd).section("8").render(&mut out),
+        Generate::ManConfig => out.write_all(keys::man_page(env!("CARGO_PKG_VERSION")).as_bytes()),
+        Generate::Config => out.write_all(keys::example_file().as_bytes()),
+        Generate::Bash | Generate::Zsh | Generate::Fish => {
+            let shell = match what {
+                Generate::Bash => Shell::Bash,
+                Generate::Zsh => Shell::Zsh,
+                _ => Shell::Fish,
+            };
+            clap_complete::generate(shell, &mut cmd, "vnatd", &mut out);
+            Ok(())
+        }
+    };
+    match written.and_then(|()| out.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vnatd: cannot write to stdout: {e}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 /// `vnatd --check [--json]`: print the report; exit 0 when vnatd can run

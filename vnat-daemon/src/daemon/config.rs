@@ -18,6 +18,7 @@ pub const DEFAULT_LOG_LEVEL: &str = "info";
 pub const DEFAULT_HELPERS_DIR: &str = "/etc/vnat/helpers";
 
 mod about;
+pub mod keys;
 use about::LONG_ABOUT;
 
 /// How log lines are written (to stderr, which systemd sends to the journal).
@@ -26,6 +27,20 @@ use about::LONG_ABOUT;
 pub enum LogFormat {
     Text,
     Json,
+}
+
+/// What `vnatd --generate` writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Generate {
+    /// vnatd(8).
+    Man,
+    /// vnatd.toml(5).
+    ManConfig,
+    /// The example config file (`keys::example_file`).
+    Config,
+    Bash,
+    Zsh,
+    Fish,
 }
 
 /// The command line. Every setting is optional here so that "not given" can
@@ -165,6 +180,10 @@ pub struct Args {
         help = "Remove everything vnatd changed on this host (its policy rules and routes, the addresses it kept on lo, the sink interface, its tc and cgroup attachments, the pinned programs and maps under --bpffs; the sysctls it changed go back to their values before), print each, and exit: 0 when nothing of vnat's is left, 1 when something could not be removed. Refused while a vnatd answers on --control. Keeps --state-dir (keys, peers). Connections that moved lose their translation. The package runs it when it is purged"
     )]
     pub cleanup: bool,
+    /// Write a man page, the example config or a shell completion to
+    /// stdout (for packaging; hidden).
+    #[arg(long, value_enum, value_name = "WHAT", hide = true)]
+    pub generate: Option<Generate>,
     /// NAT keepalive interval.
     #[arg(
         long = "keepalive-secs",
