@@ -147,6 +147,12 @@ pub enum Command {
     },
     /// CRIU's action script: export a dumped process's connections, import them before its restore.
     #[command(long_about = CRIU_HOOK_ABOUT)]
+    /// Write the man page or a shell completion to stdout (for packaging).
+    #[command(hide = true)]
+    Generate {
+        #[arg(value_enum)]
+        what: Generate,
+    },
     CriuHook {
         /// At post-dump: seal the export for the host with this key, where the
         /// process will be restored (64 hex digits, its `vnatctl status` host key).
@@ -157,6 +163,16 @@ pub enum Command {
         #[arg(long, value_name = "KEY", env = "VNAT_CRIU_FROM")]
         from: Option<String>,
     },
+}
+
+/// What `vnatctl generate` writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Generate {
+    /// vnatctl(8).
+    Man,
+    Bash,
+    Zsh,
+    Fish,
 }
 
 /// Where `migrate` moves connections: exactly one of these.

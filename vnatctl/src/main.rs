@@ -165,6 +165,26 @@ fn usage_error(e: clap::Error) -> ExitCode {
     ExitCode::from(u8::try_from(code).unwrap_or(2))
 }
 
+/// `vnatctl generate WHAT`: the man page or a completion, from the same
+/// clap definitions as `--help` (`cargo xtask package` packages them).
+fn generate(what: cli::Generate) -> String {
+    use clap::CommandFactory;
+    let mut cmd = Cli::command();
+    let mut out = Vec::new();
+    let shell = match what {
+        cli::Generate::Man => {
+            // Writing to a Vec cannot fail.
+            let _ = clap_mangen::Man::new(cmd).section("8").render(&mut out);
+            return String::from_utf8_lossy(&out).into_owned();
+        }
+        cli::Generate::Bash => clap_complete::Shell::Bash,
+        cli::Generate::Zsh => clap_complete::Shell::Zsh,
+        cli::Generate::Fish => clap_complete::Shell::Fish,
+    };
+    clap_complete::generate(shell, &mut cmd, "vnatctl", &mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// Run the command and return what to print on stdout.
 fn run(cli: &Cli) -> Result<String, Failure> {
     // Resolve paths before connecting: vnatd's working directory is not ours.
@@ -187,6 +207,7 @@ fn run(cli: &Cli) -> Result<String, Failure> {
         })
     };
     let request = match &cli.command {
+        Command::Generate { what } => return Ok(generate(*what)),
         Command::Enable {
             cgroup,
             hide_location,

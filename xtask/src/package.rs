@@ -1,7 +1,7 @@
 //! `cargo xtask package`: the Debian package, `target/debian/vnat_<version>_amd64.deb`,
 //! built with dpkg-deb from release binaries (the eBPF object is inside
 //! vnatd), the files under packaging/, and the man pages and completions
-//! that `vnatd --generate` and `vnatctl --generate` print from their clap
+//! that `vnatd --generate` and `vnatctl generate` print from their clap
 //! definitions. `--verify` then installs it into a scratch root and checks
 //! it as a user would (see [`verify`]).
 
@@ -61,7 +61,11 @@ const FILES: &[Entry] = &[
         0o644,
         Source::Repo("packaging/systemd/vnatd.service"),
     ),
-    entry("etc/vnat/vnatd.toml", 0o644, Source::Repo("packaging/vnatd.toml")),
+    entry(
+        "etc/vnat/vnatd.toml",
+        0o644,
+        Source::Repo("packaging/vnatd.toml"),
+    ),
     entry(
         "etc/iproute2/rt_protos.d/vnat.conf",
         0o644,
@@ -105,8 +109,16 @@ const FILES: &[Entry] = &[
         0o644,
         Source::Generated("vnatctl", "fish"),
     ),
-    entry("usr/share/doc/vnat/README.md", 0o644, Source::Repo("README.md")),
-    entry("usr/share/doc/vnat/copyright", 0o644, Source::Repo("packaging/debian/copyright")),
+    entry(
+        "usr/share/doc/vnat/README.md",
+        0o644,
+        Source::Repo("README.md"),
+    ),
+    entry(
+        "usr/share/doc/vnat/copyright",
+        0o644,
+        Source::Repo("packaging/debian/copyright"),
+    ),
 ];
 
 /// The files dpkg keeps an administrator's changes of.
@@ -179,8 +191,17 @@ pub fn build(root: &Path) -> Result<PathBuf> {
     println!("==> building release binaries (vnatd with its eBPF programs, vnatctl)");
     let ok = run::cargo(root)
         .args([
-            "build", "--release", "--locked", "-p", "vnat-daemon", "--bin", "vnatd", "-p",
-            "vnatctl", "--bin", "vnatctl",
+            "build",
+            "--release",
+            "--locked",
+            "-p",
+            "vnat-daemon",
+            "--bin",
+            "vnatd",
+            "-p",
+            "vnatctl",
+            "--bin",
+            "vnatctl",
         ])
         .status()
         .context("cannot run cargo")?
@@ -203,10 +224,19 @@ pub fn build(root: &Path) -> Result<PathBuf> {
         let dest = stage.join(f.path);
         fs::create_dir_all(dest.parent().expect("a packaged path has a directory"))?;
         let mut bytes = match f.source {
-            Source::Repo(p) => fs::read(root.join(p)).with_context(|| format!("cannot read {p}"))?,
+            Source::Repo(p) => {
+                fs::read(root.join(p)).with_context(|| format!("cannot read {p}"))?
+            }
             Source::Binary(b) => fs::read(bin(b))?,
             Source::Generated(b, what) => {
-                output(Command::new(bin(b)).args(["--generate", what]))?
+                // vnatd takes a flag, vnatctl (which has subcommands) a
+                // hidden subcommand.
+                let how = if b == "vnatctl" {
+                    "generate"
+                } else {
+                    "--generate"
+                };
+                output(Command::new(bin(b)).args([how, what]))?
             }
         };
         if f.gzip {
@@ -272,5 +302,10 @@ pub fn build(root: &Path) -> Result<PathBuf> {
 /// Install `deb` into a scratch root and check it as a user would:
 /// `crate::package_check` does the checks.
 pub fn verify(root: &Path, deb: &Path) -> Result<()> {
-    crate::package_check::run(root, deb, &FILES.iter().map(|f| f.path).collect::<Vec<_>>(), CONFFILES)
+    crate::package_check::run(
+        root,
+        deb,
+        &FILES.iter().map(|f| f.path).collect::<Vec<_>>(),
+        CONFFILES,
+    )
 }
