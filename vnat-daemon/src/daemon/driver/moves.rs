@@ -446,7 +446,7 @@ impl Driver {
                 }
                 Event::HelpRequested { flow, help } => help_requests.push((flow, help)),
                 Event::SuspendSettled { flow, answered } => {
-                    tracing::debug!(%flow, answered, "suspension settled");
+                    tracing::debug!(id = flow.id(), %flow, answered, "suspension settled");
                     self.settling.settled(&flow);
                 }
                 // Prepared above, before the rest.
