@@ -15,10 +15,12 @@ cgroups' connections vnat manages, and drives planned moves. It usually needs
 root, because the socket is only open to its owner.
 
 vnatd moves connections by itself when the host's address changes (automatic
-mode). For a move you plan, such as closing the lid to reopen it on another
-network, run `vnatctl suspend --all` before and `vnatctl resume --all` after:
-the peers then agree fresh keys and roles in advance, and the connections
-move as soon as you resume instead of when vnatd notices the new address.
+mode), and before the host sleeps it settles every mobile connection with its
+peer through logind (sleep_inhibit), so closing the lid needs no command.
+Where no logind runs, or for another move you plan, run `vnatctl suspend
+--all` before and `vnatctl resume --all` after: the peers then agree fresh
+keys and roles in advance, and the connections move as soon as you resume
+instead of when vnatd notices the new address.
 
 Examples:
 
@@ -26,7 +28,8 @@ Examples:
     vnatctl ls --state translated
     vnatctl --json ls | jq '.[] | select(.proto == \"tcp\") | .virtual_remote'
     vnatctl enable --cgroup /sys/fs/cgroup/unified/system.slice/app.service
-    vnatctl suspend --all && systemctl suspend; vnatctl resume --all
+    vnatctl suspend --all     # before a planned move (vnatd does it before sleep)
+    vnatctl resume --all      # after it
     vnatctl peers
     vnatctl export --pid 4242 --to NEWKEY --output conns.json  # before checkpointing 4242
     vnatctl import --from OLDKEY conns.json          # on the host it is restored on
@@ -147,12 +150,6 @@ pub enum Command {
     },
     /// CRIU's action script: export a dumped process's connections, import them before its restore.
     #[command(long_about = CRIU_HOOK_ABOUT)]
-    /// Write the man page or a shell completion to stdout (for packaging).
-    #[command(hide = true)]
-    Generate {
-        #[arg(value_enum)]
-        what: Generate,
-    },
     CriuHook {
         /// At post-dump: seal the export for the host with this key, where the
         /// process will be restored (64 hex digits, its `vnatctl status` host key).
@@ -162,6 +159,12 @@ pub enum Command {
         /// [default: the sender the export names].
         #[arg(long, value_name = "KEY", env = "VNAT_CRIU_FROM")]
         from: Option<String>,
+    },
+    /// Write the man page or a shell completion to stdout (for packaging).
+    #[command(hide = true)]
+    Generate {
+        #[arg(value_enum)]
+        what: Generate,
     },
 }
 
