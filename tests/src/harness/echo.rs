@@ -180,7 +180,9 @@ impl EchoServer {
     fn wait_listening(&mut self, ns: &Netns) {
         let proto = if self.udp { "-lun" } else { "-ltn" };
         let filter = format!("sport = :{}", self.addr.port());
-        let deadline = Instant::now() + Duration::from_secs(5);
+        // 20 s: under a VM without KVM on a busy machine, starting socat
+        // alone once took over 5 s (it passes at once otherwise).
+        let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!(
@@ -195,7 +197,7 @@ impl EchoServer {
             }
             assert!(
                 Instant::now() < deadline,
-                "socat ({}) in netns {} is not listening after 5 s",
+                "socat ({}) in netns {} is not listening after 20 s",
                 self.describe(),
                 ns.name()
             );
