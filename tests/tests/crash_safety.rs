@@ -23,7 +23,8 @@ use std::{
 use netlink_packet_route::route::RouteProtocol;
 use vnat_daemon::datapath::kernel::fault;
 use vnat_tests::{
-    EchoServer, Host, LaptopRouterServer, Route, StreamClient, StreamOptions, TempDir, Vnatd,
+    Container, EchoServer, Host, LaptopRouterServer, Route, StreamClient, StreamOptions, TempDir,
+    Vnatd,
 };
 
 /// Routes of protocol 157 in the main table of `ns` (both families), as
@@ -269,13 +270,46 @@ crash_at! {
     server_killed_after_detaching_tc: "cr8", "remove:tc", Server;
 }
 
+/// A container's connection: the laptop's vnatd dies while it holds the
+/// connection's replies to pin its NAT entry (`guests.rs`). The next vnatd
+/// lets them go: the connection carries on byte-exact on the same socket
+/// (held for good, no reply would ever reach the container again).
+#[test]
+fn laptop_killed_while_a_containers_replies_are_held() {
+    let (tag, step) = ("ckp", "pin:replies-held");
+    let topo = LaptopRouterServer::builder().tag(tag).build();
+    let lap = Host::new(&topo.laptop, &format!("{tag}l"));
+    let srv = Host::new(&topo.server, &format!("{tag}s"));
+    let ctr = Container::behind(&topo.laptop, &format!("{tag}c"), 88, "ct0");
+    let server = SocketAddr::new(topo.server_addr.v4.into(), 5001);
+    let _echo = EchoServer::tcp_in(&srv, server);
+    let mut l = Daemon::start(&lap, &format!("{tag}l"), Some(step));
+    let _s = Daemon::start(&srv, &format!("{tag}s"), None);
+    let cgroup = ctr.cgroup.path().display().to_string();
+    l.d.ctl(&["enable", "--cgroup", &cgroup])
+        .expect("laptop vnatd unreachable");
+    let mut cmd = StreamOptions::tcp(server).rate(200_000).command(&ctr.ns);
+    ctr.cgroup.join_on_spawn(&mut cmd);
+    let client = StreamClient::from_command(cmd);
+    wait_for(&format!("the laptop's vnatd to die at {step}"), 30, || {
+        l.dead()
+    });
+    let at_death = client.latest().expect("the stream's status");
+    l.revive();
+    client.wait_verified_at_least(at_death.verified + 200_000, Duration::from_secs(30));
+    let fin = client.stop();
+    assert_eq!(fin.error, None, "the stream failed: {:?}", fin.json);
+    assert_eq!(fin.local, at_death.local, "the container's socket changed");
+}
+
 #[test]
 fn every_step_has_a_test() {
     let src = include_str!("crash_safety.rs");
     for step in fault::STEPS {
         assert!(
             src.contains(&format!("\"{step}\", Laptop;"))
-                || src.contains(&format!("\"{step}\", Server;")),
+                || src.contains(&format!("\"{step}\", Server;"))
+                || src.contains(&format!("\"{step}\");")),
             "no crash test for the step {step}"
         );
     }

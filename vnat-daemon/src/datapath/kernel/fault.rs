@@ -22,6 +22,7 @@ pub const STEPS: &[&str] = &[
     "remove:lo-address",
     "remove:host-route",
     "remove:tc",
+    "pin:replies-held",
 ];
 
 /// The kernel change named `step` is done: die here if asked to.

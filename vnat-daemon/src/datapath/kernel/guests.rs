@@ -290,6 +290,7 @@ impl KernelDatapath {
         for (gkey, ifindex) in pending {
             by_link.entry(ifindex).or_default().push(gkey);
         }
+        let mut failed = None;
         for (ifindex, gkeys) in by_link {
             // tc on the interface the replies come in by: the standby's,
             // or attached for these pins only.
@@ -303,8 +304,12 @@ impl KernelDatapath {
                 }
                 self.tc_current.insert(ifindex);
             }
+            // Each pin on its own: one that fails leaves the others to
+            // be done, and the borrowed tc to be given back.
             for gkey in gkeys {
-                self.pin_guest(&gkey)?;
+                if let Err(e) = self.pin_guest(&gkey) {
+                    failed.get_or_insert(e);
+                }
             }
             if borrowed
                 && !self.standby.contains(&ifindex)
@@ -315,7 +320,7 @@ impl KernelDatapath {
                 self.tc_current.remove(&ifindex);
             }
         }
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 
     /// Pin one guest's entry, its replies held meanwhile (`pin_guests`).
@@ -351,6 +356,9 @@ impl KernelDatapath {
         let hold = self.ingress_get(&reply)?.is_none();
         if hold {
             self.nat_insert(false, reply, translate::hold_only(&reply))?;
+            // A vnatd that dies here leaves the replies held: the next
+            // one lets them go at open (`reconcile`).
+            fault::after("pin:replies-held");
         }
         let pinned = conntrack::pin_snat(&entry);
         if hold {

@@ -8,6 +8,18 @@ impl KernelDatapath {
     /// Bring tc links and the per-translation kernel state (addresses on lo,
     /// host routes) in line with the pinned translations.
     pub(super) fn reconcile(&mut self) -> Result<(), DatapathError> {
+        // A container's replies held while its NAT entry was pinned
+        // (`guests.rs`) by a vnatd that died before letting them go: held
+        // for good otherwise, which would stall that connection.
+        let held: Vec<FlowKey> = self
+            .ingress_entries()?
+            .into_iter()
+            .filter(|(k, v)| translate::is_hold_only(k, v))
+            .map(|(k, _)| k)
+            .collect();
+        for k in held {
+            self.nat_remove(false, &k)?;
+        }
         let translations = self.egress_entries()?;
         let mut needed: std::collections::BTreeSet<u32> = translations
             .iter()
