@@ -11,7 +11,7 @@ use std::{
     process::Command,
 };
 
-use anyhow::{bail, ensure, Context as _, Result};
+use anyhow::{ensure, Context as _, Result};
 
 use crate::run;
 
@@ -28,98 +28,74 @@ enum Source {
 /// A file of the package: where it goes, its mode, what it is made of,
 /// and whether it is gzipped (man pages).
 struct Entry {
-    path: &'static str,
+    path: String,
     mode: u32,
     source: Source,
     gzip: bool,
 }
 
-const fn entry(path: &'static str, mode: u32, source: Source) -> Entry {
+fn entry(path: &str, mode: u32, source: Source) -> Entry {
     Entry {
-        path,
+        path: path.to_string(),
         mode,
         source,
         gzip: false,
     }
 }
 
-const fn man(path: &'static str, bin: &'static str, what: &'static str) -> Entry {
-    Entry {
-        path,
-        mode: 0o644,
-        source: Source::Generated(bin, what),
-        gzip: true,
-    }
-}
-
 /// Every file the package installs.
-const FILES: &[Entry] = &[
-    entry("usr/sbin/vnatd", 0o755, Source::Binary("vnatd")),
-    entry("usr/bin/vnatctl", 0o755, Source::Binary("vnatctl")),
-    entry(
-        "usr/lib/systemd/system/vnatd.service",
-        0o644,
-        Source::Repo("packaging/systemd/vnatd.service"),
-    ),
-    entry(
-        "etc/vnat/vnatd.toml",
-        0o644,
-        Source::Repo("packaging/vnatd.toml"),
-    ),
-    entry(
-        "etc/iproute2/rt_protos.d/vnat.conf",
-        0o644,
-        Source::Repo("packaging/iproute2/rt_protos.d-vnat.conf"),
-    ),
-    entry(
-        "etc/iproute2/rt_tables.d/vnat.conf",
-        0o644,
-        Source::Repo("packaging/iproute2/rt_tables.d-vnat.conf"),
-    ),
-    man("usr/share/man/man8/vnatd.8.gz", "vnatd", "man"),
-    man("usr/share/man/man8/vnatctl.8.gz", "vnatctl", "man"),
-    man("usr/share/man/man5/vnatd.toml.5.gz", "vnatd", "man-config"),
-    entry(
-        "usr/share/bash-completion/completions/vnatd",
-        0o644,
-        Source::Generated("vnatd", "bash"),
-    ),
-    entry(
-        "usr/share/bash-completion/completions/vnatctl",
-        0o644,
-        Source::Generated("vnatctl", "bash"),
-    ),
-    entry(
-        "usr/share/zsh/vendor-completions/_vnatd",
-        0o644,
-        Source::Generated("vnatd", "zsh"),
-    ),
-    entry(
-        "usr/share/zsh/vendor-completions/_vnatctl",
-        0o644,
-        Source::Generated("vnatctl", "zsh"),
-    ),
-    entry(
-        "usr/share/fish/vendor_completions.d/vnatd.fish",
-        0o644,
-        Source::Generated("vnatd", "fish"),
-    ),
-    entry(
-        "usr/share/fish/vendor_completions.d/vnatctl.fish",
-        0o644,
-        Source::Generated("vnatctl", "fish"),
-    ),
-    entry(
-        "usr/share/doc/vnat/README.md",
-        0o644,
-        Source::Repo("README.md"),
-    ),
-    entry(
-        "usr/share/doc/vnat/copyright",
-        0o644,
-        Source::Repo("packaging/debian/copyright"),
-    ),
-];
+fn files() -> Vec<Entry> {
+    let mut out = vec![
+        entry("usr/sbin/vnatd", 0o755, Source::Binary("vnatd")),
+        entry("usr/bin/vnatctl", 0o755, Source::Binary("vnatctl")),
+    ];
+    for (path, from) in [
+        (
+            "usr/lib/systemd/system/vnatd.service",
+            "packaging/systemd/vnatd.service",
+        ),
+        ("etc/vnat/vnatd.toml", "packaging/vnatd.toml"),
+        (
+            "etc/iproute2/rt_protos.d/vnat.conf",
+            "packaging/iproute2/rt_protos.d-vnat.conf",
+        ),
+        (
+            "etc/iproute2/rt_tables.d/vnat.conf",
+            "packaging/iproute2/rt_tables.d-vnat.conf",
+        ),
+        ("usr/share/doc/vnat/README.md", "README.md"),
+        ("usr/share/doc/vnat/copyright", "packaging/debian/copyright"),
+    ] {
+        out.push(entry(path, 0o644, Source::Repo(from)));
+    }
+    for (path, bin, what) in [
+        ("usr/share/man/man8/vnatd.8.gz", "vnatd", "man"),
+        ("usr/share/man/man8/vnatctl.8.gz", "vnatctl", "man"),
+        ("usr/share/man/man5/vnatd.toml.5.gz", "vnatd", "man-config"),
+    ] {
+        out.push(Entry {
+            gzip: true,
+            ..entry(path, 0o644, Source::Generated(bin, what))
+        });
+    }
+    // Where each shell looks for a vendor's completion of command BIN.
+    for bin in ["vnatd", "vnatctl"] {
+        for (shell, path) in [
+            (
+                "bash",
+                format!("usr/share/bash-completion/completions/{bin}"),
+            ),
+            ("zsh", format!("usr/share/zsh/vendor-completions/_{bin}")),
+            (
+                "fish",
+                format!("usr/share/fish/vendor_completions.d/{bin}.fish"),
+            ),
+        ] {
+            out.push(entry(&path, 0o644, Source::Generated(bin, shell)));
+        }
+    }
+    out
+}
 
 /// The files dpkg keeps an administrator's changes of.
 const CONFFILES: &[&str] = &[
@@ -150,19 +126,9 @@ pub fn deb_path(root: &Path) -> Result<PathBuf> {
         .join(format!("vnat_{}_amd64.deb", version(root)?)))
 }
 
+/// stdout of `cmd`, which must succeed.
 fn output(cmd: &mut Command) -> Result<Vec<u8>> {
-    let shown = run::describe(cmd);
-    let out = cmd
-        .output()
-        .with_context(|| format!("cannot run `{shown}`"))?;
-    if !out.status.success() {
-        bail!(
-            "`{shown}` failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(out.stdout)
+    Ok(run::output_ok(cmd)?.stdout)
 }
 
 /// The newest glibc symbol version the binaries need: the package's
@@ -189,24 +155,19 @@ fn glibc_needed(bins: &[PathBuf]) -> Result<String> {
 pub fn build(root: &Path) -> Result<PathBuf> {
     run::warn_build_skip();
     println!("==> building release binaries (vnatd with its eBPF programs, vnatctl)");
-    let ok = run::cargo(root)
-        .args([
-            "build",
-            "--release",
-            "--locked",
-            "-p",
-            "vnat-daemon",
-            "--bin",
-            "vnatd",
-            "-p",
-            "vnatctl",
-            "--bin",
-            "vnatctl",
-        ])
-        .status()
-        .context("cannot run cargo")?
-        .success();
-    ensure!(ok, "building the release binaries failed");
+    run::must(run::cargo(root).args([
+        "build",
+        "--release",
+        "--locked",
+        "-p",
+        "vnat-daemon",
+        "--bin",
+        "vnatd",
+        "-p",
+        "vnatctl",
+        "--bin",
+        "vnatctl",
+    ]))?;
     let bin = |name: &str| root.join("target/release").join(name);
     let version = version(root)?;
     let stage = root.join(format!("target/debian/vnat_{version}_amd64"));
@@ -220,8 +181,8 @@ pub fn build(root: &Path) -> Result<PathBuf> {
         config == shipped,
         "packaging/vnatd.toml is not what vnatd's key table says: run `target/release/vnatd --generate config > packaging/vnatd.toml`"
     );
-    for f in FILES {
-        let dest = stage.join(f.path);
+    for f in files() {
+        let dest = stage.join(&f.path);
         fs::create_dir_all(dest.parent().expect("a packaged path has a directory"))?;
         let mut bytes = match f.source {
             Source::Repo(p) => {
@@ -287,14 +248,12 @@ pub fn build(root: &Path) -> Result<PathBuf> {
         ),
     )?;
     let deb = deb_path(root)?;
-    let ok = Command::new("dpkg-deb")
-        .args(["--root-owner-group", "-Zxz", "--build"])
-        .arg(&stage)
-        .arg(&deb)
-        .status()
-        .context("cannot run dpkg-deb")?
-        .success();
-    ensure!(ok, "dpkg-deb failed");
+    run::must(
+        Command::new("dpkg-deb")
+            .args(["--root-owner-group", "-Zxz", "--build"])
+            .arg(&stage)
+            .arg(&deb),
+    )?;
     println!("==> wrote {}", deb.display());
     Ok(deb)
 }
@@ -302,10 +261,6 @@ pub fn build(root: &Path) -> Result<PathBuf> {
 /// Install `deb` into a scratch root and check it as a user would:
 /// `crate::package_check` does the checks.
 pub fn verify(root: &Path, deb: &Path) -> Result<()> {
-    crate::package_check::run(
-        root,
-        deb,
-        &FILES.iter().map(|f| f.path).collect::<Vec<_>>(),
-        CONFFILES,
-    )
+    let paths: Vec<String> = files().into_iter().map(|f| f.path).collect();
+    crate::package_check::run(root, deb, &paths, CONFFILES)
 }

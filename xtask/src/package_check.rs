@@ -20,21 +20,14 @@ use anyhow::{bail, Context as _, Result};
 
 use crate::run;
 
-/// Runs `cmd`; its stdout and stderr together, or an error with both.
+/// Runs `cmd`, which must succeed; its stdout and stderr together.
 fn run_ok(cmd: &mut Command) -> Result<String> {
-    let shown = run::describe(cmd);
-    let out = cmd
-        .output()
-        .with_context(|| format!("cannot run `{shown}`"))?;
-    let text = format!(
+    let out = run::output_ok(cmd)?;
+    Ok(format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
-    );
-    if !out.status.success() {
-        bail!("`{shown}` failed ({}):\n{}", out.status, text.trim());
-    }
-    Ok(text)
+    ))
 }
 
 fn check(what: &str, ok: bool, detail: impl FnOnce() -> String) -> Result<()> {
@@ -74,7 +67,7 @@ fn dpkg(root: &Path, args: &[&str]) -> Result<String> {
     )
 }
 
-pub fn run(repo: &Path, deb: &Path, files: &[&str], conffiles: &[&str]) -> Result<()> {
+pub fn run(repo: &Path, deb: &Path, files: &[String], conffiles: &[&str]) -> Result<()> {
     crate::prereq::package_check_packages()?;
     let root: PathBuf = repo.join("target/debian/scratch-root");
     println!("==> installing {} into {}", deb.display(), root.display());

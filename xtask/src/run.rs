@@ -65,6 +65,24 @@ pub(crate) fn describe(cmd: &Command) -> String {
     s
 }
 
+/// Runs `cmd` with its output captured; an error naming the command, its
+/// status and what it printed if it fails.
+pub(crate) fn output_ok(cmd: &mut Command) -> Result<std::process::Output> {
+    let shown = describe(cmd);
+    let out = cmd
+        .output()
+        .with_context(|| format!("cannot run `{shown}`"))?;
+    if !out.status.success() {
+        bail!(
+            "`{shown}` failed ({}):\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout).trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(out)
+}
+
 pub(crate) fn must(cmd: &mut Command) -> Result<()> {
     if status(cmd)? {
         Ok(())
