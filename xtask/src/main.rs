@@ -7,6 +7,7 @@
 //! `anyhow` + `clap`, so `.ci/run` can use it on a fresh machine before
 //! anything else is installed.
 mod criu;
+mod kernels;
 mod package;
 mod package_check;
 mod prereq;
