@@ -6,7 +6,7 @@ use std::{
     io,
     os::{
         fd::{AsRawFd, OwnedFd},
-        unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt},
+        unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt},
     },
     path::{Path, PathBuf},
     sync::Arc,
@@ -74,6 +74,8 @@ pub enum ServerError {
         #[source]
         source: io::Error,
     },
+    #[error("the control socket {path} is not the private socket vnatd created (mode {mode:o}): someone else can write its directory; give --control a path in a directory only root can write, such as /run/vnat")]
+    NotPrivate { path: PathBuf, mode: u32 },
     #[error("cannot create the control socket {path}: {source}")]
     Bind {
         path: PathBuf,
@@ -127,10 +129,17 @@ impl ControlListener {
             },
             _ => bind_err(e),
         })?;
-        // fchmod before bind already gave the file 0600 on Linux; setting it
-        // again by path is cheap and covers kernels that ignore the former.
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(bind_err)?;
+        // The file took its mode from the socket (fchmod before bind, see
+        // `bind_socket`). Nothing is changed by path after the bind: whoever
+        // may write the directory could have put a link there by now, and
+        // a chmod would follow it. Looking (lstat) follows nothing.
         let meta = std::fs::symlink_metadata(path).map_err(bind_err)?;
+        if !meta.file_type().is_socket() || meta.mode() & 0o077 != 0 {
+            return Err(ServerError::NotPrivate {
+                path: path.to_path_buf(),
+                mode: meta.mode() & 0o7777,
+            });
+        }
         let listener =
             UnixListener::from_std(std::os::unix::net::UnixListener::from(fd)).map_err(bind_err)?;
         Ok(Self {

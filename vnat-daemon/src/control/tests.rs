@@ -403,3 +403,58 @@ fn bind_outside_a_runtime_is_an_error_not_a_panic() {
     ));
     assert!(!path.exists());
 }
+
+/// Whoever may write the socket's directory can swap the new socket file
+/// for a link to another file between vnatd's bind and anything it then
+/// does by path. vnatd must change nothing through such a link: a victim
+/// file keeps its mode however often the race is run (a watcher thread
+/// swaps the file as soon as inotify reports it created).
+#[tokio::test(flavor = "current_thread")]
+async fn a_socket_file_swapped_for_a_link_after_bind_changes_nothing_through_it() {
+    use std::os::{
+        fd::{AsRawFd, FromRawFd},
+        unix::ffi::OsStrExt,
+    };
+    for round in 0..300 {
+        let dir = TempDir::new();
+        let path = dir.path().join("vnatd.sock");
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"someone else's file").expect("victim");
+        std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&victim, &link).expect("symlink");
+        // SAFETY: inotify_init1 takes no pointers; -1 or a new descriptor,
+        // owned at once.
+        let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
+        assert!(fd >= 0, "inotify_init1: {}", std::io::Error::last_os_error());
+        // SAFETY: `fd` is the descriptor inotify_init1 just returned.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        let cdir = std::ffi::CString::new(dir.path().as_os_str().as_bytes()).expect("path");
+        // SAFETY: `fd` is an open inotify descriptor and `cdir` a live C string.
+        let w = unsafe { libc::inotify_add_watch(fd.as_raw_fd(), cdir.as_ptr(), libc::IN_CREATE) };
+        assert!(w >= 0, "inotify_add_watch: {}", std::io::Error::last_os_error());
+        let (p, l) = (path.clone(), link.clone());
+        let swapper = std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            loop {
+                // SAFETY: `buf` is live and as long as the length given.
+                let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+                if n <= 0 {
+                    return;
+                }
+                if buf[..n as usize].windows(9).any(|w| w == b"vnatd.soc") {
+                    let _ = std::fs::rename(&l, &p);
+                    return;
+                }
+            }
+        });
+        let bound = ControlListener::bind(&path);
+        swapper.join().expect("the swapper");
+        drop(bound);
+        let mode = std::fs::metadata(&victim).expect("victim").permissions().mode() & 0o777;
+        assert_eq!(
+            mode, 0o644,
+            "round {round}: vnatd changed the mode of the file a link planted at its socket's path points to"
+        );
+    }
+}
