@@ -166,6 +166,11 @@ impl Endpoint {
         let mut mine = Vec::with_capacity(matched.len());
         let mut conflict: Option<([u8; 32], usize)> = None;
         for (flow, entry) in matched {
+            // Bound only by a host that receives at its address
+            // (`vcmp::proof`): knowing its facts is not enough.
+            if entry.proto == flow.proto && !self.claimant_holds_address(peer, &flow) {
+                continue;
+            }
             let Some(c) = self.conns.get_mut(&flow) else {
                 continue;
             };

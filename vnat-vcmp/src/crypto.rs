@@ -83,6 +83,20 @@ impl HostIdentity {
         }
         Ok(SecretKey(shared.to_bytes()))
     }
+
+    /// A 128-bit MAC of `parts` under a key derived from this host's
+    /// secret, so that no other host can compute it: the tokens of
+    /// `vcmp::proof`, which must come back from where they were sent.
+    pub(crate) fn private_tag(&self, parts: &[&[u8]]) -> [u8; 16] {
+        let key = expand(
+            &SecretKey(self.secret.to_bytes()),
+            &[b"vnat private tag v1"],
+        );
+        let full = hmac(&key, parts);
+        let mut out = [0u8; 16];
+        out.copy_from_slice(&full[..16]);
+        out
+    }
 }
 
 /// An ephemeral x25519 key pair (pairing and suspend-time DH).

@@ -38,6 +38,7 @@ pub mod location;
 mod migrate;
 mod pairing;
 mod probe;
+mod proof;
 mod recv;
 pub mod replay;
 pub mod roles;

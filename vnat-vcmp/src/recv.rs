@@ -40,6 +40,10 @@ impl Endpoint {
             self.tx.flush(&mut self.stats);
             return;
         }
+        if super::proof::is_proof(bytes) {
+            self.on_proof_datagram(from, bytes);
+            return;
+        }
         let msg = match Message::decode(bytes) {
             Ok(m) => m,
             Err(e) => {

@@ -24,6 +24,11 @@ pub struct Host {
     /// Addresses that reach this host only from itself: the old address a
     /// moved vnatd keeps on `lo`, which the network no longer routes here.
     pub local_only: Vec<IpAddr>,
+    /// Addresses this host routes to guests of its own (a routed
+    /// container's): datagrams to them at its VCMP port reach its vnatd,
+    /// as the rule vnatd installs for them makes the kernel do (a PROVE,
+    /// `vcmp::proof`); others go on to the guest, where nothing answers.
+    pub routes: Vec<IpAddr>,
     pub alive: bool,
     pub events: Vec<(Timestamp, Event)>,
     /// Play vnatd's part after a switch: once the endpoint tells the
@@ -167,6 +172,7 @@ impl Sim {
             key,
             ip: ip(ip_),
             local_only: Vec::new(),
+            routes: Vec::new(),
             alive: true,
             events: Vec::new(),
             confirms_switch: false,
@@ -375,7 +381,9 @@ impl Sim {
                     self.hosts.iter().position(|h| {
                         h.alive
                             && h.nat.is_none_or(|n| n.ip() != to)
-                            && (h.ip == to || (h.local_only.contains(&to) && h.ip == by))
+                            && (h.ip == to
+                                || (h.local_only.contains(&to) && h.ip == by)
+                                || (h.routes.contains(&to) && d.to.port() == h.ep.cfg.port))
                     })
                 }) else {
                     continue;

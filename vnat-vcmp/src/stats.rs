@@ -51,6 +51,9 @@ pub enum Counter {
     ProbeAnswers,
     ProbesAnswered,
     ProbesSent,
+    ProofsAccepted,
+    ProofsAnswered,
+    ProofsAsked,
     RecordsAccepted,
     RecordsSent,
     Rekeyed,
@@ -67,7 +70,7 @@ pub enum Counter {
 
 impl Counter {
     /// Every value, in name order.
-    pub const ALL: [Counter; 56] = [
+    pub const ALL: [Counter; 59] = [
         Counter::BindAgain,
         Counter::BindDivertFailed,
         Counter::BindRequestsDropped,
@@ -112,6 +115,9 @@ impl Counter {
         Counter::ProbeAnswers,
         Counter::ProbesAnswered,
         Counter::ProbesSent,
+        Counter::ProofsAccepted,
+        Counter::ProofsAnswered,
+        Counter::ProofsAsked,
         Counter::RecordsAccepted,
         Counter::RecordsSent,
         Counter::Rekeyed,
@@ -173,6 +179,9 @@ impl Counter {
             Counter::ProbeAnswers => "probe_answers",
             Counter::ProbesAnswered => "probes_answered",
             Counter::ProbesSent => "probes_sent",
+            Counter::ProofsAccepted => "proofs_accepted",
+            Counter::ProofsAnswered => "proofs_answered",
+            Counter::ProofsAsked => "proofs_asked",
             Counter::RecordsAccepted => "records_accepted",
             Counter::RecordsSent => "records_sent",
             Counter::Rekeyed => "rekeyed",
@@ -219,6 +228,7 @@ pub enum Reject {
     ClaimConflict,
     ClaimNamesTaken,
     ClaimUnpaired,
+    ClaimUnproven,
     ClaimWrongAddress,
     ClaimWrongProtocol,
     CommandMismatch,
@@ -241,6 +251,9 @@ pub enum Reject {
     ProbeReplayed,
     ProbeUnexpectedAnswer,
     ProbeUnpaired,
+    ProofMalformed,
+    ProofRefused,
+    ProofsCapped,
     RecordVersion,
     ReplayDuplicate,
     ReplayTooOld,
@@ -267,7 +280,7 @@ pub enum Reject {
 
 impl Reject {
     /// Every value, in name order.
-    pub const ALL: [Reject; 71] = [
+    pub const ALL: [Reject; 75] = [
         Reject::AmplificationLimit,
         Reject::BadCount,
         Reject::BadErrorCode,
@@ -295,6 +308,7 @@ impl Reject {
         Reject::ClaimConflict,
         Reject::ClaimNamesTaken,
         Reject::ClaimUnpaired,
+        Reject::ClaimUnproven,
         Reject::ClaimWrongAddress,
         Reject::ClaimWrongProtocol,
         Reject::CommandMismatch,
@@ -317,6 +331,9 @@ impl Reject {
         Reject::ProbeReplayed,
         Reject::ProbeUnexpectedAnswer,
         Reject::ProbeUnpaired,
+        Reject::ProofMalformed,
+        Reject::ProofRefused,
+        Reject::ProofsCapped,
         Reject::RecordVersion,
         Reject::ReplayDuplicate,
         Reject::ReplayTooOld,
@@ -371,6 +388,7 @@ impl Reject {
             Reject::ClaimConflict => "claim_conflict",
             Reject::ClaimNamesTaken => "claim_names_taken",
             Reject::ClaimUnpaired => "claim_unpaired",
+            Reject::ClaimUnproven => "claim_unproven",
             Reject::ClaimWrongAddress => "claim_wrong_address",
             Reject::ClaimWrongProtocol => "claim_wrong_protocol",
             Reject::CommandMismatch => "command_mismatch",
@@ -393,6 +411,9 @@ impl Reject {
             Reject::ProbeReplayed => "probe_replayed",
             Reject::ProbeUnexpectedAnswer => "probe_unexpected_answer",
             Reject::ProbeUnpaired => "probe_unpaired",
+            Reject::ProofMalformed => "proof_malformed",
+            Reject::ProofRefused => "proof_refused",
+            Reject::ProofsCapped => "proofs_capped",
             Reject::RecordVersion => "record_version",
             Reject::ReplayDuplicate => "replay_duplicate",
             Reject::ReplayTooOld => "replay_too_old",

@@ -58,6 +58,9 @@ pub(crate) struct Strangers {
     pending: HashMap<[u8; 32], Pending>,
     /// The last answer of [`Endpoint::strangers_wanted`], and when.
     wanted: Option<(Timestamp, bool)>,
+    /// The addresses each host proved it receives at (`vcmp::proof`): a
+    /// stranger's claim binds only a connection at one of them.
+    pub proofs: crate::proof::Proofs,
 }
 
 impl Strangers {
@@ -84,6 +87,7 @@ impl Strangers {
     /// The host `key` is forgotten (`forget_peer`).
     pub fn forget(&mut self, key: &[u8; 32]) {
         self.pending.remove(key);
+        self.proofs.forget(key);
     }
 }
 

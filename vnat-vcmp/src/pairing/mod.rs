@@ -71,6 +71,8 @@ impl Endpoint {
         for (key, ip) in hosts {
             self.pairing.known_hosts.insert(key);
             self.pairing.known_addrs.insert(ip);
+            // It paired from there before (`vcmp::proof`).
+            self.pairing.strangers.proofs.proven_at(key, ip);
         }
     }
 
@@ -477,6 +479,8 @@ impl Endpoint {
         self.pairing.remove_handshake(from, Side::Theirs);
         let renewed = self.sessions.insert(peer, keys.secret).is_some();
         self.peer_addrs.insert(peer, from);
+        // Its handshake proved it receives there (`vcmp::proof`).
+        self.pairing.strangers.proofs.proven_at(peer, ip);
         self.claim_index.remove(&peer);
         // A new session numbers its probes from the start.
         self.probes.remove(&peer);
