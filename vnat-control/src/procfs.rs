@@ -76,6 +76,104 @@ fn parse_endpoint(s: &str) -> Option<SocketAddr> {
     Some(SocketAddr::new(ip, port))
 }
 
+/// The cookie of the socket `fd` (`SO_COOKIE`, Linux 4.12): the number
+/// vnatd's records name the socket by, the same in every namespace.
+pub fn socket_cookie(fd: &impl std::os::fd::AsFd) -> std::io::Result<u64> {
+    use std::os::fd::AsRawFd;
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as nix::libc::socklen_t;
+    // SAFETY: the descriptor is borrowed open for the call; `cookie` and
+    // `len` are live and `len` is `cookie`'s size, which the kernel writes
+    // at most.
+    let r = unsafe {
+        nix::libc::getsockopt(
+            fd.as_fd().as_raw_fd(),
+            nix::libc::SOL_SOCKET,
+            nix::libc::SO_COOKIE,
+            (&mut cookie as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(cookie)
+}
+
+/// The cookies of the sockets process `pid` holds (its descriptors, as
+/// `proc`/PID/fd lists them), each taken with pidfd_getfd (Linux 5.6,
+/// CAP_SYS_PTRACE over the process) and checked by inode, since a
+/// descriptor number may be reused between the listing and the take.
+/// Empty if the process is gone; a descriptor closed meanwhile is left out.
+pub fn held_socket_cookies(
+    proc: &std::path::Path,
+    pid: u32,
+) -> std::io::Result<std::collections::HashSet<u64>> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let gone = |e: &std::io::Error| {
+        matches!(
+            e.raw_os_error(),
+            Some(nix::libc::ESRCH) | Some(nix::libc::ENOENT) | Some(nix::libc::EBADF)
+        )
+    };
+    let mut out = std::collections::HashSet::new();
+    let entries = match fs::read_dir(proc.join(pid.to_string()).join("fd")) {
+        Ok(e) => e,
+        Err(e) if gone(&e) => return Ok(out),
+        Err(e) => return Err(e),
+    };
+    let held: Vec<(nix::libc::c_int, u64)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let target = fs::read_link(e.path()).ok()?;
+            let inode = target
+                .to_str()?
+                .strip_prefix("socket:[")?
+                .strip_suffix(']')?
+                .parse()
+                .ok()?;
+            Some((e.file_name().to_str()?.parse().ok()?, inode))
+        })
+        .collect();
+    if held.is_empty() {
+        return Ok(out);
+    }
+    let Ok(p) = nix::libc::pid_t::try_from(pid) else {
+        return Ok(out);
+    };
+    // SAFETY: pidfd_open takes no pointers; -1 or a new descriptor, owned
+    // at once below.
+    let pidfd = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, p, 0) };
+    if pidfd < 0 {
+        let e = std::io::Error::last_os_error();
+        return if gone(&e) { Ok(out) } else { Err(e) };
+    }
+    // SAFETY: the fresh descriptor pidfd_open returned; nothing else owns it.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as nix::libc::c_int) };
+    for (fd, inode) in held {
+        // SAFETY: no pointers: `fd` is a number in the other process's
+        // table, which the kernel looks up there; -1 or a new descriptor
+        // (close-on-exec) in ours, owned at once below.
+        let dup = unsafe {
+            nix::libc::syscall(nix::libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0)
+        };
+        if dup < 0 {
+            let e = std::io::Error::last_os_error();
+            if gone(&e) {
+                continue;
+            }
+            return Err(e);
+        }
+        // SAFETY: the fresh descriptor pidfd_getfd returned.
+        let dup = unsafe { OwnedFd::from_raw_fd(dup as nix::libc::c_int) };
+        let same = nix::sys::stat::fstat(dup.as_raw_fd()).is_ok_and(|st| st.st_ino == inode);
+        if same {
+            out.insert(socket_cookie(&dup)?);
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -155,8 +155,9 @@ pub enum Command {
         /// process will be restored (64 hex digits, its `vnatctl status` host key).
         #[arg(long, value_name = "KEY", env = "VNAT_CRIU_TO")]
         to: Option<String>,
-        /// At pre-restore: the key of the host that dumped the process
-        /// [default: the sender the export names].
+        /// At pre-restore: the key of the host that dumped the process, which
+        /// must have sealed the export (required: the key the export names
+        /// is its writer's own claim).
         #[arg(long, value_name = "KEY", env = "VNAT_CRIU_FROM")]
         from: Option<String>,
     },
@@ -443,8 +444,9 @@ Then carry /srv/img to the target (the export inside holds the connections'
 keys: keep the images as secret as the process's memory). Restore it there
 into a cgroup vnatd manages, so that vnatd records the restored sockets: run
 criu from that cgroup and let the tree inherit it (--manage-cgroups=ignore),
-or map the dumped cgroup onto it with --cgroup-root. VNAT_CRIU_FROM,
-optional, is the dumping host's key, checked against the export's seal:
+or map the dumped cgroup onto it with --cgroup-root. VNAT_CRIU_FROM is
+the dumping host's key, which the export's seal must match (the key the
+export names proves nothing: whoever wrote the images can name their own):
 
     echo $$ > /sys/fs/cgroup/app.slice/cgroup.procs
     VNAT_CRIU_FROM=9a41...07 criu restore -D /srv/img -d --tcp-established \\

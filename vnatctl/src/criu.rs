@@ -38,14 +38,10 @@
 use std::{
     collections::{BTreeSet, HashSet},
     fs, io,
-    net::SocketAddr,
     path::{Path, PathBuf},
 };
 
-use vnat_control::{datapath::Proto, procfs, ListedConnection};
-
-/// A socket by its own (virtual) endpoints.
-pub type SocketTuple = (Proto, SocketAddr, SocketAddr);
+use vnat_control::{procfs, ListedConnection};
 
 /// How long the hook waits at pre-dump for the peers to confirm that they
 /// hold their packets (one round trip, and the resends of a lost one).
@@ -98,7 +94,13 @@ pub enum HookError {
     },
     #[error("{} connection(s) of the dumped process cannot move, so it would lose them on another host: {list}; the dump is aborted and the process keeps running here", count)]
     NotMobile { count: usize, list: String },
-    #[error("the export in the images ({}) names no sender: pass --from KEY or set VNAT_CRIU_FROM to the dumping host's key", path.display())]
+    #[error("cannot tell which sockets process {pid} of the tree holds: {source}; the dump is aborted and the process keeps running here")]
+    Sockets {
+        pid: u32,
+        #[source]
+        source: io::Error,
+    },
+    #[error("the restore needs the key of the host that dumped the process, to check the export in the images ({}) against: set VNAT_CRIU_FROM to it (the `host key` its `vnatctl status` shows) or pass --from; the key the export names is its writer's own claim", path.display())]
     NoSender { path: PathBuf },
 }
 
@@ -111,7 +113,10 @@ impl HookError {
             | HookError::NoImageDir { .. }
             | HookError::NoTarget
             | HookError::NoSender { .. } => 2,
-            HookError::NoInitPid { .. } | HookError::Tree { .. } | HookError::NotMobile { .. } => 1,
+            HookError::NoInitPid { .. }
+            | HookError::Tree { .. }
+            | HookError::Sockets { .. }
+            | HookError::NotMobile { .. } => 1,
         }
     }
 }
@@ -198,59 +203,37 @@ pub fn process_tree(proc: &Path, root: u32) -> Result<BTreeSet<u32>, HookError> 
     Ok(tree)
 }
 
-/// The endpoints of every socket the tree's processes hold: the socket
-/// inodes of their fd tables, looked up in their namespace's
-/// `/proc/PID/net/{tcp,udp}{,6}`. vnatd names one owner per connection,
-/// the first process it finds holding the socket; during a dump CRIU
-/// holds the dumped sockets too, and once pids wrap CRIU's may come first,
+/// The cookies of every socket the tree's processes hold (each taken from
+/// the process and checked by inode, `procfs::held_socket_cookies`).
+/// A socket is named by its cookie alone, as vnatd's records name it: not
+/// by its endpoints, which a process can reproduce in a namespace of its
+/// own (the host's addresses on its `lo`), nor by the pid vnatd recorded
+/// at connect(), which a process of the tree may have taken since.
+/// vnatd names one owner per connection, the first process it finds
+/// holding the socket; during a dump CRIU holds the dumped sockets too,
 /// so the owner alone would miss the tree's connection.
-pub fn tree_sockets(proc: &Path, tree: &BTreeSet<u32>) -> HashSet<SocketTuple> {
+pub fn tree_cookies(proc: &Path, tree: &BTreeSet<u32>) -> Result<HashSet<u64>, HookError> {
     let mut out = HashSet::new();
     for pid in tree {
-        let dir = proc.join(pid.to_string());
-        let Ok(fds) = fs::read_dir(dir.join("fd")) else {
-            continue;
-        };
-        let inodes: HashSet<u64> = fds
-            .flatten()
-            .filter_map(|fd| fs::read_link(fd.path()).ok())
-            .filter_map(|t| {
-                t.to_str()?
-                    .strip_prefix("socket:[")?
-                    .strip_suffix(']')?
-                    .parse()
-                    .ok()
-            })
-            .collect();
-        if inodes.is_empty() {
-            continue;
-        }
-        let net = dir.join("net");
-        for (tuple, inode) in procfs::socket_inodes_in(&net.to_string_lossy()) {
-            if inodes.contains(&inode) {
-                out.insert(tuple);
-            }
-        }
+        out.extend(
+            procfs::held_socket_cookies(proc, *pid)
+                .map_err(|source| HookError::Sockets { pid: *pid, source })?,
+        );
     }
-    out
+    Ok(out)
 }
 
-/// The ids of the connections the tree's processes own (by vnatd's owner
-/// or by the sockets the tree holds), or why the dump must not go on: one
-/// of them cannot move, and the restored process would find it dead.
-/// Connections on loopback stay inside the host's (and the restored)
-/// namespace and are not vnat's to move.
+/// The ids of the connections whose sockets the tree holds (by cookie), or
+/// why the dump must not go on: one of them cannot move, and the restored
+/// process would find it dead. Connections on loopback stay inside the
+/// host's (and the restored) namespace and are not vnat's to move.
 pub fn tree_connections(
     conns: &[ListedConnection],
-    tree: &BTreeSet<u32>,
-    sockets: &HashSet<SocketTuple>,
+    cookies: &HashSet<u64>,
 ) -> Result<Vec<u64>, HookError> {
     let mine: Vec<&ListedConnection> = conns
         .iter()
-        .filter(|c| {
-            c.info.pid.is_some_and(|p| tree.contains(&p))
-                || sockets.contains(&(c.info.proto, c.info.virtual_local, c.info.virtual_remote))
-        })
+        .filter(|c| cookies.contains(&c.info.cookie))
         .filter(|c| {
             !(c.info.virtual_local.ip().is_loopback() && c.info.virtual_remote.ip().is_loopback())
         })
@@ -276,6 +259,26 @@ pub fn tree_connections(
         });
     }
     Ok(mine.iter().map(|c| c.info.id).collect())
+}
+
+/// The connections of the tree rooted at the pids `tree` (see
+/// [`tree_connections`]), with the sockets read from `proc`.
+pub fn select_connections(
+    proc: &Path,
+    tree: &BTreeSet<u32>,
+    conns: &[ListedConnection],
+) -> Result<Vec<u64>, HookError> {
+    tree_connections(conns, &tree_cookies(proc, tree)?)
+}
+
+/// At pre-restore: the key of the host that sealed the export, which the
+/// import checks the seal against. Only the operator names it (--from or
+/// VNAT_CRIU_FROM): the seal proves that the holder of the key it names
+/// wrote the document, and whoever wrote the images can name their own.
+pub fn restore_sender(from: Option<&str>, path: &Path) -> Result<String, HookError> {
+    from.map(str::to_string).ok_or(HookError::NoSender {
+        path: path.to_path_buf(),
+    })
 }
 
 #[cfg(test)]
@@ -364,33 +367,6 @@ mod tests {
         ));
     }
 
-    /// A fake /proc: pid 10 holds socket 555 (fd 3) and a file; its
-    /// namespace's tcp table lists 555 and another process's 556.
-    #[test]
-    fn the_trees_sockets_come_from_its_fd_tables() {
-        let proc = tempfile::tempdir().unwrap();
-        let dir = proc.path().join("10");
-        fs::create_dir_all(dir.join("fd")).unwrap();
-        fs::create_dir_all(dir.join("net")).unwrap();
-        std::os::unix::fs::symlink("socket:[555]", dir.join("fd/3")).unwrap();
-        std::os::unix::fs::symlink("/etc/hosts", dir.join("fd/4")).unwrap();
-        fs::write(
-            dir.join("net/tcp"),
-            "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
-             \x20  0: 020312C6:1BBC 020112C6:9C40 01 00000000:00000000 00:00000000 00000000     0        0 555 1\n\
-             \x20  1: 020312C6:1BBD 020112C6:9C41 01 00000000:00000000 00:00000000 00000000     0        0 556 1\n",
-        )
-        .unwrap();
-        let got = tree_sockets(proc.path(), &[10, 11].into());
-        let want: HashSet<SocketTuple> = [(
-            Proto::Tcp,
-            "198.18.3.2:7100".parse().unwrap(),
-            "198.18.1.2:40000".parse().unwrap(),
-        )]
-        .into();
-        assert_eq!(got, want);
-    }
-
     /// A fake /proc: 10 has a thread 11 whose child is 20, which has a child 30.
     #[test]
     fn the_tree_follows_every_threads_children() {
@@ -416,34 +392,22 @@ mod tests {
 
     #[test]
     fn the_trees_connections_are_exported_and_an_immobile_one_stops_the_dump() {
-        let tree: BTreeSet<u32> = [10, 20].into();
+        // The tree holds the sockets with cookies 1, 2 and 5 (conn() gives
+        // each connection its id as cookie); 3's recorded pid is the
+        // tree's, its socket is not.
+        let cookies: HashSet<u64> = [1, 2, 5].into();
         let conns = vec![
             conn(1, "198.18.3.2:7100", "198.18.1.2:40000", Some(10), true),
-            conn(2, "198.18.3.2:7101", "198.18.1.2:40001", Some(20), true),
-            conn(3, "198.18.3.2:7102", "198.18.1.2:40002", Some(99), false),
+            conn(2, "198.18.3.2:7101", "198.18.1.2:40001", None, true),
+            conn(3, "198.18.3.2:7102", "198.18.1.2:40002", Some(20), false),
             conn(4, "198.18.3.2:7103", "198.18.1.2:40003", None, false),
             // Loopback stays on whichever host: not vnat's to move.
             conn(5, "127.0.0.1:6379", "127.0.0.1:50000", Some(10), false),
         ];
-        let none = HashSet::new();
-        assert_eq!(tree_connections(&conns, &tree, &none).unwrap(), vec![1, 2]);
-        assert!(tree_connections(&conns, &[7].into(), &none)
+        assert_eq!(tree_connections(&conns, &cookies).unwrap(), vec![1, 2]);
+        assert!(tree_connections(&conns, &[7].into())
             .unwrap()
             .is_empty());
-        // vnatd named another holder (CRIU's pid came first): the tree's
-        // own socket still selects it.
-        let held: HashSet<SocketTuple> = [(
-            Proto::Tcp,
-            "198.18.3.2:7102".parse().unwrap(),
-            "198.18.1.2:40002".parse().unwrap(),
-        )]
-        .into();
-        let mut criu_first = conns.clone();
-        criu_first[2].mobile = true;
-        assert_eq!(
-            tree_connections(&criu_first, &tree, &held).unwrap(),
-            vec![1, 2, 3]
-        );
 
         let mut stuck = conns.clone();
         stuck.push(conn(
@@ -453,7 +417,7 @@ mod tests {
             Some(20),
             false,
         ));
-        match tree_connections(&stuck, &tree, &none) {
+        match tree_connections(&stuck, &[1, 6].into()) {
             Err(e @ HookError::NotMobile { count: 1, .. }) => {
                 let text = e.to_string();
                 assert!(text.contains("198.18.9.9:443"), "{text}");
@@ -462,5 +426,76 @@ mod tests {
             }
             other => panic!("expected NotMobile, got {other:?}"),
         }
+    }
+
+    /// A tenant being checkpointed gives its own namespace's `lo` a host
+    /// connection's addresses and connects them, so that its socket table
+    /// shows that connection's tuple; and the connection's recorded pid is
+    /// one the tenant's tree has since taken. Neither selects the host's
+    /// connection: only the tree's own sockets do (here, a fake /proc where the
+    /// tree's pid, one no process can have, holds a socket with that
+    /// tuple; the host's connection is another socket).
+    #[test]
+    fn a_tree_reproducing_a_host_connections_tuple_or_pid_does_not_get_it() {
+        // Above PID_MAX_LIMIT (2^22).
+        const TENANT: u32 = 4_194_305;
+        let proc = tempfile::tempdir().unwrap();
+        let dir = proc.path().join(TENANT.to_string());
+        fs::create_dir_all(dir.join("fd")).unwrap();
+        fs::create_dir_all(dir.join("net")).unwrap();
+        std::os::unix::fs::symlink("socket:[555]", dir.join("fd/3")).unwrap();
+        fs::write(
+            dir.join("net/tcp"),
+            "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+             \x20  0: 020312C6:1BBC 020112C6:9C40 01 00000000:00000000 00:00000000 00000000     0        0 555 1\n",
+        )
+        .unwrap();
+        let tree: BTreeSet<u32> = [TENANT].into();
+        let host = vec![
+            // The tuple the tenant reproduced.
+            conn(1, "198.18.3.2:7100", "198.18.1.2:40000", None, true),
+            // Recorded at connect() by a process whose pid the tree has now.
+            conn(2, "198.18.3.2:7101", "198.18.1.2:40001", Some(TENANT), true),
+        ];
+        let got = select_connections(proc.path(), &tree, &host).unwrap();
+        assert!(
+            got.is_empty(),
+            "the tenant's tree would export the host's connections {got:?}"
+        );
+    }
+
+    /// The tree's own socket selects its connection, by the socket's
+    /// cookie (the test process is the tree; what vnatd lists is the
+    /// socket with that cookie, whatever its endpoints).
+    #[test]
+    fn the_trees_own_socket_selects_its_connection() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let cookie = vnat_control::procfs::socket_cookie(&c).expect("SO_COOKIE");
+        let mut listed = conn(7, "198.18.3.2:7200", "198.18.1.2:41000", None, true);
+        listed.info.cookie = cookie;
+        let other = conn(8, "198.18.3.2:7201", "198.18.1.2:41001", None, true);
+        let tree: BTreeSet<u32> = [std::process::id()].into();
+        let got = select_connections(Path::new("/proc"), &tree, &[listed, other]).unwrap();
+        assert_eq!(got, vec![7]);
+        drop(c);
+    }
+
+    /// At pre-restore, a document whose seal names its own sender proves
+    /// only that whoever wrote it holds that key: without --from (or
+    /// VNAT_CRIU_FROM) it is refused, whatever key it names (the sender no
+    /// longer comes from the document at all).
+    #[test]
+    fn a_document_naming_its_own_sender_is_refused_without_from() {
+        let path = Path::new("/img/vnat-connections.json");
+        match restore_sender(None, path) {
+            Err(e @ HookError::NoSender { .. }) => {
+                let text = e.to_string();
+                assert!(text.contains("VNAT_CRIU_FROM"), "{text}");
+            }
+            other => panic!("the document's own sender was trusted: {other:?}"),
+        }
+        let key = "12".repeat(32);
+        assert_eq!(restore_sender(Some(&key), path).unwrap(), key);
     }
 }

@@ -381,8 +381,8 @@ fn run(cli: &Cli) -> Result<String, Failure> {
                 }
             }
             Plan::CriuExport { tree, to, path } => {
-                let sockets = criu::tree_sockets(Path::new("/proc"), &tree);
-                let ids = criu::tree_connections(&client.list().await?, &tree, &sockets)?;
+                let ids =
+                    criu::select_connections(Path::new("/proc"), &tree, &client.list().await?)?;
                 if ids.is_empty() {
                     return Ok(format!(
                         "vnat: no connection of process tree {tree:?} is recorded by vnatd; nothing to export\n"
@@ -414,10 +414,10 @@ fn run(cli: &Cli) -> Result<String, Failure> {
                 output::export_written(json, &path, &document)
             }
             Plan::CriuHold { tree } => {
-                let sockets = criu::tree_sockets(Path::new("/proc"), &tree);
                 // Before any freeze: a connection that cannot move fails
                 // the dump now rather than after it.
-                let ids = criu::tree_connections(&client.list().await?, &tree, &sockets)?;
+                let ids =
+                    criu::select_connections(Path::new("/proc"), &tree, &client.list().await?)?;
                 if ids.is_empty() {
                     return Ok(String::new());
                 }
@@ -522,17 +522,7 @@ fn criu_plan(to: &Option<String>, from: &Option<String>) -> Result<Option<Plan>,
                 return Ok(None);
             }
             let document = read_export(&path)?;
-            let from = match from {
-                Some(k) => k.clone(),
-                // The images are code this host is about to run as root:
-                // trusting the sender they name adds nothing to that trust,
-                // and the seal still proves that sender wrote it for us.
-                None => document
-                    .seal
-                    .as_ref()
-                    .map(|s| s.from.clone())
-                    .ok_or(criu::HookError::NoSender { path })?,
-            };
+            let from = criu::restore_sender(from.as_deref(), &path)?;
             Some(Plan::Import(document, Some(from)))
         }
         criu::Action::PostRestore => env
