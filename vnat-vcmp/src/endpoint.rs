@@ -353,10 +353,12 @@ impl Endpoint {
     pub(crate) fn emit(&mut self, e: Event) {
         // A receive side that is never prepared costs a connection; these
         // come only from authenticated updates, at most one per record.
-        // A lost end of help would leave the peer helping.
+        // A lost end of help would leave the peer helping. A lost revert
+        // would leave the receive side prepared for an address the peer
+        // never proved (at most one per validation and connection).
         let needed = matches!(
             e,
-            Event::PrepareReceive { .. } | Event::HelpRequested { .. }
+            Event::PrepareReceive { .. } | Event::HelpRequested { .. } | Event::Reverted { .. }
         );
         if self.events.len() >= self.cfg.max_events && !needed {
             self.stats.reject(Reject::EventQueueFull);

@@ -41,7 +41,8 @@ pub enum Event {
         remote: SocketAddr,
     },
     /// Path validation of `attempted` failed; `flow` stays at (or returns
-    /// to) the last validated endpoint `remote`.
+    /// to) the last validated endpoint `remote`, and the receive side
+    /// prepared for `attempted` goes. Never dropped for a full event queue.
     Reverted {
         flow: VirtualFlow,
         remote: SocketAddr,

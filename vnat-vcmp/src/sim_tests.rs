@@ -338,6 +338,73 @@ fn crossing_susp_primary_is_arbitrated_by_the_higher_address() {
     }
 }
 
+/// Every connection whose announced address failed validation is
+/// reverted, even when the driver has not taken the events yet and the
+/// queue is full (issue 31, item 2): a lost revert left the receive side
+/// prepared for that address in the datapath.
+#[test]
+fn a_full_event_queue_loses_no_revert() {
+    let cfg = Config {
+        max_events: 1,
+        ..Config::default()
+    };
+    let (mut sim, flows) = setup(31, Link::default(), cfg, 3);
+    // One validation covers the three connections (one peer host): its
+    // failure reverts all three at once, into a queue that holds one.
+    resume(&mut sim, 0, &flows, "10.0.66.6");
+    sim.run_for(Duration::from_secs(120));
+    for f in &flows {
+        let b = reverse(f);
+        assert!(
+            sim.events(
+                1,
+                |e| matches!(e, Event::Reverted { flow, .. } if *flow == b)
+            )
+            .next()
+            .is_some(),
+            "B must report the revert of {b:?}"
+        );
+    }
+}
+
+/// A peer that keeps announcing two addresses in turn, neither of which
+/// answers, never gets either: validations fail while the other address
+/// is pending, and once the updates stop, the last one's failure reverts
+/// the connection (issue 31, item 2).
+#[test]
+fn alternating_unproved_addresses_end_in_a_revert() {
+    let (mut sim, flows) = setup(32, Link::default(), Config::default(), 1);
+    let f = flows[0];
+    let b = reverse(&f);
+    let (p1, p2) = (sa("10.0.66.6:40000"), sa("10.0.66.7:40000"));
+    for i in 0..40 {
+        let p = if i % 2 == 0 { p1 } else { p2 };
+        sim.with(0, |ep, now, rng| {
+            ep.resume(now, rng, &[(f, p)]).expect("resume")
+        });
+        sim.run_for(Duration::from_secs(1));
+    }
+    assert!(
+        sim.events(1, |e| matches!(e, Event::SetRemote { .. }))
+            .next()
+            .is_none(),
+        "no traffic may move to an address that never answered"
+    );
+    sim.run_for(Duration::from_secs(60));
+    let v = sim.hosts[1].ep.connection(&b).expect("flow");
+    assert_eq!((v.remote_phys, v.pending_remote), (f.local, None));
+    let last = sim
+        .events(1, |e| {
+            matches!(e, Event::PrepareReceive { flow, .. } | Event::Reverted { flow, .. } if *flow == b)
+        })
+        .last()
+        .map(|(_, e)| e.clone());
+    assert!(
+        matches!(last, Some(Event::Reverted { remote, .. }) if remote == f.local),
+        "the last word on the connection must be a revert to its validated address: {last:?}"
+    );
+}
+
 #[test]
 fn failed_validation_reverts_to_the_last_validated_address() {
     let (mut sim, flows) = setup(9, Link::default(), Config::default(), 1);
