@@ -13,9 +13,12 @@
 //!   the path know them: stealing a binding is as hard as injecting into
 //!   the TCP connection itself.
 //! - UDP (and TCP whose sequence numbers were not recorded): the two
-//!   virtual endpoints. Weaker, since a port can be guessed, so such a
-//!   binding is only taken from a claim that arrives from the connection's
-//!   own remote address, and never away from a host that holds it.
+//!   virtual endpoints. Weak, since all but a port can be guessed and its
+//!   commitment lets whoever holds the claim key test port guesses: such a
+//!   binding is never sent or taken in a CLAIM. A UDP flow is bound by an
+//!   in-band BIND on its own path (`vcmp::bind`), with names both ends pick
+//!   alike (`Binding::udp`); a TCP connection without recorded sequence
+//!   numbers stays not mobile. Never taken away from a host that holds it.
 //!
 //! Neither side sends the facts themselves: a CLAIM carries a commitment, an
 //! HMAC of the binding under a key of the pairing, so a host that shares a
@@ -101,6 +104,24 @@ impl Binding {
             strong: false,
             isns: None,
             ends: Some([flow.local, flow.remote]),
+        }
+    }
+
+    /// The binding of a UDP flow bound by an in-band BIND (`vcmp::bind`):
+    /// `own` is the flow as this end names it, `named` as the peer names it
+    /// turned to our side (its name for our end as `local`). Each end may
+    /// be the first to bind (on the peer's BIND, or on the answer to its
+    /// own), so both must pick the same names: of the two, the pair of
+    /// endpoints that sorts first.
+    pub fn udp(own: &VirtualFlow, named: &VirtualFlow) -> Binding {
+        let key = |f: &VirtualFlow| {
+            let (a, b) = ordered(f.local, f.remote);
+            (endpoint_bytes(&a), endpoint_bytes(&b))
+        };
+        if key(own) <= key(named) {
+            Binding::endpoints(own)
+        } else {
+            Binding::endpoints(named)
         }
     }
 
@@ -194,5 +215,21 @@ mod tests {
         );
         assert!(Binding::of(&client, Some([5, 9])).is_strong());
         assert!(!Binding::of(&client, None).is_strong());
+    }
+
+    #[test]
+    fn both_ends_of_a_udp_flow_through_a_nat_pick_the_same_names() {
+        let client = flow("192.168.1.10:5000", "203.0.113.5:53", Proto::Udp);
+        let server = flow("203.0.113.5:53", "198.51.100.7:61234", Proto::Udp);
+        // Each end turns the other's names to its own side.
+        let to_client = flow("198.51.100.7:61234", "203.0.113.5:53", Proto::Udp);
+        let to_server = flow("203.0.113.5:53", "192.168.1.10:5000", Proto::Udp);
+        let at_client = Binding::udp(&client, &to_client);
+        let at_server = Binding::udp(&server, &to_server);
+        assert_eq!(at_client, at_server);
+        // And label the directions crosswise.
+        let (cs, cr) = at_client.directions(&client);
+        let (ss, sr) = at_server.directions(&server);
+        assert_eq!((cs, cr), (sr, ss));
     }
 }

@@ -3,12 +3,22 @@
 //!
 //! After pairing, and for every later connection with a paired host, each
 //! side sends the other the commitments of its connections that have no
-//! peer yet. The receiver binds each of its own connections whose
-//! commitment it finds, and answers (once) with its commitments for them,
-//! so both ends bind. A connection is bound to one host key for life:
-//! a claim for a connection bound to another key changes nothing and is
-//! counted (`claim_conflict`). Claims are resent on a timer while a
-//! connection has no peer.
+//! peer yet and whose binding only their two ends can know (TCP's initial
+//! sequence numbers): the commitment alone, no names, since the host paired
+//! from the connection's address may be another host behind the same NAT.
+//! The receiver binds each of its own connections whose commitment it
+//! finds, and answers (once) with its commitments for them and its names
+//! for them, now that they are bound to the claimant; the claimant binds
+//! on that answer and sends its own names back. A connection is bound to
+//! one host key for life: a claim for a connection bound to another key
+//! changes nothing and is counted (`claim_conflict`). Claims are taken only
+//! from the address the claimant's session is at, within a budget per
+//! host, and resent on a timer while a connection has no peer.
+//!
+//! A binding made of endpoints (UDP) is never claimed: its commitment
+//! would let the receiver test guesses of its ports. UDP flows are bound
+//! by in-band BIND (`vcmp::bind`), whose answer travels in a CLAIM answer
+//! entry carrying the proof of the BIND's token.
 
 use crate::stats::{Counter, Reject};
 use std::collections::HashMap;
@@ -26,7 +36,7 @@ use crate::flow::VirtualFlow;
 /// connection.
 #[derive(Default)]
 pub(crate) struct ClaimIndex {
-    by_commitment: HashMap<[u8; TAG_LEN], VirtualFlow>,
+    pub(crate) by_commitment: HashMap<[u8; TAG_LEN], VirtualFlow>,
 }
 
 impl Endpoint {
@@ -43,14 +53,16 @@ impl Endpoint {
             return;
         };
         let key = secret.claim_key();
+        // Strong bindings only; names only to the host the connection is
+        // bound to.
         let entries: Vec<ClaimEntry> = flows
             .iter()
             .filter_map(|f| self.conns.get(f))
+            .filter(|c| c.binding.is_strong())
             .map(|c| ClaimEntry {
                 commitment: claim_commitment(&key, &c.binding),
                 proto: c.flow.proto,
-                sender_local: c.flow.local,
-                sender_remote: c.flow.remote,
+                names: (c.peer_key == Some(peer)).then_some([c.flow.local, c.flow.remote]),
             })
             .collect();
         for chunk in entries.chunks(MAX_CLAIMS) {
@@ -77,6 +89,7 @@ impl Endpoint {
                 self.send_claims(peer, dst, flows, false);
             }
         }
+        self.request_udp_binds(ip, flows);
         let (initial, max) = (self.cfg.initial_rto, self.cfg.max_rto);
         for f in flows {
             let Some(c) = self.conns.get_mut(f).filter(|c| c.peer_key.is_none()) else {
@@ -138,6 +151,7 @@ impl Endpoint {
     /// One CLAIM datagram from `from`. `bytes` is the whole datagram.
     pub(crate) fn on_claim(
         &mut self,
+        now: Timestamp,
         from: SocketAddr,
         answer: bool,
         peer: [u8; 32],
@@ -153,17 +167,31 @@ impl Endpoint {
             self.stats.reject(Reject::ClaimBadTag);
             return;
         }
+        // From where its session is: a claim from anywhere else is a
+        // replay, or forged by someone who can send from there.
+        if self.peer_addrs.get(&peer) != Some(&from) {
+            self.stats.reject(Reject::ClaimWrongAddress);
+            return;
+        }
+        if !self.binds.claims.allow(&peer, now, 1) {
+            self.stats.reject(Reject::PeerOverBudget);
+            return;
+        }
         self.refresh_claim_index(&peer, &key);
-        let index = self.claim_index.get(&peer);
         let mut matched: Vec<(VirtualFlow, ClaimEntry)> = Vec::new();
-        let mut unmatched: Vec<ClaimEntry> = Vec::new();
+        let mut unmatched = 0u64;
         for e in entries {
+            if answer && self.on_bind_answer(now, peer, e) {
+                continue;
+            }
+            let index = self.claim_index.get(&peer);
             match index.and_then(|i| i.by_commitment.get(&e.commitment)) {
                 Some(f) => matched.push((*f, *e)),
-                None => unmatched.push(*e),
+                None => unmatched += 1,
             }
         }
         let mut mine = Vec::with_capacity(matched.len());
+        let mut newly = Vec::new();
         let mut conflict: Option<([u8; 32], usize)> = None;
         for (flow, entry) in matched {
             // Bound only by a host that receives at its address
@@ -182,7 +210,9 @@ impl Endpoint {
             }
             match c.peer_key {
                 Some(k) if k == peer => {
-                    self.learn_peer_view(&flow, &entry);
+                    if let Some(names) = entry.names {
+                        self.learn_peer_view(&flow, names);
+                    }
                     mine.push(flow);
                 }
                 Some(holder) => {
@@ -191,19 +221,22 @@ impl Endpoint {
                     let n = conflict.map_or(0, |c| c.1);
                     conflict = Some((holder, n + 1));
                 }
-                // A binding made of endpoints can be guessed: take it only
-                // from the connection's own remote address.
-                None if !c.binding.is_strong() && c.remote_phys.ip() != from.ip() => {
-                    self.stats.reject(Reject::ClaimWrongAddress);
+                // A binding made of endpoints can be guessed: never bound
+                // by a claim (UDP binds in band, `vcmp::bind`).
+                None if !c.binding.is_strong() => {
+                    self.stats.reject(Reject::ClaimWeakBinding);
                 }
                 None => {
                     c.peer_key = Some(peer);
                     c.bind_retry = None;
                     self.stats.count(Counter::ClaimsBound);
-                    self.learn_peer_view(&flow, &entry);
+                    if let Some(names) = entry.names {
+                        self.learn_peer_view(&flow, names);
+                    }
                     self.ensure_keys(&flow);
                     self.rearm(&flow);
                     mine.push(flow);
+                    newly.push(flow);
                     // A stranger's first bound connection makes it a peer.
                     self.promote_stranger(peer);
                 }
@@ -218,28 +251,28 @@ impl Endpoint {
             });
         }
         if !answer && !mine.is_empty() {
-            // To where the claim came from: an answer is no reason to
-            // believe a (possibly replayed) claim's address for anything
-            // else.
+            // Answered with our commitments and, now that they are bound
+            // to the claimant, our names.
             self.send_claims(peer, from, &mine, true);
+        } else if answer && !newly.is_empty() {
+            // Bound on its answer: our names for them, which it has not
+            // had (our claim carried none).
+            self.send_claims(peer, from, &newly, true);
         }
-        if !unmatched.is_empty() {
-            // Connections we do not have (closed, or guessed), or UDP
-            // through a NAT that changed the port (`vcmp::bind`).
-            self.stats
-                .count_n(Counter::ClaimUnmatched, unmatched.len() as u64);
-            self.request_binds(peer, from, &unmatched);
+        if unmatched > 0 {
+            // Connections we do not have (closed, or guessed).
+            self.stats.count_n(Counter::ClaimUnmatched, unmatched);
         }
     }
 
     /// Remember how the peer names `flow` (from its claim): records named
     /// its way find the connection, and its name for our end is where a
     /// NAT put us.
-    pub(crate) fn learn_peer_view(&mut self, flow: &VirtualFlow, entry: &ClaimEntry) {
+    pub(crate) fn learn_peer_view(&mut self, flow: &VirtualFlow, names: [SocketAddr; 2]) {
         let named = VirtualFlow {
-            proto: entry.proto,
-            local: entry.sender_remote,
-            remote: entry.sender_local,
+            proto: flow.proto,
+            local: names[1],
+            remote: names[0],
         };
         // The names must not shadow a connection of ours that has those
         // names itself, nor take over names another host's connection
@@ -306,7 +339,7 @@ impl Endpoint {
         }
     }
 
-    fn refresh_claim_index(&mut self, peer: &[u8; 32], key: &SecretKey) {
+    pub(crate) fn refresh_claim_index(&mut self, peer: &[u8; 32], key: &SecretKey) {
         if self.claim_index.contains_key(peer) {
             return;
         }
@@ -377,6 +410,9 @@ impl Endpoint {
                 c.prev_keys = None;
                 c.mig = None;
                 c.bind_retry = None;
+                if c.flow.proto == crate::flow::Proto::Udp {
+                    self.binds.track_udp(c.flow, c.remote_phys.ip());
+                }
                 freed.entry(c.remote_phys.ip()).or_default().push(c.flow);
             }
         }

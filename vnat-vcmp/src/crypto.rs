@@ -258,6 +258,16 @@ pub(crate) fn claim_commitment(claim_key: &SecretKey, binding: &Binding) -> [u8;
     out
 }
 
+/// What the answer to an in-band BIND carries (`vcmp::bind`): proof that
+/// its receiver saw the BIND's random token, which travelled only on the
+/// flow's own path.
+pub(crate) fn bind_proof(claim_key: &SecretKey, token: &[u8; TAG_LEN]) -> [u8; TAG_LEN] {
+    let mut out = [0u8; TAG_LEN];
+    let full = hmac(claim_key, &[b"vnat bind proof v1", token]);
+    out.copy_from_slice(&full[..TAG_LEN]);
+    out
+}
+
 /// The tag of a CLAIM or PROBE datagram: HMAC over all of it before the
 /// tag, which is its last [`PAIR_TAG_LEN`] bytes.
 fn claim_tag(claim_key: &SecretKey, signed: &[u8]) -> [u8; 32] {

@@ -397,7 +397,11 @@ impl Endpoint {
         self.conns
             .insert(flow, Conn::new(flow, local_phys, remote_phys, binding));
         self.index_connection(&flow, true);
+        if flow.proto == crate::flow::Proto::Udp {
+            self.binds.track_udp(flow, remote_phys.ip());
+        }
         self.tx.trusted.insert(remote_phys.ip());
+        self.binds.clock = now;
         let mut ctx = Ctx::new(now, rng);
         let ip = remote_phys.ip();
         if self.sessions_at(ip).is_empty() {
@@ -598,6 +602,7 @@ impl Endpoint {
 
     /// The next datagram to send, if any.
     pub fn poll_transmit(&mut self, now: Timestamp) -> Option<Transmit> {
+        self.binds.clock = now;
         if !self.claims_due.is_empty() {
             self.flush_due_claims(now);
         }
@@ -667,6 +672,7 @@ impl Endpoint {
     /// Retransmit, give up or expire whatever is due at `now`.
     pub fn handle_timeout<R: RngCore + CryptoRng>(&mut self, now: Timestamp, rng: &mut R) {
         let mut ctx = Ctx::new(now, rng);
+        self.binds.clock = now;
         self.pairing_timeouts(&mut ctx);
         self.pair_retry_timeouts(&mut ctx);
         self.claim_timeouts(&mut ctx);

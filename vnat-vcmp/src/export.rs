@@ -19,7 +19,6 @@ use super::crypto::{self, key_hex, parse_key_hex, ConnKeys, SecretKey};
 use super::endpoint::{Conn, Endpoint, EndpointError};
 use super::replay::ReplayWindow;
 use super::roles::RoleState;
-use super::wire::{ClaimEntry, TAG_LEN};
 use crate::flow::VirtualFlow;
 
 /// Version of the export format. 2: keys derived from the connection's
@@ -194,16 +193,13 @@ impl Endpoint {
         c.role = e.role;
         self.tx.trusted.insert(e.remote_phys.ip());
         self.conns.insert(e.flow, c);
+        if e.flow.proto == crate::flow::Proto::Udp {
+            self.binds.track_udp(e.flow, e.remote_phys.ip());
+        }
         self.rearm(&e.flow);
         self.index_connection(&e.flow, true);
         if let Some(named) = e.peer_named {
-            let entry = ClaimEntry {
-                commitment: [0; TAG_LEN],
-                proto: named.proto,
-                sender_local: named.remote,
-                sender_remote: named.local,
-            };
-            self.learn_peer_view(&e.flow, &entry);
+            self.learn_peer_view(&e.flow, [named.remote, named.local]);
         }
         Ok(())
     }

@@ -25,6 +25,7 @@
 
 mod bind;
 pub mod binding;
+mod budget;
 mod claim;
 pub mod config;
 mod cookie;
@@ -103,3 +104,5 @@ mod sim_stranger_tests;
 mod sim_suspend_tests;
 #[cfg(test)]
 mod sim_tests;
+#[cfg(test)]
+mod sim_udp_bind_tests;

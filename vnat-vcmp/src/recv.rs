@@ -35,8 +35,9 @@ impl Endpoint {
         // BIND_REQ nonces start at a random point (requests go out in
         // answer to datagrams, so this is before the first).
         self.binds.seed_nonce(ctx.rng);
+        self.binds.clock = now;
         if super::bind::is_bind(bytes) {
-            self.on_bind_datagram(now, from, bytes);
+            self.on_bind_datagram(now, &mut *ctx.rng, from, bytes);
             self.tx.flush(&mut self.stats);
             return;
         }
@@ -100,7 +101,7 @@ impl Endpoint {
                 static_pub,
                 entries,
                 ..
-            } => self.on_claim(from, answer, static_pub, &entries, bytes),
+            } => self.on_claim(now, from, answer, static_pub, &entries, bytes),
             Message::Probe {
                 static_pub,
                 seq,

@@ -53,6 +53,9 @@ pub struct Host {
     pub mute: bool,
     /// This many of the next in-band datagrams (BINDs) it sends are lost.
     pub lose_in_band: u32,
+    /// Every datagram its vnatd received: (source, bytes), to check what
+    /// a host was told.
+    pub inbox: Vec<(SocketAddr, Vec<u8>)>,
 }
 
 /// Link behaviour, applied to every datagram independently.
@@ -182,6 +185,7 @@ impl Sim {
             binds_to_app: 0,
             mute: false,
             lose_in_band: 0,
+            inbox: Vec::new(),
         });
         self.hosts.len() - 1
     }
@@ -377,7 +381,13 @@ impl Sim {
                     .hosts
                     .iter()
                     .position(|h| h.alive && h.nat == Some(d.to));
-                let Some(h) = behind_nat.or_else(|| {
+                // On a flow through a host's NAT: the mapping takes it to
+                // the flow's socket (its private port).
+                let on_flow_nat = self.hosts.iter().enumerate().find_map(|(i, h)| {
+                    let local = h.flow_nat.iter().find(|(_, p)| **p == d.to)?.0;
+                    h.alive.then_some((i, local.port()))
+                });
+                let Some(h) = behind_nat.or(on_flow_nat.map(|x| x.0)).or_else(|| {
                     self.hosts.iter().position(|h| {
                         h.alive
                             && h.nat.is_none_or(|n| n.ip() != to)
@@ -389,7 +399,10 @@ impl Sim {
                     continue;
                 };
                 let mut payload = d.payload;
-                if behind_nat.is_none() && d.to.port() != self.hosts[h].ep.cfg.port {
+                let to_port = on_flow_nat.map_or(d.to.port(), |x| x.1);
+                if behind_nat.is_none()
+                    && (on_flow_nat.is_some() || to_port != self.hosts[h].ep.cfg.port)
+                {
                     // Sent on a flow, not to vnatd: the tc ingress diverts
                     // a BIND (writing the flow's port into it), or an
                     // application receives it.
@@ -399,8 +412,9 @@ impl Sim {
                         self.hosts[h].binds_to_app += u32::from(bind);
                         continue;
                     }
-                    payload[2..4].copy_from_slice(&d.to.port().to_be_bytes());
+                    payload[2..4].copy_from_slice(&to_port.to_be_bytes());
                 }
+                self.hosts[h].inbox.push((d.from, payload.clone()));
                 self.with(h, |ep, now, rng| {
                     ep.handle_datagram(now, rng, d.from, &payload)
                 });

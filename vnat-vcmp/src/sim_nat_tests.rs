@@ -30,6 +30,7 @@ fn a_new_key_at_a_known_address_is_another_host_with_no_power_over_the_old_ones(
     );
     // B leaves; Y gets B's address and opens its own connection to A.
     sim.hosts[b].alive = false;
+    let binds_before = sim.hosts[a].ep.stats().get(Counter::BindsSent);
     let y = sim.add_host(B_IP, Config::default());
     let y_key = sim.hosts[y].ep.public_key();
     let g = tcp("10.0.0.1:50000", "10.0.0.2:80");
@@ -85,9 +86,16 @@ fn a_new_key_at_a_known_address_is_another_host_with_no_power_over_the_old_ones(
             "Y must get no keys for B's {f:?}"
         );
     }
+    // A UDP flow is bound only in band (issue 31): Y asks A for BINDs on
+    // its flows toward Y's address, and A sends none on B's flow.
     assert!(
-        sim.hosts[a].ep.stats().rejected(Reject::ClaimConflict) > 0,
-        "Y's claim of B's UDP flow must be refused and counted"
+        sim.hosts[y].ep.stats().get(Counter::BindRequestsSent) > 0,
+        "Y must have asked A for BINDs"
+    );
+    assert_eq!(
+        sim.hosts[a].ep.stats().get(Counter::BindsSent),
+        binds_before,
+        "A must send no BIND on B's UDP flow at Y's request"
     );
     // Without keys, Y cannot even start moving B's connection.
     let err = sim.with(y, |ep, now, rng| {

@@ -229,6 +229,7 @@ pub enum Reject {
     ClaimNamesTaken,
     ClaimUnpaired,
     ClaimUnproven,
+    ClaimWeakBinding,
     ClaimWrongAddress,
     ClaimWrongProtocol,
     CommandMismatch,
@@ -247,6 +248,7 @@ pub enum Reject {
     PairWrongId,
     PairingTableFull,
     PeerKeyChanged,
+    PeerOverBudget,
     ProbeBadTag,
     ProbeReplayed,
     ProbeUnexpectedAnswer,
@@ -280,7 +282,7 @@ pub enum Reject {
 
 impl Reject {
     /// Every value, in name order.
-    pub const ALL: [Reject; 75] = [
+    pub const ALL: [Reject; 77] = [
         Reject::AmplificationLimit,
         Reject::BadCount,
         Reject::BadErrorCode,
@@ -309,6 +311,7 @@ impl Reject {
         Reject::ClaimNamesTaken,
         Reject::ClaimUnpaired,
         Reject::ClaimUnproven,
+        Reject::ClaimWeakBinding,
         Reject::ClaimWrongAddress,
         Reject::ClaimWrongProtocol,
         Reject::CommandMismatch,
@@ -327,6 +330,7 @@ impl Reject {
         Reject::PairWrongId,
         Reject::PairingTableFull,
         Reject::PeerKeyChanged,
+        Reject::PeerOverBudget,
         Reject::ProbeBadTag,
         Reject::ProbeReplayed,
         Reject::ProbeUnexpectedAnswer,
@@ -389,6 +393,7 @@ impl Reject {
             Reject::ClaimNamesTaken => "claim_names_taken",
             Reject::ClaimUnpaired => "claim_unpaired",
             Reject::ClaimUnproven => "claim_unproven",
+            Reject::ClaimWeakBinding => "claim_weak_binding",
             Reject::ClaimWrongAddress => "claim_wrong_address",
             Reject::ClaimWrongProtocol => "claim_wrong_protocol",
             Reject::CommandMismatch => "command_mismatch",
@@ -407,6 +412,7 @@ impl Reject {
             Reject::PairWrongId => "pair_wrong_id",
             Reject::PairingTableFull => "pairing_table_full",
             Reject::PeerKeyChanged => "peer_key_changed",
+            Reject::PeerOverBudget => "peer_over_budget",
             Reject::ProbeBadTag => "probe_bad_tag",
             Reject::ProbeReplayed => "probe_replayed",
             Reject::ProbeUnexpectedAnswer => "probe_unexpected_answer",

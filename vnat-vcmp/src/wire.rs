@@ -72,21 +72,31 @@ pub const MAX_RECORDS: usize = 255;
 /// Most entries one CLAIM carries: 8 + 32 + 20 * 54 + 32 = 1,152 bytes,
 /// within IPv6's minimum MTU.
 pub const MAX_CLAIMS: usize = 20;
-/// Length of one CLAIM entry: commitment, protocol, reserved byte, the two
-/// ports and the two addresses (IPv4 as IPv4-mapped IPv6).
+/// Length of one CLAIM entry: commitment, protocol, flags, the two ports
+/// and the two addresses (IPv4 as IPv4-mapped IPv6; all zero when the
+/// entry carries no names).
 pub const CLAIM_ENTRY_LEN: usize = TAG_LEN + 2 + 4 + 32;
+/// CLAIM entry flag: the entry carries the sender's names for the
+/// connection. Without it the ports and addresses are zero.
+pub const CLAIM_ENTRY_F_NAMED: u8 = 1;
 
-/// One connection in a CLAIM: the commitment to its binding, and how the
-/// sender names it (its own end first). Through a NAT the two ends name a
-/// connection differently; this is how each learns the other's names, so
-/// that records named the peer's way find the connection, and how a host
-/// learns the address and port its end has on the peer's side of a NAT.
+/// One connection in a CLAIM: the commitment to its binding, and, only
+/// when the connection is bound to the receiver already, how the sender
+/// names it (its own end first). A claim for a connection the receiver has
+/// not shown it holds carries the commitment alone: a host that shares an
+/// address with the connection's peer (a NAT) must learn nothing of it
+/// (issue 31). Through a NAT the two ends name a connection differently;
+/// the names are how each learns the other's, so that records named the
+/// peer's way find the connection, and how a host learns the address and
+/// port its end has on the peer's side of a NAT. In the answer to an
+/// in-band BIND (`vcmp::bind`) the commitment field carries the proof of
+/// the BIND's token instead.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ClaimEntry {
     pub commitment: [u8; TAG_LEN],
     pub proto: Proto,
-    pub sender_local: SocketAddr,
-    pub sender_remote: SocketAddr,
+    /// (the sender's end, the receiver's end), as the sender names them.
+    pub names: Option<[SocketAddr; 2]>,
 }
 /// CLAIM and PROBE flag: this answers one of the peer's (no answer to it).
 pub const CLAIM_F_ANSWER: u8 = 1;
@@ -629,38 +639,52 @@ fn v6_bytes(ip: IpAddr) -> [u8; 16] {
 /// Append one CLAIM entry ([`CLAIM_ENTRY_LEN`] bytes).
 pub(crate) fn encode_claim_entry(out: &mut Vec<u8>, e: &ClaimEntry) {
     out.extend_from_slice(&e.commitment);
-    out.extend_from_slice(&[e.proto.number(), 0]);
-    out.extend_from_slice(&e.sender_local.port().to_be_bytes());
-    out.extend_from_slice(&e.sender_remote.port().to_be_bytes());
-    out.extend_from_slice(&v6_bytes(e.sender_local.ip()));
-    out.extend_from_slice(&v6_bytes(e.sender_remote.ip()));
+    match e.names {
+        Some([local, remote]) => {
+            out.extend_from_slice(&[e.proto.number(), CLAIM_ENTRY_F_NAMED]);
+            out.extend_from_slice(&local.port().to_be_bytes());
+            out.extend_from_slice(&remote.port().to_be_bytes());
+            out.extend_from_slice(&v6_bytes(local.ip()));
+            out.extend_from_slice(&v6_bytes(remote.ip()));
+        }
+        None => {
+            out.extend_from_slice(&[e.proto.number(), 0]);
+            out.extend_from_slice(&[0; 36]);
+        }
+    }
 }
 
-/// One CLAIM entry of exactly [`CLAIM_ENTRY_LEN`] bytes. The two addresses
-/// are of one family.
+/// One CLAIM entry of exactly [`CLAIM_ENTRY_LEN`] bytes. Named, its two
+/// addresses are of one family; unnamed, its name bytes are zero.
 pub(crate) fn decode_claim_entry(c: &[u8]) -> Result<ClaimEntry, WireError> {
     let mut commitment = [0u8; TAG_LEN];
     commitment.copy_from_slice(&c[..TAG_LEN]);
     let at = TAG_LEN;
     let proto = Proto::from_number(c[at]).ok_or(WireError::BadProto(c[at]))?;
-    if c[at + 1] != 0 {
-        return Err(WireError::Reserved);
-    }
-    let port = |i: usize| u16::from_be_bytes([c[i], c[i + 1]]);
-    let addr = |i: usize| {
-        let mut o = [0u8; 16];
-        o.copy_from_slice(&c[i..i + 16]);
-        IpAddr::V6(Ipv6Addr::from(o)).to_canonical()
+    let names = match c[at + 1] {
+        0 if c[at + 2..at + 38].iter().all(|b| *b == 0) => None,
+        CLAIM_ENTRY_F_NAMED => {
+            let port = |i: usize| u16::from_be_bytes([c[i], c[i + 1]]);
+            let addr = |i: usize| {
+                let mut o = [0u8; 16];
+                o.copy_from_slice(&c[i..i + 16]);
+                IpAddr::V6(Ipv6Addr::from(o)).to_canonical()
+            };
+            let (local, remote) = (addr(at + 6), addr(at + 22));
+            if local.is_ipv4() != remote.is_ipv4() {
+                return Err(WireError::BadFamily(0));
+            }
+            Some([
+                SocketAddr::new(local, port(at + 2)),
+                SocketAddr::new(remote, port(at + 4)),
+            ])
+        }
+        _ => return Err(WireError::Reserved),
     };
-    let (local, remote) = (addr(at + 6), addr(at + 22));
-    if local.is_ipv4() != remote.is_ipv4() {
-        return Err(WireError::BadFamily(0));
-    }
     Ok(ClaimEntry {
         commitment,
         proto,
-        sender_local: SocketAddr::new(local, port(at + 2)),
-        sender_remote: SocketAddr::new(remote, port(at + 4)),
+        names,
     })
 }
 

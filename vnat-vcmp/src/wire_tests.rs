@@ -364,8 +364,7 @@ fn golden_claim_and_its_limits() {
     let entry = |c: u8, proto: Proto, l: &str, r: &str| ClaimEntry {
         commitment: [c; TAG_LEN],
         proto,
-        sender_local: sa(l),
-        sender_remote: sa(r),
+        names: Some([sa(l), sa(r)]),
     };
     let msg = Message::Claim {
         answer: true,
@@ -388,16 +387,44 @@ fn golden_claim_and_its_limits() {
         &[1, 17, CLAIM_F_ANSWER, 2, 0, 0, 0, 0],
         &[0xAA; 32],
         &[0x11; 16],
-        &[6, 0, 0x9c, 0x40, 0x01, 0xbb],
+        &[6, CLAIM_ENTRY_F_NAMED, 0x9c, 0x40, 0x01, 0xbb],
         &mapped([192, 168, 1, 10]),
         &mapped([203, 0, 113, 5]),
         &[0x22; 16],
-        &[17, 0, 0, 53, 0x14, 0xe9],
+        &[17, CLAIM_ENTRY_F_NAMED, 0, 53, 0x14, 0xe9],
         &v6("2001:db8::1"),
         &v6("2001:db8::2"),
         &[0xEE; 32],
     ]);
     golden(&msg, &bytes);
+    // A claim of a connection not yet bound to the receiver: the
+    // commitment alone, its name bytes zero.
+    let bare = Message::Claim {
+        answer: false,
+        static_pub: [0xAA; 32],
+        entries: vec![ClaimEntry {
+            commitment: [0x33; TAG_LEN],
+            proto: Proto::Tcp,
+            names: None,
+        }],
+        tag: [0xEE; PAIR_TAG_LEN],
+    };
+    let bare_bytes = cat(&[
+        &[1, 17, 0, 1, 0, 0, 0, 0],
+        &[0xAA; 32],
+        &[0x33; 16],
+        &[6, 0],
+        &[0; 36],
+        &[0xEE; 32],
+    ]);
+    golden(&bare, &bare_bytes);
+    // Unnamed with a name byte set, or an unknown entry flag: refused.
+    let mut stray = bare_bytes.clone();
+    stray[HEADER_LEN + 32 + TAG_LEN + 5] = 1;
+    assert_eq!(Message::decode(&stray), Err(WireError::Reserved));
+    let mut unknown = bare_bytes;
+    unknown[HEADER_LEN + 32 + TAG_LEN + 1] = 2;
+    assert_eq!(Message::decode(&unknown), Err(WireError::Reserved));
     // No entry, too many, a length that disagrees with the count, an
     // unknown flag, a request id, a bad protocol, mixed families: all
     // refused.

@@ -1,265 +1,115 @@
-//! In-band BIND: binding a UDP flow through a NAT that changes its port
-//! (DESIGN.md section 4, identity).
+//! In-band BIND: how every UDP flow is bound to a paired host (DESIGN.md
+//! section 4, identity; issue 31).
 //!
-//! A TCP connection is bound by its initial sequence numbers, which a NAT
-//! leaves alone. A UDP flow has nothing of the kind: both ends know it only
-//! by its endpoints, and behind a NAT the two ends name it differently (the
-//! client by its private address and port, the server by the NAT's public
-//! address and a port the NAT chose, at random if it is "fully-random"). So
-//! a CLAIM for it finds nothing on the server, and the server cannot tell
-//! which of the flows from that public address it names.
+//! A TCP connection is bound by its initial sequence numbers, which only
+//! its two ends (and whoever was on its path) know, and which a NAT leaves
+//! alone. A UDP flow has nothing of the kind: both ends know it only by its
+//! endpoints, which anyone can guess but a port, and behind a NAT the two
+//! ends name it differently. So a UDP flow is never bound by a CLAIM, and
+//! never by its remote address: a host that pairs from that address may be
+//! another host behind the same NAT. What only the flow's two ends can do
+//! is send and receive on the flow's own path:
 //!
-//! The flow's own packets can tell, because they cross the NAT with the
-//! flow's mapping. So:
+//! 1. A host with UDP flows that have no peer, toward an address where a
+//!    host paired from, asks the driver to divert BINDs from that address
+//!    (`Event::DivertBinds`: the tc ingress takes exactly these datagrams
+//!    to the VCMP port, so no application receives one), then sends that
+//!    host a BIND_REQ naming no connection, with a fresh nonce.
+//! 2. The host asked sends, on each of its UDP flows toward the requester's
+//!    address that has no peer or has the requester as its peer, a BIND on
+//!    the flow's own 5-tuple (`Event::SendInBand`, at most one per flow a
+//!    second): its host key, its names for the flow, a fresh random token,
+//!    the nonce, a tag under the pairing's claim key. A BIND_REQ is taken
+//!    only from the address the requester's session is at, and within a
+//!    budget per host.
+//! 3. The requester's tc ingress sees the BIND arrive at the flow's port,
+//!    writes that port into it and sends it to the VCMP port. vnatd checks
+//!    the tag, the nonce (a request of ours to that host, from that
+//!    address), finds the one flow with that remote endpoint and local
+//!    port, and binds it to the sender, by names both ends compute alike
+//!    (`Binding::udp`). It answers over VCMP with the proof of the token
+//!    (`crypto::bind_proof`), which only the receiver of the BIND can
+//!    make, and its own names: the sender binds its end on that proof, so
+//!    a host that shares the requester's address but is not the flow's
+//!    other end, which never saw the BIND, cannot bind it.
 //!
-//! 1. The server, given a CLAIM from a paired host behind NAT (its names
-//!    for its end differ from the address the claim came from) with UDP
-//!    entries it cannot match, while it has an unbound UDP flow from that
-//!    address to the port the entry names, asks the driver to divert BINDs
-//!    from that address (`Event::DivertBinds`: the tc ingress takes exactly
-//!    these datagrams to the VCMP port, so no application receives one),
-//!    and only then answers with a BIND_REQ naming those commitments.
-//! 2. The client sends, for each of its unbound UDP flows to that address
-//!    whose commitment is named, a BIND on the flow's own 5-tuple
-//!    (`Event::SendInBand`): its host key, its CLAIM entry for the flow,
-//!    the request's nonce, and a tag under the pairing's claim key (at most
-//!    one per flow a second).
-//! 3. The server's tc ingress sees it arrive at the flow's port, writes
-//!    that port into the BIND and sends it to the VCMP port. vnatd checks
-//!    the tag and the counter, finds the one flow with that remote endpoint
-//!    (the NAT's mapping) and local port, and binds it to the sender's key
-//!    with the sender's names as its binding, so that both ends compute
-//!    the same commitment and keys. Its CLAIM answer binds the client's end.
+//! Both ends may ask at once; each binds on whichever comes first, the
+//! other's BIND or the answer to its own, with the same binding.
 //!
-//! What this trusts: the BIND came from the flow's public endpoint, which
-//! only the NAT's mapping of the client's socket reaches, and carries a tag
-//! only the paired host can make. A host on the same LAN that can forge
-//! the client's source address and knows the flow could bind it first (a
-//! binding is never taken from its holder afterwards); TCP is not exposed
-//! so. A BIND is taken only from an address whose BINDs are diverted (the
-//! tc program there drops BINDs sent to the VCMP port itself, so the port
-//! written in one is never the sender's word), and only as the answer to a
-//! request still outstanding for its commitment: each nonce is used once,
-//! so a replayed BIND binds nothing.
+//! What this trusts: a BIND came from the flow's public endpoint, which
+//! only the NAT's mapping of the flow's socket reaches. A host on the same
+//! LAN as one end that can forge that end's source address and knows the
+//! flow could bind it first (a binding is never taken from its holder
+//! afterwards); so could a host on the path. TCP is not exposed so.
 //!
-//! A paired host that shares its public address with other servers (a
-//! port-forwarding router, a load balancer) can ask for BINDs of our UDP
-//! flows to those servers, which are flows to its address: each gets at
-//! most one 134-byte BIND a second, which those servers' applications
-//! receive. A server whose public port differs from its socket's is never
-//! asked for one (the claim names the public port): such UDP flows stay not
-//! mobile.
+//! A host paired from an address that others share (a NAT, a
+//! port-forwarding router) can ask for BINDs on our UDP flows toward that
+//! address, which belong to those others: each gets at most one 134-byte
+//! BIND a second, within the asking host's budget, which their
+//! applications receive (an unknown datagram), and binds nothing.
+//!
+//! After a bound flow's peer moved behind a new NAT, the port that NAT
+//! gave the flow is learned the same way, by a BIND_REQ naming the flow's
+//! commitment (`ask_rebind`).
 
 use crate::stats::{Counter, Reject};
-use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
-
-use vnat_common::{BIND_HEAD, BIND_LEN, BIND_MAGIC};
 
 use super::binding::Binding;
 use super::crypto::{self, claim_commitment};
 use super::endpoint::{Endpoint, Event};
-use super::wire::{
-    decode_claim_entry, encode_claim_entry, ClaimEntry, CLAIM_ENTRY_LEN, HEADER_LEN, MAX_CLAIMS,
-    PAIR_TAG_LEN, TAG_LEN, VERSION,
-};
+use super::wire::{ClaimEntry, Message, MAX_CLAIMS, PAIR_TAG_LEN, TAG_LEN};
 use super::Timestamp;
 use crate::flow::{Proto, VirtualFlow};
 
-/// Kind byte of a BIND_REQ ("send me BINDs for these").
-pub(crate) const KIND_BIND_REQ: u8 = 20;
+mod codec;
+mod state;
 
-/// A BIND_REQ waiting for the divert: the host key, its VCMP address, and
-/// the commitments to ask for.
-type WaitingRequest = ([u8; 32], SocketAddr, Vec<[u8; TAG_LEN]>);
+pub(crate) use codec::is_bind;
+use codec::{decode_bind, decode_bind_req, encode_bind, encode_bind_req, KIND_BIND_REQ};
+pub(crate) use state::BindState;
+use state::{Asked, ASK_LIFETIME, MAX_BINDS_PER_ASK};
 
-impl BindState {
-    fn set_reask(&mut self, flow: VirtualFlow, tries: u32, at: Timestamp) {
-        self.reasks.insert(flow, tries);
-        self.reask_at.set(flow, Some(at));
-    }
-
-    fn clear_reask(&mut self, flow: &VirtualFlow) {
-        self.reasks.remove(flow);
-        self.reask_at.set(*flow, None);
-    }
-}
-
-/// BIND state of one endpoint.
-#[derive(Default)]
-pub(crate) struct BindState {
-    /// Addresses whose BINDs the datapath diverts.
-    diverting: HashSet<IpAddr>,
-    /// Requests waiting for the divert towards an address.
-    waiting: HashMap<IpAddr, Vec<WaitingRequest>>,
-    /// The nonce of the next BIND_REQ (seeded at random, `seed_nonce`).
-    next_nonce: u64,
-    /// BINDs asked for and not yet received: (host key, commitment) to the
-    /// nonces of the requests still outstanding (the last few: an answer
-    /// to an earlier request may still be on its way).
-    asked: HashMap<([u8; 32], [u8; TAG_LEN]), Vec<u64>>,
-    /// UDP flows waiting for their moved peer's BIND: requests sent, and
-    /// when to ask again in a table of their own (the next deadline is not
-    /// a scan of every waiting flow).
-    reasks: HashMap<VirtualFlow, u32>,
-    reask_at: super::timers::ConnTimers,
-    /// When we last sent a BIND on each of our flows, from which local
-    /// endpoint (a move allows the next one at once).
-    last_sent: HashMap<VirtualFlow, (SocketAddr, Timestamp)>,
-}
-
-/// Most outstanding requests kept; beyond, new ones are not sent (the
-/// peer's claims are resent, and ask again).
-const MAX_ASKED: usize = 4096;
-/// Most outstanding requests to one host.
-const MAX_ASKED_PER_PEER: usize = 256;
 /// Least time between two BINDs on one flow.
 const BIND_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
-impl BindState {
-    /// Forget what was asked of `peer` (its pairing is gone).
-    pub(crate) fn forget(&mut self, peer: &[u8; 32]) {
-        self.asked.retain(|(p, _), _| p != peer);
-    }
-
-    /// Seed the request nonces from `rng` (once).
-    pub(crate) fn seed_nonce(&mut self, rng: &mut dyn rand_core::RngCore) {
-        if self.next_nonce == 0 {
-            self.next_nonce = rng.next_u64() | 1;
-        }
-    }
-}
-
-/// A BIND as received.
-struct Bind {
-    static_pub: [u8; 32],
-    entry: ClaimEntry,
-    nonce: u64,
-    /// The port it was sent to, written by the diverting tc program.
-    port: u16,
-}
-
-fn encode_bind(static_pub: &[u8; 32], entry: &ClaimEntry, nonce: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(BIND_LEN);
-    out.extend_from_slice(&[BIND_HEAD[0], BIND_HEAD[1], 0, 0]);
-    out.extend_from_slice(&BIND_MAGIC);
-    out.extend_from_slice(static_pub);
-    encode_claim_entry(&mut out, entry);
-    out.extend_from_slice(&nonce.to_be_bytes());
-    out.extend_from_slice(&[0; PAIR_TAG_LEN]);
-    debug_assert_eq!(out.len(), BIND_LEN);
-    out
-}
-
-fn decode_bind(b: &[u8]) -> Result<Bind, Reject> {
-    if b.len() != BIND_LEN || b[..2] != BIND_HEAD || b[4..8] != BIND_MAGIC {
-        return Err(Reject::BindMalformed);
-    }
-    let mut static_pub = [0u8; 32];
-    static_pub.copy_from_slice(&b[HEADER_LEN..HEADER_LEN + 32]);
-    let at = HEADER_LEN + 32;
-    let entry =
-        decode_claim_entry(&b[at..at + CLAIM_ENTRY_LEN]).map_err(|_| Reject::BindMalformed)?;
-    let mut nonce = [0u8; 8];
-    nonce.copy_from_slice(&b[at + CLAIM_ENTRY_LEN..at + CLAIM_ENTRY_LEN + 8]);
-    Ok(Bind {
-        static_pub,
-        entry,
-        nonce: u64::from_be_bytes(nonce),
-        port: u16::from_be_bytes([b[2], b[3]]),
-    })
-}
-
-fn encode_bind_req(static_pub: &[u8; 32], nonce: u64, commitments: &[[u8; TAG_LEN]]) -> Vec<u8> {
-    let mut out = vec![
-        VERSION,
-        KIND_BIND_REQ,
-        0,
-        commitments.len() as u8,
-        0,
-        0,
-        0,
-        0,
-    ];
-    out.extend_from_slice(static_pub);
-    out.extend_from_slice(&nonce.to_be_bytes());
-    for c in commitments {
-        out.extend_from_slice(c);
-    }
-    out.extend_from_slice(&[0; PAIR_TAG_LEN]);
-    out
-}
-
-/// A BIND_REQ: the requester's host key, its nonce, the commitments.
-type BindReq = ([u8; 32], u64, Vec<[u8; TAG_LEN]>);
-
-fn decode_bind_req(b: &[u8]) -> Result<BindReq, Reject> {
-    if b.len() < HEADER_LEN + 32 + 8 + PAIR_TAG_LEN || b[0] != VERSION || b[1] != KIND_BIND_REQ {
-        return Err(Reject::BindReqMalformed);
-    }
-    let count = usize::from(b[3]);
-    if count == 0
-        || count > MAX_CLAIMS
-        || b[2] != 0
-        || b[4..8] != [0; 4]
-        || b.len() != HEADER_LEN + 32 + 8 + count * TAG_LEN + PAIR_TAG_LEN
-    {
-        return Err(Reject::BindReqMalformed);
-    }
-    let mut static_pub = [0u8; 32];
-    static_pub.copy_from_slice(&b[HEADER_LEN..HEADER_LEN + 32]);
-    let mut nonce = [0u8; 8];
-    nonce.copy_from_slice(&b[HEADER_LEN + 32..HEADER_LEN + 40]);
-    let at = HEADER_LEN + 40;
-    let commitments = b[at..at + count * TAG_LEN]
-        .chunks_exact(TAG_LEN)
-        .map(|c| {
-            let mut x = [0u8; TAG_LEN];
-            x.copy_from_slice(c);
-            x
-        })
-        .collect();
-    Ok((static_pub, u64::from_be_bytes(nonce), commitments))
-}
-
-/// Whether `bytes` is a BIND or a BIND_REQ (which `Message::decode` does
-/// not parse).
-pub(crate) fn is_bind(bytes: &[u8]) -> bool {
-    bytes.len() >= 2
-        && bytes[0] == VERSION
-        && (bytes[1] == BIND_HEAD[1] || bytes[1] == KIND_BIND_REQ)
-}
-
 impl Endpoint {
     /// A BIND or BIND_REQ datagram from `from`.
-    pub(crate) fn on_bind_datagram(&mut self, now: Timestamp, from: SocketAddr, bytes: &[u8]) {
+    pub(crate) fn on_bind_datagram(
+        &mut self,
+        now: Timestamp,
+        rng: &mut dyn rand_core::RngCore,
+        from: SocketAddr,
+        bytes: &[u8],
+    ) {
         let r = if bytes[1] == KIND_BIND_REQ {
-            self.on_bind_req(now, from, bytes)
+            self.on_bind_req(now, rng, from, bytes)
         } else {
-            self.on_bind(from, bytes)
+            self.on_bind(now, from, bytes)
         };
         if let Err(reason) = r {
             self.stats.reject(reason);
         }
     }
 
-    /// After a CLAIM from the paired host `peer` at `from`: ask it for
-    /// BINDs of the UDP entries that named nothing here, if it is behind
-    /// NAT and we have an unbound UDP flow from its address to the port
-    /// the entry names.
-    pub(crate) fn request_binds(
-        &mut self,
-        peer: [u8; 32],
-        from: SocketAddr,
-        unmatched: &[ClaimEntry],
-    ) {
-        let wanted: Vec<[u8; TAG_LEN]> = unmatched
-            .iter()
-            .filter(|e| e.proto == Proto::Udp && e.sender_local.ip() != from.ip())
-            .filter(|e| self.unbound_udp(from.ip(), e.sender_remote.port()))
-            .map(|e| e.commitment)
-            .collect();
-        self.queue_bind_req(peer, from, from.ip(), wanted);
+    /// Ask every host paired from `ip` for BINDs on our UDP flows toward
+    /// it that have no peer (`flows`, those among them that are UDP).
+    pub(crate) fn request_udp_binds(&mut self, ip: IpAddr, flows: &[VirtualFlow]) {
+        let waiting = flows.iter().any(|f| {
+            f.proto == Proto::Udp
+                && self
+                    .conns
+                    .get(f)
+                    .is_some_and(|c| c.peer_key.is_none() && c.remote_phys.ip() == ip)
+        });
+        if !waiting {
+            return;
+        }
+        for peer in self.sessions_at(ip) {
+            if let Some(to) = self.peer_addrs.get(&peer).copied() {
+                self.queue_bind_req(peer, to, ip, None);
+            }
+        }
     }
 
     /// After `flow` was switched to a peer behind a new NAT, with the port
@@ -306,6 +156,7 @@ impl Endpoint {
     /// A connection that goes: no BIND is asked for it any more.
     pub(crate) fn forget_rebind(&mut self, flow: &VirtualFlow) {
         self.binds.clear_reask(flow);
+        self.binds.untrack_udp(flow);
     }
 
     /// The next time `bind_timeouts` has work.
@@ -332,24 +183,24 @@ impl Endpoint {
             return false;
         };
         let commitment = claim_commitment(&key, &c.binding);
-        self.queue_bind_req(peer, to, toward, vec![commitment]);
+        self.queue_bind_req(peer, to, toward, Some(vec![commitment]));
         true
     }
 
-    /// Send a BIND_REQ for `wanted` to `peer` at `to`, once BINDs from
-    /// `toward` are diverted.
+    /// Send a BIND_REQ for `wanted` (`None`: every flow) to `peer` at
+    /// `to`, once BINDs from `toward` are diverted.
     fn queue_bind_req(
         &mut self,
         peer: [u8; 32],
         to: SocketAddr,
         toward: IpAddr,
-        wanted: Vec<[u8; TAG_LEN]>,
+        wanted: Option<Vec<[u8; TAG_LEN]>>,
     ) {
-        if wanted.is_empty() {
+        if wanted.as_ref().is_some_and(|w| w.is_empty()) {
             return;
         }
         if self.binds.diverting.contains(&toward) {
-            self.send_bind_req(peer, to, &wanted);
+            self.send_bind_req(peer, to, toward, wanted);
             return;
         }
         let waiting = self.binds.waiting.entry(toward).or_default();
@@ -362,8 +213,8 @@ impl Endpoint {
     }
 
     /// The datapath now diverts BINDs from `toward` (`ok`), or cannot: send
-    /// the BIND_REQs that waited for it, or drop them (the peer's claims
-    /// are resent, and ask again).
+    /// the BIND_REQs that waited for it, or drop them (the retry timers
+    /// ask again).
     pub fn binds_diverted(&mut self, toward: IpAddr, ok: bool) {
         let waiting = self.binds.waiting.remove(&toward).unwrap_or_default();
         if !ok {
@@ -371,60 +222,61 @@ impl Endpoint {
             return;
         }
         self.binds.diverting.insert(toward);
-        for (peer, from, wanted) in waiting {
-            self.send_bind_req(peer, from, &wanted);
+        for (peer, to, wanted) in waiting {
+            self.send_bind_req(peer, to, toward, wanted);
         }
         self.tx.flush(&mut self.stats);
     }
 
-    fn unbound_udp(&self, remote: IpAddr, local_port: u16) -> bool {
-        self.conns.values().any(|c| {
-            c.flow.proto == Proto::Udp
-                && c.peer_key.is_none()
-                && c.remote_phys.ip() == remote
-                && c.local_phys.port() == local_port
-        })
-    }
-
-    fn send_bind_req(&mut self, peer: [u8; 32], to: SocketAddr, wanted: &[[u8; TAG_LEN]]) {
+    fn send_bind_req(
+        &mut self,
+        peer: [u8; 32],
+        to: SocketAddr,
+        toward: IpAddr,
+        wanted: Option<Vec<[u8; TAG_LEN]>>,
+    ) {
         let Some(key) = self.sessions.get(&peer).map(|s| s.claim_key()) else {
             return;
         };
-        for chunk in wanted.chunks(MAX_CLAIMS) {
-            // One host that never answers may not use up the room of all:
-            // past its share, its unanswered requests are dropped (a
-            // genuine one whose answer is lost is asked for again).
-            let its_own = self.binds.asked.keys().filter(|(p, _)| *p == peer).count();
-            if its_own + chunk.len() > MAX_ASKED_PER_PEER {
-                self.binds.asked.retain(|(p, _), _| *p != peer);
-                self.stats.count(Counter::BindRequestsDropped);
-            }
-            if self.binds.asked.len() + chunk.len() > MAX_ASKED {
+        let now = self.binds.clock;
+        let chunks: Vec<Option<Vec<[u8; TAG_LEN]>>> = match wanted {
+            None => vec![None],
+            Some(w) => w.chunks(MAX_CLAIMS).map(|c| Some(c.to_vec())).collect(),
+        };
+        for chunk in chunks {
+            if !self.binds.room_for(&peer, now) {
                 self.stats.reject(Reject::BindRequestsFull);
                 return;
             }
             let nonce = self.binds.next_nonce;
             self.binds.next_nonce = nonce.wrapping_add(1).max(1);
-            for c in chunk {
-                let nonces = self.binds.asked.entry((peer, *c)).or_default();
-                if nonces.len() >= 4 {
-                    nonces.remove(0);
-                }
-                nonces.push(nonce);
-            }
-            let b = encode_bind_req(&self.identity.public(), nonce, chunk);
+            let b = encode_bind_req(
+                &self.identity.public(),
+                nonce,
+                chunk.as_deref().unwrap_or(&[]),
+            );
+            self.binds.asked.insert(
+                (peer, nonce),
+                Asked {
+                    toward,
+                    wanted: chunk,
+                    at: now,
+                    used: Vec::new(),
+                },
+            );
             self.push_tagged(&key, b, to);
             self.stats.count(Counter::BindRequestsSent);
         }
     }
 
-    /// A BIND_REQ from the paired host at `from`: send a BIND on each named
-    /// flow of ours that is UDP, unbound or bound to that host (after our
-    /// move, to teach it our new NAT's port), and has its remote end at
-    /// `from`'s address (never into anyone else's flow).
+    /// A BIND_REQ from the paired host at `from`: send a BIND on each flow
+    /// of ours it asks for that is UDP, unbound or bound to that host, and
+    /// has its remote end at `from`'s address (never into anyone else's
+    /// flow).
     fn on_bind_req(
         &mut self,
         now: Timestamp,
+        rng: &mut dyn rand_core::RngCore,
         from: SocketAddr,
         bytes: &[u8],
     ) -> Result<(), Reject> {
@@ -437,21 +289,36 @@ impl Endpoint {
         if !crypto::datagram_tag_valid(&key, bytes) {
             return Err(Reject::BindReqBadTag);
         }
-        for commitment in commitments {
-            let flow = self
-                .conns
-                .values()
-                .find(|c| {
-                    c.flow.proto == Proto::Udp
-                        && c.peer_key.is_none_or(|k| k == peer)
-                        && c.remote_phys.ip() == from.ip()
-                        && claim_commitment(&key, &c.binding) == commitment
-                })
-                .map(|c| (c.flow, c.local_phys, c.remote_phys));
-            let Some((flow, local, remote)) = flow else {
-                self.stats.reject(Reject::BindReqUnknown);
+        // From where its session is (a replayed request from elsewhere
+        // would make us send BINDs toward that address).
+        if self.peer_addrs.get(&peer) != Some(&from) {
+            return Err(Reject::ClaimWrongAddress);
+        }
+        if !self.binds.requests.allow(&peer, now, 1) {
+            return Err(Reject::PeerOverBudget);
+        }
+        let candidates: Vec<VirtualFlow> = if commitments.is_empty() {
+            self.binds.udp_at(from.ip())
+        } else {
+            self.refresh_claim_index(&peer, &key);
+            let index = self.claim_index.get(&peer);
+            commitments
+                .iter()
+                .filter_map(|c| index.and_then(|i| i.by_commitment.get(c)).copied())
+                .collect()
+        };
+        let mut sent = 0;
+        for flow in candidates {
+            let Some(c) = self.conns.get(&flow) else {
                 continue;
             };
+            let ours = c.flow.proto == Proto::Udp
+                && c.remote_phys.ip() == from.ip()
+                && (c.peer_key == Some(peer) || (commitments.is_empty() && c.peer_key.is_none()));
+            if !ours {
+                continue;
+            }
+            let (local, remote) = (c.local_phys, c.remote_phys);
             if self
                 .binds
                 .last_sent
@@ -461,32 +328,37 @@ impl Endpoint {
                 self.stats.reject(Reject::BindReqTooSoon);
                 continue;
             }
-            if self.binds.last_sent.len() >= MAX_ASKED {
-                let conns = &self.conns;
-                self.binds.last_sent.retain(|f, _| conns.contains_key(f));
-            }
             self.binds.last_sent.insert(flow, (local, now));
+            let mut token = [0u8; TAG_LEN];
+            rng.fill_bytes(&mut token);
+            self.binds
+                .keep_token(crypto::bind_proof(&key, &token), peer, flow, now);
             let entry = ClaimEntry {
-                commitment,
+                commitment: token,
                 proto: flow.proto,
-                sender_local: flow.local,
-                sender_remote: flow.remote,
+                names: Some([flow.local, flow.remote]),
             };
             let mut payload = encode_bind(&self.identity.public(), &entry, nonce);
             crypto::tag_datagram(&key, &mut payload);
             self.stats.count(Counter::BindsSent);
+            sent += 1;
             self.events.push_back(Event::SendInBand {
                 local,
                 remote,
                 payload,
             });
         }
+        if sent == 0 && !commitments.is_empty() {
+            self.stats.reject(Reject::BindReqUnknown);
+        }
         Ok(())
     }
 
-    /// A BIND that the tc program diverted from one of our UDP flows: bind
-    /// the flow with that remote endpoint and port to its sender.
-    fn on_bind(&mut self, from: SocketAddr, bytes: &[u8]) -> Result<(), Reject> {
+    /// A BIND that the tc program diverted from one of our UDP flows: the
+    /// answer to a request of ours. Bind the flow with that remote
+    /// endpoint and port to its sender (or learn a moved peer's new NAT
+    /// port), and answer with the proof of its token.
+    fn on_bind(&mut self, now: Timestamp, from: SocketAddr, bytes: &[u8]) -> Result<(), Reject> {
         let b = decode_bind(bytes)?;
         if b.port == 0 || !self.binds.diverting.contains(&from.ip()) {
             // Not through our divert: its port is the sender's word.
@@ -504,84 +376,189 @@ impl Endpoint {
             return Err(Reject::BindBadTag);
         }
         let e = b.entry;
-        // The answer to a request still outstanding, each nonce once.
-        match self.binds.asked.get(&(b.static_pub, e.commitment)) {
-            Some(nonces) if nonces.contains(&b.nonce) => {
-                self.binds.asked.remove(&(b.static_pub, e.commitment));
-            }
-            Some(_) | None => return Err(Reject::BindReplayed),
+        if e.proto != Proto::Udp {
+            return Err(Reject::BindBadCommitment);
         }
+        // The answer to a request of ours to that host, fresh, with BINDs
+        // from where we asked them.
+        let asked = match self.binds.asked.get_mut(&(b.static_pub, b.nonce)) {
+            Some(a)
+                if a.toward == from.ip()
+                    && now.since(a.at) < ASK_LIFETIME
+                    && !a.used.contains(&e.commitment)
+                    && a.used.len() < MAX_BINDS_PER_ASK =>
+            {
+                a.used.push(e.commitment);
+                a.clone()
+            }
+            _ => return Err(Reject::BindReplayed),
+        };
         // The flow as the sender names it, turned to our side.
         let named = VirtualFlow {
             proto: e.proto,
-            local: e.sender_remote,
-            remote: e.sender_local,
+            local: b.names[1],
+            remote: b.names[0],
         };
-        let binding = Binding::endpoints(&named);
-        if e.proto != Proto::Udp || claim_commitment(&key, &binding) != e.commitment {
-            return Err(Reject::BindBadCommitment);
-        }
-        let rebinding = self
-            .conns
-            .values()
-            .find(|c| {
-                c.flow.proto == Proto::Udp
-                    && c.peer_key == Some(b.static_pub)
-                    && c.remote_phys == SocketAddr::new(from.ip(), 0)
-                    && c.local_phys.port() == b.port
-                    && c.binding == binding
-            })
-            .map(|c| c.flow);
-        if let Some(flow) = rebinding {
-            // Its peer moved behind a new NAT (validated there): this is the
-            // port that NAT gave the flow.
-            if let Some(c) = self.conns.get_mut(&flow) {
-                c.remote_phys = from;
-            }
-            self.stats.count(Counter::BindsRebound);
-            self.binds.clear_reask(&flow);
-            self.emit(Event::SetRemote { flow, remote: from });
-            return Ok(());
+        if let Some(wanted) = asked.wanted {
+            // A moved peer's new NAT port: each request once.
+            self.binds.asked.remove(&(b.static_pub, b.nonce));
+            return self.rebound(from, b.port, b.static_pub, &key, &wanted, &named);
         }
         let flow = self
-            .conns
-            .values()
-            .find(|c| {
-                c.flow.proto == Proto::Udp && c.remote_phys == from && c.local_phys.port() == b.port
+            .binds
+            .udp_at(from.ip())
+            .into_iter()
+            .find(|f| {
+                self.conns.get(f).is_some_and(|c| {
+                    c.remote_phys == from
+                        && c.local_phys.port() == b.port
+                        && c.flow.proto == e.proto
+                })
             })
-            .map(|c| (c.flow, c.peer_key))
             .ok_or(Reject::BindNoFlow)?;
-        match flow.1 {
+        let Some(c) = self.conns.get(&flow) else {
+            return Err(Reject::BindNoFlow);
+        };
+        let binding = Binding::udp(&c.flow, &named);
+        match c.peer_key {
             Some(k) if k == b.static_pub => {
-                // Its own flow, named as some other flow: changes nothing.
-                if self.conns.get(&flow.0).map(|c| c.binding) != Some(binding) {
+                // Bound already (its earlier BIND, or our answer reached
+                // it): the same names, or nothing.
+                if c.binding != binding {
                     return Err(Reject::BindMismatch);
                 }
                 self.stats.count(Counter::BindAgain);
             }
             Some(_) => return Err(Reject::ClaimConflict),
             None => {
-                let flow = flow.0;
-                self.index_connection(&flow, false);
-                if let Some(c) = self.conns.get_mut(&flow) {
-                    c.binding = binding;
-                    c.peer_key = Some(b.static_pub);
-                    c.bind_retry = None;
-                }
-                self.rearm(&flow);
-                self.index_connection(&flow, true);
+                self.bind_udp(&flow, b.static_pub, binding, b.names);
                 self.stats.count(Counter::BindsBound);
-                self.promote_stranger(b.static_pub);
-                self.learn_peer_view(&flow, &e);
-                self.ensure_keys(&flow);
-                // Our claim of it, now with the sender's commitment, binds
-                // its end: to where its pairing lives, not to the flow.
-                if let Some(dst) = self.peer_addrs.get(&b.static_pub).copied() {
-                    self.send_claims(b.static_pub, dst, &[flow], true);
-                }
             }
         }
+        // Its end binds on the proof that we received its BIND.
+        self.answer_bind(b.static_pub, &key, &flow, &e.commitment);
         self.tx.flush(&mut self.stats);
         Ok(())
+    }
+
+    /// A BIND from `peer` through its new NAT, answering a request for
+    /// `wanted`: the port that NAT gave the flow.
+    fn rebound(
+        &mut self,
+        from: SocketAddr,
+        port: u16,
+        peer: [u8; 32],
+        key: &crypto::SecretKey,
+        wanted: &[[u8; TAG_LEN]],
+        named: &VirtualFlow,
+    ) -> Result<(), Reject> {
+        let flow = self
+            .conns
+            .values()
+            .find(|c| {
+                c.flow.proto == Proto::Udp
+                    && c.peer_key == Some(peer)
+                    && c.remote_phys == SocketAddr::new(from.ip(), 0)
+                    && c.local_phys.port() == port
+                    && Binding::udp(&c.flow, named) == c.binding
+                    && wanted.contains(&claim_commitment(key, &c.binding))
+            })
+            .map(|c| c.flow)
+            .ok_or(Reject::BindNoFlow)?;
+        // Its peer moved behind a new NAT (validated there): this is the
+        // port that NAT gave the flow.
+        if let Some(c) = self.conns.get_mut(&flow) {
+            c.remote_phys = from;
+        }
+        self.stats.count(Counter::BindsRebound);
+        self.binds.clear_reask(&flow);
+        self.emit(Event::SetRemote { flow, remote: from });
+        Ok(())
+    }
+
+    /// Bind the unbound UDP flow `flow` to `peer` with `binding`; `names`
+    /// are the peer's for it (its end first).
+    pub(crate) fn bind_udp(
+        &mut self,
+        flow: &VirtualFlow,
+        peer: [u8; 32],
+        binding: Binding,
+        names: [SocketAddr; 2],
+    ) {
+        self.index_connection(flow, false);
+        if let Some(c) = self.conns.get_mut(flow) {
+            c.binding = binding;
+            c.peer_key = Some(peer);
+            c.bind_retry = None;
+        }
+        self.rearm(flow);
+        self.index_connection(flow, true);
+        self.promote_stranger(peer);
+        self.learn_peer_view(flow, names);
+        self.ensure_keys(flow);
+    }
+
+    /// Tell `peer` that its BIND with `token` on `flow` arrived: a CLAIM
+    /// answer whose entry carries the token's proof and our names.
+    fn answer_bind(
+        &mut self,
+        peer: [u8; 32],
+        key: &crypto::SecretKey,
+        flow: &VirtualFlow,
+        token: &[u8; TAG_LEN],
+    ) {
+        let Some(dst) = self.peer_addrs.get(&peer).copied() else {
+            return;
+        };
+        let msg = Message::Claim {
+            answer: true,
+            static_pub: self.identity.public(),
+            entries: vec![ClaimEntry {
+                commitment: crypto::bind_proof(key, token),
+                proto: flow.proto,
+                names: Some([flow.local, flow.remote]),
+            }],
+            tag: [0; PAIR_TAG_LEN],
+        };
+        if let Ok(b) = msg.encode() {
+            self.push_tagged(key, b, dst);
+            self.stats.count(Counter::ClaimsSent);
+        }
+    }
+
+    /// A CLAIM answer entry from `peer` carrying the proof of one of our
+    /// BINDs' tokens: the peer received it on the flow's path, so the flow
+    /// is its. Returns false if the entry answers no BIND of ours.
+    pub(crate) fn on_bind_answer(
+        &mut self,
+        now: Timestamp,
+        peer: [u8; 32],
+        entry: &ClaimEntry,
+    ) -> bool {
+        let Some(flow) = self.binds.take_token(&peer, &entry.commitment, now) else {
+            return false;
+        };
+        let (Some(names), Some(c)) = (entry.names, self.conns.get(&flow)) else {
+            self.stats.reject(Reject::BindMalformed);
+            return true;
+        };
+        let named = VirtualFlow {
+            proto: c.flow.proto,
+            local: names[1],
+            remote: names[0],
+        };
+        let binding = Binding::udp(&c.flow, &named);
+        match c.peer_key {
+            None => {
+                self.bind_udp(&flow, peer, binding, names);
+                self.stats.count(Counter::BindsBound);
+            }
+            Some(k) if k == peer && c.binding == binding => {
+                self.learn_peer_view(&flow, names);
+            }
+            Some(k) if k == peer => self.stats.reject(Reject::BindMismatch),
+            Some(_) => self.stats.reject(Reject::ClaimConflict),
+        }
+        true
     }
 }
