@@ -124,6 +124,16 @@ impl<'a> Daemon<'a> {
 fn scenario(tag: &str, step: &str, victim: Side) {
     assert!(fault::STEPS.contains(&step), "unknown step {step}");
     let topo = LaptopRouterServer::builder().tag(tag).build();
+    if step.ends_with(":host-route") {
+        // The server reaches the laptop's first subnet through another
+        // address of the router than its second: after the move, the
+        // connection's own packets need a route of their own to the new
+        // next hop (none is needed where both are behind one next hop).
+        let other_hop: IpAddr = "198.18.3.254".parse().unwrap();
+        topo.router.add_addr(&topo.router_if_c, other_hop, 24);
+        topo.server
+            .route_via("198.18.1.0/24", other_hop, &topo.server_if);
+    }
     let lap = Host::new(&topo.laptop, &format!("{tag}l"));
     let srv = Host::new(&topo.server, &format!("{tag}s"));
     let server = SocketAddr::new(topo.server_addr.v4.into(), 5001);

@@ -1,5 +1,5 @@
-//! What the datapath manager sets up for a translation (address on lo, host
-//! route, tc attachment, NAT pair) and takes down again when the last
+//! What the datapath manager sets up for a translation (address on lo, the
+//! moved flow's own route, tc attachment, NAT pair) and takes down again when the last
 //! translation needing it goes; a failed install changes nothing.
 
 mod support;
@@ -24,12 +24,17 @@ fn lo_has(h: &Host, addr: &str) -> bool {
         .any(|a| a.addr == ip(addr) && a.prefix == 32)
 }
 
-/// The main table's routes of protocol 157 (vnat's), both families.
+/// The routes of protocol 157 (vnat's), both families, every table.
 fn vnat_routes(h: &Host) -> Vec<Route> {
     h.ns.routes()
         .into_iter()
-        .filter(|r| r.in_main_table() && r.protocol == RouteProtocol::from(157))
+        .filter(|r| r.protocol == RouteProtocol::from(157))
         .collect()
+}
+
+/// How many rules of protocol 157 (vnat's) there are.
+fn vnat_rules(h: &Host) -> usize {
+    h.ns.rules().iter().filter(|r| r.protocol == 157).count()
 }
 
 fn tc_users(h: &Host) -> Vec<(String, u32)> {
@@ -83,14 +88,18 @@ fn install_and_remove_set_up_and_take_down_everything() {
     );
     assert_eq!(topo.laptop.sysctl("net.ipv4.conf.all.arp_ignore"), "1");
     let eth0 = srv.ns.link("eth0").expect("the server's eth0").index;
+    // The flow's own packets, and only they, are routed to the laptop's
+    // new address: a rule for the flow, a route in vnat's table.
     assert!(
         vnat_routes(&srv)
             .iter()
             .any(|r| (r.dst, r.prefix, r.gateway, r.oif)
-                == (ip("198.18.1.2"), 32, Some(ip("198.18.1.9")), Some(eth0))),
-        "no host route 198.18.1.2 via 198.18.1.9 dev eth0: {:?}",
+                == (ip("198.18.1.2"), 32, Some(ip("198.18.1.9")), Some(eth0))
+                && !r.in_main_table()),
+        "no route 198.18.1.2 via 198.18.1.9 dev eth0 in a table of vnat's: {:?}",
         vnat_routes(&srv)
     );
+    assert_eq!(vnat_rules(&srv), 1, "{:?}", srv.ns.rules());
     assert_eq!(tc_users(&lap), vec![("eth0".to_string(), 1)]);
     assert_eq!(tc_users(&srv), vec![("eth0".to_string(), 1)]);
 
@@ -134,7 +143,12 @@ fn install_and_remove_set_up_and_take_down_everything() {
     assert_eq!(
         vnat_routes(&srv),
         vec![],
-        "the host route outlived its translation"
+        "the flow's route outlived its translation"
+    );
+    assert_eq!(
+        vnat_rules(&srv),
+        0,
+        "the flow's rule outlived its translation"
     );
     assert!(
         tc_users(&lap).is_empty() && tc_users(&srv).is_empty(),

@@ -135,7 +135,8 @@ fn udp_v6_laptop_changes_subnet() {
 }
 
 /// Both hosts on one link: the server's packets to the old address would die
-/// in an unresolved neighbour entry without vnat's host route.
+/// in an unresolved neighbour entry without the route vnat gives that
+/// connection's packets.
 #[test]
 fn tcp_same_link_renumbering() {
     let topo = SameLink::new("mvsl", false);
@@ -150,20 +151,37 @@ fn tcp_same_link_renumbering() {
         || topo.move_laptop(),
         topo.laptop_new_addr.v4.into(),
     );
-    // In the main table, of protocol 157 (vnat's).
+    // The moved connection's own packets are routed via the laptop's new
+    // address, by a rule for that flow alone and a route of protocol 157
+    // (vnat's) in vnat's own table: nothing in the main table, which would
+    // send every application's traffic for the old address there.
     let routes: Vec<_> = topo
         .server
         .routes()
         .into_iter()
-        .filter(|r| r.in_main_table() && r.protocol == RouteProtocol::from(157))
+        .filter(|r| r.protocol == RouteProtocol::from(157))
         .collect();
     let (old, new): (IpAddr, IpAddr) =
         ("198.18.1.2".parse().unwrap(), "198.18.1.9".parse().unwrap());
     assert!(
         routes
             .iter()
-            .any(|r| (r.dst, r.prefix, r.gateway) == (old, 32, Some(new))),
-        "no vnat host route 198.18.1.2 via 198.18.1.9 on the server: {routes:?}"
+            .any(|r| (r.dst, r.prefix, r.gateway) == (old, 32, Some(new)) && !r.in_main_table()),
+        "no vnat route 198.18.1.2 via 198.18.1.9 in a table of vnat's on the server: {routes:?}"
+    );
+    assert!(
+        !routes.iter().any(|r| r.in_main_table()),
+        "vnat routes a whole address in the server's main table: {routes:?}"
+    );
+    let rules: Vec<_> = topo
+        .server
+        .rules()
+        .into_iter()
+        .filter(|r| r.protocol == 157)
+        .collect();
+    assert!(
+        !rules.is_empty(),
+        "no rule of vnat's routes the moved connection on the server"
     );
 }
 

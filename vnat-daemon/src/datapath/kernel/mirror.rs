@@ -13,12 +13,10 @@ pub(super) struct Mirror {
     pub(super) ingress: StdHashMap<FlowKey, NatRewrite>,
     /// How many entries need each thing a translation sets up, so that
     /// releasing one is a lookup: egress translations whose local end
-    /// moved, by its virtual address (kept on `lo`); whose remote end
-    /// moved, by the peer's virtual address (the host route); ingress
+    /// moved, by its virtual address (kept on `lo`); ingress
     /// entries marked NAT_F_LO_ADDR_OURS, by the local virtual address they
     /// restore; entries of either map, by interface (the tc attachment).
     pub(super) local_moved: StdHashMap<IpAddr, usize>,
-    pub(super) remote_moved: StdHashMap<IpAddr, usize>,
     pub(super) prepared_lo: StdHashMap<[u32; 4], usize>,
     pub(super) interfaces: StdHashMap<u32, usize>,
     /// The ingress keys of each flow (by its egress key): during a move
@@ -82,9 +80,6 @@ impl Mirror {
             if let Some(t) = translation_of(key, v) {
                 if t.local_moved() {
                     step(&mut self.local_moved, t.flow.local.ip(), add);
-                }
-                if t.remote_moved() {
-                    step(&mut self.remote_moved, t.flow.remote.ip(), add);
                 }
             }
             return;
@@ -164,7 +159,6 @@ mod mirror_tests {
         add(&mut m, &pb);
         add(&mut m, &pc);
         assert_eq!(m.local_moved.get(&ip("10.0.0.1")), Some(&2));
-        assert_eq!(m.remote_moved.get(&ip("10.0.0.9")), Some(&1));
         assert_eq!(m.prepared_lo.get(&words(&a)), Some(&2));
         assert_eq!(m.interfaces.get(&3), Some(&4));
         assert_eq!(m.interfaces.get(&4), Some(&2));
@@ -197,7 +191,7 @@ mod mirror_tests {
         }
         m.remove(true, &pa.egress_key); // absent: no effect
         assert!(m.egress.is_empty() && m.ingress.is_empty());
-        assert!(m.local_moved.is_empty() && m.remote_moved.is_empty());
+        assert!(m.local_moved.is_empty());
         assert!(m.prepared_lo.is_empty() && m.interfaces.is_empty() && m.reverse.is_empty());
     }
 }

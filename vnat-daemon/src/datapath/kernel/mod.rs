@@ -40,7 +40,7 @@ use std::{
 use aya::maps::MapError;
 use vnat_common::{
     ConnRecord, FlowKey, NatRewrite, RebindKey, MAP_CONNS, MAP_EGRESS_NAT, MAP_INGRESS_NAT,
-    MAP_STATS, NAT_F_HOLD, NAT_F_LO_ADDR_OURS, NAT_F_REDIRECT, NAT_F_ROUTED, PROTO_UDP, STAT_COUNT,
+    MAP_STATS, NAT_F_HOLD, NAT_F_LO_ADDR_OURS, NAT_F_ROUTED, PROTO_UDP, STAT_COUNT,
     STAT_NAMES,
 };
 
@@ -91,14 +91,14 @@ pub struct KernelDatapath {
     /// (NAT_F_LO_ADDR_OURS), as far as this process has seen: saves a scan
     /// of both NAT maps per moved connection.
     lo_ours: std::collections::HashSet<IpAddr>,
-    /// Between `begin_batch` and `end_batch`: route lookups made and host
-    /// routes set in this batch.
+    /// Between `begin_batch` and `end_batch`: route lookups made in this
+    /// batch.
     memo: std::cell::RefCell<Option<RouteMemo>>,
-    /// Translations whose socket's packets the main table would send out
-    /// of another interface than their new local address's (`vnatctl
-    /// migrate` while the old address stays up), so that a rule of their
-    /// own routes them (`net::add_via_route`): egress key -> (flow, the
-    /// interface).
+    /// Translations whose socket's packets the main table would not take
+    /// to their new next hop (`flow_route`: `vnatctl migrate` while the old
+    /// address stays up; a peer that moved where its old address is not
+    /// routed), so that a rule of their own routes them
+    /// (`net::add_via_route`): egress key -> (flow, the interface).
     egress_via: StdHashMap<FlowKey, (VirtualFlow, u32)>,
     /// Addresses kept local for mobile connections (`kept.rs`).
     kept: std::collections::BTreeSet<IpAddr>,
@@ -148,8 +148,6 @@ struct RouteMemo {
     /// (destination, source) -> the kernel's answer. Cleared whenever this
     /// datapath changes a route or an address.
     routes: StdHashMap<(IpAddr, Option<IpAddr>), net::RouteInfo>,
-    /// Host routes set: virtual address -> (next hop, interface).
-    host_routes: StdHashMap<IpAddr, (IpAddr, u32)>,
     /// This host's addresses with their interfaces, once listed.
     addrs: Option<Vec<(IpAddr, u32)>>,
     /// The IPv6 last-resort route was renewed in this batch.

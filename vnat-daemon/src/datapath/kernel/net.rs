@@ -14,18 +14,6 @@ use crate::datapath::{DatapathError, Proto, VirtualFlow};
 /// of the addresses it keeps on `lo` (`IFA_PROTO`).
 pub const ROUTE_PROTO: u8 = 157;
 
-/// What [`add_host_route`] found and did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HostRoute {
-    /// There was none; vnat's is in place now.
-    Added,
-    /// vnat's own was there and now routes as asked.
-    Replaced,
-    /// Someone else's route for exactly this address is there (its
-    /// protocol number): left alone.
-    Foreign(u8),
-}
-
 /// Where the kernel would send a packet.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RouteInfo {
@@ -103,8 +91,8 @@ pub fn route_get_via(
 }
 
 /// vnat's routing table for connections that leave through interface
-/// `ifindex` while the host's main table would send them elsewhere:
-/// `VIA_TABLE_BASE + ifindex` (`ip route show table N`).
+/// `ifindex` while the host's main table would send them elsewhere (or to
+/// another next hop): `VIA_TABLE_BASE + ifindex` (`ip route show table N`).
 pub const VIA_TABLE_BASE: u32 = 0x766e_0000;
 
 /// Priority of vnat's per-connection rules (`ip rule`): after `local` (0),
@@ -123,13 +111,23 @@ fn via_rule(flow: &VirtualFlow, ifindex: u32) -> policy::FlowRule {
 
 /// Route `flow`'s packets (by its virtual endpoints, as its socket sends
 /// them) by `route` instead of the main table: a host route for its remote
-/// address in the table of `route`'s interface, and a rule for exactly this
-/// flow (protocol, both addresses, both ports). For a connection moved to
-/// a second link's address while the first stays up (`vnatctl migrate`):
-/// routed by the main table, its packets would leave by the first link's
-/// default route, where tc could rewrite them but not make them leave by
-/// the second link once the first one's router is gone (the neighbour
-/// lookup for it fails before tc sees a packet).
+/// address in the table of `route`'s interface (via `route.gateway`, or on
+/// the link), and a rule for exactly this flow (protocol, both addresses,
+/// both ports), so that no other traffic follows it. For a connection
+/// moved to a second link's address while the first stays up (`vnatctl
+/// migrate`): routed by the main table, its packets would leave by the
+/// first link's default route, where tc could rewrite them but not make
+/// them leave by the second link once the first one's router is gone (the
+/// neighbour lookup for it fails before tc sees a packet). For a
+/// connection whose peer moved where the peer's old address is not routed
+/// (`KernelDatapath::flow_route`): its packets would die in an unresolved
+/// neighbour entry for the old address, or leave by the wrong link.
+///
+/// The table's route for an address is shared by the flows to it through
+/// that interface and follows the latest one installed: flows to one
+/// address are one peer's, which moves them together. (Two hosts behind
+/// one address that both moved onto this host's link at different
+/// addresses would share the last one's next hop.)
 pub fn add_via_route(flow: &VirtualFlow, route: &RouteInfo) -> Result<(), DatapathError> {
     let rule = via_rule(flow, route.ifindex);
     policy::set_table_route(
@@ -349,54 +347,17 @@ pub fn del_lo_addr(a: IpAddr, added_by_us: bool) -> Result<bool, DatapathError> 
     }
 }
 
-/// Route a moved peer's old (virtual) address the way its new physical
-/// address is routed, so the socket's packets leave through the interface
-/// where tc rewrites them instead of dying in an unresolved neighbour entry.
-/// A host route someone else made for the same address is left as it is
-/// ([`HostRoute::Foreign`]): the caller then has tc send the flow's packets
-/// to the right next hop itself.
-pub fn add_host_route(
-    virt: IpAddr,
-    phys: IpAddr,
-    via: &RouteInfo,
-) -> Result<HostRoute, DatapathError> {
-    let gw = via.gateway.unwrap_or(phys);
-    let what = || format!("adding the host route {virt} via {gw} dev {}", via.dev);
-    let existing = host_route_owner(virt)?;
-    if let Some(p) = existing.filter(|p| *p != ROUTE_PROTO) {
-        return Ok(HostRoute::Foreign(p));
-    }
-    let replace = existing.is_some();
-    match rtnl::set_host_route(virt, gw, via.ifindex, ROUTE_PROTO, replace) {
-        Ok(()) if replace => Ok(HostRoute::Replaced),
-        Ok(()) => Ok(HostRoute::Added),
-        // Someone added one between the check and ours.
-        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
-            Ok(HostRoute::Foreign(host_route_owner(virt)?.unwrap_or(0)))
-        }
-        Err(e) => Err(kernel(what())(e)),
-    }
-}
-
-/// The protocol number of the main table's host route for exactly `virt`,
-/// if there is one (one query, not a dump of every route: this runs once
-/// per moved connection).
-fn host_route_owner(virt: IpAddr) -> Result<Option<u8>, DatapathError> {
-    let r = rtnl::fib_match(virt).map_err(kernel(format!("looking up the route to {virt}")))?;
-    Ok(r.filter(|r| {
-        r.dst == Some(virt)
-            && r.dst_len == if virt.is_ipv4() { 32 } else { 128 }
-            && r.table == u32::from(rtnl::RT_TABLE_MAIN)
-    })
-    .map(|r| r.protocol))
-}
-
+/// Remove vnat's host route for `virt` from the main table: vnat makes
+/// none any more (a moved flow's packets are routed by a rule of their own,
+/// [`add_via_route`]), but a vnatd before it did, for every application's
+/// traffic to a moved peer's old address.
 pub fn del_host_route(virt: IpAddr) -> Result<(), DatapathError> {
     rtnl::del_host_route(virt, ROUTE_PROTO)
         .map_err(kernel(format!("removing the host route {virt}")))
 }
 
-/// Host routes carrying vnat's protocol number.
+/// Host routes of the main table carrying vnat's protocol number (what a
+/// vnatd before per-flow routes left).
 pub fn host_routes() -> Result<Vec<IpAddr>, DatapathError> {
     let mut all = Vec::new();
     for fam in [rtnl::AddressFamily::Inet, rtnl::AddressFamily::Inet6] {

@@ -6,7 +6,7 @@ use super::*;
 
 impl KernelDatapath {
     /// Bring tc links and the per-translation kernel state (addresses on lo,
-    /// host routes) in line with the pinned translations.
+    /// the per-flow routes) in line with the pinned translations.
     pub(super) fn reconcile(&mut self) -> Result<(), DatapathError> {
         // A container's replies held while its NAT entry was pinned
         // (`guests.rs`) by a vnatd that died before letting them go: held
@@ -63,7 +63,19 @@ impl KernelDatapath {
             }
         }
         let lo = net::lo_addrs()?;
-        let routes = net::host_routes()?;
+        // vnat routes no peer's whole address any more: every host route a
+        // previous vnatd made goes, before the routes of the flows that
+        // still need one of their own are worked out.
+        for r in net::host_routes()? {
+            match net::del_host_route(r) {
+                Ok(()) => {
+                    tracing::info!(route = %r, "removed a host route a previous vnatd left")
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot remove a host route a previous vnatd left")
+                }
+            }
+        }
         for (k, v) in &translations {
             let Some(t) = translation_of(k, v) else {
                 continue;
@@ -74,14 +86,23 @@ impl KernelDatapath {
             {
                 self.add_lo_addr(t.flow.local.ip())?;
             }
-            if t.remote_moved() && !routes.contains(&t.flow.remote.ip()) {
-                let via = net::route_get(t.physical_remote.ip(), None)?;
-                net::add_host_route(t.flow.remote.ip(), t.physical_remote.ip(), &via)?;
+            // A peer's move that a vnatd before per-flow routes installed
+            // (with a host route for every application, removed above), or
+            // whose rule went missing: the flow's own route, where needed.
+            if t.remote_moved() && !self.egress_via.contains_key(k) {
+                let route = if t.local_moved() {
+                    self.route_from(t.physical_remote.ip(), t.physical_local.ip())
+                } else {
+                    self.route(t.physical_remote.ip(), Some(t.physical_local.ip()))
+                };
+                if let Some(r) = route.ok().and_then(|r| self.flow_route(&t, &r)) {
+                    net::add_via_route(&t.flow, &r)?;
+                    self.egress_via.insert(*k, (t.flow, r.ifindex));
+                }
             }
         }
         // What a vnatd killed in the middle of an install or a removal left
-        // behind: its own addresses on lo and host routes that no pinned
-        // entry needs. (Someone else's carry no tag of ours and stay.)
+        // behind: its own addresses on lo that no pinned entry needs. (Someone else's carry no tag of ours and stay.)
         let words = |ip: IpAddr| {
             let sa = std::net::SocketAddr::new(ip, 0);
             crate::datapath::flow_key(Proto::Tcp, sa, sa).src_addr_be
@@ -103,18 +124,6 @@ impl KernelDatapath {
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "cannot remove an address a previous vnatd left on lo")
-                    }
-                }
-            }
-        }
-        for r in routes {
-            if !self.mirror.remote_moved.contains_key(&r) {
-                match net::del_host_route(r) {
-                    Ok(()) => {
-                        tracing::info!(route = %r, "removed a host route a previous vnatd left")
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot remove a host route a previous vnatd left")
                     }
                 }
             }

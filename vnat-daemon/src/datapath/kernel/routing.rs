@@ -1,12 +1,12 @@
 //! The routes a translation needs: the kernel's lookups, remembered per
 //! batch, the route out of the interface that holds a new source address,
-//! and the host route that sends a moved peer's old address where its new
-//! one goes.
+//! and the route of a moved flow's own packets where the kernel's would
+//! not take them to their new next hop.
 
 use std::net::IpAddr;
 
-use super::{fault, net, KernelDatapath};
-use crate::datapath::DatapathError;
+use super::{net, KernelDatapath};
+use crate::datapath::{DatapathError, Translation};
 
 impl KernelDatapath {
     /// `net::route_get`, answered from the batch's memory when it can be.
@@ -35,7 +35,6 @@ impl KernelDatapath {
     pub(super) fn routes_changed(&self) {
         if let Some(m) = self.memo.borrow_mut().as_mut() {
             m.routes.clear();
-            m.host_routes.clear();
             m.addrs = None;
         }
     }
@@ -83,39 +82,44 @@ impl KernelDatapath {
         })
     }
 
-    /// Route the peer's virtual address `virt` like its physical one
-    /// (`net::add_host_route`) unless this batch already did exactly that.
-    /// Returns whether a route for `virt` existed before (vnat's, or
-    /// someone else's that is left alone): then a failure later in the
-    /// install has no route to take back.
-    pub(super) fn ensure_host_route(
+    /// The route a translated flow's own packets need where the kernel's
+    /// route for them would not take them to their new next hop, to be
+    /// installed for that flow alone (`net::add_via_route`); None where it
+    /// does. `route` is the route to the new physical remote (from the new
+    /// local address).
+    ///
+    /// The socket sends to the peer's virtual address V, and tc egress runs
+    /// after the neighbour lookup for V's next hop: when the peer moved, V's
+    /// route must lead where its new address P's does, or the packets die
+    /// in an unresolved neighbour entry (V on the link, its host gone) or
+    /// leave by the wrong link. Usually both leave by the same router, and
+    /// nothing is needed. Never a route for V itself: V may be the address
+    /// of other hosts too (a NAT's, a CGNAT's, a proxy's), whose traffic
+    /// from every application of this host would follow it.
+    ///
+    /// A connection whose own end alone moved (`vnatctl migrate` while the
+    /// old address stays up) needs one where V's route leaves by another
+    /// interface than the new address's.
+    pub(super) fn flow_route(
         &self,
-        virt: IpAddr,
-        phys: IpAddr,
-        via: &net::RouteInfo,
-    ) -> Result<bool, DatapathError> {
-        let target = (via.gateway.unwrap_or(phys), via.ifindex);
-        if let Some(m) = self.memo.borrow().as_ref() {
-            if m.host_routes.get(&virt) == Some(&target) {
-                return Ok(true);
-            }
+        t: &Translation,
+        route: &net::RouteInfo,
+    ) -> Option<net::RouteInfo> {
+        let v = t.flow.remote.ip();
+        let natural = self.route(v, Some(t.flow.local.ip()));
+        if t.remote_moved() && t.physical_remote.ip() != v {
+            let hop = route.gateway.unwrap_or(t.physical_remote.ip());
+            return match natural {
+                Ok(n) if n.ifindex == route.ifindex && n.gateway.unwrap_or(v) == hop => None,
+                _ => Some(net::RouteInfo {
+                    gateway: Some(hop),
+                    ..route.clone()
+                }),
+            };
         }
-        let r = net::add_host_route(virt, phys, via);
-        self.routes_changed();
-        match r? {
-            net::HostRoute::Foreign(protocol) => {
-                // Not ours to change: tc redirects the flow's packets to the
-                // right next hop instead (the caller checks the route).
-                tracing::warn!(address = %virt, protocol, "a host route vnat did not make is in place for a moved peer's address; leaving it and redirecting in tc");
-                Ok(true)
-            }
-            done => {
-                fault::after("install:host-route");
-                if let Some(m) = self.memo.borrow_mut().as_mut() {
-                    m.host_routes.insert(virt, target);
-                }
-                Ok(done == net::HostRoute::Replaced)
-            }
+        match natural {
+            Ok(n) if t.local_moved() && n.ifindex != route.ifindex => Some(route.clone()),
+            _ => None,
         }
     }
 }

@@ -19,7 +19,7 @@ use std::{
 
 use netlink_packet_core::{
     NetlinkBuffer, NetlinkDeserializable, NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK,
-    NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST,
+    NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST,
 };
 use netlink_packet_route::{
     address::{AddressAttribute, AddressHeaderFlags, AddressMessage, AddressProtocol},
@@ -497,40 +497,6 @@ pub fn routes_of_every_table(fam: AddressFamily) -> io::Result<Vec<Route>> {
             _ => None,
         })
         .collect())
-}
-
-/// Add the host route `dst` via `gateway` on `oif`, tagged with
-/// `protocol`: with `replace`, in place of the route for `dst` there is
-/// (the caller checked it is its own); without, only if there is none
-/// (`EEXIST` otherwise), so a route someone else added meanwhile is never
-/// overwritten.
-pub fn set_host_route(
-    dst: IpAddr,
-    gateway: IpAddr,
-    oif: u32,
-    protocol: u8,
-    replace: bool,
-) -> io::Result<()> {
-    let mut m = host_route(dst);
-    m.header.table = RT_TABLE_MAIN;
-    m.header.protocol = RouteProtocol::from(protocol);
-    m.header.kind = RouteType::Unicast;
-    m.attributes.push(if gateway.is_ipv4() == dst.is_ipv4() {
-        RouteAttribute::Gateway(RouteAddress::from(gateway))
-    } else {
-        // An IPv4 route through an IPv6 next hop (RFC 5549).
-        RouteAttribute::Via(match gateway {
-            IpAddr::V4(v4) => RouteVia::Inet(v4),
-            IpAddr::V6(v6) => RouteVia::Inet6(v6),
-        })
-    });
-    m.attributes.push(RouteAttribute::Oif(oif));
-    let how = if replace { NLM_F_REPLACE } else { NLM_F_EXCL };
-    call(
-        RouteNetlinkMessage::NewRoute(m),
-        NLM_F_ACK | NLM_F_CREATE | how,
-    )
-    .map(|_| ())
 }
 
 /// Delete the host route `dst` if it carries `protocol`.

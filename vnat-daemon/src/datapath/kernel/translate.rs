@@ -53,15 +53,6 @@ impl KernelDatapath {
                 fault::after("remove:lo-address");
             }
         }
-        if t.remote_moved() {
-            let ip = t.flow.remote.ip();
-            if !self.mirror.remote_moved.contains_key(&ip) {
-                self.routes_changed();
-                if net::del_host_route(ip).is_ok() {
-                    fault::after("remove:host-route");
-                }
-            }
-        }
         self.detach_if_unused(v.redirect_ifindex)
     }
 
@@ -92,7 +83,9 @@ impl KernelDatapath {
             .values()
             .any(|(f, i)| *i == ifindex && f.remote.ip() == flow.remote.ip());
         self.routes_changed();
-        net::del_via_route(flow, ifindex, shared)
+        net::del_via_route(flow, ifindex, shared)?;
+        fault::after("remove:host-route");
+        Ok(())
     }
 
     /// Install a translation; with `complete == false` only its receive side
@@ -159,17 +152,11 @@ impl KernelDatapath {
             || old_val.is_some_and(|v| v.flags & NAT_F_ROUTED != 0);
         let mut flags = if routed { NAT_F_ROUTED } else { 0 };
         let mut added_lo: Option<IpAddr> = None;
-        let mut added_route: Option<IpAddr> = None;
         // Take back what this call added, on a later failure.
-        let undo = |dp: &Self, added_lo: Option<IpAddr>, added_route: Option<IpAddr>| {
-            if added_lo.is_some() || added_route.is_some() {
-                dp.routes_changed();
-            }
+        let undo = |dp: &Self, added_lo: Option<IpAddr>| {
             if let Some(ip) = added_lo {
+                dp.routes_changed();
                 let _ = net::del_lo_addr(ip, true);
-            }
-            if let Some(ip) = added_route {
-                let _ = net::del_host_route(ip);
             }
         };
         if t.local_moved() && !routed {
@@ -206,30 +193,14 @@ impl KernelDatapath {
                 }
             }
         }
-        if t.remote_moved() {
-            let ip = t.flow.remote.ip();
-            match self.ensure_host_route(ip, t.physical_remote.ip(), &route) {
-                Ok(true) => {}
-                Ok(false) => added_route = Some(ip),
-                Err(e) => {
-                    undo(self, added_lo, None);
-                    return Err(e);
-                }
-            }
-            // With the host route in place the old address leaves where the
-            // new one does; if not (a conflicting route), re-resolve the next
-            // hop per packet in tc.
-            let next_hop = route.gateway.unwrap_or(t.physical_remote.ip());
-            match self.route(ip, None) {
-                Ok(r) if r.ifindex == route.ifindex && r.gateway.unwrap_or(ip) == next_hop => {}
-                _ => flags |= NAT_F_REDIRECT,
-            }
-        }
         // The socket's own packets are routed by its virtual endpoints.
-        // Where the main table sends them out of another interface than the
-        // new source's (the old address is still up: `vnatctl migrate`), a
-        // rule of their own routes them by the new one's route, to be
-        // rewritten by tc there.
+        // Where the main table would not take them to the new next hop (the
+        // peer moved elsewhere than behind the router its old address is
+        // routed by; our old address is still up: `vnatctl migrate`), a rule
+        // of their own routes them by the new one's route, to be rewritten
+        // by tc there (`flow_route`). Only once the new address is
+        // validated (`complete`): before, nothing may steer any traffic to
+        // an address the peer merely named.
         if !self.tc_current.contains(&route.ifindex) {
             if let Err(e) = attach::attach_tc(
                 &mut self.loaded.ebpf,
@@ -237,26 +208,24 @@ impl KernelDatapath {
                 route.ifindex,
                 self.tc_mode,
             ) {
-                undo(self, added_lo, added_route);
+                undo(self, added_lo);
                 return Err(e);
             }
             self.tc_current.insert(route.ifindex);
             fault::after("install:tc");
         }
         let mut via = None;
-        if complete && t.local_moved() && !t.remote_moved() {
-            let natural = self.route(t.flow.remote.ip(), Some(t.flow.local.ip()));
-            tracing::debug!(id = t.flow.id(), flow = %t.flow, ?natural, new = ?route, "where the socket's packets go");
-            if let Ok(n) = natural {
-                if n.ifindex != route.ifindex {
-                    if let Err(e) = net::add_via_route(&t.flow, &route) {
-                        undo(self, added_lo, added_route);
-                        return Err(e);
-                    }
-                    self.routes_changed();
-                    via = Some(route.ifindex);
-                }
+        if let Some(r) = complete.then(|| self.flow_route(t, &route)).flatten() {
+            tracing::debug!(id = t.flow.id(), flow = %t.flow, new = ?r, "the socket's packets get a route of their own");
+            if let Err(e) = net::add_via_route(&t.flow, &r) {
+                undo(self, added_lo);
+                return Err(e);
             }
+            self.routes_changed();
+            if t.remote_moved() {
+                fault::after("install:host-route");
+            }
+            via = Some(r.ifindex);
         }
         // A rule this call added goes again on a later failure.
         let new_rule = via.filter(|i| self.egress_via.get(&egress_key).map(|(_, o)| o) != Some(i));
@@ -266,12 +235,19 @@ impl KernelDatapath {
             // Receive side only; an earlier placement keeps working until
             // install_translation switches the send side over.
             if let Err(e) = self.nat_insert(false, pair.ingress_key, pair.ingress) {
-                undo(self, added_lo, added_route);
+                undo(self, added_lo);
                 return Err(e);
             }
             fault::after("install:receive-side");
             if flags & NAT_F_LO_ADDR_OURS != 0 {
                 self.lo_ours.insert(t.flow.local.ip());
+            }
+            // A peer's newly announced address replaces any other it
+            // announced before that was not validated: one such address per
+            // flow, however many updates name others.
+            let installed = old.as_ref().map(|(_, o)| o.physical_remote);
+            if t.remote_moved() && installed != Some(t.physical_remote) {
+                self.drop_abandoned_receive_sides(t, installed);
             }
             return Ok(());
         }
@@ -279,9 +255,12 @@ impl KernelDatapath {
             if let Some(i) = new_rule {
                 let _ = net::del_via_route(&t.flow, i, true);
             }
-            undo(self, added_lo, added_route);
+            undo(self, added_lo);
             return Err(e);
         }
+        // Receive sides prepared for addresses the peer announced and never
+        // proved go once the flow is placed.
+        self.drop_abandoned_receive_sides(t, old.as_ref().map(|(_, o)| o.physical_remote));
         if flags & NAT_F_LO_ADDR_OURS != 0 {
             self.lo_ours.insert(t.flow.local.ip());
         }
@@ -310,6 +289,27 @@ impl KernelDatapath {
             }
         }
         Ok(())
+    }
+
+    /// Remove the flow's receive sides for peer addresses other than `t`'s
+    /// own, the flow's virtual remote and `installed` (the placement `t`
+    /// replaces, whose entries the caller handles): those prepared for an
+    /// address the peer announced and then replaced or never proved.
+    fn drop_abandoned_receive_sides(&mut self, t: &Translation, installed: Option<SocketAddr>) {
+        let keep = [Some(t.physical_remote), Some(t.flow.remote), installed];
+        let stale: Vec<FlowKey> = self
+            .mirror
+            .reverse
+            .get(&t.flow.to_key())
+            .into_iter()
+            .flatten()
+            .filter(|k| key_endpoints(k).is_some_and(|(remote, _)| !keep.contains(&Some(remote))))
+            .copied()
+            .collect();
+        for k in stale {
+            tracing::debug!(id = t.flow.id(), flow = %t.flow, remote = ?key_endpoints(&k).map(|e| e.0), "receive side for an address the peer did not prove removed");
+            let _ = self.nat_remove(false, &k);
+        }
     }
 
     pub(super) fn remove(&mut self, flow: &VirtualFlow) -> Result<(), DatapathError> {
