@@ -420,6 +420,7 @@ impl Endpoint {
             return None;
         }
         self.stats.count(Counter::PeersForgotten);
+        self.trust_lost();
         let n = freed.values().map(Vec::len).sum();
         for f in freed.values().flatten() {
             self.rearm(f);

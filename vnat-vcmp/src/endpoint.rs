@@ -455,6 +455,7 @@ impl Endpoint {
         }
         self.conn_timers.set(c.flow, None);
         self.forget_rebind(&c.flow);
+        self.trust_lost();
         let peer = c.flow.remote.ip();
         if let Some(n) = self.per_peer.get_mut(&peer) {
             *n = n.saturating_sub(1);
@@ -636,6 +637,9 @@ impl Endpoint {
         if let Some(d) = self.next_bind_timeout() {
             take(d);
         }
+        if let Some(d) = self.next_trust_rebuild() {
+            take(d);
+        }
         if !self.store.is_empty() {
             take(self.next_store_expiry);
         }
@@ -683,6 +687,7 @@ impl Endpoint {
         self.validation_timeouts(&mut ctx);
         self.switch_timeouts(now);
         self.bind_timeouts(now);
+        self.trust_timeouts(now);
         if now >= self.next_store_expiry {
             self.store.expire(now);
             self.next_store_expiry = now.plus(Duration::from_secs(10));

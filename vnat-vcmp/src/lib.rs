@@ -48,6 +48,7 @@ mod strangers;
 mod suspend;
 mod switched;
 mod timers;
+mod trust;
 pub mod tx;
 mod update;
 mod validation;
@@ -104,5 +105,7 @@ mod sim_stranger_tests;
 mod sim_suspend_tests;
 #[cfg(test)]
 mod sim_tests;
+#[cfg(test)]
+mod sim_trust_tests;
 #[cfg(test)]
 mod sim_udp_bind_tests;

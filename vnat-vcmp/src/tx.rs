@@ -49,6 +49,10 @@ pub(crate) struct TxQueue {
     /// servers, our own old locations. Not subject to the limit, except for
     /// unauthenticated replies.
     pub(crate) trusted: HashSet<IpAddr>,
+    /// Something that earned an address its place in `trusted` went away
+    /// since `trust_rebuilt` (`vcmp::trust` rebuilds it).
+    pub(crate) trust_stale: bool,
+    pub(crate) trust_rebuilt: crate::Timestamp,
     /// (bytes received, bytes sent) per address, at most [`MAX_TRACKED`];
     /// `tracked` has them oldest first, the first to make room.
     budget: HashMap<IpAddr, (u64, u64)>,
@@ -64,6 +68,8 @@ impl TxQueue {
             open_order: Vec::new(),
             ready: VecDeque::new(),
             trusted: HashSet::new(),
+            trust_stale: false,
+            trust_rebuilt: crate::Timestamp(0),
             budget: HashMap::new(),
             tracked: VecDeque::new(),
         }
