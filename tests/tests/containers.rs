@@ -308,6 +308,31 @@ fn tcp_v6_of_a_routed_container_survives_the_move() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    // The server bound it only once the laptop showed it receives at the
+    // container's address (the PROVE sent there reached the laptop's vnatd).
+    let st = srvd.ctl(&["status"]).expect("server status");
+    assert!(
+        st["vcmp"]["events"]["proofs_accepted"]
+            .as_u64()
+            .unwrap_or(0)
+            >= 1,
+        "the server took the laptop's claim without a proof: {}",
+        st["vcmp"]
+    );
+    // Nothing of the container's traffic is taken once it is bound.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = topo.laptop.run(&["ip", "-6", "rule", "show"]);
+        let rules = String::from_utf8_lossy(&out.stdout).to_string();
+        if !rules.contains(&ctr.addr6.to_string()) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the rule taking VCMP to the container's address stayed after it was bound: {rules}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 
     topo.move_laptop_to_b();
     let at_move = client.latest().expect("status").verified;

@@ -7,12 +7,14 @@
 //! Changing any of these is an ABI break for pinned maps: bump [`ABI_VERSION`].
 #![no_std]
 
+mod owners;
 mod stats;
+pub use owners::*;
 pub use stats::*;
 
 /// Bumped whenever a map layout below changes; pinned maps from an older ABI
 /// are refused (and must be removed) rather than misread.
-pub const ABI_VERSION: u32 = 8;
+pub const ABI_VERSION: u32 = 9;
 
 pub const AF_INET: u8 = 2;
 pub const AF_INET6: u8 = 10;
@@ -259,8 +261,16 @@ pub struct ConnRecord {
     pub rto_count: u32,
     /// CLOCK_BOOTTIME (ns) of the last retransmission timeout, 0 if none.
     pub rto_last_ns: u64,
+    /// Whose budget the record counts against ([`MAP_OWNERS`]): the uid
+    /// (in the initial user namespace) of the process that made the
+    /// connection or used the flow, or [`OWNER_ACCEPTED`] for a TCP
+    /// connection accepted from another host (sock_ops cannot tell whose
+    /// listener accepted it). 0 (root, and records vnatd wrote) is
+    /// charged to no budget.
+    pub owner_uid: u32,
+    pub _pad2: u32,
 }
-const _: () = assert!(core::mem::size_of::<ConnRecord>() == 96);
+const _: () = assert!(core::mem::size_of::<ConnRecord>() == 104);
 
 /// UDP records are refreshed at most this often, so a busy UDP sender does
 /// not write the map on every datagram.
@@ -511,11 +521,11 @@ pub struct UdpPending {
     pub key: FlowKey,
     pub record: ConnRecord,
 }
-const _: () = assert!(core::mem::size_of::<UdpPending>() == 136);
+const _: () = assert!(core::mem::size_of::<UdpPending>() == 144);
 
 // SAFETY: as for the types in `pod` above: repr(C), a FlowKey (40 bytes,
 // 4-aligned) followed by a ConnRecord (8-aligned, at offset 40), so there
-// is no padding between or after them (the size assert above checks 136),
+// is no padding between or after them (the size assert above checks 144),
 // and both are valid for any bit pattern.
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for UdpPending {}

@@ -92,4 +92,15 @@ counters! {
     /// Hide location: a connect(), sendmsg() or bind() naming a moved
     /// host's virtual address went to its physical one.
     STAT_HIDE_REDIRECTED = 27, "hide_redirected";
+    /// A connection or flow with a loopback address at either end was not
+    /// recorded: it never leaves the host, so there is nothing to move.
+    STAT_LOOPBACK_IGNORED = 28, "loopback_ignored";
+    /// A TCP connection whose two ends are sockets of this host (in one
+    /// network namespace) was not recorded, nor kept recorded at its
+    /// connecting end: it does not leave the host either.
+    STAT_LOCAL_PAIR_IGNORED = 29, "local_pair_ignored";
+    /// A connection or flow not recorded: its owner (a user, or the
+    /// connections accepted from other hosts) holds its budget of the map
+    /// already (`Budgets`), which leaves the rest to the others.
+    STAT_OWNER_BUDGET_FULL = 30, "owner_budget_full";
 }

@@ -18,6 +18,8 @@ mod hide;
 #[cfg(target_arch = "bpf")]
 mod maps;
 #[cfg(target_arch = "bpf")]
+mod owners;
+#[cfg(target_arch = "bpf")]
 mod sockops;
 #[cfg(target_arch = "bpf")]
 mod tc;

@@ -53,7 +53,9 @@ pub static VNAT_REBIND: HashMap<RebindKey, RebindValue> =
 pub struct Owner {
     pub cgroup_id: u64,
     pub pid: u32,
-    pub _pad: u32,
+    /// The connecting process's uid, whose budget the record counts
+    /// against (`owners`).
+    pub uid: u32,
     pub comm: [u8; 16],
 }
 

@@ -1,5 +1,6 @@
 //! sock_ops: record every TCP connection of an enabled cgroup when it is
-//! established, note its retransmission timeouts, forget it when it closes.
+//! established (but those that stay on this host, and beyond its owner's
+//! budget), note its retransmission timeouts, forget it when it closes.
 
 use aya_ebpf::{
     bindings::{
@@ -13,11 +14,13 @@ use aya_ebpf::{
 };
 use vnat_common::{
     ConnRecord, FlowKey, GuestKey, AF_INET, AF_INET6, ORIGIN_TCP_ACTIVE, ORIGIN_TCP_PASSIVE,
-    PROTO_TCP, STAT_CONNS_MAP_FULL, STAT_GUESTS_MAP_FULL, STAT_GUEST_RECORDED,
-    STAT_SOCKOPS_RECORDED, STAT_SOCKOPS_REMOVED, STAT_SOCKOPS_RTO,
+    OWNER_ACCEPTED, PROTO_TCP, STAT_CONNS_MAP_FULL, STAT_GUESTS_MAP_FULL, STAT_GUEST_RECORDED,
+    STAT_LOCAL_PAIR_IGNORED, STAT_LOOPBACK_IGNORED, STAT_SOCKOPS_RECORDED, STAT_SOCKOPS_REMOVED,
+    STAT_SOCKOPS_RTO,
 };
 
-use crate::maps::{count, netns_is_ours, VNAT_CONNECTING, VNAT_CONNS, VNAT_GUESTS};
+use crate::maps::{count, netns_is_ours, Owner, VNAT_CONNECTING, VNAT_CONNS, VNAT_GUESTS};
+use crate::owners::{charge, uncharge, Charge, VNAT_REFUSED_LOCAL};
 
 /// `TCP_CLOSE` from include/net/tcp_states.h.
 const TCP_CLOSE: u32 = 7;
@@ -96,6 +99,10 @@ fn key_of(ctx: &SockOpsContext) -> Option<FlowKey> {
     Some(key.unmapped())
 }
 
+// Each callback is a function of its own, not inlined into the entry
+// point: inlined, their frames added up beyond the verifier's 512 bytes
+// ("combined stack size of 3 calls is 608. Too large").
+#[inline(never)]
 fn on_established(ctx: &SockOpsContext, origin: u8) {
     // SAFETY: the context pointer is the argument the helper takes; the
     // verifier checks it at load time.
@@ -104,11 +111,86 @@ fn on_established(ctx: &SockOpsContext, origin: u8) {
     let Some(key) = key_of(ctx) else { return };
     // SAFETY: as above, the context pointer is the argument.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.ops as *mut _) };
+    // Who connected (nobody for an accepted connection), taken out of the
+    // map whatever becomes of the connection.
+    // SAFETY: aya marks `get` unsafe because the entry of a preallocated map
+    // (an LRU map always is) can be deleted and its memory reused for
+    // another key while we hold the reference. This entry is keyed by this
+    // socket's cookie: only the connect hook of this socket writes it (in
+    // connect(), before the handshake that ends here) and only this callback
+    // removes it, and it is copied out at once. An insert on another CPU
+    // that evicts it from a full map could still reuse it under us; the
+    // owner would then be another connection's, but the reference stays
+    // inside the map's memory, which the verifier checked, so nothing is
+    // read out of bounds.
+    let owner = unsafe { VNAT_CONNECTING.get(&cookie) }.copied();
+    if owner.is_some() {
+        let _ = VNAT_CONNECTING.remove(&cookie);
+    }
+    // Nothing that stays on this host is a connection to move: loopback
+    // (at either end, in any form), and the accepting end of a connection
+    // whose connecting end is a socket of this very namespace (whose own
+    // record goes too).
+    if key.is_loopback() {
+        count(STAT_LOOPBACK_IGNORED);
+        return;
+    }
+    if origin == ORIGIN_TCP_PASSIVE && local_pair(netns, ours, &key) {
+        count(STAT_LOCAL_PAIR_IGNORED);
+        return;
+    }
+    let uid = owner.map_or(OWNER_ACCEPTED, |o| o.uid);
+    let what = if ours { Charge::Tcp } else { Charge::Guest };
+    if !charge(uid, what) {
+        if origin == ORIGIN_TCP_ACTIVE {
+            note_refused(netns, &key);
+        }
+        return;
+    }
+    let seen = Seen {
+        netns,
+        cookie,
+        uid,
+        origin,
+        ours: ours as u8,
+        _pad: [0; 2],
+    };
+    if !store(ctx, &key, owner.as_ref(), &seen) {
+        uncharge(uid, what);
+        return;
+    }
+    // Ask for state-change callbacks so the record goes away on close, and
+    // for retransmission-timeout callbacks so that the daemon knows the
+    // sequence number to quote when it restarts the connection after an
+    // outage (see `on_rto`). Both cost nothing until they fire.
+    // A guest's RTO is no use to vnatd (its levers cannot reach it).
+    let rto = if ours { BPF_SOCK_OPS_RTO_CB_FLAG } else { 0 };
+    let flags = ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG | rto;
+    let _ = ctx.set_cb_flags(flags as i32);
+}
+
+/// What `on_established` learnt of a connection, for `store`.
+struct Seen {
+    netns: u64,
+    cookie: u64,
+    uid: u32,
+    origin: u8,
+    ours: u8,
+    _pad: [u8; 2],
+}
+
+/// Record the connection `key` (charged already): false if its map is
+/// full. A function of its own, not inlined, so that its record does not
+/// sit on the stack beside `on_established`'s and `local_pair`'s: the
+/// verifier refused the inlined form with "combined stack size of 2 calls
+/// is 528. Too large".
+#[inline(never)]
+fn store(ctx: &SockOpsContext, key: &FlowKey, owner: Option<&Owner>, seen: &Seen) -> bool {
     // SAFETY: a helper without arguments or preconditions.
     let now = unsafe { bpf_ktime_get_boot_ns() };
     let mut rec = ConnRecord {
-        cookie,
-        netns_cookie: netns,
+        cookie: seen.cookie,
+        netns_cookie: seen.netns,
         first_seen_ns: now,
         last_seen_ns: now,
         // SAFETY: 4-byte reads of sock_ops context fields, checked by the
@@ -118,7 +200,8 @@ fn on_established(ctx: &SockOpsContext, origin: u8) {
         snd_nxt: unsafe { (*ctx.ops).snd_nxt },
         // SAFETY: as for snd_nxt.
         rcv_nxt: unsafe { (*ctx.ops).rcv_nxt },
-        origin,
+        origin: seen.origin,
+        owner_uid: seen.uid,
         ..ConnRecord::default()
     };
     // Only the low 32 bits of the byte counters matter: sequence numbers
@@ -131,48 +214,43 @@ fn on_established(ctx: &SockOpsContext, origin: u8) {
         rec.snd_una_base = (*ops).snd_una.wrapping_sub((*ops).bytes_acked as u32);
         rec.rcv_nxt_base = (*ops).rcv_nxt.wrapping_sub((*ops).bytes_received as u32);
     }
-    // SAFETY: aya marks `get` unsafe because the entry of a preallocated map
-    // (an LRU map always is) can be deleted and its memory reused for
-    // another key while we hold the reference. This entry is keyed by this
-    // socket's cookie: only the connect hook of this socket writes it (in
-    // connect(), before the handshake that ends here) and only this callback
-    // removes it, and its three fields are copied out at once. An insert on another CPU that evicts it
-    // from a full map could still reuse it under us; the owner would then
-    // be another connection's, but the reference stays inside the map's
-    // memory, which the verifier checked, so nothing is read out of bounds.
-    if let Some(owner) = unsafe { VNAT_CONNECTING.get(&cookie) } {
-        rec.cgroup_id = owner.cgroup_id;
-        rec.pid = owner.pid;
-        rec.comm = owner.comm;
-        let _ = VNAT_CONNECTING.remove(&cookie);
+    if let Some(o) = owner {
+        rec.cgroup_id = o.cgroup_id;
+        rec.pid = o.pid;
+        rec.comm = o.comm;
     }
-    if !ours {
+    if seen.ours == 0 {
         // Another namespace's socket in an enabled cgroup: a container's,
         // or a namespace that is no guest of this host's at all (vnatd
         // tells them apart by the host's NAT). Kept apart by namespace.
         let guest = GuestKey {
-            netns_cookie: netns,
-            flow: key,
+            netns_cookie: seen.netns,
+            flow: *key,
         };
         if VNAT_GUESTS.insert(&guest, &rec, 0).is_err() {
             count(STAT_GUESTS_MAP_FULL);
-            return;
+            return false;
         }
         count(STAT_GUEST_RECORDED);
-    } else if VNAT_CONNS.insert(&key, &rec, 0).is_err() {
+    } else if VNAT_CONNS.insert(key, &rec, 0).is_err() {
         count(STAT_CONNS_MAP_FULL);
-        return;
+        return false;
     } else {
         count(STAT_SOCKOPS_RECORDED);
     }
-    // Ask for state-change callbacks so the record goes away on close, and
-    // for retransmission-timeout callbacks so that the daemon knows the
-    // sequence number to quote when it restarts the connection after an
-    // outage (see `on_rto`). Both cost nothing until they fire.
-    // A guest's RTO is no use to vnatd (its levers cannot reach it).
-    let rto = if ours { BPF_SOCK_OPS_RTO_CB_FLAG } else { 0 };
-    let flags = ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG | rto;
-    let _ = ctx.set_cb_flags(flags as i32);
+    true
+}
+
+/// Remember that this host's connection `key` went unrecorded for its
+/// owner's budget (see `VNAT_REFUSED_LOCAL`). Not inlined, for the stack,
+/// as `store`.
+#[inline(never)]
+fn note_refused(netns: u64, key: &FlowKey) {
+    let mine = GuestKey {
+        netns_cookie: netns,
+        flow: *key,
+    };
+    let _ = VNAT_REFUSED_LOCAL.insert(&mine, &1, 0);
 }
 
 /// A retransmission timeout (tcp_write_timeout, called by
@@ -187,6 +265,7 @@ fn on_established(ctx: &SockOpsContext, origin: u8) {
 /// is still snd_una when the daemon reads it; if an ACK advanced it since,
 /// the socket is out of backoff (icsk_retransmits is 0) or has timed out
 /// again and this ran again.
+#[inline(never)]
 fn on_rto(ctx: &SockOpsContext) {
     // A guest's socket is restarted by its own TCP (vnatd cannot reach it
     // from this namespace), and its tuple must not touch a host record.
@@ -222,6 +301,7 @@ fn on_rto(ctx: &SockOpsContext) {
     count(STAT_SOCKOPS_RTO);
 }
 
+#[inline(never)]
 fn on_state(ctx: &SockOpsContext) {
     // arg(1) is the new state.
     if ctx.arg(1) != TCP_CLOSE {
@@ -235,10 +315,58 @@ fn on_state(ctx: &SockOpsContext) {
             netns_cookie: netns,
             flow: key,
         };
-        let _ = VNAT_GUESTS.remove(&guest);
+        // SAFETY: VNAT_GUESTS is not preallocated; the owner is copied out
+        // at once (a record replaced meanwhile only gives the charge back
+        // to another owner, which the recount corrects).
+        let uid = unsafe { VNAT_GUESTS.get(&guest) }.map(|r| r.owner_uid);
+        if let Some(uid) = uid {
+            if VNAT_GUESTS.remove(&guest).is_ok() {
+                uncharge(uid, Charge::Guest);
+            }
+        }
         return;
     }
-    if VNAT_CONNS.remove(&key).is_ok() {
-        count(STAT_SOCKOPS_REMOVED);
+    // SAFETY: as above, for VNAT_CONNS.
+    let uid = unsafe { VNAT_CONNS.get(&key) }.map(|r| r.owner_uid);
+    if let Some(uid) = uid {
+        if VNAT_CONNS.remove(&key).is_ok() {
+            uncharge(uid, Charge::Tcp);
+            count(STAT_SOCKOPS_REMOVED);
+        }
     }
+}
+
+/// Whether the connection just accepted (`key`, from the accepting end)
+/// was made by a socket of the same namespace: its connecting end's
+/// record, or its refusal, is there under the reversed tuple (the
+/// connecting end's callback runs before it sends the ACK that completes
+/// the accepting end). That record goes, its charge given back. Not
+/// inlined, for the stack, as `store`.
+#[inline(never)]
+fn local_pair(netns: u64, ours: bool, key: &FlowKey) -> bool {
+    let theirs = GuestKey {
+        netns_cookie: netns,
+        flow: key.reversed(),
+    };
+    if VNAT_REFUSED_LOCAL.remove(&theirs).is_ok() {
+        return true;
+    }
+    if ours {
+        // SAFETY: as in `on_state`: copied out at once.
+        let Some(uid) = (unsafe { VNAT_CONNS.get(&theirs.flow) }).map(|r| r.owner_uid) else {
+            return false;
+        };
+        if VNAT_CONNS.remove(&theirs.flow).is_ok() {
+            uncharge(uid, Charge::Tcp);
+        }
+    } else {
+        // SAFETY: as above.
+        let Some(uid) = (unsafe { VNAT_GUESTS.get(&theirs) }).map(|r| r.owner_uid) else {
+            return false;
+        };
+        if VNAT_GUESTS.remove(&theirs).is_ok() {
+            uncharge(uid, Charge::Guest);
+        }
+    }
+    true
 }

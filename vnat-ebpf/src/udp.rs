@@ -12,7 +12,8 @@ use aya_ebpf::{
     bindings::{bpf_sock, bpf_sock_addr},
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
-        bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_ktime_get_boot_ns,
+        bpf_get_current_uid_gid, bpf_get_netns_cookie, bpf_get_socket_cookie,
+        bpf_ktime_get_boot_ns,
     },
     macros::{cgroup_sock, cgroup_sock_addr, map},
     maps::{Array, LruHashMap},
@@ -21,12 +22,13 @@ use aya_ebpf::{
 use vnat_common::{
     v4_of_mapped, v4_of_mapped_or_any, ConnRecord, FlowKey, GuestKey, UdpPending, AF_INET,
     AF_INET6, ORIGIN_UDP_CONNECT, ORIGIN_UDP_RECVMSG, ORIGIN_UDP_SENDMSG, PROTO_UDP,
-    STAT_CONNS_MAP_FULL, STAT_GUESTS_MAP_FULL, STAT_GUEST_RECORDED, STAT_OTHER_NETNS,
-    STAT_UDP_BUDGET_FULL, STAT_UDP_RECORDED, STAT_UDP_SOCKET_FULL, UDP_DIR_RECV, UDP_DIR_SEND,
-    UDP_MAX_RECORDS, UDP_PENDING_MAX_ENTRIES, UDP_PER_SOCKET_MAX, UDP_REFRESH_NS,
+    STAT_CONNS_MAP_FULL, STAT_GUESTS_MAP_FULL, STAT_GUEST_RECORDED, STAT_LOOPBACK_IGNORED,
+    STAT_OTHER_NETNS, STAT_UDP_BUDGET_FULL, STAT_UDP_RECORDED, STAT_UDP_SOCKET_FULL, UDP_DIR_RECV,
+    UDP_DIR_SEND, UDP_PENDING_MAX_ENTRIES, UDP_PER_SOCKET_MAX, UDP_REFRESH_NS,
 };
 
 use crate::maps::{count, netns_is_ours, Owner, VNAT_CONNECTING, VNAT_CONNS, VNAT_GUESTS};
+use crate::owners::{charge, udp_total, uncharge, Charge};
 
 const IPPROTO_UDP: u32 = 17;
 const IPPROTO_TCP: u32 = 6;
@@ -44,7 +46,7 @@ pub static VNAT_UDP_PENDING: LruHashMap<u64, UdpPending> =
 static VNAT_UDP_SOCKS: LruHashMap<u64, FlowKey> = LruHashMap::with_max_entries(65_536, 0);
 
 /// How many UDP records VNAT_CONNS holds (one slot), against
-/// `UDP_MAX_RECORDS`; vnatd recounts it at every housekeeping pass, which
+/// UDP's share (`owners::udp_total`); vnatd recounts it at every housekeeping pass, which
 /// also corrects what concurrent updates here may miss.
 #[map]
 pub static VNAT_UDP_COUNT: Array<u64> = Array::pinned(1, 0);
@@ -140,7 +142,9 @@ fn note_tcp_owner(ctx: &SockAddrContext) {
         // SAFETY: no arguments; sock_addr hooks run in the calling process.
         cgroup_id: unsafe { bpf_get_current_cgroup_id() },
         pid: (bpf_get_current_pid_tgid() >> 32) as u32,
-        _pad: 0,
+        // The low half is the uid (in the initial user namespace, so a
+        // user namespace gives no new one).
+        uid: bpf_get_current_uid_gid() as u32,
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
     };
     let _ = VNAT_CONNECTING.insert(&cookie, &owner, 0);
@@ -172,8 +176,15 @@ pub fn vnat_udp_release(ctx: SockContext) -> i32 {
     // memory in any case, so nothing is read out of bounds.
     if let Some(key) = unsafe { VNAT_UDP_SOCKS.get(&cookie) } {
         let key = *key;
-        if VNAT_CONNS.remove(&key).is_ok() {
-            udp_count_add(u64::MAX);
+        // SAFETY: VNAT_CONNS is not preallocated; the owner is copied out
+        // at once (a record replaced meanwhile only gives the charge back
+        // to another owner, which vnatd's recount corrects).
+        let owner = unsafe { VNAT_CONNS.get(&key) }.map(|r| r.owner_uid);
+        if let Some(owner) = owner {
+            if VNAT_CONNS.remove(&key).is_ok() {
+                udp_count_add(u64::MAX);
+                uncharge(owner, Charge::Udp);
+            }
         }
         let _ = VNAT_UDP_SOCKS.remove(&cookie);
     }
@@ -310,6 +321,12 @@ fn record(ctx: &SockAddrContext, family: u8, origin: u8) {
         // An AF_INET socket with an IPv6 peer: the kernel refuses it anyway.
         _ => return,
     }
+    // Loopback never leaves the host: nothing to move (and a local user
+    // once filled the map with it).
+    if key.is_loopback() {
+        count(STAT_LOOPBACK_IGNORED);
+        return;
+    }
     // SAFETY: a helper without arguments or preconditions.
     let now = unsafe { bpf_ktime_get_boot_ns() };
     let dir = if origin == ORIGIN_UDP_RECVMSG {
@@ -358,7 +375,7 @@ fn record(ctx: &SockAddrContext, family: u8, origin: u8) {
     // Separate budgets: UDP records never take the room TCP's need, and
     // one socket (a server receiving from spoofed sources) never takes all
     // of UDP's. Both checks may let a few more in under concurrent inserts.
-    if VNAT_UDP_COUNT.get(0).is_some_and(|n| *n >= UDP_MAX_RECORDS) {
+    if VNAT_UDP_COUNT.get(0).is_some_and(|n| *n >= udp_total()) {
         count(STAT_UDP_BUDGET_FULL);
         return;
     }
@@ -371,7 +388,12 @@ fn record(ctx: &SockAddrContext, family: u8, origin: u8) {
         count(STAT_UDP_SOCKET_FULL);
         return;
     }
+    // And one user never takes all of UDP's (`owners`).
+    if !charge(rec.owner_uid, Charge::Udp) {
+        return;
+    }
     if VNAT_CONNS.insert(&key, &rec, 0).is_err() {
+        uncharge(rec.owner_uid, Charge::Udp);
         count(STAT_CONNS_MAP_FULL);
         return;
     }
@@ -402,7 +424,11 @@ fn record_guest(sa: *mut bpf_sock_addr, netns: u64, key: FlowKey, now: u64, orig
         return;
     }
     let rec = new_record(sa, netns, now, origin, UDP_DIR_SEND);
+    if !charge(rec.owner_uid, Charge::Guest) {
+        return;
+    }
     if VNAT_GUESTS.insert(&guest, &rec, 0).is_err() {
+        uncharge(rec.owner_uid, Charge::Guest);
         count(STAT_GUESTS_MAP_FULL);
         return;
     }
@@ -426,6 +452,8 @@ fn new_record(sa: *mut bpf_sock_addr, netns: u64, now: u64, origin: u8, dir: u8)
         origin,
         udp_dirs: dir,
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
+        // The low half is the uid, in the initial user namespace.
+        owner_uid: bpf_get_current_uid_gid() as u32,
         ..ConnRecord::default()
     }
 }

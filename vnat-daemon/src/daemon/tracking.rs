@@ -60,6 +60,9 @@ pub struct Tracking {
     anchors: HashMap<VirtualFlow, IpAddr>,
     /// Each tracked connection's cgroup id, for its conflict policy.
     cgroup_of: HashMap<VirtualFlow, u64>,
+    /// The routed containers' addresses whose VCMP datagrams the datapath
+    /// was last told to deliver here (`Datapath::receive_vcmp_at`).
+    pub receiving_vcmp_at: std::collections::BTreeSet<IpAddr>,
 }
 
 impl Tracking {
@@ -200,6 +203,11 @@ impl Tracking {
 
     pub fn anchor(&self, flow: &VirtualFlow) -> Option<IpAddr> {
         self.anchors.get(flow).copied()
+    }
+
+    /// The routed containers' connections (those with an anchor).
+    pub fn routed(&self) -> impl Iterator<Item = &VirtualFlow> {
+        self.anchors.keys()
     }
 
     /// Each live connection's cgroup id (0: unknown).

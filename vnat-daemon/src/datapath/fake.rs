@@ -39,6 +39,8 @@ pub struct FakeDatapath {
     pub diverting: BTreeSet<std::net::IpAddr>,
     /// Datagrams sent with [`Datapath::send_in_band`]: (from, to, payload).
     pub sent_in_band: Vec<(std::net::SocketAddr, std::net::SocketAddr, Vec<u8>)>,
+    /// Guest addresses whose VCMP datagrams vnatd receives (`receive_vcmp_at`).
+    pub receiving_vcmp_at: BTreeSet<std::net::IpAddr>,
     /// Flows asked to restart ([`Datapath::restart_flow`],
     /// [`Datapath::kick_flow`]) and to solicit an ACK, in order.
     pub restarted: Vec<VirtualFlow>,
@@ -159,6 +161,20 @@ impl Datapath for FakeDatapath {
         Ok(None)
     }
 
+    /// The pid listed for the connection (the fake has no sockets).
+    fn socket_holder(&mut self, flow: &VirtualFlow) -> Result<Option<u32>, DatapathError> {
+        self.take_failure()?;
+        Ok(self
+            .connections()?
+            .into_iter()
+            .find(|c| {
+                c.proto == flow.proto
+                    && c.virtual_local == flow.local
+                    && c.virtual_remote == flow.remote
+            })
+            .and_then(|c| c.pid))
+    }
+
     fn set_user_timeout(
         &mut self,
         flow: &VirtualFlow,
@@ -274,6 +290,18 @@ impl Datapath for FakeDatapath {
             return Err(e);
         }
         self.sent_in_band.push((local, remote, payload.to_vec()));
+        Ok(())
+    }
+
+    fn receive_vcmp_at(
+        &mut self,
+        addrs: &BTreeSet<std::net::IpAddr>,
+        _vcmp_port: u16,
+    ) -> Result<(), DatapathError> {
+        if let Some(e) = self.fail_next.take() {
+            return Err(e);
+        }
+        self.receiving_vcmp_at = addrs.clone();
         Ok(())
     }
 

@@ -187,6 +187,14 @@ pub trait Datapath {
         flow: &VirtualFlow,
     ) -> Result<Option<std::os::fd::OwnedFd>, DatapathError>;
 
+    /// The process that holds `flow`'s TCP socket now: the one recorded at
+    /// connect() if it still holds the socket (checked by its inode in the
+    /// process's descriptors), else the first found holding it. `None` if
+    /// there is no such socket or holder. A pid recorded at connect() alone
+    /// proves nothing: the process may have handed the socket on, or died
+    /// and its pid gone to another process.
+    fn socket_holder(&mut self, flow: &VirtualFlow) -> Result<Option<u32>, DatapathError>;
+
     /// Reset the connection `flow` of this host (SOCK_DESTROY: its
     /// application sees ECONNABORTED, a TCP peer gets a reset), for a
     /// conflict whose policy is to preempt it. Returns false if no such
@@ -226,6 +234,16 @@ pub trait Datapath {
         local: std::net::SocketAddr,
         remote: std::net::SocketAddr,
         payload: &[u8],
+    ) -> Result<(), DatapathError>;
+
+    /// Deliver to vnatd the UDP datagrams to `vcmp_port` of exactly these
+    /// addresses of routed containers (a peer's PROVE that this host
+    /// receives at a guest's address, `vnat_vcmp` `proof`), which would
+    /// otherwise be forwarded to the guest; none for the others.
+    fn receive_vcmp_at(
+        &mut self,
+        addrs: &std::collections::BTreeSet<std::net::IpAddr>,
+        vcmp_port: u16,
     ) -> Result<(), DatapathError>;
 
     /// The calls up to [`Datapath::end_batch`] are one batch of work, made

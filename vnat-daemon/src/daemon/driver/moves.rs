@@ -108,11 +108,39 @@ impl Driver {
             })
             .await;
         }
+        self.receive_proofs_for_guests(port).await;
         if seen_at >= self.next_orphan_check {
             self.next_orphan_check = seen_at + ORPHAN_CHECK_INTERVAL;
             self.remove_orphans(&live).await;
         }
         self.plan_and_move().await
+    }
+
+    /// While a routed container's connection waits to be bound, its peer
+    /// asks for proof that this host receives at the container's address
+    /// (a PROVE sent there, `vnat_vcmp` `proof`): have the datapath deliver
+    /// VCMP datagrams to exactly those addresses here.
+    async fn receive_proofs_for_guests(&mut self, port: u16) {
+        let want: std::collections::BTreeSet<IpAddr> = self
+            .tracking
+            .routed()
+            .filter(|f| {
+                self.endpoint
+                    .connection(f)
+                    .is_some_and(|c| c.peer_key.is_none())
+            })
+            .map(|f| f.local.ip())
+            .collect();
+        if want == self.tracking.receiving_vcmp_at {
+            return;
+        }
+        let asked = want.clone();
+        match with_dp(&self.dp, move |dp| dp.receive_vcmp_at(&asked, port)).await {
+            Ok(()) => self.tracking.receiving_vcmp_at = want,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot receive VCMP at routed containers' addresses: their connections may stay not mobile")
+            }
+        }
     }
 
     /// The connections under `preempt_cgroups` (`daemon::conflict`) when

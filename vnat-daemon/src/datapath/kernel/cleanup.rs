@@ -173,6 +173,26 @@ fn rules(r: &mut Report) {
         }
         Err(e) => r.failed(Kind::Rule, "list vnat's last-resort rules".into(), e),
     }
+    match super::intercept::intercepted() {
+        Ok(all) => {
+            for (addr, port) in all {
+                let what = format!(
+                    "rule to {addr} ipproto udp dport {port} lookup {} priority {}",
+                    super::intercept::INTERCEPT_TABLE,
+                    super::intercept::INTERCEPT_PRIORITY
+                );
+                match super::intercept::remove(addr, port) {
+                    Ok(()) => r.done(Kind::Rule, format!("removed {what}")),
+                    Err(e) => r.failed(Kind::Rule, format!("remove {what}"), e),
+                }
+            }
+        }
+        Err(e) => r.failed(
+            Kind::Rule,
+            "list vnat's rules for routed containers' VCMP".into(),
+            e,
+        ),
+    }
 }
 
 fn sink(r: &mut Report) {

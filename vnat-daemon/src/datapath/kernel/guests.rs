@@ -131,8 +131,37 @@ impl KernelDatapath {
         let on_links = net::interface_addrs()?;
         let on_lo = net::lo_addrs()?;
         let now = std::time::Instant::now();
+        // The sources of wildcard-bound UDP sockets not known yet: one
+        // thread per namespace asks them all, and at most
+        // [`SOURCES_PER_PASS`] are asked per listing (the others at the
+        // next); never a thread per (process, peer).
+        let mut wanted: HashMap<u32, Vec<IpAddr>> = HashMap::new();
+        let mut n = 0;
+        for (gkey, rec) in &all {
+            if n >= SOURCES_PER_PASS {
+                break;
+            }
+            let Some(private) = VirtualFlow::from_key(&gkey.flow) else {
+                continue;
+            };
+            if private.local.ip().is_unspecified()
+                && !state.sources.contains_key(&(rec.pid, private.remote.ip()))
+            {
+                let dsts = wanted.entry(rec.pid).or_default();
+                if !dsts.contains(&private.remote.ip()) {
+                    dsts.push(private.remote.ip());
+                    n += 1;
+                }
+            }
+        }
+        for (pid, dsts) in wanted {
+            for (dst, src) in dsts.iter().zip(sources_in(pid, &dsts)) {
+                state.sources.insert((pid, *dst), src);
+            }
+        }
         let mut candidates = Vec::new();
         let mut out = Vec::new();
+        let mut judged = 0;
         for (gkey, rec) in all {
             let Some(mut private) = VirtualFlow::from_key(&gkey.flow) else {
                 continue;
@@ -140,13 +169,10 @@ impl KernelDatapath {
             if private.local.ip().is_unspecified() {
                 // A UDP socket bound to the wildcard address: its datagrams
                 // leave from the address its namespace routes from.
-                let src = *state
-                    .sources
-                    .entry((rec.pid, private.remote.ip()))
-                    .or_insert_with(|| source_in(rec.pid, private.remote.ip()));
-                match src {
-                    Some(ip) => private.local = SocketAddr::new(ip, private.local.port()),
-                    None => continue,
+                // Not asked yet (beyond this pass's share): listed later.
+                match state.sources.get(&(rec.pid, private.remote.ip())) {
+                    Some(Some(ip)) => private.local = SocketAddr::new(*ip, private.local.port()),
+                    _ => continue,
                 }
             }
             let stale = match state.verdicts.get(&gkey) {
@@ -157,6 +183,9 @@ impl KernelDatapath {
                 Some(Verdict::Ours { pinned, dir, .. }) => !pinned && *dir == Direction::Out,
                 Some(Verdict::Routed { .. }) => false,
             };
+            // Bounded work per listing: the others are judged at the next.
+            let stale = stale && judged < JUDGED_PER_PASS;
+            judged += usize::from(stale);
             if stale {
                 let was_vouched = matches!(
                     state.verdicts.get(&gkey),
@@ -384,23 +413,18 @@ impl KernelDatapath {
             .filter_map(Result::ok)
             .filter(|(k, _)| k.flow.proto == PROTO_UDP)
             .collect();
-        let mut sockets: HashMap<u32, Vec<(SocketAddr, SocketAddr)>> = HashMap::new();
+        // Each process's namespace read once, its sockets by port.
+        let mut sockets: HashMap<u32, listing::UdpSockets> = HashMap::new();
         for (k, rec) in udp {
             let Some((local, remote)) = key_endpoints(&k.flow) else {
                 continue;
             };
             let theirs = sockets.entry(rec.pid).or_insert_with(|| {
-                procfs::socket_inodes_in(&format!("/proc/{}/net", rec.pid))
-                    .into_keys()
-                    .filter(|(p, _, _)| *p == Proto::Udp)
-                    .map(|(_, l, r)| (l, r))
-                    .collect()
+                listing::udp_sockets_by_port(
+                    procfs::socket_inodes_in(&format!("/proc/{}/net", rec.pid)).into_keys(),
+                )
             });
-            let alive = theirs.iter().any(|(l, r)| {
-                l.port() == local.port()
-                    && (l.ip() == local.ip() || l.ip().is_unspecified())
-                    && (r.port() == 0 || *r == remote)
-            });
+            let (alive, _) = listing::udp_socket_of(theirs, local, remote);
             if !alive {
                 let _ = self.loaded.maps.guests.remove(&k);
             }
@@ -408,22 +432,36 @@ impl KernelDatapath {
     }
 }
 
-/// The source address the network namespace of process `pid` sends from
-/// to `dst` (its route's preferred source), asked from a thread that
-/// enters that namespace; `None` if the process is gone or has no route.
-fn source_in(pid: u32, dst: IpAddr) -> Option<IpAddr> {
+/// Wildcard sources asked per listing at most (`KernelDatapath::guests`).
+const SOURCES_PER_PASS: usize = 256;
+
+/// Guests' connections judged (conntrack, routes, namespaces) per listing
+/// at most (`KernelDatapath::guests`).
+const JUDGED_PER_PASS: usize = 512;
+
+/// The source addresses the network namespace of process `pid` sends
+/// from to each of `dsts` (its routes' preferred source), asked from one
+/// thread that enters that namespace; `None` where the process is gone or
+/// has no route.
+fn sources_in(pid: u32, dsts: &[IpAddr]) -> Vec<Option<IpAddr>> {
+    let none = || vec![None; dsts.len()];
     if pid == 0 {
-        return None;
+        return none();
     }
-    let ns = std::fs::File::open(format!("/proc/{pid}/ns/net")).ok()?;
+    let Ok(ns) = std::fs::File::open(format!("/proc/{pid}/ns/net")) else {
+        return none();
+    };
     std::thread::scope(|s| {
         s.spawn(|| {
-            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).ok()?;
-            net::route_get(dst, None).ok()?.prefsrc
+            if nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).is_err() {
+                return none();
+            }
+            dsts.iter()
+                .map(|d| net::route_get(*d, None).ok().and_then(|r| r.prefsrc))
+                .collect()
         })
         .join()
-        .ok()
-        .flatten()
+        .unwrap_or_else(|_| none())
     })
 }
 

@@ -6,20 +6,34 @@ use vnat_common::{
     GuestKey, ORIGIN_TCP_ADOPTED, ORIGIN_UDP_ADOPTED, ORIGIN_UDP_RECVMSG, UDP_DIR_RECV, UDP_IDLE_NS,
 };
 
+use super::budgets;
+
 use crate::datapath::GuestInfo;
 
 impl KernelDatapath {
     /// Complete UDP flows whose connect() ran before the socket had a local
-    /// port; drop UDP records whose socket is gone, and those of a source
-    /// the socket has only ever received from, idle for [`UDP_IDLE_NS`] (a
-    /// spoofed source's; a peer this host answered is kept while its socket
-    /// lives, as before); then recount the UDP records, in
-    /// all and per socket, for the eBPF recorders' budgets. The daemon calls
-    /// this periodically; `connections()` shows pending flows either way.
+    /// port (within their owner's budget); drop UDP records whose socket is
+    /// gone, and those of an unconnected socket idle for [`UDP_IDLE_NS`]
+    /// (a spoofed source's, or a peer sent to once: a local user's
+    /// `sendto` to many addresses leaves no record behind for long); then
+    /// recount the UDP records, in all and per socket, and what every
+    /// owner holds, for the eBPF recorders' budgets. The daemon calls this
+    /// periodically; `connections()` shows pending flows either way.
+    ///
+    /// The sockets are indexed by local port, so the pass costs the
+    /// records plus the sockets, not their product.
     pub fn sync_udp(&mut self) -> Result<(), DatapathError> {
         let completed = self.completed_udp(true);
+        let mut granted: StdHashMap<(u32, bool), u32> = StdHashMap::new();
         for (cookie, key, rec) in completed {
-            if rec.netns_cookie == self.loaded.netns_cookie {
+            let _ = self.loaded.maps.udp_pending.remove(&cookie);
+            let guest = rec.netns_cookie != self.loaded.netns_cookie;
+            let taken = granted.entry((rec.owner_uid, guest)).or_default();
+            if *taken >= self.udp_room(rec.owner_uid, guest) {
+                continue;
+            }
+            *taken += 1;
+            if !guest {
                 let _ = self.loaded.maps.conns.insert(key, rec, 0);
             } else {
                 let guest = GuestKey {
@@ -28,35 +42,29 @@ impl KernelDatapath {
                 };
                 let _ = self.loaded.maps.guests.insert(guest, rec, 0);
             }
-            let _ = self.loaded.maps.udp_pending.remove(&cookie);
         }
         self.drop_closed_udp_guests();
-        let sockets = procfs::socket_inodes();
+        let sockets = udp_sockets_by_port(procfs::socket_inodes().into_keys());
         let translated: std::collections::HashSet<FlowKey> =
             self.egress_entries()?.iter().map(|(k, _)| *k).collect();
         let now_ns = boottime_ns();
-        let udp: Vec<(FlowKey, ConnRecord)> = self
+        let all: Vec<(FlowKey, ConnRecord)> = self
             .loaded
             .maps
             .conns
             .iter()
             .filter_map(Result::ok)
-            .filter(|(k, _)| k.proto == PROTO_UDP)
             .collect();
+        let udp: Vec<&(FlowKey, ConnRecord)> =
+            all.iter().filter(|(k, _)| k.proto == PROTO_UDP).collect();
         let mut stale = std::collections::HashSet::new();
         let mut per_sock: StdHashMap<u64, u32> = StdHashMap::new();
         for (k, rec) in &udp {
             let Some((local, remote)) = key_endpoints(k) else {
                 continue;
             };
-            let alive = sockets.keys().any(|(p, l, r)| {
-                *p == Proto::Udp
-                    && l.port() == local.port()
-                    && (l.ip() == local.ip() || l.ip().is_unspecified())
-                    && (r.port() == 0 || *r == remote)
-            });
-            let idle = rec.origin == ORIGIN_UDP_RECVMSG
-                && rec.udp_dirs == UDP_DIR_RECV
+            let (alive, connected) = udp_socket_of(&sockets, local, remote);
+            let idle = !connected
                 && now_ns.saturating_sub(rec.last_seen_ns) > UDP_IDLE_NS
                 && !translated.contains(k);
             if !alive || idle {
@@ -87,7 +95,22 @@ impl KernelDatapath {
                 }
             }
         }
-        Ok(())
+        // What every owner holds now.
+        let guests: Vec<ConnRecord> = self
+            .loaded
+            .maps
+            .guests
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(_, r)| r)
+            .collect();
+        let counts = budgets::count_records(
+            all.iter()
+                .filter(|(k, _)| !stale.contains(k))
+                .map(|(k, r)| (k.proto, r)),
+            guests.iter(),
+        );
+        self.write_owner_counts(&counts)
     }
 
     /// Pending UDP connects matched to their now-bound socket: the socket in
@@ -107,7 +130,20 @@ impl KernelDatapath {
         if pending.is_empty() {
             return Vec::new();
         }
-        let sockets = procfs::socket_inodes();
+        // UDP sockets by peer, this namespace's and each guest process's
+        // (read once per pass, not once per pending flow).
+        type ByPeer = StdHashMap<SocketAddr, Vec<(SocketAddr, u64)>>;
+        let by_peer = |all: StdHashMap<(Proto, SocketAddr, SocketAddr), u64>| -> ByPeer {
+            let mut m: ByPeer = StdHashMap::new();
+            for ((p, l, r), inode) in all {
+                if p == Proto::Udp {
+                    m.entry(r).or_default().push((l, inode));
+                }
+            }
+            m
+        };
+        let sockets = by_peer(procfs::socket_inodes());
+        let mut theirs: StdHashMap<u32, ByPeer> = StdHashMap::new();
         let owners = procfs::inode_owners();
         let mut out = Vec::new();
         for (cookie, p) in pending {
@@ -115,19 +151,22 @@ impl KernelDatapath {
                 continue;
             };
             // A guest's socket is in its own namespace: its process's view.
-            let theirs;
             let sockets = if p.record.netns_cookie == own {
                 &sockets
             } else {
-                theirs = procfs::socket_inodes_in(&format!("/proc/{}/net", p.record.pid));
-                &theirs
+                theirs.entry(p.record.pid).or_insert_with(|| {
+                    by_peer(procfs::socket_inodes_in(&format!(
+                        "/proc/{}/net",
+                        p.record.pid
+                    )))
+                })
             };
             let matches: Vec<SocketAddr> = sockets
-                .iter()
-                .filter(|((proto, _, r), inode)| {
-                    *proto == Proto::Udp && *r == remote && owners.get(inode) == Some(&p.record.pid)
-                })
-                .map(|((_, l, _), _)| *l)
+                .get(&remote)
+                .into_iter()
+                .flatten()
+                .filter(|(_, inode)| owners.get(inode) == Some(&p.record.pid))
+                .map(|(l, _)| *l)
                 .collect();
             if let [local] = matches[..] {
                 let key = crate::datapath::flow_key(Proto::Udp, local, remote);
@@ -171,8 +210,13 @@ impl KernelDatapath {
         let mut out = Vec::with_capacity(records.len());
         // A UDP socket bound to the wildcard address records 0.0.0.0 / :: as
         // its local address; its packets carry the source the kernel routes
-        // from, which is what a translation must match.
-        let mut sources: StdHashMap<IpAddr, Option<IpAddr>> = StdHashMap::new();
+        // from, which is what a translation must match. Asked once per peer
+        // and kept for [`SOURCE_TTL`] across listings (each resync lists):
+        // a user's wildcard socket sending to thousands of peers costs a
+        // route lookup per peer now and then, not per listing.
+        let mut cache = self.listing.borrow_mut();
+        let now = std::time::Instant::now();
+        cache.sources.retain(|_, (_, at)| now.duration_since(*at) < SOURCE_TTL);
         // One process usually owns many connections: read its /proc entries
         // once per listing, not once per connection.
         let mut procs: StdHashMap<u32, (Option<String>, Option<String>)> = StdHashMap::new();
@@ -189,9 +233,16 @@ impl KernelDatapath {
             };
             if flow.local.ip().is_unspecified() {
                 let remote = flow.remote.ip();
-                let src = *sources
+                let src = cache
+                    .sources
                     .entry(remote)
-                    .or_insert_with(|| net::route_get(remote, None).ok().and_then(|r| r.prefsrc));
+                    .or_insert_with(|| {
+                        (
+                            net::route_get(remote, None).ok().and_then(|r| r.prefsrc),
+                            now,
+                        )
+                    })
+                    .0;
                 match src {
                     Some(ip) => flow.local = SocketAddr::new(ip, flow.local.port()),
                     None => continue,
@@ -275,6 +326,18 @@ impl KernelDatapath {
     }
 }
 
+/// What listings keep between them (`KernelDatapath::list`).
+#[derive(Default)]
+pub(super) struct ListingCache {
+    /// The source address the kernel routes from to a peer, and when it
+    /// was asked.
+    sources: StdHashMap<IpAddr, (Option<IpAddr>, std::time::Instant)>,
+}
+
+/// How long a source address found for a peer is used. Short: after a
+/// move the answer changes, and the listing must follow within a resync.
+const SOURCE_TTL: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// CLOCK_BOOTTIME in ns, the clock the eBPF side stamps records with.
 pub(super) fn boottime_ns() -> u64 {
     let mut ts = libc::timespec {
@@ -285,4 +348,87 @@ pub(super) fn boottime_ns() -> u64 {
     // a live local; CLOCK_BOOTTIME exists on every Linux vnat runs on.
     unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// UDP sockets by local port: (local, remote) of each, the remote
+/// unspecified (port 0) for an unconnected one.
+pub(super) type UdpSockets = StdHashMap<u16, Vec<(SocketAddr, SocketAddr)>>;
+
+pub(super) fn udp_sockets_by_port(
+    sockets: impl IntoIterator<Item = (Proto, SocketAddr, SocketAddr)>,
+) -> UdpSockets {
+    let mut out: UdpSockets = StdHashMap::new();
+    for (p, l, r) in sockets {
+        if p == Proto::Udp {
+            out.entry(l.port()).or_default().push((l, r));
+        }
+    }
+    out
+}
+
+/// Whether a UDP socket holds the flow `local` to `remote` (on that
+/// address or the wildcard, connected to that peer or to none), and
+/// whether one is connected to exactly that peer.
+pub(super) fn udp_socket_of(
+    sockets: &UdpSockets,
+    local: SocketAddr,
+    remote: SocketAddr,
+) -> (bool, bool) {
+    let mut alive = false;
+    let mut connected = false;
+    for (l, r) in sockets.get(&local.port()).into_iter().flatten() {
+        if l.ip() == local.ip() || l.ip().is_unspecified() {
+            if *r == remote {
+                alive = true;
+                connected = true;
+            } else if r.port() == 0 {
+                alive = true;
+            }
+        }
+    }
+    (alive, connected)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn a(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_udp_record_is_found_by_port_among_many_sockets() {
+        let mut all: Vec<(Proto, SocketAddr, SocketAddr)> = (0..5000u16)
+            .map(|i| (Proto::Udp, a(&format!("10.0.0.1:{}", 20000 + i)), a("0.0.0.0:0")))
+            .collect();
+        all.push((Proto::Udp, a("10.0.0.1:5060"), a("198.18.1.2:40000")));
+        all.push((Proto::Udp, a("0.0.0.0:53"), a("0.0.0.0:0")));
+        all.push((Proto::Tcp, a("10.0.0.1:7000"), a("198.18.1.2:1")));
+        let s = udp_sockets_by_port(all);
+        // Connected to that peer.
+        assert_eq!(
+            udp_socket_of(&s, a("10.0.0.1:5060"), a("198.18.1.2:40000")),
+            (true, true)
+        );
+        // Connected to another peer: not this flow's socket.
+        assert_eq!(
+            udp_socket_of(&s, a("10.0.0.1:5060"), a("198.18.1.3:40000")),
+            (false, false)
+        );
+        // Unconnected, on the wildcard: alive, not connected.
+        assert_eq!(
+            udp_socket_of(&s, a("10.0.0.9:53"), a("198.18.1.3:1")),
+            (true, false)
+        );
+        assert_eq!(
+            udp_socket_of(&s, a("10.0.0.1:24999"), a("203.0.113.1:9")),
+            (true, false)
+        );
+        // No socket there; TCP sockets do not count.
+        assert_eq!(
+            udp_socket_of(&s, a("10.0.0.1:7000"), a("198.18.1.2:1")),
+            (false, false)
+        );
+    }
 }

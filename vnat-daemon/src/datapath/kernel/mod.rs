@@ -4,6 +4,7 @@
 
 mod adopt;
 mod attach;
+mod budgets;
 pub mod check;
 pub mod cleanup;
 mod clsact;
@@ -12,6 +13,7 @@ pub mod fault;
 pub mod features;
 mod guests;
 mod hide;
+mod intercept;
 mod kept;
 mod levers;
 mod listing;
@@ -27,6 +29,7 @@ mod reconcile;
 mod restart;
 mod routing;
 mod rtnl;
+mod sizes;
 pub mod sysctls;
 pub mod testrun;
 mod translate;
@@ -105,6 +108,8 @@ pub struct KernelDatapath {
     /// Containers' connections: which NAT entries are pinned, which public
     /// flows are guests' (`guests.rs`).
     guests: std::cell::RefCell<guests::GuestState>,
+    /// What listings keep between them (`listing.rs`).
+    listing: std::cell::RefCell<listing::ListingCache>,
     /// This process's copy of the two NAT maps, read from the pins at open
     /// and kept in step with every write (only this process writes them;
     /// the programs only read). Deciding whether anything else still needs
@@ -194,6 +199,7 @@ impl KernelDatapath {
             egress_via: StdHashMap::new(),
             kept: Default::default(),
             guests: Default::default(),
+            listing: Default::default(),
             mirror: Default::default(),
             nat_empty: false,
             rebinding: true,
@@ -412,6 +418,17 @@ impl Datapath for KernelDatapath {
         payload: &[u8],
     ) -> Result<(), DatapathError> {
         restart::send_udp(local, remote, payload)
+    }
+    fn receive_vcmp_at(
+        &mut self,
+        addrs: &std::collections::BTreeSet<std::net::IpAddr>,
+        vcmp_port: u16,
+    ) -> Result<(), DatapathError> {
+        intercept::sync(addrs, vcmp_port).map_err(|source| DatapathError::Kernel {
+            what: "setting the rules that take VCMP datagrams to routed containers' addresses"
+                .into(),
+            source,
+        })
     }
     fn status(&self) -> Result<DatapathStatus, DatapathError> {
         let egress = self.egress_entries()?;

@@ -82,6 +82,10 @@ pub struct Maps {
     pub hide_cgroups: HashMap<MapData, u64, u32>,
     pub hide_addrs: HashMap<MapData, HideKey, HideValue>,
     pub hide_flows: HashMap<MapData, FlowKey, u32>,
+    /// What each owner holds of the recorders' maps, and the budgets
+    /// (`budgets.rs`).
+    pub owners: HashMap<MapData, u32, vnat_common::OwnerCounts>,
+    pub budgets: Array<MapData, vnat_common::Budgets>,
 }
 
 pub struct Loaded {
@@ -224,10 +228,10 @@ pub fn load(bpffs: &Path) -> Result<Loaded, DatapathError> {
         return Err(DatapathError::NoEbpfObject);
     }
     prepare_bpffs(bpffs)?;
-    let mut ebpf = EbpfLoader::new()
-        .default_map_pin_directory(bpffs)
-        .load(EBPF_OBJECT)
-        .map_err(load_err)?;
+    let mut loader = EbpfLoader::new();
+    loader.default_map_pin_directory(bpffs);
+    super::sizes::apply(&mut loader)?;
+    let mut ebpf = loader.load(EBPF_OBJECT).map_err(load_err)?;
 
     {
         let p: &mut SockOps = prog(&mut ebpf, PROG_SOCKOPS)?;
@@ -275,9 +279,12 @@ pub fn load(bpffs: &Path) -> Result<Loaded, DatapathError> {
             source: format!("map {name} missing from the eBPF object").into(),
         })
     };
+    let conns = take(&mut ebpf, MAP_CONNS)?;
+    let guests = take(&mut ebpf, MAP_GUESTS)?;
+    let sizes = super::budgets::sizes(&conns, &guests);
     let maps = Maps {
-        conns: HashMap::try_from(take(&mut ebpf, MAP_CONNS)?).map_err(map_err(MAP_CONNS))?,
-        guests: HashMap::try_from(take(&mut ebpf, MAP_GUESTS)?).map_err(map_err(MAP_GUESTS))?,
+        conns: HashMap::try_from(conns).map_err(map_err(MAP_CONNS))?,
+        guests: HashMap::try_from(guests).map_err(map_err(MAP_GUESTS))?,
         egress: HashMap::try_from(take(&mut ebpf, MAP_EGRESS_NAT)?)
             .map_err(map_err(MAP_EGRESS_NAT))?,
         ingress: HashMap::try_from(take(&mut ebpf, MAP_INGRESS_NAT)?)
@@ -297,6 +304,10 @@ pub fn load(bpffs: &Path) -> Result<Loaded, DatapathError> {
             .map_err(map_err(MAP_HIDE_ADDRS))?,
         hide_flows: HashMap::try_from(take(&mut ebpf, MAP_HIDE_FLOWS)?)
             .map_err(map_err(MAP_HIDE_FLOWS))?,
+        owners: HashMap::try_from(take(&mut ebpf, vnat_common::MAP_OWNERS)?)
+            .map_err(map_err(vnat_common::MAP_OWNERS))?,
+        budgets: Array::try_from(take(&mut ebpf, vnat_common::MAP_BUDGETS)?)
+            .map_err(map_err(vnat_common::MAP_BUDGETS))?,
     };
     let hide = maps.hide_cgroups.keys().next().is_some();
     let mut loaded = Loaded {
@@ -307,6 +318,7 @@ pub fn load(bpffs: &Path) -> Result<Loaded, DatapathError> {
         hide_unavailable,
     };
     check_and_set_config(bpffs, &mut loaded)?;
+    super::budgets::set(&mut loaded.maps, sizes)?;
     Ok(loaded)
 }
 

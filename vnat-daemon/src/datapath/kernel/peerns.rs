@@ -212,10 +212,24 @@ pub(super) fn cookie_of(ns: &File) -> io::Result<u64> {
 /// else among every process's namespace (a connection accepted in a
 /// container is recorded with no process). What each namespace's cookie
 /// is stays known, by inode, for the next search.
+///
+/// The search of every process is bounded: at most one every
+/// [`SCAN_EVERY`] (a cookie it did not find waits for the next one, however
+/// many records ask), and at most [`NEW_PER_SCAN`] namespaces not seen
+/// before are entered per scan (each costs a thread): a user who makes
+/// thousands of namespaces slows the finding of new ones, not vnatd.
 #[derive(Default)]
 pub(super) struct NetnsFinder {
     cookies: HashMap<u64, u64>,
+    /// Where each cookie the last scan found is, by a process's path.
+    found: HashMap<u64, String>,
+    last_scan: Option<std::time::Instant>,
 }
+
+/// How often /proc is searched at most.
+const SCAN_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+/// New namespaces entered per scan at most.
+const NEW_PER_SCAN: usize = 64;
 
 impl NetnsFinder {
     pub fn find(&mut self, cookie: u64, pid: u32) -> Option<File> {
@@ -224,8 +238,28 @@ impl NetnsFinder {
                 return Some(f);
             }
         }
-        let entries = std::fs::read_dir("/proc").ok()?;
-        let mut tried = std::collections::HashSet::new();
+        if let Some(path) = self.found.get(&cookie).cloned() {
+            if let Some(f) = self.check(&path, cookie) {
+                return Some(f);
+            }
+        }
+        if self.last_scan.is_some_and(|t| t.elapsed() < SCAN_EVERY) {
+            return None;
+        }
+        self.scan();
+        let path = self.found.get(&cookie).cloned()?;
+        self.check(&path, cookie)
+    }
+
+    /// One search of every process's namespace.
+    fn scan(&mut self) {
+        self.last_scan = Some(std::time::Instant::now());
+        self.found.clear();
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return;
+        };
+        let mut seen = std::collections::HashSet::new();
+        let mut entered = 0;
         for e in entries.flatten() {
             let name = e.file_name();
             if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
@@ -235,17 +269,26 @@ impl NetnsFinder {
             let Some(ino) = inode(&path) else {
                 continue;
             };
-            if !tried.insert(ino) || self.cookies.get(&ino).is_some_and(|c| *c != cookie) {
+            if !seen.insert(ino) {
                 continue;
             }
-            if let Some(f) = self.check(&path, cookie) {
-                return Some(f);
-            }
+            let cookie = match self.cookies.get(&ino) {
+                Some(c) => *c,
+                None if entered < NEW_PER_SCAN => {
+                    entered += 1;
+                    let Some(c) = File::open(&path).ok().and_then(|f| cookie_of(&f).ok()) else {
+                        continue;
+                    };
+                    self.cookies.insert(ino, c);
+                    c
+                }
+                None => continue,
+            };
+            self.found.entry(cookie).or_insert(path);
         }
-        // Not found: an inode of a namespace that is gone may have been
-        // reused by a new one, whose cookie is then asked again next time.
-        self.cookies.clear();
-        None
+        // Namespaces gone: an inode may be reused by a new one, whose
+        // cookie is then asked again.
+        self.cookies.retain(|ino, _| seen.contains(ino));
     }
 
     /// The namespace at `path` if its cookie is `cookie`.
