@@ -88,8 +88,9 @@ impl KernelDatapath {
             }
             // A peer's move that a vnatd before per-flow routes installed
             // (with a host route for every application, removed above), or
-            // whose rule went missing: the flow's own route, where needed.
-            if t.remote_moved() && !self.egress_via.contains_key(k) {
+            // a translation whose vnatd died before adding its rule: the
+            // flow's own route, where needed.
+            if (t.remote_moved() || t.local_moved()) && !self.egress_via.contains_key(k) {
                 let route = if t.local_moved() {
                     self.route_from(t.physical_remote.ip(), t.physical_local.ip())
                 } else {

@@ -214,22 +214,6 @@ impl KernelDatapath {
             self.tc_current.insert(route.ifindex);
             fault::after("install:tc");
         }
-        let mut via = None;
-        if let Some(r) = complete.then(|| self.flow_route(t, &route)).flatten() {
-            tracing::debug!(id = t.flow.id(), flow = %t.flow, new = ?r, "the socket's packets get a route of their own");
-            if let Err(e) = net::add_via_route(&t.flow, &r) {
-                undo(self, added_lo);
-                return Err(e);
-            }
-            self.routes_changed();
-            if t.remote_moved() {
-                fault::after("install:host-route");
-            }
-            via = Some(r.ifindex);
-        }
-        // A rule this call added goes again on a later failure.
-        let new_rule = via.filter(|i| self.egress_via.get(&egress_key).map(|(_, o)| o) != Some(i));
-
         let pair = pair_for(t, route.ifindex, flags);
         if !complete {
             // Receive side only; an earlier placement keeps working until
@@ -252,11 +236,28 @@ impl KernelDatapath {
             return Ok(());
         }
         if let Err(e) = self.write_pair(&pair, old.as_ref().map(|(p, _)| p)) {
-            if let Some(i) = new_rule {
-                let _ = net::del_via_route(&t.flow, i, true);
-            }
             undo(self, added_lo);
             return Err(e);
+        }
+        // The flow's own route, after its pair: a vnatd killed in between
+        // leaves a translation whose route the next one adds (`reconcile`),
+        // where one killed after the route and before the pair would leave
+        // a route nothing needs and a move the peer thinks done. Without
+        // its route the flow's packets follow the host's route for its old
+        // peer address: rewritten if that leaves where tc is, lost at worst.
+        let mut via = None;
+        if let Some(r) = self.flow_route(t, &route) {
+            tracing::debug!(id = t.flow.id(), flow = %t.flow, new = ?r, "the socket's packets get a route of their own");
+            match net::add_via_route(&t.flow, &r) {
+                Ok(()) => {
+                    self.routes_changed();
+                    fault::after("install:host-route");
+                    via = Some(r.ifindex);
+                }
+                Err(e) => {
+                    tracing::warn!(id = t.flow.id(), flow = %t.flow, error = %e, "cannot route the connection's packets to its new next hop; they follow the host's route for its old peer address")
+                }
+            }
         }
         // Receive sides prepared for addresses the peer announced and never
         // proved go once the flow is placed.
