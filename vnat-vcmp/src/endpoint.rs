@@ -27,6 +27,7 @@ use super::Timestamp;
 use crate::flow::VirtualFlow;
 
 pub use super::config::{Config, DEFAULT_PORT};
+pub(crate) use super::ctx::{CryptoDyn, Ctx};
 pub use super::event::{AbortReason, EndpointError, Event};
 
 /// State of one connection.
@@ -170,77 +171,6 @@ pub struct Endpoint {
     pub(crate) events: VecDeque<Event>,
     pub(crate) stats: Stats,
 }
-
-/// Per-call context: the time, and values shared by every record produced
-/// while handling one input, so that their datagrams coalesce (one request
-/// id per destination and kind) and their timers fire together (one jitter).
-pub(crate) struct Ctx<'r> {
-    pub now: Timestamp,
-    pub rng: &'r mut dyn RngCore,
-    pub jitter_permille: u64,
-    pub req_ids: HashMap<(SocketAddr, Kind), (u32, usize)>,
-    /// The id given out last by `request_id`.
-    pub last_req: u32,
-}
-
-impl<'r> Ctx<'r> {
-    pub fn new(now: Timestamp, rng: &'r mut dyn RngCore) -> Ctx<'r> {
-        // Jitter of +-25% (RFC 8961 section 4 asks for randomised timers so
-        // that hosts do not synchronise).
-        let jitter_permille = 750 + u64::from(rng.next_u32() % 500);
-        Ctx {
-            now,
-            rng,
-            jitter_permille,
-            req_ids: HashMap::new(),
-            last_req: 0,
-        }
-    }
-
-    /// Request id for the next `kind` record to `dst`: records of one call
-    /// share an id until a datagram's worth (`cap`) has been given out, so
-    /// each LOOKUP or STORE datagram has its own id and its reply concerns
-    /// at most `cap` connections.
-    pub fn request_id(&mut self, dst: SocketAddr, kind: Kind, cap: usize) -> u32 {
-        let rng = &mut self.rng;
-        let e = self
-            .req_ids
-            .entry((dst, kind))
-            .or_insert_with(|| (rng.next_u32(), 0));
-        if e.1 >= cap {
-            *e = (rng.next_u32(), 0);
-        }
-        e.1 += 1;
-        self.last_req = e.0;
-        e.0
-    }
-
-    pub fn nonce<const N: usize>(&mut self) -> [u8; N] {
-        let mut n = [0u8; N];
-        self.rng.fill_bytes(&mut n);
-        n
-    }
-}
-
-/// Adapter: the public API only accepts `CryptoRng` generators, so the
-/// internal `dyn RngCore` is one.
-pub(crate) struct CryptoDyn<'a, 'r>(pub &'a mut &'r mut dyn RngCore);
-
-impl RngCore for CryptoDyn<'_, '_> {
-    fn next_u32(&mut self) -> u32 {
-        self.0.next_u32()
-    }
-    fn next_u64(&mut self) -> u64 {
-        self.0.next_u64()
-    }
-    fn fill_bytes(&mut self, d: &mut [u8]) {
-        self.0.fill_bytes(d)
-    }
-    fn try_fill_bytes(&mut self, d: &mut [u8]) -> Result<(), rand_core::Error> {
-        self.0.try_fill_bytes(d)
-    }
-}
-impl CryptoRng for CryptoDyn<'_, '_> {}
 
 /// Read-only view of a connection, for the control API and tests.
 #[derive(Clone, Debug, PartialEq, Eq)]

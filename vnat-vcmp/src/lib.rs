@@ -30,6 +30,7 @@ mod claim;
 pub mod config;
 mod cookie;
 pub mod crypto;
+mod ctx;
 pub mod endpoint;
 pub mod event;
 pub mod export;
