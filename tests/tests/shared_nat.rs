@@ -7,9 +7,10 @@
 //! each bound to its own host's key. A rogue peer on M's network (vnat's
 //! own protocol core driven by the test, with its own key and valid keys
 //! for its own UDP flow to the server) then:
-//! - claims V's UDP flow under V's own names, and V's TCP connection with
-//!   guessed sequence numbers: the server keeps both with V (counted as
-//!   `claim_conflict` and `claim_unmatched`);
+//! - names V's UDP flow under V's own names (a UDP flow is never claimed:
+//!   it can only ask for BINDs, and the server sends none on V's flow),
+//!   and claims V's TCP connection with guessed sequence numbers (counted
+//!   as `claim_unmatched`): the server keeps both with V;
 //! - "moves" its own UDP flow to the shared NAT address and never sends the
 //!   BIND that would finish it, so the server's datapath holds datagrams
 //!   from that address to the shared port: V's flow, recorded, is not
@@ -170,7 +171,6 @@ fn two_laptops_behind_one_nat_each_own_and_move_their_connections_and_a_rogue_ge
             .parse()
             .expect("socket address")
     };
-    let conflicts = counter(&srvd, "rejected", "claim_conflict");
     let unmatched = counter(&srvd, "events", "claim_unmatched");
     rogue.add(VirtualFlow {
         proto: Proto::Udp,
@@ -185,12 +185,13 @@ fn two_laptops_behind_one_nat_each_own_and_move_their_connections_and_a_rogue_ge
         },
         Binding::tcp(0x1234_5678, 0x9abc_def0),
     );
+    // A UDP flow is never claimed (issue 31: its commitment would let the
+    // claim's receiver test port guesses): naming V's UDP flow makes the
+    // rogue ask the server for BINDs, which the server sends on no flow of
+    // V's (checked below: V still holds both). The TCP claim is refused.
     wait_until(
         Duration::from_secs(10),
-        || {
-            counter(&srvd, "rejected", "claim_conflict") > conflicts
-                && counter(&srvd, "events", "claim_unmatched") > unmatched
-        },
+        || counter(&srvd, "events", "claim_unmatched") > unmatched,
         || {
             format!(
                 "the server did not refuse the rogue's claims: {:?}",
