@@ -53,6 +53,23 @@ pub struct Spec {
     pub udp_zero_csum: bool,
     /// IPv4 fragment offset in 8-byte units (non-zero: non-first fragment).
     pub frag_offset: u16,
+    /// IPv6 extension headers between the fixed header and TCP/UDP, in
+    /// order: (header type, its bytes; the first byte, its next header, is
+    /// filled in by `frame`).
+    pub ip6_ext: Vec<(u8, Vec<u8>)>,
+    /// TCP flags (PSH|ACK unless set).
+    pub tcp_flags: u8,
+}
+
+/// An IPv6 extension header of `len8` 8-byte units (hop-by-hop, routing,
+/// destination options: padded with PadN), for `Spec::ip6_ext`.
+pub fn ip6_opts(len8: usize) -> Vec<u8> {
+    let mut h = vec![0u8; len8 * 8];
+    h[1] = (len8 - 1) as u8;
+    // PadN over the rest.
+    h[2] = 1;
+    h[3] = (len8 * 8 - 4) as u8;
+    h
 }
 
 impl Spec {
@@ -71,6 +88,8 @@ impl Spec {
             ip_options: Vec::new(),
             udp_zero_csum: false,
             frag_offset: 0,
+            ip6_ext: Vec::new(),
+            tcp_flags: 0x18,
         }
     }
 
@@ -82,7 +101,7 @@ impl Spec {
         let csum_off = if self.proto == 6 {
             seg.extend(0x1234_5678u32.to_be_bytes()); // seq
             seg.extend(0x9abc_def0u32.to_be_bytes()); // ack
-            seg.extend([0x50, 0x18]); // data offset 5, PSH|ACK
+            seg.extend([0x50, self.tcp_flags]); // data offset 5
             seg.extend(502u16.to_be_bytes()); // window
             seg.extend([0, 0, 0, 0]); // csum, urg
             16
@@ -128,16 +147,39 @@ impl Spec {
             (IpAddr::V6(s), IpAddr::V6(d)) => {
                 f.extend(0x86DDu16.to_be_bytes());
                 f.extend([0x60, 0, 0, 0]);
-                f.extend((l4.len() as u16).to_be_bytes());
-                f.extend([self.proto, 64]);
+                let ext_len: usize = self.ip6_ext.iter().map(|(_, b)| b.len()).sum();
+                f.extend(((ext_len + l4.len()) as u16).to_be_bytes());
+                let first = self.ip6_ext.first().map_or(self.proto, |(t, _)| *t);
+                f.extend([first, 64]);
                 f.extend(s.octets());
                 f.extend(d.octets());
+                for (i, (_, b)) in self.ip6_ext.iter().enumerate() {
+                    let next = self.ip6_ext.get(i + 1).map_or(self.proto, |(t, _)| *t);
+                    let mut b = b.clone();
+                    b[0] = next;
+                    f.extend(b);
+                }
             }
             _ => panic!("mixed families in a test packet"),
         }
         f.extend(l4);
         f
     }
+}
+
+/// Past IPv6 extension headers (hop-by-hop, routing, destination options,
+/// fragment): the upper-layer protocol and its bytes.
+fn skip_ip6_ext(mut nh: u8, mut rest: &[u8]) -> (u8, &[u8]) {
+    while matches!(nh, 0 | 43 | 44 | 60) {
+        let len = if nh == 44 {
+            8
+        } else {
+            (usize::from(rest[1]) + 1) * 8
+        };
+        nh = rest[0];
+        rest = &rest[len..];
+    }
+    (nh, rest)
 }
 
 /// What a frame carries, after checking every checksum from scratch.
@@ -166,7 +208,8 @@ pub fn parse_checked(f: &[u8]) -> Parsed {
             let h = &f[ETH_HLEN..ETH_HLEN + 40];
             let s: [u8; 16] = h[8..24].try_into().unwrap();
             let d: [u8; 16] = h[24..40].try_into().unwrap();
-            (IpAddr::from(s), IpAddr::from(d), h[6], &f[ETH_HLEN + 40..])
+            let (proto, l4) = skip_ip6_ext(h[6], &f[ETH_HLEN + 40..]);
+            (IpAddr::from(s), IpAddr::from(d), proto, l4)
         }
         other => panic!("unexpected ethertype {other:#x}"),
     };
@@ -192,5 +235,100 @@ pub fn parse_checked(f: &[u8]) -> Parsed {
         proto,
         payload: l4[payload_off..].to_vec(),
         udp_csum_zero,
+    }
+}
+
+/// An ICMP error from `from` to `to` (ICMPv4 or ICMPv6 by the addresses'
+/// family) of `typ` and `code`, with `rest` in its second word (the MTU of
+/// a "fragmentation needed" or "packet too big"), quoting the whole of
+/// `inner`'s IP packet: small enough in the tests that every checksum in the
+/// quote can be checked from scratch too.
+pub fn icmp_error(from: IpAddr, to: IpAddr, typ: u8, code: u8, rest: u32, inner: &Spec) -> Vec<u8> {
+    let quoted = &inner.frame()[ETH_HLEN..];
+    let mut msg = vec![typ, code, 0, 0];
+    msg.extend(rest.to_be_bytes());
+    msg.extend(quoted);
+    let mut f = vec![0x02, 0, 0, 0, 0, 0x02, 0x02, 0, 0, 0, 0, 0x01];
+    match (from, to) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let c = fold(sum16(&msg, 0));
+            msg[2..4].copy_from_slice(&c.to_be_bytes());
+            f.extend(0x0800u16.to_be_bytes());
+            let mut h = vec![0x45, 0];
+            h.extend(((20 + msg.len()) as u16).to_be_bytes());
+            h.extend([0, 0, 0, 0, 64, 1, 0, 0]);
+            h.extend(s.octets());
+            h.extend(d.octets());
+            let c = fold(sum16(&h, 0));
+            h[10..12].copy_from_slice(&c.to_be_bytes());
+            f.extend(h);
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            let c = fold(sum16(&msg, pseudo_sum(from, to, 58, msg.len())));
+            msg[2..4].copy_from_slice(&c.to_be_bytes());
+            f.extend(0x86DDu16.to_be_bytes());
+            f.extend([0x60, 0, 0, 0]);
+            f.extend((msg.len() as u16).to_be_bytes());
+            f.extend([58, 64]);
+            f.extend(s.octets());
+            f.extend(d.octets());
+        }
+        _ => panic!("mixed families in a test packet"),
+    }
+    f.extend(msg);
+    f
+}
+
+/// What an ICMP error carries, after checking every checksum from scratch:
+/// the outer IP header's, the ICMP message's, and the quoted packet's own
+/// (its IP header's and, the quote being whole, its TCP or UDP checksum).
+#[derive(Debug, PartialEq, Eq)]
+pub struct IcmpParsed {
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    pub typ: u8,
+    pub code: u8,
+    pub rest: u32,
+    pub inner: Parsed,
+}
+
+/// Parse a frame made by [`icmp_error`] (and translated) and panic with a
+/// message if any checksum is wrong.
+pub fn parse_icmp_checked(f: &[u8]) -> IcmpParsed {
+    let ethertype = u16::from_be_bytes([f[12], f[13]]);
+    let (src, dst, msg) = match ethertype {
+        0x0800 => {
+            let h = &f[ETH_HLEN..ETH_HLEN + 20];
+            assert_eq!(fold(sum16(h, 0)), 0, "outer IPv4 header checksum is wrong");
+            assert_eq!(h[9], 1, "not ICMP");
+            let s: [u8; 4] = h[12..16].try_into().unwrap();
+            let d: [u8; 4] = h[16..20].try_into().unwrap();
+            let msg = &f[ETH_HLEN + 20..];
+            assert_eq!(fold(sum16(msg, 0)), 0, "ICMP checksum is wrong");
+            (IpAddr::from(s), IpAddr::from(d), msg)
+        }
+        0x86DD => {
+            let h = &f[ETH_HLEN..ETH_HLEN + 40];
+            assert_eq!(h[6], 58, "not ICMPv6");
+            let s: [u8; 16] = h[8..24].try_into().unwrap();
+            let d: [u8; 16] = h[24..40].try_into().unwrap();
+            let (src, dst) = (IpAddr::from(s), IpAddr::from(d));
+            let msg = &f[ETH_HLEN + 40..];
+            let acc = pseudo_sum(src, dst, 58, msg.len());
+            assert_eq!(fold(sum16(msg, acc)), 0, "ICMPv6 checksum is wrong");
+            (src, dst, msg)
+        }
+        other => panic!("unexpected ethertype {other:#x}"),
+    };
+    let mut inner = f[..ETH_HLEN].to_vec();
+    inner[12..14].copy_from_slice(&ethertype.to_be_bytes());
+    inner.extend(&msg[8..]);
+    IcmpParsed {
+        src,
+        dst,
+        typ: msg[0],
+        code: msg[1],
+        rest: u32::from_be_bytes(msg[4..8].try_into().unwrap()),
+        inner: parse_checked(&inner),
     }
 }

@@ -73,7 +73,7 @@ fn value() -> RebindValue {
         ack_span: 1 << 16,
         redirect_ifindex: 0,
         flags: 0,
-        _pad: 0,
+        refusals: 0,
     }
 }
 
@@ -268,4 +268,98 @@ fn udp_waits_for_the_bind_and_binds_are_diverted_to_vnatd() {
         dp.rebind_pending(&udp_key).unwrap(),
         "nothing learned in tc"
     );
+}
+
+/// A datapath with the TCP rebind of `key()` / `value()` waiting.
+fn rebinding(tag: &str) -> (KernelDatapath, BpffsDir) {
+    let pins = BpffsDir::new(tag);
+    let mut dp = KernelDatapath::open(&KernelOptions {
+        bpffs: pins.path().to_path_buf(),
+        cgroups: vec![],
+        tc_attach: vnat_tests::harness::tc_attach(),
+        sysctl_record: None,
+    })
+    .unwrap_or_else(|e| panic!("opening the kernel datapath: {e}"));
+    dp.insert_rebind(key(), value()).unwrap();
+    (dp, pins)
+}
+
+/// Another host behind the same NAT with its own recorded connection to the
+/// same server port (issue 31, item 5): its segments, in the moved flow's
+/// window or not, are its own connection's, and never teach the moved flow
+/// its port.
+#[test]
+fn a_recorded_connections_segments_are_never_learned() {
+    let (mut dp, _pins) = rebinding("tc-rebind-rec");
+    let neighbour: SocketAddr = "198.18.3.102:61001".parse().unwrap();
+    let server: SocketAddr = SERVER.parse().unwrap();
+    dp.insert_conn_record(
+        vnat_daemon::datapath::flow_key(Proto::Tcp, server, neighbour),
+        Default::default(),
+    )
+    .unwrap();
+    let theirs = Spec::tcp("198.18.3.102:61001", SERVER).frame();
+    let out = run(&dp, false, &theirs);
+    assert_eq!(
+        (out.verdict, &out.packet),
+        (PASS, &theirs),
+        "a recorded connection's segment was taken for the rebinding flow's"
+    );
+    assert_eq!(counter(&dp, "rebind_learned"), 0);
+    assert_eq!(counter(&dp, "rebind_refused"), 0, "not a refusal either");
+    assert!(dp.rebind_pending(&key()).unwrap());
+}
+
+/// Only an acknowledging segment (ACK set; no SYN, no RST) can be the moved
+/// connection's: a SYN or a RST in the window teaches nothing.
+#[test]
+fn only_an_ack_segment_is_learned() {
+    let (dp, _pins) = rebinding("tc-rebind-ack");
+    const FLAGS_AT: usize = 14 + 20 + 13;
+    for (flags, what) in [
+        (0x02u8, "a SYN"),
+        (0x14, "a RST"),
+        (0x12, "a SYN-ACK"),
+        (0x08, "a PSH without ACK"),
+    ] {
+        let mut s = Spec::tcp("198.18.3.102:61000", SERVER);
+        s.tcp_flags = flags;
+        let f = s.frame();
+        assert_eq!(f[FLAGS_AT], flags);
+        let out = run(&dp, false, &f);
+        assert_eq!(
+            (out.verdict, &out.packet),
+            (PASS, &f),
+            "{what} in the window was taken for the rebinding flow's"
+        );
+        assert_eq!(counter(&dp, "rebind_learned"), 0, "{what} taught the port");
+    }
+    // The same segment with ACK (PSH|ACK): learned.
+    let out = run(&dp, false, &Spec::tcp("198.18.3.102:61000", SERVER).frame());
+    assert_eq!(out.verdict, PASS);
+    assert_eq!(counter(&dp, "rebind_learned"), 1);
+}
+
+/// A guesser gets a few tries per rebinding flow, not one per packet: after
+/// `vnat_common::REBIND_MAX_REFUSALS` segments out of the window the flow
+/// stops learning, and even an in-window segment is passed as it is.
+#[test]
+fn learning_stops_after_a_few_refusals() {
+    let (dp, _pins) = rebinding("tc-rebind-stop");
+    for i in 0..32u32 {
+        let mut guess = Spec::tcp("198.18.3.102:61000", SERVER).frame();
+        guess[SEQ_AT..SEQ_AT + 4].copy_from_slice(&(SEQ ^ 0x8000_0000 ^ (i << 20)).to_be_bytes());
+        let out = run(&dp, false, &guess);
+        assert_eq!((out.verdict, &out.packet), (PASS, &guess));
+    }
+    assert!(counter(&dp, "rebind_refused") >= 1);
+    let lucky = Spec::tcp("198.18.3.102:61000", SERVER).frame();
+    let out = run(&dp, false, &lucky);
+    assert_eq!(
+        (out.verdict, &out.packet),
+        (PASS, &lucky),
+        "an in-window segment was learned after 32 refused guesses"
+    );
+    assert_eq!(counter(&dp, "rebind_learned"), 0);
+    assert!(counter(&dp, "rebind_stopped") >= 1);
 }

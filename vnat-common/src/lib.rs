@@ -475,7 +475,8 @@ const _: () = assert!(core::mem::size_of::<RebindKey>() == 40);
 /// Value of [`MAP_REBIND`]: what the flow is named by our socket, and the
 /// window a packet must fall in to prove it belongs to the flow.
 ///
-/// The first packet that matches the key and (TCP) whose sequence number
+/// The first packet that matches the key and (TCP) is an acknowledging
+/// segment of no recorded connection whose sequence number
 /// is in `[seq_lo, seq_lo + seq_span)` and acknowledgment number in
 /// `[ack_lo, ack_lo + ack_span)` (mod 2^32, host order) teaches the
 /// ingress program the NAT's port: it installs the flow's ingress and
@@ -495,9 +496,19 @@ pub struct RebindValue {
     pub ack_span: u32,
     pub redirect_ifindex: u32,
     pub flags: u32,
-    pub _pad: u32,
+    /// TCP: segments from the key's address to its port that fell outside
+    /// the windows (written by the tc program, 0 when vnatd writes the
+    /// entry). At [`REBIND_MAX_REFUSALS`] the flow learns nothing more.
+    pub refusals: u32,
 }
 const _: () = assert!(core::mem::size_of::<RebindValue>() == 64);
+
+/// How many segments out of a rebinding TCP flow's windows the tc program
+/// takes before it stops learning that flow's port: a guesser's tries.
+/// The peer's own segments are in the windows; a host behind the same NAT
+/// with a connection to the same port is recorded, and its segments are
+/// not counted.
+pub const REBIND_MAX_REFUSALS: u32 = 8;
 
 // SAFETY: both are repr(C), made only of integers and arrays of integers,
 // with every padding byte spelled out as a field (sizes asserted above).

@@ -32,7 +32,8 @@ counters! {
     /// datagram whose first fragment was not seen translated here (it came
     /// later, or its flow is not translated): it has no ports to match.
     STAT_PASS_FRAGMENT = 6, "pass_fragment";
-    /// Passed untranslated: IPv6 with extension headers before TCP/UDP.
+    /// Passed untranslated: an outgoing IPv6 packet with more extension
+    /// headers than the tc parser walks.
     STAT_PASS_IPV6_EXTHDR = 7, "pass_ipv6_exthdr";
     /// A TCP connection was recorded by sock_ops.
     STAT_SOCKOPS_RECORDED = 8, "sockops_recorded";
@@ -103,4 +104,17 @@ counters! {
     /// connections accepted from other hosts) holds its budget of the map
     /// already (`Budgets`), which leaves the rest to the others.
     STAT_OWNER_BUDGET_FULL = 30, "owner_budget_full";
+    /// Dropped: an incoming IPv6 packet with more extension headers than
+    /// the tc parser walks (what they hide may be a BIND or a rebinding
+    /// flow's datagram).
+    STAT_DROP_IPV6_EXTHDR = 31, "drop_ipv6_exthdr";
+    /// An ICMP or ICMPv6 error quoting a translated flow's packet was
+    /// translated (its addresses and the quoted header).
+    STAT_ICMP_TRANSLATED = 32, "icmp_translated";
+    /// A rebinding TCP flow stopped learning: too many packets from its
+    /// NAT's address to its port fell outside its window (a guesser).
+    STAT_REBIND_STOPPED = 33, "rebind_stopped";
+    /// A first fragment did not take the place of another flow's live
+    /// fragment entry (same addresses, same identification): a spoof.
+    STAT_FRAGMENT_COLLISION = 34, "fragment_collision";
 }

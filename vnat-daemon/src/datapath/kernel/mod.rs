@@ -724,6 +724,7 @@ impl Datapath for KernelDatapath {
         // into this process's copy of the maps.
         if !self.rebinds.is_empty() {
             let before = self.rebinds.len();
+            self.drop_stopped_rebinds();
             let pending: Vec<RebindKey> = self.rebinds.iter().copied().collect();
             for k in pending {
                 if !self.rebind_pending(&k).unwrap_or(true) {

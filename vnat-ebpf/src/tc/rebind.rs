@@ -1,0 +1,247 @@
+//! Rebinding flows (a peer moved behind a NAT whose new port only its own
+//! packets can tell) and the divert of in-band BINDs to vnatd.
+
+use aya_ebpf::programs::TcContext;
+use vnat_common::{
+    FlowKey, NatRewrite, RebindKey, BIND_HEAD, BIND_LEN, BIND_MAGIC, PROTO_UDP,
+    REBIND_MAX_REFUSALS, REBIND_SLOTS, STAT_BIND_DIVERTED, STAT_DROP_BIND_DIRECT,
+    STAT_DROP_REBINDING, STAT_REBIND_LEARNED, STAT_REBIND_REFUSED, STAT_REBIND_STOPPED,
+};
+
+use super::parse::{Parsed, UDP_CSUM_OFF};
+use super::rewrite::{port, BPF_F_MARK_MANGLED_0};
+use super::{opaque_zero, Drop};
+use crate::maps::{count, VNAT_CONNS, VNAT_EGRESS_NAT, VNAT_INGRESS_NAT, VNAT_REBIND};
+
+/// A packet with no translation, coming in: if it is the first of a
+/// rebinding flow (its peer moved behind a NAT whose port we cannot know
+/// until the peer's packets cross it), install the flow's translations for
+/// the port it came from and return the ingress one. The key is the NAT's
+/// public address from the peer's authenticated update and our end; a TCP
+/// packet must also carry sequence and acknowledgment numbers in the
+/// flow's window, so an off-path host that cannot inject into the TCP
+/// connection cannot steer it either.
+///
+/// A UDP datagram proves nothing (anyone behind the same NAT can send one
+/// to the port), so a UDP flow learns its port only from its authenticated
+/// BIND, through vnatd; meanwhile a datagram from that address to that
+/// port that belongs to no recorded flow is dropped, so that no
+/// application takes it for a new peer's.
+// A call of its own, for the stack: see `icmp::translate_error`.
+#[inline(never)]
+pub(super) fn learn(ctx: &TcContext, p: &Parsed) -> Result<bool, Drop> {
+    if p.key.proto == PROTO_UDP {
+        udp_rebinding(p)?;
+        return Ok(false);
+    }
+    Ok(learn_tcp(ctx, p))
+}
+
+/// See [`learn`]: a UDP datagram for a rebinding flow's port is dropped
+/// unless a recorded flow owns it.
+#[inline(always)]
+pub(super) fn udp_rebinding(p: &Parsed) -> Result<(), Drop> {
+    let mut rk = rebind_key(p);
+    let mut rebinding = false;
+    for slot in 0..REBIND_SLOTS {
+        rk.slot = slot;
+        if VNAT_REBIND.get_ptr(&rk).is_some() {
+            rebinding = true;
+            break;
+        }
+    }
+    if !rebinding || recorded(p) {
+        return Ok(());
+    }
+    Err(Drop(STAT_DROP_REBINDING))
+}
+
+/// Whether the packet belongs to a recorded connection or flow (another
+/// host behind the same NAT, say): then it is that one's, never a rebinding
+/// flow's. Recorded flows are keyed as the local stack names them: our end
+/// first.
+#[inline(always)]
+fn recorded(p: &Parsed) -> bool {
+    let own = FlowKey {
+        src_addr_be: p.key.dst_addr_be,
+        dst_addr_be: p.key.src_addr_be,
+        src_port_be: p.key.dst_port_be,
+        dst_port_be: p.key.src_port_be,
+        family: p.key.family,
+        proto: p.key.proto,
+        _pad: [0; 2],
+    };
+    if VNAT_CONNS.get_ptr(&own).is_some() {
+        return true;
+    }
+    // A socket bound to the wildcard address is recorded under it.
+    let wildcard = FlowKey {
+        src_addr_be: [opaque_zero(), opaque_zero(), opaque_zero(), opaque_zero()],
+        ..own
+    };
+    VNAT_CONNS.get_ptr(&wildcard).is_some()
+}
+
+/// TCP flags (RFC 9293 section 3.1), at byte 13 of the header.
+const TCP_FLAGS_OFF: usize = 13;
+const TCP_RST: u8 = 0x04;
+const TCP_SYN: u8 = 0x02;
+const TCP_ACK: u8 = 0x10;
+
+/// See [`learn`]. What a segment must be to teach a rebinding flow its
+/// port (issue 31): not a recorded connection's (another host behind the
+/// NAT), an acknowledging segment of an established connection (ACK set,
+/// neither SYN nor RST), and in the socket's windows, which vnatd takes
+/// from the socket itself (`RebindValue`). Each segment from the NAT's
+/// address to the port that fails the windows counts against the flow;
+/// after `REBIND_MAX_REFUSALS` the flow learns nothing more, so a guesser
+/// gets a few tries, not one per packet it can send.
+#[inline(always)]
+pub(super) fn learn_tcp(ctx: &TcContext, p: &Parsed) -> bool {
+    let mut rk = rebind_key(p);
+    let mut rebinding = false;
+    for slot in 0..REBIND_SLOTS {
+        rk.slot = slot;
+        if VNAT_REBIND.get_ptr(&rk).is_some() {
+            rebinding = true;
+            break;
+        }
+    }
+    if !rebinding || recorded(p) {
+        return false;
+    }
+    let (Ok(flags), Ok(seq), Ok(ack)) = (
+        ctx.load::<u8>(p.l4 + TCP_FLAGS_OFF),
+        ctx.load::<u32>(p.l4 + 4),
+        ctx.load::<u32>(p.l4 + 8),
+    ) else {
+        return false;
+    };
+    if flags & (TCP_SYN | TCP_RST) != 0 || flags & TCP_ACK == 0 {
+        return false;
+    }
+    let (seq, ack) = (u32::from_be(seq), u32::from_be(ack));
+    for slot in 0..REBIND_SLOTS {
+        rk.slot = slot;
+        let Some(vp) = VNAT_REBIND.get_ptr_mut(&rk) else {
+            continue;
+        };
+        // SAFETY: a pointer a lookup just returned, into the map's memory
+        // (BPF_F_NO_PREALLOC: an element deleted meanwhile is freed after
+        // an RCU grace period, which this program's run is inside). Two
+        // packets at once on two CPUs may both add to `refusals` and lose
+        // one count: a few more tries for a guesser, not a way around the
+        // limit.
+        let v = unsafe { *vp };
+        if v.refusals >= REBIND_MAX_REFUSALS {
+            count(STAT_REBIND_STOPPED);
+            continue;
+        }
+        if seq.wrapping_sub(v.seq_lo) >= v.seq_span || ack.wrapping_sub(v.ack_lo) >= v.ack_span {
+            // SAFETY: as above.
+            unsafe { (*vp).refusals = v.refusals + 1 };
+            count(STAT_REBIND_REFUSED);
+            continue;
+        }
+        let ingress = NatRewrite {
+            src_addr_be: v.virt_remote_addr_be,
+            dst_addr_be: v.virt_local_addr_be,
+            src_port_be: v.virt_remote_port_be,
+            dst_port_be: v.virt_local_port_be,
+            redirect_ifindex: 0,
+            flags: 0,
+            _pad: 0,
+        };
+        let egress_key = FlowKey {
+            src_addr_be: v.virt_local_addr_be,
+            dst_addr_be: v.virt_remote_addr_be,
+            src_port_be: v.virt_local_port_be,
+            dst_port_be: v.virt_remote_port_be,
+            family: p.key.family,
+            proto: p.key.proto,
+            _pad: [0; 2],
+        };
+        let egress = NatRewrite {
+            src_addr_be: p.key.dst_addr_be,
+            dst_addr_be: p.key.src_addr_be,
+            src_port_be: p.key.dst_port_be,
+            dst_port_be: p.key.src_port_be,
+            redirect_ifindex: v.redirect_ifindex,
+            flags: v.flags,
+            _pad: 0,
+        };
+        if VNAT_INGRESS_NAT.insert(&p.key, &ingress, 0).is_err()
+            || VNAT_EGRESS_NAT.insert(&egress_key, &egress, 0).is_err()
+        {
+            let _ = VNAT_INGRESS_NAT.remove(&p.key);
+            return false;
+        }
+        let _ = VNAT_REBIND.remove(&rk);
+        count(STAT_REBIND_LEARNED);
+        return true;
+    }
+    false
+}
+
+/// An in-band BIND (see `vnat_common::BIND_LEN`) coming in on a UDP flow:
+/// send it to vnatd's VCMP port instead of the flow's, with the flow's port
+/// written into the datagram (bytes 2..4, zero as sent) so that vnatd knows
+/// which of its flows the BIND names. Only the exact length, head and magic
+/// qualify, so an application datagram is never taken by mistake; a forged
+/// BIND reaches vnatd, which checks its tag like any VCMP datagram.
+#[inline(always)]
+pub(super) fn divert_bind(ctx: &TcContext, p: &Parsed, vcmp_port_be: u16) -> Result<bool, Drop> {
+    if p.key.proto != PROTO_UDP {
+        return Ok(false);
+    }
+    let Ok(udp_len) = ctx.load::<u16>(p.l4 + 4) else {
+        return Ok(false);
+    };
+    if usize::from(u16::from_be(udp_len)) != 8 + BIND_LEN {
+        return Ok(false);
+    }
+    let Ok(head) = ctx.load::<[u8; 8]>(p.l4 + 8) else {
+        return Ok(false);
+    };
+    if head[0] != BIND_HEAD[0] || head[1] != BIND_HEAD[1] || head[4..8] != BIND_MAGIC {
+        return Ok(false);
+    }
+    if p.key.dst_port_be == vcmp_port_be {
+        // Sent to the VCMP port directly, whatever its bytes 2..4 say:
+        // the flow port in a BIND that reaches vnatd is the divert's, never
+        // the sender's word.
+        return Err(Drop(STAT_DROP_BIND_DIRECT));
+    }
+    if head[2] != 0 || head[3] != 0 {
+        return Ok(false);
+    }
+    let (csum_off, mangled) = (p.l4 + UDP_CSUM_OFF, BPF_F_MARK_MANGLED_0);
+    // Payload byte 2 is at an even offset from the UDP header, so the
+    // 16-bit checksum update lines up with the words it sums.
+    port(ctx, p.l4 + 8 + 2, csum_off, mangled, 0, p.key.dst_port_be)?;
+    port(
+        ctx,
+        p.l4 + 2,
+        csum_off,
+        mangled,
+        p.key.dst_port_be,
+        vcmp_port_be,
+    )?;
+    count(STAT_BIND_DIVERTED);
+    Ok(true)
+}
+
+/// The rebind map's key for an incoming packet (slot 0): who it comes
+/// from and where it goes, not the port it comes from (the unknown).
+#[inline(always)]
+pub(super) fn rebind_key(p: &Parsed) -> RebindKey {
+    RebindKey {
+        src_addr_be: p.key.src_addr_be,
+        dst_addr_be: p.key.dst_addr_be,
+        dst_port_be: p.key.dst_port_be,
+        family: p.key.family,
+        proto: p.key.proto,
+        slot: 0,
+        _pad: [opaque_zero(), opaque_zero(), opaque_zero()],
+    }
+}
