@@ -8,8 +8,10 @@
 #![no_std]
 
 mod owners;
+mod peek;
 mod stats;
 pub use owners::*;
+pub use peek::*;
 pub use stats::*;
 
 /// Bumped whenever a map layout below changes; pinned maps from an older ABI

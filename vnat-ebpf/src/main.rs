@@ -4,6 +4,8 @@
 //! * `udp`: cgroup sock_addr hooks that record UDP flows.
 //! * `hide`: what the applications of a hiding cgroup see of moves.
 //! * `tc`: translates moved flows between virtual and physical endpoints.
+//! * `peek`: reads a TCP socket's sequence numbers for adoption (run, never
+//!   attached).
 //!
 //! Shared types live in `vnat-common`; nothing here logs per packet, every
 //! interesting verdict is a counter in `VNAT_STATS`.
@@ -19,6 +21,8 @@ mod hide;
 mod maps;
 #[cfg(target_arch = "bpf")]
 mod owners;
+#[cfg(target_arch = "bpf")]
+mod peek;
 #[cfg(target_arch = "bpf")]
 mod sockops;
 #[cfg(target_arch = "bpf")]

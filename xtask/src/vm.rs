@@ -39,10 +39,9 @@ use crate::{prereq, run};
 /// the whole suite would take hours; these exercise what differs between
 /// kernels: the tc translators and their attach mode (clsact before 6.6,
 /// TCX after), the sock_ops and sock_addr programs, conntrack and nftables
-/// NAT, the recorders, a container's cgroup, crash cleanup of tc and the
-/// hide-location programs. Everything else runs
-/// on the host kernel. A file or test name that does not exist fails a unit
-/// test below.
+/// NAT, the recorders, a container's cgroup, crash cleanup of tc, adoption
+/// and the hide-location programs. Everything else runs on the host kernel.
+/// A file or test name that does not exist fails a unit test below.
 pub const CORE_TESTS: &[(&str, &[&str])] = &[
     // The tc translators in the kernel (BPF_PROG_TEST_RUN): the verifier's
     // verdict on the oldest kernel, and the rewrite itself.
@@ -78,9 +77,9 @@ pub const CORE_TESTS: &[(&str, &[&str])] = &[
         &["a_containers_connection_moves_in_planned_mode"],
     ),
     ("crash_safety", &["laptop_killed_after_attaching_tc"]),
-    // Not adoption: on 6.1 in the VM the laptop's vnatd took 64 s to adopt
-    // its connection (the server's: 1 s), past the test's 45 s, and why is
-    // not known yet (issue 29's note); it passes on 6.12 and on the host.
+    // Adoption: reading a live socket's sequence numbers (vnat_peek, with
+    // bpf_tcp_sock) and the sock_diag listing of sockets vnat never saw.
+    ("adoption", &[]),
     (
         "hide_location",
         &["passive_ftp_fetches_after_the_client_moved_with_hide_location"],

@@ -27,7 +27,7 @@
 use std::collections::HashSet;
 
 use vnat_common::{
-    ORIGIN_TCP_ADOPTED, ORIGIN_UDP_ADOPTED, UDP_DIR_RECV, UDP_DIR_SEND, UDP_MAX_RECORDS,
+    ORIGIN_TCP_ADOPTED, ORIGIN_UDP_ADOPTED, PROG_PEEK, UDP_DIR_RECV, UDP_DIR_SEND, UDP_MAX_RECORDS,
     UDP_PER_SOCKET_MAX,
 };
 
@@ -138,6 +138,7 @@ impl KernelDatapath {
         let budget = std::time::Instant::now() + ADOPT_BUDGET;
         let mut deferred = false;
         let ephemeral = local_port_range();
+        let peek = self.peek_program_fd();
         let now = boottime_ns();
         let mut adopted = 0;
         for (proto, s) in candidates {
@@ -168,7 +169,7 @@ impl KernelDatapath {
             };
             match proto {
                 Proto::Tcp => {
-                    let bases = match restart::sequence_bases(&flow, s.cookie) {
+                    let bases = match restart::sequence_bases(&flow, s.cookie, peek) {
                         Ok(Some(b)) => b,
                         Ok(None) => {
                             self.back_off_adoption(s.cookie, flow.id(), clock);
@@ -239,6 +240,17 @@ impl KernelDatapath {
     /// A socket whose sequence numbers could not be read: the next try
     /// waits 5 s, doubling to 10 minutes; after [`ADOPT_TRIES`] it is left
     /// alone (each try costs the peer a duplicate ACK).
+    /// `vnat_peek`'s fd, if the kernel took it (restart/peek.rs).
+    fn peek_program_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::{AsFd, AsRawFd};
+        if !self.loaded.peek {
+            return None;
+        }
+        let p: &aya::programs::SchedClassifier =
+            self.loaded.ebpf.program(PROG_PEEK)?.try_into().ok()?;
+        Some(p.fd().ok()?.as_fd().as_raw_fd())
+    }
+
     fn back_off_adoption(&mut self, cookie: u64, id: u64, now: std::time::Instant) {
         let tries = self.adopt_backoff.get(&cookie).map_or(0, |(t, _)| *t) + 1;
         let wait = if tries >= ADOPT_TRIES {

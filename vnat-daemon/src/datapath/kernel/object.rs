@@ -17,10 +17,10 @@ use vnat_common::{
     MAP_CONFIG, MAP_CONNS, MAP_EGRESS_NAT, MAP_GUESTS, MAP_HIDE_ADDRS, MAP_HIDE_CGROUPS,
     MAP_HIDE_FLOWS, MAP_INGRESS_NAT, MAP_REBIND, MAP_STATS, MAP_UDP_COUNT, MAP_UDP_PENDING,
     MAP_UDP_PER_SOCK, PROG_HIDE_BIND4, PROG_HIDE_BIND6, PROG_HIDE_GETPEERNAME4,
-    PROG_HIDE_GETPEERNAME6, PROG_HIDE_GETSOCKNAME4, PROG_HIDE_GETSOCKNAME6, PROG_SOCKOPS,
-    PROG_TC_EGRESS, PROG_TC_EGRESS_L3, PROG_TC_INGRESS, PROG_TC_INGRESS_L3, PROG_UDP_CONNECT4,
-    PROG_UDP_CONNECT6, PROG_UDP_RECVMSG4, PROG_UDP_RECVMSG6, PROG_UDP_RELEASE, PROG_UDP_SENDMSG4,
-    PROG_UDP_SENDMSG6,
+    PROG_HIDE_GETPEERNAME6, PROG_HIDE_GETSOCKNAME4, PROG_HIDE_GETSOCKNAME6, PROG_PEEK,
+    PROG_SOCKOPS, PROG_TC_EGRESS, PROG_TC_EGRESS_L3, PROG_TC_INGRESS, PROG_TC_INGRESS_L3,
+    PROG_UDP_CONNECT4, PROG_UDP_CONNECT6, PROG_UDP_RECVMSG4, PROG_UDP_RECVMSG6, PROG_UDP_RELEASE,
+    PROG_UDP_SENDMSG4, PROG_UDP_SENDMSG6,
 };
 
 use crate::datapath::DatapathError;
@@ -97,6 +97,8 @@ pub struct Loaded {
     /// Why hide location is off on this kernel (its programs were refused
     /// or `VNAT_KERNEL_LACKS` says so); None when it is available.
     pub hide_unavailable: Option<String>,
+    /// Whether `vnat_peek` loaded (adoption's sequence-number reader).
+    pub peek: bool,
 }
 
 fn map_err(map: &'static str) -> impl FnOnce(aya::maps::MapError) -> DatapathError {
@@ -273,6 +275,18 @@ pub fn load(bpffs: &Path) -> Result<Loaded, DatapathError> {
         let p: &mut SchedClassifier = prog(&mut ebpf, name)?;
         p.load().map_err(refused(name))?;
     }
+    // Adoption reads sequence numbers with it where the kernel takes it,
+    // else by probing the socket (restart/peek.rs): never fatal.
+    let peek = {
+        let p: &mut SchedClassifier = prog(&mut ebpf, PROG_PEEK)?;
+        match p.load() {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, "the kernel refused {PROG_PEEK}: adoption reads sequence numbers by probing each socket instead, which a busy connection can delay");
+                false
+            }
+        }
+    };
 
     let take = |ebpf: &mut Ebpf, name: &'static str| {
         ebpf.take_map(name).ok_or_else(|| DatapathError::Load {
@@ -316,6 +330,7 @@ pub fn load(bpffs: &Path) -> Result<Loaded, DatapathError> {
         netns_cookie: own_netns_cookie()?,
         hide,
         hide_unavailable,
+        peek,
     };
     check_and_set_config(bpffs, &mut loaded)?;
     super::budgets::set(&mut loaded.maps, sizes)?;

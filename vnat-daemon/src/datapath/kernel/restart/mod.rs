@@ -523,8 +523,9 @@ pub fn socket_alive(flow: &VirtualFlow, cookie: u64) -> Result<bool, DatapathErr
 pub fn sequence_bases(
     flow: &VirtualFlow,
     cookie: u64,
+    program: Option<std::os::fd::RawFd>,
 ) -> Result<Option<SequenceBases>, DatapathError> {
-    peek::sequence_bases(flow, cookie)
+    peek::sequence_bases(flow, cookie, program)
 }
 
 /// Reset `flow`'s socket (see [`sockdiag::destroy`]); `cookie` 0: any

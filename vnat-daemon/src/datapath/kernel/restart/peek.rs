@@ -23,14 +23,29 @@
 //! Keepalive and zero-window probes carry `snd_una - 1`, below `snd_nxt`:
 //! of the pure ACKs seen, the highest sequence number is taken. A socket
 //! waiting on its probe timer is left for later.
+//!
+//! That probe is the fallback. Where the kernel loads `vnat_peek`
+//! (vnat-ebpf/src/peek.rs, Linux 5.1's `bpf_tcp_sock`), vnatd runs it
+//! with BPF_PROG_TEST_RUN instead: it finds the socket by its tuple and reads
+//! `snd_una`, `rcv_nxt` and both byte counters nanoseconds apart, with no
+//! segment sent and no window in which the connection must hold still.
 
 use std::{
     io,
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
     time::{Duration, Instant},
 };
 
+use vnat_common::{
+    PeekAnswer, PeekRequest, PEEK_ANSWER_OFF, PEEK_FOUND, PEEK_PACKET_LEN, PEEK_REQUEST_OFF,
+    PEEK_STEADY,
+};
+
 use super::*;
+use crate::datapath::kernel::testrun;
+
+/// `TCP_ESTABLISHED` (include/net/tcp_states.h).
+const TCP_ESTABLISHED: u32 = 1;
 
 /// What sock_ops would have recorded at establishment: `snd_una -
 /// bytes_acked` and `rcv_nxt - bytes_received` (mod 2^32), constant for the
@@ -53,16 +68,119 @@ const RETRY_AFTER: Duration = Duration::from_millis(550);
 /// `idiag_timer` of a pending keepalive timer.
 const TIMER_KEEPALIVE: u8 = 2;
 
+/// Readings of `vnat_peek` tried before giving up until the next look:
+/// one is torn only if a segment is processed on another CPU during the
+/// few loads between its two halves.
+const PROGRAM_TRIES: u32 = 8;
+
 /// The bases of `flow`'s established socket (with `cookie`), or `None` if
-/// it is gone, or no reading held still.
+/// it is gone, or no reading held still. `program`: the loaded
+/// `vnat_peek`, if the kernel took it.
 pub(super) fn sequence_bases(
     flow: &VirtualFlow,
     cookie: u64,
+    program: Option<RawFd>,
 ) -> Result<Option<SequenceBases>, DatapathError> {
     if flow.local.is_ipv4() != flow.remote.is_ipv4() {
         return Ok(None);
     }
     let mut diag = SockDiag::open()?;
+    if let Some(fd) = program {
+        return by_program(fd, &mut diag, flow, cookie);
+    }
+    by_probe(&mut diag, flow, cookie)
+}
+
+/// The bases read by `vnat_peek`, for the socket with `cookie` only.
+fn by_program(
+    fd: RawFd,
+    diag: &mut SockDiag,
+    flow: &VirtualFlow,
+    cookie: u64,
+) -> Result<Option<SequenceBases>, DatapathError> {
+    // The tuple names one socket at a time: the one with `cookie`, if
+    // sock_diag still lists it as established.
+    if diag.query(flow, cookie)?.is_none() {
+        return Ok(None);
+    }
+    let packet = peek_packet(flow);
+    for _ in 0..PROGRAM_TRIES {
+        let run = testrun::run(fd, &packet)
+            .map_err(kernel_err("running vnat_peek (BPF_PROG_TEST_RUN)"))?;
+        let Some(a) = answer_of(&run.packet) else {
+            return Ok(None);
+        };
+        if a.found & PEEK_FOUND == 0 || a.state != TCP_ESTABLISHED {
+            return Ok(None);
+        }
+        if a.found & PEEK_STEADY != 0 {
+            return Ok(Some(bases_of(&a)));
+        }
+    }
+    Ok(None)
+}
+
+/// What sock_ops records at establishment, from a reading of the socket.
+fn bases_of(a: &PeekAnswer) -> SequenceBases {
+    SequenceBases {
+        snd_una_base: a.snd_una.wrapping_sub(a.bytes_acked as u32),
+        rcv_nxt_base: a.rcv_nxt.wrapping_sub(a.bytes_received as u32),
+    }
+}
+
+/// The test-run packet asking for `flow`'s socket (vnat-common's peek.rs).
+fn peek_packet(flow: &VirtualFlow) -> Vec<u8> {
+    fn words(ip: IpAddr) -> [u32; 4] {
+        let mut w = [0u32; 4];
+        match ip.to_canonical() {
+            IpAddr::V4(a) => w[0] = u32::from_ne_bytes(a.octets()),
+            IpAddr::V6(a) => {
+                for (i, c) in a.octets().chunks_exact(4).enumerate() {
+                    w[i] = u32::from_ne_bytes([c[0], c[1], c[2], c[3]]);
+                }
+            }
+        }
+        w
+    }
+    let req = PeekRequest {
+        family: u32::from(if flow.local.ip().to_canonical().is_ipv4() {
+            vnat_common::AF_INET
+        } else {
+            vnat_common::AF_INET6
+        }),
+        remote_addr_be: words(flow.remote.ip()),
+        local_addr_be: words(flow.local.ip()),
+        remote_port_be: flow.remote.port().to_be(),
+        local_port_be: flow.local.port().to_be(),
+    };
+    let mut p = vec![0u8; PEEK_PACKET_LEN];
+    // SAFETY: PeekRequest is repr(C) of integers with no padding (its size
+    // is asserted in vnat-common), so its bytes are all initialized.
+    let bytes = unsafe {
+        std::slice::from_raw_parts(
+            (&req as *const PeekRequest).cast::<u8>(),
+            size_of::<PeekRequest>(),
+        )
+    };
+    p[PEEK_REQUEST_OFF..PEEK_ANSWER_OFF].copy_from_slice(bytes);
+    p
+}
+
+/// The answer `vnat_peek` wrote into the packet.
+fn answer_of(packet: &[u8]) -> Option<PeekAnswer> {
+    let b = packet.get(PEEK_ANSWER_OFF..PEEK_ANSWER_OFF + size_of::<PeekAnswer>())?;
+    // SAFETY: `b` holds exactly size_of::<PeekAnswer>() bytes, and every bit
+    // pattern is a valid PeekAnswer (integers only); read_unaligned copes
+    // with the Vec's byte alignment.
+    Some(unsafe { std::ptr::read_unaligned(b.as_ptr().cast::<PeekAnswer>()) })
+}
+
+/// The bases read by probing the socket (see the module's comment).
+fn by_probe(
+    diag: &mut SockDiag,
+    flow: &VirtualFlow,
+    cookie: u64,
+) -> Result<Option<SequenceBases>, DatapathError> {
     for attempt in 0..MAX_TRIES {
         if attempt > 0 {
             std::thread::sleep(RETRY_AFTER);
@@ -401,6 +519,81 @@ mod tests {
         v6[43] ^= 1;
         assert_eq!(run(&f, &v6), 0, "IPv6, another destination port");
         assert_eq!(run(&f, &[0x70]), 0, "neither family");
+    }
+
+    #[test]
+    fn the_peek_request_names_the_socket_as_an_arriving_segment_would() {
+        let p = peek_packet(&flow());
+        assert_eq!(p.len(), PEEK_PACKET_LEN);
+        let r = &p[PEEK_REQUEST_OFF..PEEK_ANSWER_OFF];
+        assert_eq!(u32::from_ne_bytes(r[..4].try_into().unwrap()), 2, "AF_INET");
+        assert_eq!(&r[4..8], &[198, 18, 3, 2], "source: the peer's end");
+        assert_eq!(&r[20..24], &[198, 18, 1, 2], "destination: this host's");
+        assert_eq!(&r[36..38], &5001u16.to_be_bytes(), "the peer's port");
+        assert_eq!(&r[38..40], &40000u16.to_be_bytes(), "this host's port");
+        assert!(
+            p[PEEK_ANSWER_OFF..].iter().all(|&b| b == 0),
+            "no answer yet"
+        );
+
+        let v6 = VirtualFlow {
+            proto: Proto::Tcp,
+            local: "[fd00:5e:1::2]:40000".parse().unwrap(),
+            remote: "[fd00:5e:3::2]:5001".parse().unwrap(),
+        };
+        let p = peek_packet(&v6);
+        let r = &p[PEEK_REQUEST_OFF..PEEK_ANSWER_OFF];
+        assert_eq!(
+            u32::from_ne_bytes(r[..4].try_into().unwrap()),
+            10,
+            "AF_INET6"
+        );
+        assert_eq!(
+            r[4..20],
+            "fd00:5e:3::2"
+                .parse::<std::net::Ipv6Addr>()
+                .unwrap()
+                .octets()
+        );
+        assert_eq!(
+            r[20..36],
+            "fd00:5e:1::2"
+                .parse::<std::net::Ipv6Addr>()
+                .unwrap()
+                .octets()
+        );
+    }
+
+    #[test]
+    fn bases_are_the_numbers_less_the_counters_mod_2_32() {
+        let a = PeekAnswer {
+            found: PEEK_FOUND | PEEK_STEADY,
+            state: 1,
+            snd_una: 100,
+            snd_nxt: 200,
+            rcv_nxt: 5,
+            bytes_acked: (1 << 32) + 101,
+            bytes_received: 10,
+            ..PeekAnswer::default()
+        };
+        assert_eq!(
+            bases_of(&a),
+            SequenceBases {
+                snd_una_base: u32::MAX,
+                rcv_nxt_base: u32::MAX - 4,
+            }
+        );
+        let mut p = vec![0u8; PEEK_PACKET_LEN];
+        // SAFETY: PeekAnswer is plain integers with no padding.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                (&a as *const PeekAnswer).cast::<u8>(),
+                size_of::<PeekAnswer>(),
+            )
+        };
+        p[PEEK_ANSWER_OFF..].copy_from_slice(bytes);
+        assert_eq!(answer_of(&p), Some(a));
+        assert_eq!(answer_of(&p[..PEEK_PACKET_LEN - 1]), None, "a short packet");
     }
 
     #[test]
