@@ -451,6 +451,14 @@ where
         Ok(Ok(())) => {}
     }
     log_sysctls(at_stop.run(|dp| dp.restore_sysctls()).await);
+    // Nobody answers a PROVE at a routed container's address any more: its
+    // VCMP datagrams go to the container again.
+    if let Ok(Err(e)) = at_stop
+        .run(|dp| dp.receive_vcmp_at(&Default::default(), 0))
+        .await
+    {
+        tracing::warn!(error = %e, "cannot remove the rules that took VCMP datagrams to routed containers' addresses; `vnatd --cleanup` removes them");
+    }
     tracing::info!(
         bpffs = %settings.bpffs.display(),
         "vnatd stopped; the eBPF programs and maps stay pinned, so translated connections keep working until vnatd starts again"

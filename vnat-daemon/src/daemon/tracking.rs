@@ -61,8 +61,9 @@ pub struct Tracking {
     /// Each tracked connection's cgroup id, for its conflict policy.
     cgroup_of: HashMap<VirtualFlow, u64>,
     /// The routed containers' addresses whose VCMP datagrams the datapath
-    /// was last told to deliver here (`Datapath::receive_vcmp_at`).
-    pub receiving_vcmp_at: std::collections::BTreeSet<IpAddr>,
+    /// was last told to deliver here (`Datapath::receive_vcmp_at`); `None`
+    /// until it was told once (rules a previous vnatd left go then).
+    pub receiving_vcmp_at: Option<std::collections::BTreeSet<IpAddr>>,
 }
 
 impl Tracking {

@@ -131,12 +131,12 @@ impl Driver {
             })
             .map(|f| f.local.ip())
             .collect();
-        if want == self.tracking.receiving_vcmp_at {
+        if self.tracking.receiving_vcmp_at.as_ref() == Some(&want) {
             return;
         }
         let asked = want.clone();
         match with_dp(&self.dp, move |dp| dp.receive_vcmp_at(&asked, port)).await {
-            Ok(()) => self.tracking.receiving_vcmp_at = want,
+            Ok(()) => self.tracking.receiving_vcmp_at = Some(want),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot receive VCMP at routed containers' addresses: their connections may stay not mobile")
             }
