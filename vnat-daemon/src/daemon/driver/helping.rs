@@ -646,25 +646,32 @@ impl Driver {
         }
     }
 
-    /// The "stop" helper: SIGSTOP the local process of `flow` (the one the
-    /// datapath lists as its owner) through a pidfd kept for the SIGCONT.
-    /// Not a process that serves other recorded connections too (a server
-    /// process of many clients), nor init or vnatd, nor a UDP flow's.
+    /// The "stop" helper: SIGSTOP the local process of `flow` (the one that
+    /// holds its socket now, `Datapath::socket_holder`) through a pidfd
+    /// kept for the SIGCONT. Not a process that serves other recorded
+    /// connections too (a server process of many clients), nor init or
+    /// vnatd, nor a UDP flow's. The holder is looked up again once the
+    /// pidfd is open: a process that took the pid in between holds no such
+    /// socket, and the pidfd of one that died refuses the signal.
     async fn stop_process(&mut self, flow: &VirtualFlow) -> Option<helping::Stopped> {
         let flow = *flow;
         if flow.proto != crate::datapath::Proto::Tcp {
             return None;
         }
+        let holder =
+            move |dp: &mut dyn crate::datapath::Datapath| dp.socket_holder(&flow).ok().flatten();
         let (pid, others) = with_dp(&self.dp, move |dp| {
+            let pid = holder(dp)?;
             let all = dp.connections().ok()?;
-            let pid = all.iter().find_map(|c| {
-                (c.proto == flow.proto
-                    && c.virtual_local == flow.local
-                    && c.virtual_remote == flow.remote)
-                    .then_some(c.pid)
-                    .flatten()
-            })?;
-            let others = all.iter().filter(|c| c.pid == Some(pid)).count() - 1;
+            let others = all
+                .iter()
+                .filter(|c| c.pid == Some(pid))
+                .filter(|c| {
+                    !(c.proto == flow.proto
+                        && c.virtual_local == flow.local
+                        && c.virtual_remote == flow.remote)
+                })
+                .count();
             Some((pid, others))
         })
         .await?;
@@ -686,6 +693,10 @@ impl Driver {
         }
         // SAFETY: `fd` is the fresh descriptor pidfd_open just returned.
         let pidfd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as libc::c_int) };
+        if with_dp(&self.dp, move |dp| holder(dp)).await != Some(pid) {
+            tracing::info!(id = flow.id(), %flow, pid, "not stopping: the process no longer holds the connection's socket");
+            return None;
+        }
         let s = helping::Stopped { pid, pidfd };
         if !send_signal(&s, libc::SIGSTOP) {
             return None;

@@ -574,6 +574,13 @@ impl Datapath for KernelDatapath {
         }
     }
 
+    fn socket_holder(&mut self, flow: &VirtualFlow) -> Result<Option<u32>, DatapathError> {
+        match self.record(flow)? {
+            Some(record) => restart::socket_holder(flow, &record),
+            None => Ok(None),
+        }
+    }
+
     fn set_user_timeout(
         &mut self,
         flow: &VirtualFlow,

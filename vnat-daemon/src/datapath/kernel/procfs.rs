@@ -34,6 +34,17 @@ pub fn inode_owners() -> HashMap<u64, u32> {
     owners
 }
 
+/// Whether process `pid` holds the socket with `inode` (one of its
+/// descriptors is `socket:[INODE]`).
+pub fn holds_socket(pid: u32, inode: u64) -> bool {
+    let want = format!("socket:[{inode}]");
+    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten()
+        .any(|fd| fs::read_link(fd.path()).is_ok_and(|t| t.as_os_str() == want.as_str()))
+}
+
 pub fn comm(pid: u32) -> Option<String> {
     fs::read_to_string(format!("/proc/{pid}/comm"))
         .ok()

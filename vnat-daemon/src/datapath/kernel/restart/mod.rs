@@ -407,8 +407,10 @@ pub fn hold_keepalive(
         .map_err(kernel_err("changing the socket's keepalive"))
 }
 
-/// The owner (the recorded process, or the one holding the inode) and
-/// inode of `flow`'s TCP socket.
+/// The owner and inode of `flow`'s TCP socket: the recorded process if it
+/// still holds the socket (by inode in its descriptors), else the one
+/// found holding the inode. The recorded pid alone is stale once the
+/// process hands the socket on or dies and its pid is reused.
 fn owner_of(flow: &VirtualFlow, record: &ConnRecord) -> Result<Option<(u32, u64)>, DatapathError> {
     if flow.proto != Proto::Tcp {
         return Ok(None);
@@ -416,14 +418,27 @@ fn owner_of(flow: &VirtualFlow, record: &ConnRecord) -> Result<Option<(u32, u64)
     let Some(state) = SockDiag::with_shared(|d| d.query(flow, record.cookie))? else {
         return Ok(None);
     };
-    let pid = match record.pid {
-        0 => super::procfs::inode_owners()
+    if state.inode == 0 {
+        return Ok(None);
+    }
+    let pid = if record.pid != 0 && super::procfs::holds_socket(record.pid, state.inode) {
+        record.pid
+    } else {
+        super::procfs::inode_owners()
             .get(&state.inode)
             .copied()
-            .unwrap_or(0),
-        p => p,
+            .unwrap_or(0)
     };
-    Ok((pid != 0 && state.inode != 0).then_some((pid, state.inode)))
+    Ok((pid != 0).then_some((pid, state.inode)))
+}
+
+/// The process holding `flow`'s TCP socket now (see
+/// `Datapath::socket_holder`).
+pub fn socket_holder(
+    flow: &VirtualFlow,
+    record: &ConnRecord,
+) -> Result<Option<u32>, DatapathError> {
+    Ok(owner_of(flow, record)?.map(|(pid, _)| pid))
 }
 
 /// A duplicate of `flow`'s TCP socket (see `Datapath::connection_socket`).
