@@ -346,7 +346,7 @@ mod tests {
             rcv_wnd: 65_535,
         };
         let r = tcp_windows(&w);
-        for seq in [1000u32, 999, 1000 - 60_000, 1000 + 65_000] {
+        for seq in [1000u32, 999, 1000u32.wrapping_sub(60_000), 1000 + 65_000] {
             assert!(inside(r.seq_lo, r.seq_span, seq), "seq {seq}");
         }
         for seq in [1000u32.wrapping_sub(70_000), 1000 + 70_000, 1 << 31] {
