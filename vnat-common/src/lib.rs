@@ -7,9 +7,11 @@
 //! Changing any of these is an ABI break for pinned maps: bump [`ABI_VERSION`].
 #![no_std]
 
+mod hidereach;
 mod owners;
 mod peek;
 mod stats;
+pub use hidereach::*;
 pub use owners::*;
 pub use peek::*;
 pub use stats::*;

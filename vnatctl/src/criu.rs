@@ -405,9 +405,7 @@ mod tests {
             conn(5, "127.0.0.1:6379", "127.0.0.1:50000", Some(10), false),
         ];
         assert_eq!(tree_connections(&conns, &cookies).unwrap(), vec![1, 2]);
-        assert!(tree_connections(&conns, &[7].into())
-            .unwrap()
-            .is_empty());
+        assert!(tree_connections(&conns, &[7].into()).unwrap().is_empty());
 
         let mut stuck = conns.clone();
         stuck.push(conn(

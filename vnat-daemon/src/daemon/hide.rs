@@ -21,6 +21,15 @@
 //! original address where the peer was behind a NAT (other hosts may
 //! share it), nor an address that two moved hosts would each claim.
 //!
+//! And what is redirected is never a whole address: only the endpoints
+//! (address and port) where this host saw the peer's connections, each to
+//! where that connection is now. Whether the peer was behind a NAT is the
+//! peer's own word (how it names its end in its CLAIM), and no
+//! observation here can prove that it was not: a peer behind a NAT, or
+//! one whose old address passed to another host, may name that address
+//! as its own. With endpoints, such a peer reaches only what it held,
+//! never another host's port at the same address.
+//!
 //! The shown address stays the same while connections use it, so that a
 //! host that moves twice, or moves back, keeps being shown where its
 //! applications first saw it. vnatd forgets it when it restarts, and then
@@ -76,6 +85,8 @@ struct Member {
     age: u64,
     natted: bool,
     flow: VirtualFlow,
+    /// The remote physical endpoint (where a peer's end of it is now).
+    remote_phys: SocketAddr,
 }
 
 impl Hider {
@@ -107,6 +118,7 @@ impl Hider {
                     age,
                     natted: false,
                     flow: c.flow,
+                    remote_phys: c.remote_phys,
                 });
             if let Some(key) = c.peer {
                 groups
@@ -121,6 +133,7 @@ impl Hider {
                         age,
                         natted: c.peer_behind_nat,
                         flow: c.flow,
+                        remote_phys: c.remote_phys,
                     });
             }
         }
@@ -130,8 +143,8 @@ impl Hider {
         // Candidates per side: address -> the addresses it would map to.
         let mut show: [BTreeMap<IpAddr, BTreeSet<IpAddr>>; 2] = Default::default();
         let mut reach: [BTreeMap<IpAddr, BTreeSet<IpAddr>>; 2] = Default::default();
-        // Moved flows to remote addresses that may be redirected.
-        let mut moved_flows: Vec<VirtualFlow> = Vec::new();
+        // A peer's held endpoints -> where each is now (several: ambiguous).
+        let mut held: BTreeMap<(Proto, SocketAddr), BTreeSet<SocketAddr>> = BTreeMap::new();
         for (group, members) in &groups {
             let peer = match group {
                 Group::Peer { key, .. } => Some(*key),
@@ -158,12 +171,23 @@ impl Hider {
                 }
             }
             for (original, now) in &plan.reach {
-                if used_only_by_it(original, false) {
-                    reach[side].entry(*original).or_default().insert(*now);
+                if !used_only_by_it(original, false) {
+                    continue;
                 }
-            }
-            if peer.is_some() {
-                moved_flows.extend(members.iter().filter(|m| m.virt != m.phys).map(|m| m.flow));
+                if peer.is_none() {
+                    reach[side].entry(*original).or_default().insert(*now);
+                    continue;
+                }
+                // The peer's: only the endpoints its moved connections held
+                // at the original address, each to where it is now.
+                for m in members
+                    .iter()
+                    .filter(|m| m.virt == *original && m.flow.remote != m.remote_phys)
+                {
+                    held.entry((m.flow.proto, m.flow.remote))
+                        .or_default()
+                        .insert(m.remote_phys);
+                }
             }
             self.away.entry(*group).or_default().extend(plan.shown_as);
         }
@@ -179,12 +203,24 @@ impl Hider {
                 .collect()
         };
         let [local_show, remote_show] = show;
-        let [local_reach, remote_reach] = reach;
-        let remote_reach = single(remote_reach);
-        let translated = moved_flows
+        let [local_reach, _] = reach;
+        let remote_reach: BTreeMap<(Proto, SocketAddr), SocketAddr> = held
             .into_iter()
-            .filter(|f| remote_reach.contains_key(&f.remote.ip()))
-            .map(|f| (f.proto, f.local.port(), f.remote))
+            .filter_map(|(held, to)| {
+                if to.len() > 1 {
+                    tracing::debug!(endpoint = %held.1, candidates = ?to, "hide location: the endpoint is now at several places; not redirected");
+                    return None;
+                }
+                to.into_iter().next().map(|t| (held, t))
+            })
+            .collect();
+        // The connections to those endpoints are left to tc, from their
+        // own sockets.
+        let translated = conns
+            .iter()
+            .filter(|c| c.peer.is_some() && c.flow.remote != c.remote_phys)
+            .filter(|c| remote_reach.contains_key(&(c.flow.proto, c.flow.remote)))
+            .map(|c| (c.flow.proto, c.flow.local.port(), c.flow.remote))
             .collect::<BTreeSet<(Proto, u16, SocketAddr)>>();
         HideTable {
             remote_show: single(remote_show),
@@ -354,9 +390,10 @@ mod tests {
             t.remote_show,
             BTreeMap::from([(ip("10.0.2.5"), ip("10.0.1.5"))])
         );
+        // Only the endpoint it held is reached where it is now.
         assert_eq!(
             t.remote_reach,
-            BTreeMap::from([(ip("10.0.1.5"), ip("10.0.2.5"))])
+            BTreeMap::from([((Proto::Tcp, sa("10.0.1.5:40000")), sa("10.0.2.5:40000"))])
         );
         assert_eq!(
             t.translated,
@@ -449,8 +486,14 @@ mod tests {
         assert_eq!(
             t.remote_reach,
             BTreeMap::from([
-                (ip("fd00:1::10"), ip("fd00:2::5")),
-                (ip("fd00:1::20"), ip("fd00:2::5"))
+                (
+                    (Proto::Tcp, sa("[fd00:1::10]:40001")),
+                    sa("[fd00:2::5]:40001")
+                ),
+                (
+                    (Proto::Tcp, sa("[fd00:1::20]:40000")),
+                    sa("[fd00:2::5]:40000")
+                )
             ])
         );
     }
@@ -618,6 +661,35 @@ mod tests {
         assert_eq!(
             t.local_show,
             BTreeMap::from([(ip("10.0.3.5"), ip("10.0.1.5"))])
+        );
+    }
+
+    /// Issue 31, item 4: a peer behind a NAT names its end by the NAT's
+    /// address (as if it had none) and moves. It is reached, where it is
+    /// now, at the one endpoint of that address it held, never at another
+    /// port of it (another host's behind the same NAT).
+    #[test]
+    fn a_peer_naming_its_nat_address_as_its_own_is_reached_only_where_it_held_it() {
+        let mut h = Hider::default();
+        let lying = at_server(
+            Proto::Udp,
+            "10.0.9.1:5060",
+            "192.0.2.1:40000",
+            "203.0.113.7:40000",
+            LAPTOP,
+        );
+        assert!(!lying.peer_behind_nat, "it says it has no NAT");
+        let t = h.table([lying]);
+        assert_eq!(
+            t.remote_reach,
+            BTreeMap::from([((Proto::Udp, sa("192.0.2.1:40000")), sa("203.0.113.7:40000"))]),
+            "only the endpoint it held"
+        );
+        assert!(
+            !t.remote_reach
+                .keys()
+                .any(|(_, e)| e.ip() == ip("192.0.2.1") && e.port() != 40000),
+            "{t:?}"
         );
     }
 }

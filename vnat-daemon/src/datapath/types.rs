@@ -117,9 +117,11 @@ pub struct HideTable {
     /// connection opened since it moved) -> the virtual address shown for
     /// it by getpeername(), accept() and recvmsg().
     pub remote_show: BTreeMap<IpAddr, IpAddr>,
-    /// A moved peer's shown address -> where a connect() or sendmsg() to
-    /// it goes.
-    pub remote_reach: BTreeMap<IpAddr, IpAddr>,
+    /// An endpoint a moved peer's connection had (its remote virtual
+    /// endpoint) -> where it is now: where a connect() or sendmsg() to it
+    /// goes. Never a whole address: another host may answer at its other
+    /// ports.
+    pub remote_reach: BTreeMap<(Proto, SocketAddr), SocketAddr>,
     /// This host's address -> the virtual address getsockname() shows.
     pub local_show: BTreeMap<IpAddr, IpAddr>,
     /// This host's moved-away address -> where a bind() to it binds.

@@ -1,6 +1,7 @@
 //! Hide location in the kernel: which cgroups hide (`VNAT_HIDE_CGROUPS`),
-//! and what their applications see (`VNAT_HIDE_ADDRS`, `VNAT_HIDE_FLOWS`),
-//! for the sock_addr programs of `vnat-ebpf/src/hide.rs`.
+//! and what their applications see and reach (`VNAT_HIDE_ADDRS`,
+//! `VNAT_HIDE_FLOWS`, `VNAT_HIDE_REACH`), for the sock_addr programs of
+//! `vnat-ebpf/src/hide.rs`, which note in `VNAT_HIDE_SEEN` what they showed.
 
 use std::{
     collections::{HashMap as StdHashMap, HashSet},
@@ -9,9 +10,10 @@ use std::{
 };
 
 use vnat_common::{
-    FlowKey, HideKey, HideValue, HIDE_ADDRS_MAX_ENTRIES, HIDE_FLOWS_MAX_ENTRIES, HIDE_F_REACH,
-    HIDE_F_SHOW, HIDE_MAX_LEVEL, HIDE_SIDE_LOCAL, HIDE_SIDE_REMOTE, MAP_HIDE_ADDRS,
-    MAP_HIDE_CGROUPS, MAP_HIDE_FLOWS,
+    FlowKey, HideKey, HideReachKey, HideReachValue, HideValue, HIDE_ADDRS_MAX_ENTRIES,
+    HIDE_FLOWS_MAX_ENTRIES, HIDE_F_REACH, HIDE_F_SHOW, HIDE_MAX_LEVEL, HIDE_REACH_MAX_ENTRIES,
+    HIDE_SIDE_LOCAL, HIDE_SIDE_REMOTE, MAP_HIDE_ADDRS, MAP_HIDE_CGROUPS, MAP_HIDE_FLOWS,
+    MAP_HIDE_REACH, MAP_HIDE_SEEN, PROTO_TCP, PROTO_UDP,
 };
 
 use super::{attach, flow_key, map_err, object, DatapathError, KernelDatapath, Proto};
@@ -22,6 +24,33 @@ fn words(ip: IpAddr) -> ([u32; 4], u8) {
     let sa = SocketAddr::new(ip, 0);
     let k = flow_key(Proto::Tcp, sa, sa);
     (k.src_addr_be, k.family)
+}
+
+/// The endpoints of `t.remote_reach`, as `VNAT_HIDE_REACH` holds them
+/// (an endpoint and its target of different families are left out).
+pub(super) fn reach_entries(t: &HideTable) -> StdHashMap<HideReachKey, HideReachValue> {
+    t.remote_reach
+        .iter()
+        .filter(|((_, from), to)| from.is_ipv4() == to.is_ipv4())
+        .map(|((proto, from), to)| {
+            let (addr_be, family) = words(from.ip());
+            let key = HideReachKey {
+                addr_be,
+                port_be: from.port().to_be(),
+                family,
+                proto: match proto {
+                    Proto::Tcp => PROTO_TCP,
+                    Proto::Udp => PROTO_UDP,
+                },
+            };
+            let value = HideReachValue {
+                addr_be: words(to.ip()).0,
+                port_be: to.port().to_be(),
+                _pad: [0; 2],
+            };
+            (key, value)
+        })
+        .collect()
 }
 
 /// The entries of `t`, as the maps hold them.
@@ -47,16 +76,15 @@ pub(super) fn entries(t: &HideTable) -> (StdHashMap<HideKey, HideValue>, HashSet
         }
         v.flags |= flag;
     };
-    for (side, shows, reaches) in [
-        (HIDE_SIDE_REMOTE, &t.remote_show, &t.remote_reach),
-        (HIDE_SIDE_LOCAL, &t.local_show, &t.local_reach),
-    ] {
-        for (from, to) in shows {
-            put(side, *from, *to, HIDE_F_SHOW);
-        }
-        for (from, to) in reaches {
-            put(side, *from, *to, HIDE_F_REACH);
-        }
+    for (from, to) in &t.remote_show {
+        put(HIDE_SIDE_REMOTE, *from, *to, HIDE_F_SHOW);
+    }
+    for (from, to) in &t.local_show {
+        put(HIDE_SIDE_LOCAL, *from, *to, HIDE_F_SHOW);
+    }
+    // This host's own addresses: a bind() to one it moved away from.
+    for (from, to) in &t.local_reach {
+        put(HIDE_SIDE_LOCAL, *from, *to, HIDE_F_REACH);
     }
     let flows = t
         .translated
@@ -113,42 +141,42 @@ fn may_hide(path: &Path) -> Result<(), DatapathError> {
     Ok(())
 }
 
-/// Cut `addrs` and `flows` to the maps' capacity without ever keeping a
-/// redirection whose translated flows are not all exempt: a flow left out
-/// takes its address's redirection with it.
-pub(super) fn fit(addrs: &mut StdHashMap<HideKey, HideValue>, flows: &mut HashSet<FlowKey>) {
+/// Cut `addrs`, `flows` and `reach` to the maps' capacity without ever
+/// keeping a redirection whose translated flows are not all exempt: a flow
+/// left out takes its endpoint's redirection with it.
+pub(super) fn fit(
+    addrs: &mut StdHashMap<HideKey, HideValue>,
+    flows: &mut HashSet<FlowKey>,
+    reach: &mut StdHashMap<HideReachKey, HideReachValue>,
+) {
+    let endpoint = |f: &FlowKey| HideReachKey {
+        addr_be: f.dst_addr_be,
+        port_be: f.dst_port_be,
+        family: f.family,
+        proto: f.proto,
+    };
     let mut fl: Vec<FlowKey> = flows.drain().collect();
     fl.sort_unstable();
     for dropped in fl.split_off(fl.len().min(HIDE_FLOWS_MAX_ENTRIES as usize)) {
-        let key = HideKey {
-            addr_be: dropped.dst_addr_be,
-            family: dropped.family,
-            side: HIDE_SIDE_REMOTE,
-            _pad: [0; 2],
-        };
-        if let Some(v) = addrs.get_mut(&key) {
-            v.flags &= !HIDE_F_REACH;
-            v.reach_be = [0; 4];
+        reach.remove(&endpoint(&dropped));
+    }
+    if reach.len() > HIDE_REACH_MAX_ENTRIES as usize {
+        // Dropping an endpoint takes away a redirection, never an
+        // exemption: safe in any order.
+        let mut keys: Vec<HideReachKey> = reach.keys().copied().collect();
+        keys.sort_unstable();
+        for k in keys.split_off(HIDE_REACH_MAX_ENTRIES as usize) {
+            reach.remove(&k);
         }
     }
-    addrs.retain(|_, v| v.flags != 0);
-    // Flows whose address lost its redirection need no exemption.
+    // Flows whose endpoint lost its redirection need no exemption.
     *flows = fl
         .into_iter()
-        .filter(|f| {
-            addrs
-                .get(&HideKey {
-                    addr_be: f.dst_addr_be,
-                    family: f.family,
-                    side: HIDE_SIDE_REMOTE,
-                    _pad: [0; 2],
-                })
-                .is_some_and(|v| v.flags & HIDE_F_REACH != 0)
-        })
+        .filter(|f| reach.contains_key(&endpoint(f)))
         .collect();
     if addrs.len() > HIDE_ADDRS_MAX_ENTRIES as usize {
-        // Dropping a whole entry takes away a redirection with it, never
-        // an exemption: safe in any order.
+        // Shown addresses and this host's own: dropping one shows or binds
+        // the truth, which is safe in any order.
         let mut keys: Vec<HideKey> = addrs.keys().copied().collect();
         keys.sort_unstable();
         for k in keys.split_off(HIDE_ADDRS_MAX_ENTRIES as usize) {
@@ -157,12 +185,13 @@ pub(super) fn fit(addrs: &mut StdHashMap<HideKey, HideValue>, flows: &mut HashSe
     }
 }
 
-/// What this process last wrote to the two maps (read from the pins at
-/// the first write).
+/// What this process last wrote to the maps (read from the pins at the
+/// first write).
 #[derive(Default)]
 pub(super) struct HideMirror {
     addrs: StdHashMap<HideKey, HideValue>,
     flows: HashSet<FlowKey>,
+    reach: StdHashMap<HideReachKey, HideReachValue>,
 }
 
 impl KernelDatapath {
@@ -249,26 +278,30 @@ impl KernelDatapath {
         ids
     }
 
-    /// Bring both maps in line with `t`: removals first, then the new and
+    /// Bring the maps in line with `t`: removals first, then the new and
     /// changed entries. Entries beyond the maps' capacity are left out
-    /// (with a warning): those addresses or flows are then not hidden.
+    /// (with a warning): those addresses or endpoints are then not hidden.
     pub(super) fn write_hidden(&mut self, t: &HideTable) -> Result<(), DatapathError> {
         let (mut addrs, mut flows) = entries(t);
+        let mut reach = reach_entries(t);
         if addrs.len() > HIDE_ADDRS_MAX_ENTRIES as usize
             || flows.len() > HIDE_FLOWS_MAX_ENTRIES as usize
+            || reach.len() > HIDE_REACH_MAX_ENTRIES as usize
         {
             tracing::warn!(
                 addresses = addrs.len(),
                 flows = flows.len(),
-                "more moved addresses or flows than hide location can hold; some are not hidden"
+                endpoints = reach.len(),
+                "more moved addresses, endpoints or flows than hide location can hold; some are not hidden"
             );
-            fit(&mut addrs, &mut flows);
+            fit(&mut addrs, &mut flows, &mut reach);
         }
         if self.hide_mirror.is_none() {
             let m = &self.loaded.maps;
             self.hide_mirror = Some(HideMirror {
                 addrs: m.hide_addrs.iter().filter_map(Result::ok).collect(),
                 flows: m.hide_flows.keys().filter_map(Result::ok).collect(),
+                reach: m.hide_reach.iter().filter_map(Result::ok).collect(),
             });
         }
         let Some(mirror) = self.hide_mirror.as_mut() else {
@@ -277,7 +310,7 @@ impl KernelDatapath {
         let maps = &mut self.loaded.maps;
         let gone = |e: &aya::maps::MapError| super::is_not_found(e);
         // Flows first: a flow to leave alone must be there before the
-        // address that would redirect it, and stay until that is gone.
+        // endpoint that would redirect it, and stay until that is gone.
         let new: Vec<FlowKey> = flows.difference(&mirror.flows).copied().collect();
         for k in new {
             maps.hide_flows
@@ -299,12 +332,34 @@ impl KernelDatapath {
             }
             mirror.addrs.remove(&k);
         }
+        let stale: Vec<HideReachKey> = mirror
+            .reach
+            .keys()
+            .filter(|k| !reach.contains_key(k))
+            .copied()
+            .collect();
+        for k in stale {
+            match maps.hide_reach.remove(&k) {
+                Ok(()) => {}
+                Err(e) if gone(&e) => {}
+                Err(e) => return Err(map_err(MAP_HIDE_REACH)(e)),
+            }
+            mirror.reach.remove(&k);
+        }
         for (k, v) in &addrs {
             if mirror.addrs.get(k) != Some(v) {
                 maps.hide_addrs
                     .insert(*k, *v, 0)
                     .map_err(map_err(MAP_HIDE_ADDRS))?;
                 mirror.addrs.insert(*k, *v);
+            }
+        }
+        for (k, v) in &reach {
+            if mirror.reach.get(k) != Some(v) {
+                maps.hide_reach
+                    .insert(*k, *v, 0)
+                    .map_err(map_err(MAP_HIDE_REACH))?;
+                mirror.reach.insert(*k, *v);
             }
         }
         let stale: Vec<FlowKey> = mirror.flows.difference(&flows).copied().collect();
@@ -316,8 +371,42 @@ impl KernelDatapath {
             }
             mirror.flows.remove(&k);
         }
+        // What the programs showed stays reachable only while its address
+        // is still shown as the one the application was given.
+        let stale: Vec<HideReachKey> = maps
+            .hide_seen
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(k, v)| !still_shown(&addrs, k, v))
+            .map(|(k, _)| k)
+            .collect();
+        for k in stale {
+            match maps.hide_seen.remove(&k) {
+                Ok(()) => {}
+                Err(e) if gone(&e) => {}
+                Err(e) => return Err(map_err(MAP_HIDE_SEEN)(e)),
+            }
+        }
         Ok(())
     }
+}
+
+/// Whether `addrs` still shows the address a program noted in
+/// `VNAT_HIDE_SEEN` (the value's) as the one it gave the application (the
+/// key's).
+fn still_shown(
+    addrs: &StdHashMap<HideKey, HideValue>,
+    k: &HideReachKey,
+    v: &HideReachValue,
+) -> bool {
+    addrs
+        .get(&HideKey {
+            addr_be: v.addr_be,
+            family: k.family,
+            side: HIDE_SIDE_REMOTE,
+            _pad: [0; 2],
+        })
+        .is_some_and(|e| e.flags & HIDE_F_SHOW != 0 && e.show_be == k.addr_be)
 }
 
 #[cfg(test)]
@@ -340,69 +429,73 @@ mod tests {
 
     #[test]
     fn cutting_to_capacity_never_keeps_a_redirection_without_its_exemptions() {
-        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let sa = |s: &str| s.parse::<SocketAddr>().unwrap();
         let mut t = HideTable::default();
-        t.remote_show.insert(ip("10.0.1.5"), ip("10.0.0.1"));
-        t.remote_reach.insert(ip("10.0.1.5"), ip("10.0.2.5"));
-        t.remote_reach.insert(ip("10.0.1.6"), ip("10.0.2.6"));
+        t.remote_show
+            .insert("10.0.2.5".parse().unwrap(), "10.0.1.5".parse().unwrap());
         for port in 0..=HIDE_FLOWS_MAX_ENTRIES {
-            // All but the last sort before the other address's one flow.
+            // All but the last sort before the other endpoint's one flow.
             let (peer, port) = if port == HIDE_FLOWS_MAX_ENTRIES {
                 ("10.0.1.6", 1)
             } else {
                 ("10.0.1.5", port as u16)
             };
-            t.translated.insert((
-                if port % 2 == 0 {
-                    Proto::Udp
-                } else {
-                    Proto::Tcp
-                },
-                port,
-                SocketAddr::new(ip(peer), 7000 + (port % 3)),
-            ));
+            let proto = if port % 2 == 0 {
+                Proto::Udp
+            } else {
+                Proto::Tcp
+            };
+            let remote = SocketAddr::new(peer.parse().unwrap(), 7000 + (port % 3));
+            t.remote_reach.insert(
+                (proto, remote),
+                SocketAddr::new("10.0.2.5".parse().unwrap(), remote.port()),
+            );
+            t.translated.insert((proto, port, remote));
         }
+        t.remote_reach
+            .insert((Proto::Tcp, sa("10.0.1.7:22")), sa("10.0.2.7:22"));
         let (mut addrs, mut flows) = entries(&t);
+        let mut reach = reach_entries(&t);
         assert!(flows.len() > HIDE_FLOWS_MAX_ENTRIES as usize);
-        fit(&mut addrs, &mut flows);
+        fit(&mut addrs, &mut flows, &mut reach);
         assert!(flows.len() <= HIDE_FLOWS_MAX_ENTRIES as usize);
-        for (k, v) in &addrs {
-            if v.flags & HIDE_F_REACH == 0 {
-                continue;
-            }
-            // Every translated flow to a redirected address is exempt.
-            let all = entries(&t).1;
-            for f in all.iter().filter(|f| f.dst_addr_be == k.addr_be) {
+        assert!(reach.len() <= HIDE_REACH_MAX_ENTRIES as usize);
+        let all = entries(&t).1;
+        for k in reach.keys() {
+            // Every translated flow to a redirected endpoint is exempt.
+            for f in all.iter().filter(|f| {
+                f.dst_addr_be == k.addr_be && f.dst_port_be == k.port_be && f.proto == k.proto
+            }) {
                 assert!(
                     flows.contains(f),
                     "{f:?} lost its exemption but {k:?} still redirects"
                 );
             }
         }
-        // Some address lost its redirection; the show entry stays.
-        let a = addrs
-            .values()
-            .filter(|v| v.flags & HIDE_F_SHOW != 0)
-            .count();
-        assert_eq!(a, 1);
+        // Some endpoint lost its redirection; the one without flows and
+        // the shown address stay.
+        assert!(reach.len() < t.remote_reach.len());
+        assert!(reach.keys().any(|k| u16::from_be(k.port_be) == 22));
+        assert_eq!(addrs.len(), 1);
     }
 
     #[test]
-    fn one_address_can_be_shown_and_reached_and_families_stay_apart() {
+    fn one_address_can_be_shown_and_its_endpoints_reached_and_families_stay_apart() {
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let sa = |s: &str| s.parse::<SocketAddr>().unwrap();
         let mut t = HideTable::default();
-        // B (where the peer is now) is shown as A; A reaches B.
+        // B (where the peer is now) is shown as A; A:6000, which it held,
+        // reaches B:6001.
         t.remote_show.insert(ip("10.0.2.5"), ip("10.0.1.5"));
-        t.remote_reach.insert(ip("10.0.1.5"), ip("10.0.2.5"));
-        // Another peer that left B: B reaches it at C.
-        t.remote_reach.insert(ip("10.0.2.5"), ip("10.0.3.5"));
+        t.remote_reach
+            .insert((Proto::Udp, sa("10.0.1.5:6000")), sa("10.0.2.5:6001"));
+        // This host moved from C to D: a bind() to C binds D.
+        t.local_reach.insert(ip("10.0.3.5"), ip("10.0.4.5"));
         // A family mismatch is never written.
         t.local_show.insert(ip("10.0.2.9"), ip("fd00::9"));
-        t.translated.insert((
-            Proto::Udp,
-            5000,
-            "10.0.1.5:6000".parse::<SocketAddr>().unwrap(),
-        ));
+        t.remote_reach
+            .insert((Proto::Tcp, sa("10.0.1.5:7000")), sa("[fd00::5]:7000"));
+        t.translated.insert((Proto::Udp, 5000, sa("10.0.1.5:6000")));
         let (addrs, flows) = entries(&t);
         assert_eq!(addrs.len(), 2, "{addrs:?}");
         let b = addrs
@@ -413,9 +506,28 @@ mod tests {
                 _pad: [0; 2],
             })
             .expect("B");
-        assert_eq!(b.flags, HIDE_F_SHOW | HIDE_F_REACH);
+        assert_eq!(
+            b.flags, HIDE_F_SHOW,
+            "a peer's whole address is never reached"
+        );
         assert_eq!(b.show_be, words(ip("10.0.1.5")).0);
-        assert_eq!(b.reach_be, words(ip("10.0.3.5")).0);
+        let c = addrs
+            .get(&HideKey {
+                addr_be: words(ip("10.0.3.5")).0,
+                family: vnat_common::AF_INET,
+                side: HIDE_SIDE_LOCAL,
+                _pad: [0; 2],
+            })
+            .expect("C");
+        assert_eq!(c.flags, HIDE_F_REACH);
+        let reach = reach_entries(&t);
+        assert_eq!(reach.len(), 1, "{reach:?}");
+        let (k, v) = reach.iter().next().expect("one endpoint");
+        assert_eq!(k.addr_be, words(ip("10.0.1.5")).0);
+        assert_eq!(u16::from_be(k.port_be), 6000);
+        assert_eq!(k.proto, PROTO_UDP);
+        assert_eq!(v.addr_be, words(ip("10.0.2.5")).0);
+        assert_eq!(u16::from_be(v.port_be), 6001);
         let f = flows.iter().next().expect("one flow");
         assert_eq!(f.src_addr_be, [0; 4]);
         assert_eq!(u16::from_be(f.src_port_be), 5000);

@@ -82,6 +82,10 @@ pub struct Maps {
     pub hide_cgroups: HashMap<MapData, u64, u32>,
     pub hide_addrs: HashMap<MapData, HideKey, HideValue>,
     pub hide_flows: HashMap<MapData, FlowKey, u32>,
+    /// The endpoints moved peers held, and those the programs showed (an
+    /// LRU map), to where they are now (`vnat_common`'s `hidereach`).
+    pub hide_reach: HashMap<MapData, vnat_common::HideReachKey, vnat_common::HideReachValue>,
+    pub hide_seen: HashMap<MapData, vnat_common::HideReachKey, vnat_common::HideReachValue>,
     /// What each owner holds of the recorders' maps, and the budgets
     /// (`budgets.rs`).
     pub owners: HashMap<MapData, u32, vnat_common::OwnerCounts>,
@@ -318,6 +322,10 @@ pub fn load(bpffs: &Path) -> Result<Loaded, DatapathError> {
             .map_err(map_err(MAP_HIDE_ADDRS))?,
         hide_flows: HashMap::try_from(take(&mut ebpf, MAP_HIDE_FLOWS)?)
             .map_err(map_err(MAP_HIDE_FLOWS))?,
+        hide_reach: HashMap::try_from(take(&mut ebpf, vnat_common::MAP_HIDE_REACH)?)
+            .map_err(map_err(vnat_common::MAP_HIDE_REACH))?,
+        hide_seen: HashMap::try_from(take(&mut ebpf, vnat_common::MAP_HIDE_SEEN)?)
+            .map_err(map_err(vnat_common::MAP_HIDE_SEEN))?,
         owners: HashMap::try_from(take(&mut ebpf, vnat_common::MAP_OWNERS)?)
             .map_err(map_err(vnat_common::MAP_OWNERS))?,
         budgets: Array::try_from(take(&mut ebpf, vnat_common::MAP_BUDGETS)?)
