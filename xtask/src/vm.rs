@@ -46,6 +46,12 @@ pub const CORE_TESTS: &[(&str, &[&str])] = &[
     // The tc translators in the kernel (BPF_PROG_TEST_RUN): the verifier's
     // verdict on the oldest kernel, and the rewrite itself.
     ("tc_rewrite", &[]),
+    // The same on what the translators parse and guard (issue 31): IPv6
+    // extension headers, ICMP errors, spoofed fragments, TCP rebinding.
+    ("tc_ipv6_ext", &[]),
+    ("tc_icmp", &[]),
+    ("tc_frag_spoof", &[]),
+    ("tc_rebind", &[]),
     // What vnatd --check says of this kernel (the fallbacks themselves are
     // simulated on the host: they do not depend on the kernel).
     (
