@@ -12,7 +12,9 @@
 //! the connection's address (its pairing failed) and the connection can
 //! be claimed only with what its two ends know (a strong binding, TCP's
 //! sequence numbers), a stranger may pair, proving its address with a
-//! cookie first. Its session is provisional: it counts for nothing (no
+//! cookie first. Its claim binds the connection only once it also showed
+//! it receives at the connection's address (`vcmp::proof`: whoever once
+//! saw the handshake knows the sequence numbers). Its session is provisional: it counts for nothing (no
 //! known host, no trusted address, no `Paired` event) until one of its
 //! claims binds a connection, and it is dropped if none does within
 //! [`STRANGER_GRACE`]. At most [`MAX_STRANGERS`] are held at once, so a
