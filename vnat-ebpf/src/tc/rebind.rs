@@ -16,7 +16,7 @@ use crate::maps::{count, VNAT_CONNS, VNAT_EGRESS_NAT, VNAT_INGRESS_NAT, VNAT_REB
 /// A packet with no translation, coming in: if it is the first of a
 /// rebinding flow (its peer moved behind a NAT whose port we cannot know
 /// until the peer's packets cross it), install the flow's translations for
-/// the port it came from and return the ingress one. The key is the NAT's
+/// the port it came from. The key is the NAT's
 /// public address from the peer's authenticated update and our end; a TCP
 /// packet must also carry sequence and acknowledgment numbers in the
 /// flow's window, so an off-path host that cannot inject into the TCP
@@ -27,7 +27,10 @@ use crate::maps::{count, VNAT_CONNS, VNAT_EGRESS_NAT, VNAT_INGRESS_NAT, VNAT_REB
 /// BIND, through vnatd; meanwhile a datagram from that address to that
 /// port that belongs to no recorded flow is dropped, so that no
 /// application takes it for a new peer's.
-// A call of its own, for the stack: see `icmp::translate_error`.
+///
+/// `Ok(true)`: the flow's translations are installed (the caller then
+/// translates the packet by them). A call of its own, for the stack (see
+/// `translate_flow`).
 #[inline(never)]
 pub(super) fn learn(ctx: &TcContext, p: &Parsed) -> Result<bool, Drop> {
     if p.key.proto == PROTO_UDP {
@@ -132,47 +135,60 @@ pub(super) fn learn_tcp(ctx: &TcContext, p: &Parsed) -> bool {
         // packets at once on two CPUs may both add to `refusals` and lose
         // one count: a few more tries for a guesser, not a way around the
         // limit.
-        let v = unsafe { *vp };
-        if v.refusals >= REBIND_MAX_REFUSALS {
+        // Only the numbers here: the whole value copied out would cost 64
+        // bytes of a frame that has few to spare.
+        let (refusals, in_window) = unsafe {
+            let v = &*vp;
+            (
+                v.refusals,
+                seq.wrapping_sub(v.seq_lo) < v.seq_span && ack.wrapping_sub(v.ack_lo) < v.ack_span,
+            )
+        };
+        if refusals >= REBIND_MAX_REFUSALS {
             count(STAT_REBIND_STOPPED);
             continue;
         }
-        if seq.wrapping_sub(v.seq_lo) >= v.seq_span || ack.wrapping_sub(v.ack_lo) >= v.ack_span {
+        if !in_window {
             // SAFETY: as above.
-            unsafe { (*vp).refusals = v.refusals + 1 };
+            unsafe { (*vp).refusals = refusals + 1 };
             count(STAT_REBIND_REFUSED);
             continue;
         }
-        let ingress = NatRewrite {
-            src_addr_be: v.virt_remote_addr_be,
-            dst_addr_be: v.virt_local_addr_be,
-            src_port_be: v.virt_remote_port_be,
-            dst_port_be: v.virt_local_port_be,
-            redirect_ifindex: 0,
-            flags: 0,
-            _pad: 0,
+        // SAFETY: as above; copied out field by field, each entry built
+        // and written in a block of its own so that their stack is shared.
+        let installed = unsafe {
+            let ingress = NatRewrite {
+                src_addr_be: (*vp).virt_remote_addr_be,
+                dst_addr_be: (*vp).virt_local_addr_be,
+                src_port_be: (*vp).virt_remote_port_be,
+                dst_port_be: (*vp).virt_local_port_be,
+                redirect_ifindex: 0,
+                flags: 0,
+                _pad: 0,
+            };
+            VNAT_INGRESS_NAT.insert(&p.key, &ingress, 0).is_ok()
+        } && unsafe {
+            let egress_key = FlowKey {
+                src_addr_be: (*vp).virt_local_addr_be,
+                dst_addr_be: (*vp).virt_remote_addr_be,
+                src_port_be: (*vp).virt_local_port_be,
+                dst_port_be: (*vp).virt_remote_port_be,
+                family: p.key.family,
+                proto: p.key.proto,
+                _pad: [0; 2],
+            };
+            let egress = NatRewrite {
+                src_addr_be: p.key.dst_addr_be,
+                dst_addr_be: p.key.src_addr_be,
+                src_port_be: p.key.dst_port_be,
+                dst_port_be: p.key.src_port_be,
+                redirect_ifindex: (*vp).redirect_ifindex,
+                flags: (*vp).flags,
+                _pad: 0,
+            };
+            VNAT_EGRESS_NAT.insert(&egress_key, &egress, 0).is_ok()
         };
-        let egress_key = FlowKey {
-            src_addr_be: v.virt_local_addr_be,
-            dst_addr_be: v.virt_remote_addr_be,
-            src_port_be: v.virt_local_port_be,
-            dst_port_be: v.virt_remote_port_be,
-            family: p.key.family,
-            proto: p.key.proto,
-            _pad: [0; 2],
-        };
-        let egress = NatRewrite {
-            src_addr_be: p.key.dst_addr_be,
-            dst_addr_be: p.key.src_addr_be,
-            src_port_be: p.key.dst_port_be,
-            dst_port_be: p.key.src_port_be,
-            redirect_ifindex: v.redirect_ifindex,
-            flags: v.flags,
-            _pad: 0,
-        };
-        if VNAT_INGRESS_NAT.insert(&p.key, &ingress, 0).is_err()
-            || VNAT_EGRESS_NAT.insert(&egress_key, &egress, 0).is_err()
-        {
+        if !installed {
             let _ = VNAT_INGRESS_NAT.remove(&p.key);
             return false;
         }
