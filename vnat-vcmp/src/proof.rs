@@ -90,6 +90,11 @@ impl Proofs {
         list.push(ip);
     }
 
+    /// How many addresses `key` was asked to prove and has not.
+    pub fn asked_of(&self, key: &[u8; 32]) -> usize {
+        self.asked.keys().filter(|(k, _)| k == key).count()
+    }
+
     pub fn is_proven(&self, key: &[u8; 32], ip: IpAddr) -> bool {
         self.proven.get(key).is_some_and(|l| l.contains(&ip))
     }

@@ -236,6 +236,17 @@ fn a_stranger_that_sniffed_the_handshake_cannot_claim_the_connection() {
     assert_untouched(&sim, s, &sf, &xkey);
     let st = sim.hosts[s].ep.stats();
     assert_eq!(st.get(Counter::StrangerPromoted), 0, "{st:?}");
+    assert_eq!(sim.hosts[s].ep.pairing.strangers.proofs.asked_of(&xkey), 1);
+    // Its grace ends: nothing of it stays, what it was asked included (or
+    // strangers coming and going would fill the table of asks).
+    sim.run_for(Duration::from_secs(40));
+    let st = sim.hosts[s].ep.stats();
+    assert_eq!(st.get(Counter::StrangerDropped), 1, "{st:?}");
+    assert_eq!(
+        sim.hosts[s].ep.pairing.strangers.proofs.asked_of(&xkey),
+        0,
+        "a dropped stranger's asks stayed"
+    );
 }
 
 /// The same from a host the server knows (paired because of a connection

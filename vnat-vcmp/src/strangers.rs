@@ -181,6 +181,9 @@ impl Endpoint {
             .collect();
         for key in due {
             self.pairing.strangers.pending.remove(&key);
+            // What it was asked to prove goes too: strangers come and go,
+            // and their asks must not fill the table for the next ones.
+            self.pairing.strangers.proofs.forget(&key);
             self.sessions.remove(&key);
             self.peer_addrs.remove(&key);
             self.probes.remove(&key);
