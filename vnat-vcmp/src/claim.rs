@@ -53,6 +53,7 @@ impl Endpoint {
             return;
         };
         let key = secret.claim_key();
+        let me = self.identity.public();
         // Strong bindings only; names only to the host the connection is
         // bound to.
         let entries: Vec<ClaimEntry> = flows
@@ -60,7 +61,7 @@ impl Endpoint {
             .filter_map(|f| self.conns.get(f))
             .filter(|c| c.binding.is_strong())
             .map(|c| ClaimEntry {
-                commitment: claim_commitment(&key, &c.binding),
+                commitment: claim_commitment(&key, &me, &c.binding),
                 proto: c.flow.proto,
                 names: (c.peer_key == Some(peer)).then_some([c.flow.local, c.flow.remote]),
             })
@@ -121,7 +122,8 @@ impl Endpoint {
             let Some(secret) = self.sessions.get(peer) else {
                 continue;
             };
-            let commitment = claim_commitment(&secret.claim_key(), &binding);
+            // What that host's claims carry (their sender is it).
+            let commitment = claim_commitment(&secret.claim_key(), peer, &binding);
             if added {
                 index.by_commitment.insert(commitment, *flow);
             } else {
@@ -346,7 +348,7 @@ impl Endpoint {
         let by_commitment = self
             .conns
             .values()
-            .map(|c| (claim_commitment(key, &c.binding), c.flow))
+            .map(|c| (claim_commitment(key, peer, &c.binding), c.flow))
             .collect();
         self.claim_index.insert(*peer, ClaimIndex { by_commitment });
     }

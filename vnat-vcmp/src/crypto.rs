@@ -248,12 +248,22 @@ impl PairSecret {
     }
 }
 
-/// The commitment to a connection's binding that a CLAIM carries: only a
-/// host that knows the binding's facts can make it, and it reveals nothing
-/// of them.
-pub(crate) fn claim_commitment(claim_key: &SecretKey, binding: &Binding) -> [u8; TAG_LEN] {
+/// The commitment to a connection's binding that a CLAIM from `sender`
+/// carries: only a host that knows the binding's facts can make it, and it
+/// reveals nothing of them. It names its sender, so that the two ends'
+/// commitments differ: a host that sends back the commitment it was sent
+/// (a host behind the same NAT as the connection's peer, which is sent
+/// the claims of every connection at that address) proves nothing.
+pub(crate) fn claim_commitment(
+    claim_key: &SecretKey,
+    sender: &[u8; 32],
+    binding: &Binding,
+) -> [u8; TAG_LEN] {
     let mut out = [0u8; TAG_LEN];
-    let full = hmac(claim_key, &[b"vnat commitment v1", binding.digest()]);
+    let full = hmac(
+        claim_key,
+        &[b"vnat commitment v2", sender, binding.digest()],
+    );
     out.copy_from_slice(&full[..TAG_LEN]);
     out
 }

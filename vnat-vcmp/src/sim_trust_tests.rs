@@ -100,7 +100,7 @@ fn a_paired_host_flooding_bind_requests_is_held_to_its_budget() {
         .expect("paired")
         .claim_key();
     let binding = sim.hosts[a].ep.conns.get(&af).expect("flow").binding;
-    let commitment = claim_commitment(&key, &binding);
+    let commitment = claim_commitment(&key, &x_key, &binding);
     let sent_before = sim.hosts[a].ep.stats().get(Counter::BindsSent);
     let soon_before = sim.hosts[a].ep.stats().rejected(Reject::BindReqTooSoon);
     for nonce in 1..=1000u64 {

@@ -9,7 +9,7 @@ use super::crypto::{claim_commitment, tag_datagram};
 use super::endpoint::{Config, Event};
 use super::sim::{reverse, sa, tcp, udp, Link, Sim};
 use super::wire::{ClaimEntry, Message, PAIR_TAG_LEN};
-use crate::flow::Proto;
+use crate::flow::{Proto, VirtualFlow};
 
 /// The NAT (or CGNAT) address where the victim's UDP flow comes from.
 const N: &str = "203.0.113.7";
@@ -50,7 +50,7 @@ fn a_claim_forged_from_a_flows_address_binds_nothing_and_the_flow_never_moves() 
     // The CLAIM, as X names the flow, from the flow's own address.
     let xs = reverse(&victim);
     let entry = ClaimEntry {
-        commitment: claim_commitment(&key, &Binding::endpoints(&xs)),
+        commitment: claim_commitment(&key, &x_key, &Binding::endpoints(&xs)),
         proto: Proto::Udp,
         names: Some([xs.local, xs.remote]),
     };
@@ -95,13 +95,12 @@ fn a_claim_forged_from_a_flows_address_binds_nothing_and_the_flow_never_moves() 
     );
 }
 
-/// A has a UDP flow and a TCP connection with hosts behind the NAT address
-/// N that run no vnatd. X, behind the same NAT, pairs with A for a
-/// connection of its own. Nothing A sends X names N's flows: no endpoints,
-/// and no commitment X could test guesses of their ports against.
-#[test]
-fn a_host_pairing_from_a_shared_nat_address_learns_nothing_of_its_neighbours_flows() {
-    let mut sim = Sim::new(72, Link::default());
+/// A (10.0.0.1) with a UDP flow and a TCP connection with hosts behind
+/// the NAT address N that run no vnatd, and X behind the same NAT (its
+/// VCMP at N:30000), paired with A for a TCP connection of its own.
+/// Returns the sim, A, X, N's two flows and X's connection as A names it.
+fn neighbours_behind_one_nat(seed: u64) -> (Sim, usize, usize, [VirtualFlow; 2], VirtualFlow) {
+    let mut sim = Sim::new(seed, Link::default());
     let a = sim.add_host("10.0.0.1", Config::default());
     let x = sim.add_host("192.168.0.9", Config::default());
     sim.hosts[x].nat = Some(sa(&format!("{N}:30000")));
@@ -122,6 +121,15 @@ fn a_host_pairing_from_a_shared_nat_address_learns_nothing_of_its_neighbours_flo
     let af = tcp("10.0.0.1:22", &format!("{N}:50000"));
     sim.connect_named(x, a, xf, af);
     sim.run_for(Duration::from_secs(30));
+    (sim, a, x, theirs, af)
+}
+
+/// [`neighbours_behind_one_nat`]: nothing A sends X names N's flows: no
+/// endpoints, and no commitment X could test guesses of their ports
+/// against.
+#[test]
+fn a_host_pairing_from_a_shared_nat_address_learns_nothing_of_its_neighbours_flows() {
+    let (sim, a, x, theirs, af) = neighbours_behind_one_nat(72);
     let a_key = sim.hosts[a].ep.public_key();
     assert!(
         sim.hosts[a].ep.connection(&af).is_some_and(|c| c.has_keys),
@@ -133,7 +141,12 @@ fn a_host_pairing_from_a_shared_nat_address_learns_nothing_of_its_neighbours_flo
         .get(&a_key)
         .expect("X is paired with A")
         .claim_key();
-    let guessable = claim_commitment(&key, &Binding::endpoints(&reverse(&theirs[0])));
+    // What A would send for the UDP flow, and what X would send for it.
+    let b = Binding::endpoints(&reverse(&theirs[0]));
+    let guessable = [
+        claim_commitment(&key, &a_key, &b),
+        claim_commitment(&key, &sim.hosts[x].ep.public_key(), &b),
+    ];
     let hidden = [sa(&format!("{N}:40000")), sa(&format!("{N}:40001"))];
     let mut claims = 0;
     for (_, bytes) in &sim.hosts[x].inbox {
@@ -147,11 +160,49 @@ fn a_host_pairing_from_a_shared_nat_address_learns_nothing_of_its_neighbours_flo
                     .is_some_and(|n| n.iter().any(|a| hidden.contains(a))),
                 "A told X the endpoints of a neighbour's flow: {e:?}"
             );
-            assert_ne!(
-                e.commitment, guessable,
+            assert!(
+                !guessable.contains(&e.commitment),
                 "A sent X a commitment of a neighbour's UDP flow, which X can test port guesses against"
             );
         }
     }
     assert!(claims > 0, "A claimed X's own connection to X");
+}
+
+/// [`neighbours_behind_one_nat`]: X sends back, as its own claims, every
+/// CLAIM A sent it (re-signed under its own key, from its own session
+/// address). A binds none of its neighbours' connections to X: a host that
+/// only repeats what it was told proves nothing.
+#[test]
+fn a_host_echoing_the_claims_it_was_sent_binds_nothing_of_its_neighbours() {
+    let (mut sim, a, x, theirs, _) = neighbours_behind_one_nat(73);
+    let (a_key, x_key) = (sim.hosts[a].ep.public_key(), sim.hosts[x].ep.public_key());
+    let key = sim.hosts[x]
+        .ep
+        .sessions
+        .get(&a_key)
+        .expect("X is paired with A")
+        .claim_key();
+    let received: Vec<Vec<u8>> = sim.hosts[x]
+        .inbox
+        .iter()
+        .filter(|(_, b)| b.len() > 40 && b[1] == 17)
+        .map(|(_, b)| b.clone())
+        .collect();
+    assert!(!received.is_empty(), "A sent X claims");
+    for mut b in received {
+        b[2] = 0;
+        b[8..40].copy_from_slice(&x_key);
+        tag_datagram(&key, &mut b);
+        sim.inject(a, sa(&format!("{N}:30000")), &b);
+    }
+    sim.run_for(Duration::from_secs(10));
+    for f in &theirs {
+        let v = sim.hosts[a].ep.connection(f).expect("flow");
+        assert_ne!(
+            v.peer_key,
+            Some(x_key),
+            "A bound its neighbour's {f:?} to X on X's echo of A's own claim"
+        );
+    }
 }

@@ -182,7 +182,7 @@ impl Endpoint {
         ) else {
             return false;
         };
-        let commitment = claim_commitment(&key, &c.binding);
+        let commitment = claim_commitment(&key, &self.identity.public(), &c.binding);
         self.queue_bind_req(peer, to, toward, Some(vec![commitment]));
         true
     }
@@ -452,6 +452,7 @@ impl Endpoint {
         wanted: &[[u8; TAG_LEN]],
         named: &VirtualFlow,
     ) -> Result<(), Reject> {
+        let me = self.identity.public();
         let flow = self
             .conns
             .values()
@@ -461,7 +462,7 @@ impl Endpoint {
                     && c.remote_phys == SocketAddr::new(from.ip(), 0)
                     && c.local_phys.port() == port
                     && Binding::udp(&c.flow, named) == c.binding
-                    && wanted.contains(&claim_commitment(key, &c.binding))
+                    && wanted.contains(&claim_commitment(key, &me, &c.binding))
             })
             .map(|c| c.flow)
             .ok_or(Reject::BindNoFlow)?;
