@@ -68,7 +68,7 @@ mod state;
 pub(crate) use codec::is_bind;
 use codec::{decode_bind, decode_bind_req, encode_bind, encode_bind_req, KIND_BIND_REQ};
 pub(crate) use state::BindState;
-use state::{Asked, ASK_LIFETIME, MAX_BINDS_PER_ASK};
+use state::{Asked, ASK_EVERY, ASK_LIFETIME, MAX_BINDS_PER_ASK};
 
 /// Least time between two BINDs on one flow.
 const BIND_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
@@ -105,10 +105,24 @@ impl Endpoint {
         if !waiting {
             return;
         }
+        let now = self.binds.clock;
         for peer in self.sessions_at(ip) {
-            if let Some(to) = self.peer_addrs.get(&peer).copied() {
-                self.queue_bind_req(peer, to, ip, None);
+            let recent = self
+                .binds
+                .last_all
+                .get(&peer)
+                .is_some_and(|t| now.since(*t) < ASK_EVERY);
+            let Some(to) = self.peer_addrs.get(&peer).copied() else {
+                continue;
+            };
+            if recent {
+                continue;
             }
+            if self.binds.last_all.len() >= 4096 {
+                self.binds.last_all.retain(|_, t| now.since(*t) < ASK_EVERY);
+            }
+            self.binds.last_all.insert(peer, now);
+            self.queue_bind_req(peer, to, ip, None);
         }
     }
 

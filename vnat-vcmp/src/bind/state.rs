@@ -17,6 +17,8 @@ use crate::flow::VirtualFlow;
 pub(super) const MAX_ASKED: usize = 4096;
 /// Most outstanding requests to one host.
 pub(super) const MAX_ASKED_PER_PEER: usize = 256;
+/// Least time between two requests to one host for every flow.
+pub(super) const ASK_EVERY: Duration = Duration::from_millis(100);
 /// How long a request's nonce is good for.
 pub(super) const ASK_LIFETIME: Duration = Duration::from_secs(30);
 /// Most tokens of BINDs sent and not yet answered.
@@ -81,6 +83,11 @@ pub(crate) struct BindState {
     pub(crate) claims: PeerBudget,
     /// BIND_REQs one paired host may send.
     pub(super) requests: PeerBudget,
+    /// When we last asked each host for BINDs on every flow: at most one
+    /// such request per [`ASK_EVERY`] (flows added meanwhile are asked for
+    /// by their retry timer), so a burst of new flows costs the host one
+    /// request, not one each.
+    pub(super) last_all: HashMap<[u8; 32], Timestamp>,
     /// The time of the input being handled (for what the public
     /// `binds_diverted`, which is not given one, sends).
     pub(crate) clock: Timestamp,
@@ -103,7 +110,8 @@ impl Default for BindState {
             // datagrams; a host that sends more is held to 256 a second.
             claims: PeerBudget::new(256, 1024),
             // A request asks for every flow at once: a few suffice.
-            requests: PeerBudget::new(4, 16),
+            requests: PeerBudget::new(8, 32),
+            last_all: HashMap::new(),
             clock: Timestamp(0),
         }
     }
@@ -126,6 +134,7 @@ impl BindState {
         self.tokens.retain(|_, t| t.peer != *peer);
         self.claims.forget(peer);
         self.requests.forget(peer);
+        self.last_all.remove(peer);
     }
 
     /// Seed the request nonces from `rng` (once).
