@@ -426,13 +426,21 @@ async fn a_socket_file_swapped_for_a_link_after_bind_changes_nothing_through_it(
         // SAFETY: inotify_init1 takes no pointers; -1 or a new descriptor,
         // owned at once.
         let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
-        assert!(fd >= 0, "inotify_init1: {}", std::io::Error::last_os_error());
+        assert!(
+            fd >= 0,
+            "inotify_init1: {}",
+            std::io::Error::last_os_error()
+        );
         // SAFETY: `fd` is the descriptor inotify_init1 just returned.
         let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
         let cdir = std::ffi::CString::new(dir.path().as_os_str().as_bytes()).expect("path");
         // SAFETY: `fd` is an open inotify descriptor and `cdir` a live C string.
         let w = unsafe { libc::inotify_add_watch(fd.as_raw_fd(), cdir.as_ptr(), libc::IN_CREATE) };
-        assert!(w >= 0, "inotify_add_watch: {}", std::io::Error::last_os_error());
+        assert!(
+            w >= 0,
+            "inotify_add_watch: {}",
+            std::io::Error::last_os_error()
+        );
         let (p, l) = (path.clone(), link.clone());
         let swapper = std::thread::spawn(move || {
             let mut buf = [0u8; 4096];
@@ -451,7 +459,11 @@ async fn a_socket_file_swapped_for_a_link_after_bind_changes_nothing_through_it(
         let bound = ControlListener::bind(&path);
         swapper.join().expect("the swapper");
         drop(bound);
-        let mode = std::fs::metadata(&victim).expect("victim").permissions().mode() & 0o777;
+        let mode = std::fs::metadata(&victim)
+            .expect("victim")
+            .permissions()
+            .mode()
+            & 0o777;
         assert_eq!(
             mode, 0o644,
             "round {round}: vnatd changed the mode of the file a link planted at its socket's path points to"
