@@ -154,9 +154,8 @@ pub fn held_socket_cookies(
         // SAFETY: no pointers: `fd` is a number in the other process's
         // table, which the kernel looks up there; -1 or a new descriptor
         // (close-on-exec) in ours, owned at once below.
-        let dup = unsafe {
-            nix::libc::syscall(nix::libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0)
-        };
+        let dup =
+            unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
         if dup < 0 {
             let e = std::io::Error::last_os_error();
             if gone(&e) {
