@@ -25,8 +25,7 @@ use std::{
 
 use vnat_common::{ConnRecord, FlowKey, GuestKey, MAP_CONNS, MAP_GUESTS, PROTO_TCP, PROTO_UDP};
 use vnat_tests::{
-    EchoServer, Host, LaptopRouterServer, ProcessGroup, StreamClient, StreamOptions, TempDir,
-    Vnatd,
+    EchoServer, Host, LaptopRouterServer, ProcessGroup, StreamClient, StreamOptions, TempDir, Vnatd,
 };
 
 /// The laptop's maps: small enough to fill in seconds.
@@ -211,7 +210,17 @@ fn a_local_user_filling_the_maps_leaves_other_users_mobile() {
     topo.router.wait_tcp_listening(5100);
 
     let t0 = Instant::now();
-    let _flood = flood(&lap, 65534, sink, 700, 400, 800, 1100, 200, Ipv4Addr::UNSPECIFIED);
+    let _flood = flood(
+        &lap,
+        65534,
+        sink,
+        700,
+        400,
+        800,
+        1100,
+        200,
+        Ipv4Addr::UNSPECIFIED,
+    );
     eprintln!("the flood took {:?}", t0.elapsed());
     std::thread::sleep(Duration::from_secs(1));
 
@@ -221,7 +230,10 @@ fn a_local_user_filling_the_maps_leaves_other_users_mobile() {
     let lo: Vec<_> = conns.iter().filter(|(k, _)| is_loopback(k)).collect();
     let tcp = conns.iter().filter(|(k, _)| k.proto == PROTO_TCP).count();
     let udp = conns.iter().filter(|(k, _)| k.proto == PROTO_UDP).count();
-    let guest_tcp = guests.iter().filter(|(k, _)| k.flow.proto == PROTO_TCP).count();
+    let guest_tcp = guests
+        .iter()
+        .filter(|(k, _)| k.flow.proto == PROTO_TCP)
+        .count();
     eprintln!(
         "laptop: {} records ({tcp} TCP, {udp} UDP, {} loopback), {} guests ({guest_tcp} TCP); conns_map_full {}, guests_map_full {}",
         conns.len(),
@@ -230,7 +242,11 @@ fn a_local_user_filling_the_maps_leaves_other_users_mobile() {
         lap.counter("conns_map_full"),
         lap.counter("guests_map_full"),
     );
-    assert!(lo.is_empty(), "loopback connections were recorded: {}", lo.len());
+    assert!(
+        lo.is_empty(),
+        "loopback connections were recorded: {}",
+        lo.len()
+    );
     assert!(
         (conns.len() as u32) < CONNS * 3 / 4,
         "one user filled the connection map: {} of {CONNS}",

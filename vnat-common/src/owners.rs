@@ -192,7 +192,13 @@ mod tests {
     fn budgets_leave_room_for_others() {
         let b = Budgets::for_sizes(2048, 1024);
         assert_eq!(
-            (b.tcp_per_owner, b.tcp_accepted, b.udp_per_owner, b.udp_total, b.guests_per_owner),
+            (
+                b.tcp_per_owner,
+                b.tcp_accepted,
+                b.udp_per_owner,
+                b.udp_total,
+                b.guests_per_owner
+            ),
             (256, 1024, 64, 512, 128)
         );
         // One user's TCP and UDP together stay well below the map.

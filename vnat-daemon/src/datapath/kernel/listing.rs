@@ -216,7 +216,9 @@ impl KernelDatapath {
         // route lookup per peer now and then, not per listing.
         let mut cache = self.listing.borrow_mut();
         let now = std::time::Instant::now();
-        cache.sources.retain(|_, (_, at)| now.duration_since(*at) < SOURCE_TTL);
+        cache
+            .sources
+            .retain(|_, (_, at)| now.duration_since(*at) < SOURCE_TTL);
         // One process usually owns many connections: read its /proc entries
         // once per listing, not once per connection.
         let mut procs: StdHashMap<u32, (Option<String>, Option<String>)> = StdHashMap::new();
@@ -400,7 +402,13 @@ mod tests {
     #[test]
     fn a_udp_record_is_found_by_port_among_many_sockets() {
         let mut all: Vec<(Proto, SocketAddr, SocketAddr)> = (0..5000u16)
-            .map(|i| (Proto::Udp, a(&format!("10.0.0.1:{}", 20000 + i)), a("0.0.0.0:0")))
+            .map(|i| {
+                (
+                    Proto::Udp,
+                    a(&format!("10.0.0.1:{}", 20000 + i)),
+                    a("0.0.0.0:0"),
+                )
+            })
             .collect();
         all.push((Proto::Udp, a("10.0.0.1:5060"), a("198.18.1.2:40000")));
         all.push((Proto::Udp, a("0.0.0.0:53"), a("0.0.0.0:0")));

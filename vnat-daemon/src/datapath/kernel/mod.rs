@@ -43,8 +43,7 @@ use std::{
 use aya::maps::MapError;
 use vnat_common::{
     ConnRecord, FlowKey, NatRewrite, RebindKey, MAP_CONNS, MAP_EGRESS_NAT, MAP_INGRESS_NAT,
-    MAP_STATS, NAT_F_HOLD, NAT_F_LO_ADDR_OURS, NAT_F_ROUTED, PROTO_UDP, STAT_COUNT,
-    STAT_NAMES,
+    MAP_STATS, NAT_F_HOLD, NAT_F_LO_ADDR_OURS, NAT_F_ROUTED, PROTO_UDP, STAT_COUNT, STAT_NAMES,
 };
 
 pub use attach::{cgroup2_mount, cgroup_id, cgroup_tree_ids};

@@ -27,23 +27,22 @@ pub fn parse(value: &str) -> Result<Vec<(&'static str, u32)>, String> {
         let (name, n) = pair
             .split_once('=')
             .ok_or_else(|| format!("{MAP_ENTRIES_ENV}: `{pair}` is not NAME=ENTRIES"))?;
-        let name = SIZED
-            .iter()
-            .find(|m| **m == name.trim())
-            .ok_or_else(|| {
-                format!(
-                    "{MAP_ENTRIES_ENV}: `{}` is not one of {}",
-                    name.trim(),
-                    SIZED.join(", ")
-                )
-            })?;
+        let name = SIZED.iter().find(|m| **m == name.trim()).ok_or_else(|| {
+            format!(
+                "{MAP_ENTRIES_ENV}: `{}` is not one of {}",
+                name.trim(),
+                SIZED.join(", ")
+            )
+        })?;
         let n: u32 = n
             .trim()
             .parse()
             .ok()
             .filter(|n| *n >= MIN_ENTRIES)
             .ok_or_else(|| {
-                format!("{MAP_ENTRIES_ENV}: {name} needs a number of entries of at least {MIN_ENTRIES}")
+                format!(
+                    "{MAP_ENTRIES_ENV}: {name} needs a number of entries of at least {MIN_ENTRIES}"
+                )
             })?;
         out.push((*name, n));
     }
@@ -55,7 +54,8 @@ pub fn apply(loader: &mut aya::EbpfLoader<'_>) -> Result<(), crate::datapath::Da
     let Ok(value) = std::env::var(MAP_ENTRIES_ENV) else {
         return Ok(());
     };
-    let pairs = parse(&value).map_err(|e| crate::datapath::DatapathError::Load { source: e.into() })?;
+    let pairs =
+        parse(&value).map_err(|e| crate::datapath::DatapathError::Load { source: e.into() })?;
     for (name, n) in pairs {
         tracing::info!(map = name, entries = n, "map size set by {MAP_ENTRIES_ENV}");
         loader.map_max_entries(name, n);
