@@ -47,6 +47,13 @@ fn roam_automatically(family: Family, proto: Proto, tag: &str) {
     let before = client.wait_verified_at_least(50_000, Duration::from_secs(10));
     lapd.wait_paired("the laptop's vnatd");
     srvd.wait_paired("the server's vnatd");
+    // Paired is not yet mobile: a UDP flow binds in band, a round trip
+    // after pairing, and one not bound when its address goes cannot be.
+    let name = match proto {
+        Proto::Tcp => "tcp",
+        Proto::Udp => "udp",
+    };
+    lapd.wait_mobile_to(name, server.ip());
 
     let t0 = Instant::now();
     topo.move_laptop_to_b();

@@ -163,6 +163,20 @@ impl Streaming {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+        // Listed is not yet mobile: a UDP flow binds in band, a round trip
+        // after pairing, and one not bound when its address goes cannot be.
+        while !guest_rows(&lapd)
+            .iter()
+            .any(|r| r["guest"]["private_local"] == before.local && r["mobile"] == true)
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the container's connection {} never became mobile: {:?}",
+                before.local,
+                guest_rows(&lapd)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
         Streaming {
             ctr,
             _echo,
