@@ -17,8 +17,8 @@ use std::{
 };
 
 use vnat_tests::{
-    bin_path, EchoServer, Host, LaptopRouterServer, Netns, ProcessGroup, StreamClient,
-    StreamOptions, TempDir, Vnatd,
+    bin_path, EchoServer, LaptopAndServer, LaptopRouterServer, Netns, ProcessGroup, StreamClient,
+    StreamOptions, Vnatd,
 };
 
 /// In the tenant's namespace: listen on argv[1]:argv[2], connect to it from
@@ -60,21 +60,15 @@ fn row(d: &Vnatd, remote: std::net::IpAddr) -> serde_json::Value {
 fn a_tenant_reproducing_a_host_connections_tuple_does_not_get_it_exported() {
     let tag = "crt";
     let topo = LaptopRouterServer::builder().tag(tag).build();
-    let lap = Host::new(&topo.laptop, &format!("{tag}l"));
-    let srv = Host::new(&topo.server, &format!("{tag}s"));
-    let (dl, ds, work) = (
-        TempDir::new(&format!("{tag}l")),
-        TempDir::new(&format!("{tag}s")),
-        TempDir::new(&format!("{tag}w")),
-    );
+    let h = LaptopAndServer::new(&topo, tag);
     let server = SocketAddr::new(topo.server_addr.v4.into(), 7100);
-    let _echo = EchoServer::tcp_in(&srv, server);
-    let lapd = Vnatd::start(&lap, dl.path());
-    let srvd = Vnatd::start(&srv, ds.path());
+    let _echo = EchoServer::tcp_in(&h.srv, server);
+    let lapd = Vnatd::start(&h.lap, h.lap_dir.path());
+    let srvd = Vnatd::start(&h.srv, h.srv_dir.path());
     let mut cmd = StreamOptions::tcp(server)
         .rate(100_000)
         .command(&topo.laptop);
-    lap.cgroup.join_on_spawn(&mut cmd);
+    h.lap.cgroup.join_on_spawn(&mut cmd);
     let client = StreamClient::from_command(cmd);
     client.wait_verified_at_least(20_000, Duration::from_secs(10));
     let a = topo.laptop_a_addr.v4.into();
@@ -92,7 +86,7 @@ fn a_tenant_reproducing_a_host_connections_tuple_does_not_get_it_exported() {
     for ip in [server.ip(), remote.ip()] {
         tenant_ns.run(&["ip", "addr", "add", &format!("{ip}/32"), "dev", "lo"]);
     }
-    let pidfile = work.path().join("tenant.pid");
+    let pidfile = h.work.path().join("tenant.pid");
     let mut cmd = tenant_ns.cmd("python3");
     cmd.args([
         "-c",
@@ -119,7 +113,7 @@ fn a_tenant_reproducing_a_host_connections_tuple_does_not_get_it_exported() {
     };
 
     // The hook, as CRIU runs it at post-dump for the tenant's tree.
-    let images = work.path().join("images");
+    let images = h.work.path().join("images");
     std::fs::create_dir(&images).expect("the images directory");
     let key = srvd.ctl(&["status"]).expect("status")["vcmp"]["host_key"]
         .as_str()

@@ -16,7 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use vnat_tests::{EchoServer, Host, LaptopRouterServer, ProcessGroup, TempDir, Vnatd};
+use vnat_tests::{EchoServer, LaptopAndServer, LaptopRouterServer, ProcessGroup, Vnatd};
 
 /// Connect to argv[1]:argv[2], fork a child that streams on the
 /// connection, close the parent's copy, write "PARENT CHILD" to argv[3].
@@ -65,20 +65,14 @@ fn server_row(d: &Vnatd, laptop: SocketAddr) -> serde_json::Value {
 fn the_stop_helper_stops_the_sockets_holder_not_the_process_that_connected() {
     let tag = "hso";
     let topo = LaptopRouterServer::builder().tag(tag).build();
-    let lap = Host::new(&topo.laptop, &format!("{tag}l"));
-    let srv = Host::new(&topo.server, &format!("{tag}s"));
-    let (dl, ds, work) = (
-        TempDir::new(&format!("{tag}l")),
-        TempDir::new(&format!("{tag}s")),
-        TempDir::new(&format!("{tag}w")),
-    );
+    let h = LaptopAndServer::new(&topo, tag);
     let laptop = SocketAddr::new(topo.laptop_a_addr.v4.into(), 5002);
-    let _echo = EchoServer::tcp_in(&lap, laptop);
-    let lapd = Vnatd::start(&lap, dl.path());
-    let srvd = Vnatd::start_with(&srv, ds.path(), &["--peer-helper", "stop"]);
+    let _echo = EchoServer::tcp_in(&h.lap, laptop);
+    let lapd = Vnatd::start(&h.lap, h.lap_dir.path());
+    let srvd = Vnatd::start_with(&h.srv, h.srv_dir.path(), &["--peer-helper", "stop"]);
 
-    let pids = work.path().join("pids");
-    let mut cmd = srv.command("python3");
+    let pids = h.work.path().join("pids");
+    let mut cmd = h.srv.command("python3");
     cmd.args([
         "-c",
         HAND_OFF,

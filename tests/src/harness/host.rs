@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{BpffsDir, Cgroup, Netns};
+use super::{BpffsDir, Cgroup, LaptopRouterServer, Netns, TempDir};
 use vnat_daemon::datapath::{
     kernel::{KernelDatapath, KernelOptions},
     ConnectionInfo, Datapath, Proto,
@@ -140,6 +140,31 @@ impl<'a> Host<'a> {
                 .filter(|c| c.proto == proto)
                 .collect()
         })
+    }
+}
+
+/// The laptop and the server of a [`LaptopRouterServer`] as hosts, with a
+/// directory for each one's vnatd and one for the test's own files, all
+/// named after `tag`.
+pub struct LaptopAndServer<'a> {
+    pub lap: Host<'a>,
+    pub srv: Host<'a>,
+    /// The `dir` of the laptop's [`super::Vnatd`].
+    pub lap_dir: TempDir,
+    /// The `dir` of the server's [`super::Vnatd`].
+    pub srv_dir: TempDir,
+    pub work: TempDir,
+}
+
+impl<'a> LaptopAndServer<'a> {
+    pub fn new(topo: &'a LaptopRouterServer, tag: &str) -> LaptopAndServer<'a> {
+        LaptopAndServer {
+            lap: Host::new(&topo.laptop, &format!("{tag}l")),
+            srv: Host::new(&topo.server, &format!("{tag}s")),
+            lap_dir: TempDir::new(&format!("{tag}l")),
+            srv_dir: TempDir::new(&format!("{tag}s")),
+            work: TempDir::new(&format!("{tag}w")),
+        }
     }
 }
 

@@ -41,7 +41,7 @@ pub use criu::{
 pub use criu_move::{move_echo_server_with_criu, CriuMove};
 pub use daemon::{TempDir, Vnatd};
 pub use echo::{EchoServer, UDP_DATAGRAM_SIZE};
-pub use host::{move_flow, Host};
+pub use host::{move_flow, Host, LaptopAndServer};
 pub use links::veth;
 pub use logind::{LogindEvent, StandInLogind, SystemBus};
 pub use nat::{
