@@ -30,7 +30,7 @@ use nix::{
     sys::signal::{killpg, Signal},
     unistd::Pid,
 };
-use vnat_tests::{Host, LaptopRouterServer, ProcessGroup, TempDir, Vnatd};
+use vnat_tests::{Host, LaptopAndServer, LaptopRouterServer, ProcessGroup, TempDir, Vnatd};
 
 const FTP_PORT: u16 = 2121;
 
@@ -446,62 +446,96 @@ while True:
         pass
 "#;
 
+/// The laptop's [`UDP_SESSION`] with the server's [`UDP_ECHO`] (which logs
+/// the sources it sees to `log`), hide location turned on for the
+/// server's cgroup, moved from subnet A to B; returned once the server has
+/// the session's flow at B.
+struct MovedUdpSession<'a> {
+    // Dropped in this order: the processes and vnatds before their hosts.
+    _session: ProcessGroup,
+    _echo: ProcessGroup,
+    srvd: Vnatd,
+    _lapd: Vnatd,
+    h: LaptopAndServer<'a>,
+    /// The server's cgroup, as `vnatctl enable --cgroup` takes it.
+    cg: String,
+    log: PathBuf,
+    server: IpAddr,
+    /// The laptop's addresses on subnets A and B.
+    a: IpAddr,
+    b: IpAddr,
+}
+
+impl<'a> MovedUdpSession<'a> {
+    fn start(topo: &'a LaptopRouterServer, tag: &str) -> MovedUdpSession<'a> {
+        let h = LaptopAndServer::new(topo, tag);
+        let lapd = Vnatd::start(&h.lap, h.lap_dir.path());
+        let srvd = Vnatd::start(&h.srv, h.srv_dir.path());
+        let cg = h.srv.cgroup.path().display().to_string();
+        srvd.ctl(&["enable", "--cgroup", &cg, "--hide-location"])
+            .expect("enable --hide-location");
+        let server: IpAddr = topo.server_addr.v4.into();
+        let (a, b): (IpAddr, IpAddr) = (topo.laptop_a_addr.v4.into(), topo.laptop_b_addr.v4.into());
+        let log = h.work.path().join("sources");
+        let mut echo = h.srv.command("python3");
+        echo.args(["-c", UDP_ECHO, &server.to_string(), "5300"])
+            .arg(&log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        let echo = ProcessGroup::spawn(echo, "the UDP echo");
+        let mut session = h.lap.command("python3");
+        session
+            .args(["-c", UDP_SESSION, &server.to_string(), "5300"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        let session = ProcessGroup::spawn(session, "the UDP session");
+        lapd.wait_mobile_to("udp", server);
+        srvd.wait_mobile_to("udp", a);
+        topo.move_laptop_to_b();
+        // The server has the session's flow at B.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !srvd
+            .ctl(&["ls", "--proto", "udp"])
+            .and_then(|v| v.as_array().cloned())
+            .is_some_and(|rows| {
+                rows.iter().any(|r| {
+                    r["physical_remote"]
+                        .as_str()
+                        .and_then(|p| p.parse::<SocketAddr>().ok())
+                        .is_some_and(|p| p.ip() == b)
+                })
+            })
+        {
+            assert!(Instant::now() < deadline, "the session never moved to {b}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        MovedUdpSession {
+            _session: session,
+            _echo: echo,
+            srvd,
+            _lapd: lapd,
+            h,
+            cg,
+            log,
+            server,
+            a,
+            b,
+        }
+    }
+}
+
 #[test]
 fn a_udp_server_sees_new_datagrams_of_the_moved_laptop_from_its_old_address() {
     let topo = LaptopRouterServer::builder().tag("hlu").build();
-    let lap = Host::new(&topo.laptop, "hlul");
-    let srv = Host::new(&topo.server, "hlus");
-    let (ldir, sdir, fdir) = (
-        TempDir::new("hlul"),
-        TempDir::new("hlus"),
-        TempDir::new("hluf"),
-    );
-    let lapd = Vnatd::start(&lap, ldir.path());
-    let srvd = Vnatd::start(&srv, sdir.path());
-    let cg = srv.cgroup.path().display().to_string();
-    srvd.ctl(&["enable", "--cgroup", &cg, "--hide-location"])
-        .expect("enable --hide-location");
-    let server: IpAddr = topo.server_addr.v4.into();
-    let (a, b): (IpAddr, IpAddr) = (topo.laptop_a_addr.v4.into(), topo.laptop_b_addr.v4.into());
-    let log = fdir.path().join("sources");
-    let mut echo = srv.command("python3");
-    echo.args(["-c", UDP_ECHO, &server.to_string(), "5300"])
-        .arg(&log)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null());
-    let _echo = ProcessGroup::spawn(echo, "the UDP echo");
-    let mut session = lap.command("python3");
-    session
-        .args(["-c", UDP_SESSION, &server.to_string(), "5300"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null());
-    let _session = ProcessGroup::spawn(session, "the UDP session");
-    lapd.wait_mobile_to("udp", server);
-    srvd.wait_mobile_to("udp", a);
-    topo.move_laptop_to_b();
-    // The server has the session's flow at B.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !srvd
-        .ctl(&["ls", "--proto", "udp"])
-        .and_then(|v| v.as_array().cloned())
-        .is_some_and(|rows| {
-            rows.iter().any(|r| {
-                r["physical_remote"]
-                    .as_str()
-                    .and_then(|p| p.parse::<SocketAddr>().ok())
-                    .is_some_and(|p| p.ip() == b)
-            })
-        })
-    {
-        assert!(Instant::now() < deadline, "the session never moved to {b}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let s = MovedUdpSession::start(&topo, "hlu");
+    let (server, a, b, srvd) = (s.server, s.a, s.b, &s.srvd);
     let probe = |what: &str| -> String {
-        let out = lap
-            .command("python3")
-            .args(["-c", UDP_PROBE, &server.to_string(), "5300"])
-            .output()
-            .expect("running the UDP probe");
+        let out =
+            s.h.lap
+                .command("python3")
+                .args(["-c", UDP_PROBE, &server.to_string(), "5300"])
+                .output()
+                .expect("running the UDP probe");
         assert!(
             out.status.success(),
             "{what}: the new socket got no answer: {}",
@@ -514,7 +548,7 @@ fn a_udp_server_sees_new_datagrams_of_the_moved_laptop_from_its_old_address() {
         };
         // The source the server logged for the probe's port (the session
         // is logged too, from another port).
-        let sources = fs::read_to_string(&log).expect("the echo's log");
+        let sources = fs::read_to_string(&s.log).expect("the echo's log");
         sources
             .lines()
             .rfind(|l| l.ends_with(&format!(":{port}")))
@@ -541,7 +575,7 @@ fn a_udp_server_sees_new_datagrams_of_the_moved_laptop_from_its_old_address() {
         "the answer to the old address was not redirected"
     );
     // Turned off: the server sees the truth again.
-    srvd.ctl(&["enable", "--cgroup", &cg, "--no-hide-location"])
+    srvd.ctl(&["enable", "--cgroup", &s.cg, "--no-hide-location"])
         .expect("enable --no-hide-location");
     let seen: SocketAddr = probe("without hide location").parse().expect("ip:port");
     assert_eq!(
@@ -562,52 +596,8 @@ fn a_udp_server_sees_new_datagrams_of_the_moved_laptop_from_its_old_address() {
 #[test]
 fn a_hiding_application_reaches_at_the_old_address_only_what_the_moved_peer_held() {
     let topo = LaptopRouterServer::builder().tag("hlh").build();
-    let lap = Host::new(&topo.laptop, "hlhl");
-    let srv = Host::new(&topo.server, "hlhs");
-    let (ldir, sdir, fdir) = (
-        TempDir::new("hlhl"),
-        TempDir::new("hlhs"),
-        TempDir::new("hlhf"),
-    );
-    let lapd = Vnatd::start(&lap, ldir.path());
-    let srvd = Vnatd::start(&srv, sdir.path());
-    let cg = srv.cgroup.path().display().to_string();
-    srvd.ctl(&["enable", "--cgroup", &cg, "--hide-location"])
-        .expect("enable --hide-location");
-    let server: IpAddr = topo.server_addr.v4.into();
-    let (a, b): (IpAddr, IpAddr) = (topo.laptop_a_addr.v4.into(), topo.laptop_b_addr.v4.into());
-    let log = fdir.path().join("sources");
-    let mut echo = srv.command("python3");
-    echo.args(["-c", UDP_ECHO, &server.to_string(), "5300"])
-        .arg(&log)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null());
-    let _echo = ProcessGroup::spawn(echo, "the UDP echo");
-    let mut session = lap.command("python3");
-    session
-        .args(["-c", UDP_SESSION, &server.to_string(), "5300"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null());
-    let _session = ProcessGroup::spawn(session, "the UDP session");
-    lapd.wait_mobile_to("udp", server);
-    srvd.wait_mobile_to("udp", a);
-    topo.move_laptop_to_b();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !srvd
-        .ctl(&["ls", "--proto", "udp"])
-        .and_then(|v| v.as_array().cloned())
-        .is_some_and(|rows| {
-            rows.iter().any(|r| {
-                r["physical_remote"]
-                    .as_str()
-                    .and_then(|p| p.parse::<SocketAddr>().ok())
-                    .is_some_and(|p| p.ip() == b)
-            })
-        })
-    {
-        assert!(Instant::now() < deadline, "the session never moved to {b}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let s = MovedUdpSession::start(&topo, "hlh");
+    let a = s.a;
     // Another host answers at A now; the laptop serves the same port.
     topo.router
         .run(&["ip", "addr", "add", &format!("{a}/32"), "dev", "lo"]);
@@ -624,17 +614,18 @@ fn a_hiding_application_reaches_at_the_old_address_only_what_the_moved_peer_held
     let _laptop_service = banner(&topo.laptop, "0.0.0.0", "laptop");
     std::thread::sleep(Duration::from_millis(500));
     let fetch = || -> String {
-        let out = srv
-            .command("python3")
-            .args([
-                "-c",
-                "import socket, sys\n\
+        let out =
+            s.h.srv
+                .command("python3")
+                .args([
+                    "-c",
+                    "import socket, sys\n\
                  s = socket.create_connection((sys.argv[1], 7000), timeout=5)\n\
                  print(s.recv(100).decode().strip())",
-                &a.to_string(),
-            ])
-            .output()
-            .expect("running the client");
+                    &a.to_string(),
+                ])
+                .output()
+                .expect("running the client");
         format!(
             "{}{}",
             String::from_utf8_lossy(&out.stdout).trim(),
