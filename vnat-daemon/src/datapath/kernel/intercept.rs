@@ -16,15 +16,16 @@ use std::collections::BTreeSet;
 use std::io;
 use std::net::IpAddr;
 
-use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REPLACE};
+use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE};
 use netlink_packet_route::{
     route::{RouteAttribute, RouteHeader, RouteProtocol, RouteScope, RouteType},
-    rule::{RuleAction, RuleAttribute, RuleMessage, RulePortRange},
-    AddressFamily, IpProtocol, RouteNetlinkMessage,
+    rule::RuleMessage,
+    IpProtocol, RouteNetlinkMessage,
 };
 
 use super::net::ROUTE_PROTO;
-use super::rtnl::{bits, call, family, host_route};
+use super::policy::{add_rule, del_rule, rules_tagged, table_rule};
+use super::rtnl::{call, host_route};
 
 /// vnat's table of the `local` routes of intercepted guest addresses (in
 /// the range `--cleanup` treats as vnat's).
@@ -34,22 +35,14 @@ pub const INTERCEPT_TABLE: u32 = 0x766e_fffe;
 pub const INTERCEPT_PRIORITY: u32 = 999;
 
 fn rule(addr: IpAddr, port: u16) -> RuleMessage {
-    let mut m = RuleMessage::default();
-    m.header.family = family(addr);
-    m.header.dst_len = bits(addr);
-    m.header.action = RuleAction::ToTable;
-    m.attributes.extend([
-        RuleAttribute::Destination(addr),
-        RuleAttribute::IpProtocol(IpProtocol::Udp),
-        RuleAttribute::DestinationPortRange(RulePortRange {
-            start: port,
-            end: port,
-        }),
-        RuleAttribute::Table(INTERCEPT_TABLE),
-        RuleAttribute::Priority(INTERCEPT_PRIORITY),
-        RuleAttribute::Protocol(RouteProtocol::from(ROUTE_PROTO)),
-    ]);
-    m
+    table_rule(
+        None,
+        Some((addr, Some(port))),
+        IpProtocol::Udp,
+        INTERCEPT_TABLE,
+        INTERCEPT_PRIORITY,
+        ROUTE_PROTO,
+    )
 }
 
 fn local_route(addr: IpAddr) -> netlink_packet_route::route::RouteMessage {
@@ -69,21 +62,12 @@ fn add(addr: IpAddr, port: u16) -> io::Result<()> {
         RouteNetlinkMessage::NewRoute(local_route(addr)),
         NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
     )?;
-    match call(
-        RouteNetlinkMessage::NewRule(rule(addr, port)),
-        NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
-    ) {
-        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
-        other => other.map(|_| ()),
-    }
+    add_rule(rule(addr, port))
 }
 
 /// Stop intercepting for `addr` (its rule with `port`, and its route).
 pub fn remove(addr: IpAddr, port: u16) -> io::Result<()> {
-    match call(RouteNetlinkMessage::DelRule(rule(addr, port)), NLM_F_ACK) {
-        Err(e) if e.raw_os_error() != Some(libc::ENOENT) => return Err(e),
-        _ => {}
-    }
+    del_rule(rule(addr, port))?;
     let mut m = local_route(addr);
     m.header.scope = RouteScope::NoWhere;
     match call(RouteNetlinkMessage::DelRoute(m), NLM_F_ACK) {
@@ -94,35 +78,11 @@ pub fn remove(addr: IpAddr, port: u16) -> io::Result<()> {
 
 /// The intercept rules there are: (address, port).
 pub fn intercepted() -> io::Result<Vec<(IpAddr, u16)>> {
-    let mut out = Vec::new();
-    for fam in [AddressFamily::Inet, AddressFamily::Inet6] {
-        let mut m = RuleMessage::default();
-        m.header.family = fam;
-        let answer = match call(RouteNetlinkMessage::GetRule(m), NLM_F_DUMP) {
-            Ok(a) => a,
-            Err(_) if fam == AddressFamily::Inet6 => continue,
-            Err(e) => return Err(e),
-        };
-        for msg in answer {
-            let RouteNetlinkMessage::NewRule(r) = msg else {
-                continue;
-            };
-            let (mut dst, mut port, mut ours, mut table) = (None, None, false, 0);
-            for a in &r.attributes {
-                match a {
-                    RuleAttribute::Destination(ip) => dst = Some(*ip),
-                    RuleAttribute::DestinationPortRange(p) => port = Some(p.start),
-                    RuleAttribute::Protocol(p) => ours = u8::from(*p) == ROUTE_PROTO,
-                    RuleAttribute::Table(t) => table = *t,
-                    _ => {}
-                }
-            }
-            if let (true, INTERCEPT_TABLE, Some(d), Some(p)) = (ours, table, dst, port) {
-                out.push((d, p));
-            }
-        }
-    }
-    Ok(out)
+    Ok(rules_tagged(ROUTE_PROTO)?
+        .into_iter()
+        .filter(|r| r.table == INTERCEPT_TABLE)
+        .filter_map(|r| Some((r.dst?, r.dport?)))
+        .collect())
 }
 
 /// Intercept exactly for `addrs` at `port`: add what is missing, remove

@@ -102,32 +102,57 @@ pub struct FlowRule {
 }
 
 fn rule_message(r: &FlowRule, protocol: u8) -> RuleMessage {
+    let ip_protocol = if r.tcp {
+        IpProtocol::Tcp
+    } else {
+        IpProtocol::Udp
+    };
+    let (from, to) = (
+        Some((r.src.ip(), Some(r.src.port()))),
+        Some((r.dst.ip(), Some(r.dst.port()))),
+    );
+    table_rule(from, to, ip_protocol, r.table, r.priority, protocol)
+}
+
+/// The rule "[from SRC [sport PORT]] [to DST [dport PORT]] ipproto
+/// `ip_protocol` lookup `table`" at `priority`, tagged with `protocol`;
+/// `from` and `to` are full addresses.
+pub(super) fn table_rule(
+    from: Option<(IpAddr, Option<u16>)>,
+    to: Option<(IpAddr, Option<u16>)>,
+    ip_protocol: IpProtocol,
+    table: u32,
+    priority: u32,
+    protocol: u8,
+) -> RuleMessage {
     let mut m = RuleMessage::default();
-    m.header.family = family(r.src.ip());
-    m.header.src_len = bits(r.src.ip());
-    m.header.dst_len = bits(r.dst.ip());
     m.header.action = RuleAction::ToTable;
     let ports = |p: u16| RulePortRange { start: p, end: p };
+    if let Some((ip, port)) = from {
+        m.header.family = family(ip);
+        m.header.src_len = bits(ip);
+        m.attributes.push(RuleAttribute::Source(ip));
+        m.attributes
+            .extend(port.map(|p| RuleAttribute::SourcePortRange(ports(p))));
+    }
+    if let Some((ip, port)) = to {
+        m.header.family = family(ip);
+        m.header.dst_len = bits(ip);
+        m.attributes.push(RuleAttribute::Destination(ip));
+        m.attributes
+            .extend(port.map(|p| RuleAttribute::DestinationPortRange(ports(p))));
+    }
     m.attributes.extend([
-        RuleAttribute::Source(r.src.ip()),
-        RuleAttribute::Destination(r.dst.ip()),
-        RuleAttribute::IpProtocol(if r.tcp {
-            IpProtocol::Tcp
-        } else {
-            IpProtocol::Udp
-        }),
-        RuleAttribute::SourcePortRange(ports(r.src.port())),
-        RuleAttribute::DestinationPortRange(ports(r.dst.port())),
-        RuleAttribute::Table(r.table),
-        RuleAttribute::Priority(r.priority),
+        RuleAttribute::IpProtocol(ip_protocol),
+        RuleAttribute::Table(table),
+        RuleAttribute::Priority(priority),
         RuleAttribute::Protocol(RouteProtocol::from(protocol)),
     ]);
     m
 }
 
-/// Add `rule`, tagged with `protocol`; one that exists already is kept.
-pub fn add_flow_rule(rule: &FlowRule, protocol: u8) -> io::Result<()> {
-    let m = rule_message(rule, protocol);
+/// Add the rule `m`; one that exists already is kept.
+pub(super) fn add_rule(m: RuleMessage) -> io::Result<()> {
     match call(
         RouteNetlinkMessage::NewRule(m),
         NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
@@ -137,28 +162,37 @@ pub fn add_flow_rule(rule: &FlowRule, protocol: u8) -> io::Result<()> {
     }
 }
 
-/// Delete `rule`; one that is not there is no error.
-pub fn del_flow_rule(rule: &FlowRule, protocol: u8) -> io::Result<()> {
-    let m = rule_message(rule, protocol);
+/// Delete the rule `m`; one that is not there is no error.
+pub(super) fn del_rule(m: RuleMessage) -> io::Result<()> {
     match call(RouteNetlinkMessage::DelRule(m), NLM_F_ACK) {
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
         other => other.map(|_| ()),
     }
 }
 
+/// Add `rule`, tagged with `protocol`; one that exists already is kept.
+pub fn add_flow_rule(rule: &FlowRule, protocol: u8) -> io::Result<()> {
+    add_rule(rule_message(rule, protocol))
+}
+
+/// Delete `rule`; one that is not there is no error.
+pub fn del_flow_rule(rule: &FlowRule, protocol: u8) -> io::Result<()> {
+    del_rule(rule_message(rule, protocol))
+}
+
 /// A rule of ours as the kernel lists it: the fields vnat's rules use.
-struct ListedRule {
-    src: Option<IpAddr>,
-    dst: Option<IpAddr>,
-    tcp: Option<bool>,
-    sport: Option<u16>,
-    dport: Option<u16>,
-    table: u32,
-    priority: u32,
+pub(super) struct ListedRule {
+    pub src: Option<IpAddr>,
+    pub dst: Option<IpAddr>,
+    pub tcp: Option<bool>,
+    pub sport: Option<u16>,
+    pub dport: Option<u16>,
+    pub table: u32,
+    pub priority: u32,
 }
 
 /// Every rule of both families tagged with `protocol`.
-fn rules_tagged(protocol: u8) -> io::Result<Vec<ListedRule>> {
+pub(super) fn rules_tagged(protocol: u8) -> io::Result<Vec<ListedRule>> {
     let mut out = Vec::new();
     for fam in [AddressFamily::Inet, AddressFamily::Inet6] {
         let mut m = RuleMessage::default();
@@ -283,43 +317,28 @@ pub fn set_default_route_dev(v6: bool, oif: u32, table: u32, protocol: u8) -> io
 }
 
 fn source_rule_message(src: IpAddr, table: u32, priority: u32, protocol: u8) -> RuleMessage {
-    let mut m = RuleMessage::default();
-    m.header.family = family(src);
-    m.header.src_len = bits(src);
-    m.header.action = RuleAction::ToTable;
-    m.attributes.extend([
-        RuleAttribute::Source(src),
-        // UDP only: a TCP segment sent into the sink is lost where a
-        // failed send would be retried as soon as there is a route again,
-        // and TCP never shows its application a failed send.
-        RuleAttribute::IpProtocol(IpProtocol::Udp),
-        RuleAttribute::Table(table),
-        RuleAttribute::Priority(priority),
-        RuleAttribute::Protocol(RouteProtocol::from(protocol)),
-    ]);
-    m
+    // UDP only: a TCP segment sent into the sink is lost where a failed
+    // send would be retried as soon as there is a route again, and TCP
+    // never shows its application a failed send.
+    table_rule(
+        Some((src, None)),
+        None,
+        IpProtocol::Udp,
+        table,
+        priority,
+        protocol,
+    )
 }
 
 /// Add the rule "from `src` ipproto udp lookup `table`" at `priority`, tagged with
 /// `protocol`; one that exists already is kept.
 pub fn add_source_rule(src: IpAddr, table: u32, priority: u32, protocol: u8) -> io::Result<()> {
-    let m = source_rule_message(src, table, priority, protocol);
-    match call(
-        RouteNetlinkMessage::NewRule(m),
-        NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
-    ) {
-        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
-        other => other.map(|_| ()),
-    }
+    add_rule(source_rule_message(src, table, priority, protocol))
 }
 
 /// Delete that rule; one that is not there is no error.
 pub fn del_source_rule(src: IpAddr, table: u32, priority: u32, protocol: u8) -> io::Result<()> {
-    let m = source_rule_message(src, table, priority, protocol);
-    match call(RouteNetlinkMessage::DelRule(m), NLM_F_ACK) {
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
-        other => other.map(|_| ()),
-    }
+    del_rule(source_rule_message(src, table, priority, protocol))
 }
 
 /// The sources of the rules of both families that look up `table` and
