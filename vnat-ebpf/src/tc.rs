@@ -109,7 +109,7 @@ fn try_translate(ctx: &TcContext, dir: Dir, l2: usize) -> Result<i32, Drop> {
     let Some(p) = parse(ctx, l2) else {
         return Ok(PASS);
     };
-    if p.unparsed {
+    if p.unparsed != 0 {
         // More extension headers than the parser walks: coming in, it may
         // be a BIND sent straight to vnatd or a rebinding flow's datagram,
         // so it is dropped; going out, it is the host's own and passed.
@@ -119,7 +119,7 @@ fn try_translate(ctx: &TcContext, dir: Dir, l2: usize) -> Result<i32, Drop> {
         count(STAT_PASS_IPV6_EXTHDR);
         return Ok(PASS);
     }
-    if p.frag.is_fragment && !p.frag.first {
+    if p.frag.is_fragment && !p.frag.first() {
         return translate_fragment(ctx, &p, p.frag, dir);
     }
     if let Some(vcmp_port_be) = divert {
@@ -183,7 +183,7 @@ fn translate_flow(ctx: &TcContext, p: &Parsed, dir: Dir) -> Result<Option<i32>, 
         count(STAT_DROP_HELD);
         return Ok(Some(TC_ACT_SHOT));
     }
-    if p.frag.is_fragment && p.frag.more {
+    if p.frag.is_fragment && p.frag.more() {
         // The later fragments follow this one's flow.
         remember_fragment(p, dir);
     }

@@ -126,7 +126,7 @@ pub(super) fn translate_fragment(
         count(STAT_PASS_FRAGMENT);
         return Ok(PASS);
     }
-    if !f.more {
+    if !f.more() {
         // The last fragment: the datagram is complete.
         let _ = VNAT_FRAGS.remove(&fk);
     }

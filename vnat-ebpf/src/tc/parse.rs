@@ -28,18 +28,27 @@ pub(super) const TCP_CSUM_OFF: usize = 16;
 pub(super) const UDP_CSUM_OFF: usize = 6;
 
 /// Where the interesting fields of a parsed packet are.
+///
+/// `repr(C)` with `frag` first and one `bool` in all (`frag.is_fragment`):
+/// `Option<Parsed>` (the parser's result, a function's return type and so
+/// in the object's BTF) keeps its tag in that bool's spare values, and
+/// BTF describes it as a union with a member at that offset. Linux 6.1
+/// refuses a union member at any offset but 0 ("Invalid member
+/// bits_offset"), and then the whole object's BTF; at offset 0 it loads.
+#[repr(C)]
 pub(super) struct Parsed {
-    pub(super) key: FlowKey,
-    /// Offset of the L3 header and of the L4 header (0 for a fragment
-    /// after the first, which has none: its key has no ports).
-    pub(super) l3: usize,
-    pub(super) l4: usize,
     /// A fragment: its IP identification, whether it is the first (the one
     /// with the L4 header), and whether more follow (not the last).
     pub(super) frag: Frag,
     /// IPv6 with more extension headers than the parser walks: what
     /// follows them cannot be told (nothing else here is meaningful).
-    pub(super) unparsed: bool,
+    /// 0 or 1, not a bool (see above).
+    pub(super) unparsed: u8,
+    pub(super) key: FlowKey,
+    /// Offset of the L3 header and of the L4 header (0 for a fragment
+    /// after the first, which has none: its key has no ports).
+    pub(super) l3: usize,
+    pub(super) l4: usize,
 }
 
 /// A fragment's facts, `Frag::NONE` for a whole datagram.
@@ -48,30 +57,46 @@ pub(super) struct Parsed {
 /// LLVM copies the whole value through the stack, and verifiers before
 /// Linux 6.3 refuse a read of stack never written ("invalid read from
 /// stack R10 off=-328 size=8" on 6.1). Every field here is always written.
+///
+/// `is_fragment` first and the only `bool` (see [`Parsed`]); `first` and
+/// `more` are 0 or 1.
 #[derive(Clone, Copy)]
+#[repr(C)]
 pub(super) struct Frag {
-    pub(super) id: u32,
     pub(super) is_fragment: bool,
-    pub(super) first: bool,
-    pub(super) more: bool,
+    first: u8,
+    more: u8,
+    pub(super) id: u32,
 }
 
 impl Frag {
     pub(super) const NONE: Frag = Frag {
-        id: 0,
         is_fragment: false,
-        first: false,
-        more: false,
+        first: 0,
+        more: 0,
+        id: 0,
     };
 
     #[inline(always)]
     pub(super) fn new(id: u32, first: bool, more: bool) -> Frag {
         Frag {
-            id,
             is_fragment: true,
-            first,
-            more,
+            first: first as u8,
+            more: more as u8,
+            id,
         }
+    }
+
+    /// The fragment with the L4 header.
+    #[inline(always)]
+    pub(super) fn first(&self) -> bool {
+        self.first != 0
+    }
+
+    /// Not the last fragment.
+    #[inline(always)]
+    pub(super) fn more(&self) -> bool {
+        self.more != 0
     }
 }
 
@@ -193,7 +218,7 @@ fn parse_ip(ctx: &TcContext, l2: usize) -> Option<Parsed> {
                     l3,
                     l4: 0,
                     frag,
-                    unparsed: true,
+                    unparsed: 1,
                 });
             }
             key.proto = nh;
@@ -213,7 +238,7 @@ fn parse_ip(ctx: &TcContext, l2: usize) -> Option<Parsed> {
             l3,
             l4,
             frag,
-            unparsed: false,
+            unparsed: 0,
         });
     }
     let Ok(ports) = ctx.load::<[u16; 2]>(l4) else {
@@ -227,7 +252,7 @@ fn parse_ip(ctx: &TcContext, l2: usize) -> Option<Parsed> {
         l3,
         l4,
         frag,
-        unparsed: false,
+        unparsed: 0,
     })
 }
 
@@ -249,6 +274,6 @@ pub(super) fn later_fragment(key: FlowKey, l3: usize, id: u32, more: bool) -> Pa
         l3,
         l4: 0,
         frag: Frag::new(id, false, more),
-        unparsed: false,
+        unparsed: 0,
     }
 }

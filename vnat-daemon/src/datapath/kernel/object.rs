@@ -408,6 +408,10 @@ pub fn links_dir(bpffs: &Path) -> PathBuf {
 }
 
 #[cfg(test)]
+#[path = "object_btf_tests.rs"]
+mod btf_tests;
+
+#[cfg(test)]
 mod tests {
     use super::verifier_verdict;
 
