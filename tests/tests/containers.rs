@@ -442,6 +442,13 @@ fn published_port_keeps_a_moving_laptops_connection(proto: Proto, tag: &str) {
     let before = client.wait_verified_at_least(50_000, Duration::from_secs(10));
     lapd.wait_paired("the laptop's vnatd");
     srvd.wait_paired("the server's vnatd");
+    // Paired is not yet mobile: a UDP flow binds in band, a round trip
+    // after pairing, and one not bound when its address goes cannot be.
+    let name = match proto {
+        Proto::Tcp => "tcp",
+        Proto::Udp => "udp",
+    };
+    lapd.wait_mobile_to(name, published.ip());
     let rows = guest_rows(&srvd);
     assert!(
         rows.iter()
