@@ -90,7 +90,9 @@ impl Proofs {
         list.push(ip);
     }
 
-    /// How many addresses `key` was asked to prove and has not.
+    /// How many addresses `key` was asked to prove and has not (for the
+    /// simulator's tests).
+    #[cfg(test)]
     pub fn asked_of(&self, key: &[u8; 32]) -> usize {
         self.asked.keys().filter(|(k, _)| k == key).count()
     }
