@@ -134,6 +134,21 @@ pub fn find(
 /// entry that a copy would not reproduce (destination NAT too, a helper,
 /// sequence adjustment, a zone) is left as it is.
 pub fn pin_snat(e: &Entry) -> io::Result<()> {
+    // A packet the container sends between the delete and the copy makes
+    // a new (unpinned) entry with the same tuples, and the copy is then
+    // refused for good (EEXIST, seen on 6.12 in a VM under a busy stream):
+    // delete that one and copy again, a few times.
+    let mut result = pin_snat_once(e);
+    for _ in 0..3 {
+        match &result {
+            Err(err) if err.raw_os_error() == Some(libc::EEXIST) => result = pin_snat_once(e),
+            _ => break,
+        }
+    }
+    result
+}
+
+fn pin_snat_once(e: &Entry) -> io::Result<()> {
     let attrs = pinned(e).map_err(|why| io::Error::new(io::ErrorKind::Unsupported, why))?;
     let v4 = e.orig.0.is_ipv4();
     let answers = exchange(
