@@ -59,6 +59,9 @@ pub struct Spec {
     pub ip6_ext: Vec<(u8, Vec<u8>)>,
     /// TCP flags (PSH|ACK unless set).
     pub tcp_flags: u8,
+    /// TCP options (a multiple of 4 bytes, at most 40), after the fixed
+    /// header; the data offset counts them.
+    pub tcp_options: Vec<u8>,
 }
 
 /// An IPv6 extension header of `len8` 8-byte units (hop-by-hop, routing,
@@ -90,6 +93,7 @@ impl Spec {
             frag_offset: 0,
             ip6_ext: Vec::new(),
             tcp_flags: 0x18,
+            tcp_options: Vec::new(),
         }
     }
 
@@ -101,9 +105,11 @@ impl Spec {
         let csum_off = if self.proto == 6 {
             seg.extend(0x1234_5678u32.to_be_bytes()); // seq
             seg.extend(0x9abc_def0u32.to_be_bytes()); // ack
-            seg.extend([0x50, self.tcp_flags]); // data offset 5
+            let doff = 5 + self.tcp_options.len() / 4;
+            seg.extend([(doff as u8) << 4, self.tcp_flags]);
             seg.extend(502u16.to_be_bytes()); // window
             seg.extend([0, 0, 0, 0]); // csum, urg
+            seg.extend(&self.tcp_options);
             16
         } else {
             let len = (8 + self.payload.len()) as u16;
@@ -216,7 +222,7 @@ pub fn parse_checked(f: &[u8]) -> Parsed {
     let sport = u16::from_be_bytes([l4[0], l4[1]]);
     let dport = u16::from_be_bytes([l4[2], l4[3]]);
     let (payload_off, csum) = if proto == 6 {
-        (20, [l4[16], l4[17]])
+        (usize::from(l4[12] >> 4) * 4, [l4[16], l4[17]])
     } else {
         (8, [l4[6], l4[7]])
     };

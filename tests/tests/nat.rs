@@ -310,6 +310,11 @@ fn tcp_moves(tag: &str, ports: NatPorts) {
         .as_u64()
         .unwrap_or(0);
     assert!(learned >= 1, "the datapath learned no NAT port: {st}");
+    // Learned from the laptop's TCP BIND (issue 31), which no socket saw.
+    let binds = st["datapath"]["counters"]["tcp_bind_consumed"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(binds >= 1, "no TCP BIND reached the server: {st}");
     let ls = srvd
         .ctl(&["ls", "--proto", "tcp", "--state", "translated"])
         .expect("ls");

@@ -202,10 +202,8 @@ fn extension_headers_do_not_let_a_bind_or_a_rebinding_datagram_through() {
             virt_local_addr_be: words(server),
             virt_remote_port_be: old.port().to_be(),
             virt_local_port_be: server.port().to_be(),
-            seq_lo: 0,
-            seq_span: u32::MAX,
-            ack_lo: 0,
-            ack_span: u32::MAX,
+            token: [0; 2],
+            token_prev: [0; 2],
             ..Default::default()
         },
     )

@@ -1,12 +1,14 @@
 //! The datapath half of a peer moving behind a NAT (DESIGN.md section 3,
 //! "learning a NAT's new mapping"), run by the kernel on crafted packets
 //! through BPF_PROG_TEST_RUN. The server's vnatd cannot know the port the
-//! laptop's new NAT chose; the ingress translator learns it from the first
-//! packet that comes from the NAT's public address (named by the laptop's
-//! authenticated update) to the connection's port and whose sequence and
-//! acknowledgment numbers fall in the connection's window. It then installs
-//! both translations itself and translates that packet, so the server's
-//! kernel never sees an untranslated packet of the connection.
+//! laptop's new NAT chose. A TCP connection learns it in the ingress
+//! translator from the laptop's TCP BIND: a pure ACK from the NAT's public
+//! address (named by the laptop's authenticated update) to the
+//! connection's port, carrying an option with a token that vnatd gave the
+//! tc program (`vnat_common::TCP_BIND_OPT`). The translator then installs
+//! both translations itself and drops the BIND. Nothing else teaches the
+//! port (issue 31, item 5): a segment with the connection's very sequence
+//! numbers, which a host sharing the NAT may know or guess, does not.
 //!
 //! A UDP flow learns nothing in tc: see the UDP test below.
 
@@ -16,7 +18,9 @@ use std::net::SocketAddr;
 
 use support::packet::{parse_checked, Spec};
 use support::{counter, run};
-use vnat_common::{RebindKey, RebindValue, AF_INET, BIND_HEAD, BIND_LEN, PROTO_TCP, PROTO_UDP};
+use vnat_common::{
+    RebindKey, RebindValue, AF_INET, BIND_HEAD, BIND_LEN, PROTO_TCP, PROTO_UDP, TCP_BIND_OPT,
+};
 use vnat_daemon::datapath::{
     kernel::{KernelDatapath, KernelOptions},
     Datapath, Proto, Translation, VirtualFlow,
@@ -33,10 +37,8 @@ const SERVER: &str = "198.18.3.2:5001";
 const OLD_NAT: &str = "198.18.3.101:40000";
 const NEW_NAT_IP: [u8; 4] = [198, 18, 3, 102];
 
-/// The sequence and acknowledgment numbers of the crafted TCP packets
-/// (`support::packet`).
-const SEQ: u32 = 0x1234_5678;
-const ACK: u32 = 0x9abc_def0;
+/// The token vnatd gave the tc program for the rebinding connection.
+const TOKEN: [u8; 8] = [0x5a, 1, 2, 3, 4, 5, 6, 0xa5];
 
 fn words(a: SocketAddr) -> [u32; 4] {
     match a {
@@ -58,7 +60,7 @@ fn key() -> RebindKey {
     }
 }
 
-/// The window around the crafted packets' numbers.
+/// The connection's entry, with [`TOKEN`] expected.
 fn value() -> RebindValue {
     let (server, old): (SocketAddr, SocketAddr) =
         (SERVER.parse().unwrap(), OLD_NAT.parse().unwrap());
@@ -67,21 +69,37 @@ fn value() -> RebindValue {
         virt_local_addr_be: words(server),
         virt_remote_port_be: old.port().to_be(),
         virt_local_port_be: server.port().to_be(),
-        seq_lo: SEQ - 1000,
-        seq_span: 1 << 16,
-        ack_lo: ACK - 1000,
-        ack_span: 1 << 16,
+        token: words8(TOKEN),
+        token_prev: [0; 2],
         redirect_ifindex: 0,
         flags: 0,
         refusals: 0,
     }
 }
 
-/// Offset of the TCP sequence number in a crafted IPv4 frame.
-const SEQ_AT: usize = 14 + 20 + 4;
+/// A token as the entry holds it: two words in memory order.
+fn words8(t: [u8; 8]) -> [u32; 2] {
+    [
+        u32::from_ne_bytes([t[0], t[1], t[2], t[3]]),
+        u32::from_ne_bytes([t[4], t[5], t[6], t[7]]),
+    ]
+}
+
+/// A TCP BIND with `token` from `src` to the server, as the laptop's vnatd
+/// sends it: a pure ACK whose only option is the BIND's.
+fn tcp_bind(src: &str, token: [u8; 8]) -> Vec<u8> {
+    let mut s = Spec::tcp(src, SERVER);
+    s.tcp_flags = 0x10;
+    s.payload.clear();
+    s.tcp_options = TCP_BIND_OPT.iter().chain(token.iter()).copied().collect();
+    s.frame()
+}
+
+/// The server's tc ingress verdict for a packet it drops.
+const SHOT: u32 = 2;
 
 #[test]
-fn the_first_in_window_packet_from_the_nat_teaches_its_port() {
+fn the_laptops_tcp_bind_teaches_its_port() {
     let pins = BpffsDir::new("tc-rebind");
     let mut dp = KernelDatapath::open(&KernelOptions {
         bpffs: pins.path().to_path_buf(),
@@ -99,18 +117,32 @@ fn the_first_in_window_packet_from_the_nat_teaches_its_port() {
     assert_eq!((out.verdict, &out.packet), (PASS, &other));
     assert!(dp.rebind_pending(&key()).unwrap());
 
-    // From the NAT's address but outside the window (an off-path guess):
-    // refused, counted, untouched.
-    let mut guess = Spec::tcp(&new_nat(61000), SERVER).frame();
-    guess[SEQ_AT..SEQ_AT + 4].copy_from_slice(&(SEQ ^ 0x8000_0000).to_be_bytes());
-    let out = run(&dp, false, &guess);
-    assert_eq!((out.verdict, &out.packet), (PASS, &guess));
-    assert_eq!(counter(&dp, "rebind_refused"), 1);
+    // The laptop's data before its BIND: dropped (the server's kernel
+    // would answer it with a reset), nothing learned; its TCP sends again.
+    let early = Spec::tcp(&new_nat(61000), SERVER).frame();
+    let out = run(&dp, false, &early);
+    assert_eq!(out.verdict, SHOT, "a segment before the BIND must wait");
+    assert_eq!(counter(&dp, "drop_rebinding"), 1);
     assert!(dp.rebind_pending(&key()).unwrap());
-    assert_eq!(counter(&dp, "rebind_learned"), 0);
 
-    // The laptop's first packet through its new NAT: learned and
-    // translated in the same pass, to what the server's socket knows.
+    // A BIND with another token (a guess): dropped, refused, not learned.
+    let out = run(&dp, false, &tcp_bind(&new_nat(61000), [9; 8]));
+    assert_eq!(out.verdict, SHOT);
+    assert_eq!(counter(&dp, "rebind_refused"), 1);
+    assert_eq!(counter(&dp, "rebind_learned"), 0);
+    assert!(dp.rebind_pending(&key()).unwrap());
+
+    // The laptop's BIND through its new NAT: learned, and dropped (it
+    // carries nothing for the socket).
+    let out = run(&dp, false, &tcp_bind(&new_nat(61000), TOKEN));
+    assert_eq!(out.verdict, SHOT);
+    assert_eq!(counter(&dp, "rebind_learned"), 1);
+    assert!(
+        !dp.rebind_pending(&key()).unwrap(),
+        "learned once, then gone"
+    );
+
+    // The laptop's segments now reach the socket as its old peer's.
     let first = Spec::tcp(&new_nat(61000), SERVER);
     let out = run(&dp, false, &first.frame());
     assert_eq!(out.verdict, PASS);
@@ -118,14 +150,9 @@ fn the_first_in_window_packet_from_the_nat_teaches_its_port() {
     assert_eq!(
         (p.src, p.dst),
         (OLD_NAT.parse().unwrap(), SERVER.parse().unwrap()),
-        "the learned packet must reach the socket as its old peer"
+        "the laptop's segment must reach the socket as its old peer's"
     );
     assert_eq!(p.payload, first.payload);
-    assert_eq!(counter(&dp, "rebind_learned"), 1);
-    assert!(
-        !dp.rebind_pending(&key()).unwrap(),
-        "learned once, then gone"
-    );
 
     // The server's replies now go to the new NAT port.
     let reply = Spec::tcp(SERVER, OLD_NAT);
@@ -137,9 +164,9 @@ fn the_first_in_window_packet_from_the_nat_teaches_its_port() {
         (SERVER.parse().unwrap(), new_nat(61000).parse().unwrap())
     );
 
-    // Nothing more is learned: a packet from another port of the NAT is
-    // not this flow's.
-    let late = Spec::tcp(&new_nat(62000), SERVER).frame();
+    // Nothing more is learned: a BIND from another port of the NAT (even
+    // with the token, seen on the wire) finds no rebinding flow.
+    let late = tcp_bind(&new_nat(62000), TOKEN);
     let out = run(&dp, false, &late);
     assert_eq!((out.verdict, &out.packet), (PASS, &late));
     assert_eq!(counter(&dp, "rebind_learned"), 1);
@@ -158,6 +185,33 @@ fn the_first_in_window_packet_from_the_nat_teaches_its_port() {
             physical_remote: new_nat(61000).parse().unwrap(),
         }]
     );
+}
+
+/// Issue 31, item 5: a host behind the same NAT that knows the moved
+/// connection's sequence numbers (or guessed them) sends segments that
+/// carry them exactly, as the laptop's own would: before TCP BINDs,
+/// the first such acknowledging segment taught the connection its port and
+/// the neighbour captured the connection. Now none teaches anything.
+#[test]
+fn a_segment_with_the_connections_own_numbers_teaches_nothing() {
+    let (dp, _pins) = rebinding("tc-rebind-nums");
+    // `Spec`'s segments carry the numbers an earlier entry's windows were
+    // built around (what `the_first_in_window_packet_from_the_nat_teaches_
+    // its_port` asserted was learned): PSH|ACK with data, a pure ACK, and
+    // the same with the token's option but another token.
+    let mut pure = Spec::tcp("198.18.3.102:61000", SERVER);
+    pure.tcp_flags = 0x10;
+    pure.payload.clear();
+    for (frame, what) in [
+        (Spec::tcp("198.18.3.102:61000", SERVER).frame(), "a data segment"),
+        (pure.frame(), "a pure ACK"),
+        (tcp_bind("198.18.3.102:61000", [0; 8]), "a BIND with a zero token"),
+    ] {
+        let out = run(&dp, false, &frame);
+        assert_eq!(out.verdict, SHOT, "{what} from the NAT must be dropped while the connection waits for its BIND");
+        assert_eq!(counter(&dp, "rebind_learned"), 0, "{what} taught the connection its port");
+    }
+    assert!(dp.rebind_pending(&key()).unwrap());
 }
 
 /// A UDP flow whose peer moved behind a new NAT: a datagram proves nothing
@@ -184,10 +238,8 @@ fn udp_waits_for_the_bind_and_binds_are_diverted_to_vnatd() {
     dp.insert_rebind(
         udp_key,
         RebindValue {
-            seq_lo: 0,
-            seq_span: u32::MAX,
-            ack_lo: 0,
-            ack_span: u32::MAX,
+            token: [0; 2],
+            token_prev: [0; 2],
             ..value()
         },
     )
@@ -310,56 +362,72 @@ fn a_recorded_connections_segments_are_never_learned() {
     assert!(dp.rebind_pending(&key()).unwrap());
 }
 
-/// Only an acknowledging segment (ACK set; no SYN, no RST) can be the moved
-/// connection's: a SYN or a RST in the window teaches nothing.
+/// While the connection waits for its BIND, a SYN from behind the NAT is a
+/// new connection's (another host's, or the laptop's own) and goes on;
+/// any other segment from there that no recorded connection owns is
+/// dropped, and none teaches the port.
 #[test]
-fn only_an_ack_segment_is_learned() {
+fn a_syn_from_behind_the_nat_goes_on_and_other_segments_wait() {
     let (dp, _pins) = rebinding("tc-rebind-ack");
     const FLAGS_AT: usize = 14 + 20 + 13;
-    for (flags, what) in [
-        (0x02u8, "a SYN"),
-        (0x14, "a RST"),
-        (0x12, "a SYN-ACK"),
-        (0x08, "a PSH without ACK"),
-    ] {
+    let mut syn = Spec::tcp("198.18.3.102:61000", SERVER);
+    syn.tcp_flags = 0x02;
+    syn.payload.clear();
+    let f = syn.frame();
+    let out = run(&dp, false, &f);
+    assert_eq!((out.verdict, &out.packet), (PASS, &f), "a SYN must go on");
+    for (flags, what) in [(0x14u8, "a RST"), (0x12, "a SYN-ACK"), (0x08, "a PSH without ACK")] {
         let mut s = Spec::tcp("198.18.3.102:61000", SERVER);
         s.tcp_flags = flags;
         let f = s.frame();
         assert_eq!(f[FLAGS_AT], flags);
         let out = run(&dp, false, &f);
-        assert_eq!(
-            (out.verdict, &out.packet),
-            (PASS, &f),
-            "{what} in the window was taken for the rebinding flow's"
-        );
-        assert_eq!(counter(&dp, "rebind_learned"), 0, "{what} taught the port");
+        assert_eq!(out.verdict, SHOT, "{what} must wait for the BIND");
     }
-    // The same segment with ACK (PSH|ACK): learned.
-    let out = run(&dp, false, &Spec::tcp("198.18.3.102:61000", SERVER).frame());
-    assert_eq!(out.verdict, PASS);
-    assert_eq!(counter(&dp, "rebind_learned"), 1);
+    assert_eq!(counter(&dp, "rebind_learned"), 0);
+    assert!(dp.rebind_pending(&key()).unwrap());
 }
 
 /// A guesser gets a few tries per rebinding flow, not one per packet: after
-/// `vnat_common::REBIND_MAX_REFUSALS` segments out of the window the flow
-/// stops learning, and even an in-window segment is passed as it is.
+/// `vnat_common::REBIND_MAX_REFUSALS` BINDs with wrong tokens the flow
+/// stops learning, and even the right token teaches nothing.
 #[test]
 fn learning_stops_after_a_few_refusals() {
     let (dp, _pins) = rebinding("tc-rebind-stop");
-    for i in 0..32u32 {
-        let mut guess = Spec::tcp("198.18.3.102:61000", SERVER).frame();
-        guess[SEQ_AT..SEQ_AT + 4].copy_from_slice(&(SEQ ^ 0x8000_0000 ^ (i << 20)).to_be_bytes());
-        let out = run(&dp, false, &guess);
-        assert_eq!((out.verdict, &out.packet), (PASS, &guess));
+    for i in 0..32u8 {
+        let out = run(&dp, false, &tcp_bind("198.18.3.102:61000", [i, 0x77, 0, 0, 0, 0, 0, 1]));
+        assert_eq!(out.verdict, SHOT);
     }
-    assert!(counter(&dp, "rebind_refused") >= 1);
-    let lucky = Spec::tcp("198.18.3.102:61000", SERVER).frame();
-    let out = run(&dp, false, &lucky);
+    assert!(counter(&dp, "rebind_refused") >= 8);
+    let out = run(&dp, false, &tcp_bind("198.18.3.102:61000", TOKEN));
+    assert_eq!(out.verdict, SHOT);
     assert_eq!(
-        (out.verdict, &out.packet),
-        (PASS, &lucky),
-        "an in-window segment was learned after 32 refused guesses"
+        counter(&dp, "rebind_learned"),
+        0,
+        "the token was taken after 32 refused guesses"
     );
-    assert_eq!(counter(&dp, "rebind_learned"), 0);
     assert!(counter(&dp, "rebind_stopped") >= 1);
+}
+
+/// An entry whose token is not set yet takes no BIND (the laptop's may come
+/// before vnatd wrote it: the laptop sends it again at the SWITCHED), and
+/// the token of the request before the newest is taken too (its BIND may
+/// still be on its way when vnatd asks again).
+#[test]
+fn an_unset_token_takes_nothing_and_the_previous_one_is_taken() {
+    let (mut dp, _pins) = rebinding("tc-rebind-prev");
+    let mut v = value();
+    v.token = [0; 2];
+    dp.insert_rebind(key(), v).unwrap();
+    let out = run(&dp, false, &tcp_bind("198.18.3.102:61000", TOKEN));
+    assert_eq!(out.verdict, SHOT);
+    assert_eq!(counter(&dp, "rebind_learned"), 0);
+    let mut v = value();
+    v.token_prev = v.token;
+    v.token = words8([7; 8]);
+    dp.insert_rebind(key(), v).unwrap();
+    let out = run(&dp, false, &tcp_bind("198.18.3.102:61000", TOKEN));
+    assert_eq!(out.verdict, SHOT);
+    assert_eq!(counter(&dp, "rebind_learned"), 1);
+    assert!(!dp.rebind_pending(&key()).unwrap());
 }

@@ -18,7 +18,7 @@ pub use stats::*;
 
 /// Bumped whenever a map layout below changes; pinned maps from an older ABI
 /// are refused (and must be removed) rather than misread.
-pub const ABI_VERSION: u32 = 9;
+pub const ABI_VERSION: u32 = 10;
 
 pub const AF_INET: u8 = 2;
 pub const AF_INET6: u8 = 10;
@@ -477,16 +477,22 @@ pub struct RebindKey {
 const _: () = assert!(core::mem::size_of::<RebindKey>() == 40);
 
 /// Value of [`MAP_REBIND`]: what the flow is named by our socket, and the
-/// window a packet must fall in to prove it belongs to the flow.
+/// token its peer's TCP BIND must carry.
 ///
-/// The first packet that matches the key and (TCP) is an acknowledging
-/// segment of no recorded connection whose sequence number
-/// is in `[seq_lo, seq_lo + seq_span)` and acknowledgment number in
-/// `[ack_lo, ack_lo + ack_span)` (mod 2^32, host order) teaches the
-/// ingress program the NAT's port: it installs the flow's ingress and
-/// egress translations (egress with `redirect_ifindex` and `flags`), removes
-/// this entry and translates the packet. A UDP flow has no such numbers:
-/// its first packet from the address is taken.
+/// A UDP flow learns its port from its authenticated BIND through vnatd;
+/// meanwhile the tc program drops datagrams from the key's address to the
+/// key's port that no recorded flow owns. A TCP flow learns it in tc from
+/// its TCP BIND: a segment from the key's address to the key's port that
+/// carries the option described at [`TCP_BIND_OPT`] with `token` or
+/// `token_prev` (vnatd writes them as the BIND requests it sends the peer
+/// go out; all zero: none yet, nothing matches). That segment installs the
+/// flow's ingress and egress translations (egress with `redirect_ifindex`
+/// and `flags`), removes this entry and is dropped (it carries nothing for
+/// the socket). Meanwhile segments from the address to the port that
+/// belong to no recorded connection and open none (a SYN) are dropped, so
+/// that our kernel never answers the moved peer's first segments with a
+/// reset. Nothing else teaches the port: the sequence numbers an earlier
+/// version checked can be guessed, or known by a host sharing the NAT.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RebindValue {
@@ -494,25 +500,39 @@ pub struct RebindValue {
     pub virt_local_addr_be: [u32; 4],
     pub virt_remote_port_be: u16,
     pub virt_local_port_be: u16,
-    pub seq_lo: u32,
-    pub seq_span: u32,
-    pub ack_lo: u32,
-    pub ack_span: u32,
+    /// The token of the newest BIND request sent for the flow: the 8 bytes
+    /// the option carries, as two words in memory order.
+    pub token: [u32; 2],
+    /// The one before it (a BIND answering the previous request may still
+    /// be on its way).
+    pub token_prev: [u32; 2],
     pub redirect_ifindex: u32,
     pub flags: u32,
-    /// TCP: segments from the key's address to its port that fell outside
-    /// the windows (written by the tc program, 0 when vnatd writes the
-    /// entry). At [`REBIND_MAX_REFUSALS`] the flow learns nothing more.
+    /// TCP: BINDs from the key's address to its port with another token
+    /// (written by the tc program, 0 when vnatd writes the entry). At
+    /// [`REBIND_MAX_REFUSALS`] the flow learns nothing more.
     pub refusals: u32,
 }
 const _: () = assert!(core::mem::size_of::<RebindValue>() == 64);
 
-/// How many segments out of a rebinding TCP flow's windows the tc program
-/// takes before it stops learning that flow's port: a guesser's tries.
-/// The peer's own segments are in the windows; a host behind the same NAT
-/// with a connection to the same port is recorded, and its segments are
-/// not counted.
+/// How many TCP BINDs with a wrong token the tc program takes before it
+/// stops learning that flow's port: a guesser's tries, each a 2^-64 chance.
 pub const REBIND_MAX_REFUSALS: u32 = 8;
+
+/// A TCP BIND: how a peer that moved behind a NAT tells us which of that
+/// NAT's ports is its TCP connection's. Its vnatd sends, on the
+/// connection's own 5-tuple (so that it crosses the NAT with the
+/// connection's mapping), a pure ACK whose header is exactly
+/// [`TCP_BIND_HDR_LEN`] bytes and whose options start with this
+/// experimental option (RFC 6994, kind 253): kind, length 12, the
+/// experiment id "vn", then the 8-byte token both vnatds derive from the
+/// connection's keys and the nonce of our BIND request
+/// (`vcmp::crypto::tcp_bind_token`). These are its first four bytes.
+pub const TCP_BIND_OPT: [u8; 4] = [253, 12, b'v', b'n'];
+/// The TCP header length of a TCP BIND: 20 bytes and the 12-byte option.
+pub const TCP_BIND_HDR_LEN: usize = 32;
+/// Length of a TCP BIND's token.
+pub const TCP_BIND_TOKEN_LEN: usize = 8;
 
 // SAFETY: both are repr(C), made only of integers and arrays of integers,
 // with every padding byte spelled out as a field (sizes asserted above).

@@ -53,20 +53,21 @@ counters! {
     /// Dropped on purpose: an outgoing packet of a flow held while its own
     /// end moves (`NAT_F_HOLD`); its socket keeps the data and sends again.
     STAT_DROP_HELD = 15, "drop_held";
-    /// A rebinding flow learned its peer's new NAT port from a packet that
-    /// proved it belongs to the flow (see `RebindValue`).
+    /// A rebinding TCP flow learned its peer's new NAT port from its TCP
+    /// BIND, whose token proved it the peer's (see `RebindValue`).
     STAT_REBIND_LEARNED = 16, "rebind_learned";
-    /// A packet from a rebinding flow's public address to its port fell
-    /// outside the flow's window: not taken for the flow (passed as is).
+    /// A TCP BIND from a rebinding flow's public address to its port
+    /// carried a token that is not the flow's: taken for nothing, dropped.
     STAT_REBIND_REFUSED = 17, "rebind_refused";
     /// An in-band BIND (a peer behind NAT naming its UDP flow's public
     /// port) was diverted from the flow's port to vnatd (`CFG_F_BIND_DIVERT`).
     STAT_BIND_DIVERTED = 18, "bind_diverted";
-    /// Dropped on purpose: a UDP datagram from a rebinding flow's new NAT
-    /// address to its port that no recorded flow owns. The flow's new NAT
-    /// port is taken only from its authenticated BIND (vnatd), never from
-    /// a datagram anyone behind that NAT could send, so until then no
-    /// application may receive it as a new peer's.
+    /// Dropped on purpose: a UDP datagram or TCP segment (not a SYN) from
+    /// a rebinding flow's new NAT address to its port that no recorded flow
+    /// owns. The flow's new NAT port is taken only from its authenticated
+    /// BIND, never from a packet anyone behind that NAT could send, so
+    /// until then no socket may receive it as a new peer's (TCP: nor
+    /// answer the moved peer's first segments with a reset).
     STAT_DROP_REBINDING = 19, "drop_rebinding";
     /// Dropped: a datagram shaped as an in-band BIND sent to vnatd's VCMP
     /// port itself. Only BINDs the tc program diverted from a flow's port
@@ -111,10 +112,13 @@ counters! {
     /// An ICMP or ICMPv6 error quoting a translated flow's packet was
     /// translated (its addresses and the quoted header).
     STAT_ICMP_TRANSLATED = 32, "icmp_translated";
-    /// A rebinding TCP flow stopped learning: too many packets from its
-    /// NAT's address to its port fell outside its window (a guesser).
+    /// A rebinding TCP flow stopped learning: too many TCP BINDs from its
+    /// NAT's address to its port carried a wrong token (a guesser).
     STAT_REBIND_STOPPED = 33, "rebind_stopped";
     /// A first fragment did not take the place of another flow's live
     /// fragment entry (same addresses, same identification): a spoof.
     STAT_FRAGMENT_COLLISION = 34, "fragment_collision";
+    /// Dropped: a TCP BIND that reached the tc ingress (taken, refused, or
+    /// for a flow no longer rebinding): it carries nothing for a socket.
+    STAT_TCP_BIND_CONSUMED = 35, "tcp_bind_consumed";
 }

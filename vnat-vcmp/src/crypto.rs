@@ -278,6 +278,20 @@ pub(crate) fn bind_proof(claim_key: &SecretKey, token: &[u8; TAG_LEN]) -> [u8; T
     out
 }
 
+/// The token of a TCP BIND (`vnat_common::TCP_BIND_OPT`) answering our
+/// BIND request with `nonce` for the connection whose keys have `root`:
+/// both ends compute it, no one else can, and each request has its own.
+pub fn tcp_bind_token(root: &SecretKey, nonce: u64) -> [u8; 8] {
+    let full = hmac(root, &[b"vnat tcp bind v1", &nonce.to_be_bytes()]);
+    let mut out = [0u8; 8];
+    out.copy_from_slice(&full[..8]);
+    // All zero is what an entry without a token holds: never a token.
+    if out == [0; 8] {
+        out[7] = 1;
+    }
+    out
+}
+
 /// The tag of a CLAIM or PROBE datagram: HMAC over all of it before the
 /// tag, which is its last [`PAIR_TAG_LEN`] bytes.
 fn claim_tag(claim_key: &SecretKey, signed: &[u8]) -> [u8; 32] {

@@ -124,6 +124,26 @@ pub enum Event {
         remote: SocketAddr,
         payload: Vec<u8>,
     },
+    /// Our BIND request for the rebinding TCP connection `flow` (its peer
+    /// moved behind a NAT) went out: its peer's TCP BIND may carry `token`
+    /// from now on (`Datapath::expect_tcp_bind`, after the connection's
+    /// rebind is installed). If the datapath says the connection is not
+    /// rebinding any more, call `tcp_bind_settled`.
+    ExpectTcpBind { flow: VirtualFlow, token: [u8; 8] },
+    /// Send a TCP BIND carrying `token` on our TCP connection `flow`, from
+    /// `local` to `remote` (its physical endpoints), so that it crosses our
+    /// NAT with the connection's mapping (`vcmp::bind`).
+    SendTcpBind {
+        flow: VirtualFlow,
+        local: SocketAddr,
+        remote: SocketAddr,
+        token: [u8; 8],
+    },
+    /// The paired host `key` answered a probe that
+    /// [`Endpoint::probe_host`] sent: its vnatd is there.
+    ///
+    /// [`Endpoint::probe_host`]: crate::Endpoint::probe_host
+    ProbeAnswered { key: [u8; 32] },
     /// The peer sent an (unauthenticated, advisory) error.
     PeerError {
         from: SocketAddr,

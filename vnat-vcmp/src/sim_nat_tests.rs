@@ -9,6 +9,7 @@ use super::endpoint::{Config, Event};
 use super::sim::{reverse, sa, tcp, Link, Sim};
 use super::sim_tests::{setup, A_IP, B_IP};
 use crate::flow::VirtualFlow;
+use std::net::SocketAddr;
 
 /// Address reuse (DHCP), or a reinstalled host: another host key at an
 /// address where a paired host was. It is another host: it pairs, with no
@@ -643,4 +644,124 @@ fn a_lost_bind_after_a_move_is_asked_for_again() {
             .is_some(),
         "the server must learn the new NAT's port from the second BIND"
     );
+}
+
+/// Issue 31, item 5: a TCP connection whose laptop moved behind a new NAT
+/// learns that NAT's port from the laptop's TCP BIND, whose token both
+/// ends derive from the connection's keys and the server's request: the
+/// server's datapath is given the token, the laptop sends it on the
+/// connection's new path (when asked, and again at the SWITCHED), and the
+/// two are the same. Before, the server's tc program took the port from
+/// the first segment with the connection's numbers, which a neighbour
+/// behind the NAT may know.
+#[test]
+fn a_tcp_connection_behind_a_new_nat_learns_its_port_from_its_tcp_bind() {
+    let mut sim = Sim::new(31, Link::default());
+    let l = sim.add_host("192.168.1.10", Config::default());
+    let s = sim.add_host("203.0.113.5", Config::default());
+    sim.hosts[s].confirms_switch = true;
+    sim.hosts[l].nat = Some(sa("198.51.100.7:40001"));
+    let f = tcp("192.168.1.10:50000", "203.0.113.5:443");
+    let sf = tcp("203.0.113.5:443", "198.51.100.7:61000");
+    sim.connect_named(l, s, f, sf);
+    sim.run_for(Duration::from_secs(10));
+    assert!(sim.hosts[s].ep.connection(&sf).expect("sf").has_keys);
+
+    sim.move_host(l, "192.168.2.20");
+    sim.hosts[l].nat = Some(sa("198.51.100.8:40005"));
+    sim.with(l, |ep, now, rng| {
+        ep.resume(now, rng, &[(f, sa("192.168.2.20:50000"))])
+            .expect("resume")
+    });
+    sim.run_for(Duration::from_secs(3));
+
+    let expected: Vec<[u8; 8]> = sim
+        .events(s, |e| matches!(e, Event::ExpectTcpBind { flow, .. } if *flow == sf))
+        .map(|(_, e)| match e {
+            Event::ExpectTcpBind { token, .. } => *token,
+            _ => unreachable!(),
+        })
+        .collect();
+    assert!(!expected.is_empty(), "the server must ask for a TCP BIND");
+    let sent: Vec<(SocketAddr, SocketAddr, [u8; 8])> = sim
+        .events(l, |e| matches!(e, Event::SendTcpBind { flow, .. } if *flow == f))
+        .map(|(_, e)| match e {
+            Event::SendTcpBind {
+                local,
+                remote,
+                token,
+                ..
+            } => (*local, *remote, *token),
+            _ => unreachable!(),
+        })
+        .collect();
+    assert!(
+        sent.len() >= 2,
+        "the laptop sends its TCP BIND when asked and again at the SWITCHED: {sent:?}"
+    );
+    for (local, remote, token) in &sent {
+        assert_eq!(
+            (*local, *remote),
+            (sa("192.168.2.20:50000"), sa("203.0.113.5:443")),
+            "on the connection's new path"
+        );
+        assert!(
+            expected.contains(token),
+            "a token the server's datapath was not given"
+        );
+    }
+    // The SWITCHED's resend comes before the release of the connection.
+    let order: Vec<bool> = sim
+        .events(l, |e| {
+            matches!(e, Event::SendTcpBind { flow, .. } | Event::PeerSwitched { flow, .. } if *flow == f)
+        })
+        .map(|(_, e)| matches!(e, Event::SendTcpBind { .. }))
+        .collect();
+    let released = order.iter().position(|b| !b).expect("released");
+    assert!(
+        released > 0 && order[released - 1],
+        "a TCP BIND must leave right before the release: {order:?}"
+    );
+}
+
+/// A host that is not the connection's peer (a neighbour paired with the
+/// laptop) asks for a TCP BIND naming the connection's commitment: the
+/// laptop sends none, since only the connection's own peer can name it,
+/// and a token only its two ends can compute would be of no use to it
+/// anyway.
+#[test]
+fn only_the_connections_peer_gets_a_tcp_bind() {
+    let mut sim = Sim::new(32, Link::default());
+    let l = sim.add_host("192.168.1.10", Config::default());
+    let s = sim.add_host("203.0.113.5", Config::default());
+    let x = sim.add_host("203.0.113.9", Config::default());
+    let f = tcp("192.168.1.10:50000", "203.0.113.5:443");
+    sim.connect(l, s, f);
+    // The neighbour has a connection with the laptop too, so they pair.
+    let fx = tcp("192.168.1.10:50001", "203.0.113.9:443");
+    sim.connect(l, x, fx);
+    sim.run_for(Duration::from_secs(10));
+    let before = sim
+        .events(l, |e| matches!(e, Event::SendTcpBind { .. }))
+        .count();
+    // The neighbour's vnatd re-sends the server's request for the
+    // laptop's connection with the server: a BIND_REQ under its own key.
+    let lkey = sim.hosts[l].ep.public_key();
+    let binding = sim.hosts[l].ep.conns.get(&f).expect("f").binding.clone();
+    let forged = sim.hosts[x]
+        .ep
+        .bind_req_naming_for_test(&lkey, &binding)
+        .expect("x is paired with the laptop");
+    let from = sim.hosts[l].ep.peer_addrs.get(&sim.hosts[x].ep.public_key()).copied().expect("x's session");
+    sim.inject(l, from, &forged);
+    sim.run_for(Duration::from_secs(2));
+    assert_eq!(
+        sim.hosts[l].ep.stats().rejected(Reject::BindReqUnknown),
+        1,
+        "the request must reach the laptop and be refused"
+    );
+    let after = sim
+        .events(l, |e| matches!(e, Event::SendTcpBind { .. }))
+        .count();
+    assert_eq!(after, before, "a TCP BIND was sent for another host's request");
 }

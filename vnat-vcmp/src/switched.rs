@@ -146,8 +146,12 @@ impl Endpoint {
     }
 
     fn release_awaiting(&mut self, flows: Vec<VirtualFlow>, confirmed: bool) {
+        let now = self.binds.clock;
         for flow in flows {
             if self.conns.contains_key(&flow) {
+                // Before the release: a peer that moved us behind a NAT
+                // takes the connection's segments only after its BIND.
+                self.resend_tcp_bind(now, &flow);
                 self.emit(Event::PeerSwitched { flow, confirmed });
             }
         }

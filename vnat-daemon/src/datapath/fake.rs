@@ -39,6 +39,10 @@ pub struct FakeDatapath {
     pub diverting: BTreeSet<std::net::IpAddr>,
     /// Datagrams sent with [`Datapath::send_in_band`]: (from, to, payload).
     pub sent_in_band: Vec<(std::net::SocketAddr, std::net::SocketAddr, Vec<u8>)>,
+    /// TCP BIND tokens expected, by connection (`expect_tcp_bind`).
+    pub tcp_bind_tokens: BTreeMap<VirtualFlow, [u8; 8]>,
+    /// TCP BINDs sent: (connection, local, remote, token).
+    pub sent_tcp_binds: Vec<(VirtualFlow, std::net::SocketAddr, std::net::SocketAddr, [u8; 8])>,
     /// Guest addresses whose VCMP datagrams vnatd receives (`receive_vcmp_at`).
     pub receiving_vcmp_at: BTreeSet<std::net::IpAddr>,
     /// Flows asked to restart ([`Datapath::restart_flow`],
@@ -290,6 +294,38 @@ impl Datapath for FakeDatapath {
             return Err(e);
         }
         self.sent_in_band.push((local, remote, payload.to_vec()));
+        Ok(())
+    }
+
+    fn expect_tcp_bind(
+        &mut self,
+        flow: &VirtualFlow,
+        token: [u8; 8],
+    ) -> Result<bool, DatapathError> {
+        if let Some(e) = self.fail_next.take() {
+            return Err(e);
+        }
+        let rebinding = self
+            .translations
+            .get(flow)
+            .is_some_and(|t| t.physical_remote.port() == 0);
+        if rebinding {
+            self.tcp_bind_tokens.insert(*flow, token);
+        }
+        Ok(rebinding)
+    }
+
+    fn send_tcp_bind(
+        &mut self,
+        flow: &VirtualFlow,
+        local: std::net::SocketAddr,
+        remote: std::net::SocketAddr,
+        token: [u8; 8],
+    ) -> Result<(), DatapathError> {
+        if let Some(e) = self.fail_next.take() {
+            return Err(e);
+        }
+        self.sent_tcp_binds.push((*flow, local, remote, token));
         Ok(())
     }
 

@@ -236,6 +236,28 @@ pub trait Datapath {
         payload: &[u8],
     ) -> Result<(), DatapathError>;
 
+    /// Our BIND request for the rebinding TCP connection `flow` carries a
+    /// nonce whose token (`vnat_vcmp::crypto::tcp_bind_token`) is `token`:
+    /// its peer's TCP BIND may carry it (or the previous one) from now on.
+    /// `Ok(false)`: the connection is not rebinding (any more).
+    fn expect_tcp_bind(
+        &mut self,
+        flow: &VirtualFlow,
+        token: [u8; 8],
+    ) -> Result<bool, DatapathError>;
+
+    /// Send a TCP BIND carrying `token` on our TCP connection `flow`'s path:
+    /// a pure ACK from `local` to `remote` (its physical endpoints), with the
+    /// socket's own sequence numbers, so that it crosses a NAT exactly as
+    /// the connection's segments do (see `vnat_common::TCP_BIND_OPT`).
+    fn send_tcp_bind(
+        &mut self,
+        flow: &VirtualFlow,
+        local: std::net::SocketAddr,
+        remote: std::net::SocketAddr,
+        token: [u8; 8],
+    ) -> Result<(), DatapathError>;
+
     /// Deliver to vnatd the UDP datagrams to `vcmp_port` of exactly these
     /// addresses of routed containers (a peer's PROVE that this host
     /// receives at a guest's address, `vnat_vcmp` `proof`), which would

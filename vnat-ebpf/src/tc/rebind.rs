@@ -3,9 +3,10 @@
 
 use aya_ebpf::programs::TcContext;
 use vnat_common::{
-    FlowKey, NatRewrite, RebindKey, BIND_HEAD, BIND_LEN, BIND_MAGIC, PROTO_UDP,
+    FlowKey, NatRewrite, RebindKey, RebindValue, BIND_HEAD, BIND_LEN, BIND_MAGIC, PROTO_UDP,
     REBIND_MAX_REFUSALS, REBIND_SLOTS, STAT_BIND_DIVERTED, STAT_DROP_BIND_DIRECT,
     STAT_DROP_REBINDING, STAT_REBIND_LEARNED, STAT_REBIND_REFUSED, STAT_REBIND_STOPPED,
+    STAT_TCP_BIND_CONSUMED, TCP_BIND_HDR_LEN, TCP_BIND_OPT,
 };
 
 use super::parse::{Parsed, UDP_CSUM_OFF};
@@ -13,20 +14,19 @@ use super::rewrite::{port, BPF_F_MARK_MANGLED_0};
 use super::{opaque_zero, Drop};
 use crate::maps::{count, VNAT_CONNS, VNAT_EGRESS_NAT, VNAT_INGRESS_NAT, VNAT_REBIND};
 
-/// A packet with no translation, coming in: if it is the first of a
-/// rebinding flow (its peer moved behind a NAT whose port we cannot know
-/// until the peer's packets cross it), install the flow's translations for
-/// the port it came from. The key is the NAT's
-/// public address from the peer's authenticated update and our end; a TCP
-/// packet must also carry sequence and acknowledgment numbers in the
-/// flow's window, so an off-path host that cannot inject into the TCP
-/// connection cannot steer it either.
+/// A packet with no translation, coming in, for a rebinding flow (its
+/// peer moved behind a NAT whose port we cannot know until the peer's
+/// packets cross it): the key is the NAT's public address from the peer's
+/// authenticated update and our end.
 ///
-/// A UDP datagram proves nothing (anyone behind the same NAT can send one
-/// to the port), so a UDP flow learns its port only from its authenticated
-/// BIND, through vnatd; meanwhile a datagram from that address to that
-/// port that belongs to no recorded flow is dropped, so that no
-/// application takes it for a new peer's.
+/// Neither a UDP datagram nor a TCP segment proves by itself that it is
+/// the peer's: anyone behind the same NAT can send one to the port, and a
+/// TCP segment's numbers can be guessed or known. So a flow learns its
+/// port only from its peer's authenticated BIND: a UDP flow's through
+/// vnatd, a TCP flow's here ([`learn_tcp`]). Meanwhile a packet from that
+/// address to that port that belongs to no recorded flow is dropped, so
+/// that no application takes it for a new peer's and our kernel does not
+/// reset the moved connection's first segments.
 ///
 /// `Ok(true)`: the flow's translations are installed (the caller then
 /// translates the packet by them). A call of its own, for the stack (see
@@ -37,26 +37,31 @@ pub(super) fn learn(ctx: &TcContext, p: &Parsed) -> Result<bool, Drop> {
         udp_rebinding(p)?;
         return Ok(false);
     }
-    Ok(learn_tcp(ctx, p))
+    learn_tcp(ctx, p)
 }
 
 /// See [`learn`]: a UDP datagram for a rebinding flow's port is dropped
 /// unless a recorded flow owns it.
 #[inline(always)]
 pub(super) fn udp_rebinding(p: &Parsed) -> Result<(), Drop> {
-    let mut rk = rebind_key(p);
-    let mut rebinding = false;
-    for slot in 0..REBIND_SLOTS {
-        rk.slot = slot;
-        if VNAT_REBIND.get_ptr(&rk).is_some() {
-            rebinding = true;
-            break;
-        }
-    }
-    if !rebinding || recorded(p) {
+    if !rebinding(p) || recorded(p) {
         return Ok(());
     }
     Err(Drop(STAT_DROP_REBINDING))
+}
+
+/// Whether some flow is rebinding toward the packet's source address and
+/// destination port.
+#[inline(always)]
+fn rebinding(p: &Parsed) -> bool {
+    let mut rk = rebind_key(p);
+    for slot in 0..REBIND_SLOTS {
+        rk.slot = slot;
+        if VNAT_REBIND.get_ptr(&rk).is_some() {
+            return true;
+        }
+    }
+    false
 }
 
 /// Whether the packet belongs to a recorded connection or flow (another
@@ -85,118 +90,151 @@ fn recorded(p: &Parsed) -> bool {
     VNAT_CONNS.get_ptr(&wildcard).is_some()
 }
 
-/// TCP flags (RFC 9293 section 3.1), at byte 13 of the header.
+/// TCP flags (RFC 9293 section 3.1), at byte 13 of the header; the data
+/// offset in the high nibble of byte 12.
+const TCP_DOFF_OFF: usize = 12;
 const TCP_FLAGS_OFF: usize = 13;
-const TCP_RST: u8 = 0x04;
 const TCP_SYN: u8 = 0x02;
 const TCP_ACK: u8 = 0x10;
 
-/// See [`learn`]. What a segment must be to teach a rebinding flow its
-/// port (issue 31): not a recorded connection's (another host behind the
-/// NAT), an acknowledging segment of an established connection (ACK set,
-/// neither SYN nor RST), and in the socket's windows, which vnatd takes
-/// from the socket itself (`RebindValue`). Each segment from the NAT's
-/// address to the port that fails the windows counts against the flow;
-/// after `REBIND_MAX_REFUSALS` the flow learns nothing more, so a guesser
-/// gets a few tries, not one per packet it can send.
+/// The token of a TCP BIND (`vnat_common::TCP_BIND_OPT`): a segment whose
+/// header is exactly the option's length and whose options start with it;
+/// `None` for any other segment.
 #[inline(always)]
-pub(super) fn learn_tcp(ctx: &TcContext, p: &Parsed) -> bool {
+fn tcp_bind_token(ctx: &TcContext, p: &Parsed) -> Option<[u32; 2]> {
+    let doff = ctx.load::<u8>(p.l4 + TCP_DOFF_OFF).ok()?;
+    if usize::from(doff >> 4) * 4 != TCP_BIND_HDR_LEN {
+        return None;
+    }
+    let head = ctx.load::<u32>(p.l4 + 20).ok()?;
+    if head != u32::from_ne_bytes(TCP_BIND_OPT) {
+        return None;
+    }
+    let token = ctx.load::<[u32; 2]>(p.l4 + 24).ok()?;
+    Some(token)
+}
+
+/// See [`learn`]. A segment for a rebinding flow's port from its NAT's
+/// address that belongs to no recorded connection (another host behind
+/// the NAT) is one of three things:
+///
+/// * a SYN (a new connection from behind the NAT): passed;
+/// * a TCP BIND: if its token is one vnatd wrote into a rebinding flow's
+///   entry, that flow's translations are installed for the port it came
+///   from; the BIND itself is dropped either way. A wrong token counts
+///   against every flow waiting there; after `REBIND_MAX_REFUSALS` a flow
+///   learns nothing more, so a guesser gets a few 2^-64 tries, not one per
+///   packet it can send;
+/// * anything else (the moved peer's segments before its BIND, or a
+///   stranger's): dropped. The peer's TCP sends them again.
+#[inline(always)]
+pub(super) fn learn_tcp(ctx: &TcContext, p: &Parsed) -> Result<bool, Drop> {
+    if !rebinding(p) || recorded(p) {
+        return Ok(false);
+    }
+    let Ok(flags) = ctx.load::<u8>(p.l4 + TCP_FLAGS_OFF) else {
+        return Ok(false);
+    };
+    let Some(token) = tcp_bind_token(ctx, p) else {
+        if flags & TCP_SYN != 0 && flags & TCP_ACK == 0 {
+            return Ok(false);
+        }
+        return Err(Drop(STAT_DROP_REBINDING));
+    };
     let mut rk = rebind_key(p);
-    let mut rebinding = false;
-    for slot in 0..REBIND_SLOTS {
-        rk.slot = slot;
-        if VNAT_REBIND.get_ptr(&rk).is_some() {
-            rebinding = true;
-            break;
+    if token != [0, 0] {
+        for slot in 0..REBIND_SLOTS {
+            rk.slot = slot;
+            let Some(vp) = VNAT_REBIND.get_ptr(&rk) else {
+                continue;
+            };
+            // SAFETY: a pointer a lookup just returned, into the map's
+            // memory (BPF_F_NO_PREALLOC: an element deleted meanwhile is
+            // freed after an RCU grace period, which this program's run is
+            // inside). Only the numbers: the whole value copied out would
+            // cost 64 bytes of a frame that has few to spare.
+            let (refusals, ours) = unsafe {
+                let v = &*vp;
+                (v.refusals, v.token == token || v.token_prev == token)
+            };
+            if !ours {
+                continue;
+            }
+            if refusals >= REBIND_MAX_REFUSALS {
+                count(STAT_REBIND_STOPPED);
+                return Err(Drop(STAT_TCP_BIND_CONSUMED));
+            }
+            if install(p, vp) {
+                let _ = VNAT_REBIND.remove(&rk);
+                count(STAT_REBIND_LEARNED);
+            }
+            return Err(Drop(STAT_TCP_BIND_CONSUMED));
         }
     }
-    if !rebinding || recorded(p) {
-        return false;
-    }
-    let (Ok(flags), Ok(seq), Ok(ack)) = (
-        ctx.load::<u8>(p.l4 + TCP_FLAGS_OFF),
-        ctx.load::<u32>(p.l4 + 4),
-        ctx.load::<u32>(p.l4 + 8),
-    ) else {
-        return false;
-    };
-    if flags & (TCP_SYN | TCP_RST) != 0 || flags & TCP_ACK == 0 {
-        return false;
-    }
-    let (seq, ack) = (u32::from_be(seq), u32::from_be(ack));
+    // No flow's token: a refusal for each flow waiting there whose token
+    // is set (before it is, the peer's own BIND may simply have come
+    // early).
+    count(STAT_REBIND_REFUSED);
     for slot in 0..REBIND_SLOTS {
         rk.slot = slot;
         let Some(vp) = VNAT_REBIND.get_ptr_mut(&rk) else {
             continue;
         };
-        // SAFETY: a pointer a lookup just returned, into the map's memory
-        // (BPF_F_NO_PREALLOC: an element deleted meanwhile is freed after
-        // an RCU grace period, which this program's run is inside). Two
-        // packets at once on two CPUs may both add to `refusals` and lose
-        // one count: a few more tries for a guesser, not a way around the
-        // limit.
-        // Only the numbers here: the whole value copied out would cost 64
-        // bytes of a frame that has few to spare.
-        let (refusals, in_window) = unsafe {
-            let v = &*vp;
-            (
-                v.refusals,
-                seq.wrapping_sub(v.seq_lo) < v.seq_span && ack.wrapping_sub(v.ack_lo) < v.ack_span,
-            )
-        };
-        if refusals >= REBIND_MAX_REFUSALS {
-            count(STAT_REBIND_STOPPED);
-            continue;
+        // SAFETY: as above. Two packets at once on two CPUs may both add
+        // to `refusals` and lose one count: a few more tries for a
+        // guesser, not a way around the limit.
+        unsafe {
+            if (*vp).token != [0, 0] {
+                (*vp).refusals = (*vp).refusals.saturating_add(1);
+            }
         }
-        if !in_window {
-            // SAFETY: as above.
-            unsafe { (*vp).refusals = refusals + 1 };
-            count(STAT_REBIND_REFUSED);
-            continue;
-        }
-        // SAFETY: as above; copied out field by field, each entry built
-        // and written in a block of its own so that their stack is shared.
-        let installed = unsafe {
-            let ingress = NatRewrite {
-                src_addr_be: (*vp).virt_remote_addr_be,
-                dst_addr_be: (*vp).virt_local_addr_be,
-                src_port_be: (*vp).virt_remote_port_be,
-                dst_port_be: (*vp).virt_local_port_be,
-                redirect_ifindex: 0,
-                flags: 0,
-                _pad: 0,
-            };
-            VNAT_INGRESS_NAT.insert(&p.key, &ingress, 0).is_ok()
-        } && unsafe {
-            let egress_key = FlowKey {
-                src_addr_be: (*vp).virt_local_addr_be,
-                dst_addr_be: (*vp).virt_remote_addr_be,
-                src_port_be: (*vp).virt_local_port_be,
-                dst_port_be: (*vp).virt_remote_port_be,
-                family: p.key.family,
-                proto: p.key.proto,
-                _pad: [0; 2],
-            };
-            let egress = NatRewrite {
-                src_addr_be: p.key.dst_addr_be,
-                dst_addr_be: p.key.src_addr_be,
-                src_port_be: p.key.dst_port_be,
-                dst_port_be: p.key.src_port_be,
-                redirect_ifindex: (*vp).redirect_ifindex,
-                flags: (*vp).flags,
-                _pad: 0,
-            };
-            VNAT_EGRESS_NAT.insert(&egress_key, &egress, 0).is_ok()
-        };
-        if !installed {
-            let _ = VNAT_INGRESS_NAT.remove(&p.key);
-            return false;
-        }
-        let _ = VNAT_REBIND.remove(&rk);
-        count(STAT_REBIND_LEARNED);
-        return true;
     }
-    false
+    Err(Drop(STAT_TCP_BIND_CONSUMED))
+}
+
+/// Install a rebinding flow's translations (from the entry at `vp`) for
+/// the packet's source port; false if either insert failed (nothing is
+/// left half done).
+#[inline(always)]
+fn install(p: &Parsed, vp: *const RebindValue) -> bool {
+    // SAFETY: see `learn_tcp`; copied out field by field, each entry built
+    // and written in a block of its own so that their stack is shared.
+    let installed = unsafe {
+        let ingress = NatRewrite {
+            src_addr_be: (*vp).virt_remote_addr_be,
+            dst_addr_be: (*vp).virt_local_addr_be,
+            src_port_be: (*vp).virt_remote_port_be,
+            dst_port_be: (*vp).virt_local_port_be,
+            redirect_ifindex: 0,
+            flags: 0,
+            _pad: 0,
+        };
+        VNAT_INGRESS_NAT.insert(&p.key, &ingress, 0).is_ok()
+    } && unsafe {
+        let egress_key = FlowKey {
+            src_addr_be: (*vp).virt_local_addr_be,
+            dst_addr_be: (*vp).virt_remote_addr_be,
+            src_port_be: (*vp).virt_local_port_be,
+            dst_port_be: (*vp).virt_remote_port_be,
+            family: p.key.family,
+            proto: p.key.proto,
+            _pad: [0; 2],
+        };
+        let egress = NatRewrite {
+            src_addr_be: p.key.dst_addr_be,
+            dst_addr_be: p.key.src_addr_be,
+            src_port_be: p.key.dst_port_be,
+            dst_port_be: p.key.src_port_be,
+            redirect_ifindex: (*vp).redirect_ifindex,
+            flags: (*vp).flags,
+            _pad: 0,
+        };
+        VNAT_EGRESS_NAT.insert(&egress_key, &egress, 0).is_ok()
+    };
+    if !installed {
+        let _ = VNAT_INGRESS_NAT.remove(&p.key);
+    }
+    installed
 }
 
 /// An in-band BIND (see `vnat_common::BIND_LEN`) coming in on a UDP flow:

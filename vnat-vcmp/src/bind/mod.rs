@@ -51,6 +51,18 @@
 //! After a bound flow's peer moved behind a new NAT, the port that NAT
 //! gave the flow is learned the same way, by a BIND_REQ naming the flow's
 //! commitment (`ask_rebind`).
+//!
+//! A TCP connection's new NAT port is learned by a BIND_REQ too, answered
+//! by a TCP BIND (`vnat_common::TCP_BIND_OPT`): a pure ACK on the
+//! connection's own 5-tuple carrying a token that both ends derive from
+//! the connection's keys and the request's nonce (`crypto::tcp_bind_token`).
+//! The requester's datapath is given the token (`Event::ExpectTcpBind`)
+//! and its tc program takes the port from the segment that carries it;
+//! nothing else teaches it, so a host sharing the NAT, which may know or
+//! guess the connection's sequence numbers, cannot capture the connection.
+//! The mover sends its TCP BIND when the request arrives and again when
+//! the requester's SWITCHED releases the connection, by which time the
+//! requester's datapath holds the token.
 
 use crate::stats::{Counter, Reject};
 use std::net::{IpAddr, SocketAddr};
@@ -72,6 +84,10 @@ use state::{Asked, ASK_EVERY, ASK_LIFETIME, MAX_BINDS_PER_ASK};
 
 /// Least time between two BINDs on one flow.
 const BIND_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+/// Least time between two TCP BINDs on one connection: one is asked for
+/// only by the connection's own peer, whose retries are this far apart at
+/// the least (`Config::initial_rto`).
+const TCP_BIND_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl Endpoint {
     /// A BIND or BIND_REQ datagram from `from`.
@@ -171,6 +187,7 @@ impl Endpoint {
     pub(crate) fn forget_rebind(&mut self, flow: &VirtualFlow) {
         self.binds.clear_reask(flow);
         self.binds.untrack_udp(flow);
+        self.binds.tcp_tokens.remove(flow);
     }
 
     /// The next time `bind_timeouts` has work.
@@ -178,13 +195,13 @@ impl Endpoint {
         self.binds.reask_at.next()
     }
 
-    /// Send (or queue) a BIND_REQ for a rebinding UDP flow; false if it is
-    /// not one, or its peer is gone.
+    /// Send (or queue) a BIND_REQ for a rebinding flow; false if it is not
+    /// one, or its peer is gone.
     fn request_rebind(&mut self, flow: &VirtualFlow) -> bool {
         let Some(c) = self.conns.get(flow) else {
             return false;
         };
-        if flow.proto != Proto::Udp || c.remote_phys.port() != 0 {
+        if c.remote_phys.port() != 0 {
             return false;
         }
         let (Some(peer), toward) = (c.peer_key, c.remote_phys.ip()) else {
@@ -197,8 +214,52 @@ impl Endpoint {
             return false;
         };
         let commitment = claim_commitment(&key, &self.identity.public(), &c.binding);
+        if flow.proto == Proto::Tcp {
+            return self.send_tcp_bind_req(to, &key, flow, commitment);
+        }
         self.queue_bind_req(peer, to, toward, Some(vec![commitment]));
         true
+    }
+
+    /// A BIND_REQ for the rebinding TCP connection `flow`, straight away
+    /// (no divert: its TCP BIND is taken by our tc program), and the token
+    /// its answer carries to the datapath. False if the connection has no
+    /// keys to derive the token from.
+    fn send_tcp_bind_req(
+        &mut self,
+        to: SocketAddr,
+        key: &crypto::SecretKey,
+        flow: &VirtualFlow,
+        commitment: [u8; TAG_LEN],
+    ) -> bool {
+        let Some(root) = self
+            .conns
+            .get(flow)
+            .and_then(|c| c.keys.as_ref())
+            .map(|k| k.root.clone())
+        else {
+            return false;
+        };
+        let nonce = self.binds.next_nonce;
+        self.binds.next_nonce = nonce.wrapping_add(1).max(1);
+        let b = encode_bind_req(&self.identity.public(), nonce, &[commitment]);
+        // The token before the request: the datapath must hold it by the
+        // time the answer can arrive (the driver installs it before it
+        // sends what the core queued).
+        self.events.push_back(Event::ExpectTcpBind {
+            flow: *flow,
+            token: crypto::tcp_bind_token(&root, nonce),
+        });
+        self.push_tagged(key, b, to);
+        self.stats.count(Counter::BindRequestsSent);
+        true
+    }
+
+    /// The datapath says the rebinding TCP connection `flow` is rebinding
+    /// no more (its TCP BIND taught the port, or the wait was given up):
+    /// no more requests for it.
+    pub fn tcp_bind_settled(&mut self, flow: &VirtualFlow) {
+        self.binds.clear_reask(flow);
     }
 
     /// Send a BIND_REQ for `wanted` (`None`: every flow) to `peer` at
@@ -326,6 +387,17 @@ impl Endpoint {
             let Some(c) = self.conns.get(&flow) else {
                 continue;
             };
+            if c.flow.proto == Proto::Tcp {
+                // Only a connection of that host's, named by commitment.
+                if c.peer_key == Some(peer)
+                    && !commitments.is_empty()
+                    && c.remote_phys.ip() == from.ip()
+                    && self.send_tcp_bind(now, &flow, nonce)
+                {
+                    sent += 1;
+                }
+                continue;
+            }
             let ours = c.flow.proto == Proto::Udp
                 && c.remote_phys.ip() == from.ip()
                 && (c.peer_key == Some(peer) || (commitments.is_empty() && c.peer_key.is_none()));
@@ -366,6 +438,61 @@ impl Endpoint {
             self.stats.reject(Reject::BindReqUnknown);
         }
         Ok(())
+    }
+
+    /// Send a TCP BIND on our TCP connection `flow`, answering the request
+    /// with `nonce` of its peer; false if one just left, or the connection
+    /// has no keys.
+    fn send_tcp_bind(&mut self, now: Timestamp, flow: &VirtualFlow, nonce: u64) -> bool {
+        let Some(c) = self.conns.get(flow) else {
+            return false;
+        };
+        let (local, remote) = (c.local_phys, c.remote_phys);
+        let Some(root) = c.keys.as_ref().map(|k| k.root.clone()) else {
+            return false;
+        };
+        if self
+            .binds
+            .last_sent
+            .get(flow)
+            .is_some_and(|(at, t)| *at == local && now.since(*t) < TCP_BIND_INTERVAL)
+        {
+            self.stats.reject(Reject::BindReqTooSoon);
+            return false;
+        }
+        self.binds.last_sent.insert(*flow, (local, now));
+        let token = crypto::tcp_bind_token(&root, nonce);
+        self.binds.tcp_tokens.insert(*flow, (token, now));
+        self.stats.count(Counter::BindsSent);
+        self.events.push_back(Event::SendTcpBind {
+            flow: *flow,
+            local,
+            remote,
+            token,
+        });
+        true
+    }
+
+    /// The peer's SWITCHED released our moved TCP connection `flow`: if it
+    /// asked for a TCP BIND lately, send it again (the first may have
+    /// arrived before the peer's datapath held the token).
+    pub(crate) fn resend_tcp_bind(&mut self, now: Timestamp, flow: &VirtualFlow) {
+        let Some((token, at)) = self.binds.tcp_tokens.remove(flow) else {
+            return;
+        };
+        let Some(c) = self.conns.get(flow) else {
+            return;
+        };
+        if now.since(at) >= ASK_LIFETIME {
+            return;
+        }
+        self.stats.count(Counter::BindsSent);
+        self.events.push_back(Event::SendTcpBind {
+            flow: *flow,
+            local: c.local_phys,
+            remote: c.remote_phys,
+            token,
+        });
     }
 
     /// A BIND that the tc program diverted from one of our UDP flows: the
@@ -575,5 +702,24 @@ impl Endpoint {
             Some(_) => self.stats.reject(Reject::ClaimConflict),
         }
         true
+    }
+}
+
+#[cfg(test)]
+impl Endpoint {
+    /// A BIND_REQ from us to the paired host `peer`, tagged under our
+    /// session, naming the connection with `binding` at that host (a test
+    /// playing a host that asks for another host's connection).
+    pub(crate) fn bind_req_naming_for_test(
+        &self,
+        peer: &[u8; 32],
+        binding: &Binding,
+    ) -> Option<Vec<u8>> {
+        let key = self.sessions.get(peer)?.claim_key();
+        let me = self.identity.public();
+        let commitment = claim_commitment(&key, &me, binding);
+        let mut b = encode_bind_req(&me, 77, &[commitment]);
+        crypto::tag_datagram(&key, &mut b);
+        Some(b)
     }
 }

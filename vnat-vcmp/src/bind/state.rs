@@ -73,6 +73,11 @@ pub(crate) struct BindState {
     /// endpoint (a move allows the next one at once).
     pub(super) last_sent: HashMap<VirtualFlow, (SocketAddr, Timestamp)>,
     tokens: HashMap<[u8; TAG_LEN], Token>,
+    /// The token of the last TCP BIND sent on each of our TCP connections,
+    /// and when: sent again when the peer's SWITCHED releases the
+    /// connection (the peer's datapath has the token by then), within
+    /// [`ASK_LIFETIME`]. One entry per connection at most.
+    pub(super) tcp_tokens: HashMap<VirtualFlow, ([u8; 8], Timestamp)>,
     /// UDP flows by the remote address they were added (or unbound) at:
     /// what a request for every flow toward an address walks, instead of
     /// every connection. Entries may be stale (a flow bound since); the
@@ -104,6 +109,7 @@ impl Default for BindState {
             reask_at: ConnTimers::default(),
             last_sent: HashMap::new(),
             tokens: HashMap::new(),
+            tcp_tokens: HashMap::new(),
             udp_at: HashMap::new(),
             udp_ip: HashMap::new(),
             // A resync of thousands of connections is a few hundred

@@ -375,6 +375,7 @@ impl Driver {
         let mut batch = Vec::new();
         let mut aborted = Vec::new();
         let mut help_requests = Vec::new();
+        let mut tcp_bind_tokens = Vec::new();
         for ev in events {
             let flow = match &ev {
                 Event::SetRemote { flow, .. }
@@ -472,6 +473,23 @@ impl Driver {
                         tracing::warn!(%local, %remote, error = %e, "cannot send a BIND on the flow's path");
                     }
                 }
+                // After the batch below, which installs the connection's
+                // rebind.
+                Event::ExpectTcpBind { flow, token } => tcp_bind_tokens.push((flow, token)),
+                Event::SendTcpBind {
+                    flow,
+                    local,
+                    remote,
+                    token,
+                } => {
+                    let r = with_dp(&self.dp, move |dp| {
+                        dp.send_tcp_bind(&flow, local, remote, token)
+                    })
+                    .await;
+                    if let Err(e) = r {
+                        tracing::warn!(id = flow.id(), %flow, %local, %remote, error = %e, "cannot send a TCP BIND on the connection's path");
+                    }
+                }
                 Event::HelpRequested { flow, help } => help_requests.push((flow, help)),
                 Event::SuspendSettled { flow, answered } => {
                     tracing::debug!(id = flow.id(), %flow, answered, "suspension settled");
@@ -483,6 +501,19 @@ impl Driver {
             }
         }
         let done = self.translate_all(batch).await;
+        // The tokens of TCP BIND requests the core queued: in place before
+        // those requests leave (they are flushed after the events).
+        for (flow, token) in tcp_bind_tokens {
+            match with_dp(&self.dp, move |dp| dp.expect_tcp_bind(&flow, token)).await {
+                Ok(true) => {
+                    tracing::debug!(id = flow.id(), %flow, "waiting for the peer's TCP BIND")
+                }
+                Ok(false) => self.endpoint.tcp_bind_settled(&flow),
+                Err(e) => {
+                    tracing::warn!(id = flow.id(), %flow, error = %e, "cannot give the datapath a TCP BIND's token: the connection's new NAT port is not learned")
+                }
+            }
+        }
         // A helped peer that moved is back: reopen its window now that the
         // socket's packets reach it.
         let back: Vec<VirtualFlow> = done

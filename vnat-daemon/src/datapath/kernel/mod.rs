@@ -128,10 +128,10 @@ pub struct KernelDatapath {
     /// Rebinding entries this process wrote that the tc program has not
     /// completed yet (see `rebind`).
     rebinds: std::collections::HashSet<RebindKey>,
-    /// When each UDP rebind was written: one whose BIND never came is
-    /// given up after [`UDP_REBIND_LIMIT`] (while it waits, datagrams from
-    /// that address to that port that no recorded flow owns are dropped).
-    udp_rebinds_since: StdHashMap<RebindKey, std::time::Instant>,
+    /// When each rebind was written: one whose BIND never came is given up
+    /// after [`rebind_limit`] (while it waits, packets from that address to
+    /// that port that no recorded flow owns are dropped).
+    rebinds_since: StdHashMap<RebindKey, std::time::Instant>,
     /// When connections were last looked for to adopt (`adopt.rs`).
     last_adoption: Option<std::time::Instant>,
     /// Sockets whose sequence numbers could not be read yet: tries, and
@@ -143,9 +143,18 @@ pub struct KernelDatapath {
     sysctl_record: Option<PathBuf>,
 }
 
-/// How long a UDP flow waits for its peer's BIND after a move behind a new
-/// NAT before the wait (and the drop it brings) is given up.
-const UDP_REBIND_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long a flow waits for its peer's BIND after a move behind a new NAT
+/// before the wait (and the drop it brings) is given up: a UDP flow 10 s;
+/// a TCP connection 60 s, as long as its peer's vnatd answers our BIND
+/// requests (`Config::max_tries` of them, backing off) and its TCP keeps
+/// sending.
+fn rebind_limit(proto: u8) -> std::time::Duration {
+    if proto == vnat_common::PROTO_TCP {
+        std::time::Duration::from_secs(60)
+    } else {
+        std::time::Duration::from_secs(10)
+    }
+}
 
 #[derive(Default)]
 struct RouteMemo {
@@ -204,7 +213,7 @@ impl KernelDatapath {
             rebinding: true,
             bind_divert_port: 0,
             rebinds: std::collections::HashSet::new(),
-            udp_rebinds_since: StdHashMap::new(),
+            rebinds_since: StdHashMap::new(),
             last_adoption: None,
             adopt_backoff: StdHashMap::new(),
             hide_mirror: None,
@@ -417,6 +426,34 @@ impl Datapath for KernelDatapath {
         payload: &[u8],
     ) -> Result<(), DatapathError> {
         restart::send_udp(local, remote, payload)
+    }
+    fn expect_tcp_bind(
+        &mut self,
+        flow: &VirtualFlow,
+        token: [u8; 8],
+    ) -> Result<bool, DatapathError> {
+        self.set_rebind_token(flow, token)
+    }
+    fn send_tcp_bind(
+        &mut self,
+        flow: &VirtualFlow,
+        local: std::net::SocketAddr,
+        remote: std::net::SocketAddr,
+        token: [u8; 8],
+    ) -> Result<(), DatapathError> {
+        let Some(record) = self.record(flow)? else {
+            return Err(DatapathError::InvalidTranslation {
+                flow: *flow,
+                reason: "no recorded connection to send a TCP BIND for",
+            });
+        };
+        if !restart::send_tcp_bind(flow, &record, local, remote, token)? {
+            return Err(DatapathError::InvalidTranslation {
+                flow: *flow,
+                reason: "the connection's socket is gone",
+            });
+        }
+        Ok(())
     }
     fn receive_vcmp_at(
         &mut self,
@@ -735,25 +772,31 @@ impl Datapath for KernelDatapath {
             for k in pending {
                 if !self.rebind_pending(&k).unwrap_or(true) {
                     self.rebinds.remove(&k);
-                    self.udp_rebinds_since.remove(&k);
+                    self.rebinds_since.remove(&k);
                 }
             }
             let now = std::time::Instant::now();
             let overdue: Vec<RebindKey> = self
-                .udp_rebinds_since
+                .rebinds_since
                 .iter()
-                .filter(|(_, since)| now.duration_since(**since) >= UDP_REBIND_LIMIT)
+                .filter(|(k, since)| now.duration_since(**since) >= rebind_limit(k.proto))
                 .map(|(k, _)| *k)
                 .collect();
             for k in overdue {
-                self.udp_rebinds_since.remove(&k);
+                self.rebinds_since.remove(&k);
                 if self.loaded.maps.rebind.remove(&k).is_ok() || self.rebinds.contains(&k) {
                     self.rebinds.remove(&k);
                     // The key has no local port: it names no single flow,
                     // so there is no id to log.
-                    tracing::warn!(
-                        "a UDP flow's peer moved behind a NAT and never sent its BIND: no longer waiting for it"
-                    );
+                    if k.proto == vnat_common::PROTO_TCP {
+                        tracing::warn!(
+                            "a TCP connection's peer moved behind a NAT and never sent its BIND: no longer waiting for it (its packets from there now meet no translation)"
+                        );
+                    } else {
+                        tracing::warn!(
+                            "a UDP flow's peer moved behind a NAT and never sent its BIND: no longer waiting for it"
+                        );
+                    }
                 }
             }
             if self.rebinds.len() != before {

@@ -9,8 +9,8 @@ use vnat_common::{
     NAT_F_REDIRECT,
 };
 
-use super::{attach, is_not_found, map_err, object, restart, KernelDatapath, NatPair};
-use crate::datapath::{DatapathError, Proto, Translation};
+use super::{attach, is_not_found, map_err, object, KernelDatapath, NatPair};
+use crate::datapath::{DatapathError, Translation};
 
 impl KernelDatapath {
     /// Write NAT entries directly, without routes, addresses or tc
@@ -96,10 +96,9 @@ impl KernelDatapath {
     }
 
     /// Make `t.flow` rebinding towards `t.physical_remote`'s address, whose
-    /// port (0 in `t`) the tc ingress program learns from the flow's first
-    /// packet from there. TCP: the windows are the socket's own now (issue
-    /// 31: no wider than what the peer may send or acknowledge), see
-    /// [`tcp_windows`].
+    /// port (0 in `t`) the flow learns from its peer's BIND: a UDP flow's
+    /// through vnatd, a TCP flow's in the tc ingress program, once
+    /// [`KernelDatapath::expect_tcp_bind`] gave it the token (issue 31).
     pub(super) fn rebind(&mut self, t: &Translation) -> Result<(), DatapathError> {
         let route = self.route(t.physical_remote.ip(), Some(t.physical_local.ip()))?;
         if !self.tc_current.contains(&route.ifindex) {
@@ -112,28 +111,6 @@ impl KernelDatapath {
             self.tc_current.insert(route.ifindex);
         }
         let vkey = t.flow.to_key();
-        let windows = if t.flow.proto == Proto::Tcp {
-            let record = self.loaded.maps.conns.get(&vkey, 0).map_err(|_| {
-                DatapathError::InvalidTranslation {
-                    flow: t.flow,
-                    reason: "no recorded connection to learn the peer's port for",
-                }
-            })?;
-            let w = restart::sequence_windows(&t.flow, &record)?.ok_or(
-                DatapathError::InvalidTranslation {
-                    flow: t.flow,
-                    reason: "the connection's socket is gone",
-                },
-            )?;
-            tcp_windows(&w)
-        } else {
-            RebindWindows {
-                seq_lo: 0,
-                seq_span: u32::MAX,
-                ack_lo: 0,
-                ack_span: u32::MAX,
-            }
-        };
         let phys = crate::datapath::flow_key(t.flow.proto, t.physical_local, t.physical_remote);
         let mut key = RebindKey {
             src_addr_be: phys.dst_addr_be,
@@ -149,10 +126,8 @@ impl KernelDatapath {
             virt_local_addr_be: vkey.src_addr_be,
             virt_remote_port_be: vkey.dst_port_be,
             virt_local_port_be: vkey.src_port_be,
-            seq_lo: windows.seq_lo,
-            seq_span: windows.seq_span,
-            ack_lo: windows.ack_lo,
-            ack_span: windows.ack_span,
+            token: [0; 2],
+            token_prev: [0; 2],
             redirect_ifindex: route.ifindex,
             // The new address may be reached another way than the old one:
             // resolve the next hop per packet.
@@ -161,6 +136,7 @@ impl KernelDatapath {
         };
         // The same flow's earlier entry, or a free slot.
         let mut free = None;
+        let mut value = value;
         for slot in 0..vnat_common::REBIND_SLOTS {
             key.slot = slot;
             match self.loaded.maps.rebind.get(&key, 0) {
@@ -169,6 +145,9 @@ impl KernelDatapath {
                         && v.virt_remote_port_be == value.virt_remote_port_be
                         && v.virt_local_port_be == value.virt_local_port_be =>
                 {
+                    // Its tokens stay: a BIND request may be on its way.
+                    value.token = v.token;
+                    value.token_prev = v.token_prev;
                     free = Some(slot);
                     break;
                 }
@@ -184,12 +163,56 @@ impl KernelDatapath {
         })?;
         self.insert_rebind(key, value)?;
         self.rebinds.insert(key);
-        if key.proto == vnat_common::PROTO_UDP {
-            self.udp_rebinds_since
-                .insert(key, std::time::Instant::now());
-        }
+        self.rebinds_since
+            .entry(key)
+            .or_insert_with(std::time::Instant::now);
         tracing::debug!(id = t.flow.id(), flow = %t.flow, "rebinding: the tc program learns the peer's new NAT port");
         Ok(())
+    }
+
+    /// The token of the BIND request just sent for the rebinding TCP flow
+    /// `flow` (our virtual view): its peer's TCP BIND must carry it, or the
+    /// one before. `Ok(false)`: the flow is not rebinding (any more).
+    pub(super) fn set_rebind_token(
+        &mut self,
+        flow: &crate::datapath::VirtualFlow,
+        token: [u8; vnat_common::TCP_BIND_TOKEN_LEN],
+    ) -> Result<bool, DatapathError> {
+        let vkey = flow.to_key();
+        let words = [
+            u32::from_ne_bytes([token[0], token[1], token[2], token[3]]),
+            u32::from_ne_bytes([token[4], token[5], token[6], token[7]]),
+        ];
+        let keys: Vec<RebindKey> = self
+            .rebinds
+            .iter()
+            .filter(|k| k.proto == vnat_common::PROTO_TCP)
+            .copied()
+            .collect();
+        for k in keys {
+            let Ok(mut v) = self.loaded.maps.rebind.get(&k, 0) else {
+                continue;
+            };
+            if v.virt_remote_addr_be != vkey.dst_addr_be
+                || v.virt_remote_port_be != vkey.dst_port_be
+                || v.virt_local_addr_be != vkey.src_addr_be
+                || v.virt_local_port_be != vkey.src_port_be
+            {
+                continue;
+            }
+            if v.token != words {
+                v.token_prev = v.token;
+                v.token = words;
+            }
+            // BPF_EXIST: if the tc program took the flow's BIND meanwhile,
+            // the entry is gone and stays gone.
+            return match self.loaded.maps.rebind.insert(k, v, 2) {
+                Ok(()) => Ok(true),
+                Err(e) if is_not_found(&e) => Ok(false),
+                Err(e) => Err(map_err(vnat_common::MAP_REBIND)(e)),
+            };
+        }
+        Ok(false)
     }
 
     /// Divert in-band BINDs arriving from `toward` (through the interface
@@ -217,8 +240,8 @@ impl KernelDatapath {
     }
 
     /// TCP rebinds the tc program stopped learning (`REBIND_MAX_REFUSALS`
-    /// segments from the NAT's address to the port fell outside the
-    /// windows): no longer waited for, and said once.
+    /// TCP BINDs from the NAT's address to the port carried a wrong
+    /// token): no longer waited for, and said once.
     pub(super) fn drop_stopped_rebinds(&mut self) {
         let stopped: Vec<RebindKey> = self
             .rebinds
@@ -236,10 +259,11 @@ impl KernelDatapath {
         for k in stopped {
             let _ = self.loaded.maps.rebind.remove(&k);
             self.rebinds.remove(&k);
+            self.rebinds_since.remove(&k);
             // The key has no peer port: it names no single connection.
             tracing::warn!(
                 refused = vnat_common::REBIND_MAX_REFUSALS,
-                "a TCP connection's peer moved behind a NAT, and segments from that NAT to the connection's port fell outside its windows: no longer learning its new port (someone may be guessing)"
+                "a TCP connection's peer moved behind a NAT, and BINDs from that NAT to the connection's port carried wrong tokens: no longer learning its new port (someone may be guessing)"
             );
         }
     }
@@ -281,101 +305,5 @@ impl KernelDatapath {
             }
         }
         Ok(new)
-    }
-}
-
-/// The numbers a rebinding TCP flow's first segment through the peer's new
-/// NAT must carry (`RebindValue`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct RebindWindows {
-    pub(super) seq_lo: u32,
-    pub(super) seq_span: u32,
-    pub(super) ack_lo: u32,
-    pub(super) ack_span: u32,
-}
-
-/// The windows of a rebinding TCP flow, from its socket's state (RFC 9293
-/// section 3.10.7.4, what a receiver accepts):
-///
-/// * sequence: what the peer may send is inside the window we offered,
-///   from `rcv_nxt` on; it may also send again what we received and it has
-///   not seen acknowledged (our ACKs lost on the old path), at most one
-///   window back. So `[rcv_nxt - rcv_wnd, rcv_nxt + rcv_wnd)`.
-/// * acknowledgment: what the peer acknowledges is what we sent, from
-///   `snd_una` to `snd_nxt`, and what we may send meanwhile within its
-///   window. So `[snd_una, snd_una + in_flight + snd_wnd]`.
-///
-/// Each span is at most 2^24 + 2^16 (what vnatd allowed before it read the
-/// windows), so a guess hits both at less than 2^-16, and usually far
-/// less: with 64 KiB windows both ways, 2^-31.
-pub(super) fn tcp_windows(w: &restart::SequenceWindows) -> RebindWindows {
-    const MOST: u32 = (1 << 24) + (1 << 16);
-    let rcv = w.rcv_wnd.clamp(1 << 12, MOST / 2);
-    RebindWindows {
-        seq_lo: w.rcv_nxt.wrapping_sub(rcv),
-        seq_span: 2 * rcv,
-        ack_lo: w.snd_una,
-        ack_span: w
-            .in_flight
-            .saturating_add(w.snd_wnd.max(1 << 12))
-            .saturating_add(1)
-            .min(MOST),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn inside(lo: u32, span: u32, x: u32) -> bool {
-        x.wrapping_sub(lo) < span
-    }
-
-    /// The peer's segments after its move are in the windows: a
-    /// retransmission of what we received and it did not see acknowledged,
-    /// new data up to our window, a keepalive probe (one byte before
-    /// rcv_nxt); and it acknowledges from snd_una to what we may send.
-    /// Numbers a window or more away, as a guesser's mostly are, are not.
-    #[test]
-    fn windows_hold_the_peers_segments_and_little_else() {
-        let w = restart::SequenceWindows {
-            snd_una: 0xffff_f000, // wraps past 2^32 within the window
-            rcv_nxt: 1000,
-            in_flight: 3000,
-            snd_wnd: 65_535,
-            rcv_wnd: 65_535,
-        };
-        let r = tcp_windows(&w);
-        for seq in [1000u32, 999, 1000u32.wrapping_sub(60_000), 1000 + 65_000] {
-            assert!(inside(r.seq_lo, r.seq_span, seq), "seq {seq}");
-        }
-        for seq in [1000u32.wrapping_sub(70_000), 1000 + 70_000, 1 << 31] {
-            assert!(!inside(r.seq_lo, r.seq_span, seq), "seq {seq}");
-        }
-        for ack in [0xffff_f000u32, 0xffff_f000u32.wrapping_add(3000 + 65_535)] {
-            assert!(inside(r.ack_lo, r.ack_span, ack), "ack {ack}");
-        }
-        for ack in [0xffff_efffu32, 0xffff_f000u32.wrapping_add(70_000), 1 << 30] {
-            assert!(!inside(r.ack_lo, r.ack_span, ack), "ack {ack}");
-        }
-        // Both spans together: a random guess lands at about 2^-31.
-        let p = f64::from(r.seq_span) * f64::from(r.ack_span) / 2f64.powi(64);
-        assert!(p < 2f64.powi(-30), "{p}");
-    }
-
-    /// Huge windows (scaled, or the field's most before Linux 6.2) are cut
-    /// to what vnatd allowed before it read them.
-    #[test]
-    fn windows_are_capped() {
-        let w = restart::SequenceWindows {
-            snd_una: 5,
-            rcv_nxt: 5,
-            in_flight: u32::MAX,
-            snd_wnd: u32::MAX,
-            rcv_wnd: u32::MAX,
-        };
-        let r = tcp_windows(&w);
-        assert!(r.seq_span <= (1 << 24) + (1 << 16));
-        assert!(r.ack_span <= (1 << 24) + (1 << 16));
     }
 }

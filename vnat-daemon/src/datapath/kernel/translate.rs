@@ -387,7 +387,7 @@ impl KernelDatapath {
         for k in stale {
             let _ = self.loaded.maps.rebind.remove(&k);
             self.rebinds.remove(&k);
-            self.udp_rebinds_since.remove(&k);
+            self.rebinds_since.remove(&k);
         }
         if any && self.rebinds.is_empty() {
             let _ = self.set_rebinding(false);

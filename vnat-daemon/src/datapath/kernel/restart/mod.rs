@@ -342,54 +342,6 @@ pub fn kick(
     Ok(Kick::Nothing)
 }
 
-/// Make the local socket of `flow` send an ACK at once (see
-/// [`crate::datapath::Datapath::solicit_ack`]): inject into it, over
-/// loopback, a segment that carries the peer's virtual endpoints and a
-/// sequence number far before its receive window. tcp_validate_incoming
-/// answers such a segment with a duplicate ACK (tcp_send_dupack) and drops
-/// it without looking at anything else, so the socket's state is untouched;
-/// the ACK leaves through the route and translation to the peer's new
-/// address. Out-of-window answers to segments without data are limited to
-/// one per tcp_invalid_ratelimit (500 ms) per socket, which a single call
-/// per move stays within. A socket with TCP-MD5 or TCP-AO drops the
-/// unsigned segment, and nothing happens.
-/// What a rebinding TCP flow's windows are built from (see
-/// `KernelDatapath::rebind`): the socket's `snd_una` and `rcv_nxt`, the
-/// bytes it has sent and not had acknowledged, and the windows both ways.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SequenceWindows {
-    pub snd_una: u32,
-    pub rcv_nxt: u32,
-    pub in_flight: u32,
-    /// The peer's window (`tcpi_snd_wnd`) and ours (`tcpi_rcv_wnd`); before
-    /// Linux 6.2, which reports neither, the most each window field can say
-    /// at its scale (65,535 shifted by it).
-    pub snd_wnd: u32,
-    pub rcv_wnd: u32,
-}
-
-/// The socket's [`SequenceWindows`] now, or `None` if it is gone.
-pub fn sequence_windows(
-    flow: &VirtualFlow,
-    record: &ConnRecord,
-) -> Result<Option<SequenceWindows>, DatapathError> {
-    let Some(state) = SockDiag::with_shared(|d| d.query(flow, record.cookie))? else {
-        return Ok(None);
-    };
-    let most = |shift: u8| u32::from(u16::MAX) << shift.min(14);
-    Ok(Some(SequenceWindows {
-        snd_una: record.snd_una_base.wrapping_add(state.bytes_acked as u32),
-        rcv_nxt: record
-            .rcv_nxt_base
-            .wrapping_add(state.bytes_received as u32),
-        // idiag_wqueue is write_seq - snd_una, tcpi_notsent_bytes write_seq
-        // - snd_nxt: their difference is snd_nxt - snd_una.
-        in_flight: state.send_queue.saturating_sub(state.notsent_bytes),
-        snd_wnd: state.snd_wnd.unwrap_or_else(|| most(state.snd_wscale)),
-        rcv_wnd: state.rcv_wnd.unwrap_or_else(|| most(state.rcv_wscale)),
-    }))
-}
-
 /// Hold (`hold`: turn off) or release (turn on again) the keepalive of
 /// `flow`'s socket (see `keepalive.rs`). `Ok(true)`: it was changed.
 pub fn hold_keepalive(
@@ -549,6 +501,17 @@ pub fn reset(flow: &VirtualFlow, cookie: u64) -> Result<bool, DatapathError> {
     sockdiag::destroy(flow, cookie)
 }
 
+/// Make the local socket of `flow` send an ACK at once (see
+/// [`crate::datapath::Datapath::solicit_ack`]): inject into it, over
+/// loopback, a segment that carries the peer's virtual endpoints and a
+/// sequence number far before its receive window. tcp_validate_incoming
+/// answers such a segment with a duplicate ACK (tcp_send_dupack) and drops
+/// it without looking at anything else, so the socket's state is untouched;
+/// the ACK leaves through the route and translation to the peer's new
+/// address. Out-of-window answers to segments without data are limited to
+/// one per tcp_invalid_ratelimit (500 ms) per socket, which a single call
+/// per move stays within. A socket with TCP-MD5 or TCP-AO drops the
+/// unsigned segment, and nothing happens.
 pub fn solicit_ack(flow: &VirtualFlow, record: &ConnRecord) -> Result<bool, DatapathError> {
     if flow.proto != Proto::Tcp || flow.local.is_ipv4() != flow.remote.is_ipv4() {
         return Ok(false);
@@ -721,6 +684,9 @@ mod peek;
 mod push;
 mod rawsock;
 mod sockdiag;
+mod tcpbind;
+
+pub use tcpbind::send_tcp_bind;
 #[cfg(test)]
 mod tests;
 

@@ -283,7 +283,7 @@ pub(super) fn pseudo_header(src: IpAddr, dst: IpAddr, proto: u8, l4_len: usize) 
 /// IPPROTO_RAW only sends (it is never given incoming packets), so one is
 /// kept per thread and family: a mass move injects one segment per
 /// connection.
-fn send_ip(
+pub(super) fn send_ip(
     src: IpAddr,
     dst: IpAddr,
     proto: u8,
