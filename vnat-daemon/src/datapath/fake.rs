@@ -55,6 +55,8 @@ pub struct FakeDatapath {
     pub keepalive_held: Vec<(VirtualFlow, bool)>,
     /// `set_user_timeout` values per flow.
     pub user_timeouts: BTreeMap<VirtualFlow, u32>,
+    /// Flows whose socket waits for its peer ([`Datapath::peer_silence`]).
+    pub silent: BTreeSet<VirtualFlow>,
     /// `answer_for_peer` deliveries: (flow, window).
     pub answered: Vec<(VirtualFlow, u32)>,
     /// The byte counters `answer_for_peer` reports per flow (default 0, 0):
@@ -155,6 +157,19 @@ impl Datapath for FakeDatapath {
         self.take_failure()?;
         self.keepalive_held.push((*flow, hold));
         Ok(flow.proto == crate::datapath::Proto::Tcp)
+    }
+
+    /// What the test set in `silent` (the fake has no sockets).
+    fn peer_silence(
+        &mut self,
+        flow: &VirtualFlow,
+    ) -> Result<crate::datapath::PeerSilence, DatapathError> {
+        self.take_failure()?;
+        Ok(if self.silent.contains(flow) {
+            crate::datapath::PeerSilence::Unanswered
+        } else {
+            crate::datapath::PeerSilence::Answering
+        })
     }
 
     fn connection_socket(

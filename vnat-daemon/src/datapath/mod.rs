@@ -152,6 +152,11 @@ pub trait Datapath {
     /// Returns whether it was changed (holding: whether it was on).
     fn hold_keepalive(&mut self, flow: &VirtualFlow, hold: bool) -> Result<bool, DatapathError>;
 
+    /// Whether `flow`'s TCP socket waits for its peer now (probes out,
+    /// retransmissions): how vnatd notices, without being told, that a
+    /// paired host went silent (issue 32).
+    fn peer_silence(&mut self, flow: &VirtualFlow) -> Result<PeerSilence, DatapathError>;
+
     /// Answer for this host's absent peer on `flow` (the zero-window
     /// helper, `vcmp::help`): deliver to the local TCP socket, as from the
     /// peer, an ACK of what the peer last acknowledged with a window of

@@ -32,6 +32,19 @@ pub enum Kick {
     AckSolicited,
 }
 
+/// Whether a TCP socket waits for its peer
+/// ([`super::Datapath::peer_silence`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeerSilence {
+    /// No such TCP socket here (closed, UDP, or not this host's).
+    Gone,
+    /// Nothing the socket sent waits for an answer.
+    Answering,
+    /// The socket waits for its peer: keepalive or window probes are
+    /// unanswered, or its oldest segment has been retransmitted.
+    Unanswered,
+}
+
 /// What [`super::Datapath::answer_for_peer`] found and did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PeerAnswer {

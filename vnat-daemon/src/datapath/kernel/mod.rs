@@ -596,6 +596,16 @@ impl Datapath for KernelDatapath {
         }
     }
 
+    fn peer_silence(
+        &mut self,
+        flow: &VirtualFlow,
+    ) -> Result<crate::datapath::PeerSilence, DatapathError> {
+        match self.record(flow)? {
+            Some(record) => restart::peer_silence(flow, &record),
+            None => Ok(crate::datapath::PeerSilence::Gone),
+        }
+    }
+
     fn reset_connection(&mut self, flow: &VirtualFlow) -> Result<bool, DatapathError> {
         self.reset_recorded(flow)
     }

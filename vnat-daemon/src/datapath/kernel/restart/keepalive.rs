@@ -52,3 +52,25 @@ pub(super) fn set_keepalive(pid: u32, inode: u64, on: bool) -> io::Result<bool> 
     )?;
     Ok(true)
 }
+
+/// Whether `flow`'s socket waits for its peer (see
+/// `Datapath::peer_silence`): keepalive or window probes out
+/// (icsk_probes_out), or its oldest segment retransmitted
+/// (icsk_retransmits). Both are cleared by the peer's next ACK.
+pub fn peer_silence(
+    flow: &VirtualFlow,
+    record: &ConnRecord,
+) -> Result<crate::datapath::PeerSilence, DatapathError> {
+    use crate::datapath::PeerSilence;
+    if flow.proto != Proto::Tcp {
+        return Ok(PeerSilence::Gone);
+    }
+    let Some(state) = SockDiag::with_shared(|d| d.query(flow, record.cookie))? else {
+        return Ok(PeerSilence::Gone);
+    };
+    Ok(if state.probes > 0 || state.retransmits > 0 {
+        PeerSilence::Unanswered
+    } else {
+        PeerSilence::Answering
+    })
+}

@@ -349,14 +349,12 @@ pub fn hold_keepalive(
     record: &ConnRecord,
     hold: bool,
 ) -> Result<bool, DatapathError> {
-    if flow.proto != Proto::Tcp {
-        return Ok(false);
-    }
-    let Some(state) = SockDiag::with_shared(|d| d.query(flow, record.cookie))? else {
+    // Its holder now, found by inode when none was recorded (an accepted
+    // socket's) or the recorded one handed it on.
+    let Some((pid, inode)) = owner_of(flow, record)? else {
         return Ok(false);
     };
-    keepalive::set_keepalive(record.pid, state.inode, !hold)
-        .map_err(kernel_err("changing the socket's keepalive"))
+    keepalive::set_keepalive(pid, inode, !hold).map_err(kernel_err("changing the socket's keepalive"))
 }
 
 /// The owner and inode of `flow`'s TCP socket: the recorded process if it
@@ -680,6 +678,7 @@ pub fn checksum(bytes: &[u8]) -> u16 {
 }
 
 mod keepalive;
+pub use keepalive::peer_silence;
 mod peek;
 mod push;
 mod rawsock;

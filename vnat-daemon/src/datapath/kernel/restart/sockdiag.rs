@@ -22,6 +22,9 @@ pub(super) struct TcpState {
     pub(super) expires_ms: u32,
     /// `tcpi_retransmits` (icsk_retransmits): timeouts of the oldest segment.
     pub(super) retransmits: u8,
+    /// `tcpi_probes` (icsk_probes_out): keepalive or window probes sent
+    /// and not answered.
+    pub(super) probes: u8,
     /// `tcpi_backoff` (icsk_backoff): how many times the timeout doubled.
     pub(super) backoff: u8,
     /// `tcpi_total_retrans`: grows with every retransmitted segment.
@@ -101,6 +104,7 @@ pub(super) const TIMER_PROBE0: u8 = 4;
 /// before `tcpi_rcv_wnd` (Linux 6.2) and rejects the shorter struct of
 /// kernels older than its own.
 pub(super) const TCPI_RETRANSMITS: usize = 2;
+pub(super) const TCPI_PROBES: usize = 3;
 pub(super) const TCPI_BACKOFF: usize = 4;
 /// `tcpi_snd_wscale : 4, tcpi_rcv_wscale : 4`: rcv in the high nibble.
 pub(super) const TCPI_WSCALE: usize = 6;
@@ -467,6 +471,7 @@ pub(super) fn parse_answer(b: &[u8]) -> io::Result<Option<TcpState>> {
         timer,
         expires_ms: u32::try_from(expires.as_millis()).unwrap_or(u32::MAX),
         retransmits: *info.get(TCPI_RETRANSMITS).ok_or_else(short)?,
+        probes: *info.get(TCPI_PROBES).ok_or_else(short)?,
         backoff: *info.get(TCPI_BACKOFF).ok_or_else(short)?,
         total_retrans: u32_at(info, TCPI_TOTAL_RETRANS).ok_or_else(short)?,
         bytes_acked: u64_at(info, TCPI_BYTES_ACKED).ok_or_else(short)?,

@@ -204,6 +204,7 @@ fn parses_inet_diag_answers() {
             timer: 1,
             expires_ms: 4321,
             retransmits: 6,
+            probes: 3,
             backoff: 7,
             total_retrans: 9,
             bytes_acked: 0x1_0000_0005,
