@@ -56,6 +56,19 @@ impl Endpoint {
         }
     }
 
+    /// Ask whether the paired host `peer` is there (issue 32: the driver
+    /// watches for hosts gone silent): a PROBE now, whose answer comes as
+    /// [`Event::ProbeAnswered`]. False if this host is not paired with it.
+    ///
+    /// [`Event::ProbeAnswered`]: crate::Event::ProbeAnswered
+    pub fn probe_host(&mut self, peer: &[u8; 32]) -> bool {
+        if !self.sessions.contains_key(peer) || !self.peer_addrs.contains_key(peer) {
+            return false;
+        }
+        self.send_probe(*peer);
+        true
+    }
+
     /// Tag `b` (a PROBE or CLAIM with a zero tag) and queue it to `dst`.
     pub(crate) fn push_tagged(&mut self, key: &crypto::SecretKey, mut b: Vec<u8>, dst: SocketAddr) {
         crypto::tag_datagram(key, &mut b);
@@ -110,6 +123,7 @@ impl Endpoint {
                 st.answered = true;
                 st.reflexive = Some(reflexive);
                 self.stats.count(Counter::ProbeAnswers);
+                self.emit(crate::Event::ProbeAnswered { key: peer });
             }
         }
     }

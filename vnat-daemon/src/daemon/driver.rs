@@ -23,6 +23,7 @@ use tokio::{net::UdpSocket, sync::mpsc};
 mod control;
 mod helping;
 mod moves;
+mod outage;
 mod settling;
 
 use super::{
@@ -295,6 +296,9 @@ pub struct Driver {
     helpers: helping::Helpers,
     /// Planned suspensions the peers have yet to settle (`settling.rs`).
     settling: settling::Settling,
+    /// Unannounced outages: this host's own held timeouts, the paired
+    /// hosts watched for silence (`driver/outage.rs`).
+    outages: outage::Outages,
     /// Hide location: whether some cgroup hides (as last read), the
     /// shown addresses kept from one table to the next, whether
     /// connections changed since the table was last computed, and the
@@ -391,6 +395,7 @@ impl Driver {
             orphans: HashSet::new(),
             helpers: helping::Helpers::new(),
             settling: Default::default(),
+            outages: Default::default(),
             hiding: false,
             hider: Default::default(),
             hide_due: true,
@@ -509,12 +514,15 @@ impl Driver {
             self.update_standby().await;
             self.end_overdue_holds().await;
             self.release_due_keepalives().await;
+            self.release_own_timeouts(false).await;
+            self.watch_silence().await;
             self.answer_for_absent_peers().await;
             self.answer_help_waits();
         }
         // A socket must not stay without the keepalive its application set,
         // nor a process stopped for a peer.
         self.release_keepalives(true).await;
+        self.release_own_timeouts(true).await;
         for f in self.helpers.helping.keys().copied().collect::<Vec<_>>() {
             self.end_helping(f, helping::End::Reopen).await;
         }

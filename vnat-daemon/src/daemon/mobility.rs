@@ -129,8 +129,9 @@ pub const MAX_KEEPALIVE_HOLD: std::time::Duration = std::time::Duration::from_se
 
 /// Whether a held keepalive goes back on now: once its connection works
 /// again, i.e. no move of it is under way, its local address is one of this
-/// host's, and either `resume` was asked or it moved since the hold began
-/// (automatic mode). Not at the `resume` command itself: a laptop resumes
+/// host's, a route leads to its peer (`routed`), and either `resume` was
+/// asked (or nobody suspended it: an unannounced outage's hold) or it
+/// moved since the hold began (automatic mode). Not at the `resume` command itself: a laptop resumes
 /// at wake, before its network is back, and a keepalive turned on then
 /// probes a peer it cannot reach yet. At the latest after
 /// [`MAX_KEEPALIVE_HOLD`].
@@ -139,12 +140,14 @@ pub fn keepalive_release_due(
     local_phys: SocketAddr,
     migrating: bool,
     addrs: &HashSet<IpAddr>,
+    routed: bool,
     now: std::time::Instant,
 ) -> bool {
     if now.duration_since(held.since) >= MAX_KEEPALIVE_HOLD {
         return true;
     }
     !migrating
+        && routed
         && addrs.contains(&local_phys.ip())
         && (held.resume_asked || local_phys != held.local_at_hold)
 }
@@ -345,28 +348,33 @@ mod tests {
         let a = addrs(&["198.18.1.2"]);
         let b = addrs(&["198.18.2.2"]);
         // Suspended, nothing asked yet: held, even with the address here.
-        assert!(!keepalive_release_due(&held, here, false, &a, t0));
+        assert!(!keepalive_release_due(&held, here, false, &a, true, t0));
         // Resumed at wake, the network not back: still held.
         let resumed = HeldKeepalive {
             resume_asked: true,
             ..held
         };
-        assert!(!keepalive_release_due(&resumed, here, false, &none, t0));
+        assert!(!keepalive_release_due(&resumed, here, false, &none, true, t0));
         // Its move under way: held.
         let there = sa("198.18.2.2:4000");
-        assert!(!keepalive_release_due(&resumed, there, true, &b, t0));
+        assert!(!keepalive_release_due(&resumed, there, true, &b, true, t0));
         // Moved, or back where it was after resume: released.
-        assert!(keepalive_release_due(&resumed, there, false, &b, t0));
-        assert!(keepalive_release_due(&resumed, here, false, &a, t0));
+        assert!(keepalive_release_due(&resumed, there, false, &b, true, t0));
+        assert!(keepalive_release_due(&resumed, here, false, &a, true, t0));
         // Moved by automatic mode without resume: released too.
-        assert!(keepalive_release_due(&held, there, false, &b, t0));
+        assert!(keepalive_release_due(&held, there, false, &b, true, t0));
         // At the latest after the limit.
         assert!(keepalive_release_due(
             &held,
             here,
             false,
             &none,
+            false,
             t0 + MAX_KEEPALIVE_HOLD
+        ));
+        // The address back but no route to the peer yet: held.
+        assert!(!keepalive_release_due(
+            &resumed, here, false, &a, false, t0
         ));
     }
 

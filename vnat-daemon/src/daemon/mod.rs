@@ -15,6 +15,7 @@ pub mod identity;
 pub mod mobility;
 pub mod moveops;
 pub mod mover;
+pub mod outage;
 pub mod sleep;
 pub mod systemd;
 pub mod tracking;

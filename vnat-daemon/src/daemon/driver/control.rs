@@ -7,7 +7,7 @@ impl Driver {
     /// Turn off the keepalive of the suspended TCP connections among
     /// `flows` until they work again: their host may be away longer than
     /// their keepalive lets an unanswered peer live.
-    async fn hold_keepalives(&mut self, flows: &[VirtualFlow]) {
+    pub(super) async fn hold_keepalives(&mut self, flows: &[VirtualFlow]) {
         let tcp: Vec<(VirtualFlow, SocketAddr)> = flows
             .iter()
             .filter(|f| {
@@ -63,12 +63,13 @@ impl Driver {
             return;
         }
         self.helpers.next_keepalive_check = now + std::time::Duration::from_millis(500);
-        // (flow, its hold, where VCMP has it and whether it is moving)
+        // (flow, its hold, where VCMP has it, whether it is moving, and
+        // its peer's address)
         #[allow(clippy::type_complexity)]
         let state: Vec<(
             VirtualFlow,
             mobility::HeldKeepalive,
-            Option<(SocketAddr, bool)>,
+            Option<(SocketAddr, bool, IpAddr)>,
         )> = self
             .helpers
             .keepalive_held
@@ -77,24 +78,40 @@ impl Driver {
                 let c = self
                     .endpoint
                     .connection(f)
-                    .map(|v| (v.local_phys, v.migrating));
+                    .map(|v| (v.local_phys, v.migrating, v.remote_phys.ip()));
                 (*f, *h, c)
             })
             .collect();
+        // The peers a route leads to, of the held and the helped.
+        let remotes: HashSet<IpAddr> = self
+            .helpers
+            .keepalive_held
+            .keys()
+            .chain(self.helpers.help_asked.keys())
+            .filter_map(|f| self.endpoint.connection(f))
+            .map(|v| v.remote_phys.ip())
+            .collect();
         let (released, addrs) = with_dp(&self.dp, move |dp| {
-            let addrs: HashSet<IpAddr> = if all {
-                HashSet::new()
+            let (addrs, routed): (HashSet<IpAddr>, HashSet<IpAddr>) = if all {
+                Default::default()
             } else {
                 match dp.interface_addresses() {
-                    Ok(a) => a.into_iter().map(|(ip, _)| ip).collect(),
+                    Ok(a) => (
+                        a.into_iter().map(|(ip, _)| ip).collect(),
+                        remotes
+                            .into_iter()
+                            .filter(|r| dp.source_address_for(*r).ok().flatten().is_some())
+                            .collect(),
+                    ),
                     Err(_) => return (Vec::new(), None),
                 }
             };
             let released = state
                 .into_iter()
                 .filter(|(_, h, c)| {
-                    all || c.is_some_and(|(local, migrating)| {
-                        mobility::keepalive_release_due(h, local, migrating, &addrs, now)
+                    all || c.is_some_and(|(local, migrating, remote)| {
+                        let routed = routed.contains(&remote);
+                        mobility::keepalive_release_due(h, local, migrating, &addrs, routed, now)
                     })
                 })
                 .filter_map(|(f, _, _)| match dp.hold_keepalive(&f, false) {
@@ -105,15 +122,15 @@ impl Driver {
                     }
                 })
                 .collect::<Vec<_>>();
-            (released, Some(addrs))
+            (released, Some((addrs, routed)))
         })
         .await;
         for f in released {
             self.helpers.keepalive_held.remove(&f);
             tracing::debug!(id = f.id(), flow = %f, "keepalive on again");
         }
-        if let Some(addrs) = addrs.filter(|_| !all) {
-            self.end_asked_help(&addrs).await;
+        if let Some((addrs, routed)) = addrs.filter(|_| !all) {
+            self.end_asked_help(&addrs, &routed).await;
         }
     }
 
@@ -138,6 +155,7 @@ impl Driver {
                     Ok(()) => {
                         self.settling.started(&flows);
                         self.hold_keepalives(&flows).await;
+                        self.hold_own_timeouts(&flows, false).await;
                         Ok(if help.is_none() {
                             Vec::new()
                         } else {
@@ -166,6 +184,7 @@ impl Driver {
                 for (h, _) in self.helpers.help_asked.values_mut() {
                     h.resume_asked = true;
                 }
+                self.resume_own_timeouts();
                 let n = self.resync().await;
                 let _ = reply.send(n);
             }

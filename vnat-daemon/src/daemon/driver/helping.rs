@@ -198,7 +198,11 @@ impl Driver {
 
     /// Tell the peers whose help this host asked for that it is back, once
     /// each connection works again (the keepalive hold's rule).
-    pub(super) async fn end_asked_help(&mut self, addrs: &HashSet<IpAddr>) {
+    pub(super) async fn end_asked_help(
+        &mut self,
+        addrs: &HashSet<IpAddr>,
+        routed: &HashSet<IpAddr>,
+    ) {
         let now_i = std::time::Instant::now();
         let back: Vec<VirtualFlow> = self
             .helpers
@@ -206,7 +210,15 @@ impl Driver {
             .iter()
             .filter(|(f, (h, _))| match self.endpoint.connection(f) {
                 Some(v) => {
-                    mobility::keepalive_release_due(h, v.local_phys, v.migrating, addrs, now_i)
+                    let to_peer = routed.contains(&v.remote_phys.ip());
+                    mobility::keepalive_release_due(
+                        h,
+                        v.local_phys,
+                        v.migrating,
+                        addrs,
+                        to_peer,
+                        now_i,
+                    )
                 }
                 None => true,
             })

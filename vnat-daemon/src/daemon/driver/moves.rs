@@ -239,6 +239,7 @@ impl Driver {
         let moves =
             mobility::plan_moves(&tracked, &addrs, |ip| sources.get(&ip).copied().flatten());
         tracing::trace!(?tracked, ?addrs, ?sources, ?moves, "automatic mode");
+        self.hold_stranded(&tracked, &addrs, &sources, &moves).await;
         // A connection placed by `vnatctl migrate` that lost its address
         // is automatic mode's again.
         for m in &moves {
@@ -375,6 +376,7 @@ impl Driver {
         let mut batch = Vec::new();
         let mut aborted = Vec::new();
         let mut help_requests = Vec::new();
+        let mut probes_answered = Vec::new();
         let mut tcp_bind_tokens = Vec::new();
         for ev in events {
             let flow = match &ev {
@@ -491,6 +493,7 @@ impl Driver {
                     }
                 }
                 Event::HelpRequested { flow, help } => help_requests.push((flow, help)),
+                Event::ProbeAnswered { key } => probes_answered.push(key),
                 Event::SuspendSettled { flow, answered } => {
                     tracing::debug!(id = flow.id(), %flow, answered, "suspension settled");
                     self.settling.settled(&flow);
@@ -526,6 +529,9 @@ impl Driver {
         }
         for (flow, help) in help_requests {
             self.help_requested(flow, help).await;
+        }
+        for key in probes_answered {
+            self.probe_answered(key).await;
         }
         // Tell each peer whose new address we now send to (SWITCHED).
         let confirm: Vec<VirtualFlow> = done

@@ -1,0 +1,323 @@
+//! The driver's side of unannounced outages (`daemon::outage`): the holds
+//! this host starts when it loses a connection's address or route without
+//! warning, and the zero-window help it starts for a paired host that went
+//! silent.
+
+use super::*;
+use crate::daemon::helping as rules;
+use crate::daemon::outage::{self, Action, SilenceWatch};
+use crate::datapath::{PeerSilence, Proto};
+use crate::vcmp::help::Help;
+use std::time::Instant;
+
+/// How often the held retransmission timeouts are looked at for release.
+const OWN_CHECK_EVERY: Duration = Duration::from_millis(500);
+/// Most sockets asked whether they wait for their peer in one look (one
+/// sock_diag query each, about once a second): with more connections they
+/// take turns.
+const SILENCE_LOOKS_MAX: usize = 512;
+
+/// What the driver keeps about unannounced outages.
+pub(super) struct Outages {
+    /// This host's own TCP_USER_TIMEOUTs held while it is cut off (so that
+    /// `tcp_retries2` does not end a connection whose data waits): the
+    /// value to give back, and the hold (released by the keepalive hold's
+    /// rule).
+    pub(super) own_timeouts: HashMap<VirtualFlow, (u32, mobility::HeldKeepalive)>,
+    next_own_check: Instant,
+    silence: SilenceWatch,
+    /// Connections helped because their host went silent (not because it
+    /// asked), and that host.
+    silent_help: HashMap<VirtualFlow, [u8; 32]>,
+    /// When the sockets are next looked at, and where that look starts
+    /// (they take turns).
+    next_look: Instant,
+    turn: usize,
+}
+
+impl Default for Outages {
+    fn default() -> Self {
+        Outages {
+            own_timeouts: HashMap::new(),
+            next_own_check: Instant::now(),
+            silence: SilenceWatch::default(),
+            silent_help: HashMap::new(),
+            next_look: Instant::now(),
+            turn: 0,
+        }
+    }
+}
+
+impl Driver {
+    /// Automatic mode found `tracked` at `addrs`, with a route to the peers
+    /// in `sources`, and starts `moves`: hold the keepalive and the
+    /// retransmission timeout of the mobile TCP connections that no move
+    /// can carry now (`outage::stranded`), until they work again.
+    pub(super) async fn hold_stranded(
+        &mut self,
+        tracked: &[Tracked],
+        addrs: &HashSet<IpAddr>,
+        sources: &HashMap<IpAddr, Option<IpAddr>>,
+        moves: &[Move],
+    ) {
+        let stranded: Vec<VirtualFlow> = tracked
+            .iter()
+            .filter(|t| t.flow.proto == Proto::Tcp)
+            .filter(|t| !self.outages.own_timeouts.contains_key(&t.flow))
+            .filter(|t| !moves.iter().any(|m| m.flow == t.flow))
+            .filter(|t| {
+                let routed = sources.get(&t.remote_phys.ip()).copied().flatten().is_some();
+                outage::stranded(t, addrs, routed)
+            })
+            .filter(|t| self.endpoint.connection(&t.flow).is_some_and(|v| v.has_keys))
+            .map(|t| t.flow)
+            .collect();
+        if stranded.is_empty() {
+            return;
+        }
+        tracing::info!(
+            connections = stranded.len(),
+            "this host lost the address or route of mobile connections without warning: their keepalives and retransmission timeouts are held until they work again"
+        );
+        let fresh: Vec<VirtualFlow> = stranded
+            .iter()
+            .filter(|f| !self.helpers.keepalive_held.contains_key(f))
+            .copied()
+            .collect();
+        self.hold_keepalives(&stranded).await;
+        // Nobody suspended them: they go back on as soon as they work
+        // where they are, as after `resume`.
+        for f in &fresh {
+            if let Some(h) = self.helpers.keepalive_held.get_mut(f) {
+                h.resume_asked = true;
+            }
+        }
+        self.hold_own_timeouts(&stranded, true).await;
+    }
+
+    /// Hold the TCP_USER_TIMEOUT of `flows` (this host's own) high while
+    /// this host is away: a socket whose data waits counts the absence
+    /// against `tcp_retries2` (about 15 minutes) otherwise. `unannounced`:
+    /// released as soon as each works again where it is; else (a suspend)
+    /// after `resume` or a move.
+    pub(super) async fn hold_own_timeouts(&mut self, flows: &[VirtualFlow], unannounced: bool) {
+        let todo: Vec<(VirtualFlow, SocketAddr)> = flows
+            .iter()
+            .filter(|f| f.proto == Proto::Tcp && !self.outages.own_timeouts.contains_key(f))
+            .filter_map(|f| Some((*f, self.endpoint.connection(f)?.local_phys)))
+            .collect();
+        if todo.is_empty() {
+            return;
+        }
+        let held = with_dp(&self.dp, move |dp| {
+            todo.into_iter()
+                .filter_map(|(f, local)| match dp.set_user_timeout(&f, rules::USER_TIMEOUT_HOLD) {
+                    Ok(Some(before)) => Some((f, local, before)),
+                    Ok(None) => None,
+                    Err(e) => {
+                        tracing::warn!(id = f.id(), flow = %f, error = %e, "cannot hold the connection's retransmission timeout while this host is away");
+                        None
+                    }
+                })
+                .collect::<Vec<_>>()
+        })
+        .await;
+        let since = Instant::now();
+        for (f, local, before) in held {
+            // A timeout still being given back from an earlier hold is the
+            // application's.
+            let before = self
+                .helpers
+                .timeout_restore
+                .remove(&f)
+                .map_or(before, |r| r.0);
+            self.outages.own_timeouts.insert(
+                f,
+                (
+                    before,
+                    mobility::HeldKeepalive {
+                        since,
+                        local_at_hold: local,
+                        resume_asked: unannounced,
+                    },
+                ),
+            );
+        }
+    }
+
+    /// `vnatctl resume`: the held timeouts go back once each connection
+    /// works again.
+    pub(super) fn resume_own_timeouts(&mut self) {
+        for (_, h) in self.outages.own_timeouts.values_mut() {
+            h.resume_asked = true;
+        }
+    }
+
+    /// Give back the held timeouts of the connections that work again (the
+    /// keepalive hold's rule), through the give-back of the helpers'
+    /// (`timeout_restore`: once the peer has acknowledged data again, so
+    /// that the retransmissions of the outage do not count); all of them
+    /// with `all` (vnatd stops). Closed connections' are forgotten.
+    pub(super) async fn release_own_timeouts(&mut self, all: bool) {
+        if self.outages.own_timeouts.is_empty() {
+            return;
+        }
+        let now_i = Instant::now();
+        if !all && now_i < self.outages.next_own_check {
+            return;
+        }
+        self.outages.next_own_check = now_i + OWN_CHECK_EVERY;
+        let state: Vec<(VirtualFlow, mobility::HeldKeepalive, Option<(SocketAddr, bool, IpAddr)>)> =
+            self.outages
+                .own_timeouts
+                .iter()
+                .map(|(f, (_, h))| {
+                    let c = self
+                        .endpoint
+                        .connection(f)
+                        .map(|v| (v.local_phys, v.migrating, v.remote_phys.ip()));
+                    (*f, *h, c)
+                })
+                .collect();
+        let due = with_dp(&self.dp, move |dp| {
+            let Ok(a) = dp.interface_addresses() else {
+                return Vec::new();
+            };
+            let addrs: HashSet<IpAddr> = a.into_iter().map(|(ip, _)| ip).collect();
+            state
+                .into_iter()
+                .filter(|(_, h, c)| match c {
+                    None => true,
+                    Some((local, migrating, remote)) => {
+                        let routed = dp.source_address_for(*remote).ok().flatten().is_some();
+                        all || mobility::keepalive_release_due(
+                            h, *local, *migrating, &addrs, routed, now_i,
+                        )
+                    }
+                })
+                .map(|(f, _, c)| (f, c.is_some()))
+                .collect::<Vec<_>>()
+        })
+        .await;
+        for (f, live) in due {
+            let Some((before, _)) = self.outages.own_timeouts.remove(&f) else {
+                continue;
+            };
+            if live {
+                self.helpers
+                    .timeout_restore
+                    .insert(f, (before, None, Instant::now()));
+                tracing::debug!(id = f.id(), flow = %f, "the connection works again: its retransmission timeout is given back once the peer acknowledges data");
+            }
+        }
+    }
+
+    /// Look at the sockets of the paired hosts' connections (about once a
+    /// second): a host whose sockets wait for it, while this host is fine,
+    /// is probed, and answered for with a zero window once found silent.
+    pub(super) async fn watch_silence(&mut self) {
+        let now_i = Instant::now();
+        // Help started for a silent host ends with its help (the host was
+        // heard from, moved, or the connection closed).
+        let helping = &self.helpers.helping;
+        self.outages.silent_help.retain(|f, _| helping.contains_key(f));
+        let candidates: Vec<(VirtualFlow, [u8; 32])> = self
+            .endpoint
+            .connections()
+            .filter(|f| f.proto == Proto::Tcp)
+            .filter(|f| {
+                !self.helpers.helping.contains_key(f)
+                    && !self.helpers.keepalive_held.contains_key(f)
+                    && !self.outages.own_timeouts.contains_key(f)
+            })
+            .filter_map(|f| self.endpoint.connection(f))
+            .filter(|v| v.has_keys && !v.migrating)
+            .filter_map(|v| Some((v.flow, v.peer_key?)))
+            .collect();
+        if candidates.is_empty() && !self.outages.silence.busy() {
+            return;
+        }
+        let step_due = self.outages.silence.next_step().is_some_and(|t| now_i >= t);
+        if !step_due && now_i < self.outages.next_look {
+            return;
+        }
+        self.outages.next_look = now_i + outage::PROBE_EVERY;
+        let n = candidates.len();
+        let start = if n == 0 { 0 } else { self.outages.turn % n };
+        let looked: Vec<(VirtualFlow, [u8; 32])> = candidates
+            .iter()
+            .cycle()
+            .skip(start)
+            .take(n.min(SILENCE_LOOKS_MAX))
+            .copied()
+            .collect();
+        self.outages.turn = start + looked.len();
+        let waiting: HashSet<[u8; 32]> = with_dp(&self.dp, move |dp| {
+            looked
+                .into_iter()
+                .filter(|(f, _)| matches!(dp.peer_silence(f), Ok(PeerSilence::Unanswered)))
+                .map(|(_, k)| k)
+                .collect()
+        })
+        .await;
+        for a in self.outages.silence.tick(now_i, &waiting) {
+            self.silence_action(a).await;
+        }
+    }
+
+    /// A probe to `key` was answered: the host is there.
+    pub(super) async fn probe_answered(&mut self, key: [u8; 32]) {
+        if let Some(a) = self.outages.silence.answered(&key, Instant::now()) {
+            self.silence_action(a).await;
+        }
+    }
+
+    async fn silence_action(&mut self, a: Action) {
+        match a {
+            Action::Probe(k) => {
+                if !self.endpoint.probe_host(&k) {
+                    self.outages.silence.forget(&k);
+                }
+            }
+            Action::Silent(k) => {
+                let flows: Vec<VirtualFlow> = self
+                    .endpoint
+                    .connections()
+                    .filter(|f| f.proto == Proto::Tcp && !self.helpers.helping.contains_key(f))
+                    .filter_map(|f| self.endpoint.connection(f))
+                    .filter(|v| v.has_keys && v.peer_key == Some(k))
+                    .map(|v| v.flow)
+                    .collect();
+                tracing::info!(key = %identity::key_hex(&k), connections = flows.len(),
+                    "a paired host went silent (its connections' probes and a VCMP probe unanswered): answering for it with a zero window until it is back");
+                let help = Help {
+                    zero_window: true,
+                    ..Help::default()
+                };
+                for f in flows {
+                    self.help_requested(f, help.clone()).await;
+                    if self.helpers.helping.contains_key(&f) {
+                        self.outages.silent_help.insert(f, k);
+                    }
+                }
+            }
+            Action::Back(k) => {
+                let back: Vec<VirtualFlow> = self
+                    .outages
+                    .silent_help
+                    .iter()
+                    .filter(|(_, h)| **h == k)
+                    .map(|(f, _)| *f)
+                    .collect();
+                if !back.is_empty() {
+                    tracing::info!(key = %identity::key_hex(&k), connections = back.len(),
+                        "the silent host answers again: help ends");
+                }
+                for f in back {
+                    self.outages.silent_help.remove(&f);
+                    self.end_helping(f, helping::End::Reopen).await;
+                }
+            }
+        }
+    }
+}
