@@ -333,6 +333,11 @@ pub struct ListedConnection {
     /// Suspended: vnatd turned its TCP keepalive off until resume.
     #[serde(default)]
     pub keepalive_held: bool,
+    /// An operator placed it at this local address (`vnatctl migrate`):
+    /// automatic mode leaves it there while the address exists, also
+    /// across restarts of vnatd.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placed: Option<IpAddr>,
     /// Keep-alive helpers asked of the peer until it works again.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub helpers_asked: Vec<String>,
@@ -642,6 +647,7 @@ mod tests {
             role: None,
             moving: false,
             keepalive_held: false,
+            placed: None,
             helpers_asked: Vec::new(),
             helping: Vec::new(),
         };

@@ -325,6 +325,7 @@ mod tests {
             role: None,
             moving: false,
             keepalive_held: false,
+            placed: None,
             helpers_asked: Vec::new(),
             helping: Vec::new(),
         }

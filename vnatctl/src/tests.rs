@@ -52,6 +52,7 @@ fn conn(
         role: None,
         moving: false,
         keepalive_held: false,
+        placed: None,
         helpers_asked: Vec::new(),
         helping: Vec::new(),
     }
@@ -111,6 +112,7 @@ fn ls_json_keys_are_the_contract() {
         "role",
         "moving",
         "keepalive_held",
+        "placed",
         "helpers_asked",
         "helping",
         "adopted",
@@ -134,7 +136,7 @@ fn ls_json_keys_are_the_contract() {
             "state": "native", "pid": 42, "command": "curl", "cgroup": "/system.slice/app.service",
             "cgroup_id": 5, "cookie": 99, "age_secs": 12, "mobile": true,
             "behind_nat": false, "seen_by_peer_as": null, "why_not_mobile": null,
-            "role": null, "moving": false, "keepalive_held": false, "helpers_asked": [],
+            "role": null, "moving": false, "keepalive_held": false, "placed": null, "helpers_asked": [],
             "helping": [], "adopted": false, "hide_location": false,
             "guest": null
         })
@@ -482,6 +484,25 @@ fn a_containers_connection_shows_its_namespace_and_private_end() {
         table.contains("container net:[4026532999] at 10.88.0.2:40000"),
         "{table}"
     );
+}
+
+/// A connection `migrate` placed says where, in NOTE and in JSON.
+#[test]
+fn ls_shows_where_migrate_placed_a_connection() {
+    let mut listed = conn(
+        Proto::Tcp,
+        "198.18.1.2:40001",
+        "198.18.3.2:5001",
+        "198.18.2.2:40001",
+        ConnState::Translated,
+        Some(42),
+    );
+    listed.placed = Some("198.18.2.2".parse().unwrap());
+    let rows = select(vec![listed], None, None);
+    let v = serde_json::to_value(&rows).expect("serializable");
+    assert_eq!(v[0]["placed"], "198.18.2.2");
+    let table = crate::output::ls_table(&rows);
+    assert!(table.contains("placed at 198.18.2.2 by migrate"), "{table}");
 }
 
 /// A suspended connection whose keepalive vnatd holds says so in NOTE and

@@ -151,6 +151,8 @@ pub struct Mobility {
     pub local_phys: Option<SocketAddr>,
     /// Its keepalive is held (off) until resume (`vnatctl suspend`).
     pub keepalive_held: bool,
+    /// Where an operator placed it (`vnatctl migrate`).
+    pub placed: Option<std::net::IpAddr>,
     /// Keep-alive helpers this host asked the peer for, until the
     /// connection works again (`suspend --helper`).
     pub helpers_asked: Vec<String>,

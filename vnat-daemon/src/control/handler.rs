@@ -194,6 +194,7 @@ impl Handler {
                         role: None,
                         moving: false,
                         keepalive_held: false,
+                        placed: None,
                         helpers_asked: Vec::new(),
                         helping: Vec::new(),
                     })
@@ -237,6 +238,7 @@ impl Handler {
                     c.seen_by_peer_as = m.and_then(|m| m.seen_by_peer_as);
                     c.role = m.and_then(|m| m.role.clone());
                     c.keepalive_held = m.is_some_and(|m| m.keepalive_held);
+                    c.placed = m.and_then(|m| m.placed);
                     c.helpers_asked = m.map(|m| m.helpers_asked.clone()).unwrap_or_default();
                     c.helping = m.map(|m| m.helping.clone()).unwrap_or_default();
                     // Under way until the datapath sends from where VCMP

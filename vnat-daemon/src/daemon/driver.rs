@@ -24,6 +24,7 @@ mod control;
 mod helping;
 mod moves;
 mod outage;
+mod persisted;
 mod settling;
 
 use super::{
@@ -286,6 +287,9 @@ pub struct Driver {
     /// Which recorded connections the core tracks, and what moves need to
     /// know of them (exported, imported, placed, anchors, cgroups).
     tracking: super::tracking::Tracking,
+    /// What must outlast this vnatd: placements, changes to sockets
+    /// (`driver/persisted.rs`).
+    restart_state: super::restart_state::RestartState,
     /// When `resync` next looks for orphaned NAT entries (at once after a
     /// start, then every [`ORPHAN_CHECK_INTERVAL`]), and what the last
     /// look found.
@@ -377,6 +381,8 @@ impl Driver {
         let host_addrs = super::hostaddrs::HostAddresses::load(&cfg.state_dir).in_background();
         tracing::info!(listen = %cfg.listen, key = %identity::key_hex(&endpoint.public_key()), "VCMP listening");
         enlarge_buffers(&sock);
+        let mut tracking = super::tracking::Tracking::default();
+        let restart_state = persisted::load(&cfg.state_dir, &mut tracking);
         Driver {
             cfg,
             dp,
@@ -386,7 +392,8 @@ impl Driver {
             dual,
             mover: Mover::new(),
             host_addrs,
-            tracking: Default::default(),
+            tracking,
+            restart_state,
             standby: Vec::new(),
             standby_due: true,
             kept: None,
@@ -426,6 +433,7 @@ impl Driver {
         // that moves while this vnatd was not running pairs again as soon
         // as it hears from us, and its claims must find them.
         self.resync().await;
+        self.undo_left_changes().await;
         self.apply_events().await;
         self.update_hidden().await;
         self.flush().await;
@@ -518,6 +526,8 @@ impl Driver {
             self.watch_silence().await;
             self.answer_for_absent_peers().await;
             self.answer_help_waits();
+            self.undo_left_changes().await;
+            self.save_restart_state();
         }
         // A socket must not stay without the keepalive its application set,
         // nor a process stopped for a peer.
@@ -539,6 +549,7 @@ impl Driver {
             }
         })
         .await;
+        self.save_restart_state();
         Ok(())
     }
 

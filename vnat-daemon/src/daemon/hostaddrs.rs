@@ -68,7 +68,7 @@ pub struct HostAddresses {
     writer: Option<std::sync::mpsc::Sender<Vec<u8>>>,
 }
 
-fn boot_id() -> String {
+pub(super) fn boot_id() -> String {
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
         .map(|s| s.trim().to_string())
         .unwrap_or_default()

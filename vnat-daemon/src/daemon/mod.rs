@@ -16,6 +16,7 @@ pub mod mobility;
 pub mod moveops;
 pub mod mover;
 pub mod outage;
+pub mod restart_state;
 pub mod sleep;
 pub mod systemd;
 pub mod tracking;

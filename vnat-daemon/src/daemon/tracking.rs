@@ -11,6 +11,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use super::mobility;
+use super::restart_state::Placed;
 use crate::datapath::{ConnectionInfo, VirtualFlow};
 use crate::vcmp::{Binding, Timestamp};
 
@@ -60,6 +61,12 @@ pub struct Tracking {
     anchors: HashMap<VirtualFlow, IpAddr>,
     /// Each tracked connection's cgroup id, for its conflict policy.
     cgroup_of: HashMap<VirtualFlow, u64>,
+    /// Each live connection's socket cookie, which names its socket in
+    /// what outlasts a restart of vnatd (`restart_state`).
+    cookie_of: HashMap<VirtualFlow, u64>,
+    /// Placements a previous vnatd left (`restart_state`), applied when
+    /// the listing shows their socket where it was placed.
+    left_placed: HashMap<VirtualFlow, Placed>,
     /// The routed containers' addresses whose VCMP datagrams the datapath
     /// was last told to deliver here (`Datapath::receive_vcmp_at`); `None`
     /// until it was told once (rules a previous vnatd left go then).
@@ -96,6 +103,15 @@ impl Tracking {
             }
             out.live.insert(flow);
             self.cgroup_of.insert(flow, c.cgroup_id);
+            self.cookie_of.insert(flow, c.cookie);
+            if let Some(p) = self.left_placed.remove(&flow) {
+                // The same socket, still where it was put (not moved on by
+                // a vnatd that died in the middle of another move).
+                if p.cookie == c.cookie && p.at == c.physical_local.ip() {
+                    tracing::info!(id = flow.id(), %flow, at = %p.at, "connection placed by migrate before vnatd restarted: it stays there");
+                    self.placed.insert(flow, p.at);
+                }
+            }
             // A routed container's connection counts as on the host's
             // address its network is reached by, until it moves.
             let anchor = c.guest.as_ref().and_then(|g| g.routed_via);
@@ -148,6 +164,9 @@ impl Tracking {
             .retain(|f, since| !live.contains(f) && now.since(*since) < IMPORT_GRACE);
         self.anchors.retain(|f, _| live.contains(f));
         self.cgroup_of.retain(|f, _| live.contains(f));
+        self.cookie_of.retain(|f, _| live.contains(f));
+        // A placement whose socket is not listed is gone with it.
+        self.left_placed.clear();
         out
     }
 
@@ -200,6 +219,40 @@ impl Tracking {
 
     pub fn is_placed(&self, flow: &VirtualFlow) -> bool {
         self.placed.contains_key(flow)
+    }
+
+    /// Where an operator placed `flow`, if it stays there.
+    pub fn placed_at(&self, flow: &VirtualFlow) -> Option<IpAddr> {
+        self.placed.get(flow).copied()
+    }
+
+    /// The placements a previous vnatd left, to apply at the next
+    /// [`Tracking::sync`] (and drop if their socket is not listed).
+    pub fn restore_placements(&mut self, left: Vec<Placed>) {
+        self.left_placed = left.into_iter().map(|p| (p.flow, p)).collect();
+    }
+
+    /// The placements to keep across a restart, each with its socket's
+    /// cookie, and those still waiting to be applied.
+    pub fn placements(&self) -> Vec<Placed> {
+        let mut out: Vec<Placed> = self
+            .placed
+            .iter()
+            .filter_map(|(f, at)| {
+                Some(Placed {
+                    flow: *f,
+                    cookie: *self.cookie_of.get(f)?,
+                    at: *at,
+                })
+            })
+            .collect();
+        out.extend(self.left_placed.values().copied());
+        out
+    }
+
+    /// The socket cookie of the live connection `flow`.
+    pub fn cookie(&self, flow: &VirtualFlow) -> Option<u64> {
+        self.cookie_of.get(flow).copied()
     }
 
     pub fn anchor(&self, flow: &VirtualFlow) -> Option<IpAddr> {
@@ -354,6 +407,49 @@ mod tests {
         let s = sync(&mut t, vec![], &[f]);
         assert_eq!(t.gone([f].iter(), &s.live), vec![f]);
         assert!(!t.is_placed(&f));
+    }
+
+    #[test]
+    fn a_placement_a_previous_vnatd_left_applies_to_its_socket_where_it_was_put() {
+        let mut t = Tracking::default();
+        let b: IpAddr = "10.0.1.1".parse().unwrap();
+        // Three connections the last vnatd placed at B: one still there,
+        // one whose socket is new (another cookie), one not at B any more.
+        let mut there = record("10.0.0.1:40000", "10.0.0.2:22");
+        there.physical_local = SocketAddr::new(b, 40000);
+        there.cookie = 11;
+        let mut reused = record("10.0.0.1:40001", "10.0.0.2:22");
+        reused.physical_local = SocketAddr::new(b, 40001);
+        reused.cookie = 12;
+        let elsewhere = record("10.0.0.1:40002", "10.0.0.2:22");
+        let gone = flow_of(&record("10.0.0.1:40003", "10.0.0.2:22"));
+        let left = |c: &ConnectionInfo, cookie| Placed {
+            flow: flow_of(c),
+            cookie,
+            at: b,
+        };
+        t.restore_placements(vec![
+            left(&there, 11),
+            left(&reused, 99),
+            left(&elsewhere, elsewhere.cookie),
+            Placed {
+                flow: gone,
+                cookie: 5,
+                at: b,
+            },
+        ]);
+        // Until the records are listed, they are kept (and saved).
+        assert_eq!(t.placements().len(), 4);
+        sync(
+            &mut t,
+            vec![there.clone(), reused.clone(), elsewhere.clone()],
+            &[],
+        );
+        assert_eq!(t.placed_at(&flow_of(&there)), Some(b));
+        assert!(!t.is_placed(&flow_of(&reused)) && !t.is_placed(&flow_of(&elsewhere)));
+        assert!(!t.is_placed(&gone));
+        assert_eq!(t.placements(), vec![left(&there, 11)]);
+        assert_eq!(t.cookie(&flow_of(&there)), Some(11));
     }
 
     #[test]

@@ -41,6 +41,10 @@ pub struct LsRow {
     pub moving: bool,
     /// Suspended: vnatd turned its TCP keepalive off until resume.
     pub keepalive_held: bool,
+    /// The local address an operator placed it at (`vnatctl migrate`),
+    /// where automatic mode leaves it, also across restarts of vnatd;
+    /// null while automatic mode decides where it is.
+    pub placed: Option<String>,
     /// Keep-alive helpers this host asked the peer for (`suspend
     /// --helper`), until the connection works again.
     pub helpers_asked: Vec<String>,
@@ -99,6 +103,7 @@ impl From<&ListedConnection> for LsRow {
             role: listed.role.clone(),
             moving: listed.moving,
             keepalive_held: listed.keepalive_held,
+            placed: listed.placed.map(|a| a.to_string()),
             adopted: c.adopted,
             hide_location: c.hide_location,
             helpers_asked: listed.helpers_asked.clone(),
@@ -176,7 +181,12 @@ fn note(r: &LsRow) -> String {
         "keeping it alive for the absent peer ({})",
         r.helping.join(", ")
     );
+    let placed = format!(
+        "placed at {} by migrate",
+        r.placed.as_deref().unwrap_or_default()
+    );
     for (on, what) in [
+        (r.placed.is_some(), placed.as_str()),
         (r.keepalive_held, "keepalive held until resume"),
         (!r.helpers_asked.is_empty(), asked.as_str()),
         (!r.helping.is_empty(), helping.as_str()),

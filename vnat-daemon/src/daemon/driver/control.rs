@@ -2,6 +2,7 @@
 //! the control handler), exports and imports, the peers' listing.
 
 use super::*;
+use crate::daemon::restart_state;
 
 impl Driver {
     /// Turn off the keepalive of the suspended TCP connections among
@@ -17,6 +18,15 @@ impl Driver {
             .filter_map(|f| Some((*f, self.endpoint.connection(f)?.local_phys)))
             .collect();
         if tcp.is_empty() {
+            return;
+        }
+        // On disk before the sockets change: a vnatd that dies while they
+        // are held leaves the next one what to turn on again.
+        let undo: Vec<_> = tcp
+            .iter()
+            .map(|(f, _)| (*f, restart_state::Undo::KeepaliveOn))
+            .collect();
+        if !self.record_before_change(undo) {
             return;
         }
         let held = with_dp(&self.dp, move |dp| {
@@ -261,6 +271,7 @@ impl Driver {
                                 moving: v.migrating,
                                 local_phys: Some(v.local_phys),
                                 keepalive_held: self.helpers.keepalive_held.contains_key(f),
+                                placed: self.tracking.placed_at(f),
                                 helpers_asked: self
                                     .helpers
                                     .help_asked

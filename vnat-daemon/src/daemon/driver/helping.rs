@@ -347,10 +347,16 @@ impl Driver {
         if help.zero_window && h.user_timeout.is_none() {
             // Given back by a restore still pending? Then that value.
             let pending = self.helpers.timeout_restore.remove(&flow).map(|r| r.0);
-            let r = with_dp(&self.dp, move |dp| {
-                dp.set_user_timeout(&flow, helping::USER_TIMEOUT_HOLD)
-            })
-            .await;
+            // On disk before the socket changes (see `restart_state`).
+            let undo = crate::daemon::restart_state::Undo::UserTimeout { before: pending };
+            let r = if self.record_before_change([(flow, undo)]) {
+                with_dp(&self.dp, move |dp| {
+                    dp.set_user_timeout(&flow, helping::USER_TIMEOUT_HOLD)
+                })
+                .await
+            } else {
+                Ok(None)
+            };
             h.user_timeout = match r {
                 Ok(prev) => pending.or(prev),
                 Err(e) => {
