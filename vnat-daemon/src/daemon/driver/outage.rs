@@ -60,6 +60,13 @@ impl Driver {
         sources: &HashMap<IpAddr, Option<IpAddr>>,
         moves: &[Move],
     ) {
+        // What a vnatd that died left on these sockets is given back first
+        // (`undo_left_changes`): a hold taken over it would find the
+        // keepalive already off and record the raised timeout as the
+        // application's.
+        if !self.restart_state.left_holds().is_empty() {
+            return;
+        }
         let stranded: Vec<VirtualFlow> = tracked
             .iter()
             .filter(|t| t.flow.proto == Proto::Tcp)
@@ -107,6 +114,18 @@ impl Driver {
             .filter_map(|f| Some((*f, self.endpoint.connection(f)?.local_phys)))
             .collect();
         if todo.is_empty() {
+            return;
+        }
+        // On disk before the sockets change (see `restart_state`): a vnatd
+        // killed while this host is away leaves the next one the value.
+        let undo: Vec<_> = todo
+            .iter()
+            .map(|(f, _)| {
+                let before = self.helpers.timeout_restore.get(f).map(|r| r.0);
+                (*f, crate::daemon::restart_state::Undo::UserTimeout { before })
+            })
+            .collect();
+        if !self.record_before_change(undo) {
             return;
         }
         let held = with_dp(&self.dp, move |dp| {

@@ -9,8 +9,8 @@ use crate::daemon::restart_state::{Hold, RestartState, Undo};
 
 impl Driver {
     /// The changes this vnatd made to sockets and has not undone: held
-    /// keepalives, and TCP_USER_TIMEOUTs held for absent peers or waiting
-    /// to be given back.
+    /// keepalives, and TCP_USER_TIMEOUTs held for absent peers, for this
+    /// host's own absence, or waiting to be given back.
     fn socket_changes(&self) -> Vec<Hold> {
         let h = &self.helpers;
         let keepalives = h.keepalive_held.keys().map(|f| (*f, Undo::KeepaliveOn));
@@ -31,8 +31,17 @@ impl Driver {
                 },
             )
         });
+        let own = self.outages.own_timeouts.iter().map(|(f, (before, _))| {
+            (
+                *f,
+                Undo::UserTimeout {
+                    before: Some(*before),
+                },
+            )
+        });
         keepalives
             .chain(helped)
+            .chain(own)
             .chain(restoring)
             .filter_map(|(flow, undo)| self.hold_of(flow, undo))
             .collect()
