@@ -4,8 +4,9 @@
 //! B:P. Migrating X to B would give it Y's endpoints, which the kernels at
 //! both ends could not tell apart. By default the move is refused with a
 //! sentence that says why, and both connections go on untouched; with the
-//! laptop's cgroup in `preempt_cgroups`, Y (the older holder of those
-//! endpoints) is reset and X moves to B and goes on.
+//! laptop's cgroup in `preempt_cgroups`, the older of the two (by the
+//! connection's age, issue 32 item 4) is reset: Y, opened first, and X
+//! moves to B and goes on; or X, opened first, and Y goes on untouched.
 
 mod support;
 
@@ -43,7 +44,18 @@ fn mobile_row(d: &Vnatd, local: SocketAddr) -> Value {
     }
 }
 
-fn conflict(tag: &str, preempt: bool) {
+/// Which connection is reset, if any.
+#[derive(Clone, Copy, PartialEq)]
+enum Policy {
+    Abort,
+    /// Preempt, Y opened first (X is the newer, moving one).
+    PreemptYOlder,
+    /// Preempt, X opened first (the moving one is the older).
+    PreemptXOlder,
+}
+
+fn conflict(tag: &str, policy: Policy) {
+    let preempt = policy != Policy::Abort;
     let topo = LaptopRouterServer::builder().tag(tag).build();
     topo.plug_laptop_b();
     topo.laptop
@@ -73,13 +85,27 @@ fn conflict(tag: &str, preempt: bool) {
         lap.cgroup.join_on_spawn(&mut cmd);
         StreamClient::from_command(cmd)
     };
-    let x = stream(StreamOptions::tcp(server).bind(a));
-    let xs = x.wait_verified_at_least(50_000, Duration::from_secs(15));
-    let x_local: SocketAddr = xs.local.parse().expect("X's local endpoint");
-    let y_local = SocketAddr::new(b, x_local.port());
-    let y = stream(StreamOptions::tcp(server).bind_to(y_local));
-    let ys = y.wait_verified_at_least(50_000, Duration::from_secs(15));
-    assert_eq!(ys.local, y_local.to_string(), "Y uses B with X's port");
+    // The older one opened first, with a port of the kernel's choice; the
+    // other on the other address with the same port.
+    let (x, y, x_local, y_local) = if policy == Policy::PreemptYOlder {
+        let y = stream(StreamOptions::tcp(server).bind(b));
+        let ys = y.wait_verified_at_least(50_000, Duration::from_secs(15));
+        let y_local: SocketAddr = ys.local.parse().expect("Y's local endpoint");
+        let x_local = SocketAddr::new(a, y_local.port());
+        let x = stream(StreamOptions::tcp(server).bind_to(x_local));
+        let xs = x.wait_verified_at_least(50_000, Duration::from_secs(15));
+        assert_eq!(xs.local, x_local.to_string(), "X uses A with Y's port");
+        (x, y, x_local, y_local)
+    } else {
+        let x = stream(StreamOptions::tcp(server).bind(a));
+        let xs = x.wait_verified_at_least(50_000, Duration::from_secs(15));
+        let x_local: SocketAddr = xs.local.parse().expect("X's local endpoint");
+        let y_local = SocketAddr::new(b, x_local.port());
+        let y = stream(StreamOptions::tcp(server).bind_to(y_local));
+        let ys = y.wait_verified_at_least(50_000, Duration::from_secs(15));
+        assert_eq!(ys.local, y_local.to_string(), "Y uses B with X's port");
+        (x, y, x_local, y_local)
+    };
     let row = mobile_row(&lapd, x_local);
     mobile_row(&lapd, y_local);
     let id = row["id"].to_string();
@@ -119,6 +145,24 @@ fn conflict(tag: &str, preempt: bool) {
         assert_eq!(fy.error, None, "Y: {:?}", fy.json);
         return;
     }
+    if policy == Policy::PreemptXOlder {
+        // X, the older, is reset: its move ends there, and Y, the newer,
+        // goes on untouched.
+        assert_ne!(code, 0, "the reset X cannot have moved: {out}");
+        let text = out.to_string();
+        assert!(
+            text.contains("older") && text.contains("reset"),
+            "the outcome does not say X was reset as the older: {out}"
+        );
+        let err = x.wait_error(Duration::from_secs(5));
+        assert!(err.is_some(), "X, the older, was not reset: {out}");
+        let at = y.latest().expect("status").verified;
+        y.wait_verified_at_least(at + 200_000, Duration::from_secs(20));
+        let fy = y.stop();
+        assert_eq!(fy.error, None, "Y, the newer, broke: {:?}", fy.json);
+        assert_eq!(fy.local, y_local.to_string(), "Y's socket changed");
+        return;
+    }
     // Preempt: Y is reset, X moves to B and goes on there.
     assert_eq!(code, 0, "migrate failed: {out}");
     assert_eq!(out["moves"][0]["outcome"], "moved", "{out}");
@@ -154,10 +198,15 @@ fn conflict(tag: &str, preempt: bool) {
 
 #[test]
 fn a_migration_onto_another_connections_endpoints_is_refused_by_default() {
-    conflict("cfa", false);
+    conflict("cfa", Policy::Abort);
 }
 
 #[test]
 fn a_preempting_cgroup_resets_the_older_connection_and_moves() {
-    conflict("cfp", true);
+    conflict("cfp", Policy::PreemptYOlder);
+}
+
+#[test]
+fn a_preempting_cgroup_resets_the_moving_connection_when_it_is_the_older() {
+    conflict("cfo", Policy::PreemptXOlder);
 }

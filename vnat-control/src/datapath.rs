@@ -53,6 +53,11 @@ pub struct ConnectionInfo {
     pub command: Option<String>,
     /// Seconds since the connection was recorded (CLOCK_BOOTTIME).
     pub age_secs: u64,
+    /// When it was recorded (CLOCK_BOOTTIME ns; for an adopted one, when
+    /// it was adopted): the connection's age to the nanosecond, for the
+    /// conflict policy's "older". Stays inside vnatd, as `tcp_isns`.
+    #[serde(skip)]
+    pub recorded_ns: u64,
     /// TCP: the first sequence numbers after the SYNs, (ours, the peer's),
     /// recorded at establishment. They tie the connection to its peer host
     /// (`vcmp::binding`) and stay inside vnatd: they are not part of any

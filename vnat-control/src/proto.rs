@@ -635,6 +635,7 @@ mod tests {
                 pid: None,
                 command: None,
                 age_secs: 3,
+                recorded_ns: 0,
                 tcp_isns: None,
                 adopted: false,
                 hide_location: false,

@@ -313,6 +313,7 @@ mod tests {
                 pid,
                 command: None,
                 age_secs: 1,
+                recorded_ns: 0,
                 tcp_isns: None,
                 adopted: false,
                 hide_location: false,

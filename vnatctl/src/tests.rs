@@ -36,6 +36,7 @@ fn conn(
         pid,
         command: pid.map(|_| "curl".into()),
         age_secs: 12,
+        recorded_ns: 0,
         tcp_isns: None,
         adopted: false,
         hide_location: false,

@@ -51,6 +51,7 @@ fn record(f: VirtualFlow, pid: Option<u32>, cgroup: Option<&str>) -> ConnectionI
         pid,
         command: None,
         age_secs: 0,
+        recorded_ns: 0,
         tcp_isns: None,
         adopted: false,
         hide_location: false,

@@ -5,10 +5,15 @@
 //! a move (`DatapathError::Conflict`); for a move this host makes (its own
 //! end's, or an import) the moving connection's cgroup decides what then
 //! happens: `abort` (the default: the move is refused and says why) or
-//! `preempt` (the older connection is reset and the move goes on), for the
-//! cgroups listed in `preempt_cgroups` and those below them. A peer's move
-//! always aborts: a peer with valid keys could otherwise name the endpoints
-//! of a neighbour's connection and have it reset.
+//! `preempt` (the older of the two connections is reset), for the cgroups
+//! listed in `preempt_cgroups` and those below them. "Older" is the
+//! connection's age: when the datapath recorded it (at establishment, or
+//! when it was adopted). The other one older: it is reset and the move goes
+//! on; the moving one older: it is reset, and its move ends there (the
+//! paper's preemption of "the existing connection" (3.4.2) made no sense of
+//! a newer connection that a returning older one would have destroyed). A
+//! peer's move always aborts: a peer with valid keys could otherwise name
+//! the endpoints of a neighbour's connection and have it reset.
 
 use std::{collections::HashSet, path::PathBuf};
 
@@ -36,15 +41,19 @@ fn ids_under(dirs: &[PathBuf], cgroup2_only: bool) -> HashSet<u64> {
 
 /// Prepare the receive side of `t` (see `Datapath::prepare_translation`).
 /// If it lands on another connection's endpoints, `preempt` is set and
-/// `may_reset` allows resetting that connection (it is under the same
-/// policy, in this namespace), reset it and try once more; otherwise the
-/// conflict is the answer. Only TCP preempts: a UDP socket may serve many
-/// peers, and one that is reset stays bound and may send again.
+/// `preemptible` gives that connection's recording time (it is under the
+/// same policy, in this namespace; `None`: it may not be reset), reset the
+/// older of the two: the other one, then try once more; or the moving one
+/// (its recording time from `preemptible` too), which ends its move
+/// ([`DatapathError::ResetAsOlder`]). Unknown or equal ages reset the other
+/// one. Otherwise the conflict is the answer. Only TCP preempts: a UDP
+/// socket may serve many peers, and one that is reset stays bound and may
+/// send again.
 pub fn prepare_resolving(
     dp: &mut dyn Datapath,
     t: &Translation,
     preempt: bool,
-    may_reset: impl Fn(&VirtualFlow) -> bool,
+    preemptible: impl Fn(&VirtualFlow) -> Option<u64>,
 ) -> Result<(), DatapathError> {
     match dp.prepare_translation(t) {
         Err(e @ DatapathError::Conflict { .. }) => {
@@ -52,7 +61,16 @@ pub fn prepare_resolving(
                 unreachable!()
             };
             let other = **other;
-            if preempt && t.flow.proto == Proto::Tcp && may_reset(&other) {
+            let other_at = preemptible(&other).filter(|_| preempt && t.flow.proto == Proto::Tcp);
+            if let Some(other_at) = other_at {
+                if preemptible(&t.flow).is_some_and(|at| at < other_at) {
+                    tracing::warn!(id = t.flow.id(), flow = %t.flow, %other, "virtual-address conflict: resetting the moving connection, the older of the two (both are in preempt_cgroups)");
+                    dp.reset_connection(&t.flow)?;
+                    return Err(DatapathError::ResetAsOlder {
+                        flow: t.flow,
+                        other: Box::new(other),
+                    });
+                }
                 tracing::warn!(id = t.flow.id(), flow = %t.flow, %other, "virtual-address conflict: resetting the older connection (both are in preempt_cgroups)");
                 if dp.reset_connection(&other)? {
                     return dp.prepare_translation(t);
@@ -107,7 +125,7 @@ mod tests {
     #[test]
     fn abort_refuses_the_move_and_touches_nothing() {
         let (mut dp, t, older) = setup();
-        let r = prepare_resolving(&mut dp, &t, false, |_| true);
+        let r = prepare_resolving(&mut dp, &t, false, |_| Some(0));
         assert!(
             matches!(&r, Err(DatapathError::Conflict { other, .. }) if **other == older),
             "{r:?}"
@@ -124,21 +142,43 @@ mod tests {
     #[test]
     fn preempt_resets_the_older_connection_then_moves() {
         let (mut dp, t, older) = setup();
-        prepare_resolving(&mut dp, &t, true, |f| *f == older).expect("preempted");
+        // Recorded at 5, the moving one at 9.
+        let at = |f: &VirtualFlow| Some(if *f == older { 5 } else { 9 });
+        prepare_resolving(&mut dp, &t, true, at).expect("preempted");
         assert_eq!(dp.reset, vec![older]);
         assert_eq!(dp.prepared.get(&t.flow), Some(&t));
+    }
+
+    #[test]
+    fn preempt_resets_the_moving_connection_when_it_is_the_older() {
+        let (mut dp, t, other) = setup();
+        let at = |f: &VirtualFlow| Some(if *f == other { 9 } else { 5 });
+        let r = prepare_resolving(&mut dp, &t, true, at);
+        assert!(
+            matches!(&r, Err(DatapathError::ResetAsOlder { flow, other: o }) if *flow == t.flow && **o == other),
+            "{r:?}"
+        );
+        assert_eq!(dp.reset, vec![t.flow], "the newer one is left alone");
+        assert!(dp.prepared.is_empty());
+        let text = r.unwrap_err().to_string();
+        assert!(text.contains("older") && text.contains("reset"), "{text}");
+        // Its own age unknown (not under the policy): the other one goes.
+        let (mut dp, t, other) = setup();
+        let at = |f: &VirtualFlow| (*f == other).then_some(9);
+        prepare_resolving(&mut dp, &t, true, at).expect("preempted");
+        assert_eq!(dp.reset, vec![other]);
     }
 
     #[test]
     fn an_older_connection_outside_the_policy_or_udp_is_never_reset() {
         let (mut dp, t, _) = setup();
         assert!(matches!(
-            prepare_resolving(&mut dp, &t, true, |_| false),
+            prepare_resolving(&mut dp, &t, true, |_| None),
             Err(DatapathError::Conflict { .. })
         ));
         assert!(dp.reset.is_empty() && dp.prepared.is_empty());
         let (mut dp, t, _) = setup_of(Proto::Udp);
-        assert!(prepare_resolving(&mut dp, &t, true, |_| true).is_err());
+        assert!(prepare_resolving(&mut dp, &t, true, |_| Some(0)).is_err());
         assert!(dp.reset.is_empty(), "a UDP socket is never reset");
     }
 

@@ -6,7 +6,7 @@
 //! root. The driver runs each list on the datapath's own thread, in one
 //! trip, and hands the outcomes back.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::net::SocketAddr;
 
 use super::{
@@ -58,17 +58,20 @@ impl Outcome {
 }
 
 /// Do `ops` in order. `preempting`: the connections a preempting move may
-/// reset (`daemon::conflict`); only [`Op::Start`] uses it.
+/// reset (`daemon::conflict`), with when each was recorded (the older of
+/// two is reset); only [`Op::Start`] uses it.
 pub fn run(
     dp: &mut dyn Datapath,
     ops: Vec<Op>,
-    preempting: &HashSet<VirtualFlow>,
+    preempting: &HashMap<VirtualFlow, u64>,
 ) -> Vec<(Op, Outcome)> {
     ops.into_iter()
         .map(|op| {
             let outcome = match &op {
                 Op::Start { start, preempt } => {
-                    Outcome::Started(start_one(dp, start, *preempt, |o| preempting.contains(o)))
+                    Outcome::Started(start_one(dp, start, *preempt, |o| {
+                        preempting.get(o).copied()
+                    }))
                 }
                 Op::PrepareReceive(t) => Outcome::Done(prepare_peer_receive_side(dp, t)),
                 Op::Switch {
@@ -110,13 +113,13 @@ pub struct Started {
 /// Held first because preparing puts the old address back on lo, and from
 /// then on the socket can send again: a packet that left unheld in between
 /// would reach the peer from the new network, untranslated (a UDP server
-/// takes it for a new peer's). `preempt` and `may_reset` are the conflict
-/// policy (`conflict::prepare_resolving`).
+/// takes it for a new peer's). `preempt` and `preemptible` are the
+/// conflict policy (`conflict::prepare_resolving`).
 pub fn start_one(
     dp: &mut dyn Datapath,
     st: &Start,
     preempt: bool,
-    may_reset: impl Fn(&VirtualFlow) -> bool,
+    preemptible: impl Fn(&VirtualFlow) -> Option<u64>,
 ) -> Started {
     let m = st.mv;
     let mut held = false;
@@ -134,7 +137,7 @@ pub fn start_one(
             physical_local: m.new_local,
             physical_remote: m.remote_phys,
         };
-        conflict::prepare_resolving(dp, &t, preempt, may_reset)
+        conflict::prepare_resolving(dp, &t, preempt, preemptible)
     } else {
         Ok(())
     };
@@ -221,7 +224,7 @@ pub fn prepare_peer_receive_side(
     dp: &mut dyn Datapath,
     t: &Translation,
 ) -> Result<(), DatapathError> {
-    conflict::prepare_resolving(dp, t, false, |_| false)?;
+    conflict::prepare_resolving(dp, t, false, |_| None)?;
     prepare_old_address(dp, t.flow, t.physical_local, t.physical_remote);
     Ok(())
 }
@@ -261,7 +264,7 @@ mod tests {
         let mut dp = FakeDatapath::new();
         let f = flow("10.0.1.5:40000", "10.0.9.1:22");
         dp.add_connection(f, None);
-        let s = start_one(&mut dp, &start(f, "10.0.2.5:40000", true), false, |_| false);
+        let s = start_one(&mut dp, &start(f, "10.0.2.5:40000", true), false, |_| None);
         assert!(s.result.is_ok() && s.held, "{s:?}");
         assert!(dp.held.contains(&f));
         assert_eq!(
@@ -280,7 +283,7 @@ mod tests {
         let other = flow("10.0.2.5:40000", "10.0.9.1:22");
         dp.add_connection(f, None);
         dp.add_connection(other, None);
-        let s = start_one(&mut dp, &start(f, "10.0.2.5:40000", true), false, |_| false);
+        let s = start_one(&mut dp, &start(f, "10.0.2.5:40000", true), false, |_| None);
         assert!(
             matches!(s.result, Err(DatapathError::Conflict { .. })),
             "{s:?}"
@@ -290,7 +293,7 @@ mod tests {
         // With preempt (both listed), the older connection is reset and
         // the move goes on.
         let s = start_one(&mut dp, &start(f, "10.0.2.5:40000", true), true, |o| {
-            *o == other
+            Some(if *o == other { 1 } else { 2 })
         });
         assert!(s.result.is_ok() && s.held, "{s:?}");
         assert_eq!(dp.reset, vec![other]);
@@ -302,17 +305,17 @@ mod tests {
         let f = flow("10.0.1.5:40000", "10.0.9.1:22");
         dp.add_connection(f, None);
         dp.fail_next = Some(DatapathError::NoEbpfObject);
-        let s = start_one(&mut dp, &start(f, "10.0.2.5:40000", true), false, |_| false);
+        let s = start_one(&mut dp, &start(f, "10.0.2.5:40000", true), false, |_| None);
         assert!(s.result.is_ok() && !s.held, "{s:?}");
         assert!(dp.prepared.contains_key(&f));
         // Back at its own address (the peer moved, or a move back): held
         // only, no receive side to prepare.
         let mut dp = FakeDatapath::new();
         dp.add_connection(f, None);
-        let s = start_one(&mut dp, &start(f, "10.0.1.5:40000", true), false, |_| false);
+        let s = start_one(&mut dp, &start(f, "10.0.1.5:40000", true), false, |_| None);
         assert!(s.result.is_ok() && s.held);
         assert!(dp.prepared.is_empty());
-        let done = run(&mut dp, vec![Op::ReleaseAborted(f)], &HashSet::new());
+        let done = run(&mut dp, vec![Op::ReleaseAborted(f)], &HashMap::new());
         assert!(done[0].1.error().is_none() && dp.held.is_empty());
     }
 
@@ -341,7 +344,7 @@ mod tests {
         prepare_peer_receive_side(&mut dp, &ok).expect("prepared");
         assert_eq!(dp.prepared.get(&f), Some(&ok));
         dp.hold_send_side(&f, true).unwrap();
-        let done = run(&mut dp, vec![Op::ReleaseOverdue(f)], &HashSet::new());
+        let done = run(&mut dp, vec![Op::ReleaseOverdue(f)], &HashMap::new());
         assert!(done[0].1.error().is_none());
         assert!(dp.held.is_empty());
         // A TCP socket released from a hold gets its levers.
@@ -406,7 +409,7 @@ mod tests {
                 verified: true,
             },
         ];
-        let done = run(&mut dp, ops.clone(), &HashSet::new());
+        let done = run(&mut dp, ops.clone(), &HashMap::new());
         assert_eq!(
             done.iter().map(|(op, _)| op.clone()).collect::<Vec<_>>(),
             ops

@@ -61,6 +61,9 @@ pub struct Tracking {
     anchors: HashMap<VirtualFlow, IpAddr>,
     /// Each tracked connection's cgroup id, for its conflict policy.
     cgroup_of: HashMap<VirtualFlow, u64>,
+    /// When each live connection was recorded (CLOCK_BOOTTIME ns): its age,
+    /// for the conflict policy's "older".
+    recorded_at: HashMap<VirtualFlow, u64>,
     /// Each live connection's socket cookie, which names its socket in
     /// what outlasts a restart of vnatd (`restart_state`).
     cookie_of: HashMap<VirtualFlow, u64>,
@@ -104,6 +107,7 @@ impl Tracking {
             out.live.insert(flow);
             self.cgroup_of.insert(flow, c.cgroup_id);
             self.cookie_of.insert(flow, c.cookie);
+            self.recorded_at.insert(flow, c.recorded_ns);
             if let Some(p) = self.left_placed.remove(&flow) {
                 // The same socket, still where it was put (not moved on by
                 // a vnatd that died in the middle of another move).
@@ -165,6 +169,7 @@ impl Tracking {
         self.anchors.retain(|f, _| live.contains(f));
         self.cgroup_of.retain(|f, _| live.contains(f));
         self.cookie_of.retain(|f, _| live.contains(f));
+        self.recorded_at.retain(|f, _| live.contains(f));
         // A placement whose socket is not listed is gone with it.
         self.left_placed.clear();
         out
@@ -250,6 +255,11 @@ impl Tracking {
         out
     }
 
+    /// When the live connection `flow` was recorded (CLOCK_BOOTTIME ns).
+    pub fn recorded_ns(&self, flow: &VirtualFlow) -> Option<u64> {
+        self.recorded_at.get(flow).copied()
+    }
+
     /// The socket cookie of the live connection `flow`.
     pub fn cookie(&self, flow: &VirtualFlow) -> Option<u64> {
         self.cookie_of.get(flow).copied()
@@ -299,6 +309,7 @@ mod tests {
             pid: Some(42),
             command: None,
             age_secs: 5,
+            recorded_ns: 0,
             tcp_isns: Some([1, 2]),
             udp_inbound_only: false,
             adopted: false,

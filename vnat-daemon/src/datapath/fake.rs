@@ -81,6 +81,14 @@ impl FakeDatapath {
     /// Record a connection as the kernel would on establishment.
     pub fn add_connection(&mut self, flow: VirtualFlow, pid: Option<u32>) -> u64 {
         let id = flow.id();
+        // In the order of the calls, as the kernel's clock would.
+        let recorded_ns = self
+            .conns
+            .values()
+            .map(|c| c.recorded_ns)
+            .max()
+            .unwrap_or(0)
+            + 1;
         self.conns.insert(
             id,
             ConnectionInfo {
@@ -97,6 +105,7 @@ impl FakeDatapath {
                 pid,
                 command: pid.map(|_| "fake".into()),
                 age_secs: 0,
+                recorded_ns,
                 tcp_isns: None,
                 adopted: false,
                 hide_location: false,

@@ -244,6 +244,13 @@ pub enum DatapathError {
         /// Boxed: it would make every `DatapathError` larger.
         other: Box<VirtualFlow>,
     },
+    /// Preempt (`preempt_cgroups`) resets the older of two conflicting
+    /// connections, and the one that was to move was the older.
+    #[error("{flow} was reset instead of moved: another connection of this host, {other}, has the endpoints it would move to, and preempt_cgroups resets the older of the two, which was this one")]
+    ResetAsOlder {
+        flow: VirtualFlow,
+        other: Box<VirtualFlow>,
+    },
     #[error("no translation is installed for {flow:?}")]
     NoSuchTranslation { flow: VirtualFlow },
     #[error("no recorded connection {flow:?} (or its socket is gone): only TCP connections of an enabled cgroup, established while vnat ran, can be restarted")]

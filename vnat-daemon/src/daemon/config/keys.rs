@@ -67,7 +67,8 @@ pub const KEYS: &[Key] = &[
         flag: "--preempt-cgroup",
         about: "When a connection would move onto the endpoints of another connection of this host, \
                 the move is refused, unless the moving connection's cgroup is one of these (or below \
-                one): then the older connection is reset.",
+                one): then the older of the two (by the connection's age) is reset: the other one, \
+                and the move goes on, or the moving one, whose move then ends.",
         start_only: false,
     },
     Key {

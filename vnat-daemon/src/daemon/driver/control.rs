@@ -410,8 +410,8 @@ impl Driver {
                     physical_local: SocketAddr::new(src, flow.local.port()),
                     physical_remote: remote,
                 };
-                conflict::prepare_resolving(dp, &t, preempt.contains(&flow), |o| {
-                    preempt.contains(o)
+                conflict::prepare_resolving(dp, &t, preempt.contains_key(&flow), |o| {
+                    preempt.get(o).copied()
                 })
             })
             .await;

@@ -144,22 +144,23 @@ impl Driver {
     }
 
     /// The connections under `preempt_cgroups` (`daemon::conflict`) when
-    /// some of `flows` are about to move: those of them may preempt, and
+    /// some of `flows` are about to move, with when each was recorded (its
+    /// age: the older of two is reset): those of them may preempt, and
     /// only those can be preempted. Empty when nothing moves or no cgroup
     /// is listed (no walk of the cgroup tree then).
     pub(super) fn preempting(
         &self,
         flows: impl Iterator<Item = VirtualFlow>,
-    ) -> HashSet<VirtualFlow> {
+    ) -> HashMap<VirtualFlow, u64> {
         let mut flows = flows.peekable();
         if self.cfg.preempt_cgroups.is_empty() || flows.peek().is_none() {
-            return HashSet::new();
+            return HashMap::new();
         }
         let ids = conflict::cgroup_ids_under(&self.cfg.preempt_cgroups);
         self.tracking
             .cgroups()
             .filter(|(_, id)| *id != 0 && ids.contains(id))
-            .map(|(f, _)| *f)
+            .filter_map(|(f, _)| Some((*f, self.tracking.recorded_ns(f)?)))
             .collect()
     }
 
@@ -266,7 +267,7 @@ impl Driver {
         let ops = candidates
             .into_iter()
             .map(|start| Op::Start {
-                preempt: preempt.contains(&start.mv.flow),
+                preempt: preempt.contains_key(&start.mv.flow),
                 start,
             })
             .collect();
@@ -315,7 +316,7 @@ impl Driver {
         let n = overdue.len();
         let ops = overdue.into_iter().map(Op::ReleaseOverdue).collect();
         let mut failed = 0;
-        for (op, outcome) in self.run_ops(ops, HashSet::new()).await {
+        for (op, outcome) in self.run_ops(ops, HashMap::new()).await {
             if let (Op::ReleaseOverdue(flow), Some(e)) = (op, outcome.error()) {
                 tracing::warn!(id = flow.id(), %flow, error = %e, "cannot release the connection's held packets");
                 failed += 1;
@@ -343,7 +344,7 @@ impl Driver {
         // never preempts (see `moveops::prepare_peer_receive_side`); a
         // conflict refuses it (and the address fails validation).
         let ops = work.into_iter().map(Op::PrepareReceive).collect();
-        for (op, outcome) in self.run_ops(ops, HashSet::new()).await {
+        for (op, outcome) in self.run_ops(ops, HashMap::new()).await {
             let (Op::PrepareReceive(t), Outcome::Done(r)) = (op, outcome) else {
                 unreachable!("moveops::run answers each op with its own outcome");
             };
@@ -543,7 +544,7 @@ impl Driver {
             self.endpoint.confirm_switched(now(), &mut OsRng, &confirm);
         }
         let ops = aborted.into_iter().map(Op::ReleaseAborted).collect();
-        for (op, outcome) in self.run_ops(ops, HashSet::new()).await {
+        for (op, outcome) in self.run_ops(ops, HashMap::new()).await {
             if let (Op::ReleaseAborted(flow), Some(e)) = (op, outcome.error()) {
                 tracing::warn!(id = flow.id(), %flow, error = %e, "cannot release the connection's held packets");
             }
@@ -591,7 +592,7 @@ impl Driver {
             .into_iter()
             .map(|switch| Op::Switch { switch, verified })
             .collect();
-        let done = self.run_ops(ops, HashSet::new()).await;
+        let done = self.run_ops(ops, HashMap::new()).await;
         let mut ok = Vec::with_capacity(done.len());
         for (op, outcome) in done {
             let (Op::Switch { switch: s, .. }, Outcome::Done(r)) = (op, outcome) else {
@@ -635,7 +636,7 @@ impl Driver {
             .into_iter()
             .map(|(flow, solicit)| Op::Restart { flow, solicit })
             .collect();
-        self.run_ops(ops, HashSet::new()).await;
+        self.run_ops(ops, HashMap::new()).await;
         tracing::info!(
             connections = n,
             verified = false,
@@ -650,7 +651,7 @@ impl Driver {
     async fn run_ops(
         &mut self,
         ops: Vec<Op>,
-        preempting: HashSet<VirtualFlow>,
+        preempting: HashMap<VirtualFlow, u64>,
     ) -> Vec<(Op, Outcome)> {
         if ops.is_empty() {
             return Vec::new();

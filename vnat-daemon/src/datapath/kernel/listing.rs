@@ -309,6 +309,7 @@ impl KernelDatapath {
                 pid,
                 command,
                 age_secs: now_ns.saturating_sub(rec.first_seen_ns) / 1_000_000_000,
+                recorded_ns: rec.first_seen_ns,
                 // snd_nxt and rcv_nxt at establishment are both ends' first
                 // sequence numbers after the SYNs (the callbacks run before
                 // any data is sent or queued), recorded crosswise at the
