@@ -15,8 +15,15 @@
 //! - Every byte arrives in order on both sides, and neither application
 //!   sees an error.
 //!
+//! - Once they work, each end's socket has its keepalive on again and its
+//!   TCP_USER_TIMEOUT as the application left it (0), as the application
+//!   itself reads them.
+//!
 //! The outage lasts `VNAT_TEST_OUTAGE_SECS` seconds (the issue's 600 by
-//! default; 40 is enough to see what it checks).
+//! default; 40 is enough to see what it checks). A second test kills the
+//! laptop's vnatd (SIGKILL) a few seconds into a 45 s outage and starts a
+//! new one: it gives back what the dead one changed on the sockets, holds
+//! them again while the laptop is away, and nothing stays held after.
 
 mod support;
 
@@ -35,6 +42,8 @@ const IDLE_AT_START: Duration = Duration::from_secs(30);
 /// Lines each side writes every [`WRITE_EVERY`] after that.
 const LINES: u32 = 5;
 const WRITE_EVERY: Duration = Duration::from_secs(10);
+/// The outage of the test that kills the laptop's vnatd.
+const KILL_OUTAGE: Duration = Duration::from_secs(45);
 
 fn outage() -> Duration {
     let secs = std::env::var("VNAT_TEST_OUTAGE_SECS")
@@ -50,7 +59,8 @@ fn outage() -> Duration {
 /// One end of a connection: connects or listens (and accepts one), keeps
 /// TCP keepalive on, writes numbered lines when told to (`send N`), checks
 /// that the lines it reads are numbered 0, 1, 2... and says on `status`
-/// how many it read and wrote and the first error it saw.
+/// how many it read and wrote, its socket's SO_KEEPALIVE and
+/// TCP_USER_TIMEOUT, and the first error it saw.
 const PEER: &str = r#"
 import socket, sys, threading
 mode, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -108,8 +118,10 @@ for cmd in sys.stdin:
             st['queued'] += int(w[1])
             lock.notify_all()
     elif w and w[0] == 'status':
+        ka = s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)
+        uto = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT)
         with lock:
-            print('%d %d %s' % (st['recv'], st['sent'], st['err'] or 'none'), flush=True)
+            print('%d %d %d %d %s' % (st['recv'], st['sent'], ka, uto, st['err'] or 'none'), flush=True)
 "#;
 
 struct Peer {
@@ -160,14 +172,24 @@ impl Peer {
 
     /// (lines read, lines written, the first error or "none").
     fn status(&mut self) -> (u32, u32, String) {
+        let s = self.full_status();
+        (s.0, s.1, s.4)
+    }
+
+    /// (read, written, SO_KEEPALIVE, TCP_USER_TIMEOUT, first error).
+    fn full_status(&mut self) -> (u32, u32, u32, u32, String) {
         writeln!(self.stdin, "status").expect("asking the peer");
         self.stdin.flush().expect("flush");
         let mut l = String::new();
         self.out.read_line(&mut l).expect("reading the peer's status");
-        let mut w = l.trim().splitn(3, ' ');
-        let num = |s: Option<&str>| s.and_then(|s| s.parse().ok()).unwrap_or(u32::MAX);
-        let (r, s) = (num(w.next()), num(w.next()));
-        (r, s, w.next().unwrap_or("no status").to_string())
+        let mut w = l.trim().splitn(5, ' ');
+        let mut num = || {
+            w.next()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(u32::MAX)
+        };
+        let (r, s, ka, uto) = (num(), num(), num(), num());
+        (r, s, ka, uto, w.next().unwrap_or("no status").to_string())
     }
 }
 
@@ -193,6 +215,30 @@ impl Pair {
     fn send(&mut self, n: u32) {
         self.a.send(n);
         self.b.send(n);
+    }
+
+    /// Both ends' sockets as their applications set them: keepalive on,
+    /// TCP_USER_TIMEOUT 0 (what vnatd held is given back).
+    fn wait_as_set(&mut self, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let a = self.a.full_status();
+            let b = self.b.full_status();
+            if (a.2, a.3, b.2, b.3) == (1, 0, 1, 0) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "a socket is left as vnatd held it: {} has keepalive {} and user timeout {} ms, {} has {} and {} ms",
+                self.a.what,
+                a.2,
+                a.3,
+                self.b.what,
+                b.2,
+                b.3
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// No error on either side yet.
@@ -250,12 +296,23 @@ fn count(rows: &[serde_json::Value], f: impl Fn(&serde_json::Value) -> bool) -> 
 
 #[test]
 fn idle_connections_with_keepalive_survive_an_unannounced_outage_of_the_laptop() {
-    let outage = outage();
-    let topo = LaptopRouterServer::builder().tag("uao").build();
-    let lap = Host::new(&topo.laptop, "uaol");
-    let srv = Host::new(&topo.server, "uaos");
-    let (dl, ds) = (TempDir::new("uaol"), TempDir::new("uaos"));
-    let lapd = Vnatd::start(&lap, dl.path());
+    outage_scenario("uao", outage(), false);
+}
+
+#[test]
+fn a_laptop_vnatd_killed_during_the_outage_leaves_nothing_held() {
+    outage_scenario("uak", KILL_OUTAGE, true);
+}
+
+/// The laptop offline for `outage` with no command; with `kill`, its
+/// vnatd is killed (SIGKILL) a few seconds in, once it holds, and a new
+/// one started.
+fn outage_scenario(tag: &str, outage: Duration, kill: bool) {
+    let topo = LaptopRouterServer::builder().tag(tag).build();
+    let lap = Host::new(&topo.laptop, &format!("{tag}l"));
+    let srv = Host::new(&topo.server, &format!("{tag}s"));
+    let (dl, ds) = (TempDir::new(&format!("{tag}l")), TempDir::new(&format!("{tag}s")));
+    let mut lapd = Vnatd::start(&lap, dl.path());
     let srvd = Vnatd::start(&srv, ds.path());
     let server_ip = std::net::IpAddr::from(topo.server_addr.v4);
     let laptop_ip = std::net::IpAddr::from(topo.laptop_a_addr.v4);
@@ -291,7 +348,17 @@ fn idle_connections_with_keepalive_survive_an_unannounced_outage_of_the_laptop()
         topo.laptop.del_addr(&topo.laptop_if_a, a, p);
     }
     topo.laptop.link_down(&topo.laptop_if_a);
-    std::thread::sleep(IDLE_AT_START);
+    if kill {
+        wait_until(
+            Duration::from_secs(5),
+            || count(&rows(&lapd, server_ip), |r| r["keepalive_held"] == true) == 2,
+            || format!("the laptop's vnatd does not hold: {:?}", rows(&lapd, server_ip)),
+        );
+        lapd.kill9();
+        std::thread::sleep(Duration::from_secs(2));
+        lapd = Vnatd::start(&lap, dl.path());
+    }
+    std::thread::sleep(IDLE_AT_START.saturating_sub(started.elapsed()));
     // Longer than either end's keepalive lets a silent peer live.
     opened.check_no_error("while the laptop was silent");
     accepted.check_no_error("while the laptop was silent");
@@ -351,4 +418,6 @@ fn idle_connections_with_keepalive_survive_an_unannounced_outage_of_the_laptop()
     sent += LINES;
     opened.wait_delivered(sent, Duration::from_secs(10));
     accepted.wait_delivered(sent, Duration::from_secs(10));
+    opened.wait_as_set(Duration::from_secs(10));
+    accepted.wait_as_set(Duration::from_secs(10));
 }

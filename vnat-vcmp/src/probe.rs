@@ -176,3 +176,34 @@ impl Endpoint {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::endpoint::{Config, Event};
+    use super::super::sim::Link;
+    use super::super::sim_tests::setup;
+
+    #[test]
+    fn a_probed_host_is_reported_when_it_answers_and_not_when_it_is_gone() {
+        let (mut sim, _) = setup(41, Link::default(), Config::default(), 1);
+        let (a, b) = (0, 1);
+        let bkey = sim.hosts[b].ep.public_key();
+        let answered = |sim: &super::super::sim::Sim| {
+            sim.events(a, |e| matches!(e, Event::ProbeAnswered { key } if *key == bkey))
+                .count()
+        };
+        let before = answered(&sim);
+        assert!(sim.with(a, |ep, _, _| ep.probe_host(&bkey)));
+        sim.run_for(Duration::from_secs(1));
+        assert_eq!(answered(&sim), before + 1, "B answers A's probe");
+        // B is gone: the probe goes, nothing comes back.
+        sim.hosts[b].alive = false;
+        assert!(sim.with(a, |ep, _, _| ep.probe_host(&bkey)));
+        sim.run_for(Duration::from_secs(5));
+        assert_eq!(answered(&sim), before + 1, "no answer from a host that is gone");
+        // A host never paired with is not probed.
+        assert!(!sim.with(a, |ep, _, _| ep.probe_host(&[9u8; 32])));
+    }
+}

@@ -33,6 +33,9 @@ pub(super) struct Outages {
     /// (they take turns).
     next_look: Instant,
     turn: usize,
+    /// Connections a vnatd that died held for this host's outage: mobile
+    /// then, though this one could not pair for them yet (offline).
+    inherited: HashSet<VirtualFlow>,
 }
 
 impl Default for Outages {
@@ -44,6 +47,7 @@ impl Default for Outages {
             silent_help: HashMap::new(),
             next_look: Instant::now(),
             turn: 0,
+            inherited: HashSet::new(),
         }
     }
 }
@@ -63,8 +67,11 @@ impl Driver {
         // What a vnatd that died left on these sockets is given back first
         // (`undo_left_changes`): a hold taken over it would find the
         // keepalive already off and record the raised timeout as the
-        // application's.
-        if !self.restart_state.left_holds().is_empty() {
+        // application's. Its connections were mobile: they are held again
+        // (next turn) although this vnatd could not pair yet, offline.
+        let left = self.restart_state.left_holds();
+        if !left.is_empty() {
+            self.outages.inherited.extend(left.iter().map(|h| h.flow));
             return;
         }
         let stranded: Vec<VirtualFlow> = tracked
@@ -76,7 +83,10 @@ impl Driver {
                 let routed = sources.get(&t.remote_phys.ip()).copied().flatten().is_some();
                 outage::stranded(t, addrs, routed)
             })
-            .filter(|t| self.endpoint.connection(&t.flow).is_some_and(|v| v.has_keys))
+            .filter(|t| {
+                self.outages.inherited.contains(&t.flow)
+                    || self.endpoint.connection(&t.flow).is_some_and(|v| v.has_keys)
+            })
             .map(|t| t.flow)
             .collect();
         if stranded.is_empty() {
@@ -219,6 +229,7 @@ impl Driver {
         })
         .await;
         for (f, live) in due {
+            self.outages.inherited.remove(&f);
             let Some((before, _)) = self.outages.own_timeouts.remove(&f) else {
                 continue;
             };
