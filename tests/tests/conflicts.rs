@@ -7,6 +7,9 @@
 //! laptop's cgroup in `preempt_cgroups`, the older of the two (by the
 //! connection's age, issue 32 item 4) is reset: Y, opened first, and X
 //! moves to B and goes on; or X, opened first, and Y goes on untouched.
+//! And the same for connections the laptop accepted (the laptop serving,
+//! the other host connecting twice from one port): the policy of the
+//! listener's cgroup applies to them, and `ls` shows that cgroup.
 
 mod support;
 
@@ -209,4 +212,80 @@ fn a_preempting_cgroup_resets_the_older_connection_and_moves() {
 #[test]
 fn a_preempting_cgroup_resets_the_moving_connection_when_it_is_the_older() {
     conflict("cfo", Policy::PreemptXOlder);
+}
+
+/// The laptop serves on port 5001 on both links; the other host connects
+/// from one port P to A:5001 (X, first) and to B:5001 (Y). Migrating Y's
+/// end to A would give it X's endpoints. The laptop's cgroup, where its
+/// echo server runs, preempts: the accepted connections are under it, so
+/// X, the older, is reset and Y moves.
+#[test]
+fn accepted_connections_are_under_their_cgroups_policy() {
+    let tag = "cfs";
+    let topo = LaptopRouterServer::builder().tag(tag).build();
+    topo.plug_laptop_b();
+    topo.laptop
+        .add_default_route_metric(topo.router_b_addr.v4.into(), &topo.laptop_if_b, B_METRIC);
+    let lap = Host::new(&topo.laptop, &format!("{tag}l"));
+    let srv = Host::new(&topo.server, &format!("{tag}s"));
+    let (dl, ds) = (
+        TempDir::new(&format!("{tag}l")),
+        TempDir::new(&format!("{tag}s")),
+    );
+    let (a, b): (IpAddr, IpAddr) = (
+        topo.laptop_a_addr.get(Family::V4),
+        topo.laptop_b_addr.get(Family::V4),
+    );
+    let client_ip = topo.server_addr.get(Family::V4);
+    let _echo = EchoServer::tcp_in(&lap, SocketAddr::new("0.0.0.0".parse().unwrap(), 5001));
+    let cgroup = lap.cgroup.path().display().to_string();
+    let lapd = Vnatd::start_with(&lap, dl.path(), &["--preempt-cgroup", &cgroup]);
+    let _srvd = Vnatd::start(&srv, ds.path());
+    let from = SocketAddr::new(client_ip, 40000 + (std::process::id() % 20000) as u16);
+    let stream = |to: IpAddr| {
+        let opts = StreamOptions::tcp(SocketAddr::new(to, 5001)).bind_to(from);
+        let mut cmd = opts.rate(200_000).command(srv.ns);
+        srv.cgroup.join_on_spawn(&mut cmd);
+        StreamClient::from_command(cmd)
+    };
+    let x = stream(a);
+    x.wait_verified_at_least(50_000, Duration::from_secs(15));
+    let y = stream(b);
+    y.wait_verified_at_least(50_000, Duration::from_secs(15));
+    let (x_here, y_here) = (SocketAddr::new(a, 5001), SocketAddr::new(b, 5001));
+    let xrow = mobile_row(&lapd, x_here);
+    let yrow = mobile_row(&lapd, y_here);
+    let listed = lap.cgroup.path().display().to_string();
+    for (row, what) in [(&xrow, "X"), (&yrow, "Y")] {
+        assert_ne!(
+            row["cgroup_id"], 0,
+            "{what}, accepted, has no cgroup: {row}"
+        );
+        assert!(
+            row["cgroup"]
+                .as_str()
+                .is_some_and(|c| listed.ends_with(c) && c.len() > 1),
+            "{what}, accepted, is not listed in its listener's cgroup {listed}: {row}"
+        );
+    }
+    let id = yrow["id"].to_string();
+    let a_str = a.to_string();
+    let (code, out) = lapd.ctl_status(&[
+        "migrate",
+        "--conn",
+        &id,
+        "--to",
+        &a_str,
+        "--wait",
+        "--timeout",
+        "10",
+    ]);
+    assert_eq!(code, 0, "the accepted connection did not preempt: {out}");
+    assert_eq!(out["moves"][0]["outcome"], "moved", "{out}");
+    let err = x.wait_error(Duration::from_secs(5));
+    assert!(err.is_some(), "X, the older, was not reset");
+    let at = y.latest().expect("status").verified;
+    y.wait_verified_at_least(at + 200_000, Duration::from_secs(20));
+    let fy = y.stop();
+    assert_eq!(fy.error, None, "Y: {:?}", fy.json);
 }

@@ -274,6 +274,11 @@ fn connect_socket(opts: &Opts, ty: SockType) -> io::Result<std::os::fd::OwnedFd>
     };
     let fd = socket::socket(family, ty, SockFlag::SOCK_CLOEXEC, None)?;
     if let Some(ip) = opts.bind {
+        if opts.bind_port != 0 {
+            // Several clients may share one local port towards different
+            // servers (the tests' virtual-address conflicts).
+            socket::setsockopt(&fd, socket::sockopt::ReuseAddr, &true)?;
+        }
         let local = SockaddrStorage::from(SocketAddr::new(ip, opts.bind_port));
         socket::bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &local)?;
     }

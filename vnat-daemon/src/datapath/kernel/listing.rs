@@ -3,10 +3,13 @@
 
 use super::*;
 use vnat_common::{
-    GuestKey, ORIGIN_TCP_ADOPTED, ORIGIN_UDP_ADOPTED, ORIGIN_UDP_RECVMSG, UDP_DIR_RECV, UDP_IDLE_NS,
+    GuestKey, ORIGIN_TCP_ADOPTED, ORIGIN_TCP_PASSIVE, ORIGIN_UDP_ADOPTED, ORIGIN_UDP_RECVMSG,
+    UDP_DIR_RECV, UDP_IDLE_NS,
 };
 
 use super::budgets;
+
+mod accepted;
 
 use crate::datapath::GuestInfo;
 
@@ -219,6 +222,17 @@ impl KernelDatapath {
         cache
             .sources
             .retain(|_, (_, at)| now.duration_since(*at) < SOURCE_TTL);
+        // This namespace's accepted connections carry their listener's
+        // cgroup, which their records lack.
+        let own = self.loaded.netns_cookie;
+        let unowned: Vec<u64> = records
+            .iter()
+            .filter(|(_, r)| {
+                r.cgroup_id == 0 && r.origin == ORIGIN_TCP_PASSIVE && r.netns_cookie == own
+            })
+            .map(|(_, r)| r.cookie)
+            .collect();
+        cache.accepted.resolve(&unowned, accepted::dump);
         // One process usually owns many connections: read its /proc entries
         // once per listing, not once per connection.
         let mut procs: StdHashMap<u32, (Option<String>, Option<String>)> = StdHashMap::new();
@@ -253,6 +267,10 @@ impl KernelDatapath {
             let key = flow.to_key();
             let t = translations.get(&key);
             let guest = guests.remove(&key);
+            let cgroup_id = match rec.cgroup_id {
+                0 if rec.origin == ORIGIN_TCP_PASSIVE => cache.accepted.cgroup(rec.cookie),
+                id => id,
+            };
             let mut pid = (rec.pid != 0).then_some(rec.pid);
             // A guest's socket is not in this namespace's /proc/net.
             if pid.is_none() && with_owners && guest.is_none() {
@@ -270,7 +288,7 @@ impl KernelDatapath {
                     .clone()
             });
             let hide_location = !hiding.is_empty()
-                && (hiding.contains(&rec.cgroup_id)
+                && (hiding.contains(&cgroup_id)
                     || cgroup.as_ref().is_some_and(|c| {
                         *hides.entry(c.clone()).or_insert_with(|| {
                             attach::cgroup2_mount()
@@ -304,7 +322,7 @@ impl KernelDatapath {
                     ConnState::Native
                 },
                 cookie: rec.cookie,
-                cgroup_id: rec.cgroup_id,
+                cgroup_id,
                 cgroup,
                 pid,
                 command,
@@ -335,6 +353,8 @@ pub(super) struct ListingCache {
     /// The source address the kernel routes from to a peer, and when it
     /// was asked.
     sources: StdHashMap<IpAddr, (Option<IpAddr>, std::time::Instant)>,
+    /// The cgroups of accepted connections (`listing/accepted.rs`).
+    accepted: accepted::AcceptedCgroups,
 }
 
 /// How long a source address found for a peer is used. Short: after a
