@@ -9,7 +9,7 @@
 //! applied to it. The socket itself belongs to its listener's cgroup (the
 //! kernel clones the listener's cgroup into the child socket,
 //! sk_clone_lock), and sock_diag says which (INET_DIAG_CGROUP_ID, sent with
-//! every answer since Linux 5.9): looked up with one dump when such a record
+//! every answer since Linux 5.7): looked up with one dump when such a record
 //! is new, and kept per socket cookie while the record lives.
 
 use std::collections::HashMap;
