@@ -284,3 +284,74 @@ fn what_a_killed_vnatd_changed_on_sockets_the_next_one_gives_back() {
         "the server's user timeout after vnatd restarted",
     );
 }
+
+/// Whether process `pid` is stopped (state T in /proc/PID/stat).
+fn stopped(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // "pid (comm) S ...": the state follows the command's closing paren.
+    let state = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r.trim_start().chars().next());
+    state == Some(Some('T'))
+}
+
+/// The stop helper: the server's vnatd stops the server application while
+/// the laptop is away; killed, it cannot let it go on. The next one does.
+#[test]
+fn a_process_a_killed_vnatd_stopped_for_a_peer_runs_again_with_the_next() {
+    let tag = "rsc";
+    let topo = LaptopRouterServer::builder().tag(tag).build();
+    let lap = Host::new(&topo.laptop, &format!("{tag}l"));
+    let srv = Host::new(&topo.server, &format!("{tag}s"));
+    let (dl, ds) = (
+        TempDir::new(&format!("{tag}l")),
+        TempDir::new(&format!("{tag}s")),
+    );
+    let script = dl.path().join("sockopts.py");
+    std::fs::write(&script, SOCKOPTS_PY).expect("writing the script");
+    let server = SocketAddr::new(topo.server_addr.v4.into(), 5001);
+    let (ip, port) = (server.ip().to_string(), server.port().to_string());
+    let srv_args = vec![
+        "server".to_string(),
+        ip.clone(),
+        port.clone(),
+        APP_USER_TIMEOUT_MS.to_string(),
+    ];
+    let helpers = ["--peer-helper", "zero-window", "--peer-helper", "stop"];
+    let lapd = Vnatd::start(&lap, dl.path());
+    let srvd = Vnatd::start_with(&srv, ds.path(), &helpers);
+    let server_app = SockOpts::start(&srv, &script, &srv_args);
+    server_app.wait_for("listening", Duration::from_secs(10), "server");
+    let _client_app = SockOpts::start(&lap, &script, &["client".into(), ip, port]);
+    let own = format!("ka=1 uto={APP_USER_TIMEOUT_MS}");
+    server_app.wait_for(&own, Duration::from_secs(10), "server");
+    lapd.wait_mobile_to("tcp", server.ip());
+    srvd.wait_mobile_to("tcp", topo.laptop_a_addr.v4.into());
+    let pid = server_app.child.id();
+
+    lapd.ctl(&["suspend", "--all", "--helper", "stop"])
+        .expect("suspend answers");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !stopped(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "the server's vnatd did not stop the server application"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    srvd.kill9();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(stopped(pid), "nothing but vnatd lets the application go on");
+    let _srvd = Vnatd::start_with(&srv, ds.path(), &helpers);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while stopped(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "the server application is still stopped after vnatd restarted"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // It runs: it reports its socket again.
+    *server_app.last.lock().unwrap() = String::new();
+    server_app.wait_for(&own, Duration::from_secs(5), "the server after it went on");
+}

@@ -67,6 +67,10 @@ pub fn allowed(asked: &Help, allowed: &[String]) -> Help {
 pub struct Stopped {
     pub pid: u32,
     pub pidfd: std::os::fd::OwnedFd,
+    /// Its start time (/proc/PID/stat, clock ticks since boot), which
+    /// tells it from a later process with its pid after a restart of
+    /// vnatd (`restart_state`).
+    pub start_time: u64,
 }
 
 /// Help this host gives a peer that is away, for one connection.

@@ -3,8 +3,10 @@
 //! connection (`vnatctl migrate`), so that automatic mode does not take it
 //! back once a new vnatd starts, and what vnatd changed on applications'
 //! sockets while helping them across an outage (SO_KEEPALIVE turned off,
-//! TCP_USER_TIMEOUT raised), so that a vnatd that starts after one that
-//! died (SIGKILL, OOM) gives the sockets their settings back.
+//! TCP_USER_TIMEOUT raised) and to the processes behind them (the stop
+//! helper's SIGSTOP), so that a vnatd that starts after one that died
+//! (SIGKILL, OOM) gives the sockets their settings back and lets the
+//! processes go on.
 //!
 //! Kept in the state directory (`restart.json`), written atomically. A
 //! change to a socket is written *before* it is made: a vnatd killed right
@@ -45,6 +47,22 @@ pub enum Undo {
     /// written (vnatd died between the record and the change), so the
     /// kernel's default (0) is given back.
     UserTimeout { before: Option<u32> },
+    /// vnatd stopped the connection's process (the stop helper): SIGCONT,
+    /// if the process with `pid` is still the one that started at
+    /// `start_time` (clock ticks since boot, /proc/PID/stat), whether its
+    /// socket still exists or not.
+    Continue { pid: u32, start_time: u64 },
+}
+
+/// The start time of process `pid` (field 22 of /proc/PID/stat, clock
+/// ticks since boot), `None` if it is gone.
+pub fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) state ppid ...": the command may hold spaces and
+    // parens, so the fields are counted from its last closing paren; the
+    // state is field 3, the start time field 22.
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_ascii_whitespace().nth(19)?.parse().ok()
 }
 
 /// One change to a socket to undo.
@@ -177,6 +195,7 @@ fn undo_rank(u: &Undo) -> u8 {
     match u {
         Undo::KeepaliveOn => 0,
         Undo::UserTimeout { .. } => 1,
+        Undo::Continue { .. } => 2,
     }
 }
 
@@ -263,6 +282,25 @@ mod tests {
         assert_eq!(s.written().1, &[b, a]);
         s.save(Vec::new(), vec![b, a, a]).unwrap();
         assert_eq!(s.written().1, &[b, a]);
+    }
+
+    #[test]
+    fn a_process_is_named_by_its_start_time() {
+        let me = std::process::id();
+        let t = start_time(me).expect("this process's start time");
+        assert_eq!(start_time(me), Some(t), "stable");
+        assert!(start_time(u32::MAX).is_none());
+        let h = Hold {
+            flow: flow(1),
+            cookie: 1,
+            undo: Undo::Continue {
+                pid: me,
+                start_time: t,
+            },
+        };
+        let v = serde_json::to_value(h).unwrap();
+        assert_eq!(v["undo"], "continue");
+        assert_eq!(serde_json::from_value::<Hold>(v).unwrap(), h);
     }
 
     #[test]

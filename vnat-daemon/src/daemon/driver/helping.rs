@@ -715,7 +715,18 @@ impl Driver {
             tracing::info!(id = flow.id(), %flow, pid, "not stopping: the process no longer holds the connection's socket");
             return None;
         }
-        let s = helping::Stopped { pid, pidfd };
+        // On disk before the process stops (see `restart_state`): a vnatd
+        // killed meanwhile leaves the next one the process to let go on.
+        let start_time = crate::daemon::restart_state::start_time(pid)?;
+        let undo = crate::daemon::restart_state::Undo::Continue { pid, start_time };
+        if !self.record_before_change([(flow, undo)]) {
+            return None;
+        }
+        let s = helping::Stopped {
+            pid,
+            pidfd,
+            start_time,
+        };
         if !send_signal(&s, libc::SIGSTOP) {
             return None;
         }

@@ -9,8 +9,9 @@ use crate::daemon::restart_state::{Hold, RestartState, Undo};
 
 impl Driver {
     /// The changes this vnatd made to sockets and has not undone: held
-    /// keepalives, and TCP_USER_TIMEOUTs held for absent peers, for this
-    /// host's own absence, or waiting to be given back.
+    /// keepalives, TCP_USER_TIMEOUTs held for absent peers, for this
+    /// host's own absence, or waiting to be given back, and the processes
+    /// stopped for absent peers.
     fn socket_changes(&self) -> Vec<Hold> {
         let h = &self.helpers;
         let keepalives = h.keepalive_held.keys().map(|f| (*f, Undo::KeepaliveOn));
@@ -39,8 +40,14 @@ impl Driver {
                 },
             )
         });
+        let stopped = h.helping.iter().filter_map(|(f, help)| {
+            let s = help.stopped.as_ref()?;
+            let (pid, start_time) = (s.pid, s.start_time);
+            Some((*f, Undo::Continue { pid, start_time }))
+        });
         keepalives
             .chain(helped)
+            .chain(stopped)
             .chain(own)
             .chain(restoring)
             .filter_map(|(flow, undo)| self.hold_of(flow, undo))
@@ -93,6 +100,17 @@ impl Driver {
         if left.is_empty() {
             return;
         }
+        // A stopped process goes on whatever became of its socket.
+        let (procs, left): (Vec<Hold>, Vec<Hold>) = left
+            .into_iter()
+            .partition(|h| matches!(h.undo, Undo::Continue { .. }));
+        for h in &procs {
+            if let Undo::Continue { pid, start_time } = h.undo {
+                if let_go_on(pid, start_time) {
+                    tracing::info!(pid, id = h.flow.id(), flow = %h.flow, "let go on a process the previous vnatd stopped for an absent peer");
+                }
+            }
+        }
         let n = left.len();
         let done = with_dp(&self.dp, move |dp| {
             let conns = match dp.connections_without_owners() {
@@ -123,6 +141,7 @@ impl Driver {
                     Undo::UserTimeout { before } => dp
                         .set_user_timeout(&h.flow, before.unwrap_or(0))
                         .map(|_| ()),
+                    Undo::Continue { .. } => Ok(()),
                 };
                 match r {
                     Ok(()) => undone += 1,
@@ -145,6 +164,43 @@ impl Driver {
         self.restart_state.forget_left(|_| true);
         self.save_restart_state();
     }
+}
+
+/// SIGCONT to process `pid` if it is still the one that started at
+/// `start_time`: through a pidfd opened before the check, so that no
+/// process that takes the pid after the check gets the signal. Whether it
+/// was sent.
+fn let_go_on(pid: u32, start_time: u64) -> bool {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let Ok(p) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    if p <= 1 {
+        return false;
+    }
+    // SAFETY: pidfd_open takes no pointers; the result is owned at once
+    // below or is -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, p, 0) };
+    if fd < 0 {
+        return false;
+    }
+    // SAFETY: `fd` is the fresh descriptor pidfd_open just returned.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
+    if crate::daemon::restart_state::start_time(pid) != Some(start_time) {
+        return false;
+    }
+    // SAFETY: pidfd_send_signal reads no memory here (a null siginfo); the
+    // pidfd is open (owned by `pidfd`).
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            libc::SIGCONT,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    r == 0
 }
 
 /// The state file of `state_dir`, and the placements it holds handed to
