@@ -30,6 +30,10 @@ pub const PROBE_EVERY: Duration = Duration::from_secs(1);
 pub const PROBES: u32 = 2;
 /// How often a silent host is probed, to notice it back where it was.
 pub const SILENT_PROBE_EVERY: Duration = Duration::from_secs(5);
+/// The longest a silent host's connections are answered for without its
+/// asking: the peer's TCP is then left to its own timeouts (a laptop gone
+/// for good must not hold a server's sockets for the 24 h a suspend may).
+pub const SILENT_HELP_MAX: Duration = Duration::from_secs(3600);
 /// A host that answered is not probed again for this long, however its
 /// sockets look (a lossy path retransmits without the host being away).
 pub const ANSWERED_QUIET: Duration = Duration::from_secs(10);

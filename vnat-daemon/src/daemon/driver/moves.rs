@@ -528,6 +528,16 @@ impl Driver {
         for f in back {
             self.end_helping(f, helping::End::Reopen).await;
         }
+        // A peer that moved was heard from: not silent, whatever its
+        // sockets showed while it moved.
+        let moved: Vec<VirtualFlow> = done
+            .iter()
+            .filter(|s| s.peer_moved)
+            .map(|s| s.flow)
+            .collect();
+        for f in moved {
+            self.peer_heard(f).await;
+        }
         for (flow, help) in help_requests {
             self.help_requested(flow, help).await;
         }

@@ -27,8 +27,8 @@ pub(super) struct Outages {
     next_own_check: Instant,
     silence: SilenceWatch,
     /// Connections helped because their host went silent (not because it
-    /// asked), and that host.
-    silent_help: HashMap<VirtualFlow, [u8; 32]>,
+    /// asked), that host, and since when.
+    silent_help: HashMap<VirtualFlow, ([u8; 32], Instant)>,
     /// When the sockets are next looked at, and where that look starts
     /// (they take turns).
     next_look: Instant,
@@ -247,10 +247,36 @@ impl Driver {
     /// is probed, and answered for with a zero window once found silent.
     pub(super) async fn watch_silence(&mut self) {
         let now_i = Instant::now();
+        // Once a second, or when a watched host's next step is due (not on
+        // every loop turn: a flood of VCMP datagrams makes thousands).
+        let step_due = self.outages.silence.next_step().is_some_and(|t| now_i >= t);
+        if !step_due && now_i < self.outages.next_look {
+            return;
+        }
+        self.outages.next_look = now_i + outage::PROBE_EVERY;
         // Help started for a silent host ends with its help (the host was
         // heard from, moved, or the connection closed).
         let helping = &self.helpers.helping;
         self.outages.silent_help.retain(|f, _| helping.contains_key(f));
+        // Nobody asked for it: after [`outage::SILENT_HELP_MAX`] this
+        // host's TCP is left to its own timeouts again.
+        let over: Vec<VirtualFlow> = self
+            .outages
+            .silent_help
+            .iter()
+            .filter(|(_, (_, since))| now_i.duration_since(*since) >= outage::SILENT_HELP_MAX)
+            .map(|(f, _)| *f)
+            .collect();
+        if !over.is_empty() {
+            tracing::info!(
+                connections = over.len(),
+                "a silent host has not come back within the longest unasked help: its connections are left to their own timeouts"
+            );
+        }
+        for f in over {
+            self.outages.silent_help.remove(&f);
+            self.end_helping(f, helping::End::Reopen).await;
+        }
         let candidates: Vec<(VirtualFlow, [u8; 32])> = self
             .endpoint
             .connections()
@@ -267,11 +293,6 @@ impl Driver {
         if candidates.is_empty() && !self.outages.silence.busy() {
             return;
         }
-        let step_due = self.outages.silence.next_step().is_some_and(|t| now_i >= t);
-        if !step_due && now_i < self.outages.next_look {
-            return;
-        }
-        self.outages.next_look = now_i + outage::PROBE_EVERY;
         let n = candidates.len();
         let start = if n == 0 { 0 } else { self.outages.turn % n };
         let looked: Vec<(VirtualFlow, [u8; 32])> = candidates
@@ -295,6 +316,13 @@ impl Driver {
         }
     }
 
+    /// The peer of `flow` was heard from (it moved it): not silent.
+    pub(super) async fn peer_heard(&mut self, flow: VirtualFlow) {
+        if let Some(k) = self.endpoint.connection(&flow).and_then(|v| v.peer_key) {
+            self.probe_answered(k).await;
+        }
+    }
+
     /// A probe to `key` was answered: the host is there.
     pub(super) async fn probe_answered(&mut self, key: [u8; 32]) {
         if let Some(a) = self.outages.silence.answered(&key, Instant::now()) {
@@ -310,6 +338,7 @@ impl Driver {
                 }
             }
             Action::Silent(k) => {
+                let now_i = Instant::now();
                 let flows: Vec<VirtualFlow> = self
                     .endpoint
                     .connections()
@@ -327,7 +356,7 @@ impl Driver {
                 for f in flows {
                     self.help_requested(f, help.clone()).await;
                     if self.helpers.helping.contains_key(&f) {
-                        self.outages.silent_help.insert(f, k);
+                        self.outages.silent_help.insert(f, (k, now_i));
                     }
                 }
             }
@@ -336,7 +365,7 @@ impl Driver {
                     .outages
                     .silent_help
                     .iter()
-                    .filter(|(_, h)| **h == k)
+                    .filter(|(_, (h, _))| *h == k)
                     .map(|(f, _)| *f)
                     .collect();
                 if !back.is_empty() {
