@@ -49,8 +49,9 @@ fn outage() -> Duration {
     let secs = std::env::var("VNAT_TEST_OUTAGE_SECS")
         .ok()
         .map(|s| {
-            s.parse::<u64>()
-                .unwrap_or_else(|_| panic!("VNAT_TEST_OUTAGE_SECS={s:?} is not a number of seconds"))
+            s.parse::<u64>().unwrap_or_else(|_| {
+                panic!("VNAT_TEST_OUTAGE_SECS={s:?} is not a number of seconds")
+            })
         })
         .unwrap_or(600);
     Duration::from_secs(secs).max(IDLE_AT_START + WRITE_EVERY)
@@ -181,13 +182,11 @@ impl Peer {
         writeln!(self.stdin, "status").expect("asking the peer");
         self.stdin.flush().expect("flush");
         let mut l = String::new();
-        self.out.read_line(&mut l).expect("reading the peer's status");
+        self.out
+            .read_line(&mut l)
+            .expect("reading the peer's status");
         let mut w = l.trim().splitn(5, ' ');
-        let mut num = || {
-            w.next()
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(u32::MAX)
-        };
+        let mut num = || w.next().and_then(|s| s.parse().ok()).unwrap_or(u32::MAX);
         let (r, s, ka, uto) = (num(), num(), num(), num());
         (r, s, ka, uto, w.next().unwrap_or("no status").to_string())
     }
@@ -311,7 +310,10 @@ fn outage_scenario(tag: &str, outage: Duration, kill: bool) {
     let topo = LaptopRouterServer::builder().tag(tag).build();
     let lap = Host::new(&topo.laptop, &format!("{tag}l"));
     let srv = Host::new(&topo.server, &format!("{tag}s"));
-    let (dl, ds) = (TempDir::new(&format!("{tag}l")), TempDir::new(&format!("{tag}s")));
+    let (dl, ds) = (
+        TempDir::new(&format!("{tag}l")),
+        TempDir::new(&format!("{tag}s")),
+    );
     let mut lapd = Vnatd::start(&lap, dl.path());
     let srvd = Vnatd::start(&srv, ds.path());
     let server_ip = std::net::IpAddr::from(topo.server_addr.v4);
@@ -339,7 +341,12 @@ fn outage_scenario(tag: &str, outage: Duration, kill: bool) {
             let r = rows(&lapd, server_ip);
             r.len() == 2 && count(&r, |r| r["mobile"] == true) == 2
         },
-        || format!("the laptop's connections never became mobile: {:?}", rows(&lapd, server_ip)),
+        || {
+            format!(
+                "the laptop's connections never became mobile: {:?}",
+                rows(&lapd, server_ip)
+            )
+        },
     );
 
     // The network goes, no command given.
@@ -352,7 +359,12 @@ fn outage_scenario(tag: &str, outage: Duration, kill: bool) {
         wait_until(
             Duration::from_secs(5),
             || count(&rows(&lapd, server_ip), |r| r["keepalive_held"] == true) == 2,
-            || format!("the laptop's vnatd does not hold: {:?}", rows(&lapd, server_ip)),
+            || {
+                format!(
+                    "the laptop's vnatd does not hold: {:?}",
+                    rows(&lapd, server_ip)
+                )
+            },
         );
         lapd.kill9();
         std::thread::sleep(Duration::from_secs(2));

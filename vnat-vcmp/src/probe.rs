@@ -191,8 +191,11 @@ mod tests {
         let (a, b) = (0, 1);
         let bkey = sim.hosts[b].ep.public_key();
         let answered = |sim: &super::super::sim::Sim| {
-            sim.events(a, |e| matches!(e, Event::ProbeAnswered { key } if *key == bkey))
-                .count()
+            sim.events(
+                a,
+                |e| matches!(e, Event::ProbeAnswered { key } if *key == bkey),
+            )
+            .count()
         };
         let before = answered(&sim);
         assert!(sim.with(a, |ep, _, _| ep.probe_host(&bkey)));
@@ -202,7 +205,11 @@ mod tests {
         sim.hosts[b].alive = false;
         assert!(sim.with(a, |ep, _, _| ep.probe_host(&bkey)));
         sim.run_for(Duration::from_secs(5));
-        assert_eq!(answered(&sim), before + 1, "no answer from a host that is gone");
+        assert_eq!(
+            answered(&sim),
+            before + 1,
+            "no answer from a host that is gone"
+        );
         // A host never paired with is not probed.
         assert!(!sim.with(a, |ep, _, _| ep.probe_host(&[9u8; 32])));
     }

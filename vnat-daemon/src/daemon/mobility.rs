@@ -354,7 +354,9 @@ mod tests {
             resume_asked: true,
             ..held
         };
-        assert!(!keepalive_release_due(&resumed, here, false, &none, true, t0));
+        assert!(!keepalive_release_due(
+            &resumed, here, false, &none, true, t0
+        ));
         // Its move under way: held.
         let there = sa("198.18.2.2:4000");
         assert!(!keepalive_release_due(&resumed, there, true, &b, true, t0));
@@ -373,9 +375,7 @@ mod tests {
             t0 + MAX_KEEPALIVE_HOLD
         ));
         // The address back but no route to the peer yet: held.
-        assert!(!keepalive_release_due(
-            &resumed, here, false, &a, false, t0
-        ));
+        assert!(!keepalive_release_due(&resumed, here, false, &a, false, t0));
     }
 
     #[test]

@@ -80,12 +80,19 @@ impl Driver {
             .filter(|t| !self.outages.own_timeouts.contains_key(&t.flow))
             .filter(|t| !moves.iter().any(|m| m.flow == t.flow))
             .filter(|t| {
-                let routed = sources.get(&t.remote_phys.ip()).copied().flatten().is_some();
+                let routed = sources
+                    .get(&t.remote_phys.ip())
+                    .copied()
+                    .flatten()
+                    .is_some();
                 outage::stranded(t, addrs, routed)
             })
             .filter(|t| {
                 self.outages.inherited.contains(&t.flow)
-                    || self.endpoint.connection(&t.flow).is_some_and(|v| v.has_keys)
+                    || self
+                        .endpoint
+                        .connection(&t.flow)
+                        .is_some_and(|v| v.has_keys)
             })
             .map(|t| t.flow)
             .collect();
@@ -132,7 +139,10 @@ impl Driver {
             .iter()
             .map(|(f, _)| {
                 let before = self.helpers.timeout_restore.get(f).map(|r| r.0);
-                (*f, crate::daemon::restart_state::Undo::UserTimeout { before })
+                (
+                    *f,
+                    crate::daemon::restart_state::Undo::UserTimeout { before },
+                )
             })
             .collect();
         if !self.record_before_change(undo) {
@@ -196,18 +206,22 @@ impl Driver {
             return;
         }
         self.outages.next_own_check = now_i + OWN_CHECK_EVERY;
-        let state: Vec<(VirtualFlow, mobility::HeldKeepalive, Option<(SocketAddr, bool, IpAddr)>)> =
-            self.outages
-                .own_timeouts
-                .iter()
-                .map(|(f, (_, h))| {
-                    let c = self
-                        .endpoint
-                        .connection(f)
-                        .map(|v| (v.local_phys, v.migrating, v.remote_phys.ip()));
-                    (*f, *h, c)
-                })
-                .collect();
+        let state: Vec<(
+            VirtualFlow,
+            mobility::HeldKeepalive,
+            Option<(SocketAddr, bool, IpAddr)>,
+        )> = self
+            .outages
+            .own_timeouts
+            .iter()
+            .map(|(f, (_, h))| {
+                let c = self
+                    .endpoint
+                    .connection(f)
+                    .map(|v| (v.local_phys, v.migrating, v.remote_phys.ip()));
+                (*f, *h, c)
+            })
+            .collect();
         let due = with_dp(&self.dp, move |dp| {
             let Ok(a) = dp.interface_addresses() else {
                 return Vec::new();
@@ -257,7 +271,9 @@ impl Driver {
         // Help started for a silent host ends with its help (the host was
         // heard from, moved, or the connection closed).
         let helping = &self.helpers.helping;
-        self.outages.silent_help.retain(|f, _| helping.contains_key(f));
+        self.outages
+            .silent_help
+            .retain(|f, _| helping.contains_key(f));
         // Nobody asked for it: after [`outage::SILENT_HELP_MAX`] this
         // host's TCP is left to its own timeouts again.
         let over: Vec<VirtualFlow> = self

@@ -354,7 +354,8 @@ pub fn hold_keepalive(
     let Some((pid, inode)) = owner_of(flow, record)? else {
         return Ok(false);
     };
-    keepalive::set_keepalive(pid, inode, !hold).map_err(kernel_err("changing the socket's keepalive"))
+    keepalive::set_keepalive(pid, inode, !hold)
+        .map_err(kernel_err("changing the socket's keepalive"))
 }
 
 /// The owner and inode of `flow`'s TCP socket: the recorded process if it
