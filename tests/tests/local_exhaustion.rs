@@ -15,6 +15,16 @@
 //! from its size. What another user (uid 1000) sees: its TCP connection to
 //! the server is recorded, becomes mobile and moves with the laptop, bytes
 //! flowing end to end; its container's first UDP flow is still recorded.
+//!
+//! The owners of sockets still connecting are kept for sock_ops in a map
+//! of their own (`VNAT_CONNECTING`). It was an LRU map: a user holding
+//! sockets that never finish connecting (SYNs to an address that drops
+//! them), or starting and dropping connects, evicted other users' owners,
+//! and a connection whose handshake took a while lost its owner and was
+//! charged to the connections accepted from other hosts. So the attacker
+//! holds 3,000 such sockets, the other user's first two SYNs are dropped (a
+//! three-second handshake), and the attacker must hold no more than its
+//! share of the map, the other user's connection still name uid 1000.
 
 use std::{
     io::{BufRead, BufReader},
@@ -23,7 +33,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use vnat_common::{ConnRecord, FlowKey, GuestKey, MAP_CONNS, MAP_GUESTS, PROTO_TCP, PROTO_UDP};
+use vnat_common::{
+    Budgets, ConnRecord, FlowKey, GuestKey, Owner, CONNECTING_MAX_ENTRIES, MAP_CONNECTING,
+    MAP_CONNS, MAP_GUESTS, PROTO_TCP, PROTO_UDP,
+};
 use vnat_tests::{
     EchoServer, Host, LaptopRouterServer, ProcessGroup, StreamClient, StreamOptions, TempDir, Vnatd,
 };
@@ -118,6 +131,27 @@ while True:
     time.sleep(60)
 "#;
 
+/// The attacker's sockets that never finish connecting: as uid 65534,
+/// 3,000 non-blocking connects to a port whose SYNs the router drops, all
+/// kept open; prints "ready" when they are out.
+const CONNECTING: &str = r#"
+import os, resource, socket, sys, time
+host, port = sys.argv[1].rsplit(":", 1)
+resource.setrlimit(resource.RLIMIT_NOFILE, (20000, 20000))
+os.setgroups([]); os.setgid(65534); os.setuid(65534)
+keep = []
+for i in range(3000):
+    s = socket.socket(); s.setblocking(False)
+    try:
+        s.connect((host, int(port)))
+    except OSError:
+        pass
+    keep.append(s)
+print("ready", flush=True)
+while True:
+    time.sleep(60)
+"#;
+
 /// Runs [`FLOOD`] in the laptop's namespace and cgroup and waits for it.
 #[allow(clippy::too_many_arguments)]
 fn flood(
@@ -168,6 +202,17 @@ fn pinned<K: aya::Pod>(host: &Host, name: &str) -> Vec<(K, ConnRecord)> {
     map.iter()
         .map(|r| r.unwrap_or_else(|e| panic!("reading {name}: {e}")))
         .collect()
+}
+
+/// The owners of sockets still connecting, from the pin.
+fn pinned_owners(host: &Host) -> Vec<Owner> {
+    let pin = host.pins.path().join(MAP_CONNECTING);
+    let data = aya::maps::MapData::from_pin(&pin)
+        .unwrap_or_else(|e| panic!("opening the pinned map {}: {e}", pin.display()));
+    let map: aya::maps::HashMap<_, u64, Owner> =
+        aya::maps::HashMap::try_from(aya::maps::Map::HashMap(data))
+            .unwrap_or_else(|e| panic!("{MAP_CONNECTING} is not a hash map: {e}"));
+    map.iter().filter_map(Result::ok).map(|(_, o)| o).collect()
 }
 
 fn is_loopback(k: &FlowKey) -> bool {
@@ -282,6 +327,32 @@ fn a_local_user_filling_the_maps_leaves_other_users_mobile() {
         std::thread::sleep(Duration::from_millis(200));
     }
 
+    // The router drops the SYNs of the attacker's connecting sockets, and
+    // the other user's first two SYNs to the server (about 60 bytes each):
+    // its handshake takes three seconds.
+    let nft = |rules: &str| {
+        let out = topo.router.run(&["nft", rules]);
+        assert!(out.status.success(), "nft {rules}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    nft("add table ip lexsyn");
+    nft("add chain ip lexsyn f { type filter hook input priority -10; }");
+    nft("add rule ip lexsyn f tcp dport 5199 drop");
+    nft("add chain ip lexsyn fw { type filter hook forward priority -10; }");
+    nft(&format!(
+        "add rule ip lexsyn fw ip daddr {} tcp dport 5001 tcp flags & (syn | ack) == syn quota until 121 bytes drop",
+        topo.server_addr.v4
+    ));
+    let mut ccmd = lap.command("python3");
+    ccmd.args(["-c", CONNECTING, &format!("{}:5199", topo.router_a_addr.v4)])
+        .stdout(Stdio::piped());
+    let connecting_flood = ProcessGroup::spawn(ccmd, "the connecting sockets");
+    let mut connecting_flood = connecting_flood;
+    let mut line = String::new();
+    BufReader::new(connecting_flood.0.stdout.take().expect("their stdout"))
+        .read_line(&mut line)
+        .expect("their output");
+    assert_eq!(line.trim(), "ready", "the connecting sockets did not start");
+
     // Another user's TCP connection is recorded, mobile, and moves.
     // As uid 1000: setpriv changes it once the namespace and cgroup are
     // joined (Command::uid would change it before, and then fail them).
@@ -293,8 +364,37 @@ fn a_local_user_filling_the_maps_leaves_other_users_mobile() {
         .arg(stream.get_program())
         .args(stream.get_args());
     lap.cgroup.join_on_spawn(&mut cmd);
+    let started = Instant::now();
     let client = StreamClient::from_command(cmd);
-    client.wait_verified_at_least(50_000, Duration::from_secs(10));
+    client.wait_verified_at_least(50_000, Duration::from_secs(15));
+    // Its record names its owner, and the churning attacker never held
+    // more than its share of the owners' map.
+    let theirs: Vec<(FlowKey, ConnRecord)> = pinned::<FlowKey>(&lap, MAP_CONNS)
+        .into_iter()
+        .filter(|(k, _)| {
+            k.proto == PROTO_TCP
+                && k.dst_addr_be[0] == u32::from_ne_bytes(topo.server_addr.v4.octets())
+                && k.dst_port_be == 5001u16.to_be()
+        })
+        .collect();
+    assert_eq!(theirs.len(), 1, "the other user's connection: {theirs:?}");
+    assert_eq!(
+        theirs[0].1.owner_uid, 1000,
+        "the other user's connection lost its owner to the churn"
+    );
+    let connecting = pinned_owners(&lap);
+    let held = connecting.iter().filter(|o| o.uid == 65534).count() as u32;
+    eprintln!(
+        "connecting: {} entries, {held} the attacker's; owner_budget_full {}",
+        connecting.len(),
+        lap.counter("owner_budget_full")
+    );
+    assert!(
+        held <= Budgets::DEFAULT.connecting_per_owner,
+        "the attacker holds {held} of {CONNECTING_MAX_ENTRIES} connecting entries"
+    );
+    drop(connecting_flood);
+    eprintln!("the other user's connection was established {:?} after it started", started.elapsed());
     let t = Instant::now();
     while !lapd.mobile_to("tcp", server_ip) {
         assert!(

@@ -6,8 +6,11 @@
 //! of the process that made it ([`crate::ConnRecord::owner_uid`]), and an
 //! owner may hold only a share of each map. TCP connections accepted from
 //! other hosts (sock_ops runs in softirq and cannot tell whose listener
-//! accepted them) share one owner, [`OWNER_ACCEPTED`], with half the map.
-//! Root is charged to nothing: it can unload vnat anyway.
+//! accepted them) share one owner, [`OWNER_ACCEPTED`], with half the map;
+//! connections whose connect() left no owner (over its owner's budget of
+//! sockets still connecting, [`MAP_CONNECTING`]) share [`OWNER_UNSEEN`],
+//! with a user's share. Root is charged to nothing: it can unload vnat
+//! anyway.
 
 use crate::{FlowKey, AF_INET, AF_INET6, CONNS_MAX_ENTRIES, GUESTS_MAX_ENTRIES, UDP_MAX_RECORDS};
 
@@ -22,8 +25,36 @@ pub const OWNERS_MAX_ENTRIES: u32 = 65_536;
 pub const MAP_BUDGETS: &str = "VNAT_BUDGETS";
 
 /// [`crate::ConnRecord::owner_uid`] of a TCP connection accepted from
-/// another host, or one whose connect() the programs did not see.
+/// another host.
 pub const OWNER_ACCEPTED: u32 = u32::MAX;
+/// [`crate::ConnRecord::owner_uid`] of a TCP connection this host made
+/// whose connect() left no owner in [`MAP_CONNECTING`] (its user held its
+/// budget of sockets connecting): charged apart from the accepted ones, so
+/// that a user's connections beyond its budgets never take their room.
+pub const OWNER_UNSEEN: u32 = u32::MAX - 1;
+
+/// Who called connect() on a TCP socket, by socket cookie (u64) to
+/// [`Owner`], for sock_ops to copy into the record at ACTIVE_ESTABLISHED
+/// (which usually runs in softirq, where "current" is whoever was
+/// interrupted). Written by the connect4/connect6 hooks, removed at
+/// establishment or when the socket is released. Not an LRU map: one
+/// user's sockets that never connect would evict everyone's owners; each
+/// owner holds at most [`Budgets::connecting_per_owner`] entries.
+pub const MAP_CONNECTING: &str = "VNAT_CONNECTING";
+pub const CONNECTING_MAX_ENTRIES: u32 = 16_384;
+
+/// Value of [`MAP_CONNECTING`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Owner {
+    pub cgroup_id: u64,
+    pub pid: u32,
+    /// The connecting process's uid (in the initial user namespace), whose
+    /// budgets the entry and the record count against.
+    pub uid: u32,
+    pub comm: [u8; 16],
+}
+const _: () = assert!(core::mem::size_of::<Owner>() == 32);
 /// The owner charged to no budget.
 pub const OWNER_ROOT: u32 = 0;
 
@@ -37,7 +68,8 @@ pub struct OwnerCounts {
     pub udp: u32,
     /// Records in [`crate::MAP_GUESTS`] (TCP and UDP).
     pub guests: u32,
-    pub _pad: u32,
+    /// Entries in [`MAP_CONNECTING`].
+    pub connecting: u32,
 }
 const _: () = assert!(core::mem::size_of::<OwnerCounts>() == 16);
 
@@ -56,7 +88,8 @@ pub struct Budgets {
     pub udp_total: u32,
     /// Records of one user in [`crate::MAP_GUESTS`].
     pub guests_per_owner: u32,
-    pub _pad: u32,
+    /// Sockets of one user connecting at once ([`MAP_CONNECTING`]).
+    pub connecting_per_owner: u32,
 }
 const _: () = assert!(core::mem::size_of::<Budgets>() == 24);
 
@@ -72,7 +105,7 @@ impl Budgets {
             udp_per_owner: conns / 32,
             udp_total: conns / 4,
             guests_per_owner: guests / 8,
-            _pad: 0,
+            connecting_per_owner: CONNECTING_MAX_ENTRIES / 8,
         }
     }
 
@@ -91,6 +124,10 @@ unsafe impl aya::Pod for OwnerCounts {}
 #[cfg(feature = "user")]
 // SAFETY: as above.
 unsafe impl aya::Pod for Budgets {}
+#[cfg(feature = "user")]
+// SAFETY: repr(C), integers and an array of bytes, no padding (32 bytes:
+// 8 + 4 + 4 + 16, asserted above).
+unsafe impl aya::Pod for Owner {}
 
 /// Whether an IPv4 address (network order, as in a [`FlowKey`]) is in
 /// 127.0.0.0/8 (RFC 1122 section 3.2.1.3).

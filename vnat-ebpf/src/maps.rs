@@ -4,10 +4,11 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, PerCpuArray},
 };
+pub use vnat_common::Owner;
 use vnat_common::{
-    ConnRecord, DatapathConfig, FlowKey, GuestKey, NatRewrite, RebindKey, RebindValue,
+    ConnRecord, CONNECTING_MAX_ENTRIES, DatapathConfig, FlowKey, GuestKey, NatRewrite, RebindKey, RebindValue,
     CFG_F_BIND_DIVERT, CFG_F_NAT_EMPTY, CFG_F_NETNS_FILTER, CFG_F_REBINDING, CONNS_MAX_ENTRIES,
     GUESTS_MAX_ENTRIES, NAT_MAX_ENTRIES, REBIND_MAX_ENTRIES, STAT_COUNT,
 };
@@ -38,29 +39,20 @@ pub static VNAT_INGRESS_NAT: HashMap<FlowKey, NatRewrite> =
 pub static VNAT_REBIND: HashMap<RebindKey, RebindValue> =
     HashMap::pinned(REBIND_MAX_ENTRIES, NO_PREALLOC);
 
-/// Who called connect() on a TCP socket, keyed by socket cookie, for
-/// sock_ops to copy into the record at ACTIVE_ESTABLISHED (which usually runs
-/// in softirq, where "current" is whoever was interrupted).
+/// Who called connect() on a TCP socket (`vnat_common::MAP_CONNECTING`).
 ///
 /// Written by the connect4/connect6 hooks (`udp.rs`), not by sock_ops'
 /// TCP_CONNECT_CB: sock_ops may not call bpf_get_current_cgroup_id before
 /// Linux 6.5 ("unknown func bpf_get_current_cgroup_id#80" on 6.1) nor
 /// bpf_get_current_comm at all up to 6.12 at least ("program of this type
 /// cannot use helper bpf_get_current_comm#16"), while the cgroup sock_addr
-/// hooks run in the connecting process and may call both.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct Owner {
-    pub cgroup_id: u64,
-    pub pid: u32,
-    /// The connecting process's uid, whose budget the record counts
-    /// against (`owners`).
-    pub uid: u32,
-    pub comm: [u8; 16],
-}
-
+/// hooks run in the connecting process and may call both. Each entry is
+/// charged to its owner (`owners::Charge::Connecting`) and given back by
+/// whoever removes it: sock_ops at establishment, the release hook when the
+/// socket goes first.
 #[map]
-pub static VNAT_CONNECTING: LruHashMap<u64, Owner> = LruHashMap::with_max_entries(16_384, 0);
+pub static VNAT_CONNECTING: HashMap<u64, Owner> =
+    HashMap::pinned(CONNECTING_MAX_ENTRIES, NO_PREALLOC);
 
 #[map]
 pub static VNAT_STATS: PerCpuArray<u64> = PerCpuArray::pinned(STAT_COUNT, 0);

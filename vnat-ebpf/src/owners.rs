@@ -41,6 +41,8 @@ pub enum Charge {
     Tcp,
     Udp,
     Guest,
+    /// An entry of `VNAT_CONNECTING`.
+    Connecting,
 }
 
 /// The budget of `owner` for `what`; the programs' defaults until vnatd
@@ -56,6 +58,7 @@ fn budget(owner: u32, what: Charge) -> u32 {
         Charge::Tcp => b.tcp_per_owner,
         Charge::Udp => b.udp_per_owner,
         Charge::Guest => b.guests_per_owner,
+        Charge::Connecting => b.connecting_per_owner,
     }
 }
 
@@ -88,6 +91,7 @@ pub fn charge(owner: u32, what: Charge) -> bool {
                 Charge::Tcp => &mut (*c).tcp,
                 Charge::Udp => &mut (*c).udp,
                 Charge::Guest => &mut (*c).guests,
+                Charge::Connecting => &mut (*c).connecting,
             };
             if *slot >= limit {
                 count(STAT_OWNER_BUDGET_FULL);
@@ -102,6 +106,7 @@ pub fn charge(owner: u32, what: Charge) -> bool {
         Charge::Tcp => c.tcp = 1,
         Charge::Udp => c.udp = 1,
         Charge::Guest => c.guests = 1,
+        Charge::Connecting => c.connecting = 1,
     }
     if limit == 0 || VNAT_OWNERS.insert(&owner, &c, NOEXIST).is_err() {
         count(STAT_OWNER_BUDGET_FULL);
@@ -123,6 +128,7 @@ pub fn uncharge(owner: u32, what: Charge) {
                 Charge::Tcp => &mut (*c).tcp,
                 Charge::Udp => &mut (*c).udp,
                 Charge::Guest => &mut (*c).guests,
+                Charge::Connecting => &mut (*c).connecting,
             };
             *slot = slot.saturating_sub(1);
         }

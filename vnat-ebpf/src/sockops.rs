@@ -14,7 +14,7 @@ use aya_ebpf::{
 };
 use vnat_common::{
     ConnRecord, FlowKey, GuestKey, AF_INET, AF_INET6, ORIGIN_TCP_ACTIVE, ORIGIN_TCP_PASSIVE,
-    OWNER_ACCEPTED, PROTO_TCP, STAT_CONNS_MAP_FULL, STAT_GUESTS_MAP_FULL, STAT_GUEST_RECORDED,
+    OWNER_ACCEPTED, OWNER_UNSEEN, PROTO_TCP, STAT_CONNS_MAP_FULL, STAT_GUESTS_MAP_FULL, STAT_GUEST_RECORDED,
     STAT_LOCAL_PAIR_IGNORED, STAT_LOOPBACK_IGNORED, STAT_SOCKOPS_RECORDED, STAT_SOCKOPS_REMOVED,
     STAT_SOCKOPS_RTO,
 };
@@ -112,20 +112,17 @@ fn on_established(ctx: &SockOpsContext, origin: u8) {
     // SAFETY: as above, the context pointer is the argument.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.ops as *mut _) };
     // Who connected (nobody for an accepted connection), taken out of the
-    // map whatever becomes of the connection.
-    // SAFETY: aya marks `get` unsafe because the entry of a preallocated map
-    // (an LRU map always is) can be deleted and its memory reused for
-    // another key while we hold the reference. This entry is keyed by this
-    // socket's cookie: only the connect hook of this socket writes it (in
-    // connect(), before the handshake that ends here) and only this callback
-    // removes it, and it is copied out at once. An insert on another CPU
-    // that evicts it from a full map could still reuse it under us; the
-    // owner would then be another connection's, but the reference stays
-    // inside the map's memory, which the verifier checked, so nothing is
-    // read out of bounds.
+    // map whatever becomes of the connection, and its charge given back.
+    // SAFETY: the map is not preallocated: an element deleted while we hold
+    // the reference is freed only after an RCU grace period, which this
+    // program's run is inside. Keyed by this socket's cookie, written only
+    // by this socket's connect hook (before the handshake that ends here),
+    // and copied out at once.
     let owner = unsafe { VNAT_CONNECTING.get(&cookie) }.copied();
-    if owner.is_some() {
-        let _ = VNAT_CONNECTING.remove(&cookie);
+    if let Some(o) = owner {
+        if VNAT_CONNECTING.remove(&cookie).is_ok() {
+            uncharge(o.uid, Charge::Connecting);
+        }
     }
     // Nothing that stays on this host is a connection to move: loopback
     // (at either end, in any form), and the accepting end of a connection
@@ -139,7 +136,14 @@ fn on_established(ctx: &SockOpsContext, origin: u8) {
         count(STAT_LOCAL_PAIR_IGNORED);
         return;
     }
-    let uid = owner.map_or(OWNER_ACCEPTED, |o| o.uid);
+    // A connection made here whose connect() left no owner (over its
+    // user's budget of sockets connecting) is charged apart from those
+    // accepted from other hosts, whose room it must not take.
+    let uid = match owner {
+        Some(o) => o.uid,
+        None if origin == ORIGIN_TCP_ACTIVE => OWNER_UNSEEN,
+        None => OWNER_ACCEPTED,
+    };
     let what = if ours { Charge::Tcp } else { Charge::Guest };
     if !charge(uid, what) {
         if origin == ORIGIN_TCP_ACTIVE {

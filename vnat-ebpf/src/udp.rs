@@ -32,6 +32,8 @@ use crate::owners::{charge, udp_total, uncharge, Charge};
 
 const IPPROTO_UDP: u32 = 17;
 const IPPROTO_TCP: u32 = 6;
+/// BPF_NOEXIST: insert only if absent.
+const NOEXIST: u64 = 1;
 /// sock_addr programs must return 1 ("proceed"); 0 would fail the syscall.
 const PROCEED: i32 = 1;
 
@@ -147,7 +149,22 @@ fn note_tcp_owner(ctx: &SockAddrContext) {
         uid: bpf_get_current_uid_gid() as u32,
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
     };
-    let _ = VNAT_CONNECTING.insert(&cookie, &owner, 0);
+    // A second connect() of the same socket (EALREADY, or again after a
+    // failure) replaces its entry, charged once.
+    // SAFETY: not preallocated (see `maps`); only whether it exists.
+    if unsafe { VNAT_CONNECTING.get(&cookie) }.is_some() {
+        let _ = VNAT_CONNECTING.insert(&cookie, &owner, 0);
+        return;
+    }
+    // Within its user's budget of sockets connecting at once, so that one
+    // user's sockets that never connect cannot crowd out everyone's owners
+    // (its connections beyond it are charged to `OWNER_UNSEEN`).
+    if !charge(owner.uid, Charge::Connecting) {
+        return;
+    }
+    if VNAT_CONNECTING.insert(&cookie, &owner, NOEXIST).is_err() {
+        uncharge(owner.uid, Charge::Connecting);
+    }
 }
 
 /// Forget a UDP socket's (last) flow when it is closed. Older flows of an
@@ -159,7 +176,12 @@ pub fn vnat_udp_release(ctx: SockContext) -> i32 {
     // SAFETY: `sk` is this cgroup_sock program's context (struct bpf_sock),
     // and `protocol` is a field the verifier lets every such program read at
     // 4 bytes (it rejects any other access at load time).
-    if unsafe { (*sk).protocol } != IPPROTO_UDP {
+    let protocol = unsafe { (*sk).protocol };
+    if protocol == IPPROTO_TCP {
+        release_connecting(sk);
+        return PROCEED;
+    }
+    if protocol != IPPROTO_UDP {
         return PROCEED;
     }
     // SAFETY: the context pointer is the argument this helper requires
@@ -192,6 +214,23 @@ pub fn vnat_udp_release(ctx: SockContext) -> i32 {
     // next housekeeping, which recounts.
     let _ = VNAT_UDP_PER_SOCK.remove(&cookie);
     PROCEED
+}
+
+/// A TCP socket released before its connection was established (refused,
+/// timed out, closed while connecting): its owner entry goes, and its
+/// charge is given back.
+#[inline(always)]
+fn release_connecting(sk: *mut bpf_sock) {
+    // SAFETY: the context pointer is the argument this helper requires
+    // (ARG_PTR_TO_CTX); the verifier checks it at load time.
+    let cookie = unsafe { bpf_get_socket_cookie(sk as *mut _) };
+    // SAFETY: not preallocated (see `maps`); the uid is copied out at once.
+    let Some(uid) = (unsafe { VNAT_CONNECTING.get(&cookie) }).map(|o| o.uid) else {
+        return;
+    };
+    if VNAT_CONNECTING.remove(&cookie).is_ok() {
+        uncharge(uid, Charge::Connecting);
+    }
 }
 
 /// The socket's own 4-tuple (`src` = local). `dst` is zero if unconnected.

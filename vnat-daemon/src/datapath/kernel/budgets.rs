@@ -36,10 +36,12 @@ pub(super) fn set(maps: &mut Maps, (conns, guests): (u32, u32)) -> Result<(), Da
 }
 
 /// What each owner holds, counted from the records (the connection map's
-/// with their protocol; root, charged to nothing, is left out).
+/// with their protocol) and from the owners of sockets still connecting
+/// (their uids); root, charged to nothing, is left out.
 pub(super) fn count_records<'a>(
     conns: impl IntoIterator<Item = (u8, &'a ConnRecord)>,
     guests: impl IntoIterator<Item = &'a ConnRecord>,
+    connecting: impl IntoIterator<Item = u32>,
 ) -> HashMap<u32, OwnerCounts> {
     let mut out: HashMap<u32, OwnerCounts> = HashMap::new();
     for (proto, r) in conns {
@@ -56,6 +58,11 @@ pub(super) fn count_records<'a>(
     for r in guests {
         if r.owner_uid != OWNER_ROOT {
             out.entry(r.owner_uid).or_default().guests += 1;
+        }
+    }
+    for uid in connecting {
+        if uid != OWNER_ROOT {
+            out.entry(uid).or_default().connecting += 1;
         }
     }
     out
@@ -141,17 +148,19 @@ mod tests {
             rec(OWNER_ACCEPTED, PROTO_TCP),
         ];
         let guests = [rec(1000, PROTO_UDP), rec(65534, PROTO_TCP)];
-        let c = count_records(conns.iter().map(|r| (r.origin, r)), guests.iter());
-        assert_eq!(c.len(), 3);
+        let connecting = [1000, 1000, 0, 4242];
+        let c = count_records(conns.iter().map(|r| (r.origin, r)), guests.iter(), connecting);
+        assert_eq!(c.len(), 4);
         assert_eq!(
             c[&1000],
             OwnerCounts {
                 tcp: 1,
                 udp: 2,
                 guests: 1,
-                _pad: 0
+                connecting: 2,
             }
         );
+        assert_eq!(c[&4242].connecting, 1);
         assert_eq!(c[&OWNER_ACCEPTED].tcp, 1);
         assert_eq!(c[&65534].guests, 1);
         assert!(!c.contains_key(&0));

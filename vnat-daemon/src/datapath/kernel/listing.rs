@@ -107,11 +107,20 @@ impl KernelDatapath {
             .filter_map(Result::ok)
             .map(|(_, r)| r)
             .collect();
+        let connecting: Vec<u32> = self
+            .loaded
+            .maps
+            .connecting
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(_, o)| o.uid)
+            .collect();
         let counts = budgets::count_records(
             all.iter()
                 .filter(|(k, _)| !stale.contains(k))
                 .map(|(k, r)| (k.proto, r)),
             guests.iter(),
+            connecting,
         );
         self.write_owner_counts(&counts)
     }

@@ -90,6 +90,8 @@ pub struct Maps {
     /// (`budgets.rs`).
     pub owners: HashMap<MapData, u32, vnat_common::OwnerCounts>,
     pub budgets: Array<MapData, vnat_common::Budgets>,
+    /// Owners of TCP sockets still connecting (counted into `owners`).
+    pub connecting: HashMap<MapData, u64, vnat_common::Owner>,
 }
 
 pub struct Loaded {
@@ -330,6 +332,8 @@ pub fn load(bpffs: &Path) -> Result<Loaded, DatapathError> {
             .map_err(map_err(vnat_common::MAP_OWNERS))?,
         budgets: Array::try_from(take(&mut ebpf, vnat_common::MAP_BUDGETS)?)
             .map_err(map_err(vnat_common::MAP_BUDGETS))?,
+        connecting: HashMap::try_from(take(&mut ebpf, vnat_common::MAP_CONNECTING)?)
+            .map_err(map_err(vnat_common::MAP_CONNECTING))?,
     };
     let hide = maps.hide_cgroups.keys().next().is_some();
     let mut loaded = Loaded {
