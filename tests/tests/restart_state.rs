@@ -355,3 +355,65 @@ fn a_process_a_killed_vnatd_stopped_for_a_peer_runs_again_with_the_next() {
     *server_app.last.lock().unwrap() = String::new();
     server_app.wait_for(&own, Duration::from_secs(5), "the server after it went on");
 }
+
+/// No vnatd started again, but `vnatd --cleanup` (what the package's purge
+/// runs): it gives back what the killed vnatd changed on sockets too.
+#[test]
+fn vnatd_cleanup_after_a_crash_gives_the_sockets_back() {
+    let tag = "rsx";
+    let topo = LaptopRouterServer::builder().tag(tag).build();
+    let lap = Host::new(&topo.laptop, &format!("{tag}l"));
+    let srv = Host::new(&topo.server, &format!("{tag}s"));
+    let (dl, ds) = (
+        TempDir::new(&format!("{tag}l")),
+        TempDir::new(&format!("{tag}s")),
+    );
+    let script = dl.path().join("sockopts.py");
+    std::fs::write(&script, SOCKOPTS_PY).expect("writing the script");
+    let server = SocketAddr::new(topo.server_addr.v4.into(), 5001);
+    let (ip, port) = (server.ip().to_string(), server.port().to_string());
+    let srv_args = vec![
+        "server".to_string(),
+        ip.clone(),
+        port.clone(),
+        APP_USER_TIMEOUT_MS.to_string(),
+    ];
+    let lapd = Vnatd::start(&lap, dl.path());
+    let _srvd = Vnatd::start(&srv, ds.path());
+    let server_app = SockOpts::start(&srv, &script, &srv_args);
+    server_app.wait_for("listening", Duration::from_secs(10), "server");
+    let client_app = SockOpts::start(&lap, &script, &["client".into(), ip, port]);
+    client_app.wait_for("ka=1 uto=0", Duration::from_secs(10), "client");
+    lapd.wait_mobile_to("tcp", server.ip());
+
+    lapd.ctl(&["suspend", "--all"]).expect("suspend answers");
+    let held = format!("ka=0 uto={}", 24 * 3600 * 1000);
+    client_app.wait_for(&held, Duration::from_secs(5), "client, held");
+    lapd.kill9();
+    let out = lap
+        .ns
+        .cmd(vnat_tests::bin_path("vnatd"))
+        .args(["--config", "/dev/null", "--cleanup", "--control"])
+        .arg(dl.path().join("vnatd.sock"))
+        .arg("--state-dir")
+        .arg(dl.path().join("state"))
+        .arg("--bpffs")
+        .arg(lap.pins.path())
+        .output()
+        .expect("running vnatd --cleanup");
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "vnatd --cleanup failed: {said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    client_app.wait_for(
+        "ka=1 uto=0",
+        Duration::from_secs(5),
+        &format!("the client after vnatd --cleanup, which said: {said}"),
+    );
+    assert!(
+        said.contains("keepalive"),
+        "vnatd --cleanup does not say what it gave back: {said}"
+    );
+}

@@ -13,7 +13,9 @@
 //! after the change still leaves the record. Each entry names its socket
 //! by the flow and the kernel's socket cookie, so a new socket that reuses
 //! the 4-tuple is never taken for the old one; a file of an earlier boot
-//! is dropped (its sockets are gone). No I/O here but the file's.
+//! is dropped (its sockets are gone). No I/O here but the file's and
+//! the processes' (their start time, SIGCONT); the sockets are the
+//! datapath's.
 
 use std::{
     net::IpAddr,
@@ -52,6 +54,43 @@ pub enum Undo {
     /// `start_time` (clock ticks since boot, /proc/PID/stat), whether its
     /// socket still exists or not.
     Continue { pid: u32, start_time: u64 },
+}
+
+/// SIGCONT to process `pid` if it is still the one that started at
+/// `started`: through a pidfd opened before the check, so that no
+/// process that takes the pid after the check gets the signal. Whether it
+/// was sent.
+pub fn let_go_on(pid: u32, started: u64) -> bool {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let Ok(p) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    if p <= 1 {
+        return false;
+    }
+    // SAFETY: pidfd_open takes no pointers; the result is owned at once
+    // below or is -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, p, 0) };
+    if fd < 0 {
+        return false;
+    }
+    // SAFETY: `fd` is the fresh descriptor pidfd_open just returned.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
+    if start_time(pid) != Some(started) {
+        return false;
+    }
+    // SAFETY: pidfd_send_signal reads no memory here (a null siginfo); the
+    // pidfd is open (owned by `pidfd`).
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            libc::SIGCONT,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    r == 0
 }
 
 /// The start time of process `pid` (field 22 of /proc/PID/stat, clock

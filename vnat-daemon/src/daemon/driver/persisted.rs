@@ -106,7 +106,7 @@ impl Driver {
             .partition(|h| matches!(h.undo, Undo::Continue { .. }));
         for h in &procs {
             if let Undo::Continue { pid, start_time } = h.undo {
-                if let_go_on(pid, start_time) {
+                if crate::daemon::restart_state::let_go_on(pid, start_time) {
                     tracing::info!(pid, id = h.flow.id(), flow = %h.flow, "let go on a process the previous vnatd stopped for an absent peer");
                 }
             }
@@ -164,43 +164,6 @@ impl Driver {
         self.restart_state.forget_left(|_| true);
         self.save_restart_state();
     }
-}
-
-/// SIGCONT to process `pid` if it is still the one that started at
-/// `start_time`: through a pidfd opened before the check, so that no
-/// process that takes the pid after the check gets the signal. Whether it
-/// was sent.
-fn let_go_on(pid: u32, start_time: u64) -> bool {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    let Ok(p) = libc::pid_t::try_from(pid) else {
-        return false;
-    };
-    if p <= 1 {
-        return false;
-    }
-    // SAFETY: pidfd_open takes no pointers; the result is owned at once
-    // below or is -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, p, 0) };
-    if fd < 0 {
-        return false;
-    }
-    // SAFETY: `fd` is the fresh descriptor pidfd_open just returned.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
-    if crate::daemon::restart_state::start_time(pid) != Some(start_time) {
-        return false;
-    }
-    // SAFETY: pidfd_send_signal reads no memory here (a null siginfo); the
-    // pidfd is open (owned by `pidfd`).
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            pidfd.as_raw_fd(),
-            libc::SIGCONT,
-            std::ptr::null::<libc::siginfo_t>(),
-            0,
-        )
-    };
-    r == 0
 }
 
 /// The state file of `state_dir`, and the placements it holds handed to

@@ -13,6 +13,8 @@ use std::{collections::BTreeSet, fs, io, net::IpAddr, os::unix::fs::MetadataExt,
 use vnat_common::{FlowKey, NatRewrite, MAP_EGRESS_NAT, NAT_F_LO_ADDR_OURS};
 
 use super::{attach, clsact, net, policy, rtnl, sysctls, translation_of};
+
+mod sockets;
 use crate::datapath::{DatapathError, Proto, SysctlRestore};
 
 /// What a step of the cleanup is about.
@@ -28,6 +30,9 @@ pub enum Kind {
     Tc,
     Cgroup,
     Pins,
+    /// Settings vnatd changed on applications' sockets and processes
+    /// (`cleanup/sockets.rs`).
+    Socket,
 }
 
 /// Why one step failed.
@@ -108,6 +113,7 @@ pub fn cleanup(bpffs: &Path, state_dir: &Path) -> Report {
     routes(&mut r);
     addresses(&mut r, &recorded_lo);
     restore_sysctls(&mut r, state_dir, &recorded_lo);
+    sockets::give_back(&mut r, state_dir);
     tc(&mut r, bpffs);
     cgroups(&mut r, bpffs);
     pins(&mut r, bpffs);

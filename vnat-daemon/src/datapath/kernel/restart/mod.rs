@@ -406,6 +406,28 @@ pub fn connection_socket(
 }
 
 /// Set TCP_USER_TIMEOUT of `flow`'s socket to `ms` (see
+/// `vnatd --cleanup`: turn the keepalive of `pid`'s socket `inode` on
+/// again, and give it its TCP_USER_TIMEOUT `user_timeout` back, as the
+/// previous vnatd recorded before changing them (`restart_state`).
+/// Whether the keepalive was off.
+pub fn give_back(
+    pid: u32,
+    inode: u64,
+    keepalive: bool,
+    user_timeout: Option<u32>,
+) -> Result<bool, DatapathError> {
+    let mut changed = false;
+    if keepalive {
+        changed = keepalive::set_keepalive(pid, inode, true)
+            .map_err(kernel_err("turning the socket's keepalive on"))?;
+    }
+    if let Some(ms) = user_timeout {
+        keepalive::set_user_timeout(pid, inode, ms)
+            .map_err(kernel_err("giving the socket its user timeout back"))?;
+    }
+    Ok(changed)
+}
+
 /// `Datapath::set_user_timeout`); the value it had. The socket is taken
 /// from the recorded process, or from the one holding its inode (an
 /// accepted socket's).
