@@ -278,11 +278,14 @@ pub(crate) fn bind_proof(claim_key: &SecretKey, token: &[u8; TAG_LEN]) -> [u8; T
     out
 }
 
-/// The token of a TCP BIND (`vnat_common::TCP_BIND_OPT`) answering our
-/// BIND request with `nonce` for the connection whose keys have `root`:
-/// both ends compute it, no one else can, and each request has its own.
-pub fn tcp_bind_token(root: &SecretKey, nonce: u64) -> [u8; 8] {
-    let full = hmac(root, &[b"vnat tcp bind v1", &nonce.to_be_bytes()]);
+/// The token of a TCP BIND (`vnat_common::TCP_BIND_OPT`) answering the
+/// BIND request with `nonce` for the connection with `commitment`, under
+/// the claim key of the two hosts' pairing: both compute it, no one else
+/// can (a neighbour behind the same NAT has a pairing of its own), each
+/// request has its own, and it does not change when a suspend ratchets the
+/// connection's keys (which the two ends may do a moment apart).
+pub fn tcp_bind_token(claim_key: &SecretKey, nonce: u64, commitment: &[u8; TAG_LEN]) -> [u8; 8] {
+    let full = hmac(claim_key, &[b"vnat tcp bind v1", &nonce.to_be_bytes(), commitment]);
     let mut out = [0u8; 8];
     out.copy_from_slice(&full[..8]);
     // All zero is what an entry without a token holds: never a token.

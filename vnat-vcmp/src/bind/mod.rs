@@ -55,7 +55,8 @@
 //! A TCP connection's new NAT port is learned by a BIND_REQ too, answered
 //! by a TCP BIND (`vnat_common::TCP_BIND_OPT`): a pure ACK on the
 //! connection's own 5-tuple carrying a token that both ends derive from
-//! the connection's keys and the request's nonce (`crypto::tcp_bind_token`).
+//! their pairing's claim key, the request's nonce and the connection's
+//! commitment (`crypto::tcp_bind_token`).
 //! The requester's datapath is given the token (`Event::ExpectTcpBind`)
 //! and its tc program takes the port from the segment that carries it;
 //! nothing else teaches it, so a host sharing the NAT, which may know or
@@ -223,8 +224,7 @@ impl Endpoint {
 
     /// A BIND_REQ for the rebinding TCP connection `flow`, straight away
     /// (no divert: its TCP BIND is taken by our tc program), and the token
-    /// its answer carries to the datapath. False if the connection has no
-    /// keys to derive the token from.
+    /// its answer carries to the datapath.
     fn send_tcp_bind_req(
         &mut self,
         to: SocketAddr,
@@ -232,14 +232,6 @@ impl Endpoint {
         flow: &VirtualFlow,
         commitment: [u8; TAG_LEN],
     ) -> bool {
-        let Some(root) = self
-            .conns
-            .get(flow)
-            .and_then(|c| c.keys.as_ref())
-            .map(|k| k.root.clone())
-        else {
-            return false;
-        };
         let nonce = self.binds.next_nonce;
         self.binds.next_nonce = nonce.wrapping_add(1).max(1);
         let b = encode_bind_req(&self.identity.public(), nonce, &[commitment]);
@@ -248,7 +240,7 @@ impl Endpoint {
         // sends what the core queued).
         self.events.push_back(Event::ExpectTcpBind {
             flow: *flow,
-            token: crypto::tcp_bind_token(&root, nonce),
+            token: crypto::tcp_bind_token(key, nonce, &commitment),
         });
         self.push_tagged(key, b, to);
         self.stats.count(Counter::BindRequestsSent);
@@ -392,7 +384,7 @@ impl Endpoint {
                 if c.peer_key == Some(peer)
                     && !commitments.is_empty()
                     && c.remote_phys.ip() == from.ip()
-                    && self.send_tcp_bind(now, &flow, nonce)
+                    && self.send_tcp_bind(now, &flow, nonce, &key, &peer)
                 {
                     sent += 1;
                 }
@@ -441,16 +433,22 @@ impl Endpoint {
     }
 
     /// Send a TCP BIND on our TCP connection `flow`, answering the request
-    /// with `nonce` of its peer; false if one just left, or the connection
-    /// has no keys.
-    fn send_tcp_bind(&mut self, now: Timestamp, flow: &VirtualFlow, nonce: u64) -> bool {
+    /// with `nonce` of its peer `peer` (pairing claim key `key`); false if
+    /// one just left.
+    fn send_tcp_bind(
+        &mut self,
+        now: Timestamp,
+        flow: &VirtualFlow,
+        nonce: u64,
+        key: &crypto::SecretKey,
+        peer: &[u8; 32],
+    ) -> bool {
         let Some(c) = self.conns.get(flow) else {
             return false;
         };
         let (local, remote) = (c.local_phys, c.remote_phys);
-        let Some(root) = c.keys.as_ref().map(|k| k.root.clone()) else {
-            return false;
-        };
+        // The commitment the request named (as the claim index has it).
+        let commitment = claim_commitment(key, peer, &c.binding);
         if self
             .binds
             .last_sent
@@ -461,7 +459,7 @@ impl Endpoint {
             return false;
         }
         self.binds.last_sent.insert(*flow, (local, now));
-        let token = crypto::tcp_bind_token(&root, nonce);
+        let token = crypto::tcp_bind_token(key, nonce, &commitment);
         self.binds.tcp_tokens.insert(*flow, (token, now));
         self.stats.count(Counter::BindsSent);
         self.events.push_back(Event::SendTcpBind {
