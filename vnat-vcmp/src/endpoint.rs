@@ -62,6 +62,13 @@ pub(crate) struct Conn {
     /// Endpoint claimed by the peer, waiting for path validation, with the
     /// sequence number of the update that claimed it.
     pub pending_remote: Option<(SocketAddr, u64)>,
+    /// While `pending_remote` waits: the address an update came from that
+    /// named another (the peer's VCMP behind a NAT it just entered, or
+    /// another interface of a peer that sends its VCMP elsewhere), also
+    /// being validated. Taken, with the port to learn, if it answers and
+    /// the named address does not within a retransmission timeout
+    /// (`update::nat_fallback`).
+    pub nat_candidate: Option<SocketAddr>,
     pub keyx: Option<KeyxState>,
     /// Our answer to the peer's last KEYX: (peer's value, ours).
     pub keyx_answer: Option<([u8; 32], [u8; 32])>,
@@ -736,6 +743,7 @@ impl Conn {
             location_seq: 0,
             role: RoleState::default(),
             pending_remote: None,
+            nat_candidate: None,
             keyx: None,
             keyx_answer: None,
             keyx_answer_seq: 0,

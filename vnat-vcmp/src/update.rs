@@ -3,7 +3,7 @@
 
 use crate::stats::{Counter, Reject};
 use std::collections::HashSet;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use super::endpoint::{Ctx, Endpoint, Event};
 use super::validation::{Group, Validation};
@@ -52,6 +52,15 @@ impl Endpoint {
             (SocketAddr::new(from.ip(), 0), from)
         };
         self.propose_binding_via(ctx, flow, addr, rec.seq, vcmp);
+        // A peer that was not behind a NAT names an address it does not
+        // send from: it entered a NAT (a routed network left for home), or
+        // it sends its VCMP from another interface than the connection's.
+        // The named address is validated first; the one the update came
+        // from is validated beside it, and taken only if the named one
+        // stays silent (`nat_fallback`).
+        if rec.sender_phys.ip() != from.ip() && !was_behind_nat {
+            self.propose_nat_candidate(ctx, flow, from);
+        }
         // If we were looking for the peer, it found us (P(1)/S(1) parked).
         self.complete(ctx, flow);
         Ok(())
@@ -160,6 +169,78 @@ impl Endpoint {
         self.send_record(ctx, flow, Kind::Challenge, Ext::Nonce(nonce), vcmp);
     }
 
+    /// See [`Endpoint::on_upd`]: validate `from`, the address an update
+    /// came from, for `flow` whose named address waits for validation.
+    fn propose_nat_candidate(&mut self, ctx: &mut Ctx, flow: &VirtualFlow, from: SocketAddr) {
+        let rto = self.rto(ctx, 0);
+        let Some(c) = self.conns.get_mut(flow) else {
+            return;
+        };
+        // The named address was validated before (taken already), or the
+        // update comes from where the connection is now: its peer stays
+        // there for VCMP and names where the connection goes (`migrate`
+        // over another interface), no NAT.
+        if c.pending_remote.is_none() || from.ip() == c.remote_phys.ip() {
+            c.nat_candidate = None;
+            return;
+        }
+        c.nat_candidate = Some(from);
+        if c.validated.contains(&from.ip()) {
+            return;
+        }
+        let group = c.peer_key.map_or(Group::Conn(*flow), Group::Host);
+        let key = (from.ip(), group);
+        if self.validations.join(&key, *flow) {
+            return;
+        }
+        let nonce = ctx.nonce::<16>();
+        self.validations.start(
+            key,
+            Validation {
+                anchor: *flow,
+                dst: from,
+                nonce,
+                flows: HashSet::from([*flow]),
+                tries: 1,
+                deadline: ctx.now.plus(rto),
+            },
+        );
+        self.send_record(ctx, flow, Kind::Challenge, Ext::Nonce(nonce), from);
+    }
+
+    /// A validation of the named address of `flow` is due (unanswered for
+    /// a retransmission timeout): if the address its update came from
+    /// answered meanwhile, the peer is behind a NAT there. Take it, with
+    /// the port the connection's BIND will tell (port 0, `ask_rebind`), and
+    /// reach the peer's vnatd where it answered. True if taken.
+    fn nat_fallback(&mut self, now: super::Timestamp, flow: &VirtualFlow, named: IpAddr) -> bool {
+        let Some(c) = self.conns.get_mut(flow) else {
+            return false;
+        };
+        let (Some((addr, _)), Some(nat)) = (c.pending_remote, c.nat_candidate) else {
+            return false;
+        };
+        if addr.ip() != named || !c.validated.contains(&nat.ip()) {
+            return false;
+        }
+        let remote = SocketAddr::new(nat.ip(), 0);
+        c.pending_remote = None;
+        c.nat_candidate = None;
+        c.remote_phys = remote;
+        if let Some(k) = c.peer_key {
+            if self.sessions.contains_key(&k) {
+                self.peer_addrs.insert(k, nat);
+            }
+        }
+        self.stats.count(Counter::PeerBehindNat);
+        self.emit(Event::SetRemote {
+            flow: *flow,
+            remote,
+        });
+        self.ask_rebind(now, flow);
+        true
+    }
+
     pub(crate) fn on_challenge(
         &mut self,
         ctx: &mut Ctx,
@@ -210,6 +291,7 @@ impl Endpoint {
             if let Some((addr, _)) = c.pending_remote {
                 if addr.ip() == ip {
                     c.pending_remote = None;
+                    c.nat_candidate = None;
                     c.remote_phys = addr;
                     self.emit(Event::SetRemote {
                         flow: f,
@@ -226,6 +308,15 @@ impl Endpoint {
         let now = ctx.now;
         for (key, mut v) in self.validations.take_due(now) {
             v.flows.retain(|f| self.conns.contains_key(f));
+            let fell_back: Vec<VirtualFlow> = v
+                .flows
+                .iter()
+                .copied()
+                .filter(|f| self.nat_fallback(now, f, key.0))
+                .collect();
+            for f in &fell_back {
+                v.flows.remove(f);
+            }
             if v.flows.is_empty() {
                 continue;
             }
@@ -238,6 +329,7 @@ impl Endpoint {
                     if let Some((addr, _)) = c.pending_remote {
                         if addr.ip() == key.0 {
                             c.pending_remote = None;
+                            c.nat_candidate = None;
                             let remote = c.remote_phys;
                             self.emit(Event::Reverted {
                                 flow: f,

@@ -55,6 +55,33 @@ pub fn nat_router_with(topo: &LaptopRouterServer, ports: NatPorts) -> Result<(),
     load_ruleset(r, "nat", &ruleset)
 }
 
+/// Source NAT for the laptop's subnet B only ([`NAT_PUBLIC_B`], nothing
+/// opened from subnet C towards it); subnet A stays routed, its addresses
+/// public: a campus or office network with routed addresses, and a home
+/// or café behind a NAT (issue 32, item 2).
+pub fn nat_router_b_only(topo: &LaptopRouterServer, ports: NatPorts) -> Result<(), String> {
+    let how = match ports {
+        NatPorts::Preserving => "",
+        NatPorts::FullyRandom => " fully-random",
+    };
+    let r = &topo.router;
+    let c = &topo.router_if_c;
+    r.add_addr(c, NAT_PUBLIC_B.into(), 24);
+    let ruleset = format!(
+        "table ip vnatnat {{
+            chain vnat_post {{
+                type nat hook postrouting priority srcnat;
+                oifname \"{c}\" ip saddr 198.18.2.0/24 snat to {NAT_PUBLIC_B}{how}
+            }}
+            chain vnat_forward {{
+                type filter hook forward priority filter;
+                iifname \"{c}\" ip daddr 198.18.2.0/24 ct state new drop
+            }}
+        }}"
+    );
+    load_ruleset(r, "natb", &ruleset)
+}
+
 /// Put the attacker's subnet D (`attach_attacker`) behind the same NAT as
 /// subnet A: its hosts share the public address [`NAT_PUBLIC_A`] with the
 /// laptop's home network (after [`nat_router`]).
