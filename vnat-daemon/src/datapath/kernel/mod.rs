@@ -669,8 +669,9 @@ impl Datapath for KernelDatapath {
     fn prepare_translation(&mut self, t: &Translation) -> Result<(), DatapathError> {
         if t.physical_remote.port() == 0 {
             // TCP: not before the new address is validated: a rebind entry
-            // lets the first in-window packet from that address redirect
-            // the connection, and an unvalidated address may be anyone's.
+            // makes the tc program drop that address's segments to the
+            // connection's port until the peer's TCP BIND, and an
+            // unvalidated address may be anyone's.
             // The mover holds its TCP flows until our SWITCHED, which
             // follows the install, so nothing is lost by waiting. A UDP
             // rebind only makes the tc program drop datagrams from that

@@ -74,11 +74,11 @@ impl KernelDatapath {
         Ok(())
     }
 
-    /// Make a flow rebinding: the tc ingress program installs its
-    /// translations from the first packet that matches `key` and falls in
-    /// `value`'s window (see `vnat_common::RebindValue`). The datapath half
-    /// of a peer moving behind a NAT (DESIGN.md section 3); the protocol
-    /// does not drive it yet.
+    /// Make a flow rebinding: the tc ingress program installs a TCP
+    /// connection's translations from the TCP BIND that matches `key` and
+    /// carries one of `value`'s tokens (see `vnat_common::RebindValue`);
+    /// a UDP flow's are written by vnatd on its BIND. Direct map writes for
+    /// the tests of the tc programs; vnatd goes through `rebind`.
     pub fn insert_rebind(
         &mut self,
         key: RebindKey,
