@@ -186,6 +186,11 @@ pub struct ConnectionView {
     pub local_phys: SocketAddr,
     pub remote_phys: SocketAddr,
     pub pending_remote: Option<SocketAddr>,
+    /// While `pending_remote` waits: the address the peer's update came
+    /// from, validated beside it (the peer may have entered a NAT there,
+    /// `update::nat_fallback`). A UDP flow's receive side is prepared for
+    /// it too, at port 0 ([`Event::PrepareReceive`]).
+    pub nat_candidate: Option<SocketAddr>,
     /// The host it is bound to.
     pub peer_key: Option<[u8; 32]>,
     /// How that host names our end of it, when it differs from our name (a
@@ -267,6 +272,7 @@ impl Endpoint {
             local_phys: c.local_phys,
             remote_phys: c.remote_phys,
             pending_remote: c.pending_remote.map(|p| p.0),
+            nat_candidate: c.nat_candidate,
             peer_key: c.peer_key,
             seen_by_peer_as: c.peer_named.map(|n| n.local).filter(|a| *a != c.flow.local),
             peer_behind_nat: c.peer_named.is_some_and(|n| n.remote != c.flow.remote),

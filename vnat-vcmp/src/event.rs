@@ -34,7 +34,10 @@ pub enum Event {
     /// now (only sending waits for validation), before anything the core
     /// queued with this event leaves, since that may let the peer send.
     /// Emitted again with our new `local` if our own end moves meanwhile.
-    /// Never dropped for a full event queue.
+    /// Never dropped for a full event queue. `remote` with port 0: the
+    /// peer's port behind a NAT is not known yet; for a UDP flow that may
+    /// have entered one (`ConnectionView::nat_candidate`), drop its
+    /// datagrams from that address to `local` that no recorded flow owns.
     PrepareReceive {
         flow: VirtualFlow,
         local: SocketAddr,

@@ -676,7 +676,10 @@ fn a_tcp_connection_behind_a_new_nat_learns_its_port_from_its_tcp_bind() {
     sim.run_for(Duration::from_secs(3));
 
     let expected: Vec<[u8; 8]> = sim
-        .events(s, |e| matches!(e, Event::ExpectTcpBind { flow, .. } if *flow == sf))
+        .events(
+            s,
+            |e| matches!(e, Event::ExpectTcpBind { flow, .. } if *flow == sf),
+        )
         .map(|(_, e)| match e {
             Event::ExpectTcpBind { token, .. } => *token,
             _ => unreachable!(),
@@ -684,7 +687,10 @@ fn a_tcp_connection_behind_a_new_nat_learns_its_port_from_its_tcp_bind() {
         .collect();
     assert!(!expected.is_empty(), "the server must ask for a TCP BIND");
     let sent: Vec<(SocketAddr, SocketAddr, [u8; 8])> = sim
-        .events(l, |e| matches!(e, Event::SendTcpBind { flow, .. } if *flow == f))
+        .events(
+            l,
+            |e| matches!(e, Event::SendTcpBind { flow, .. } if *flow == f),
+        )
         .map(|(_, e)| match e {
             Event::SendTcpBind {
                 local,
@@ -752,7 +758,12 @@ fn only_the_connections_peer_gets_a_tcp_bind() {
         .ep
         .bind_req_naming_for_test(&lkey, &binding)
         .expect("x is paired with the laptop");
-    let from = sim.hosts[l].ep.peer_addrs.get(&sim.hosts[x].ep.public_key()).copied().expect("x's session");
+    let from = sim.hosts[l]
+        .ep
+        .peer_addrs
+        .get(&sim.hosts[x].ep.public_key())
+        .copied()
+        .expect("x's session");
     sim.inject(l, from, &forged);
     sim.run_for(Duration::from_secs(2));
     assert_eq!(
@@ -763,5 +774,61 @@ fn only_the_connections_peer_gets_a_tcp_bind() {
     let after = sim
         .events(l, |e| matches!(e, Event::SendTcpBind { .. }))
         .count();
-    assert_eq!(after, before, "a TCP BIND was sent for another host's request");
+    assert_eq!(
+        after, before,
+        "a TCP BIND was sent for another host's request"
+    );
+}
+
+/// A laptop with a routed public address (no NAT) and a UDP flow to the
+/// server moves behind a NAT (issue 32, item 2). Its update names its
+/// private address and comes from the NAT's: the server validates the
+/// named address and the NAT's beside it, and until one of them wins, its
+/// datapath must drop the laptop's datagrams from the NAT's address
+/// (which follow the UPD_R at once) rather than hand them to the
+/// application as a new peer's: a receive side at port 0 for the NAT's
+/// address, asked for before the flow is switched there.
+#[test]
+fn a_udp_flow_that_enters_a_nat_is_dropped_not_delivered_until_its_port_is_known() {
+    let mut sim = Sim::new(29, Link::default());
+    let l = sim.add_host("198.51.100.20", Config::default());
+    let s = sim.add_host("203.0.113.5", Config::default());
+    let f = super::sim::udp("198.51.100.20:5000", "203.0.113.5:53");
+    let sf = reverse(&f);
+    sim.connect_named(l, s, f, sf);
+    sim.run_for(Duration::from_secs(10));
+    assert!(sim.hosts[s].ep.connection(&sf).expect("sf").has_keys);
+
+    sim.move_host(l, "192.168.2.20");
+    sim.hosts[l].nat = Some(sa("198.51.100.8:40005"));
+    sim.hosts[l]
+        .flow_nat
+        .insert(sa("192.168.2.20:5000"), sa("198.51.100.8:7777"));
+    sim.with(l, |ep, now, rng| {
+        ep.resume(now, rng, &[(f, sa("192.168.2.20:5000"))])
+            .expect("resume")
+    });
+    sim.run_for(Duration::from_secs(10));
+    let at = |pred: &dyn Fn(&Event) -> bool| sim.hosts[s].events.iter().position(|(_, e)| pred(e));
+    let guard = at(&|e| {
+        matches!(e, Event::PrepareReceive { flow, remote, .. }
+            if *flow == sf && *remote == sa("198.51.100.8:0"))
+    });
+    let switched = at(&|e| {
+        matches!(e, Event::SetRemote { flow, remote }
+            if *flow == sf && *remote == sa("198.51.100.8:0"))
+    });
+    assert!(
+        guard.is_some(),
+        "the server must drop the laptop's datagrams from the NAT until it knows the port"
+    );
+    assert!(switched.is_some(), "the server must take the NAT");
+    assert!(guard < switched, "the drop must come before the switch");
+    assert!(
+        sim.events(s, |e| matches!(e, Event::SetRemote { flow, remote }
+            if *flow == sf && *remote == sa("198.51.100.8:7777")))
+            .next()
+            .is_some(),
+        "the server must learn the NAT's port from the laptop's BIND"
+    );
 }

@@ -8,7 +8,7 @@ use std::net::{IpAddr, SocketAddr};
 use super::endpoint::{Ctx, Endpoint, Event};
 use super::validation::{Group, Validation};
 use super::wire::{Ext, Kind, Record};
-use crate::flow::VirtualFlow;
+use crate::flow::{Proto, VirtualFlow};
 
 impl Endpoint {
     /// UPD (paper 3.3.2.3 (1)): the peer's end is now at `rec.sender_phys`.
@@ -185,6 +185,26 @@ impl Endpoint {
             return;
         }
         c.nat_candidate = Some(from);
+        if flow.proto == Proto::Udp {
+            // The mover's UDP datagrams follow our UPD_R at once (UDP is
+            // never held): through a NAT it entered they come from the
+            // source's address and a port nobody knows yet, and would
+            // reach our application as a new peer's (a listener that
+            // serves each peer on a socket of its own opens one, and the
+            // flow cannot move onto its endpoints later). Make the
+            // datapath drop them until the named address answers or the
+            // BIND tells the port (port 0: a UDP rebind drops, it does not
+            // steer; the send side still waits for validation).
+            let local = c.local_phys;
+            self.emit(Event::PrepareReceive {
+                flow: *flow,
+                local,
+                remote: SocketAddr::new(from.ip(), 0),
+            });
+        }
+        let Some(c) = self.conns.get_mut(flow) else {
+            return;
+        };
         if c.validated.contains(&from.ip()) {
             return;
         }

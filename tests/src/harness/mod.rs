@@ -45,9 +45,8 @@ pub use host::{move_flow, Host, LaptopAndServer};
 pub use links::veth;
 pub use logind::{LogindEvent, StandInLogind, SystemBus};
 pub use nat::{
-    nat_router, nat_router_b_only, nat_router_with, nat_subnet_d_as_a, port_forward, NatPorts,
-    NAT_PUBLIC_A,
-    NAT_PUBLIC_B, SERVER_PUBLIC,
+    nat_router, nat_router_b_only, nat_router_with, nat_subnet_d_as_a, port_forward,
+    port_forward_mapped, NatPorts, NAT_PUBLIC_A, NAT_PUBLIC_B, SERVER_PUBLIC,
 };
 pub use netns::{ss_endpoint, tcp_bytes_received, Netns};
 pub use rogue::Rogue;

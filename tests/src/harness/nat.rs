@@ -107,16 +107,29 @@ pub fn port_forward(
     tcp_ports: &[u16],
     udp_ports: &[u16],
 ) -> Result<(), String> {
+    let same = |ports: &[u16]| ports.iter().map(|p| (*p, *p)).collect::<Vec<_>>();
+    port_forward_mapped(topo, &same(tcp_ports), &same(udp_ports))
+}
+
+/// [`port_forward`] with the port changed on the way: each `(public,
+/// private)` pair forwards [`SERVER_PUBLIC`]`:public` to the server's own
+/// address at `private` (public 8053 to a DNS server's 53, say), so the
+/// two ends of a forwarded flow name the server's end by different ports.
+pub fn port_forward_mapped(
+    topo: &LaptopRouterServer,
+    tcp: &[(u16, u16)],
+    udp: &[(u16, u16)],
+) -> Result<(), String> {
     let r = &topo.router;
     r.add_addr(&topo.router_if_c, SERVER_PUBLIC.into(), 32);
     let server = topo.server_addr.v4;
-    let rule = |proto: &str, port: &u16| {
-        format!("ip daddr {SERVER_PUBLIC} {proto} dport {port} dnat to {server}\n")
+    let rule = |proto: &str, (public, private): &(u16, u16)| {
+        format!("ip daddr {SERVER_PUBLIC} {proto} dport {public} dnat to {server}:{private}\n")
     };
-    let rules: String = tcp_ports
+    let rules: String = tcp
         .iter()
         .map(|p| rule("tcp", p))
-        .chain(udp_ports.iter().map(|p| rule("udp", p)))
+        .chain(udp.iter().map(|p| rule("udp", p)))
         .collect();
     let ruleset = format!(
         "table ip vnatdnat {{

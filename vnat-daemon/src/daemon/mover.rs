@@ -136,8 +136,14 @@ impl Mover {
         let mut work: Vec<Translation> = Vec::new();
         for t in asked {
             let pair = (t.physical_local, t.physical_remote);
+            // The address being validated, or (a UDP flow, port 0) the
+            // address the update came from, validated beside it: the peer
+            // may have entered a NAT there (`ConnectionView::nat_candidate`).
             let current = view(&t.flow).is_some_and(|v| {
-                v.pending_remote == Some(t.physical_remote) && v.local_phys == t.physical_local
+                let candidate = v.nat_candidate.map(|a| SocketAddr::new(a.ip(), 0));
+                (v.pending_remote == Some(t.physical_remote)
+                    || candidate == Some(t.physical_remote))
+                    && v.local_phys == t.physical_local
             });
             if !current || self.prepared.get(&t.flow) == Some(&pair) || work.contains(&t) {
                 continue;

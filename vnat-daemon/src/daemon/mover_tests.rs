@@ -36,6 +36,7 @@ fn view(flow: VirtualFlow) -> ConnectionView {
         local_phys: flow.local,
         remote_phys: flow.remote,
         pending_remote: None,
+        nat_candidate: None,
         peer_key: Some([7; 32]),
         seen_by_peer_as: None,
         peer_behind_nat: false,
@@ -86,6 +87,30 @@ fn a_peer_s_announced_address_gets_a_receive_side_once_and_again_after_our_move(
     let again = m.receive_sides(&[prepare(f, v.local_phys, peer_new)], only(&v));
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].physical_local, sa("10.0.5.1:40000"));
+}
+
+/// A UDP flow's peer that may have entered a NAT (its update came from
+/// another address than it named): the receive side at port 0 for the
+/// update's source is prepared beside the named one's, while the core
+/// still validates both; not once the core dropped the candidate.
+#[test]
+fn a_udp_flow_s_nat_candidate_gets_a_receive_side_at_port_0() {
+    let f = udp("10.0.0.1:53", "10.0.1.2:5000");
+    let (named, nat) = (sa("192.168.2.20:5000"), sa("10.0.3.102:40005"));
+    let at_nat = sa("10.0.3.102:0");
+    let mut v = view(f);
+    v.pending_remote = Some(named);
+    v.nat_candidate = Some(nat);
+    let mut m = Mover::new();
+    let ev = [prepare(f, f.local, named), prepare(f, f.local, at_nat)];
+    let work = m.receive_sides(&ev, only(&v));
+    let remotes: Vec<SocketAddr> = work.iter().map(|t| t.physical_remote).collect();
+    assert_eq!(remotes, vec![named, at_nat]);
+    // The named address answered: no candidate any more.
+    v.nat_candidate = None;
+    assert!(m
+        .receive_sides(&[prepare(f, f.local, at_nat)], only(&v))
+        .is_empty());
 }
 
 #[test]
