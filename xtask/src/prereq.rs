@@ -25,13 +25,15 @@ pub const LLVM_MAJOR: u32 = 22;
 /// libLLVM dynamically); the rest are the real peers and tools the integration
 /// tests drive (socat and iperf3 as servers, sshd, nc, tcpdump for debugging,
 /// nsenter from util-linux to enter namespaces without `ip netns exec`,
-/// nftables for real NAT between namespace hosts, python3 for the UDP
+/// nftables for real NAT between namespace hosts, conntrack to make such
+/// a NAT forget its mappings (a NAT reboot), python3 for the UDP
 /// collector of the recorders' flood test, vsftpd and the ftp client for
 /// hide location's FTP test, dbus-daemon for the system bus of the sleep
 /// test's stand-in logind).
 const DEBIAN_PACKAGES: &[&str] = &[
     "iproute2",
     "nftables",
+    "conntrack",
     "socat",
     "iperf3",
     "openssh-server",
