@@ -8,7 +8,10 @@
 //! - The laptop's vnatd holds the keepalives (and the retransmission
 //!   timeouts) of both connections as soon as their address is gone, the
 //!   accepted one's too (its owner found by inode), and turns them on
-//!   again once the connections work.
+//!   again once the connections work. The laptop's `tcp_retries2` is 3:
+//!   data it writes while offline would end its connections within
+//!   seconds (as the default 15 does after about 13 minutes) unless its
+//!   own retransmissions are held too.
 //! - The server's vnatd notices on its own that the laptop went silent
 //!   (its sockets' probes unanswered, a VCMP probe unanswered) and answers
 //!   for it with a zero window until it is back.
@@ -308,6 +311,7 @@ fn a_laptop_vnatd_killed_during_the_outage_leaves_nothing_held() {
 /// one started.
 fn outage_scenario(tag: &str, outage: Duration, kill: bool) {
     let topo = LaptopRouterServer::builder().tag(tag).build();
+    topo.laptop.set_sysctl("net/ipv4/tcp_retries2", "3");
     let lap = Host::new(&topo.laptop, &format!("{tag}l"));
     let srv = Host::new(&topo.server, &format!("{tag}s"));
     let (dl, ds) = (
@@ -388,13 +392,18 @@ fn outage_scenario(tag: &str, outage: Duration, kill: bool) {
         2,
         "the server's vnatd does not answer for the silent laptop: {helped:?}"
     );
-    while started.elapsed() + WRITE_EVERY <= outage {
+    // Both ends write at once and then every WRITE_EVERY until the
+    // network is back: at least 10 s of data waiting while offline.
+    loop {
         opened.send(LINES);
         accepted.send(LINES);
         sent += LINES;
-        std::thread::sleep(WRITE_EVERY);
+        let left = outage.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            break;
+        }
+        std::thread::sleep(left.min(WRITE_EVERY));
     }
-    std::thread::sleep(outage.saturating_sub(started.elapsed()));
     eprintln!(
         "outage: {:.0} s without network, {sent} lines written by each end",
         started.elapsed().as_secs_f64()

@@ -583,6 +583,22 @@ impl Driver {
                 wanted.push(v.flow.local.ip());
             }
         }
+        // And TCP while this host is cut off from it (its timeout held,
+        // `driver/outage.rs`): a send that fails locally counts as a window
+        // probe, and `tcp_retries2` of them end the connection whatever its
+        // TCP_USER_TIMEOUT (seen: 4 s with tcp_retries2 = 3). Sent into the
+        // sink, the data is in flight and retransmitted under the held
+        // timeout instead, at once after the move (the restart levers).
+        for v in self
+            .outages
+            .own_timeouts
+            .keys()
+            .filter(|f| self.tracking.anchor(f).is_none())
+            .filter_map(|f| self.endpoint.connection(f))
+        {
+            in_use.push(v.flow.local.ip());
+            wanted.push(v.flow.local.ip());
+        }
         for l in [&mut wanted, &mut in_use] {
             l.sort_unstable();
             l.dedup();

@@ -97,6 +97,7 @@ impl Driver {
             .chain(asked)
             .chain(waits)
             .chain(holds)
+            .chain(self.next_answer_wake())
             .min()
     }
 

@@ -4,8 +4,9 @@
 //! silent.
 
 use super::*;
-use crate::daemon::helping as rules;
+use crate::daemon::helping::{self as rules, AfterAnswer, Helping};
 use crate::daemon::outage::{self, Action, SilenceWatch};
+use crate::datapath::PeerAnswer;
 use crate::datapath::{PeerSilence, Proto};
 use crate::vcmp::help::Help;
 use std::time::Instant;
@@ -36,6 +37,11 @@ pub(super) struct Outages {
     /// Connections a vnatd that died held for this host's outage: mobile
     /// then, though this one could not pair for them yet (offline).
     inherited: HashSet<VirtualFlow>,
+    /// Stranded connections whose own socket this host answers for its
+    /// unreachable peer with a zero window (see [`Driver::answer_while_away`]),
+    /// and when they are next answered.
+    answering: HashMap<VirtualFlow, Helping>,
+    next_answer: Instant,
 }
 
 impl Default for Outages {
@@ -48,6 +54,8 @@ impl Default for Outages {
             next_look: Instant::now(),
             turn: 0,
             inherited: HashSet::new(),
+            answering: HashMap::new(),
+            next_answer: Instant::now(),
         }
     }
 }
@@ -77,7 +85,7 @@ impl Driver {
         let stranded: Vec<VirtualFlow> = tracked
             .iter()
             .filter(|t| t.flow.proto == Proto::Tcp)
-            .filter(|t| !self.outages.own_timeouts.contains_key(&t.flow))
+            .filter(|t| !self.outages.answering.contains_key(&t.flow))
             .filter(|t| !moves.iter().any(|m| m.flow == t.flow))
             .filter(|t| {
                 let routed = sources
@@ -117,6 +125,100 @@ impl Driver {
             }
         }
         self.hold_own_timeouts(&stranded, true).await;
+        let now_i = Instant::now();
+        let help = crate::vcmp::help::Help {
+            zero_window: true,
+            ..Default::default()
+        };
+        for f in stranded {
+            self.outages
+                .answering
+                .insert(f, Helping::new(help.clone(), now_i));
+        }
+        self.outages.next_answer = now_i;
+    }
+
+    /// When the loop must wake next to answer for the unreachable peers.
+    pub(super) fn next_answer_wake(&self) -> Option<Instant> {
+        (!self.outages.answering.is_empty()).then_some(self.outages.next_answer)
+    }
+
+    /// While this host is cut off, answer for the unreachable peer on each
+    /// stranded connection's own socket with a zero window, every
+    /// [`rules::ANSWER_EVERY`] (the zero-window helper's answers, given
+    /// here to our own socket): data written meanwhile waits in persist
+    /// mode, whose unanswered window probes each answer clears. Without
+    /// it, each send failing for want of a route counts as a window probe,
+    /// and `tcp_retries2` of them end the connection, whatever its
+    /// TCP_USER_TIMEOUT (seen: 4 s with tcp_retries2 = 3). The address is
+    /// kept on `lo` meanwhile (`update_kept`), so that the answer reaches
+    /// the socket. Ends once the connection moves or works again.
+    async fn answer_while_away(&mut self) {
+        let now_i = Instant::now();
+        if self.outages.answering.is_empty() || now_i < self.outages.next_answer {
+            return;
+        }
+        self.outages.next_answer = now_i + rules::ANSWER_EVERY;
+        let mut moving = Vec::new();
+        let mut due = Vec::new();
+        for (f, h) in &self.outages.answering {
+            match self.endpoint.connection(f) {
+                Some(v) if v.migrating => moving.push(*f),
+                Some(_) => due.push((*f, h.deliver_if_still_at())),
+                None => moving.push(*f),
+            }
+        }
+        for f in moving {
+            self.stop_answering(f, true).await;
+        }
+        let answers = with_dp(&self.dp, move |dp| {
+            due.into_iter()
+                .map(|(f, at)| (f, dp.answer_for_peer(&f, 0, Some(at))))
+                .collect::<Vec<_>>()
+        })
+        .await;
+        for (f, a) in answers {
+            let Ok(a) = a else { continue };
+            let Some(h) = self.outages.answering.get_mut(&f) else {
+                continue;
+            };
+            match h.answered(a) {
+                AfterAnswer::Keep => {}
+                // Heard from its peer after all, or the answer does not
+                // take: the socket's own view goes on.
+                AfterAnswer::PeerBack | AfterAnswer::NotTaken => {
+                    self.stop_answering(f, false).await;
+                }
+                AfterAnswer::Gone => {
+                    self.outages.answering.remove(&f);
+                }
+            }
+        }
+    }
+
+    /// Stop answering for `flow`'s peer: with `reopen`, deliver the window
+    /// the peer advertised last (its own ACKs are on their way only once
+    /// the connection works); then restart the socket's timers.
+    async fn stop_answering(&mut self, flow: VirtualFlow, reopen: bool) {
+        let Some(h) = self.outages.answering.remove(&flow) else {
+            return;
+        };
+        if !h.quiet {
+            return;
+        }
+        let window = h.reopen_window().filter(|_| reopen);
+        let r = with_dp(&self.dp, move |dp| {
+            if let Some(w) = window {
+                if dp.answer_for_peer(&flow, w, None)? == PeerAnswer::Gone {
+                    return Ok(());
+                }
+            }
+            dp.restart_flow(&flow).map(|_| ())
+        })
+        .await;
+        if let Err(e) = r {
+            tracing::warn!(id = flow.id(), %flow, error = %e, "cannot restart a connection this host answered for while away");
+        }
     }
 
     /// Hold the TCP_USER_TIMEOUT of `flows` (this host's own) high while
@@ -198,6 +300,13 @@ impl Driver {
     /// that the retransmissions of the outage do not count); all of them
     /// with `all` (vnatd stops). Closed connections' are forgotten.
     pub(super) async fn release_own_timeouts(&mut self, all: bool) {
+        if all {
+            for f in self.outages.answering.keys().copied().collect::<Vec<_>>() {
+                self.stop_answering(f, true).await;
+            }
+        } else {
+            self.answer_while_away().await;
+        }
         if self.outages.own_timeouts.is_empty() {
             return;
         }
@@ -244,6 +353,7 @@ impl Driver {
         .await;
         for (f, live) in due {
             self.outages.inherited.remove(&f);
+            self.stop_answering(f, live).await;
             let Some((before, _)) = self.outages.own_timeouts.remove(&f) else {
                 continue;
             };
@@ -322,7 +432,11 @@ impl Driver {
         let waiting: HashSet<[u8; 32]> = with_dp(&self.dp, move |dp| {
             looked
                 .into_iter()
-                .filter(|(f, _)| matches!(dp.peer_silence(f), Ok(PeerSilence::Unanswered)))
+                .filter(|(f, _)| {
+                    let s = dp.peer_silence(f);
+                    tracing::trace!(id = f.id(), flow = %f, silence = ?s, "does the socket wait for its peer");
+                    matches!(s, Ok(PeerSilence::Unanswered))
+                })
                 .map(|(_, k)| k)
                 .collect()
         })
@@ -341,6 +455,7 @@ impl Driver {
 
     /// A probe to `key` was answered: the host is there.
     pub(super) async fn probe_answered(&mut self, key: [u8; 32]) {
+        tracing::trace!(key = %identity::key_hex(&key), "a paired host answered a probe");
         if let Some(a) = self.outages.silence.answered(&key, Instant::now()) {
             self.silence_action(a).await;
         }
@@ -349,6 +464,7 @@ impl Driver {
     async fn silence_action(&mut self, a: Action) {
         match a {
             Action::Probe(k) => {
+                tracing::debug!(key = %identity::key_hex(&k), "probing a paired host whose connections here wait for it");
                 if !self.endpoint.probe_host(&k) {
                     self.outages.silence.forget(&k);
                 }
