@@ -179,6 +179,7 @@ fn parses_inet_diag_answers() {
     body[68..72].copy_from_slice(&987_654u32.to_ne_bytes());
     let mut info = vec![0u8; 240];
     info[TCPI_RETRANSMITS] = 6;
+    info[TCPI_PROBES] = 3;
     info[TCPI_BACKOFF] = 7;
     info[TCPI_WSCALE] = 0x7a;
     info[TCPI_TOTAL_RETRANS..TCPI_TOTAL_RETRANS + 4].copy_from_slice(&9u32.to_ne_bytes());
