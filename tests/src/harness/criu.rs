@@ -41,16 +41,31 @@ fn parse_version(text: &str) -> Option<(u32, u32)> {
 }
 
 impl Criu {
-    /// The first of `$VNAT_CRIU`, `CRIU_PREFIX/criu` and `criu` on PATH that
-    /// is 4.2 or later and passes `criu check`; otherwise why none does
-    /// (the sentence a skipped test prints).
-    pub fn find() -> Result<Criu, String> {
-        let mut candidates: Vec<PathBuf> = Vec::new();
-        if let Some(p) = std::env::var_os("VNAT_CRIU") {
-            candidates.push(p.into());
+    /// The CRIU a test needs, or None after saying, where `cargo test`
+    /// shows it, that `test` did not run for want of one; fails the test
+    /// instead when `VNAT_REQUIRE_CRIU` is set (CI). See [`super::not_run`].
+    pub fn for_test(test: &str) -> Option<Criu> {
+        match Criu::find() {
+            Ok(c) => {
+                eprintln!("{test}: using CRIU {} at {}", c.version, c.path.display());
+                Some(c)
+            }
+            Err(why) => {
+                super::not_run(test, "VNAT_REQUIRE_CRIU", &why);
+                None
+            }
         }
-        candidates.push(Path::new(CRIU_PREFIX).join("criu"));
-        candidates.push("criu".into());
+    }
+
+    /// `$VNAT_CRIU` when set (that one only: a user who names a CRIU means
+    /// it), otherwise the first of `CRIU_PREFIX/criu` and `criu` on PATH,
+    /// that is 4.2 or later and passes `criu check`; otherwise why none
+    /// does (the sentence a skipped test prints).
+    pub fn find() -> Result<Criu, String> {
+        let candidates: Vec<PathBuf> = match std::env::var_os("VNAT_CRIU") {
+            Some(p) => vec![p.into()],
+            None => vec![Path::new(CRIU_PREFIX).join("criu"), "criu".into()],
+        };
         let mut why = Vec::new();
         for path in candidates {
             let out = match Command::new(&path).arg("--version").output() {

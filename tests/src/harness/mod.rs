@@ -13,6 +13,7 @@ mod links;
 mod logind;
 mod nat;
 mod netns;
+mod not_run;
 mod rogue;
 mod rtnl;
 mod server_move;
@@ -49,6 +50,7 @@ pub use nat::{
     port_forward_mapped, NatPorts, NAT_PUBLIC_A, NAT_PUBLIC_B, SERVER_PUBLIC,
 };
 pub use netns::{ss_endpoint, tcp_bytes_received, Netns};
+pub use not_run::{not_run, skip_line, SKIP_REPORT_VAR};
 pub use rogue::Rogue;
 pub use rtnl::{Address, Link, Route, Rule};
 pub use server_move::{
