@@ -79,4 +79,12 @@ fn server_process_migrates_to_another_host_with_criu() {
         m.lock_left_on_old_host,
         "CRIU left no network lock on the first server"
     );
+    // And once the connection has moved it is not needed: the hook's
+    // remover deletes it (VNAT_CRIU_UNLOCK_AFTER, 2 s here), so the
+    // connection's tuple is not blackholed on the first server for good.
+    assert!(
+        m.lock_tables_later.is_empty(),
+        "CRIU's network lock is still on the first server after the move: {:?}",
+        m.lock_tables_later
+    );
 }

@@ -160,6 +160,12 @@ pub enum Command {
         /// is its writer's own claim).
         #[arg(long, value_name = "KEY", env = "VNAT_CRIU_FROM")]
         from: Option<String>,
+        /// At post-dump: delete CRIU's network lock of the exported
+        /// connections on this host this many seconds after the export (the
+        /// peers send to the new host by then); 0 leaves it in place.
+        #[arg(long, value_name = "SECS", env = "VNAT_CRIU_UNLOCK_AFTER",
+              default_value_t = crate::criu_lock::UNLOCK_AFTER_DEFAULT_SECS)]
+        unlock_after: u64,
     },
     /// Write the man page or a shell completion to stdout (for packaging).
     #[command(hide = true)]
@@ -455,11 +461,15 @@ export names proves nothing: whoever wrote the images can name their own):
 At pre-restore the hook imports the connections (their old address goes
 on lo here, for the restored sockets to bind to); at post-restore it asks
 vnatd to move them at once. The old host keeps CRIU's network lock (an
-nftables table inet CRIU-...) after the dump: it drops the client's packets
-there instead of resetting them until the peer sends here. Delete it once
-the process runs on the target (nft delete table inet CRIU-...).
+nftables table inet CRIU-...) after the dump: it drops the peers' packets
+there instead of resetting them until they send to the target. The hook
+deletes it --unlock-after seconds (30) after the export, by then no longer
+needed; a peer whose connection did not move then gets a reset rather than
+silence for the minutes its TCP would retry. A table that locks anything
+else than the exported connections is left alone.
 
 Environment: VNAT_CRIU_TO (or --to), VNAT_CRIU_FROM (or --from),
+VNAT_CRIU_UNLOCK_AFTER (or --unlock-after),
 VNAT_CONTROL (or --control), and CRIU's CRTOOLS_SCRIPT_ACTION,
 CRTOOLS_IMAGE_DIR, CRTOOLS_INIT_PID.";
 

@@ -2,6 +2,7 @@
 
 mod cli;
 mod criu;
+mod criu_lock;
 mod output;
 #[cfg(test)]
 mod tests;
@@ -253,7 +254,11 @@ fn run(cli: &Cli) -> Result<String, Failure> {
             Plan::Export(selector(select)?, file, to.clone())
         }
         Command::Import { file, from } => Plan::Import(read_export(file)?, from.clone()),
-        Command::CriuHook { to, from } => match criu_plan(to, from)? {
+        Command::CriuHook {
+            to,
+            from,
+            unlock_after,
+        } => match criu_plan(to, from, *unlock_after)? {
             Some(plan) => plan,
             None => return Ok(String::new()),
         },
@@ -380,9 +385,14 @@ fn run(cli: &Cli) -> Result<String, Failure> {
                     }
                 }
             }
-            Plan::CriuExport { tree, to, path } => {
-                let ids =
-                    criu::select_connections(Path::new("/proc"), &tree, &client.list().await?)?;
+            Plan::CriuExport {
+                tree,
+                to,
+                path,
+                unlock_after,
+            } => {
+                let conns = client.list().await?;
+                let ids = criu::select_connections(Path::new("/proc"), &tree, &conns)?;
                 if ids.is_empty() {
                     return Ok(format!(
                         "vnat: no connection of process tree {tree:?} is recorded by vnatd; nothing to export\n"
@@ -411,7 +421,33 @@ fn run(cli: &Cli) -> Result<String, Failure> {
                     print!("{text}");
                     return Err(Failure::WriteOutput { path, source });
                 }
-                output::export_written(json, &path, &document)
+                let mut said = output::export_written(json, &path, &document);
+                if unlock_after > 0 {
+                    let tuples: Vec<_> = conns
+                        .iter()
+                        .filter(|c| ids.contains(&c.info.id) && c.info.proto == Proto::Tcp)
+                        .map(|c| (c.info.virtual_local, c.info.virtual_remote))
+                        .collect();
+                    // The export is written: whatever happens here, the
+                    // dump goes on (the lock then stays, as without it).
+                    let note = match criu_lock::find(&tuples).and_then(|tables| {
+                        criu_lock::remove_later(&tables, std::time::Duration::from_secs(unlock_after))
+                            .map(|()| tables)
+                    }) {
+                        Ok(t) if t.is_empty() => String::new(),
+                        Ok(t) => format!(
+                            "vnat: CRIU's network lock here ({}) is removed in {unlock_after} s\n",
+                            t.join(", ")
+                        ),
+                        Err(e) => format!("vnat: {e}\n"),
+                    };
+                    if !json {
+                        said.push_str(&note);
+                    } else if !note.is_empty() {
+                        eprint!("{note}");
+                    }
+                }
+                said
             }
             Plan::CriuHold { tree } => {
                 // Before any freeze: a connection that cannot move fails
@@ -479,6 +515,9 @@ enum Plan {
         tree: std::collections::BTreeSet<u32>,
         to: String,
         path: PathBuf,
+        /// Seconds after which CRIU's lock of the exported connections is
+        /// deleted (0: left in place).
+        unlock_after: u64,
     },
     /// criu-hook at post-restore: have vnatd look for the restored sockets
     /// now.
@@ -493,7 +532,11 @@ enum Plan {
 /// What `criu-hook` does for the action CRIU names (None: nothing). Reads
 /// the tree and the images before connecting, as the other commands check
 /// their arguments first.
-fn criu_plan(to: &Option<String>, from: &Option<String>) -> Result<Option<Plan>, Failure> {
+fn criu_plan(
+    to: &Option<String>,
+    from: &Option<String>,
+    unlock_after: u64,
+) -> Result<Option<Plan>, Failure> {
     let env = criu::CriuEnv::from_process();
     Ok(match env.action()? {
         criu::Action::Ignored(_) => None,
@@ -508,6 +551,7 @@ fn criu_plan(to: &Option<String>, from: &Option<String>) -> Result<Option<Plan>,
                 tree,
                 to,
                 path: env.export_path()?,
+                unlock_after,
             })
         }
         criu::Action::PreRestore => {

@@ -132,6 +132,46 @@ impl Criu {
         hook: &Path,
         env: &[(&str, &str)],
     ) -> Duration {
+        let cmd = self.dump_command(ns, pid, images, hook, env);
+        self.run(cmd, images, "dump", "dump.log")
+    }
+
+    /// [`Criu::dump`] that is expected to fail: its wall time, or the end
+    /// of CRIU's output and log (what it said) when it failed.
+    pub fn try_dump(
+        &self,
+        ns: &Netns,
+        pid: u32,
+        images: &Path,
+        hook: &Path,
+        env: &[(&str, &str)],
+    ) -> Result<Duration, String> {
+        let mut cmd = self.dump_command(ns, pid, images, hook, env);
+        let start = Instant::now();
+        let out = cmd
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", self.path.display()));
+        if out.status.success() {
+            return Ok(start.elapsed());
+        }
+        let log = fs::read_to_string(images.join("dump.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        Err(format!(
+            "{} | {}",
+            tail(&out, 5),
+            lines[lines.len().saturating_sub(15)..].join("\n")
+        ))
+    }
+
+    fn dump_command(
+        &self,
+        ns: &Netns,
+        pid: u32,
+        images: &Path,
+        hook: &Path,
+        env: &[(&str, &str)],
+    ) -> Command {
         let mut cmd = ns.cmd(&self.path);
         cmd.args(["dump", "-t", &pid.to_string(), "-D"])
             .arg(images)
@@ -140,7 +180,7 @@ impl Criu {
             .arg(hook)
             .args(["-v4", "-o", "dump.log"])
             .envs(env.iter().copied());
-        self.run(cmd, images, "dump", "dump.log")
+        cmd
     }
 
     /// `criu restore -d` of `images` on `host`: run inside the host's

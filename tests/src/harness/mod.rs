@@ -39,7 +39,10 @@ pub use criu::{
     become_child_subreaper, criu_lock_tables, kill_and_reap, remove_criu_lock_tables,
     tcp_ext_counter, tcp_info, write_criu_hook, Criu, TcpInfo, CRIU_PREFIX,
 };
-pub use criu_move::{move_echo_server_with_criu, CriuMove};
+pub use criu_move::{
+    move_echo_server_with_criu, move_echo_server_with_criu_opts, CriuMove, CriuMoveOptions,
+    CriuNet, CriuScene,
+};
 pub use daemon::{TempDir, Vnatd};
 pub use echo::{EchoServer, UDP_DATAGRAM_SIZE};
 pub use host::{move_flow, Host, LaptopAndServer};

@@ -354,6 +354,13 @@ impl StreamClient {
         self.wait_final(Duration::from_secs(30))
     }
 
+    /// As [`StreamClient::stop`], for a client that is a field of a
+    /// larger struct (the CRIU scene).
+    pub fn stop_in_place(&mut self) -> StreamStatus {
+        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
+        self.wait_final(Duration::from_secs(30))
+    }
+
     /// Waits for the process to finish by itself (after `--duration-secs`)
     /// and returns its final summary.
     pub fn wait(mut self, timeout: Duration) -> StreamStatus {
