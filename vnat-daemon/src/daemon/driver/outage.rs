@@ -18,6 +18,10 @@ const OWN_CHECK_EVERY: Duration = Duration::from_millis(500);
 /// take turns.
 const SILENCE_LOOKS_MAX: usize = 512;
 
+/// Where VCMP has a connection: its local physical endpoint, whether it is
+/// moving, its peer's physical address.
+type Where = (SocketAddr, bool, IpAddr);
+
 /// What the driver keeps about unannounced outages.
 pub(super) struct Outages {
     /// This host's own TCP_USER_TIMEOUTs held while it is cut off (so that
@@ -315,11 +319,7 @@ impl Driver {
             return;
         }
         self.outages.next_own_check = now_i + OWN_CHECK_EVERY;
-        let state: Vec<(
-            VirtualFlow,
-            mobility::HeldKeepalive,
-            Option<(SocketAddr, bool, IpAddr)>,
-        )> = self
+        let state: Vec<(VirtualFlow, mobility::HeldKeepalive, Option<Where>)> = self
             .outages
             .own_timeouts
             .iter()
