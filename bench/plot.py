@@ -220,22 +220,23 @@ def tcprog(r, out):
 
 
 def criu(r, out):
-    fig, ax = plt.subplots(figsize=(7, 4))
-    names = ["freeze_ms", "dump_ms", "restore_ms"]
-    labels = ["freeze (client)", "criu dump", "criu restore"]
-    for i, n in enumerate(names):
-        samples = (r.get(n) or {}).get("samples", [])
+    fig, ax = plt.subplots(figsize=(8, 4))
+    cases = r.get("cases") or []
+    for i, c in enumerate(cases):
+        samples = (c.get("freeze_ms") or {}).get("samples", [])
         ax.scatter([i] * len(samples), samples, alpha=0.5)
-        ax.plot([i - 0.2, i + 0.2], [med(r.get(n) or {}) or 0] * 2, "k-")
+        ax.plot([i - 0.2, i + 0.2], [c.get("freeze_p50_ms") or 0] * 2, "k-")
+        ax.plot([i - 0.2, i + 0.2], [c.get("freeze_p99_ms") or 0] * 2, "k:")
     ref = r.get("reference", {})
-    for key, style in (("podmotion_median_ms", "r--"), ("podmotion_p99_ms", "r:")):
+    for key, style in (("podmotion_median_ms", "--"), ("podmotion_p99_ms", ":")):
         if key in ref:
-            ax.axhline(ref[key], color="r", linestyle=style[1:], label=key.replace("_ms", "").replace("_", " "))
-    ax.set_xticks(range(len(names)))
-    ax.set_xticklabels(labels)
-    ax.set_ylabel("ms")
+            ax.axhline(ref[key], color="r", linestyle=style, label=key.replace("_ms", "").replace("_", " "))
+    ax.set_xticks(range(len(cases)))
+    ax.set_xticklabels([c.get("case", "?") for c in cases])
+    ax.set_ylabel("freeze seen by the client, ms")
     ax.legend()
-    ax.set_title("CRIU %s migration, %s runs (black: median)" % (r.get("criu"), r.get("runs")))
+    where = "images over the network" if r.get("images_over_network") else "local images"
+    ax.set_title("CRIU %s migration, %s runs per case, %s (black: p50, dotted: p99)" % (r.get("criu"), r.get("runs"), where))
     save(fig, out, "criu")
 
 

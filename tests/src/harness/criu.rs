@@ -225,11 +225,17 @@ impl Criu {
         if !out.status.success() {
             let log = fs::read_to_string(images.join(log_file)).unwrap_or_default();
             let lines: Vec<&str> = log.lines().collect();
+            let errors: Vec<&str> = lines
+                .iter()
+                .copied()
+                .filter(|l| l.contains("Error") || l.contains("rror ("))
+                .collect();
             panic!(
-                "criu {what} failed ({}): {}\n--- end of {}:\n{}",
+                "criu {what} failed ({}): {}\n--- errors in {}:\n{}\n--- its end:\n{}",
                 out.status,
                 tail(&out, 10),
                 images.join(log_file).display(),
+                errors.join("\n"),
                 lines[lines.len().saturating_sub(40)..].join("\n")
             );
         }

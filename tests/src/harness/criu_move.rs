@@ -195,8 +195,17 @@ impl<'a> CriuScene<'a> {
             (true, true) => ("UDP6-LISTEN", format!("[{ip}]")),
         };
         let mut socat = s1.command("socat");
+        if opts.udp {
+            // As the harness's UDP echo: a child per peer on a socket
+            // connected to it, datagrams of the stream's size.
+            socat.args(["-T", "600", "-b", &super::UDP_DATAGRAM_SIZE.to_string()]);
+        }
+        let fork = if opts.udp { ",fork" } else { "" };
         socat
-            .arg(format!("{listen}:{},bind={bind},reuseaddr", server.port()))
+            .arg(format!(
+                "{listen}:{},bind={bind},reuseaddr{fork}",
+                server.port()
+            ))
             .arg("PIPE")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -344,6 +353,22 @@ fn carry_images(src: &Netns, from: &Path, dst: &Netns, dst_ip: IpAddr, to: &Path
     took
 }
 
+/// The children of `pid` (all its threads'), from /proc.
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .filter_map(Result::ok)
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| {
+            c.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
+}
+
 fn dir_bytes(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
         .map(|rd| {
@@ -383,12 +408,18 @@ pub fn move_echo_server_with_criu_opts(criu: &Criu, tag: &str, opts: CriuMoveOpt
     // second server's key into the images.
     let env = sc.dump_env();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    // socat's UDP child per peer: dumped and killed with it, then ours to
+    // reap (we are the subreaper), so that its pid is free to restore.
+    let children = children_of(sc.socat.id());
     let dumped_at = Instant::now();
     let dump = criu.dump(&sc.topo.server, sc.socat.id(), &sc.images, &sc.hook, &env);
     let at_dump = sc.client.latest().expect("status").verified;
     // CRIU killed the dumped socat (its socket, in repair mode, closed
     // without a word to the client); reap it so its pid is free to restore.
     sc.socat.wait().expect("reaping the dumped socat");
+    for c in children {
+        let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(c as i32), None);
+    }
     let export_mode = std::fs::metadata(sc.images.join("vnat-connections.json"))
         .map_or(0, |m| m.permissions().mode() & 0o7777);
     let lock_left_on_old_host = !criu_lock_tables(&sc.topo.server).is_empty();
