@@ -311,6 +311,9 @@ pub struct Driver {
     hider: super::hide::Hider,
     hide_due: bool,
     last_hidden: Option<crate::datapath::HideTable>,
+    /// Connections that lost their address and cannot move, said once
+    /// each (automatic mode looks every second) until they can again.
+    stuck_said: HashSet<VirtualFlow>,
 }
 
 impl Driver {
@@ -407,6 +410,7 @@ impl Driver {
             hider: Default::default(),
             hide_due: true,
             last_hidden: None,
+            stuck_said: HashSet::new(),
         }
     }
 

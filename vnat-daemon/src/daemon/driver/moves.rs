@@ -241,6 +241,10 @@ impl Driver {
             mobility::plan_moves(&tracked, &addrs, |ip| sources.get(&ip).copied().flatten());
         tracing::trace!(?tracked, ?addrs, ?sources, ?moves, "automatic mode");
         self.hold_stranded(&tracked, &addrs, &sources, &moves).await;
+        // A connection that cannot move is said once, until it is no move
+        // to make any more (it moved, closed, or its address came back).
+        self.stuck_said
+            .retain(|f| moves.iter().any(|m| m.flow == *f));
         // A connection placed by `vnatctl migrate` that lost its address
         // is automatic mode's again.
         for m in &moves {
@@ -260,7 +264,11 @@ impl Driver {
         let mut outcomes = Vec::new();
         let (candidates, stuck) = self.mover.starts(moves, |f| self.endpoint.connection(f));
         for m in stuck {
-            tracing::warn!(id = m.flow.id(), flow = %m.flow, peer = %m.remote_phys.ip(), "connection lost its address but cannot move: the peer runs no vnatd or pairing has not completed");
+            if self.stuck_said.insert(m.flow) {
+                tracing::warn!(id = m.flow.id(), flow = %m.flow, peer = %m.remote_phys.ip(), "connection lost its address but cannot move: the peer runs no vnatd or pairing has not completed");
+            } else {
+                tracing::debug!(id = m.flow.id(), flow = %m.flow, "still cannot move");
+            }
             outcomes.push((m.flow, Err(MoveRefused::NotMobile)));
         }
         let preempt = self.preempting(candidates.iter().map(|st| st.mv.flow));
