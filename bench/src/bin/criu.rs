@@ -82,6 +82,8 @@ struct Samples {
     image_kib: Vec<f64>,
     rtos: Vec<f64>,
     retrans: Vec<f64>,
+    /// Why each failed run failed.
+    failed: Vec<String>,
 }
 
 fn main() -> ExitCode {
@@ -115,12 +117,36 @@ fn main() -> ExitCode {
             let mut s = Samples::default();
             for i in 0..args.runs {
                 ensure!(!vnat_bench::interrupted(), "interrupted");
-                let m = move_echo_server_with_criu_opts(&criu, "bcriu", opts);
-                ensure!(
-                    m.stream_error.is_none() && m.socket_after == m.socket_before,
-                    "{name} run {i}: the client's connection did not survive: {:?}",
-                    m.stream_error
-                );
+                // A run that fails (a step that panics: CRIU, a daemon that
+                // does not answer under load; or a connection that did not
+                // survive) is counted and reported, not hidden: the other
+                // runs go on.
+                let run = std::panic::catch_unwind(|| {
+                    move_echo_server_with_criu_opts(&criu, "bcriu", opts)
+                });
+                let m = match run {
+                    Ok(m) if m.stream_error.is_none() && m.socket_after == m.socket_before => m,
+                    Ok(m) => {
+                        let why = format!(
+                            "the client's connection did not survive: {:?}",
+                            m.stream_error
+                        );
+                        eprintln!("{name} run {:>3}: FAILED: {why}", i + 1);
+                        s.failed.push(why);
+                        continue;
+                    }
+                    Err(panic) => {
+                        let why = panic
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                            .unwrap_or_else(|| "a step failed".into());
+                        let why = why.lines().next().unwrap_or("").to_string();
+                        eprintln!("{name} run {:>3}: FAILED: {why}", i + 1);
+                        s.failed.push(why);
+                        continue;
+                    }
+                };
                 eprintln!(
                     "{name} run {:>3}: freeze {:>4} ms  dump {:>4.0} ms  transfer {:>4.0} ms ({} KiB)  restore {:>4.0} ms  client RTOs {}  retransmitted {}",
                     i + 1,
@@ -159,6 +185,19 @@ fn main() -> ExitCode {
         );
         let mut json_cases = Vec::new();
         for (name, s) in &results {
+            if s.freeze.is_empty() {
+                table.push_str(&format!("{name}: every run failed ({})\n", s.failed.len()));
+                json_cases.push(json!({"case": name, "failed": s.failed}));
+                continue;
+            }
+            if !s.failed.is_empty() {
+                table.push_str(&format!(
+                    "{name}: {} of {} runs failed (first: {})\n",
+                    s.failed.len(),
+                    args.runs,
+                    s.failed[0]
+                ));
+            }
             table.push_str(&format!(
                 "{name:<28} {:>8} {:>8} {:>8} {:>8}\n",
                 "p50", "p99", "min", "max"
@@ -183,6 +222,7 @@ fn main() -> ExitCode {
                 "image_kib": Summary::of(&s.image_kib),
                 "client_rtos": Summary::of(&s.rtos),
                 "client_retransmitted": Summary::of(&s.retrans),
+                "failed": s.failed,
             }));
         }
         table.push_str(&format!(
