@@ -72,7 +72,7 @@ pub fn locks_only(table_text: &str, tuples: &[(SocketAddr, SocketAddr)]) -> bool
         .collect();
     let mut any = false;
     for e in elements(table_text) {
-        if !ours.iter().any(|o| *o == e) {
+        if !ours.contains(&e) {
             return false;
         }
         any = true;
