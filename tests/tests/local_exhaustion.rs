@@ -332,7 +332,11 @@ fn a_local_user_filling_the_maps_leaves_other_users_mobile() {
     // its handshake takes three seconds.
     let nft = |rules: &str| {
         let out = topo.router.run(&["nft", rules]);
-        assert!(out.status.success(), "nft {rules}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "nft {rules}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     };
     nft("add table ip lexsyn");
     nft("add chain ip lexsyn f { type filter hook input priority -10; }");
@@ -394,7 +398,10 @@ fn a_local_user_filling_the_maps_leaves_other_users_mobile() {
         "the attacker holds {held} of {CONNECTING_MAX_ENTRIES} connecting entries"
     );
     drop(connecting_flood);
-    eprintln!("the other user's connection was established {:?} after it started", started.elapsed());
+    eprintln!(
+        "the other user's connection was established {:?} after it started",
+        started.elapsed()
+    );
     let t = Instant::now();
     while !lapd.mobile_to("tcp", server_ip) {
         assert!(

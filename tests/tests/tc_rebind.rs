@@ -203,13 +203,26 @@ fn a_segment_with_the_connections_own_numbers_teaches_nothing() {
     pure.tcp_flags = 0x10;
     pure.payload.clear();
     for (frame, what) in [
-        (Spec::tcp("198.18.3.102:61000", SERVER).frame(), "a data segment"),
+        (
+            Spec::tcp("198.18.3.102:61000", SERVER).frame(),
+            "a data segment",
+        ),
         (pure.frame(), "a pure ACK"),
-        (tcp_bind("198.18.3.102:61000", [0; 8]), "a BIND with a zero token"),
+        (
+            tcp_bind("198.18.3.102:61000", [0; 8]),
+            "a BIND with a zero token",
+        ),
     ] {
         let out = run(&dp, false, &frame);
-        assert_eq!(out.verdict, SHOT, "{what} from the NAT must be dropped while the connection waits for its BIND");
-        assert_eq!(counter(&dp, "rebind_learned"), 0, "{what} taught the connection its port");
+        assert_eq!(
+            out.verdict, SHOT,
+            "{what} from the NAT must be dropped while the connection waits for its BIND"
+        );
+        assert_eq!(
+            counter(&dp, "rebind_learned"),
+            0,
+            "{what} taught the connection its port"
+        );
     }
     assert!(dp.rebind_pending(&key()).unwrap());
 }
@@ -376,7 +389,11 @@ fn a_syn_from_behind_the_nat_goes_on_and_other_segments_wait() {
     let f = syn.frame();
     let out = run(&dp, false, &f);
     assert_eq!((out.verdict, &out.packet), (PASS, &f), "a SYN must go on");
-    for (flags, what) in [(0x14u8, "a RST"), (0x12, "a SYN-ACK"), (0x08, "a PSH without ACK")] {
+    for (flags, what) in [
+        (0x14u8, "a RST"),
+        (0x12, "a SYN-ACK"),
+        (0x08, "a PSH without ACK"),
+    ] {
         let mut s = Spec::tcp("198.18.3.102:61000", SERVER);
         s.tcp_flags = flags;
         let f = s.frame();
@@ -395,7 +412,11 @@ fn a_syn_from_behind_the_nat_goes_on_and_other_segments_wait() {
 fn learning_stops_after_a_few_refusals() {
     let (dp, _pins) = rebinding("tc-rebind-stop");
     for i in 0..32u8 {
-        let out = run(&dp, false, &tcp_bind("198.18.3.102:61000", [i, 0x77, 0, 0, 0, 0, 0, 1]));
+        let out = run(
+            &dp,
+            false,
+            &tcp_bind("198.18.3.102:61000", [i, 0x77, 0, 0, 0, 0, 0, 1]),
+        );
         assert_eq!(out.verdict, SHOT);
     }
     assert!(counter(&dp, "rebind_refused") >= 8);

@@ -285,7 +285,10 @@ pub(crate) fn bind_proof(claim_key: &SecretKey, token: &[u8; TAG_LEN]) -> [u8; T
 /// request has its own, and it does not change when a suspend ratchets the
 /// connection's keys (which the two ends may do a moment apart).
 pub fn tcp_bind_token(claim_key: &SecretKey, nonce: u64, commitment: &[u8; TAG_LEN]) -> [u8; 8] {
-    let full = hmac(claim_key, &[b"vnat tcp bind v1", &nonce.to_be_bytes(), commitment]);
+    let full = hmac(
+        claim_key,
+        &[b"vnat tcp bind v1", &nonce.to_be_bytes(), commitment],
+    );
     let mut out = [0u8; 8];
     out.copy_from_slice(&full[..8]);
     // All zero is what an entry without a token holds: never a token.

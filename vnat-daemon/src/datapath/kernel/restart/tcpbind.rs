@@ -13,9 +13,9 @@ use std::net::SocketAddr;
 
 use vnat_common::{ConnRecord, TCP_BIND_HDR_LEN, TCP_BIND_OPT, TCP_BIND_TOKEN_LEN};
 
+use super::checksum;
 use super::rawsock::{pseudo_header, send_ip};
 use super::sockdiag::SockDiag;
-use super::checksum;
 use crate::datapath::{DatapathError, VirtualFlow};
 
 /// Send the TCP BIND with `token` for `flow` (its socket's record
@@ -37,14 +37,25 @@ pub fn send_tcp_bind(
     let rcv_nxt = record
         .rcv_nxt_base
         .wrapping_add(state.bytes_received as u32);
-    let seg = segment(local, remote, snd_nxt, rcv_nxt, state.advertised_window(), &token)
-        .ok_or(DatapathError::InvalidTranslation {
-            flow: *flow,
-            reason: "the connection's new endpoints are of two address families",
-        })?;
-    send_ip(local.ip(), remote.ip(), libc::IPPROTO_TCP as u8, &seg, || {
-        format!("sending a TCP BIND from {local} to {remote} on a raw socket")
+    let seg = segment(
+        local,
+        remote,
+        snd_nxt,
+        rcv_nxt,
+        state.advertised_window(),
+        &token,
+    )
+    .ok_or(DatapathError::InvalidTranslation {
+        flow: *flow,
+        reason: "the connection's new endpoints are of two address families",
     })?;
+    send_ip(
+        local.ip(),
+        remote.ip(),
+        libc::IPPROTO_TCP as u8,
+        &seg,
+        || format!("sending a TCP BIND from {local} to {remote} on a raw socket"),
+    )?;
     Ok(true)
 }
 
@@ -97,7 +108,10 @@ mod tests {
             let (l, r): (SocketAddr, SocketAddr) = (l.parse().unwrap(), r.parse().unwrap());
             let t = segment(l, r, 0x0102_0304, 0x0506_0708, 512, &token).unwrap();
             assert_eq!(t.len(), 32);
-            assert_eq!(&t[..16], &[0x9c, 0x40, 0x13, 0x89, 1, 2, 3, 4, 5, 6, 7, 8, 0x80, 0x10, 2, 0]);
+            assert_eq!(
+                &t[..16],
+                &[0x9c, 0x40, 0x13, 0x89, 1, 2, 3, 4, 5, 6, 7, 8, 0x80, 0x10, 2, 0]
+            );
             assert_eq!(&t[20..24], &[253, 12, b'v', b'n']);
             assert_eq!(&t[24..], &token);
             let mut pseudo = pseudo_header(l.ip(), r.ip(), 6, t.len());
