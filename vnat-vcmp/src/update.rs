@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 
 use super::endpoint::{Ctx, Endpoint, Event};
-use super::validation::{Group, Validation};
+use super::validation::{Group, Validation, ValidationKey};
 use super::wire::{Ext, Kind, Record};
 use crate::flow::{Proto, VirtualFlow};
 
@@ -124,7 +124,6 @@ impl Endpoint {
         seq: u64,
         vcmp: SocketAddr,
     ) {
-        let rto = self.rto(ctx, 0);
         let Some(c) = self.conns.get_mut(flow) else {
             return;
         };
@@ -151,28 +150,40 @@ impl Endpoint {
             local,
             remote: addr,
         });
+        self.challenge(ctx, flow, key, vcmp);
+    }
+
+    /// Validate `key`'s address for `flow`: join the validation of it under
+    /// way, or start one with a CHALLENGE to the peer's VCMP at `dst`.
+    fn challenge(
+        &mut self,
+        ctx: &mut Ctx,
+        flow: &VirtualFlow,
+        key: ValidationKey,
+        dst: SocketAddr,
+    ) {
         if self.validations.join(&key, *flow) {
             return;
         }
+        let rto = self.rto(ctx, 0);
         let nonce = ctx.nonce::<16>();
         self.validations.start(
             key,
             Validation {
                 anchor: *flow,
-                dst: vcmp,
+                dst,
                 nonce,
                 flows: HashSet::from([*flow]),
                 tries: 1,
                 deadline: ctx.now.plus(rto),
             },
         );
-        self.send_record(ctx, flow, Kind::Challenge, Ext::Nonce(nonce), vcmp);
+        self.send_record(ctx, flow, Kind::Challenge, Ext::Nonce(nonce), dst);
     }
 
     /// See [`Endpoint::on_upd`]: validate `from`, the address an update
     /// came from, for `flow` whose named address waits for validation.
     fn propose_nat_candidate(&mut self, ctx: &mut Ctx, flow: &VirtualFlow, from: SocketAddr) {
-        let rto = self.rto(ctx, 0);
         let Some(c) = self.conns.get_mut(flow) else {
             return;
         };
@@ -209,23 +220,7 @@ impl Endpoint {
             return;
         }
         let group = c.peer_key.map_or(Group::Conn(*flow), Group::Host);
-        let key = (from.ip(), group);
-        if self.validations.join(&key, *flow) {
-            return;
-        }
-        let nonce = ctx.nonce::<16>();
-        self.validations.start(
-            key,
-            Validation {
-                anchor: *flow,
-                dst: from,
-                nonce,
-                flows: HashSet::from([*flow]),
-                tries: 1,
-                deadline: ctx.now.plus(rto),
-            },
-        );
-        self.send_record(ctx, flow, Kind::Challenge, Ext::Nonce(nonce), from);
+        self.challenge(ctx, flow, (from.ip(), group), from);
     }
 
     /// A validation of the named address of `flow` is due (unanswered for
