@@ -7,6 +7,7 @@
 //! `anyhow` + `clap`, so `.ci/run` can use it on a fresh machine before
 //! anything else is installed.
 mod criu;
+mod fuzz;
 mod kernels;
 mod package;
 mod package_check;
@@ -177,6 +178,11 @@ enum Command {
         /// Stop after this many seconds.
         #[arg(long, default_value_t = 60)]
         seconds: u64,
+        /// Stop after the fuzzer has used this many seconds of CPU instead
+        /// (at nice 19, corpus kept in fuzz/corpus/TARGET): "one CPU-hour"
+        /// is --cpu-seconds 3600 whatever else runs on the machine.
+        #[arg(long, conflicts_with = "seconds")]
+        cpu_seconds: Option<u64>,
         /// Extra arguments for libFuzzer.
         #[arg(last = true)]
         args: Vec<OsString>,
@@ -269,8 +275,9 @@ fn dispatch(cli: Cli) -> Result<()> {
         Command::Fuzz {
             target,
             seconds,
+            cpu_seconds,
             args,
-        } => run::fuzz(&root, &target, seconds, &args),
+        } => run::fuzz(&root, &target, seconds, cpu_seconds, &args),
         Command::Package { no_prereq, verify } => {
             if !no_prereq {
                 prereq::run(false)?;

@@ -340,7 +340,13 @@ pub fn bench(root: &Path, name: &str, args: &[OsString]) -> Result<()> {
     )
 }
 
-pub fn fuzz(root: &Path, target: &str, seconds: u64, args: &[OsString]) -> Result<()> {
+pub fn fuzz(
+    root: &Path,
+    target: &str,
+    seconds: u64,
+    cpu_seconds: Option<u64>,
+    args: &[OsString],
+) -> Result<()> {
     let dir = root.join("fuzz");
     if !dir.join("Cargo.toml").is_file() {
         bail!(
@@ -362,6 +368,9 @@ pub fn fuzz(root: &Path, target: &str, seconds: u64, args: &[OsString]) -> Resul
         .is_ok_and(|o| o.status.success());
     if !has_cargo_fuzz {
         bail!("cargo-fuzz is not installed: run `cargo install cargo-fuzz`, then retry");
+    }
+    if let Some(cpu) = cpu_seconds {
+        return crate::fuzz::fuzz_cpu(root, target, cpu, args);
     }
     println!("==> fuzzing {target} for {seconds} s");
     // cargo-fuzz needs nightly for -Z sanitizer; reuse the eBPF nightly so
