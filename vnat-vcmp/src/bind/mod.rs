@@ -235,9 +235,11 @@ impl Endpoint {
         let nonce = self.binds.next_nonce;
         self.binds.next_nonce = nonce.wrapping_add(1).max(1);
         let b = encode_bind_req(&self.identity.public(), nonce, &[commitment]);
-        // The token before the request: the datapath must hold it by the
-        // time the answer can arrive (the driver installs it before it
-        // sends what the core queued).
+        // The token goes to the datapath with the events, which the driver
+        // takes after this datagram may have left: a BIND that arrives
+        // before the token is dropped and counts as no refusal, and the
+        // mover sends it again when our SWITCHED (sent after the token is
+        // in place) releases the connection.
         self.events.push_back(Event::ExpectTcpBind {
             flow: *flow,
             token: crypto::tcp_bind_token(key, nonce, &commitment),
