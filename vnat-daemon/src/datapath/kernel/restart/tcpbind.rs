@@ -4,10 +4,16 @@
 //! 5-tuple (our new physical address and the connection's port, to the
 //! peer's physical endpoint), so the NAT maps it as it maps the
 //! connection's segments, and it carries the socket's own numbers (a pure
-//! ACK at `snd_nxt`, acknowledging `rcv_nxt`, with the window the socket
-//! advertises), so that a NAT that tracks TCP windows takes it for one of
-//! the connection's segments. The peer's tc program drops it; if it ever
-//! reached the peer's socket, it would be a duplicate ACK.
+//! ACK at `snd_nxt`, with the window the socket advertises), so that a NAT
+//! that tracks TCP windows takes it for one of the connection's segments.
+//! It acknowledges one byte less than the socket has received: a host that
+//! does not expect it (no rebinding entry, so no tc program takes it)
+//! answers an unknown 4-tuple with a reset whose sequence number is the
+//! segment's acknowledgment number, and one byte before `rcv_nxt` that
+//! reset is outside our socket's window and ignored (RFC 5961), where at
+//! `rcv_nxt` exactly it would end the connection. The peer's tc program
+//! drops it; if it ever reached the peer's socket, it would be an old,
+//! ignored ACK.
 
 use std::net::SocketAddr;
 
@@ -41,7 +47,7 @@ pub fn send_tcp_bind(
         local,
         remote,
         snd_nxt,
-        rcv_nxt,
+        rcv_nxt.wrapping_sub(1),
         state.advertised_window(),
         &token,
     )
