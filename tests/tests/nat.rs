@@ -40,21 +40,6 @@ fn nat_router(topo: &LaptopRouterServer, ports: NatPorts) {
     }
 }
 
-/// Whether `d` lists a mobile `proto` connection with an end at `port`.
-fn mobile_on(d: &Vnatd, proto: &str, port: u16) -> bool {
-    let suffix = format!(":{port}");
-    d.ctl(&["ls", "--proto", proto])
-        .and_then(|v| v.as_array().cloned())
-        .is_some_and(|rows| {
-            rows.iter().any(|r| {
-                r["mobile"] == true
-                    && [&r["virtual_local"], &r["virtual_remote"]]
-                        .iter()
-                        .any(|a| a.as_str().is_some_and(|a| a.ends_with(&suffix)))
-            })
-        })
-}
-
 /// Streams from `lap` with `opts` (at 100 kB/s), each flowing.
 fn streams<const N: usize>(lap: &Host, opts: [StreamOptions; N]) -> Vec<StreamClient> {
     opts.into_iter()
@@ -358,12 +343,12 @@ fn udp_through_nat(tag: &str, ports: NatPorts) {
     wait_for(
         &format!("{tag}: the UDP flow never became mobile on the laptop"),
         30,
-        || mobile_on(&lapd, "udp", 5001),
+        || lapd.mobile_on("udp", 5001),
     );
     wait_for(
         &format!("{tag}: the UDP flow never became mobile on the server"),
         30,
-        || mobile_on(&srvd, "udp", 5001),
+        || srvd.mobile_on("udp", 5001),
     );
     assert!(
         counter(&srvd, "events", "binds_bound") >= 1,
@@ -489,12 +474,12 @@ fn both_flows_follow_the_laptop(
         wait_for(
             &format!("{tag}: {proto} never mobile on the laptop"),
             30,
-            || mobile_on(lapd, proto, port),
+            || lapd.mobile_on(proto, port),
         );
         wait_for(
             &format!("{tag}: {proto} never mobile on the server"),
             30,
-            || mobile_on(srvd, proto, port),
+            || srvd.mobile_on(proto, port),
         );
     }
     let before: Vec<_> = clients

@@ -19,21 +19,6 @@ use vnat_tests::{
     NatPorts, StreamClient, StreamOptions, TempDir, Vnatd, NAT_PUBLIC_B, SERVER_PUBLIC,
 };
 
-/// Whether `d` lists a mobile `proto` connection with an end at `port`.
-fn mobile_on(d: &Vnatd, proto: &str, port: u16) -> bool {
-    let suffix = format!(":{port}");
-    d.ctl(&["ls", "--proto", proto])
-        .and_then(|v| v.as_array().cloned())
-        .is_some_and(|rows| {
-            rows.iter().any(|r| {
-                r["mobile"] == true
-                    && [&r["virtual_local"], &r["virtual_remote"]]
-                        .iter()
-                        .any(|a| a.as_str().is_some_and(|a| a.ends_with(&suffix)))
-            })
-        })
-}
-
 fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + Duration::from_secs(secs);
     while !f() {
@@ -87,12 +72,12 @@ fn into_a_nat_and_back(tag: &str, ports: NatPorts, proto: &str) {
     wait_for(
         &format!("{tag}: the {proto} connection never became mobile on the laptop"),
         30,
-        || mobile_on(&lapd, proto, 5001),
+        || lapd.mobile_on(proto, 5001),
     );
     wait_for(
         &format!("{tag}: the {proto} connection never became mobile on the server"),
         30,
-        || mobile_on(&srvd, proto, 5001),
+        || srvd.mobile_on(proto, 5001),
     );
     let before = client.latest().expect("status");
 
@@ -174,12 +159,12 @@ fn udp_through_a_port_forward(tag: &str, from_a_nat: bool) {
     wait_for(
         &format!("{tag}: the flow to {SERVER_PUBLIC}:8053 never became mobile on the laptop"),
         30,
-        || mobile_on(&lapd, "udp", 8053),
+        || lapd.mobile_on("udp", 8053),
     );
     wait_for(
         &format!("{tag}: the flow to port 53 never became mobile on the server"),
         30,
-        || mobile_on(&srvd, "udp", 53),
+        || srvd.mobile_on("udp", 53),
     );
     let before = client.latest().expect("status");
 

@@ -126,6 +126,23 @@ impl Vnatd {
         lists_mobile(self.ctl(&["ls", "--proto", proto]), remote)
     }
 
+    /// Whether `vnatctl ls` shows a mobile connection of `proto` with an
+    /// end (virtual, local or remote) at port `port`: for a peer that names
+    /// the other end otherwise (behind a NAT, a port forward).
+    pub fn mobile_on(&self, proto: &str, port: u16) -> bool {
+        let suffix = format!(":{port}");
+        self.ctl(&["ls", "--proto", proto])
+            .and_then(|v| v.as_array().cloned())
+            .is_some_and(|rows| {
+                rows.iter().any(|r| {
+                    r["mobile"] == true
+                        && [&r["virtual_local"], &r["virtual_remote"]]
+                            .iter()
+                            .any(|a| a.as_str().is_some_and(|a| a.ends_with(&suffix)))
+                })
+            })
+    }
+
     /// Wait (at most 20 s) until [`Vnatd::mobile_to`]: paired with the
     /// peer's vnatd, which names the connection alike. Panics with the
     /// listing otherwise.
