@@ -18,7 +18,7 @@ pub use stats::*;
 
 /// Bumped whenever a map layout below changes; pinned maps from an older ABI
 /// are refused (and must be removed) rather than misread.
-pub const ABI_VERSION: u32 = 10;
+pub const ABI_VERSION: u32 = 11;
 
 pub const AF_INET: u8 = 2;
 pub const AF_INET6: u8 = 10;
@@ -544,6 +544,8 @@ unsafe impl aya::Pod for RebindValue {}
 /// Map of UDP sockets that called connect() before they had a local port
 /// (the cgroup connect hook runs before the kernel autobinds). Userspace
 /// completes these from sock_diag (by socket cookie) into [`MAP_CONNS`].
+/// Each entry is charged to its owner as a socket connecting
+/// ([`OwnerCounts::connecting`], shared with [`MAP_CONNECTING`]).
 pub const MAP_UDP_PENDING: &str = "VNAT_UDP_PENDING";
 pub const UDP_PENDING_MAX_ENTRIES: u32 = 16_384;
 

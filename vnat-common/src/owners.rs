@@ -68,7 +68,7 @@ pub struct OwnerCounts {
     pub udp: u32,
     /// Records in [`crate::MAP_GUESTS`] (TCP and UDP).
     pub guests: u32,
-    /// Entries in [`MAP_CONNECTING`].
+    /// Entries in [`MAP_CONNECTING`] and [`crate::MAP_UDP_PENDING`].
     pub connecting: u32,
 }
 const _: () = assert!(core::mem::size_of::<OwnerCounts>() == 16);
@@ -88,7 +88,8 @@ pub struct Budgets {
     pub udp_total: u32,
     /// Records of one user in [`crate::MAP_GUESTS`].
     pub guests_per_owner: u32,
-    /// Sockets of one user connecting at once ([`MAP_CONNECTING`]).
+    /// Sockets of one user connecting at once ([`MAP_CONNECTING`], and UDP
+    /// sockets connected before they had a port, [`crate::MAP_UDP_PENDING`]).
     pub connecting_per_owner: u32,
 }
 const _: () = assert!(core::mem::size_of::<Budgets>() == 24);
@@ -113,6 +114,8 @@ impl Budgets {
     pub const DEFAULT: Budgets = {
         let b = Budgets::for_sizes(CONNS_MAX_ENTRIES, GUESTS_MAX_ENTRIES);
         assert!(b.udp_total as u64 == UDP_MAX_RECORDS);
+        // One share of sockets connecting covers both maps that hold them.
+        assert!(crate::UDP_PENDING_MAX_ENTRIES >= CONNECTING_MAX_ENTRIES);
         b
     };
 }

@@ -15,7 +15,7 @@ use vnat_common::{
 
 /// BPF_F_NO_PREALLOC: entries are allocated on insert, so the capacity costs
 /// nothing until used.
-const NO_PREALLOC: u32 = 1;
+pub(crate) const NO_PREALLOC: u32 = 1;
 
 #[map]
 pub static VNAT_CONNS: HashMap<FlowKey, ConnRecord> =

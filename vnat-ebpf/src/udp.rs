@@ -16,7 +16,7 @@ use aya_ebpf::{
         bpf_ktime_get_boot_ns,
     },
     macros::{cgroup_sock, cgroup_sock_addr, map},
-    maps::{Array, LruHashMap},
+    maps::{Array, HashMap, LruHashMap},
     programs::{SockAddrContext, SockContext},
 };
 use vnat_common::{
@@ -27,7 +27,9 @@ use vnat_common::{
     UDP_DIR_SEND, UDP_PENDING_MAX_ENTRIES, UDP_PER_SOCKET_MAX, UDP_REFRESH_NS,
 };
 
-use crate::maps::{count, netns_is_ours, Owner, VNAT_CONNECTING, VNAT_CONNS, VNAT_GUESTS};
+use crate::maps::{
+    count, netns_is_ours, Owner, NO_PREALLOC, VNAT_CONNECTING, VNAT_CONNS, VNAT_GUESTS,
+};
 use crate::owners::{charge, udp_total, uncharge, Charge};
 
 const IPPROTO_UDP: u32 = 17;
@@ -37,9 +39,15 @@ const NOEXIST: u64 = 1;
 /// sock_addr programs must return 1 ("proceed"); 0 would fail the syscall.
 const PROCEED: i32 = 1;
 
+/// UDP sockets that called connect() before they had a local port
+/// (`vnat_common::MAP_UDP_PENDING`). Each entry is charged to its owner like
+/// a TCP socket still connecting (`Charge::Connecting`), and given back when
+/// the socket is released first; vnatd completes the entry into a record
+/// and its recount gives the charge back. A plain hash map: an LRU one would
+/// let one user's unbound sockets evict everyone else's.
 #[map]
-pub static VNAT_UDP_PENDING: LruHashMap<u64, UdpPending> =
-    LruHashMap::pinned(UDP_PENDING_MAX_ENTRIES, 0);
+pub static VNAT_UDP_PENDING: HashMap<u64, UdpPending> =
+    HashMap::pinned(UDP_PENDING_MAX_ENTRIES, NO_PREALLOC);
 
 /// Socket cookie to the last flow recorded for it. The release hook cannot
 /// read a socket's addresses (the verifier allows src_* only in post_bind
@@ -187,7 +195,13 @@ pub fn vnat_udp_release(ctx: SockContext) -> i32 {
     // SAFETY: the context pointer is the argument this helper requires
     // (ARG_PTR_TO_CTX); the verifier checks it at load time.
     let cookie = unsafe { bpf_get_socket_cookie(sk as *mut _) };
-    let _ = VNAT_UDP_PENDING.remove(&cookie);
+    // SAFETY: not preallocated (see `maps`); the uid is copied out at once.
+    let pending_uid = unsafe { VNAT_UDP_PENDING.get(&cookie) }.map(|p| p.record.owner_uid);
+    if let Some(uid) = pending_uid {
+        if VNAT_UDP_PENDING.remove(&cookie).is_ok() {
+            uncharge(uid, Charge::Connecting);
+        }
+    }
     // SAFETY: aya marks `get` unsafe because the entry of a preallocated map
     // (an LRU map always is) can be deleted and its memory reused for
     // another key while we hold the reference. The key is copied out at
@@ -408,7 +422,23 @@ fn record(ctx: &SockAddrContext, family: u8, origin: u8) {
         // after this hook. Userspace completes the record by cookie (a
         // guest's too: the record's namespace tells it apart).
         let pending = UdpPending { key, record: rec };
-        let _ = VNAT_UDP_PENDING.insert(&cookie, &pending, 0);
+        // A second connect() of the same socket replaces its entry, charged
+        // once.
+        // SAFETY: not preallocated (see `maps`); only whether it exists.
+        if unsafe { VNAT_UDP_PENDING.get(&cookie) }.is_some() {
+            let _ = VNAT_UDP_PENDING.insert(&cookie, &pending, 0);
+            return;
+        }
+        // Within its user's budget of sockets connecting at once (shared
+        // with TCP's), so that one user's unbound sockets cannot crowd out
+        // everyone's. Beyond it the flow is not recorded here; vnatd's
+        // listing adopts a connected socket it finds without a record.
+        if !charge(rec.owner_uid, Charge::Connecting) {
+            return;
+        }
+        if VNAT_UDP_PENDING.insert(&cookie, &pending, NOEXIST).is_err() {
+            uncharge(rec.owner_uid, Charge::Connecting);
+        }
         return;
     }
     // Separate budgets: UDP records never take the room TCP's need, and

@@ -114,6 +114,16 @@ impl KernelDatapath {
             .iter()
             .filter_map(Result::ok)
             .map(|(_, o)| o.uid)
+            .chain(
+                // UDP sockets connected before they had a port, not yet
+                // completed above, count as connecting too.
+                self.loaded
+                    .maps
+                    .udp_pending
+                    .iter()
+                    .filter_map(Result::ok)
+                    .map(|(_, p)| p.record.owner_uid),
+            )
             .collect();
         let counts = budgets::count_records(
             all.iter()
