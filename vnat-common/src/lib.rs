@@ -309,6 +309,15 @@ pub const NAT_F_HOLD: u32 = 4;
 /// programs ignore it.
 pub const NAT_F_ROUTED: u32 = 8;
 
+/// The flow's physical endpoints are of the other address family than its
+/// virtual ones (an IPv4 connection carried over IPv6 after its host moved
+/// to a network where it has only IPv6): the value's addresses are of the
+/// other family than the key's (IPv4 in word 0), and the translators change
+/// the packet's IP header between IPv4 and IPv6 (`bpf_skb_change_proto`).
+/// Programs that predate the bit would write the value's first words into
+/// the packet's own family: vnatd sets it only with programs that know it.
+pub const NAT_F_FAMILY: u32 = 16;
+
 /// Value of the NAT maps: the tuple a matching packet is rewritten to.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -121,4 +121,34 @@ counters! {
     /// Dropped: a TCP BIND that reached the tc ingress (taken, refused, or
     /// for a flow no longer rebinding): it carries nothing for a socket.
     STAT_TCP_BIND_CONSUMED = 35, "tcp_bind_consumed";
+    /// A packet of a flow carried in the other address family
+    /// (`NAT_F_FAMILY`) was translated between IPv4 and IPv6 (counted
+    /// besides `egress_translated` or `ingress_translated`).
+    STAT_FAMILY_TRANSLATED = 36, "family_translated";
+    /// Dropped: a packet of a flow carried in the other address family
+    /// that cannot be translated between IPv4 and IPv6 here: a fragment,
+    /// IPv4 options, IPv6 extension headers (a socket's own packets carry
+    /// none of them; the translated route's MTU keeps them unfragmented).
+    STAT_DROP_FAMILY_UNTRANSLATABLE = 37, "drop_family_untranslatable";
+    /// Dropped: a UDP-over-IPv4 datagram without checksum (legal in IPv4,
+    /// not in IPv6) of a flow carried over IPv6.
+    STAT_DROP_UDP_ZERO_CSUM = 38, "drop_udp_zero_csum";
+    /// Dropped: `bpf_skb_change_proto` refused to change a packet's IP
+    /// version (a GSO type it cannot carry over, no room).
+    STAT_DROP_FAMILY_FAILED = 39, "drop_family_failed";
+    /// Dropped: an ICMP or ICMPv6 error quoting a packet of a flow carried
+    /// in the other address family (not translated between ICMP and
+    /// ICMPv6; the flow's route MTU already allows for the larger header).
+    STAT_DROP_ICMP_FAMILY = 40, "drop_icmp_family";
+    /// Dropped by a NAT guard (`natguard`): a TCP segment from a peer's NAT
+    /// address to a guarded port that our kernel would have reset (no
+    /// socket but a listener), or a held UDP datagram from an unknown port
+    /// there: maybe the peer's connection, re-mapped by its NAT.
+    STAT_DROP_NAT_GUARD = 41, "drop_nat_guard";
+    /// A NAT guard let an unknown UDP source port through after holding it
+    /// (`GUARD_UDP_HOLD_NS`): no BIND claimed it, another host's new flow.
+    STAT_NAT_GUARD_RELEASED = 42, "nat_guard_released";
+    /// A rebinding TCP connection's TCP BIND with the right token came on
+    /// the recorded 4-tuple: its NAT did not re-map it; nothing to learn.
+    STAT_REBIND_UNCHANGED = 43, "rebind_unchanged";
 }

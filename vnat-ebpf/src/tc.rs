@@ -11,6 +11,7 @@
 //! (`CFG_F_NAT_EMPTY`), a packet costs one load from the config array and
 //! is not even parsed.
 
+mod family;
 mod frag;
 mod icmp;
 mod parse;
@@ -25,14 +26,15 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use vnat_common::{
-    FlowKey, NatRewrite, NAT_F_HOLD, NAT_F_REDIRECT, STAT_DROP_HELD, STAT_DROP_IPV6_EXTHDR,
-    STAT_DROP_REDIRECT_FAILED, STAT_EGRESS_REDIRECTED, STAT_EGRESS_TRANSLATED,
-    STAT_INGRESS_TRANSLATED, STAT_PASS_IPV6_EXTHDR,
+    FlowKey, NatRewrite, NAT_F_FAMILY, NAT_F_HOLD, NAT_F_REDIRECT, STAT_DROP_HELD,
+    STAT_DROP_IPV6_EXTHDR, STAT_DROP_REDIRECT_FAILED, STAT_EGRESS_REDIRECTED,
+    STAT_EGRESS_TRANSLATED, STAT_INGRESS_TRANSLATED, STAT_PASS_IPV6_EXTHDR,
 };
 
 use crate::maps::{
     bind_divert_port, count, nat_is_empty, rebinding, VNAT_EGRESS_NAT, VNAT_INGRESS_NAT,
 };
+use family::translate_family;
 use frag::{remember_fragment, translate_fragment};
 use icmp::translate_error;
 use parse::{parse, Parsed, PROTO_ICMP, PROTO_ICMPV6};
@@ -135,17 +137,37 @@ fn try_translate(ctx: &TcContext, dir: Dir, l2: usize) -> Result<i32, Drop> {
     if p.key.proto == PROTO_ICMP || p.key.proto == PROTO_ICMPV6 {
         return translate_error(ctx, &p, dir);
     }
-    if let Some(verdict) = translate_flow(ctx, &p, dir)? {
+    if let Some(verdict) = flow(ctx, &p, dir)? {
         return Ok(verdict);
     }
     // A rebinding flow's first packet through its peer's new NAT: its
     // translations are installed, then it is translated by them.
     if dir == Dir::Ingress && rebinding() && learn(ctx, &p)? {
-        if let Some(verdict) = translate_flow(ctx, &p, dir)? {
+        if let Some(verdict) = flow(ctx, &p, dir)? {
             return Ok(verdict);
         }
     }
     Ok(PASS)
+}
+
+/// What `translate_flow` answers for a flow carried in the other address
+/// family (`NAT_F_FAMILY`): not a verdict, and never returned by
+/// `flow`, which translates such a packet with `translate_family`.
+const FAMILY: i32 = i32::MIN;
+
+/// A TCP or UDP packet's verdict by its flow's entry (`None`: it has
+/// none).
+///
+/// A flow carried in the other family is translated by a call from here,
+/// not from `translate_flow`: a call from there would add
+/// `translate_family`'s frame to that one's, 576 bytes with the entry
+/// point's (the verifier allows 512), while from here the chain is 416.
+#[inline(always)]
+fn flow(ctx: &TcContext, p: &Parsed, dir: Dir) -> Result<Option<i32>, Drop> {
+    match translate_flow(ctx, p, dir)? {
+        Some(FAMILY) => translate_family(ctx, p, dir).map(Some),
+        other => Ok(other),
+    }
 }
 
 /// A TCP or UDP packet: translated by its flow's entry, if it has one
@@ -182,6 +204,12 @@ fn translate_flow(ctx: &TcContext, p: &Parsed, dir: Dir) -> Result<Option<i32>, 
         // the peer sends them again.
         count(STAT_DROP_HELD);
         return Ok(Some(TC_ACT_SHOT));
+    }
+    if nat.flags & NAT_F_FAMILY != 0 {
+        // Carried in the other address family: done by the caller, in a
+        // frame of its own (no fragments: nothing to remember for later
+        // ones).
+        return Ok(Some(FAMILY));
     }
     if p.frag.is_fragment && p.frag.more() {
         // The later fragments follow this one's flow.

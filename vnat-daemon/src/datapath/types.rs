@@ -293,12 +293,17 @@ pub fn validate_translation(t: &Translation) -> Result<(), DatapathError> {
             reason,
         })
     };
+    // The virtual endpoints are of one family and the physical ones of
+    // one; an IPv4 connection may be carried over IPv6 (its host moved to
+    // a network where it has only IPv6; the translators change the IP
+    // version, `NAT_F_FAMILY`), not the other way round.
     let v4 = t.flow.local.is_ipv4();
-    if [t.flow.remote, t.physical_local, t.physical_remote]
-        .iter()
-        .any(|a| a.is_ipv4() != v4)
-    {
-        return bad("all four endpoints must be of one address family");
+    let phys_v4 = t.physical_local.is_ipv4();
+    if t.flow.remote.is_ipv4() != v4 || t.physical_remote.is_ipv4() != phys_v4 {
+        return bad("both virtual endpoints must be of one address family, and both physical ones");
+    }
+    if phys_v4 && !v4 {
+        return bad("an IPv6 connection cannot be carried over IPv4");
     }
     for a in [
         t.flow.local,

@@ -9,9 +9,9 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use vnat_common::{
-    FlowKey, NatRewrite, AF_INET, NAT_F_HOLD, STAT_DROP_CSUM_FAILED, STAT_DROP_HELD,
-    STAT_DROP_REWRITE_FAILED, STAT_FRAGMENT_COLLISION, STAT_FRAGMENT_TRANSLATED,
-    STAT_PASS_FRAGMENT,
+    FlowKey, NatRewrite, AF_INET, NAT_F_FAMILY, NAT_F_HOLD, STAT_DROP_CSUM_FAILED,
+    STAT_DROP_FAMILY_UNTRANSLATABLE, STAT_DROP_HELD, STAT_DROP_REWRITE_FAILED,
+    STAT_FRAGMENT_COLLISION, STAT_FRAGMENT_TRANSLATED, STAT_PASS_FRAGMENT,
 };
 
 use super::parse::{
@@ -141,6 +141,12 @@ pub(super) fn translate_fragment(
     };
     if dir == Dir::Egress && nat.flags & NAT_F_HOLD != 0 {
         count(STAT_DROP_HELD);
+        return Ok(TC_ACT_SHOT);
+    }
+    if nat.flags & NAT_F_FAMILY != 0 {
+        // A datagram that was fragmented before its flow moved to the
+        // other family: not translated between families (`family.rs`).
+        count(STAT_DROP_FAMILY_UNTRANSLATABLE);
         return Ok(TC_ACT_SHOT);
     }
     if p.key.family == AF_INET {

@@ -24,8 +24,8 @@
 
 use aya_ebpf::{maps::HashMap, programs::TcContext};
 use vnat_common::{
-    FlowKey, NatRewrite, AF_INET, PROTO_TCP, PROTO_UDP, STAT_DROP_CSUM_FAILED,
-    STAT_DROP_REWRITE_FAILED, STAT_ICMP_TRANSLATED,
+    FlowKey, NatRewrite, AF_INET, NAT_F_FAMILY, PROTO_TCP, PROTO_UDP, STAT_DROP_CSUM_FAILED,
+    STAT_DROP_ICMP_FAMILY, STAT_DROP_REWRITE_FAILED, STAT_ICMP_TRANSLATED,
 };
 
 use super::parse::{
@@ -141,6 +141,13 @@ pub(super) fn translate_error(ctx: &TcContext, p: &Parsed, dir: Dir) -> Result<i
     let Some(nat) = (unsafe { map.get(&key) }).copied() else {
         return Ok(PASS);
     };
+    if nat.flags & NAT_F_FAMILY != 0 {
+        // An error about a flow carried in the other family would have to
+        // become an error of the other ICMP (RFC 7915 section 4.2, 5.2);
+        // not done: its kernel could not match it to the flow's socket
+        // as it is, and the flow's route MTU makes room for the header.
+        return Err(Drop(STAT_DROP_ICMP_FAMILY));
+    }
     rewrite_quote(ctx, p, &q, &nat, v4)?;
     // The outer addresses that are the flow's own: the destination (the
     // quoted packet's source), and the source if the error comes from the

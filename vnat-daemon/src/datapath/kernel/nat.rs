@@ -2,7 +2,7 @@
 //! [`Translation`] and read back into one (the pinned egress map is the
 //! record of every installed translation).
 
-use vnat_common::{FlowKey, NatRewrite, NAT_F_LO_ADDR_OURS};
+use vnat_common::{FlowKey, NatRewrite, AF_INET, AF_INET6, NAT_F_FAMILY, NAT_F_LO_ADDR_OURS};
 
 use crate::datapath::{flow_key, key_endpoints, Translation, VirtualFlow};
 
@@ -35,26 +35,46 @@ fn rewrite(
 
 /// Egress: virtual (as the local stack sends) to physical (on the wire).
 /// Ingress: physical (as received) to virtual (as the local stack expects).
+///
+/// A translation whose physical endpoints are of the other family than its
+/// virtual ones (an IPv4 connection carried over IPv6) gets
+/// `NAT_F_FAMILY` on both entries: the packets change IP version.
 pub fn pair_for(t: &Translation, ifindex: u32, flags: u32) -> NatPair {
     let f = &t.flow;
+    let flags = if t.physical_local.is_ipv4() != f.local.is_ipv4() {
+        flags | NAT_F_FAMILY
+    } else {
+        flags
+    };
     NatPair {
         egress_key: flow_key(f.proto, f.local, f.remote),
         egress: rewrite(t.physical_local, t.physical_remote, ifindex, flags),
         ingress_key: flow_key(f.proto, t.physical_remote, t.physical_local),
         // The reverse entry carries the ownership bit too, so a move that was
         // only prepared still knows what it added.
-        ingress: rewrite(f.remote, f.local, ifindex, flags & NAT_F_LO_ADDR_OURS),
+        ingress: rewrite(
+            f.remote,
+            f.local,
+            ifindex,
+            flags & (NAT_F_LO_ADDR_OURS | NAT_F_FAMILY),
+        ),
     }
 }
 
 /// The translation an egress entry describes.
 pub fn translation_of(key: &FlowKey, v: &NatRewrite) -> Option<Translation> {
     let flow = VirtualFlow::from_key(key)?;
+    let family = match (v.flags & NAT_F_FAMILY != 0, key.family) {
+        (false, f) => f,
+        (true, AF_INET) => AF_INET6,
+        (true, _) => AF_INET,
+    };
     let phys = FlowKey {
         src_addr_be: v.src_addr_be,
         dst_addr_be: v.dst_addr_be,
         src_port_be: v.src_port_be,
         dst_port_be: v.dst_port_be,
+        family,
         ..*key
     };
     let (physical_local, physical_remote) = key_endpoints(&phys)?;
@@ -69,6 +89,31 @@ pub fn translation_of(key: &FlowKey, v: &NatRewrite) -> Option<Translation> {
 mod tests {
     use super::*;
     use crate::datapath::Proto;
+
+    #[test]
+    fn a_connection_carried_in_the_other_family_reads_back() {
+        let t = Translation {
+            flow: VirtualFlow {
+                proto: Proto::Tcp,
+                local: "198.18.1.2:40000".parse().unwrap(),
+                remote: "198.18.3.2:5001".parse().unwrap(),
+            },
+            physical_local: "[fd00:5e:2::2]:40000".parse().unwrap(),
+            physical_remote: "[fd00:5e:3::2]:5001".parse().unwrap(),
+        };
+        let p = pair_for(&t, 3, 0);
+        assert_eq!(p.egress.flags & NAT_F_FAMILY, NAT_F_FAMILY);
+        assert_eq!(p.ingress.flags & NAT_F_FAMILY, NAT_F_FAMILY);
+        assert_eq!(p.egress_key.family, AF_INET);
+        assert_eq!(p.ingress_key.family, AF_INET6);
+        assert_eq!(translation_of(&p.egress_key, &p.egress), Some(t));
+        let same = Translation {
+            physical_local: "198.18.2.2:40000".parse().unwrap(),
+            physical_remote: "198.18.3.2:5001".parse().unwrap(),
+            ..t
+        };
+        assert_eq!(pair_for(&same, 3, 0).egress.flags & NAT_F_FAMILY, 0);
+    }
 
     #[test]
     fn pair_is_symmetric_and_reads_back() {

@@ -99,6 +99,9 @@ pub const VIA_TABLE_BASE: u32 = 0x766e_0000;
 /// before `main` (32766) and the rules VPN clients add above 5000.
 pub const VIA_RULE_PRIORITY: u32 = 1000;
 
+/// How much longer an IPv4 packet is as IPv6 (40-byte header for 20).
+pub const FAMILY_GROWTH: u32 = 20;
+
 fn via_rule(flow: &VirtualFlow, ifindex: u32) -> policy::FlowRule {
     policy::FlowRule {
         tcp: flow.proto == Proto::Tcp,
@@ -128,14 +131,29 @@ fn via_rule(flow: &VirtualFlow, ifindex: u32) -> policy::FlowRule {
 /// address are one peer's, which moves them together. (Two hosts behind
 /// one address that both moved onto this host's link at different
 /// addresses would share the last one's next hop.)
+///
+/// A flow carried in the other family (`route.gateway` is an IPv6 next hop
+/// for an IPv4 connection) gets an RFC 5549 route, and its MTU: the link's
+/// less the 20 bytes the IPv6 header adds in tc, so that TCP sizes its
+/// segments and the kernel its datagrams to fit once translated (TCP
+/// rereads the route's MTU at its next send, `tcp_current_mss`).
 pub fn add_via_route(flow: &VirtualFlow, route: &RouteInfo) -> Result<(), DatapathError> {
     let rule = via_rule(flow, route.ifindex);
+    let mtu = match route.gateway {
+        Some(g) if g.is_ipv4() != flow.remote.is_ipv4() => Some(
+            rtnl::link_mtu(route.ifindex)
+                .map_err(kernel(format!("reading the MTU of {}", route.dev)))?
+                .saturating_sub(FAMILY_GROWTH),
+        ),
+        _ => None,
+    };
     policy::set_table_route(
         flow.remote.ip(),
         route.gateway,
         route.ifindex,
         rule.table,
         ROUTE_PROTO,
+        mtu,
     )
     .map_err(kernel(format!(
         "adding the route to {} through {} in table {}",

@@ -9,8 +9,8 @@ use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F
 use netlink_packet_route::{
     link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage},
     route::{
-        RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope,
-        RouteType, RouteVia,
+        RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteMetric, RouteProtocol,
+        RouteScope, RouteType, RouteVia,
     },
     rule::{RuleAction, RuleAttribute, RuleMessage, RulePortRange},
     AddressFamily, IpProtocol, RouteNetlinkMessage,
@@ -20,13 +20,16 @@ use super::rtnl::{bits, call, family, host_route};
 
 /// The host route `dst` via `gateway` (None: on the link) on `oif` in
 /// routing table `table`, tagged with `protocol`, in place of the one there
-/// is (the table is vnat's own).
+/// is (the table is vnat's own). A gateway of the other family than `dst`
+/// is an RFC 5549 next hop (`RTA_VIA`, Linux 5.2); `mtu`, where given, is
+/// the route's.
 pub fn set_table_route(
     dst: IpAddr,
     gateway: Option<IpAddr>,
     oif: u32,
     table: u32,
     protocol: u8,
+    mtu: Option<u32>,
 ) -> io::Result<()> {
     let mut m = host_route(dst);
     m.header.table = RouteHeader::RT_TABLE_UNSPEC;
@@ -42,6 +45,10 @@ pub fn set_table_route(
         None => m.header.scope = RouteScope::Link,
     }
     m.attributes.push(RouteAttribute::Oif(oif));
+    if let Some(mtu) = mtu {
+        m.attributes
+            .push(RouteAttribute::Metrics(vec![RouteMetric::Mtu(mtu)]));
+    }
     call(
         RouteNetlinkMessage::NewRoute(m),
         NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,

@@ -256,6 +256,22 @@ pub fn link_type(ifindex: u32) -> io::Result<u16> {
         .ok_or_else(|| io::Error::other("the kernel answered a link query with no link"))
 }
 
+/// The MTU of interface `ifindex`.
+pub fn link_mtu(ifindex: u32) -> io::Result<u32> {
+    let mut m = LinkMessage::default();
+    m.header.index = ifindex;
+    call(RouteNetlinkMessage::GetLink(m), 0)?
+        .into_iter()
+        .find_map(|m| match m {
+            RouteNetlinkMessage::NewLink(l) => l.attributes.into_iter().find_map(|a| match a {
+                netlink_packet_route::link::LinkAttribute::Mtu(mtu) => Some(mtu),
+                _ => None,
+            }),
+            _ => None,
+        })
+        .ok_or_else(|| io::Error::other("the kernel answered a link query with no MTU"))
+}
+
 /// `VNAT_KERNEL_LACKS=ifa-proto`: read addresses as a kernel before 6.1
 /// gives them, without who added them.
 static NO_IFA_PROTO: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
