@@ -30,6 +30,9 @@ pub(crate) struct ProbeState {
     pub recv_seq: u64,
     /// Where the peer saw our last answered probe come from.
     pub reflexive: Option<SocketAddr>,
+    /// When a fresh, authentic probe, probe answer or connection record
+    /// of it last arrived.
+    pub last_heard: Option<Timestamp>,
 }
 
 impl Endpoint {
@@ -78,6 +81,7 @@ impl Endpoint {
     /// A PROBE or its answer from `from`; `bytes` is the whole datagram.
     pub(crate) fn on_probe(
         &mut self,
+        now: Timestamp,
         from: SocketAddr,
         peer: [u8; 32],
         seq: u64,
@@ -101,6 +105,7 @@ impl Endpoint {
                     return;
                 }
                 st.recv_seq = seq;
+                st.last_heard = Some(now);
                 // Fresh and authentic: the peer's VCMP is reachable there
                 // now (a NAT may have given it a new mapping).
                 self.peer_addrs.insert(peer, from);
@@ -122,10 +127,18 @@ impl Endpoint {
                 }
                 st.answered = true;
                 st.reflexive = Some(reflexive);
+                st.last_heard = Some(now);
                 self.stats.count(Counter::ProbeAnswers);
                 self.emit(crate::Event::ProbeAnswered { key: peer });
             }
         }
+    }
+
+    /// When `peer` (a paired host's key) was last heard from: a fresh,
+    /// authentic probe, probe answer (keepalives are probes) or connection
+    /// record of it; None if never since this endpoint started.
+    pub fn last_heard(&self, peer: &[u8; 32]) -> Option<Timestamp> {
+        self.probes.get(peer).and_then(|p| p.last_heard)
     }
 
     /// Where `peer` last saw this host's VCMP come from, if a probe told.

@@ -107,7 +107,7 @@ impl Endpoint {
                 seq,
                 observed,
                 ..
-            } => self.on_probe(from, static_pub, seq, observed, bytes),
+            } => self.on_probe(now, from, static_pub, seq, observed, bytes),
             Message::Error { code, .. } => {
                 // Unauthenticated: reported, and acted on only where the
                 // worst a forger gets is what we would do anyway.
@@ -226,6 +226,10 @@ impl Endpoint {
                 ReplayError::Duplicate(_) => Reject::ReplayDuplicate,
             });
             return None;
+        }
+        // Fresh and authentic: its host was heard from now (`vnatctl peers`).
+        if let Some(k) = c.peer_key {
+            self.probes.entry(k).or_default().last_heard = Some(ctx.now);
         }
         let res = match kind {
             Kind::SuspPrimary => self.on_susp_primary(from, ctx, &flow),
