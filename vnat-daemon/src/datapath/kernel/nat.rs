@@ -61,14 +61,21 @@ pub fn pair_for(t: &Translation, ifindex: u32, flags: u32) -> NatPair {
     }
 }
 
-/// The translation an egress entry describes.
-pub fn translation_of(key: &FlowKey, v: &NatRewrite) -> Option<Translation> {
-    let flow = VirtualFlow::from_key(key)?;
-    let family = match (v.flags & NAT_F_FAMILY != 0, key.family) {
+/// The family of the addresses in `v`, the value of `key`: the key's own,
+/// or the other one for a flow carried in the other family
+/// (`NAT_F_FAMILY`).
+pub fn value_family(key: &FlowKey, v: &NatRewrite) -> u8 {
+    match (v.flags & NAT_F_FAMILY != 0, key.family) {
         (false, f) => f,
         (true, AF_INET) => AF_INET6,
         (true, _) => AF_INET,
-    };
+    }
+}
+
+/// The translation an egress entry describes.
+pub fn translation_of(key: &FlowKey, v: &NatRewrite) -> Option<Translation> {
+    let flow = VirtualFlow::from_key(key)?;
+    let family = value_family(key, v);
     let phys = FlowKey {
         src_addr_be: v.src_addr_be,
         dst_addr_be: v.dst_addr_be,

@@ -485,6 +485,8 @@ pub(super) fn restored_key(key: &FlowKey, v: &NatRewrite) -> FlowKey {
         dst_addr_be: v.dst_addr_be,
         src_port_be: v.src_port_be,
         dst_port_be: v.dst_port_be,
+        // A flow carried in the other family restores the other one.
+        family: super::nat::value_family(key, v),
         ..*key
     }
 }
