@@ -23,6 +23,10 @@ pub struct Config {
     /// `migrate::Early`). Costs one STORE and one LOOKUP per server for
     /// every batch of moved connections, even when the peer stayed put.
     pub ask_location_servers_at_once: bool,
+    /// Also keep and look up locations in a store outside VCMP that the
+    /// daemon reaches (etcd; `vcmp::extstore`), after the location servers
+    /// and early like them (default false).
+    pub external_store: bool,
     /// First retransmission timeout (default 200 ms); doubled per retry.
     pub initial_rto: Duration,
     /// Largest retransmission timeout (default 3 s).
@@ -75,6 +79,7 @@ impl Default for Config {
             mtu: 1500,
             location_servers: Vec::new(),
             ask_location_servers_at_once: true,
+            external_store: false,
             initial_rto: Duration::from_millis(200),
             max_rto: Duration::from_secs(3),
             max_tries: 8,

@@ -175,6 +175,9 @@ pub struct Endpoint {
     /// Each connection's next deadline, in order (`timers.rs`).
     pub(crate) conn_timers: super::timers::ConnTimers,
     pub(crate) tx: TxQueue,
+    /// What goes to the external store instead of a datagram
+    /// (`vcmp::extstore`).
+    pub(crate) ext: super::extstore::ExtQueue,
     pub(crate) events: VecDeque<Event>,
     pub(crate) stats: Stats,
 }
@@ -217,6 +220,7 @@ impl Endpoint {
         Endpoint {
             store: LocationStore::new(cfg.store),
             tx,
+            ext: Default::default(),
             cfg,
             identity,
             conns: HashMap::new(),
@@ -534,6 +538,11 @@ impl Endpoint {
             return false;
         };
         let tag = super::crypto::record_tag(key, &buf[..n]);
+        if super::extstore::is_external(&dst) {
+            self.push_external(rec, &buf[..n], &tag, req);
+            self.stats.count(Counter::RecordsSent);
+            return true;
+        }
         self.tx.push_record(
             (dst, kind, rec.family(), req, src),
             &buf[..n],

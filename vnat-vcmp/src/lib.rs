@@ -34,6 +34,7 @@ mod ctx;
 pub mod endpoint;
 pub mod event;
 pub mod export;
+pub mod extstore;
 pub mod flow;
 pub mod help;
 pub mod location;
@@ -96,6 +97,8 @@ pub mod sim;
 mod sim_keyx_tests;
 #[cfg(test)]
 mod sim_location_tests;
+#[cfg(test)]
+mod sim_extstore_tests;
 #[cfg(test)]
 mod sim_nat_tests;
 #[cfg(test)]

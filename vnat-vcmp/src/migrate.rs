@@ -97,7 +97,7 @@ impl Endpoint {
         new_local: SocketAddr,
     ) {
         let port = self.cfg.port;
-        let servers = self.cfg.location_servers.clone();
+        let servers = self.location_targets();
         let Some(c) = self.conns.get_mut(flow) else {
             return;
         };
@@ -182,7 +182,7 @@ impl Endpoint {
         m.deadline = ctx.now.plus(rto);
         if m.idx == 0
             && self.cfg.ask_location_servers_at_once
-            && !self.cfg.location_servers.is_empty()
+            && (self.cfg.external_store || !self.cfg.location_servers.is_empty())
         {
             m.early = Early {
                 lookup_pending: true,
@@ -231,8 +231,7 @@ impl Endpoint {
 
     /// The early query at every location server (see [`Early`]).
     fn send_early_query(&mut self, ctx: &mut Ctx, flow: &VirtualFlow, early: Early, round: u32) {
-        for i in 0..self.cfg.location_servers.len() {
-            let server = self.cfg.location_servers[i];
+        for server in self.location_targets() {
             for (pending, kind) in [
                 (early.store_pending, Kind::Store),
                 (early.lookup_pending, Kind::Lookup),
@@ -466,7 +465,10 @@ impl Endpoint {
                 self.stats.reject(Reject::BadMac);
                 continue;
             }
-            if rec.seq <= c.location_seq {
+            // Older than a location already followed, or than a record
+            // the peer sent us itself: a replay (from a store, which
+            // keeps whatever it is given), never news.
+            if rec.seq <= c.location_seq.max(c.replay.highest()) {
                 self.stats.reject(Reject::StaleLocation);
                 continue;
             }
