@@ -8,10 +8,12 @@
 #![no_std]
 
 mod hidereach;
+mod natguard;
 mod owners;
 mod peek;
 mod stats;
 pub use hidereach::*;
+pub use natguard::*;
 pub use owners::*;
 pub use peek::*;
 pub use stats::*;

@@ -39,6 +39,13 @@ pub static VNAT_INGRESS_NAT: HashMap<FlowKey, NatRewrite> =
 pub static VNAT_REBIND: HashMap<RebindKey, RebindValue> =
     HashMap::pinned(REBIND_MAX_ENTRIES, NO_PREALLOC);
 
+/// NAT guards (`vnat_common::MAP_GUARD`), keyed like `VNAT_REBIND` with slot
+/// 0: one per NAT address and port of ours where a peer behind that NAT has
+/// a connection.
+#[map]
+pub static VNAT_GUARD: HashMap<RebindKey, vnat_common::GuardValue> =
+    HashMap::pinned(vnat_common::GUARD_MAX_ENTRIES, NO_PREALLOC);
+
 /// Who called connect() on a TCP socket (`vnat_common::MAP_CONNECTING`).
 ///
 /// Written by the connect4/connect6 hooks (`udp.rs`), not by sock_ops'

@@ -14,6 +14,7 @@
 mod family;
 mod frag;
 mod icmp;
+mod natguard;
 mod parse;
 mod rebind;
 mod rewrite;
@@ -38,6 +39,7 @@ use family::translate_family;
 use frag::{remember_fragment, translate_fragment};
 use icmp::translate_error;
 use parse::{parse, Parsed, PROTO_ICMP, PROTO_ICMPV6};
+use natguard::guard;
 use rebind::{divert_bind, learn};
 use rewrite::rewrite;
 
@@ -140,12 +142,16 @@ fn try_translate(ctx: &TcContext, dir: Dir, l2: usize) -> Result<i32, Drop> {
     if let Some(verdict) = flow(ctx, &p, dir)? {
         return Ok(verdict);
     }
-    // A rebinding flow's first packet through its peer's new NAT: its
-    // translations are installed, then it is translated by them.
-    if dir == Dir::Ingress && rebinding() && learn(ctx, &p)? {
-        if let Some(verdict) = flow(ctx, &p, dir)? {
-            return Ok(verdict);
+    if dir == Dir::Ingress && rebinding() {
+        // A rebinding flow's first packet through its peer's new NAT: its
+        // translations are installed, then it is translated by them.
+        if learn(ctx, &p)? {
+            if let Some(verdict) = flow(ctx, &p, dir)? {
+                return Ok(verdict);
+            }
         }
+        // What a peer's NAT that re-mapped a connection sends us now.
+        guard(ctx, &p)?;
     }
     Ok(PASS)
 }

@@ -71,6 +71,11 @@ pub struct FakeDatapath {
     /// Whether a batch is open ([`Datapath::begin_batch`]); batches do not
     /// nest.
     pub in_batch: bool,
+    /// Guarded connections and their peer's NAT ([`Datapath::guard_nat`]).
+    pub guarded: BTreeMap<VirtualFlow, std::net::IpAddr>,
+    /// What the next [`Datapath::nat_guard_drops`] returns (a test plays
+    /// the tc program's drops).
+    pub guard_drops: Vec<crate::datapath::GuardDrop>,
 }
 
 impl FakeDatapath {
@@ -491,6 +496,21 @@ impl Datapath for FakeDatapath {
         }
         self.prepared.insert(t.flow, *t);
         Ok(())
+    }
+
+    fn guard_nat(
+        &mut self,
+        flow: &VirtualFlow,
+        nat: std::net::IpAddr,
+    ) -> Result<(), DatapathError> {
+        self.take_failure()?;
+        self.guarded.insert(*flow, nat);
+        Ok(())
+    }
+
+    fn nat_guard_drops(&mut self) -> Result<Vec<crate::datapath::GuardDrop>, DatapathError> {
+        self.take_failure()?;
+        Ok(std::mem::take(&mut self.guard_drops))
     }
 
     fn remove_translation(&mut self, flow: &VirtualFlow) -> Result<(), DatapathError> {

@@ -15,6 +15,15 @@ mod types;
 
 pub use types::*;
 
+/// A NAT guard dropped packets from `nat` to our `local` endpoint: the NAT
+/// may have re-mapped a connection there (`Datapath::nat_guard_drops`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GuardDrop {
+    pub nat: IpAddr,
+    pub local: std::net::SocketAddr,
+    pub proto: Proto,
+}
+
 /// What the daemon can ask of the kernel.
 ///
 /// Every mutating call is all-or-nothing: on error the kernel state is as it
@@ -86,6 +95,16 @@ pub trait Datapath {
     /// undoing everything [`Datapath::install_translation`] set up for it
     /// that no other translation still needs.
     fn remove_translation(&mut self, flow: &VirtualFlow) -> Result<(), DatapathError>;
+
+    /// Guard `flow`, whose peer is behind a NAT at `nat`, against that NAT
+    /// re-mapping it (`vnat_common::natguard`): packets from `nat` to the
+    /// connection's port that nothing owns, which our kernel would reset
+    /// or take for a new peer's, are dropped and counted. Kept while the
+    /// connection is recorded; a later call moves it to another address.
+    fn guard_nat(&mut self, flow: &VirtualFlow, nat: IpAddr) -> Result<(), DatapathError>;
+
+    /// The guards that dropped packets since the last call.
+    fn nat_guard_drops(&mut self) -> Result<Vec<GuardDrop>, DatapathError>;
 
     /// The installed translations.
     fn translations(&self) -> Result<Vec<Translation>, DatapathError>;

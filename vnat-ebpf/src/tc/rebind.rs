@@ -6,7 +6,7 @@ use vnat_common::{
     FlowKey, NatRewrite, RebindKey, RebindValue, BIND_HEAD, BIND_LEN, BIND_MAGIC, PROTO_UDP,
     REBIND_MAX_REFUSALS, REBIND_SLOTS, STAT_BIND_DIVERTED, STAT_DROP_BIND_DIRECT,
     STAT_DROP_REBINDING, STAT_REBIND_LEARNED, STAT_REBIND_REFUSED, STAT_REBIND_STOPPED,
-    STAT_TCP_BIND_CONSUMED, TCP_BIND_HDR_LEN, TCP_BIND_OPT,
+    STAT_REBIND_UNCHANGED, STAT_TCP_BIND_CONSUMED, TCP_BIND_HDR_LEN, TCP_BIND_OPT,
 };
 
 use super::parse::{Parsed, UDP_CSUM_OFF};
@@ -53,7 +53,7 @@ pub(super) fn udp_rebinding(p: &Parsed) -> Result<(), Drop> {
 /// Whether some flow is rebinding toward the packet's source address and
 /// destination port.
 #[inline(always)]
-fn rebinding(p: &Parsed) -> bool {
+pub(super) fn rebinding(p: &Parsed) -> bool {
     let mut rk = rebind_key(p);
     for slot in 0..REBIND_SLOTS {
         rk.slot = slot;
@@ -69,7 +69,7 @@ fn rebinding(p: &Parsed) -> bool {
 /// flow's. Recorded flows are keyed as the local stack names them: our end
 /// first.
 #[inline(always)]
-fn recorded(p: &Parsed) -> bool {
+pub(super) fn recorded(p: &Parsed) -> bool {
     let own = FlowKey {
         src_addr_be: p.key.dst_addr_be,
         dst_addr_be: p.key.src_addr_be,
@@ -93,9 +93,10 @@ fn recorded(p: &Parsed) -> bool {
 /// TCP flags (RFC 9293 section 3.1), at byte 13 of the header; the data
 /// offset in the high nibble of byte 12.
 const TCP_DOFF_OFF: usize = 12;
-const TCP_FLAGS_OFF: usize = 13;
-const TCP_SYN: u8 = 0x02;
-const TCP_ACK: u8 = 0x10;
+pub(super) const TCP_FLAGS_OFF: usize = 13;
+pub(super) const TCP_SYN: u8 = 0x02;
+pub(super) const TCP_RST: u8 = 0x04;
+pub(super) const TCP_ACK: u8 = 0x10;
 
 /// The token of a TCP BIND (`vnat_common::TCP_BIND_OPT`): a segment whose
 /// header is exactly the option's length and whose options start with it;
@@ -129,8 +130,11 @@ fn tcp_bind_token(ctx: &TcContext, p: &Parsed) -> Option<[u32; 2]> {
 ///   stranger's): dropped. The peer's TCP sends them again.
 #[inline(always)]
 pub(super) fn learn_tcp(ctx: &TcContext, p: &Parsed) -> Result<bool, Drop> {
-    if !rebinding(p) || recorded(p) {
+    if !rebinding(p) {
         return Ok(false);
+    }
+    if recorded(p) {
+        return unchanged(ctx, p);
     }
     let Ok(flags) = ctx.load::<u8>(p.l4 + TCP_FLAGS_OFF) else {
         return Ok(false);
@@ -190,6 +194,44 @@ pub(super) fn learn_tcp(ctx: &TcContext, p: &Parsed) -> Result<bool, Drop> {
         }
     }
     Err(Drop(STAT_TCP_BIND_CONSUMED))
+}
+
+/// A segment of a recorded connection, from an address some flow is
+/// rebinding toward, to that flow's port. If it is a TCP BIND whose token
+/// is a rebinding flow's, and that flow is this very connection (its
+/// virtual remote end is where the segment comes from: asked after a
+/// suspected re-map, its NAT had kept the mapping), the rebind ends with
+/// nothing to learn and the BIND is dropped. Anything else belongs to the
+/// recorded connection and goes on.
+#[inline(always)]
+fn unchanged(ctx: &TcContext, p: &Parsed) -> Result<bool, Drop> {
+    let Some(token) = tcp_bind_token(ctx, p) else {
+        return Ok(false);
+    };
+    if token == [0, 0] {
+        return Ok(false);
+    }
+    let mut rk = rebind_key(p);
+    for slot in 0..REBIND_SLOTS {
+        rk.slot = slot;
+        let Some(vp) = VNAT_REBIND.get_ptr(&rk) else {
+            continue;
+        };
+        // SAFETY: as in `learn_tcp`; only the numbers are read.
+        let same = unsafe {
+            let v = &*vp;
+            (v.token == token || v.token_prev == token)
+                && v.virt_remote_port_be == p.key.src_port_be
+                && v.virt_local_port_be == p.key.dst_port_be
+                && v.virt_remote_addr_be == p.key.src_addr_be
+        };
+        if same {
+            let _ = VNAT_REBIND.remove(&rk);
+            count(STAT_REBIND_UNCHANGED);
+            return Err(Drop(STAT_TCP_BIND_CONSUMED));
+        }
+    }
+    Ok(false)
 }
 
 /// Install a rebinding flow's translations (from the entry at `vp`) for

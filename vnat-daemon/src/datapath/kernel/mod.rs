@@ -19,6 +19,7 @@ mod levers;
 mod listing;
 mod mirror;
 mod nat;
+mod natguard;
 mod net;
 mod object;
 mod peerns;
@@ -87,7 +88,8 @@ pub struct KernelDatapath {
     tc_current: std::collections::BTreeSet<u32>,
     /// Interfaces kept attached without a translation (`standby_tc`).
     standby: std::collections::BTreeSet<u32>,
-    /// Interfaces kept attached to divert in-band BINDs (`divert_binds`).
+    /// Interfaces kept attached to divert in-band BINDs (`divert_binds`)
+    /// or for NAT guards (`guard_nat`).
     bind_ifaces: std::collections::BTreeSet<u32>,
     /// Addresses on `lo` that a translation entry marks as vnat's
     /// (NAT_F_LO_ADDR_OURS), as far as this process has seen: saves a scan
@@ -132,6 +134,8 @@ pub struct KernelDatapath {
     /// after [`rebind_limit`] (while it waits, packets from that address to
     /// that port that no recorded flow owns are dropped).
     rebinds_since: StdHashMap<RebindKey, std::time::Instant>,
+    /// NAT guards this process wrote (`natguard.rs`).
+    guards: natguard::Guards,
     /// When connections were last looked for to adopt (`adopt.rs`).
     last_adoption: Option<std::time::Instant>,
     /// Sockets whose sequence numbers could not be read yet: tries, and
@@ -214,6 +218,7 @@ impl KernelDatapath {
             bind_divert_port: 0,
             rebinds: std::collections::HashSet::new(),
             rebinds_since: StdHashMap::new(),
+            guards: Default::default(),
             last_adoption: None,
             adopt_backoff: StdHashMap::new(),
             hide_mirror: None,
@@ -363,7 +368,7 @@ impl KernelDatapath {
             Err(e) => return Err(map_err(name)(e)),
         }
         self.mirror.remove(egress, key);
-        if self.mirror.is_empty() {
+        if self.mirror.is_empty() && self.guards.is_empty() {
             // Closing the gate is only a saving: the removal stands if
             // it cannot be written, and the next removal tries again.
             if let Err(e) = self.set_nat_empty(true) {
@@ -718,6 +723,7 @@ impl Datapath for KernelDatapath {
     fn maintain(&mut self) -> Result<(), DatapathError> {
         self.sync_udp()?;
         self.drop_closed_adopted()?;
+        self.drop_closed_guards()?;
         if self
             .last_adoption
             .is_none_or(|t| t.elapsed() >= adopt::ADOPT_EVERY)
@@ -771,6 +777,14 @@ impl Datapath for KernelDatapath {
         self.remove(flow)
     }
 
+    fn guard_nat(&mut self, flow: &VirtualFlow, nat: IpAddr) -> Result<(), DatapathError> {
+        self.guard_flow(flow, nat)
+    }
+
+    fn nat_guard_drops(&mut self) -> Result<Vec<super::GuardDrop>, DatapathError> {
+        self.guard_drops()
+    }
+
     fn begin_batch(&mut self) {
         *self.memo.get_mut() = Some(RouteMemo::default());
         rtnl::pin_netns();
@@ -818,7 +832,7 @@ impl Datapath for KernelDatapath {
                     Err(e) => tracing::warn!(error = %e, "cannot read the learned translations"),
                 }
             }
-            if self.rebinds.is_empty() {
+            if self.rebinds.is_empty() && self.guards.is_empty() {
                 if let Err(e) = self.set_rebinding(false) {
                     tracing::debug!(error = %e, "cannot mark rebinding done");
                 }

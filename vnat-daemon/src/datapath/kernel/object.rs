@@ -77,6 +77,8 @@ pub struct Maps {
     pub udp_count: Array<MapData, u64>,
     pub udp_per_sock: HashMap<MapData, u64, u32>,
     pub rebind: HashMap<MapData, RebindKey, RebindValue>,
+    /// NAT guards (`vnat_common::natguard`, `natguard.rs`).
+    pub guard: HashMap<MapData, RebindKey, vnat_common::GuardValue>,
     /// Hide location: the hiding cgroups, the addresses, the translated
     /// flows connect() and sendmsg() leave alone (`hide.rs`).
     pub hide_cgroups: HashMap<MapData, u64, u32>,
@@ -314,6 +316,8 @@ pub fn load(bpffs: &Path) -> Result<Loaded, DatapathError> {
         udp_pending: HashMap::try_from(take(&mut ebpf, MAP_UDP_PENDING)?)
             .map_err(map_err(MAP_UDP_PENDING))?,
         rebind: HashMap::try_from(take(&mut ebpf, MAP_REBIND)?).map_err(map_err(MAP_REBIND))?,
+        guard: HashMap::try_from(take(&mut ebpf, vnat_common::MAP_GUARD)?)
+            .map_err(map_err(vnat_common::MAP_GUARD))?,
         udp_count: Array::try_from(take(&mut ebpf, MAP_UDP_COUNT)?)
             .map_err(map_err(MAP_UDP_COUNT))?,
         udp_per_sock: HashMap::try_from(take(&mut ebpf, MAP_UDP_PER_SOCK)?)

@@ -1,0 +1,278 @@
+//! The NAT guard (`vnat_common::natguard`, issue 32 item 2), run by the
+//! kernel on crafted packets through BPF_PROG_TEST_RUN: a connection whose
+//! peer sits behind a NAT that may re-map it (a reboot, a carrier-grade NAT
+//! re-mapping an idle flow). After a re-map the peer's packets come from
+//! the NAT's address and an unknown port; our kernel would reset such a TCP
+//! segment and give such a UDP datagram to the application as a new
+//! peer's. The guard drops them (counted, and reported to vnatd, which asks
+//! the peer for a BIND), and nothing else: what the kernel has a socket
+//! for, a SYN, a recorded flow, another port of ours, go on. A host sharing
+//! the NAT that sends whatever it likes teaches nothing: only a BIND with
+//! the token vnatd wrote does, and only while vnatd asked for one.
+//!
+//! The peer's NAT address here is 127.0.0.1, the server's port a real
+//! listener's there, so that the guard's socket lookup (run in the test's
+//! own namespace) finds real sockets.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::time::Duration;
+
+use support::packet::Spec;
+use support::{counter, run};
+use vnat_common::{RebindKey, RebindValue, AF_INET, PROTO_TCP, TCP_BIND_OPT};
+use vnat_daemon::datapath::{
+    kernel::{KernelDatapath, KernelOptions},
+    Datapath, GuardDrop, Proto, VirtualFlow,
+};
+use vnat_tests::BpffsDir;
+
+const PASS: u32 = -1i32 as u32;
+const SHOT: u32 = 2;
+const NAT: &str = "127.0.0.1";
+
+fn open(tag: &str) -> (KernelDatapath, BpffsDir) {
+    let pins = BpffsDir::new(tag);
+    let dp = KernelDatapath::open(&KernelOptions {
+        bpffs: pins.path().to_path_buf(),
+        cgroups: vec![],
+        tc_attach: vnat_tests::harness::tc_attach(),
+        sysctl_record: None,
+    })
+    .unwrap_or_else(|e| panic!("opening the kernel datapath: {e}"));
+    (dp, pins)
+}
+
+/// A real server on 127.0.0.1 and one connection to it (the peer's, as
+/// the NAT mapped it): (server, the peer's mapped endpoint, the sockets).
+fn server_with_a_connection() -> (SocketAddr, SocketAddr, TcpListener, TcpStream, TcpStream) {
+    let listener = TcpListener::bind((NAT, 0)).expect("listen on 127.0.0.1");
+    let server = listener.local_addr().unwrap();
+    let client = TcpStream::connect(server).expect("connect");
+    let (accepted, _) = listener.accept().expect("accept");
+    let peer = client.local_addr().unwrap();
+    (server, peer, listener, client, accepted)
+}
+
+fn flow(proto: Proto, server: SocketAddr, peer: SocketAddr) -> VirtualFlow {
+    VirtualFlow {
+        proto,
+        local: server,
+        remote: peer,
+    }
+}
+
+fn nat() -> IpAddr {
+    NAT.parse().unwrap()
+}
+
+/// A port of 127.0.0.1 no socket uses (a client port just released).
+fn free_port() -> u16 {
+    let l = TcpListener::bind((NAT, 0)).unwrap();
+    l.local_addr().unwrap().port()
+}
+
+fn tcp_bind(src: SocketAddr, dst: SocketAddr, token: [u8; 8]) -> Vec<u8> {
+    let mut s = Spec::tcp(&src.to_string(), &dst.to_string());
+    s.tcp_flags = 0x10;
+    s.payload.clear();
+    s.tcp_options = TCP_BIND_OPT.iter().chain(token.iter()).copied().collect();
+    s.frame()
+}
+
+#[test]
+fn a_tcp_guard_drops_only_what_the_kernel_would_reset() {
+    let (mut dp, _pins) = open("tc-guard-tcp");
+    let (server, peer, _l, mut client, mut accepted) = server_with_a_connection();
+    dp.insert_guard(&flow(Proto::Tcp, server, peer), nat())
+        .unwrap();
+    let remapped: SocketAddr = SocketAddr::new(nat(), free_port());
+
+    // The connection's own segments (the kernel has its socket): on.
+    let own = Spec::tcp(&peer.to_string(), &server.to_string()).frame();
+    let out = run(&dp, false, &own);
+    assert_eq!((out.verdict, &out.packet), (PASS, &own));
+    assert_eq!(dp.nat_guard_drops().unwrap(), vec![]);
+
+    // The same connection re-mapped by the NAT: our kernel has only the
+    // listener for it and would reset it. Dropped, counted, reported once.
+    let moved = Spec::tcp(&remapped.to_string(), &server.to_string()).frame();
+    let out = run(&dp, false, &moved);
+    assert_eq!(
+        out.verdict, SHOT,
+        "a segment the kernel would reset must be dropped"
+    );
+    assert_eq!(counter(&dp, "drop_nat_guard"), 1);
+    assert_eq!(
+        dp.nat_guard_drops().unwrap(),
+        vec![GuardDrop {
+            nat: nat(),
+            local: server,
+            proto: Proto::Tcp,
+        }]
+    );
+    assert_eq!(dp.nat_guard_drops().unwrap(), vec![], "reported once");
+
+    // A new connection from behind the NAT (a SYN), and a reset: the
+    // kernel's business.
+    let mut syn = Spec::tcp(&remapped.to_string(), &server.to_string());
+    syn.tcp_flags = 0x02;
+    syn.payload.clear();
+    let f = syn.frame();
+    assert_eq!(run(&dp, false, &f).verdict, PASS, "a SYN must go on");
+    let mut rst = Spec::tcp(&remapped.to_string(), &server.to_string());
+    rst.tcp_flags = 0x14;
+    rst.payload.clear();
+    assert_eq!(run(&dp, false, &rst.frame()).verdict, PASS);
+
+    // Another connection from behind the NAT, not accepted (nor recorded)
+    // yet: the kernel has its socket, so its segments go on.
+    let second = TcpStream::connect(server).expect("second connect");
+    let second_ep = second.local_addr().unwrap();
+    let mut ack = Spec::tcp(&second_ep.to_string(), &server.to_string());
+    ack.tcp_flags = 0x10;
+    ack.payload.clear();
+    let f = ack.frame();
+    assert_eq!(
+        run(&dp, false, &f).verdict,
+        PASS,
+        "another connection's segment must go on"
+    );
+
+    // Another port of ours: not guarded.
+    let other: SocketAddr = SocketAddr::new(nat(), free_port());
+    let f = Spec::tcp(&remapped.to_string(), &other.to_string()).frame();
+    assert_eq!(run(&dp, false, &f).verdict, PASS);
+
+    // A host behind the NAT sends in-window data and TCP BINDs with made-up
+    // tokens from the unknown port: dropped, and nothing is learned (no
+    // rebind is waiting; only vnatd starts one, and only the peer's BIND
+    // with its token ends it).
+    for frame in [
+        Spec::tcp(&remapped.to_string(), &server.to_string()).frame(),
+        tcp_bind(remapped, server, [7; 8]),
+        tcp_bind(remapped, server, [0; 8]),
+    ] {
+        assert_eq!(run(&dp, false, &frame).verdict, SHOT);
+    }
+    assert_eq!(counter(&dp, "rebind_learned"), 0);
+    assert_eq!(
+        dp.translations().unwrap(),
+        vec![],
+        "a guard teaches nothing"
+    );
+    assert_eq!(dp.sync_learned().unwrap(), 0);
+
+    // And the real connection still works (nothing reached its sockets).
+    client.write_all(b"ping").unwrap();
+    let mut buf = [0u8; 4];
+    accepted
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    accepted.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"ping");
+}
+
+#[test]
+fn a_udp_guard_holds_an_unknown_port_for_a_few_seconds_then_lets_it_through() {
+    let (mut dp, _pins) = open("tc-guard-udp");
+    let server: SocketAddr = SocketAddr::new(nat(), 5353);
+    let peer: SocketAddr = SocketAddr::new(nat(), 40000);
+    dp.insert_guard(&flow(Proto::Udp, server, peer), nat())
+        .unwrap();
+    // The flow as the server's recorders know it: its datagrams go on.
+    dp.insert_conn_record(
+        vnat_daemon::datapath::flow_key(Proto::Udp, server, peer),
+        Default::default(),
+    )
+    .unwrap();
+    let own = Spec::udp(&peer.to_string(), &server.to_string()).frame();
+    assert_eq!(run(&dp, false, &own).verdict, PASS);
+
+    // The flow re-mapped (or a stranger's new flow: the same datagram):
+    // held, and reported.
+    let a = Spec::udp("127.0.0.1:41000", &server.to_string()).frame();
+    let b = Spec::udp("127.0.0.1:41001", &server.to_string()).frame();
+    assert_eq!(run(&dp, false, &a).verdict, SHOT);
+    assert_eq!(run(&dp, false, &a).verdict, SHOT);
+    assert_eq!(
+        run(&dp, false, &b).verdict,
+        SHOT,
+        "another port waits its turn"
+    );
+    assert_eq!(counter(&dp, "drop_nat_guard"), 3);
+    assert_eq!(dp.nat_guard_drops().unwrap().len(), 1);
+
+    // Nobody claimed it with a BIND within the hold: another host's flow,
+    // let through for good, with nothing learned.
+    std::thread::sleep(
+        Duration::from_nanos(vnat_common::GUARD_UDP_HOLD_NS) + Duration::from_millis(200),
+    );
+    assert_eq!(run(&dp, false, &a).verdict, PASS, "held without end");
+    assert_eq!(run(&dp, false, &a).verdict, PASS);
+    assert_eq!(counter(&dp, "nat_guard_released"), 1);
+    assert_eq!(dp.translations().unwrap(), vec![]);
+}
+
+/// After a suspected re-map vnatd asks the peer for its TCP BIND; a NAT
+/// that kept the mapping brings it on the recorded 4-tuple: the rebind
+/// ends with nothing to learn (`rebind_unchanged`), and the BIND, a pure
+/// ACK for the socket's past, is dropped. A BIND with another token on
+/// that tuple is the recorded connection's segment, as before.
+#[test]
+fn a_tcp_bind_on_the_recorded_tuple_says_the_port_is_unchanged() {
+    let (mut dp, _pins) = open("tc-guard-same");
+    let server: SocketAddr = "198.18.3.2:5001".parse().unwrap();
+    let peer: SocketAddr = "198.18.3.101:40000".parse().unwrap();
+    let words = |a: SocketAddr| match a {
+        SocketAddr::V4(v4) => [u32::from_ne_bytes(v4.ip().octets()), 0, 0, 0],
+        SocketAddr::V6(_) => unreachable!(),
+    };
+    let token = [0x5a, 1, 2, 3, 4, 5, 6, 0xa5];
+    let key = RebindKey {
+        src_addr_be: words(peer),
+        dst_addr_be: words(server),
+        dst_port_be: server.port().to_be(),
+        family: AF_INET,
+        proto: PROTO_TCP,
+        slot: 0,
+        _pad: [0; 3],
+    };
+    dp.insert_rebind(
+        key,
+        RebindValue {
+            virt_remote_addr_be: words(peer),
+            virt_local_addr_be: words(server),
+            virt_remote_port_be: peer.port().to_be(),
+            virt_local_port_be: server.port().to_be(),
+            token: [
+                u32::from_ne_bytes([token[0], token[1], token[2], token[3]]),
+                u32::from_ne_bytes([token[4], token[5], token[6], token[7]]),
+            ],
+            token_prev: [0; 2],
+            redirect_ifindex: 0,
+            flags: 0,
+            refusals: 0,
+        },
+    )
+    .unwrap();
+    dp.insert_conn_record(
+        vnat_daemon::datapath::flow_key(Proto::Tcp, server, peer),
+        Default::default(),
+    )
+    .unwrap();
+    let wrong = tcp_bind(peer, server, [9; 8]);
+    let out = run(&dp, false, &wrong);
+    assert_eq!((out.verdict, &out.packet), (PASS, &wrong));
+    assert!(dp.rebind_pending(&key).unwrap());
+    assert_eq!(
+        run(&dp, false, &tcp_bind(peer, server, token)).verdict,
+        SHOT
+    );
+    assert_eq!(counter(&dp, "rebind_unchanged"), 1);
+    assert!(!dp.rebind_pending(&key).unwrap(), "the rebind must end");
+    assert_eq!(counter(&dp, "rebind_learned"), 0);
+    assert_eq!(dp.translations().unwrap(), vec![]);
+}
