@@ -167,6 +167,12 @@ struct Args {
     /// moving only.
     #[arg(long)]
     nat: bool,
+    /// The laptop moves from a routed address (network A, no NAT) to
+    /// behind a NAT (network B, nftables source NAT with random ports):
+    /// the server validates the NAT's address and learns its port from the
+    /// connection's TCP BIND. One end moving only.
+    #[arg(long, conflicts_with = "nat")]
+    into_nat: bool,
     /// Junk and forged VCMP datagrams at the server's port 2031 from an
     /// off-path host, this many a second, from just before the move until
     /// the run ends (forged UPDs for the connection, PAIR_INITs, random
@@ -237,11 +243,17 @@ struct Case {
     scenario: Scenario,
     /// The laptop moves from one NAT to another (`--nat`).
     nat: bool,
+    /// The laptop moves from a routed address into a NAT (`--into-nat`).
+    into_nat: bool,
 }
 
 impl Case {
     fn key(self) -> String {
-        let nat = if self.nat { "nat_" } else { "" };
+        let nat = match (self.nat, self.into_nat) {
+            (true, _) => "nat_",
+            (_, true) => "into_nat_",
+            _ => "",
+        };
         match self.movers {
             Movers::One => format!("{nat}{}", self.scenario.key()),
             Movers::Both => format!("{nat}both_{}", self.scenario.key()),
@@ -249,7 +261,11 @@ impl Case {
     }
 
     fn label(self) -> String {
-        let nat = if self.nat { "behind NAT, " } else { "" };
+        let nat = match (self.nat, self.into_nat) {
+            (true, _) => "behind NAT, ",
+            (_, true) => "into a NAT, ",
+            _ => "",
+        };
         match self.movers {
             Movers::One => format!("{nat}{}", self.scenario.label()),
             Movers::Both => format!("{nat}both, {}", self.scenario.label()),
@@ -368,6 +384,7 @@ fn run(args: &Args) -> Result<()> {
                         movers: m,
                         scenario: *scenario,
                         nat: args.nat,
+                        into_nat: args.into_nat,
                     },
                     *runs,
                 )
@@ -457,6 +474,7 @@ fn sweep(args: &Args) -> Result<()> {
             movers,
             scenario,
             nat: args.nat,
+            into_nat: args.into_nat,
         };
         let runs = args.runs.unwrap_or(if outage_s == 0 { 3 } else { 1 });
         let mut done = Vec::new();

@@ -26,6 +26,14 @@ pub(super) fn measure(setup: &RunSetup) -> Result<RunResult> {
         );
         vnat_tests::nat_router(&topo).map_err(anyhow::Error::msg)?;
     }
+    if case.into_nat {
+        ensure!(
+            !both,
+            "--into-nat measures the laptop moving alone (--movers one)"
+        );
+        vnat_tests::nat_router_b_only(&topo, vnat_tests::NatPorts::FullyRandom)
+            .map_err(anyhow::Error::msg)?;
+    }
     // Both moving: the server's second link, delayed the same, and the
     // location server's host.
     let link_e = both.then(|| add_server_link_e(&topo));
