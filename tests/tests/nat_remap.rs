@@ -7,15 +7,17 @@
 //! 4-tuple it has no socket for, for UDP another peer than the server's
 //! socket was talking to.
 //!
-//! What must happen (not done yet, so both tests are ignored with what
-//! breaks today): the laptop's vnatd notices from its keepalive's answer
-//! (its reflexive address changed) and re-binds as after a move behind a
-//! new NAT (TCP BIND, UDP in-band BIND); the server's datapath keeps its
-//! kernel from answering the re-mapped segments with a reset, and its
-//! application from taking the re-mapped datagrams for a new peer's,
-//! meanwhile. The application's socket stays the same at both ends and
-//! every byte arrives. Run them with `cargo xtask test --no-prereq --phase
-//! integration --tests nat_remap -- --ignored`.
+//! What happens: the server's vnatd guards each connection whose peer is
+//! behind a NAT (`vnat_common::natguard`): its tc ingress drops the
+//! re-mapped segments its kernel would reset, and holds the re-mapped
+//! datagrams its application would take for a new peer's, and vnatd, which
+//! reads the guard's drops every 250 ms, asks the laptop for the
+//! connection's BIND, as after a move behind a new NAT (`vcmp::remap`).
+//! The NAT forgot the laptop's VCMP mapping too, so the request reaches the
+//! laptop once its next keepalive (1 s here, `--keepalive-secs`) has come
+//! from the new one; the BIND (TCP BIND, UDP in-band BIND) then teaches the
+//! server the new port. The application's socket stays the same at both
+//! ends and every byte arrives, within about 1.5 s of the flush.
 
 use std::{net::SocketAddr, time::Duration};
 
@@ -137,13 +139,11 @@ fn survives_a_nat_remap(tag: &str, proto: &str) {
 }
 
 #[test]
-#[ignore = "issue 32 item 2, not done: the server's kernel resets the re-mapped connection (ECONNRESET at the laptop about 1 s in)"]
 fn a_tcp_stream_survives_its_nat_forgetting_the_mapping() {
     survives_a_nat_remap("nrmt", "tcp");
 }
 
 #[test]
-#[ignore = "issue 32 item 2, not done: the server's application takes the re-mapped flow for a new peer's (a second socket)"]
 fn a_udp_flow_survives_its_nat_forgetting_the_mapping() {
     survives_a_nat_remap("nrmu", "udp");
 }

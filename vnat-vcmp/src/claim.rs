@@ -290,13 +290,20 @@ impl Endpoint {
         let Some(c) = self.conns.get_mut(flow) else {
             return;
         };
-        if let Some(old) = c.peer_named.replace(named) {
+        let before = c.peer_named.replace(named);
+        let nat = c.remote_phys.ip();
+        if let Some(old) = before {
             if old != named {
                 self.aliases.remove(&old);
             }
         }
         if named != *flow && !self.conns.contains_key(&named) {
             self.aliases.insert(named, *flow);
+        }
+        // The peer names its end otherwise than we do: a NAT is in front
+        // of it, which may re-map the connection some day (`vcmp::remap`).
+        if before != Some(named) && named.remote != flow.remote {
+            self.emit(Event::GuardNat { flow: *flow, nat });
         }
     }
 

@@ -142,6 +142,11 @@ pub enum Event {
         remote: SocketAddr,
         token: [u8; 8],
     },
+    /// `flow`'s peer is behind a NAT at `nat` (it names its end otherwise
+    /// than we do): guard the connection against that NAT re-mapping it
+    /// (`Datapath::guard_nat`), and report what the guard drops with
+    /// `Endpoint::nat_guard_dropped`.
+    GuardNat { flow: VirtualFlow, nat: IpAddr },
     /// The paired host `key` answered a probe that
     /// [`Endpoint::probe_host`] sent: its vnatd is there.
     ///

@@ -43,6 +43,7 @@ mod pairing;
 mod probe;
 mod proof;
 mod recv;
+mod remap;
 pub mod replay;
 pub mod roles;
 pub mod stats;
@@ -103,6 +104,8 @@ mod sim_extstore_tests;
 mod sim_nat_tests;
 #[cfg(test)]
 mod sim_pairing_tests;
+#[cfg(test)]
+mod sim_remap_tests;
 #[cfg(test)]
 mod sim_stranger_tests;
 #[cfg(test)]

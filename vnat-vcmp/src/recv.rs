@@ -107,7 +107,11 @@ impl Endpoint {
                 seq,
                 observed,
                 ..
-            } => self.on_probe(now, from, static_pub, seq, observed, bytes),
+            } => {
+                let before = self.peer_addrs.get(&static_pub).copied();
+                self.on_probe(now, from, static_pub, seq, observed, bytes);
+                self.peer_vcmp_moved(static_pub, before);
+            }
             Message::Error { code, .. } => {
                 // Unauthenticated: reported, and acted on only where the
                 // worst a forger gets is what we would do anyway.

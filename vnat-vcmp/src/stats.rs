@@ -31,6 +31,7 @@ pub enum Counter {
     LookupsServed,
     MigrationAborted,
     MigrationCompleted,
+    NatRemapSuspected,
     PairCookieEchoed,
     PairCookiesSent,
     PairCrossingIgnored,
@@ -70,7 +71,7 @@ pub enum Counter {
 
 impl Counter {
     /// Every value, in name order.
-    pub const ALL: [Counter; 59] = [
+    pub const ALL: [Counter; 60] = [
         Counter::BindAgain,
         Counter::BindDivertFailed,
         Counter::BindRequestsDropped,
@@ -95,6 +96,7 @@ impl Counter {
         Counter::LookupsServed,
         Counter::MigrationAborted,
         Counter::MigrationCompleted,
+        Counter::NatRemapSuspected,
         Counter::PairCookieEchoed,
         Counter::PairCookiesSent,
         Counter::PairCrossingIgnored,
@@ -159,6 +161,7 @@ impl Counter {
             Counter::LookupsServed => "lookups_served",
             Counter::MigrationAborted => "migration_aborted",
             Counter::MigrationCompleted => "migration_completed",
+            Counter::NatRemapSuspected => "nat_remap_suspected",
             Counter::PairCookieEchoed => "pair_cookie_echoed",
             Counter::PairCookiesSent => "pair_cookies_sent",
             Counter::PairCrossingIgnored => "pair_crossing_ignored",

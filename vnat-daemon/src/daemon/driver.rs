@@ -23,6 +23,7 @@ use tokio::{net::UdpSocket, sync::mpsc};
 mod control;
 mod helping;
 mod moves;
+mod natguard;
 mod outage;
 mod persisted;
 mod settling;
@@ -281,6 +282,9 @@ pub struct Driver {
     /// The address watch fired since `update_kept` last ran (see
     /// `Datapath::keep_local` on renewing).
     kept_renew_due: bool,
+    /// When the NAT guards' drops are read next (`driver/natguard.rs`);
+    /// None while none was set.
+    next_guard_poll: Option<std::time::Instant>,
     /// The host's addresses as last seen, for the check that a connection
     /// vnatd starts to manage uses one of them.
     host_addrs: super::hostaddrs::HostAddresses,
@@ -401,6 +405,7 @@ impl Driver {
             standby_due: true,
             kept: None,
             kept_renew_due: false,
+            next_guard_poll: None,
             next_orphan_check: std::time::Instant::now(),
             orphans: HashSet::new(),
             helpers: helping::Helpers::new(),
@@ -501,6 +506,9 @@ impl Driver {
                     next_resync = tokio::time::Instant::now() + wait;
                 }
                 Some(cmd) = commands.recv() => self.command(cmd).await,
+                _ = tokio::time::sleep_until(tokio::time::Instant::from_std(
+                        self.next_guard_poll.unwrap_or(far))),
+                    if self.next_guard_poll.is_some() => self.poll_nat_guards().await,
                 _ = tokio::time::sleep_until(tokio::time::Instant::from_std(
                         self.next_helper_wake().unwrap_or(far))),
                     if self.next_helper_wake().is_some() => {}

@@ -187,6 +187,7 @@ impl Endpoint {
     /// A connection that goes: no BIND is asked for it any more.
     pub(crate) fn forget_rebind(&mut self, flow: &VirtualFlow) {
         self.binds.clear_reask(flow);
+        self.binds.remapped.remove(flow);
         self.binds.untrack_udp(flow);
         self.binds.tcp_tokens.remove(flow);
     }
@@ -194,6 +195,14 @@ impl Endpoint {
     /// The next time `bind_timeouts` has work.
     pub(crate) fn next_bind_timeout(&self) -> Option<Timestamp> {
         self.binds.reask_at.next()
+    }
+
+    /// Ask for the BIND of the rebinding flow `flow` again now, outside
+    /// its timer (its peer's VCMP has a new mapping: `vcmp::remap`).
+    pub(crate) fn resend_rebind_request(&mut self, flow: &VirtualFlow) {
+        if self.request_rebind(flow) {
+            self.stats.count(Counter::BindRequestsResent);
+        }
     }
 
     /// Send (or queue) a BIND_REQ for a rebinding flow; false if it is not

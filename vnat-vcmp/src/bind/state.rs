@@ -96,6 +96,9 @@ pub(crate) struct BindState {
     /// The time of the input being handled (for what the public
     /// `binds_diverted`, which is not given one, sends).
     pub(crate) clock: Timestamp,
+    /// When a re-map of each connection by its peer's NAT was last
+    /// suspected (`vcmp::remap`); one entry per connection at most.
+    pub(crate) remapped: HashMap<VirtualFlow, Timestamp>,
 }
 
 impl Default for BindState {
@@ -119,6 +122,7 @@ impl Default for BindState {
             requests: PeerBudget::new(8, 32),
             last_all: HashMap::new(),
             clock: Timestamp(0),
+            remapped: HashMap::new(),
         }
     }
 }
@@ -127,6 +131,11 @@ impl BindState {
     pub(super) fn set_reask(&mut self, flow: VirtualFlow, tries: u32, at: Timestamp) {
         self.reasks.insert(flow, tries);
         self.reask_at.set(flow, Some(at));
+    }
+
+    /// Whether a BIND is still asked for `flow` (its rebind waits).
+    pub(crate) fn asking(&self, flow: &VirtualFlow) -> bool {
+        self.reask_at.get(flow).is_some()
     }
 
     pub(super) fn clear_reask(&mut self, flow: &VirtualFlow) {

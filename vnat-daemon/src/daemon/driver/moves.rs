@@ -471,6 +471,7 @@ impl Driver {
                     }
                     self.endpoint.binds_diverted(toward, r.is_ok());
                 }
+                Event::GuardNat { flow, nat } => self.guard_nat(flow, nat).await,
                 Event::SendInBand {
                     local,
                     remote,
