@@ -23,7 +23,7 @@ use rand_core::{CryptoRng, RngCore};
 use super::ctx::Ctx;
 use super::endpoint::Endpoint;
 use super::flow::VirtualFlow;
-use super::location::LocKey;
+use super::location::{LocKey, SavedRecord};
 use super::wire::{self, Ext, Kind, Message, Record, TAG_LEN};
 use super::Timestamp;
 
@@ -131,6 +131,16 @@ impl ExtQueue {
     }
 }
 
+/// A record as a store value (a one-record STORE datagram).
+pub fn encode_value(rec: &Record) -> Option<Vec<u8>> {
+    let mut signed = [0u8; wire::MAX_SIGNED_LEN];
+    let n = rec.write_signed(&mut signed).ok()?;
+    let mut value = Vec::with_capacity(wire::HEADER_LEN + n + TAG_LEN);
+    wire::begin_records(&mut value, Kind::Store, rec.family(), 0);
+    wire::push_record(&mut value, &signed[..n], &rec.tag).ok()?;
+    Some(value)
+}
+
 /// A record read back from a store value (a one-record STORE datagram).
 pub fn decode_value(value: &[u8]) -> Result<Record, wire::WireError> {
     match Message::decode(value)? {
@@ -198,6 +208,17 @@ impl Endpoint {
             }
             _ => {}
         }
+    }
+
+    /// The embedded store's records, to be saved across a restart
+    /// (`LocationStore::saved`).
+    pub fn saved_locations(&self, now: Timestamp) -> Vec<SavedRecord> {
+        self.store.saved(now)
+    }
+
+    /// Records saved by a previous vnatd, back into the embedded store.
+    pub fn restore_locations(&mut self, now: Timestamp, saved: &[SavedRecord]) -> usize {
+        self.store.restore(now, saved)
     }
 
     /// The next request for the external store, if any.

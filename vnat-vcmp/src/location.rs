@@ -114,6 +114,15 @@ impl Default for StoreLimits {
     }
 }
 
+/// A record of the store as saved across a restart.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SavedRecord {
+    pub source: IpAddr,
+    /// Its lifetime left.
+    pub left: Duration,
+    pub value: Vec<u8>,
+}
+
 struct Stored {
     record: Record,
     source: IpAddr,
@@ -182,10 +191,15 @@ impl LocationStore {
     /// Keep `rec` (a STORE record) sent from `source`. Returns whether it
     /// was kept.
     pub fn store(&mut self, now: Timestamp, source: IpAddr, rec: Record) -> bool {
+        self.store_for(now, source, rec, self.limits.ttl)
+    }
+
+    /// [`LocationStore::store`] for `ttl` (at most the store's).
+    fn store_for(&mut self, now: Timestamp, source: IpAddr, rec: Record, ttl: Duration) -> bool {
         let Ext::Locator(key) = rec.ext else {
             return false;
         };
-        let expires = now.plus(self.limits.ttl);
+        let expires = now.plus(ttl.min(self.limits.ttl));
         // One slot per source address and key: a source only ever replaces
         // its own record (with a higher sequence number), never another
         // source's, so forged records from elsewhere cannot push out the
@@ -225,6 +239,45 @@ impl LocationStore {
         self.total += 1;
         *self.per_source.entry(source).or_default() += 1;
         true
+    }
+
+    /// Every live record, to be saved across a restart of vnatd: its
+    /// source, how long it has left, and its bytes (a one-record STORE
+    /// datagram, as `extstore` keeps records).
+    pub fn saved(&self, now: Timestamp) -> Vec<SavedRecord> {
+        let mut out = Vec::with_capacity(self.total);
+        for s in self.entries.values().flatten() {
+            if s.expires <= now {
+                continue;
+            }
+            if let Some(value) = super::extstore::encode_value(&s.record) {
+                out.push(SavedRecord {
+                    source: s.source,
+                    left: s.expires.since(now),
+                    value,
+                });
+            }
+        }
+        out
+    }
+
+    /// Take back records saved by [`LocationStore::saved`], within the
+    /// store's limits; what does not decode is left out. Returns how many
+    /// were kept.
+    pub fn restore(&mut self, now: Timestamp, saved: &[SavedRecord]) -> usize {
+        let mut kept = 0;
+        for s in saved {
+            if s.left.is_zero() {
+                continue;
+            }
+            let Ok(rec) = super::extstore::decode_value(&s.value) else {
+                continue;
+            };
+            if self.store_for(now, s.source, rec, s.left) {
+                kept += 1;
+            }
+        }
+        kept
     }
 
     /// Records stored under `locator`.
@@ -337,6 +390,42 @@ mod tests {
         assert!(s.lookup(later, &LOC).is_empty());
         assert!(s.store(later, src, third), "expired records make room");
         assert_eq!(s.len(), 1);
+    }
+
+    #[test]
+    fn saved_records_come_back_with_their_time_left() {
+        let mut s = LocationStore::new(StoreLimits::default());
+        let src: IpAddr = "10.0.0.1".parse().expect("ip");
+        let t0 = Timestamp(0);
+        assert!(s.store(t0, src, rec(5)));
+        let mut other = rec(6);
+        other.ext = Ext::Locator([8; LOCATOR_LEN]);
+        assert!(s.store(t0, "10.0.0.3".parse().expect("ip"), other));
+        let later = t0.plus(Duration::from_secs(100));
+        let saved = s.saved(later);
+        assert_eq!(saved.len(), 2);
+        assert!(saved.iter().all(|r| r.left == Duration::from_secs(500)));
+        let mut back = LocationStore::new(StoreLimits::default());
+        let t1 = Timestamp(7_000_000_000);
+        let mut with_garbage = saved.clone();
+        with_garbage.push(SavedRecord {
+            source: src,
+            left: Duration::from_secs(10),
+            value: vec![1, 2, 3],
+        });
+        assert_eq!(back.restore(t1, &with_garbage), 2, "garbage is left out");
+        assert_eq!(back.lookup(t1, &LOC), vec![rec(5)]);
+        assert!(back
+            .lookup(t1.plus(Duration::from_secs(501)), &LOC)
+            .is_empty());
+        assert!(
+            back.store(t1, src, rec(6)),
+            "the source's slot is its own again"
+        );
+        assert!(
+            !back.store(t1, src, rec(4)),
+            "and older records stay refused"
+        );
     }
 
     #[test]

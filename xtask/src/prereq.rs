@@ -29,7 +29,9 @@ pub const LLVM_MAJOR: u32 = 22;
 /// a NAT forget its mappings (a NAT reboot), python3 for the UDP
 /// collector of the recorders' flood test, vsftpd and the ftp client for
 /// hide location's FTP test, dbus-daemon for the system bus of the sleep
-/// test's stand-in logind).
+/// test's stand-in logind, etcd-server and etcd-client for the three-member
+/// etcd clusters of the location-store tests, protobuf-compiler for
+/// etcd-client's build, which compiles etcd's .proto files with protoc).
 const DEBIAN_PACKAGES: &[&str] = &[
     "iproute2",
     "nftables",
@@ -46,6 +48,9 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "vsftpd",
     "tnftp",
     "dbus-daemon",
+    "etcd-server",
+    "etcd-client",
+    "protobuf-compiler",
     "llvm-22-dev",
     "libpolly-22-dev",
 ];
@@ -117,6 +122,9 @@ pub fn run(check_only: bool) -> Result<()> {
             install_debian_packages(&packages)?;
             if packages.iter().any(|p| p == "vsftpd") {
                 stop_vsftpd_service();
+            }
+            if packages.iter().any(|p| p == "etcd-server") {
+                stop_etcd_service();
             }
         }
     }
@@ -303,6 +311,28 @@ fn install_debian_packages(packages: &[String]) -> Result<()> {
 /// (an FTP server on port 21 of the host, local logins allowed) is not
 /// wanted, so on a machine run by systemd it is stopped and disabled right
 /// after the install that brought it. An install by the user is left alone.
+/// Debian's etcd-server starts a system etcd on 2379/2380; the tests run
+/// their own members in their namespaces, and a host running vnat's tests
+/// has no use for it.
+fn stop_etcd_service() {
+    if !Path::new("/run/systemd/system").exists() {
+        return;
+    }
+    match Command::new("systemctl")
+        .args(["disable", "--now", "etcd.service"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+    {
+        Ok(st) if st.success() => {
+            println!("stopped and disabled etcd.service (the tests start their own etcd members)")
+        }
+        _ => println!(
+            "note: could not stop etcd.service; stop it with `systemctl disable --now etcd` if this host should not run etcd"
+        ),
+    }
+}
+
 fn stop_vsftpd_service() {
     if !Path::new("/run/systemd/system").exists() {
         return;

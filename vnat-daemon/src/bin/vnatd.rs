@@ -119,14 +119,19 @@ fn check(args: &Args) -> Result<ExitCode, DaemonError> {
         return Ok(ExitCode::from(2));
     }
     let report = check::check(&settings.bpffs, settings.tc_attach);
+    let store = vnat_daemon::daemon::config::store::describe(&settings.location_store);
     if args.json {
+        let mut v = serde_json::to_value(&report).unwrap_or_default();
+        if let Some(o) = v.as_object_mut() {
+            o.insert("location_store".into(), store.into());
+        }
         println!(
             "{}",
-            serde_json::to_string_pretty(&report)
-                .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+            serde_json::to_string_pretty(&v).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
         );
     } else {
         print!("{}", check::render(&report));
+        println!("location store: {store}");
     }
     Ok(if report.can_run {
         ExitCode::SUCCESS

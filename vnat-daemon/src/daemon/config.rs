@@ -20,6 +20,7 @@ pub const DEFAULT_HELPERS_DIR: &str = "/etc/vnat/helpers";
 mod about;
 mod args;
 pub mod keys;
+pub mod store;
 use args::usable_location_server;
 pub use args::{Args, Generate, LogFormat};
 
@@ -44,6 +45,13 @@ pub struct FileConfig {
     pub tc_attach: Option<TcAttach>,
     pub keepalive_secs: Option<u32>,
     pub sleep_inhibit: Option<bool>,
+    pub location_store: Option<store::StoreKind>,
+    pub etcd_endpoints: Option<Vec<String>>,
+    pub etcd_ca: Option<PathBuf>,
+    pub etcd_cert: Option<PathBuf>,
+    pub etcd_key: Option<PathBuf>,
+    pub etcd_user: Option<String>,
+    pub etcd_password_file: Option<PathBuf>,
 }
 
 /// The effective settings.
@@ -81,6 +89,9 @@ pub struct Settings {
     /// `sleep_inhibit`: hold logind's delay inhibitor and settle the
     /// connections before sleep (`daemon::sleep`; default on).
     pub sleep_inhibit: bool,
+    /// `location_store` and the `etcd_*` keys: etcd besides the embedded
+    /// store, or the embedded store alone (`None`, the default).
+    pub location_store: store::StoreSetting,
 }
 
 /// A bad flag or config file (vnatd exit status 2).
@@ -122,6 +133,18 @@ pub enum ConfigError {
         #[source]
         source: tracing_subscriber::filter::ParseError,
     },
+    #[error("etcd_endpoints entry {value:?} is no etcd client URL; give http://HOST:PORT or https://HOST:PORT, such as https://192.0.2.10:2379")]
+    EtcdEndpoint { value: String },
+    #[error("{key} is set but location_store is not \"etcd\"; add location_store = \"etcd\" or remove {key}")]
+    EtcdKeyWithoutEtcd { key: &'static str },
+    #[error("location_store = \"etcd\" needs etcd_endpoints (or --etcd-endpoint), such as [\"https://192.0.2.10:2379\"]")]
+    EtcdNoEndpoints,
+    #[error("etcd_cert and etcd_key go together: give both (a client certificate and its key) or neither")]
+    EtcdCertKeyPair,
+    #[error("etcd_user needs etcd_password_file (a file holding the password; never the password in the config) and the other way round")]
+    EtcdUserPassword,
+    #[error("etcd_ca and etcd_cert are for TLS, but an etcd endpoint is http://; give https:// endpoints")]
+    EtcdTlsOverHttp,
     #[error("no cgroup2 filesystem is mounted, so there is no root cgroup to enable; mount one (mount -t cgroup2 none /sys/fs/cgroup) or pass --cgroup")]
     NoCgroup2Mount,
     #[error("cannot read {}: {source}", path.display())]
@@ -207,6 +230,7 @@ pub fn parse_file(path: &Path, text: &str) -> Result<FileConfig, ConfigError> {
             value,
         });
     }
+    store::check_file(path, &config)?;
     if let Some(bad) = config
         .location_servers
         .iter()
@@ -243,6 +267,7 @@ impl Settings {
                 None => Ok(file.unwrap_or_else(|| PathBuf::from(default))),
             }
         };
+        let location_store = store::resolve(args.location_store, args.etcd_endpoints, &file)?;
         let control = pick(args.control, file.control, DEFAULT_CONTROL_PATH)?;
         let state_dir = pick(args.state_dir, file.state_dir, DEFAULT_STATE_DIR)?;
         let bpffs = pick(args.bpffs, file.bpffs, DEFAULT_BPFFS)?;
@@ -340,6 +365,7 @@ impl Settings {
             // The two flags conflict: at most one is given.
             sleep_inhibit: !args.no_sleep_inhibit
                 && (args.sleep_inhibit || file.sleep_inhibit.unwrap_or(true)),
+            location_store,
         })
     }
 }
@@ -434,6 +460,9 @@ impl ReloadPlan {
         }
         if running.sleep_inhibit != new.sleep_inhibit {
             restart_only.push("sleep_inhibit");
+        }
+        if running.location_store != new.location_store {
+            restart_only.push("location_store");
         }
         ReloadPlan {
             enable,

@@ -21,6 +21,7 @@ use rand_core::OsRng;
 use tokio::{net::UdpSocket, sync::mpsc};
 
 mod control;
+mod extstore;
 mod helping;
 mod moves;
 mod natguard;
@@ -87,6 +88,9 @@ pub struct DriverConfig {
     pub peer_helpers: Vec<String>,
     /// `helpers_dir`: where the installed ones are.
     pub helpers_dir: PathBuf,
+    /// `location_store`: etcd besides the embedded store (`None`: the
+    /// embedded store alone).
+    pub location_store: super::config::store::StoreSetting,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -100,6 +104,8 @@ pub enum DriverError {
     Watch(std::io::Error),
     #[error(transparent)]
     State(#[from] StateError),
+    #[error(transparent)]
+    Etcd(#[from] super::etcd::EtcdError),
 }
 
 pub use crate::control::{command::MoveRefused, Command, CommandSender, PeerInfo};
@@ -307,6 +313,9 @@ pub struct Driver {
     /// Unannounced outages: this host's own held timeouts, the paired
     /// hosts watched for silence (`driver/outage.rs`).
     outages: outage::Outages,
+    /// The embedded location store's saved records, and etcd
+    /// (`driver/extstore.rs`).
+    stores: extstore::Stores,
     /// Hide location: whether some cgroup hides (as last read), the
     /// shown addresses kept from one table to the next, whether
     /// connections changed since the table was last computed, and the
@@ -328,6 +337,7 @@ impl Driver {
             port: cfg.listen.port(),
             location_servers: cfg.location_servers.clone(),
             keepalive_interval: std::time::Duration::from_secs(cfg.keepalive_secs.into()),
+            external_store: cfg.location_store.is_some(),
             ..vcmp::Config::default()
         };
         // Keys learned by pairing are not pins: a host is its key, and
@@ -337,6 +347,7 @@ impl Driver {
         // Hosts paired with before may pair again from a new address (one
         // that moved while this vnatd was not running).
         endpoint.know_hosts(peers.peers.iter().map(|(k, ip)| (*k, *ip)));
+        let stores = extstore::Stores::open(&cfg, &mut endpoint)?;
         // An unspecified listen address means both families: one dual-stack
         // socket (binding 0.0.0.0 and [::] on one port would collide).
         let (bind, dual) = if cfg.listen.ip().is_unspecified() {
@@ -365,7 +376,9 @@ impl Driver {
                         addr: cfg.listen,
                         source,
                     })?;
-                return Ok(Driver::with_socket(cfg, dp, endpoint, peers, s, false));
+                return Ok(Driver::with_socket(
+                    cfg, dp, endpoint, peers, s, false, stores,
+                ));
             }
             Err(source) => {
                 return Err(DriverError::Bind {
@@ -374,7 +387,9 @@ impl Driver {
                 })
             }
         };
-        Ok(Driver::with_socket(cfg, dp, endpoint, peers, sock, dual))
+        Ok(Driver::with_socket(
+            cfg, dp, endpoint, peers, sock, dual, stores,
+        ))
     }
 
     fn with_socket(
@@ -384,6 +399,7 @@ impl Driver {
         peers: PeerStore,
         sock: UdpSocket,
         dual: bool,
+        stores: extstore::Stores,
     ) -> Driver {
         let host_addrs = super::hostaddrs::HostAddresses::load(&cfg.state_dir).in_background();
         tracing::info!(listen = %cfg.listen, key = %identity::key_hex(&endpoint.public_key()), "VCMP listening");
@@ -411,6 +427,7 @@ impl Driver {
             helpers: helping::Helpers::new(),
             settling: Default::default(),
             outages: Default::default(),
+            stores,
             hiding: false,
             hider: Default::default(),
             hide_due: true,
@@ -449,6 +466,7 @@ impl Driver {
         self.host_addrs.save_if_changed();
         let mut next_resync = tokio::time::Instant::now() + RESYNC_INTERVAL;
         let mut buf = vec![0u8; 65536];
+        let mut store_answers = self.stores.take_answers();
         tokio::pin!(shutdown);
         loop {
             let far = std::time::Instant::now() + Duration::from_secs(3600);
@@ -506,6 +524,7 @@ impl Driver {
                     next_resync = tokio::time::Instant::now() + wait;
                 }
                 Some(cmd) = commands.recv() => self.command(cmd).await,
+                Some(a) = extstore::next_answer(&mut store_answers) => self.store_answer(a),
                 _ = tokio::time::sleep_until(tokio::time::Instant::from_std(
                         self.next_guard_poll.unwrap_or(far))),
                     if self.next_guard_poll.is_some() => self.poll_nat_guards().await,
@@ -540,7 +559,9 @@ impl Driver {
             self.answer_help_waits();
             self.undo_left_changes().await;
             self.save_restart_state();
+            self.save_locations(false);
         }
+        self.save_locations(true);
         // A socket must not stay without the keepalive its application set,
         // nor a process stopped for a peer.
         self.release_keepalives(true).await;
@@ -743,6 +764,7 @@ impl Driver {
         // Which interface holds each source address, listed at most once
         // per flush and only when some datagram names its source.
         let mut owners: Option<HashMap<IpAddr, u32>> = None;
+        self.send_store_requests();
         while let Some(t) = self.endpoint.poll_transmit(now()) {
             let dst = to_socket_family(t.dst, self.dual);
             if let Some(src) = t.src {

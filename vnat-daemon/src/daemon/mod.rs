@@ -8,10 +8,12 @@ pub mod cgroup;
 pub mod config;
 pub mod conflict;
 pub mod driver;
+pub mod etcd;
 pub mod helping;
 pub mod hide;
 pub mod hostaddrs;
 pub mod identity;
+pub mod locations;
 pub mod mobility;
 pub mod moveops;
 pub mod mover;
@@ -397,6 +399,7 @@ where
         preempt_cgroups: settings.preempt_cgroups.clone(),
         peer_helpers: settings.peer_helpers.clone(),
         helpers_dir: settings.helpers_dir.clone(),
+        location_store: settings.location_store.clone(),
     };
     let driver = driver::Driver::new(driver_cfg, shared.clone()).await?;
     let settling = driver.suspensions_settling();
@@ -430,6 +433,7 @@ where
         listen = %settings.listen,
         cgroups = ?settings.cgroups,
         location_servers = ?settings.location_servers,
+        location_store = %config::store::describe(&settings.location_store),
         config = %settings
             .config_file
             .as_deref()

@@ -113,6 +113,21 @@ pub struct Args {
         help = "Another vnatd to ask where a peer went when both ends moved (paper 3.3.2.1 P(3)/S(3)); repeatable, replaces the file's list [default: none]"
     )]
     pub location_servers: Vec<SocketAddr>,
+    /// Where location records are kept: the embedded store, or etcd too.
+    #[arg(
+        long = "location-store",
+        value_enum,
+        value_name = "STORE",
+        help = "Where this host keeps and looks up location records: embedded (its own store, kept across restarts) or etcd (an etcd cluster's v3 API; see etcd_endpoints and the etcd_* keys) [default: embedded]"
+    )]
+    pub location_store: Option<super::store::StoreKind>,
+    /// etcd members' client URLs; repeat for several.
+    #[arg(
+        long = "etcd-endpoint",
+        value_name = "URL",
+        help = "An etcd member's client URL (http://HOST:PORT or https://HOST:PORT) for location_store = etcd; repeatable, replaces the file's etcd_endpoints"
+    )]
+    pub etcd_endpoints: Vec<String>,
     /// Keep tc attached everywhere while connections are paired (the
     /// default; the flag overrides `standby_tc = false` in the file).
     #[arg(

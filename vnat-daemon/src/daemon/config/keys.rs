@@ -124,6 +124,65 @@ pub const KEYS: &[Key] = &[
         start_only: false,
     },
     Key {
+        name: "location_store",
+        default: "\"embedded\"",
+        flag: "--location-store",
+        about: "Where location records are kept and looked up. embedded: this vnatd's own store, which \
+                also serves other vnatd's records (kept across restarts in state_dir/locations.json). \
+                etcd: also an etcd cluster (its v3 API, etcd_endpoints), where each host's records are \
+                under /vnat/loc/HOST-KEY/ and expire through leases; records stay signed by the \
+                connection's keys, so etcd stores them but cannot forge or replay one.",
+        start_only: true,
+    },
+    Key {
+        name: "etcd_endpoints",
+        default: "[]",
+        flag: "--etcd-endpoint",
+        about: "Client URLs of the etcd members (http://HOST:PORT or https://HOST:PORT), for \
+                location_store = \"etcd\". A member that is down is skipped; with none answering, \
+                a move goes on as without a location server, and says so in the log.",
+        start_only: true,
+    },
+    Key {
+        name: "etcd_ca",
+        default: "\"/etc/vnat/etcd-ca.pem\"",
+        flag: "none",
+        about: "TLS: the CA certificate (PEM) that signed the etcd members' certificates (etcd's \
+                --trusted-ca-file). Needs https:// endpoints. Default: none (the system's roots).",
+        start_only: true,
+    },
+    Key {
+        name: "etcd_cert",
+        default: "\"/etc/vnat/etcd-client.pem\"",
+        flag: "none",
+        about: "TLS: this host's client certificate (PEM), with etcd_key, for members that ask for one \
+                (etcd's --client-cert-auth). Default: none.",
+        start_only: true,
+    },
+    Key {
+        name: "etcd_key",
+        default: "\"/etc/vnat/etcd-client.key\"",
+        flag: "none",
+        about: "TLS: the private key (PEM) of etcd_cert. Default: none.",
+        start_only: true,
+    },
+    Key {
+        name: "etcd_user",
+        default: "\"vnat\"",
+        flag: "none",
+        about: "etcd's user authentication: the user vnatd logs in as (a role may restrict it to \
+                /vnat/loc/). Needs etcd_password_file. Default: none (no authentication).",
+        start_only: true,
+    },
+    Key {
+        name: "etcd_password_file",
+        default: "\"/etc/vnat/etcd-password\"",
+        flag: "none",
+        about: "The file holding etcd_user's password (its first line; keep it 0600). The password is \
+                never written in this file. Default: none.",
+        start_only: true,
+    },
+    Key {
         name: "standby_tc",
         default: "true",
         flag: "--standby-tc, --no-standby-tc",
