@@ -106,6 +106,13 @@ fn rebuild(ctx: &TcContext, p: &Parsed, nat: &NatRewrite) -> Result<(), Drop> {
             u16::from_be_bytes([h[4], h[5]]),
         )
     };
+    // A length field of 0 (or an IPv4 one shorter than its header) is a
+    // BIG TCP packet's (over 64 kB, its length in the skb alone, Linux
+    // 6.3), and an IPv6 payload over 65,515 bytes makes no IPv4 packet:
+    // the other header could not say their length.
+    if payload_len == 0 || payload_len > u16::MAX - IP4_HLEN as u16 {
+        return Err(Drop(STAT_DROP_FAMILY_UNTRANSLATABLE));
+    }
     port(
         ctx,
         p.l4,

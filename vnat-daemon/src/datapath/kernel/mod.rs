@@ -301,6 +301,26 @@ impl KernelDatapath {
         Ok(self.mirror.ingress.iter().map(|(k, v)| (*k, *v)).collect())
     }
 
+    /// The endpoints on the wire of a flow carried in the other address
+    /// family (an IPv4 connection over IPv6), `None` for any other flow:
+    /// a message the levers send toward the peer goes out in that form,
+    /// since no IPv4 route may lead there (`restart::send_probe`).
+    fn wire_of_other_family(
+        &self,
+        flow: &VirtualFlow,
+    ) -> Result<Option<VirtualFlow>, DatapathError> {
+        let key = flow.to_key();
+        Ok(self
+            .egress_get(&key)?
+            .filter(|v| v.flags & vnat_common::NAT_F_FAMILY != 0)
+            .and_then(|v| nat::translation_of(&key, &v))
+            .map(|t| VirtualFlow {
+                proto: flow.proto,
+                local: t.physical_local,
+                remote: t.physical_remote,
+            }))
+    }
+
     fn egress_get(&self, key: &FlowKey) -> Result<Option<NatRewrite>, DatapathError> {
         Ok(self.mirror.egress.get(key).copied())
     }
@@ -565,7 +585,8 @@ impl Datapath for KernelDatapath {
             // levers' reach: its own TCP retransmits.
             return Ok(super::RestartOutcome::NotStalled);
         }
-        restart::restart_flow(flow, record.as_ref())
+        let wire = self.wire_of_other_family(flow)?;
+        restart::restart_flow(flow, record.as_ref(), wire.as_ref())
     }
 
     fn keep_local(&mut self, mobile: &[IpAddr], in_use: &[IpAddr]) -> Result<(), DatapathError> {
@@ -581,8 +602,9 @@ impl Datapath for KernelDatapath {
         flow: &VirtualFlow,
         peer_moved: bool,
     ) -> Result<super::Kick, DatapathError> {
+        let wire = self.wire_of_other_family(flow)?;
         match self.record(flow)? {
-            Some(record) => restart::kick(flow, &record, peer_moved),
+            Some(record) => restart::kick(flow, &record, peer_moved, wire.as_ref()),
             None => Ok(super::Kick::Nothing),
         }
     }

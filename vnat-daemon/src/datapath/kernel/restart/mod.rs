@@ -119,9 +119,12 @@ const ICMP_HOST_UNREACH: u8 = 1;
 const ICMPV6_DEST_UNREACH: u8 = 1;
 const ICMPV6_NOROUTE: u8 = 0;
 
+/// `wire`: the flow's endpoints on the wire where it is carried in the
+/// other address family (see [`send_probe`]).
 pub fn restart_flow(
     flow: &VirtualFlow,
     record: Option<&ConnRecord>,
+    wire: Option<&VirtualFlow>,
 ) -> Result<RestartOutcome, DatapathError> {
     if flow.proto != Proto::Tcp {
         // UDP has no retransmission timer: the next datagram just goes out.
@@ -138,13 +141,12 @@ pub fn restart_flow(
             backoff: state.backoff,
         })
     } else if state.probe_stuck() && state.backoff > 0 {
-        ask_peer_for_ack(&mut diag, flow, record, state)
+        ask_peer_for_ack(&mut diag, flow, record, state, wire)
     } else if state.probe_stuck() {
         // Not backed off: one send just failed, and the timer is one RTO
         // away, no more. One probe, no wait: a wait per connection, when a
         // few are restarted together, would cost more than it saves.
-        let segment = probe_segment(flow, record, &state);
-        send_probe(flow, &segment)?;
+        send_probe(flow, record, &state, wire)?;
         Ok(RestartOutcome::Probed)
     } else {
         Ok(RestartOutcome::NotStalled)
@@ -204,8 +206,28 @@ fn probe_segment(flow: &VirtualFlow, record: &ConnRecord, state: &TcpState) -> V
 /// Send a [`probe_segment`] to the peer, from a raw socket opened for it
 /// alone: a raw TCP socket gets a copy of every incoming TCP segment of the
 /// namespace while it is open.
-fn send_probe(flow: &VirtualFlow, segment: &[u8]) -> Result<(), DatapathError> {
-    RawSocket::open(flow.local.ip(), RawKind::Tcp)?.send(segment, flow.remote.ip())
+///
+/// A flow carried in the other address family (`wire`: its endpoints on
+/// the wire) gets its probe in that form, with an IP header of our own:
+/// its virtual one would be routed without ports, which the flow's own
+/// rule matches on, and a host with only IPv6 has no IPv4 route for it.
+fn send_probe(
+    flow: &VirtualFlow,
+    record: &ConnRecord,
+    state: &TcpState,
+    wire: Option<&VirtualFlow>,
+) -> Result<(), DatapathError> {
+    match wire {
+        None => RawSocket::open(flow.local.ip(), RawKind::Tcp)?
+            .send(&probe_segment(flow, record, state), flow.remote.ip()),
+        Some(w) => rawsock::send_ip(
+            w.local.ip(),
+            w.remote.ip(),
+            libc::IPPROTO_TCP as u8,
+            &probe_segment(w, record, state),
+            || format!("sending a restart message from {} to {}", w.local, w.remote),
+        ),
+    }
 }
 
 /// The retransmission timer: RFC 6069 unreachables quoting `snd_una`.
@@ -267,12 +289,12 @@ fn ask_peer_for_ack(
     flow: &VirtualFlow,
     record: &ConnRecord,
     before: TcpState,
+    wire: Option<&VirtualFlow>,
 ) -> Result<RestartOutcome, DatapathError> {
     let backoff = before.backoff;
-    let segment = probe_segment(flow, record, &before);
     let mut last = before;
     for probes in 1..=MAX_PROBES {
-        send_probe(flow, &segment)?;
+        send_probe(flow, record, &before, wire)?;
         let now = diag.wait_for_change(flow, record.cookie, &last, PROBE_WAIT)?;
         match now {
             None => return Err(DatapathError::NoSuchConnection { flow: *flow }),
@@ -298,6 +320,7 @@ pub fn kick(
     flow: &VirtualFlow,
     record: &ConnRecord,
     peer_moved: bool,
+    wire: Option<&VirtualFlow>,
 ) -> Result<Kick, DatapathError> {
     if flow.proto != Proto::Tcp || flow.local.is_ipv4() != flow.remote.is_ipv4() {
         return Ok(Kick::Nothing);
@@ -326,8 +349,7 @@ pub fn kick(
         });
     }
     if state.probe_stuck() {
-        let segment = probe_segment(flow, record, &state);
-        send_probe(flow, &segment)?;
+        send_probe(flow, record, &state, wire)?;
         if peer_moved {
             solicit_from_state(flow, record, &state)?;
         }

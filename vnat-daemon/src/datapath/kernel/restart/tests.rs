@@ -100,7 +100,7 @@ fn udp_is_never_stalled_and_unknown_tcp_is_an_error() {
         remote: "198.18.3.2:2".parse().unwrap(),
     };
     assert_eq!(
-        restart_flow(&udp, None).unwrap(),
+        restart_flow(&udp, None, None).unwrap(),
         RestartOutcome::NotStalled
     );
     let tcp = VirtualFlow {
@@ -108,7 +108,7 @@ fn udp_is_never_stalled_and_unknown_tcp_is_an_error() {
         ..udp
     };
     assert!(matches!(
-        restart_flow(&tcp, None),
+        restart_flow(&tcp, None, None),
         Err(DatapathError::NoSuchConnection { .. })
     ));
 }
