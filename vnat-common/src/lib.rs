@@ -316,8 +316,8 @@ pub const NAT_F_ROUTED: u32 = 8;
 /// to a network where it has only IPv6): the value's addresses are of the
 /// other family than the key's (IPv4 in word 0), and the translators change
 /// the packet's IP header between IPv4 and IPv6 (`bpf_skb_change_proto`).
-/// Programs that predate the bit would write the value's first words into
-/// the packet's own family: vnatd sets it only with programs that know it.
+/// Programs that predate the bit would misread such an entry (they would
+/// write the value's first words into the packet's own family).
 pub const NAT_F_FAMILY: u32 = 16;
 
 /// Value of the NAT maps: the tuple a matching packet is rewritten to.
