@@ -59,6 +59,14 @@ impl KernelDatapath {
             return Ok(());
         }
         self.unguard_flow(flow)?;
+        if !self.peer_opened(flow)? {
+            // We opened it, to the peer's service port: a NAT in front of
+            // the peer forwards that port (a static mapping), it does not
+            // re-map it; datagrams from other ports of that address are
+            // no business of this connection.
+            tracing::debug!(id = flow.id(), %flow, "not guarded: this host opened the connection");
+            return Ok(());
+        }
         let route = self.route(nat, None)?;
         if !self.tc_current.contains(&route.ifindex) {
             attach::attach_tc(
@@ -73,6 +81,33 @@ impl KernelDatapath {
         // next connection from behind that NAT needs it again.
         self.bind_ifaces.insert(route.ifindex);
         self.insert_guard(flow, nat)
+    }
+
+    /// Whether the peer opened `flow` (an accepted TCP connection, a UDP
+    /// flow first seen by receiving): then its end is a NAT's dynamic
+    /// mapping, which the NAT may change. Adopted and unrecorded ones are
+    /// not known to be.
+    fn peer_opened(&self, flow: &VirtualFlow) -> Result<bool, DatapathError> {
+        let mut keys = vec![flow.to_key()];
+        if flow.proto == Proto::Udp {
+            keys.push(vnat_common::FlowKey {
+                src_addr_be: [0; 4],
+                ..flow.to_key()
+            });
+        }
+        for k in keys {
+            match self.loaded.maps.conns.get(&k, 0) {
+                Ok(r) => {
+                    return Ok(matches!(
+                        r.origin,
+                        vnat_common::ORIGIN_TCP_PASSIVE | vnat_common::ORIGIN_UDP_RECVMSG
+                    ))
+                }
+                Err(e) if is_not_found(&e) => {}
+                Err(e) => return Err(map_err(vnat_common::MAP_CONNS)(e)),
+            }
+        }
+        Ok(false)
     }
 
     /// Write `flow`'s guard against `nat` into the map, without routes or
