@@ -16,6 +16,7 @@ use tokio::{
 
 use crate::{
     lines::{read_line_bounded, Line},
+    monitor::MonitorEvent,
     proto::{
         ErrorKind, ImportedConnection, ListedConnection, MigrateReply, MigrateTarget, Outcome,
         PeerInfo, Reply, Request, RequestEnvelope, ResponseEnvelope, ResumeReply, Selector,
@@ -281,6 +282,16 @@ impl ControlClient {
         }
     }
 
+    /// Subscribe to vnatd's events (`vnatctl monitor`): once this returns,
+    /// every later event reaches the subscription, so a command sent
+    /// afterwards (on another connection) cannot end unseen.
+    pub async fn subscribe(mut self) -> Result<Subscription, ClientError> {
+        match self.request(Request::Monitor).await? {
+            Reply::Monitoring => Ok(Subscription { client: self }),
+            other => Err(self.unexpected("monitor", &other)),
+        }
+    }
+
     async fn round_trip(&mut self, request: Request) -> Result<Reply, ClientError> {
         let io_err = |source| ClientError::Io {
             path: self.path.clone(),
@@ -293,6 +304,15 @@ impl ControlClient {
         .map_err(|e| io_err(io::Error::other(e)))?;
         line.push(b'\n');
         self.writer.write_all(&line).await.map_err(io_err)?;
+        self.read_reply().await
+    }
+
+    /// Read one response line.
+    async fn read_reply(&mut self) -> Result<Reply, ClientError> {
+        let io_err = |source| ClientError::Io {
+            path: self.path.clone(),
+            source,
+        };
         let protocol = |violation| ClientError::Protocol {
             path: self.path.clone(),
             violation,
@@ -328,6 +348,27 @@ impl ControlClient {
         ClientError::Protocol {
             path: self.path.clone(),
             violation: ProtocolViolation::UnexpectedReply { asked, got },
+        }
+    }
+}
+
+/// A monitoring connection ([`ControlClient::subscribe`]).
+pub struct Subscription {
+    client: ControlClient,
+}
+
+impl Subscription {
+    /// The next event, waiting as long as it takes; `None` once vnatd
+    /// closed the connection (it stopped).
+    pub async fn next(&mut self) -> Result<Option<MonitorEvent>, ClientError> {
+        match self.client.read_reply().await {
+            Ok(Reply::Event(ev)) => Ok(Some(ev)),
+            Ok(other) => Err(self.client.unexpected("monitor", &other)),
+            Err(ClientError::Protocol {
+                violation: ProtocolViolation::Closed,
+                ..
+            }) => Ok(None),
+            Err(e) => Err(e),
         }
     }
 }

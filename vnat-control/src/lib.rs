@@ -14,6 +14,7 @@
 pub mod client;
 pub mod datapath;
 pub mod lines;
+pub mod monitor;
 pub mod procfs;
 pub mod proto;
 pub mod transfer;
@@ -21,5 +22,6 @@ pub mod transfer;
 pub use vnat_vcmp as vcmp;
 
 pub use client::{ClientError, ControlClient, ProtocolViolation};
+pub use monitor::{EndOutcome, EventKind, LastMove, MonitorEvent, Side};
 pub use proto::*;
 pub use transfer::{ExportDocument, ExportedConnection, Seal, EXPORT_FORMAT};

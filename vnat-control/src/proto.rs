@@ -15,6 +15,7 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 use crate::datapath::{ConnectionInfo, DatapathStatus};
+use crate::monitor::{LastMove, MonitorEvent};
 use crate::transfer::ExportDocument;
 
 /// The protocol version this build speaks. Bump it on any incompatible change
@@ -114,6 +115,11 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         from: Option<String>,
     },
+    /// Subscribe to move and pairing events: answered with
+    /// [`Reply::Monitoring`], then one [`Reply::Event`] line per event until
+    /// the client closes (`crate::monitor`). The connection takes no
+    /// further request.
+    Monitor,
 }
 
 impl Request {
@@ -131,6 +137,7 @@ impl Request {
         "forget_peer",
         "export",
         "import",
+        "monitor",
     ];
 }
 
@@ -261,6 +268,10 @@ pub enum Reply {
     Imported {
         connections: Vec<ImportedConnection>,
     },
+    /// The answer to [`Request::Monitor`]: events follow.
+    Monitoring,
+    /// One event of a monitoring connection.
+    Event(MonitorEvent),
 }
 
 impl Reply {
@@ -279,6 +290,8 @@ impl Reply {
             Reply::PeerForgotten { .. } => "peer_forgotten",
             Reply::Exported { .. } => "exported",
             Reply::Imported { .. } => "imported",
+            Reply::Monitoring => "monitoring",
+            Reply::Event(_) => "event",
         }
     }
 }
@@ -302,6 +315,10 @@ pub struct PeerInfo {
     /// address of its last answered keepalive).
     #[serde(default)]
     pub reflexive: Option<SocketAddr>,
+    /// When an authenticated datagram of it last arrived (ms since the
+    /// Unix epoch); absent if none did since vnatd started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_heard_ms: Option<u64>,
 }
 
 /// One element of the `list` answer: the datapath's record plus what VCMP
@@ -344,6 +361,10 @@ pub struct ListedConnection {
     /// Keep-alive helpers this host runs for the absent peer.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub helping: Vec<String>,
+    /// Its last move (this host's or the peer's) since vnatd started, and
+    /// how it ended; `outcome` null while it is under way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_move: Option<LastMove>,
 }
 
 /// The answer to [`Request::Suspend`].
@@ -375,6 +396,11 @@ pub struct ResumeReply {
     /// as automatic mode would); 0 when everything already is where it
     /// should be, for example because automatic mode moved it first.
     pub moves_started: usize,
+    /// Ids of the selected connections with a move under way when the
+    /// resume was done (started by it or before it): what `--wait`
+    /// waits for.
+    #[serde(default)]
+    pub moving: Vec<u64>,
 }
 
 /// The answer to [`Request::Migrate`].
@@ -409,6 +435,10 @@ pub struct ImportedConnection {
     pub physical_remote: SocketAddr,
     /// A move to `physical_local` was started (the peer is being updated).
     pub moving: bool,
+    /// A move starts once the restored socket appears here (its address
+    /// is not one of this host's).
+    #[serde(default)]
+    pub move_pending: bool,
 }
 
 /// The answer to [`Request::Status`].
@@ -651,6 +681,7 @@ mod tests {
             placed: None,
             helpers_asked: Vec::new(),
             helping: Vec::new(),
+            last_move: None,
         };
         let v = serde_json::to_value(&listed).expect("serializable");
         let mut plain = serde_json::to_value(&listed.info).expect("serializable");

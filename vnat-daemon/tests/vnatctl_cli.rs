@@ -173,6 +173,7 @@ async fn fake_driver(mut rx: tokio::sync::mpsc::Receiver<DriverCommand>) {
                     mobile: 1,
                     behind_nat: false,
                     reflexive: None,
+                    last_heard_ms: None,
                 }]);
             }
             DriverCommand::Reconfigure { reply, .. } => {
@@ -225,6 +226,7 @@ async fn fake_driver(mut rx: tokio::sync::mpsc::Receiver<DriverCommand>) {
                         physical_local: "198.18.2.2:40000".parse().expect("addr"),
                         physical_remote: c.vcmp.remote_phys,
                         moving: true,
+                        move_pending: false,
                     })
                     .collect();
                 let _ = reply.send(Ok(outcomes));
@@ -301,6 +303,7 @@ fn ls_table_and_json() {
             "PID",
             "COMMAND",
             "CGROUP",
+            "LAST-MOVE",
             "NOTE"
         ]
     );
@@ -654,18 +657,18 @@ fn planned_mode_commands_with_vcmp() {
         .collect();
     assert_eq!(
         lines[0],
-        ["ADDRESS", "KEY", "CONNECTIONS", "MOBILE", "NAT"],
+        ["ADDRESS", "KEY", "CONNECTIONS", "MOBILE", "NAT", "HEARD"],
         "{out}"
     );
     assert_eq!(
         lines[1],
-        ["198.18.3.2", "ab".repeat(32).as_str(), "1", "1", "no"],
+        ["198.18.3.2", "ab".repeat(32).as_str(), "1", "1", "no", "-"],
         "{out}"
     );
     let v = json(&vnatctl(&d.socket, &["--json", "peers"]));
     assert_eq!(
         v,
-        serde_json::json!([{ "address": "198.18.3.2", "key": "ab".repeat(32), "connections": 1, "mobile": 1, "behind_nat": false, "reflexive": null }])
+        serde_json::json!([{ "address": "198.18.3.2", "key": "ab".repeat(32), "connections": 1, "mobile": 1, "behind_nat": false, "reflexive": null, "last_heard_ms": null, "last_heard_secs": null }])
     );
 
     // peers forget: the key goes; an unknown or malformed key is an error.

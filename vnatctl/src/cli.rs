@@ -97,12 +97,16 @@ pub enum Command {
         /// Ask the peers to keep the connections alive while this host is away: zero-window, stop, hold; repeatable.
         #[arg(long = "helper", value_name = "NAME", value_parser = helper_name)]
         helpers: Vec<String>,
+        #[command(flatten)]
+        wait: WaitArgs,
     },
     /// After a planned move: re-read the host's addresses now and move the connections that lost theirs.
     #[command(long_about = RESUME_ABOUT)]
     Resume {
         #[command(flatten)]
         select: SelectArgs,
+        #[command(flatten)]
+        wait: WaitArgs,
     },
     /// Move connections to another local address or interface while the current one stays up.
     #[command(long_about = MIGRATE_ABOUT)]
@@ -111,12 +115,8 @@ pub enum Command {
         select: SelectArgs,
         #[command(flatten)]
         target: TargetArgs,
-        /// Return once each move has finished, printing each connection's outcome.
-        #[arg(long)]
-        wait: bool,
-        /// With --wait: give up waiting after this many seconds.
-        #[arg(long, value_name = "SECS", default_value_t = 15, requires = "wait")]
-        timeout: u64,
+        #[command(flatten)]
+        wait: WaitArgs,
     },
     /// The peer hosts vnatd has paired with: address, pinned key, connections, mobile connections.
     #[command(long_about = PEERS_ABOUT)]
@@ -147,7 +147,12 @@ pub enum Command {
         /// have sealed it for this host [default: this host].
         #[arg(long, value_name = "KEY")]
         from: Option<String>,
+        #[command(flatten)]
+        wait: WaitArgs,
     },
+    /// Print move and pairing events as they happen, until interrupted.
+    #[command(long_about = MONITOR_ABOUT)]
+    Monitor,
     /// CRIU's action script: export a dumped process's connections, import them before its restore.
     #[command(long_about = CRIU_HOOK_ABOUT)]
     CriuHook {
@@ -184,6 +189,48 @@ pub enum Generate {
     Zsh,
     Fish,
 }
+
+/// `--wait [--timeout DURATION]` of the commands that move connections.
+#[derive(Clone, Debug, PartialEq, Eq, Args)]
+pub struct WaitArgs {
+    /// Return once each affected connection has an outcome, print it, and exit with status 1 if any failed or timed out.
+    #[arg(long)]
+    pub wait: bool,
+    /// With --wait: stop waiting after this long (500ms, 10s, 2m; a plain number is seconds).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = crate::wait::parse_duration, requires = "wait")]
+    pub timeout: std::time::Duration,
+}
+
+impl WaitArgs {
+    /// How long to wait, if --wait was given.
+    pub fn limit(&self) -> Option<std::time::Duration> {
+        self.wait.then_some(self.timeout)
+    }
+}
+
+const MONITOR_ABOUT: &str = "\
+Print vnatd's move and pairing events as they happen, one line each, until
+interrupted (Ctrl-C) or vnatd stops: each move's start (this host's end or
+the peer's, from and to, the peer) and end (moved, with its handover time
+from start until both ends translate; or failed, with the reason), each
+planned suspension settled or not, each pairing with a peer host.
+
+With --json, each event is one JSON object on its own line, with the fields
+event (move_started, move_ended, suspend_ended, paired, lost), time_ms
+(milliseconds since the Unix epoch), id, proto, side (local or peer), from,
+to, peer (the host key), peer_address, and for an ended move outcome (moved
+or failed) with handover_ms or reason; docs/monitor.md describes them.
+
+vnatd never waits for a monitor: one that reads too slowly loses the oldest
+events and is told how many (a lost event with count). Like every command,
+monitor needs access to the control socket (root): it shows nothing `ls`
+would not.
+
+Examples:
+
+    vnatctl monitor
+    vnatctl --json monitor | jq -c 'select(.event == \"move_ended\")'
+    vnatctl --json monitor > moves.log &   # a record of every move";
 
 /// Where `migrate` moves connections: exactly one of these.
 #[derive(Clone, Debug, PartialEq, Eq, Args)]
@@ -276,9 +323,13 @@ peer_helpers setting):
 The peers are told this host is back once each connection works again (a
 resume, or a move by automatic mode).
 
+With --wait, suspend returns once each peer has agreed the roles and keys
+(settled) or given up (not_settled, with the reason), or at --timeout.
+
 Examples:
 
     vnatctl suspend --all
+    vnatctl suspend --all --wait
     vnatctl suspend --all --helper zero-window
     vnatctl suspend --conn 48211 --conn 9120
     vnatctl --json suspend --cgroup /sys/fs/cgroup/system.slice/app.service";
@@ -294,9 +345,22 @@ vnatd moves every connection that lost its address; the selector names the
 connections you expect to move and must match at least one. Choose exactly
 one of --all, --conn ID..., --pid PID or --cgroup DIR.
 
+vnatctl resume --all --wait waits for the moves under way once the host's
+addresses are read, whoever started them (automatic mode often does first).
+
+With --wait, the command returns once every connection it affected has an
+outcome, or at --timeout (30s by default; 500ms, 10s, 2m), and prints each
+one's: moved (with its handover time), not_moved (with the reason),
+still_moving (the timeout came first) or closed. The exit status is 1 if
+any did not end well. On a terminal, a wait longer than a second shows its
+progress on stderr. Nothing that ends between the command and the wait is
+missed: vnatctl subscribes to vnatd's events (`vnatctl monitor`) before it
+sends the command.
+
 Examples:
 
     vnatctl resume --all
+    vnatctl resume --all --wait --timeout 10s
     vnatctl --json resume --pid 4242";
 
 const MIGRATE_ABOUT: &str = "\
@@ -318,15 +382,22 @@ each connection's family). Only connections whose peer runs vnatd can move
 an error if none moves.
 
 Without --wait, migrate returns once the moves started; `vnatctl ls` shows
-each as `moving` in its STATE column until it completes. With --wait it returns when every move finished
-and prints each connection's outcome; it exits with status 1 if any did not
-move.
+each as `moving` in its STATE column until it completes.
+
+With --wait, the command returns once every connection it affected has an
+outcome, or at --timeout (30s by default; 500ms, 10s, 2m), and prints each
+one's: moved (with its handover time), not_moved (with the reason),
+still_moving (the timeout came first) or closed. The exit status is 1 if
+any did not end well. On a terminal, a wait longer than a second shows its
+progress on stderr. Nothing that ends between the command and the wait is
+missed: vnatctl subscribes to vnatd's events (`vnatctl monitor`) before it
+sends the command.
 
 Examples:
 
     vnatctl migrate --conn 48211 --dev eth0 --wait
     vnatctl migrate --all --to 192.0.2.7
-    vnatctl --json migrate --pid 4242 --dev wwan0 --wait --timeout 30";
+    vnatctl --json migrate --pid 4242 --dev wwan0 --wait --timeout 30s";
 
 const PEERS_ABOUT: &str = "\
 The hosts whose vnatd this one has paired with, one row per host key: KEY is
@@ -408,9 +479,13 @@ The file must be sealed for this host (`vnatctl export --to` this host's key,
 shown by `vnatctl status`) by the host --from names (this host by default);
 an unsealed, edited or forged file is refused and nothing changes.
 
+With --wait, import returns once each imported connection that moves has
+moved (its restored socket must appear here first), or at --timeout.
+
 Examples:
 
     vnatctl import /root/app-conns.json
+    vnatctl import --wait --timeout 1m /root/app-conns.json   # run after the restore
     vnatctl import --from 9a41...07 /root/app-conns.json
     ssh root@old-host vnatctl export --pid 4242 --to $(vnatctl --json status | jq -r .vcmp.host_key) \\
         | vnatctl import --from OLD-HOST-KEY -";

@@ -329,6 +329,7 @@ mod tests {
             placed: None,
             helpers_asked: Vec::new(),
             helping: Vec::new(),
+            last_move: None,
         }
     }
 

@@ -6,6 +6,7 @@ mod criu_lock;
 mod output;
 #[cfg(test)]
 mod tests;
+mod wait;
 
 use std::{
     io::{self, Read as _, Write as _},
@@ -19,8 +20,7 @@ use cli::{Cli, Command, PeersAction, ProtoArg, SelectArgs, StateArg};
 use output::LsRow;
 use vnat_control::{
     datapath::{ConnState, Proto},
-    ClientError, ControlClient, ExportDocument, ListedConnection, MigrateReply, MigrateTarget,
-    Selector,
+    ClientError, ControlClient, ExportDocument, ListedConnection, MigrateTarget, Selector,
 };
 
 /// Why a command failed; each maps to an exit status and a JSON `kind`.
@@ -56,6 +56,10 @@ enum Failure {
     NotHiding { path: PathBuf },
     #[error("{failed} connection(s) did not move (see above; vnatd's log says why)")]
     NotMoved { report: String, failed: usize },
+    #[error("{failed} suspension(s) were not settled with the peer (see above)")]
+    NotSettled { report: String, failed: usize },
+    #[error("vnatd closed the monitoring connection (did it stop? journalctl -u vnatd)")]
+    MonitorEnded,
     #[error(transparent)]
     Hook(#[from] criu::HookError),
     #[error("cannot read the export {}: {source}", name(path))]
@@ -92,6 +96,8 @@ impl Failure {
             Failure::Client(e) if e.is_unreachable() => 3,
             Failure::Client(_)
             | Failure::NotMoved { .. }
+            | Failure::NotSettled { .. }
+            | Failure::MonitorEnded
             | Failure::NotHiding { .. }
             | Failure::Runtime(_)
             | Failure::CreateOutput { .. }
@@ -113,7 +119,8 @@ impl Failure {
                 "usage"
             }
             Failure::CreateOutput { .. } | Failure::WriteOutput { .. } => "output",
-            Failure::NotMoved { .. } => "mobility",
+            Failure::NotMoved { .. } | Failure::NotSettled { .. } => "mobility",
+            Failure::MonitorEnded => "connection_lost",
             Failure::NotHiding { .. } => "protocol",
             Failure::Hook(criu::HookError::NotMobile { .. }) => "mobility",
             Failure::Hook(_) => "usage",
@@ -135,7 +142,8 @@ fn main() -> ExitCode {
         Err(failure) => {
             // After a failed export write, stdout holds the rescued export
             // document; an error object after it would make it unparsable.
-            if let Failure::NotMoved { report, .. } = &failure {
+            if let Failure::NotMoved { report, .. } | Failure::NotSettled { report, .. } = &failure
+            {
                 // The outcomes are the answer, the failed ones included.
                 print!("{report}");
             } else if cli.json && !matches!(failure, Failure::WriteOutput { .. }) {
@@ -224,21 +232,24 @@ fn run(cli: &Cli) -> Result<String, Failure> {
         Command::Disable { cgroup } => Plan::Disable(absolute(cgroup)?),
         Command::Status => Plan::Status,
         Command::Ls { proto, state } => Plan::Ls(*proto, *state),
-        Command::Suspend { select, helpers } => Plan::Suspend(selector(select)?, helpers.clone()),
-        Command::Resume { select } => Plan::Resume(selector(select)?),
+        Command::Suspend {
+            select,
+            helpers,
+            wait,
+        } => Plan::Suspend(selector(select)?, helpers.clone(), wait.limit()),
+        Command::Resume { select, wait } => Plan::Resume(selector(select)?, wait.limit()),
+        Command::Monitor => Plan::Monitor,
         Command::Migrate {
             select,
             target,
             wait,
-            timeout,
         } => {
             let to = match (&target.to, &target.dev) {
                 (Some(a), _) => MigrateTarget::Address(*a),
                 // clap's group guarantees exactly one.
                 (None, dev) => MigrateTarget::Device(dev.clone().unwrap_or_default()),
             };
-            let wait = wait.then(|| std::time::Duration::from_secs(*timeout));
-            Plan::Migrate(selector(select)?, to, wait)
+            Plan::Migrate(selector(select)?, to, wait.limit())
         }
         Command::Peers { action: None } => Plan::Peers,
         Command::Peers {
@@ -253,7 +264,9 @@ fn run(cli: &Cli) -> Result<String, Failure> {
             };
             Plan::Export(selector(select)?, file, to.clone())
         }
-        Command::Import { file, from } => Plan::Import(read_export(file)?, from.clone()),
+        Command::Import { file, from, wait } => {
+            Plan::Import(read_export(file)?, from.clone(), wait.limit())
+        }
         Command::CriuHook {
             to,
             from,
@@ -268,7 +281,25 @@ fn run(cli: &Cli) -> Result<String, Failure> {
         .build()
         .map_err(Failure::Runtime)?;
     let json = cli.json;
+    let control = cli.control.as_path();
     runtime.block_on(async {
+        if matches!(request, Plan::Monitor) {
+            return monitor(control, json).await;
+        }
+        // --wait: subscribe to vnatd's events before the command, so that
+        // no outcome can come between the two unseen.
+        let waits = matches!(
+            request,
+            Plan::Suspend(_, _, Some(_))
+                | Plan::Resume(_, Some(_))
+                | Plan::Migrate(_, _, Some(_))
+                | Plan::Import(_, _, Some(_))
+        );
+        let sub = if waits {
+            wait::subscribe(control).await?
+        } else {
+            None
+        };
         let mut client = match ControlClient::connect(&cli.control).await {
             Ok(c) => c,
             // After a restore, nothing may fail it (CRIU would kill the
@@ -306,21 +337,54 @@ fn run(cli: &Cli) -> Result<String, Failure> {
                 let path = client.disable_cgroup(&cgroup).await?;
                 cgroup_result(json, &path, None)
             }
-            Plan::Suspend(selector, helpers) => {
+            Plan::Suspend(selector, helpers, wait) => {
                 let reply = client.suspend(selector, helpers).await?;
-                if json {
-                    pretty(&output::SuspendJson::from(&reply))
+                let Some(timeout) = wait else {
+                    return Ok(if json {
+                        pretty(&output::SuspendJson::from(&reply))
+                    } else {
+                        output::suspend_text(&reply)
+                    });
+                };
+                let ids = reply.suspended.clone();
+                let rows = waited(control, sub, wait::Awaited::Suspensions, &ids, &[], &Default::default(), timeout).await?;
+                let report = if json {
+                    let mut v = serde_json::to_value(output::SuspendJson::from(&reply)).unwrap_or_default();
+                    v["suspensions"] = serde_json::to_value(&rows).unwrap_or_default();
+                    pretty(&v)
                 } else {
-                    output::suspend_text(&reply)
+                    output::suspend_text(&reply) + &output::waited_text(&rows)
+                };
+                let failed = rows.iter().filter(|r| !r.ok()).count();
+                if failed > 0 {
+                    return Err(Failure::NotSettled { report, failed });
                 }
+                report
             }
-            Plan::Resume(selector) => {
+            Plan::Resume(selector, wait) => {
                 let reply = client.resume(selector).await?;
-                if json {
-                    pretty(&output::ResumeJson::from(&reply))
+                let Some(timeout) = wait else {
+                    return Ok(if json {
+                        pretty(&output::ResumeJson::from(&reply))
+                    } else {
+                        output::resume_text(&reply)
+                    });
+                };
+                let rows = waited(control, sub, wait::Awaited::Moves, &reply.moving, &reply.selected, &Default::default(), timeout).await?;
+                let report = if json {
+                    let mut v = serde_json::to_value(output::ResumeJson::from(&reply)).unwrap_or_default();
+                    v["moves"] = serde_json::to_value(&rows).unwrap_or_default();
+                    pretty(&v)
+                } else if rows.is_empty() {
+                    "nothing to wait for: no selected connection is moving (automatic mode may have moved them already)\n".into()
                 } else {
-                    output::resume_text(&reply)
+                    output::waited_text(&rows)
+                };
+                let failed = rows.iter().filter(|r| !r.ok()).count();
+                if failed > 0 {
+                    return Err(Failure::NotMoved { report, failed });
                 }
+                report
             }
             Plan::Migrate(selector, to, wait) => {
                 let reply = client.migrate(selector, to).await?;
@@ -331,15 +395,24 @@ fn run(cli: &Cli) -> Result<String, Failure> {
                         output::migrate_text(&reply)
                     });
                 };
-                let outcomes = wait_for_moves(&mut client, &reply, timeout).await?;
-                let failed = outcomes.iter().filter(|o| o.outcome != "moved").count();
+                let ids: Vec<u64> = reply.started.iter().map(|s| s.id).collect();
+                let targets = reply.started.iter().map(|s| (s.id, s.to)).collect();
+                let mut rows = waited(control, sub, wait::Awaited::Moves, &ids, &[], &targets, timeout).await?;
+                // What the command said of each, where the wait knows less.
+                for r in &mut rows {
+                    if let Some(s) = reply.started.iter().find(|s| s.id == r.id) {
+                        r.from.get_or_insert_with(|| s.from.to_string());
+                        r.to.get_or_insert_with(|| s.to.to_string());
+                    }
+                }
+                let failed = rows.iter().filter(|r| !r.ok()).count();
                 let report = if json {
                     pretty(&output::MigrateWaitJson {
-                        moves: outcomes,
+                        moves: rows,
                         skipped: output::skipped_json(&reply.skipped),
                     })
                 } else {
-                    output::migrate_wait_text(&outcomes, &reply.skipped)
+                    output::migrate_wait_text(&rows, &reply.skipped)
                 };
                 if failed > 0 {
                     return Err(Failure::NotMoved { report, failed });
@@ -477,19 +550,39 @@ fn run(cli: &Cli) -> Result<String, Failure> {
                     Ok(_) => String::new(),
                     Err(e) => format!("vnat: vnatd will find the restored connections by itself within a second ({e})\n"),
                 },
-            Plan::Import(document, from) => {
-                let rows: Vec<output::ImportRow> = client
-                    .import(document, from)
-                    .await?
+            Plan::Import(document, from, wait) => {
+                let imported = client.import(document, from).await?;
+                let rows: Vec<output::ImportRow> = imported.iter().map(Into::into).collect();
+                let Some(timeout) = wait else {
+                    return Ok(if json {
+                        pretty(&rows)
+                    } else {
+                        output::import_text(&rows)
+                    });
+                };
+                let ids: Vec<u64> = imported
                     .iter()
-                    .map(Into::into)
+                    .filter(|c| c.moving || c.move_pending)
+                    .map(|c| c.id)
                     .collect();
-                if json {
-                    pretty(&rows)
+                let targets = imported
+                    .iter()
+                    .filter(|c| c.moving)
+                    .map(|c| (c.id, c.physical_local))
+                    .collect();
+                let moves = waited(control, sub, wait::Awaited::Moves, &ids, &[], &targets, timeout).await?;
+                let report = if json {
+                    pretty(&serde_json::json!({ "imported": rows, "moves": moves }))
                 } else {
-                    output::import_text(&rows)
+                    output::import_text(&rows) + &output::waited_text(&moves)
+                };
+                let failed = moves.iter().filter(|r| !r.ok()).count();
+                if failed > 0 {
+                    return Err(Failure::NotMoved { report, failed });
                 }
+                report
             }
+            Plan::Monitor => return Err(Failure::MonitorEnded),
         })
     })
 }
@@ -501,14 +594,16 @@ enum Plan {
     /// With hide location turned on or off, or left as it is.
     Enable(PathBuf, Option<bool>),
     Disable(PathBuf),
-    Suspend(Selector, Vec<String>),
-    Resume(Selector),
+    /// With how long `--wait` waits, if it does (also below).
+    Suspend(Selector, Vec<String>, Option<std::time::Duration>),
+    Resume(Selector, Option<std::time::Duration>),
+    Monitor,
     /// With how long `--wait` waits, if it does.
     Migrate(Selector, MigrateTarget, Option<std::time::Duration>),
     Peers,
     ForgetPeer(String),
     Export(Selector, Option<(PathBuf, std::fs::File)>, Option<String>),
-    Import(ExportDocument, Option<String>),
+    Import(ExportDocument, Option<String>, Option<std::time::Duration>),
     /// criu-hook at post-dump: the dumped tree's connections, sealed for
     /// `to`, into the images directory.
     CriuExport {
@@ -567,7 +662,7 @@ fn criu_plan(
             }
             let document = read_export(&path)?;
             let from = criu::restore_sender(from.as_deref(), &path)?;
-            Some(Plan::Import(document, Some(from)))
+            Some(Plan::Import(document, Some(from), None))
         }
         criu::Action::PostRestore => env
             .export_path()
@@ -576,30 +671,46 @@ fn criu_plan(
     })
 }
 
-/// `migrate --wait`: poll the listing until no started move is under way
-/// (or `timeout`), then say where each connection ended up.
-async fn wait_for_moves(
-    client: &mut ControlClient,
-    reply: &MigrateReply,
+/// `--wait`: each affected connection's outcome ([`wait::wait`]), as the
+/// report's rows.
+#[allow(clippy::too_many_arguments)]
+async fn waited(
+    control: &Path,
+    sub: Option<vnat_control::client::Subscription>,
+    awaited: wait::Awaited,
+    ids: &[u64],
+    also: &[u64],
+    targets: &std::collections::BTreeMap<u64, std::net::SocketAddr>,
     timeout: std::time::Duration,
-) -> Result<Vec<output::MoveOutcome>, Failure> {
-    let deadline = std::time::Instant::now() + timeout;
-    loop {
-        let list = client.list().await?;
-        let find = |id: u64| list.iter().find(|c| c.info.id == id);
-        let pending = reply
-            .started
-            .iter()
-            .any(|s| find(s.id).is_some_and(|c| c.moving));
-        if !pending || std::time::Instant::now() >= deadline {
-            return Ok(reply
-                .started
-                .iter()
-                .map(|s| output::MoveOutcome::of(s, find(s.id)))
-                .collect());
+) -> Result<Vec<output::WaitedJson>, Failure> {
+    let outcomes = wait::wait(control, sub, awaited, ids, also, targets, timeout).await?;
+    Ok(outcomes
+        .iter()
+        .map(|w| output::WaitedJson::of(w, awaited, timeout))
+        .collect())
+}
+
+/// `vnatctl monitor`: print each event until vnatd closes the stream (or
+/// the user interrupts).
+async fn monitor(control: &Path, json: bool) -> Result<String, Failure> {
+    let mut sub = ControlClient::connect(control).await?.subscribe().await?;
+    let mut out = io::stdout();
+    while let Some(ev) = sub.next().await? {
+        let line = if json {
+            serde_json::to_string(&ev).unwrap_or_default() + "\n"
+        } else {
+            output::event_line(&ev)
+        };
+        // A closed pipe (`| head`) ends the monitor quietly.
+        if out
+            .write_all(line.as_bytes())
+            .and_then(|()| out.flush())
+            .is_err()
+        {
+            return Ok(String::new());
         }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+    Err(Failure::MonitorEnded)
 }
 
 /// A new file only its owner can read: the export holds keys. `create_new`

@@ -11,12 +11,14 @@ use std::{
 
 use serde::Serialize;
 use vnat_control::{
-    datapath::DatapathStatus, DaemonInfo, ExportDocument, ImportedConnection, ListedConnection,
-    MigrateReply, MigrateStarted, PeerInfo, ResumeReply, Skipped, StatusReply, SuspendReply,
+    datapath::DatapathStatus, DaemonInfo, ExportDocument, ImportedConnection, MigrateReply,
+    PeerInfo, ResumeReply, Skipped, StatusReply, SuspendReply,
 };
 
 mod ls;
+mod watch;
 pub use ls::{ls_table, LsRow};
+pub use watch::{event_line, waited_text, WaitedJson};
 
 /// Left-aligned columns two spaces apart; the last column is not padded so
 /// lines carry no trailing blanks.
@@ -473,64 +475,15 @@ pub fn migrate_text(r: &MigrateReply) -> String {
     out
 }
 
-/// Where one connection ended up after `migrate --wait`.
-#[derive(Debug, Serialize)]
-pub struct MoveOutcome {
-    pub id: u64,
-    pub from: String,
-    pub to: String,
-    /// "moved", "not_moved" (the move was given up: it stays where it
-    /// was), "still_moving" (the wait timed out) or "closed".
-    pub outcome: &'static str,
-    /// Its local physical endpoint now; null once closed.
-    pub physical_local: Option<String>,
-}
-
-impl MoveOutcome {
-    /// The outcome of the move `s` from the connection's listing now
-    /// (None: it is gone).
-    pub fn of(s: &MigrateStarted, now: Option<&ListedConnection>) -> MoveOutcome {
-        let outcome = match now {
-            None => "closed",
-            Some(c) if c.moving => "still_moving",
-            Some(c) if c.info.physical_local == s.to => "moved",
-            Some(_) => "not_moved",
-        };
-        MoveOutcome {
-            id: s.id,
-            from: s.from.to_string(),
-            to: s.to.to_string(),
-            outcome,
-            physical_local: now.map(|c| c.info.physical_local.to_string()),
-        }
-    }
-}
-
 /// `vnatctl --json migrate --wait`.
 #[derive(Debug, Serialize)]
 pub struct MigrateWaitJson {
-    pub moves: Vec<MoveOutcome>,
+    pub moves: Vec<WaitedJson>,
     pub skipped: Vec<SkippedJson>,
 }
 
-pub fn migrate_wait_text(moves: &[MoveOutcome], skipped: &[Skipped]) -> String {
-    let mut out = String::new();
-    for m in moves {
-        let what = match m.outcome {
-            "moved" => format!("moved from {} to {}", m.from, m.to),
-            "closed" => "closed before its move finished".to_string(),
-            "still_moving" => format!(
-                "still moving to {} (its peer has not validated the new address yet)",
-                m.to
-            ),
-            _ => format!(
-                "did not move to {}: it stays at {} (its peer could not validate the new address)",
-                m.to,
-                m.physical_local.as_deref().unwrap_or("-")
-            ),
-        };
-        let _ = writeln!(out, "connection {}: {what}", m.id);
-    }
+pub fn migrate_wait_text(moves: &[WaitedJson], skipped: &[Skipped]) -> String {
+    let mut out = waited_text(moves);
     for s in skipped {
         let _ = writeln!(out, "skipped connection {}: {}", s.id, s.reason);
     }
@@ -551,6 +504,12 @@ pub struct PeerRow {
     /// "ip:port" the peer last saw this host's VCMP come from; null until
     /// a keepalive was answered.
     pub reflexive: Option<String>,
+    /// When vnatd last heard from it (an authentic, fresh message:
+    /// keepalive, probe or a connection's record), in milliseconds since
+    /// the Unix epoch, and how many seconds ago; null if not since vnatd
+    /// started.
+    pub last_heard_ms: Option<u64>,
+    pub last_heard_secs: Option<u64>,
 }
 
 impl From<&PeerInfo> for PeerRow {
@@ -562,11 +521,16 @@ impl From<&PeerInfo> for PeerRow {
             mobile: p.mobile,
             behind_nat: p.behind_nat,
             reflexive: p.reflexive.map(|a| a.to_string()),
+            last_heard_ms: p.last_heard_ms,
+            last_heard_secs: p.last_heard_ms.map(|t| {
+                vnat_control::monitor::unix_ms(std::time::SystemTime::now()).saturating_sub(t)
+                    / 1000
+            }),
         }
     }
 }
 
-pub const PEERS_HEADER: [&str; 5] = ["ADDRESS", "KEY", "CONNECTIONS", "MOBILE", "NAT"];
+pub const PEERS_HEADER: [&str; 6] = ["ADDRESS", "KEY", "CONNECTIONS", "MOBILE", "NAT", "HEARD"];
 
 pub fn peers_table(rows: &[PeerRow]) -> String {
     let cells: Vec<Vec<String>> = rows
@@ -582,6 +546,8 @@ pub fn peers_table(rows: &[PeerRow]) -> String {
                     (_, true) => "yes".into(),
                     _ => "no".into(),
                 },
+                p.last_heard_secs
+                    .map_or_else(|| "-".into(), |s| format!("{} ago", duration(s))),
             ]
         })
         .collect();

@@ -56,6 +56,17 @@ fn conn(
         placed: None,
         helpers_asked: Vec::new(),
         helping: Vec::new(),
+        // The TCP one's peer is moving (under way).
+        last_move: mobile.then(|| vnat_control::LastMove {
+            side: vnat_control::Side::Peer,
+            from: addr(vr),
+            to: addr("198.18.4.2:5001"),
+            outcome: None,
+            handover_ms: None,
+            reason: None,
+            started_ms: 1,
+            ended_ms: None,
+        }),
     }
 }
 
@@ -119,6 +130,7 @@ fn ls_json_keys_are_the_contract() {
         "adopted",
         "hide_location",
         "guest",
+        "last_move",
     ];
     let mut keys_sorted = keys.clone();
     keys_sorted.sort_unstable();
@@ -139,7 +151,12 @@ fn ls_json_keys_are_the_contract() {
             "behind_nat": false, "seen_by_peer_as": null, "why_not_mobile": null,
             "role": null, "moving": false, "keepalive_held": false, "placed": null, "helpers_asked": [],
             "helping": [], "adopted": false, "hide_location": false,
-            "guest": null
+            "guest": null,
+            "last_move": {
+                "side": "peer", "from": "198.18.3.2:5001", "to": "198.18.4.2:5001",
+                "outcome": "moving", "handover_ms": null, "reason": null,
+                "started_ms": 1, "ended_ms": null
+            }
         })
     );
     assert_eq!(array[1]["proto"], "udp");
@@ -198,6 +215,7 @@ fn ls_table_has_the_documented_columns_and_dashes() {
             "PID",
             "COMMAND",
             "CGROUP",
+            "LAST-MOVE",
             "NOTE"
         ]
     );
@@ -217,11 +235,13 @@ fn ls_table_has_the_documented_columns_and_dashes() {
             "42",
             "curl",
             "/system.slice/app.service",
+            "peer",
+            "moving",
             "-"
         ]
     );
     let udp: Vec<&str> = lines[2].split_whitespace().collect();
-    assert_eq!(&udp[6..12], ["translated", "no", "-", "-", "-", "-"]);
+    assert_eq!(&udp[6..13], ["translated", "no", "-", "-", "-", "-", "-"]);
     let note = lines[0].find("NOTE").expect("NOTE column");
     assert_eq!(&lines[2][note..], "no vnatd answered at the peer's address");
     // Columns line up: every column starts at the header's offset.

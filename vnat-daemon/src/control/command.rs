@@ -158,4 +158,6 @@ pub struct Mobility {
     pub helpers_asked: Vec<String>,
     /// Keep-alive helpers this host runs for the absent peer.
     pub helping: Vec<String>,
+    /// Its last move since vnatd started (`daemon::journal`).
+    pub last_move: Option<vnat_control::monitor::LastMove>,
 }

@@ -78,6 +78,8 @@ pub struct Handler {
     /// The VCMP driver, for requests about mobility (absent in tests of the
     /// datapath-only requests).
     driver: Option<CommandSender>,
+    /// Where the driver publishes move and pairing events (`monitor`).
+    events: Option<super::events::EventHub>,
 }
 
 impl Handler {
@@ -87,7 +89,19 @@ impl Handler {
             info: Arc::new(std::sync::RwLock::new(info)),
             started: Instant::now(),
             driver: None,
+            events: None,
         }
+    }
+
+    /// Serve `monitor` from the events the driver publishes on `hub`.
+    pub fn with_events(mut self, hub: super::events::EventHub) -> Self {
+        self.events = Some(hub);
+        self
+    }
+
+    /// A new monitoring subscription (None without an event hub).
+    pub fn subscribe(&self) -> Option<super::events::Subscriber> {
+        self.events.as_ref().map(|h| h.subscribe())
     }
 
     /// What `status` says of the daemon, shared with whoever changes it (a
@@ -133,6 +147,12 @@ impl Handler {
                 .map(|peers| Reply::Peers { peers }),
             Request::ForgetPeer { key } => self.forget_peer(key),
             Request::Import { state, from } => self.import(state, from.as_deref()),
+            // The server subscribes the connection once it sees this
+            // answer (`server::serve_client`).
+            Request::Monitor => match self.events {
+                Some(_) => Ok(Reply::Monitoring),
+                None => Err(RequestError::NoDriver),
+            },
         };
         // The VCMP counters come from the driver.
         let result = match result {
@@ -197,6 +217,7 @@ impl Handler {
                         placed: None,
                         helpers_asked: Vec::new(),
                         helping: Vec::new(),
+                        last_move: None,
                     })
                     .collect(),
             },
@@ -241,6 +262,7 @@ impl Handler {
                     c.placed = m.and_then(|m| m.placed);
                     c.helpers_asked = m.map(|m| m.helpers_asked.clone()).unwrap_or_default();
                     c.helping = m.map(|m| m.helping.clone()).unwrap_or_default();
+                    c.last_move = m.and_then(|m| m.last_move.clone());
                     // Under way until the datapath sends from where VCMP
                     // has our end (after the peer's SWITCHED).
                     c.moving = m.is_some_and(|m| {
@@ -312,10 +334,25 @@ impl Handler {
             }
             Request::Resume { .. } => {
                 let moves_started = self.ask(|reply| Command::Resume { reply })?;
-                tracing::info!(selected = ?ids, moves_started, "control: resume");
+                // What `--wait` waits for: the selected connections with a
+                // move under way now, started by this resume or before it
+                // (automatic mode is often first). One that ended since is
+                // in the waiting client's subscription.
+                let mobility = self.ask(|reply| Command::Mobility { reply })?;
+                let moving: Vec<u64> = selected
+                    .iter()
+                    .filter(|c| {
+                        mobility.get(&flow_of(c)).is_some_and(|m| {
+                            m.last_move.as_ref().is_some_and(|l| l.outcome.is_none())
+                        })
+                    })
+                    .map(|c| c.id)
+                    .collect();
+                tracing::info!(selected = ?ids, moves_started, ?moving, "control: resume");
                 Ok(Reply::Resumed(ResumeReply {
                     selected: ids,
                     moves_started,
+                    moving,
                 }))
             }
             Request::Migrate { to, .. } => self.migrate(&selected, to),
@@ -448,6 +485,7 @@ impl Handler {
                 physical_local: o.physical_local,
                 physical_remote: o.physical_remote,
                 moving: o.moving,
+                move_pending: o.move_pending,
             })
             .collect();
         Ok(Reply::Imported { connections })

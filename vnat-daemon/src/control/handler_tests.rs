@@ -172,6 +172,7 @@ impl FakeDriver {
                             mobile: 1,
                             behind_nat: false,
                             reflexive: None,
+                            last_heard_ms: None,
                         }]);
                     }
                     Command::Reconfigure { reply, .. } => {
@@ -197,6 +198,7 @@ impl FakeDriver {
                                 physical_local: addr("198.18.2.2:40000"),
                                 physical_remote: c.vcmp.remote_phys,
                                 moving: true,
+                                move_pending: false,
                             })
                             .collect();
                         let _ = reply.send(Ok(outcomes));

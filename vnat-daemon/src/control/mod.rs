@@ -10,6 +10,7 @@
 //! [`client::ControlClient`] is the other end.
 
 pub mod command;
+pub mod events;
 pub mod handler;
 mod select;
 pub mod server;

@@ -30,7 +30,7 @@ use tokio::{
 use super::{
     handler::Handler,
     lines::{read_line_bounded, Line},
-    proto::{ErrorKind, ResponseEnvelope, MAX_REQUEST_LINE},
+    proto::{ErrorKind, Outcome, Reply, ResponseEnvelope, MAX_REQUEST_LINE},
 };
 
 /// Clients served at once; more are closed at accept. vnatctl holds a
@@ -301,9 +301,44 @@ async fn serve_client(stream: UnixStream, handler: Handler) {
                     "vnatd failed while handling this request; see its log",
                 )
             });
+        // A `monitor` request turns the connection into a subscription,
+        // made before the answer leaves so that nothing after it is missed.
+        let subscription = match &response.outcome {
+            Outcome::Ok(Reply::Monitoring) => handler.subscribe(),
+            _ => None,
+        };
         if let Err(e) = send(&mut write, &response).await {
             tracing::debug!(error = %e, "control: client write failed");
             return;
+        }
+        if let Some(sub) = subscription {
+            stream_events(reader, write, sub).await;
+            return;
+        }
+    }
+}
+
+/// Write each event to a monitoring client until it closes. Its requests
+/// end here: anything it sends (or its EOF) ends the subscription. No idle
+/// timeout: a monitor may wait for hours. A client that stops reading only
+/// blocks this task; the driver never waits for it (`events`).
+async fn stream_events(
+    mut reader: BufReader<tokio::net::unix::OwnedReadHalf>,
+    mut write: OwnedWriteHalf,
+    mut sub: super::events::Subscriber,
+) {
+    use tokio::io::AsyncReadExt;
+    let mut byte = [0u8; 1];
+    loop {
+        tokio::select! {
+            ev = sub.next() => {
+                let Some(ev) = ev else { return };
+                if let Err(e) = send(&mut write, &ResponseEnvelope::ok(Reply::Event(ev))).await {
+                    tracing::debug!(error = %e, "control: monitoring client went away");
+                    return;
+                }
+            }
+            _ = reader.read(&mut byte) => return,
         }
     }
 }

@@ -161,6 +161,8 @@ pub struct ImportOutcome {
     pub physical_local: SocketAddr,
     pub physical_remote: SocketAddr,
     pub moving: bool,
+    /// A move starts once the restored socket appears here.
+    pub move_pending: bool,
 }
 
 #[cfg(test)]

@@ -28,6 +28,7 @@ mod natguard;
 mod outage;
 mod persisted;
 mod settling;
+mod watch;
 
 use super::{
     addrwatch::AddrWatch,
@@ -327,6 +328,11 @@ pub struct Driver {
     /// Connections that lost their address and cannot move, said once
     /// each (automatic mode looks every second) until they can again.
     stuck_said: HashSet<VirtualFlow>,
+    /// Moves under way and each connection's last one (`vnatctl ls`),
+    /// published as they start and end (`vnatctl monitor`,
+    /// `driver/watch.rs`).
+    journal: super::journal::Journal,
+    events: crate::control::events::EventHub,
 }
 
 impl Driver {
@@ -433,7 +439,16 @@ impl Driver {
             hide_due: true,
             last_hidden: None,
             stuck_said: HashSet::new(),
+            journal: Default::default(),
+            events: Default::default(),
         }
+    }
+
+    /// Publish move and pairing events on `hub` (the control API's, for
+    /// `vnatctl monitor`).
+    pub fn with_events(mut self, hub: crate::control::events::EventHub) -> Driver {
+        self.events = hub;
+        self
     }
 
     /// Run until `shutdown` completes.

@@ -13,6 +13,7 @@ pub mod helping;
 pub mod hide;
 pub mod hostaddrs;
 pub mod identity;
+pub mod journal;
 pub mod locations;
 pub mod mobility;
 pub mod moveops;
@@ -401,15 +402,20 @@ where
         helpers_dir: settings.helpers_dir.clone(),
         location_store: settings.location_store.clone(),
     };
-    let driver = driver::Driver::new(driver_cfg, shared.clone()).await?;
+    // Move and pairing events, from the driver to `vnatctl monitor`.
+    let events = crate::control::events::EventHub::new();
+    let driver = driver::Driver::new(driver_cfg, shared.clone())
+        .await?
+        .with_events(events.clone());
     let settling = driver.suspensions_settling();
     let (commands_tx, commands_rx) = tokio::sync::mpsc::channel(64);
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let driver_task = tokio::spawn(driver.run(commands_rx, async move {
         let _ = stop_rx.changed().await;
     }));
-    let handler =
-        Handler::new(shared.clone(), daemon_info(settings)).with_driver(commands_tx.clone());
+    let handler = Handler::new(shared.clone(), daemon_info(settings))
+        .with_driver(commands_tx.clone())
+        .with_events(events);
     // Suspend before sleep and resume after, through logind (`sleep`).
     let sleeping = settings.sleep_inhibit.then(|| {
         let sleep_handler =

@@ -60,6 +60,27 @@ pub struct LsRow {
     /// behind this host's NAT): where it lives. The endpoints above are
     /// then the public ones, after the host's NAT. Null for the host's own.
     pub guest: Option<GuestRow>,
+    /// Its last move since vnatd started (this host's end or the peer's);
+    /// null if none.
+    pub last_move: Option<LastMoveRow>,
+}
+
+/// `last_move` of an `ls` row.
+#[derive(Debug, Serialize)]
+pub struct LastMoveRow {
+    /// "local" (this host's end moved) or "peer".
+    pub side: String,
+    pub from: String,
+    pub to: String,
+    /// "moving" (under way), "moved" or "failed".
+    pub outcome: String,
+    /// For "moved": from its start until both ends translated.
+    pub handover_ms: Option<u64>,
+    /// For "failed": why.
+    pub reason: Option<String>,
+    /// Milliseconds since the Unix epoch.
+    pub started_ms: u64,
+    pub ended_ms: Option<u64>,
 }
 
 /// `guest` of an `ls` row.
@@ -115,11 +136,24 @@ impl From<&ListedConnection> for LsRow {
                 private_remote: g.private_remote.to_string(),
                 routed_via: g.routed_via.map(|a| a.to_string()),
             }),
+            last_move: listed.last_move.as_ref().map(|m| LastMoveRow {
+                side: match m.side {
+                    vnat_control::Side::Local => "local".into(),
+                    vnat_control::Side::Peer => "peer".into(),
+                },
+                from: m.from.to_string(),
+                to: m.to.to_string(),
+                outcome: m.outcome.map_or("moving", |o| o.as_str()).to_string(),
+                handover_ms: m.handover_ms,
+                reason: m.reason.clone(),
+                started_ms: m.started_ms,
+                ended_ms: m.ended_ms,
+            }),
         }
     }
 }
 
-pub const LS_HEADER: [&str; 13] = [
+pub const LS_HEADER: [&str; 14] = [
     "ID",
     "PROTO",
     "VIRTUAL-LOCAL",
@@ -132,12 +166,14 @@ pub const LS_HEADER: [&str; 13] = [
     "PID",
     "COMMAND",
     "CGROUP",
+    "LAST-MOVE",
     "NOTE",
 ];
 
 /// The `ls` table; unknown values are shown as "-".
 pub fn ls_table(rows: &[LsRow]) -> String {
     let dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    let now_ms = vnat_control::monitor::unix_ms(std::time::SystemTime::now());
     let cells: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
@@ -158,11 +194,28 @@ pub fn ls_table(rows: &[LsRow]) -> String {
                 dash(r.pid.map(|p| p.to_string())),
                 dash(r.command.clone()),
                 dash(r.cgroup.clone()),
+                last_move(r, now_ms),
                 note(r),
             ]
         })
         .collect();
     table(&LS_HEADER, &cells)
+}
+
+/// The `ls` LAST-MOVE: "moved in 12ms 3m05s ago" (the peer's end: "peer
+/// moved ..."), "failed 10s ago" (the reason is in --json), "moving".
+fn last_move(r: &LsRow, now_ms: u64) -> String {
+    let Some(m) = &r.last_move else {
+        return "-".into();
+    };
+    let who = if m.side == "peer" { "peer " } else { "" };
+    let ago = m.ended_ms.map_or_else(String::new, |t| {
+        format!(" {} ago", super::duration(now_ms.saturating_sub(t) / 1000))
+    });
+    match (m.outcome.as_str(), m.handover_ms) {
+        ("moved", Some(ms)) => format!("{who}moved in {ms}ms{ago}"),
+        (o, _) => format!("{who}{o}{ago}"),
+    }
 }
 
 /// The `ls` NOTE: where a NAT put our end, or why it cannot move; for a

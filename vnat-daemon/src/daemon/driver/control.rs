@@ -284,6 +284,7 @@ impl Driver {
                                     .get(f)
                                     .map(|h| h.help.names())
                                     .unwrap_or_default(),
+                                last_move: self.journal.last_move(f).cloned(),
                             },
                         ))
                     })
@@ -437,6 +438,7 @@ impl Driver {
                 physical_local: v.local_phys,
                 physical_remote: v.remote_phys,
                 moving: v.migrating,
+                move_pending: !v.migrating && !here.contains(&v.local_phys.ip()),
             });
         }
         Ok(out)
@@ -472,6 +474,10 @@ impl Driver {
                 mobile,
                 behind_nat: self.endpoint.behind_nat(&key),
                 reflexive: self.endpoint.reflexive_address(&key),
+                // Boot time to wall clock: how long ago, from now.
+                last_heard_ms: self.endpoint.last_heard(&key).map(|t| {
+                    vnat_control::monitor::unix_ms(std::time::SystemTime::now() - now().since(t))
+                }),
             })
             .collect();
         out.extend(
@@ -484,6 +490,7 @@ impl Driver {
                     mobile: 0,
                     behind_nat: false,
                     reflexive: None,
+                    last_heard_ms: None,
                 }),
         );
         out.sort_by(|a, b| (a.address, &a.key).cmp(&(b.address, &b.key)));

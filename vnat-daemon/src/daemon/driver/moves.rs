@@ -79,6 +79,7 @@ impl Driver {
             self.endpoint.connection_removed(f);
             self.mover.forget(f);
         }
+        self.moves_closed(&gone);
         self.helpers.keepalive_held.retain(|f, _| live.contains(f));
         self.helpers.help_asked.retain(|f, _| live.contains(f));
         self.helpers.helper_runs.retain(|f, _| live.contains(f));
@@ -309,6 +310,9 @@ impl Driver {
             outcomes.extend(started.into_iter().map(|(f, _, _)| (f, Err(why.clone()))));
             return outcomes;
         }
+        for (f, from, to) in &started {
+            self.move_started(*f, vnat_control::monitor::Side::Local, *from, *to);
+        }
         outcomes.extend(started.into_iter().map(|(f, from, to)| (f, Ok((from, to)))));
         outcomes
     }
@@ -378,6 +382,7 @@ impl Driver {
             self.standby_due = true;
             self.hide_due = true;
         }
+        self.peer_moves_started(&events);
         // Receive sides first, as the core asks: what it queued with the
         // events may let a peer send to them.
         self.prepare_receive_sides(&events).await;
@@ -387,6 +392,8 @@ impl Driver {
         let mut help_requests = Vec::new();
         let mut probes_answered = Vec::new();
         let mut tcp_bind_tokens = Vec::new();
+        // Moves that end once their translation is installed.
+        let mut ends = Vec::new();
         for ev in events {
             let flow = match &ev {
                 Event::SetRemote { flow, .. }
@@ -413,7 +420,9 @@ impl Driver {
                 )
             });
             let in_span = span.as_ref().map(|s| s.enter());
-            match self.mover.step(&ev, view.as_ref()) {
+            let step = self.mover.step(&ev, view.as_ref());
+            ends.extend(self.journal_step(&ev, &step, view.as_ref()));
+            match step {
                 Step::Switch(s) => {
                     if let Event::PeerSwitched { confirmed, .. } = ev {
                         tracing::debug!(id = s.flow.id(), flow = %s.flow, confirmed, "the peer sends to our new address");
@@ -439,6 +448,7 @@ impl Driver {
             match ev {
                 Event::Paired { peer, key } => {
                     tracing::info!(%peer, key = %identity::key_hex(&key), "paired with peer host");
+                    self.paired(peer, &key);
                     if let Err(e) = self.peers.remember(peer, key) {
                         tracing::error!(error = %e, "cannot save the peer's key");
                     }
@@ -507,6 +517,7 @@ impl Driver {
                 Event::SuspendSettled { flow, answered } => {
                     tracing::debug!(id = flow.id(), %flow, answered, "suspension settled");
                     self.settling.settled(&flow);
+                    self.suspend_ended(&flow, answered);
                 }
                 // Prepared above, before the rest.
                 Event::PrepareReceive { .. } => {}
@@ -514,6 +525,7 @@ impl Driver {
             }
         }
         let done = self.translate_all(batch).await;
+        self.switches_done(ends, &done);
         // The tokens of TCP BIND requests the core queued: in place before
         // those requests leave (they are flushed after the events).
         for (flow, token) in tcp_bind_tokens {

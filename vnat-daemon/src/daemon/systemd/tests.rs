@@ -42,6 +42,7 @@ fn peer(n: u8) -> PeerInfo {
         mobile: 1,
         behind_nat: false,
         reflexive: None,
+        last_heard_ms: None,
     }
 }
 
