@@ -4,8 +4,9 @@
 //! server's vnatd is stopped (SIGSTOP) exits non-zero at its timeout with a
 //! reason; `resume --wait` again, with the server's vnatd running on, prints
 //! the move's outcome and exits 0; monitoring clients that never read do
-//! not hold the move up; `ls` shows the last move and `peers` when the
-//! server was last heard from. A few seconds.
+//! not hold the move up; the server's monitor sees its peer's end move;
+//! `ls` shows the last move and `peers` when the server was last heard
+//! from. About 10 seconds.
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},
@@ -193,6 +194,8 @@ fn monitor_and_wait_see_a_tcp_move_v4() {
     let new_local = SocketAddr::new(topo.laptop_b_addr.get(family), local.port());
 
     let monitor = Monitor::start(&lapd);
+    // And on the server, which sees its peer's end move.
+    let srv_monitor = Monitor::start(&srvd);
     // Clients that subscribe and never read: vnatd must not wait for them.
     let _stuck: Vec<UnixStream> = (0..3).map(|_| stuck_monitor(&lapd)).collect();
     // Subscribed before anything moves (its first event is proof enough,
@@ -281,6 +284,18 @@ fn monitor_and_wait_see_a_tcp_move_v4() {
     assert_eq!(ended["handover_ms"], mv["handover_ms"], "{ended}");
     assert_eq!(ended["to"], new_local.to_string(), "{ended}");
     assert!(ended.get("reason").is_none(), "{ended}");
+
+    // The server's vnatd saw the laptop's end move: validated, translated.
+    let peer_ended = srv_monitor.wait_for(Duration::from_secs(5), "the peer's move's end", |e| {
+        e["event"] == "move_ended" && e["side"] == "peer"
+    });
+    assert_eq!(peer_ended["outcome"], "moved", "{peer_ended}");
+    assert_eq!(peer_ended["from"], before.local, "{peer_ended}");
+    assert_eq!(peer_ended["to"], new_local.to_string(), "{peer_ended}");
+    assert!(peer_ended["handover_ms"].as_u64().is_some(), "{peer_ended}");
+    srv_monitor.wait_for(Duration::from_secs(1), "the peer's move's start", |e| {
+        e["event"] == "move_started" && e["side"] == "peer" && e["id"] == peer_ended["id"]
+    });
 
     // The same socket goes on, byte-exact.
     let at = client.latest().expect("status").verified;

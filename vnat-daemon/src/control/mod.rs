@@ -19,6 +19,8 @@ pub mod transfer;
 #[cfg(test)]
 mod handler_tests;
 #[cfg(test)]
+mod monitor_tests;
+#[cfg(test)]
 mod tests;
 
 use vnat_control::lines;
