@@ -357,6 +357,83 @@ mod tests {
             .contains("at most 24h"));
     }
 
+    fn listed(id: u64, last: Option<vnat_control::LastMove>) -> ListedConnection {
+        let a: SocketAddr = "198.18.1.2:40000".parse().expect("addr");
+        ListedConnection {
+            info: vnat_control::datapath::ConnectionInfo {
+                id,
+                proto: vnat_control::datapath::Proto::Tcp,
+                virtual_local: a,
+                virtual_remote: a,
+                physical_local: a,
+                physical_remote: a,
+                state: vnat_control::datapath::ConnState::Native,
+                cookie: 0,
+                cgroup_id: 0,
+                cgroup: None,
+                pid: None,
+                command: None,
+                age_secs: 0,
+                recorded_ns: 0,
+                tcp_isns: None,
+                adopted: false,
+                hide_location: false,
+                udp_inbound_only: false,
+                guest: None,
+            },
+            mobile: true,
+            seen_by_peer_as: None,
+            why_not_mobile: None,
+            role: None,
+            moving: last.as_ref().is_some_and(|l| l.outcome.is_none()),
+            keepalive_held: false,
+            placed: None,
+            helpers_asked: Vec::new(),
+            helping: Vec::new(),
+            last_move: last,
+        }
+    }
+
+    /// After lost events, `ls` settles what it can: a move that ended
+    /// during the wait, a connection that is gone; one still under way, or
+    /// whose last move ended before the wait, stays pending.
+    #[test]
+    fn after_lost_events_ls_tells_what_ended() {
+        let now = vnat_control::monitor::unix_ms(std::time::SystemTime::now());
+        let a: SocketAddr = "198.18.1.2:40000".parse().expect("addr");
+        let b: SocketAddr = "198.18.2.2:40000".parse().expect("addr");
+        let last = |outcome, ended_ms| vnat_control::LastMove {
+            side: Side::Local,
+            from: a,
+            to: b,
+            outcome,
+            handover_ms: outcome.map(|_| 12),
+            reason: None,
+            started_ms: now - 60_000,
+            ended_ms,
+        };
+        let list = vec![
+            listed(1, Some(last(Some(EndOutcome::Moved), Some(now)))),
+            listed(2, Some(last(None, None))),
+            listed(3, Some(last(Some(EndOutcome::Moved), Some(now - 50_000)))),
+        ];
+        let mut pending: BTreeSet<u64> = [1, 2, 3, 4].into();
+        let mut done = BTreeMap::new();
+        from_list(
+            Awaited::Moves,
+            &list,
+            Instant::now(),
+            &mut pending,
+            &mut done,
+            false,
+            &BTreeMap::new(),
+        );
+        assert_eq!(pending, [2, 3].into());
+        assert!(matches!(&done[&1], Ended::Event(e)
+            if e.outcome == Some(EndOutcome::Moved) && e.handover_ms == Some(12)));
+        assert_eq!(done[&4], Ended::Closed);
+    }
+
     #[test]
     fn durations_read_well() {
         assert_eq!(show(Duration::from_millis(500)), "500ms");

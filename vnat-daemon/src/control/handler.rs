@@ -608,7 +608,7 @@ enum RequestError {
     UnknownPeer(String),
     #[error(transparent)]
     Transfer(TransferError),
-    #[error("this vnatd runs without its VCMP driver, so it cannot suspend, resume, export or import connections or list peers; run vnatd as a service (not only its control API)")]
+    #[error("this vnatd runs without its VCMP driver, so it cannot suspend, resume, export or import connections, list peers or stream move events; run vnatd as a service (not only its control API)")]
     NoDriver,
     #[error("vnatd's VCMP driver has stopped; see vnatd's log (journalctl -u vnatd) and restart vnatd (translation continues meanwhile)")]
     DriverStopped,
