@@ -75,6 +75,16 @@ impl Vnatd {
         Vnatd::start_raw(host, dir, &args, env)
     }
 
+    /// Start with extra flags, its log written to `log` instead of the
+    /// test's stderr (for tests that look for what vnatd says).
+    pub fn start_logging(host: &Host, dir: &Path, extra: &[&str], log: &Path) -> Vnatd {
+        let cgroup = host.cgroup.path().display().to_string();
+        let mut args = vec!["--cgroup", &cgroup, "--config", "/dev/null"];
+        args.extend_from_slice(extra);
+        let file = std::fs::File::create(log).expect("vnatd's log file");
+        Vnatd::start_raw_to(host, dir, &args, &[], Stdio::from(file))
+    }
+
     /// Start with the config file `config` (which names the cgroups) and
     /// extra flags.
     pub fn start_with_config(host: &Host, dir: &Path, config: &Path, extra: &[&str]) -> Vnatd {
@@ -85,6 +95,16 @@ impl Vnatd {
     }
 
     fn start_raw(host: &Host, dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Vnatd {
+        Vnatd::start_raw_to(host, dir, args, env, Stdio::inherit())
+    }
+
+    fn start_raw_to(
+        host: &Host,
+        dir: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+        stderr: Stdio,
+    ) -> Vnatd {
         let ns = host.ns;
         let control = dir.join("vnatd.sock");
         let child = ns
@@ -98,7 +118,7 @@ impl Vnatd {
             .args(args)
             .envs(env.iter().copied())
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("starting vnatd");
         let d = Vnatd {

@@ -8,6 +8,7 @@ mod criu;
 mod criu_move;
 mod daemon;
 mod echo;
+mod etcd;
 mod host;
 mod links;
 mod logind;
@@ -45,6 +46,7 @@ pub use criu_move::{
 };
 pub use daemon::{TempDir, Vnatd};
 pub use echo::{EchoServer, UDP_DATAGRAM_SIZE};
+pub use etcd::EtcdCluster;
 pub use host::{move_flow, Host, LaptopAndServer};
 pub use links::veth;
 pub use logind::{LogindEvent, StandInLogind, SystemBus};

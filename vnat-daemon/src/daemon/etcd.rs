@@ -28,7 +28,12 @@ pub const PREFIX: &str = "/vnat/loc/";
 
 /// How long one etcd call may take before the step it serves counts as
 /// failed (the chain then goes on without the store).
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// How long one member has to answer before the next is tried: a member
+/// that is down refuses at once, one cut off from the others (no quorum)
+/// or from us does not answer.
+const MEMBER_TIMEOUT: Duration = Duration::from_millis(900);
 
 /// A record's lifetime: the embedded store's (`vcmp::location`).
 fn record_ttl() -> Duration {
@@ -70,13 +75,17 @@ pub enum EtcdError {
     Timeout(Duration),
 }
 
-/// vnatd's connection to etcd: made when first needed and again after a
-/// failure (the members may all have been down), so that etcd being down
-/// at start delays nothing.
+/// vnatd's connections to etcd, one per member: made when first needed
+/// and again after a failure, so that etcd being down at start delays
+/// nothing. A call goes to the member that answered last and, if that one
+/// fails, to the next, each within [`MEMBER_TIMEOUT`]: one member down
+/// costs a move nothing (etcd-client's own balancing would send some calls
+/// to the dead member and fail them).
 pub struct EtcdStore {
     endpoints: Vec<String>,
     options: ConnectOptions,
-    client: Mutex<Option<Client>>,
+    clients: Mutex<Vec<Option<Client>>>,
+    preferred: std::sync::atomic::AtomicUsize,
     lease: Mutex<Option<(i64, Instant)>>,
 }
 
@@ -93,8 +102,8 @@ impl EtcdStore {
     /// start, in one sentence.
     pub fn new(s: &EtcdSettings) -> Result<EtcdStore, EtcdError> {
         let mut options = ConnectOptions::new()
-            .with_connect_timeout(CALL_TIMEOUT / 2)
-            .with_timeout(CALL_TIMEOUT);
+            .with_connect_timeout(MEMBER_TIMEOUT / 2)
+            .with_timeout(MEMBER_TIMEOUT);
         if let (Some(user), Some(pw)) = (&s.user, &s.password_file) {
             let text = read("the etcd password file", pw)?;
             let password = String::from_utf8_lossy(&text)
@@ -123,25 +132,64 @@ impl EtcdStore {
         Ok(EtcdStore {
             endpoints: s.endpoints.clone(),
             options,
-            client: Mutex::new(None),
+            clients: Mutex::new(vec![None; s.endpoints.len()]),
+            preferred: Default::default(),
             lease: Mutex::new(None),
         })
     }
 
-    async fn client(&self) -> Result<Client, EtcdError> {
-        let mut c = self.client.lock().await;
-        if let Some(c) = c.as_ref() {
-            return Ok(c.clone());
+    /// The client of member `i`, connected (and logged in) if need be.
+    async fn client(&self, i: usize) -> Result<Client, EtcdError> {
+        if let Some(c) = self.clients.lock().await.get(i).cloned().flatten() {
+            return Ok(c);
         }
-        let made = Client::connect(&self.endpoints, Some(self.options.clone())).await?;
-        *c = Some(made.clone());
+        let made = Client::connect([&self.endpoints[i]], Some(self.options.clone())).await?;
+        if let Some(slot) = self.clients.lock().await.get_mut(i) {
+            *slot = Some(made.clone());
+        }
         Ok(made)
     }
 
-    /// After a failure, the next call connects (and logs in) again.
-    async fn forget_client(&self) {
-        *self.client.lock().await = None;
-        *self.lease.lock().await = None;
+    /// After member `i` failed, the next call to it connects again.
+    async fn forget_client(&self, i: usize) {
+        if let Some(slot) = self.clients.lock().await.get_mut(i) {
+            *slot = None;
+        }
+    }
+
+    /// Run `op` at the members in turn, from the one that answered last,
+    /// until one answers; the whole within [`CALL_TIMEOUT`].
+    async fn at_some_member<T, F, Fut>(&self, op: F) -> Result<T, EtcdError>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, EtcdError>>,
+    {
+        use std::sync::atomic::Ordering;
+        let n = self.endpoints.len().max(1);
+        let first = self.preferred.load(Ordering::Relaxed);
+        let deadline = tokio::time::Instant::now() + CALL_TIMEOUT;
+        let mut last = EtcdError::Timeout(CALL_TIMEOUT);
+        for k in 0..n {
+            let i = (first + k) % n;
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let attempt = async {
+                let c = self.client(i).await?;
+                op(c).await
+            };
+            match tokio::time::timeout(MEMBER_TIMEOUT.min(left), attempt).await {
+                Ok(Ok(v)) => {
+                    self.preferred.store(i, Ordering::Relaxed);
+                    return Ok(v);
+                }
+                Ok(Err(e)) => last = e,
+                Err(_) => last = EtcdError::Timeout(MEMBER_TIMEOUT.min(left)),
+            }
+            self.forget_client(i).await;
+        }
+        Err(last)
     }
 
     async fn lease(&self, client: &mut Client) -> Result<i64, EtcdError> {
@@ -157,24 +205,9 @@ impl EtcdStore {
         Ok(id)
     }
 
-    async fn bounded<T>(
-        &self,
-        f: impl std::future::Future<Output = Result<T, EtcdError>>,
-    ) -> Result<T, EtcdError> {
-        let r = match tokio::time::timeout(CALL_TIMEOUT, f).await {
-            Ok(r) => r,
-            Err(_) => Err(EtcdError::Timeout(CALL_TIMEOUT)),
-        };
-        if r.is_err() {
-            self.forget_client().await;
-        }
-        r
-    }
-
     /// Keep `items`, each under its writer's key, with a lease.
     pub async fn put(&self, items: &[StoreItem]) -> Result<(), EtcdError> {
-        self.bounded(async {
-            let mut client = self.client().await?;
+        self.at_some_member(|mut client| async move {
             let lease = self.lease(&mut client).await?;
             let ops: Vec<TxnOp> = items
                 .iter()
@@ -194,8 +227,7 @@ impl EtcdStore {
 
     /// The values stored for `wanted` (those found).
     pub async fn get(&self, wanted: &[Wanted]) -> Result<Vec<Vec<u8>>, EtcdError> {
-        self.bounded(async {
-            let mut client = self.client().await?;
+        self.at_some_member(|mut client| async move {
             let ops: Vec<TxnOp> = wanted
                 .iter()
                 .map(|w| TxnOp::get(record_key(&w.host, &w.locator), None))

@@ -47,27 +47,45 @@ impl ExtStore {
         )
     }
 
-    fn dispatch(&mut self, req: StoreRequest) -> Option<Answer> {
-        let id = req.id();
-        if self.in_flight >= MAX_IN_FLIGHT {
-            return Some((id, Ok(StoreAnswer::Unavailable)));
+    /// Run `reqs` (what the core queued in one turn) one after the other
+    /// in one task. In order, because the core puts a move's STORE before
+    /// its LOOKUP, as at a location server: etcd being linearizable, of
+    /// two ends that each put then get, at least one gets the other's
+    /// record (if both gets came before both puts, each get would precede
+    /// its own put). Beyond [`MAX_IN_FLIGHT`], requests fail at once.
+    fn dispatch(&mut self, reqs: Vec<StoreRequest>) -> Vec<Answer> {
+        let room = MAX_IN_FLIGHT.saturating_sub(self.in_flight);
+        let mut reqs = reqs;
+        let refused: Vec<Answer> = if reqs.len() > room {
+            reqs.split_off(room)
+                .into_iter()
+                .map(|r| (r.id(), Ok(StoreAnswer::Unavailable)))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        if reqs.is_empty() {
+            return refused;
         }
-        self.in_flight += 1;
+        self.in_flight += reqs.len();
         let store = self.store.clone();
         let tx = self.answers.clone();
         tokio::spawn(async move {
-            let r = match req {
-                StoreRequest::Put { items, .. } => {
-                    store.put(&items).await.map(|()| StoreAnswer::Stored)
-                }
-                StoreRequest::Get { wanted, .. } => {
-                    store.get(&wanted).await.map(StoreAnswer::Found)
-                }
-            };
-            // The loop's receiver only goes when vnatd stops.
-            let _ = tx.send((id, r)).await;
+            for req in reqs {
+                let id = req.id();
+                let r = match req {
+                    StoreRequest::Put { items, .. } => {
+                        store.put(&items).await.map(|()| StoreAnswer::Stored)
+                    }
+                    StoreRequest::Get { wanted, .. } => {
+                        store.get(&wanted).await.map(StoreAnswer::Found)
+                    }
+                };
+                // The loop's receiver only goes when vnatd stops.
+                let _ = tx.send((id, r)).await;
+            }
         });
-        None
+        refused
     }
 }
 
@@ -159,10 +177,14 @@ impl Driver {
         let Some(ext) = self.stores.ext.as_mut() else {
             return;
         };
-        let mut refused = Vec::new();
+        let mut reqs = Vec::new();
         while let Some(req) = self.endpoint.poll_store_request() {
-            refused.extend(ext.dispatch(req));
+            reqs.push(req);
         }
+        if reqs.is_empty() {
+            return;
+        }
+        let refused = ext.dispatch(reqs);
         for (id, a) in refused {
             self.endpoint.handle_store_answer(
                 now(),

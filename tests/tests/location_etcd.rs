@@ -1,0 +1,293 @@
+//! Location records in etcd (issue 34, items 1 and 2), with real daemons
+//! and a real three-member etcd cluster (Debian's etcd-server), each member
+//! on an address of its own on a host behind the router.
+//!
+//! Both ends of a TCP connection move at once: the laptop from subnet A to
+//! B, the server from C to E, both old addresses gone, so only etcd can
+//! tell either where the other went (`location_store = "etcd"`, no
+//! location server). Then the same with one etcd member killed during the
+//! move; with etcd wholly down (the server's old address answers, as the
+//! chain's first step needs without a location server: the move completes
+//! that way and vnatd says etcd is not answering); and with a forger that
+//! has write access to etcd rewriting every record to point elsewhere (the
+//! readers refuse the records and follow none).
+//!
+//! What a user sees is checked: the same TCP socket carries on, byte-exact;
+//! `etcdctl` lists each host's record under its own prefix, with a lease.
+
+use std::{
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use vnat_tests::{
+    add_location_host, add_server_link_e, move_server_to_e, EchoServer, EtcdCluster, Host,
+    LaptopRouterServer, OldServerAddress, StreamClient, StreamOptions, TempDir, Vnatd,
+};
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Fault {
+    None,
+    /// Member 0 is killed (SIGKILL) as the hosts move.
+    MemberKilled,
+    /// Every member is killed before the move.
+    AllDown,
+    /// A forger rewrites every record in etcd to name another address.
+    Forger,
+}
+
+/// Where the forger points the records it rewrites.
+const FORGED_ADDR: Ipv4Addr = Ipv4Addr::new(198, 18, 9, 9);
+
+fn tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+/// Wait for `n` verified bytes, printing both vnatd's logs if they never come.
+fn wait_bytes(client: &StreamClient, n: u64, limit: Duration, logs: &[&Path]) -> Duration {
+    let t0 = Instant::now();
+    loop {
+        if client.latest().is_some_and(|s| s.verified >= n) {
+            return t0.elapsed();
+        }
+        if t0.elapsed() > limit {
+            for l in logs {
+                eprintln!("--- {}:\n{}", l.display(), tail(l));
+            }
+            panic!("no data on the connection within {limit:?} after both ends moved");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn rejects(d: &Vnatd, name: &str) -> u64 {
+    let st = d.ctl(&["status"]).expect("vnatd unreachable");
+    [
+        "/vcmp/rejected",
+        "/vcmp/stats/rejected",
+        "/daemon/vcmp/rejected",
+    ]
+    .iter()
+    .find_map(|p| st.pointer(p).cloned())
+    .and_then(|v| v.get(name).and_then(Value::as_u64))
+    .unwrap_or(0)
+}
+
+/// A forger with write access to etcd, for `secs` seconds: every record
+/// under /vnat/loc/ is rewritten to name `FORGED_ADDR` as its writer's
+/// address, its tag left as it was (which it cannot make anew). Python's
+/// standard library over etcd's JSON gateway, so values stay bytes.
+fn forger(ns: &vnat_tests::Netns, endpoint: &str, secs: u32) -> std::process::Child {
+    let script = format!(
+        r#"
+import base64, json, time, urllib.request
+ep = "{endpoint}"
+def call(path, body):
+    req = urllib.request.Request(ep + path, data=json.dumps(body).encode(), headers={{"Content-Type": "application/json"}})
+    return json.load(urllib.request.urlopen(req, timeout=2))
+b64 = lambda b: base64.b64encode(b).decode()
+forged = set()
+end = time.time() + {secs}
+while time.time() < end:
+    try:
+        r = call("/v3/kv/range", {{"key": b64(b"/vnat/loc/"), "range_end": b64(b"/vnat/loc0")}})
+        for kv in r.get("kvs", []):
+            v = bytearray(base64.b64decode(kv["value"]))
+            # header (8 bytes), version, command, port, receiver, sender's
+            # virtual address, then its physical address: IPv4 only here.
+            if bytes(v) in forged or len(v) < 24:
+                continue
+            v[20:24] = bytes([{a}, {b}, {c}, {d}])
+            forged.add(bytes(v))
+            call("/v3/kv/put", {{"key": kv["key"], "value": b64(bytes(v))}})
+    except Exception:
+        pass
+    time.sleep(0.01)
+"#,
+        a = FORGED_ADDR.octets()[0],
+        b = FORGED_ADDR.octets()[1],
+        c = FORGED_ADDR.octets()[2],
+        d = FORGED_ADDR.octets()[3],
+    );
+    ns.cmd("python3")
+        .args(["-c", &script])
+        .spawn()
+        .expect("starting the forger (python3)")
+}
+
+fn scenario(fault: Fault, tag: &str) {
+    let topo = LaptopRouterServer::builder().tag(tag).build();
+    let e = add_server_link_e(&topo);
+    let loc = add_location_host(&topo, tag);
+    // Three members, three addresses on the location host's link.
+    let members: [IpAddr; 3] = [
+        loc.addr.v4.into(),
+        Ipv4Addr::new(198, 18, 6, 3).into(),
+        Ipv4Addr::new(198, 18, 6, 4).into(),
+    ];
+    for m in &members[1..] {
+        loc.ns.add_addr(&loc.ns_if, *m, 24);
+    }
+    let edir = TempDir::new(&format!("{tag}e"));
+    let mut etcd = EtcdCluster::start(&loc.ns, members, edir.path(), tag);
+
+    let lap = Host::new(&topo.laptop, &format!("{tag}l"));
+    let srv = Host::new(&topo.server, &format!("{tag}s"));
+    let (ldir, sdir) = (
+        TempDir::new(&format!("{tag}l")),
+        TempDir::new(&format!("{tag}s")),
+    );
+    let server = SocketAddr::new(topo.server_addr.v4.into(), 5001);
+    let _echo = EchoServer::tcp_in(
+        &srv,
+        SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), server.port()),
+    );
+    let flags = etcd.vnatd_flags();
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let (llog, slog) = (ldir.path().join("vnatd.log"), sdir.path().join("vnatd.log"));
+    let lapd = Vnatd::start_logging(&lap, ldir.path(), &flags, &llog);
+    let srvd = Vnatd::start_logging(&srv, sdir.path(), &flags, &slog);
+
+    let opts = StreamOptions::tcp(server).rate(300_000);
+    let mut cmd = opts.command(&topo.laptop);
+    lap.cgroup.join_on_spawn(&mut cmd);
+    let client = StreamClient::from_command(cmd);
+    let before = client.wait_verified_at_least(50_000, Duration::from_secs(10));
+    lapd.wait_paired("the laptop's vnatd");
+    srvd.wait_paired("the server's vnatd");
+
+    if fault == Fault::Forger {
+        // The server moves first while the laptop's vnatd is frozen, so
+        // the server's record is in etcd (and rewritten by the forger)
+        // before the laptop looks it up: the laptop reads only forged
+        // records, refuses them, and follows none.
+        let mut forging = forger(&loc.ns, &etcd.endpoints[1], 30);
+        lapd.freeze(true);
+        move_server_to_e(&topo, &e, OldServerAddress::Gone);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while etcd.keys("/vnat/loc/").is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "the server stored no record in etcd"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // The forger looks every 10 ms.
+        std::thread::sleep(Duration::from_millis(500));
+        topo.move_laptop_to_b();
+        lapd.freeze(false);
+        std::thread::sleep(Duration::from_secs(6));
+        let refused = rejects(&lapd, "bad_mac");
+        for (d, who) in [(&lapd, "laptop"), (&srvd, "server")] {
+            let ls = d.ctl(&["ls"]).expect("ls");
+            assert!(
+                !ls.to_string().contains(&FORGED_ADDR.to_string()),
+                "the {who}'s vnatd followed a forged record: {ls}"
+            );
+        }
+        let _ = forging.kill();
+        let _ = forging.wait();
+        assert!(
+            refused > 0,
+            "the forged records must be refused as unauthentic (bad_mac), got none; logs:\n{}\n{}",
+            tail(&llog),
+            tail(&slog)
+        );
+        eprintln!("{tag}: {refused} forged records refused by the laptop");
+        return;
+    }
+
+    if fault == Fault::AllDown {
+        etcd.kill_all();
+    }
+    let old = if fault == Fault::AllDown {
+        OldServerAddress::StillAnswers
+    } else {
+        OldServerAddress::Gone
+    };
+    let at_move = client.latest().expect("status").verified;
+    move_server_to_e(&topo, &e, old);
+    if fault == Fault::MemberKilled {
+        etcd.kill(0);
+    }
+    topo.move_laptop_to_b();
+    let logs = [llog.as_path(), slog.as_path()];
+
+    let limit = if fault == Fault::AllDown {
+        Duration::from_secs(40)
+    } else {
+        Duration::from_secs(10)
+    };
+    let took = wait_bytes(&client, at_move + 100_000, limit, &logs);
+    eprintln!("{tag} ({fault:?}): data flowing again {took:?} after both ends moved");
+
+    let fin = client.stop();
+    assert_eq!(fin.error, None, "{:?}", fin.json);
+    assert_eq!(fin.local, before.local, "the client's socket changed");
+
+    match fault {
+        Fault::AllDown => {
+            let said = [&llog, &slog].iter().any(|l| {
+                std::fs::read_to_string(l)
+                    .unwrap_or_default()
+                    .contains("the etcd location store does not answer")
+            });
+            assert!(
+                said,
+                "vnatd must say that etcd does not answer; logs:\n{}\n{}",
+                tail(&llog),
+                tail(&slog)
+            );
+        }
+        _ => {
+            // One record per host, each under its writer's own prefix,
+            // expiring through a lease.
+            let keys = etcd.keys("/vnat/loc/");
+            let hosts: std::collections::BTreeSet<&str> = keys
+                .iter()
+                .filter_map(|k| k.strip_prefix("/vnat/loc/")?.split('/').next())
+                .collect();
+            assert_eq!(
+                hosts.len(),
+                2,
+                "each host's records under its own prefix: {keys:?}"
+            );
+            for h in &hosts {
+                let one = etcd.keys(&format!("/vnat/loc/{h}/"));
+                assert_eq!(one.len(), 1, "one record per connection end: {one:?}");
+            }
+            let out = etcd.etcdctl(&["get", "--prefix", "/vnat/loc/", "-w", "json"]);
+            let v: Value = serde_json::from_slice(&out.stdout).expect("etcdctl -w json");
+            let kvs = v["kvs"].as_array().expect("kvs");
+            assert!(
+                kvs.iter()
+                    .all(|kv| kv["lease"].as_i64().is_some_and(|l| l != 0)),
+                "every record expires through a lease: {v}"
+            );
+        }
+    }
+}
+
+#[test]
+fn etcd_both_move_only_etcd_knows() {
+    scenario(Fault::None, "ec");
+}
+
+#[test]
+fn etcd_member_killed_during_the_move() {
+    scenario(Fault::MemberKilled, "ek");
+}
+
+#[test]
+fn etcd_down_the_move_falls_back_and_says_so() {
+    scenario(Fault::AllDown, "ed");
+}
+
+#[test]
+fn etcd_forged_records_are_refused() {
+    scenario(Fault::Forger, "ef");
+}
