@@ -30,6 +30,8 @@ Examples:
     vnatctl enable --cgroup /sys/fs/cgroup/unified/system.slice/app.service
     vnatctl suspend --all     # before a planned move (vnatd does it before sleep)
     vnatctl resume --all      # after it
+    vnatctl resume --all --wait --timeout 10s  # ... and wait for each move's outcome
+    vnatctl monitor           # moves and pairings as they happen (--json: an object a line)
     vnatctl peers
     vnatctl export --pid 4242 --to NEWKEY --output conns.json  # before checkpointing 4242
     vnatctl import --from OLDKEY conns.json          # on the host it is restored on
