@@ -133,6 +133,10 @@ struct Args {
     /// through a location server); `one,both` measures each in turn.
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Movers::One])]
     movers: Vec<Movers>,
+    /// With `--movers both`: where the movers find each other, a vnatd as
+    /// location server or etcd; `vnatd,etcd` measures each in turn.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Location::Vnatd])]
+    location: Vec<Location>,
     /// Length of the outage, in seconds [default: 120; 10 with --quick].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=3600))]
     outage_secs: Option<u64>,
@@ -207,6 +211,16 @@ enum Movers {
     Both,
 }
 
+/// Where both movers find each other (`--location`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Location {
+    /// A vnatd on a host of its own, given with `--location-server`.
+    Vnatd,
+    /// A three-member etcd cluster on that host (`location_store = "etcd"`).
+    Etcd,
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Scenario {
     NoOutage,
@@ -245,6 +259,8 @@ struct Case {
     nat: bool,
     /// The laptop moves from a routed address into a NAT (`--into-nat`).
     into_nat: bool,
+    /// Where both movers find each other.
+    location: Location,
 }
 
 impl Case {
@@ -254,9 +270,10 @@ impl Case {
             (_, true) => "into_nat_",
             _ => "",
         };
-        match self.movers {
-            Movers::One => format!("{nat}{}", self.scenario.key()),
-            Movers::Both => format!("{nat}both_{}", self.scenario.key()),
+        match (self.movers, self.location) {
+            (Movers::One, _) => format!("{nat}{}", self.scenario.key()),
+            (Movers::Both, Location::Vnatd) => format!("{nat}both_{}", self.scenario.key()),
+            (Movers::Both, Location::Etcd) => format!("{nat}both_etcd_{}", self.scenario.key()),
         }
     }
 
@@ -266,9 +283,12 @@ impl Case {
             (_, true) => "into a NAT, ",
             _ => "",
         };
-        match self.movers {
-            Movers::One => format!("{nat}{}", self.scenario.label()),
-            Movers::Both => format!("{nat}both, {}", self.scenario.label()),
+        match (self.movers, self.location) {
+            (Movers::One, _) => format!("{nat}{}", self.scenario.label()),
+            (Movers::Both, Location::Vnatd) => format!("{nat}both, {}", self.scenario.label()),
+            (Movers::Both, Location::Etcd) => {
+                format!("{nat}both via etcd, {}", self.scenario.label())
+            }
         }
     }
 }
@@ -378,16 +398,25 @@ fn run(args: &Args) -> Result<()> {
     let mut results: Vec<(Case, Vec<RunResult>)> = Vec::new();
     let cases: Vec<(Case, u16)> = movers(args)
         .flat_map(|m| {
-            scenarios.iter().map(move |(scenario, runs)| {
-                (
-                    Case {
-                        movers: m,
-                        scenario: *scenario,
-                        nat: args.nat,
-                        into_nat: args.into_nat,
-                    },
-                    *runs,
-                )
+            // Where they meet matters only when both move.
+            let locations = match m {
+                Movers::One => vec![Location::Vnatd],
+                Movers::Both => args.location.clone(),
+            };
+            let scenarios = &scenarios;
+            locations.into_iter().flat_map(move |location| {
+                scenarios.iter().map(move |(scenario, runs)| {
+                    (
+                        Case {
+                            movers: m,
+                            scenario: *scenario,
+                            nat: args.nat,
+                            into_nat: args.into_nat,
+                            location,
+                        },
+                        *runs,
+                    )
+                })
             })
         })
         .collect();
@@ -457,14 +486,20 @@ fn sweep(args: &Args) -> Result<()> {
     );
     let load_before = env::loadavg_1min();
     let mut rows = Vec::new();
-    let grid: Vec<(Movers, f64, u64)> = movers(args)
+    let grid: Vec<(Movers, Location, f64, u64)> = movers(args)
         .flat_map(|m| {
-            args.sweep_rtts
-                .iter()
-                .flat_map(move |&rtt| args.sweep_outages.iter().map(move |&o| (m, rtt, o)))
+            let locations = match m {
+                Movers::One => vec![Location::Vnatd],
+                Movers::Both => args.location.clone(),
+            };
+            locations.into_iter().flat_map(move |l| {
+                args.sweep_rtts
+                    .iter()
+                    .flat_map(move |&rtt| args.sweep_outages.iter().map(move |&o| (m, l, rtt, o)))
+            })
         })
         .collect();
-    for (movers, rtt, outage_s) in grid {
+    for (movers, location, rtt, outage_s) in grid {
         let scenario = if outage_s == 0 {
             Scenario::NoOutage
         } else {
@@ -475,6 +510,7 @@ fn sweep(args: &Args) -> Result<()> {
             scenario,
             nat: args.nat,
             into_nat: args.into_nat,
+            location,
         };
         let runs = args.runs.unwrap_or(if outage_s == 0 { 3 } else { 1 });
         let mut done = Vec::new();

@@ -67,17 +67,44 @@ pub(super) fn measure(setup: &RunSetup) -> Result<RunResult> {
     );
     // The location server: a vnatd of its own with an empty cgroup (it
     // records nothing; it only answers LOOKUP and STORE).
-    let loc_host = loc.as_ref().map(|l| Host::new(&l.ns, "hovx"));
+    // Or, with `--location etcd`, a three-member etcd cluster there, each
+    // member on an address of its own (`location_store = "etcd"`).
+    let etcd = case.location == Location::Etcd;
+    let loc_host = loc
+        .as_ref()
+        .filter(|_| !etcd)
+        .map(|l| Host::new(&l.ns, "hovx"));
     let _locd = match &loc_host {
         Some(h) => Some(Daemon::start(h, xdir.path(), standby_tc)?),
         None => None,
     };
-    let extra: Vec<String> = loc.as_ref().map_or_else(Vec::new, |l| {
-        vec![
+    let _cluster = match loc.as_ref().filter(|_| etcd) {
+        Some(l) => {
+            let members: [std::net::IpAddr; 3] = [
+                l.addr.v4.into(),
+                std::net::Ipv4Addr::new(198, 18, 6, 3).into(),
+                std::net::Ipv4Addr::new(198, 18, 6, 4).into(),
+            ];
+            for m in &members[1..] {
+                l.ns.add_addr(&l.ns_if, *m, 24);
+            }
+            Some(vnat_tests::EtcdCluster::start(
+                &l.ns,
+                members,
+                xdir.path(),
+                "hov",
+            ))
+        }
+        None => None,
+    };
+    let extra: Vec<String> = match (&loc, &_cluster) {
+        (_, Some(c)) => c.vnatd_flags(),
+        (Some(l), None) => vec![
             "--location-server".into(),
             SocketAddr::new(l.addr.v4.into(), VCMP_PORT).to_string(),
-        ]
-    });
+        ],
+        (None, None) => Vec::new(),
+    };
     let lapd = Daemon::start_with(&lap, ldir.path(), standby_tc, &extra)?;
     let srvd = Daemon::start_with(&srv, sdir.path(), standby_tc, &extra)?;
     let _logs = KeepLogs(vec![
