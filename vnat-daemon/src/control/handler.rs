@@ -343,7 +343,9 @@ impl Handler {
                     .iter()
                     .filter(|c| {
                         mobility.get(&flow_of(c)).is_some_and(|m| {
-                            m.last_move.as_ref().is_some_and(|l| l.outcome.is_none())
+                            m.last_move.as_ref().is_some_and(|l| {
+                                l.side == vnat_control::Side::Local && l.outcome.is_none()
+                            })
                         })
                     })
                     .map(|c| c.id)

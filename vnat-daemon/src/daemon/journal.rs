@@ -72,7 +72,14 @@ impl Journal {
         u.to = to;
         u.peer = peer.clone();
         let (from, started_ms) = (u.from, u.started_ms);
-        if self.last.len() < MAX_REMEMBERED || self.last.contains_key(&flow) {
+        // Our own move under way stays what `ls` shows (and what `resume
+        // --wait` waits for) while the peer moves too.
+        let ours_under_way = self
+            .last
+            .get(&flow)
+            .is_some_and(|l| l.side == Side::Local && l.outcome.is_none());
+        let room = self.last.len() < MAX_REMEMBERED || self.last.contains_key(&flow);
+        if room && !(side == Side::Peer && ours_under_way) {
             self.last.insert(
                 flow,
                 LastMove {
@@ -257,6 +264,25 @@ mod tests {
             .as_deref()
             .is_some_and(|r| r.contains("closed")));
         assert!(j.last_move(&flow()).is_none());
+    }
+
+    #[test]
+    fn the_peer_moving_too_does_not_hide_our_move_under_way() {
+        let mut j = Journal::default();
+        let (t, w) = (Instant::now(), SystemTime::UNIX_EPOCH);
+        let ours: SocketAddr = "198.18.2.2:40000".parse().expect("addr");
+        let theirs: SocketAddr = "198.18.9.9:5001".parse().expect("addr");
+        j.started(flow(), Side::Local, flow().local, ours, peer(), t, w);
+        j.started(flow(), Side::Peer, flow().remote, theirs, peer(), t, w);
+        let l = j.last_move(&flow()).expect("remembered");
+        assert_eq!((l.side, l.outcome), (Side::Local, None));
+        j.ended(&flow(), Side::Peer, Ok(()), t, w);
+        assert_eq!(j.last_move(&flow()).and_then(|l| l.outcome), None);
+        j.ended(&flow(), Side::Local, Ok(()), t, w);
+        assert_eq!(
+            j.last_move(&flow()).and_then(|l| l.outcome),
+            Some(EndOutcome::Moved)
+        );
     }
 
     #[test]
