@@ -202,6 +202,22 @@ fn monitor_and_wait_see_a_tcp_move_v4() {
     // but there is none yet: give it the time to connect).
     std::thread::sleep(Duration::from_millis(300));
 
+    // A planned move: suspend --wait returns once the server's vnatd
+    // agreed roles and keys.
+    let (code, v, _) = run(vnatctl(
+        &lapd,
+        &["suspend", "--all", "--wait", "--timeout", "5s"],
+    ));
+    assert_eq!(code, 0, "suspend --wait: {v}");
+    let settled = v["suspensions"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["id"] == id))
+        .unwrap_or_else(|| panic!("suspend --wait did not report connection {id}: {v}"));
+    assert_eq!(settled["outcome"], "settled", "{v}");
+    monitor.wait_for(Duration::from_secs(2), "the suspension's end", |e| {
+        e["event"] == "suspend_ended" && e["id"] == id && e["outcome"] == "settled"
+    });
+
     // The server's vnatd stopped: the laptop's move cannot complete, and a
     // wait for it ends at its timeout, non-zero, with a reason.
     srvd.freeze(true);
