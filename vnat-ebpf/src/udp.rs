@@ -158,9 +158,15 @@ fn note_tcp_owner(ctx: &SockAddrContext) {
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
     };
     // A second connect() of the same socket (EALREADY, or again after a
-    // failure) replaces its entry, charged once.
-    // SAFETY: not preallocated (see `maps`); only whether it exists.
-    if unsafe { VNAT_CONNECTING.get(&cookie) }.is_some() {
+    // failure; maybe by another process the socket was passed to) replaces
+    // its entry, charged once, to the uid first charged: whoever removes
+    // the entry gives the charge back to the uid it names.
+    // SAFETY: not preallocated (see `maps`); the uid is copied out at once.
+    if let Some(first) = unsafe { VNAT_CONNECTING.get(&cookie) }.map(|o| o.uid) {
+        let owner = Owner {
+            uid: first,
+            ..owner
+        };
         let _ = VNAT_CONNECTING.insert(&cookie, &owner, 0);
         return;
     }
@@ -421,11 +427,14 @@ fn record(ctx: &SockAddrContext, family: u8, origin: u8) {
         // connect() on an unbound socket: the kernel picks the local port
         // after this hook. Userspace completes the record by cookie (a
         // guest's too: the record's namespace tells it apart).
-        let pending = UdpPending { key, record: rec };
         // A second connect() of the same socket replaces its entry, charged
+        // once, to the uid first charged (as for TCP's, `note_tcp_owner`).
+        // SAFETY: not preallocated (see `maps`); the uid is copied out at
         // once.
-        // SAFETY: not preallocated (see `maps`); only whether it exists.
-        if unsafe { VNAT_UDP_PENDING.get(&cookie) }.is_some() {
+        let first = unsafe { VNAT_UDP_PENDING.get(&cookie) }.map(|p| p.record.owner_uid);
+        let mut pending = UdpPending { key, record: rec };
+        if let Some(uid) = first {
+            pending.record.owner_uid = uid;
             let _ = VNAT_UDP_PENDING.insert(&cookie, &pending, 0);
             return;
         }
@@ -433,11 +442,12 @@ fn record(ctx: &SockAddrContext, family: u8, origin: u8) {
         // with TCP's), so that one user's unbound sockets cannot crowd out
         // everyone's. Beyond it the flow is not recorded here; vnatd's
         // listing adopts a connected socket it finds without a record.
-        if !charge(rec.owner_uid, Charge::Connecting) {
+        let uid = pending.record.owner_uid;
+        if !charge(uid, Charge::Connecting) {
             return;
         }
         if VNAT_UDP_PENDING.insert(&cookie, &pending, NOEXIST).is_err() {
-            uncharge(rec.owner_uid, Charge::Connecting);
+            uncharge(uid, Charge::Connecting);
         }
         return;
     }
