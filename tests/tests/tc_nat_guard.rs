@@ -276,3 +276,44 @@ fn a_tcp_bind_on_the_recorded_tuple_says_the_port_is_unchanged() {
     assert_eq!(counter(&dp, "rebind_learned"), 0);
     assert_eq!(dp.translations().unwrap(), vec![]);
 }
+
+/// A vnatd that stops leaves its guards pinned; the next one removes them
+/// at open and guards again the connections its core names, so a guard of
+/// a connection that closed meanwhile holds no stranger's flow for good.
+#[test]
+fn guards_left_by_a_previous_vnatd_are_removed_at_open() {
+    let pins = BpffsDir::new("tc-guard-left");
+    let opts = KernelOptions {
+        bpffs: pins.path().to_path_buf(),
+        cgroups: vec![],
+        tc_attach: vnat_tests::harness::tc_attach(),
+        sysctl_record: None,
+    };
+    let server: SocketAddr = SocketAddr::new(nat(), 5353);
+    let stranger = Spec::udp("127.0.0.1:41000", &server.to_string()).frame();
+    {
+        let mut dp = KernelDatapath::open(&opts).unwrap();
+        dp.insert_guard(
+            &flow(Proto::Udp, server, SocketAddr::new(nat(), 40000)),
+            nat(),
+        )
+        .unwrap();
+        assert_eq!(run(&dp, false, &stranger).verdict, SHOT);
+    }
+    let mut dp = KernelDatapath::open(&opts).unwrap();
+    // Something else keeps the translators looking (a rebind elsewhere).
+    dp.insert_guard(
+        &flow(
+            Proto::Udp,
+            SocketAddr::new(nat(), 5354),
+            SocketAddr::new(nat(), 40000),
+        ),
+        nat(),
+    )
+    .unwrap();
+    assert_eq!(
+        run(&dp, false, &stranger).verdict,
+        PASS,
+        "a guard the previous vnatd left still holds datagrams"
+    );
+}

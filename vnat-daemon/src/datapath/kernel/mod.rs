@@ -233,6 +233,7 @@ impl KernelDatapath {
             .keys()
             .filter_map(Result::ok)
             .collect();
+        dp.forget_left_guards();
         dp.set_rebinding(!dp.rebinds.is_empty())?;
         if dp.mirror.is_empty() && dp.rebinds.is_empty() {
             dp.set_nat_empty(true)?;

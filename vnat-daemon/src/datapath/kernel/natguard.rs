@@ -199,6 +199,24 @@ impl KernelDatapath {
         Ok(out)
     }
 
+    /// Guards a previous vnatd left (pinned): removed at open. This one
+    /// guards again each connection the core names (`Event::GuardNat`, once
+    /// the peer has paired and claimed it again); a guard of a connection
+    /// that closed meanwhile would otherwise hold a stranger's new UDP flow
+    /// from that NAT to that port for nothing, for good.
+    pub(super) fn forget_left_guards(&mut self) {
+        let left: Vec<RebindKey> = self
+            .loaded
+            .maps
+            .guard
+            .keys()
+            .filter_map(Result::ok)
+            .collect();
+        for k in left {
+            let _ = self.loaded.maps.guard.remove(&k);
+        }
+    }
+
     /// Guards of connections whose record went (closed; an idle UDP flow
     /// expired): given up. At each housekeeping pass.
     pub(super) fn drop_closed_guards(&mut self) -> Result<(), DatapathError> {
