@@ -150,6 +150,19 @@ fn v4_connection_moves_to_v6_only_and_back(proto: Proto, tag: &str) {
     let at = c.latest().expect("no status from the stream").verified;
     carry(&lap, &srv, flow, laptop_v6, topo.server_addr.v6().into());
     let after = resumes(&c, at, &format!("{proto} v4 over v6"), moved);
+    // The laptop's socket is routed through the IPv6 next hop (RFC 5549),
+    // with room for the 20 bytes the header grows by; the server's too.
+    for (ns, hop) in [
+        (&topo.laptop, topo.router_b_addr.v6()),
+        (&topo.server, topo.router_c_addr.v6()),
+    ] {
+        let routes = ns.run_stdout(&["ip", "-4", "route", "show", "table", "all", "proto", "157"]);
+        assert!(
+            routes.contains(&format!("via inet6 {hop}")) && routes.contains("mtu 1480"),
+            "no route via {hop} with MTU 1480 in {}: {routes}",
+            ns.name()
+        );
+    }
     let now = lap
         .connections(proto)
         .into_iter()
