@@ -117,7 +117,22 @@ impl FakeDriver {
                             why_not: (!mobile).then(|| "pairing with the peer's vnatd".into()),
                             ..Default::default()
                         };
-                        let _ = reply.send(HashMap::from([(a, m(true)), (b, m(false))]));
+                        // `a` is moving (this host's end), for resume's
+                        // `moving`.
+                        let moving = crate::control::Mobility {
+                            last_move: Some(vnat_control::LastMove {
+                                side: vnat_control::Side::Local,
+                                from: a.local,
+                                to: addr("198.18.2.2:40000"),
+                                outcome: None,
+                                handover_ms: None,
+                                reason: None,
+                                started_ms: 1,
+                                ended_ms: None,
+                            }),
+                            ..m(true)
+                        };
+                        let _ = reply.send(HashMap::from([(a, moving), (b, m(false))]));
                     }
                     Command::Suspend { flows, help, reply } => {
                         seen.push(format!("suspend {} {:?}", flows.len(), help.names()));
@@ -516,6 +531,9 @@ fn resume_peers_export_and_import_go_to_the_driver() {
     let mut expected = vec![a.id(), b.id()];
     expected.sort_unstable();
     assert_eq!((r.selected, r.moves_started), (expected, 1));
+    // What `--wait` waits for: the selected connection with our move
+    // under way.
+    assert_eq!(r.moving, vec![a.id()]);
 
     let v = serde_json::to_value(h.handle(&Request::Peers)).expect("serializable");
     assert_eq!(
@@ -546,7 +564,10 @@ fn resume_peers_export_and_import_go_to_the_driver() {
     assert!(connections[0].moving);
     assert_eq!(connections[0].physical_local, addr("198.18.2.2:40000"));
     drop(h);
-    assert_eq!(driver.log(), ["resume", "peers", "export 1", "import 1"]);
+    assert_eq!(
+        driver.log(),
+        ["resume", "mobility", "peers", "export 1", "import 1"]
+    );
 }
 
 #[test]
