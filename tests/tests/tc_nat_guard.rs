@@ -277,6 +277,66 @@ fn a_tcp_bind_on_the_recorded_tuple_says_the_port_is_unchanged() {
     assert_eq!(dp.translations().unwrap(), vec![]);
 }
 
+/// While a TCP connection waits for its peer's BIND (a move behind a new
+/// NAT, or a re-map the guard suspected, which any host behind the NAT can
+/// provoke), other hosts behind the same NAT still connect to the port:
+/// the last ACK of their handshake, which our kernel has a socket for but
+/// sock_ops has not recorded yet, goes on. The moved peer's own segments
+/// from its unknown port (the kernel has only the listener) still wait.
+#[test]
+fn a_rebind_lets_other_hosts_behind_the_nat_connect() {
+    let (mut dp, _pins) = open("tc-guard-rebind-others");
+    let (server, peer, _l, _client, _accepted) = server_with_a_connection();
+    let words = |a: SocketAddr| match a {
+        SocketAddr::V4(v4) => [u32::from_ne_bytes(v4.ip().octets()), 0, 0, 0],
+        SocketAddr::V6(_) => unreachable!(),
+    };
+    let key = RebindKey {
+        src_addr_be: words(peer),
+        dst_addr_be: words(server),
+        dst_port_be: server.port().to_be(),
+        family: AF_INET,
+        proto: PROTO_TCP,
+        slot: 0,
+        _pad: [0; 3],
+    };
+    dp.insert_rebind(
+        key,
+        RebindValue {
+            virt_remote_addr_be: words(peer),
+            virt_local_addr_be: words(server),
+            virt_remote_port_be: peer.port().to_be(),
+            virt_local_port_be: server.port().to_be(),
+            token: [0x1234_5678, 0x9abc_def0],
+            token_prev: [0; 2],
+            redirect_ifindex: 0,
+            flags: 0,
+            refusals: 0,
+        },
+    )
+    .unwrap();
+    // Another host's connection, established in our kernel, not accepted
+    // nor recorded: its ACK goes on.
+    let second = TcpStream::connect(server).expect("second connect");
+    let mut ack = Spec::tcp(
+        &second.local_addr().unwrap().to_string(),
+        &server.to_string(),
+    );
+    ack.tcp_flags = 0x10;
+    ack.payload.clear();
+    assert_eq!(
+        run(&dp, false, &ack.frame()).verdict,
+        PASS,
+        "another host's connection behind the NAT must complete while a rebind waits"
+    );
+    // The moved peer's data from a port our kernel has no socket for:
+    // dropped until its BIND (the kernel would reset it).
+    let unknown = SocketAddr::new(nat(), free_port());
+    let f = Spec::tcp(&unknown.to_string(), &server.to_string()).frame();
+    assert_eq!(run(&dp, false, &f).verdict, SHOT);
+    assert!(dp.rebind_pending(&key).unwrap(), "nothing was learned");
+}
+
 /// A vnatd that stops leaves its guards pinned; the next one removes them
 /// at open and guards again the connections its core names, so a guard of
 /// a connection that closed meanwhile holds no stranger's flow for good.

@@ -76,7 +76,7 @@ pub(super) fn guard(ctx: &TcContext, p: &Parsed) -> Result<(), Drop> {
 /// TCP_LISTEN). `bpf_skc_lookup_tcp` (Linux 5.2), not `bpf_sk_lookup_tcp`:
 /// the latter returns a connection being accepted as its listener.
 #[inline(always)]
-fn kernel_has_socket(ctx: &TcContext, p: &Parsed) -> bool {
+pub(super) fn kernel_has_socket(ctx: &TcContext, p: &Parsed) -> bool {
     // SAFETY: bpf_sock_tuple is a union of plain integers: all zeroes is a
     // valid value of either form.
     let mut t: bpf_sock_tuple = unsafe { core::mem::zeroed() };

@@ -126,6 +126,9 @@ fn tcp_bind_token(ctx: &TcContext, p: &Parsed) -> Option<[u32; 2]> {
 ///   against every flow waiting there; after `REBIND_MAX_REFUSALS` a flow
 ///   learns nothing more, so a guesser gets a few 2^-64 tries, not one per
 ///   packet it can send;
+/// * a segment our kernel has a socket for other than a listener (another
+///   host's connection behind the NAT, its handshake's last ACK before
+///   sock_ops records it): passed, it is that connection's;
 /// * anything else (the moved peer's segments before its BIND, or a
 ///   stranger's): dropped. The peer's TCP sends them again.
 #[inline(always)]
@@ -141,6 +144,14 @@ pub(super) fn learn_tcp(ctx: &TcContext, p: &Parsed) -> Result<bool, Drop> {
     };
     let Some(token) = tcp_bind_token(ctx, p) else {
         if flags & TCP_SYN != 0 && flags & TCP_ACK == 0 {
+            return Ok(false);
+        }
+        // Another host's connection behind the same NAT that the kernel
+        // has a socket for (its handshake's last ACK, before sock_ops
+        // records it; or one not recorded): its own, never the moved
+        // peer's. Dropping it would keep every new connection from that
+        // NAT to this port from completing while the rebind waits.
+        if super::natguard::kernel_has_socket(ctx, p) {
             return Ok(false);
         }
         return Err(Drop(STAT_DROP_REBINDING));
