@@ -284,7 +284,7 @@ fn run(cli: &Cli) -> Result<String, Failure> {
     let control = cli.control.as_path();
     runtime.block_on(async {
         if matches!(request, Plan::Monitor) {
-            return monitor(control, json).await;
+            return wait::monitor(control, json).await;
         }
         // --wait: subscribe to vnatd's events before the command, so that
         // no outcome can come between the two unseen.
@@ -347,7 +347,7 @@ fn run(cli: &Cli) -> Result<String, Failure> {
                     });
                 };
                 let ids = reply.suspended.clone();
-                let rows = waited(control, sub, wait::Awaited::Suspensions, &ids, &[], &Default::default(), timeout).await?;
+                let rows = wait::report(control, sub, wait::Awaited::Suspensions, &ids, &[], &Default::default(), timeout).await?;
                 let report = if json {
                     let mut v = serde_json::to_value(output::SuspendJson::from(&reply)).unwrap_or_default();
                     v["suspensions"] = serde_json::to_value(&rows).unwrap_or_default();
@@ -370,7 +370,7 @@ fn run(cli: &Cli) -> Result<String, Failure> {
                         output::resume_text(&reply)
                     });
                 };
-                let rows = waited(control, sub, wait::Awaited::Moves, &reply.moving, &reply.selected, &Default::default(), timeout).await?;
+                let rows = wait::report(control, sub, wait::Awaited::Moves, &reply.moving, &reply.selected, &Default::default(), timeout).await?;
                 let report = if json {
                     let mut v = serde_json::to_value(output::ResumeJson::from(&reply)).unwrap_or_default();
                     v["moves"] = serde_json::to_value(&rows).unwrap_or_default();
@@ -397,7 +397,7 @@ fn run(cli: &Cli) -> Result<String, Failure> {
                 };
                 let ids: Vec<u64> = reply.started.iter().map(|s| s.id).collect();
                 let targets = reply.started.iter().map(|s| (s.id, s.to)).collect();
-                let mut rows = waited(control, sub, wait::Awaited::Moves, &ids, &[], &targets, timeout).await?;
+                let mut rows = wait::report(control, sub, wait::Awaited::Moves, &ids, &[], &targets, timeout).await?;
                 // What the command said of each, where the wait knows less.
                 for r in &mut rows {
                     if let Some(s) = reply.started.iter().find(|s| s.id == r.id) {
@@ -570,7 +570,7 @@ fn run(cli: &Cli) -> Result<String, Failure> {
                     .filter(|c| c.moving)
                     .map(|c| (c.id, c.physical_local))
                     .collect();
-                let moves = waited(control, sub, wait::Awaited::Moves, &ids, &[], &targets, timeout).await?;
+                let moves = wait::report(control, sub, wait::Awaited::Moves, &ids, &[], &targets, timeout).await?;
                 let report = if json {
                     pretty(&serde_json::json!({ "imported": rows, "moves": moves }))
                 } else {
@@ -669,48 +669,6 @@ fn criu_plan(
             .is_ok_and(|p| p.exists())
             .then_some(Plan::CriuResume),
     })
-}
-
-/// `--wait`: each affected connection's outcome ([`wait::wait`]), as the
-/// report's rows.
-#[allow(clippy::too_many_arguments)]
-async fn waited(
-    control: &Path,
-    sub: Option<vnat_control::client::Subscription>,
-    awaited: wait::Awaited,
-    ids: &[u64],
-    also: &[u64],
-    targets: &std::collections::BTreeMap<u64, std::net::SocketAddr>,
-    timeout: std::time::Duration,
-) -> Result<Vec<output::WaitedJson>, Failure> {
-    let outcomes = wait::wait(control, sub, awaited, ids, also, targets, timeout).await?;
-    Ok(outcomes
-        .iter()
-        .map(|w| output::WaitedJson::of(w, awaited, timeout))
-        .collect())
-}
-
-/// `vnatctl monitor`: print each event until vnatd closes the stream (or
-/// the user interrupts).
-async fn monitor(control: &Path, json: bool) -> Result<String, Failure> {
-    let mut sub = ControlClient::connect(control).await?.subscribe().await?;
-    let mut out = io::stdout();
-    while let Some(ev) = sub.next().await? {
-        let line = if json {
-            serde_json::to_string(&ev).unwrap_or_default() + "\n"
-        } else {
-            output::event_line(&ev)
-        };
-        // A closed pipe (`| head`) ends the monitor quietly.
-        if out
-            .write_all(line.as_bytes())
-            .and_then(|()| out.flush())
-            .is_err()
-        {
-            return Ok(String::new());
-        }
-    }
-    Err(Failure::MonitorEnded)
 }
 
 /// A new file only its owner can read: the export holds keys. `create_new`

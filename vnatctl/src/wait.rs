@@ -1,6 +1,6 @@
-//! `--wait`: wait for the outcome of each connection a command affected,
-//! from vnatd's event stream (`vnatctl monitor`'s), and `--timeout`'s
-//! durations.
+//! `vnatctl monitor`, and `--wait`: wait for the outcome of each connection
+//! a command affected, from vnatd's event stream (`monitor`'s), and
+//! `--timeout`'s durations.
 //!
 //! Nothing is missed between the command and the wait: the subscription is
 //! made first, on its own connection, so every end that follows the
@@ -207,6 +207,48 @@ pub async fn wait(
         )
     });
     Ok(out)
+}
+
+/// `--wait`: each affected connection's outcome ([`wait`]), as the
+/// report's rows.
+#[allow(clippy::too_many_arguments)]
+pub async fn report(
+    control: &Path,
+    sub: Option<vnat_control::client::Subscription>,
+    awaited: Awaited,
+    ids: &[u64],
+    also: &[u64],
+    targets: &std::collections::BTreeMap<u64, std::net::SocketAddr>,
+    timeout: std::time::Duration,
+) -> Result<Vec<crate::output::WaitedJson>, crate::Failure> {
+    let outcomes = wait(control, sub, awaited, ids, also, targets, timeout).await?;
+    Ok(outcomes
+        .iter()
+        .map(|w| crate::output::WaitedJson::of(w, awaited, timeout))
+        .collect())
+}
+
+/// `vnatctl monitor`: print each event until vnatd closes the stream (or
+/// the user interrupts).
+pub async fn monitor(control: &Path, json: bool) -> Result<String, crate::Failure> {
+    let mut sub = ControlClient::connect(control).await?.subscribe().await?;
+    let mut out = std::io::stdout();
+    while let Some(ev) = sub.next().await? {
+        let line = if json {
+            serde_json::to_string(&ev).unwrap_or_default() + "\n"
+        } else {
+            crate::output::event_line(&ev)
+        };
+        // A closed pipe (`| head`) ends the monitor quietly.
+        if out
+            .write_all(line.as_bytes())
+            .and_then(|()| out.flush())
+            .is_err()
+        {
+            return Ok(String::new());
+        }
+    }
+    Err(crate::Failure::MonitorEnded)
 }
 
 /// Resolve what `ls` shows as ended (a last move that ended after the wait
