@@ -211,6 +211,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn wait_reports_read_as_sentences() {
+        let row = |outcome, handover_ms, reason: Option<&str>| WaitedJson {
+            id: 7,
+            outcome,
+            from: Some("198.18.1.2:40000".into()),
+            to: Some("198.18.2.2:40000".into()),
+            physical_local: Some("198.18.1.2:40000".into()),
+            handover_ms,
+            reason: reason.map(Into::into),
+        };
+        assert_eq!(
+            waited_text(&[
+                row("moved", Some(12), None),
+                row("still_moving", None, Some("no outcome within 1s")),
+                row("not_moved", None, Some("the connection closed")),
+            ]),
+            "connection 7: moved from 198.18.1.2:40000 to 198.18.2.2:40000 (handover 12 ms)\n\
+             connection 7: still moving to 198.18.2.2:40000 (no outcome within 1s)\n\
+             connection 7: did not move to 198.18.2.2:40000: it stays at 198.18.1.2:40000 (the connection closed)\n"
+        );
+    }
+
+    #[test]
     fn utc_timestamps() {
         assert_eq!(utc(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(utc(951_782_400_123), "2000-02-29T00:00:00.123Z");
