@@ -15,7 +15,7 @@ use tokio::{
 };
 
 use crate::{
-    lines::{read_line_bounded, Line},
+    lines::{read_line_bounded_into, Line},
     monitor::MonitorEvent,
     proto::{
         ErrorKind, ImportedConnection, ListedConnection, MigrateReply, MigrateTarget, Outcome,
@@ -90,6 +90,10 @@ pub struct ControlClient {
     reader: BufReader<OwnedReadHalf>,
     writer: OwnedWriteHalf,
     timeout: Duration,
+    /// What was read of a response line not yet complete: a read dropped
+    /// at a caller's timeout ([`Subscription::next`] under
+    /// `tokio::time::timeout`) resumes there.
+    partial: Vec<u8>,
 }
 
 impl ControlClient {
@@ -116,6 +120,7 @@ impl ControlClient {
             reader: BufReader::new(read),
             writer,
             timeout,
+            partial: Vec::new(),
         })
     }
 
@@ -317,7 +322,7 @@ impl ControlClient {
             path: self.path.clone(),
             violation,
         };
-        let answer = match read_line_bounded(&mut self.reader, MAX_RESPONSE_LINE)
+        let answer = match read_line_bounded_into(&mut self.reader, MAX_RESPONSE_LINE, &mut self.partial)
             .await
             .map_err(io_err)?
         {

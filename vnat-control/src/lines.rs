@@ -22,26 +22,40 @@ pub async fn read_line_bounded<R: AsyncBufRead + Unpin>(
     reader: &mut R,
     max: usize,
 ) -> std::io::Result<Line> {
-    let mut line = Vec::new();
+    read_line_bounded_into(reader, max, &mut Vec::new()).await
+}
+
+/// [`read_line_bounded`], cancel-safe: what it read of a line not yet
+/// complete stays in `line`, which the caller keeps for the next call, so
+/// a read dropped at a timeout loses no byte (bytes leave the reader only
+/// once they are in `line`, with no await in between).
+pub async fn read_line_bounded_into<R: AsyncBufRead + Unpin>(
+    reader: &mut R,
+    max: usize,
+    line: &mut Vec<u8>,
+) -> std::io::Result<Line> {
+    let line_out = |line: &mut Vec<u8>| Line::Data(std::mem::take(line));
     loop {
         let available = reader.fill_buf().await?;
         if available.is_empty() {
             return Ok(if line.is_empty() {
                 Line::Eof
             } else {
-                Line::Data(line)
+                line_out(line)
             });
         }
         if let Some(end) = available.iter().position(|b| *b == b'\n') {
             if line.len() + end > max {
+                line.clear();
                 return Ok(Line::TooLong);
             }
             line.extend_from_slice(&available[..end]);
             reader.consume(end + 1);
-            return Ok(Line::Data(line));
+            return Ok(line_out(line));
         }
         let n = available.len();
         if line.len() + n > max {
+            line.clear();
             return Ok(Line::TooLong);
         }
         line.extend_from_slice(available);
@@ -82,6 +96,31 @@ mod tests {
                 Line::Eof
             ]
         );
+    }
+
+    /// A read dropped at a timeout in the middle of a line (a monitor's
+    /// event written in two pieces) loses nothing: the next read returns
+    /// the whole line. With a buffer local to each read, the next read
+    /// returned the line's second half alone, a protocol error.
+    #[tokio::test]
+    async fn a_read_cancelled_mid_line_loses_nothing() {
+        use tokio::io::AsyncWriteExt;
+        let (mut w, r) = tokio::io::duplex(64);
+        let mut reader = tokio::io::BufReader::new(r);
+        let mut partial = Vec::new();
+        w.write_all(b"{\"event\":").await.unwrap();
+        let cut = tokio::time::timeout(
+            std::time::Duration::from_millis(50),
+            read_line_bounded_into(&mut reader, 100, &mut partial),
+        )
+        .await;
+        assert!(cut.is_err(), "half a line must not be a line");
+        w.write_all(b"\"moved\"}\n").await.unwrap();
+        let line = read_line_bounded_into(&mut reader, 100, &mut partial)
+            .await
+            .unwrap();
+        assert_eq!(line, Line::Data(b"{\"event\":\"moved\"}".to_vec()));
+        assert!(partial.is_empty());
     }
 
     #[tokio::test]

@@ -107,6 +107,10 @@ pub async fn subscribe(control: &Path) -> Result<Option<Subscription>, ClientErr
     }
 }
 
+/// How long [`wait`] reads the subscription for the ends of connections
+/// in `also` once nothing else is pending.
+const ALSO_GRACE: Duration = Duration::from_millis(300);
+
 /// Wait until each of `ids` has an outcome, or `timeout`. Ends seen for
 /// other connections in `also` (selected, but not known to be moving when
 /// the command answered: their move ended in between) are reported too.
@@ -180,6 +184,30 @@ pub async fn wait(
         let Some(id) = ev.id else { continue };
         if pending.remove(&id) || (also.contains(&id) && !done.contains_key(&id)) {
             done.insert(id, Ended::Event(ev));
+        }
+    }
+    // Connections whose move ended before the command answered: their
+    // ends were published before the answer, so they are in the
+    // subscription already, or arrive within moments (the hub writes to
+    // each subscriber on its own task). Read them, briefly, even when
+    // nothing else was awaited: a failure among them must not exit 0.
+    if let Some(s) = sub.as_mut() {
+        let grace = Instant::now() + ALSO_GRACE.min(deadline.saturating_duration_since(started));
+        while also.iter().any(|id| !done.contains_key(id)) {
+            let left = grace.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let Ok(Ok(Some(ev))) = tokio::time::timeout(left, s.next()).await else {
+                break;
+            };
+            if !awaited.ends(&ev) {
+                continue;
+            }
+            let Some(id) = ev.id else { continue };
+            if also.contains(&id) && !done.contains_key(&id) {
+                done.insert(id, Ended::Event(ev));
+            }
         }
     }
     progress.clear();
