@@ -26,8 +26,12 @@
 //! without ACK from the NAT's address to a recorded connection there is
 //! dropped too: the NAT itself answers our socket's segments to the
 //! mapping it forgot with one (a Linux router does: `tcp_v4_send_reset`),
-//! and that would kill the connection the peer is about to rebind. A
-//! peer's own abort carries an ACK, and goes on.
+//! and that would kill the connection the peer is about to rebind. Such a
+//! reset may come first (our segment reached the NAT before the peer's
+//! re-mapped one reached us): one while the guard is not suspicious makes
+//! it so (and vnatd asks the peer); the next one after that window goes
+//! on, so a peer whose socket is really gone resets the connection a few
+//! seconds late. A peer's own abort carries an ACK, and goes on.
 //!
 //! Each drop counts in `drops`; vnatd watches that count and asks the
 //! connections' peers for BINDs, as after a move behind a new NAT: only an
@@ -53,7 +57,8 @@ pub const GUARD_TCP_SUSPECT_NS: u64 = 5_000_000_000;
 pub struct GuardValue {
     /// Packets dropped (wraps; vnatd compares with what it saw last).
     pub drops: u32,
-    /// UDP: the unknown source port being held, and since when.
+    /// UDP: the unknown source port being held, and since when. TCP: 1
+    /// if the suspicion was started by a reset.
     pub held_port_be: u16,
     /// UDP: the last port let through after its hold.
     pub released_port_be: u16,

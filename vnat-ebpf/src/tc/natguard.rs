@@ -44,20 +44,40 @@ pub(super) fn guard(ctx: &TcContext, p: &Parsed) -> Result<(), Drop> {
         };
         if recorded(p) {
             // The NAT's own reset for our socket's segment to the mapping
-            // it forgot, while the peer rebinds (see `natguard`).
-            // SAFETY: as below.
-            let last = unsafe { (*g).since_ns };
-            let suspect = now.wrapping_sub(last) < GUARD_TCP_SUSPECT_NS || rebinding(p);
-            if flags & (TCP_RST | TCP_ACK) != TCP_RST || !suspect {
+            // it forgot (see `natguard`): dropped while the guard is
+            // suspicious. Our segments can reach the NAT before the peer's
+            // re-mapped ones reach us, so a reset while it is not starts
+            // the suspicion itself (and makes vnatd ask the peer), once:
+            // after that window, the next reset goes on (a peer whose
+            // socket is gone resets the connection 5 s late).
+            if flags & (TCP_RST | TCP_ACK) != TCP_RST {
                 return Ok(());
+            }
+            // SAFETY: as below.
+            let (last, by_reset) = unsafe { ((*g).since_ns, (*g).held_port_be) };
+            if now.wrapping_sub(last) >= GUARD_TCP_SUSPECT_NS && !rebinding(p) {
+                if by_reset != 0 {
+                    // SAFETY: as below.
+                    unsafe { (*g).held_port_be = 0 };
+                    return Ok(());
+                }
+                // SAFETY: as below.
+                unsafe {
+                    (*g).since_ns = now;
+                    (*g).held_port_be = 1;
+                }
             }
         } else if flags & (TCP_SYN | TCP_RST) != 0 || kernel_has_socket(ctx, p) {
             // A SYN opens a connection (another host's behind the NAT), a
             // reset closes nothing we have: the kernel's business.
             return Ok(());
+        } else {
+            // SAFETY: as below.
+            unsafe {
+                (*g).since_ns = now;
+                (*g).held_port_be = 0;
+            }
         }
-        // SAFETY: as below.
-        unsafe { (*g).since_ns = now };
     } else if recorded(p) || !hold_udp(g, p.key.src_port_be, now) {
         return Ok(());
     }
