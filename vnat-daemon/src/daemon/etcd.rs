@@ -41,8 +41,9 @@ fn record_ttl() -> Duration {
 }
 
 /// A lease is used for this long after it was granted, so its records live
-/// between the record lifetime and this much more.
-const LEASE_REUSE: Duration = Duration::from_secs(30);
+/// between the record lifetime and this much more, and a move rarely pays
+/// for a grant.
+const LEASE_REUSE: Duration = Duration::from_secs(300);
 
 /// The key of one record.
 pub fn record_key(host: &[u8; 32], locator: &[u8]) -> String {
@@ -203,6 +204,15 @@ impl EtcdStore {
         let id = client.lease_grant(ttl, None).await?.id();
         *l = Some((id, Instant::now()));
         Ok(id)
+    }
+
+    /// Connect to a member and take a lease ahead of the first move, so
+    /// that the move does not pay for them (TCP, HTTP/2, the login, the
+    /// grant: a few round trips). Failing changes nothing: the first move
+    /// tries again.
+    pub async fn warm_up(&self) -> Result<(), EtcdError> {
+        self.at_some_member(|mut client| async move { self.lease(&mut client).await.map(|_| ()) })
+            .await
     }
 
     /// Keep `items`, each under its writer's key, with a lease.

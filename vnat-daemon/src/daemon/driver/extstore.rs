@@ -36,9 +36,16 @@ impl ExtStore {
     /// The store and the receiving end of its answers (the driver loop's).
     pub(super) fn new(store: EtcdStore) -> (ExtStore, mpsc::Receiver<Answer>) {
         let (tx, rx) = mpsc::channel(MAX_IN_FLIGHT);
+        let store = Arc::new(store);
+        let warm = store.clone();
+        tokio::spawn(async move {
+            if let Err(e) = warm.warm_up().await {
+                tracing::info!(error = %e, "etcd does not answer yet; the first move tries again");
+            }
+        });
         (
             ExtStore {
-                store: Arc::new(store),
+                store,
                 answers: tx,
                 in_flight: 0,
                 down: false,
