@@ -98,7 +98,9 @@ fn one_users_unbound_udp_sockets_leave_other_users_flows_recorded() {
     lapd.freeze(true);
     // uid 1000's stream: setpriv changes the uid once the namespace and
     // cgroup are joined.
-    let stream = StreamOptions::udp(server).rate(300_000).command(&topo.laptop);
+    let stream = StreamOptions::udp(server)
+        .rate(300_000)
+        .command(&topo.laptop);
     let mut cmd = topo.laptop.cmd("setpriv");
     cmd.args(["--reuid", "1000", "--regid", "1000", "--clear-groups"])
         .arg(stream.get_program())
@@ -154,7 +156,10 @@ fn one_users_unbound_udp_sockets_leave_other_users_flows_recorded() {
         );
         std::thread::sleep(Duration::from_millis(100));
     };
-    assert_eq!(rec.owner_uid, 1000, "uid 1000's flow is recorded in another name");
+    assert_eq!(
+        rec.owner_uid, 1000,
+        "uid 1000's flow is recorded in another name"
+    );
     assert_ne!(
         rec.origin, ORIGIN_UDP_ADOPTED,
         "uid 1000's flow was found only by adoption"

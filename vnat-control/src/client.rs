@@ -322,14 +322,15 @@ impl ControlClient {
             path: self.path.clone(),
             violation,
         };
-        let answer = match read_line_bounded_into(&mut self.reader, MAX_RESPONSE_LINE, &mut self.partial)
-            .await
-            .map_err(io_err)?
-        {
-            Line::Data(answer) => answer,
-            Line::Eof => return Err(protocol(ProtocolViolation::Closed)),
-            Line::TooLong => return Err(protocol(ProtocolViolation::TooLong)),
-        };
+        let answer =
+            match read_line_bounded_into(&mut self.reader, MAX_RESPONSE_LINE, &mut self.partial)
+                .await
+                .map_err(io_err)?
+            {
+                Line::Data(answer) => answer,
+                Line::Eof => return Err(protocol(ProtocolViolation::Closed)),
+                Line::TooLong => return Err(protocol(ProtocolViolation::TooLong)),
+            };
         // Check the version before the shape, so a newer daemon's unknown
         // reply types are reported as a version mismatch, not as garbage.
         if let Ok(v) = serde_json::from_slice::<VersionOnly>(&answer) {
