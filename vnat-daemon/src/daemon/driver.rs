@@ -519,6 +519,7 @@ impl Driver {
                     if let Err(e) = r {
                         tracing::warn!(error = %e, "address watch failed; relying on the periodic resync");
                     }
+                    self.stores.addresses_changed();
                     // At once: a move is only as quick as its start. Address
                     // changes come in bursts (address removed, link down,
                     // routes), and a resync that sees half of one starts no

@@ -85,7 +85,7 @@ pub enum EtcdError {
 pub struct EtcdStore {
     endpoints: Vec<String>,
     options: ConnectOptions,
-    clients: Mutex<Vec<Option<Client>>>,
+    clients: std::sync::Mutex<Vec<Option<Client>>>,
     preferred: std::sync::atomic::AtomicUsize,
     lease: Mutex<Option<(i64, Instant)>>,
 }
@@ -133,7 +133,7 @@ impl EtcdStore {
         Ok(EtcdStore {
             endpoints: s.endpoints.clone(),
             options,
-            clients: Mutex::new(vec![None; s.endpoints.len()]),
+            clients: std::sync::Mutex::new(vec![None; s.endpoints.len()]),
             preferred: Default::default(),
             lease: Mutex::new(None),
         })
@@ -141,20 +141,34 @@ impl EtcdStore {
 
     /// The client of member `i`, connected (and logged in) if need be.
     async fn client(&self, i: usize) -> Result<Client, EtcdError> {
-        if let Some(c) = self.clients.lock().await.get(i).cloned().flatten() {
+        let cached = self
+            .clients
+            .lock()
+            .ok()
+            .and_then(|v| v.get(i).cloned().flatten());
+        if let Some(c) = cached {
             return Ok(c);
         }
         let made = Client::connect([&self.endpoints[i]], Some(self.options.clone())).await?;
-        if let Some(slot) = self.clients.lock().await.get_mut(i) {
+        if let Some(slot) = self.clients.lock().ok().as_mut().and_then(|v| v.get_mut(i)) {
             *slot = Some(made.clone());
         }
         Ok(made)
     }
 
     /// After member `i` failed, the next call to it connects again.
-    async fn forget_client(&self, i: usize) {
-        if let Some(slot) = self.clients.lock().await.get_mut(i) {
+    fn forget_client(&self, i: usize) {
+        if let Some(slot) = self.clients.lock().ok().as_mut().and_then(|v| v.get_mut(i)) {
             *slot = None;
+        }
+    }
+
+    /// This host's addresses changed: its connections may be from an
+    /// address it no longer has, where they would hang until a member's
+    /// timeout; the next call connects from where the host is now.
+    pub fn forget_connections(&self) {
+        if let Ok(mut v) = self.clients.lock() {
+            v.iter_mut().for_each(|c| *c = None);
         }
     }
 
@@ -188,7 +202,7 @@ impl EtcdStore {
                 Ok(Err(e)) => last = e,
                 Err(_) => last = EtcdError::Timeout(MEMBER_TIMEOUT.min(left)),
             }
-            self.forget_client(i).await;
+            self.forget_client(i);
         }
         Err(last)
     }

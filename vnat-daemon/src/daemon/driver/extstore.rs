@@ -137,6 +137,14 @@ impl Stores {
         })
     }
 
+    /// This host's addresses changed: etcd is reached again from the
+    /// addresses it has now (see `EtcdStore::forget_connections`).
+    pub(super) fn addresses_changed(&self) {
+        if let Some(e) = &self.ext {
+            e.store.forget_connections();
+        }
+    }
+
     /// The receiving end of the external store's answers, for the loop.
     pub(super) fn take_answers(&mut self) -> Option<mpsc::Receiver<Answer>> {
         self.answers.take()
