@@ -222,8 +222,28 @@ fn scenario(fault: Fault, tag: &str) {
     } else {
         Duration::from_secs(10)
     };
-    let took = wait_bytes(&client, at_move + 100_000, limit, &logs);
-    eprintln!("{tag} ({fault:?}): data flowing again {took:?} after both ends moved");
+    // Both ends translate the connection to where the other went...
+    let t0 = Instant::now();
+    for (d, who) in [(&lapd, "laptop"), (&srvd, "server")] {
+        while d
+            .ctl(&["ls", "--state", "translated"])
+            .and_then(|v| v.as_array().map(|a| a.is_empty()))
+            .unwrap_or(true)
+        {
+            if t0.elapsed() > limit {
+                for l in &logs {
+                    eprintln!("--- {}:\n{}", l.display(), tail(l));
+                }
+                panic!("the {who}'s vnatd did not translate the connection within {limit:?} after both ends moved");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let took = t0.elapsed();
+    // ...and bytes flow on the same socket.
+    let settled = client.latest().expect("status").verified.max(at_move);
+    wait_bytes(&client, settled + 100_000, Duration::from_secs(10), &logs);
+    eprintln!("{tag} ({fault:?}): both ends translated {took:?} after both moved");
 
     let fin = client.stop();
     assert_eq!(fin.error, None, "{:?}", fin.json);
