@@ -65,7 +65,6 @@ impl<K: Copy + Ord + Hash> TimerTable<K> {
     }
 
     /// The deadline the table holds for `key`.
-    #[cfg(debug_assertions)]
     pub fn get(&self, key: &K) -> Option<Timestamp> {
         self.at.get(key).copied()
     }
