@@ -8,9 +8,10 @@ use aya_ebpf::{
 };
 pub use vnat_common::Owner;
 use vnat_common::{
-    ConnRecord, CONNECTING_MAX_ENTRIES, DatapathConfig, FlowKey, GuestKey, NatRewrite, RebindKey, RebindValue,
-    CFG_F_BIND_DIVERT, CFG_F_NAT_EMPTY, CFG_F_NETNS_FILTER, CFG_F_REBINDING, CONNS_MAX_ENTRIES,
-    GUESTS_MAX_ENTRIES, NAT_MAX_ENTRIES, REBIND_MAX_ENTRIES, STAT_COUNT,
+    ConnRecord, DatapathConfig, FlowKey, GuestKey, NatRewrite, RebindKey, RebindValue,
+    CFG_F_BIND_DIVERT, CFG_F_NAT_EMPTY, CFG_F_NETNS_FILTER, CFG_F_REBINDING,
+    CONNECTING_MAX_ENTRIES, CONNS_MAX_ENTRIES, GUESTS_MAX_ENTRIES, NAT_MAX_ENTRIES,
+    REBIND_MAX_ENTRIES, STAT_COUNT,
 };
 
 /// BPF_F_NO_PREALLOC: entries are allocated on insert, so the capacity costs

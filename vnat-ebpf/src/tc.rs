@@ -38,8 +38,8 @@ use crate::maps::{
 use family::translate_family;
 use frag::{remember_fragment, translate_fragment};
 use icmp::translate_error;
-use parse::{parse, Parsed, PROTO_ICMP, PROTO_ICMPV6};
 use natguard::guard;
+use parse::{parse, Parsed, PROTO_ICMP, PROTO_ICMPV6};
 use rebind::{divert_bind, learn};
 use rewrite::rewrite;
 

@@ -95,11 +95,11 @@ mod adversary_tests;
 #[cfg(any(test, feature = "sim"))]
 pub mod sim;
 #[cfg(test)]
+mod sim_extstore_tests;
+#[cfg(test)]
 mod sim_keyx_tests;
 #[cfg(test)]
 mod sim_location_tests;
-#[cfg(test)]
-mod sim_extstore_tests;
 #[cfg(test)]
 mod sim_nat_tests;
 #[cfg(test)]

@@ -42,7 +42,12 @@ pub struct FakeDatapath {
     /// TCP BIND tokens expected, by connection (`expect_tcp_bind`).
     pub tcp_bind_tokens: BTreeMap<VirtualFlow, [u8; 8]>,
     /// TCP BINDs sent: (connection, local, remote, token).
-    pub sent_tcp_binds: Vec<(VirtualFlow, std::net::SocketAddr, std::net::SocketAddr, [u8; 8])>,
+    pub sent_tcp_binds: Vec<(
+        VirtualFlow,
+        std::net::SocketAddr,
+        std::net::SocketAddr,
+        [u8; 8],
+    )>,
     /// Guest addresses whose VCMP datagrams vnatd receives (`receive_vcmp_at`).
     pub receiving_vcmp_at: BTreeSet<std::net::IpAddr>,
     /// Flows asked to restart ([`Datapath::restart_flow`],

@@ -149,7 +149,11 @@ mod tests {
         ];
         let guests = [rec(1000, PROTO_UDP), rec(65534, PROTO_TCP)];
         let connecting = [1000, 1000, 0, 4242];
-        let c = count_records(conns.iter().map(|r| (r.origin, r)), guests.iter(), connecting);
+        let c = count_records(
+            conns.iter().map(|r| (r.origin, r)),
+            guests.iter(),
+            connecting,
+        );
         assert_eq!(c.len(), 4);
         assert_eq!(
             c[&1000],
