@@ -52,6 +52,10 @@ pub const CORE_TESTS: &[(&str, &[&str])] = &[
     ("tc_icmp", &[]),
     ("tc_frag_spoof", &[]),
     ("tc_rebind", &[]),
+    // Issue 32: an IPv4 flow carried over IPv6 (bpf_skb_change_proto, whose
+    // GSO handling changed in 5.14) and the NAT guard (bpf_skc_lookup_tcp).
+    ("tc_family", &[]),
+    ("tc_nat_guard", &[]),
     // What vnatd --check says of this kernel (the fallbacks themselves are
     // simulated on the host: they do not depend on the kernel).
     (
