@@ -229,21 +229,26 @@ impl EtcdStore {
             .await
     }
 
-    /// Keep `items`, each under its writer's key, with a lease.
+    /// Keep `items`, each under its writer's key, with a lease: in
+    /// transactions of at most [`TXN_OPS_MAX`] operations, so that a mass
+    /// move stays within etcd's limits (`--max-txn-ops`, 128 by default,
+    /// and 1.5 MiB a request).
     pub async fn put(&self, items: &[StoreItem]) -> Result<(), EtcdError> {
         self.at_some_member(|mut client| async move {
             let lease = self.lease(&mut client).await?;
-            let ops: Vec<TxnOp> = items
-                .iter()
-                .map(|i| {
-                    TxnOp::put(
-                        record_key(&i.host, &i.locator),
-                        i.value.clone(),
-                        Some(PutOptions::new().with_lease(lease)),
-                    )
-                })
-                .collect();
-            client.txn(Txn::new().and_then(ops)).await?;
+            for chunk in items.chunks(TXN_OPS_MAX) {
+                let ops: Vec<TxnOp> = chunk
+                    .iter()
+                    .map(|i| {
+                        TxnOp::put(
+                            record_key(&i.host, &i.locator),
+                            i.value.clone(),
+                            Some(PutOptions::new().with_lease(lease)),
+                        )
+                    })
+                    .collect();
+                client.txn(Txn::new().and_then(ops)).await?;
+            }
             Ok(())
         })
         .await
@@ -252,15 +257,17 @@ impl EtcdStore {
     /// The values stored for `wanted` (those found).
     pub async fn get(&self, wanted: &[Wanted]) -> Result<Vec<Vec<u8>>, EtcdError> {
         self.at_some_member(|mut client| async move {
-            let ops: Vec<TxnOp> = wanted
-                .iter()
-                .map(|w| TxnOp::get(record_key(&w.host, &w.locator), None))
-                .collect();
-            let r = client.txn(Txn::new().and_then(ops)).await?;
             let mut values = Vec::new();
-            for op in r.op_responses() {
-                if let TxnOpResponse::Get(g) = op {
-                    values.extend(g.kvs().iter().map(|kv| kv.value().to_vec()));
+            for chunk in wanted.chunks(TXN_OPS_MAX) {
+                let ops: Vec<TxnOp> = chunk
+                    .iter()
+                    .map(|w| TxnOp::get(record_key(&w.host, &w.locator), None))
+                    .collect();
+                let r = client.txn(Txn::new().and_then(ops)).await?;
+                for op in r.op_responses() {
+                    if let TxnOpResponse::Get(g) = op {
+                        values.extend(g.kvs().iter().map(|kv| kv.value().to_vec()));
+                    }
                 }
             }
             Ok(values)
@@ -268,6 +275,11 @@ impl EtcdStore {
         .await
     }
 }
+
+/// Operations in one etcd transaction: half etcd's default limit
+/// (`--max-txn-ops` 128); 64 records of a few hundred bytes stay far below
+/// its 1.5 MiB request limit too.
+const TXN_OPS_MAX: usize = 64;
 
 #[cfg(test)]
 mod tests {
