@@ -130,8 +130,16 @@ fn check(args: &Args) -> Result<ExitCode, DaemonError> {
             serde_json::to_string_pretty(&v).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
         );
     } else {
-        print!("{}", check::render(&report));
+        // The verdict stays the last line (scripts and the tests read it
+        // there): the store goes just before it.
+        let text = check::render(&report);
+        let body = text.trim_end_matches('\n');
+        let (lines, verdict) = body.rsplit_once('\n').unwrap_or(("", body));
+        if !lines.is_empty() {
+            println!("{lines}");
+        }
         println!("location store: {store}");
+        println!("{verdict}");
     }
     Ok(if report.can_run {
         ExitCode::SUCCESS
