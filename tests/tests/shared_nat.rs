@@ -154,9 +154,19 @@ fn two_laptops_behind_one_nat_each_own_and_move_their_connections_and_a_rogue_ge
     // The rogue, on M's network, with valid keys for its own UDP flow.
     let rogue = Rogue::start(&m_ns, 3031);
     let own = rogue.open_udp_flow(&m_ns, at(5002));
+    // Its datagrams from a new port of the NAT the server guards V's and
+    // M's flows at are held for a few seconds first (the NAT guard): it
+    // sends again, as a client would, until its flow is bound.
+    let mut tick = 0u32;
     wait_until(
         Duration::from_secs(30),
-        || rogue.has_keys(&own),
+        || {
+            tick += 1;
+            if tick % 5 == 0 {
+                rogue.send_again();
+            }
+            rogue.has_keys(&own)
+        },
         || format!("the rogue's own flow was never bound: {:?}", rogue.events()),
     );
 

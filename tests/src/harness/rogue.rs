@@ -157,6 +157,16 @@ impl Rogue {
     }
 
     /// Whether the core has keys for `flow`.
+    /// Send another datagram on the rogue's own UDP flow, as a client whose
+    /// first datagrams went unanswered does (a server guarding other
+    /// connections from the same NAT holds a new port's datagrams for a
+    /// few seconds).
+    pub fn send_again(&self) {
+        if let Some((_, sock)) = &self.lock().flow {
+            let _ = sock.send(b"rogue hello");
+        }
+    }
+
     pub fn has_keys(&self, flow: &VirtualFlow) -> bool {
         self.lock().ep.connection(flow).is_some_and(|v| v.has_keys)
     }

@@ -132,7 +132,11 @@ pub(super) fn kernel_has_socket(ctx: &TcContext, p: &Parsed) -> bool {
 
 /// A UDP datagram from an unknown port: true to hold (drop) it. The first
 /// such port is held for `GUARD_UDP_HOLD_NS`, then let through for good
-/// (until another is held); another port's datagrams wait meanwhile.
+/// (until another is held). Other ports' datagrams go on meanwhile: were
+/// they held too, each waiting its turn, a spoofer sending from a fresh
+/// port as each hold ends would keep every other host's new flow from
+/// that NAT out, and two hosts' new flows would take turns in blackouts
+/// (`shared_nat`'s rogue flow was never bound within 30 s).
 #[inline(always)]
 fn hold_udp(g: *mut GuardValue, port_be: u16, now: u64) -> bool {
     // SAFETY: see `guard`; a race between CPUs costs at most one more
@@ -154,7 +158,7 @@ fn hold_udp(g: *mut GuardValue, port_be: u16, now: u64) -> bool {
             return false;
         }
         if holding {
-            return true;
+            return false;
         }
         (*g).held_port_be = port_be;
         (*g).since_ns = now;
