@@ -82,6 +82,48 @@ fn tcp_bind(src: SocketAddr, dst: SocketAddr, token: [u8; 8]) -> Vec<u8> {
     s.frame()
 }
 
+/// A TCP rebind waiting for `peer`'s BIND with `token` at `server` (as
+/// vnatd writes it after its BIND_REQ); returns its key.
+fn rebind_waiting(
+    dp: &mut KernelDatapath,
+    peer: SocketAddr,
+    server: SocketAddr,
+    token: [u8; 8],
+) -> RebindKey {
+    let words = |a: SocketAddr| match a {
+        SocketAddr::V4(v4) => [u32::from_ne_bytes(v4.ip().octets()), 0, 0, 0],
+        SocketAddr::V6(_) => unreachable!("IPv4 here"),
+    };
+    let key = RebindKey {
+        src_addr_be: words(peer),
+        dst_addr_be: words(server),
+        dst_port_be: server.port().to_be(),
+        family: AF_INET,
+        proto: PROTO_TCP,
+        slot: 0,
+        _pad: [0; 3],
+    };
+    dp.insert_rebind(
+        key,
+        RebindValue {
+            virt_remote_addr_be: words(peer),
+            virt_local_addr_be: words(server),
+            virt_remote_port_be: peer.port().to_be(),
+            virt_local_port_be: server.port().to_be(),
+            token: [
+                u32::from_ne_bytes([token[0], token[1], token[2], token[3]]),
+                u32::from_ne_bytes([token[4], token[5], token[6], token[7]]),
+            ],
+            token_prev: [0; 2],
+            redirect_ifindex: 0,
+            flags: 0,
+            refusals: 0,
+        },
+    )
+    .unwrap();
+    key
+}
+
 #[test]
 fn a_tcp_guard_drops_only_what_the_kernel_would_reset() {
     let (mut dp, _pins) = open("tc-guard-tcp");
@@ -228,38 +270,8 @@ fn a_tcp_bind_on_the_recorded_tuple_says_the_port_is_unchanged() {
     let (mut dp, _pins) = open("tc-guard-same");
     let server: SocketAddr = "198.18.3.2:5001".parse().unwrap();
     let peer: SocketAddr = "198.18.3.101:40000".parse().unwrap();
-    let words = |a: SocketAddr| match a {
-        SocketAddr::V4(v4) => [u32::from_ne_bytes(v4.ip().octets()), 0, 0, 0],
-        SocketAddr::V6(_) => unreachable!(),
-    };
     let token = [0x5a, 1, 2, 3, 4, 5, 6, 0xa5];
-    let key = RebindKey {
-        src_addr_be: words(peer),
-        dst_addr_be: words(server),
-        dst_port_be: server.port().to_be(),
-        family: AF_INET,
-        proto: PROTO_TCP,
-        slot: 0,
-        _pad: [0; 3],
-    };
-    dp.insert_rebind(
-        key,
-        RebindValue {
-            virt_remote_addr_be: words(peer),
-            virt_local_addr_be: words(server),
-            virt_remote_port_be: peer.port().to_be(),
-            virt_local_port_be: server.port().to_be(),
-            token: [
-                u32::from_ne_bytes([token[0], token[1], token[2], token[3]]),
-                u32::from_ne_bytes([token[4], token[5], token[6], token[7]]),
-            ],
-            token_prev: [0; 2],
-            redirect_ifindex: 0,
-            flags: 0,
-            refusals: 0,
-        },
-    )
-    .unwrap();
+    let key = rebind_waiting(&mut dp, peer, server, token);
     dp.insert_conn_record(
         vnat_daemon::datapath::flow_key(Proto::Tcp, server, peer),
         Default::default(),
@@ -289,34 +301,12 @@ fn a_tcp_bind_on_the_recorded_tuple_says_the_port_is_unchanged() {
 fn a_rebind_lets_other_hosts_behind_the_nat_connect() {
     let (mut dp, _pins) = open("tc-guard-rebind-others");
     let (server, peer, _l, _client, _accepted) = server_with_a_connection();
-    let words = |a: SocketAddr| match a {
-        SocketAddr::V4(v4) => [u32::from_ne_bytes(v4.ip().octets()), 0, 0, 0],
-        SocketAddr::V6(_) => unreachable!(),
-    };
-    let key = RebindKey {
-        src_addr_be: words(peer),
-        dst_addr_be: words(server),
-        dst_port_be: server.port().to_be(),
-        family: AF_INET,
-        proto: PROTO_TCP,
-        slot: 0,
-        _pad: [0; 3],
-    };
-    dp.insert_rebind(
-        key,
-        RebindValue {
-            virt_remote_addr_be: words(peer),
-            virt_local_addr_be: words(server),
-            virt_remote_port_be: peer.port().to_be(),
-            virt_local_port_be: server.port().to_be(),
-            token: [0x1234_5678, 0x9abc_def0],
-            token_prev: [0; 2],
-            redirect_ifindex: 0,
-            flags: 0,
-            refusals: 0,
-        },
-    )
-    .unwrap();
+    let key = rebind_waiting(
+        &mut dp,
+        peer,
+        server,
+        [0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0],
+    );
     // Another host's connection, established in our kernel, not accepted
     // nor recorded: its ACK goes on.
     let second = TcpStream::connect(server).expect("second connect");
