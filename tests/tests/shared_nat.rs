@@ -162,7 +162,7 @@ fn two_laptops_behind_one_nat_each_own_and_move_their_connections_and_a_rogue_ge
         Duration::from_secs(30),
         || {
             tick += 1;
-            if tick % 5 == 0 {
+            if tick.is_multiple_of(5) {
                 rogue.send_again();
             }
             rogue.has_keys(&own)
