@@ -8,7 +8,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use vnat_common::{GuardValue, RebindKey, MAP_GUARD};
 
-use super::{attach, is_not_found, map_err, KernelDatapath};
+use super::{is_not_found, map_err, KernelDatapath};
 use crate::datapath::{DatapathError, GuardDrop, Proto, VirtualFlow};
 
 /// Which guards this process wrote, for which connections.
@@ -68,15 +68,7 @@ impl KernelDatapath {
             return Ok(());
         }
         let route = self.route(nat, None)?;
-        if !self.tc_current.contains(&route.ifindex) {
-            attach::attach_tc(
-                &mut self.loaded.ebpf,
-                &self.bpffs,
-                route.ifindex,
-                self.tc_mode,
-            )?;
-            self.tc_current.insert(route.ifindex);
-        }
+        self.tc_on(route.ifindex)?;
         // Kept attached for the process's life, like a BIND divert: the
         // next connection from behind that NAT needs it again.
         self.bind_ifaces.insert(route.ifindex);

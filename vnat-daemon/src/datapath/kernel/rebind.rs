@@ -95,21 +95,23 @@ impl KernelDatapath {
             .map_err(map_err(vnat_common::MAP_REBIND))
     }
 
+    /// tc attached to `ifindex`, if it is not already (kept as long as
+    /// vnatd's bookkeeping of attached interfaces says).
+    pub(super) fn tc_on(&mut self, ifindex: u32) -> Result<(), DatapathError> {
+        if !self.tc_current.contains(&ifindex) {
+            attach::attach_tc(&mut self.loaded.ebpf, &self.bpffs, ifindex, self.tc_mode)?;
+            self.tc_current.insert(ifindex);
+        }
+        Ok(())
+    }
+
     /// Make `t.flow` rebinding towards `t.physical_remote`'s address, whose
     /// port (0 in `t`) the flow learns from its peer's BIND: a UDP flow's
     /// through vnatd, a TCP flow's in the tc ingress program, once
     /// [`KernelDatapath::expect_tcp_bind`] gave it the token (issue 31).
     pub(super) fn rebind(&mut self, t: &Translation) -> Result<(), DatapathError> {
         let route = self.route(t.physical_remote.ip(), Some(t.physical_local.ip()))?;
-        if !self.tc_current.contains(&route.ifindex) {
-            attach::attach_tc(
-                &mut self.loaded.ebpf,
-                &self.bpffs,
-                route.ifindex,
-                self.tc_mode,
-            )?;
-            self.tc_current.insert(route.ifindex);
-        }
+        self.tc_on(route.ifindex)?;
         let vkey = t.flow.to_key();
         let phys = crate::datapath::flow_key(t.flow.proto, t.physical_local, t.physical_remote);
         let mut key = RebindKey {
@@ -226,15 +228,7 @@ impl KernelDatapath {
         vcmp_port: u16,
     ) -> Result<(), DatapathError> {
         let route = self.route(toward, None)?;
-        if !self.tc_current.contains(&route.ifindex) {
-            attach::attach_tc(
-                &mut self.loaded.ebpf,
-                &self.bpffs,
-                route.ifindex,
-                self.tc_mode,
-            )?;
-            self.tc_current.insert(route.ifindex);
-        }
+        self.tc_on(route.ifindex)?;
         self.bind_ifaces.insert(route.ifindex);
         self.set_bind_divert_port(vcmp_port)
     }
