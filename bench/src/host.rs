@@ -70,8 +70,15 @@ impl<'a> Host<'a> {
         };
         let name = self.ns.name();
         self.ns.run_in(move || {
-            let mut dp = KernelDatapath::open(&opts)
-                .with_context(|| format!("opening the vnat datapath in {name}"))?;
+            // Beside a running vnatd only observed: opening it would take
+            // over (and rewrite) what that vnatd owns.
+            let held = vnat_daemon::datapath::kernel::pinlock::PinLock::held(&opts.bpffs);
+            let mut dp = if held {
+                KernelDatapath::observe(&opts)
+            } else {
+                KernelDatapath::open(&opts)
+            }
+            .with_context(|| format!("opening the vnat datapath in {name}"))?;
             f(&mut dp)
         })
     }

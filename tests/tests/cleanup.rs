@@ -2,8 +2,9 @@
 //! migrated TCP connection, a mobile UDP flow): none of vnat's rules,
 //! routes, addresses on lo, sink, tc programs or pins is left, the ARP
 //! sysctls are back at the values they had before vnatd first ran, and
-//! what someone else made stays. Refused while vnatd runs; a second run
-//! finds nothing. And a clean stop puts the sysctls back once no address
+//! what someone else made stays. Refused while vnatd runs (on its
+//! control socket, or on its pins from another control socket), as is a
+//! second vnatd on the same pins; a second run finds nothing. And a clean stop puts the sysctls back once no address
 //! stays kept on lo.
 
 mod support;
@@ -258,6 +259,50 @@ fn cleanup_after_a_crash_removes_all_of_vnats_and_nothing_else() {
     assert_eq!(vnat_footprint(&topo.laptop, &lap_ifs), lap_before);
     assert_eq!(arp(&topo.laptop), vnats());
     assert!(lap.pins.path().exists());
+
+    // The same pins from another control socket and state directory: the
+    // cleanup, and a second vnatd, are refused by the pins' lock, and the
+    // running vnatd's connection goes on as it was.
+    let other = TempDir::new("clnko");
+    let refused = cleanup(&lap, other.path(), &[]);
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    assert!(
+        text(&refused.stderr).contains("holds the pins"),
+        "{}",
+        text(&refused.stderr)
+    );
+    assert_eq!(vnat_footprint(&topo.laptop, &lap_ifs), lap_before);
+    // (Under `timeout`: one that started would run until killed.)
+    let second = lap
+        .ns
+        .cmd("timeout")
+        .arg("20")
+        .arg(bin_path("vnatd"))
+        .args(["--config", "/dev/null", "--control"])
+        .arg(other.path().join("vnatd.sock"))
+        .arg("--state-dir")
+        .arg(other.path().join("state"))
+        .arg("--bpffs")
+        .arg(lap.pins.path())
+        .arg("--cgroup")
+        .arg(lap.cgroup.path())
+        .args(["--listen", "0.0.0.0:2041"])
+        .output()
+        .expect("running a second vnatd");
+    assert_eq!(
+        second.status.code(),
+        Some(1),
+        "a second vnatd on the same pins: {}",
+        text(&second.stderr)
+    );
+    assert!(
+        text(&second.stderr).contains("has the datapath pinned in"),
+        "{}",
+        text(&second.stderr)
+    );
+    assert_eq!(vnat_footprint(&topo.laptop, &lap_ifs), lap_before);
+    let at = tcp.latest().expect("status").verified;
+    tcp.wait_verified_at_least(at + 50_000, Duration::from_secs(10));
 
     lapd.kill9();
     srvd.kill9();

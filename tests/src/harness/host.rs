@@ -12,7 +12,7 @@ use std::{
 
 use super::{BpffsDir, Cgroup, LaptopRouterServer, Netns, TempDir};
 use vnat_daemon::datapath::{
-    kernel::{KernelDatapath, KernelOptions},
+    kernel::{pinlock::PinLock, KernelDatapath, KernelOptions},
     ConnectionInfo, Datapath, Proto,
 };
 
@@ -43,13 +43,20 @@ impl<'a> Host<'a> {
         }
     }
 
-    /// Run `f` on a freshly opened datapath inside the namespace.
+    /// Run `f` on a freshly opened datapath inside the namespace: owned
+    /// (the pins' lock taken, the config written) when no vnatd runs on
+    /// these pins, only observed (nothing of the running vnatd's written:
+    /// `KernelDatapath::observe`) when one does.
     pub fn datapath<T: Send>(&self, f: impl FnOnce(&mut KernelDatapath) -> T + Send) -> T {
         let opts = self.options();
         let name = self.ns.name().to_string();
         self.ns.run_in(move || {
-            let mut dp = KernelDatapath::open(&opts)
-                .unwrap_or_else(|e| panic!("opening the datapath in {name}: {e}"));
+            let mut dp = if PinLock::held(&opts.bpffs) {
+                KernelDatapath::observe(&opts)
+            } else {
+                KernelDatapath::open(&opts)
+            }
+            .unwrap_or_else(|e| panic!("opening the datapath in {name}: {e}"));
             f(&mut dp)
         })
     }

@@ -175,6 +175,14 @@ fn cleanup(args: &Args) -> Result<ExitCode, DaemonError> {
         }
         Err(e) => return Err(e.into()),
     }
+    // A vnatd with its own control socket but these pins: the lock says so.
+    if vnat_daemon::datapath::kernel::pinlock::PinLock::held(&settings.bpffs) {
+        eprintln!(
+            "vnatd: a running vnatd holds the pins in {}; stop it first, then run vnatd --cleanup again",
+            settings.bpffs.display()
+        );
+        return Ok(ExitCode::from(1));
+    }
     let mut report = cleanup::cleanup(&settings.bpffs, &settings.state_dir);
     if stale {
         report.done.insert(

@@ -224,6 +224,9 @@ pub enum DatapathError {
     CannotHide { path: PathBuf, reason: String },
     #[error("the bpffs directory {path} is unusable: {reason}; mount bpffs (mount -t bpf bpf /sys/fs/bpf) or pass --bpffs")]
     Bpffs { path: PathBuf, reason: String },
+    /// Another process owns the pin directory (`pinlock.rs`).
+    #[error("another process (a vnatd) has the datapath pinned in {path} open; stop it first (systemctl stop vnatd), or give this vnatd its own --bpffs (and --control and --state-dir)")]
+    PinsInUse { path: PathBuf },
     #[error("the pins in {path} were made by an incompatible vnat (ABI {found}, this is {expected}); stop every vnatd using it and remove the directory")]
     AbiMismatch {
         path: PathBuf,

@@ -97,6 +97,9 @@ pub struct Maps {
 }
 
 pub struct Loaded {
+    /// The owner's lock on the pin directory; None for an observer
+    /// (`KernelDatapath::observe`), which writes nothing.
+    pub _lock: Option<super::pinlock::PinLock>,
     pub ebpf: Ebpf,
     pub maps: Maps,
     pub netns_cookie: u64,
@@ -233,11 +236,19 @@ pub fn own_netns_cookie() -> Result<u64, DatapathError> {
 
 /// Load (or re-attach to) the datapath: maps come from the pins in `bpffs`
 /// when they exist, so translations installed by an earlier process stay.
-pub fn load(bpffs: &Path) -> Result<Loaded, DatapathError> {
+///
+/// `own`: take the pin directory's lock (refused while another process
+/// holds it) and write the config; otherwise only look: no lock, no write.
+pub fn load(bpffs: &Path, own: bool) -> Result<Loaded, DatapathError> {
     if EBPF_OBJECT.is_empty() {
         return Err(DatapathError::NoEbpfObject);
     }
     prepare_bpffs(bpffs)?;
+    let lock = if own {
+        Some(super::pinlock::PinLock::take(bpffs)?)
+    } else {
+        None
+    };
     let mut loader = EbpfLoader::new();
     loader.default_map_pin_directory(bpffs);
     super::sizes::apply(&mut loader)?;
@@ -341,6 +352,7 @@ pub fn load(bpffs: &Path) -> Result<Loaded, DatapathError> {
     };
     let hide = maps.hide_cgroups.keys().next().is_some();
     let mut loaded = Loaded {
+        _lock: lock,
         ebpf,
         maps,
         netns_cookie: own_netns_cookie()?,
@@ -348,12 +360,25 @@ pub fn load(bpffs: &Path) -> Result<Loaded, DatapathError> {
         hide_unavailable,
         peek,
     };
+    if !own {
+        check_abi(bpffs, &loaded)?;
+        return Ok(loaded);
+    }
     check_and_set_config(bpffs, &mut loaded)?;
     super::budgets::set(&mut loaded.maps, sizes)?;
     Ok(loaded)
 }
 
 fn check_and_set_config(bpffs: &Path, l: &mut Loaded) -> Result<(), DatapathError> {
+    check_abi(bpffs, l)?;
+    // Not CFG_F_NAT_EMPTY yet: the NAT maps may hold pinned translations,
+    // and until the caller has read them the programs must look them up.
+    // Both gates open until the opener knows better (see KernelDatapath::open).
+    set_config(l, false, true, 0)
+}
+
+/// Refuse pins made by another vnat (ABI) or in another namespace.
+fn check_abi(bpffs: &Path, l: &Loaded) -> Result<(), DatapathError> {
     let existing = l.maps.config.get(&0, 0).map_err(map_err(MAP_CONFIG))?;
     if existing.abi_version != 0 && existing.abi_version != ABI_VERSION {
         return Err(DatapathError::AbiMismatch {
@@ -368,10 +393,23 @@ fn check_and_set_config(bpffs: &Path, l: &mut Loaded) -> Result<(), DatapathErro
             reason: "its pins belong to a vnatd of another network namespace; give each namespace its own --bpffs".into(),
         });
     }
-    // Not CFG_F_NAT_EMPTY yet: the NAT maps may hold pinned translations,
-    // and until the caller has read them the programs must look them up.
-    // Both gates open until the opener knows better (see KernelDatapath::open).
-    set_config(l, false, true, 0)
+    Ok(())
+}
+
+/// The config map's flags as last written: (NAT maps empty, some flow
+/// rebinding, the VCMP port BINDs are diverted to or 0).
+pub fn read_config(l: &Loaded) -> Result<(bool, bool, u16), DatapathError> {
+    let c = l.maps.config.get(&0, 0).map_err(map_err(MAP_CONFIG))?;
+    let divert = if c.flags & vnat_common::CFG_F_BIND_DIVERT != 0 {
+        u16::from_be(c.vcmp_port_be)
+    } else {
+        0
+    };
+    Ok((
+        c.flags & CFG_F_NAT_EMPTY != 0,
+        c.flags & vnat_common::CFG_F_REBINDING != 0,
+        divert,
+    ))
 }
 
 /// Write this namespace's config: whether both NAT maps are empty
