@@ -220,7 +220,7 @@ fn an_unvalidated_address_steers_nothing_and_leaves_nothing() {
     let started = Instant::now();
     let mut n = 0u32;
     while started.elapsed() < Duration::from_secs(60) {
-        let p = if n % 2 == 0 { p2 } else { p1 };
+        let p = if n.is_multiple_of(2) { p2 } else { p1 };
         rogue.resume(own, SocketAddr::new(p, 9));
         n += 1;
         thread::sleep(Duration::from_millis(500));
