@@ -119,7 +119,14 @@ fn check(args: &Args) -> Result<ExitCode, DaemonError> {
         return Ok(ExitCode::from(2));
     }
     let report = check::check(&settings.bpffs, settings.tc_attach);
-    let store = vnat_daemon::daemon::config::store::describe(&settings.location_store);
+    let mut store = vnat_daemon::daemon::config::store::describe(&settings.location_store);
+    if let Some(etcd) = &settings.location_store {
+        // What the first move would meet: the files, the login, the role.
+        match vnat_daemon::daemon::etcd::check(etcd) {
+            Ok(()) => store.push_str(": answers"),
+            Err(e) => store = format!("{store}: {e}"),
+        }
+    }
     if args.json {
         let mut v = serde_json::to_value(&report).unwrap_or_default();
         if let Some(o) = v.as_object_mut() {

@@ -15,13 +15,15 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Certificate, Client, ConnectOptions, Identity, PutOptions, TlsOptions, Txn, TxnOp,
+    Certificate, Client, ConnectOptions, GetOptions, Identity, PutOptions, TlsOptions, Txn, TxnOp,
     TxnOpResponse,
 };
 use tokio::sync::Mutex;
 
 use super::config::store::EtcdSettings;
 use crate::vcmp::extstore::{StoreItem, Wanted};
+
+mod tls;
 
 /// Where vnat's records are.
 pub const PREFIX: &str = "/vnat/loc/";
@@ -34,6 +36,10 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(3);
 /// that is down refuses at once, one cut off from the others (no quorum)
 /// or from us does not answer.
 const MEMBER_TIMEOUT: Duration = Duration::from_millis(900);
+
+/// How long asking a member why TLS failed may take (a handshake and one
+/// read; only after a call failed below gRPC).
+const DIAGNOSE_TIMEOUT: Duration = Duration::from_millis(300);
 
 /// A record's lifetime: the embedded store's (`vcmp::location`).
 fn record_ttl() -> Duration {
@@ -70,10 +76,118 @@ pub enum EtcdError {
     },
     #[error("the etcd password file {} is empty", path.display())]
     EmptyPassword { path: PathBuf },
-    #[error("etcd: {0}")]
+    #[error("{what} {} holds no {want}", path.display())]
+    NotPem {
+        what: &'static str,
+        path: PathBuf,
+        want: &'static str,
+    },
+    #[error("{what} {}: {why}", path.display())]
+    BadTlsFile {
+        what: &'static str,
+        path: PathBuf,
+        why: String,
+    },
+    #[error("cannot set up TLS for etcd: {0}")]
+    TlsSetup(String),
+    #[error("etcd refused the login of user {user} (check etcd_user and the password in etcd_password_file)")]
+    Login { user: String },
+    #[error("etcd denied access to {PREFIX} (the role of etcd_user, or without one of the client certificate's CN, needs readwrite on that prefix)")]
+    Denied,
+    #[error("etcd refused this host's TLS client certificate (etcd_cert must be signed by a CA in the members' --trusted-ca-file): {detail}")]
+    ClientCert { detail: String },
+    #[error("etcd's TLS certificate is not one etcd_ca vouches for: {detail}")]
+    ServerCert { detail: String },
+    #[error("etcd: {}", describe(.0))]
     Client(#[from] etcd_client::Error),
     #[error("no etcd member answered within {} ms", .0.as_millis())]
     Timeout(Duration),
+    #[error("cannot start the async runtime to reach etcd: {0}")]
+    Runtime(#[source] std::io::Error),
+}
+
+/// What etcd-client's error says, with its causes: its transport errors
+/// say only "transport error" and keep the reason (a refused connection,
+/// a TLS alert) in their sources.
+fn describe(e: &etcd_client::Error) -> String {
+    use std::error::Error as _;
+    let (mut text, mut source) = match e {
+        etcd_client::Error::GRpcStatus(s) => (s.message().to_string(), s.source()),
+        etcd_client::Error::TransportError(t) => (t.to_string(), t.source()),
+        other => (other.to_string(), None),
+    };
+    while let Some(s) = source {
+        let t = s.to_string();
+        if !text.contains(&t) {
+            text = format!("{text}: {t}");
+        }
+        source = s.source();
+    }
+    text
+}
+
+/// gRPC status codes (grpc/doc/statuscodes.md), as etcd answers them.
+const GRPC_INVALID_ARGUMENT: i32 = 3;
+const GRPC_PERMISSION_DENIED: i32 = 7;
+
+impl EtcdError {
+    /// A client error as what the user must fix, where it is a refusal
+    /// rather than etcd not answering: the login, the role, either side's
+    /// certificate.
+    fn explained(self, user: Option<&str>) -> EtcdError {
+        let EtcdError::Client(e) = &self else {
+            return self;
+        };
+        let detail = describe(e);
+        if let etcd_client::Error::GRpcStatus(s) = e {
+            match i32::from(s.code()) {
+                // etcd's ErrGRPCAuthFailed.
+                GRPC_INVALID_ARGUMENT if s.message().contains("authentication failed") => {
+                    return EtcdError::Login {
+                        user: user.unwrap_or_default().to_string(),
+                    }
+                }
+                // etcd's ErrGRPCPermissionDenied.
+                GRPC_PERMISSION_DENIED => return EtcdError::Denied,
+                _ => {}
+            }
+        }
+        // rustls's words: the member's alert about our certificate, or
+        // our verdict on the member's.
+        if ["BadCertificate", "CertificateRequired", "UnknownCA"]
+            .iter()
+            .any(|a| detail.contains(&format!("received fatal alert: {a}")))
+        {
+            EtcdError::ClientCert { detail }
+        } else if detail.contains("invalid peer certificate") {
+            EtcdError::ServerCert { detail }
+        } else {
+            self
+        }
+    }
+
+    /// Whether the call failed below gRPC (the connection, TLS), where
+    /// [`tls::diagnose`] may tell more.
+    fn transport_failure(&self) -> bool {
+        use std::error::Error as _;
+        match self {
+            EtcdError::Client(etcd_client::Error::TransportError(_)) => true,
+            EtcdError::Client(etcd_client::Error::GRpcStatus(s)) => s.source().is_some(),
+            _ => false,
+        }
+    }
+
+    /// Whether etcd answered but refused: a setting must change, waiting
+    /// does not help.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            EtcdError::Login { .. }
+                | EtcdError::Denied
+                | EtcdError::ClientCert { .. }
+                | EtcdError::ServerCert { .. }
+        )
+    }
 }
 
 /// vnatd's connections to etcd, one per member: made when first needed
@@ -88,6 +202,10 @@ pub struct EtcdStore {
     clients: std::sync::Mutex<Vec<Option<Client>>>,
     preferred: std::sync::atomic::AtomicUsize,
     lease: Mutex<Option<(i64, Instant)>>,
+    /// `etcd_user`, for what a refused login says.
+    user: Option<String>,
+    /// The TLS files as rustls takes them, to tell why TLS failed.
+    tls: Option<tls::Files>,
 }
 
 fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, EtcdError> {
@@ -102,9 +220,15 @@ impl EtcdStore {
     /// Read the TLS files and the password now: a bad one stops vnatd at
     /// start, in one sentence.
     pub fn new(s: &EtcdSettings) -> Result<EtcdStore, EtcdError> {
+        // A login token expires after etcd's --auth-token-ttl unused (300 s
+        // by default): a call on a connection kept longer logs in again
+        // instead of failing. (A move reconnects from the host's new
+        // addresses anyway, `forget_connections`; a call with them
+        // unchanged does not.)
         let mut options = ConnectOptions::new()
             .with_connect_timeout(MEMBER_TIMEOUT / 2)
-            .with_timeout(MEMBER_TIMEOUT);
+            .with_timeout(MEMBER_TIMEOUT)
+            .with_auto_token_refresh(true);
         if let (Some(user), Some(pw)) = (&s.user, &s.password_file) {
             let text = read("the etcd password file", pw)?;
             let password = String::from_utf8_lossy(&text)
@@ -117,16 +241,33 @@ impl EtcdStore {
             }
             options = options.with_user(user.clone(), password);
         }
+        let mut files = None;
         if s.tls() {
             let mut tls = TlsOptions::new();
-            if let Some(ca) = &s.ca {
-                tls = tls.ca_certificate(Certificate::from_pem(read("the etcd CA", ca)?));
+            let ca = match &s.ca {
+                Some(p) => Some((p.as_path(), read("the etcd CA", p)?)),
+                None => None,
+            };
+            let identity = match (&s.cert, &s.key) {
+                (Some(c), Some(k)) => Some((
+                    (c.as_path(), read("the etcd client certificate", c)?),
+                    (k.as_path(), read("the etcd client key", k)?),
+                )),
+                _ => None,
+            };
+            // Their contents checked now, so that a wrong file stops vnatd
+            // at start rather than failing every move.
+            files = Some(tls::Files::check(
+                ca.as_ref().map(tls::Pem::of),
+                identity
+                    .as_ref()
+                    .map(|(c, k)| (tls::Pem::of(c), tls::Pem::of(k))),
+            )?);
+            if let Some((_, pem)) = ca {
+                tls = tls.ca_certificate(Certificate::from_pem(pem));
             }
-            if let (Some(cert), Some(key)) = (&s.cert, &s.key) {
-                tls = tls.identity(Identity::from_pem(
-                    read("the etcd client certificate", cert)?,
-                    read("the etcd client key", key)?,
-                ));
+            if let Some(((_, cert), (_, key))) = identity {
+                tls = tls.identity(Identity::from_pem(cert, key));
             }
             options = options.with_tls(tls);
         }
@@ -136,6 +277,8 @@ impl EtcdStore {
             clients: std::sync::Mutex::new(vec![None; s.endpoints.len()]),
             preferred: Default::default(),
             lease: Mutex::new(None),
+            user: s.user.clone(),
+            tls: files,
         })
     }
 
@@ -199,7 +342,19 @@ impl EtcdStore {
                     self.preferred.store(i, Ordering::Relaxed);
                     return Ok(v);
                 }
-                Ok(Err(e)) => last = e,
+                Ok(Err(e)) => {
+                    let e = e.explained(self.user.as_deref());
+                    last = match &self.tls {
+                        Some(files) if e.transport_failure() => {
+                            let left =
+                                deadline.saturating_duration_since(tokio::time::Instant::now());
+                            tls::diagnose(&self.endpoints[i], files, DIAGNOSE_TIMEOUT.min(left))
+                                .await
+                                .unwrap_or(e)
+                        }
+                        _ => e,
+                    };
+                }
                 Err(_) => last = EtcdError::Timeout(MEMBER_TIMEOUT.min(left)),
             }
             self.forget_client(i);
@@ -276,6 +431,22 @@ impl EtcdStore {
     }
 }
 
+/// `vnatd --check`'s word on etcd: read the files, then log in and read
+/// vnat's prefix at some member as vnatd would, within [`CALL_TIMEOUT`]
+/// (nothing is written). Blocks: for `vnatd --check`, outside any runtime.
+pub fn check(s: &EtcdSettings) -> Result<(), EtcdError> {
+    let store = EtcdStore::new(s)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(EtcdError::Runtime)?;
+    rt.block_on(store.at_some_member(|mut client| async move {
+        let only_count = GetOptions::new().with_prefix().with_count_only();
+        client.get(PREFIX, Some(only_count)).await?;
+        Ok(())
+    }))
+}
+
 /// Operations in one etcd transaction: half etcd's default limit
 /// (`--max-txn-ops` 128); 64 records of a few hundred bytes stay far below
 /// its 1.5 MiB request limit too.
@@ -284,6 +455,46 @@ const TXN_OPS_MAX: usize = 64;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Settings with TLS files holding `ca` (none if empty) and `cert` (no
+    /// key is needed to show what is refused).
+    fn with_files(tag: &str, ca: &str, cert: &str) -> (EtcdSettings, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("vnat-etcd-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        for (name, text) in [("ca.pem", ca), ("client.pem", cert), ("client.key", "")] {
+            std::fs::write(dir.join(name), text).expect("writing a test file");
+        }
+        let s = EtcdSettings {
+            endpoints: vec!["https://192.0.2.10:2379".into()],
+            ca: (!ca.is_empty()).then(|| dir.join("ca.pem")),
+            cert: Some(dir.join("client.pem")),
+            key: Some(dir.join("client.key")),
+            user: None,
+            password_file: None,
+        };
+        (s, dir)
+    }
+
+    #[test]
+    fn tls_files_that_hold_no_pem_stop_vnatd_at_start_in_one_sentence() {
+        for (tag, ca, cert, want) in [
+            ("ca", "not a certificate\n", "", "the etcd CA"),
+            // A private key where the certificate belongs (files swapped).
+            (
+                "cert",
+                "",
+                "-----BEGIN PRIVATE KEY-----\nMIIB\n-----END PRIVATE KEY-----\n",
+                "the etcd client certificate",
+            ),
+        ] {
+            let (s, dir) = with_files(tag, ca, cert);
+            let e = EtcdStore::new(&s).err().expect("refused").to_string();
+            let _ = std::fs::remove_dir_all(&dir);
+            assert!(e.starts_with(want), "{tag}: {e}");
+            assert!(e.contains("holds no PEM certificate"), "{tag}: {e}");
+            assert!(!e.contains('\n'), "one sentence: {e}");
+        }
+    }
 
     #[test]
     fn one_hosts_records_share_a_prefix() {

@@ -39,8 +39,15 @@ impl ExtStore {
         let store = Arc::new(store);
         let warm = store.clone();
         tokio::spawn(async move {
-            if let Err(e) = warm.warm_up().await {
-                tracing::info!(error = %e, "etcd does not answer yet; the first move tries again");
+            match warm.warm_up().await {
+                Ok(()) => {}
+                // A setting to fix, said now rather than at the first move.
+                Err(e) if e.is_refusal() => {
+                    tracing::warn!(error = %e, "vnatd cannot use the etcd location store: moves go on without it until this is fixed")
+                }
+                Err(e) => {
+                    tracing::info!(error = %e, "etcd does not answer yet; the first move tries again")
+                }
             }
         });
         (
@@ -227,7 +234,11 @@ impl Driver {
             Err(e) => {
                 if !ext.down {
                     ext.down = true;
-                    tracing::warn!(error = %e, "the etcd location store does not answer: moves go on without it, as without a location server (each end's old location only)");
+                    if e.is_refusal() {
+                        tracing::warn!(error = %e, "the etcd location store refuses vnatd: moves go on without it, as without a location server (each end's old location only)");
+                    } else {
+                        tracing::warn!(error = %e, "the etcd location store does not answer: moves go on without it, as without a location server (each end's old location only)");
+                    }
                 } else {
                     tracing::debug!(error = %e, "etcd location store call failed");
                 }
