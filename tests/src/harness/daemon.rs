@@ -78,8 +78,21 @@ impl Vnatd {
     /// Start with extra flags, its log written to `log` instead of the
     /// test's stderr (for tests that look for what vnatd says).
     pub fn start_logging(host: &Host, dir: &Path, extra: &[&str], log: &Path) -> Vnatd {
+        Vnatd::start_logging_config(host, dir, Path::new("/dev/null"), extra, log)
+    }
+
+    /// `start_logging` with the config file `config` (the host's cgroup
+    /// given by flag).
+    pub fn start_logging_config(
+        host: &Host,
+        dir: &Path,
+        config: &Path,
+        extra: &[&str],
+        log: &Path,
+    ) -> Vnatd {
         let cgroup = host.cgroup.path().display().to_string();
-        let mut args = vec!["--cgroup", &cgroup, "--config", "/dev/null"];
+        let config = config.display().to_string();
+        let mut args = vec!["--cgroup", &cgroup, "--config", &config];
         args.extend_from_slice(extra);
         let file = std::fs::File::create(log).expect("vnatd's log file");
         Vnatd::start_raw_to(host, dir, &args, &[], Stdio::from(file))
