@@ -200,6 +200,14 @@ impl<'a> CriuScene<'a> {
             // As the harness's UDP echo: a child per peer on a socket
             // connected to it, datagrams of the stream's size.
             socat.args(["-T", "600", "-b", &super::UDP_DATAGRAM_SIZE.to_string()]);
+        } else {
+            // socat writes its PIPE (which only it reads) blocking, once
+            // select says the pipe has room: room for a page, not for its
+            // default 8 KiB. When a burst came at once (the client's
+            // backlog after a hold) socat blocked in that write for good,
+            // the socket's window at zero (criu_abort, about 1 run in 5).
+            // A page at most always fits.
+            socat.args(["-b", "4096"]);
         }
         let fork = if opts.udp { ",fork" } else { "" };
         socat
