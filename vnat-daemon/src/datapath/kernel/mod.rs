@@ -22,6 +22,7 @@ mod nat;
 mod natguard;
 mod net;
 mod object;
+mod open;
 mod peerns;
 pub mod pinlock;
 mod policy;
@@ -187,107 +188,6 @@ impl KernelDatapath {
     /// How new tc attachments are made.
     pub fn tc_mode(&self) -> TcMode {
         self.tc_mode
-    }
-
-    /// Load the programs (reusing pinned maps), attach the recorders to the
-    /// requested and the previously enabled cgroups, take over pinned tc
-    /// links, and check that what the pinned translations need is in place.
-    ///
-    /// The opener owns the pins from then on: it holds their directory's
-    /// lock until dropped, and another process's open is refused
-    /// ([`DatapathError::PinsInUse`]) meanwhile.
-    pub fn open(opts: &KernelOptions) -> Result<KernelDatapath, DatapathError> {
-        let loaded = object::load(&opts.bpffs, true)?;
-        let mut dp = Self::new(opts, loaded)?;
-        dp.forget_left_guards();
-        dp.set_rebinding(!dp.rebinds.is_empty())?;
-        if dp.mirror.is_empty() && dp.rebinds.is_empty() {
-            dp.set_nat_empty(true)?;
-        }
-        let mut cgroups: Vec<PathBuf> = opts.cgroups.clone();
-        for id in attach::pinned_cgroups(&dp.bpffs) {
-            match attach::cgroup_path(id) {
-                Some(p) if !cgroups.contains(&p) => cgroups.push(p),
-                Some(_) => {}
-                // The cgroup is gone: its links are defunct, drop the pins.
-                None => {
-                    let _ = attach::detach_cgroup(&dp.bpffs, id);
-                }
-            }
-        }
-        for cg in &cgroups {
-            attach::attach_cgroup(&mut dp.loaded.ebpf, &dp.bpffs, cg)?;
-        }
-        dp.reconcile()?;
-        // Connections opened while no vnatd recorded them are adopted by
-        // the first housekeeping (`maintain`, at once when vnatd starts),
-        // not here: every opening of the datapath (tools, the tests'
-        // harness) would walk and probe the host's sockets.
-        Ok(dp)
-    }
-
-    /// Look at a datapath another process (a running vnatd) owns: its
-    /// pinned maps and counters, read; levers on its sockets. Nothing the
-    /// owner keeps a copy of is written at open: no config, no guard
-    /// forgotten, no cgroup or tc attached, nothing reconciled. For tools
-    /// and tests beside a running vnatd. What an observer installs or
-    /// removes later (a translation, a guard) is not in the owner's copy,
-    /// so it should change none of that; `sync_udp` completes pending UDP
-    /// records as the owner would.
-    pub fn observe(opts: &KernelOptions) -> Result<KernelDatapath, DatapathError> {
-        let loaded = object::load(&opts.bpffs, false)?;
-        let mut dp = Self::new(opts, loaded)?;
-        (dp.nat_empty, dp.rebinding, dp.bind_divert_port) = object::read_config(&dp.loaded)?;
-        Ok(dp)
-    }
-
-    /// The process's state of a datapath just loaded: the NAT maps' copy
-    /// and the rebinds waiting, read from the pins.
-    fn new(
-        opts: &KernelOptions,
-        mut loaded: object::Loaded,
-    ) -> Result<KernelDatapath, DatapathError> {
-        let tc_mode = features::resolve_tc_attach(&mut loaded, opts.tc_attach)?;
-        let degraded = features::degraded(&loaded, opts.tc_attach, tc_mode);
-        for d in &degraded {
-            tracing::warn!(feature = %d.feature, "this kernel lacks {}: {}", d.needs, d.effect);
-        }
-        let mut dp = KernelDatapath {
-            bpffs: opts.bpffs.clone(),
-            loaded,
-            tc_mode,
-            degraded,
-            tc_current: Default::default(),
-            standby: Default::default(),
-            bind_ifaces: Default::default(),
-            lo_ours: Default::default(),
-            memo: Default::default(),
-            egress_via: StdHashMap::new(),
-            kept: Default::default(),
-            guests: Default::default(),
-            listing: Default::default(),
-            mirror: Default::default(),
-            nat_empty: false,
-            rebinding: true,
-            bind_divert_port: 0,
-            rebinds: std::collections::HashSet::new(),
-            rebinds_since: StdHashMap::new(),
-            guards: Default::default(),
-            last_adoption: None,
-            adopt_backoff: StdHashMap::new(),
-            hide_mirror: None,
-            sysctl_record: opts.sysctl_record.clone(),
-        };
-        dp.mirror = Mirror::from(dp.read_map(true)?, dp.read_map(false)?);
-        // Rebinds a previous vnatd left waiting are ours to finish.
-        dp.rebinds = dp
-            .loaded
-            .maps
-            .rebind
-            .keys()
-            .filter_map(Result::ok)
-            .collect();
-        Ok(dp)
     }
 
     /// The pin directory.
