@@ -405,6 +405,17 @@ fn scenario(store: Etcd, fault: Fault, tag: &str) {
                     "vnatd --check with {name}: \"{says}\" expected: {line}"
                 );
             }
+            // A password file others can read: named, with the fix.
+            let cfg = secured_config(&etcd, dir, "open", &tls.ca, &tls.client, right);
+            let pw = dir.join("open-password");
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+            let line = check_line(lap.ns, &cfg);
+            assert!(
+                line.contains("can be read by other users (mode 0644)")
+                    && line.contains(&format!("chmod 600 {}", pw.display())),
+                "vnatd --check with a world-readable password file: {line}"
+            );
         }
         Fault::AllDown => {
             let said = [&llog, &slog].iter().any(|l| {

@@ -76,6 +76,12 @@ pub enum EtcdError {
     },
     #[error("the etcd password file {} is empty", path.display())]
     EmptyPassword { path: PathBuf },
+    #[error("{what} {} can be read by other users (mode {mode:04o}); it is a secret: chmod 600 {}", path.display(), path.display())]
+    Exposed {
+        what: &'static str,
+        path: PathBuf,
+        mode: u32,
+    },
     #[error("{what} {} holds no {want}", path.display())]
     NotPem {
         what: &'static str,
@@ -216,6 +222,30 @@ fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, EtcdError> {
     })
 }
 
+/// [`read`] for a file holding a secret (the password, the client's private
+/// key): refused if group or others may read or write it, as ssh refuses an
+/// exposed private key, so that a mistake is found before the secret leaks
+/// further rather than never.
+fn read_secret(what: &'static str, path: &Path) -> Result<Vec<u8>, EtcdError> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path)
+        .map_err(|source| EtcdError::File {
+            what,
+            path: path.to_path_buf(),
+            source,
+        })?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        return Err(EtcdError::Exposed {
+            what,
+            path: path.to_path_buf(),
+            mode: mode & 0o7777,
+        });
+    }
+    read(what, path)
+}
+
 impl EtcdStore {
     /// Read the TLS files and the password now: a bad one stops vnatd at
     /// start, in one sentence.
@@ -230,7 +260,7 @@ impl EtcdStore {
             .with_timeout(MEMBER_TIMEOUT)
             .with_auto_token_refresh(true);
         if let (Some(user), Some(pw)) = (&s.user, &s.password_file) {
-            let text = read("the etcd password file", pw)?;
+            let text = read_secret("the etcd password file", pw)?;
             let password = String::from_utf8_lossy(&text)
                 .lines()
                 .next()
@@ -251,7 +281,7 @@ impl EtcdStore {
             let identity = match (&s.cert, &s.key) {
                 (Some(c), Some(k)) => Some((
                     (c.as_path(), read("the etcd client certificate", c)?),
-                    (k.as_path(), read("the etcd client key", k)?),
+                    (k.as_path(), read_secret("the etcd client key", k)?),
                 )),
                 _ => None,
             };
@@ -454,6 +484,8 @@ const TXN_OPS_MAX: usize = 64;
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
     use super::*;
 
     /// Settings with TLS files holding `ca` (none if empty) and `cert` (no
@@ -464,6 +496,8 @@ mod tests {
         for (name, text) in [("ca.pem", ca), ("client.pem", cert), ("client.key", "")] {
             std::fs::write(dir.join(name), text).expect("writing a test file");
         }
+        let key = std::fs::Permissions::from_mode(0o600);
+        std::fs::set_permissions(dir.join("client.key"), key).expect("chmod 600");
         let s = EtcdSettings {
             endpoints: vec!["https://192.0.2.10:2379".into()],
             ca: (!ca.is_empty()).then(|| dir.join("ca.pem")),
@@ -494,6 +528,43 @@ mod tests {
             assert!(e.contains("holds no PEM certificate"), "{tag}: {e}");
             assert!(!e.contains('\n'), "one sentence: {e}");
         }
+    }
+
+    #[test]
+    fn a_password_or_key_others_can_read_stops_vnatd_at_start() {
+        let (mut s, dir) = with_files("exposed", "", "");
+        let pw = dir.join("password");
+        std::fs::write(&pw, "secret\n").expect("writing the password");
+        s.user = Some("vnat".into());
+        s.password_file = Some(pw.clone());
+        let says = |s: &EtcdSettings| match EtcdStore::new(s) {
+            Err(e) => e.to_string(),
+            Ok(_) => "accepted".into(),
+        };
+        for (file, what) in [
+            (&pw, "the etcd password file"),
+            (&dir.join("client.key"), "the etcd client key"),
+        ] {
+            for mode in [0o644, 0o640, 0o604, 0o660] {
+                std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o600))
+                    .expect("chmod");
+                std::fs::set_permissions(file, std::fs::Permissions::from_mode(mode))
+                    .expect("chmod");
+                let e = says(&s);
+                assert!(
+                    e.starts_with(what)
+                        && e.contains(&format!("mode {mode:04o}"))
+                        && e.contains("chmod 600"),
+                    "{what} at {mode:o}: {e}"
+                );
+            }
+            std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        }
+        // Both private: what is refused next is the empty certificate, not
+        // the modes.
+        let e = says(&s);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(!e.contains("read by other users"), "{e}");
     }
 
     #[test]
