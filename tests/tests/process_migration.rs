@@ -195,19 +195,69 @@ fn server_process_migrates_to_another_host_with_tcp_repair() {
         &["import", "--from", &s1_key, tampered.to_str().unwrap()],
         "does not match its content",
     );
-    let out = vnatctl(
-        &s2d,
-        &["import", "--from", &s1_key, export.to_str().unwrap()],
-    );
-    assert!(
-        out.status.success(),
-        "import failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // `import --wait` returns once the connection has moved, which needs
+    // the restored socket: it runs while the socket is restored, as an
+    // operator's script would run it, and reports the move.
+    let mut import = Command::new(bin_path("vnatctl"))
+        .arg("--control")
+        .arg(&s2d.control)
+        .args([
+            "--json",
+            "import",
+            "--wait",
+            "--timeout",
+            "30s",
+            "--from",
+            &s1_key,
+        ])
+        .arg(&export)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running vnatctl import --wait");
+    // The import itself is done as soon as vnatd has the connection's state:
+    // `peers` counts it (`ls` lists sockets, and its socket is not back yet).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let tracked = |d: &Vnatd| {
+        d.ctl(&["peers"])
+            .expect("vnatd unreachable")
+            .as_array()
+            .is_some_and(|a| a.iter().any(|p| p["connections"].as_u64() >= Some(1)))
+    };
+    while !tracked(&s2d) {
+        if let Ok(Some(st)) = import.try_wait() {
+            let out = import.wait_with_output().expect("vnatctl import --wait");
+            panic!(
+                "import --wait ended before the restore ({st}): {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "import took no connection within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let mut restore = s2.command(bin_path("vnat-repair").to_str().unwrap());
     restore.args(["restore", "--state", state.to_str().unwrap()]);
     let mut restored = Proc::spawn(restore);
     restored.expect("ready");
+    let out = import.wait_with_output().expect("vnatctl import --wait");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "import --wait --json printed no JSON ({e}): {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert!(out.status.success(), "import --wait failed: {report}");
+    let imported = report["imported"].as_array().expect("imported rows");
+    assert_eq!(imported.len(), 1, "{report}");
+    let moves = report["moves"].as_array().expect("moves");
+    assert_eq!(moves.len(), 1, "one imported connection moves: {report}");
+    assert_eq!(moves[0]["outcome"], "moved", "{report}");
+    assert_eq!(moves[0]["id"], imported[0]["id"], "{report}");
 
     let after = client.wait_verified_at_least(at_checkpoint + 100_000, Duration::from_secs(30));
     let ls = lapd

@@ -482,12 +482,13 @@ shown by `vnatctl status`) by the host --from names (this host by default);
 an unsealed, edited or forged file is refused and nothing changes.
 
 With --wait, import returns once each imported connection that moves has
-moved (its restored socket must appear here first), or at --timeout.
+moved, or at --timeout. Such a move needs the restored socket, so run the
+restore while import waits (in the background, or from a CRIU hook).
 
 Examples:
 
     vnatctl import /root/app-conns.json
-    vnatctl import --wait --timeout 1m /root/app-conns.json   # run after the restore
+    vnatctl import --wait --timeout 1m /root/app-conns.json & criu restore ...; wait
     vnatctl import --from 9a41...07 /root/app-conns.json
     ssh root@old-host vnatctl export --pid 4242 --to $(vnatctl --json status | jq -r .vcmp.host_key) \\
         | vnatctl import --from OLD-HOST-KEY -";

@@ -347,7 +347,7 @@ fn run(cli: &Cli) -> Result<String, Failure> {
                     });
                 };
                 let ids = reply.suspended.clone();
-                let rows = wait::report(control, sub, wait::Awaited::Suspensions, &ids, &[], &Default::default(), timeout).await?;
+                let rows = wait::report(control, sub, wait::Awaited::Suspensions, &ids, &[], &Default::default(), &[], timeout).await?;
                 let report = if json {
                     let mut v = serde_json::to_value(output::SuspendJson::from(&reply)).unwrap_or_default();
                     v["suspensions"] = serde_json::to_value(&rows).unwrap_or_default();
@@ -370,7 +370,7 @@ fn run(cli: &Cli) -> Result<String, Failure> {
                         output::resume_text(&reply)
                     });
                 };
-                let rows = wait::report(control, sub, wait::Awaited::Moves, &reply.moving, &reply.selected, &Default::default(), timeout).await?;
+                let rows = wait::report(control, sub, wait::Awaited::Moves, &reply.moving, &reply.selected, &Default::default(), &[], timeout).await?;
                 let report = if json {
                     let mut v = serde_json::to_value(output::ResumeJson::from(&reply)).unwrap_or_default();
                     v["moves"] = serde_json::to_value(&rows).unwrap_or_default();
@@ -397,7 +397,7 @@ fn run(cli: &Cli) -> Result<String, Failure> {
                 };
                 let ids: Vec<u64> = reply.started.iter().map(|s| s.id).collect();
                 let targets = reply.started.iter().map(|s| (s.id, s.to)).collect();
-                let mut rows = wait::report(control, sub, wait::Awaited::Moves, &ids, &[], &targets, timeout).await?;
+                let mut rows = wait::report(control, sub, wait::Awaited::Moves, &ids, &[], &targets, &[], timeout).await?;
                 // What the command said of each, where the wait knows less.
                 for r in &mut rows {
                     if let Some(s) = reply.started.iter().find(|s| s.id == r.id) {
@@ -570,7 +570,10 @@ fn run(cli: &Cli) -> Result<String, Failure> {
                     .filter(|c| c.moving)
                     .map(|c| (c.id, c.physical_local))
                     .collect();
-                let moves = wait::report(control, sub, wait::Awaited::Moves, &ids, &[], &targets, timeout).await?;
+                // Those waiting for their restored socket are not in `ls`
+                // until it appears.
+                let unlisted: Vec<u64> = imported.iter().filter(|c| c.move_pending).map(|c| c.id).collect();
+                let moves = wait::report(control, sub, wait::Awaited::Moves, &ids, &[], &targets, &unlisted, timeout).await?;
                 let report = if json {
                     pretty(&serde_json::json!({ "imported": rows, "moves": moves }))
                 } else {

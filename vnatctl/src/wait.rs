@@ -115,7 +115,9 @@ const ALSO_GRACE: Duration = Duration::from_millis(300);
 /// other connections in `also` (selected, but not known to be moving when
 /// the command answered: their move ended in between) are reported too.
 /// `targets`: where moves go, if the command said (for a vnatd without
-/// events). On a terminal, waits over a second show progress on stderr.
+/// events). `unlisted`: connections not in `ls` until their socket appears
+/// (imported ones): until they have been listed, their absence is not an
+/// end. On a terminal, waits over a second show progress on stderr.
 #[allow(clippy::too_many_arguments)]
 pub async fn wait(
     control: &Path,
@@ -124,11 +126,15 @@ pub async fn wait(
     ids: &[u64],
     also: &[u64],
     targets: &BTreeMap<u64, SocketAddr>,
+    unlisted: &[u64],
     timeout: Duration,
 ) -> Result<Vec<Waited>, ClientError> {
     let started = Instant::now();
     let deadline = started + timeout;
     let mut pending: BTreeSet<u64> = ids.iter().copied().collect();
+    // Imported connections whose restored socket has not appeared are not
+    // in `ls` yet: their absence is not their end until they were seen.
+    let mut unlisted: BTreeSet<u64> = unlisted.iter().copied().collect();
     let mut done: BTreeMap<u64, Ended> = BTreeMap::new();
     let mut progress = Progress::new(ids.len());
     let mut sub = sub;
@@ -153,6 +159,7 @@ pub async fn wait(
                 &mut done,
                 polling,
                 targets,
+                &mut unlisted,
             );
             if pending.is_empty() {
                 break;
@@ -247,9 +254,10 @@ pub async fn report(
     ids: &[u64],
     also: &[u64],
     targets: &std::collections::BTreeMap<u64, std::net::SocketAddr>,
+    unlisted: &[u64],
     timeout: std::time::Duration,
 ) -> Result<Vec<crate::output::WaitedJson>, crate::Failure> {
-    let outcomes = wait(control, sub, awaited, ids, also, targets, timeout).await?;
+    let outcomes = wait(control, sub, awaited, ids, also, targets, unlisted, timeout).await?;
     Ok(outcomes
         .iter()
         .map(|w| crate::output::WaitedJson::of(w, awaited, timeout))
@@ -282,6 +290,7 @@ pub async fn monitor(control: &Path, json: bool) -> Result<String, crate::Failur
 /// Resolve what `ls` shows as ended (a last move that ended after the wait
 /// started) or gone. `polling`: no events, so a connection still listed as
 /// under way only shows in a later look.
+#[allow(clippy::too_many_arguments)]
 fn from_list(
     awaited: Awaited,
     list: &[ListedConnection],
@@ -290,15 +299,19 @@ fn from_list(
     done: &mut BTreeMap<u64, Ended>,
     polling: bool,
     targets: &BTreeMap<u64, SocketAddr>,
+    unlisted: &mut BTreeSet<u64>,
 ) {
     let since_ms = vnat_control::monitor::unix_ms(std::time::SystemTime::now())
         .saturating_sub(started.elapsed().as_millis() as u64 + 1000);
     for id in pending.clone() {
         let Some(c) = list.iter().find(|c| c.info.id == id) else {
-            pending.remove(&id);
-            done.insert(id, Ended::Closed);
+            if !unlisted.contains(&id) {
+                pending.remove(&id);
+                done.insert(id, Ended::Closed);
+            }
             continue;
         };
+        unlisted.remove(&id);
         if awaited != Awaited::Moves {
             continue;
         }
@@ -497,11 +510,40 @@ mod tests {
             &mut done,
             false,
             &BTreeMap::new(),
+            &mut BTreeSet::new(),
         );
         assert_eq!(pending, [2, 3].into());
         assert!(matches!(&done[&1], Ended::Event(e)
             if e.outcome == Some(EndOutcome::Moved) && e.handover_ms == Some(12)));
         assert_eq!(done[&4], Ended::Closed);
+
+        // An imported connection waiting for its socket (5) is not in the
+        // list: still pending, until it has been listed once; gone after
+        // that, it closed.
+        let mut pending: BTreeSet<u64> = [5].into();
+        let mut unlisted: BTreeSet<u64> = [5].into();
+        let mut done = BTreeMap::new();
+        let look = |list: &[ListedConnection],
+                    p: &mut BTreeSet<u64>,
+                    d: &mut BTreeMap<u64, Ended>,
+                    u: &mut BTreeSet<u64>| {
+            from_list(
+                Awaited::Moves,
+                list,
+                Instant::now(),
+                p,
+                d,
+                false,
+                &BTreeMap::new(),
+                u,
+            )
+        };
+        look(&[], &mut pending, &mut done, &mut unlisted);
+        assert_eq!(pending, [5].into(), "{done:?}");
+        look(&[listed(5, None)], &mut pending, &mut done, &mut unlisted);
+        assert_eq!(pending, [5].into(), "listed, not moved yet: {done:?}");
+        look(&[], &mut pending, &mut done, &mut unlisted);
+        assert_eq!(done[&5], Ended::Closed);
     }
 
     #[test]
