@@ -421,7 +421,7 @@ impl KernelDatapath {
             };
             let theirs = sockets.entry(rec.pid).or_insert_with(|| {
                 listing::udp_sockets_by_port(
-                    procfs::socket_inodes_in(&format!("/proc/{}/net", rec.pid)).into_keys(),
+                    procfs::udp_socket_inodes_in(&format!("/proc/{}/net", rec.pid)).into_keys(),
                 )
             });
             let (alive, _) = listing::udp_socket_of(theirs, local, remote);

@@ -4,7 +4,9 @@
 
 use std::{collections::HashMap, fs};
 
-pub use vnat_control::procfs::{socket_inodes, socket_inodes_in};
+pub use vnat_control::procfs::{
+    socket_inodes, socket_inodes_in, udp_socket_inodes, udp_socket_inodes_in,
+};
 
 /// Socket inode to owning pid, scanning every process's fd table.
 pub fn inode_owners() -> HashMap<u64, u32> {
