@@ -175,11 +175,16 @@ impl Endpoint {
             self.stats.reject(Reject::ClaimWrongAddress);
             return;
         }
-        if !self.binds.claims.allow(&peer, now, 1) {
+        self.refresh_claim_index(&peer, &key);
+        // The budget bounds what a paired host can make us do again and
+        // again; a claim that binds one of our connections to it, or tells
+        // us its names for one for the first time, is work each connection
+        // asks once, which a peer with 100,000 connections to us asks in
+        // thousands of datagrams at once (charged, but never refused).
+        if !self.binds.claims.allow(&peer, now, 1) && !self.claim_is_news(&peer, entries) {
             self.stats.reject(Reject::PeerOverBudget);
             return;
         }
-        self.refresh_claim_index(&peer, &key);
         let mut matched: Vec<(VirtualFlow, ClaimEntry)> = Vec::new();
         let mut unmatched = 0u64;
         for e in entries {
@@ -265,6 +270,24 @@ impl Endpoint {
             // Connections we do not have (closed, or guessed).
             self.stats.count_n(Counter::ClaimUnmatched, unmatched);
         }
+    }
+
+    /// Whether some entry of a CLAIM from `peer` would bind one of our
+    /// connections or name it for the first time (the index is built).
+    fn claim_is_news(&self, peer: &[u8; 32], entries: &[ClaimEntry]) -> bool {
+        let Some(index) = self.claim_index.get(peer) else {
+            return false;
+        };
+        entries.iter().any(|e| {
+            index
+                .by_commitment
+                .get(&e.commitment)
+                .and_then(|f| self.conns.get(f))
+                .is_some_and(|c| match c.peer_key {
+                    None => c.binding.is_strong(),
+                    Some(k) => k == *peer && e.names.is_some() && c.peer_named.is_none(),
+                })
+        })
     }
 
     /// Remember how the peer names `flow` (from its claim): records named

@@ -142,6 +142,48 @@ fn many_new_connections_are_claimed_in_batches() {
     assert!(sent <= 110, "{sent} CLAIM datagrams for 500 connections");
 }
 
+/// 30,000 connections added at once on both ends of a pair: 1,500 CLAIM
+/// datagrams each way and their answers, beyond a paired host's budget of
+/// repeated work (1,024 at once, 256 a second). Each binds a connection, so
+/// none is refused, and all are bound within a second, none given up.
+#[test]
+fn thirty_thousand_connections_are_claimed_at_once_within_the_budget() {
+    let (mut sim, _) = setup(23, Link::default(), Config::default(), 1);
+    let flows: Vec<VirtualFlow> = (0..30_000u32)
+        .map(|i| {
+            tcp(
+                &format!("{A_IP}:{}", 10_000 + i),
+                &format!("{B_IP}:{}", 443 + (i % 3) * 1000),
+            )
+        })
+        .collect();
+    let bindings: Vec<_> = flows.iter().map(|f| sim.bindings(f)).collect();
+    sim.with(0, |ep, now, rng| {
+        for (f, (ba, _)) in flows.iter().zip(&bindings) {
+            ep.connection_added(now, rng, *f, f.local, f.remote, *ba)
+                .expect("add on a");
+        }
+    });
+    sim.with(1, |ep, now, rng| {
+        for (f, (_, bb)) in flows.iter().zip(&bindings) {
+            let g = reverse(f);
+            ep.connection_added(now, rng, g, g.local, g.remote, *bb)
+                .expect("add on b");
+        }
+    });
+    sim.run_for(Duration::from_secs(1));
+    let unbound = flows
+        .iter()
+        .filter(|f| !sim.hosts[0].ep.connection(f).expect("a").has_keys)
+        .count();
+    assert_eq!(unbound, 0, "connections without keys on A after 1 s");
+    for h in 0..2 {
+        let st = sim.hosts[h].ep.stats();
+        assert_eq!(st.rejected(Reject::PeerOverBudget), 0, "host {h}");
+        assert_eq!(st.get(Counter::ClaimGaveUp), 0, "host {h}");
+    }
+}
+
 /// Two laptops behind one NAT address (each with its own NAT port for
 /// VCMP), each with a TCP connection to one server, which names both by
 /// the NAT's address. Each pairs, each connection binds to its own laptop
