@@ -795,7 +795,7 @@ fn only_the_connections_peer_gets_a_tcp_bind() {
     // The neighbour's vnatd re-sends the server's request for the
     // laptop's connection with the server: a BIND_REQ under its own key.
     let lkey = sim.hosts[l].ep.public_key();
-    let binding = sim.hosts[l].ep.conns.get(&f).expect("f").binding.clone();
+    let binding = sim.hosts[l].ep.conns.get(&f).expect("f").binding;
     let forged = sim.hosts[x]
         .ep
         .bind_req_naming_for_test(&lkey, &binding)
