@@ -171,3 +171,100 @@ fn held_data_stays_queued_and_leaves_at_the_lever() {
         wait_received(srv_ns, srv_local, srv_remote, 4 * CHUNK);
     });
 }
+
+/// A hold that vnatd never releases (a vnatd busy with 100,000 moves
+/// released them 10 s late) ends by itself after `HOLD_LIMIT_UNITS` (2 s):
+/// the queued data leaves then, and the connection outlives the point
+/// where a socket whose sends keep failing gives up (`tcp_retries2` probes
+/// 500 ms apart, 7.5 s).
+#[test]
+fn a_hold_nobody_releases_ends_by_itself_and_the_connection_lives() {
+    let topo = LaptopRouterServer::builder().tag("hexp").build();
+    let lap = Host::new(&topo.laptop, "hexpl");
+    let srv = Host::new(&topo.server, "hexps");
+    let server = SocketAddr::new(topo.server_addr.v4.into(), PORT);
+    let _server = srv.socat(
+        &[
+            "-u",
+            &format!("TCP4-LISTEN:{PORT},bind={},reuseaddr", server.ip()),
+            "OPEN:/dev/null,wronly",
+        ],
+        Stdio::null(),
+    );
+    thread::sleep(Duration::from_millis(200));
+    let mut client = lap.socat(&["-u", "STDIN", &format!("TCP4:{server}")], Stdio::piped());
+    let mut input = client.0.stdin.take().expect("the client's stdin");
+    let conn = lap.wait_connection("the client's connection", |c| {
+        c.proto == Proto::Tcp && c.virtual_remote == server
+    });
+    let flow = VirtualFlow {
+        proto: Proto::Tcp,
+        local: conn.virtual_local,
+        remote: server,
+    };
+    let (srv_local, srv_remote) = (server, flow.local);
+    let mut write = move |what: &str| {
+        input
+            .write_all(&[b'x'; CHUNK])
+            .unwrap_or_else(|e| panic!("writing {what} to the client: {e}"));
+        input.flush().expect("flush");
+    };
+    write("the first chunk");
+    wait_received(&topo.server, srv_local, srv_remote, CHUNK);
+
+    let a_ip = std::net::IpAddr::from(topo.laptop_a_addr.v4);
+    let (srv_ns, lap_ns) = (&topo.server, &topo.laptop);
+    lap.datapath(move |dp| {
+        let ifindex = dp
+            .interface_addresses()
+            .expect("interface addresses")
+            .into_iter()
+            .find(|(a, _)| *a == a_ip)
+            .map(|(_, i)| i)
+            .expect("the laptop's address A on an interface");
+        dp.set_standby(&[ifindex]).expect("attach tc");
+        let expired = |dp: &vnat_daemon::datapath::kernel::KernelDatapath| {
+            dp.counters()
+                .expect("counters")
+                .into_iter()
+                .find(|(n, _)| *n == "hold_expired")
+                .expect("the hold_expired counter")
+                .1
+        };
+        let expired_before = expired(&*dp);
+
+        dp.hold_send_side(&flow, true).expect("hold");
+        let held_at = Instant::now();
+        write("a chunk while held");
+        // Held for its first second at least.
+        thread::sleep(Duration::from_millis(1500));
+        assert_eq!(
+            received(srv_ns, srv_local, srv_remote),
+            CHUNK,
+            "the data left within 1.5 s of the hold"
+        );
+        // Then it leaves by itself: the hold's 2 s and the socket's next
+        // probe (500 ms apart while its sends fail).
+        loop {
+            if received(srv_ns, srv_local, srv_remote) == 2 * CHUNK {
+                break;
+            }
+            assert!(
+                held_at.elapsed() < Duration::from_secs(4),
+                "the held chunk has not left 4 s after the hold began: {}",
+                ss(lap_ns, flow.local, flow.remote)
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+        assert!(expired(&*dp) > expired_before, "hold_expired must count it");
+        // Past the point where a socket held all along gives up: alive.
+        thread::sleep(Duration::from_secs(9).saturating_sub(held_at.elapsed()));
+        write("a chunk 9 s after the hold began");
+        wait_received(srv_ns, srv_local, srv_remote, 3 * CHUNK);
+        assert!(
+            !ss(lap_ns, flow.local, flow.remote).is_empty(),
+            "the laptop's connection is gone"
+        );
+        dp.hold_send_side(&flow, false).expect("release");
+    });
+}

@@ -151,4 +151,7 @@ counters! {
     /// A rebinding TCP connection's TCP BIND with the right token came on
     /// the recorded 4-tuple: its NAT did not re-map it; nothing to learn.
     STAT_REBIND_UNCHANGED = 43, "rebind_unchanged";
+    /// An outgoing packet of a flow held while its own end moves passed:
+    /// the hold outlived `HOLD_LIMIT_UNITS` (vnatd had not released it).
+    STAT_HOLD_EXPIRED = 44, "hold_expired";
 }

@@ -21,15 +21,15 @@ mod rewrite;
 
 use aya_ebpf::{
     bindings::{TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC},
-    helpers::bpf_redirect_neigh,
+    helpers::{bpf_ktime_get_boot_ns, bpf_redirect_neigh},
     macros::classifier,
     maps::HashMap,
     programs::TcContext,
 };
 use vnat_common::{
-    FlowKey, NatRewrite, NAT_F_FAMILY, NAT_F_HOLD, NAT_F_REDIRECT, STAT_DROP_HELD,
+    hold_in_force, FlowKey, NatRewrite, NAT_F_FAMILY, NAT_F_HOLD, NAT_F_REDIRECT, STAT_DROP_HELD,
     STAT_DROP_IPV6_EXTHDR, STAT_DROP_REDIRECT_FAILED, STAT_EGRESS_REDIRECTED,
-    STAT_EGRESS_TRANSLATED, STAT_INGRESS_TRANSLATED, STAT_PASS_IPV6_EXTHDR,
+    STAT_EGRESS_TRANSLATED, STAT_HOLD_EXPIRED, STAT_INGRESS_TRANSLATED, STAT_PASS_IPV6_EXTHDR,
 };
 
 use crate::maps::{
@@ -205,11 +205,23 @@ fn translate_flow(ctx: &TcContext, p: &Parsed, dir: Dir) -> Result<Option<i32>, 
     };
     let nat = *nat;
     if nat.flags & NAT_F_HOLD != 0 {
-        // Egress: the socket sees a failed transmission and keeps the data.
-        // Ingress: a container's replies while vnatd pins its NAT entry;
-        // the peer sends them again.
-        count(STAT_DROP_HELD);
-        return Ok(Some(TC_ACT_SHOT));
+        if held(&nat) {
+            // Egress: the socket sees a failed transmission and keeps the
+            // data. Ingress: a container's replies while vnatd pins its NAT
+            // entry; the peer sends them again.
+            count(STAT_DROP_HELD);
+            return Ok(Some(TC_ACT_SHOT));
+        }
+        // Held too long: as if vnatd had released it, which it has not
+        // done in time. An entry that only held the flow is no translation.
+        count(STAT_HOLD_EXPIRED);
+        if nat.src_addr_be == p.key.src_addr_be
+            && nat.dst_addr_be == p.key.dst_addr_be
+            && nat.src_port_be == p.key.src_port_be
+            && nat.dst_port_be == p.key.dst_port_be
+        {
+            return Ok(None);
+        }
     }
     if nat.flags & NAT_F_FAMILY != 0 {
         // Carried in the other address family: done by the caller, in a
@@ -223,6 +235,15 @@ fn translate_flow(ctx: &TcContext, p: &Parsed, dir: Dir) -> Result<Option<i32>, 
     }
     rewrite(ctx, p, &nat)?;
     finish(ctx, dir, &nat, p.l3).map(Some)
+}
+
+/// Whether a [`NAT_F_HOLD`] entry still holds: one stamped with its start
+/// (an egress hold) for [`vnat_common::HOLD_LIMIT_UNITS`] from then, one
+/// without (an ingress hold) until vnatd releases it.
+#[inline(always)]
+pub(super) fn held(nat: &NatRewrite) -> bool {
+    // SAFETY: a helper without arguments.
+    hold_in_force(nat.held_since, unsafe { bpf_ktime_get_boot_ns() })
 }
 
 /// What is left after a translated packet's rewrite: count it, and send an

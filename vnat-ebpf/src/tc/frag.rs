@@ -139,7 +139,7 @@ pub(super) fn translate_fragment(
         count(STAT_PASS_FRAGMENT);
         return Ok(PASS);
     };
-    if dir == Dir::Egress && nat.flags & NAT_F_HOLD != 0 {
+    if dir == Dir::Egress && nat.flags & NAT_F_HOLD != 0 && super::held(&nat) {
         count(STAT_DROP_HELD);
         return Ok(TC_ACT_SHOT);
     }

@@ -406,10 +406,18 @@ impl KernelDatapath {
                 key,
                 NatRewrite {
                     flags: v.flags | NAT_F_HOLD,
+                    held_since: vnat_common::held_since_of(super::listing::boottime_ns()),
                     ..v
                 },
             ),
-            (None, true) => self.nat_insert(true, key, hold_only(&key)),
+            (None, true) => self.nat_insert(
+                true,
+                key,
+                NatRewrite {
+                    held_since: vnat_common::held_since_of(super::listing::boottime_ns()),
+                    ..hold_only(&key)
+                },
+            ),
             (Some(v), false) if v.flags & NAT_F_HOLD != 0 => {
                 if is_hold_only(&key, &v) {
                     self.nat_remove(true, &key)
@@ -419,6 +427,7 @@ impl KernelDatapath {
                         key,
                         NatRewrite {
                             flags: v.flags & !NAT_F_HOLD,
+                            held_since: 0,
                             ..v
                         },
                     )
@@ -459,7 +468,7 @@ pub(super) fn hold_only(key: &FlowKey) -> NatRewrite {
         dst_port_be: key.dst_port_be,
         redirect_ifindex: 0,
         flags: NAT_F_HOLD,
-        _pad: 0,
+        held_since: 0,
     }
 }
 
@@ -467,6 +476,7 @@ pub(super) fn hold_only(key: &FlowKey) -> NatRewrite {
 pub(super) fn is_hold_only(key: &FlowKey, v: &NatRewrite) -> bool {
     NatRewrite {
         flags: v.flags & NAT_F_HOLD,
+        held_since: 0,
         ..*v
     } == hold_only(key)
 }
