@@ -394,13 +394,14 @@ fn owner_of(flow: &VirtualFlow, record: &ConnRecord) -> Result<Option<(u32, u64)
     if state.inode == 0 {
         return Ok(None);
     }
-    let pid = if record.pid != 0 && super::procfs::holds_socket(record.pid, state.inode) {
-        record.pid
-    } else {
-        super::procfs::inode_owners()
-            .get(&state.inode)
-            .copied()
-            .unwrap_or(0)
+    // One table of every process's sockets for a whole batch of levers
+    // (`fds`), not a read of /proc per connection.
+    let pid = match fds::holder(state.inode) {
+        Some((pid, _)) => pid,
+        None if record.pid != 0 && super::procfs::holds_socket(record.pid, state.inode) => {
+            record.pid
+        }
+        None => 0,
     };
     Ok((pid != 0).then_some((pid, state.inode)))
 }
@@ -722,6 +723,7 @@ pub fn checksum(bytes: &[u8]) -> u16 {
     !(sum as u16)
 }
 
+mod fds;
 mod keepalive;
 pub use keepalive::peer_silence;
 mod peek;

@@ -24,6 +24,15 @@ use super::*;
 
 /// The socket with `inode`, taken from process `pid`, if it still holds it.
 pub(super) fn socket_of(pid: u32, inode: u64) -> io::Result<Option<OwnedFd>> {
+    // The shared table's descriptor first (checked by inode below): reading
+    // a 100,000-descriptor process's table once per connection is what a
+    // batch of levers must not do.
+    if let Some((p, fd)) = super::fds::holder(inode).filter(|(p, _)| *p == pid) {
+        // A stale entry (closed, reused, the process gone) is a miss.
+        if let Ok(Some(sock)) = take(p, fd, inode) {
+            return Ok(Some(sock));
+        }
+    }
     let want = format!("socket:[{inode}]");
     let Some(fd) = fs::read_dir(format!("/proc/{pid}/fd"))?
         .filter_map(Result::ok)
@@ -32,6 +41,12 @@ pub(super) fn socket_of(pid: u32, inode: u64) -> io::Result<Option<OwnedFd>> {
     else {
         return Ok(None);
     };
+    take(pid, fd, inode)
+}
+
+/// Descriptor `fd` of process `pid`, duplicated into ours, if it is the
+/// socket `inode`.
+fn take(pid: u32, fd: libc::c_int, inode: u64) -> io::Result<Option<OwnedFd>> {
     let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
     // SAFETY: pidfd_open takes no pointers; it returns a new descriptor,
     // owned at once below, or -1.
