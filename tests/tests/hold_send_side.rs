@@ -173,7 +173,7 @@ fn held_data_stays_queued_and_leaves_at_the_lever() {
 }
 
 /// A hold that vnatd never releases (a vnatd busy with 100,000 moves
-/// released them 10 s late) ends by itself after `HOLD_LIMIT_UNITS` (2 s):
+/// released them 10 s late) ends by itself after the mover's `HOLD_LIMIT` (2 s):
 /// the queued data leaves then, and the connection outlives the point
 /// where a socket whose sends keep failing gives up (`tcp_retries2` probes
 /// 500 ms apart, 7.5 s).

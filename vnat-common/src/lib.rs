@@ -332,34 +332,32 @@ pub struct NatRewrite {
     pub redirect_ifindex: u32,
     /// `NAT_F_*` bits.
     pub flags: u32,
-    /// With [`NAT_F_HOLD`] on egress: when the hold began, in
+    /// With [`NAT_F_HOLD`] on egress: when the hold ends by itself, in
     /// [`HOLD_CLOCK_SHIFT`] units of CLOCK_BOOTTIME (wrapping); 0 (an older
-    /// vnatd, an ingress hold): no end of its own.
-    pub held_since: u32,
+    /// vnatd, an ingress hold): only when vnatd releases it.
+    pub held_until: u32,
 }
 const _: () = assert!(core::mem::size_of::<NatRewrite>() == 48);
 
-/// [`NatRewrite::held_since`] counts CLOCK_BOOTTIME nanoseconds shifted right
+/// [`NatRewrite::held_until`] counts CLOCK_BOOTTIME nanoseconds shifted right
 /// by this much: units of 1.05 ms, wrapping after 52 days.
 pub const HOLD_CLOCK_SHIFT: u32 = 20;
-/// How long an egress hold with a [`NatRewrite::held_since`] lasts in the
-/// datapath (2 s, in those units): then the flow's packets leave as if it
-/// were released, whether or not vnatd got round to releasing it. vnatd
-/// releases holds after the same time (its `HOLD_LIMIT`), but a vnatd busy
-/// with 100,000 moves did so 10 s late, and a socket whose sends fail
-/// locally gives up after `tcp_retries2` probes 500 ms apart (7.5 s).
-pub const HOLD_LIMIT_UNITS: u32 = 1907;
 
-/// `ns` (CLOCK_BOOTTIME) as a [`NatRewrite::held_since`], never 0.
+/// The [`NatRewrite::held_until`] of a hold made at `now_ns` (CLOCK_BOOTTIME)
+/// for `limit_ns`, never 0. An egress hold ends by itself then: the flow's
+/// packets leave as if vnatd had released it, whether or not vnatd got
+/// round to it (a vnatd busy with 100,000 moves released them 10 s late,
+/// and a socket whose sends fail locally gives up after `tcp_retries2`
+/// probes 500 ms apart, 7.5 s).
 #[inline(always)]
-pub fn held_since_of(ns: u64) -> u32 {
-    ((ns >> HOLD_CLOCK_SHIFT) as u32).max(1)
+pub fn hold_until(now_ns: u64, limit_ns: u64) -> u32 {
+    ((now_ns.saturating_add(limit_ns) >> HOLD_CLOCK_SHIFT) as u32).max(1)
 }
 
-/// Whether a hold that began at `since` still holds at `now_ns`.
+/// Whether a hold that ends at `until` still holds at `now_ns`.
 #[inline(always)]
-pub fn hold_in_force(since: u32, now_ns: u64) -> bool {
-    since == 0 || held_since_of(now_ns).wrapping_sub(since) < HOLD_LIMIT_UNITS
+pub fn hold_in_force(until: u32, now_ns: u64) -> bool {
+    until == 0 || until.wrapping_sub((now_ns >> HOLD_CLOCK_SHIFT) as u32) as i32 > 0
 }
 
 /// Some cgroup hides location ([`MAP_HIDE_CGROUPS`] is not empty): only
@@ -610,23 +608,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_hold_lasts_its_limit_across_the_clock_wrapping_and_one_without_a_start_lasts() {
+    fn a_hold_lasts_its_limit_across_the_clock_wrapping_and_one_without_an_end_lasts() {
         let unit = 1u64 << HOLD_CLOCK_SHIFT;
-        for start_ns in [5 * unit, (u32::MAX as u64 - 3) * unit, 0] {
-            let since = held_since_of(start_ns);
-            assert_ne!(since, 0, "a start is never 0");
-            assert!(hold_in_force(since, start_ns));
-            let limit = start_ns + u64::from(HOLD_LIMIT_UNITS) * unit;
-            assert!(hold_in_force(since, limit - unit), "{start_ns}");
-            assert!(!hold_in_force(since, limit + unit), "{start_ns}");
+        for limit_ns in [2_000_000_000u64, 3_750_000_000] {
+            for start_ns in [5 * unit, (u32::MAX as u64 - 3) * unit, 0] {
+                let until = hold_until(start_ns, limit_ns);
+                assert_ne!(until, 0, "an end is never 0");
+                assert!(hold_in_force(until, start_ns));
+                let end = start_ns + limit_ns;
+                assert!(
+                    hold_in_force(until, end - 2 * unit),
+                    "{start_ns} {limit_ns}"
+                );
+                assert!(!hold_in_force(until, end + unit), "{start_ns} {limit_ns}");
+            }
         }
-        // About two seconds.
-        let limit_ns = u64::from(HOLD_LIMIT_UNITS) << HOLD_CLOCK_SHIFT;
-        assert!(
-            (1_990_000_000..2_010_000_000).contains(&limit_ns),
-            "{limit_ns}"
-        );
-        // No start (an ingress hold, an older vnatd): no end.
+        // No end (an ingress hold, an older vnatd): held until released.
         assert!(hold_in_force(0, u64::MAX));
     }
 

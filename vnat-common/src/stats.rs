@@ -152,6 +152,7 @@ counters! {
     /// the recorded 4-tuple: its NAT did not re-map it; nothing to learn.
     STAT_REBIND_UNCHANGED = 43, "rebind_unchanged";
     /// An outgoing packet of a flow held while its own end moves passed:
-    /// the hold outlived `HOLD_LIMIT_UNITS` (vnatd had not released it).
+    /// the hold outlived the limit it was made with (vnatd had not
+    /// released it).
     STAT_HOLD_EXPIRED = 44, "hold_expired";
 }

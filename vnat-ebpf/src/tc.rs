@@ -237,13 +237,13 @@ fn translate_flow(ctx: &TcContext, p: &Parsed, dir: Dir) -> Result<Option<i32>, 
     finish(ctx, dir, &nat, p.l3).map(Some)
 }
 
-/// Whether a [`NAT_F_HOLD`] entry still holds: one stamped with its start
-/// (an egress hold) for [`vnat_common::HOLD_LIMIT_UNITS`] from then, one
-/// without (an ingress hold) until vnatd releases it.
+/// Whether a [`NAT_F_HOLD`] entry still holds: one stamped with its end (an
+/// egress hold) until then, one without (an ingress hold) until vnatd
+/// releases it.
 #[inline(always)]
 pub(super) fn held(nat: &NatRewrite) -> bool {
     // SAFETY: a helper without arguments.
-    hold_in_force(nat.held_since, unsafe { bpf_ktime_get_boot_ns() })
+    hold_in_force(nat.held_until, unsafe { bpf_ktime_get_boot_ns() })
 }
 
 /// What is left after a translated packet's rewrite: count it, and send an

@@ -120,8 +120,21 @@ pub trait Datapath {
     /// stays queued, as with no route). From the start of a move until the
     /// peer sends to the new address: anything that left earlier would
     /// reach a peer that still answers at the old address. Installing or
-    /// removing the flow's translation releases it too.
+    /// removing the flow's translation releases it too. A hold ends by
+    /// itself in the datapath after the mover's `HOLD_LIMIT`, should vnatd
+    /// not get round to releasing it.
     fn hold_send_side(&mut self, flow: &VirtualFlow, hold: bool) -> Result<(), DatapathError>;
+
+    /// [`Datapath::hold_send_side`] with a limit of its own (the "hold"
+    /// helper's, for its peer). A flow already held keeps the later end.
+    fn hold_send_side_for(
+        &mut self,
+        flow: &VirtualFlow,
+        limit: std::time::Duration,
+    ) -> Result<(), DatapathError> {
+        let _ = limit;
+        self.hold_send_side(flow, true)
+    }
 
     /// Release every held send side (at start: what held them was a vnatd
     /// that is gone, and a new move holds again). Returns how many.

@@ -260,7 +260,7 @@ fn install(p: &Parsed, vp: *const RebindValue) -> bool {
             dst_port_be: (*vp).virt_local_port_be,
             redirect_ifindex: 0,
             flags: 0,
-            held_since: 0,
+            held_until: 0,
         };
         VNAT_INGRESS_NAT.insert(&p.key, &ingress, 0).is_ok()
     } && unsafe {
@@ -280,7 +280,7 @@ fn install(p: &Parsed, vp: *const RebindValue) -> bool {
             dst_port_be: p.key.src_port_be,
             redirect_ifindex: (*vp).redirect_ifindex,
             flags: (*vp).flags,
-            held_since: 0,
+            held_until: 0,
         };
         VNAT_EGRESS_NAT.insert(&egress_key, &egress, 0).is_ok()
     };

@@ -630,8 +630,14 @@ impl Driver {
         if !on && self.mover.holding(&flow) {
             return true;
         }
+        // The datapath ends the hold by itself at the helper's limit too.
+        let limit = crate::daemon::helping::hold_limit(tcp_retries2());
         let r = with_dp(&self.dp, move |dp| {
-            dp.hold_send_side(&flow, on)?;
+            if on {
+                dp.hold_send_side_for(&flow, limit)?;
+            } else {
+                dp.hold_send_side(&flow, false)?;
+            }
             if !on {
                 crate::daemon::moveops::restart_one(dp, flow, false, false);
             }

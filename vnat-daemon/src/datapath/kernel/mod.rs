@@ -666,7 +666,15 @@ impl Datapath for KernelDatapath {
     }
 
     fn hold_send_side(&mut self, flow: &VirtualFlow, hold: bool) -> Result<(), DatapathError> {
-        self.hold(flow, hold)
+        self.hold(flow, hold.then_some(crate::daemon::mover::HOLD_LIMIT))
+    }
+
+    fn hold_send_side_for(
+        &mut self,
+        flow: &VirtualFlow,
+        limit: std::time::Duration,
+    ) -> Result<(), DatapathError> {
+        self.hold(flow, Some(limit))
     }
 
     fn release_held(&mut self) -> Result<usize, DatapathError> {

@@ -29,7 +29,7 @@ fn rewrite(
         dst_port_be: k.dst_port_be,
         redirect_ifindex: ifindex,
         flags,
-        held_since: 0,
+        held_until: 0,
     }
 }
 

@@ -395,30 +395,48 @@ impl KernelDatapath {
         any
     }
 
-    /// See [`Datapath::hold_send_side`]: set or clear [`NAT_F_HOLD`] on the
-    /// flow's egress entry, adding one that only holds (rewrites the flow
-    /// to itself) if it has none, and removing that one on release.
-    pub(super) fn hold(&mut self, flow: &VirtualFlow, hold: bool) -> Result<(), DatapathError> {
+    /// See [`Datapath::hold_send_side`]: set [`NAT_F_HOLD`] on the flow's
+    /// egress entry for `hold`'s time (the datapath ends it then by itself),
+    /// adding one that only holds (rewrites the flow to itself) if it has
+    /// none; or, with `None`, clear it, removing that one. A flow already
+    /// held keeps the later of the two ends.
+    pub(super) fn hold(
+        &mut self,
+        flow: &VirtualFlow,
+        hold: Option<std::time::Duration>,
+    ) -> Result<(), DatapathError> {
         let key = flow.to_key();
+        let until = |limit: std::time::Duration| {
+            let ns = u64::try_from(limit.as_nanos()).unwrap_or(u64::MAX);
+            vnat_common::hold_until(super::listing::boottime_ns(), ns)
+        };
         match (self.egress_get(&key)?, hold) {
-            (Some(v), true) if v.flags & NAT_F_HOLD == 0 => self.nat_insert(
+            (Some(v), Some(limit)) => {
+                let until = until(limit);
+                let later = v.flags & NAT_F_HOLD == 0
+                    || (v.held_until != 0 && until.wrapping_sub(v.held_until) as i32 > 0);
+                if !later {
+                    return Ok(());
+                }
+                self.nat_insert(
+                    true,
+                    key,
+                    NatRewrite {
+                        flags: v.flags | NAT_F_HOLD,
+                        held_until: until,
+                        ..v
+                    },
+                )
+            }
+            (None, Some(limit)) => self.nat_insert(
                 true,
                 key,
                 NatRewrite {
-                    flags: v.flags | NAT_F_HOLD,
-                    held_since: vnat_common::held_since_of(super::listing::boottime_ns()),
-                    ..v
-                },
-            ),
-            (None, true) => self.nat_insert(
-                true,
-                key,
-                NatRewrite {
-                    held_since: vnat_common::held_since_of(super::listing::boottime_ns()),
+                    held_until: until(limit),
                     ..hold_only(&key)
                 },
             ),
-            (Some(v), false) if v.flags & NAT_F_HOLD != 0 => {
+            (Some(v), None) if v.flags & NAT_F_HOLD != 0 => {
                 if is_hold_only(&key, &v) {
                     self.nat_remove(true, &key)
                 } else {
@@ -427,7 +445,7 @@ impl KernelDatapath {
                         key,
                         NatRewrite {
                             flags: v.flags & !NAT_F_HOLD,
-                            held_since: 0,
+                            held_until: 0,
                             ..v
                         },
                     )
@@ -449,7 +467,7 @@ impl KernelDatapath {
         let mut n = 0;
         for k in held {
             if let Some(flow) = VirtualFlow::from_key(&k) {
-                self.hold(&flow, false)?;
+                self.hold(&flow, None)?;
                 n += 1;
             }
         }
@@ -468,7 +486,7 @@ pub(super) fn hold_only(key: &FlowKey) -> NatRewrite {
         dst_port_be: key.dst_port_be,
         redirect_ifindex: 0,
         flags: NAT_F_HOLD,
-        held_since: 0,
+        held_until: 0,
     }
 }
 
@@ -476,7 +494,7 @@ pub(super) fn hold_only(key: &FlowKey) -> NatRewrite {
 pub(super) fn is_hold_only(key: &FlowKey, v: &NatRewrite) -> bool {
     NatRewrite {
         flags: v.flags & NAT_F_HOLD,
-        held_since: 0,
+        held_until: 0,
         ..*v
     } == hold_only(key)
 }
