@@ -80,6 +80,12 @@ pub const CORE_TESTS: &[(&str, &[&str])] = &[
         ],
     ),
     ("nat", &["tcp_moves_from_one_nat_to_another"]),
+    // A move's hold ends by itself in tc (bpf_ktime_get_boot_ns in the
+    // translators), on a real socket.
+    (
+        "hold_send_side",
+        &["a_hold_nobody_releases_ends_by_itself_and_the_connection_lives"],
+    ),
     // Suspend and resume.
     ("planned_mode", &[]),
     (
