@@ -24,6 +24,15 @@ use super::mobility::Tracked;
 
 /// How long after a probe the next one goes (or the host is found silent).
 pub const PROBE_EVERY: Duration = Duration::from_secs(1);
+/// How long after this host lost a connection's address without warning
+/// it first answers for the peer with a zero window. A roam brings the new
+/// address within milliseconds and the move starts then; an answer given
+/// before it would leave the socket waiting on a closed window that only
+/// the peer, unreachable at the old address, could open (seen:
+/// `hold_limit.rs`, the loss noticed 10 ms before the new address). Before
+/// the socket's second unanswered probe (0.6 s): a `tcp_retries2` of 2
+/// still never ends it.
+pub const FIRST_ANSWER_AFTER: Duration = Duration::from_millis(300);
 /// Unanswered probes after which a host is silent. With [`PROBE_EVERY`],
 /// about 2 s after its sockets first waited: well within the shortest
 /// keepalive an application sets (redis-cli: 15 s idle, then probes).

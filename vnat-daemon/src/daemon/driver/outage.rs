@@ -139,7 +139,7 @@ impl Driver {
                 .answering
                 .insert(f, Helping::new(help.clone(), now_i));
         }
-        self.outages.next_answer = now_i;
+        self.outages.next_answer = now_i + outage::FIRST_ANSWER_AFTER;
     }
 
     /// When the loop must wake next to answer for the unreachable peers.
