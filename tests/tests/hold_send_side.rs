@@ -56,13 +56,23 @@ fn wait_received(ns: &Netns, local: SocketAddr, remote: SocketAddr, want: usize)
     }
 }
 
-#[test]
-fn held_data_stays_queued_and_leaves_at_the_lever() {
-    let topo = LaptopRouterServer::builder().tag("hold").build();
-    let lap = Host::new(&topo.laptop, "holdl");
-    let srv = Host::new(&topo.server, "holds");
+/// A laptop with one TCP connection to a sink on the server, which has
+/// received a first chunk: the hosts, the flow, a writer of one more chunk
+/// and the (server, laptop) ends of the server's socket.
+struct Setup<'a> {
+    lap: Host<'a>,
+    _srv: Host<'a>,
+    _server: vnat_tests::ProcessGroup,
+    _client: vnat_tests::ProcessGroup,
+    input: std::process::ChildStdin,
+    flow: VirtualFlow,
+}
+
+fn setup<'a>(topo: &'a LaptopRouterServer, tag: &str) -> Setup<'a> {
+    let lap = Host::new(&topo.laptop, &format!("{tag}l"));
+    let srv = Host::new(&topo.server, &format!("{tag}s"));
     let server = SocketAddr::new(topo.server_addr.v4.into(), PORT);
-    let _server = srv.socat(
+    let sink = srv.socat(
         &[
             "-u",
             &format!("TCP4-LISTEN:{PORT},bind={},reuseaddr", server.ip()),
@@ -72,7 +82,7 @@ fn held_data_stays_queued_and_leaves_at_the_lever() {
     );
     thread::sleep(Duration::from_millis(200));
     let mut client = lap.socat(&["-u", "STDIN", &format!("TCP4:{server}")], Stdio::piped());
-    let mut input = client.0.stdin.take().expect("the client's stdin");
+    let input = client.0.stdin.take().expect("the client's stdin");
     let conn = lap.wait_connection("the client's connection", |c| {
         c.proto == Proto::Tcp && c.virtual_remote == server
     });
@@ -81,16 +91,52 @@ fn held_data_stays_queued_and_leaves_at_the_lever() {
         local: conn.virtual_local,
         remote: server,
     };
-    let (srv_local, srv_remote) = (server, flow.local);
-
-    let mut write = move |what: &str| {
-        input
-            .write_all(&[b'x'; CHUNK])
-            .unwrap_or_else(|e| panic!("writing {what} to the client: {e}"));
-        input.flush().expect("flush");
+    let mut s = Setup {
+        lap,
+        _srv: srv,
+        _server: sink,
+        _client: client,
+        input,
+        flow,
     };
-    write("the first chunk");
-    wait_received(&topo.server, srv_local, srv_remote, CHUNK);
+    write_chunk(&mut s.input, "the first chunk");
+    wait_received(&topo.server, server, flow.local, CHUNK);
+    s
+}
+
+/// The translators on the laptop's interface (the one with `a_ip`), as
+/// vnatd keeps them (standby_tc), with nothing translated.
+fn standby(dp: &mut vnat_daemon::datapath::kernel::KernelDatapath, a_ip: std::net::IpAddr) {
+    let ifindex = dp
+        .interface_addresses()
+        .expect("interface addresses")
+        .into_iter()
+        .find(|(a, _)| *a == a_ip)
+        .map(|(_, i)| i)
+        .expect("the laptop's address A on an interface");
+    dp.set_standby(&[ifindex]).expect("attach tc");
+}
+
+fn write_chunk(input: &mut std::process::ChildStdin, what: &str) {
+    input
+        .write_all(&[b'x'; CHUNK])
+        .unwrap_or_else(|e| panic!("writing {what} to the client: {e}"));
+    input.flush().expect("flush");
+}
+
+#[test]
+fn held_data_stays_queued_and_leaves_at_the_lever() {
+    let topo = LaptopRouterServer::builder().tag("hold").build();
+    let Setup {
+        lap,
+        _srv,
+        _server,
+        _client,
+        mut input,
+        flow,
+    } = setup(&topo, "hold");
+    let (srv_local, srv_remote) = (flow.remote, flow.local);
+    let mut write = move |what: &str| write_chunk(&mut input, what);
 
     // One datapath for the rest, as vnatd holds one: a datapath opened
     // afresh reconciles the tc attachments with its translations (none
@@ -98,16 +144,7 @@ fn held_data_stays_queued_and_leaves_at_the_lever() {
     let a_ip = std::net::IpAddr::from(topo.laptop_a_addr.v4);
     let (srv_ns, lap_ns) = (&topo.server, &topo.laptop);
     lap.datapath(move |dp| {
-        // The translators on the laptop's interface, as vnatd keeps them
-        // (standby_tc), with nothing translated.
-        let ifindex = dp
-            .interface_addresses()
-            .expect("interface addresses")
-            .into_iter()
-            .find(|(a, _)| *a == a_ip)
-            .map(|(_, i)| i)
-            .expect("the laptop's address A on an interface");
-        dp.set_standby(&[ifindex]).expect("attach tc");
+        standby(dp, a_ip);
 
         // Held: the write stays in the laptop's socket, on its probe timer.
         dp.hold_send_side(&flow, true).expect("hold");
@@ -180,49 +217,21 @@ fn held_data_stays_queued_and_leaves_at_the_lever() {
 #[test]
 fn a_hold_nobody_releases_ends_by_itself_and_the_connection_lives() {
     let topo = LaptopRouterServer::builder().tag("hexp").build();
-    let lap = Host::new(&topo.laptop, "hexpl");
-    let srv = Host::new(&topo.server, "hexps");
-    let server = SocketAddr::new(topo.server_addr.v4.into(), PORT);
-    let _server = srv.socat(
-        &[
-            "-u",
-            &format!("TCP4-LISTEN:{PORT},bind={},reuseaddr", server.ip()),
-            "OPEN:/dev/null,wronly",
-        ],
-        Stdio::null(),
-    );
-    thread::sleep(Duration::from_millis(200));
-    let mut client = lap.socat(&["-u", "STDIN", &format!("TCP4:{server}")], Stdio::piped());
-    let mut input = client.0.stdin.take().expect("the client's stdin");
-    let conn = lap.wait_connection("the client's connection", |c| {
-        c.proto == Proto::Tcp && c.virtual_remote == server
-    });
-    let flow = VirtualFlow {
-        proto: Proto::Tcp,
-        local: conn.virtual_local,
-        remote: server,
-    };
-    let (srv_local, srv_remote) = (server, flow.local);
-    let mut write = move |what: &str| {
-        input
-            .write_all(&[b'x'; CHUNK])
-            .unwrap_or_else(|e| panic!("writing {what} to the client: {e}"));
-        input.flush().expect("flush");
-    };
-    write("the first chunk");
-    wait_received(&topo.server, srv_local, srv_remote, CHUNK);
+    let Setup {
+        lap,
+        _srv,
+        _server,
+        _client,
+        mut input,
+        flow,
+    } = setup(&topo, "hexp");
+    let (srv_local, srv_remote) = (flow.remote, flow.local);
+    let mut write = move |what: &str| write_chunk(&mut input, what);
 
     let a_ip = std::net::IpAddr::from(topo.laptop_a_addr.v4);
     let (srv_ns, lap_ns) = (&topo.server, &topo.laptop);
     lap.datapath(move |dp| {
-        let ifindex = dp
-            .interface_addresses()
-            .expect("interface addresses")
-            .into_iter()
-            .find(|(a, _)| *a == a_ip)
-            .map(|(_, i)| i)
-            .expect("the laptop's address A on an interface");
-        dp.set_standby(&[ifindex]).expect("attach tc");
+        standby(dp, a_ip);
         let expired = |dp: &vnat_daemon::datapath::kernel::KernelDatapath| {
             dp.counters()
                 .expect("counters")

@@ -105,17 +105,8 @@ fn a_new_key_at_a_known_address_is_another_host_with_no_power_over_the_old_ones(
     assert!(err.is_err(), "Y must not be able to move B's connection");
 }
 
-/// Connections added in one go to an already paired host are claimed in
-/// datagrams of up to 20 entries, not one each way per connection, and
-/// every one is bound on both ends.
-#[test]
-fn many_new_connections_are_claimed_in_batches() {
-    let (mut sim, _) = setup(21, Link::default(), Config::default(), 1);
-    let before = sim.hosts[0].ep.stats().get(Counter::ClaimsSent)
-        + sim.hosts[1].ep.stats().get(Counter::ClaimsSent);
-    let flows: Vec<VirtualFlow> = (0..500)
-        .map(|i| tcp(&format!("{A_IP}:{}", 20000 + i), &format!("{B_IP}:443")))
-        .collect();
+/// Add each of `flows` on host 0 and its reverse on host 1, in one go.
+fn add_on_both(sim: &mut Sim, flows: &[VirtualFlow]) {
     let bindings: Vec<_> = flows.iter().map(|f| sim.bindings(f)).collect();
     sim.with(0, |ep, now, rng| {
         for (f, (ba, _)) in flows.iter().zip(&bindings) {
@@ -130,6 +121,20 @@ fn many_new_connections_are_claimed_in_batches() {
                 .expect("add on b");
         }
     });
+}
+
+/// Connections added in one go to an already paired host are claimed in
+/// datagrams of up to 20 entries, not one each way per connection, and
+/// every one is bound on both ends.
+#[test]
+fn many_new_connections_are_claimed_in_batches() {
+    let (mut sim, _) = setup(21, Link::default(), Config::default(), 1);
+    let before = sim.hosts[0].ep.stats().get(Counter::ClaimsSent)
+        + sim.hosts[1].ep.stats().get(Counter::ClaimsSent);
+    let flows: Vec<VirtualFlow> = (0..500)
+        .map(|i| tcp(&format!("{A_IP}:{}", 20000 + i), &format!("{B_IP}:443")))
+        .collect();
+    add_on_both(&mut sim, &flows);
     sim.run_for(Duration::from_secs(10));
     for f in &flows {
         assert!(sim.hosts[0].ep.connection(f).expect("a").has_keys);
@@ -157,20 +162,7 @@ fn thirty_thousand_connections_are_claimed_at_once_within_the_budget() {
             )
         })
         .collect();
-    let bindings: Vec<_> = flows.iter().map(|f| sim.bindings(f)).collect();
-    sim.with(0, |ep, now, rng| {
-        for (f, (ba, _)) in flows.iter().zip(&bindings) {
-            ep.connection_added(now, rng, *f, f.local, f.remote, *ba)
-                .expect("add on a");
-        }
-    });
-    sim.with(1, |ep, now, rng| {
-        for (f, (_, bb)) in flows.iter().zip(&bindings) {
-            let g = reverse(f);
-            ep.connection_added(now, rng, g, g.local, g.remote, *bb)
-                .expect("add on b");
-        }
-    });
+    add_on_both(&mut sim, &flows);
     sim.run_for(Duration::from_secs(1));
     let unbound = flows
         .iter()

@@ -10,9 +10,18 @@ pub use vnat_control::procfs::{
 
 /// Socket inode to owning pid, scanning every process's fd table.
 pub fn inode_owners() -> HashMap<u64, u32> {
-    let mut owners = HashMap::new();
+    socket_fds()
+        .into_iter()
+        .map(|(inode, (pid, _))| (inode, pid))
+        .collect()
+}
+
+/// Socket inode to the first process holding it and its descriptor there,
+/// scanning every process's fd table.
+pub fn socket_fds() -> HashMap<u64, (u32, i32)> {
+    let mut out = HashMap::new();
     let Ok(procs) = fs::read_dir("/proc") else {
-        return owners;
+        return out;
     };
     for p in procs.flatten() {
         let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
@@ -22,18 +31,23 @@ pub fn inode_owners() -> HashMap<u64, u32> {
             continue;
         };
         for fd in fds.flatten() {
+            let Some(n) = fd.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                continue;
+            };
             let Ok(target) = fs::read_link(fd.path()) else {
                 continue;
             };
             let t = target.to_string_lossy();
-            if let Some(inode) = t.strip_prefix("socket:[").and_then(|s| s.strip_suffix(']')) {
-                if let Ok(inode) = inode.parse() {
-                    owners.entry(inode).or_insert(pid);
-                }
+            if let Some(inode) = t
+                .strip_prefix("socket:[")
+                .and_then(|s| s.strip_suffix(']'))
+                .and_then(|s| s.parse::<u64>().ok())
+            {
+                out.entry(inode).or_insert((pid, n));
             }
         }
     }
-    owners
+    out
 }
 
 /// Whether process `pid` holds the socket with `inode` (one of its

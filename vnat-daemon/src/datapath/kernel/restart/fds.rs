@@ -17,7 +17,6 @@
 use std::{
     cell::RefCell,
     collections::HashMap,
-    fs,
     time::{Duration, Instant},
 };
 
@@ -50,42 +49,9 @@ pub(super) fn holder(inode: u64) -> Option<(u32, i32)> {
             }
         };
         if stale {
-            t.by_inode = read_all();
+            t.by_inode = super::super::procfs::socket_fds();
             t.read = Some((Instant::now(), now.elapsed()));
         }
         t.by_inode.get(&inode).copied()
     })
-}
-
-/// Every process's socket descriptors: inode to (pid, descriptor).
-fn read_all() -> HashMap<u64, (u32, i32)> {
-    let mut out = HashMap::new();
-    let Ok(procs) = fs::read_dir("/proc") else {
-        return out;
-    };
-    for p in procs.flatten() {
-        let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        let Ok(fds) = fs::read_dir(p.path().join("fd")) else {
-            continue;
-        };
-        for fd in fds.flatten() {
-            let Some(n) = fd.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-                continue;
-            };
-            let Ok(target) = fs::read_link(fd.path()) else {
-                continue;
-            };
-            let t = target.to_string_lossy();
-            if let Some(inode) = t
-                .strip_prefix("socket:[")
-                .and_then(|s| s.strip_suffix(']'))
-                .and_then(|s| s.parse::<u64>().ok())
-            {
-                out.entry(inode).or_insert((pid, n));
-            }
-        }
-    }
-    out
 }
