@@ -283,9 +283,25 @@ impl Endpoint {
                 .by_commitment
                 .get(&e.commitment)
                 .and_then(|f| self.conns.get(f))
-                .is_some_and(|c| match c.peer_key {
-                    None => c.binding.is_strong(),
-                    Some(k) => k == *peer && e.names.is_some() && c.peer_named.is_none(),
+                .is_some_and(|c| match (c.peer_key, e.names) {
+                    // One it would bind (the claimant's proof of its
+                    // address aside: asking for it is bounded on its own).
+                    (None, _) => c.binding.is_strong() && e.proto == c.flow.proto,
+                    // Names it has not given us yet, which we would take:
+                    // names refused (`learn_peer_view`) stay refused, and a
+                    // replay of them is no news.
+                    (Some(k), Some(names)) if k == *peer && c.peer_named.is_none() => {
+                        let named = VirtualFlow {
+                            proto: c.flow.proto,
+                            local: names[1],
+                            remote: names[0],
+                        };
+                        self.aliases.get(&named).is_none_or(|other| {
+                            *other == c.flow
+                                || self.conns.get(other).and_then(|o| o.peer_key) == Some(*peer)
+                        })
+                    }
+                    _ => false,
                 })
         })
     }
