@@ -253,15 +253,6 @@ impl KernelDatapath {
             .map(|(_, r)| r.cookie)
             .collect();
         cache.accepted.resolve(&unowned, accepted::dump);
-        if with_owners {
-            // The inodes whose process this listing needs.
-            let wanted: Vec<u64> = records
-                .iter()
-                .filter(|(_, r)| r.pid == 0)
-                .filter_map(|(_, r)| cache.accepted.inode(r.cookie))
-                .collect();
-            cache.owners.refresh(&wanted, now);
-        }
         // One process usually owns many connections: read its /proc entries
         // once per listing, not once per connection.
         let mut procs: StdHashMap<u32, (Option<String>, Option<String>)> = StdHashMap::new();
@@ -306,7 +297,7 @@ impl KernelDatapath {
                 pid = match cache.accepted.inode(rec.cookie) {
                     // Found by sock_diag (accepted connections: all that
                     // lack a pid but the adopted ones).
-                    Some(inode) => cache.owners.of(inode),
+                    Some(inode) => super::restart::fds::holder(inode).map(|(pid, _)| pid),
                     None => {
                         let s = sockets.get_or_insert_with(procfs::socket_inodes);
                         let o = owners.get_or_insert_with(procfs::inode_owners);
@@ -390,59 +381,6 @@ pub(super) struct ListingCache {
     sources: StdHashMap<IpAddr, (Option<IpAddr>, std::time::Instant)>,
     /// The cgroups of accepted connections (`listing/accepted.rs`).
     accepted: accepted::AcceptedCgroups,
-    /// The processes holding socket inodes.
-    owners: Owners,
-}
-
-/// Socket inode to the process holding it, from a scan of every process's
-/// descriptors (`procfs::inode_owners`), kept between listings: a server
-/// with 100,000 connections has 100,000 descriptors to read, a third of a
-/// second each time. Scanned again when an inode asked for is missing (a
-/// new connection), but not sooner than [`OWNERS_RESCAN`] nor ten times
-/// what the last scan took after it (so that scans take at most a tenth of
-/// the time however often `ls` is asked), and at least every [`OWNERS_TTL`]
-/// (a socket passed to another process).
-#[derive(Default)]
-pub(super) struct Owners {
-    by_inode: StdHashMap<u64, u32>,
-    /// When the last scan ended, and what it took.
-    scanned: Option<(std::time::Instant, std::time::Duration)>,
-}
-
-const OWNERS_RESCAN: std::time::Duration = std::time::Duration::from_millis(100);
-const OWNERS_TTL: std::time::Duration = std::time::Duration::from_secs(30);
-
-impl Owners {
-    /// Scan again if `wanted` needs it (see [`Owners`]).
-    fn refresh(&mut self, wanted: &[u64], now: std::time::Instant) {
-        self.refresh_with(wanted, now, procfs::inode_owners)
-    }
-
-    fn refresh_with(
-        &mut self,
-        wanted: &[u64],
-        now: std::time::Instant,
-        scan: impl FnOnce() -> StdHashMap<u64, u32>,
-    ) {
-        let due = match self.scanned {
-            None => !wanted.is_empty(),
-            Some((at, took)) => {
-                let age = now.saturating_duration_since(at);
-                age >= OWNERS_TTL
-                    || (age >= OWNERS_RESCAN.max(took * 10)
-                        && wanted.iter().any(|i| !self.by_inode.contains_key(i)))
-            }
-        };
-        if due {
-            let started = std::time::Instant::now();
-            self.by_inode = scan();
-            self.scanned = Some((now, started.elapsed()));
-        }
-    }
-
-    fn of(&self, inode: u64) -> Option<u32> {
-        self.by_inode.get(&inode).copied()
-    }
 }
 
 /// How long a source address found for a peer is used. Short: after a
@@ -506,52 +444,6 @@ mod tests {
 
     fn a(s: &str) -> SocketAddr {
         s.parse().unwrap()
-    }
-
-    #[test]
-    fn owners_are_scanned_again_only_for_a_new_inode_and_not_too_often() {
-        let scans = std::cell::Cell::new(0);
-        let scan = |m: &[(u64, u32)]| {
-            scans.set(scans.get() + 1);
-            m.iter().copied().collect::<StdHashMap<u64, u32>>()
-        };
-        let t0 = std::time::Instant::now();
-        let mut o = Owners::default();
-        // Nothing wanted: no scan.
-        o.refresh_with(&[], t0, || scan(&[]));
-        assert_eq!(scans.get(), 0);
-        o.refresh_with(&[1, 2], t0, || scan(&[(1, 10), (2, 20)]));
-        assert_eq!((o.of(1), o.of(2), scans.get()), (Some(10), Some(20), 1));
-        // All known: no scan, however often asked.
-        for s in 1..100 {
-            o.refresh_with(
-                &[1, 2],
-                t0 + std::time::Duration::from_millis(s * 100),
-                || scan(&[]),
-            );
-        }
-        assert_eq!(scans.get(), 1);
-        // A new inode: scanned once OWNERS_RESCAN has passed, not before.
-        o.refresh_with(&[3], t0 + OWNERS_RESCAN / 2, || scan(&[]));
-        assert_eq!((o.of(3), scans.get()), (None, 1));
-        o.refresh_with(&[3], t0 + OWNERS_RESCAN, || scan(&[(1, 10), (3, 30)]));
-        assert_eq!((o.of(3), o.of(2), scans.get()), (Some(30), None, 2));
-        // A scan that took long (a 100,000-descriptor server) is not done
-        // again for ten times as long.
-        let t1 = t0 + OWNERS_RESCAN;
-        o.scanned = Some((t1, std::time::Duration::from_millis(300)));
-        o.refresh_with(&[4], t1 + std::time::Duration::from_millis(2900), || {
-            scan(&[])
-        });
-        assert_eq!(scans.get(), 2);
-        o.refresh_with(&[4], t1 + std::time::Duration::from_secs(3), || {
-            scan(&[(3, 30), (4, 40)])
-        });
-        assert_eq!((o.of(4), scans.get()), (Some(40), 3));
-        let t0 = t1 + std::time::Duration::from_secs(3) - OWNERS_RESCAN;
-        // A socket passed to another process shows within OWNERS_TTL.
-        o.refresh_with(&[3], t0 + OWNERS_RESCAN + OWNERS_TTL, || scan(&[(3, 31)]));
-        assert_eq!((o.of(3), scans.get()), (Some(31), 4));
     }
 
     #[test]

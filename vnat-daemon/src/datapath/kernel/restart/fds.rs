@@ -10,9 +10,10 @@
 //! every process's socket descriptors serves a whole batch: kept between
 //! calls, read again when an inode asked for is missing but no sooner than
 //! [`RESCAN`] nor ten times the last read's duration after it, and at least
-//! every [`TTL`]. A descriptor found here is only a hint: the caller checks
-//! the inode of what it took (`socket_of`) and falls back to reading the
-//! process's own table.
+//! every [`TTL`] (or that tenfold duration). `ls` finds the processes of
+//! accepted connections here too. A descriptor found here is only a hint:
+//! the caller checks the inode of what it took (`socket_of`) and falls back
+//! to reading the process's own table.
 
 use std::{
     cell::RefCell,
@@ -37,21 +38,78 @@ thread_local! {
 
 /// The process and descriptor holding the socket `inode`, from the table
 /// (see the module's comment).
-pub(super) fn holder(inode: u64) -> Option<(u32, i32)> {
+pub(in crate::datapath::kernel) fn holder(inode: u64) -> Option<(u32, i32)> {
     TABLE.with(|t| {
-        let mut t = t.borrow_mut();
-        let now = Instant::now();
-        let stale = match t.read {
+        t.borrow_mut()
+            .holder(inode, Instant::now(), super::super::procfs::socket_fds)
+    })
+}
+
+impl Table {
+    fn holder(
+        &mut self,
+        inode: u64,
+        now: Instant,
+        scan: impl FnOnce() -> HashMap<u64, (u32, i32)>,
+    ) -> Option<(u32, i32)> {
+        let stale = match self.read {
             None => true,
             Some((at, took)) => {
                 let age = now.saturating_duration_since(at);
-                age >= TTL || (age >= RESCAN.max(took * 10) && !t.by_inode.contains_key(&inode))
+                // At most a tenth of the time spent reading, whatever asks.
+                let spacing = took * 10;
+                age >= TTL.max(spacing)
+                    || (age >= RESCAN.max(spacing) && !self.by_inode.contains_key(&inode))
             }
         };
         if stale {
-            t.by_inode = super::super::procfs::socket_fds();
-            t.read = Some((Instant::now(), now.elapsed()));
+            let started = Instant::now();
+            self.by_inode = scan();
+            self.read = Some((now, started.elapsed()));
         }
-        t.by_inode.get(&inode).copied()
-    })
+        self.by_inode.get(&inode).copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_is_read_again_only_for_a_new_inode_and_not_too_often() {
+        let scans = std::cell::Cell::new(0);
+        let scan = |m: &[(u64, u32)]| {
+            scans.set(scans.get() + 1);
+            m.iter()
+                .map(|&(i, p)| (i, (p, 3)))
+                .collect::<HashMap<u64, (u32, i32)>>()
+        };
+        let of = |t: &mut Table, inode, at| t.holder(inode, at, HashMap::new).map(|(p, _)| p);
+        let t0 = Instant::now();
+        let mut t = Table::default();
+        assert_eq!(t.holder(1, t0, || scan(&[(1, 10), (2, 20)])), Some((10, 3)));
+        assert_eq!((of(&mut t, 2, t0), scans.get()), (Some(20), 1));
+        // All known: no read, however often asked.
+        for s in 1..9 {
+            t.holder(1, t0 + Duration::from_millis(s * 100), || scan(&[]));
+        }
+        assert_eq!(scans.get(), 1);
+        // A new inode: read again once RESCAN has passed, not before.
+        assert_eq!(t.holder(3, t0 + RESCAN / 2, || scan(&[])), None);
+        assert_eq!(scans.get(), 1);
+        let t1 = t0 + RESCAN;
+        assert_eq!(t.holder(3, t1, || scan(&[(1, 10), (3, 30)])), Some((30, 3)));
+        assert_eq!((of(&mut t, 2, t1), scans.get()), (None, 2));
+        // A read that took long (a 100,000-descriptor server) is not done
+        // again for ten times as long.
+        t.read = Some((t1, Duration::from_millis(300)));
+        t.holder(4, t1 + Duration::from_millis(2900), || scan(&[]));
+        assert_eq!(scans.get(), 2);
+        let t2 = t1 + Duration::from_secs(3);
+        assert_eq!(t.holder(4, t2, || scan(&[(3, 30), (4, 40)])), Some((40, 3)));
+        assert_eq!(scans.get(), 3);
+        // A socket passed to another process shows within TTL.
+        assert_eq!(t.holder(3, t2 + TTL, || scan(&[(3, 31)])), Some((31, 3)));
+        assert_eq!(scans.get(), 4);
+    }
 }

@@ -723,7 +723,7 @@ pub fn checksum(bytes: &[u8]) -> u16 {
     !(sum as u16)
 }
 
-mod fds;
+pub(super) mod fds;
 mod keepalive;
 pub use keepalive::peer_silence;
 mod peek;
