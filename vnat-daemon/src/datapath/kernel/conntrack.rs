@@ -36,7 +36,7 @@ use netlink_packet_netfilter::{
 };
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr as NlAddr};
 
-use super::rtnl::{with_kept, Kept};
+use super::rtnl::{recv_answer, request_socket, with_kept, Kept};
 use crate::datapath::Proto;
 
 /// `CTA_NAT_SRC` and its members (linux/netfilter/nfnetlink_conntrack.h),
@@ -467,14 +467,14 @@ fn exchange(msgs: Vec<(ConntrackMessage, u16)>, v4: bool) -> io::Result<Vec<Answ
     with_kept(
         &SOCKET,
         |e| e,
-        || Socket::new(NETLINK_NETFILTER),
+        || request_socket(NETLINK_NETFILTER),
         |s| {
             s.send_to(&bytes, &NlAddr::new(0, 0), 0)?;
             let mut answers: Vec<Option<Answer>> = (0..n).map(|_| None).collect();
             let mut buf = Vec::with_capacity(16384);
             while answers.iter().any(Option::is_none) {
                 buf.clear();
-                s.recv(&mut buf, 0)?;
+                recv_answer(s, &mut buf)?;
                 let mut at = 0;
                 while at < buf.len() {
                     let Ok(nl) = NetlinkBuffer::new_checked(&buf[at..]) else {

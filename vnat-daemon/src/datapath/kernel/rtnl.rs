@@ -97,7 +97,7 @@ pub fn call(msg: RouteNetlinkMessage, flags: u16) -> io::Result<Answer> {
         |e| e,
         || {
             Ok(Kernel {
-                socket: Socket::new(NETLINK_ROUTE)?,
+                socket: request_socket(NETLINK_ROUTE)?,
                 buf: Vec::with_capacity(RECV_BUF),
             })
         },
@@ -108,6 +108,63 @@ pub fn call(msg: RouteNetlinkMessage, flags: u16) -> io::Result<Answer> {
 
 /// What one read takes: a dump's datagrams are at most a page or two.
 const RECV_BUF: usize = 64 * 1024;
+
+/// How long a request socket waits for the kernel's next answer datagram.
+/// The kernel answers within microseconds, but it may drop an answer (no
+/// memory for the skb), and a blocking read would then wait for ever: the
+/// datapath thread, and with it every move, would hang without a word.
+pub(crate) const ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A netlink socket of `protocol` for requests and their answers: reads
+/// give up after [`ANSWER_TIMEOUT`] (see [`recv_answer`]).
+pub(crate) fn request_socket(protocol: isize) -> io::Result<Socket> {
+    request_socket_waiting(protocol, ANSWER_TIMEOUT)
+}
+
+fn request_socket_waiting(protocol: isize, wait: std::time::Duration) -> io::Result<Socket> {
+    let socket = Socket::new(protocol)?;
+    let timeout = libc::timeval {
+        tv_sec: wait.as_secs() as libc::time_t,
+        tv_usec: wait.subsec_micros() as libc::suseconds_t,
+    };
+    // SAFETY: the socket is open (owned by `socket`); `timeout` is a live
+    // timeval and its size is passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&socket),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&timeout as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(socket)
+}
+
+/// Read the next answer datagram from a [`request_socket`] into `buf`
+/// (retrying after a signal); no answer within [`ANSWER_TIMEOUT`] is an
+/// error of kind `TimedOut` that says so.
+pub(crate) fn recv_answer(socket: &Socket, buf: &mut Vec<u8>) -> io::Result<usize> {
+    loop {
+        match socket.recv(buf, 0) {
+            Ok(n) => return Ok(n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "the kernel sent no answer within {} s (netlink)",
+                        ANSWER_TIMEOUT.as_secs()
+                    ),
+                ))
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
 
 thread_local! {
     /// This thread's request socket. A socket per request cost more than
@@ -201,12 +258,7 @@ fn exchange(
     loop {
         k.buf.clear();
         k.buf.reserve(RECV_BUF);
-        if let Err(e) = k.socket.recv(&mut k.buf, 0) {
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
+        recv_answer(&k.socket, &mut k.buf)?;
         for (s, m) in messages::<RouteNetlinkMessage>(&k.buf) {
             if s != seq {
                 continue;
@@ -553,6 +605,20 @@ pub fn notifications_matter(buf: &[u8], lo_ifindex: u32, own_protocol: u8) -> bo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A request whose answer never comes (the kernel dropped it) is an
+    /// error that says so, not a thread blocked for ever.
+    #[test]
+    fn a_missing_answer_is_an_error_after_the_wait() {
+        let socket = request_socket_waiting(NETLINK_ROUTE, std::time::Duration::from_millis(50))
+            .expect("a netlink socket");
+        let mut buf = Vec::with_capacity(RECV_BUF);
+        let t = std::time::Instant::now();
+        let e = recv_answer(&socket, &mut buf).expect_err("nothing was asked");
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+        assert!(e.to_string().contains("no answer"), "{e}");
+        assert!(t.elapsed() < std::time::Duration::from_secs(5));
+    }
 
     /// `msg` as the kernel would send it: one netlink message.
     fn datagram(msg: RouteNetlinkMessage) -> Vec<u8> {

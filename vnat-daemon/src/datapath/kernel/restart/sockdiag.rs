@@ -11,7 +11,7 @@ use netlink_packet_sock_diag::{
 use netlink_sys::{protocols::NETLINK_SOCK_DIAG, Socket, SocketAddr as NlAddr};
 
 use super::*;
-use crate::datapath::kernel::rtnl::{with_kept, Kept};
+use crate::datapath::kernel::rtnl::{recv_answer, request_socket, with_kept, Kept};
 
 /// What sock_diag (inet_diag with INET_DIAG_INFO) says about one socket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -119,7 +119,7 @@ pub(super) const TCPI_RCV_WND: usize = 232;
 impl SockDiag {
     pub(super) fn open() -> Result<SockDiag, DatapathError> {
         Ok(SockDiag {
-            socket: Socket::new(NETLINK_SOCK_DIAG)
+            socket: request_socket(NETLINK_SOCK_DIAG)
                 .map_err(kernel_err("opening a sock_diag netlink socket"))?,
             buf: Vec::with_capacity(8192),
         })
@@ -183,8 +183,7 @@ impl SockDiag {
             .map_err(kernel_err("querying sock_diag"))?;
         self.buf.clear();
         self.buf.reserve(8192);
-        self.socket
-            .recv(&mut self.buf, 0)
+        recv_answer(&self.socket, &mut self.buf)
             .map_err(kernel_err("reading the sock_diag answer"))?;
         parse_answer(&self.buf).map_err(kernel_err("reading the sock_diag answer"))
     }
@@ -208,15 +207,13 @@ pub(super) fn destroy(flow: &VirtualFlow, cookie: u64) -> Result<bool, DatapathE
     msg.finalize();
     let mut bytes = vec![0u8; msg.buffer_len()];
     msg.serialize(&mut bytes);
-    let socket =
-        Socket::new(NETLINK_SOCK_DIAG).map_err(kernel_err("opening a sock_diag netlink socket"))?;
+    let socket = request_socket(NETLINK_SOCK_DIAG)
+        .map_err(kernel_err("opening a sock_diag netlink socket"))?;
     socket
         .send_to(&bytes, &NlAddr::new(0, 0), 0)
         .map_err(kernel_err("asking sock_diag to destroy a socket"))?;
     let mut buf = Vec::with_capacity(4096);
-    socket
-        .recv(&mut buf, 0)
-        .map_err(kernel_err("reading the sock_diag answer"))?;
+    recv_answer(&socket, &mut buf).map_err(kernel_err("reading the sock_diag answer"))?;
     let answer = NetlinkMessage::<SockDiagDestroy>::deserialize(&buf)
         .map_err(bad)
         .map_err(kernel_err("reading the sock_diag answer"))?;
@@ -269,30 +266,10 @@ const INET_DIAG_CGROUP_ID: u16 = 21;
 /// `states` (bit `1 << state`), both families, in this thread's network
 /// namespace.
 pub(super) fn dump(protocol: u8, states: u32) -> Result<Vec<Listed>, DatapathError> {
-    let socket =
-        Socket::new(NETLINK_SOCK_DIAG).map_err(kernel_err("opening a sock_diag netlink socket"))?;
     // A dump the crate cannot read to its end (no DONE recognised) must not
-    // block the datapath thread for ever.
-    let timeout = libc::timeval {
-        tv_sec: 2,
-        tv_usec: 0,
-    };
-    // SAFETY: the socket is open (owned by `socket`); `timeout` is a live
-    // timeval and its size is passed.
-    let rc = unsafe {
-        libc::setsockopt(
-            std::os::fd::AsRawFd::as_raw_fd(&socket),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&timeout as *const libc::timeval).cast(),
-            size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    if rc < 0 {
-        return Err(kernel_err("setting a receive timeout")(
-            io::Error::last_os_error(),
-        ));
-    }
+    // block the datapath thread for ever: the socket's reads time out.
+    let socket = request_socket(NETLINK_SOCK_DIAG)
+        .map_err(kernel_err("opening a sock_diag netlink socket"))?;
     let mut out = Vec::new();
     let mut buf = Vec::with_capacity(64 * 1024);
     for (seq, family) in [(1, AF_INET), (2, AF_INET6)] {
@@ -323,8 +300,7 @@ pub(super) fn dump(protocol: u8, states: u32) -> Result<Vec<Listed>, DatapathErr
         'answer: loop {
             buf.clear();
             buf.reserve(64 * 1024);
-            socket
-                .recv(&mut buf, 0)
+            recv_answer(&socket, &mut buf)
                 .map_err(kernel_err("reading the sock_diag socket list"))?;
             for (s, m) in crate::datapath::kernel::rtnl::messages::<SockDiagMessage>(&buf) {
                 if s != seq {
