@@ -103,6 +103,21 @@ impl<'a> Host<'a> {
         super::ProcessGroup::spawn(cmd, &format!("socat in {}", self.ns.name()))
     }
 
+    /// Run `f` on the datapath's pinned maps, read without loading its
+    /// programs (`KernelDatapath::inspect`): for looking (connections,
+    /// counters), where an opening's verifier work would be most of the
+    /// cost, ten seconds a call in an emulated VM. Changes go through
+    /// [`Host::datapath`].
+    pub fn read<T: Send>(&self, f: impl FnOnce(&mut KernelDatapath) -> T + Send) -> T {
+        let opts = self.options();
+        let name = self.ns.name().to_string();
+        self.ns.run_in(move || {
+            let mut dp = KernelDatapath::inspect(&opts)
+                .unwrap_or_else(|e| panic!("reading the datapath in {name}: {e}"));
+            f(&mut dp)
+        })
+    }
+
     /// Wait until the datapath has recorded a connection matching `pred`.
     pub fn wait_connection(
         &self,
@@ -111,7 +126,7 @@ impl<'a> Host<'a> {
     ) -> ConnectionInfo {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let found = self.datapath(|dp| {
+            let found = self.read(|dp| {
                 dp.sync_udp().expect("sync_udp");
                 dp.connections()
                     .expect("listing connections")
@@ -128,7 +143,7 @@ impl<'a> Host<'a> {
 
     pub fn counter(&self, name: &str) -> u64 {
         let name = name.to_string();
-        self.datapath(move |dp| {
+        self.read(move |dp| {
             dp.counters()
                 .expect("counters")
                 .into_iter()
@@ -139,7 +154,7 @@ impl<'a> Host<'a> {
     }
 
     pub fn connections(&self, proto: Proto) -> Vec<ConnectionInfo> {
-        self.datapath(move |dp| {
+        self.read(move |dp| {
             dp.sync_udp().expect("sync_udp");
             dp.connections()
                 .expect("listing connections")

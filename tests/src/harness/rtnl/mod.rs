@@ -54,6 +54,26 @@ impl Rtnl {
         // own explanation (NLMSGERR_ATTR_MSG) when it has one.
         socket.set_cap_ack(true)?;
         socket.set_ext_ack(true)?;
+        // An answer the kernel dropped must fail the test that waited for
+        // it, not hang it.
+        let timeout = libc::timeval {
+            tv_sec: 10,
+            tv_usec: 0,
+        };
+        // SAFETY: the socket is open (owned by `socket`); `timeout` is a
+        // live timeval and its size is passed.
+        let rc = unsafe {
+            libc::setsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&socket),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&timeout as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
         Ok(Rtnl { socket, seq: 0 })
     }
 

@@ -240,6 +240,19 @@ pub fn own_netns_cookie() -> Result<u64, DatapathError> {
 /// `own`: take the pin directory's lock (refused while another process
 /// holds it) and write the config; otherwise only look: no lock, no write.
 pub fn load(bpffs: &Path, own: bool) -> Result<Loaded, DatapathError> {
+    load_with(bpffs, own, true)
+}
+
+/// As [`load`] with `own` false, but without loading any program: the
+/// pinned maps alone, to read. The verifier is what opening costs (about
+/// half a second here, ten seconds in an emulated VM), and reading a map
+/// needs none of it. Hide location is taken as available and `vnat_peek`
+/// as absent; anything that attaches a program fails.
+pub fn load_maps(bpffs: &Path) -> Result<Loaded, DatapathError> {
+    load_with(bpffs, false, false)
+}
+
+fn load_with(bpffs: &Path, own: bool, programs: bool) -> Result<Loaded, DatapathError> {
     if EBPF_OBJECT.is_empty() {
         return Err(DatapathError::NoEbpfObject);
     }
@@ -254,57 +267,10 @@ pub fn load(bpffs: &Path, own: bool) -> Result<Loaded, DatapathError> {
     super::sizes::apply(&mut loader)?;
     let mut ebpf = loader.load(EBPF_OBJECT).map_err(load_err)?;
 
-    {
-        let p: &mut SockOps = prog(&mut ebpf, PROG_SOCKOPS)?;
-        p.load().map_err(refused(PROG_SOCKOPS))?;
-    }
-    let mut hide_unavailable = None;
-    if super::features::simulated_missing(super::features::Feature::SockAddrNameHooks) {
-        hide_unavailable = Some(format!(
-            "{} names sock-addr-name-hooks",
-            super::features::LACKS_ENV
-        ));
-    }
-    for name in SOCK_ADDR_PROGRAMS {
-        let hide = HIDE_PROGRAMS.contains(&name);
-        if hide && hide_unavailable.is_some() {
-            continue;
-        }
-        let p: &mut CgroupSockAddr = prog(&mut ebpf, name)?;
-        match p.load().map_err(refused(name)) {
-            Ok(()) => {}
-            // Only hide location needs these: vnat runs without it.
-            Err(DatapathError::ProgramRefused { verdict, .. }) if hide => {
-                hide_unavailable = Some(format!("the kernel refused {name}: {verdict}"));
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    if let Some(why) = &hide_unavailable {
-        tracing::warn!(
-            "hide location is off: it needs {} ({why})",
-            super::features::Feature::SockAddrNameHooks.needs()
-        );
-    }
-    {
-        let p: &mut CgroupSock = prog(&mut ebpf, PROG_UDP_RELEASE)?;
-        p.load().map_err(refused(PROG_UDP_RELEASE))?;
-    }
-    for name in TC_LOADED {
-        let p: &mut SchedClassifier = prog(&mut ebpf, name)?;
-        p.load().map_err(refused(name))?;
-    }
-    // Adoption reads sequence numbers with it where the kernel takes it,
-    // else by probing the socket (restart/peek.rs): never fatal.
-    let peek = {
-        let p: &mut SchedClassifier = prog(&mut ebpf, PROG_PEEK)?;
-        match p.load() {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::warn!(error = %e, "the kernel refused {PROG_PEEK}: adoption reads sequence numbers by probing each socket instead, which a busy connection can delay");
-                false
-            }
-        }
+    let (hide_unavailable, peek) = if programs {
+        load_programs(&mut ebpf)?
+    } else {
+        (None, false)
     };
 
     let take = |ebpf: &mut Ebpf, name: &'static str| {
@@ -367,6 +333,64 @@ pub fn load(bpffs: &Path, own: bool) -> Result<Loaded, DatapathError> {
     check_and_set_config(bpffs, &mut loaded)?;
     super::budgets::set(&mut loaded.maps, sizes)?;
     Ok(loaded)
+}
+
+/// Load every program of the object (the verifier's work): what
+/// [`Loaded::hide_unavailable`] and [`Loaded::peek`] say.
+fn load_programs(ebpf: &mut Ebpf) -> Result<(Option<String>, bool), DatapathError> {
+    {
+        let p: &mut SockOps = prog(ebpf, PROG_SOCKOPS)?;
+        p.load().map_err(refused(PROG_SOCKOPS))?;
+    }
+    let mut hide_unavailable = None;
+    if super::features::simulated_missing(super::features::Feature::SockAddrNameHooks) {
+        hide_unavailable = Some(format!(
+            "{} names sock-addr-name-hooks",
+            super::features::LACKS_ENV
+        ));
+    }
+    for name in SOCK_ADDR_PROGRAMS {
+        let hide = HIDE_PROGRAMS.contains(&name);
+        if hide && hide_unavailable.is_some() {
+            continue;
+        }
+        let p: &mut CgroupSockAddr = prog(ebpf, name)?;
+        match p.load().map_err(refused(name)) {
+            Ok(()) => {}
+            // Only hide location needs these: vnat runs without it.
+            Err(DatapathError::ProgramRefused { verdict, .. }) if hide => {
+                hide_unavailable = Some(format!("the kernel refused {name}: {verdict}"));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if let Some(why) = &hide_unavailable {
+        tracing::warn!(
+            "hide location is off: it needs {} ({why})",
+            super::features::Feature::SockAddrNameHooks.needs()
+        );
+    }
+    {
+        let p: &mut CgroupSock = prog(ebpf, PROG_UDP_RELEASE)?;
+        p.load().map_err(refused(PROG_UDP_RELEASE))?;
+    }
+    for name in TC_LOADED {
+        let p: &mut SchedClassifier = prog(ebpf, name)?;
+        p.load().map_err(refused(name))?;
+    }
+    // Adoption reads sequence numbers with it where the kernel takes it,
+    // else by probing the socket (restart/peek.rs): never fatal.
+    let peek = {
+        let p: &mut SchedClassifier = prog(ebpf, PROG_PEEK)?;
+        match p.load() {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, "the kernel refused {PROG_PEEK}: adoption reads sequence numbers by probing each socket instead, which a busy connection can delay");
+                false
+            }
+        }
+    };
+    Ok((hide_unavailable, peek))
 }
 
 fn check_and_set_config(bpffs: &Path, l: &mut Loaded) -> Result<(), DatapathError> {

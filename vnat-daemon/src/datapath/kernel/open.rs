@@ -5,7 +5,7 @@
 use std::{collections::HashMap as StdHashMap, path::PathBuf};
 
 use super::{attach, features, mirror::Mirror, object, KernelDatapath, KernelOptions};
-use crate::datapath::DatapathError;
+use crate::datapath::{DatapathError, TcAttach, TcMode};
 
 impl KernelDatapath {
     /// Load the programs (reusing pinned maps), attach the recorders to the
@@ -60,6 +60,23 @@ impl KernelDatapath {
         Ok(dp)
     }
 
+    /// Read a datapath's pinned maps without loading its programs: as
+    /// [`KernelDatapath::observe`], minus the verifier's work, which is
+    /// nearly all an opening costs. For reading connections and counters
+    /// (and `sync_udp`, which completes UDP records in the maps); anything
+    /// that attaches a program or probes what the kernel offers fails or
+    /// answers as if all were there.
+    pub fn inspect(opts: &KernelOptions) -> Result<KernelDatapath, DatapathError> {
+        let loaded = object::load_maps(&opts.bpffs)?;
+        let tc_mode = match opts.tc_attach {
+            TcAttach::Clsact => TcMode::Clsact,
+            _ => TcMode::Tcx,
+        };
+        let mut dp = Self::with_mode(opts, loaded, tc_mode, Vec::new())?;
+        (dp.nat_empty, dp.rebinding, dp.bind_divert_port) = object::read_config(&dp.loaded)?;
+        Ok(dp)
+    }
+
     /// The process's state of a datapath just loaded: the NAT maps' copy
     /// and the rebinds waiting, read from the pins.
     fn new(
@@ -71,6 +88,15 @@ impl KernelDatapath {
         for d in &degraded {
             tracing::warn!(feature = %d.feature, "this kernel lacks {}: {}", d.needs, d.effect);
         }
+        Self::with_mode(opts, loaded, tc_mode, degraded)
+    }
+
+    fn with_mode(
+        opts: &KernelOptions,
+        loaded: object::Loaded,
+        tc_mode: TcMode,
+        degraded: Vec<crate::datapath::Degraded>,
+    ) -> Result<KernelDatapath, DatapathError> {
         let mut dp = KernelDatapath {
             bpffs: opts.bpffs.clone(),
             loaded,
