@@ -186,6 +186,14 @@ fn check_line(ns: &Netns, cfg: &Path) -> String {
         .to_string()
 }
 
+/// `vnatctl --json status`'s `.location.etcd`: how the vnatd's calls to
+/// etcd went.
+fn etcd_health(d: &Vnatd) -> Value {
+    let st = d.ctl(&["status"]).expect("vnatctl status");
+    assert_eq!(st["location"]["store"], "etcd", "{st}");
+    st["location"]["etcd"].clone()
+}
+
 fn scenario(store: Etcd, fault: Fault, tag: &str) {
     let topo = LaptopRouterServer::builder().tag(tag).build();
     let e = add_server_link_e(&topo);
@@ -367,6 +375,16 @@ fn scenario(store: Etcd, fault: Fault, tag: &str) {
                     tail(log)
                 );
             }
+            // ...and `vnatctl status` says it too, with the reason.
+            for (d, says) in [(&lapd, WRONG_PASSWORD_SAYS), (&srvd, FOREIGN_CERT_SAYS)] {
+                let h = etcd_health(d);
+                assert_eq!(h["state"], "failing", "{h}");
+                assert_eq!(h["answered"], 0, "{h}");
+                assert!(
+                    h["last_error"].as_str().is_some_and(|e| e.contains(says)),
+                    "status must give the reason \"{says}\": {h}"
+                );
+            }
             for (d, who) in [(&mut lapd, "laptop"), (&mut srvd, "server")] {
                 assert!(d.alive(), "the {who}'s vnatd exited");
                 assert!(
@@ -429,6 +447,15 @@ fn scenario(store: Etcd, fault: Fault, tag: &str) {
                 tail(&llog),
                 tail(&slog)
             );
+            for d in [&lapd, &srvd] {
+                let h = etcd_health(d);
+                assert_eq!(h["state"], "failing", "{h}");
+                assert!(h["failed"].as_u64().unwrap_or(0) > 0, "{h}");
+                assert!(
+                    h["last_error"].as_str().is_some_and(|e| !e.is_empty()),
+                    "{h}"
+                );
+            }
         }
         _ => {
             // One record per host, each under its writer's own prefix,
@@ -455,6 +482,15 @@ fn scenario(store: Etcd, fault: Fault, tag: &str) {
                     .all(|kv| kv["lease"].as_i64().is_some_and(|l| l != 0)),
                 "every record expires through a lease: {v}"
             );
+            // `vnatctl status`: etcd answered the move's calls (with a
+            // member killed, a call it had may have failed last).
+            for d in [&lapd, &srvd] {
+                let h = etcd_health(d);
+                if fault == Fault::None {
+                    assert_eq!(h["state"], "answering", "{h}");
+                }
+                assert!(h["answered"].as_u64().unwrap_or(0) > 0, "{h}");
+            }
         }
     }
 }

@@ -451,6 +451,46 @@ pub struct StatusReply {
     /// driver is not running.
     #[serde(default)]
     pub vcmp: Option<VcmpCounters>,
+    /// Where this host keeps and looks up its connections' locations, and
+    /// whether that works. Absent when the driver is not running (or vnatd
+    /// is older).
+    #[serde(default)]
+    pub location: Option<LocationStatus>,
+}
+
+/// The location store and servers vnatd uses (`vnatctl status`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LocationStatus {
+    /// "embedded" (records kept by this vnatd, for its peers to look up)
+    /// or "etcd" (besides the embedded one).
+    pub store: String,
+    /// The store in one sentence, as `vnatd --check` says it.
+    pub description: String,
+    /// `location_servers`: the vnatd location servers moves also use.
+    #[serde(default)]
+    pub servers: Vec<SocketAddr>,
+    /// etcd only: how its calls went. None for the embedded store.
+    #[serde(default)]
+    pub etcd: Option<EtcdHealth>,
+}
+
+/// How vnatd's calls to etcd went since it started.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EtcdHealth {
+    /// "untried" (no call finished yet), "answering" (the last call
+    /// worked) or "failing" (it did not: moves go on without etcd).
+    pub state: String,
+    /// Calls that worked, and calls that failed or timed out.
+    pub answered: u64,
+    pub failed: u64,
+    /// Seconds since the last call that worked, if one did.
+    #[serde(default)]
+    pub last_answer_secs_ago: Option<u64>,
+    /// The last failure, in one sentence, and how long ago it was.
+    #[serde(default)]
+    pub last_error: Option<String>,
+    #[serde(default)]
+    pub last_error_secs_ago: Option<u64>,
 }
 
 /// Counters of the VCMP protocol core.

@@ -165,6 +165,14 @@ async fn fake_driver(mut rx: tokio::sync::mpsc::Receiver<DriverCommand>) {
                 c.rejected.insert("bad_mac".into(), 2);
                 let _ = reply.send(c);
             }
+            DriverCommand::Location { reply } => {
+                let _ = reply.send(vnat_daemon::control::LocationStatus {
+                    store: "embedded".into(),
+                    description: "embedded (records kept in the state directory, locations.json)"
+                        .into(),
+                    ..Default::default()
+                });
+            }
             DriverCommand::Peers { reply } => {
                 let _ = reply.send(vec![PeerInfo {
                     address: tcp.remote.ip(),
@@ -379,6 +387,8 @@ fn status_enable_disable() {
         out.contains("vnatd 0.1.0-test") && out.contains("2 (1 translated)"),
         "{out}"
     );
+    // No VCMP driver here: no location section.
+    assert!(!out.contains("locations"), "{out}");
 
     // A relative path is sent as an absolute one.
     let cg = d.cgroup_dir.display().to_string();
@@ -537,6 +547,16 @@ fn mobility_commands_without_vcmp_fail_with_one_sentence() {
 fn planned_mode_commands_with_vcmp() {
     let d = Daemon::start_with_driver();
     let id = tcp_flow().id().to_string();
+
+    // status: where locations are kept, from the driver.
+    let o = vnatctl(&d.socket, &["status"]);
+    assert!(
+        stdout(&o).contains("locations    embedded (records kept in the state directory"),
+        "{}",
+        stdout(&o)
+    );
+    let v = json(&vnatctl(&d.socket, &["--json", "status"]));
+    assert_eq!(v["location"]["store"], "embedded", "{v}");
 
     // ls: the TCP connection is mobile, the UDP one is not.
     let o = vnatctl(&d.socket, &["ls"]);

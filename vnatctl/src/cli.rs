@@ -60,7 +60,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// What vnatd has loaded and attached: cgroups, tc attachments, counts and counters.
+    /// What vnatd has loaded and attached: cgroups, tc attachments, counts and counters,
+    /// where it keeps locations and whether etcd answers.
     Status,
     /// The recorded connections with their virtual and physical endpoints.
     #[command(visible_alias = "list")]

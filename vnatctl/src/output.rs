@@ -53,6 +53,10 @@ pub struct StatusJson {
     /// Absent when vnatd's VCMP driver is not running.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vcmp: Option<VcmpJson>,
+    /// The location store and servers (`.location.etcd.state`); absent
+    /// when vnatd's VCMP driver is not running.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub location: Option<vnat_control::LocationStatus>,
 }
 
 #[derive(Debug, Serialize)]
@@ -167,6 +171,7 @@ impl From<&StatusReply> for StatusJson {
                 events: v.events.clone(),
                 rejected: v.rejected.clone(),
             }),
+            location: s.location.clone(),
         }
     }
 }
@@ -264,6 +269,9 @@ pub fn status_text(s: &StatusReply) -> String {
         "connections",
         vec![format!("{} ({} translated)", d.connections, d.translations)],
     );
+    if let Some(l) = &s.location {
+        line("locations", location_lines(l));
+    }
     let mut text = format!(
         "vnatd {version}, pid {pid}, up {}\n{out}",
         duration(*uptime_secs)
@@ -301,6 +309,39 @@ pub fn status_text(s: &StatusReply) -> String {
         }
     }
     text
+}
+
+/// The `locations` lines of `vnatctl status`: the store, how etcd's calls
+/// went, and the location servers.
+fn location_lines(l: &vnat_control::LocationStatus) -> Vec<String> {
+    let mut out = vec![l.description.clone()];
+    if let Some(h) = &l.etcd {
+        let ago = |secs: Option<u64>| {
+            secs.map(|s| format!(" {} ago", duration(s)))
+                .unwrap_or_default()
+        };
+        out.push(match h.state.as_str() {
+            "untried" => "etcd: not called yet (the first move calls it)".to_string(),
+            "failing" => format!(
+                "etcd: FAILING, moves go on without it ({} of {} calls failed, the last{}): {}",
+                h.failed,
+                h.answered + h.failed,
+                ago(h.last_error_secs_ago),
+                h.last_error.as_deref().unwrap_or("no reason given")
+            ),
+            _ => format!(
+                "etcd: answering ({} of {} calls, the last{})",
+                h.answered,
+                h.answered + h.failed,
+                ago(h.last_answer_secs_ago)
+            ),
+        });
+    }
+    if !l.servers.is_empty() {
+        let servers: Vec<String> = l.servers.iter().map(|s| s.to_string()).collect();
+        out.push(format!("location servers: {}", servers.join(", ")));
+    }
+    out
 }
 
 fn or_none(s: String, none: &str) -> String {

@@ -308,7 +308,46 @@ fn status() -> StatusReply {
                 .collect(),
             rejected: [("bad_mac".to_string(), 2)].into_iter().collect(),
         }),
+        location: Some(vnat_control::LocationStatus {
+            store: "etcd".into(),
+            description: "etcd at http://198.18.6.2:2379".into(),
+            servers: vec!["198.18.6.9:2031".parse().unwrap()],
+            etcd: Some(vnat_control::EtcdHealth {
+                state: "failing".into(),
+                answered: 3,
+                failed: 2,
+                last_answer_secs_ago: Some(70),
+                last_error: Some("etcd at http://198.18.6.2:2379 does not answer".into()),
+                last_error_secs_ago: Some(4),
+            }),
+        }),
     }
+}
+
+#[test]
+fn status_text_says_where_locations_are_kept_and_whether_etcd_answers() {
+    let text = output::status_text(&status());
+    for needle in [
+        "locations    etcd at http://198.18.6.2:2379",
+        "etcd: FAILING, moves go on without it (2 of 5 calls failed, the last 4s ago): etcd at http://198.18.6.2:2379 does not answer",
+        "location servers: 198.18.6.9:2031",
+    ] {
+        assert!(text.contains(needle), "status lacks {needle:?}:\n{text}");
+    }
+    let mut ok = status();
+    let l = ok.location.as_mut().unwrap();
+    l.servers.clear();
+    let h = l.etcd.as_mut().unwrap();
+    h.state = "answering".into();
+    h.last_answer_secs_ago = Some(2);
+    let text = output::status_text(&ok);
+    assert!(
+        text.contains("etcd: answering (3 of 5 calls, the last 2s ago)"),
+        "{text}"
+    );
+    assert!(!text.contains("location servers"), "{text}");
+    ok.location = None;
+    assert!(!output::status_text(&ok).contains("locations"));
 }
 
 #[test]
@@ -388,6 +427,11 @@ fn status_json_shape() {
         (json!(10), json!(3))
     );
     assert_eq!(v["datapath"]["bpffs"], "/sys/fs/bpf/vnat");
+    assert_eq!(v["location"]["store"], "etcd");
+    assert_eq!(v["location"]["servers"], json!(["198.18.6.9:2031"]));
+    assert_eq!(v["location"]["etcd"]["state"], "failing");
+    assert_eq!(v["location"]["etcd"]["failed"], 2);
+    assert_eq!(v["location"]["etcd"]["last_error_secs_ago"], 4);
 }
 
 #[test]

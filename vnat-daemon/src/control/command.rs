@@ -8,7 +8,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::proto::{PeerInfo, VcmpCounters};
+use super::proto::{LocationStatus, PeerInfo, VcmpCounters};
 use super::transfer::{ExportDocument, ImportOutcome, TransferError};
 use crate::datapath::VirtualFlow;
 use crate::vcmp::EndpointError;
@@ -67,6 +67,11 @@ pub enum Command {
     Counters {
         reply: oneshot::Sender<VcmpCounters>,
     },
+    /// The location store and servers, and how etcd's calls went
+    /// (`vnatctl status`).
+    Location {
+        reply: oneshot::Sender<LocationStatus>,
+    },
     /// Hand these flows' VCMP state over (keys included) and forget them
     /// here; all of them or none.
     Export {
@@ -98,6 +103,7 @@ impl Command {
             Command::ForgetPeer { .. } => "forget-peer",
             Command::Mobility { .. } => "mobility",
             Command::Counters { .. } => "counters",
+            Command::Location { .. } => "location",
             Command::Export { .. } => "export",
             Command::Import { .. } => "import",
         }

@@ -158,6 +158,7 @@ impl Handler {
         let result = match result {
             Ok(Reply::Status(mut st)) => {
                 st.vcmp = self.ask(|reply| Command::Counters { reply }).ok();
+                st.location = self.ask(|reply| Command::Location { reply }).ok();
                 Ok(Reply::Status(st))
             }
             other => other,
@@ -201,6 +202,7 @@ impl Handler {
                     daemon,
                     datapath,
                     vcmp: None,
+                    location: None,
                 }))
             }
             Done::Connections(connections) => Reply::Connections {

@@ -178,6 +178,13 @@ impl FakeDriver {
                         c.rejected.insert("bad_mac".into(), 3);
                         let _ = reply.send(c);
                     }
+                    Command::Location { reply } => {
+                        seen.push("location".into());
+                        let _ = reply.send(crate::control::LocationStatus {
+                            store: "embedded".into(),
+                            ..Default::default()
+                        });
+                    }
                     Command::Peers { reply } => {
                         seen.push("peers".into());
                         let _ = reply.send(vec![PeerInfo {

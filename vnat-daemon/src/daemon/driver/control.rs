@@ -213,6 +213,9 @@ impl Driver {
             Command::Peers { reply } => {
                 let _ = reply.send(self.peer_infos());
             }
+            Command::Location { reply } => {
+                let _ = reply.send(self.stores.status(&self.cfg));
+            }
             Command::Reconfigure {
                 location_servers,
                 keepalive_secs,

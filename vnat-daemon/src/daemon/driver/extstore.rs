@@ -6,7 +6,7 @@
 //! event, so a slow or dead etcd never holds the driver up. Whether etcd
 //! answers is said in the log when it changes, not per request.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use rand_core::OsRng;
@@ -30,6 +30,59 @@ pub(super) struct ExtStore {
     in_flight: usize,
     /// Whether the last call failed (said once until one works again).
     down: bool,
+    /// How the calls went, for `vnatctl status`; the warm-up writes it too.
+    health: Arc<Mutex<Health>>,
+}
+
+/// How vnatd's calls to etcd went (`vnatctl status`).
+#[derive(Debug, Default)]
+struct Health {
+    answered: u64,
+    failed: u64,
+    last_answer: Option<Instant>,
+    last_error: Option<(Instant, String)>,
+    /// Whether the last call to finish failed.
+    failing: bool,
+}
+
+impl Health {
+    fn record(&mut self, r: Result<(), &EtcdError>) {
+        let now = Instant::now();
+        match r {
+            Ok(()) => {
+                self.answered += 1;
+                self.last_answer = Some(now);
+                self.failing = false;
+            }
+            Err(e) => {
+                self.failed += 1;
+                self.last_error = Some((now, e.to_string()));
+                self.failing = true;
+            }
+        }
+    }
+
+    fn report(&self) -> crate::control::EtcdHealth {
+        let state = if self.answered + self.failed == 0 {
+            "untried"
+        } else if self.failing {
+            "failing"
+        } else {
+            "answering"
+        };
+        crate::control::EtcdHealth {
+            state: state.into(),
+            answered: self.answered,
+            failed: self.failed,
+            last_answer_secs_ago: self.last_answer.map(|t| t.elapsed().as_secs()),
+            last_error: self.last_error.as_ref().map(|(_, e)| e.clone()),
+            last_error_secs_ago: self.last_error.as_ref().map(|(t, _)| t.elapsed().as_secs()),
+        }
+    }
+}
+
+fn lock(h: &Mutex<Health>) -> std::sync::MutexGuard<'_, Health> {
+    h.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl ExtStore {
@@ -38,8 +91,12 @@ impl ExtStore {
         let (tx, rx) = mpsc::channel(MAX_IN_FLIGHT);
         let store = Arc::new(store);
         let warm = store.clone();
+        let health = Arc::new(Mutex::new(Health::default()));
+        let warm_health = health.clone();
         tokio::spawn(async move {
-            match warm.warm_up().await {
+            let r = warm.warm_up().await;
+            lock(&warm_health).record(r.as_ref().map(|_| ()));
+            match r {
                 Ok(()) => {}
                 // A setting to fix, said now rather than at the first move.
                 Err(e) if e.is_refusal() => {
@@ -56,6 +113,7 @@ impl ExtStore {
                 answers: tx,
                 in_flight: 0,
                 down: false,
+                health,
             },
             rx,
         )
@@ -152,6 +210,21 @@ impl Stores {
         }
     }
 
+    /// The stores for `vnatctl status`.
+    pub(super) fn status(&self, cfg: &DriverConfig) -> crate::control::LocationStatus {
+        crate::control::LocationStatus {
+            store: if cfg.location_store.is_some() {
+                "etcd"
+            } else {
+                "embedded"
+            }
+            .into(),
+            description: super::super::config::store::describe(&cfg.location_store),
+            servers: cfg.location_servers.clone(),
+            etcd: self.ext.as_ref().map(|e| lock(&e.health).report()),
+        }
+    }
+
     /// The receiving end of the external store's answers, for the loop.
     pub(super) fn take_answers(&mut self) -> Option<mpsc::Receiver<Answer>> {
         self.answers.take()
@@ -223,6 +296,7 @@ impl Driver {
             return;
         };
         ext.in_flight = ext.in_flight.saturating_sub(1);
+        lock(&ext.health).record(r.as_ref().map(|_| ()));
         let answer = match r {
             Ok(a) => {
                 if ext.down {
