@@ -7,6 +7,7 @@
 //! `anyhow` + `clap`, so `.ci/run` can use it on a fresh machine before
 //! anything else is installed.
 mod criu;
+mod files;
 mod fuzz;
 mod kernels;
 mod package;
@@ -66,12 +67,14 @@ enum Command {
     /// integration tests (crate vnat-tests).
     ///
     /// Phase 1 runs `cargo test --no-fail-fast` on the workspace's default
-    /// members (no root needed, no eBPF attached). Phase 2 builds vnatd and
-    /// vnatctl and runs `cargo test --no-fail-fast -p vnat-tests --
-    /// --test-threads=N`, which creates network
-    /// namespaces, cgroups and bpffs pins. Arguments after `--` are passed to
-    /// the test binaries of both phases, e.g. a name filter:
-    /// `cargo xtask test -- roam`.
+    /// members (no root needed, no eBPF attached). Phase 2 builds vnatd,
+    /// vnatctl and the tests of vnat-tests, then runs each test executable
+    /// with `--test-threads=N`; they create network namespaces, cgroups and
+    /// bpffs pins. Each file has a time limit (`--file-timeout`): a file
+    /// still running then fails, after a report of what every process
+    /// waits on (state, kernel stacks, gdb backtraces when gdb is
+    /// installed). Arguments after `--` are passed to the test binaries of
+    /// both phases, e.g. a name filter: `cargo xtask test -- roam`.
     ///
     /// With `--kernel`, only the privileged phase runs, inside a VM that
     /// boots Debian's stock kernel of that version (qemu without KVM through
@@ -102,6 +105,13 @@ enum Command {
         /// With --kernel: run every test file instead of the core set.
         #[arg(long, requires = "kernel")]
         all_tests: bool,
+        /// Fail a test file of the privileged phase that is still running
+        /// after this many seconds (a hung test), after reporting what its
+        /// processes wait on. Default: 600 s plus the unannounced-outage
+        /// test's outage (VNAT_TEST_OUTAGE_SECS, 600 unless set) on the
+        /// host; 1200 s in a --kernel VM.
+        #[arg(long, value_name = "SECS")]
+        file_timeout: Option<u64>,
         /// With --kernel: stop the tests in the VM after this many seconds.
         #[arg(long, requires = "kernel", default_value_t = vm::TEST_TIMEOUT_SECS)]
         vm_timeout: u64,
@@ -210,9 +220,15 @@ fn dispatch(cli: Cli) -> Result<()> {
             tests,
             all_tests,
             vm_timeout,
+            file_timeout,
             no_prereq,
             args,
         } => {
+            if file_timeout == Some(0) {
+                bail!(
+                    "--file-timeout 0 would fail every test file: give a number of seconds above 0"
+                );
+            }
             if kernel.is_some() && phase == run::Phase::Unit {
                 bail!("--kernel runs the privileged integration tests only: the unprivileged ones have nothing kernel-specific");
             }
@@ -227,7 +243,10 @@ fn dispatch(cli: Cli) -> Result<()> {
                         (None, false) => vm::Selection::Core,
                     };
                     let threads = test_threads.unwrap_or(1);
-                    vm::test(&root, kernel, selection, threads, vm_timeout, &args)
+                    let file_limit = file_timeout.unwrap_or(files::VM_FILE_LIMIT_SECS);
+                    vm::test(
+                        &root, kernel, selection, threads, vm_timeout, file_limit, &args,
+                    )
                 }
                 None => {
                     if all_tests {
@@ -241,7 +260,15 @@ fn dispatch(cli: Cli) -> Result<()> {
                             available.join(", ")
                         );
                     }
-                    run::test(&root, phase, test_threads.unwrap_or(4), &files, &args)
+                    let file_limit = file_timeout.unwrap_or_else(files::host_file_limit);
+                    run::test(
+                        &root,
+                        phase,
+                        test_threads.unwrap_or(4),
+                        &files,
+                        file_limit,
+                        &args,
+                    )
                 }
             }
         }

@@ -31,7 +31,9 @@ pub const LLVM_MAJOR: u32 = 22;
 /// hide location's FTP test, dbus-daemon for the system bus of the sleep
 /// test's stand-in logind, etcd-server and etcd-client for the three-member
 /// etcd clusters of the location-store tests, protobuf-compiler for
-/// etcd-client's build, which compiles etcd's .proto files with protoc).
+/// etcd-client's build, which compiles etcd's .proto files with protoc,
+/// gdb for the backtraces of a test that hangs, which `cargo xtask test`
+/// prints before it kills that test: xtask/src/files.rs).
 const DEBIAN_PACKAGES: &[&str] = &[
     "iproute2",
     "nftables",
@@ -51,6 +53,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "etcd-server",
     "etcd-client",
     "protobuf-compiler",
+    "gdb",
     "llvm-22-dev",
     "libpolly-22-dev",
 ];

@@ -5,7 +5,7 @@ use std::{
     fs,
     path::{Path, PathBuf},
     process::Command,
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context as _, Result};
@@ -111,6 +111,7 @@ pub fn test(
     phase: Phase,
     test_threads: u32,
     files: &[String],
+    file_limit: u64,
     args: &[OsString],
 ) -> Result<()> {
     warn_build_skip();
@@ -153,16 +154,6 @@ pub fn test(
             .join("target")
             .join(format!("vnat-skipped-{}.txt", std::process::id()));
         let _ = fs::remove_file(&skipped);
-        let mut tests = cargo(root);
-        tests.env("VNAT_SKIP_REPORT", &skipped);
-        tests.args(["test", "--no-fail-fast", "-p", "vnat-tests"]);
-        for f in files {
-            tests.args(["--test", f]);
-        }
-        tests
-            .arg("--")
-            .arg(format!("--test-threads={test_threads}"))
-            .args(args);
         let ok =
             status(cargo(root).args(["build", "-p", "vnat-daemon", "-p", "vnatctl", "--bins"]))?
                 && match crate::prereq::kernel_check(&root.join("target/debug/vnatd")) {
@@ -171,8 +162,41 @@ pub fn test(
                         println!("error: {e:#}");
                         false
                     }
+                };
+        // Each test executable runs by itself within its limit (files.rs):
+        // a hung test fails its file with a report instead of stopping the
+        // run. Like `cargo test --no-fail-fast`, every file runs.
+        let mut bad_files = Vec::new();
+        if ok {
+            let mut executables = crate::files::test_executables(root, files)?;
+            // The library's unit tests first, then the files by name, as
+            // cargo test runs them.
+            executables.sort_by_key(|(name, _)| (!name.ends_with("(lib)"), name.clone()));
+            let limit = Duration::from_secs(file_limit);
+            println!(
+                "==> {} test executable(s), each within {} s",
+                executables.len(),
+                file_limit
+            );
+            for (name, exe) in &executables {
+                let mut cmd = Command::new(exe);
+                // cargo runs a package's tests in its directory.
+                cmd.current_dir(root.join("tests"))
+                    .env("VNAT_SKIP_REPORT", &skipped)
+                    .args(crate::files::test_args(test_threads, args));
+                match crate::files::run_file(name, cmd, limit)? {
+                    crate::files::Outcome::Passed => {}
+                    crate::files::Outcome::Failed => bad_files.push(name.clone()),
+                    crate::files::Outcome::TimedOut => {
+                        bad_files.push(format!("{name} (timed out)"))
+                    }
                 }
-                && status(&mut tests)?;
+            }
+            if !bad_files.is_empty() {
+                println!("==> failed: {}", bad_files.join(", "));
+            }
+        }
+        let ok = ok && bad_files.is_empty();
         phase_footer("privileged integration tests", t, ok);
         if !ok {
             failed.push("privileged integration tests");

@@ -30,7 +30,7 @@ use anyhow::{bail, Context as _, Result};
 
 pub use crate::kernels::Kernel;
 use crate::kernels::{kernel_tree, Unpacked};
-use crate::{prereq, run};
+use crate::{files, prereq, run};
 
 /// The tests that `cargo xtask test --kernel` runs unless `--all-tests` or
 /// `--tests` says otherwise: (test file, its tests to run by exact name; all
@@ -224,6 +224,7 @@ pub fn test(
     selection: Selection,
     test_threads: u32,
     timeout_secs: u64,
+    file_limit_secs: u64,
     args: &[OsString],
 ) -> Result<()> {
     // Check the names before anything slow.
@@ -258,14 +259,16 @@ pub fn test(
     run::warn_build_skip();
     println!("==> building vnatd, vnatctl and the integration tests (debug)");
     run::must(run::cargo(root).args(["build", "-p", "vnat-daemon", "-p", "vnatctl", "--bins"]))?;
-    let executables = test_executables(root)?;
+    let executables = files::test_executables(root, &names)?;
 
     let tests_dir = path_str(&root.join("tests"))?;
     let user_args = sh_args(args)?;
     let mut body = String::new();
-    // One function per file: it runs the binary within what is left of the
-    // time budget and records the outcome, so that a hung file is reported
-    // by name and the files after it are still reported (as not run).
+    // One function per file: it runs the binary within its own limit and
+    // what is left of the time budget, and records the outcome, so that a
+    // hung file is reported by name, with what its processes wait on
+    // (files.rs), and the files after it still run.
+    body.push_str(files::HANG_REPORT_SH);
     body.push_str(&format!(
         "deadline=$(( $(date +%s) + {timeout_secs} ))\n\
          failed=''\n\
@@ -274,16 +277,28 @@ pub fn test(
          \x20 name=\"$1\"; exe=\"$2\"; shift 2\n\
          \x20 left=$(( deadline - $(date +%s) ))\n\
          \x20 if [ $left -le 0 ]; then echo \"==> $name: not run (out of time)\"; failed=\"$failed $name\"; return; fi\n\
+         \x20 limit={file_limit_secs}; [ $left -lt $limit ] && limit=$left\n\
          \x20 echo \"==> $name\"\n\
          \x20 start=$(date +%s)\n\
-         \x20 timeout -k 10 $left \"$exe\" --test-threads={test_threads} \"$@\"{user_args}\n\
+         \x20 \"$exe\" --test-threads={test_threads} \"$@\"{user_args} &\n\
+         \x20 pid=$!\n\
+         \x20 timed_out=''\n\
+         \x20 while kill -0 $pid 2>/dev/null && [ -z \"$timed_out\" ]; do\n\
+         \x20   if [ $(( $(date +%s) - start )) -ge $limit ]; then\n\
+         \x20     timed_out=1\n\
+         \x20     echo \"==> $name: TIMED OUT: still running after $limit s (the test running is the one above without a result). What the processes wait on:\"\n\
+         \x20     hang_report $pid\n\
+         \x20     kill_tree $pid\n\
+         \x20   else\n\
+         \x20     sleep 1\n\
+         \x20   fi\n\
+         \x20 done\n\
+         \x20 wait $pid\n\
          \x20 rc=$?\n\
          \x20 secs=$(( $(date +%s) - start ))\n\
-         \x20 case $rc in\n\
-         \x20   0) echo \"==> $name: passed in $secs s\" ;;\n\
-         \x20   124|137) echo \"==> $name: TIMED OUT after $secs s\"; failed=\"$failed $name\" ;;\n\
-         \x20   *) echo \"==> $name: FAILED (exit status $rc) after $secs s\"; failed=\"$failed $name\" ;;\n\
-         \x20 esac\n\
+         \x20 if [ -n \"$timed_out\" ]; then echo \"==> $name: TIMED OUT after $secs s\"; failed=\"$failed $name\"\n\
+         \x20 elif [ $rc -eq 0 ]; then echo \"==> $name: passed in $secs s\"\n\
+         \x20 else echo \"==> $name: FAILED (exit status $rc) after $secs s\"; failed=\"$failed $name\"; fi\n\
          }}\n",
         sh_quote(&tests_dir)
     ));
@@ -349,73 +364,6 @@ fn footer(what: &str, started: Instant, ok: bool) {
         "==> {what}: {verdict} in {:.0} s",
         started.elapsed().as_secs_f64()
     );
-}
-
-/// The test executables of vnat-tests as (file name, path), built without
-/// running them: cargo's JSON messages name each one (`"executable"` of a
-/// compiler-artifact whose target kind is "test").
-fn test_executables(root: &Path) -> Result<Vec<(String, PathBuf)>> {
-    let mut cmd = run::cargo(root);
-    cmd.args([
-        "test",
-        "--no-run",
-        "-p",
-        "vnat-tests",
-        "--message-format=json-render-diagnostics",
-    ]);
-    println!("+ {}", run::describe(&cmd));
-    // stdout carries the JSON; diagnostics and progress go to the terminal.
-    let out = cmd
-        .stderr(Stdio::inherit())
-        .output()
-        .context("cannot run cargo to build the integration tests")?;
-    if !out.status.success() {
-        bail!("building the integration tests failed (cargo test --no-run -p vnat-tests)");
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let found: Vec<(String, PathBuf)> = text.lines().filter_map(test_artifact).collect();
-    if found.is_empty() {
-        bail!("cargo test --no-run -p vnat-tests reported no test executable");
-    }
-    Ok(found)
-}
-
-/// (target name, executable) from one line of cargo's JSON output, if it is
-/// a compiler-artifact of kind "test" with an executable. A string search,
-/// not a JSON parser: xtask has no serde, and cargo's message format is
-/// stable (the target object has no nested objects).
-fn test_artifact(line: &str) -> Option<(String, PathBuf)> {
-    if !line.contains("\"reason\":\"compiler-artifact\"") {
-        return None;
-    }
-    let target_start = line.find("\"target\":{")? + "\"target\":{".len();
-    let target = &line[target_start..];
-    let target = &target[..target.find('}')?];
-    if !target.contains("\"kind\":[\"test\"]") {
-        return None;
-    }
-    let name = json_string(target, "name")?;
-    let exe = json_string(line, "executable")?;
-    Some((name, PathBuf::from(exe)))
-}
-
-/// The string value of `"key":"..."` in `text` (the first one), unescaped.
-fn json_string(text: &str, key: &str) -> Option<String> {
-    let pat = format!("\"{key}\":\"");
-    let start = text.find(&pat)? + pat.len();
-    let mut out = String::new();
-    let mut chars = text[start..].chars();
-    loop {
-        match chars.next()? {
-            '"' => return Some(out),
-            '\\' => match chars.next()? {
-                'n' => out.push('\n'),
-                't' => out.push('\t'),
-                c => out.push(c),
-            },
-            c => out.push(c),
-        }
-    }
 }
 
 /// Host prerequisites and the kernel: Debian packages, virtme-ng, and the
@@ -837,20 +785,6 @@ mod tests {
         assert!(!is_kernel_log("test result: ok. 3 passed; 0 failed"));
         assert!(!is_kernel_log("[recorders] flood"));
         assert!(!is_kernel_log("[]"));
-    }
-
-    #[test]
-    fn test_artifacts_are_found_in_cargo_json() {
-        let line = r#"{"reason":"compiler-artifact","package_id":"path+file:///w/tests#vnat-tests@0.1.0","manifest_path":"/w/tests/Cargo.toml","target":{"kind":["test"],"crate_types":["bin"],"name":"recorders","src_path":"/w/tests/tests/recorders.rs","edition":"2021","doctest":false,"test":true},"profile":{"opt_level":"0","debuginfo":2,"debug_assertions":true,"overflow_checks":true,"test":true},"features":[],"filenames":["/w/target/debug/deps/recorders-0123"],"executable":"/w/target/debug/deps/recorders-0123","fresh":true}"#;
-        assert_eq!(
-            test_artifact(line),
-            Some((
-                "recorders".to_string(),
-                PathBuf::from("/w/target/debug/deps/recorders-0123")
-            ))
-        );
-        let lib = line.replace(r#""kind":["test"]"#, r#""kind":["lib"]"#);
-        assert_eq!(test_artifact(&lib), None);
     }
 
     #[test]
