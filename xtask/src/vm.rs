@@ -56,6 +56,9 @@ pub const CORE_TESTS: &[(&str, &[&str])] = &[
     // GSO handling changed in 5.14) and the NAT guard (bpf_skc_lookup_tcp).
     ("tc_family", &[]),
     ("tc_nat_guard", &[]),
+    // Whole-map reads in batches (BPF_MAP_LOOKUP_BATCH), which listing,
+    // housekeeping and status use.
+    ("map_batch", &[]),
     // What vnatd --check says of this kernel (the fallbacks themselves are
     // simulated on the host: they do not depend on the kernel).
     (

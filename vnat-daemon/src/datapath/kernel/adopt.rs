@@ -291,12 +291,9 @@ impl KernelDatapath {
     /// (sock_ops removes the others itself): one exact sock_diag lookup
     /// each, and the record is removed only if it still is that socket's.
     pub(super) fn drop_closed_adopted(&mut self) -> Result<(), DatapathError> {
-        let adopted: Vec<(FlowKey, u64)> = self
-            .loaded
-            .maps
-            .conns
-            .iter()
-            .filter_map(Result::ok)
+        let adopted: Vec<(FlowKey, u64)> = super::batch::read_all(&self.loaded.maps.conns)
+            .map_err(map_err(MAP_CONNS))?
+            .into_iter()
             .filter(|(_, r)| r.origin == ORIGIN_TCP_ADOPTED)
             .map(|(k, r)| (k, r.cookie))
             .collect();

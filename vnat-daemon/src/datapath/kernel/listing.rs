@@ -51,13 +51,8 @@ impl KernelDatapath {
         let translated: std::collections::HashSet<FlowKey> =
             self.egress_entries()?.iter().map(|(k, _)| *k).collect();
         let now_ns = boottime_ns();
-        let all: Vec<(FlowKey, ConnRecord)> = self
-            .loaded
-            .maps
-            .conns
-            .iter()
-            .filter_map(Result::ok)
-            .collect();
+        let all: Vec<(FlowKey, ConnRecord)> =
+            super::batch::read_all(&self.loaded.maps.conns).map_err(map_err(MAP_CONNS))?;
         let udp: Vec<&(FlowKey, ConnRecord)> =
             all.iter().filter(|(k, _)| k.proto == PROTO_UDP).collect();
         let mut stale = std::collections::HashSet::new();
@@ -201,13 +196,8 @@ impl KernelDatapath {
     /// With `with_owners == false`, pid, command and cgroup are left out
     /// unless the record carries the pid (and /proc is not read at all).
     pub(super) fn list(&self, with_owners: bool) -> Result<Vec<ConnectionInfo>, DatapathError> {
-        let mut records: Vec<(FlowKey, ConnRecord)> = self
-            .loaded
-            .maps
-            .conns
-            .iter()
-            .collect::<Result<_, _>>()
-            .map_err(map_err(MAP_CONNS))?;
+        let mut records: Vec<(FlowKey, ConnRecord)> =
+            super::batch::read_all(&self.loaded.maps.conns).map_err(map_err(MAP_CONNS))?;
         // Guests' completed flows are listed once housekeeping has moved
         // them to the guest map (under their public names).
         records.extend(

@@ -4,6 +4,7 @@
 
 mod adopt;
 mod attach;
+pub mod batch;
 mod budgets;
 pub mod check;
 pub mod cleanup;
@@ -203,9 +204,7 @@ impl KernelDatapath {
         } else {
             (&self.loaded.maps.ingress, MAP_INGRESS_NAT)
         };
-        map.iter()
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(map_err(name))
+        batch::read_all(map).map_err(map_err(name))
     }
 
     /// The translations' egress entries: not those that only hold a flow
@@ -455,7 +454,9 @@ impl Datapath for KernelDatapath {
                 hide_location: hiding.contains(&id),
             })
             .collect();
-        let connections = self.loaded.maps.conns.keys().filter(Result::is_ok).count() as u64;
+        let connections = batch::read_all(&self.loaded.maps.conns)
+            .map_err(map_err(MAP_CONNS))?
+            .len() as u64;
         Ok(DatapathStatus {
             kernel: object::kernel_release(),
             tc_mode: self.tc_mode,
