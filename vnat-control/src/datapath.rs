@@ -105,7 +105,7 @@ pub struct GuestInfo {
 }
 
 /// A translation for one flow (what `install_translation` takes).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Translation {
     pub flow: VirtualFlow,
     /// Where the local end is now (equal to `flow.local` if it did not move).

@@ -340,13 +340,15 @@ impl Driver {
         let translations = with_dp(&self.dp, |dp| dp.translations())
             .await
             .map_err(TransferError::Datapath)?;
+        let translations: HashMap<VirtualFlow, Translation> =
+            translations.into_iter().map(|t| (t.flow, t)).collect();
         let mut connections = Vec::with_capacity(flows.len());
         for f in flows {
             let vcmp = self
                 .endpoint
                 .export_connection(f)
                 .map_err(|source| TransferError::Export { id: f.id(), source })?;
-            let translation = translations.iter().find(|t| t.flow == *f).copied();
+            let translation = translations.get(f).copied();
             tracing::info!(id = f.id(), flow = %f, "connection exported; VCMP forgets it here");
             self.tracking.exported(*f);
             connections.push(ExportedConnection {

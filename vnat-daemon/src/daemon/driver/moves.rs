@@ -244,8 +244,10 @@ impl Driver {
         self.hold_stranded(&tracked, &addrs, &sources, &moves).await;
         // A connection that cannot move is said once, until it is no move
         // to make any more (it moved, closed, or its address came back).
-        self.stuck_said
-            .retain(|f| moves.iter().any(|m| m.flow == *f));
+        // (A set: at 100,000 connections a search of the moves per flow
+        // was 10^10 comparisons.)
+        let moving: HashSet<VirtualFlow> = moves.iter().map(|m| m.flow).collect();
+        self.stuck_said.retain(|f| moving.contains(f));
         // A connection placed by `vnatctl migrate` that lost its address
         // is automatic mode's again.
         for m in &moves {

@@ -86,11 +86,12 @@ impl Driver {
             self.outages.inherited.extend(left.iter().map(|h| h.flow));
             return;
         }
+        let moving: HashSet<VirtualFlow> = moves.iter().map(|m| m.flow).collect();
         let stranded: Vec<VirtualFlow> = tracked
             .iter()
             .filter(|t| t.flow.proto == Proto::Tcp)
             .filter(|t| !self.outages.answering.contains_key(&t.flow))
-            .filter(|t| !moves.iter().any(|m| m.flow == t.flow))
+            .filter(|t| !moving.contains(&t.flow))
             .filter(|t| {
                 let routed = sources
                     .get(&t.remote_phys.ip())

@@ -133,8 +133,9 @@ impl Driver {
     /// The translations installed this turn (`done`) complete the moves
     /// in `pending`; one whose translation failed failed.
     pub(super) fn switches_done(&mut self, pending: Vec<PendingEnd>, done: &[Switch]) {
+        let switched: HashSet<VirtualFlow> = done.iter().map(|s| s.flow).collect();
         for (flow, side) in pending {
-            let r = if done.iter().any(|s| s.flow == flow) {
+            let r = if switched.contains(&flow) {
                 Ok(())
             } else {
                 Err("vnatd could not install its new translation (see its log)".to_string())
