@@ -306,9 +306,28 @@ pub fn test(
         sh_quote(&tests_dir)
     ));
     // What this kernel offers, as vnatd sees it, first in the log.
+    let vnatd = sh_quote(&path_str(&vm.target.join("debug/vnatd"))?);
+    let vnatctl = sh_quote(&path_str(&vm.target.join("debug/vnatctl"))?);
     body.push_str(&format!(
-        "{} --config /dev/null --check || echo '==> vnatd --check: vnatd cannot run on this kernel'\n",
-        sh_quote(&path_str(&vm.target.join("debug/vnatd"))?)
+        "{vnatd} --config /dev/null --check || echo '==> vnatd --check: vnatd cannot run on this kernel'\n"
+    ));
+    // The cgroup BPF static keys stay on for the whole run, as the tc ones
+    // do (see `Vm::script`): the tests attach and detach cgroup programs
+    // all the time, and each first attach or last detach of a type
+    // rewrites kernel code live, which TCG with two vCPUs can turn into an
+    // oops or a hang. A vnatd of the VM's own, recording (and hiding
+    // location for) an empty cgroup, keeps one program of each type
+    // attached. It is in the VM's root namespace, which no test uses.
+    body.push_str(&format!(
+        "keys=/tmp/vnat-vm-keys\n\
+         mkdir -p $keys /sys/fs/cgroup/vnat-vm-keys\n\
+         {vnatd} --config /dev/null --bpffs /sys/fs/bpf/vnat-vm-keys --state-dir $keys/state \\\n\
+         \x20   --control $keys/vnatd.sock --listen 127.0.0.1:2999 --cgroup /sys/fs/cgroup/vnat-vm-keys \\\n\
+         \x20   --hide-location-cgroup /sys/fs/cgroup/vnat-vm-keys --no-sleep-inhibit --log-level warn \\\n\
+         \x20   > $keys/log 2>&1 &\n\
+         for i in $(seq 1 240); do {vnatctl} --control $keys/vnatd.sock status > /dev/null 2>&1 && break; sleep 0.5; done\n\
+         {vnatctl} --control $keys/vnatd.sock status > /dev/null 2>&1 \\\n\
+         \x20   || {{ echo 'warning: the vnatd that holds the cgroup static keys on did not start:'; tail -n 5 $keys/log; }}\n"
     ));
     for (name, tests) in &chosen {
         let exe = executables
@@ -659,6 +678,16 @@ impl Vm {
             sh_quote(&path_str(&self.unpacked.tree)?),
             VM_MODULES.join(" ")
         ));
+        // The kernel's tc static keys (tcx_needed_key; ingress and
+        // egress_needed_key before 6.6) stay on for the whole run: the
+        // tests attach and detach tc all the time, and each time the count
+        // goes between 0 and 1 the kernel rewrites its own code live
+        // (text_poke_bp). Under TCG with two vCPUs that rewrite can oops
+        // the other vCPU ("Oops: int3" in __netif_receive_skb_core, seen
+        // on 6.12). A clsact qdisc on the VM's own lo holds the keys on.
+        s.push_str(
+            "tc qdisc add dev lo clsact || echo 'warning: no clsact qdisc on lo: the tc static keys will be patched live'\n",
+        );
         // The host's PATH (pyenv, ~/.cargo/bin: the same tools as a run on
         // the host), HOME, and the variables the harness and Rust's test
         // runner read. The VM starts with a minimal environment of its own.
