@@ -391,10 +391,26 @@ impl Drop for Vnatd {
                 })
                 .map(String::from)
                 .collect();
+            // Where its packets go: the addresses (vnat keeps moved and
+            // vanished ones on lo), the policy rules (the moved flows' own
+            // and the kept addresses' fallback to the sink) and the routes.
+            let routing: Vec<String> = [
+                &["ip", "-br", "addr"][..],
+                &["ip", "rule"][..],
+                &["ip", "route", "show", "table", "all"][..],
+            ]
+            .iter()
+            .flat_map(|args| {
+                let out: Vec<String> = run(args).lines().take(30).map(String::from).collect();
+                std::iter::once(format!("$ {}", args.join(" "))).chain(out)
+            })
+            .filter(|l| !l.contains("table local"))
+            .collect();
             eprintln!(
-                "sockets:\n{}\ncounters: {}",
+                "sockets:\n{}\ncounters: {}\nrouting:\n{}",
                 sockets.join("\n"),
-                errors.join("; ")
+                errors.join("; "),
+                routing.join("\n")
             );
         }
         let _ = self.child.kill();
