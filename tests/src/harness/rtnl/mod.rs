@@ -56,24 +56,10 @@ impl Rtnl {
         socket.set_ext_ack(true)?;
         // An answer the kernel dropped must fail the test that waited for
         // it, not hang it.
-        let timeout = libc::timeval {
-            tv_sec: 10,
-            tv_usec: 0,
-        };
-        // SAFETY: the socket is open (owned by `socket`); `timeout` is a
-        // live timeval and its size is passed.
-        let rc = unsafe {
-            libc::setsockopt(
-                std::os::fd::AsRawFd::as_raw_fd(&socket),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                (&timeout as *const libc::timeval).cast(),
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            )
-        };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        vnat_daemon::datapath::kernel::set_receive_timeout(
+            std::os::fd::AsFd::as_fd(&socket),
+            std::time::Duration::from_secs(10),
+        )?;
         Ok(Rtnl { socket, seq: 0 })
     }
 

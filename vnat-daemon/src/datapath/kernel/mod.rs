@@ -33,6 +33,7 @@ mod reconcile;
 mod restart;
 mod routing;
 mod rtnl;
+pub use rtnl::set_receive_timeout;
 mod sizes;
 pub mod sysctls;
 pub mod testrun;

@@ -123,15 +123,25 @@ pub(crate) fn request_socket(protocol: isize) -> io::Result<Socket> {
 
 fn request_socket_waiting(protocol: isize, wait: std::time::Duration) -> io::Result<Socket> {
     let socket = Socket::new(protocol)?;
+    set_receive_timeout(std::os::fd::AsFd::as_fd(&socket), wait)?;
+    Ok(socket)
+}
+
+/// Make reads of `fd` give up after `wait` (SO_RCVTIMEO): for request
+/// sockets whose answer may never come.
+pub fn set_receive_timeout(
+    fd: std::os::fd::BorrowedFd<'_>,
+    wait: std::time::Duration,
+) -> io::Result<()> {
     let timeout = libc::timeval {
         tv_sec: wait.as_secs() as libc::time_t,
         tv_usec: wait.subsec_micros() as libc::suseconds_t,
     };
-    // SAFETY: the socket is open (owned by `socket`); `timeout` is a live
-    // timeval and its size is passed.
+    // SAFETY: `fd` is open for the borrow; `timeout` is a live timeval and
+    // its size is passed.
     let rc = unsafe {
         libc::setsockopt(
-            std::os::fd::AsRawFd::as_raw_fd(&socket),
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
             libc::SOL_SOCKET,
             libc::SO_RCVTIMEO,
             (&timeout as *const libc::timeval).cast(),
@@ -141,7 +151,7 @@ fn request_socket_waiting(protocol: isize, wait: std::time::Duration) -> io::Res
     if rc < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(socket)
+    Ok(())
 }
 
 /// Read the next answer datagram from a [`request_socket`] into `buf`
