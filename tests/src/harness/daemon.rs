@@ -387,6 +387,8 @@ impl Drop for Vnatd {
                             || name.contains("Error")
                             || name.contains("NoPorts")
                             || name.contains("ReversePath")
+                            || name.contains("NoRoutes")
+                            || name.contains("Retrans")
                             || name.contains("Discard"))
                 })
                 .map(String::from)
