@@ -54,7 +54,7 @@ pub use nat::{
     nat_router, nat_router_b_only, nat_router_with, nat_subnet_d_as_a, port_forward,
     port_forward_mapped, NatPorts, NAT_PUBLIC_A, NAT_PUBLIC_B, SERVER_PUBLIC,
 };
-pub use netns::{ss_endpoint, tcp_bytes_received, Netns};
+pub use netns::{ss_endpoint, tcp_bytes_received, tcp_segs_received, Netns};
 pub use not_run::{not_run, skip_line, SKIP_REPORT_VAR};
 pub use rogue::Rogue;
 pub use rtnl::{Address, Link, Route, Rule};

@@ -358,6 +358,29 @@ pub fn tcp_bytes_received(
         })
 }
 
+/// Segments the TCP socket `local` -> `remote` in `ns` has received
+/// (`segs_in`), duplicates included: what shows that a peer's packets
+/// arrive, where the bytes it may resend (already received) would not.
+pub fn tcp_segs_received(
+    ns: &Netns,
+    local: std::net::SocketAddr,
+    remote: std::net::SocketAddr,
+) -> u64 {
+    let filter = format!("src {} and dst {}", ss_endpoint(local), ss_endpoint(remote));
+    let out = ns.run_stdout(&["ss", "-tinoH", "state", "established", &filter]);
+    assert!(
+        !out.trim().is_empty(),
+        "no established socket {local} -> {remote} in {}: the connection did not survive",
+        ns.name()
+    );
+    out.split_whitespace()
+        .find_map(|w| w.strip_prefix("segs_in:"))
+        .map_or(0, |n| {
+            n.parse()
+                .unwrap_or_else(|e| panic!("segs_in in {out}: {e}"))
+        })
+}
+
 pub fn ss_endpoint(a: std::net::SocketAddr) -> String {
     match a {
         std::net::SocketAddr::V4(a) => a.to_string(),
