@@ -334,7 +334,6 @@ fn show<S: AsRef<OsStr>>(args: &[S]) -> String {
         .join(" ")
 }
 
-/// An endpoint as `ss` filters take it: IPv6 addresses in brackets.
 /// `bytes_received` of the established TCP socket `local -> remote` in `ns`
 /// (`ss -tin`; 0 when ss leaves it out). Panics if there is no such socket:
 /// the connection did not survive.
@@ -343,19 +342,7 @@ pub fn tcp_bytes_received(
     local: std::net::SocketAddr,
     remote: std::net::SocketAddr,
 ) -> usize {
-    let filter = format!("src {} and dst {}", ss_endpoint(local), ss_endpoint(remote));
-    let out = ns.run_stdout(&["ss", "-tinoH", "state", "established", &filter]);
-    assert!(
-        !out.trim().is_empty(),
-        "no established socket {local} -> {remote} in {}: the connection did not survive",
-        ns.name()
-    );
-    out.split_whitespace()
-        .find_map(|w| w.strip_prefix("bytes_received:"))
-        .map_or(0, |n| {
-            n.parse()
-                .unwrap_or_else(|e| panic!("bytes_received in {out}: {e}"))
-        })
+    tcp_info_field(ns, local, remote, "bytes_received") as usize
 }
 
 /// Segments the TCP socket `local` -> `remote` in `ns` has received
@@ -366,6 +353,17 @@ pub fn tcp_segs_received(
     local: std::net::SocketAddr,
     remote: std::net::SocketAddr,
 ) -> u64 {
+    tcp_info_field(ns, local, remote, "segs_in")
+}
+
+/// The counter `name` that `ss -tin` shows for the established TCP socket
+/// `local -> remote` in `ns` (0 when ss leaves it out, as it does a zero).
+fn tcp_info_field(
+    ns: &Netns,
+    local: std::net::SocketAddr,
+    remote: std::net::SocketAddr,
+    name: &str,
+) -> u64 {
     let filter = format!("src {} and dst {}", ss_endpoint(local), ss_endpoint(remote));
     let out = ns.run_stdout(&["ss", "-tinoH", "state", "established", &filter]);
     assert!(
@@ -373,14 +371,15 @@ pub fn tcp_segs_received(
         "no established socket {local} -> {remote} in {}: the connection did not survive",
         ns.name()
     );
+    let prefix = format!("{name}:");
     out.split_whitespace()
-        .find_map(|w| w.strip_prefix("segs_in:"))
+        .find_map(|w| w.strip_prefix(prefix.as_str()))
         .map_or(0, |n| {
-            n.parse()
-                .unwrap_or_else(|e| panic!("segs_in in {out}: {e}"))
+            n.parse().unwrap_or_else(|e| panic!("{name} in {out}: {e}"))
         })
 }
 
+/// An endpoint as `ss` filters take it: IPv6 addresses in brackets.
 pub fn ss_endpoint(a: std::net::SocketAddr) -> String {
     match a {
         std::net::SocketAddr::V4(a) => a.to_string(),
