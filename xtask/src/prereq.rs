@@ -32,6 +32,9 @@ pub const LLVM_MAJOR: u32 = 22;
 /// test's stand-in logind, etcd-server and etcd-client for the three-member
 /// etcd clusters of the location-store tests, protobuf-compiler for
 /// etcd-client's build, which compiles etcd's .proto files with protoc,
+/// and libprotobuf-dev for the well-known types they import
+/// (google/protobuf/descriptor.proto: without it protoc fails with "File
+/// not found" on a machine that has only the compiler),
 /// gdb for the backtraces of a test that hangs, which `cargo xtask test`
 /// prints before it kills that test: xtask/src/files.rs).
 const DEBIAN_PACKAGES: &[&str] = &[
@@ -53,6 +56,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "etcd-server",
     "etcd-client",
     "protobuf-compiler",
+    "libprotobuf-dev",
     "gdb",
     "llvm-22-dev",
     "libpolly-22-dev",
