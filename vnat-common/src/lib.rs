@@ -320,6 +320,46 @@ pub const NAT_F_ROUTED: u32 = 8;
 /// write the value's first words into the packet's own family).
 pub const NAT_F_FAMILY: u32 = 16;
 
+/// The peer's physical endpoint this flow sends to was announced in an
+/// authenticated update and is not validated yet (the reachability
+/// challenge is under way): on egress the flow may send there at most
+/// what its [`MAP_UNVALIDATED`] entry allows, three times what came from
+/// there (RFC 9000 section 8, anti-amplification), and a packet over that
+/// is dropped (`drop_unvalidated`; the socket sends it again later); on
+/// ingress every packet from there adds three times its length to the
+/// allowance. A flow whose entry is missing sends nothing. vnatd clears
+/// the bit when the address is validated, or puts the last validated
+/// address back when it is not. Programs that predate the bit ignore it
+/// (and send unlimited), which no vnatd that sets it loads.
+pub const NAT_F_BUDGET: u32 = 32;
+
+/// What a flow may still send to a peer address that is not validated yet
+/// ([`NAT_F_BUDGET`]).
+pub const MAP_UNVALIDATED: &str = "VNAT_UNVALIDATED";
+/// Capacity of [`MAP_UNVALIDATED`]: one entry per translated flow at most.
+pub const UNVALIDATED_MAX_ENTRIES: u32 = NAT_MAX_ENTRIES;
+/// The multiple of the bytes received from an address that may be sent to
+/// it before it is validated.
+pub const AMPLIFICATION_FACTOR: u64 = 3;
+
+/// Value of [`MAP_UNVALIDATED`], keyed by the flow's egress key (its
+/// virtual endpoints, as the NAT maps' egress key): bytes (IP packets,
+/// headers included) the flow may send to its unvalidated address in
+/// all, and bytes it sent there. The ingress program adds
+/// [`AMPLIFICATION_FACTOR`] times each packet's length to `allowed`,
+/// vnatd writes the first allowance (from the update that announced the
+/// address, when it came from there), and the egress program adds to
+/// `sent` what it lets out. Updated with plain loads and stores: two CPUs
+/// sending the same flow's packets in the same instant may lose one
+/// packet's count.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnvalidatedBudget {
+    pub allowed: u64,
+    pub sent: u64,
+}
+const _: () = assert!(core::mem::size_of::<UnvalidatedBudget>() == 16);
+
 /// Value of the NAT maps: the tuple a matching packet is rewritten to.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -422,6 +462,7 @@ mod pod {
     unsafe impl aya::Pod for super::NatRewrite {}
     unsafe impl aya::Pod for super::DatapathConfig {}
     unsafe impl aya::Pod for super::GuestKey {}
+    unsafe impl aya::Pod for super::UnvalidatedBudget {}
 }
 
 /// Cgroups whose applications do not see moves (`vnatctl enable

@@ -155,4 +155,9 @@ counters! {
     /// the hold outlived the limit it was made with (vnatd had not
     /// released it).
     STAT_HOLD_EXPIRED = 44, "hold_expired";
+    /// Dropped on purpose: an outgoing packet of a flow whose peer address
+    /// is not validated yet (`NAT_F_BUDGET`) that would have sent there more
+    /// than three times what came from there. The socket sends it again
+    /// later (after the validation, or once more came in).
+    STAT_DROP_UNVALIDATED = 45, "drop_unvalidated";
 }

@@ -9,9 +9,9 @@ use aya_ebpf::{
 pub use vnat_common::Owner;
 use vnat_common::{
     ConnRecord, DatapathConfig, FlowKey, GuestKey, NatRewrite, RebindKey, RebindValue,
-    CFG_F_BIND_DIVERT, CFG_F_NAT_EMPTY, CFG_F_NETNS_FILTER, CFG_F_REBINDING,
+    UnvalidatedBudget, CFG_F_BIND_DIVERT, CFG_F_NAT_EMPTY, CFG_F_NETNS_FILTER, CFG_F_REBINDING,
     CONNECTING_MAX_ENTRIES, CONNS_MAX_ENTRIES, GUESTS_MAX_ENTRIES, NAT_MAX_ENTRIES,
-    REBIND_MAX_ENTRIES, STAT_COUNT,
+    REBIND_MAX_ENTRIES, STAT_COUNT, UNVALIDATED_MAX_ENTRIES,
 };
 
 /// BPF_F_NO_PREALLOC: entries are allocated on insert, so the capacity costs
@@ -35,6 +35,12 @@ pub static VNAT_EGRESS_NAT: HashMap<FlowKey, NatRewrite> =
 #[map]
 pub static VNAT_INGRESS_NAT: HashMap<FlowKey, NatRewrite> =
     HashMap::pinned(NAT_MAX_ENTRIES, NO_PREALLOC);
+
+/// What flows sending to a peer address not validated yet may still send
+/// there (`vnat_common::NAT_F_BUDGET`), by egress key.
+#[map]
+pub static VNAT_UNVALIDATED: HashMap<FlowKey, UnvalidatedBudget> =
+    HashMap::pinned(UNVALIDATED_MAX_ENTRIES, NO_PREALLOC);
 
 #[map]
 pub static VNAT_REBIND: HashMap<RebindKey, RebindValue> =

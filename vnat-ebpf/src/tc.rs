@@ -27,13 +27,15 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use vnat_common::{
-    hold_in_force, FlowKey, NatRewrite, NAT_F_FAMILY, NAT_F_HOLD, NAT_F_REDIRECT, STAT_DROP_HELD,
-    STAT_DROP_IPV6_EXTHDR, STAT_DROP_REDIRECT_FAILED, STAT_EGRESS_REDIRECTED,
+    hold_in_force, FlowKey, NatRewrite, AF_INET, AF_INET6, AMPLIFICATION_FACTOR, NAT_F_BUDGET,
+    NAT_F_FAMILY, NAT_F_HOLD, NAT_F_REDIRECT, STAT_DROP_HELD, STAT_DROP_IPV6_EXTHDR,
+    STAT_DROP_REDIRECT_FAILED, STAT_DROP_UNVALIDATED, STAT_EGRESS_REDIRECTED,
     STAT_EGRESS_TRANSLATED, STAT_HOLD_EXPIRED, STAT_INGRESS_TRANSLATED, STAT_PASS_IPV6_EXTHDR,
 };
 
 use crate::maps::{
     bind_divert_port, count, nat_is_empty, rebinding, VNAT_EGRESS_NAT, VNAT_INGRESS_NAT,
+    VNAT_UNVALIDATED,
 };
 use family::translate_family;
 use frag::{remember_fragment, translate_fragment};
@@ -223,6 +225,9 @@ fn translate_flow(ctx: &TcContext, p: &Parsed, dir: Dir) -> Result<Option<i32>, 
             return Ok(None);
         }
     }
+    if nat.flags & NAT_F_BUDGET != 0 && !within_budget(ctx, p, dir, &nat) {
+        return Err(Drop(STAT_DROP_UNVALIDATED));
+    }
     if nat.flags & NAT_F_FAMILY != 0 {
         // Carried in the other address family: done by the caller, in a
         // frame of its own (no fragments: nothing to remember for later
@@ -235,6 +240,66 @@ fn translate_flow(ctx: &TcContext, p: &Parsed, dir: Dir) -> Result<Option<i32>, 
     }
     rewrite(ctx, p, &nat)?;
     finish(ctx, dir, &nat, p.l3).map(Some)
+}
+
+/// A packet of a flow whose peer address is not validated yet
+/// (`NAT_F_BUDGET`): coming in (from that address: the ingress key is the
+/// physical tuple), it adds three times its length to what the flow may
+/// send there; going out, it may leave only within that. False: drop it.
+/// The allowance is keyed by the flow's egress key, which an ingress
+/// entry's value (the virtual tuple, reversed) gives. A frame of its own
+/// (a call from `translate_flow`), so the key built here is not added to
+/// the translators' deepest chain.
+#[inline(never)]
+fn within_budget(ctx: &TcContext, p: &Parsed, dir: Dir, nat: &NatRewrite) -> bool {
+    let len = (ctx.len() as u64).saturating_sub(p.l3 as u64);
+    let key = match dir {
+        Dir::Egress => p.key,
+        Dir::Ingress => FlowKey {
+            src_addr_be: nat.dst_addr_be,
+            dst_addr_be: nat.src_addr_be,
+            src_port_be: nat.dst_port_be,
+            dst_port_be: nat.src_port_be,
+            // The value's family: the other one for a flow carried in the
+            // other family.
+            family: match (nat.flags & NAT_F_FAMILY != 0, p.key.family) {
+                (false, f) => f,
+                (true, AF_INET) => AF_INET6,
+                (true, _) => AF_INET,
+            },
+            proto: p.key.proto,
+            _pad: opaque_zero(),
+        },
+    };
+    let Some(b) = VNAT_UNVALIDATED.get_ptr_mut(&key) else {
+        // No allowance written (vnatd failed between the two writes, or
+        // removed it first): nothing may leave, anything may come in.
+        return dir == Dir::Ingress;
+    };
+    // SAFETY: `b` is the non-null pointer the lookup just returned, an
+    // aligned value inside the map's memory (BPF_F_NO_PREALLOC: aya's
+    // documented safe case; see `translate_flow` on reuse after a delete).
+    // Plain loads and stores: see `UnvalidatedBudget`.
+    unsafe {
+        match dir {
+            Dir::Ingress => {
+                let allowed = core::ptr::read_volatile(&(*b).allowed);
+                core::ptr::write_volatile(
+                    &mut (*b).allowed,
+                    allowed.saturating_add(len.saturating_mul(AMPLIFICATION_FACTOR)),
+                );
+                true
+            }
+            Dir::Egress => {
+                let sent = core::ptr::read_volatile(&(*b).sent).saturating_add(len);
+                if sent > core::ptr::read_volatile(&(*b).allowed) {
+                    return false;
+                }
+                core::ptr::write_volatile(&mut (*b).sent, sent);
+                true
+            }
+        }
+    }
 }
 
 /// Whether a [`NAT_F_HOLD`] entry still holds: one stamped with its end (an

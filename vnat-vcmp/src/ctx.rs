@@ -20,6 +20,9 @@ pub(crate) struct Ctx<'r> {
     pub req_ids: HashMap<(SocketAddr, Kind), (u32, usize)>,
     /// The id given out last by `request_id`.
     pub last_req: u32,
+    /// Bytes of the datagram being handled per record it carries: what
+    /// each record's sender spent on it (0 outside a record datagram).
+    pub rx_share: usize,
 }
 
 impl<'r> Ctx<'r> {
@@ -33,6 +36,7 @@ impl<'r> Ctx<'r> {
             jitter_permille,
             req_ids: HashMap::new(),
             last_req: 0,
+            rx_share: 0,
         }
     }
 

@@ -69,6 +69,9 @@ pub(crate) struct Conn {
     /// the named address does not within a retransmission timeout
     /// (`update::nat_fallback`).
     pub nat_candidate: Option<SocketAddr>,
+    /// We send to `pending_remote` already, under the datapath's
+    /// anti-amplification budget (`Event::SendUnvalidated`).
+    pub sending_unvalidated: bool,
     pub keyx: Option<KeyxState>,
     /// Our answer to the peer's last KEYX: (peer's value, ours).
     pub keyx_answer: Option<([u8; 32], [u8; 32])>,
@@ -759,6 +762,7 @@ impl Conn {
             role: RoleState::default(),
             pending_remote: None,
             nat_candidate: None,
+            sending_unvalidated: false,
             keyx: None,
             keyx_answer: None,
             keyx_answer_seq: 0,

@@ -43,6 +43,20 @@ pub enum Event {
         local: SocketAddr,
         remote: SocketAddr,
     },
+    /// A peer announced, in an authenticated update that came from there,
+    /// that `flow`'s remote end is now at `remote`, which is being
+    /// validated: send there now, but at most `allowed` bytes plus three
+    /// times what arrives from there (the anti-amplification budget, RFC
+    /// 9000 section 8), until `SetRemote` (validated: no limit) or
+    /// `Reverted` (not: back to the last validated address). Follows the
+    /// flow's `PrepareReceive` for `remote`; like `SetRemote`, it is
+    /// followed by a SWITCHED once it took effect, which lets the peer
+    /// send from there.
+    SendUnvalidated {
+        flow: VirtualFlow,
+        remote: SocketAddr,
+        allowed: u32,
+    },
     /// Path validation of `attempted` failed; `flow` stays at (or returns
     /// to) the last validated endpoint `remote`, and the receive side
     /// prepared for `attempted` goes. Never dropped for a full event queue.

@@ -64,6 +64,7 @@ impl Endpoint {
                 Kind::LookupR => self.on_lookup_r(&mut ctx, request_id, &records),
                 _ => {
                     let mut unknown = false;
+                    ctx.rx_share = bytes.len() / records.len().max(1);
                     for rec in &records {
                         if self.on_record(&mut ctx, from, kind, rec) == Some(false) {
                             unknown = true;

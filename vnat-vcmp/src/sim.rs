@@ -32,7 +32,8 @@ pub struct Host {
     pub alive: bool,
     pub events: Vec<(Timestamp, Event)>,
     /// Play vnatd's part after a switch: once the endpoint tells the
-    /// datapath to send to a peer's new address (`SetRemote`, `Reverted`), confirm it
+    /// datapath to send to a peer's new address (`SetRemote`, `SendUnvalidated`,
+    /// `Reverted`), confirm it
     /// to the peer with SWITCHED, as the driver does after installing the
     /// translation. Off by default: a peer that never confirms (an older
     /// vnatd, a lost datagram).
@@ -56,6 +57,10 @@ pub struct Host {
     /// Every datagram its vnatd received: (source, bytes), to check what
     /// a host was told.
     pub inbox: Vec<(SocketAddr, Vec<u8>)>,
+    /// Flows its datapath sends to an unvalidated address, and that
+    /// address (`SendUnvalidated`): their validation only lifts the limit,
+    /// which the driver does not confirm again.
+    pub limited: std::collections::HashMap<VirtualFlow, SocketAddr>,
 }
 
 /// Link behaviour, applied to every datagram independently.
@@ -186,6 +191,7 @@ impl Sim {
             mute: false,
             lose_in_band: 0,
             inbox: Vec::new(),
+            limited: std::collections::HashMap::new(),
         });
         self.hosts.len() - 1
     }
@@ -270,7 +276,17 @@ impl Sim {
         let mut inband = Vec::new();
         while let Some(e) = self.hosts[h].ep.poll_event() {
             match &e {
-                Event::SetRemote { flow, .. } | Event::Reverted { flow, .. } => {
+                Event::SetRemote { flow, remote } => {
+                    if self.hosts[h].limited.remove(flow) != Some(*remote) {
+                        switched.push(*flow);
+                    }
+                }
+                Event::Reverted { flow, .. } => {
+                    self.hosts[h].limited.remove(flow);
+                    switched.push(*flow);
+                }
+                Event::SendUnvalidated { flow, remote, .. } => {
+                    self.hosts[h].limited.insert(*flow, *remote);
                     switched.push(*flow);
                 }
                 // As the driver does: the datapath diverts first, then the

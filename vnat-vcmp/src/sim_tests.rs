@@ -549,10 +549,12 @@ fn the_mover_restarts_only_once_the_peer_sends_to_its_new_address() {
             !switch_now,
             "the peer stayed put: {f:?} must wait for its SWITCHED"
         );
+        // B switches at the update already (under the budget), before
+        // the validation's SetRemote.
         let (t_switch, _) = *sim
             .events(
                 1,
-                |e| matches!(e, Event::SetRemote { flow, .. } if *flow == reverse(f)),
+                |e| matches!(e, Event::SendUnvalidated { flow, .. } | Event::SetRemote { flow, .. } if *flow == reverse(f)),
             )
             .next()
             .unwrap_or_else(|| panic!("B must switch {f:?}"));
@@ -565,9 +567,11 @@ fn the_mover_restarts_only_once_the_peer_sends_to_its_new_address() {
             "{f:?} released at {t_release:?}, before B switched ({t_switch:?}) \
              and one link delay passed"
         );
-        // Move (1 RTT) + validation (1 RTT), well before the fallback.
+        // The move's one round trip (3 ms; the link's delay is 1.5 ms):
+        // B sends to the new address as soon as the update authenticates,
+        // and its SWITCHED follows its UPD_R.
         assert!(
-            t_release.since(t0) <= Duration::from_millis(7),
+            t_release.since(t0) <= Duration::from_millis(4),
             "{f:?} released {:?} after the move",
             t_release.since(t0)
         );
@@ -657,4 +661,119 @@ fn a_udp_flow_switches_without_waiting_for_the_peer() {
     // changes nothing.
     assert_eq!(sim.hosts[a].ep.stats().get(Counter::SwitchConfirmed), 0);
     assert_eq!(sim.hosts[a].ep.stats().get(Counter::SwitchUnconfirmed), 0);
+}
+
+/// The peer sends to the mover's new address as soon as the update that
+/// came from there authenticates (RFC 9000 section 9.3), within three
+/// times that update's bytes until more come (the datapath's budget),
+/// and lifts the limit when the address answers its challenge.
+#[test]
+fn the_peer_sends_to_an_announced_address_before_it_is_validated() {
+    let (mut sim, flows) = setup(41, Link::default(), Config::default(), 3);
+    sim.move_host(0, "10.0.1.1");
+    resume(&mut sim, 0, &flows, "10.0.1.1");
+    sim.run_for(Duration::from_secs(2));
+    for f in &flows {
+        let b = reverse(f);
+        let new = moved(f, "10.0.1.1");
+        let early: Vec<_> = sim
+            .events(
+                1,
+                |e| matches!(e, Event::SendUnvalidated { flow, .. } if *flow == b),
+            )
+            .map(|(t, e)| (*t, e.clone()))
+            .collect();
+        assert_eq!(early.len(), 1, "{f:?}: one early switch, got {early:?}");
+        let (
+            t_early,
+            Event::SendUnvalidated {
+                remote, allowed, ..
+            },
+        ) = early[0].clone()
+        else {
+            unreachable!("filtered to SendUnvalidated")
+        };
+        assert_eq!(remote, new);
+        // The three records shared one UPD datagram: each flow may send
+        // three times its share of it.
+        let upd = sim.hosts[1]
+            .inbox
+            .iter()
+            .find(|(from, bytes)| from.ip() == new.ip() && bytes.get(1) == Some(&(Kind::Upd as u8)))
+            .map(|(_, b)| b.len())
+            .expect("B received the update from the new address");
+        assert_eq!(allowed as usize, 3 * (upd / flows.len()), "{f:?}");
+        let (t_valid, _) = *sim
+            .events(
+                1,
+                |e| matches!(e, Event::SetRemote { flow, remote } if *flow == b && *remote == new),
+            )
+            .next()
+            .unwrap_or_else(|| panic!("B must validate {f:?}'s new address"));
+        assert!(
+            t_valid.since(t_early) >= Duration::from_millis(3),
+            "{f:?}: sent early at {t_early:?}, validated at {t_valid:?}: the validation takes a round trip"
+        );
+        assert_eq!(
+            sim.hosts[1].ep.connection(&b).expect("flow").remote_phys,
+            new
+        );
+    }
+    assert_eq!(sim.hosts[1].ep.stats().get(Counter::SentUnvalidated), 3);
+}
+
+/// An update naming an address it did not come from (a peer with valid
+/// keys naming a victim's) moves no traffic before validation: nothing
+/// came from there to send three times of.
+#[test]
+fn an_update_from_elsewhere_sends_nothing_before_validation() {
+    let (mut sim, flows) = setup(42, Link::default(), Config::default(), 1);
+    let f = flows[0];
+    sim.with(0, |ep, now, rng| {
+        ep.resume(now, rng, &[(f, sa("10.0.66.6:40000"))])
+            .expect("resume")
+    });
+    sim.run_for(Duration::from_secs(120));
+    assert!(
+        sim.events(1, |e| matches!(e, Event::SendUnvalidated { .. }))
+            .next()
+            .is_none(),
+        "B must not send to an address the update did not come from"
+    );
+    assert_eq!(sim.hosts[1].ep.stats().get(Counter::SentUnvalidated), 0);
+}
+
+/// The mover's update came from its new address, which then stops
+/// answering (the mover left again, or its update was spoofed): the peer,
+/// which sent there under the budget, goes back to the last validated
+/// address when the validation fails.
+#[test]
+fn an_early_switch_whose_address_never_answers_is_reverted() {
+    let (mut sim, flows) = setup(43, Link::default(), Config::default(), 1);
+    let f = flows[0];
+    let b = reverse(&f);
+    sim.move_host(0, "10.0.1.1");
+    resume(&mut sim, 0, &flows, "10.0.1.1");
+    // The update is on its way; A is gone before B's challenge arrives.
+    sim.run_for(Duration::from_micros(1600));
+    sim.hosts[0].alive = false;
+    sim.run_for(Duration::from_secs(120));
+    let new = moved(&f, "10.0.1.1");
+    let told: Vec<Event> = sim
+        .events(1, |e| {
+            matches!(e, Event::SendUnvalidated { flow, .. } | Event::SetRemote { flow, .. } | Event::Reverted { flow, .. } if *flow == b)
+        })
+        .map(|(_, e)| e.clone())
+        .collect();
+    assert!(
+        matches!(
+            told.as_slice(),
+            [Event::SendUnvalidated { remote, .. }, Event::Reverted { remote: back, attempted, .. }]
+                if *remote == new && *back == f.local && *attempted == new
+        ),
+        "B must send early, then revert to {}: {told:?}",
+        f.local
+    );
+    let v = sim.hosts[1].ep.connection(&b).expect("flow");
+    assert_eq!((v.remote_phys, v.pending_remote), (f.local, None));
 }

@@ -59,6 +59,7 @@ pub enum Counter {
     RecordsSent,
     Rekeyed,
     Retransmit,
+    SentUnvalidated,
     StoresServed,
     StrangerDropped,
     StrangerPaired,
@@ -71,7 +72,7 @@ pub enum Counter {
 
 impl Counter {
     /// Every value, in name order.
-    pub const ALL: [Counter; 60] = [
+    pub const ALL: [Counter; 61] = [
         Counter::BindAgain,
         Counter::BindDivertFailed,
         Counter::BindRequestsDropped,
@@ -124,6 +125,7 @@ impl Counter {
         Counter::RecordsSent,
         Counter::Rekeyed,
         Counter::Retransmit,
+        Counter::SentUnvalidated,
         Counter::StoresServed,
         Counter::StrangerDropped,
         Counter::StrangerPaired,
@@ -189,6 +191,7 @@ impl Counter {
             Counter::RecordsSent => "records_sent",
             Counter::Rekeyed => "rekeyed",
             Counter::Retransmit => "retransmit",
+            Counter::SentUnvalidated => "sent_unvalidated",
             Counter::StoresServed => "stores_served",
             Counter::StrangerDropped => "stranger_dropped",
             Counter::StrangerPaired => "stranger_paired",

@@ -181,7 +181,7 @@ impl Endpoint {
             if c.keys.is_none() {
                 continue;
             }
-            anchors.entry((group, c.remote_phys.ip())).or_insert(*flow);
+            anchors.entry((group, sending_to(c).ip())).or_insert(*flow);
         }
         for ((_, ip), anchor) in anchors {
             // Behind a NAT the peer's vnatd is at the NAT's mapping.
@@ -196,5 +196,14 @@ impl Endpoint {
             }
         }
         self.tx.flush(&mut self.stats);
+    }
+}
+
+/// Where our datapath sends `c` now: the address still being validated
+/// while it sends there under the budget, else the last validated one.
+fn sending_to(c: &super::endpoint::Conn) -> SocketAddr {
+    match c.pending_remote {
+        Some((a, _)) if c.sending_unvalidated => a,
+        _ => c.remote_phys,
     }
 }

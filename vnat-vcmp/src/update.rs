@@ -10,6 +10,10 @@ use super::validation::{Group, Validation, ValidationKey};
 use super::wire::{Ext, Kind, Record};
 use crate::flow::{Proto, VirtualFlow};
 
+/// What may be sent to an address before it is validated, as a multiple
+/// of what came from it (RFC 9000 section 8).
+const AMPLIFICATION_FACTOR: usize = 3;
+
 impl Endpoint {
     /// UPD (paper 3.3.2.3 (1)): the peer's end is now at `rec.sender_phys`.
     pub(crate) fn on_upd(
@@ -52,6 +56,9 @@ impl Endpoint {
             (SocketAddr::new(from.ip(), 0), from)
         };
         self.propose_binding_via(ctx, flow, addr, rec.seq, vcmp);
+        if rec.sender_phys.ip() == from.ip() {
+            self.send_unvalidated(ctx, flow, addr);
+        }
         // A peer that was not behind a NAT names an address it does not
         // send from: it entered a NAT (a routed network left for home), or
         // it sends its VCMP from another interface than the connection's.
@@ -127,8 +134,18 @@ impl Endpoint {
         let Some(c) = self.conns.get_mut(flow) else {
             return;
         };
+        // Whatever we sent to an address still being validated stops
+        // here: the next placement is another (or that one validated).
+        let was_unvalidated = std::mem::take(&mut c.sending_unvalidated);
         if addr == c.remote_phys {
             c.pending_remote = None;
+            if was_unvalidated {
+                // Back where it was validated: send there again.
+                self.emit(Event::SetRemote {
+                    flow: *flow,
+                    remote: addr,
+                });
+            }
             return;
         }
         if c.validated.contains(&addr.ip()) {
@@ -151,6 +168,34 @@ impl Endpoint {
             remote: addr,
         });
         self.challenge(ctx, flow, key, vcmp);
+    }
+
+    /// The peer's update for `flow` named `addr` and came from there: send
+    /// there at once, before its validation completes (RFC 9000 section
+    /// 9.3), within three times what that address sent, which the
+    /// datapath enforces per packet (`Event::SendUnvalidated`), starting
+    /// with this record's share of the update's datagram. The mover then
+    /// switches its own send side at our SWITCHED, one round trip after
+    /// its update, not two. Not behind a NAT (port 0: the port is learnt
+    /// first), not to an address that already answered (switched
+    /// outright), and not while our own end is moving (the mover's
+    /// receive side for our new address may not be ready; the send side
+    /// follows its validation then, as before).
+    fn send_unvalidated(&mut self, ctx: &Ctx, flow: &VirtualFlow, addr: SocketAddr) {
+        let Some(c) = self.conns.get_mut(flow) else {
+            return;
+        };
+        if c.pending_remote.map(|(a, _)| a) != Some(addr) || addr.port() == 0 || c.mig.is_some() {
+            return;
+        }
+        c.sending_unvalidated = true;
+        let allowed = ctx.rx_share.saturating_mul(AMPLIFICATION_FACTOR);
+        self.stats.count(Counter::SentUnvalidated);
+        self.emit(Event::SendUnvalidated {
+            flow: *flow,
+            remote: addr,
+            allowed: u32::try_from(allowed).unwrap_or(u32::MAX),
+        });
     }
 
     /// Validate `key`'s address for `flow`: join the validation of it under
@@ -241,6 +286,7 @@ impl Endpoint {
         let remote = SocketAddr::new(nat.ip(), 0);
         c.pending_remote = None;
         c.nat_candidate = None;
+        c.sending_unvalidated = false;
         c.remote_phys = remote;
         if let Some(k) = c.peer_key {
             if self.sessions.contains_key(&k) {
@@ -307,6 +353,7 @@ impl Endpoint {
                 if addr.ip() == ip {
                     c.pending_remote = None;
                     c.nat_candidate = None;
+                    c.sending_unvalidated = false;
                     c.remote_phys = addr;
                     self.emit(Event::SetRemote {
                         flow: f,
@@ -345,6 +392,7 @@ impl Endpoint {
                         if addr.ip() == key.0 {
                             c.pending_remote = None;
                             c.nat_candidate = None;
+                            c.sending_unvalidated = false;
                             let remote = c.remote_phys;
                             self.emit(Event::Reverted {
                                 flow: f,

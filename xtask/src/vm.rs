@@ -56,6 +56,8 @@ pub const CORE_TESTS: &[(&str, &[&str])] = &[
     // GSO handling changed in 5.14) and the NAT guard (bpf_skc_lookup_tcp).
     ("tc_family", &[]),
     ("tc_nat_guard", &[]),
+    // Issue 33: the anti-amplification budget of an unvalidated address.
+    ("tc_budget", &[]),
     // Whole-map reads in batches (BPF_MAP_LOOKUP_BATCH), which listing,
     // housekeeping and status use.
     ("map_batch", &[]),

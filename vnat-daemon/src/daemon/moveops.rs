@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 
 use super::{
     conflict, mobility,
-    mover::{Start, Switch},
+    mover::{Budget, Start, Switch},
 };
 use crate::datapath::{Datapath, DatapathError, Proto, Translation, VirtualFlow};
 
@@ -78,8 +78,18 @@ pub fn run(
                     switch: s,
                     verified,
                 } => {
+                    dp.limit_until_validated(
+                        &s.flow,
+                        match s.budget {
+                            Budget::Unvalidated(allowed) => Some(allowed),
+                            Budget::None | Budget::Lift => None,
+                        },
+                    );
                     let r = translate_one(dp, s.flow, s.local, s.remote);
-                    if *verified && r.is_ok() {
+                    // Not left for a later install, whatever became of
+                    // this one (a failure, a removal, a rebind).
+                    dp.limit_until_validated(&s.flow, None);
+                    if *verified && r.is_ok() && s.budget != Budget::Lift {
                         restart_one(dp, s.flow, s.solicit, true);
                     }
                     Outcome::Done(r)
@@ -392,6 +402,7 @@ mod tests {
             remote: sa("10.0.8.2:22"),
             peer_moved: true,
             solicit: true,
+            budget: crate::daemon::mover::Budget::None,
         };
         let ops = vec![
             Op::Start {

@@ -43,6 +43,24 @@ pub struct Switch {
     pub remote: SocketAddr,
     pub peer_moved: bool,
     pub solicit: bool,
+    pub budget: Budget,
+}
+
+/// What a switch does about the anti-amplification budget of a peer
+/// address that is not validated yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Budget {
+    /// No limit: the address is validated (or it is our own end that
+    /// moved).
+    None,
+    /// Send to the peer's address while it is being validated: at most
+    /// this many bytes plus three times what comes from there
+    /// ([`Event::SendUnvalidated`]).
+    Unvalidated(u32),
+    /// The address the flow already sends to under a budget was validated:
+    /// the limit goes, nothing else changes (no restart levers, no
+    /// SWITCHED: both were done when it started sending there).
+    Lift,
 }
 
 impl Switch {
@@ -52,6 +70,9 @@ impl Switch {
     /// 0): the mover stays held until the port is known, since its
     /// datagrams would only be dropped here meanwhile.
     pub fn confirms(&self) -> bool {
+        if self.budget == Budget::Lift {
+            return false;
+        }
         let moved = self.peer_moved || self.remote != self.flow.remote;
         let port_unknown = self.flow.proto == Proto::Udp && self.remote.port() == 0;
         moved && !port_unknown
@@ -101,6 +122,9 @@ pub struct Mover {
     /// end a newer hold.
     holds: VecDeque<(Instant, VirtualFlow)>,
     hold_started: HashMap<VirtualFlow, Instant>,
+    /// Flows that send to a peer address still being validated, and that
+    /// address (`Budget::Unvalidated`).
+    limited: HashMap<VirtualFlow, SocketAddr>,
 }
 
 impl Mover {
@@ -184,6 +208,7 @@ impl Mover {
     pub fn forget(&mut self, flow: &VirtualFlow) {
         self.prepared.remove(flow);
         self.retry.remove(flow);
+        self.limited.remove(flow);
     }
 
     /// What `ev` asks of the datapath; `view` is the core's view of the
@@ -192,6 +217,18 @@ impl Mover {
         match *ev {
             Event::SetRemote { flow, remote } | Event::Reverted { flow, remote, .. } => {
                 self.prepared.remove(&flow);
+                let limited_to = self.limited.remove(&flow);
+                if limited_to == Some(remote) && matches!(ev, Event::SetRemote { .. }) {
+                    // Validated where it already sends.
+                    return Step::Switch(Switch {
+                        flow,
+                        local: view.map_or(flow.local, |v| v.local_phys),
+                        remote,
+                        peer_moved: false,
+                        solicit: false,
+                        budget: Budget::Lift,
+                    });
+                }
                 if view.is_some_and(|v| v.migrating) {
                     // Our own move is not acknowledged yet, so the peer
                     // may have no receive side for our new address:
@@ -210,6 +247,30 @@ impl Mover {
                     remote,
                     peer_moved: true,
                     solicit: true,
+                    budget: Budget::None,
+                })
+            }
+            Event::SendUnvalidated {
+                flow,
+                remote,
+                allowed,
+            } => {
+                self.prepared.remove(&flow);
+                if view.is_some_and(|v| v.migrating) {
+                    // As for `SetRemote`: our own move first.
+                    return Step::Wait(
+                        flow,
+                        "the peer's new address is being validated; our send side switches once our own move is acknowledged",
+                    );
+                }
+                self.limited.insert(flow, remote);
+                Step::Switch(Switch {
+                    flow,
+                    local: view.map_or(flow.local, |v| v.local_phys),
+                    remote,
+                    peer_moved: true,
+                    solicit: true,
+                    budget: Budget::Unvalidated(allowed),
                 })
             }
             Event::Resumed {
@@ -240,6 +301,7 @@ impl Mover {
                         remote,
                         peer_moved: false,
                         solicit,
+                        budget: Budget::None,
                     }),
                     None => Step::Wait(
                         flow,
@@ -310,6 +372,9 @@ impl Mover {
     /// packet's whole trip (tens of microseconds).
     pub fn switched(&mut self, s: &Switch, verified: bool) {
         self.hold_started.remove(&s.flow);
+        if s.budget == Budget::Lift {
+            return;
+        }
         if !verified {
             self.to_restart.push((s.flow, s.solicit && s.peer_moved));
         }

@@ -199,6 +199,7 @@ fn events_become_switches_only_to_validated_pairs() {
             remote: new_peer,
             peer_moved: true,
             solicit: true,
+            budget: Budget::None,
         })
     );
     // ... but not while our own move is unacknowledged.
@@ -241,6 +242,7 @@ fn events_become_switches_only_to_validated_pairs() {
             remote: f.remote,
             peer_moved: false,
             solicit: true,
+            budget: Budget::None,
         })
     );
     // Switch-now resume (UDP, or both ends moved): no ACK solicited.
@@ -310,6 +312,7 @@ fn a_hold_ends_at_the_limit_once_and_not_after_a_newer_hold_or_a_switch() {
             remote: c.remote,
             peer_moved: false,
             solicit: true,
+            budget: Budget::None,
         },
         true,
     );
@@ -348,6 +351,7 @@ fn mass_switches_queue_their_levers_and_solicit_only_where_the_peer_moved() {
         remote: sa("10.0.0.2:443"),
         peer_moved,
         solicit: true,
+        budget: Budget::None,
     };
     m.switched(&s(a, true), true);
     assert!(m.take_restarts().is_empty(), "verified: levers ran already");
@@ -367,6 +371,7 @@ fn the_peer_is_told_of_a_switch_unless_a_udp_flow_still_waits_for_its_bind() {
         remote: sa(remote),
         peer_moved,
         solicit: true,
+        budget: Budget::None,
     };
     // TCP to a NAT whose port the tc program learns: told at once (the
     // mover's first packet is what teaches the port).
@@ -489,4 +494,97 @@ fn the_core_s_pending_address_reaches_the_mover_in_the_turn_of_the_update() {
         }],
         "our own move must ask for the receive side again: {events:?}"
     );
+}
+
+/// The peer's announced address, before its validation: a budgeted switch
+/// (which SWITCHED confirms), then the validation only lifts the budget
+/// (no levers, no second SWITCHED); a failed one switches back unlimited.
+#[test]
+fn an_unvalidated_address_is_sent_to_under_a_budget_until_validated() {
+    let f = tcp("10.0.0.1:40000", "10.0.0.2:443");
+    let new_peer = sa("10.9.0.2:443");
+    let mut m = Mover::new();
+    let early = Event::SendUnvalidated {
+        flow: f,
+        remote: new_peer,
+        allowed: 450,
+    };
+    let s = match m.step(&early, Some(&view(f))) {
+        Step::Switch(s) => s,
+        other => panic!("expected a switch, got {other:?}"),
+    };
+    assert_eq!(
+        s,
+        Switch {
+            flow: f,
+            local: f.local,
+            remote: new_peer,
+            peer_moved: true,
+            solicit: true,
+            budget: Budget::Unvalidated(450),
+        }
+    );
+    assert!(s.confirms(), "the peer learns at once that we send there");
+    let validated = Event::SetRemote {
+        flow: f,
+        remote: new_peer,
+    };
+    let lift = match m.step(&validated, Some(&view(f))) {
+        Step::Switch(s) => s,
+        other => panic!("expected a switch, got {other:?}"),
+    };
+    assert_eq!(lift.budget, Budget::Lift);
+    assert!(!lift.confirms() && !lift.peer_moved && !lift.solicit);
+    m.switched(&lift, false);
+    assert!(m.take_restarts().is_empty(), "a lift restarts nothing");
+
+    // Sent early, then not validated: back to the old address, unlimited.
+    m.step(&early, Some(&view(f)));
+    let back = Event::Reverted {
+        flow: f,
+        remote: f.remote,
+        attempted: new_peer,
+    };
+    assert!(matches!(
+        m.step(&back, Some(&view(f))),
+        Step::Switch(Switch { remote, budget: Budget::None, .. }) if remote == f.remote
+    ));
+    // While our own move is unacknowledged, even a budgeted send waits.
+    let mut moving = view(f);
+    moving.migrating = true;
+    assert!(matches!(m.step(&early, Some(&moving)), Step::Wait(..)));
+}
+
+/// The datapath installs a budgeted switch limited, and the next install
+/// (the validation's lift, or any other) unlimited.
+#[test]
+fn the_datapath_gets_the_budget_with_the_switch_and_loses_it_at_the_lift() {
+    use crate::daemon::moveops::{run, Op};
+    let mut dp = FakeDatapath::new();
+    let f = tcp("10.0.0.1:40000", "10.0.0.2:443");
+    dp.add_connection(f, None);
+    let new_peer = sa("10.9.0.2:443");
+    let switch = |budget| Switch {
+        flow: f,
+        local: f.local,
+        remote: new_peer,
+        peer_moved: budget != Budget::Lift,
+        solicit: budget != Budget::Lift,
+        budget,
+    };
+    let ops = vec![Op::Switch {
+        switch: switch(Budget::Unvalidated(300)),
+        verified: true,
+    }];
+    run(&mut dp, ops, &std::collections::HashMap::new());
+    assert_eq!(dp.limited.get(&f), Some(&300));
+    assert_eq!(dp.restarted, vec![f]);
+    let ops = vec![Op::Switch {
+        switch: switch(Budget::Lift),
+        verified: true,
+    }];
+    run(&mut dp, ops, &std::collections::HashMap::new());
+    assert!(dp.limited.is_empty());
+    assert_eq!(dp.restarted, vec![f], "a lift runs no lever");
+    assert_eq!(dp.translations().unwrap().len(), 1);
 }

@@ -20,6 +20,11 @@ pub struct FakeDatapath {
     pub prepared: BTreeMap<VirtualFlow, Translation>,
     /// Flows whose send side is held ([`Datapath::hold_send_side`]).
     pub held: BTreeSet<VirtualFlow>,
+    /// Flows whose next install is limited ([`Datapath::limit_until_validated`]).
+    budget_next: BTreeMap<VirtualFlow, u32>,
+    /// Installed translations that send to an unvalidated address, with
+    /// the allowance they were installed with.
+    pub limited: BTreeMap<VirtualFlow, u32>,
     cgroups: Vec<PathBuf>,
     /// Cgroups that hide location ([`Datapath::set_hide_location`]).
     pub hiding: BTreeSet<PathBuf>,
@@ -477,7 +482,18 @@ impl Datapath for FakeDatapath {
         self.prepared.remove(&t.flow);
         self.held.remove(&t.flow);
         self.translations.insert(t.flow, *t);
+        match self.budget_next.remove(&t.flow) {
+            Some(a) => self.limited.insert(t.flow, a),
+            None => self.limited.remove(&t.flow),
+        };
         Ok(())
+    }
+
+    fn limit_until_validated(&mut self, flow: &VirtualFlow, allowed: Option<u32>) {
+        match allowed {
+            Some(a) => self.budget_next.insert(*flow, a),
+            None => self.budget_next.remove(flow),
+        };
     }
 
     fn prepare_translation(&mut self, t: &Translation) -> Result<(), DatapathError> {
@@ -521,6 +537,7 @@ impl Datapath for FakeDatapath {
     fn remove_translation(&mut self, flow: &VirtualFlow) -> Result<(), DatapathError> {
         self.take_failure()?;
         self.prepared.remove(flow);
+        self.limited.remove(flow);
         // As in the kernel, a held flow has an entry (that only holds).
         let held = self.held.remove(flow);
         if self.translations.remove(flow).is_some() || held {

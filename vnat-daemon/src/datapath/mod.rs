@@ -80,6 +80,15 @@ pub trait Datapath {
     /// and the host route for a moved remote virtual address, together.
     fn install_translation(&mut self, t: &Translation) -> Result<(), DatapathError>;
 
+    /// Whether the next [`Datapath::install_translation`] of `flow` sends
+    /// to a peer address that is not validated yet: `Some(allowed)`, with
+    /// `allowed` bytes it may send there to begin with, and from then on
+    /// three times what comes from there (the anti-amplification budget,
+    /// enforced per packet by the datapath) until an install without it
+    /// (the address validated, or the last validated one back). `None`:
+    /// unlimited, the default.
+    fn limit_until_validated(&mut self, flow: &VirtualFlow, allowed: Option<u32>);
+
     /// Phase one of a move: accept packets from the new physical endpoints
     /// (reverse entry, tc attachment, address on `lo`, host route) without
     /// sending from them yet; [`Datapath::install_translation`] completes it.

@@ -399,6 +399,7 @@ impl Driver {
         for ev in events {
             let flow = match &ev {
                 Event::SetRemote { flow, .. }
+                | Event::SendUnvalidated { flow, .. }
                 | Event::Reverted { flow, .. }
                 | Event::Resumed { flow, .. }
                 | Event::PeerSwitched { flow, .. }
@@ -600,6 +601,7 @@ impl Driver {
             remote,
             peer_moved,
             solicit: peer_moved,
+            budget: crate::daemon::mover::Budget::None,
         }])
         .await;
     }

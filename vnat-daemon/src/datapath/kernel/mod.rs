@@ -47,8 +47,9 @@ use std::{
 
 use aya::maps::MapError;
 use vnat_common::{
-    ConnRecord, FlowKey, NatRewrite, RebindKey, MAP_CONNS, MAP_EGRESS_NAT, MAP_INGRESS_NAT,
-    MAP_STATS, NAT_F_HOLD, NAT_F_LO_ADDR_OURS, NAT_F_ROUTED, PROTO_UDP, STAT_COUNT, STAT_NAMES,
+    ConnRecord, FlowKey, NatRewrite, RebindKey, UnvalidatedBudget, MAP_CONNS, MAP_EGRESS_NAT,
+    MAP_INGRESS_NAT, MAP_STATS, MAP_UNVALIDATED, NAT_F_BUDGET, NAT_F_HOLD, NAT_F_LO_ADDR_OURS,
+    NAT_F_ROUTED, PROTO_UDP, STAT_COUNT, STAT_NAMES,
 };
 
 pub use attach::{cgroup2_mount, cgroup_id, cgroup_tree_ids};
@@ -140,6 +141,10 @@ pub struct KernelDatapath {
     rebinds_since: StdHashMap<RebindKey, std::time::Instant>,
     /// NAT guards this process wrote (`natguard.rs`).
     guards: natguard::Guards,
+    /// Flows whose next install sends to a peer address not validated yet,
+    /// with the bytes it may send there to begin with
+    /// ([`Datapath::limit_until_validated`]), by egress key.
+    budget_next: StdHashMap<FlowKey, u32>,
     /// When connections were last looked for to adopt (`adopt.rs`).
     last_adoption: Option<std::time::Instant>,
     /// Sockets whose sequence numbers could not be read yet: tries, and
@@ -608,6 +613,14 @@ impl Datapath for KernelDatapath {
             Some(record) => restart::answer_for_peer(flow, &record, window, unless_moved_from),
             None => Ok(super::PeerAnswer::Gone),
         }
+    }
+
+    fn limit_until_validated(&mut self, flow: &VirtualFlow, allowed: Option<u32>) {
+        let key = flow.to_key();
+        match allowed {
+            Some(a) => self.budget_next.insert(key, a),
+            None => self.budget_next.remove(&key),
+        };
     }
 
     fn install_translation(&mut self, t: &Translation) -> Result<(), DatapathError> {

@@ -2,7 +2,9 @@
 //! [`Translation`] and read back into one (the pinned egress map is the
 //! record of every installed translation).
 
-use vnat_common::{FlowKey, NatRewrite, AF_INET, AF_INET6, NAT_F_FAMILY, NAT_F_LO_ADDR_OURS};
+use vnat_common::{
+    FlowKey, NatRewrite, AF_INET, AF_INET6, NAT_F_BUDGET, NAT_F_FAMILY, NAT_F_LO_ADDR_OURS,
+};
 
 use crate::datapath::{flow_key, key_endpoints, Translation, VirtualFlow};
 
@@ -51,12 +53,14 @@ pub fn pair_for(t: &Translation, ifindex: u32, flags: u32) -> NatPair {
         egress: rewrite(t.physical_local, t.physical_remote, ifindex, flags),
         ingress_key: flow_key(f.proto, t.physical_remote, t.physical_local),
         // The reverse entry carries the ownership bit too, so a move that was
-        // only prepared still knows what it added.
+        // only prepared still knows what it added; and the budget bit, so
+        // that what comes from an unvalidated address adds to what may be
+        // sent there.
         ingress: rewrite(
             f.remote,
             f.local,
             ifindex,
-            flags & (NAT_F_LO_ADDR_OURS | NAT_F_FAMILY),
+            flags & (NAT_F_LO_ADDR_OURS | NAT_F_FAMILY | NAT_F_BUDGET),
         ),
     }
 }

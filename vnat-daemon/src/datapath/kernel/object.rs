@@ -13,10 +13,10 @@ use aya::{
 };
 use vnat_common::{
     ConnRecord, DatapathConfig, FlowKey, GuestKey, HideKey, HideValue, NatRewrite, RebindKey,
-    RebindValue, UdpPending, ABI_VERSION, CFG_F_HIDE, CFG_F_NAT_EMPTY, CFG_F_NETNS_FILTER,
-    MAP_CONFIG, MAP_CONNS, MAP_EGRESS_NAT, MAP_GUESTS, MAP_HIDE_ADDRS, MAP_HIDE_CGROUPS,
-    MAP_HIDE_FLOWS, MAP_INGRESS_NAT, MAP_REBIND, MAP_STATS, MAP_UDP_COUNT, MAP_UDP_PENDING,
-    MAP_UDP_PER_SOCK, PROG_HIDE_BIND4, PROG_HIDE_BIND6, PROG_HIDE_GETPEERNAME4,
+    RebindValue, UdpPending, UnvalidatedBudget, ABI_VERSION, CFG_F_HIDE, CFG_F_NAT_EMPTY,
+    CFG_F_NETNS_FILTER, MAP_CONFIG, MAP_CONNS, MAP_EGRESS_NAT, MAP_GUESTS, MAP_HIDE_ADDRS,
+    MAP_HIDE_CGROUPS, MAP_HIDE_FLOWS, MAP_INGRESS_NAT, MAP_REBIND, MAP_STATS, MAP_UDP_COUNT,
+    MAP_UDP_PENDING, MAP_UDP_PER_SOCK, PROG_HIDE_BIND4, PROG_HIDE_BIND6, PROG_HIDE_GETPEERNAME4,
     PROG_HIDE_GETPEERNAME6, PROG_HIDE_GETSOCKNAME4, PROG_HIDE_GETSOCKNAME6, PROG_PEEK,
     PROG_SOCKOPS, PROG_TC_EGRESS, PROG_TC_EGRESS_L3, PROG_TC_INGRESS, PROG_TC_INGRESS_L3,
     PROG_UDP_CONNECT4, PROG_UDP_CONNECT6, PROG_UDP_RECVMSG4, PROG_UDP_RECVMSG6, PROG_UDP_RELEASE,
@@ -77,6 +77,9 @@ pub struct Maps {
     pub udp_count: Array<MapData, u64>,
     pub udp_per_sock: HashMap<MapData, u64, u32>,
     pub rebind: HashMap<MapData, RebindKey, RebindValue>,
+    /// What flows sending to an unvalidated peer address may still send
+    /// there (`vnat_common::NAT_F_BUDGET`).
+    pub unvalidated: HashMap<MapData, FlowKey, UnvalidatedBudget>,
     /// NAT guards (`vnat_common::natguard`, `natguard.rs`).
     pub guard: HashMap<MapData, RebindKey, vnat_common::GuardValue>,
     /// Hide location: the hiding cgroups, the addresses, the translated
@@ -293,6 +296,8 @@ fn load_with(bpffs: &Path, own: bool, programs: bool) -> Result<Loaded, Datapath
         udp_pending: HashMap::try_from(take(&mut ebpf, MAP_UDP_PENDING)?)
             .map_err(map_err(MAP_UDP_PENDING))?,
         rebind: HashMap::try_from(take(&mut ebpf, MAP_REBIND)?).map_err(map_err(MAP_REBIND))?,
+        unvalidated: HashMap::try_from(take(&mut ebpf, vnat_common::MAP_UNVALIDATED)?)
+            .map_err(map_err(vnat_common::MAP_UNVALIDATED))?,
         guard: HashMap::try_from(take(&mut ebpf, vnat_common::MAP_GUARD)?)
             .map_err(map_err(vnat_common::MAP_GUARD))?,
         udp_count: Array::try_from(take(&mut ebpf, MAP_UDP_COUNT)?)

@@ -19,6 +19,7 @@ impl KernelDatapath {
         let loaded = object::load(&opts.bpffs, true)?;
         let mut dp = Self::new(opts, loaded)?;
         dp.forget_left_guards();
+        dp.lift_left_budgets();
         dp.set_rebinding(!dp.rebinds.is_empty())?;
         if dp.mirror.is_empty() && dp.rebinds.is_empty() {
             dp.set_nat_empty(true)?;
@@ -117,6 +118,7 @@ impl KernelDatapath {
             bind_divert_port: 0,
             rebinds: std::collections::HashSet::new(),
             rebinds_since: StdHashMap::new(),
+            budget_next: StdHashMap::new(),
             guards: Default::default(),
             last_adoption: None,
             adopt_backoff: StdHashMap::new(),

@@ -19,6 +19,35 @@ impl KernelDatapath {
         self.write_pair(p, None)
     }
 
+    /// Write `flow`'s allowance for an unvalidated peer address directly
+    /// (for tests of the tc programs, beside [`Self::insert_nat_pair`]).
+    pub fn insert_unvalidated_budget(
+        &mut self,
+        flow: &crate::datapath::VirtualFlow,
+        allowed: u64,
+    ) -> Result<(), DatapathError> {
+        let b = vnat_common::UnvalidatedBudget { allowed, sent: 0 };
+        self.loaded
+            .maps
+            .unvalidated
+            .insert(flow.to_key(), b, 0)
+            .map_err(map_err(vnat_common::MAP_UNVALIDATED))
+    }
+
+    /// `flow`'s allowance for the unvalidated peer address it sends to
+    /// (`NAT_F_BUDGET`): what it may send there in all and what it sent,
+    /// in bytes; `None` if it has none.
+    pub fn unvalidated_budget(
+        &self,
+        flow: &crate::datapath::VirtualFlow,
+    ) -> Result<Option<(u64, u64)>, DatapathError> {
+        match self.loaded.maps.unvalidated.get(&flow.to_key(), 0) {
+            Ok(b) => Ok(Some((b.allowed, b.sent))),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(map_err(vnat_common::MAP_UNVALIDATED)(e)),
+        }
+    }
+
     /// Whether another connection than `own` (its record's key) is
     /// recorded with the physical endpoints `physical` (our end first): under
     /// that key, or, for UDP, under our wildcard address, where a socket

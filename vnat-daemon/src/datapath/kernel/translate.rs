@@ -199,8 +199,8 @@ impl KernelDatapath {
         // routed by; our old address is still up: `vnatctl migrate`), a rule
         // of their own routes them by the new one's route, to be rewritten
         // by tc there (`flow_route`). Only once the new address is
-        // validated (`complete`): before, nothing may steer any traffic to
-        // an address the peer merely named.
+        // validated (`complete`, without a budget): before, nothing may
+        // steer any traffic to an address the peer merely named.
         if !self.tc_current.contains(&route.ifindex) {
             if let Err(e) = attach::attach_tc(
                 &mut self.loaded.ebpf,
@@ -213,6 +213,16 @@ impl KernelDatapath {
             }
             self.tc_current.insert(route.ifindex);
             fault::after("install:tc");
+        }
+        // Sending to a peer address not validated yet: only within what
+        // came from there (`NAT_F_BUDGET`), from the first packet on.
+        let budget = if complete {
+            self.budget_next.remove(&egress_key)
+        } else {
+            None
+        };
+        if budget.is_some() {
+            flags |= NAT_F_BUDGET;
         }
         let pair = pair_for(t, route.ifindex, flags);
         if !complete {
@@ -235,9 +245,25 @@ impl KernelDatapath {
             }
             return Ok(());
         }
+        // The allowance before the entry that needs it: an entry with the
+        // bit and no allowance sends nothing.
+        if let Some(allowed) = budget {
+            let b = UnvalidatedBudget {
+                allowed: u64::from(allowed),
+                sent: 0,
+            };
+            if let Err(e) = self.loaded.maps.unvalidated.insert(egress_key, b, 0) {
+                undo(self, added_lo);
+                return Err(map_err(MAP_UNVALIDATED)(e));
+            }
+        }
         if let Err(e) = self.write_pair(&pair, old.as_ref().map(|(p, _)| p)) {
             undo(self, added_lo);
             return Err(e);
+        }
+        // Validated (or never limited): no allowance left behind.
+        if budget.is_none() && old_val.is_some_and(|v| v.flags & NAT_F_BUDGET != 0) {
+            self.drop_budget(&egress_key);
         }
         // The flow's own route, after its pair: a vnatd killed in between
         // leaves a translation whose route the next one adds (`reconcile`),
@@ -246,7 +272,9 @@ impl KernelDatapath {
         // its route the flow's packets follow the host's route for its old
         // peer address: rewritten if that leaves where tc is, lost at worst.
         let mut via = None;
-        if let Some(r) = self.flow_route(t, &route) {
+        // Not while the address is only budgeted: it steers nothing before
+        // it is validated (the install that lifts the budget adds it).
+        if let Some(r) = self.flow_route(t, &route).filter(|_| budget.is_none()) {
             tracing::debug!(id = t.flow.id(), flow = %t.flow, new = ?r, "the socket's packets get a route of their own");
             match net::add_via_route(&t.flow, &r) {
                 Ok(()) => {
@@ -348,6 +376,10 @@ impl KernelDatapath {
             self.nat_remove(true, &key)?;
             fault::after("remove:send-side");
         }
+        self.budget_next.remove(&key);
+        if v.flags & NAT_F_BUDGET != 0 {
+            self.drop_budget(&key);
+        }
         for (k, _) in &reverse {
             let _ = self.nat_remove(false, k);
         }
@@ -367,6 +399,64 @@ impl KernelDatapath {
 }
 
 impl KernelDatapath {
+    /// Translations a previous vnatd left sending to an address under a
+    /// budget (`NAT_F_BUDGET`): the validation it had under way went with
+    /// it, and nothing would ever lift the limit, which throttles the
+    /// connection for life. Its peer's update came from that address and
+    /// authenticated, and the new vnatd takes a restored placement for
+    /// validated (as it takes any other): so the limit goes here.
+    pub(super) fn lift_left_budgets(&mut self) {
+        let left: Vec<(FlowKey, NatRewrite)> = self
+            .mirror
+            .egress
+            .iter()
+            .filter(|(_, v)| v.flags & NAT_F_BUDGET != 0)
+            .map(|(k, v)| (*k, *v))
+            .collect();
+        for (k, v) in &left {
+            let unlimited = |v: &NatRewrite| NatRewrite {
+                flags: v.flags & !NAT_F_BUDGET,
+                ..*v
+            };
+            let ingress_key = FlowKey {
+                src_addr_be: v.dst_addr_be,
+                dst_addr_be: v.src_addr_be,
+                src_port_be: v.dst_port_be,
+                dst_port_be: v.src_port_be,
+                family: super::nat::value_family(k, v),
+                proto: k.proto,
+                _pad: [0; 2],
+            };
+            if let Some(iv) = self.mirror.ingress.get(&ingress_key).copied() {
+                let _ = self.nat_insert(false, ingress_key, unlimited(&iv));
+            }
+            if let Err(e) = self.nat_insert(true, *k, unlimited(v)) {
+                tracing::warn!(error = %e, "cannot lift the budget a previous vnatd left on a translation");
+                continue;
+            }
+            self.drop_budget(k);
+        }
+        if !left.is_empty() {
+            tracing::info!(
+                connections = left.len(),
+                "validations of peers' new addresses were under way when the last vnatd stopped: those addresses are taken as validated"
+            );
+        }
+    }
+
+    /// Remove the flow's allowance for an unvalidated address (its entries
+    /// no longer carry `NAT_F_BUDGET`). A failure leaves an entry nothing
+    /// reads, which the next install of the flow replaces.
+    pub(super) fn drop_budget(&mut self, key: &FlowKey) {
+        match self.loaded.maps.unvalidated.remove(key) {
+            Ok(()) => {}
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot remove a flow's allowance for an unvalidated address")
+            }
+        }
+    }
+
     /// Remove the rebind entries of the flow `key` (virtual, our side)
     /// that are still waiting for their first packet; whether there were.
     pub(super) fn drop_rebinds(&mut self, key: &FlowKey) -> bool {

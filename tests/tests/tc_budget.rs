@@ -1,0 +1,137 @@
+//! The anti-amplification budget of a flow that sends to a peer address
+//! not validated yet (`NAT_F_BUDGET`), run by the kernel on crafted packets
+//! through BPF_PROG_TEST_RUN: the egress translator lets out at most what
+//! the flow's allowance holds, counting whole IP packets, and drops the
+//! rest with a named counter; every packet that comes in from that address
+//! adds three times its length; a flow whose allowance is missing sends
+//! nothing; a flow without the bit is not limited.
+
+mod support;
+
+use support::packet::Spec;
+use support::{counter, run};
+use vnat_common::NAT_F_BUDGET;
+use vnat_daemon::datapath::{
+    kernel::{pair_for, KernelDatapath, KernelOptions},
+    Proto, Translation, VirtualFlow,
+};
+use vnat_tests::BpffsDir;
+
+const PASS: u32 = -1i32 as u32;
+const TC_ACT_SHOT: u32 = 2;
+
+fn open(tag: &str) -> (KernelDatapath, BpffsDir) {
+    let pins = BpffsDir::new(tag);
+    let dp = KernelDatapath::open(&KernelOptions {
+        bpffs: pins.path().to_path_buf(),
+        cgroups: vec![],
+        tc_attach: vnat_tests::harness::tc_attach(),
+        sysctl_record: None,
+    })
+    .unwrap_or_else(|e| panic!("opening the kernel datapath: {e}"));
+    (dp, pins)
+}
+
+/// The server's side of the laptop's connection after the laptop announced
+/// 198.18.2.2 (from 198.18.1.2): the server sends there while it validates
+/// the address.
+fn server_sends_to_new_laptop_address() -> Translation {
+    Translation {
+        flow: VirtualFlow {
+            proto: Proto::Tcp,
+            local: "198.18.3.2:5001".parse().unwrap(),
+            remote: "198.18.1.2:40000".parse().unwrap(),
+        },
+        physical_local: "198.18.3.2:5001".parse().unwrap(),
+        physical_remote: "198.18.2.2:40000".parse().unwrap(),
+    }
+}
+
+/// A segment the server's socket sends (virtual endpoints) with `payload`
+/// bytes: an IP packet of 40 + `payload` bytes.
+fn from_server(payload: usize) -> Vec<u8> {
+    let mut s = Spec::tcp("198.18.3.2:5001", "198.18.1.2:40000");
+    s.payload = vec![7; payload];
+    s.frame()
+}
+
+/// A segment from the laptop's announced address, `payload` bytes.
+fn from_laptop(payload: usize) -> Vec<u8> {
+    let mut s = Spec::tcp("198.18.2.2:40000", "198.18.3.2:5001");
+    s.payload = vec![9; payload];
+    s.frame()
+}
+
+#[test]
+fn an_unvalidated_address_gets_at_most_three_times_what_came_from_it() {
+    let (mut dp, _pins) = open("tc-budget");
+    let t = server_sends_to_new_laptop_address();
+    dp.insert_nat_pair(&pair_for(&t, 1, NAT_F_BUDGET)).unwrap();
+    // What the update that announced the address allowed: 300 bytes.
+    dp.insert_unvalidated_budget(&t.flow, 300).unwrap();
+    let dropped = counter(&dp, "drop_unvalidated");
+
+    // 140-byte packets: two fit in 300, the third does not.
+    assert_eq!(run(&dp, true, &from_server(100)).verdict, PASS);
+    assert_eq!(run(&dp, true, &from_server(100)).verdict, PASS);
+    assert_eq!(dp.unvalidated_budget(&t.flow).unwrap(), Some((300, 280)));
+    let out = run(&dp, true, &from_server(100));
+    assert_eq!(
+        out.verdict, TC_ACT_SHOT,
+        "a packet over the budget must be dropped"
+    );
+    assert_eq!(counter(&dp, "drop_unvalidated"), dropped + 1);
+    // A dropped packet is not counted as sent.
+    assert_eq!(dp.unvalidated_budget(&t.flow).unwrap(), Some((300, 280)));
+
+    // A 40-byte ACK from the address adds 120 bytes: 420 in all, and
+    // the packet is translated as usual.
+    let ack = run(&dp, false, &from_laptop(0));
+    assert_eq!(ack.verdict, PASS);
+    let p = support::packet::parse_checked(&ack.packet);
+    assert_eq!((p.src, p.dst), (t.flow.remote, t.flow.local));
+    assert_eq!(dp.unvalidated_budget(&t.flow).unwrap(), Some((420, 280)));
+    let out = run(&dp, true, &from_server(100));
+    assert_eq!(out.verdict, PASS, "exactly the budget may leave");
+    let p = support::packet::parse_checked(&out.packet);
+    assert_eq!((p.src, p.dst), (t.physical_local, t.physical_remote));
+    assert_eq!(dp.unvalidated_budget(&t.flow).unwrap(), Some((420, 420)));
+    assert_eq!(run(&dp, true, &from_server(0)).verdict, TC_ACT_SHOT);
+
+    // Whatever is sent and dropped, never more than three times what came
+    // from there.
+    for _ in 0..20 {
+        run(&dp, true, &from_server(1000));
+    }
+    let (allowed, sent) = dp.unvalidated_budget(&t.flow).unwrap().unwrap();
+    assert!(
+        sent <= allowed && allowed == 300 + 3 * 40,
+        "{sent} of {allowed}"
+    );
+}
+
+#[test]
+fn a_flow_whose_allowance_is_missing_sends_nothing_and_receives() {
+    let (mut dp, _pins) = open("tc-budget-none");
+    let t = server_sends_to_new_laptop_address();
+    dp.insert_nat_pair(&pair_for(&t, 1, NAT_F_BUDGET)).unwrap();
+    let dropped = counter(&dp, "drop_unvalidated");
+    assert_eq!(run(&dp, true, &from_server(0)).verdict, TC_ACT_SHOT);
+    assert_eq!(counter(&dp, "drop_unvalidated"), dropped + 1);
+    assert_eq!(run(&dp, false, &from_laptop(10)).verdict, PASS);
+    assert_eq!(dp.unvalidated_budget(&t.flow).unwrap(), None);
+}
+
+#[test]
+fn a_validated_address_is_not_limited() {
+    let (mut dp, _pins) = open("tc-budget-off");
+    let t = server_sends_to_new_laptop_address();
+    dp.insert_nat_pair(&pair_for(&t, 1, 0)).unwrap();
+    let dropped = counter(&dp, "drop_unvalidated");
+    for _ in 0..10 {
+        let out = run(&dp, true, &from_server(1400));
+        assert_eq!(out.verdict, PASS);
+    }
+    assert_eq!(counter(&dp, "drop_unvalidated"), dropped);
+    assert_eq!(dp.unvalidated_budget(&t.flow).unwrap(), None);
+}
