@@ -363,6 +363,10 @@ impl Mover {
     pub fn held(&mut self, flow: VirtualFlow, at: Instant) {
         self.holds.push_back((at, flow));
         self.hold_started.insert(flow, at);
+        // Our own end moves: the peer address's validation, if one is
+        // under way, switches our new placement in full, not just lifting
+        // a budget from a placement that is gone.
+        self.limited.remove(&flow);
     }
 
     /// A switch took effect (installing the translation ended any hold).

@@ -588,3 +588,29 @@ fn the_datapath_gets_the_budget_with_the_switch_and_loses_it_at_the_lift() {
     assert_eq!(dp.restarted, vec![f], "a lift runs no lever");
     assert_eq!(dp.translations().unwrap().len(), 1);
 }
+
+/// Our own end moved while the peer's address was budgeted: its
+/// validation then switches our new placement in full.
+#[test]
+fn a_validation_after_our_own_move_is_a_full_switch() {
+    let f = tcp("10.0.0.1:40000", "10.0.0.2:443");
+    let new_peer = sa("10.9.0.2:443");
+    let mut m = Mover::new();
+    let early = Event::SendUnvalidated {
+        flow: f,
+        remote: new_peer,
+        allowed: 450,
+    };
+    assert!(matches!(m.step(&early, Some(&view(f))), Step::Switch(_)));
+    m.held(f, Instant::now());
+    let mut moved = view(f);
+    moved.local_phys = sa("10.0.5.1:40000");
+    let validated = Event::SetRemote {
+        flow: f,
+        remote: new_peer,
+    };
+    assert!(matches!(
+        m.step(&validated, Some(&moved)),
+        Step::Switch(Switch { budget: Budget::None, peer_moved: true, local, .. }) if local == moved.local_phys
+    ));
+}

@@ -9,8 +9,8 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use vnat_common::{
-    FlowKey, NatRewrite, AF_INET, NAT_F_FAMILY, NAT_F_HOLD, STAT_DROP_CSUM_FAILED,
-    STAT_DROP_FAMILY_UNTRANSLATABLE, STAT_DROP_HELD, STAT_DROP_REWRITE_FAILED,
+    FlowKey, NatRewrite, AF_INET, NAT_F_BUDGET, NAT_F_FAMILY, NAT_F_HOLD, STAT_DROP_CSUM_FAILED,
+    STAT_DROP_FAMILY_UNTRANSLATABLE, STAT_DROP_HELD, STAT_DROP_REWRITE_FAILED, STAT_DROP_UNVALIDATED,
     STAT_FRAGMENT_COLLISION, STAT_FRAGMENT_TRANSLATED, STAT_PASS_FRAGMENT,
 };
 
@@ -141,6 +141,14 @@ pub(super) fn translate_fragment(
     };
     if dir == Dir::Egress && nat.flags & NAT_F_HOLD != 0 && super::held(&nat) {
         count(STAT_DROP_HELD);
+        return Ok(TC_ACT_SHOT);
+    }
+    if dir == Dir::Egress && nat.flags & NAT_F_BUDGET != 0 {
+        // To an address not validated yet, whose budget counts whole
+        // packets by their flow's ports, which a later fragment lacks:
+        // dropped, so that a large datagram cannot carry more than the
+        // budget there (the datagram is lost, as one over the budget is).
+        count(STAT_DROP_UNVALIDATED);
         return Ok(TC_ACT_SHOT);
     }
     if nat.flags & NAT_F_FAMILY != 0 {
