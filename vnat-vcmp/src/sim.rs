@@ -277,7 +277,10 @@ impl Sim {
         while let Some(e) = self.hosts[h].ep.poll_event() {
             match &e {
                 Event::SetRemote { flow, remote } => {
-                    if self.hosts[h].limited.remove(flow) != Some(*remote) {
+                    // A validation that only lifts a budget is not
+                    // confirmed again.
+                    let lift = self.hosts[h].limited.remove(flow) == Some(*remote);
+                    if !lift {
                         switched.push(*flow);
                     }
                 }
