@@ -101,6 +101,12 @@ fn both_move(case: Case, family: Family, tag: &str, limit: Duration) {
     let before = client.wait_verified_at_least(50_000, Duration::from_secs(10));
     lapd.wait_paired("the laptop's vnatd");
     srvd.wait_paired("the server's vnatd");
+    // Paired hosts are not yet a connection with keys at both ends (its
+    // CLAIM may still be on its way): a move before that cannot be made
+    // ("the peer runs no vnatd or pairing has not completed"), and the
+    // stream stalls. Seen once in a full run.
+    lapd.wait_mobile_to("tcp", server.ip());
+    srvd.wait_mobile_to("tcp", topo.laptop_a_addr.get(family));
 
     // Both move at once; neither announced it (no suspend, no roles).
     let t0 = Instant::now();

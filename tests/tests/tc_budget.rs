@@ -11,26 +11,12 @@ mod support;
 use support::packet::Spec;
 use support::{counter, run};
 use vnat_common::NAT_F_BUDGET;
-use vnat_daemon::datapath::{
-    kernel::{pair_for, KernelDatapath, KernelOptions},
-    Proto, Translation, VirtualFlow,
-};
-use vnat_tests::BpffsDir;
+use vnat_daemon::datapath::{kernel::pair_for, Proto, Translation, VirtualFlow};
 
 const PASS: u32 = -1i32 as u32;
 const TC_ACT_SHOT: u32 = 2;
 
-fn open(tag: &str) -> (KernelDatapath, BpffsDir) {
-    let pins = BpffsDir::new(tag);
-    let dp = KernelDatapath::open(&KernelOptions {
-        bpffs: pins.path().to_path_buf(),
-        cgroups: vec![],
-        tc_attach: vnat_tests::harness::tc_attach(),
-        sysctl_record: None,
-    })
-    .unwrap_or_else(|e| panic!("opening the kernel datapath: {e}"));
-    (dp, pins)
-}
+use support::open_datapath as open;
 
 /// The server's side of the laptop's connection after the laptop announced
 /// 198.18.2.2 (from 198.18.1.2): the server sends there while it validates

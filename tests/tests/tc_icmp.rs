@@ -20,25 +20,11 @@ use std::net::IpAddr;
 
 use support::packet::{icmp_error, parse_icmp_checked, Spec};
 use support::{counter, run};
-use vnat_daemon::datapath::{
-    kernel::{pair_for, KernelDatapath, KernelOptions},
-    Proto, Translation, VirtualFlow,
-};
-use vnat_tests::BpffsDir;
+use vnat_daemon::datapath::{kernel::pair_for, Proto, Translation, VirtualFlow};
 
 const PASS: u32 = -1i32 as u32;
 
-fn open(tag: &str) -> (KernelDatapath, BpffsDir) {
-    let pins = BpffsDir::new(tag);
-    let dp = KernelDatapath::open(&KernelOptions {
-        bpffs: pins.path().to_path_buf(),
-        cgroups: vec![],
-        tc_attach: vnat_tests::harness::tc_attach(),
-        sysctl_record: None,
-    })
-    .unwrap_or_else(|e| panic!("opening the kernel datapath: {e}"));
-    (dp, pins)
-}
+use support::open_datapath as open;
 
 /// A flow whose both ends moved, ports too.
 fn moved(proto: Proto, vl: &str, vr: &str, pl: &str, pr: &str) -> Translation {

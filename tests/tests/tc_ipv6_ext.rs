@@ -16,11 +16,7 @@ use std::net::SocketAddr;
 use support::packet::{ip6_opts, parse_checked, Spec};
 use support::{counter, run};
 use vnat_common::{RebindKey, RebindValue, AF_INET6, BIND_HEAD, BIND_LEN, PROTO_UDP};
-use vnat_daemon::datapath::{
-    kernel::{pair_for, KernelDatapath, KernelOptions},
-    Proto, Translation, VirtualFlow,
-};
-use vnat_tests::BpffsDir;
+use vnat_daemon::datapath::{kernel::pair_for, Proto, Translation, VirtualFlow};
 
 /// TC_ACT_UNSPEC ("next"), TC_ACT_SHOT.
 const PASS: u32 = -1i32 as u32;
@@ -31,17 +27,7 @@ const ROUTING: u8 = 43;
 const FRAGMENT: u8 = 44;
 const DEST_OPTS: u8 = 60;
 
-fn open(tag: &str) -> (KernelDatapath, BpffsDir) {
-    let pins = BpffsDir::new(tag);
-    let dp = KernelDatapath::open(&KernelOptions {
-        bpffs: pins.path().to_path_buf(),
-        cgroups: vec![],
-        tc_attach: vnat_tests::harness::tc_attach(),
-        sysctl_record: None,
-    })
-    .unwrap_or_else(|e| panic!("opening the kernel datapath: {e}"));
-    (dp, pins)
-}
+use support::open_datapath as open;
 
 /// The laptop's connection after it moved from fd00:5e:1::2 to fd00:5e:2::2.
 fn moved(proto: Proto) -> Translation {

@@ -33,17 +33,7 @@ const PASS: u32 = -1i32 as u32;
 const SHOT: u32 = 2;
 const NAT: &str = "127.0.0.1";
 
-fn open(tag: &str) -> (KernelDatapath, BpffsDir) {
-    let pins = BpffsDir::new(tag);
-    let dp = KernelDatapath::open(&KernelOptions {
-        bpffs: pins.path().to_path_buf(),
-        cgroups: vec![],
-        tc_attach: vnat_tests::harness::tc_attach(),
-        sysctl_record: None,
-    })
-    .unwrap_or_else(|e| panic!("opening the kernel datapath: {e}"));
-    (dp, pins)
-}
+use support::open_datapath as open;
 
 /// A real server on 127.0.0.1 and one connection to it (the peer's, as
 /// the NAT mapped it): (server, the peer's mapped endpoint, the sockets).

@@ -25,8 +25,6 @@ use std::{
     time::Duration,
 };
 
-use serde_json::Value;
-use vnat_daemon::datapath::VirtualFlow;
 use vnat_tests::{
     attach_attacker, wait_until, EchoServer, Host, LaptopRouterServer, Netns, Rogue, TempDir, Vnatd,
 };
@@ -34,13 +32,7 @@ use vnat_tests::{
 /// The rogue's second address: the victim the server must not flood.
 const V: Ipv4Addr = Ipv4Addr::new(198, 18, 4, 77);
 
-fn row(d: &Vnatd, flow: &VirtualFlow) -> Option<Value> {
-    let ls = d.ctl(&["ls", "--proto", "udp"])?;
-    ls.as_array()?
-        .iter()
-        .find(|r| r["virtual_remote"].as_str() == Some(&flow.local.to_string()))
-        .cloned()
-}
+use vnat_tests::rogue_row as row;
 
 /// Bytes of nftables counter `name` in table `inet vnatbudget` of `ns`.
 fn nft_bytes(ns: &Netns, name: &str) -> u64 {
@@ -67,22 +59,7 @@ fn an_unvalidated_address_receives_at_most_three_times_what_it_sent() {
     attacker.wait_reachable(topo.server_addr.v4.into(), Duration::from_secs(5));
 
     let rogue = Rogue::start(&attacker, 2031);
-    let own = rogue.open_udp_flow(&attacker, server);
-    wait_until(
-        Duration::from_secs(30),
-        || rogue.has_keys(&own),
-        || format!("the rogue's own flow was never bound: {:?}", rogue.events()),
-    );
-    wait_until(
-        Duration::from_secs(10),
-        || row(&srvd, &own).is_some_and(|r| r["mobile"] == Value::Bool(true)),
-        || {
-            format!(
-                "the server never listed the rogue's flow as mobile: {:?}",
-                srvd.ctl(&["ls"])
-            )
-        },
-    );
+    let own = rogue.open_bound_udp_flow(&attacker, server, &srvd);
     // The echo works at the flow's own address before anything.
     rogue.flow_received();
     rogue.send_again();

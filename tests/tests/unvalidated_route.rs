@@ -29,9 +29,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde_json::Value;
 use vnat_common::{FlowKey, NatRewrite, MAP_EGRESS_NAT, MAP_INGRESS_NAT};
-use vnat_daemon::datapath::{key_endpoints, VirtualFlow};
+use vnat_daemon::datapath::key_endpoints;
 use vnat_tests::{
     attach_attacker, veth, wait_until, EchoServer, Host, LaptopRouterServer, Netns, Rogue, TempDir,
     Vnatd,
@@ -105,14 +104,7 @@ fn routing_with(ns: &Netns, v: IpAddr, p: IpAddr) -> Vec<String> {
     found
 }
 
-/// The server's `ls` row of the rogue's flow.
-fn row(d: &Vnatd, flow: &VirtualFlow) -> Option<Value> {
-    let ls = d.ctl(&["ls", "--proto", "udp"])?;
-    ls.as_array()?
-        .iter()
-        .find(|r| r["virtual_remote"].as_str() == Some(&flow.local.to_string()))
-        .cloned()
-}
+use vnat_tests::rogue_row as row;
 
 /// Nothing of vnat's leads to the LAN: the route to V does not, another
 /// application still reaches V.
@@ -150,22 +142,7 @@ fn an_unvalidated_address_steers_nothing_and_leaves_nothing() {
     // The rogue listens on the VCMP port, so that it can answer the
     // server's challenge of its genuine second address.
     let rogue = Rogue::start(&attacker, 2031);
-    let own = rogue.open_udp_flow(&attacker, server);
-    wait_until(
-        Duration::from_secs(30),
-        || rogue.has_keys(&own),
-        || format!("the rogue's own flow was never bound: {:?}", rogue.events()),
-    );
-    wait_until(
-        Duration::from_secs(10),
-        || row(&srvd, &own).is_some_and(|r| r["mobile"] == Value::Bool(true)),
-        || {
-            format!(
-                "the server never listed the rogue's flow as mobile: {:?}",
-                srvd.ctl(&["ls"])
-            )
-        },
-    );
+    let own = rogue.open_bound_udp_flow(&attacker, server, &srvd);
 
     // 1. A genuine move, validated: the flow is translated to B. The
     //    rogue's VCMP now leaves from B (its flow's socket stays bound to

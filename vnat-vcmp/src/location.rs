@@ -25,8 +25,9 @@ pub enum Step {
 pub struct ChainStep {
     pub step: Step,
     pub target: SocketAddr,
-    /// The target is the peer's old location: if the peer did not move it
-    /// is still there, so an update is sent along with the query.
+    /// The target is the peer itself: its old location (if the peer did
+    /// not move it is still there) or an address it announced since, so
+    /// an update is sent along with the query.
     pub peer_old: bool,
 }
 
@@ -34,6 +35,21 @@ pub struct ChainStep {
 /// then its own (P2), then each location server (P3); the secondary asks its
 /// own old location first (S1), then the primary's (S2), then the servers
 /// (S3). P(4)/S(4), the update, follows whichever step finds the peer.
+impl ChainStep {
+    /// The step that asks the peer itself at `ip` (its old location in
+    /// the paper's chain, or an address it announced since).
+    pub(crate) fn peer_at(role: Role, ip: IpAddr, port: u16) -> ChainStep {
+        ChainStep {
+            step: match role {
+                Role::Primary => Step::P1,
+                Role::Secondary => Step::S2,
+            },
+            target: SocketAddr::new(ip, port),
+            peer_old: true,
+        }
+    }
+}
+
 pub fn chain(
     role: Role,
     peer_old: IpAddr,
@@ -41,11 +57,7 @@ pub fn chain(
     servers: &[SocketAddr],
     port: u16,
 ) -> Vec<ChainStep> {
-    let peer = ChainStep {
-        step: Step::P1,
-        target: SocketAddr::new(peer_old, port),
-        peer_old: true,
-    };
+    let peer = ChainStep::peer_at(role, peer_old, port);
     let own = ChainStep {
         step: Step::P2,
         target: SocketAddr::new(own_old, port),
@@ -58,10 +70,7 @@ pub fn chain(
                 step: Step::S1,
                 ..own
             },
-            ChainStep {
-                step: Step::S2,
-                ..peer
-            },
+            peer,
         ],
     };
     let server_step = if role == Role::Primary {

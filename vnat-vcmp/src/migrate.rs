@@ -112,7 +112,16 @@ impl Endpoint {
             }
         }
         let prepared_for = c.pending_remote.map(|(p, _)| p);
-        let steps = location::chain(c.role.effective(), peer_old, own_old, &servers, port);
+        let role = c.role.effective();
+        let mut steps = location::chain(role, peer_old, own_old, &servers, port);
+        // The peer announced a new address (an authenticated update) that
+        // is still being validated: it moved just before us, and its
+        // vnatd is there, not at its old location, which may be gone with
+        // ours (both ends moving, the peer's update a moment before our
+        // own address changed). Ask it there first.
+        if let Some(p) = prepared_for.filter(|p| p.ip() != peer_old && p.port() != 0) {
+            steps.insert(0, location::ChainStep::peer_at(role, p.ip(), port));
+        }
         c.mig = Some(Migration {
             steps,
             idx: 0,

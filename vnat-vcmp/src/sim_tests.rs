@@ -777,3 +777,50 @@ fn an_early_switch_whose_address_never_answers_is_reverted() {
     let v = sim.hosts[1].ep.connection(&b).expect("flow");
     assert_eq!((v.remote_phys, v.pending_remote), (f.local, None));
 }
+
+/// Both ends move, the peer's update a moment before our own address
+/// changes, and neither old location answers any more (no location
+/// server): our move finds the peer at the address its update announced,
+/// which the chain of old locations alone never would (seen in
+/// `both_move` about one run in ten, before and after the early switch).
+#[test]
+fn a_move_right_after_the_peer_s_update_asks_the_peer_where_it_announced() {
+    let (mut sim, flows) = setup(44, Link::default(), Config::default(), 2);
+    let b_flows: Vec<_> = flows.iter().map(reverse).collect();
+    sim.move_host(1, "10.0.2.2");
+    resume(&mut sim, 1, &b_flows, "10.0.2.2");
+    // B's update reaches A (1.5 ms); A moves before anything else.
+    sim.run_for(Duration::from_millis(2));
+    assert!(
+        sim.hosts[0]
+            .ep
+            .connection(&flows[0])
+            .and_then(|v| v.pending_remote)
+            .is_some(),
+        "A must have B's announced address pending"
+    );
+    sim.move_host(0, "10.0.1.1");
+    resume(&mut sim, 0, &flows, "10.0.1.1");
+    sim.run_for(Duration::from_secs(10));
+    for f in &flows {
+        assert!(resumed(&sim, 0, f), "A's move of {f:?} must complete");
+        assert!(
+            sim.events(
+                0,
+                |e| matches!(e, Event::MigrationAborted { flow, .. } if flow == f)
+            )
+            .next()
+            .is_none(),
+            "A's move of {f:?} must not be aborted"
+        );
+        assert_eq!(
+            sim.hosts[1]
+                .ep
+                .connection(&reverse(f))
+                .expect("flow")
+                .remote_phys,
+            moved(f, "10.0.1.1"),
+            "B must send {f:?} to A's new address"
+        );
+    }
+}

@@ -56,7 +56,7 @@ pub use nat::{
 };
 pub use netns::{ss_endpoint, tcp_bytes_received, tcp_segs_received, Netns};
 pub use not_run::{not_run, skip_line, SKIP_REPORT_VAR};
-pub use rogue::Rogue;
+pub use rogue::{server_row as rogue_row, Rogue};
 pub use rtnl::{Address, Link, Route, Rule};
 pub use server_move::{
     add_location_host, add_server_link_e, move_server_to_e, plug_server_e, unplug_server_c,

@@ -25,7 +25,9 @@ use vnat_daemon::{
     },
 };
 
-use super::Netns;
+use serde_json::Value;
+
+use super::{wait_until, Netns, Vnatd};
 
 struct State {
     ep: Endpoint,
@@ -73,6 +75,16 @@ impl State {
             let _ = self.vcmp.send_to(&t.payload, t.dst);
         }
     }
+}
+
+/// The server's `vnatctl ls` row of a rogue's UDP flow `flow` (found by
+/// the rogue's end, which is the server's remote virtual endpoint).
+pub fn server_row(srvd: &Vnatd, flow: &VirtualFlow) -> Option<Value> {
+    let ls = srvd.ctl(&["ls", "--proto", "udp"])?;
+    ls.as_array()?
+        .iter()
+        .find(|r| r["virtual_remote"].as_str() == Some(&flow.local.to_string()))
+        .cloned()
 }
 
 /// See the module documentation. Stops when dropped.
@@ -139,6 +151,29 @@ impl Rogue {
         self.add(flow);
         self.lock().flow = Some((flow, sock));
         flow
+    }
+
+    /// [`Rogue::open_udp_flow`], then wait until the rogue holds keys for
+    /// the flow and the server's vnatd `srvd` lists it as mobile (both
+    /// within 30 s, or the test fails saying which did not happen).
+    pub fn open_bound_udp_flow(&self, ns: &Netns, server: SocketAddr, srvd: &Vnatd) -> VirtualFlow {
+        let own = self.open_udp_flow(ns, server);
+        wait_until(
+            Duration::from_secs(30),
+            || self.has_keys(&own),
+            || format!("the rogue's own flow was never bound: {:?}", self.events()),
+        );
+        wait_until(
+            Duration::from_secs(10),
+            || server_row(srvd, &own).is_some_and(|r| r["mobile"] == Value::Bool(true)),
+            || {
+                format!(
+                    "the server never listed the rogue's flow as mobile: {:?}",
+                    srvd.ctl(&["ls"])
+                )
+            },
+        );
+        own
     }
 
     /// Tell the core of a connection it has, named `flow` (its own, or one

@@ -5,7 +5,8 @@
 
 pub use vnat_tests::packet;
 
-use vnat_daemon::datapath::kernel::{testrun, KernelDatapath};
+use vnat_daemon::datapath::kernel::{testrun, KernelDatapath, KernelOptions};
+use vnat_tests::BpffsDir;
 
 /// The datapath counter `name`, summed over CPUs.
 #[allow(dead_code)]
@@ -24,4 +25,20 @@ pub fn counter(dp: &KernelDatapath, name: &str) -> u64 {
 pub fn run(dp: &KernelDatapath, egress: bool, frame: &[u8]) -> testrun::TestRun {
     testrun::run(dp.tc_program_fd(egress).unwrap(), frame)
         .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN failed: {e}"))
+}
+
+/// A kernel datapath of its own (pins in a fresh directory named after
+/// `tag`), for tests that run the programs on crafted packets; the pins go
+/// when the directory is dropped.
+#[allow(dead_code)]
+pub fn open_datapath(tag: &str) -> (KernelDatapath, BpffsDir) {
+    let pins = BpffsDir::new(tag);
+    let dp = KernelDatapath::open(&KernelOptions {
+        bpffs: pins.path().to_path_buf(),
+        cgroups: vec![],
+        tc_attach: vnat_tests::harness::tc_attach(),
+        sysctl_record: None,
+    })
+    .unwrap_or_else(|e| panic!("opening the kernel datapath: {e}"));
+    (dp, pins)
 }
