@@ -63,6 +63,25 @@ pub enum Budget {
     Lift,
 }
 
+/// The switch of `flow`'s send side to the peer's new address `remote`,
+/// from wherever our end is now, soliciting an ACK (the ones our socket
+/// sent meanwhile went to the old address).
+fn peer_moved_to(
+    flow: VirtualFlow,
+    view: Option<&ConnectionView>,
+    remote: SocketAddr,
+    budget: Budget,
+) -> Step {
+    Step::Switch(Switch {
+        flow,
+        local: view.map_or(flow.local, |v| v.local_phys),
+        remote,
+        peer_moved: true,
+        solicit: true,
+        budget,
+    })
+}
+
 impl Switch {
     /// Whether the peer is told (SWITCHED) once this switch took effect:
     /// its moved connection waits for that before it sends. Not for a UDP
@@ -241,14 +260,7 @@ impl Mover {
                         "the peer's new address is validated; our send side switches once our own move is acknowledged",
                     );
                 }
-                Step::Switch(Switch {
-                    flow,
-                    local: view.map_or(flow.local, |v| v.local_phys),
-                    remote,
-                    peer_moved: true,
-                    solicit: true,
-                    budget: Budget::None,
-                })
+                peer_moved_to(flow, view, remote, Budget::None)
             }
             Event::SendUnvalidated {
                 flow,
@@ -264,14 +276,7 @@ impl Mover {
                     );
                 }
                 self.limited.insert(flow, remote);
-                Step::Switch(Switch {
-                    flow,
-                    local: view.map_or(flow.local, |v| v.local_phys),
-                    remote,
-                    peer_moved: true,
-                    solicit: true,
-                    budget: Budget::Unvalidated(allowed),
-                })
+                peer_moved_to(flow, view, remote, Budget::Unvalidated(allowed))
             }
             Event::Resumed {
                 flow,
