@@ -7,6 +7,8 @@
 
 use std::{
     process::Command,
+    sync::mpsc,
+    thread,
     time::{Duration, Instant},
 };
 
@@ -59,6 +61,38 @@ impl<'a> Host<'a> {
             .unwrap_or_else(|e| panic!("opening the datapath in {name}: {e}"));
             f(&mut dp)
         })
+    }
+
+    /// The datapath opened once and held, owned, as a running vnatd holds
+    /// its own: calls on it ([`OpenDatapath::call`]) load nothing, where
+    /// each [`Host::datapath`] loads the programs afresh (a second or more
+    /// under a loaded suite). For tests that time what follows a call.
+    /// While it is held, `Host::datapath` only observes.
+    pub fn open(&self) -> OpenDatapath {
+        let opts = self.options();
+        let name = self.ns.name().to_string();
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let (opened, ready) = mpsc::channel();
+        let worker = self.ns.spawn_in(move || {
+            let mut dp = match KernelDatapath::open(&opts) {
+                Ok(dp) => dp,
+                Err(e) => {
+                    let _ = opened.send(Err(format!("opening the datapath in {name}: {e}")));
+                    return;
+                }
+            };
+            let _ = opened.send(Ok(()));
+            for job in queue {
+                job(&mut dp);
+            }
+        });
+        if let Err(e) = ready.recv().expect("the datapath's thread died while opening") {
+            panic!("{e}");
+        }
+        OpenDatapath {
+            jobs: Some(jobs),
+            worker: Some(worker),
+        }
     }
 
     /// How many entries the pinned NAT maps hold, egress and ingress, read
@@ -165,6 +199,72 @@ impl<'a> Host<'a> {
     }
 }
 
+type Job = Box<dyn FnOnce(&mut KernelDatapath) + Send>;
+
+/// A host's datapath held open on a thread in its namespace ([`Host::open`]);
+/// dropped, it closes as a stopping vnatd's does.
+pub struct OpenDatapath {
+    jobs: Option<mpsc::Sender<Job>>,
+    worker: Option<thread::JoinHandle<()>>,
+}
+
+impl OpenDatapath {
+    /// Run `f` on the open datapath; a panic in `f` is re-raised here.
+    pub fn call<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut KernelDatapath) -> T + Send + 'static,
+    ) -> T {
+        let (done, result) = mpsc::channel();
+        let job: Job = Box::new(move |dp| {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(dp)));
+            let _ = done.send(r);
+        });
+        self.jobs
+            .as_ref()
+            .expect("open until dropped")
+            .send(job)
+            .expect("the datapath's thread is gone");
+        match result.recv().expect("the datapath's thread is gone") {
+            Ok(v) => v,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    }
+}
+
+impl Drop for OpenDatapath {
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+/// Something datapath calls go through: a [`Host`] (opened afresh for each
+/// call) or an [`OpenDatapath`].
+pub trait OnDatapath {
+    fn on<T: Send + 'static>(&self, f: impl FnOnce(&mut KernelDatapath) -> T + Send + 'static)
+        -> T;
+}
+
+impl OnDatapath for Host<'_> {
+    fn on<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut KernelDatapath) -> T + Send + 'static,
+    ) -> T {
+        self.datapath(f)
+    }
+}
+
+impl OnDatapath for OpenDatapath {
+    fn on<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut KernelDatapath) -> T + Send + 'static,
+    ) -> T {
+        self.call(f)
+    }
+}
+
 /// The laptop and the server of a [`LaptopRouterServer`] as hosts, with a
 /// directory for each one's vnatd and one for the test's own files, all
 /// named after `tag`.
@@ -197,8 +297,8 @@ impl<'a> LaptopAndServer<'a> {
 /// may see an untranslated packet for a socket it lacks and reset the
 /// connection.
 pub fn move_flow(
-    mover: &Host,
-    peer: &Host,
+    mover: &impl OnDatapath,
+    peer: &impl OnDatapath,
     flow: vnat_daemon::datapath::VirtualFlow,
     new_local: std::net::SocketAddr,
 ) {
@@ -209,7 +309,7 @@ pub fn move_flow(
         physical_remote: flow.remote,
     };
     mover
-        .datapath(move |dp| dp.prepare_translation(&t))
+        .on(move |dp| dp.prepare_translation(&t))
         .unwrap_or_else(|e| panic!("mover, prepare: {e}"));
     let back = Translation {
         flow: VirtualFlow {
@@ -220,9 +320,9 @@ pub fn move_flow(
         physical_local: flow.remote,
         physical_remote: new_local,
     };
-    peer.datapath(move |dp| dp.install_translation(&back))
+    peer.on(move |dp| dp.install_translation(&back))
         .unwrap_or_else(|e| panic!("peer, install: {e}"));
     mover
-        .datapath(move |dp| dp.install_translation(&t))
+        .on(move |dp| dp.install_translation(&t))
         .unwrap_or_else(|e| panic!("mover, install: {e}"));
 }

@@ -47,7 +47,7 @@ pub use criu_move::{
 pub use daemon::{TempDir, Vnatd};
 pub use echo::{EchoServer, UDP_DATAGRAM_SIZE};
 pub use etcd::{CertKey, EtcdCluster, EtcdTls, ROLELESS_USER, TOKEN_TTL, VNAT_PASSWORD, VNAT_USER};
-pub use host::{move_flow, Host, LaptopAndServer};
+pub use host::{move_flow, Host, LaptopAndServer, OnDatapath, OpenDatapath};
 pub use links::veth;
 pub use logind::{LogindEvent, StandInLogind, SystemBus};
 pub use nat::{

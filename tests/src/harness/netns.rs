@@ -167,6 +167,21 @@ impl Netns {
         })
     }
 
+    /// Runs `f` on a new thread that has entered this namespace and may
+    /// outlive this borrow (it keeps the namespace open).
+    pub fn spawn_in<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> thread::JoinHandle<T> {
+        let fd = Arc::clone(&self.fd);
+        let name = self.name.clone();
+        thread::spawn(move || {
+            setns(fd.as_ref(), CloneFlags::CLONE_NEWNET)
+                .unwrap_or_else(|e| panic!("setns into netns {name}: {e}"));
+            f()
+        })
+    }
+
     /// Writes `/proc/sys/<key>` inside the namespace, e.g.
     /// `set_sysctl("net/ipv4/ip_forward", "1")` (dots work too).
     pub fn set_sysctl(&self, key: &str, value: &str) {
