@@ -268,12 +268,15 @@ fn scenario(store: Etcd, fault: Fault, tag: &str) {
     srvd.wait_paired("the server's vnatd");
 
     if fault == Fault::Forger {
-        // The server moves first while the laptop's vnatd is frozen, so
-        // the server's record is in etcd (and rewritten by the forger)
-        // before the laptop looks it up: the laptop reads only forged
-        // records, refuses them, and follows none.
+        // Both move while the laptop's vnatd is frozen, the laptop first,
+        // so that the server's update finds no one at the laptop's old
+        // address (a queued one would tell the laptop where the server
+        // went), and the server's record is in etcd, rewritten by the
+        // forger, before the laptop looks it up: the laptop reads only
+        // forged records, refuses them, and follows none.
         let mut forging = forger(&loc.ns, &etcd.endpoints[1], 30);
         lapd.freeze(true);
+        topo.move_laptop_to_b();
         move_server_to_e(&topo, &e, OldServerAddress::Gone);
         let deadline = Instant::now() + Duration::from_secs(10);
         while etcd.keys("/vnat/loc/").is_empty() {
@@ -283,9 +286,21 @@ fn scenario(store: Etcd, fault: Fault, tag: &str) {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        // The forger looks every 10 ms.
-        std::thread::sleep(Duration::from_millis(500));
-        topo.move_laptop_to_b();
+        // The laptop wakes only once the forger has rewritten the record
+        // (it looks every 10 ms, but a loaded machine may be slower).
+        let forged = FORGED_ADDR.octets();
+        while !etcd
+            .etcdctl(&["get", "--prefix", "--print-value-only", "/vnat/loc/"])
+            .stdout
+            .windows(4)
+            .any(|w| w == forged)
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the forger rewrote no record in etcd"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
         lapd.freeze(false);
         std::thread::sleep(Duration::from_secs(6));
         let refused = rejects(&lapd, "bad_mac");
@@ -459,16 +474,31 @@ fn scenario(store: Etcd, fault: Fault, tag: &str) {
         }
         _ => {
             // One record per host, each under its writer's own prefix,
-            // expiring through a lease.
-            let keys = etcd.keys("/vnat/loc/");
-            let hosts: std::collections::BTreeSet<&str> = keys
-                .iter()
-                .filter_map(|k| k.strip_prefix("/vnat/loc/")?.split('/').next())
-                .collect();
+            // expiring through a lease. A record may be stored after the
+            // connection already carries data again (the move does not wait
+            // for its put, which, with a member killed, may go to the next
+            // member after the first did not answer).
+            let hosts_of = |keys: &[String]| -> std::collections::BTreeSet<String> {
+                keys.iter()
+                    .filter_map(|k| k.strip_prefix("/vnat/loc/")?.split('/').next())
+                    .map(str::to_string)
+                    .collect()
+            };
+            let t0 = Instant::now();
+            let mut keys = etcd.keys("/vnat/loc/");
+            while hosts_of(&keys).len() < 2 && t0.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(100));
+                keys = etcd.keys("/vnat/loc/");
+            }
+            let hosts = hosts_of(&keys);
             assert_eq!(
                 hosts.len(),
                 2,
-                "each host's records under its own prefix: {keys:?}"
+                "each host's records under its own prefix, 10 s after the move: {keys:?}"
+            );
+            eprintln!(
+                "{tag}: both records stored {:?} after the data resumed",
+                t0.elapsed()
             );
             for h in &hosts {
                 let one = etcd.keys(&format!("/vnat/loc/{h}/"));

@@ -199,7 +199,12 @@ fn outage_then_move(run: &Run) -> Report {
     // loaded suite) could last until the laptop's own timer fires.
     let (lap_dp, srv_dp) = thread::scope(|s| {
         let srv_dp = s.spawn(|| srv.open());
-        (lap.open(), srv_dp.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+        (
+            lap.open(),
+            srv_dp
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p)),
+        )
     });
     if run.restart {
         // A healthy connection is never touched.

@@ -86,7 +86,10 @@ impl<'a> Host<'a> {
                 job(&mut dp);
             }
         });
-        if let Err(e) = ready.recv().expect("the datapath's thread died while opening") {
+        if let Err(e) = ready
+            .recv()
+            .expect("the datapath's thread died while opening")
+        {
             panic!("{e}");
         }
         OpenDatapath {
