@@ -621,7 +621,7 @@ fn a_namespace_that_copies_a_containers_tuple_takes_nothing() {
     ]);
     ctr.cgroup.join_on_spawn(&mut listen);
     let _listener = ProcessGroup::spawn(listen, "the rogue listener");
-    std::thread::sleep(Duration::from_millis(300));
+    rogue.wait_tcp_listening(server.port());
     let mut copy = rogue.cmd("socat");
     copy.args([
         "-u".to_string(),

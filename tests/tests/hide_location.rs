@@ -612,7 +612,8 @@ fn a_hiding_application_reaches_at_the_old_address_only_what_the_moved_peer_held
     };
     let _router_service = banner(&topo.router, &a.to_string(), "router");
     let _laptop_service = banner(&topo.laptop, "0.0.0.0", "laptop");
-    std::thread::sleep(Duration::from_millis(500));
+    topo.router.wait_tcp_listening(7000);
+    topo.laptop.wait_tcp_listening(7000);
     let fetch = || -> String {
         let out =
             s.h.srv

@@ -80,7 +80,7 @@ fn setup<'a>(topo: &'a LaptopRouterServer, tag: &str) -> Setup<'a> {
         ],
         Stdio::null(),
     );
-    thread::sleep(Duration::from_millis(200));
+    topo.server.wait_tcp_listening(PORT);
     let mut client = lap.socat(&["-u", "STDIN", &format!("TCP4:{server}")], Stdio::piped());
     let input = client.0.stdin.take().expect("the client's stdin");
     let conn = lap.wait_connection("the client's connection", |c| {
