@@ -3,7 +3,7 @@
 //! `CryptoRng` ([`CryptoDyn`]).
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use rand_core::{CryptoRng, RngCore};
 
@@ -23,6 +23,9 @@ pub(crate) struct Ctx<'r> {
     /// Bytes of the datagram being handled per record it carries: what
     /// each record's sender spent on it (0 outside a record datagram).
     pub rx_share: usize,
+    /// This host's address the datagram being handled was sent to, when
+    /// the caller knows it (`Endpoint::handle_datagram_at`).
+    pub rx_to: Option<IpAddr>,
 }
 
 impl<'r> Ctx<'r> {
@@ -37,6 +40,7 @@ impl<'r> Ctx<'r> {
             req_ids: HashMap::new(),
             last_req: 0,
             rx_share: 0,
+            rx_to: None,
         }
     }
 

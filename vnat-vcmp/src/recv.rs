@@ -4,7 +4,7 @@
 //! counted under its reason and changes nothing.
 
 use crate::stats::{Counter, Reject};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use rand_core::{CryptoRng, RngCore};
 
@@ -25,7 +25,23 @@ impl Endpoint {
         from: SocketAddr,
         bytes: &[u8],
     ) {
+        self.handle_datagram_at(now, rng, from, None, bytes)
+    }
+
+    /// [`Endpoint::handle_datagram`] for a datagram sent to this host's
+    /// address `to` (IP_PKTINFO): a peer that sent its update to where our
+    /// own move took us knows our new address, so it may be sent to before
+    /// its own is validated while we move too (see `send_unvalidated`).
+    pub fn handle_datagram_at<R: RngCore + CryptoRng>(
+        &mut self,
+        now: Timestamp,
+        rng: &mut R,
+        from: SocketAddr,
+        to: Option<IpAddr>,
+        bytes: &[u8],
+    ) {
         let mut ctx = Ctx::new(now, rng);
+        ctx.rx_to = to;
         self.stats.count(Counter::DatagramsReceived);
         // Every byte from an address counts towards what we may send it
         // (three times as much, `tx::AMPLIFICATION_FACTOR`): whatever it

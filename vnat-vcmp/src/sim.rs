@@ -434,8 +434,15 @@ impl Sim {
                     payload[2..4].copy_from_slice(&to_port.to_be_bytes());
                 }
                 self.hosts[h].inbox.push((d.from, payload.clone()));
+                // The address the host sees it arrive at (IP_PKTINFO): its
+                // own, private one behind a NAT.
+                let at = if behind_nat.is_some() || on_flow_nat.is_some() {
+                    self.hosts[h].ip
+                } else {
+                    to
+                };
                 self.with(h, |ep, now, rng| {
-                    ep.handle_datagram(now, rng, d.from, &payload)
+                    ep.handle_datagram_at(now, rng, d.from, Some(at), &payload)
                 });
             }
             for h in 0..self.hosts.len() {

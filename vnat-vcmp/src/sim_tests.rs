@@ -632,6 +632,91 @@ fn when_both_ends_moved_neither_waits_for_the_other() {
     }
 }
 
+/// Both ends move: the first update to reach its receiver at the new
+/// address its own move took it to (the sender found that address through
+/// the location server and made its receive side ready for it) is sent to
+/// at once, within the budget, before its sender's address is validated.
+/// Without it the receiver's send side waited for the validation, a round
+/// trip more.
+#[test]
+fn when_both_ends_moved_an_update_to_our_new_address_is_sent_to_at_once() {
+    let (mut sim, flows, _) = setup_with_location_server(45, 2);
+    sim.move_host(0, "10.0.1.1");
+    sim.move_host(1, "10.0.2.2");
+    let b_flows: Vec<_> = flows.iter().map(reverse).collect();
+    resume(&mut sim, 0, &flows, "10.0.1.1");
+    resume(&mut sim, 1, &b_flows, "10.0.2.2");
+    sim.run_for(Duration::from_secs(120));
+    let mut early = 0;
+    for (h, fs, peer_ip) in [(0, &flows, "10.0.2.2"), (1, &b_flows, "10.0.1.1")] {
+        for f in fs.iter() {
+            let at =
+                |want: &dyn Fn(&Event) -> bool| sim.events(h, |e| want(e)).next().map(|(t, _)| *t);
+            let Some(t_early) =
+                at(&|e| matches!(e, Event::SendUnvalidated { flow, .. } if flow == f))
+            else {
+                continue;
+            };
+            early += 1;
+            let peer_new = std::net::SocketAddr::new(peer_ip.parse().expect("ip"), f.remote.port());
+            let t_valid = at(&|e| matches!(e, Event::SetRemote { flow, remote } if flow == f && *remote == peer_new))
+                .unwrap_or_else(|| panic!("host {h}: {f:?} must validate {peer_new}"));
+            let t_resumed = at(&|e| matches!(e, Event::Resumed { flow, .. } if flow == f))
+                .unwrap_or_else(|| panic!("host {h}: {f:?} must resume"));
+            // The update that completes our own move too: it is sent to
+            // before the move's `Resumed`, at the same instant.
+            assert!(
+                t_early < t_valid && t_early <= t_resumed,
+                "host {h}, {f:?}: sent early at {t_early:?}, validated at {t_valid:?}, own move done at {t_resumed:?}"
+            );
+            assert!(
+                sim.events(h, |e| matches!(e, Event::SendUnvalidated { flow, remote, .. } if flow == f && *remote != peer_new))
+                    .next()
+                    .is_none(),
+                "host {h}, {f:?}: early only to the peer's new address"
+            );
+        }
+    }
+    assert_eq!(
+        early,
+        flows.len(),
+        "one end of each connection hears of the other's new address first, at its own new address"
+    );
+}
+
+/// Our move is planned (the old address stays up) and the peer moves too:
+/// its update reaches us at our old address, from a peer that may not know
+/// our new one. Nothing is sent to the peer's new address before it is
+/// validated while our move is under way: our packets would leave from
+/// our new address, which the peer's kernel may not take yet.
+#[test]
+fn an_update_at_our_old_address_during_our_move_waits_for_validation() {
+    let (mut sim, flows, _) = setup_with_location_server(46, 2);
+    sim.move_host(1, "10.0.2.2");
+    let b_flows: Vec<_> = flows.iter().map(reverse).collect();
+    // Host 0 stays reachable at its old address: a planned move.
+    resume(&mut sim, 0, &flows, "10.0.1.1");
+    resume(&mut sim, 1, &b_flows, "10.0.2.2");
+    sim.run_for(Duration::from_secs(120));
+    for f in &flows {
+        let resumed = sim
+            .events(0, |e| matches!(e, Event::Resumed { flow, .. } if flow == f))
+            .map(|(t, _)| *t)
+            .next();
+        let early: Vec<_> = sim
+            .events(
+                0,
+                |e| matches!(e, Event::SendUnvalidated { flow, .. } if flow == f),
+            )
+            .map(|(t, _)| *t)
+            .collect();
+        assert!(
+            early.iter().all(|t| resumed.is_some_and(|r| *t > r)),
+            "{f:?}: sent early at {early:?} although our own move (done at {resumed:?}) was under way and the update came to our old address"
+        );
+    }
+}
+
 #[test]
 fn a_udp_flow_switches_without_waiting_for_the_peer() {
     let mut sim = Sim::new(24, Link::default());

@@ -177,15 +177,25 @@ impl Endpoint {
     /// with this record's share of the update's datagram. The mover then
     /// switches its own send side at our SWITCHED, one round trip after
     /// its update, not two. Not behind a NAT (port 0: the port is learnt
-    /// first), not to an address that already answered (switched
-    /// outright), and not while our own end is moving (the mover's
-    /// receive side for our new address may not be ready; the send side
-    /// follows its validation then, as before).
+    /// first), and not to an address that already answered (switched
+    /// outright).
+    ///
+    /// While our own end moves too, only for an update sent to our new
+    /// address (`Ctx::rx_to`, known when the caller gives the datagram's
+    /// destination): its sender knew where we went, and its vnatd made its
+    /// receive side ready for that address before the update left, so our
+    /// packets from there meet a translation, not a reset. An update that
+    /// reached us elsewhere (our old address, still up during a planned
+    /// move) may come from a peer that does not know our new address yet:
+    /// the send side follows its validation then, as before.
     fn send_unvalidated(&mut self, ctx: &Ctx, flow: &VirtualFlow, addr: SocketAddr) {
         let Some(c) = self.conns.get_mut(flow) else {
             return;
         };
-        if c.pending_remote.map(|(a, _)| a) != Some(addr) || addr.port() == 0 || c.mig.is_some() {
+        if c.pending_remote.map(|(a, _)| a) != Some(addr) || addr.port() == 0 {
+            return;
+        }
+        if c.mig.is_some() && ctx.rx_to != Some(c.local_phys.ip()) {
             return;
         }
         c.sending_unvalidated = true;

@@ -175,6 +175,83 @@ fn enlarge_buffers(sock: &UdpSocket) {
     }
 }
 
+/// Ask the kernel for each datagram's destination (IP_PKTINFO, and on the
+/// dual-stack socket IPV6_RECVPKTINFO too): which of this host's addresses
+/// a peer sent to, which tells whether a peer that moved too knows where
+/// our own move took us (`Endpoint::handle_datagram_at`). Without it vnatd
+/// works as before, a round trip slower when both ends move.
+fn ask_destinations(sock: &UdpSocket, dual: bool) {
+    use nix::sys::socket::{setsockopt, sockopt};
+    let mut r = setsockopt(sock, sockopt::Ipv4PacketInfo, &true);
+    if dual {
+        r = r.and(setsockopt(sock, sockopt::Ipv6RecvPacketInfo, &true));
+    }
+    if let Err(e) = r {
+        tracing::debug!(error = %e, "cannot learn where VCMP datagrams were sent to");
+    }
+}
+
+/// Receive one datagram without blocking: its length, its source and, when
+/// the kernel tells it ([`ask_destinations`]), the local address it was
+/// sent to (an IPv4 one unmapped).
+fn recv_datagram(
+    sock: &UdpSocket,
+    buf: &mut [u8],
+) -> std::io::Result<(usize, SocketAddr, Option<IpAddr>)> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags, SockaddrLike, SockaddrStorage};
+    use std::os::fd::AsRawFd;
+    let mut space = nix::cmsg_space!(libc::in6_pktinfo, libc::in_pktinfo);
+    let mut iov = [std::io::IoSliceMut::new(buf)];
+    let msg = recvmsg::<SockaddrStorage>(
+        sock.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_DONTWAIT,
+    )?;
+    let from = msg
+        .address
+        .and_then(|a| match a.family() {
+            Some(nix::sys::socket::AddressFamily::Inet6) => a
+                .as_sockaddr_in6()
+                .map(|s| SocketAddr::V6(std::net::SocketAddrV6::from(*s))),
+            Some(nix::sys::socket::AddressFamily::Inet) => a
+                .as_sockaddr_in()
+                .map(|s| SocketAddr::V4(std::net::SocketAddrV4::from(*s))),
+            _ => None,
+        })
+        .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EAFNOSUPPORT))?;
+    let mut to = None;
+    for c in msg.cmsgs()? {
+        match c {
+            ControlMessageOwned::Ipv6PacketInfo(i) => {
+                let ip = std::net::Ipv6Addr::from(i.ipi6_addr.s6_addr);
+                to = Some(ip.to_ipv4_mapped().map_or(IpAddr::V6(ip), IpAddr::V4));
+            }
+            ControlMessageOwned::Ipv4PacketInfo(i) => {
+                to = Some(IpAddr::V4(std::net::Ipv4Addr::from(u32::from_be(
+                    i.ipi_addr.s_addr,
+                ))));
+            }
+            _ => {}
+        }
+    }
+    Ok((msg.bytes, from, to))
+}
+
+/// [`recv_datagram`], waiting for one.
+async fn recv_next(
+    sock: &UdpSocket,
+    buf: &mut [u8],
+) -> std::io::Result<(usize, SocketAddr, Option<IpAddr>)> {
+    loop {
+        sock.readable().await?;
+        match sock.try_io(tokio::io::Interest::READABLE, || recv_datagram(sock, buf)) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            r => return r,
+        }
+    }
+}
+
 /// An IPv4 peer seen through the dual-stack socket arrives as `::ffff:a.b.c.d`.
 fn unmap(a: SocketAddr) -> SocketAddr {
     match a {
@@ -410,6 +487,7 @@ impl Driver {
         let host_addrs = super::hostaddrs::HostAddresses::load(&cfg.state_dir).in_background();
         tracing::info!(listen = %cfg.listen, key = %identity::key_hex(&endpoint.public_key()), "VCMP listening");
         enlarge_buffers(&sock);
+        ask_destinations(&sock, dual);
         let mut tracking = super::tracking::Tracking::default();
         let restart_state = persisted::load(&cfg.state_dir, &mut tracking);
         Driver {
@@ -489,16 +567,20 @@ impl Driver {
             let sleep = tokio::time::sleep(timeout.unwrap_or(Duration::from_secs(3600)));
             tokio::select! {
                 _ = &mut shutdown => break,
-                r = self.sock.recv_from(&mut buf) => match r {
-                    Ok((n, from)) => {
-                        self.datagram(unmap(from), n, &buf);
+                r = recv_next(&self.sock, &mut buf) => match r {
+                    Ok((n, from, to)) => {
+                        self.datagram(unmap(from), to, n, &buf);
                         // And whatever else is queued, up to a bound: the
                         // datapath work below then runs once for a whole
                         // burst (a mass move's UPDs) instead of once per
                         // datagram, with everything behind it waiting.
                         for _ in 1..DATAGRAMS_PER_TURN {
-                            match self.sock.try_recv_from(&mut buf) {
-                                Ok((n, from)) => self.datagram(unmap(from), n, &buf),
+                            match self
+                                .sock
+                                .try_io(tokio::io::Interest::READABLE, || {
+                                    recv_datagram(&self.sock, &mut buf)
+                                }) {
+                                Ok((n, from, to)) => self.datagram(unmap(from), to, n, &buf),
                                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                                 Err(e) => {
                                     tracing::warn!(error = %e, "VCMP receive failed");
@@ -769,11 +851,11 @@ impl Driver {
 
     /// One VCMP datagram into the core, in a span naming the peer it came
     /// from (what the core logs about it carries the address).
-    fn datagram(&mut self, from: SocketAddr, n: usize, buf: &[u8]) {
+    fn datagram(&mut self, from: SocketAddr, to: Option<IpAddr>, n: usize, buf: &[u8]) {
         let span = tracing::debug_span!("vcmp", peer = %from);
         let _in = span.enter();
         self.endpoint
-            .handle_datagram(now(), &mut OsRng, from, &buf[..n]);
+            .handle_datagram_at(now(), &mut OsRng, from, to, &buf[..n]);
     }
 
     async fn flush(&mut self) {

@@ -268,13 +268,11 @@ impl Mover {
                 allowed,
             } => {
                 self.prepared.remove(&flow);
-                if view.is_some_and(|v| v.migrating) {
-                    // As for `SetRemote`: our own move first.
-                    return Step::Wait(
-                        flow,
-                        "the peer's new address is being validated; our send side switches once our own move is acknowledged",
-                    );
-                }
+                // Also while our own move is under way: the core asks for
+                // this then only when the peer's update came to our new
+                // address, so the peer's receive side is ready for it
+                // (unlike `SetRemote` above, which may follow an update
+                // that reached us at our old address).
                 self.limited.insert(flow, remote);
                 peer_moved_to(flow, view, remote, Budget::Unvalidated(allowed))
             }

@@ -549,10 +549,26 @@ fn an_unvalidated_address_is_sent_to_under_a_budget_until_validated() {
         m.step(&back, Some(&view(f))),
         Step::Switch(Switch { remote, budget: Budget::None, .. }) if remote == f.remote
     ));
-    // While our own move is unacknowledged, even a budgeted send waits.
+    // While our own move is under way the core asks for a budgeted send
+    // only when the peer's update came to our new address (the peer knows
+    // it): the send side switches there from our new address, and our
+    // move's completion, with the peer's address still pending, leaves it.
     let mut moving = view(f);
     moving.migrating = true;
-    assert!(matches!(m.step(&early, Some(&moving)), Step::Wait(..)));
+    moving.local_phys = sa("10.0.5.1:40000");
+    moving.pending_remote = Some(new_peer);
+    assert!(matches!(
+        m.step(&early, Some(&moving)),
+        Step::Switch(Switch { local, remote, budget: Budget::Unvalidated(450), .. })
+            if local == moving.local_phys && remote == new_peer
+    ));
+    moving.migrating = false;
+    let done = Event::Resumed {
+        flow: f,
+        local: moving.local_phys,
+        switch_now: true,
+    };
+    assert!(matches!(m.step(&done, Some(&moving)), Step::Wait(..)));
 }
 
 /// The datapath installs a budgeted switch limited, and the next install
