@@ -606,17 +606,25 @@ fn a_peer_that_never_confirms_costs_the_mover_one_timeout() {
     assert_eq!(sim.hosts[0].ep.stats().get(Counter::SwitchConfirmed), 0);
 }
 
-#[test]
-fn when_both_ends_moved_neither_waits_for_the_other() {
-    // Each end's move completes only once it knows the other's new
-    // address; a SWITCHED wait would make them wait for each other.
-    let (mut sim, flows, _) = setup_with_location_server(23, 2);
+/// Two hosts with two connections and a location server, both moved at
+/// once (A to 10.0.1.1, B to 10.0.2.2) and run for two minutes: the
+/// simulation, A's flows and B's.
+fn both_moved(seed: u64) -> (Sim, Vec<VirtualFlow>, Vec<VirtualFlow>) {
+    let (mut sim, flows, _) = setup_with_location_server(seed, 2);
     sim.move_host(0, "10.0.1.1");
     sim.move_host(1, "10.0.2.2");
     let b_flows: Vec<_> = flows.iter().map(reverse).collect();
     resume(&mut sim, 0, &flows, "10.0.1.1");
     resume(&mut sim, 1, &b_flows, "10.0.2.2");
     sim.run_for(Duration::from_secs(120));
+    (sim, flows, b_flows)
+}
+
+#[test]
+fn when_both_ends_moved_neither_waits_for_the_other() {
+    // Each end's move completes only once it knows the other's new
+    // address; a SWITCHED wait would make them wait for each other.
+    let (sim, flows, b_flows) = both_moved(23);
     for (h, fs) in [(0, &flows), (1, &b_flows)] {
         for f in fs.iter() {
             let (_, switch_now) = resumed_at(&sim, h, f);
@@ -640,13 +648,7 @@ fn when_both_ends_moved_neither_waits_for_the_other() {
 /// trip more.
 #[test]
 fn when_both_ends_moved_an_update_to_our_new_address_is_sent_to_at_once() {
-    let (mut sim, flows, _) = setup_with_location_server(45, 2);
-    sim.move_host(0, "10.0.1.1");
-    sim.move_host(1, "10.0.2.2");
-    let b_flows: Vec<_> = flows.iter().map(reverse).collect();
-    resume(&mut sim, 0, &flows, "10.0.1.1");
-    resume(&mut sim, 1, &b_flows, "10.0.2.2");
-    sim.run_for(Duration::from_secs(120));
+    let (sim, flows, b_flows) = both_moved(45);
     let mut early = 0;
     for (h, fs, peer_ip) in [(0, &flows, "10.0.2.2"), (1, &b_flows, "10.0.1.1")] {
         for f in fs.iter() {
