@@ -95,6 +95,8 @@ mod adversary_tests;
 #[cfg(any(test, feature = "sim"))]
 pub mod sim;
 #[cfg(test)]
+mod sim_early_switch_tests;
+#[cfg(test)]
 mod sim_extstore_tests;
 #[cfg(test)]
 mod sim_keyx_tests;
