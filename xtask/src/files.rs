@@ -12,13 +12,14 @@ use std::{
     ffi::OsString,
     path::{Path, PathBuf},
     process::{Command, Stdio},
+    sync::{mpsc, Arc, Mutex},
     thread,
     time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context as _, Result};
 
-use crate::run;
+use crate::{panics, run};
 
 /// The outage of tests/tests/unannounced_outage.rs when
 /// `VNAT_TEST_OUTAGE_SECS` is unset (the test's own default).
@@ -165,7 +166,10 @@ fn json_string(text: &str, key: &str) -> Option<String> {
 #[derive(Debug, PartialEq, Eq)]
 pub enum Outcome {
     Passed,
-    Failed,
+    /// With the lines that say why (each panic and its message).
+    Failed {
+        panics: Vec<String>,
+    },
     /// Still running at its limit: reported and killed.
     TimedOut,
 }
@@ -179,8 +183,19 @@ pub fn run_file(name: &str, mut cmd: Command, limit: Duration) -> Result<Outcome
     let started = Instant::now();
     let mut child = cmd
         .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .with_context(|| format!("cannot start the test executable of {name}"))?;
+    // Passed through as it comes; the panics are kept for the summary.
+    let collector = Arc::new(Mutex::new(panics::Collector::default()));
+    let (done_tx, done) = mpsc::channel();
+    if let Some(out) = child.stdout.take() {
+        panics::tee(out, std::io::stdout(), collector.clone(), done_tx.clone());
+    }
+    if let Some(err) = child.stderr.take() {
+        panics::tee(err, std::io::stderr(), collector.clone(), done_tx);
+    }
     let status = loop {
         if let Some(status) = child.try_wait().context("waiting for a test executable")? {
             break Some(status);
@@ -197,8 +212,9 @@ pub fn run_file(name: &str, mut cmd: Command, limit: Duration) -> Result<Outcome
             Outcome::Passed
         }
         Some(s) => {
+            let panics = panics::finish(collector, done, 2);
             println!("==> {name}: FAILED ({s}) after {secs} s");
-            Outcome::Failed
+            Outcome::Failed { panics }
         }
         None => {
             println!(
@@ -317,7 +333,25 @@ mod tests {
         let bad = Command::new("false");
         assert_eq!(
             run_file("bad", bad, Duration::from_secs(10)).unwrap(),
-            Outcome::Failed
+            Outcome::Failed { panics: vec![] }
+        );
+    }
+
+    #[test]
+    fn a_failing_files_panic_is_kept_for_the_summary() {
+        let mut bad = Command::new("bash");
+        bad.arg("-c").arg(
+            "echo 'log line'; echo \"thread 't' panicked at x.rs:1:2:\" >&2; \
+             echo 'the stream failed' >&2; echo >&2; echo 'failures:'; exit 101",
+        );
+        assert_eq!(
+            run_file("bad", bad, Duration::from_secs(10)).unwrap(),
+            Outcome::Failed {
+                panics: vec![
+                    "thread 't' panicked at x.rs:1:2:".to_string(),
+                    "the stream failed".to_string()
+                ]
+            }
         );
     }
 }

@@ -12,6 +12,7 @@ mod fuzz;
 mod kernels;
 mod package;
 mod package_check;
+mod panics;
 mod prereq;
 mod run;
 mod vm;

@@ -167,6 +167,7 @@ pub fn test(
         // a hung test fails its file with a report instead of stopping the
         // run. Like `cargo test --no-fail-fast`, every file runs.
         let mut bad_files = Vec::new();
+        let mut why: Vec<(String, Vec<String>)> = Vec::new();
         if ok {
             let mut executables = crate::files::test_executables(root, files)?;
             // The library's unit tests first, then the files by name, as
@@ -186,10 +187,23 @@ pub fn test(
                     .args(crate::files::test_args(test_threads, args));
                 match crate::files::run_file(name, cmd, limit)? {
                     crate::files::Outcome::Passed => {}
-                    crate::files::Outcome::Failed => bad_files.push(name.clone()),
+                    crate::files::Outcome::Failed { panics } => {
+                        bad_files.push(name.clone());
+                        why.push((name.clone(), panics));
+                    }
                     crate::files::Outcome::TimedOut => {
                         bad_files.push(format!("{name} (timed out)"))
                     }
+                }
+            }
+            // Again at the end, where a CI log is read: what failed and why.
+            for (name, panics) in &why {
+                println!("==> why {name} failed:");
+                if panics.is_empty() {
+                    println!("    (no panic message: see its output above)");
+                }
+                for line in panics {
+                    println!("    {line}");
                 }
             }
             if !bad_files.is_empty() {

@@ -370,6 +370,13 @@ pub fn test(
     if !ok {
         let failed = fs::read_to_string(outcome.dir.join("failed")).unwrap_or_default();
         let failed: Vec<&str> = failed.split_whitespace().collect();
+        // Again at the end, where a CI log is read.
+        if !outcome.panics.is_empty() {
+            println!("==> why:");
+            for line in &outcome.panics {
+                println!("    {line}");
+            }
+        }
         bail!(
             "{} test file(s) failed on {}: {} (console log: {})",
             failed.len(),
@@ -495,6 +502,8 @@ struct Outcome {
     status: i32,
     dir: PathBuf,
     log: PathBuf,
+    /// Each panic of the tests and its message (`panics.rs`).
+    panics: Vec<String>,
 }
 
 impl Outcome {
@@ -582,6 +591,7 @@ impl Vm {
         });
 
         let mut seen_start = false;
+        let mut panics = crate::panics::Collector::default();
         // The first line of a kernel crash, to name it in the error.
         let mut crash: Option<String> = None;
         let mut reader = BufReader::new(reader);
@@ -619,6 +629,7 @@ impl Vm {
                 crash = Some(line.trim().to_string());
             }
             if !is_kernel_log(line) {
+                panics.line(line);
                 let mut out = stdout.lock();
                 let _ = writeln!(out, "{line}");
                 let _ = out.flush();
@@ -640,6 +651,7 @@ impl Vm {
                     status,
                     dir,
                     log: log_path,
+                    panics: panics.into_lines(),
                 })
             }
             Err(_) if !seen_start => match killed {

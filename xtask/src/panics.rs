@@ -1,0 +1,173 @@
+//! Why a test file failed, repeated where CI's log is read: at its end.
+//!
+//! A test file's output runs to thousands of lines (every vnatd it starts
+//! logs to it), and a CI report keeps only the last screenful. So while a
+//! test executable's output is passed through, the lines that say why a test
+//! failed (each panic's first line and its message) are kept, and the run's
+//! summary prints them again under the file's name.
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    sync::{mpsc, Arc, Mutex},
+    thread,
+    time::Duration,
+};
+
+/// Lines kept per panic: the `panicked at` line and the message after it.
+const LINES_PER_PANIC: usize = 8;
+/// Lines kept per test file, all panics together.
+const LINES_PER_FILE: usize = 60;
+/// A kept line is cut to this many characters.
+const LINE_CHARS: usize = 400;
+
+/// Finds panics in a stream of lines.
+#[derive(Default)]
+pub struct Collector {
+    kept: Vec<String>,
+    /// Lines still to keep of the panic being read.
+    open: usize,
+}
+
+impl Collector {
+    pub fn line(&mut self, line: &str) {
+        let line = line.trim_end_matches(['\n', '\r']);
+        if line.contains("' panicked at ") || line.starts_with("panicked at ") {
+            self.open = LINES_PER_PANIC;
+        } else if self.open > 0
+            && (line.is_empty()
+                || line.starts_with("note: run with `RUST_BACKTRACE")
+                || line.starts_with("stack backtrace:"))
+        {
+            self.open = 0;
+        }
+        if self.open == 0 {
+            return;
+        }
+        self.open -= 1;
+        if self.kept.len() < LINES_PER_FILE {
+            let mut l: String = line.chars().take(LINE_CHARS).collect();
+            if l.len() < line.len() {
+                l.push_str(" ...");
+            }
+            self.kept.push(l);
+        }
+    }
+
+    pub fn into_lines(self) -> Vec<String> {
+        self.kept
+    }
+}
+
+/// Copies `from` to `to` line by line as it comes, feeding each line to the
+/// collector; says on `done` when `from` ends.
+pub fn tee(
+    from: impl Read + Send + 'static,
+    mut to: impl Write + Send + 'static,
+    collector: Arc<Mutex<Collector>>,
+    done: mpsc::Sender<()>,
+) {
+    thread::spawn(move || {
+        let mut from = BufReader::new(from);
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            match from.read_until(b'\n', &mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    let _ = to.write_all(&buf);
+                    let _ = to.flush();
+                    if let Ok(mut c) = collector.lock() {
+                        c.line(&String::from_utf8_lossy(&buf));
+                    }
+                }
+            }
+        }
+        let _ = done.send(());
+    });
+}
+
+/// Waits (a short while: a process the test left behind may hold the pipe)
+/// for `n` tees to end, then takes what they kept.
+pub fn finish(collector: Arc<Mutex<Collector>>, done: mpsc::Receiver<()>, n: usize) -> Vec<String> {
+    for _ in 0..n {
+        if done.recv_timeout(Duration::from_secs(3)).is_err() {
+            break;
+        }
+    }
+    let c = std::mem::take(&mut *collector.lock().unwrap_or_else(|e| e.into_inner()));
+    c.into_lines()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn collect(text: &str) -> Vec<String> {
+        let mut c = Collector::default();
+        for l in text.lines() {
+            c.line(l);
+        }
+        c.into_lines()
+    }
+
+    #[test]
+    fn a_panic_and_its_message_are_kept_and_the_log_around_it_is_not() {
+        let out = "\
+2026-11-29T17:31:37Z  INFO vnatd started
+---- server_killed_after_detaching_tc stdout ----
+thread 'server_killed_after_detaching_tc' panicked at tests/tests/crash_safety.rs:231:13:
+remove:tc: the server still has, 30 s after the connection closed:
+routes [], tc [\"veth0\"]
+note: run with `RUST_BACKTRACE=1` environment variable to display a backtrace
+
+failures:
+    server_killed_after_detaching_tc
+";
+        assert_eq!(
+            collect(out),
+            vec![
+                "thread 'server_killed_after_detaching_tc' panicked at tests/tests/crash_safety.rs:231:13:",
+                "remove:tc: the server still has, 30 s after the connection closed:",
+                "routes [], tc [\"veth0\"]",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_long_message_is_cut_and_a_file_keeps_a_bounded_number_of_lines() {
+        let mut out = String::new();
+        for i in 0..20 {
+            out.push_str(&format!("thread 't{i}' panicked at a.rs:1:1:\n"));
+            for j in 0..20 {
+                out.push_str(&format!("line {j} {}\n", "x".repeat(1000)));
+            }
+        }
+        let kept = collect(&out);
+        assert_eq!(kept.len(), LINES_PER_FILE);
+        assert_eq!(kept[0], "thread 't0' panicked at a.rs:1:1:");
+        // The panic line and seven lines of its message, then the next one.
+        assert_eq!(kept[LINES_PER_PANIC], "thread 't1' panicked at a.rs:1:1:");
+        assert!(kept[1].ends_with(" ...") && kept[1].len() == LINE_CHARS + 4);
+    }
+
+    #[test]
+    fn a_tee_passes_everything_through() {
+        let c = Arc::new(Mutex::new(Collector::default()));
+        let (tx, rx) = mpsc::channel();
+        let sink = Arc::new(Mutex::new(Vec::new()));
+        struct Shared(Arc<Mutex<Vec<u8>>>);
+        impl Write for Shared {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let input = "a\nthread 'x' panicked at b.rs:2:3:\nboom\n\nlast without newline";
+        tee(input.as_bytes(), Shared(sink.clone()), c.clone(), tx);
+        let kept = finish(c, rx, 1);
+        assert_eq!(&*sink.lock().unwrap(), input.as_bytes());
+        assert_eq!(kept, vec!["thread 'x' panicked at b.rs:2:3:", "boom"]);
+    }
+}
