@@ -188,13 +188,21 @@ pub fn run_file(name: &str, mut cmd: Command, limit: Duration) -> Result<Outcome
         .spawn()
         .with_context(|| format!("cannot start the test executable of {name}"))?;
     // Passed through as it comes; the panics are kept for the summary.
-    let collector = Arc::new(Mutex::new(panics::Collector::default()));
+    let collectors = [
+        Arc::new(Mutex::new(panics::Collector::default())),
+        Arc::new(Mutex::new(panics::Collector::default())),
+    ];
     let (done_tx, done) = mpsc::channel();
     if let Some(out) = child.stdout.take() {
-        panics::tee(out, std::io::stdout(), collector.clone(), done_tx.clone());
+        panics::tee(
+            out,
+            std::io::stdout(),
+            collectors[0].clone(),
+            done_tx.clone(),
+        );
     }
     if let Some(err) = child.stderr.take() {
-        panics::tee(err, std::io::stderr(), collector.clone(), done_tx);
+        panics::tee(err, std::io::stderr(), collectors[1].clone(), done_tx);
     }
     let status = loop {
         if let Some(status) = child.try_wait().context("waiting for a test executable")? {
@@ -212,7 +220,7 @@ pub fn run_file(name: &str, mut cmd: Command, limit: Duration) -> Result<Outcome
             Outcome::Passed
         }
         Some(s) => {
-            let panics = panics::finish(collector, done, 2);
+            let panics = panics::finish(&collectors, done);
             println!("==> {name}: FAILED ({s}) after {secs} s");
             Outcome::Failed { panics }
         }
@@ -341,8 +349,10 @@ mod tests {
     fn a_failing_files_panic_is_kept_for_the_summary() {
         let mut bad = Command::new("bash");
         bad.arg("-c").arg(
+            // A line of stdout between the panic and its message on
+            // stderr is no part of the message.
             "echo 'log line'; echo \"thread 't' panicked at x.rs:1:2:\" >&2; \
-             echo 'the stream failed' >&2; echo >&2; echo 'failures:'; exit 101",
+             echo 'failures:'; echo 'the stream failed' >&2; echo >&2; exit 101",
         );
         assert_eq!(
             run_file("bad", bad, Duration::from_secs(10)).unwrap(),

@@ -86,15 +86,21 @@ pub fn tee(
 }
 
 /// Waits (a short while: a process the test left behind may hold the pipe)
-/// for `n` tees to end, then takes what they kept.
-pub fn finish(collector: Arc<Mutex<Collector>>, done: mpsc::Receiver<()>, n: usize) -> Vec<String> {
-    for _ in 0..n {
+/// for the tees to end, then takes what each kept, in order. Each stream
+/// has a collector of its own: a line of one stream must not fall inside a
+/// panic's message read from the other.
+pub fn finish(collectors: &[Arc<Mutex<Collector>>], done: mpsc::Receiver<()>) -> Vec<String> {
+    for _ in collectors {
         if done.recv_timeout(Duration::from_secs(3)).is_err() {
             break;
         }
     }
-    let c = std::mem::take(&mut *collector.lock().unwrap_or_else(|e| e.into_inner()));
-    c.into_lines()
+    collectors
+        .iter()
+        .flat_map(|c| {
+            std::mem::take(&mut *c.lock().unwrap_or_else(|e| e.into_inner())).into_lines()
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -166,7 +172,7 @@ failures:
         }
         let input = "a\nthread 'x' panicked at b.rs:2:3:\nboom\n\nlast without newline";
         tee(input.as_bytes(), Shared(sink.clone()), c.clone(), tx);
-        let kept = finish(c, rx, 1);
+        let kept = finish(&[c], rx);
         assert_eq!(&*sink.lock().unwrap(), input.as_bytes());
         assert_eq!(kept, vec!["thread 'x' panicked at b.rs:2:3:", "boom"]);
     }
