@@ -30,7 +30,11 @@ pub struct Collector {
 impl Collector {
     pub fn line(&mut self, line: &str) {
         let line = line.trim_end_matches(['\n', '\r']);
-        if line.contains("' panicked at ") || line.starts_with("panicked at ") {
+        // `thread 'NAME' panicked at FILE:LINE:COL:`, with the thread's id
+        // after its name since Rust 1.90 (`thread 'NAME' (4290) panicked`).
+        if (line.starts_with("thread '") && line.contains(" panicked at "))
+            || line.starts_with("panicked at ")
+        {
             self.open = LINES_PER_PANIC;
         } else if self.open > 0
             && (line.is_empty()
@@ -120,7 +124,7 @@ mod tests {
         let out = "\
 2026-11-29T17:31:37Z  INFO vnatd started
 ---- server_killed_after_detaching_tc stdout ----
-thread 'server_killed_after_detaching_tc' panicked at tests/tests/crash_safety.rs:231:13:
+thread 'server_killed_after_detaching_tc' (4290) panicked at tests/tests/crash_safety.rs:231:13:
 remove:tc: the server still has, 30 s after the connection closed:
 routes [], tc [\"veth0\"]
 note: run with `RUST_BACKTRACE=1` environment variable to display a backtrace
@@ -131,7 +135,7 @@ failures:
         assert_eq!(
             collect(out),
             vec![
-                "thread 'server_killed_after_detaching_tc' panicked at tests/tests/crash_safety.rs:231:13:",
+                "thread 'server_killed_after_detaching_tc' (4290) panicked at tests/tests/crash_safety.rs:231:13:",
                 "remove:tc: the server still has, 30 s after the connection closed:",
                 "routes [], tc [\"veth0\"]",
             ]
