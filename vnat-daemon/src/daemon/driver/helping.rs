@@ -14,8 +14,20 @@ const MAX_QUEUED_RUNS: usize = 4;
 pub(super) const HELPER_SLOTS: usize = 4;
 
 /// A TCP_USER_TIMEOUT held for a helped peer: the value to give back, the
-/// bytes acknowledged when first looked at after the help, since when.
+/// bytes the peer had acknowledged before it came back (known when the help
+/// or hold began or last looked; else read at the first look after it),
+/// since when. The value goes back once the peer acknowledges more: the
+/// retransmissions of its absence then count from anew.
 type HeldTimeout = (u32, Option<u64>, std::time::Instant);
+
+/// The bytes `flow`'s peer has acknowledged so far (`None`: no such TCP
+/// socket, or it cannot be read).
+pub(super) fn acked_now(dp: &mut dyn Datapath, flow: &VirtualFlow) -> Option<u64> {
+    match dp.answer_for_peer(flow, 0, Some(helping::READ_ONLY)) {
+        Ok(PeerAnswer::PeerActive { counters }) => Some(counters.0),
+        _ => None,
+    }
+}
 
 /// The driver's helper state: keepalives held at suspend, the helpers
 /// asked of the peers and those this host gives them, installed helpers'
@@ -308,6 +320,9 @@ impl Driver {
             }
             (false, None) => None,
         };
+        // The bytes acknowledged at the last look: a timeout given back
+        // below waits for the peer to acknowledge more.
+        let old_acked = old.as_ref().and_then(|o| o.counters).map(|c| c.0);
         let (since, mut stopped, mut old_timeout) = match old {
             Some(old) => (old.since, old.stopped, old.user_timeout),
             None => (now_i, None, None),
@@ -316,7 +331,7 @@ impl Driver {
             if let Some(prev) = old_timeout.take() {
                 self.helpers
                     .timeout_restore
-                    .insert(flow, (prev, None, std::time::Instant::now()));
+                    .insert(flow, (prev, old_acked, std::time::Instant::now()));
             }
         }
         let user_before = old_user;
@@ -511,10 +526,15 @@ impl Driver {
             self.run_user_helper(flow, name, "back").await;
         }
         if let Some(prev) = h.user_timeout.filter(|_| how != End::Quiet) {
-            // Given back once the peer acknowledges data again.
+            // Given back once the peer acknowledges data beyond what it had
+            // at the help's last look. (Read at the first look after the
+            // help instead, the baseline would miss every acknowledgment
+            // that came before that look: a connection with nothing more to
+            // send kept the held value for USER_TIMEOUT_GIVE_BACK.)
+            let acked = h.counters.map(|c| c.0);
             self.helpers
                 .timeout_restore
-                .insert(flow, (prev, None, std::time::Instant::now()));
+                .insert(flow, (prev, acked, std::time::Instant::now()));
         }
         tracing::info!(id = flow.id(), %flow, helpers = ?h.help.names(), "stopped helping: the peer is back or the connection is over");
     }

@@ -32,7 +32,7 @@ impl Driver {
                 },
             )
         });
-        let own = self.outages.own_timeouts.iter().map(|(f, (before, _))| {
+        let own = self.outages.own_timeouts.iter().map(|(f, (before, _, _))| {
             (
                 *f,
                 Undo::UserTimeout {
