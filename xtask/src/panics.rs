@@ -6,7 +6,7 @@
 //! failed (each panic's first line and its message) are kept, and the run's
 //! summary prints them again under the file's name.
 use std::{
-    io::{BufRead, BufReader, Read, Write},
+    io::{Read, Write},
     sync::{mpsc, Arc, Mutex},
     thread,
     time::Duration,
@@ -61,29 +61,43 @@ impl Collector {
     }
 }
 
-/// Copies `from` to `to` line by line as it comes, feeding each line to the
-/// collector; says on `done` when `from` ends.
+/// Copies `from` to `to` as it comes (a line's start too: libtest writes
+/// `test NAME ... ` before the test runs, which is what names a test that
+/// hangs), and feeds each whole line to the collector; says on `done` when
+/// `from` ends.
 pub fn tee(
-    from: impl Read + Send + 'static,
+    mut from: impl Read + Send + 'static,
     mut to: impl Write + Send + 'static,
     collector: Arc<Mutex<Collector>>,
     done: mpsc::Sender<()>,
 ) {
     thread::spawn(move || {
-        let mut from = BufReader::new(from);
-        let mut buf = Vec::new();
+        let mut chunk = [0u8; 8192];
+        let mut line = Vec::new();
+        let feed = |line: &[u8]| {
+            if let Ok(mut c) = collector.lock() {
+                c.line(&String::from_utf8_lossy(line));
+            }
+        };
         loop {
-            buf.clear();
-            match from.read_until(b'\n', &mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {
-                    let _ = to.write_all(&buf);
-                    let _ = to.flush();
-                    if let Ok(mut c) = collector.lock() {
-                        c.line(&String::from_utf8_lossy(&buf));
-                    }
+            let n = match from.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            };
+            let _ = to.write_all(&chunk[..n]);
+            let _ = to.flush();
+            for part in chunk[..n].split_inclusive(|b| *b == b'\n') {
+                line.extend_from_slice(part);
+                if line.ends_with(b"\n") {
+                    feed(&line);
+                    line.clear();
                 }
             }
+        }
+        if !line.is_empty() {
+            feed(&line);
         }
         let _ = done.send(());
     });
@@ -110,6 +124,18 @@ pub fn finish(collectors: &[Arc<Mutex<Collector>>], done: mpsc::Receiver<()>) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A sink the test reads while the tee writes to it.
+    struct Shared(Arc<Mutex<Vec<u8>>>);
+    impl Write for Shared {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
 
     fn collect(text: &str) -> Vec<String> {
         let mut c = Collector::default();
@@ -164,20 +190,38 @@ failures:
         let c = Arc::new(Mutex::new(Collector::default()));
         let (tx, rx) = mpsc::channel();
         let sink = Arc::new(Mutex::new(Vec::new()));
-        struct Shared(Arc<Mutex<Vec<u8>>>);
-        impl Write for Shared {
-            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(b);
-                Ok(b.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
         let input = "a\nthread 'x' panicked at b.rs:2:3:\nboom\n\nlast without newline";
         tee(input.as_bytes(), Shared(sink.clone()), c.clone(), tx);
         let kept = finish(&[c], rx);
         assert_eq!(&*sink.lock().unwrap(), input.as_bytes());
         assert_eq!(kept, vec!["thread 'x' panicked at b.rs:2:3:", "boom"]);
+    }
+
+    #[test]
+    fn the_start_of_a_line_is_passed_on_before_its_end() {
+        // libtest's `test NAME ... ` names a test that then hangs.
+        struct Chunks(mpsc::Receiver<&'static [u8]>);
+        impl Read for Chunks {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                let Ok(c) = self.0.recv() else { return Ok(0) };
+                buf[..c.len()].copy_from_slice(c);
+                Ok(c.len())
+            }
+        }
+        let (feed, chunks) = mpsc::channel();
+        let sink = Arc::new(Mutex::new(Vec::new()));
+        let c = Arc::new(Mutex::new(Collector::default()));
+        let (tx, rx) = mpsc::channel();
+        tee(Chunks(chunks), Shared(sink.clone()), c.clone(), tx);
+        feed.send(b"test hangs ... ").unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while sink.lock().unwrap().as_slice() != b"test hangs ... " {
+            assert!(std::time::Instant::now() < deadline, "not passed on");
+            thread::sleep(Duration::from_millis(10));
+        }
+        feed.send(b"ok\n").unwrap();
+        drop(feed);
+        assert!(finish(&[c], rx).is_empty());
+        assert_eq!(sink.lock().unwrap().as_slice(), b"test hangs ... ok\n");
     }
 }
