@@ -13,11 +13,15 @@ const MAX_QUEUED_RUNS: usize = 4;
 /// Installed helpers running at once.
 pub(super) const HELPER_SLOTS: usize = 4;
 
-/// A TCP_USER_TIMEOUT held for a helped peer: the value to give back, the
-/// bytes the peer had acknowledged before it came back (known when the help
-/// or hold began or last looked; else read at the first look after it),
-/// since when. The value goes back once the peer acknowledges more: the
-/// retransmissions of its absence then count from anew.
+/// A TCP_USER_TIMEOUT held for a helped peer or for this host's own
+/// outage: the value to give back; the bytes the peer had acknowledged by
+/// the help's last look, or when this host's connection was found working
+/// again (`None`: read at the first look after); since when. The value goes
+/// back once the peer acknowledges more: the retransmissions of the
+/// absence then count from anew. Never a baseline from before the absence:
+/// acknowledgments that came before it (a suspend precedes the departure)
+/// would give the value back while the absence's data is still
+/// unacknowledged.
 type HeldTimeout = (u32, Option<u64>, std::time::Instant);
 
 /// The bytes `flow`'s peer has acknowledged so far (`None`: no such TCP

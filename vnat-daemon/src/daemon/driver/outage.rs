@@ -26,10 +26,9 @@ type Where = (SocketAddr, bool, IpAddr);
 pub(super) struct Outages {
     /// This host's own TCP_USER_TIMEOUTs held while it is cut off (so that
     /// `tcp_retries2` does not end a connection whose data waits): the
-    /// value to give back, the hold (released by the keepalive hold's
-    /// rule), and the bytes the peer had acknowledged when it began (the
-    /// value goes back once the peer acknowledges more).
-    pub(super) own_timeouts: HashMap<VirtualFlow, (u32, mobility::HeldKeepalive, Option<u64>)>,
+    /// value to give back, and the hold (released by the keepalive hold's
+    /// rule).
+    pub(super) own_timeouts: HashMap<VirtualFlow, (u32, mobility::HeldKeepalive)>,
     next_own_check: Instant,
     silence: SilenceWatch,
     /// Connections helped because their host went silent (not because it
@@ -259,7 +258,7 @@ impl Driver {
         let held = with_dp(&self.dp, move |dp| {
             todo.into_iter()
                 .filter_map(|(f, local)| match dp.set_user_timeout(&f, rules::USER_TIMEOUT_HOLD) {
-                    Ok(Some(before)) => Some((f, local, before, super::helping::acked_now(dp, &f))),
+                    Ok(Some(before)) => Some((f, local, before)),
                     Ok(None) => None,
                     Err(e) => {
                         tracing::warn!(id = f.id(), flow = %f, error = %e, "cannot hold the connection's retransmission timeout while this host is away");
@@ -270,7 +269,7 @@ impl Driver {
         })
         .await;
         let since = Instant::now();
-        for (f, local, before, acked) in held {
+        for (f, local, before) in held {
             // A timeout still being given back from an earlier hold is the
             // application's.
             let before = self
@@ -287,7 +286,6 @@ impl Driver {
                         local_at_hold: local,
                         resume_asked: unannounced,
                     },
-                    acked,
                 ),
             );
         }
@@ -296,7 +294,7 @@ impl Driver {
     /// `vnatctl resume`: the held timeouts go back once each connection
     /// works again.
     pub(super) fn resume_own_timeouts(&mut self) {
-        for (_, h, _) in self.outages.own_timeouts.values_mut() {
+        for (_, h) in self.outages.own_timeouts.values_mut() {
             h.resume_asked = true;
         }
     }
@@ -326,7 +324,7 @@ impl Driver {
             .outages
             .own_timeouts
             .iter()
-            .map(|(f, (_, h, _))| {
+            .map(|(f, (_, h))| {
                 let c = self
                     .endpoint
                     .connection(f)
@@ -352,12 +350,26 @@ impl Driver {
                 })
                 .map(|(f, _, c)| (f, c.is_some()))
                 .collect::<Vec<_>>()
+                .into_iter()
+                // What the peer has acknowledged as the connection is found
+                // working: the timeout goes back once it acknowledges more.
+                // (Read at the give-back's first look instead, up to a
+                // second later, it could already count every
+                // acknowledgment there will be.)
+                .map(|(f, live)| {
+                    (
+                        f,
+                        live,
+                        live.then(|| super::helping::acked_now(dp, &f)).flatten(),
+                    )
+                })
+                .collect::<Vec<_>>()
         })
         .await;
-        for (f, live) in due {
+        for (f, live, acked) in due {
             self.outages.inherited.remove(&f);
             self.stop_answering(f, live).await;
-            let Some((before, _, acked)) = self.outages.own_timeouts.remove(&f) else {
+            let Some((before, _)) = self.outages.own_timeouts.remove(&f) else {
                 continue;
             };
             if live {

@@ -32,7 +32,7 @@ impl Driver {
                 },
             )
         });
-        let own = self.outages.own_timeouts.iter().map(|(f, (before, _, _))| {
+        let own = self.outages.own_timeouts.iter().map(|(f, (before, _))| {
             (
                 *f,
                 Undo::UserTimeout {
