@@ -6,8 +6,10 @@ use crate::stats::Counter;
 use std::time::Duration;
 
 use super::endpoint::{Config, Event};
-use super::sim::{reverse, sa, Link};
-use super::sim_tests::{both_moved, moved, resume, setup, setup_with_location_server};
+use super::sim::{reverse, Link};
+use super::sim_tests::{
+    both_moved, claimed_where_nobody_answers, moved, resume, setup, setup_with_location_server,
+};
 use super::wire::Kind;
 
 /// Both ends move: the first update to reach its receiver at the new
@@ -153,13 +155,7 @@ fn the_peer_sends_to_an_announced_address_before_it_is_validated() {
 /// came from there to send three times of.
 #[test]
 fn an_update_from_elsewhere_sends_nothing_before_validation() {
-    let (mut sim, flows) = setup(42, Link::default(), Config::default(), 1);
-    let f = flows[0];
-    sim.with(0, |ep, now, rng| {
-        ep.resume(now, rng, &[(f, sa("10.0.66.6:40000"))])
-            .expect("resume")
-    });
-    sim.run_for(Duration::from_secs(120));
+    let (sim, _) = claimed_where_nobody_answers(42);
     assert!(
         sim.events(1, |e| matches!(e, Event::SendUnvalidated { .. }))
             .next()

@@ -405,17 +405,24 @@ fn alternating_unproved_addresses_end_in_a_revert() {
     );
 }
 
-#[test]
-fn failed_validation_reverts_to_the_last_validated_address() {
-    let (mut sim, flows) = setup(9, Link::default(), Config::default(), 1);
+/// One connection whose end on A claims an address where nobody answers
+/// challenges (A never moved there, 10.0.66.6), run for two minutes: the
+/// simulation and A's flow.
+pub(super) fn claimed_where_nobody_answers(seed: u64) -> (Sim, VirtualFlow) {
+    let (mut sim, flows) = setup(seed, Link::default(), Config::default(), 1);
     let f = flows[0];
-    // A claims an address where nobody answers challenges (it never moved
-    // there): B must keep the old binding and report the revert.
     sim.with(0, |ep, now, rng| {
         ep.resume(now, rng, &[(f, sa("10.0.66.6:40000"))])
             .expect("resume")
     });
     sim.run_for(Duration::from_secs(120));
+    (sim, f)
+}
+
+#[test]
+fn failed_validation_reverts_to_the_last_validated_address() {
+    // B must keep the old binding and report the revert.
+    let (sim, f) = claimed_where_nobody_answers(9);
     let b = reverse(&f);
     assert_eq!(
         sim.hosts[1].ep.connection(&b).expect("flow").remote_phys,
