@@ -259,30 +259,16 @@ fn fetch_across_a_move(s: &Setup, active: bool, v6: bool) -> (Result<String, Str
     s.srvd.wait_mobile_to("tcp", pick(&s.topo.laptop_a_addr));
     s.topo.move_laptop_to_b();
     let b = pick(&s.topo.laptop_b_addr);
-    // The control connection, as the server has it, now comes from B.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let ls = s.srvd.ctl(&["ls", "--proto", "tcp"]);
-        let moved = ls.as_ref().and_then(|v| v.as_array()).is_some_and(|a| {
-            a.iter().any(|r| {
-                r["virtual_local"]
-                    .as_str()
-                    .is_some_and(|l| l.ends_with(&format!(":{FTP_PORT}")))
-                    && r["physical_remote"]
-                        .as_str()
-                        .and_then(|p| p.parse::<SocketAddr>().ok())
-                        .is_some_and(|p| p.ip() == b)
-            })
-        });
-        if moved {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the server never showed the control connection moved to {b}: {ls:?}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    // The control connection, as the server has it, now comes from B, and
+    // the server validated B (only then are the laptop's new connections
+    // shown from A).
+    let control = s.srvd.wait_peer_moved_to("tcp", b);
+    assert!(
+        control["virtual_local"]
+            .as_str()
+            .is_some_and(|l| l.ends_with(&format!(":{FTP_PORT}"))),
+        "the peer's move the server shows is not the control connection's: {control}"
+    );
     let after = ftp.get("after", &local);
     if after.is_ok() {
         assert_eq!(
@@ -492,23 +478,8 @@ impl<'a> MovedUdpSession<'a> {
         lapd.wait_mobile_to("udp", server);
         srvd.wait_mobile_to("udp", a);
         topo.move_laptop_to_b();
-        // The server has the session's flow at B.
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !srvd
-            .ctl(&["ls", "--proto", "udp"])
-            .and_then(|v| v.as_array().cloned())
-            .is_some_and(|rows| {
-                rows.iter().any(|r| {
-                    r["physical_remote"]
-                        .as_str()
-                        .and_then(|p| p.parse::<SocketAddr>().ok())
-                        .is_some_and(|p| p.ip() == b)
-                })
-            })
-        {
-            assert!(Instant::now() < deadline, "the session never moved to {b}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        // The server has the session's flow at B, validated.
+        srvd.wait_peer_moved_to("udp", b);
         MovedUdpSession {
             _session: session,
             _echo: echo,

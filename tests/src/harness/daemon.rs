@@ -191,6 +191,41 @@ impl Vnatd {
         }
     }
 
+    /// Wait (at most 20 s) until `vnatctl ls` shows a `proto` connection
+    /// whose peer's move to `to` ended well (`last_move`: side "peer",
+    /// outcome "moved"). That is after this host validated the address:
+    /// what it shows hiding applications of the peer's new connections
+    /// (hide location) is written by then. A physical remote at `to` alone
+    /// is not: packets go there, within a budget, while it is validated.
+    /// Returns that row; panics with the listing otherwise.
+    pub fn wait_peer_moved_to(&self, proto: &str, to: std::net::IpAddr) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ls = self.ctl(&["ls", "--proto", proto]);
+            let row = ls.as_ref().and_then(|v| v.as_array()).and_then(|rows| {
+                rows.iter()
+                    .find(|r| {
+                        let m = &r["last_move"];
+                        m["side"] == "peer"
+                            && m["outcome"] == "moved"
+                            && m["to"]
+                                .as_str()
+                                .and_then(|s| s.parse::<std::net::SocketAddr>().ok())
+                                .is_some_and(|a| a.ip() == to)
+                    })
+                    .cloned()
+            });
+            if let Some(row) = row {
+                return row;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {proto} connection's peer was seen moved to {to}: {ls:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// [`Vnatd::mobile_to`], false if vnatd does not answer (it may be
     /// dying: the crash-safety tests).
     pub fn try_mobile_to(&self, proto: &str, remote: std::net::IpAddr) -> bool {
