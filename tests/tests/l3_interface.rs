@@ -111,6 +111,14 @@ fn a_connection_moves_onto_a_tun_interface() {
         || "the connection never became mobile".into(),
     );
 
+    // No interface of the laptop lacks a link-layer header yet: vnatd has
+    // not paid for verifying the translators of such interfaces.
+    assert_eq!(
+        l3_programs(&lapd),
+        Vec::<String>::new(),
+        "the L3 translators were loaded with no interface to use them"
+    );
+
     // The tunnel comes up over B; then A goes away and the default route
     // points into the tunnel: the laptop's address toward the server is now
     // the tun device's.
@@ -143,6 +151,12 @@ fn a_connection_moves_onto_a_tun_interface() {
         tc.iter().any(|a| a["ifname"] == "vt0"),
         "tc is not attached to the tun device: {tc:?}"
     );
+    // Loaded when the tun device was first attached.
+    assert_eq!(
+        l3_programs(&lapd),
+        vec!["vnat_tc_egress_l3".to_string(), "vnat_tc_ingress_l3".to_string()],
+        "{status}"
+    );
     let counters = &status["datapath"]["counters"];
     assert!(
         counters["egress_translated"].as_u64().unwrap_or(0) > 0
@@ -153,4 +167,53 @@ fn a_connection_moves_onto_a_tun_interface() {
     assert_eq!(fin.error, None, "{:?}", fin.json);
     assert_eq!(fin.local, before.local, "the client's socket changed");
     assert!(fin.verified >= moved.verified);
+}
+
+/// The L3 translators `vnatctl status` lists as loaded, sorted.
+fn l3_programs(d: &Vnatd) -> Vec<String> {
+    let status = d.ctl(&["status"]).expect("vnatd");
+    let mut l3: Vec<String> = status["datapath"]["programs_loaded"]
+        .as_array()
+        .expect("programs_loaded")
+        .iter()
+        .filter_map(|p| p.as_str())
+        .filter(|p| p.ends_with("_l3"))
+        .map(str::to_string)
+        .collect();
+    l3.sort();
+    l3
+}
+
+/// A vnatd that starts where an interface without a link-layer header
+/// already exists loads the L3 translators at once: a move onto that
+/// interface must not wait for the verifier.
+#[test]
+fn the_l3_translators_load_at_start_where_such_an_interface_exists() {
+    let topo = LaptopRouterServer::builder().tag("l3st").build();
+    let lap = Host::new(&topo.laptop, "l3stl");
+    let dir = TempDir::new("l3stl");
+    let out = topo
+        .laptop
+        .cmd("ip")
+        .args(["tuntap", "add", "dev", "vt1", "mode", "tun"])
+        .output()
+        .expect("running ip tuntap");
+    assert!(
+        out.status.success(),
+        "ip tuntap add: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A persistent tun device is not removed with its namespace.
+    struct DelOnDrop<'a>(&'a vnat_tests::Netns);
+    impl Drop for DelOnDrop<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.cmd("ip").args(["link", "del", "vt1"]).status();
+        }
+    }
+    let _vt1 = DelOnDrop(&topo.laptop);
+    let lapd = Vnatd::start(&lap, dir.path());
+    assert_eq!(
+        l3_programs(&lapd),
+        vec!["vnat_tc_egress_l3".to_string(), "vnat_tc_ingress_l3".to_string()]
+    );
 }

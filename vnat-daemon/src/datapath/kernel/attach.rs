@@ -30,7 +30,7 @@ use vnat_common::{
 
 use super::{
     clsact, net,
-    object::{links_dir, prog, SOCK_ADDR_PROGRAMS},
+    object::{self, links_dir, prog, SOCK_ADDR_PROGRAMS},
 };
 use crate::datapath::{DatapathError, TcMode};
 
@@ -296,6 +296,9 @@ pub fn attach_tc(
         net::LinkLayer::Ethernet => [(PROG_TC_INGRESS, false), (PROG_TC_EGRESS, true)],
         net::LinkLayer::None => [(PROG_TC_INGRESS_L3, false), (PROG_TC_EGRESS_L3, true)],
     };
+    for (name, _) in programs {
+        object::load_tc_on_demand(ebpf, name)?;
+    }
     let has_tcx = programs
         .iter()
         .any(|(_, egress)| tc_pin(bpffs, ifindex, *egress).exists());

@@ -27,7 +27,7 @@ use vnat_common::{PROG_SOCKOPS, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_UDP_RELEAS
 use super::{
     clsact,
     features::{self, Feature},
-    object::{self, verifier_verdict, EBPF_OBJECT, HIDE_PROGRAMS, SOCK_ADDR_PROGRAMS, TC_LOADED},
+    object::{self, verifier_verdict, EBPF_OBJECT, HIDE_PROGRAMS, SOCK_ADDR_PROGRAMS, TC_L3, TC_LOADED},
     rtnl,
 };
 use crate::datapath::TcAttach;
@@ -242,6 +242,7 @@ fn check_programs(pin_root: &Path) -> (Vec<CheckItem>, Option<bool>) {
             let mut names: Vec<&'static str> = vec![PROG_SOCKOPS, PROG_UDP_RELEASE];
             names.extend(SOCK_ADDR_PROGRAMS);
             names.extend(TC_LOADED);
+            names.extend(TC_L3);
             for name in names {
                 let hide = HIDE_PROGRAMS.contains(&name);
                 let simulated = hide && features::simulated_missing(Feature::SockAddrNameHooks);

@@ -473,6 +473,7 @@ impl Datapath for KernelDatapath {
                 .loaded
                 .ebpf
                 .programs()
+                .filter(|(_, p)| p.fd().is_ok())
                 .map(|(n, _)| n.to_string())
                 .collect(),
             cgroups,

@@ -310,6 +310,16 @@ pub fn link_layer(ifindex: u32) -> Result<LinkLayer, DatapathError> {
     }
 }
 
+/// Whether this namespace has an interface without a link-layer header
+/// (see [`super::object::TC_L3`]); false if the interfaces cannot be listed
+/// (the programs are then loaded at their first attachment).
+pub fn has_l3_interface() -> bool {
+    nix::net::if_::if_nameindex().is_ok_and(|list| {
+        list.iter()
+            .any(|i| matches!(link_layer(i.index()), Ok(LinkLayer::None)))
+    })
+}
+
 fn lo_index() -> Result<u32, DatapathError> {
     ifindex("lo")
 }
