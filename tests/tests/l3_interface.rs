@@ -154,7 +154,10 @@ fn a_connection_moves_onto_a_tun_interface() {
     // Loaded when the tun device was first attached.
     assert_eq!(
         l3_programs(&lapd),
-        vec!["vnat_tc_egress_l3".to_string(), "vnat_tc_ingress_l3".to_string()],
+        vec![
+            "vnat_tc_egress_l3".to_string(),
+            "vnat_tc_ingress_l3".to_string()
+        ],
         "{status}"
     );
     let counters = &status["datapath"]["counters"];
@@ -214,6 +217,9 @@ fn the_l3_translators_load_at_start_where_such_an_interface_exists() {
     let lapd = Vnatd::start(&lap, dir.path());
     assert_eq!(
         l3_programs(&lapd),
-        vec!["vnat_tc_egress_l3".to_string(), "vnat_tc_ingress_l3".to_string()]
+        vec![
+            "vnat_tc_egress_l3".to_string(),
+            "vnat_tc_ingress_l3".to_string()
+        ]
     );
 }

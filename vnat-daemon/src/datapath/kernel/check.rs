@@ -27,7 +27,9 @@ use vnat_common::{PROG_SOCKOPS, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_UDP_RELEAS
 use super::{
     clsact,
     features::{self, Feature},
-    object::{self, verifier_verdict, EBPF_OBJECT, HIDE_PROGRAMS, SOCK_ADDR_PROGRAMS, TC_L3, TC_LOADED},
+    object::{
+        self, verifier_verdict, EBPF_OBJECT, HIDE_PROGRAMS, SOCK_ADDR_PROGRAMS, TC_L3, TC_LOADED,
+    },
     rtnl,
 };
 use crate::datapath::TcAttach;
