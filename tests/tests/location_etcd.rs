@@ -266,6 +266,10 @@ fn scenario(store: Etcd, fault: Fault, tag: &str) {
     let before = client.wait_verified_at_least(50_000, Duration::from_secs(10));
     lapd.wait_paired("the laptop's vnatd");
     srvd.wait_paired("the server's vnatd");
+    // The hosts pair before each end of the connection has its keys: an
+    // end that loses its address in between cannot move.
+    lapd.wait_mobile_to("tcp", server.ip());
+    srvd.wait_mobile_to("tcp", topo.laptop_a_addr.v4.into());
 
     if fault == Fault::Forger {
         // Both move while the laptop's vnatd is frozen, the laptop first,
