@@ -28,23 +28,11 @@ const B_METRIC: u32 = 2000;
 
 /// The laptop's row of the connection from `local`, once mobile.
 fn mobile_row(d: &Vnatd, local: SocketAddr) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let ls = d.ctl(&["ls", "--proto", "tcp"]).unwrap_or_default();
-        let row = ls.as_array().and_then(|rows| {
-            rows.iter()
-                .find(|r| r["virtual_local"] == local.to_string() && r["mobile"] == true)
-                .cloned()
-        });
-        if let Some(r) = row {
-            return r;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the connection from {local} never became mobile: {ls}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    d.wait_ls_row(
+        &["ls", "--proto", "tcp"],
+        &format!("the connection from {local} never became mobile"),
+        |r| r["virtual_local"] == local.to_string() && r["mobile"] == true,
+    )
 }
 
 /// Which connection is reset, if any.

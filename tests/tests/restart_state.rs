@@ -40,23 +40,11 @@ fn stream(lap: &Host, to: SocketAddr) -> StreamClient {
 /// The `ls` row of the connection to `server`, once vnatd lists it as
 /// mobile.
 fn mobile_row(d: &Vnatd, server: SocketAddr) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let ls = d.ctl(&["ls", "--proto", "tcp"]).unwrap_or_default();
-        let row = ls.as_array().and_then(|rows| {
-            rows.iter()
-                .find(|r| r["virtual_remote"] == server.to_string() && r["mobile"] == true)
-                .cloned()
-        });
-        if let Some(r) = row {
-            return r;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the connection to {server} never became mobile: {ls}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    d.wait_ls_row(
+        &["ls", "--proto", "tcp"],
+        &format!("the connection to {server} never became mobile"),
+        |r| r["virtual_remote"] == server.to_string() && r["mobile"] == true,
+    )
 }
 
 fn local_ip(row: &Value) -> Option<IpAddr> {

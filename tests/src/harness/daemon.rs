@@ -199,29 +199,36 @@ impl Vnatd {
     /// is not: packets go there, within a budget, while it is validated.
     /// Returns that row; panics with the listing otherwise.
     pub fn wait_peer_moved_to(&self, proto: &str, to: std::net::IpAddr) -> Value {
+        self.wait_ls_row(
+            &["ls", "--proto", proto],
+            &format!("no {proto} connection's peer was seen moved to {to}"),
+            |r| {
+                let m = &r["last_move"];
+                m["side"] == "peer"
+                    && m["outcome"] == "moved"
+                    && m["to"]
+                        .as_str()
+                        .and_then(|s| s.parse::<std::net::SocketAddr>().ok())
+                        .is_some_and(|a| a.ip() == to)
+            },
+        )
+    }
+
+    /// Poll `vnatctl --json ARGS` (an `ls`) every 100 ms, for at most 20 s,
+    /// until a row satisfies `pred`, and return that row; panics with
+    /// `what` and the last listing otherwise.
+    pub fn wait_ls_row(&self, args: &[&str], what: &str, pred: impl Fn(&Value) -> bool) -> Value {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let ls = self.ctl(&["ls", "--proto", proto]);
-            let row = ls.as_ref().and_then(|v| v.as_array()).and_then(|rows| {
-                rows.iter()
-                    .find(|r| {
-                        let m = &r["last_move"];
-                        m["side"] == "peer"
-                            && m["outcome"] == "moved"
-                            && m["to"]
-                                .as_str()
-                                .and_then(|s| s.parse::<std::net::SocketAddr>().ok())
-                                .is_some_and(|a| a.ip() == to)
-                    })
-                    .cloned()
-            });
+            let ls = self.ctl(args);
+            let row = ls
+                .as_ref()
+                .and_then(|v| v.as_array())
+                .and_then(|rows| rows.iter().find(|r| pred(r)).cloned());
             if let Some(row) = row {
                 return row;
             }
-            assert!(
-                Instant::now() < deadline,
-                "no {proto} connection's peer was seen moved to {to}: {ls:?}"
-            );
+            assert!(Instant::now() < deadline, "{what}: {ls:?}");
             std::thread::sleep(Duration::from_millis(100));
         }
     }
