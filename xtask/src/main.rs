@@ -106,6 +106,12 @@ enum Command {
         /// With --kernel: run every test file instead of the core set.
         #[arg(long, requires = "kernel")]
         all_tests: bool,
+        /// With --kernel: run the smoke set instead of the core set (SMOKE_TESTS
+        /// in xtask/src/vm.rs: every program through the verifier, the tc
+        /// rewrite, a TCP and a UDP move, a move between NATs by real vnatd;
+        /// about a fifth of the core set's time). CI runs it on 6.12.
+        #[arg(long, requires = "kernel", conflicts_with_all = ["tests", "all_tests"])]
+        smoke: bool,
         /// Fail a test file of the privileged phase that is still running
         /// after this many seconds (a hung test), after reporting what its
         /// processes wait on. Default: 600 s plus the unannounced-outage
@@ -220,6 +226,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             kernel,
             tests,
             all_tests,
+            smoke,
             vm_timeout,
             file_timeout,
             no_prereq,
@@ -238,10 +245,11 @@ fn dispatch(cli: Cli) -> Result<()> {
             }
             match kernel {
                 Some(kernel) => {
-                    let selection = match (tests, all_tests) {
-                        (Some(names), _) => vm::Selection::Named(names),
-                        (None, true) => vm::Selection::All,
-                        (None, false) => vm::Selection::Core,
+                    let selection = match (tests, all_tests, smoke) {
+                        (Some(names), _, _) => vm::Selection::Named(names),
+                        (None, true, _) => vm::Selection::All,
+                        (None, false, true) => vm::Selection::Smoke,
+                        (None, false, false) => vm::Selection::Core,
                     };
                     let threads = test_threads.unwrap_or(1);
                     let file_limit = file_timeout.unwrap_or(files::VM_FILE_LIMIT_SECS);
