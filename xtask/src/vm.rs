@@ -283,17 +283,14 @@ pub fn test(
     // Check the names before anything slow.
     let available = run::rs_names(&root.join("tests/tests"))?;
     // (file, the tests of it to run: all when empty).
+    let from_set = |set: &[(&str, &[&str])]| -> Vec<(String, Vec<String>)> {
+        set.iter()
+            .map(|(f, t)| (f.to_string(), t.iter().map(|s| s.to_string()).collect()))
+            .collect()
+    };
     let chosen: Vec<(String, Vec<String>)> = match selection {
-        Selection::Core | Selection::Smoke => {
-            let set = if matches!(selection, Selection::Core) {
-                CORE_TESTS
-            } else {
-                SMOKE_TESTS
-            };
-            set.iter()
-                .map(|(f, t)| (f.to_string(), t.iter().map(|s| s.to_string()).collect()))
-                .collect()
-        }
+        Selection::Core => from_set(CORE_TESTS),
+        Selection::Smoke => from_set(SMOKE_TESTS),
         Selection::Named(names) => names.into_iter().map(|n| (n, Vec::new())).collect(),
         Selection::All => available.iter().map(|n| (n.clone(), Vec::new())).collect(),
     };
