@@ -81,7 +81,7 @@ enum Command {
     /// boots Debian's stock kernel of that version (qemu without KVM through
     /// virtme-ng, sharing this machine's root filesystem): vnatd, vnatctl
     /// and the test binaries are built here, then a core set of test files
-    /// runs in the VM (see CORE_TESTS in xtask/src/vm.rs), or the ones named
+    /// runs in the VM (see CORE_TESTS in xtask/src/vm/sets.rs), or the ones named
     /// by `--tests`, or all with `--all-tests`. The kernel package is fetched
     /// into target/kernels; qemu, busybox-static, kmod and virtme-ng are
     /// installed when missing.
@@ -107,7 +107,7 @@ enum Command {
         #[arg(long, requires = "kernel")]
         all_tests: bool,
         /// With --kernel: run the smoke set instead of the core set (SMOKE_TESTS
-        /// in xtask/src/vm.rs: every program through the verifier, the tc
+        /// in xtask/src/vm/sets.rs: every program through the verifier, the tc
         /// rewrite, a TCP and a UDP move, a move between NATs by real vnatd;
         /// about a fifth of the core set's time). CI runs it on 6.12.
         #[arg(long, requires = "kernel", conflicts_with_all = ["tests", "all_tests"])]
