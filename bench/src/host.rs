@@ -67,6 +67,7 @@ impl<'a> Host<'a> {
             cgroups: vec![self.cgroup.path().to_path_buf()],
             tc_attach: vnat_daemon::datapath::TcAttach::from_env().unwrap_or_default(),
             sysctl_record: None,
+            tc_load: vnat_daemon::datapath::kernel::TcLoad::AtOpen,
         };
         let name = self.ns.name();
         self.ns.run_in(move || {

@@ -200,6 +200,7 @@ fn each_namespace_records_only_its_own_sockets() {
         cgroups: vec![shared],
         tc_attach: vnat_tests::harness::tc_attach(),
         sysctl_record: None,
+        tc_load: vnat_daemon::datapath::kernel::TcLoad::AtOpen,
     };
     topo.server
         .run_in(move || vnat_daemon::datapath::kernel::KernelDatapath::open(&opts).map(|_| ()))

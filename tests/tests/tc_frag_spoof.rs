@@ -85,6 +85,7 @@ fn spoofed_first_fragments_neither_overwrite_nor_evict_a_flows_entry() {
         cgroups: vec![],
         tc_attach: vnat_tests::harness::tc_attach(),
         sysctl_record: None,
+        tc_load: vnat_daemon::datapath::kernel::TcLoad::AtOpen,
     })
     .unwrap_or_else(|e| panic!("opening the kernel datapath: {e}"));
     // The victim's flow A and flow B between the same physical addresses

@@ -330,6 +330,7 @@ fn guards_left_by_a_previous_vnatd_are_removed_at_open() {
         cgroups: vec![],
         tc_attach: vnat_tests::harness::tc_attach(),
         sysctl_record: None,
+        tc_load: vnat_daemon::datapath::kernel::TcLoad::AtOpen,
     };
     let server: SocketAddr = SocketAddr::new(nat(), 5353);
     let stranger = Spec::udp("127.0.0.1:41000", &server.to_string()).frame();

@@ -106,6 +106,7 @@ fn the_laptops_tcp_bind_teaches_its_port() {
         cgroups: vec![],
         tc_attach: vnat_tests::harness::tc_attach(),
         sysctl_record: None,
+        tc_load: vnat_daemon::datapath::kernel::TcLoad::AtOpen,
     })
     .unwrap_or_else(|e| panic!("opening the kernel datapath: {e}"));
     dp.insert_rebind(key(), value()).unwrap();
@@ -242,6 +243,7 @@ fn udp_waits_for_the_bind_and_binds_are_diverted_to_vnatd() {
         cgroups: vec![],
         tc_attach: vnat_tests::harness::tc_attach(),
         sysctl_record: None,
+        tc_load: vnat_daemon::datapath::kernel::TcLoad::AtOpen,
     })
     .unwrap_or_else(|e| panic!("opening the kernel datapath: {e}"));
     let udp_key = RebindKey {
@@ -343,6 +345,7 @@ fn rebinding(tag: &str) -> (KernelDatapath, BpffsDir) {
         cgroups: vec![],
         tc_attach: vnat_tests::harness::tc_attach(),
         sysctl_record: None,
+        tc_load: vnat_daemon::datapath::kernel::TcLoad::AtOpen,
     })
     .unwrap_or_else(|e| panic!("opening the kernel datapath: {e}"));
     dp.insert_rebind(key(), value()).unwrap();

@@ -31,6 +31,7 @@ fn fixture(tag: &str) -> Fixture {
         cgroups: vec![],
         tc_attach: vnat_tests::harness::tc_attach(),
         sysctl_record: None,
+        tc_load: vnat_daemon::datapath::kernel::TcLoad::AtOpen,
     })
     .unwrap_or_else(|e| panic!("opening the kernel datapath: {e}"));
     Fixture { dp, _pins: pins }
@@ -356,6 +357,7 @@ fn reopen_body() {
         cgroups: vec![],
         tc_attach: vnat_tests::harness::tc_attach(),
         sysctl_record: None,
+        tc_load: vnat_daemon::datapath::kernel::TcLoad::AtOpen,
     };
     let t = laptop_moved();
     {

@@ -83,6 +83,7 @@ fn measure(args: &Args) -> Result<Vec<Row>> {
         cgroups: vec![],
         tc_attach: vnat_daemon::datapath::TcAttach::from_env().unwrap_or_default(),
         sysctl_record: None,
+        tc_load: vnat_daemon::datapath::kernel::TcLoad::AtOpen,
     })
     .context("opening the kernel datapath")?;
     let fd = dp.tc_program_fd(true)?;

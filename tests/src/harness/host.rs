@@ -42,10 +42,12 @@ impl<'a> Host<'a> {
             cgroups: vec![self.cgroup.path().to_path_buf()],
             tc_attach: super::tc_attach(),
             sysctl_record: None,
+            tc_load: vnat_daemon::datapath::kernel::TcLoad::OnFirstUse,
         }
     }
 
-    /// Run `f` on a freshly opened datapath inside the namespace: owned
+    /// Run `f` on a freshly opened datapath inside the namespace (the tc
+    /// translators loaded only if `f` or the opening attaches them): owned
     /// (the pins' lock taken, the config written) when no vnatd runs on
     /// these pins, only observed (nothing of the running vnatd's written:
     /// `KernelDatapath::observe`) when one does.
@@ -69,7 +71,12 @@ impl<'a> Host<'a> {
     /// under a loaded suite). For tests that time what follows a call.
     /// While it is held, `Host::datapath` only observes.
     pub fn open(&self) -> OpenDatapath {
-        let opts = self.options();
+        // Everything loaded now, so that no call the test times waits for
+        // the verifier.
+        let opts = KernelOptions {
+            tc_load: vnat_daemon::datapath::kernel::TcLoad::AtOpen,
+            ..self.options()
+        };
         let name = self.ns.name().to_string();
         let (jobs, queue) = mpsc::channel::<Job>();
         let (opened, ready) = mpsc::channel();

@@ -38,6 +38,7 @@ pub fn open_datapath(tag: &str) -> (KernelDatapath, BpffsDir) {
         cgroups: vec![],
         tc_attach: vnat_tests::harness::tc_attach(),
         sysctl_record: None,
+        tc_load: vnat_daemon::datapath::kernel::TcLoad::AtOpen,
     })
     .unwrap_or_else(|e| panic!("opening the kernel datapath: {e}"));
     (dp, pins)

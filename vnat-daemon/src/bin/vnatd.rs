@@ -15,7 +15,7 @@ use vnat_daemon::{
         DaemonError,
     },
     datapath::{
-        kernel::{check, sysctls, KernelDatapath, KernelOptions},
+        kernel::{check, sysctls, KernelDatapath, KernelOptions, TcLoad},
         Datapath,
     },
 };
@@ -294,6 +294,7 @@ fn open_datapath(settings: &Settings) -> Result<Box<dyn Datapath + Send>, Daemon
         cgroups: settings.cgroups.clone(),
         tc_attach: settings.tc_attach,
         sysctl_record: Some(sysctls::record_path(&settings.state_dir)),
+        tc_load: TcLoad::AtOpen,
     };
     let mut dp = KernelDatapath::open(&opts)?;
     // The configured hiding cgroups (one enabled with vnatctl stays so:

@@ -158,7 +158,7 @@ pub fn probe_tcx(prog: BorrowedFd<'_>) -> bool {
 }
 
 /// `tc_attach` as this kernel allows: TCX where it has TCX (probed with
-/// the loaded tc program), clsact where it does not or where asked.
+/// a loaded tc program), clsact where it does not or where asked.
 pub(super) fn resolve_tc_attach(
     loaded: &mut object::Loaded,
     want: TcAttach,
@@ -167,8 +167,15 @@ pub(super) fn resolve_tc_attach(
     if want == TcAttach::Clsact {
         return Ok(TcMode::Clsact);
     }
-    let p: &mut aya::programs::SchedClassifier =
-        object::prog(&mut loaded.ebpf, vnat_common::PROG_TC_INGRESS)?;
+    // Any loaded tc program serves: `vnat_peek` costs the verifier almost
+    // nothing, where the translators may not be loaded yet (`TcLoad`).
+    let probe = if loaded.peek {
+        vnat_common::PROG_PEEK
+    } else {
+        object::load_tc_on_demand(&mut loaded.ebpf, vnat_common::PROG_TC_INGRESS)?;
+        vnat_common::PROG_TC_INGRESS
+    };
+    let p: &mut aya::programs::SchedClassifier = object::prog(&mut loaded.ebpf, probe)?;
     let fd = p.fd().map_err(|e| DatapathError::Load {
         source: Box::new(e),
     })?;

@@ -248,8 +248,10 @@ pub fn own_netns_cookie() -> Result<u64, DatapathError> {
 ///
 /// `own`: take the pin directory's lock (refused while another process
 /// holds it) and write the config; otherwise only look: no lock, no write.
-pub fn load(bpffs: &Path, own: bool) -> Result<Loaded, DatapathError> {
-    load_with(bpffs, own, true)
+/// `tc`: whether the Ethernet tc translators are loaded now or at their
+/// first use ([`load_tc_on_demand`]).
+pub fn load(bpffs: &Path, own: bool, tc: super::TcLoad) -> Result<Loaded, DatapathError> {
+    load_with(bpffs, own, Some(tc))
 }
 
 /// As [`load`] with `own` false, but without loading any program: the
@@ -258,10 +260,16 @@ pub fn load(bpffs: &Path, own: bool) -> Result<Loaded, DatapathError> {
 /// needs none of it. Hide location is taken as available and `vnat_peek`
 /// as absent; anything that attaches a program fails.
 pub fn load_maps(bpffs: &Path) -> Result<Loaded, DatapathError> {
-    load_with(bpffs, false, false)
+    load_with(bpffs, false, None)
 }
 
-fn load_with(bpffs: &Path, own: bool, programs: bool) -> Result<Loaded, DatapathError> {
+/// `programs`: None loads no program; otherwise when the Ethernet tc
+/// translators are.
+fn load_with(
+    bpffs: &Path,
+    own: bool,
+    programs: Option<super::TcLoad>,
+) -> Result<Loaded, DatapathError> {
     if EBPF_OBJECT.is_empty() {
         return Err(DatapathError::NoEbpfObject);
     }
@@ -276,10 +284,9 @@ fn load_with(bpffs: &Path, own: bool, programs: bool) -> Result<Loaded, Datapath
     super::sizes::apply(&mut loader)?;
     let mut ebpf = loader.load(EBPF_OBJECT).map_err(load_err)?;
 
-    let (hide_unavailable, peek) = if programs {
-        load_programs(&mut ebpf)?
-    } else {
-        (None, false)
+    let (hide_unavailable, peek) = match programs {
+        Some(tc) => load_programs(&mut ebpf, tc)?,
+        None => (None, false),
     };
 
     let take = |ebpf: &mut Ebpf, name: &'static str| {
@@ -346,9 +353,13 @@ fn load_with(bpffs: &Path, own: bool, programs: bool) -> Result<Loaded, Datapath
     Ok(loaded)
 }
 
-/// Load every program of the object (the verifier's work): what
-/// [`Loaded::hide_unavailable`] and [`Loaded::peek`] say.
-fn load_programs(ebpf: &mut Ebpf) -> Result<(Option<String>, bool), DatapathError> {
+/// Load the object's programs (the verifier's work), the tc translators
+/// now or later as `tc` says: what [`Loaded::hide_unavailable`] and
+/// [`Loaded::peek`] say.
+fn load_programs(
+    ebpf: &mut Ebpf,
+    tc: super::TcLoad,
+) -> Result<(Option<String>, bool), DatapathError> {
     {
         let p: &mut SockOps = prog(ebpf, PROG_SOCKOPS)?;
         p.load().map_err(refused(PROG_SOCKOPS))?;
@@ -385,13 +396,15 @@ fn load_programs(ebpf: &mut Ebpf) -> Result<(Option<String>, bool), DatapathErro
         let p: &mut CgroupSock = prog(ebpf, PROG_UDP_RELEASE)?;
         p.load().map_err(refused(PROG_UDP_RELEASE))?;
     }
-    for name in TC_LOADED {
-        let p: &mut SchedClassifier = prog(ebpf, name)?;
-        p.load().map_err(refused(name))?;
+    if tc == super::TcLoad::AtOpen {
+        for name in TC_LOADED {
+            let p: &mut SchedClassifier = prog(ebpf, name)?;
+            p.load().map_err(refused(name))?;
+        }
     }
     // Now if an interface may need them (a move onto it must not wait for
     // the verifier), else at their first attachment.
-    if super::net::has_l3_interface() {
+    if tc == super::TcLoad::AtOpen && super::net::has_l3_interface() {
         for name in TC_L3 {
             let p: &mut SchedClassifier = prog(ebpf, name)?;
             p.load().map_err(refused(name))?;

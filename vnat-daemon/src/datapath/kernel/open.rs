@@ -16,7 +16,7 @@ impl KernelDatapath {
     /// lock until dropped, and another process's open is refused
     /// ([`DatapathError::PinsInUse`]) meanwhile.
     pub fn open(opts: &KernelOptions) -> Result<KernelDatapath, DatapathError> {
-        let loaded = object::load(&opts.bpffs, true)?;
+        let loaded = object::load(&opts.bpffs, true, opts.tc_load)?;
         let mut dp = Self::new(opts, loaded)?;
         dp.forget_left_guards();
         dp.lift_left_budgets();
@@ -55,7 +55,7 @@ impl KernelDatapath {
     /// so it should change none of that; `sync_udp` completes pending UDP
     /// records as the owner would.
     pub fn observe(opts: &KernelOptions) -> Result<KernelDatapath, DatapathError> {
-        let loaded = object::load(&opts.bpffs, false)?;
+        let loaded = object::load(&opts.bpffs, false, opts.tc_load)?;
         let mut dp = Self::new(opts, loaded)?;
         (dp.nat_empty, dp.rebinding, dp.bind_divert_port) = object::read_config(&dp.loaded)?;
         Ok(dp)
