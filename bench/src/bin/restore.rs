@@ -191,7 +191,7 @@ pub struct RunResult {
     pub tick_late_max_ms: Option<f64>,
     /// How long the move's own commands took.
     pub move_ms: f64,
-    /// Every connection restored within the timeout.
+    /// Every connection restored within the timeout, and none failed.
     pub complete: bool,
     pub restored: usize,
     /// Connections that failed (reset, closed, out of order).
@@ -585,8 +585,11 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
         ensure!(!vnat_bench::interrupted(), "interrupted");
         std::thread::sleep(Duration::from_millis(5));
     }
+    // Every connection echoed after the move and none failed, before or
+    // after its echo (a reset then is a connection lost all the same).
     // Still the same connections, carrying bytes: one more echo on each.
-    let complete = client.sum(|l| l.restored.len()) == n;
+    let complete =
+        client.sum(|l| l.restored.len()) == n && client.sum(|l| l.conn_errors.len()) == 0;
     let verified = if complete {
         client.send("verify")?;
         let limit = Duration::from_secs_f64(10.0 + 0.01 * n as f64);

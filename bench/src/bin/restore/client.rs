@@ -140,7 +140,7 @@ fn client(to: &[SocketAddr], n: usize, interval: Duration) -> io::Result<()> {
                 .filter(|(_, c)| c.connected && !c.failed && !c.measured)
             {
                 if let Err(e) = write_message(c, &mut stats) {
-                    fail(i, c, &epoll, &mut out, &mut failed, &e)?;
+                    fail(i, c, &epoll, &mut out, &mut failed, &mut verifying, &e)?;
                 }
             }
             next_tick += step;
@@ -208,12 +208,16 @@ fn client(to: &[SocketAddr], n: usize, interval: Duration) -> io::Result<()> {
                             {
                                 c.verify_seq = Some(c.seq);
                                 if let Err(e) = write_message(c, &mut stats) {
-                                    fail(i, c, &epoll, &mut out, &mut failed, &e)?;
+                                    fail(i, c, &epoll, &mut out, &mut failed, &mut verifying, &e)?;
                                 } else {
                                     asked += 1;
                                 }
                             }
-                            verifying = Some((asked, asked, 0));
+                            if asked == 0 {
+                                writeln!(out, "{}", json!({ "verified": 0, "of": 0 }))?;
+                            } else {
+                                verifying = Some((asked, asked, 0));
+                            }
                         }
                         (Some("quit"), _) => return Ok(()),
                         _ => {
@@ -259,18 +263,7 @@ fn client(to: &[SocketAddr], n: usize, interval: Duration) -> io::Result<()> {
                     for (seq, sent, recv) in echoes {
                         if c.verify_seq.is_some_and(|v| seq >= v) {
                             c.verify_seq = None;
-                            if let Some((asked, due, back)) = verifying.as_mut() {
-                                *due -= 1;
-                                *back += 1;
-                                if *due == 0 {
-                                    writeln!(
-                                        out,
-                                        "{}",
-                                        json!({ "verified": *back, "of": *asked })
-                                    )?;
-                                    verifying = None;
-                                }
-                            }
+                            verify_answered(&mut out, &mut verifying, true)?;
                         }
                         if !armed || c.measured {
                             continue;
@@ -284,7 +277,7 @@ fn client(to: &[SocketAddr], n: usize, interval: Duration) -> io::Result<()> {
                         }
                     }
                 }
-                Err(e) => fail(i, c, &epoll, &mut out, &mut failed, &e)?,
+                Err(e) => fail(i, c, &epoll, &mut out, &mut failed, &mut verifying, &e)?,
             }
             if !was_echoing && c.echoed > 0 {
                 echoing += 1;
@@ -315,16 +308,40 @@ fn report(
     )
 }
 
+/// One connection asked by `verify` is done with: its echo came back
+/// (`back`) or it failed. The last one reports how many came back.
+fn verify_answered(
+    out: &mut impl Write,
+    verifying: &mut Option<(usize, usize, usize)>,
+    back: bool,
+) -> io::Result<()> {
+    if let Some((asked, due, echoed)) = verifying.as_mut() {
+        *due -= 1;
+        *echoed += usize::from(back);
+        if *due == 0 {
+            writeln!(out, "{}", json!({ "verified": *echoed, "of": *asked }))?;
+            *verifying = None;
+        }
+    }
+    Ok(())
+}
+
+/// A connection failed: reported, and no longer waited for (a `verify`
+/// under way counts it as not verified).
 fn fail(
     i: usize,
     c: &mut Conn,
     epoll: &Epoll,
     out: &mut impl Write,
     failed: &mut usize,
+    verifying: &mut Option<(usize, usize, usize)>,
     e: &io::Error,
 ) -> io::Result<()> {
     c.failed = true;
     *failed += 1;
+    if c.verify_seq.take().is_some() {
+        verify_answered(out, verifying, false)?;
+    }
     if let Some(s) = c.stream.as_ref() {
         let _ = epoll.delete(s.as_raw_fd());
     }

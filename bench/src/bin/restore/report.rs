@@ -25,6 +25,11 @@ pub fn run_line(r: &RunResult) -> String {
             r.total_s.unwrap_or(0.0),
             r.per_conn_ms.unwrap_or(0.0)
         )
+    } else if r.restored == r.conns {
+        format!(
+            "INCOMPLETE: every connection echoed, then {} failed",
+            r.failed
+        )
     } else {
         format!(
             "INCOMPLETE: {} of {} restored within {:.0} s ({} failed)",
@@ -261,18 +266,23 @@ pub fn table(args: &Args, results: &[(usize, Vec<RunResult>)]) -> String {
             );
         }
         for r in runs.iter().filter(|r| !r.complete) {
-            let _ = writeln!(
-                s,
-                "{:>6}   incomplete run: {} of {} restored within {:.0} s, {} failed{}",
-                "",
-                r.restored,
-                r.conns,
-                r.timeout_s,
-                r.failed,
-                r.conn_errors
-                    .first()
-                    .map_or_else(String::new, |e| format!(" (first error: {e})")),
-            );
+            let first = r
+                .conn_errors
+                .first()
+                .map_or_else(String::new, |e| format!(" (first error: {e})"));
+            let _ = if r.restored == r.conns {
+                writeln!(
+                    s,
+                    "{:>6}   incomplete run: every connection echoed after the move, then {} failed{first}",
+                    "", r.failed,
+                )
+            } else {
+                writeln!(
+                    s,
+                    "{:>6}   incomplete run: {} of {} restored within {:.0} s, {} failed{first}",
+                    "", r.restored, r.conns, r.timeout_s, r.failed,
+                )
+            };
         }
     }
     let _ = writeln!(
