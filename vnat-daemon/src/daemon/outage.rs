@@ -37,6 +37,20 @@ pub const FIRST_ANSWER_AFTER: Duration = Duration::from_millis(300);
 /// about 2 s after its sockets first waited: well within the shortest
 /// keepalive an application sets (redis-cli: 15 s idle, then probes).
 pub const PROBES: u32 = 2;
+/// A host whose vnatd sent an authentic record of one of its connections
+/// this recently is not silent, whatever became of our probes: in a move
+/// of tens of thousands of connections its vnatd can be too busy to
+/// answer a probe within [`PROBE_EVERY`], or the answer is lost among
+/// the records, while its sockets here wait for the move to finish.
+pub const HEARD_WITHIN: Duration =
+    Duration::from_millis(PROBE_EVERY.as_millis() as u64 * PROBES as u64);
+
+/// Whether a host last heard from at `last` (see [`HEARD_WITHIN`]) counts
+/// as heard at `now`.
+pub fn heard_lately(last: Option<crate::vcmp::Timestamp>, now: crate::vcmp::Timestamp) -> bool {
+    last.is_some_and(|t| now.since(t) < HEARD_WITHIN)
+}
+
 /// How often a silent host is probed, to notice it back where it was.
 pub const SILENT_PROBE_EVERY: Duration = Duration::from_secs(5);
 /// The longest a silent host's connections are answered for without its
@@ -189,6 +203,18 @@ impl SilenceWatch {
 mod tests {
     use super::*;
     use crate::datapath::{Proto, VirtualFlow};
+
+    #[test]
+    fn a_host_heard_from_within_the_probes_time_is_not_silent() {
+        use crate::vcmp::Timestamp;
+        let now = Timestamp(100_000_000_000);
+        let ago = |d: Duration| Timestamp(now.0 - d.as_nanos() as u64);
+        assert!(heard_lately(Some(now), now));
+        assert!(heard_lately(Some(ago(Duration::from_millis(1_900))), now));
+        assert!(!heard_lately(Some(ago(HEARD_WITHIN)), now));
+        assert!(!heard_lately(Some(ago(Duration::from_secs(60))), now));
+        assert!(!heard_lately(None, now), "never heard from");
+    }
 
     fn sa(s: &str) -> std::net::SocketAddr {
         s.parse().expect("address")

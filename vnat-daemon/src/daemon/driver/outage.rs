@@ -486,6 +486,14 @@ impl Driver {
             }
             Action::Silent(k) => {
                 let now_i = Instant::now();
+                if outage::heard_lately(self.endpoint.last_heard(&k), now()) {
+                    // Its vnatd spoke lately, though not to our probes.
+                    tracing::debug!(key = %identity::key_hex(&k), "a paired host left probes unanswered but sent records lately: not silent");
+                    if let Some(Action::Back(k)) = self.outages.silence.answered(&k, now_i) {
+                        self.silent_host_back(k).await;
+                    }
+                    return;
+                }
                 let flows: Vec<VirtualFlow> = self
                     .endpoint
                     .connections()
@@ -507,23 +515,27 @@ impl Driver {
                     }
                 }
             }
-            Action::Back(k) => {
-                let back: Vec<VirtualFlow> = self
-                    .outages
-                    .silent_help
-                    .iter()
-                    .filter(|(_, (h, _))| *h == k)
-                    .map(|(f, _)| *f)
-                    .collect();
-                if !back.is_empty() {
-                    tracing::info!(key = %identity::key_hex(&k), connections = back.len(),
-                        "the silent host answers again: help ends");
-                }
-                for f in back {
-                    self.outages.silent_help.remove(&f);
-                    self.end_helping(f, helping::End::Reopen).await;
-                }
-            }
+            Action::Back(k) => self.silent_host_back(k).await,
+        }
+    }
+
+    /// The host `k` that was silent was heard from: the help its silence
+    /// started ends.
+    async fn silent_host_back(&mut self, k: [u8; 32]) {
+        let back: Vec<VirtualFlow> = self
+            .outages
+            .silent_help
+            .iter()
+            .filter(|(_, (h, _))| *h == k)
+            .map(|(f, _)| *f)
+            .collect();
+        if !back.is_empty() {
+            tracing::info!(key = %identity::key_hex(&k), connections = back.len(),
+                "the silent host answers again: help ends");
+        }
+        for f in back {
+            self.outages.silent_help.remove(&f);
+            self.end_helping(f, helping::End::Reopen).await;
         }
     }
 }
