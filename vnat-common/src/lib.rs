@@ -325,9 +325,7 @@ pub const NAT_F_FAMILY: u32 = 16;
 /// challenge is under way): on egress the flow may send there at most
 /// what its [`MAP_UNVALIDATED`] entry allows, three times what came from
 /// there (RFC 9000 section 8, anti-amplification), and a packet over that
-/// is dropped as the network would drop it (`drop_unvalidated`;
-/// `TC_ACT_STOLEN`, so that the socket backs off and sends it again later,
-/// never taking it for a local failure); on
+/// is dropped (`drop_unvalidated`; the socket sends it again later); on
 /// ingress every packet from there adds three times its length to the
 /// allowance. A flow whose entry is missing sends nothing. vnatd clears
 /// the bit when the address is validated, or puts the last validated

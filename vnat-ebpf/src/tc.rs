@@ -20,7 +20,7 @@ mod rebind;
 mod rewrite;
 
 use aya_ebpf::{
-    bindings::{TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_STOLEN, TC_ACT_UNSPEC},
+    bindings::{TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC},
     helpers::{bpf_ktime_get_boot_ns, bpf_redirect_neigh},
     macros::classifier,
     maps::HashMap,
@@ -53,16 +53,6 @@ const ETH_HLEN: usize = 14;
 /// another clsact filter) would never see the packet; next lets it run,
 /// and a hook with nothing after vnat passes the packet all the same.
 pub(super) const PASS: i32 = TC_ACT_UNSPEC;
-
-/// The verdict for an egress packet that must not leave but that its
-/// socket should take for lost on the way, as if the network had dropped
-/// it ("stolen": the kernel tells the sender it went out). A plain drop
-/// (SHOT) is a local failure to TCP, which then retries every 500 ms
-/// without backing off and, while it has unsent data and nothing in
-/// flight, ends the connection after `tcp_retries2` such tries (about
-/// 7.5 s: `tcp_probe_timer`). Seen at 30,000 connections, whose
-/// validations took longer than that: hundreds reset.
-pub(super) const LOST: i32 = TC_ACT_STOLEN;
 
 /// Why a packet was not simply passed: every such verdict is counted under
 /// one of these (the `STAT_*` index), never returned as a bare integer.
@@ -236,11 +226,7 @@ fn translate_flow(ctx: &TcContext, p: &Parsed, dir: Dir) -> Result<Option<i32>, 
         }
     }
     if nat.flags & NAT_F_BUDGET != 0 && !within_budget(ctx, p, dir, &nat) {
-        // Over the budget of an address not validated yet: lost, not
-        // failed (see `LOST`); the socket sends it again when its timer
-        // says, by then perhaps to a validated address.
-        count(STAT_DROP_UNVALIDATED);
-        return Ok(Some(LOST));
+        return Err(Drop(STAT_DROP_UNVALIDATED));
     }
     if nat.flags & NAT_F_FAMILY != 0 {
         // Carried in the other address family: done by the caller, in a

@@ -149,7 +149,7 @@ pub(super) fn translate_fragment(
         // dropped, so that a large datagram cannot carry more than the
         // budget there (the datagram is lost, as one over the budget is).
         count(STAT_DROP_UNVALIDATED);
-        return Ok(super::LOST);
+        return Ok(TC_ACT_SHOT);
     }
     if nat.flags & NAT_F_FAMILY != 0 {
         // A datagram that was fragmented before its flow moved to the
