@@ -604,6 +604,8 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
     };
     let log = client.stop();
     drop(echo_servers);
+    // A connection that failed during the check after the run is lost too.
+    let complete = complete && log.conn_errors.is_empty();
 
     // ms from t0, sorted, of each restored connection's echo (`recv`) or
     // of its measured message's write (`sent`).
