@@ -4,7 +4,10 @@
 //! the flow's allowance holds, counting whole IP packets, and drops the
 //! rest with a named counter; every packet that comes in from that address
 //! adds three times its length; a flow whose allowance is missing sends
-//! nothing; a flow without the bit is not limited.
+//! nothing; a flow without the bit is not limited. What is over the
+//! allowance goes to the flow's last validated placement when the
+//! allowance names one (untranslated, or an earlier translation), where a
+//! drop would be a local failure that TCP gives up on after 7.5 s.
 
 mod support;
 
@@ -54,7 +57,7 @@ fn an_unvalidated_address_gets_at_most_three_times_what_came_from_it() {
     let t = server_sends_to_new_laptop_address();
     dp.insert_nat_pair(&pair_for(&t, 1, NAT_F_BUDGET)).unwrap();
     // What the update that announced the address allowed: 300 bytes.
-    dp.insert_unvalidated_budget(&t.flow, 300).unwrap();
+    dp.insert_unvalidated_budget(&t.flow, 300, None).unwrap();
     let dropped = counter(&dp, "drop_unvalidated");
 
     // 140-byte packets: two fit in 300, the third does not.
@@ -64,7 +67,7 @@ fn an_unvalidated_address_gets_at_most_three_times_what_came_from_it() {
     let out = run(&dp, true, &from_server(100));
     assert_eq!(
         out.verdict, TC_ACT_SHOT,
-        "a packet over the budget must be dropped"
+        "a packet over the budget, with no validated placement to go to, must be dropped"
     );
     assert_eq!(counter(&dp, "drop_unvalidated"), dropped + 1);
     // A dropped packet is not counted as sent.
@@ -120,4 +123,79 @@ fn a_validated_address_is_not_limited() {
     }
     assert_eq!(counter(&dp, "drop_unvalidated"), dropped);
     assert_eq!(dp.unvalidated_budget(&t.flow).unwrap(), None);
+}
+
+/// The laptop moved from 198.18.5.2, where the server's translation of its
+/// connection sent until now (validated), to 198.18.2.2.
+fn second_move() -> (Translation, Translation) {
+    let new = server_sends_to_new_laptop_address();
+    let old = Translation {
+        physical_remote: "198.18.5.2:40000".parse().unwrap(),
+        ..new
+    };
+    (old, new)
+}
+
+#[test]
+fn what_is_over_the_budget_goes_to_the_last_validated_placement() {
+    let (mut dp, _pins) = open("tc-budget-fallback");
+    let (old, new) = second_move();
+    dp.insert_nat_pair(&pair_for(&new, 1, NAT_F_BUDGET)).unwrap();
+    dp.insert_unvalidated_budget(&new.flow, 150, Some(&old)).unwrap();
+    let (dropped, fell_back) = (
+        counter(&dp, "drop_unvalidated"),
+        counter(&dp, "unvalidated_fallback"),
+    );
+
+    // Within the allowance: to the new address.
+    let out = run(&dp, true, &from_server(100));
+    assert_eq!(out.verdict, PASS);
+    let p = support::packet::parse_checked(&out.packet);
+    assert_eq!((p.src, p.dst), (new.physical_local, new.physical_remote));
+    // Over it: to the old one, translated and with valid checksums
+    // (`parse_checked`), not dropped, and not counted as sent to the new.
+    for _ in 0..3 {
+        let out = run(&dp, true, &from_server(100));
+        assert_eq!(out.verdict, PASS, "over the budget: sent to the old placement");
+        let p = support::packet::parse_checked(&out.packet);
+        assert_eq!(
+            (p.src, p.dst),
+            (old.physical_local, old.physical_remote),
+            "a packet over the budget must go to the last validated address, never the new one"
+        );
+    }
+    assert_eq!(dp.unvalidated_budget(&new.flow).unwrap(), Some((150, 140)));
+    assert_eq!(dp.unvalidated_diverted(&new.flow).unwrap(), Some(3));
+    assert_eq!(counter(&dp, "unvalidated_fallback"), fell_back + 3);
+    assert_eq!(counter(&dp, "drop_unvalidated"), dropped);
+
+    // What comes from the new address still opens the budget there.
+    assert_eq!(run(&dp, false, &from_laptop(0)).verdict, PASS);
+    let out = run(&dp, true, &from_server(50));
+    let p = support::packet::parse_checked(&out.packet);
+    assert_eq!(p.dst, new.physical_remote);
+}
+
+#[test]
+fn over_the_budget_of_a_first_move_the_packet_leaves_untranslated() {
+    let (mut dp, _pins) = open("tc-budget-untranslated");
+    let t = server_sends_to_new_laptop_address();
+    dp.insert_nat_pair(&pair_for(&t, 1, NAT_F_BUDGET)).unwrap();
+    // The connection was never translated: its last validated placement
+    // is its own endpoints.
+    let home = Translation {
+        physical_local: t.flow.local,
+        physical_remote: t.flow.remote,
+        ..t
+    };
+    dp.insert_unvalidated_budget(&t.flow, 0, Some(&home)).unwrap();
+    let packet = from_server(100);
+    let out = run(&dp, true, &packet);
+    assert_eq!(out.verdict, PASS);
+    assert_eq!(
+        out.packet, packet,
+        "over the budget of a first move, the packet must leave as the socket sent it"
+    );
+    assert_eq!(dp.unvalidated_budget(&t.flow).unwrap(), Some((0, 0)));
+    assert_eq!(dp.unvalidated_diverted(&t.flow).unwrap(), Some(1));
 }

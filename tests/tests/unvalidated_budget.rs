@@ -15,7 +15,9 @@
 //!  - the echoes that reach V carry at most three times the bytes V sent
 //!    (the update), IP headers included, and at least one reaches it (the
 //!    server did send before validating);
-//!  - the server's tc counts the echoes it dropped (`drop_unvalidated`);
+//!  - the echoes over the budget go to the flow's last validated address,
+//!    the rogue's first one, where its socket receives them (counted as
+//!    `unvalidated_fallback`), not to V;
 //!  - once the validation fails, the flow is back at its validated
 //!    address, where the rogue receives the echoes again.
 
@@ -112,6 +114,8 @@ fn an_unvalidated_address_receives_at_most_three_times_what_it_sent() {
         || nft_bytes(&attacker, "vcmp_in") > 0,
         || "the server never challenged V (or never answered the update there)".to_string(),
     );
+    let fell_back_before = srv.counter("unvalidated_fallback");
+    rogue.flow_received();
     for _ in 0..200 {
         rogue.send_again();
         thread::sleep(Duration::from_millis(2));
@@ -122,8 +126,12 @@ fn an_unvalidated_address_receives_at_most_three_times_what_it_sent() {
         nft_bytes(&attacker, "flow_in"),
     );
     let dropped = srv.counter("drop_unvalidated") - dropped_before;
+    let fell_back = srv.counter("unvalidated_fallback") - fell_back_before;
+    let at_validated = rogue.flow_received().len();
     eprintln!(
-        "unvalidated_budget: V sent {sent} bytes, received {flow_in} bytes of the flow; the server dropped {dropped} packets"
+        "unvalidated_budget: V sent {sent} bytes, received {flow_in} bytes of the flow; the server \
+         sent {fell_back} packets over the budget to the validated address ({at_validated} echoes \
+         received there) and dropped {dropped}"
     );
     assert!(
         flow_in > 0,
@@ -134,8 +142,13 @@ fn an_unvalidated_address_receives_at_most_three_times_what_it_sent() {
         "V received {flow_in} bytes of the flow, more than three times the {sent} it sent"
     );
     assert!(
-        dropped > 0,
-        "the server's tc never dropped an echo over the budget"
+        fell_back > 0 && at_validated > 0,
+        "the echoes over V's budget did not reach the flow's last validated address \
+         ({fell_back} sent there, {at_validated} received)"
+    );
+    assert_eq!(
+        dropped, 0,
+        "with a validated address to go to, nothing over the budget is dropped"
     );
 
     // The validation fails (V never answers): back to the validated

@@ -20,7 +20,7 @@ pub use stats::*;
 
 /// Bumped whenever a map layout below changes; pinned maps from an older ABI
 /// are refused (and must be removed) rather than misread.
-pub const ABI_VERSION: u32 = 11;
+pub const ABI_VERSION: u32 = 12;
 
 pub const AF_INET: u8 = 2;
 pub const AF_INET6: u8 = 10;
@@ -327,11 +327,19 @@ pub const NAT_F_FAMILY: u32 = 16;
 /// there (RFC 9000 section 8, anti-amplification), and a packet over that
 /// is dropped (`drop_unvalidated`; the socket sends it again later); on
 /// ingress every packet from there adds three times its length to the
-/// allowance. A flow whose entry is missing sends nothing. vnatd clears
-/// the bit when the address is validated, or puts the last validated
-/// address back when it is not. Programs that predate the bit ignore it
-/// (and send unlimited), which no vnatd that sets it loads.
+/// allowance. A flow whose entry is missing sends nothing. A packet over
+/// the allowance goes to the flow's last validated placement instead when
+/// the entry names one ([`UnvalidatedBudget::fallback`]), and is dropped
+/// otherwise. vnatd clears the bit when the address is validated, or puts
+/// the last validated address back when it is not. Programs that predate
+/// the bit ignore it (and send unlimited), which no vnatd that sets it
+/// loads.
 pub const NAT_F_BUDGET: u32 = 32;
+
+/// In [`UnvalidatedBudget::fallback`]'s flags: the fallback is set. A
+/// value without it (zeroed) has none. Userspace and the budget only; a
+/// NAT map entry never carries it.
+pub const NAT_F_FALLBACK: u32 = 64;
 
 /// What a flow may still send to a peer address that is not validated yet
 /// ([`NAT_F_BUDGET`]).
@@ -352,13 +360,28 @@ pub const AMPLIFICATION_FACTOR: u64 = 3;
 /// `sent` what it lets out. Updated with plain loads and stores: two CPUs
 /// sending the same flow's packets in the same instant may lose one
 /// packet's count.
+///
+/// What is over the allowance goes to `fallback` when it is set
+/// ([`NAT_F_FALLBACK`]): the flow's last validated placement, where the
+/// peer was proven to be (as QUIC keeps sending on the old path while it
+/// validates a new one, RFC 9000 section 9.3). A packet dropped in tc is a
+/// local failure to TCP, which gives a socket with nothing in flight up
+/// after `tcp_retries2` failed tries 500 ms apart (7.5 s), sooner than
+/// tens of thousands of addresses are validated; one that leaves is lost
+/// at worst, which TCP retries with its usual back-off. A fallback whose
+/// endpoints are the flow's virtual ones means "untranslated"; one
+/// carried in the other family is not used (the packet is dropped).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UnvalidatedBudget {
     pub allowed: u64,
     pub sent: u64,
+    /// Packets that went to `fallback` (plain stores, as above).
+    pub diverted: u64,
+    pub _pad: u64,
+    pub fallback: NatRewrite,
 }
-const _: () = assert!(core::mem::size_of::<UnvalidatedBudget>() == 16);
+const _: () = assert!(core::mem::size_of::<UnvalidatedBudget>() == 80);
 
 /// Value of the NAT maps: the tuple a matching packet is rewritten to.
 #[repr(C)]

@@ -160,4 +160,9 @@ counters! {
     /// than three times what came from there. The socket sends it again
     /// later (after the validation, or once more came in).
     STAT_DROP_UNVALIDATED = 45, "drop_unvalidated";
+    /// An outgoing packet of a flow whose peer address is not validated
+    /// yet, over its allowance there, went to the flow's last validated
+    /// placement instead (`UnvalidatedBudget::fallback`; counted besides
+    /// `egress_translated` when that placement is translated).
+    STAT_UNVALIDATED_FALLBACK = 46, "unvalidated_fallback";
 }

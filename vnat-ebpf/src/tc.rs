@@ -28,9 +28,10 @@ use aya_ebpf::{
 };
 use vnat_common::{
     hold_in_force, FlowKey, NatRewrite, AF_INET, AF_INET6, AMPLIFICATION_FACTOR, NAT_F_BUDGET,
-    NAT_F_FAMILY, NAT_F_HOLD, NAT_F_REDIRECT, STAT_DROP_HELD, STAT_DROP_IPV6_EXTHDR,
-    STAT_DROP_REDIRECT_FAILED, STAT_DROP_UNVALIDATED, STAT_EGRESS_REDIRECTED,
-    STAT_EGRESS_TRANSLATED, STAT_HOLD_EXPIRED, STAT_INGRESS_TRANSLATED, STAT_PASS_IPV6_EXTHDR,
+    NAT_F_FALLBACK, NAT_F_FAMILY, NAT_F_HOLD, NAT_F_REDIRECT, STAT_DROP_HELD,
+    STAT_DROP_IPV6_EXTHDR, STAT_DROP_REDIRECT_FAILED, STAT_DROP_UNVALIDATED,
+    STAT_EGRESS_REDIRECTED, STAT_EGRESS_TRANSLATED, STAT_HOLD_EXPIRED, STAT_INGRESS_TRANSLATED,
+    STAT_PASS_IPV6_EXTHDR, STAT_UNVALIDATED_FALLBACK,
 };
 
 use crate::maps::{
@@ -205,7 +206,7 @@ fn translate_flow(ctx: &TcContext, p: &Parsed, dir: Dir) -> Result<Option<i32>, 
     let Some(nat) = (unsafe { map.get(&p.key) }) else {
         return Ok(None);
     };
-    let nat = *nat;
+    let mut nat = *nat;
     if nat.flags & NAT_F_HOLD != 0 {
         if held(&nat) {
             // Egress: the socket sees a failed transmission and keeps the
@@ -225,8 +226,23 @@ fn translate_flow(ctx: &TcContext, p: &Parsed, dir: Dir) -> Result<Option<i32>, 
             return Ok(None);
         }
     }
-    if nat.flags & NAT_F_BUDGET != 0 && !within_budget(ctx, p, dir, &nat) {
-        return Err(Drop(STAT_DROP_UNVALIDATED));
+    if nat.flags & NAT_F_BUDGET != 0 {
+        match within_budget(ctx, p, dir, &mut nat) {
+            Budget::Within => {}
+            Budget::Over => return Err(Drop(STAT_DROP_UNVALIDATED)),
+            // `nat` is the last validated placement now.
+            Budget::Fallback => {
+                count(STAT_UNVALIDATED_FALLBACK);
+                if nat.src_addr_be == p.key.src_addr_be
+                    && nat.dst_addr_be == p.key.dst_addr_be
+                    && nat.src_port_be == p.key.src_port_be
+                    && nat.dst_port_be == p.key.dst_port_be
+                {
+                    // That placement is the flow's own endpoints.
+                    return Ok(None);
+                }
+            }
+        }
     }
     if nat.flags & NAT_F_FAMILY != 0 {
         // Carried in the other address family: done by the caller, in a
@@ -242,16 +258,29 @@ fn translate_flow(ctx: &TcContext, p: &Parsed, dir: Dir) -> Result<Option<i32>, 
     finish(ctx, dir, &nat, p.l3).map(Some)
 }
 
+/// What [`within_budget`] found for a packet.
+enum Budget {
+    /// It may go where its entry says (or come in).
+    Within,
+    /// Over the allowance, and nowhere else to send it: drop it.
+    Over,
+    /// Over the allowance: it goes to the flow's last validated placement,
+    /// which was written over the caller's entry.
+    Fallback,
+}
+
 /// A packet of a flow whose peer address is not validated yet
 /// (`NAT_F_BUDGET`): coming in (from that address: the ingress key is the
 /// physical tuple), it adds three times its length to what the flow may
-/// send there; going out, it may leave only within that. False: drop it.
+/// send there; going out, it may leave only within that, or else to the
+/// last validated placement when the allowance names one in the same
+/// family (`UnvalidatedBudget::fallback`), which replaces `nat`.
 /// The allowance is keyed by the flow's egress key, which an ingress
 /// entry's value (the virtual tuple, reversed) gives. A frame of its own
 /// (a call from `translate_flow`), so the key built here is not added to
 /// the translators' deepest chain.
 #[inline(never)]
-fn within_budget(ctx: &TcContext, p: &Parsed, dir: Dir, nat: &NatRewrite) -> bool {
+fn within_budget(ctx: &TcContext, p: &Parsed, dir: Dir, nat: &mut NatRewrite) -> Budget {
     let len = (ctx.len() as u64).saturating_sub(p.l3 as u64);
     let key = match dir {
         Dir::Egress => p.key,
@@ -274,7 +303,10 @@ fn within_budget(ctx: &TcContext, p: &Parsed, dir: Dir, nat: &NatRewrite) -> boo
     let Some(b) = VNAT_UNVALIDATED.get_ptr_mut(&key) else {
         // No allowance written (vnatd failed between the two writes, or
         // removed it first): nothing may leave, anything may come in.
-        return dir == Dir::Ingress;
+        return match dir {
+            Dir::Ingress => Budget::Within,
+            Dir::Egress => Budget::Over,
+        };
     };
     // SAFETY: `b` is the non-null pointer the lookup just returned, an
     // aligned value inside the map's memory (BPF_F_NO_PREALLOC: aya's
@@ -288,15 +320,26 @@ fn within_budget(ctx: &TcContext, p: &Parsed, dir: Dir, nat: &NatRewrite) -> boo
                     &mut (*b).allowed,
                     allowed.saturating_add(len.saturating_mul(AMPLIFICATION_FACTOR)),
                 );
-                true
+                Budget::Within
             }
             Dir::Egress => {
                 let sent = core::ptr::read_volatile(&(*b).sent).saturating_add(len);
-                if sent > core::ptr::read_volatile(&(*b).allowed) {
-                    return false;
+                if sent <= core::ptr::read_volatile(&(*b).allowed) {
+                    core::ptr::write_volatile(&mut (*b).sent, sent);
+                    return Budget::Within;
                 }
-                core::ptr::write_volatile(&mut (*b).sent, sent);
-                true
+                let fallback = core::ptr::read_volatile(&(*b).fallback);
+                // Not one carried in the other family (`translate_family`
+                // would read the flow's entry again), nor a hold.
+                if fallback.flags & NAT_F_FALLBACK == 0
+                    || fallback.flags & (NAT_F_FAMILY | NAT_F_HOLD | NAT_F_BUDGET) != 0
+                {
+                    return Budget::Over;
+                }
+                let diverted = core::ptr::read_volatile(&(*b).diverted);
+                core::ptr::write_volatile(&mut (*b).diverted, diverted.wrapping_add(1));
+                *nat = fallback;
+                Budget::Fallback
             }
         }
     }

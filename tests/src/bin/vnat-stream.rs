@@ -3,7 +3,15 @@
 //! ```text
 //! vnat-stream client --connect ADDR:PORT [--udp] [--rate-bytes-per-sec N]
 //!                    [--duration-secs S] [--bind IP [--bind-port N]] [--datagram-size N] [--drain-secs S]
+//! vnat-stream client --connect ADDR:PORT --receive-only
+//! vnat-stream source [--rate-bytes-per-sec N]
 //! ```
+//!
+//! `--receive-only` (TCP): send nothing, and verify that what the peer
+//! sends is the stream from its first byte, as `vnat-stream source` writes
+//! it (behind socat `EXEC:` on the server): a download, where the peer's
+//! sends are the only traffic. `source` writes the stream to stdout at the
+//! rate until stdout closes.
 //!
 //! Sends a deterministic byte stream over ONE socket to an echo peer (socat
 //! `EXEC:cat` for TCP, `PIPE` for UDP), verifies every echoed byte, and
@@ -50,7 +58,8 @@ extern "C" fn on_signal(_: libc::c_int) {
 
 const USAGE: &str =
     "usage: vnat-stream client --connect ADDR:PORT [--udp] [--rate-bytes-per-sec N] \
-[--duration-secs S] [--bind IP [--bind-port N]] [--datagram-size N] [--drain-secs S] [--exit-on-send-error]";
+[--duration-secs S] [--bind IP [--bind-port N]] [--datagram-size N] [--drain-secs S] [--exit-on-send-error] \
+[--receive-only]\n       vnat-stream source [--rate-bytes-per-sec N]";
 const STATUS_INTERVAL: Duration = Duration::from_millis(100);
 /// Socket timeouts: how often blocked I/O comes back to look at the stop flag.
 const IO_TICK: Duration = Duration::from_millis(100);
@@ -68,6 +77,8 @@ struct Opts {
     /// UDP: stop at the first failed send, as many applications do,
     /// instead of counting it and going on.
     exit_on_send_error: bool,
+    /// TCP: send nothing; verify what the peer sends (`source`).
+    receive_only: bool,
 }
 
 fn parse_args() -> Result<Opts, String> {
@@ -91,6 +102,7 @@ fn parse_args() -> Result<Opts, String> {
         datagram_size: 512, // harness::UDP_DATAGRAM_SIZE
         drain: Duration::from_secs(5),
         exit_on_send_error: false,
+        receive_only: false,
     };
     while let Some(flag) = args.next() {
         let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
@@ -104,6 +116,7 @@ fn parse_args() -> Result<Opts, String> {
             }
             "--udp" => o.udp = true,
             "--exit-on-send-error" => o.exit_on_send_error = true,
+            "--receive-only" => o.receive_only = true,
             "--rate-bytes-per-sec" => o.rate = num(&value(&flag)?, &flag)?,
             "--duration-secs" => {
                 o.duration = Some(Duration::from_secs_f64(num::<f64>(&value(&flag)?, &flag)?))
@@ -125,6 +138,9 @@ fn parse_args() -> Result<Opts, String> {
         }
     }
     o.connect = connect.ok_or(format!("--connect is required\n{USAGE}"))?;
+    if o.receive_only && o.udp {
+        return Err("--receive-only is for TCP".into());
+    }
     Ok(o)
 }
 
@@ -239,7 +255,54 @@ fn lock(s: &Shared) -> std::sync::MutexGuard<'_, State> {
     s.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// `vnat-stream source`: the stream to stdout at `--rate-bytes-per-sec`
+/// (default 100000), until stdout closes.
+fn run_source() -> i32 {
+    let mut args = std::env::args().skip(2);
+    let mut rate: u64 = 100_000;
+    while let Some(flag) = args.next() {
+        let parsed = match flag.as_str() {
+            "--rate-bytes-per-sec" => args
+                .next()
+                .ok_or(format!("{flag} needs a value"))
+                .and_then(|v| num(&v, &flag)),
+            other => Err(format!("unknown argument `{other}`\n{USAGE}")),
+        };
+        match parsed {
+            Ok(r) if r > 0 => rate = r,
+            Ok(_) => {
+                eprintln!("vnat-stream: --rate-bytes-per-sec must be above 0");
+                return 2;
+            }
+            Err(e) => {
+                eprintln!("vnat-stream: {e}");
+                return 2;
+            }
+        }
+    }
+    let start = Instant::now();
+    let mut out = io::stdout().lock();
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut sent: u64 = 0;
+    loop {
+        let allowed = (rate as f64 * start.elapsed().as_secs_f64()) as u64;
+        let chunk = (buf.len() as u64).min(allowed.saturating_sub(sent)) as usize;
+        if chunk == 0 {
+            thread::sleep(Duration::from_millis(5));
+            continue;
+        }
+        fill(&mut buf[..chunk], sent);
+        if out.write_all(&buf[..chunk]).and_then(|()| out.flush()).is_err() {
+            return 0;
+        }
+        sent += chunk as u64;
+    }
+}
+
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("source") {
+        exit(run_source());
+    }
     let opts = match parse_args() {
         Ok(o) => o,
         Err(e) => {
@@ -308,6 +371,7 @@ fn run_tcp(opts: &Opts) -> i32 {
         let state = Arc::clone(&state);
         let sender_done = Arc::clone(&sender_done);
         let (rate, duration) = (opts.rate, opts.duration);
+        let receive_only = opts.receive_only;
         thread::spawn(move || {
             let mut buf = vec![0u8; 16 * 1024];
             loop {
@@ -320,6 +384,10 @@ fn run_tcp(opts: &Opts) -> i32 {
                     || duration.is_some_and(|d| start.elapsed() >= d)
                 {
                     break;
+                }
+                if receive_only {
+                    thread::sleep(Duration::from_millis(20));
+                    continue;
                 }
                 let mut chunk = buf.len() as u64;
                 if rate > 0 {
@@ -357,11 +425,16 @@ fn run_tcp(opts: &Opts) -> i32 {
         let state = Arc::clone(&state);
         let sender_done = Arc::clone(&sender_done);
         let drain = opts.drain;
+        let receive_only = opts.receive_only;
         thread::spawn(move || {
             let mut buf = vec![0u8; 64 * 1024];
             let mut drain_deadline: Option<Instant> = None;
             loop {
                 if lock(&state).error.is_some() {
+                    break;
+                }
+                if receive_only && sender_done.load(Ordering::SeqCst) {
+                    // A download has no echo to wait for.
                     break;
                 }
                 if sender_done.load(Ordering::SeqCst) {
@@ -382,7 +455,9 @@ fn run_tcp(opts: &Opts) -> i32 {
                 match stream.read(&mut buf) {
                     Ok(0) => {
                         let mut s = lock(&state);
-                        if !sender_done.load(Ordering::SeqCst) || s.verified != s.sent {
+                        if !sender_done.load(Ordering::SeqCst)
+                            || (!receive_only && s.verified != s.sent)
+                        {
                             let msg = format!(
                                 "the peer closed the connection (EOF) after {} verified of {} sent bytes",
                                 s.verified, s.sent
@@ -395,7 +470,7 @@ fn run_tcp(opts: &Opts) -> i32 {
                         let mut s = lock(&state);
                         let offset = s.verified;
                         let limit = s.sent.max(s.writing_upto);
-                        if offset + n as u64 > limit {
+                        if !receive_only && offset + n as u64 > limit {
                             let msg = format!(
                                 "the peer echoed {n} bytes at offset {offset} but only {limit} were sent (duplication)"
                             );

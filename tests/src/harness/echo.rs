@@ -137,6 +137,24 @@ impl EchoServer {
         Self::start_in(&c.ns, Some(&c.cgroup), c.endpoint(port), true, &args)
     }
 
+    /// Not an echo: a TCP server inside a [`Host`]'s namespace and cgroup
+    /// that sends each connection `vnat-stream source`'s stream at `rate`
+    /// bytes per second and reads nothing, for a client run with
+    /// [`super::StreamOptions::receive_only`] (a download).
+    pub fn tcp_source_in(host: &Host, addr: SocketAddr, rate: u64) -> EchoServer {
+        let listen = format!(
+            "{}-LISTEN:{},{},reuseaddr,fork",
+            family(addr, "TCP"),
+            addr.port(),
+            bind(addr)
+        );
+        let exec = format!(
+            "EXEC:{} source --rate-bytes-per-sec {rate}",
+            super::bin_path("vnat-stream").display()
+        );
+        Self::start_in(host.ns, Some(&host.cgroup), addr, false, &[&listen, &exec])
+    }
+
     /// socat listening with `listen` inside `host`'s namespace and cgroup:
     /// `EXEC:cat` for TCP, `PIPE` with datagrams of [`UDP_DATAGRAM_SIZE`]
     /// and a 600 s idle timeout for UDP.

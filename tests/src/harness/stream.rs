@@ -35,6 +35,9 @@ pub struct StreamOptions {
     pub datagram_size: Option<usize>,
     /// UDP: stop at the first failed send (as many applications do).
     pub exit_on_send_error: bool,
+    /// TCP: send nothing and verify what the server sends
+    /// ([`super::EchoServer::tcp_source_in`]).
+    pub receive_only: bool,
 }
 
 impl StreamOptions {
@@ -48,6 +51,7 @@ impl StreamOptions {
             bind_port: 0,
             datagram_size: None,
             exit_on_send_error: false,
+            receive_only: false,
         }
     }
 
@@ -61,6 +65,12 @@ impl StreamOptions {
     /// UDP: stop at the first failed send instead of going on.
     pub fn exit_on_send_error(mut self) -> Self {
         self.exit_on_send_error = true;
+        self
+    }
+
+    /// TCP: a download from [`super::EchoServer::tcp_source_in`].
+    pub fn receive_only(mut self) -> Self {
+        self.receive_only = true;
         self
     }
 
@@ -120,6 +130,9 @@ impl StreamOptions {
         }
         if self.exit_on_send_error {
             cmd.arg("--exit-on-send-error");
+        }
+        if self.receive_only {
+            cmd.arg("--receive-only");
         }
         cmd
     }

@@ -85,12 +85,19 @@ pub fn run(
                             Budget::None | Budget::Lift => None,
                         },
                     );
+                    // Packets over the allowance that went to the last
+                    // validated placement were likely lost: retransmit
+                    // them now, not when TCP's backed-off timer says.
+                    let diverted =
+                        s.budget == Budget::Lift && dp.diverted_while_unvalidated(&s.flow);
                     let r = translate_one(dp, s.flow, s.local, s.remote);
                     // Not left for a later install, whatever became of
                     // this one (a failure, a removal, a rebind).
                     dp.limit_until_validated(&s.flow, None);
                     if *verified && r.is_ok() && s.budget != Budget::Lift {
                         restart_one(dp, s.flow, s.solicit, true);
+                    } else if diverted && r.is_ok() {
+                        restart_one(dp, s.flow, false, false);
                     }
                     Outcome::Done(r)
                 }

@@ -89,6 +89,15 @@ pub trait Datapath {
     /// unlimited, the default.
     fn limit_until_validated(&mut self, flow: &VirtualFlow, allowed: Option<u32>);
 
+    /// Whether some of `flow`'s packets went to its last validated
+    /// placement instead of the unvalidated address it sends to, for
+    /// being over the allowance there: they were lost if the peer had
+    /// left it, and TCP's retransmission timer backed off for them.
+    fn diverted_while_unvalidated(&self, flow: &VirtualFlow) -> bool {
+        let _ = flow;
+        false
+    }
+
     /// Phase one of a move: accept packets from the new physical endpoints
     /// (reverse entry, tc attachment, address on `lo`, host route) without
     /// sending from them yet; [`Datapath::install_translation`] completes it.

@@ -48,8 +48,8 @@ use std::{
 use aya::maps::MapError;
 use vnat_common::{
     ConnRecord, FlowKey, NatRewrite, RebindKey, UnvalidatedBudget, MAP_CONNS, MAP_EGRESS_NAT,
-    MAP_INGRESS_NAT, MAP_STATS, MAP_UNVALIDATED, NAT_F_BUDGET, NAT_F_HOLD, NAT_F_LO_ADDR_OURS,
-    NAT_F_ROUTED, PROTO_UDP, STAT_COUNT, STAT_NAMES,
+    MAP_INGRESS_NAT, MAP_STATS, MAP_UNVALIDATED, NAT_F_BUDGET, NAT_F_FALLBACK, NAT_F_FAMILY,
+    NAT_F_HOLD, NAT_F_LO_ADDR_OURS, NAT_F_ROUTED, PROTO_UDP, STAT_COUNT, STAT_NAMES,
 };
 
 pub use attach::{cgroup2_mount, cgroup_id, cgroup_tree_ids};
@@ -639,6 +639,13 @@ impl Datapath for KernelDatapath {
             Some(a) => self.budget_next.insert(key, a),
             None => self.budget_next.remove(&key),
         };
+    }
+
+    fn diverted_while_unvalidated(&self, flow: &VirtualFlow) -> bool {
+        self.unvalidated_diverted(flow)
+            .ok()
+            .flatten()
+            .is_some_and(|n| n > 0)
     }
 
     fn install_translation(&mut self, t: &Translation) -> Result<(), DatapathError> {

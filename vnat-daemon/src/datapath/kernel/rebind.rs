@@ -20,13 +20,27 @@ impl KernelDatapath {
     }
 
     /// Write `flow`'s allowance for an unvalidated peer address directly
-    /// (for tests of the tc programs, beside [`Self::insert_nat_pair`]).
+    /// (for tests of the tc programs, beside [`Self::insert_nat_pair`]),
+    /// with the placement what is over it goes to (`fallback`, its egress
+    /// entry on interface 1; `None`: dropped).
     pub fn insert_unvalidated_budget(
         &mut self,
         flow: &crate::datapath::VirtualFlow,
         allowed: u64,
+        fallback: Option<&Translation>,
     ) -> Result<(), DatapathError> {
-        let b = vnat_common::UnvalidatedBudget { allowed, sent: 0 };
+        let fallback = fallback.map_or(NatRewrite::default(), |t| {
+            let e = super::pair_for(t, 1, 0).egress;
+            NatRewrite {
+                flags: e.flags | vnat_common::NAT_F_FALLBACK,
+                ..e
+            }
+        });
+        let b = vnat_common::UnvalidatedBudget {
+            allowed,
+            fallback,
+            ..Default::default()
+        };
         self.loaded
             .maps
             .unvalidated
@@ -41,8 +55,25 @@ impl KernelDatapath {
         &self,
         flow: &crate::datapath::VirtualFlow,
     ) -> Result<Option<(u64, u64)>, DatapathError> {
+        Ok(self.unvalidated_entry(flow)?.map(|b| (b.allowed, b.sent)))
+    }
+
+    /// How many of `flow`'s packets went to its last validated placement
+    /// because they were over its allowance for the unvalidated address;
+    /// `None` if it has no allowance.
+    pub fn unvalidated_diverted(
+        &self,
+        flow: &crate::datapath::VirtualFlow,
+    ) -> Result<Option<u64>, DatapathError> {
+        Ok(self.unvalidated_entry(flow)?.map(|b| b.diverted))
+    }
+
+    fn unvalidated_entry(
+        &self,
+        flow: &crate::datapath::VirtualFlow,
+    ) -> Result<Option<vnat_common::UnvalidatedBudget>, DatapathError> {
         match self.loaded.maps.unvalidated.get(&flow.to_key(), 0) {
-            Ok(b) => Ok(Some((b.allowed, b.sent))),
+            Ok(b) => Ok(Some(b)),
             Err(e) if is_not_found(&e) => Ok(None),
             Err(e) => Err(map_err(vnat_common::MAP_UNVALIDATED)(e)),
         }

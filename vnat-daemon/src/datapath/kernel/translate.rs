@@ -250,7 +250,8 @@ impl KernelDatapath {
         if let Some(allowed) = budget {
             let b = UnvalidatedBudget {
                 allowed: u64::from(allowed),
-                sent: 0,
+                fallback: self.fallback_for(t, &egress_key, old_val.as_ref()),
+                ..UnvalidatedBudget::default()
             };
             if let Err(e) = self.loaded.maps.unvalidated.insert(egress_key, b, 0) {
                 undo(self, added_lo);
@@ -441,6 +442,55 @@ impl KernelDatapath {
                 connections = left.len(),
                 "validations of peers' new addresses were under way when the last vnatd stopped: those addresses are taken as validated"
             );
+        }
+    }
+
+    /// Where a flow about to send to an unvalidated peer address sends what
+    /// is over its allowance (`UnvalidatedBudget::fallback`): the placement
+    /// it has now, `old` (its egress entry; `None`: untranslated), when that
+    /// one was validated and sends from where `t` will; else the fallback
+    /// that placement had itself (the peer named another address before
+    /// the last was validated). None (zeroed: the packet is dropped) when
+    /// our own end moves: its old placement sends from an address we left.
+    fn fallback_for(
+        &self,
+        t: &Translation,
+        egress_key: &FlowKey,
+        old: Option<&NatRewrite>,
+    ) -> NatRewrite {
+        let none = NatRewrite::default();
+        let Some(v) = old else {
+            if t.local_moved() {
+                return none;
+            }
+            // Untranslated: the flow's own endpoints.
+            return NatRewrite {
+                src_addr_be: egress_key.src_addr_be,
+                dst_addr_be: egress_key.dst_addr_be,
+                src_port_be: egress_key.src_port_be,
+                dst_port_be: egress_key.dst_port_be,
+                redirect_ifindex: 0,
+                flags: NAT_F_FALLBACK,
+                held_until: 0,
+            };
+        };
+        if v.flags & NAT_F_BUDGET != 0 {
+            return self
+                .loaded
+                .maps
+                .unvalidated
+                .get(egress_key, 0)
+                .map_or(none, |b| b.fallback);
+        }
+        let sends_from_here =
+            translation_of(egress_key, v).is_some_and(|o| o.physical_local == t.physical_local);
+        if !sends_from_here || v.flags & (NAT_F_HOLD | NAT_F_FAMILY) != 0 {
+            return none;
+        }
+        NatRewrite {
+            flags: v.flags | NAT_F_FALLBACK,
+            held_until: 0,
+            ..*v
         }
     }
 
