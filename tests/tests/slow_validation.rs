@@ -88,7 +88,9 @@ fn a_download_outlives_a_validation_slower_than_tcps_patience() {
     let _source = EchoServer::tcp_source_in(&srv, server, 200_000);
     let lapd = Vnatd::start(&lap, ldir.path());
     let _srvd = Vnatd::start(&srv, sdir.path());
-    let mut cmd = StreamOptions::tcp(server).receive_only().command(&topo.laptop);
+    let mut cmd = StreamOptions::tcp(server)
+        .receive_only()
+        .command(&topo.laptop);
     lap.cgroup.join_on_spawn(&mut cmd);
     let client = StreamClient::from_command(cmd);
     let before = client.wait_verified_at_least(100_000, Duration::from_secs(10));

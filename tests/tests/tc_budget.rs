@@ -140,8 +140,10 @@ fn second_move() -> (Translation, Translation) {
 fn what_is_over_the_budget_goes_to_the_last_validated_placement() {
     let (mut dp, _pins) = open("tc-budget-fallback");
     let (old, new) = second_move();
-    dp.insert_nat_pair(&pair_for(&new, 1, NAT_F_BUDGET)).unwrap();
-    dp.insert_unvalidated_budget(&new.flow, 150, Some(&old)).unwrap();
+    dp.insert_nat_pair(&pair_for(&new, 1, NAT_F_BUDGET))
+        .unwrap();
+    dp.insert_unvalidated_budget(&new.flow, 150, Some(&old))
+        .unwrap();
     let (dropped, fell_back) = (
         counter(&dp, "drop_unvalidated"),
         counter(&dp, "unvalidated_fallback"),
@@ -156,7 +158,10 @@ fn what_is_over_the_budget_goes_to_the_last_validated_placement() {
     // (`parse_checked`), not dropped, and not counted as sent to the new.
     for _ in 0..3 {
         let out = run(&dp, true, &from_server(100));
-        assert_eq!(out.verdict, PASS, "over the budget: sent to the old placement");
+        assert_eq!(
+            out.verdict, PASS,
+            "over the budget: sent to the old placement"
+        );
         let p = support::packet::parse_checked(&out.packet);
         assert_eq!(
             (p.src, p.dst),
@@ -188,7 +193,8 @@ fn over_the_budget_of_a_first_move_the_packet_leaves_untranslated() {
         physical_remote: t.flow.remote,
         ..t
     };
-    dp.insert_unvalidated_budget(&t.flow, 0, Some(&home)).unwrap();
+    dp.insert_unvalidated_budget(&t.flow, 0, Some(&home))
+        .unwrap();
     let packet = from_server(100);
     let out = run(&dp, true, &packet);
     assert_eq!(out.verdict, PASS);

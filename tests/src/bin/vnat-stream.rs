@@ -292,7 +292,11 @@ fn run_source() -> i32 {
             continue;
         }
         fill(&mut buf[..chunk], sent);
-        if out.write_all(&buf[..chunk]).and_then(|()| out.flush()).is_err() {
+        if out
+            .write_all(&buf[..chunk])
+            .and_then(|()| out.flush())
+            .is_err()
+        {
             return 0;
         }
         sent += chunk as u64;
