@@ -294,6 +294,50 @@ mod tests {
     }
 
     #[test]
+    fn a_lifted_budget_restarts_only_a_socket_whose_packets_went_elsewhere() {
+        let mut dp = FakeDatapath::new();
+        let (a, b) = (
+            flow("10.0.9.1:22", "10.0.1.5:40000"),
+            flow("10.0.9.1:22", "10.0.1.6:40000"),
+        );
+        let to = |f: VirtualFlow, budget| Switch {
+            flow: f,
+            local: f.local,
+            remote: SocketAddr::new(sa("10.0.2.9:1").ip(), f.remote.port()),
+            peer_moved: true,
+            solicit: true,
+            budget,
+        };
+        for f in [a, b] {
+            dp.add_connection(f, None);
+        }
+        let unvalidated = [a, b]
+            .map(|f| Op::Switch {
+                switch: to(f, Budget::Unvalidated(1200)),
+                verified: false,
+            })
+            .into();
+        run(&mut dp, unvalidated, &HashMap::new());
+        assert_eq!(dp.limited.len(), 2);
+        // Only a's packets went over its allowance, to the old address.
+        dp.diverted.insert(a);
+        dp.restarted.clear();
+        let lifts = [a, b]
+            .map(|f| Op::Switch {
+                switch: to(f, Budget::Lift),
+                verified: true,
+            })
+            .into();
+        run(&mut dp, lifts, &HashMap::new());
+        assert!(dp.limited.is_empty());
+        assert_eq!(
+            dp.restarted,
+            vec![a],
+            "the lift restarts the socket whose packets were diverted, and no other"
+        );
+    }
+
+    #[test]
     fn a_move_onto_another_connections_endpoints_changes_nothing() {
         let mut dp = FakeDatapath::new();
         let f = flow("10.0.1.5:40000", "10.0.9.1:22");

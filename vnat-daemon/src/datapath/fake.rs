@@ -25,6 +25,9 @@ pub struct FakeDatapath {
     /// Installed translations that send to an unvalidated address, with
     /// the allowance they were installed with.
     pub limited: BTreeMap<VirtualFlow, u32>,
+    /// Flows that sent packets over their allowance to their last
+    /// validated placement ([`Datapath::diverted_while_unvalidated`]).
+    pub diverted: BTreeSet<VirtualFlow>,
     cgroups: Vec<PathBuf>,
     /// Cgroups that hide location ([`Datapath::set_hide_location`]).
     pub hiding: BTreeSet<PathBuf>,
@@ -487,6 +490,10 @@ impl Datapath for FakeDatapath {
             None => self.limited.remove(&t.flow),
         };
         Ok(())
+    }
+
+    fn diverted_while_unvalidated(&self, flow: &VirtualFlow) -> bool {
+        self.limited.contains_key(flow) && self.diverted.contains(flow)
     }
 
     fn limit_until_validated(&mut self, flow: &VirtualFlow, allowed: Option<u32>) {
