@@ -378,10 +378,9 @@ pub struct UnvalidatedBudget {
     pub sent: u64,
     /// Packets that went to `fallback` (plain stores, as above).
     pub diverted: u64,
-    pub _pad: u64,
     pub fallback: NatRewrite,
 }
-const _: () = assert!(core::mem::size_of::<UnvalidatedBudget>() == 80);
+const _: () = assert!(core::mem::size_of::<UnvalidatedBudget>() == 72);
 
 /// Value of the NAT maps: the tuple a matching packet is rewritten to.
 #[repr(C)]

@@ -218,11 +218,7 @@ fn translate_flow(ctx: &TcContext, p: &Parsed, dir: Dir) -> Result<Option<i32>, 
         // Held too long: as if vnatd had released it, which it has not
         // done in time. An entry that only held the flow is no translation.
         count(STAT_HOLD_EXPIRED);
-        if nat.src_addr_be == p.key.src_addr_be
-            && nat.dst_addr_be == p.key.dst_addr_be
-            && nat.src_port_be == p.key.src_port_be
-            && nat.dst_port_be == p.key.dst_port_be
-        {
+        if rewrites_nothing(&nat, &p.key) {
             return Ok(None);
         }
     }
@@ -233,11 +229,7 @@ fn translate_flow(ctx: &TcContext, p: &Parsed, dir: Dir) -> Result<Option<i32>, 
             // `nat` is the last validated placement now.
             Budget::Fallback => {
                 count(STAT_UNVALIDATED_FALLBACK);
-                if nat.src_addr_be == p.key.src_addr_be
-                    && nat.dst_addr_be == p.key.dst_addr_be
-                    && nat.src_port_be == p.key.src_port_be
-                    && nat.dst_port_be == p.key.dst_port_be
-                {
+                if rewrites_nothing(&nat, &p.key) {
                     // That placement is the flow's own endpoints.
                     return Ok(None);
                 }
@@ -256,6 +248,16 @@ fn translate_flow(ctx: &TcContext, p: &Parsed, dir: Dir) -> Result<Option<i32>, 
     }
     rewrite(ctx, p, &nat)?;
     finish(ctx, dir, &nat, p.l3).map(Some)
+}
+
+/// Whether `nat` would rewrite a packet of `key` to itself (an entry that
+/// only holds the flow, a fallback to its own endpoints).
+#[inline(always)]
+fn rewrites_nothing(nat: &NatRewrite, key: &FlowKey) -> bool {
+    nat.src_addr_be == key.src_addr_be
+        && nat.dst_addr_be == key.dst_addr_be
+        && nat.src_port_be == key.src_port_be
+        && nat.dst_port_be == key.dst_port_be
 }
 
 /// What [`within_budget`] found for a packet.
