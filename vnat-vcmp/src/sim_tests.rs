@@ -5,9 +5,11 @@ use std::time::Duration;
 
 use super::endpoint::{AbortReason, Config, Event};
 use super::roles::Role;
-use super::sim::{reverse, sa, tcp, Link, Sim};
+use super::sim::{ip, reverse, sa, tcp, Link, Sim};
 use super::wire::Kind;
+use super::Timestamp;
 use crate::flow::VirtualFlow;
+use std::net::{IpAddr, SocketAddr};
 
 pub(super) const A_IP: &str = "10.0.0.1";
 pub(super) const B_IP: &str = "10.0.0.2";
@@ -417,6 +419,68 @@ pub(super) fn claimed_where_nobody_answers(seed: u64) -> (Sim, VirtualFlow) {
     });
     sim.run_for(Duration::from_secs(120));
     (sim, f)
+}
+
+/// A loss that ends after a validation's last CHALLENGE but before its
+/// deadline fails nothing when the mover retries its update meanwhile:
+/// the retry brings the CHALLENGE again at once. Waiting for the
+/// validation's own schedule, B failed it and reverted, while A, which
+/// heard B's UPD_R to that retry, stopped retrying and sent from its new
+/// address: a connection reset, or a download that hung (CI, stop 43).
+#[test]
+fn a_retried_update_brings_the_lost_challenge_again() {
+    let (mut sim, flows) = setup(33, Link::default(), Config::default(), 1);
+    let f = flows[0];
+    let b = reverse(&f);
+    // B gives up sooner than A retries: three tries from 400 ms apart,
+    // while A's updates go on for its eight.
+    sim.hosts[1].ep.cfg.initial_rto = Duration::from_millis(400);
+    sim.hosts[1].ep.cfg.max_tries = 3;
+    let a_new = moved(&f, "10.0.1.1");
+    let (a_ip, b_ip) = (a_new.ip(), ip(B_IP));
+    let is = |kind: Kind, from: IpAddr, to: IpAddr| {
+        move |(_, fr, t, k): &&(Timestamp, SocketAddr, SocketAddr, u8)| {
+            *k == kind as u8 && fr.ip() == from && t.ip() == to
+        }
+    };
+
+    sim.move_host(0, "10.0.1.1");
+    sim.hosts[1].mute = true;
+    resume(&mut sim, 0, &flows, "10.0.1.1");
+    // Everything B sends is lost until its validation of A's new address
+    // made its last try.
+    while sim.hosts[1].ep.validations.most_tries() < 3 {
+        sim.run_for(Duration::from_millis(5));
+    }
+    let unmuted = sim.now;
+    sim.hosts[1].mute = false;
+    sim.run_for(Duration::from_secs(30));
+
+    let a_retried = sim
+        .wire_log
+        .iter()
+        .filter(is(Kind::Upd, a_ip, b_ip))
+        .find(|(t, ..)| *t > unmuted)
+        .map(|(t, ..)| *t)
+        .expect("A must retry its update after the loss: the test tests nothing otherwise");
+    assert!(
+        sim.wire_log
+            .iter()
+            .filter(is(Kind::Challenge, b_ip, a_ip))
+            .any(|(t, ..)| *t >= a_retried),
+        "B must challenge A's new address again when A's update comes again"
+    );
+    assert!(
+        sim.events(
+            1,
+            |e| matches!(e, Event::Reverted { flow, .. } if *flow == b)
+        )
+        .next()
+        .is_none(),
+        "B must not revert a connection whose peer answered"
+    );
+    assert_remote(&sim, 1, &b, a_new);
+    assert_eq!(sim.hosts[1].ep.stats().get(Counter::ValidationFailed), 0);
 }
 
 #[test]

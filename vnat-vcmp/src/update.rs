@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 
 use super::endpoint::{Ctx, Endpoint, Event};
-use super::validation::{Group, Validation, ValidationKey};
+use super::validation::{Group, Joined, Validation, ValidationKey};
 use super::wire::{Ext, Kind, Record};
 use crate::flow::{Proto, VirtualFlow};
 
@@ -217,10 +217,32 @@ impl Endpoint {
         key: ValidationKey,
         dst: SocketAddr,
     ) {
-        if self.validations.join(&key, *flow) {
-            return;
-        }
         let rto = self.rto(ctx, 0);
+        match self.validations.join(&key, *flow) {
+            Joined::None => {}
+            Joined::Joined => return,
+            Joined::Again => {
+                // The peer sent its update again: our answers to it, the
+                // CHALLENGE with them, may have been lost, and the peer is
+                // evidently there now. Waiting for the validation's own
+                // next try (up to `max_rto` away, or never, if that try
+                // was its last) would let a loss that is over fail the
+                // validation, and leave the peer, which then hears our
+                // UPD_R, sending from an address we reverted. At most once
+                // a quarter of the initial RTO: the records of a retry for
+                // every connection of a host, packed in a few datagrams,
+                // bring one CHALLENGE for the host's validation.
+                let gap = self.cfg.initial_rto / 4;
+                if let Some((anchor, nonce, dst)) =
+                    self.validations
+                        .again(&key, ctx.now, gap, rto.saturating_mul(2))
+                {
+                    self.stats.count(Counter::Retransmit);
+                    self.send_record(ctx, &anchor, Kind::Challenge, Ext::Nonce(nonce), dst);
+                }
+                return;
+            }
+        }
         let nonce = ctx.nonce::<16>();
         self.validations.start(
             key,
@@ -231,6 +253,7 @@ impl Endpoint {
                 flows: HashSet::from([*flow]),
                 tries: 1,
                 deadline: ctx.now.plus(rto),
+                sent: ctx.now,
             },
         );
         self.send_record(ctx, flow, Kind::Challenge, Ext::Nonce(nonce), dst);
@@ -420,6 +443,7 @@ impl Endpoint {
                 }
             }
             v.deadline = now.plus(self.rto(ctx, v.tries));
+            v.sent = now;
             v.tries += 1;
             let (anchor, nonce, dst) = (v.anchor, v.nonce, v.dst);
             self.validations.start(key, v);

@@ -9,6 +9,7 @@
 use std::{
     collections::{BTreeSet, HashMap, HashSet},
     net::{IpAddr, SocketAddr},
+    time::Duration,
 };
 
 use crate::{crypto, flow::VirtualFlow, Timestamp};
@@ -33,6 +34,20 @@ pub(crate) struct Validation {
     pub flows: HashSet<VirtualFlow>,
     pub tries: u32,
     pub deadline: Timestamp,
+    /// When the last CHALLENGE left.
+    pub sent: Timestamp,
+}
+
+/// What [`Validations::join`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Joined {
+    /// No validation of that key is under way.
+    None,
+    /// The flow joined the validation under way.
+    Joined,
+    /// The flow was in it already: its peer retried its update, so it has
+    /// not heard our answer, and may not have had our CHALLENGE either.
+    Again,
 }
 
 #[derive(Default)]
@@ -43,16 +58,40 @@ pub(crate) struct Validations {
 }
 
 impl Validations {
-    /// Add `flow` to the validation of `key` if one is under way; false if
-    /// there is none.
-    pub fn join(&mut self, key: &ValidationKey, flow: VirtualFlow) -> bool {
-        match self.live.get_mut(key) {
-            Some(v) => {
-                v.flows.insert(flow);
-                true
-            }
-            None => false,
+    /// Add `flow` to the validation of `key` if one is under way.
+    pub fn join(&mut self, key: &ValidationKey, flow: VirtualFlow) -> Joined {
+        let Some(v) = self.live.get_mut(key) else {
+            return Joined::None;
+        };
+        if v.flows.insert(flow) {
+            Joined::Joined
+        } else {
+            Joined::Again
         }
+    }
+
+    /// The validation of `key` sends its CHALLENGE again now, unless one
+    /// left less than `gap` ago, and waits at least `wait` for the answer
+    /// (its deadline moves no earlier; its tries are not counted: this
+    /// send answers the peer's, it is not a timeout's). Returns the anchor,
+    /// nonce and destination to send it with.
+    pub fn again(
+        &mut self,
+        key: &ValidationKey,
+        now: Timestamp,
+        gap: Duration,
+        wait: Duration,
+    ) -> Option<(VirtualFlow, [u8; 16], SocketAddr)> {
+        let v = self.live.get(key)?;
+        if now.since(v.sent) < gap {
+            return None;
+        }
+        let mut v = self.remove(key)?;
+        v.sent = now;
+        v.deadline = v.deadline.max(now.plus(wait));
+        let out = (v.anchor, v.nonce, v.dst);
+        self.start(*key, v);
+        Some(out)
     }
 
     /// Start (or, after a retry's new deadline, resume) the validation of
@@ -101,6 +140,12 @@ impl Validations {
             .collect()
     }
 
+    /// The most tries any validation under way has made.
+    #[cfg(test)]
+    pub fn most_tries(&self) -> u32 {
+        self.live.values().map(|v| v.tries).max().unwrap_or(0)
+    }
+
     /// The earliest deadline of any validation.
     pub fn next_deadline(&self) -> Option<Timestamp> {
         self.order.first().map(|(t, _)| *t)
@@ -145,6 +190,7 @@ mod tests {
             flows: HashSet::from([anchor]),
             tries: 1,
             deadline: Timestamp(deadline),
+            sent: Timestamp(0),
         }
     }
 
@@ -155,8 +201,9 @@ mod tests {
         let mut vs = Validations::default();
         vs.start((ip, Group::Conn(a)), validation(a, 1, 300));
         vs.start((ip, Group::Conn(b)), validation(b, 2, 100));
-        assert!(vs.join(&(ip, Group::Conn(b)), a));
-        assert!(!vs.join(&(ip, Group::Host([7; 32])), a));
+        assert_eq!(vs.join(&(ip, Group::Conn(b)), a), Joined::Joined);
+        assert_eq!(vs.join(&(ip, Group::Conn(b)), a), Joined::Again);
+        assert_eq!(vs.join(&(ip, Group::Host([7; 32])), a), Joined::None);
         assert_eq!(vs.next_deadline(), Some(Timestamp(100)));
 
         // Only the anchor's RESPONSE with the right nonce answers.
@@ -176,5 +223,39 @@ mod tests {
         assert_eq!(due.len(), 1);
         assert_eq!(vs.next_deadline(), None);
         assert!(vs.answered(&a, &[1; 16]).is_none());
+    }
+
+    #[test]
+    fn a_validation_sent_again_keeps_its_tries_and_waits_for_the_answer() {
+        let ip: IpAddr = "198.18.4.2".parse().unwrap();
+        let a = flow(1000);
+        let key = (ip, Group::Conn(a));
+        let mut vs = Validations::default();
+        vs.start(key, validation(a, 1, 300));
+        let (gap, wait) = (Duration::from_nanos(50), Duration::from_nanos(200));
+
+        // Sent at 0: again at 30 is too soon, at 250 it goes, and its
+        // answer has until 450, past the deadline of 300.
+        assert_eq!(vs.again(&key, Timestamp(30), gap, wait), None);
+        let (anchor, nonce, dst) = vs.again(&key, Timestamp(250), gap, wait).expect("sent");
+        assert_eq!((anchor, nonce), (a, [1; 16]));
+        assert_eq!(dst, "198.18.4.2:4790".parse().unwrap());
+        assert_eq!(vs.next_deadline(), Some(Timestamp(450)));
+        assert_eq!(vs.again(&key, Timestamp(260), gap, wait), None);
+
+        // A deadline further away stays where it was.
+        assert_eq!(vs.take_due(Timestamp(450)).len(), 1);
+        vs.start(key, validation(a, 2, 1000));
+        vs.again(&key, Timestamp(100), gap, wait).expect("sent");
+        assert_eq!(vs.next_deadline(), Some(Timestamp(1000)));
+        let (_, v) = vs.take_due(Timestamp(1000)).pop().expect("due");
+        assert_eq!(v.tries, 1, "a send that answers the peer is not a try");
+        assert_eq!(v.sent, Timestamp(100));
+
+        // Nothing to send for a key with no validation.
+        assert_eq!(
+            vs.again(&(ip, Group::Host([7; 32])), Timestamp(5000), gap, wait),
+            None
+        );
     }
 }
