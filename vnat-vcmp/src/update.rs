@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 
 use super::endpoint::{Ctx, Endpoint, Event};
-use super::validation::{Group, Joined, Validation, ValidationKey};
+use super::validation::{Group, Join, Validation, ValidationKey};
 use super::wire::{Ext, Kind, Record};
 use crate::flow::{Proto, VirtualFlow};
 
@@ -219,9 +219,9 @@ impl Endpoint {
     ) {
         let rto = self.rto(ctx, 0);
         match self.validations.join(&key, *flow) {
-            Joined::None => {}
-            Joined::Joined => return,
-            Joined::Again => {
+            Join::None => {}
+            Join::Added => return,
+            Join::Again => {
                 // The peer sent its update again: our answers to it, the
                 // CHALLENGE with them, may have been lost, and the peer is
                 // evidently there now. Waiting for the validation's own

@@ -40,11 +40,11 @@ pub(crate) struct Validation {
 
 /// What [`Validations::join`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Joined {
+pub(crate) enum Join {
     /// No validation of that key is under way.
     None,
     /// The flow joined the validation under way.
-    Joined,
+    Added,
     /// The flow was in it already: its peer retried its update, so it has
     /// not heard our answer, and may not have had our CHALLENGE either.
     Again,
@@ -59,14 +59,14 @@ pub(crate) struct Validations {
 
 impl Validations {
     /// Add `flow` to the validation of `key` if one is under way.
-    pub fn join(&mut self, key: &ValidationKey, flow: VirtualFlow) -> Joined {
+    pub fn join(&mut self, key: &ValidationKey, flow: VirtualFlow) -> Join {
         let Some(v) = self.live.get_mut(key) else {
-            return Joined::None;
+            return Join::None;
         };
         if v.flows.insert(flow) {
-            Joined::Joined
+            Join::Added
         } else {
-            Joined::Again
+            Join::Again
         }
     }
 
@@ -201,9 +201,9 @@ mod tests {
         let mut vs = Validations::default();
         vs.start((ip, Group::Conn(a)), validation(a, 1, 300));
         vs.start((ip, Group::Conn(b)), validation(b, 2, 100));
-        assert_eq!(vs.join(&(ip, Group::Conn(b)), a), Joined::Joined);
-        assert_eq!(vs.join(&(ip, Group::Conn(b)), a), Joined::Again);
-        assert_eq!(vs.join(&(ip, Group::Host([7; 32])), a), Joined::None);
+        assert_eq!(vs.join(&(ip, Group::Conn(b)), a), Join::Added);
+        assert_eq!(vs.join(&(ip, Group::Conn(b)), a), Join::Again);
+        assert_eq!(vs.join(&(ip, Group::Host([7; 32])), a), Join::None);
         assert_eq!(vs.next_deadline(), Some(Timestamp(100)));
 
         // Only the anchor's RESPONSE with the right nonce answers.
