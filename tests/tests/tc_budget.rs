@@ -7,9 +7,12 @@
 //! nothing; a flow without the bit is not limited. What is over the
 //! allowance goes to the flow's last validated placement when the
 //! allowance names one (untranslated, or an earlier translation), where a
-//! drop would be a local failure that TCP gives up on after 7.5 s.
+//! drop would be a local failure that TCP gives up on after 7.5 s; but
+//! only once the fallback's wait is over (a TCP flow's first second).
 
 mod support;
+
+use std::{thread, time::Duration};
 
 use support::packet::Spec;
 use support::{counter, run};
@@ -142,7 +145,7 @@ fn what_is_over_the_budget_goes_to_the_last_validated_placement() {
     let (old, new) = second_move();
     dp.insert_nat_pair(&pair_for(&new, 1, NAT_F_BUDGET))
         .unwrap();
-    dp.insert_unvalidated_budget(&new.flow, 150, Some(&old))
+    dp.insert_unvalidated_budget(&new.flow, 150, Some((&old, Duration::ZERO)))
         .unwrap();
     let (dropped, fell_back) = (
         counter(&dp, "drop_unvalidated"),
@@ -193,7 +196,7 @@ fn over_the_budget_of_a_first_move_the_packet_leaves_untranslated() {
         physical_remote: t.flow.remote,
         ..t
     };
-    dp.insert_unvalidated_budget(&t.flow, 0, Some(&home))
+    dp.insert_unvalidated_budget(&t.flow, 0, Some((&home, Duration::ZERO)))
         .unwrap();
     let packet = from_server(100);
     let out = run(&dp, true, &packet);
@@ -204,4 +207,41 @@ fn over_the_budget_of_a_first_move_the_packet_leaves_untranslated() {
     );
     assert_eq!(dp.unvalidated_budget(&t.flow).unwrap(), Some((0, 0)));
     assert_eq!(dp.unvalidated_diverted(&t.flow).unwrap(), Some(1));
+}
+
+#[test]
+fn over_the_budget_a_packet_is_held_until_its_fallback_s_wait_is_over() {
+    let (mut dp, _pins) = open("tc-budget-wait");
+    let (old, new) = second_move();
+    dp.insert_nat_pair(&pair_for(&new, 1, NAT_F_BUDGET))
+        .unwrap();
+    let wait = Duration::from_millis(300);
+    dp.insert_unvalidated_budget(&new.flow, 0, Some((&old, wait)))
+        .unwrap();
+    let (dropped, fell_back) = (
+        counter(&dp, "drop_unvalidated"),
+        counter(&dp, "unvalidated_fallback"),
+    );
+
+    // Within the wait: dropped (the socket keeps it and sends it again),
+    // neither to the new address nor to the old one.
+    let out = run(&dp, true, &from_server(100));
+    assert_eq!(
+        out.verdict, TC_ACT_SHOT,
+        "over the budget within the fallback's wait, a packet must stay in the socket"
+    );
+    assert_eq!(counter(&dp, "drop_unvalidated"), dropped + 1);
+    assert_eq!(dp.unvalidated_diverted(&new.flow).unwrap(), Some(0));
+
+    // After it: to the old placement.
+    thread::sleep(wait + Duration::from_millis(100));
+    let out = run(&dp, true, &from_server(100));
+    assert_eq!(
+        out.verdict, PASS,
+        "after the wait: sent to the old placement"
+    );
+    let p = support::packet::parse_checked(&out.packet);
+    assert_eq!((p.src, p.dst), (old.physical_local, old.physical_remote));
+    assert_eq!(counter(&dp, "unvalidated_fallback"), fell_back + 1);
+    assert_eq!(dp.unvalidated_diverted(&new.flow).unwrap(), Some(1));
 }

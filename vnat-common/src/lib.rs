@@ -20,7 +20,7 @@ pub use stats::*;
 
 /// Bumped whenever a map layout below changes; pinned maps from an older ABI
 /// are refused (and must be removed) rather than misread.
-pub const ABI_VERSION: u32 = 12;
+pub const ABI_VERSION: u32 = 13;
 
 pub const AF_INET: u8 = 2;
 pub const AF_INET6: u8 = 10;
@@ -371,6 +371,15 @@ pub const AMPLIFICATION_FACTOR: u64 = 3;
 /// at worst, which TCP retries with its usual back-off. A fallback whose
 /// endpoints are the flow's virtual ones means "untranslated"; one
 /// carried in the other family is not used (the packet is dropped).
+///
+/// The fallback's `held_until` (the units of [`hold_until`]; 0: none) is
+/// when it starts to be used: before then a packet over the allowance is
+/// dropped, a local failure, as in a hold. vnatd sets it for TCP, a second
+/// on: a validation takes a round trip, and what a socket's send failed
+/// to send it sends again as soon as it can, where a packet that left to a
+/// placement the peer has left is a loss, retransmitted and paid for in
+/// its congestion window (a client of a server moved with CRIU resent 36
+/// segments). UDP sends are not repeated: its fallback has no wait.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UnvalidatedBudget {

@@ -276,7 +276,8 @@ enum Budget {
 /// physical tuple), it adds three times its length to what the flow may
 /// send there; going out, it may leave only within that, or else to the
 /// last validated placement when the allowance names one in the same
-/// family (`UnvalidatedBudget::fallback`), which replaces `nat`.
+/// family (`UnvalidatedBudget::fallback`), which replaces `nat`, once the
+/// fallback's wait is over.
 /// The allowance is keyed by the flow's egress key, which an ingress
 /// entry's value (the virtual tuple, reversed) gives. A frame of its own
 /// (a call from `translate_flow`), so the key built here is not added to
@@ -330,17 +331,27 @@ fn within_budget(ctx: &TcContext, p: &Parsed, dir: Dir, nat: &mut NatRewrite) ->
                     core::ptr::write_volatile(&mut (*b).sent, sent);
                     return Budget::Within;
                 }
-                let fallback = core::ptr::read_volatile(&(*b).fallback);
+                // Fields, not the whole fallback: one more copy of it does
+                // not fit the translators' stack.
+                let flags = core::ptr::read_volatile(&(*b).fallback.flags);
                 // Not one carried in the other family (`translate_family`
                 // would read the flow's entry again), nor a hold.
-                if fallback.flags & NAT_F_FALLBACK == 0
-                    || fallback.flags & (NAT_F_FAMILY | NAT_F_HOLD | NAT_F_BUDGET) != 0
+                if flags & NAT_F_FALLBACK == 0
+                    || flags & (NAT_F_FAMILY | NAT_F_HOLD | NAT_F_BUDGET) != 0
                 {
+                    return Budget::Over;
+                }
+                // Not yet, for a TCP flow (`held_until` set): its packets
+                // stay in the socket while a validation takes its round
+                // trip, as in a hold.
+                let until = core::ptr::read_volatile(&(*b).fallback.held_until);
+                if until != 0 && hold_in_force(until, bpf_ktime_get_boot_ns()) {
                     return Budget::Over;
                 }
                 let diverted = core::ptr::read_volatile(&(*b).diverted);
                 core::ptr::write_volatile(&mut (*b).diverted, diverted.wrapping_add(1));
-                *nat = fallback;
+                *nat = core::ptr::read_volatile(&(*b).fallback);
+                nat.held_until = 0;
                 Budget::Fallback
             }
         }

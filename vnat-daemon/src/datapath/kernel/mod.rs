@@ -65,6 +65,16 @@ use super::{
     VirtualFlow,
 };
 
+/// How long a TCP flow's packets over an unvalidated address's allowance
+/// are held in the socket (dropped at tc, a local failure) before they go
+/// to the flow's last validated placement (`UnvalidatedBudget::fallback`):
+/// a validation takes a round trip, and a packet held is sent again as
+/// soon as it can be, where one sent to a placement the peer left is a
+/// loss. Not longer: a socket whose sends fail locally tries every 500 ms
+/// and gives up after `tcp_retries2` tries (7.5 s by default), and a move
+/// may have held its packets for up to `HOLD_LIMIT` (2 s) already.
+pub const FALLBACK_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// How to open the kernel datapath.
 #[derive(Clone, Debug)]
 pub struct KernelOptions {

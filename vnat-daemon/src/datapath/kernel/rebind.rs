@@ -22,17 +22,24 @@ impl KernelDatapath {
     /// Write `flow`'s allowance for an unvalidated peer address directly
     /// (for tests of the tc programs, beside [`Self::insert_nat_pair`]),
     /// with the placement what is over it goes to (`fallback`, its egress
-    /// entry on interface 1; `None`: dropped).
+    /// entry on interface 1, and how long from now it waits before it is
+    /// used; `None`: dropped).
     pub fn insert_unvalidated_budget(
         &mut self,
         flow: &crate::datapath::VirtualFlow,
         allowed: u64,
-        fallback: Option<&Translation>,
+        fallback: Option<(&Translation, std::time::Duration)>,
     ) -> Result<(), DatapathError> {
-        let fallback = fallback.map_or(NatRewrite::default(), |t| {
+        let fallback = fallback.map_or(NatRewrite::default(), |(t, wait)| {
             let e = super::pair_for(t, 1, 0).egress;
+            let ns = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
             NatRewrite {
                 flags: e.flags | vnat_common::NAT_F_FALLBACK,
+                held_until: if ns == 0 {
+                    0
+                } else {
+                    vnat_common::hold_until(super::listing::boottime_ns(), ns)
+                },
                 ..e
             }
         });

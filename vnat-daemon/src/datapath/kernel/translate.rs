@@ -248,9 +248,19 @@ impl KernelDatapath {
         // The allowance before the entry that needs it: an entry with the
         // bit and no allowance sends nothing.
         if let Some(allowed) = budget {
+            let mut fallback = self.fallback_for(t, &egress_key, old_val.as_ref());
+            // A fallback that another unvalidated address had keeps the
+            // wait that began with that one.
+            if fallback.flags & NAT_F_FALLBACK != 0
+                && fallback.held_until == 0
+                && t.flow.proto == Proto::Tcp
+            {
+                let ns = u64::try_from(FALLBACK_WAIT.as_nanos()).unwrap_or(u64::MAX);
+                fallback.held_until = vnat_common::hold_until(super::listing::boottime_ns(), ns);
+            }
             let b = UnvalidatedBudget {
                 allowed: u64::from(allowed),
-                fallback: self.fallback_for(t, &egress_key, old_val.as_ref()),
+                fallback,
                 ..UnvalidatedBudget::default()
             };
             if let Err(e) = self.loaded.maps.unvalidated.insert(egress_key, b, 0) {
