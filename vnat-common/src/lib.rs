@@ -374,12 +374,14 @@ pub const AMPLIFICATION_FACTOR: u64 = 3;
 ///
 /// The fallback's `held_until` (the units of [`hold_until`]; 0: none) is
 /// when it starts to be used: before then a packet over the allowance is
-/// dropped, a local failure, as in a hold. vnatd sets it for TCP, a second
-/// on: a validation takes a round trip, and what a socket's send failed
-/// to send it sends again as soon as it can, where a packet that left to a
-/// placement the peer has left is a loss, retransmitted and paid for in
-/// its congestion window (a client of a server moved with CRIU resent 36
-/// segments). UDP sends are not repeated: its fallback has no wait.
+/// dropped, a local failure, as in a hold. vnatd sets it for TCP, two
+/// seconds on (`FALLBACK_WAIT`): a validation takes a round trip, and what
+/// a socket's send failed to send it sends again as soon as it can, where
+/// a packet that left to a placement the peer has left is a loss,
+/// retransmitted and paid for in its congestion window (a client of a
+/// server moved with CRIU resent 36 segments), or draws a reset from a
+/// host still reached there. UDP sends are not repeated: its fallback has
+/// no wait.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UnvalidatedBudget {

@@ -70,10 +70,14 @@ use super::{
 /// to the flow's last validated placement (`UnvalidatedBudget::fallback`):
 /// a validation takes a round trip, and a packet held is sent again as
 /// soon as it can be, where one sent to a placement the peer left is a
-/// loss. Not longer: a socket whose sends fail locally tries every 500 ms
-/// and gives up after `tcp_retries2` tries (7.5 s by default), and a move
-/// may have held its packets for up to `HOLD_LIMIT` (2 s) already.
-pub const FALLBACK_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+/// loss at best, and a reset at worst when that address still reaches the
+/// peer's host and its vnatd no longer receives there (both ends moving,
+/// the server's old address still routed to it). So the fallback is only
+/// for validations that take seconds (a mass move). Not longer: a socket
+/// whose sends fail locally tries every 500 ms and gives up after
+/// `tcp_retries2` tries (7.5 s by default), and a move may have held its
+/// packets for up to `HOLD_LIMIT` (2 s) already: 4 s of the 7.5.
+pub const FALLBACK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How to open the kernel datapath.
 #[derive(Clone, Debug)]
