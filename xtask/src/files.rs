@@ -165,11 +165,10 @@ fn json_string(text: &str, key: &str) -> Option<String> {
 /// How one test file ended.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Outcome {
-    Passed,
+    /// With how many tests ran (0: the user's filter matched none here).
+    Passed { ran: u64 },
     /// With the lines that say why (each panic and its message).
-    Failed {
-        panics: Vec<String>,
-    },
+    Failed { panics: Vec<String> },
     /// Still running at its limit: reported and killed.
     TimedOut,
 }
@@ -216,8 +215,15 @@ pub fn run_file(name: &str, mut cmd: Command, limit: Duration) -> Result<Outcome
     let secs = started.elapsed().as_secs();
     let outcome = match status {
         Some(s) if s.success() => {
+            // The result line is in by now, as a rule (the exit was
+            // polled for); if not, wait for the streams to end.
+            let mut ran = panics::ran(&collectors);
+            if ran == 0 {
+                let _ = panics::finish(&collectors, done);
+                ran = panics::ran(&collectors);
+            }
             println!("==> {name}: passed in {secs} s");
-            Outcome::Passed
+            Outcome::Passed { ran }
         }
         Some(s) => {
             let panics = panics::finish(&collectors, done);
@@ -336,7 +342,16 @@ mod tests {
         ok.arg("x");
         assert_eq!(
             run_file("ok", ok, Duration::from_secs(10)).unwrap(),
-            Outcome::Passed
+            Outcome::Passed { ran: 0 }
+        );
+        // How many ran is libtest's result line's (what a filter left).
+        let mut two = Command::new("bash");
+        two.arg("-c").arg(
+            "echo 'test result: ok. 2 passed; 0 failed; 0 ignored; 0 measured; 5 filtered out'",
+        );
+        assert_eq!(
+            run_file("two", two, Duration::from_secs(10)).unwrap(),
+            Outcome::Passed { ran: 2 }
         );
         let bad = Command::new("false");
         assert_eq!(

@@ -25,11 +25,17 @@ pub struct Collector {
     kept: Vec<String>,
     /// Lines still to keep of the panic being read.
     open: usize,
+    /// Tests that ran (passed or failed), from libtest's `test result:`
+    /// lines.
+    ran: u64,
 }
 
 impl Collector {
     pub fn line(&mut self, line: &str) {
         let line = line.trim_end_matches(['\n', '\r']);
+        if let Some(n) = tests_in_result(line) {
+            self.ran += n;
+        }
         // `thread 'NAME' panicked at FILE:LINE:COL:`, with the thread's id
         // after its name since Rust 1.90 (`thread 'NAME' (4290) panicked`).
         if (line.starts_with("thread '") && line.contains(" panicked at "))
@@ -59,6 +65,32 @@ impl Collector {
     pub fn into_lines(self) -> Vec<String> {
         self.kept
     }
+}
+
+/// The tests that ran, of libtest's `test result: ok. 3 passed; 1 failed;
+/// 0 ignored; ...` (passed and failed; ignored and filtered out did not).
+fn tests_in_result(line: &str) -> Option<u64> {
+    let rest = line.strip_prefix("test result: ")?;
+    let count = |what: &str| {
+        rest.split(';').find_map(|part| {
+            part.trim()
+                .strip_suffix(what)?
+                .rsplit(' ')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+    };
+    Some(count(" passed")? + count(" failed")?)
+}
+
+/// How many tests ran, by the collectors' `test result:` lines (call after
+/// [`finish`], which waits for the streams to end).
+pub fn ran(collectors: &[Arc<Mutex<Collector>>]) -> u64 {
+    collectors
+        .iter()
+        .map(|c| c.lock().unwrap_or_else(|e| e.into_inner()).ran)
+        .sum()
 }
 
 /// Copies `from` to `to` as it comes (a line's start too: libtest writes
@@ -124,6 +156,27 @@ pub fn finish(collectors: &[Arc<Mutex<Collector>>], done: mpsc::Receiver<()>) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tests_that_ran_are_read_from_libtests_result_line() {
+        assert_eq!(
+            tests_in_result("test result: ok. 3 passed; 0 failed; 0 ignored; 0 measured; 2 filtered out; finished in 1.2s"),
+            Some(3)
+        );
+        assert_eq!(
+            tests_in_result(
+                "test result: FAILED. 1 passed; 2 failed; 1 ignored; 0 measured; 0 filtered out"
+            ),
+            Some(3)
+        );
+        assert_eq!(
+            tests_in_result(
+                "test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 9 filtered out"
+            ),
+            Some(0)
+        );
+        assert_eq!(tests_in_result("test foo ... ok"), None);
+    }
 
     /// A sink the test reads while the tee writes to it.
     struct Shared(Arc<Mutex<Vec<u8>>>);

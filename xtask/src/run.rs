@@ -174,6 +174,7 @@ pub fn test(
             // cargo test runs them.
             executables.sort_by_key(|(name, _)| (!name.ends_with("(lib)"), name.clone()));
             let limit = Duration::from_secs(file_limit);
+            let mut ran = 0u64;
             println!(
                 "==> {} test executable(s), each within {} s",
                 executables.len(),
@@ -186,7 +187,7 @@ pub fn test(
                     .env("VNAT_SKIP_REPORT", &skipped)
                     .args(crate::files::test_args(test_threads, args));
                 match crate::files::run_file(name, cmd, limit)? {
-                    crate::files::Outcome::Passed => {}
+                    crate::files::Outcome::Passed { ran: n } => ran += n,
                     crate::files::Outcome::Failed { panics } => {
                         bad_files.push(name.clone());
                         why.push((name.clone(), panics));
@@ -208,6 +209,23 @@ pub fn test(
             }
             if !bad_files.is_empty() {
                 println!("==> failed: {}", bad_files.join(", "));
+            }
+            // A filter after `--` that matches nothing (a typo, a test
+            // renamed) ran nothing: that is no pass.
+            if bad_files.is_empty() && ran == 0 && !executables.is_empty() {
+                println!(
+                    "==> no test ran: the arguments after `--` ({}) matched no test in {}",
+                    args.iter()
+                        .map(|a| a.to_string_lossy())
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                    executables
+                        .iter()
+                        .map(|(n, _)| n.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+                bad_files.push("(no test matched)".to_string());
             }
         }
         let ok = ok && bad_files.is_empty();
