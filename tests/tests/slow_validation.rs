@@ -3,11 +3,13 @@
 //!
 //! The peer sends to a mover's announced address before validating it,
 //! within an anti-amplification budget that its tc program enforces (issue
-//! 33, item 3). What is over the budget goes to the flow's last validated
-//! placement (here: the laptop's old address, untranslated), where it is
-//! lost; dropped in tc instead, it would be a local failure to TCP, which
-//! ends a connection with nothing in flight after `tcp_retries2` failed
-//! tries 500 ms apart (7.5 s). Here the laptop hears nothing from the
+//! 33, item 3). What is over the budget stays in the socket for 2 s (a
+//! drop in tc), then goes to the flow's last validated placement (here:
+//! the laptop's old address, untranslated), where it is lost; dropped in
+//! tc for longer, it would be a local failure to TCP, which ends a
+//! connection with nothing in flight after `tcp_retries2` failed tries
+//! 500 ms apart (7.5 s). The server's last CHALLENGE falls in the silence
+//! too: the laptop's next retried update brings it again. Here the laptop hears nothing from the
 //! server's vnatd for 12 s after its move (an nftables rule on the laptop
 //! drops the server's VCMP), so the server's validation of the laptop's
 //! new address stalls. Then the rule goes, the move completes, and the
