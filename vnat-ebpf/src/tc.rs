@@ -264,7 +264,8 @@ fn rewrites_nothing(nat: &NatRewrite, key: &FlowKey) -> bool {
 enum Budget {
     /// It may go where its entry says (or come in).
     Within,
-    /// Over the allowance, and nowhere else to send it: drop it.
+    /// Over the allowance, and nowhere else to send it (no fallback, or
+    /// not yet): drop it.
     Over,
     /// Over the allowance: it goes to the flow's last validated placement,
     /// which was written over the caller's entry.
@@ -314,7 +315,8 @@ fn within_budget(ctx: &TcContext, p: &Parsed, dir: Dir, nat: &mut NatRewrite) ->
     // SAFETY: `b` is the non-null pointer the lookup just returned, an
     // aligned value inside the map's memory (BPF_F_NO_PREALLOC: aya's
     // documented safe case; see `translate_flow` on reuse after a delete).
-    // Plain loads and stores: see `UnvalidatedBudget`.
+    // Plain loads and stores: see `UnvalidatedBudget`. The clock is a helper
+    // without arguments.
     unsafe {
         match dir {
             Dir::Ingress => {

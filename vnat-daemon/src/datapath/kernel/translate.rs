@@ -248,19 +248,9 @@ impl KernelDatapath {
         // The allowance before the entry that needs it: an entry with the
         // bit and no allowance sends nothing.
         if let Some(allowed) = budget {
-            let mut fallback = self.fallback_for(t, &egress_key, old_val.as_ref());
-            // A fallback that another unvalidated address had keeps the
-            // wait that began with that one.
-            if fallback.flags & NAT_F_FALLBACK != 0
-                && fallback.held_until == 0
-                && t.flow.proto == Proto::Tcp
-            {
-                let ns = u64::try_from(FALLBACK_WAIT.as_nanos()).unwrap_or(u64::MAX);
-                fallback.held_until = vnat_common::hold_until(super::listing::boottime_ns(), ns);
-            }
             let b = UnvalidatedBudget {
                 allowed: u64::from(allowed),
-                fallback,
+                fallback: self.fallback_for(t, &egress_key, old_val.as_ref()),
                 ..UnvalidatedBudget::default()
             };
             if let Err(e) = self.loaded.maps.unvalidated.insert(egress_key, b, 0) {
@@ -460,8 +450,11 @@ impl KernelDatapath {
     /// it has now, `old` (its egress entry; `None`: untranslated), when that
     /// one was validated and sends from where `t` will; else the fallback
     /// that placement had itself (the peer named another address before
-    /// the last was validated). None (zeroed: the packet is dropped) when
-    /// our own end moves: its old placement sends from an address we left.
+    /// the last was validated, with the wait that began then). None
+    /// (zeroed: the packet is dropped) when our own end moves: its old
+    /// placement sends from an address we left. A TCP flow's new fallback
+    /// is used [`FALLBACK_WAIT`] from now (`held_until`), a UDP flow's at
+    /// once.
     fn fallback_for(
         &self,
         t: &Translation,
@@ -469,38 +462,44 @@ impl KernelDatapath {
         old: Option<&NatRewrite>,
     ) -> NatRewrite {
         let none = NatRewrite::default();
-        let Some(v) = old else {
-            if t.local_moved() {
-                return none;
-            }
+        let placement = match old {
+            None if t.local_moved() => return none,
             // Untranslated: the flow's own endpoints.
-            return NatRewrite {
+            None => NatRewrite {
                 src_addr_be: egress_key.src_addr_be,
                 dst_addr_be: egress_key.dst_addr_be,
                 src_port_be: egress_key.src_port_be,
                 dst_port_be: egress_key.dst_port_be,
-                redirect_ifindex: 0,
-                flags: NAT_F_FALLBACK,
-                held_until: 0,
-            };
+                ..none
+            },
+            Some(v) if v.flags & NAT_F_BUDGET != 0 => {
+                return self
+                    .loaded
+                    .maps
+                    .unvalidated
+                    .get(egress_key, 0)
+                    .map_or(none, |b| b.fallback);
+            }
+            Some(v) => {
+                let sends_from_here = translation_of(egress_key, v)
+                    .is_some_and(|o| o.physical_local == t.physical_local);
+                if !sends_from_here || v.flags & (NAT_F_HOLD | NAT_F_FAMILY) != 0 {
+                    return none;
+                }
+                *v
+            }
         };
-        if v.flags & NAT_F_BUDGET != 0 {
-            return self
-                .loaded
-                .maps
-                .unvalidated
-                .get(egress_key, 0)
-                .map_or(none, |b| b.fallback);
-        }
-        let sends_from_here =
-            translation_of(egress_key, v).is_some_and(|o| o.physical_local == t.physical_local);
-        if !sends_from_here || v.flags & (NAT_F_HOLD | NAT_F_FAMILY) != 0 {
-            return none;
-        }
+        let held_until = match t.flow.proto {
+            Proto::Tcp => {
+                let ns = u64::try_from(FALLBACK_WAIT.as_nanos()).unwrap_or(u64::MAX);
+                vnat_common::hold_until(super::listing::boottime_ns(), ns)
+            }
+            Proto::Udp => 0,
+        };
         NatRewrite {
-            flags: v.flags | NAT_F_FALLBACK,
-            held_until: 0,
-            ..*v
+            flags: placement.flags | NAT_F_FALLBACK,
+            held_until,
+            ..placement
         }
     }
 
