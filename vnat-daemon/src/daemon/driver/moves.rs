@@ -114,7 +114,7 @@ impl Driver {
             self.next_orphan_check = seen_at + ORPHAN_CHECK_INTERVAL;
             self.remove_orphans(&live).await;
         }
-        self.plan_and_move().await
+        self.plan_and_move(true).await
     }
 
     /// While a routed container's connection waits to be bound, its peer
@@ -204,7 +204,13 @@ impl Driver {
         }
     }
 
-    pub(super) async fn plan_and_move(&mut self) -> usize {
+    /// Automatic mode: plan the moves of the connections whose address
+    /// went from the connections known now, start the first of them and
+    /// queue the rest (`queued_starts`). `hold_stranded`: also hold those
+    /// that no move can carry now (an outage); not for the plan made at
+    /// an address change, which may see half of it ([`STRANDED_GRACE`]).
+    /// Returns how many moves started or wait to.
+    pub(super) async fn plan_and_move(&mut self, hold_stranded: bool) -> usize {
         let tracked: Vec<Tracked> = self
             .endpoint
             .connections()
@@ -241,7 +247,9 @@ impl Driver {
         let moves =
             mobility::plan_moves(&tracked, &addrs, |ip| sources.get(&ip).copied().flatten());
         tracing::trace!(?tracked, ?addrs, ?sources, ?moves, "automatic mode");
-        self.hold_stranded(&tracked, &addrs, &sources, &moves).await;
+        if hold_stranded {
+            self.hold_stranded(&tracked, &addrs, &sources, &moves).await;
+        }
         // A connection that cannot move is said once, until it is no move
         // to make any more (it moved, closed, or its address came back).
         // (A set: at 100,000 connections a search of the moves per flow
@@ -253,7 +261,46 @@ impl Driver {
         for m in &moves {
             self.tracking.place(m.flow, None);
         }
-        let outcomes = self.start_moves(moves).await;
+        // What the last plan left unstarted is in this one again (or no
+        // longer a move to make).
+        self.queued_starts = moves;
+        let mut started = self.start_queued(FIRST_STARTS).await;
+        if !self.queued_starts.is_empty() {
+            // The first share's updates leave now (in the loop's order:
+            // events applied before what the core queued is sent), then
+            // the rest of this turn's share starts.
+            self.apply_events().await;
+            self.update_hidden().await;
+            self.flush().await;
+            started += self
+                .start_queued(STARTS_PER_TURN.saturating_sub(FIRST_STARTS))
+                .await;
+        }
+        started + self.queued_starts.len()
+    }
+
+    /// Start the next `most` of the planned moves (see `queued_starts`).
+    /// Returns how many started.
+    pub(super) async fn start_queued(&mut self, most: usize) -> usize {
+        let rest = self
+            .queued_starts
+            .split_off(most.min(self.queued_starts.len()));
+        let now: Vec<Move> = std::mem::replace(&mut self.queued_starts, rest)
+            .into_iter()
+            // Whatever began since the plan (a `migrate`, a move the
+            // core started) is no longer the plan's to start.
+            .filter(|m| {
+                !self.tracking.is_placed(&m.flow)
+                    && self
+                        .endpoint
+                        .connection(&m.flow)
+                        .is_some_and(|v| !v.migrating)
+            })
+            .collect();
+        if now.is_empty() {
+            return 0;
+        }
+        let outcomes = self.start_moves(now).await;
         outcomes.iter().filter(|(_, r)| r.is_ok()).count()
     }
 
