@@ -35,6 +35,11 @@
 //! installing a translation (for more than 16 in one batch, the restart
 //! levers follow after vnatd has sent what VCMP queued). See
 //! `restore/phases.rs`.
+//!
+//! Each run also says whose CPU the second of steady traffic before the
+//! move and the move itself used: the machine's busy time, each vnatd's,
+//! and the rest, the harness's (`restore/cpu.rs`). At tens of thousands of
+//! connections the harness fills most of the 2 cores by itself.
 
 use std::{
     io::{BufRead, BufReader, Write},
@@ -57,6 +62,8 @@ use vnat_tests::{Host, LaptopRouterServer, TempDir};
 
 #[path = "restore/client.rs"]
 mod client;
+#[path = "restore/cpu.rs"]
+mod cpu;
 // Shared with the handover benchmark (vnatd with JSON logs in a file);
 // this one does not read events by message.
 #[allow(dead_code)]
@@ -215,6 +222,11 @@ pub struct RunResult {
     /// With `--scale`: listing times and memory, before the move.
     pub scale: Option<Value>,
     pub timeout_s: f64,
+    /// Whose CPU the second of steady traffic before the move used, and
+    /// the move (t0 to the last connection restored or the timeout): how
+    /// much of the machine the harness took from vnatd (`restore/cpu.rs`).
+    pub cpu_steady: cpu::Share,
+    pub cpu_move: cpu::Share,
     pub delay_line: Vec<DirectionStats>,
 }
 
@@ -403,20 +415,32 @@ fn time_ls(d: &Daemon, json: bool) -> Result<(f64, usize)> {
 }
 
 fn measure_scale(lapd: &Daemon, srvd: &Daemon, n: usize) -> Result<Value> {
-    let (ls_laptop, rows_l) = time_ls(lapd, false)?;
-    let (ls_json_laptop, rows_lj) = time_ls(lapd, true)?;
-    let (ls_server, rows_s) = time_ls(srvd, false)?;
+    // A listing vnatctl gave up on (it waits 10 s) is a figure too, "over
+    // 10 s", not the end of the run: the move is still to be measured.
+    let timed = |d: &Daemon, json: bool, what: &str| match time_ls(d, json) {
+        Ok((s, rows)) => (Some(s), rows, None),
+        Err(e) => {
+            eprintln!("restore: {what}: {e:#}");
+            (None, 0, Some(format!("{e:#}")))
+        }
+    };
+    let (ls_laptop, rows_l, err_l) = timed(lapd, false, "vnatctl ls on the laptop");
+    let (ls_json_laptop, rows_lj, err_lj) = timed(lapd, true, "vnatctl --json ls on the laptop");
+    let (ls_server, rows_s, err_s) = timed(srvd, false, "vnatctl ls on the server");
     ensure!(
-        rows_lj >= n,
+        err_lj.is_some() || rows_lj >= n,
         "vnatctl --json ls on the laptop listed {rows_lj} connections, fewer than the {n} open"
     );
     Ok(serde_json::json!({
         "ls_laptop_s": ls_laptop,
         "ls_laptop_rows": rows_l,
+        "ls_laptop_error": err_l,
         "ls_json_laptop_s": ls_json_laptop,
         "ls_json_laptop_rows": rows_lj,
+        "ls_json_laptop_error": err_lj,
         "ls_server_s": ls_server,
         "ls_server_rows": rows_s,
+        "ls_server_error": err_s,
         "rss_laptop_mib": rss_mib(lapd.pid()),
         "rss_server_mib": rss_mib(srvd.pid()),
         "maps_laptop_mib": maps_mib(lapd.pid()),
@@ -543,7 +567,9 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
         None
     };
     // A second of steady traffic: the echo round trip before the move.
+    let steady_mark = cpu::Mark::now(lapd.pid(), srvd.pid());
     vnat_bench::sleep_checked(Duration::from_secs(1))?;
+    let cpu_steady = steady_mark.to(&cpu::Mark::now(lapd.pid(), srvd.pid()));
     // The first client's view (they all run the same schedule).
     let steady = client.0[0].log().stats.last().cloned();
 
@@ -567,6 +593,7 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
         }
     }
     let t0 = monotonic_ns();
+    let t0_mark = cpu::Mark::now(lapd.pid(), srvd.pid());
     client.send(&format!("mark {t0}"))?;
     let real_offset = realtime_ns() as i128 - monotonic_ns() as i128;
 
@@ -585,6 +612,7 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
         ensure!(!vnat_bench::interrupted(), "interrupted");
         std::thread::sleep(Duration::from_millis(5));
     }
+    let cpu_move = t0_mark.to(&cpu::Mark::now(lapd.pid(), srvd.pid()));
     // Every connection echoed after the move and none failed, before or
     // after its echo (a reset then is a connection lost all the same).
     // Still the same connections, carrying bytes: one more echo on each.
@@ -667,6 +695,8 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
         phases,
         scale,
         timeout_s: timeout.as_secs_f64(),
+        cpu_steady,
+        cpu_move,
         delay_line: delay.map_or_else(Vec::new, |d| {
             let delayline::ServerLinkDelay { line, ns: _ns } = d;
             line.stop()

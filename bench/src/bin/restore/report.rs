@@ -43,7 +43,8 @@ pub fn run_line(r: &RunResult) -> String {
     };
     format!(
         "rtt {:.2} ms; {status}{aborted}; first/median/last connection {}/{}/{} ms (messages written {}); \
-         vnatd: first resume {} ms, laptop installs {}..{} ms, server installs {}..{} ms; verified {}",
+         vnatd: first resume {} ms, laptop installs {}..{} ms, server installs {}..{} ms; verified {}; \
+         CPU before the move {}; during it {}",
         r.rtt_ms,
         opt(r.first_ms, 1),
         opt(r.median_ms, 1),
@@ -58,6 +59,8 @@ pub fn run_line(r: &RunResult) -> String {
         opt(p.server_translated.first_ms, 1),
         opt(p.server_translated.last_ms, 1),
         r.verified.map_or_else(|| "-".into(), |v| format!("{v}/{}", r.conns)),
+        r.cpu_steady.line(),
+        r.cpu_move.line(),
     )
 }
 
