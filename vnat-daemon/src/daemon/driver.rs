@@ -6,8 +6,9 @@
 //! often when that takes long); automatic mode moves the ones whose local
 //! address vanished (see [`super::mobility`]), planned on every address
 //! change from the connections already known and started a share per loop
-//! turn, so that the first updates leave at once at any size. A move is applied in the order that
-//! never lets a kernel reset the connection: receive side first
+//! turn, so that the first updates leave at once at any size. A move is
+//! applied in the order that never lets a kernel reset the connection:
+//! receive side first
 //! (`prepare_translation`), then `UPD` to the peer, which switches both
 //! directions when it has validated our new address, then our send side on
 //! `UPD_R`.
@@ -231,9 +232,10 @@ pub struct Driver {
     /// each (automatic mode looks every second) until they can again.
     stuck_said: HashSet<VirtualFlow>,
     /// Automatic mode's planned moves not started yet: a plan starts
-    /// [`STARTS_PER_TURN`] and leaves the rest to the next turns, so that
-    /// the first updates leave while the others are prepared. Each plan
-    /// replaces what the last one left (it plans them again).
+    /// [`FIRST_STARTS`], sends their updates, starts the rest of
+    /// [`STARTS_PER_TURN`] and leaves what remains to the next turns, so
+    /// that the first updates leave while the others are prepared. Each
+    /// plan replaces what the last one left (it plans them again).
     queued_starts: Vec<Move>,
     /// When automatic mode looks again, after an address change, for the
     /// connections it left without address or route ([`STRANDED_GRACE`]).
@@ -440,8 +442,8 @@ impl Driver {
                     // At once: a move is only as quick as its start. The
                     // moves are planned from the connections already
                     // known, not after listing them again (at 100,000 a
-                    // listing takes seconds); the listing follows on the
-                    // next turn, once this one's updates have left.
+                    // listing takes seconds); the listing follows at the
+                    // next periodic resync, within RESYNC_INTERVAL.
                     // Address changes come in bursts (address removed,
                     // link down, routes), and a plan that sees half of one
                     // starts no move; the next notification brings the

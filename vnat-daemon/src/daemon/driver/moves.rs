@@ -239,7 +239,15 @@ impl Driver {
             };
             let sources: HashMap<IpAddr, Option<IpAddr>> = remotes
                 .into_iter()
-                .map(|r| (r, dp.source_address_for(r).ok().flatten()))
+                .map(|r| {
+                    // A lookup that fails plans no move for this peer's
+                    // connections: say so, or a mass move stops silently.
+                    let src = dp.source_address_for(r).unwrap_or_else(|e| {
+                        tracing::warn!(peer = %r, error = %e, "cannot look up the route to a peer: its connections wait for the next plan to move");
+                        None
+                    });
+                    (r, src)
+                })
                 .collect();
             (addrs, sources)
         })
