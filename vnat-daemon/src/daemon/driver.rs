@@ -390,9 +390,7 @@ impl Driver {
         // as it hears from us, and its claims must find them.
         self.resync().await;
         self.undo_left_changes().await;
-        self.apply_events().await;
-        self.update_hidden().await;
-        self.flush().await;
+        self.apply_and_send().await;
         self.host_addrs.save_if_changed();
         let mut next_resync = tokio::time::Instant::now() + RESYNC_INTERVAL;
         let mut buf = vec![0u8; 65536];
@@ -491,14 +489,7 @@ impl Driver {
             if !self.queued_starts.is_empty() {
                 self.start_queued(STARTS_PER_TURN).await;
             }
-            // Order matters: become receive-ready for a peer's announced new
-            // address and apply events *before* sending what the core queued
-            // (an UPD_R lets the peer start sending from its new address).
-            self.apply_events().await;
-            // Before the peer hears of it: what a hiding application opens
-            // once a move works must find its addresses already hidden.
-            self.update_hidden().await;
-            self.flush().await;
+            self.apply_and_send().await;
             // After the flush: an address change starts moves, whose first
             // datagrams must not wait for this write's fsyncs.
             self.host_addrs.save_if_changed();
@@ -717,6 +708,18 @@ impl Driver {
         let _in = span.enter();
         self.endpoint
             .handle_datagram_at(now(), &mut OsRng, from, to, &buf[..n]);
+    }
+
+    /// The core's events applied, then what it queued sent. Order
+    /// matters: become receive-ready for a peer's announced new address
+    /// and apply events *before* sending (an UPD_R lets the peer start
+    /// sending from its new address); and, before the peer hears of it,
+    /// what a hiding application opens once a move works must find its
+    /// addresses already hidden.
+    pub(super) async fn apply_and_send(&mut self) {
+        self.apply_events().await;
+        self.update_hidden().await;
+        self.flush().await;
     }
 
     async fn flush(&mut self) {

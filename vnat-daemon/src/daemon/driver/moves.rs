@@ -274,12 +274,9 @@ impl Driver {
         self.queued_starts = moves;
         let mut started = self.start_queued(FIRST_STARTS).await;
         if !self.queued_starts.is_empty() {
-            // The first share's updates leave now (in the loop's order:
-            // events applied before what the core queued is sent), then
-            // the rest of this turn's share starts.
-            self.apply_events().await;
-            self.update_hidden().await;
-            self.flush().await;
+            // The first share's updates leave now, then the rest of this
+            // turn's share starts.
+            self.apply_and_send().await;
             started += self
                 .start_queued(STARTS_PER_TURN.saturating_sub(FIRST_STARTS))
                 .await;
