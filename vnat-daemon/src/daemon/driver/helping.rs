@@ -365,25 +365,7 @@ impl Driver {
         h.user_timeout = old_timeout;
         h.held_until = held_until;
         if help.zero_window && h.user_timeout.is_none() {
-            // Given back by a restore still pending? Then that value.
-            let pending = self.helpers.timeout_restore.remove(&flow).map(|r| r.0);
-            // On disk before the socket changes (see `restart_state`).
-            let undo = crate::daemon::restart_state::Undo::UserTimeout { before: pending };
-            let r = if self.record_before_change([(flow, undo)]) {
-                with_dp(&self.dp, move |dp| {
-                    dp.set_user_timeout(&flow, helping::USER_TIMEOUT_HOLD)
-                })
-                .await
-            } else {
-                Ok(None)
-            };
-            h.user_timeout = match r {
-                Ok(prev) => pending.or(prev),
-                Err(e) => {
-                    tracing::warn!(id = flow.id(), %flow, error = %e, "cannot hold the socket's retransmission timeout for the absent peer");
-                    pending
-                }
-            };
+            h.user_timeout = self.hold_user_timeouts(&[flow]).await[0];
         }
         if let Some((quiet, peer_window, counters)) = kept {
             (h.quiet, h.peer_window, h.counters) = (quiet, peer_window, counters);
@@ -391,6 +373,50 @@ impl Driver {
         tracing::info!(id = flow.id(), %flow, helpers = ?help.names(), stopped = ?h.stopped.as_ref().map(|s| s.pid), "helping a peer that is away");
         self.helpers.helping.insert(flow, h);
         self.helpers.next_help_answer = now_i;
+    }
+
+    /// Raise the retransmission timeout of `flows`' sockets for an absent
+    /// peer (zero-window help); for each, the value to give back later
+    /// (`Helping::user_timeout`). One record on disk of how to undo them
+    /// all, before any socket changes (see `restart_state`), and one trip
+    /// to the datapath: the record is the whole file, so one write per
+    /// connection cost a silent host's 100,000 connections minutes of the
+    /// driver's loop.
+    pub(super) async fn hold_user_timeouts(&mut self, flows: &[VirtualFlow]) -> Vec<Option<u32>> {
+        // Given back by a restore still pending? Then that value.
+        let pending: Vec<Option<u32>> = flows
+            .iter()
+            .map(|f| self.helpers.timeout_restore.remove(f).map(|r| r.0))
+            .collect();
+        let undo = flows.iter().zip(&pending).map(|(f, before)| {
+            (
+                *f,
+                crate::daemon::restart_state::Undo::UserTimeout { before: *before },
+            )
+        });
+        if !self.record_before_change(undo) {
+            return pending;
+        }
+        let asked = flows.to_vec();
+        let results = with_dp(&self.dp, move |dp| {
+            asked
+                .iter()
+                .map(|f| dp.set_user_timeout(f, helping::USER_TIMEOUT_HOLD))
+                .collect::<Vec<_>>()
+        })
+        .await;
+        flows
+            .iter()
+            .zip(pending)
+            .zip(results)
+            .map(|((flow, pending), r)| match r {
+                Ok(prev) => pending.or(prev),
+                Err(e) => {
+                    tracing::warn!(id = flow.id(), %flow, error = %e, "cannot hold the socket's retransmission timeout for the absent peer");
+                    pending
+                }
+            })
+            .collect()
     }
 
     /// Answer for the absent peers (zero-window) at most every

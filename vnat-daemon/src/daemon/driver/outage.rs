@@ -504,16 +504,26 @@ impl Driver {
                     .collect();
                 tracing::info!(key = %identity::key_hex(&k), connections = flows.len(),
                     "a paired host went silent (its connections' probes and a VCMP probe unanswered): answering for it with a zero window until it is back");
-                let help = Help {
+                let asked = Help {
                     zero_window: true,
                     ..Help::default()
                 };
-                for f in flows {
-                    self.help_requested(f, help.clone()).await;
-                    if self.helpers.helping.contains_key(&f) {
-                        self.outages.silent_help.insert(f, (k, now_i));
-                    }
+                let help = rules::allowed(&asked, &self.cfg.peer_helpers);
+                if !help.zero_window {
+                    tracing::info!(allowed = ?self.cfg.peer_helpers, "not answering for the silent host: zero-window is not among this host's helpers (peer_helpers)");
+                    return;
                 }
+                // All of them in one go (`help_requested` for each would
+                // write the restart record once per connection), as
+                // `help_requested` does for one that nobody helps yet.
+                let timeouts = self.hold_user_timeouts(&flows).await;
+                for (f, user_timeout) in flows.into_iter().zip(timeouts) {
+                    let mut h = Helping::new(help.clone(), now_i);
+                    h.user_timeout = user_timeout;
+                    self.helpers.helping.insert(f, h);
+                    self.outages.silent_help.insert(f, (k, now_i));
+                }
+                self.helpers.next_help_answer = now_i;
             }
             Action::Back(k) => self.silent_host_back(k).await,
         }
