@@ -245,3 +245,53 @@ fn over_the_budget_a_packet_is_held_until_its_fallback_s_wait_is_over() {
     assert_eq!(counter(&dp, "unvalidated_fallback"), fell_back + 1);
     assert_eq!(dp.unvalidated_diverted(&new.flow).unwrap(), Some(1));
 }
+
+/// The peer sent its update for the budgeted address again: vnatd credits
+/// the allowance again in place (`Datapath::credit_unvalidated`) instead
+/// of installing the translation again. Nothing sent counts any more, the
+/// fallback and what it took stay, and the packet that went to the old
+/// placement before the credit goes to the new address after it.
+#[test]
+fn a_credited_allowance_sends_to_the_new_address_again_and_keeps_the_fallback() {
+    use vnat_daemon::datapath::Datapath;
+    let (mut dp, _pins) = open("tc-budget-credit");
+    let (old, new) = second_move();
+    dp.insert_nat_pair(&pair_for(&new, 1, NAT_F_BUDGET))
+        .unwrap();
+    dp.insert_unvalidated_budget(&new.flow, 150, Some((&old, Duration::ZERO)))
+        .unwrap();
+    assert_eq!(run(&dp, true, &from_server(100)).verdict, PASS);
+    let p = support::packet::parse_checked(&run(&dp, true, &from_server(100)).packet);
+    assert_eq!(
+        p.dst, old.physical_remote,
+        "over the allowance: the fallback"
+    );
+    assert_eq!(dp.unvalidated_diverted(&new.flow).unwrap(), Some(1));
+
+    assert!(dp.credit_unvalidated(&new.flow, 400).unwrap());
+    assert_eq!(dp.unvalidated_budget(&new.flow).unwrap(), Some((400, 0)));
+    assert_eq!(dp.unvalidated_diverted(&new.flow).unwrap(), Some(1));
+    let out = run(&dp, true, &from_server(100));
+    assert_eq!(out.verdict, PASS);
+    let p = support::packet::parse_checked(&out.packet);
+    assert_eq!(
+        (p.src, p.dst),
+        (new.physical_local, new.physical_remote),
+        "credited: to the new address again"
+    );
+    // Over the new allowance the fallback is still there.
+    for _ in 0..3 {
+        run(&dp, true, &from_server(100));
+    }
+    let p = support::packet::parse_checked(&run(&dp, true, &from_server(100)).packet);
+    assert_eq!(p.dst, old.physical_remote, "the fallback kept");
+
+    // A flow without an allowance is not given one.
+    let other = VirtualFlow {
+        proto: Proto::Tcp,
+        local: "198.18.3.2:5001".parse().unwrap(),
+        remote: "198.18.1.2:40001".parse().unwrap(),
+    };
+    assert!(!dp.credit_unvalidated(&other, 400).unwrap());
+    assert_eq!(dp.unvalidated_budget(&other).unwrap(), None);
+}

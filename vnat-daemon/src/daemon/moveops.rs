@@ -78,28 +78,42 @@ pub fn run(
                     switch: s,
                     verified,
                 } => {
-                    dp.limit_until_validated(
-                        &s.flow,
-                        match s.budget {
-                            Budget::Unvalidated(allowed) => Some(allowed),
-                            Budget::None | Budget::Lift => None,
-                        },
-                    );
-                    // Packets over the allowance that went to the last
-                    // validated placement were likely lost: retransmit
-                    // them now, not when TCP's backed-off timer says.
-                    let diverted =
-                        s.budget == Budget::Lift && dp.diverted_while_unvalidated(&s.flow);
-                    let r = translate_one(dp, s.flow, s.local, s.remote);
-                    // Not left for a later install, whatever became of
-                    // this one (a failure, a removal, a rebind).
-                    dp.limit_until_validated(&s.flow, None);
-                    if *verified && r.is_ok() && s.budget != Budget::Lift {
-                        restart_one(dp, s.flow, s.solicit, true);
-                    } else if diverted && r.is_ok() {
-                        restart_one(dp, s.flow, false, false);
+                    // Already sending there under a budget: credited again,
+                    // nothing installed (see `Budget::Again`). A repeat whose
+                    // allowance is gone, or could not be credited, is
+                    // installed as the first was.
+                    let credited = match s.budget {
+                        Budget::Again(a) => dp.credit_unvalidated(&s.flow, a).unwrap_or(false),
+                        _ => false,
+                    };
+                    if credited {
+                        Outcome::Done(Ok(()))
+                    } else {
+                        dp.limit_until_validated(
+                            &s.flow,
+                            match s.budget {
+                                Budget::Unvalidated(allowed) | Budget::Again(allowed) => {
+                                    Some(allowed)
+                                }
+                                Budget::None | Budget::Lift => None,
+                            },
+                        );
+                        // Packets over the allowance that went to the last
+                        // validated placement were likely lost: retransmit
+                        // them now, not when TCP's backed-off timer says.
+                        let diverted =
+                            s.budget == Budget::Lift && dp.diverted_while_unvalidated(&s.flow);
+                        let r = translate_one(dp, s.flow, s.local, s.remote);
+                        // Not left for a later install, whatever became of
+                        // this one (a failure, a removal, a rebind).
+                        dp.limit_until_validated(&s.flow, None);
+                        if *verified && r.is_ok() && s.budget != Budget::Lift {
+                            restart_one(dp, s.flow, s.solicit, true);
+                        } else if diverted && r.is_ok() {
+                            restart_one(dp, s.flow, false, false);
+                        }
+                        Outcome::Done(r)
                     }
-                    Outcome::Done(r)
                 }
                 Op::Restart { flow, solicit } => {
                     restart_one(dp, *flow, *solicit, false);

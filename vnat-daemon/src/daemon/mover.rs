@@ -61,6 +61,13 @@ pub enum Budget {
     /// the limit goes, nothing else changes (no restart levers, no
     /// SWITCHED: both were done when it started sending there).
     Lift,
+    /// The peer sent its update for the address the flow already sends to
+    /// under a budget again (it has not heard our answer): the allowance
+    /// starts again at this many bytes, as a new install's would, and
+    /// SWITCHED goes again (it may be what was lost); nothing else, no
+    /// install, no restart levers. At 100,000 connections the peer's
+    /// retries made the server install each translation three times.
+    Again(u32),
 }
 
 /// The switch of `flow`'s send side to the peer's new address `remote`,
@@ -273,8 +280,13 @@ impl Mover {
                 // address, so the peer's receive side is ready for it
                 // (unlike `SetRemote` above, which may follow an update
                 // that reached us at our old address).
-                self.limited.insert(flow, remote);
-                peer_moved_to(flow, view, remote, Budget::Unvalidated(allowed))
+                let again = self.limited.insert(flow, remote) == Some(remote);
+                let budget = if again {
+                    Budget::Again(allowed)
+                } else {
+                    Budget::Unvalidated(allowed)
+                };
+                peer_moved_to(flow, view, remote, budget)
             }
             Event::Resumed {
                 flow,
@@ -379,7 +391,7 @@ impl Mover {
     /// packet's whole trip (tens of microseconds).
     pub fn switched(&mut self, s: &Switch, verified: bool) {
         self.hold_started.remove(&s.flow);
-        if s.budget == Budget::Lift {
+        if matches!(s.budget, Budget::Lift | Budget::Again(_)) {
             return;
         }
         if !verified {

@@ -525,6 +525,20 @@ fn an_unvalidated_address_is_sent_to_under_a_budget_until_validated() {
         }
     );
     assert!(s.confirms(), "the peer learns at once that we send there");
+    // The peer sends its update again (our answer was late or lost): the
+    // same address, so only the allowance starts again, and SWITCHED goes
+    // again; no install, no levers.
+    let again = match m.step(&early, Some(&view(f))) {
+        Step::Switch(s) => s,
+        other => panic!("expected a switch, got {other:?}"),
+    };
+    assert_eq!(again.budget, Budget::Again(450));
+    assert!(
+        again.confirms(),
+        "SWITCHED again: the first may be what was lost"
+    );
+    m.switched(&again, false);
+    assert!(m.take_restarts().is_empty(), "a repeat restarts nothing");
     let validated = Event::SetRemote {
         flow: f,
         remote: new_peer,
@@ -603,6 +617,57 @@ fn the_datapath_gets_the_budget_with_the_switch_and_loses_it_at_the_lift() {
     assert!(dp.limited.is_empty());
     assert_eq!(dp.restarted, vec![f], "a lift runs no lever");
     assert_eq!(dp.translations().unwrap().len(), 1);
+}
+
+/// The peer's update sent again for the address already budgeted: the
+/// allowance starts again, nothing is installed and no lever is pulled;
+/// with no allowance left to credit it is installed as the first was.
+#[test]
+fn a_repeated_update_credits_the_budget_and_installs_nothing() {
+    use crate::daemon::moveops::{run, Op};
+    let mut dp = FakeDatapath::new();
+    let f = tcp("10.0.0.1:40000", "10.0.0.2:443");
+    dp.add_connection(f, None);
+    let new_peer = sa("10.9.0.2:443");
+    let switch = |budget| Op::Switch {
+        switch: Switch {
+            flow: f,
+            local: f.local,
+            remote: new_peer,
+            peer_moved: true,
+            solicit: true,
+            budget,
+        },
+        verified: true,
+    };
+    run(
+        &mut dp,
+        vec![switch(Budget::Unvalidated(300))],
+        &Default::default(),
+    );
+    assert_eq!(dp.restarted, vec![f]);
+    // An install releases a hold: one still here afterwards shows that
+    // nothing was installed.
+    dp.held.insert(f);
+    let done = run(
+        &mut dp,
+        vec![switch(Budget::Again(500))],
+        &Default::default(),
+    );
+    assert!(done[0].1.error().is_none());
+    assert_eq!(dp.limited.get(&f), Some(&500), "the allowance starts again");
+    assert!(dp.held.contains(&f), "nothing installed");
+    assert_eq!(dp.restarted, vec![f], "no lever for a repeat");
+    // The allowance is gone (validated and lifted meanwhile, say): the
+    // repeat is a full budgeted switch.
+    dp.limited.clear();
+    run(
+        &mut dp,
+        vec![switch(Budget::Again(700))],
+        &Default::default(),
+    );
+    assert_eq!(dp.limited.get(&f), Some(&700));
+    assert!(!dp.held.contains(&f), "installed");
 }
 
 /// Our own end moved while the peer's address was budgeted: its

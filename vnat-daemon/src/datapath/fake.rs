@@ -496,6 +496,21 @@ impl Datapath for FakeDatapath {
         self.limited.contains_key(flow) && self.diverted.contains(flow)
     }
 
+    fn credit_unvalidated(
+        &mut self,
+        flow: &VirtualFlow,
+        allowed: u32,
+    ) -> Result<bool, DatapathError> {
+        self.take_failure()?;
+        Ok(match self.limited.get_mut(flow) {
+            Some(a) => {
+                *a = allowed;
+                true
+            }
+            None => false,
+        })
+    }
+
     fn limit_until_validated(&mut self, flow: &VirtualFlow, allowed: Option<u32>) {
         match allowed {
             Some(a) => self.budget_next.insert(*flow, a),

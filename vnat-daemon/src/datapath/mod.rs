@@ -98,6 +98,18 @@ pub trait Datapath {
         false
     }
 
+    /// The peer sent its update for the unvalidated address `flow`
+    /// already sends to again: its allowance starts again at `allowed`
+    /// bytes (what an install with [`Datapath::limit_until_validated`]
+    /// would give it), and nothing else changes (its placement, its
+    /// fallback and its wait, what it diverted). Returns whether the flow
+    /// had such an allowance; without one nothing changes.
+    fn credit_unvalidated(
+        &mut self,
+        flow: &VirtualFlow,
+        allowed: u32,
+    ) -> Result<bool, DatapathError>;
+
     /// Phase one of a move: accept packets from the new physical endpoints
     /// (reverse entry, tc attachment, address on `lo`, host route) without
     /// sending from them yet; [`Datapath::install_translation`] completes it.

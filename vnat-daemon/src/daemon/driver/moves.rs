@@ -696,6 +696,8 @@ impl Driver {
                         // Not "translation updated": it was, at the
                         // update (the benchmarks read that line).
                         tracing::debug!(id = s.flow.id(), flow = %s.flow, remote = %s.remote, "the peer's new address is validated: its budget is lifted");
+                    } else if matches!(s.budget, crate::daemon::mover::Budget::Again(_)) {
+                        tracing::debug!(id = s.flow.id(), flow = %s.flow, remote = %s.remote, "the peer sent its update again: its budget starts again, SWITCHED goes again");
                     } else {
                         tracing::info!(id = s.flow.id(), flow = %s.flow, local = %s.local, remote = %s.remote, "translation updated");
                     }

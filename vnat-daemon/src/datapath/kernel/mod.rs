@@ -662,6 +662,14 @@ impl Datapath for KernelDatapath {
             .is_some_and(|n| n > 0)
     }
 
+    fn credit_unvalidated(
+        &mut self,
+        flow: &VirtualFlow,
+        allowed: u32,
+    ) -> Result<bool, DatapathError> {
+        self.credit_budget(flow, allowed)
+    }
+
     fn install_translation(&mut self, t: &Translation) -> Result<(), DatapathError> {
         // Port 0: the peer moved behind a NAT whose port only its first
         // packet can tell; the tc program learns it (`rebind`).

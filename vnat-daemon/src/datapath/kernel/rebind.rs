@@ -75,6 +75,37 @@ impl KernelDatapath {
         Ok(self.unvalidated_entry(flow)?.map(|b| b.diverted))
     }
 
+    /// [`crate::datapath::Datapath::credit_unvalidated`]: the entry
+    /// rewritten with `allowed` and nothing sent yet, its fallback and its
+    /// count of diverted packets kept. The tc program's plain stores to
+    /// `sent` between the read and the write are lost, as an install's
+    /// would be.
+    pub fn credit_budget(
+        &mut self,
+        flow: &crate::datapath::VirtualFlow,
+        allowed: u32,
+    ) -> Result<bool, DatapathError> {
+        let Some(b) = self.unvalidated_entry(flow)? else {
+            return Ok(false);
+        };
+        let credited = vnat_common::UnvalidatedBudget {
+            allowed: u64::from(allowed),
+            sent: 0,
+            ..b
+        };
+        // BPF_EXIST: an entry removed meanwhile stays removed.
+        match self
+            .loaded
+            .maps
+            .unvalidated
+            .insert(flow.to_key(), credited, 2)
+        {
+            Ok(()) => Ok(true),
+            Err(e) if is_not_found(&e) => Ok(false),
+            Err(e) => Err(map_err(vnat_common::MAP_UNVALIDATED)(e)),
+        }
+    }
+
     fn unvalidated_entry(
         &self,
         flow: &crate::datapath::VirtualFlow,
