@@ -494,6 +494,25 @@ impl Driver {
                     }
                     return;
                 }
+                // A move with that host under way (ours, or its address
+                // being validated here) is no silence: a host busy moving
+                // thousands of connections answers late, and answering for
+                // it then took every connection's socket from the move (at
+                // 100,000, each side took the other for silent mid-move).
+                // A host that is really gone ends the move itself (its
+                // updates and validations give up), and is looked at then.
+                let moving = self.endpoint.connections().any(|f| {
+                    self.endpoint.connection(f).is_some_and(|v| {
+                        v.peer_key == Some(k) && (v.migrating || v.pending_remote.is_some())
+                    })
+                });
+                if moving {
+                    tracing::debug!(key = %identity::key_hex(&k), "a paired host left probes unanswered during a move with it: not silent");
+                    if let Some(Action::Back(k)) = self.outages.silence.answered(&k, now_i) {
+                        self.silent_host_back(k).await;
+                    }
+                    return;
+                }
                 let flows: Vec<VirtualFlow> = self
                     .endpoint
                     .connections()
