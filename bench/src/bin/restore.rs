@@ -60,6 +60,8 @@ use vnat_bench::{
 };
 use vnat_tests::{Host, LaptopRouterServer, TempDir};
 
+#[path = "restore/backlog.rs"]
+mod backlog;
 #[path = "restore/client.rs"]
 mod client;
 #[path = "restore/cpu.rs"]
@@ -175,6 +177,15 @@ pub struct Args {
     /// their maps' kernel memory; write bench/results/scale.json too.
     #[arg(long)]
     scale: bool,
+    /// The kernel's per-CPU receive backlog (net.core.netdev_max_backlog)
+    /// for the run, put back afterwards; 0 keeps the machine's. Every
+    /// namespace of this machine queues into the same backlog, where the
+    /// hosts of a real network would each have their own, and at tens of
+    /// thousands of connections it overflows: TCP then retries every
+    /// 500 ms and gives up after 7.5 s (see restore/backlog.rs) [default:
+    /// the number of connections above 20,000, else the machine's]
+    #[arg(long, value_name = "PACKETS")]
+    netdev_backlog: Option<u64>,
 }
 
 /// Connections per server port: one laptop address has about 64,000
@@ -227,6 +238,10 @@ pub struct RunResult {
     /// much of the machine the harness took from vnatd (`restore/cpu.rs`).
     pub cpu_steady: cpu::Share,
     pub cpu_move: cpu::Share,
+    /// The kernel's per-CPU backlog during the run, and the packets the
+    /// backlogs dropped during the move (`restore/backlog.rs`).
+    pub netdev_max_backlog: u64,
+    pub backlog_drops_move: Option<u64>,
     pub delay_line: Vec<DirectionStats>,
 }
 
@@ -457,6 +472,9 @@ fn timeout_for(args: &Args, n: usize) -> Duration {
 /// One run on fresh hosts; vnatd's logs are kept as
 /// `bench/results/DIAG-{laptop,server}.log`.
 fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
+    let machine_backlog = backlog::current()?;
+    let netdev_max_backlog = backlog::for_run(n, args.netdev_backlog, machine_backlog);
+    let _backlog = backlog::raise(netdev_max_backlog)?;
     let topo = LaptopRouterServer::builder().tag("rst").build();
     let delay = if args.rtt_ms > 0.0 {
         Some(delayline::delay_server_link(&topo, "rstd", Duration::ZERO)?)
@@ -594,6 +612,7 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
     }
     let t0 = monotonic_ns();
     let t0_mark = cpu::Mark::now(lapd.pid(), srvd.pid());
+    let t0_drops = backlog::drops();
     client.send(&format!("mark {t0}"))?;
     let real_offset = realtime_ns() as i128 - monotonic_ns() as i128;
 
@@ -613,6 +632,9 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
         std::thread::sleep(Duration::from_millis(5));
     }
     let cpu_move = t0_mark.to(&cpu::Mark::now(lapd.pid(), srvd.pid()));
+    let backlog_drops_move = t0_drops
+        .zip(backlog::drops())
+        .map(|(a, b)| b.saturating_sub(a));
     // Every connection echoed after the move and none failed, before or
     // after its echo (a reset then is a connection lost all the same).
     // Still the same connections, carrying bytes: one more echo on each.
@@ -697,6 +719,8 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
         timeout_s: timeout.as_secs_f64(),
         cpu_steady,
         cpu_move,
+        netdev_max_backlog,
+        backlog_drops_move,
         delay_line: delay.map_or_else(Vec::new, |d| {
             let delayline::ServerLinkDelay { line, ns: _ns } = d;
             line.stop()

@@ -44,7 +44,7 @@ pub fn run_line(r: &RunResult) -> String {
     format!(
         "rtt {:.2} ms; {status}{aborted}; first/median/last connection {}/{}/{} ms (messages written {}); \
          vnatd: first resume {} ms, laptop installs {}..{} ms, server installs {}..{} ms; verified {}; \
-         CPU before the move {}; during it {}",
+         CPU before the move {}; during it {}; kernel backlog {} packets per CPU, {} dropped during the move",
         r.rtt_ms,
         opt(r.first_ms, 1),
         opt(r.median_ms, 1),
@@ -61,6 +61,9 @@ pub fn run_line(r: &RunResult) -> String {
         r.verified.map_or_else(|| "-".into(), |v| format!("{v}/{}", r.conns)),
         r.cpu_steady.line(),
         r.cpu_move.line(),
+        r.netdev_max_backlog,
+        r.backlog_drops_move
+            .map_or_else(|| "?".into(), |d| d.to_string()),
     )
 }
 
