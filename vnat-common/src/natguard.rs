@@ -20,6 +20,16 @@
 //!   most [`GUARD_UDP_HOLD_NS`] from the first; then that port is let
 //!   through (a new flow of another host behind the NAT, which the
 //!   recorders then record), so a stranger's flow waits that long at most.
+//!   One port is held at a time; other unknown ports are held too within
+//!   the hold's first [`GUARD_UDP_ALL_NS`] (a NAT that forgets its
+//!   mappings re-maps every flow at once, and two datagrams of one flow
+//!   racing through its conntrack can each get a mapping: the flow goes on
+//!   from either), and go on after that;
+//! * an ICMP "port unreachable" from the NAT's address about a UDP
+//!   datagram we sent to it is dropped: the NAT's own answer to a mapping
+//!   it forgot, which would end a connected socket (ECONNREFUSED) before
+//!   the peer's BIND rebinds the flow. An error from another host (a
+//!   router on the path) or of another kind goes on.
 //!
 //! And while a TCP guard is suspicious (it dropped a segment within the
 //! last [`GUARD_TCP_SUSPECT_NS`], or a rebind waits at its key), a reset
@@ -46,6 +56,11 @@ pub const GUARD_MAX_ENTRIES: u32 = 4096;
 /// (it looks every 250 ms) and start its peer's rebind, which then holds
 /// them itself until the BIND.
 pub const GUARD_UDP_HOLD_NS: u64 = 3_000_000_000;
+/// How long after a UDP hold began other unknown ports are held too: four
+/// of vnatd's 250 ms looks at the guard, which then starts the peer's
+/// rebind (that holds every unrecorded datagram to the port until the
+/// BIND).
+pub const GUARD_UDP_ALL_NS: u64 = 1_000_000_000;
 /// How long after its last drop a TCP guard drops resets without ACK from
 /// the NAT to recorded connections (boot-time nanoseconds).
 pub const GUARD_TCP_SUSPECT_NS: u64 = 5_000_000_000;

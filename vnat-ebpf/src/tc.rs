@@ -140,6 +140,10 @@ fn try_translate(ctx: &TcContext, dir: Dir, l2: usize) -> Result<i32, Drop> {
         }
     }
     if p.key.proto == PROTO_ICMP || p.key.proto == PROTO_ICMPV6 {
+        if dir == Dir::Ingress && rebinding() {
+            // What a peer's NAT that forgot a mapping answers us.
+            icmp::guard_error(ctx, &p)?;
+        }
         return translate_error(ctx, &p, dir);
     }
     if let Some(verdict) = flow(ctx, &p, dir)? {

@@ -11,13 +11,13 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use vnat_common::{
-    GuardValue, AF_INET, GUARD_TCP_SUSPECT_NS, GUARD_UDP_HOLD_NS, PROTO_TCP, STAT_DROP_NAT_GUARD,
-    STAT_NAT_GUARD_RELEASED,
+    GuardValue, AF_INET, GUARD_TCP_SUSPECT_NS, GUARD_UDP_ALL_NS, GUARD_UDP_HOLD_NS, PROTO_TCP,
+    STAT_DROP_NAT_GUARD, STAT_NAT_GUARD_RELEASED,
 };
 
 use super::parse::Parsed;
 use super::rebind::{rebind_key, rebinding, recorded, TCP_ACK, TCP_FLAGS_OFF, TCP_RST, TCP_SYN};
-use super::Drop;
+use super::{opaque_zero, Drop};
 use crate::maps::{count, VNAT_GUARD};
 
 /// `BPF_F_CURRENT_NETNS`: the namespace of the packet's device.
@@ -89,6 +89,43 @@ pub(super) fn guard(ctx: &TcContext, p: &Parsed) -> Result<(), Drop> {
     Err(Drop(STAT_DROP_NAT_GUARD))
 }
 
+/// An ICMP "port unreachable" from a peer's NAT itself (`nat`, the
+/// quoted datagram's destination and the error's source) about a UDP
+/// datagram we sent from `ours`:`our_port_be` to it, where a guard stands:
+/// `Err` (dropped, and counted in the guard's entry, so that vnatd asks the
+/// peers there for their BINDs).
+///
+/// A NAT that forgot the flow's mapping (a reboot, a carrier-grade NAT
+/// re-mapping it) answers what our socket sends to the old mapping so, and
+/// a connected UDP socket would end with ECONNREFUSED before the peer's
+/// next datagram, through the new mapping, lets vnatd learn it. The UDP
+/// counterpart of the NAT's reset that a TCP guard drops. An error from
+/// any other host (a router on the path), of another kind (a path MTU's),
+/// or about a port without a guard goes on.
+#[inline(always)]
+pub(super) fn guard_error(
+    p: &Parsed,
+    ours: [u32; 4],
+    nat: [u32; 4],
+    our_port_be: u16,
+) -> Result<(), Drop> {
+    let key = vnat_common::RebindKey {
+        src_addr_be: nat,
+        dst_addr_be: ours,
+        dst_port_be: our_port_be,
+        family: p.key.family,
+        proto: vnat_common::PROTO_UDP,
+        slot: 0,
+        _pad: [opaque_zero(), opaque_zero(), opaque_zero()],
+    };
+    let Some(g) = VNAT_GUARD.get_ptr_mut(&key) else {
+        return Ok(());
+    };
+    // SAFETY: as in `guard`.
+    unsafe { (*g).drops = (*g).drops.wrapping_add(1) };
+    Err(Drop(STAT_DROP_NAT_GUARD))
+}
+
 /// Whether the kernel has a socket for this segment other than a listener
 /// (an established connection, one being accepted, a TIME_WAIT): then it
 /// is someone's, and goes on. A listener alone would answer a segment that
@@ -132,10 +169,11 @@ pub(super) fn kernel_has_socket(ctx: &TcContext, p: &Parsed) -> bool {
 
 /// A UDP datagram from an unknown port: true to hold (drop) it. The first
 /// such port is held for `GUARD_UDP_HOLD_NS`, then let through for good
-/// (until another is held). Other ports' datagrams go on meanwhile: were
-/// they held too, each waiting its turn, a spoofer sending from a fresh
-/// port as each hold ends would keep every other host's new flow from
-/// that NAT out, and two hosts' new flows would take turns in blackouts
+/// (until another is held). Other ports' datagrams are held only within
+/// the hold's first `GUARD_UDP_ALL_NS`, and go on after it: were they held
+/// for as long, each waiting its turn, a spoofer sending from a fresh port
+/// as each hold ends would keep every other host's new flow from that NAT
+/// out, and two hosts' new flows would take turns in blackouts
 /// (`shared_nat`'s rogue flow was never bound within 30 s).
 #[inline(always)]
 fn hold_udp(g: *mut GuardValue, port_be: u16, now: u64) -> bool {
@@ -158,7 +196,12 @@ fn hold_udp(g: *mut GuardValue, port_be: u16, now: u64) -> bool {
             return false;
         }
         if holding {
-            return false;
+            // Another unknown port while one is held: within the hold's
+            // first `GUARD_UDP_ALL_NS`, held too (a NAT that forgets its
+            // mappings re-maps every flow at once, and two racing
+            // datagrams of one flow can get a mapping each); after that
+            // it goes on, for the reason above.
+            return now.wrapping_sub((*g).since_ns) < GUARD_UDP_ALL_NS;
         }
         (*g).held_port_be = port_be;
         (*g).since_ns = now;

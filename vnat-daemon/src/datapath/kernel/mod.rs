@@ -330,6 +330,14 @@ impl KernelDatapath {
         Ok(())
     }
 
+    /// Whether the tc ingress program must look past a miss
+    /// (`CFG_F_REBINDING`): a flow rebinding, or a NAT guard standing. The
+    /// flag may go off only when neither is left: a guard without it drops
+    /// nothing.
+    pub(super) fn looking_past_misses(&self) -> bool {
+        !self.rebinds.is_empty() || !self.guards.is_empty()
+    }
+
     /// Say in the config map whether some flow is rebinding, if that
     /// changed (ingress misses look in the rebind map only then).
     fn set_rebinding(&mut self, on: bool) -> Result<(), DatapathError> {
@@ -855,7 +863,7 @@ impl Datapath for KernelDatapath {
                     Err(e) => tracing::warn!(error = %e, "cannot read the learned translations"),
                 }
             }
-            if self.rebinds.is_empty() && self.guards.is_empty() {
+            if !self.looking_past_misses() {
                 if let Err(e) = self.set_rebinding(false) {
                     tracing::debug!(error = %e, "cannot mark rebinding done");
                 }

@@ -538,7 +538,7 @@ impl KernelDatapath {
             self.rebinds.remove(&k);
             self.rebinds_since.remove(&k);
         }
-        if any && self.rebinds.is_empty() {
+        if any && !self.looking_past_misses() {
             let _ = self.set_rebinding(false);
         }
         any
