@@ -443,7 +443,14 @@ fn a_rebind_lets_other_hosts_behind_the_nat_connect() {
 /// beyond a veth.
 #[test]
 fn a_guard_keeps_working_after_the_last_rebind_ends() {
-    let ns = vnat_tests::Netns::new("tcguardrb");
+    beyond_a_veth("tcguardrb", guard_after_rebind_body);
+}
+
+/// Run `body` in a namespace of its own where 10.99.0.1 is ours and the
+/// NAT, 10.99.0.2, lies beyond a veth: a rebind and an install route
+/// there and attach tc to that interface, not to the host's.
+fn beyond_a_veth(tag: &str, body: fn()) {
+    let ns = vnat_tests::Netns::new(tag);
     for cmd in [
         "ip link add g0 type veth peer name g1",
         "ip addr add 10.99.0.1/24 dev g0",
@@ -452,7 +459,52 @@ fn a_guard_keeps_working_after_the_last_rebind_ends() {
     ] {
         ns.run(&cmd.split(' ').collect::<Vec<_>>());
     }
-    ns.run_in(guard_after_rebind_body);
+    ns.run_in(body);
+}
+
+/// The same for a rebind: the last translation removed while a UDP flow
+/// waits for its BIND (its peer moved behind a NAT) used to mark the NAT
+/// maps empty, and the translators then passed everything unparsed: the
+/// peer's datagrams from its new port reached the application as a new
+/// peer's instead of waiting for the BIND.
+#[test]
+fn a_rebind_keeps_working_after_the_last_translation_goes() {
+    beyond_a_veth("tcrbempty", rebind_after_removal_body);
+}
+
+fn rebind_after_removal_body() {
+    let (mut dp, _pins) = open("tc-rebind-empty");
+    let nat: IpAddr = "10.99.0.2".parse().unwrap();
+    let server: SocketAddr = "10.99.0.1:5353".parse().unwrap();
+    let waiting = flow(Proto::Udp, server, SocketAddr::new(nat, 40000));
+    dp.install_translation(&Translation {
+        flow: waiting,
+        physical_local: server,
+        physical_remote: SocketAddr::new(nat, 0),
+    })
+    .expect("rebinding the flow");
+    // Another connection's peer moved, then it closed.
+    let other = Translation {
+        flow: flow(
+            Proto::Udp,
+            "10.99.0.1:5354".parse().unwrap(),
+            SocketAddr::new(nat, 40001),
+        ),
+        physical_local: "10.99.0.1:5354".parse().unwrap(),
+        physical_remote: SocketAddr::new(nat, 40002),
+    };
+    dp.install_translation(&other)
+        .expect("the other translation");
+    dp.remove_translation(&other.flow)
+        .expect("removing the other translation");
+
+    let stranger = Spec::udp("10.99.0.2:41000", &server.to_string()).frame();
+    assert_eq!(
+        run(&dp, false, &stranger).verdict,
+        SHOT,
+        "a datagram for the rebinding flow's port passed before its BIND"
+    );
+    assert_eq!(counter(&dp, "drop_rebinding"), 1);
 }
 
 fn guard_after_rebind_body() {

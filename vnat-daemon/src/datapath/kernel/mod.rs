@@ -362,7 +362,9 @@ impl KernelDatapath {
             Err(e) => return Err(map_err(name)(e)),
         }
         self.mirror.remove(egress, key);
-        if self.mirror.is_empty() && self.guards.is_empty() {
+        // Not while a flow rebinds or a guard stands: the translators would
+        // pass their packets unparsed.
+        if self.mirror.is_empty() && !self.looking_past_misses() {
             // Closing the gate is only a saving: the removal stands if
             // it cannot be written, and the next removal tries again.
             if let Err(e) = self.set_nat_empty(true) {
