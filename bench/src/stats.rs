@@ -48,6 +48,23 @@ fn median_sorted(sorted: &[f64]) -> f64 {
     }
 }
 
+/// A distribution-free 95% confidence interval of the median (by order
+/// statistics: the ranks n/2 − 1.96·√n/2 and 1 + n/2 + 1.96·√n/2, rounded), `None` below 6 samples, where
+/// it would be no narrower than the samples' own range.
+pub fn median_ci95(samples: &[f64]) -> Option<(f64, f64)> {
+    let n = samples.len();
+    if n < 6 {
+        return None;
+    }
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let half = 1.96 * (n as f64).sqrt() / 2.0;
+    // 1-based ranks, clamped to the samples.
+    let lo = ((n as f64 / 2.0 - half).round() as usize).max(1);
+    let hi = ((1.0 + n as f64 / 2.0 + half).round() as usize).min(n);
+    Some((sorted[lo - 1], sorted[hi - 1]))
+}
+
 /// `part / whole` in percent (0 when `whole` is 0).
 pub fn percent(part: f64, whole: f64) -> f64 {
     if whole == 0.0 {
@@ -72,6 +89,17 @@ mod tests {
         );
         assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
         assert_eq!(median(&[]), None);
+    }
+
+    #[test]
+    fn the_median_interval_narrows_with_more_samples() {
+        assert_eq!(median_ci95(&[1.0, 2.0, 3.0, 4.0, 5.0]), None);
+        // 10 samples: ranks 2 and 9.
+        let ten: Vec<f64> = (1..=10).map(f64::from).collect();
+        assert_eq!(median_ci95(&ten), Some((2.0, 9.0)));
+        // 40 samples: ranks 14 and 27, whatever the order given.
+        let forty: Vec<f64> = (1..=40).rev().map(f64::from).collect();
+        assert_eq!(median_ci95(&forty), Some((14.0, 27.0)));
     }
 
     #[test]

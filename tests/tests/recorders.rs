@@ -234,3 +234,84 @@ fn each_namespace_records_only_its_own_sockets() {
     );
     client.stop();
 }
+
+/// Who is still connecting, from the pinned map: the owners' uids.
+fn connecting_owners(host: &Host) -> Vec<u32> {
+    let pin = host.pins.path().join(vnat_common::MAP_CONNECTING);
+    let data = aya::maps::MapData::from_pin(&pin)
+        .unwrap_or_else(|e| panic!("opening the pinned map {}: {e}", pin.display()));
+    let map: aya::maps::HashMap<_, u64, vnat_common::Owner> =
+        aya::maps::HashMap::try_from(aya::maps::Map::HashMap(data))
+            .expect("the connecting map is a hash map");
+    map.iter()
+        .filter_map(Result::ok)
+        .map(|(_, o)| o.uid)
+        .collect()
+}
+
+/// A TCP socket's owner is kept from connect() until the connection is
+/// established, and the entry goes however the socket ends: closed while
+/// its SYN is out, closed after a refused connect, or established. (The
+/// release hook looks only at sockets that never reached ESTABLISHED.)
+#[test]
+fn a_tcp_socket_closed_before_it_connects_leaves_no_owner_behind() {
+    use std::io::{BufRead, BufReader, Write};
+
+    let topo = SameLink::new("recsyn", false);
+    let lap = Host::new(&topo.laptop, "recsyn");
+    let server = topo.server_addr.v4;
+    let echo = SocketAddr::new(server.into(), 7003);
+    let _echo = EchoServer::tcp(&topo.server, echo);
+    // On the link but nobody's: no ARP answer, so the SYN never leaves and
+    // the socket stays in SYN_SENT.
+    let nobody = {
+        let mut o = server.octets();
+        o[3] = 250;
+        std::net::Ipv4Addr::from(o)
+    };
+    let script = r#"
+import errno, socket, sys
+server, nobody = sys.argv[1], sys.argv[2]
+s = socket.socket()
+try:
+    s.connect((server, 7004))
+    sys.exit("a closed port accepted the connection")
+except ConnectionRefusedError:
+    pass
+s.close()
+s = socket.socket()
+s.setblocking(False)
+err = s.connect_ex((nobody, 9))
+if err != errno.EINPROGRESS:
+    sys.exit("connecting to nobody: %s" % errno.errorcode.get(err, err))
+print("syn-sent", flush=True)
+sys.stdin.readline()
+s.close()
+socket.create_connection((server, 7003)).close()
+print("done", flush=True)
+"#;
+    let mut cmd = lap.command("/usr/bin/python3");
+    cmd.args(["-c", script, &server.to_string(), &nobody.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
+    let mut child = Kill(cmd.spawn().expect("starting python3"));
+    let mut out = BufReader::new(child.0.stdout.take().expect("its stdout"));
+    let mut line = String::new();
+    out.read_line(&mut line).expect("reading python3");
+    assert_eq!(line.trim(), "syn-sent", "the script stopped early");
+    assert_eq!(
+        connecting_owners(&lap).len(),
+        1,
+        "the socket in SYN_SENT has its owner recorded (and the refused one none left)"
+    );
+    writeln!(child.0.stdin.as_mut().expect("its stdin")).expect("telling python3 to go on");
+    line.clear();
+    out.read_line(&mut line).expect("reading python3");
+    assert_eq!(line.trim(), "done", "the script failed");
+    assert!(child.0.wait().expect("python3's status").success());
+    assert_eq!(
+        connecting_owners(&lap),
+        Vec::<u32>::new(),
+        "an owner entry outlived its socket"
+    );
+}

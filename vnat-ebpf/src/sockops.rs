@@ -111,14 +111,19 @@ fn on_established(ctx: &SockOpsContext, origin: u8) {
     let Some(key) = key_of(ctx) else { return };
     // SAFETY: as above, the context pointer is the argument.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.ops as *mut _) };
-    // Who connected (nobody for an accepted connection), taken out of the
-    // map whatever becomes of the connection, and its charge given back.
-    // SAFETY: the map is not preallocated: an element deleted while we hold
-    // the reference is freed only after an RCU grace period, which this
-    // program's run is inside. Keyed by this socket's cookie, written only
-    // by this socket's connect hook (before the handshake that ends here),
-    // and copied out at once.
-    let owner = unsafe { VNAT_CONNECTING.get(&cookie) }.copied();
+    // Who connected (nobody for an accepted connection, which never called
+    // connect(), so nothing is looked up for it), taken out of the map
+    // whatever becomes of the connection, and its charge given back.
+    let owner = if origin == ORIGIN_TCP_ACTIVE {
+        // SAFETY: the map is not preallocated: an element deleted while we
+        // hold the reference is freed only after an RCU grace period, which
+        // this program's run is inside. Keyed by this socket's cookie,
+        // written only by this socket's connect hook (before the handshake
+        // that ends here), and copied out at once.
+        unsafe { VNAT_CONNECTING.get(&cookie) }.copied()
+    } else {
+        None
+    };
     if let Some(o) = owner {
         if VNAT_CONNECTING.remove(&cookie).is_ok() {
             uncharge(o.uid, Charge::Connecting);
@@ -352,7 +357,13 @@ fn local_pair(netns: u64, ours: bool, key: &FlowKey) -> bool {
         netns_cookie: netns,
         flow: key.reversed(),
     };
-    if VNAT_REFUSED_LOCAL.remove(&theirs).is_ok() {
+    // Looked up before it is removed: a removal takes the bucket's lock
+    // even when the key is absent, as it nearly always is.
+    // SAFETY: only whether the key is there is read, nothing through the
+    // reference.
+    if unsafe { VNAT_REFUSED_LOCAL.get(&theirs) }.is_some()
+        && VNAT_REFUSED_LOCAL.remove(&theirs).is_ok()
+    {
         return true;
     }
     if ours {

@@ -181,6 +181,11 @@ fn note_tcp_owner(ctx: &SockAddrContext) {
     }
 }
 
+/// `TCP_SYN_SENT` and `TCP_CLOSE` from include/net/tcp_states.h, as
+/// struct bpf_sock's `state` gives them.
+const TCP_SYN_SENT: u32 = 2;
+const TCP_CLOSE: u32 = 7;
+
 /// Forget a UDP socket's (last) flow when it is closed. Older flows of an
 /// unconnected socket that talked to many peers are garbage-collected by the
 /// daemon.
@@ -192,7 +197,18 @@ pub fn vnat_udp_release(ctx: SockContext) -> i32 {
     // 4 bytes (it rejects any other access at load time).
     let protocol = unsafe { (*sk).protocol };
     if protocol == IPPROTO_TCP {
-        release_connecting(sk);
+        // Only a socket that never reached ESTABLISHED can still have an
+        // owner entry (sock_ops takes it out there): one closed while its
+        // SYN was out, or whose connect failed. Every other TCP socket (an
+        // accepted one, a listener, one closed after its exchange) is let
+        // go without a map lookup, which on a host making thousands of
+        // connections a second is a cache miss each.
+        // SAFETY: as for `protocol`, a 4-byte field (struct bpf_sock's
+        // `state`, Linux 5.1) every cgroup_sock program may read.
+        let state = unsafe { (*sk).state };
+        if state == TCP_SYN_SENT || state == TCP_CLOSE {
+            release_connecting(sk);
+        }
         return PROCEED;
     }
     if protocol != IPPROTO_UDP {

@@ -110,9 +110,29 @@ pub struct Args {
     /// Measure over IPv6 instead of IPv4.
     #[arg(long)]
     pub ipv6: bool,
+    /// In (b), translate nothing on either host (tc attached but idle: the
+    /// common case of a host none of whose connections has moved) instead
+    /// of one unrelated flow (every packet looked up and missed).
+    #[arg(long)]
+    pub attached_idle: bool,
+    /// Measure only these kinds, comma-separated [default: all three]. With
+    /// `setup` alone, many runs fit in a few minutes: `--only setup --runs 30`.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub only: Vec<Kind>,
     /// Print one JSON object on stdout (the table goes to stderr).
     #[arg(long)]
     pub json: bool,
+}
+
+/// What a run measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Kind {
+    /// iperf3's throughput and CPU.
+    Throughput,
+    /// sockperf's request/response latency and CPU.
+    Latency,
+    /// New connections per second (TCP_CRR), cases (a) and (b).
+    Setup,
 }
 
 /// One measurement of one kind, for one size, case and run.
@@ -469,7 +489,7 @@ fn run(args: &Args) -> Result<()> {
     let beds = Case::ALL
         .iter()
         .zip(&topos)
-        .map(|(c, t)| Bed::new(*c, t, family))
+        .map(|(c, t)| Bed::new(*c, t, family, args.attached_idle))
         .collect::<Result<Vec<_>>>()?;
     let servers = beds
         .iter()
@@ -488,38 +508,62 @@ fn run(args: &Args) -> Result<()> {
         rr: empty(),
         crr: empty(),
     };
+    let wants = |k: Kind| args.only.is_empty() || args.only.contains(&k);
     let started = Instant::now();
     for run in 0..args.runs {
         for (si, &size) in sizes.iter().enumerate() {
             let index = run * sizes.len() as u16 + si as u16;
             for (ci, (bed, srv)) in beds.iter().zip(&servers).enumerate() {
                 ensure!(!vnat_bench::interrupted(), "interrupted");
-                let t = bed.measure_sized(index, args.seconds, Some(size))?;
-                res.tput[ci][si].push(Point {
-                    value: t.run.received_bps / 1e9,
-                    p50: None,
-                    p99: None,
-                    client_cpu: t.run.sender_cpu_percent,
-                    server_cpu: t.run.receiver_cpu_percent,
-                });
-                let rr = measure_rr(bed, srv, index, size, args.seconds)?;
-                let crr = if bed.case != Case::Translated {
+                let tput = if wants(Kind::Throughput) {
+                    let t = bed.measure_sized(index, args.seconds, Some(size))?;
+                    Some(Point {
+                        value: t.run.received_bps / 1e9,
+                        p50: None,
+                        p99: None,
+                        client_cpu: t.run.sender_cpu_percent,
+                        server_cpu: t.run.receiver_cpu_percent,
+                    })
+                } else {
+                    None
+                };
+                let rr = if wants(Kind::Latency) {
+                    Some(measure_rr(bed, srv, index, size, args.seconds)?)
+                } else {
+                    None
+                };
+                let crr = if wants(Kind::Setup) && bed.case != Case::Translated {
                     Some(measure_crr(bed, srv, si, size, args.seconds)?)
                 } else {
                     None
                 };
+                if tput.is_none() && rr.is_none() && crr.is_none() {
+                    continue;
+                }
                 eprintln!(
-                    "run {}/{} {:>5} B {:<34} {:>7.2} Gbit/s  rr {:>7.2} µs  {}",
+                    "run {}/{} {:>5} B {:<34} {}  {}  {}",
                     run + 1,
                     args.runs,
                     size,
                     bed.case.label(),
-                    t.run.received_bps / 1e9,
-                    rr.value,
+                    tput.as_ref()
+                        .map_or("    -- Gbit/s".to_string(), |t| format!(
+                            "{:>7.2} Gbit/s",
+                            t.value
+                        )),
+                    rr.as_ref().map_or("rr     -- µs".to_string(), |r| format!(
+                        "rr {:>7.2} µs",
+                        r.value
+                    )),
                     crr.as_ref()
                         .map_or("crr n/a".to_string(), |c| format!("crr {:>7.0}/s", c.value))
                 );
-                res.rr[ci][si].push(rr);
+                if let Some(t) = tput {
+                    res.tput[ci][si].push(t);
+                }
+                if let Some(r) = rr {
+                    res.rr[ci][si].push(r);
+                }
                 if let Some(c) = crr {
                     res.crr[ci][si].push(c);
                 }
@@ -530,6 +574,8 @@ fn run(args: &Args) -> Result<()> {
         "runs": args.runs,
         "seconds_per_measurement": args.seconds,
         "family": if args.ipv6 { "ipv6" } else { "ipv4" },
+        "attached": if args.attached_idle { "idle: nothing translated on either host" } else { "one unrelated flow translated on both hosts" },
+        "only": args.only.iter().map(|k| format!("{k:?}").to_lowercase()).collect::<Vec<_>>(),
         "iperf3": iperf_version,
         "sockperf": sockperf_version,
         "load_before": load_before,

@@ -84,7 +84,7 @@ fn run(args: &Args) -> Result<()> {
     let beds = Case::ALL
         .iter()
         .zip(&topos)
-        .map(|(c, t)| Bed::new(*c, t, family))
+        .map(|(c, t)| Bed::new(*c, t, family, false))
         .collect::<Result<Vec<_>>>()?;
 
     let mut samples: Vec<Vec<Sample>> = Case::ALL.iter().map(|_| Vec::new()).collect();

@@ -2,7 +2,7 @@
 //! overhead.json, and stdout with `--json`) and a table made from it.
 
 use serde_json::{json, Map, Value};
-use vnat_bench::stats::{median, percent, Summary};
+use vnat_bench::stats::{median, median_ci95, percent, Summary};
 
 use super::{bed::Case, Point, Results};
 
@@ -111,6 +111,44 @@ fn worst(d: &[(u32, f64, f64, f64)], f: impl Fn(&(u32, f64, f64, f64)) -> f64) -
     d.iter().map(f).fold(f64::NEG_INFINITY, f64::max)
 }
 
+/// Per size: the change of `case` against (a) run by run (runs are
+/// interleaved, so run i of both was measured minutes apart at most), in
+/// percent, with the median of those changes and its 95% confidence
+/// interval: the effect and how sure of it these runs make us, which the
+/// spread of each case alone does not say.
+fn paired(res: &Results, data: &[Vec<Vec<Point>>], ci: usize) -> Value {
+    json!(res
+        .sizes
+        .iter()
+        .enumerate()
+        .filter(|(si, _)| !data[ci][*si].is_empty() && !data[0][*si].is_empty())
+        .map(|(si, size)| {
+            let changes: Vec<f64> = data[0][si]
+                .iter()
+                .zip(&data[ci][si])
+                .map(|(a, x)| percent(x.value - a.value, a.value))
+                .collect();
+            json!({
+                "size": size,
+                "runs": changes.len(),
+                "median_percent": median(&changes),
+                "ci95_percent": median_ci95(&changes).map(|(lo, hi)| [lo, hi]),
+                "changes_percent": changes,
+            })
+        })
+        .collect::<Vec<_>>())
+}
+
+/// A target over a kind that was measured: met or not; one that was not
+/// (`--only`) is `null`, never "met".
+fn met(d: &[(u32, f64, f64, f64)], ok: bool) -> Value {
+    if d.is_empty() {
+        Value::Null
+    } else {
+        json!(ok)
+    }
+}
+
 pub fn build(setup: &Value, res: &Results) -> Value {
     let (att, tr) = (1, 2);
     let tput_noise = noise(res, &res.tput);
@@ -150,25 +188,26 @@ pub fn build(setup: &Value, res: &Results) -> Value {
                 "latency": delta_json(&r_c),
             },
         },
+        "setup_paired_vs_native": paired(res, &res.crr, att),
         "noise_percent": { "throughput": tput_noise, "latency": rr_noise, "setup": crr_noise },
         "targets": {
             "attached_within_noise": {
-                "throughput": within(&t_b, tput_noise),
-                "latency": within(&r_b, rr_noise),
-                "setup": within(&c_b, crr_noise),
+                "throughput": met(&t_b, within(&t_b, tput_noise)),
+                "latency": met(&r_b, within(&r_b, rr_noise)),
+                "setup": met(&c_b, within(&c_b, crr_noise)),
             },
             "translated_throughput_loss_max_percent": TRANSLATED_TPUT_LOSS,
             "translated_throughput_loss_worst_percent": tput_loss_c,
-            "translated_throughput_met": tput_loss_c <= TRANSLATED_TPUT_LOSS,
+            "translated_throughput_met": met(&t_c, tput_loss_c <= TRANSLATED_TPUT_LOSS),
             "translated_latency_max_percent": TRANSLATED_LATENCY_CPU,
             "translated_latency_worst_percent": lat_c,
-            "translated_latency_met": lat_c <= TRANSLATED_LATENCY_CPU,
+            "translated_latency_met": met(&r_c, lat_c <= TRANSLATED_LATENCY_CPU),
             "translated_cpu_max_percent": TRANSLATED_LATENCY_CPU,
             "translated_cpu_worst_percent": cpu_c,
-            "translated_cpu_met": cpu_c <= TRANSLATED_LATENCY_CPU,
+            "translated_cpu_met": met(&t_c, cpu_c <= TRANSLATED_LATENCY_CPU),
             "setup_slower_max_percent": SETUP_SLOWER,
             "setup_slower_worst_percent": setup_b,
-            "setup_met": setup_b <= SETUP_SLOWER,
+            "setup_met": met(&c_b, setup_b <= SETUP_SLOWER),
         },
         "paper": paper(),
     })
@@ -199,7 +238,11 @@ pub fn table(r: &Value) -> String {
             .map_or("-".into(), |x| format!("{x:+.1}%"))
     };
     let sizes = r["sizes"].as_array().map_or(0, |a| a.len());
-    let _ = writeln!(s, "overhead: medians per message size; (a) no vnat, (b) vnat attached, flow not translated, (c) translated");
+    let _ = writeln!(
+        s,
+        "overhead: medians per message size; (a) no vnat, (b) vnat attached, flow not translated ({}), (c) translated",
+        r["setup"]["attached"].as_str().unwrap_or("one unrelated flow translated on both hosts")
+    );
     let _ = writeln!(
         s,
         "{:>6} | {:>7} {:>7} {:>7} {:>7} {:>7} | {:>7} {:>7} {:>7} {:>7} {:>7} | {:>7} {:>7} {:>7} | {:>5} {:>5} {:>5}",
@@ -229,13 +272,26 @@ pub fn table(r: &Value) -> String {
         );
     }
     let t = &r["targets"];
-    let yn = |v: &Value| {
-        if v.as_bool() == Some(true) {
-            "met"
-        } else {
-            "NOT met"
-        }
+    let yn = |v: &Value| match v.as_bool() {
+        Some(true) => "met",
+        Some(false) => "NOT met",
+        None => "not measured",
     };
+    for row in r["setup_paired_vs_native"].as_array().into_iter().flatten() {
+        let pct = |v: &Value| v.as_f64().map_or("-".to_string(), |x| format!("{x:+.1}%"));
+        let ci = row["ci95_percent"]
+            .as_array()
+            .map_or("95% interval needs 6 runs or more".to_string(), |a| {
+                format!("95% interval {} … {}", pct(&a[0]), pct(&a[1]))
+            });
+        let _ = writeln!(
+            s,
+            "setup, (b) against (a) run by run, {:>5} B: median {} over {} runs ({ci})",
+            row["size"].as_u64().unwrap_or(0),
+            pct(&row["median_percent"]),
+            row["runs"].as_u64().unwrap_or(0),
+        );
+    }
     let _ = writeln!(
         s,
         "noise (largest spread of (a)): throughput {:.1}%, latency {:.1}%, setup {:.1}%",

@@ -89,7 +89,15 @@ pub(crate) struct Sample {
 }
 
 impl<'a> Bed<'a> {
-    pub(crate) fn new(case: Case, topo: &'a SameLink, family: Family) -> Result<Bed<'a>> {
+    /// `idle`: in (b), leave out the unrelated translation, so that
+    /// nothing is translated on either host (a host none of whose
+    /// connections has moved).
+    pub(crate) fn new(
+        case: Case,
+        topo: &'a SameLink,
+        family: Family,
+        idle: bool,
+    ) -> Result<Bed<'a>> {
         let tag = case.tag();
         let (laptop, server) = match case {
             Case::Native => (
@@ -103,6 +111,9 @@ impl<'a> Bed<'a> {
         };
         match case {
             Case::Native => {}
+            // Nothing translated on either host: tc stays attached but
+            // passes every packet unparsed (standby_tc).
+            Case::Attached if idle => {}
             Case::Attached => {
                 // A made-up flow whose laptop end moved from an address
                 // nobody uses to the laptop's real one, on ports nobody uses:
