@@ -9,7 +9,6 @@ use crate::maps::count;
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86DD;
 /// Offsets inside the IPv4 header.
-pub(super) const IP4_ID_OFF: usize = 4;
 pub(super) const IP4_FRAG_OFF: usize = 6;
 pub(super) const IP4_PROTO_OFF: usize = 9;
 pub(super) const IP4_CSUM_OFF: usize = 10;
@@ -143,24 +142,32 @@ fn parse_ip(ctx: &TcContext, l2: usize) -> Option<Parsed> {
     let mut frag = Frag::NONE;
     let l4 = match proto {
         ETH_P_IP => {
-            let vihl: u8 = ctx.load(l3).ok()?;
+            // The fixed header in one helper call, not one per field: on a
+            // host whose tc translators parse every packet, the calls were
+            // most of what a packet that matches nothing cost. Words, so
+            // that every read below is an aligned one (the verifier refuses
+            // a misaligned stack access).
+            let h: [u32; 5] = ctx.load(l3).ok()?;
+            let [vihl, _, _, _] = h[0].to_ne_bytes();
             // Honour IHL: options move the L4 header.
             let ihl = (vihl & 0x0f) as usize;
             if vihl >> 4 != 4 || ihl < 5 {
                 count(STAT_PASS_TRUNCATED);
                 return None;
             }
-            key.proto = ctx.load(l3 + IP4_PROTO_OFF).ok()?;
+            let [_, proto, _, _] = h[2].to_ne_bytes();
+            key.proto = proto;
             if key.proto != PROTO_TCP && key.proto != PROTO_UDP && key.proto != PROTO_ICMP {
                 return None;
             }
-            let frag_field = u16::from_be(ctx.load::<u16>(l3 + IP4_FRAG_OFF).ok()?);
+            let [id_hi, id_lo, frag_hi, frag_lo] = h[1].to_ne_bytes();
+            let frag_field = u16::from_be_bytes([frag_hi, frag_lo]);
             key.family = AF_INET;
-            key.src_addr_be[0] = ctx.load(l3 + IP4_SADDR_OFF).ok()?;
-            key.dst_addr_be[0] = ctx.load(l3 + IP4_DADDR_OFF).ok()?;
+            key.src_addr_be[0] = h[3];
+            key.dst_addr_be[0] = h[4];
             // Offset and "more fragments": either makes it a fragment.
             if frag_field & 0x3fff != 0 {
-                let id = u32::from(u16::from_be(ctx.load::<u16>(l3 + IP4_ID_OFF).ok()?));
+                let id = u32::from(u16::from_be_bytes([id_hi, id_lo]));
                 let more = frag_field & 0x2000 != 0;
                 if frag_field & 0x1fff != 0 {
                     // Not the first: no ports, matched by its datagram.
@@ -175,9 +182,12 @@ fn parse_ip(ctx: &TcContext, l2: usize) -> Option<Parsed> {
         }
         ETH_P_IPV6 => {
             key.family = AF_INET6;
-            key.src_addr_be = ctx.load(l3 + IP6_SADDR_OFF).ok()?;
-            key.dst_addr_be = ctx.load(l3 + IP6_DADDR_OFF).ok()?;
-            let mut nh: u8 = ctx.load(l3 + IP6_NEXTHDR_OFF).ok()?;
+            // The fixed header in one call, as for IPv4: next header in
+            // the second word, the addresses in words 2-5 and 6-9.
+            let h: [u32; 10] = ctx.load(l3).ok()?;
+            key.src_addr_be = [h[2], h[3], h[4], h[5]];
+            key.dst_addr_be = [h[6], h[7], h[8], h[9]];
+            let mut nh: u8 = h[1].to_ne_bytes()[IP6_NEXTHDR_OFF - 4];
             let mut off = l3 + IP6_HLEN;
             // The chain, one header a turn: its next header and length
             // (RFC 8200 section 4). A bounded loop (Linux 5.3).
