@@ -18,9 +18,10 @@ use crate::{
     lines::{read_line_bounded_into, Line},
     monitor::MonitorEvent,
     proto::{
-        ErrorKind, ImportedConnection, ListedConnection, MigrateReply, MigrateTarget, Outcome,
-        PeerInfo, Reply, Request, RequestEnvelope, ResponseEnvelope, ResumeReply, Selector,
-        StatusReply, SuspendReply, MAX_RESPONSE_LINE, PROTOCOL_VERSION,
+        AnswerHead, ConnectionsAnswer, ErrorBody, ErrorKind, ImportedConnection, ListedConnection,
+        MigrateReply, MigrateTarget, Outcome, PeerInfo, Reply, Request, RequestEnvelope,
+        ResponseEnvelope, ResumeReply, Selector, StatusReply, SuspendReply, MAX_RESPONSE_LINE,
+        PROTOCOL_VERSION,
     },
     transfer::ExportDocument,
 };
@@ -331,21 +332,13 @@ impl ControlClient {
                 Line::Eof => return Err(protocol(ProtocolViolation::Closed)),
                 Line::TooLong => return Err(protocol(ProtocolViolation::TooLong)),
             };
-        // Check the version before the shape, so a newer daemon's unknown
-        // reply types are reported as a version mismatch, not as garbage.
-        if let Ok(v) = serde_json::from_slice::<VersionOnly>(&answer) {
-            if v.version != PROTOCOL_VERSION {
-                return Err(protocol(ProtocolViolation::Version { found: v.version }));
-            }
-        }
-        let response: ResponseEnvelope = serde_json::from_slice(&answer)
-            .map_err(|e| protocol(ProtocolViolation::Malformed(e)))?;
-        match response.outcome {
-            Outcome::Ok(reply) => Ok(reply),
-            Outcome::Error(body) => Err(ClientError::Daemon {
+        match decode_reply(&answer) {
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(body)) => Err(ClientError::Daemon {
                 kind: body.kind,
                 message: body.message,
             }),
+            Err(violation) => Err(protocol(violation)),
         }
     }
 
@@ -379,9 +372,37 @@ impl Subscription {
     }
 }
 
-#[derive(serde::Deserialize)]
-struct VersionOnly {
-    version: u32,
+/// `Reply::Connections`'s tag on the wire.
+const CONNECTIONS_TYPE: &str = "connections";
+
+/// One response line: the daemon's reply or its error, or what is wrong
+/// with the line.
+fn decode_reply(answer: &[u8]) -> Result<Result<Reply, ErrorBody>, ProtocolViolation> {
+    // Check the version before the shape, so a newer daemon's unknown
+    // reply types are reported as a version mismatch, not as garbage.
+    let head = serde_json::from_slice::<AnswerHead>(answer).ok();
+    if let Some(v) = &head {
+        if v.version != PROTOCOL_VERSION {
+            return Err(ProtocolViolation::Version { found: v.version });
+        }
+    }
+    // A list, which may hold 100,000 connections, is read straight into
+    // its type (`ConnectionsAnswer`); everything else through the
+    // envelope, whose internally tagged reply is read into a buffer first.
+    let kind = head.and_then(|h| h.ok).and_then(|t| t.kind);
+    if kind.as_deref() == Some(CONNECTIONS_TYPE) {
+        let list: ConnectionsAnswer =
+            serde_json::from_slice(answer).map_err(ProtocolViolation::Malformed)?;
+        return Ok(Ok(Reply::Connections {
+            connections: list.ok.connections,
+        }));
+    }
+    let response: ResponseEnvelope =
+        serde_json::from_slice(answer).map_err(ProtocolViolation::Malformed)?;
+    Ok(match response.outcome {
+        Outcome::Ok(reply) => Ok(reply),
+        Outcome::Error(body) => Err(body),
+    })
 }
 
 /// "No such file or directory" rather than "No such file or directory (os
@@ -405,6 +426,52 @@ fn unreachable_hint(e: &io::Error) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_list_answer_reads_as_the_envelope_does() {
+        let listed: ListedConnection = serde_json::from_str(
+            r#"{"id":1,"proto":"tcp","virtual_local":"10.0.0.1:1","virtual_remote":"10.0.0.2:2",
+            "physical_local":"10.0.0.1:1","physical_remote":"10.0.0.2:2","state":"native",
+            "cookie":3,"cgroup_id":0,"cgroup":null,"pid":null,"command":null,"age_secs":0,
+            "mobile":true}"#,
+        )
+        .expect("a listing");
+        let reply = Reply::Connections {
+            connections: vec![listed.clone(), listed],
+        };
+        let line = serde_json::to_vec(&ResponseEnvelope::ok(reply.clone())).expect("JSON");
+        assert_eq!(decode_reply(&line).expect("decodes"), Ok(reply));
+        // An empty list, and other replies and errors, as before.
+        let empty = Reply::Connections {
+            connections: vec![],
+        };
+        let line = serde_json::to_vec(&ResponseEnvelope::ok(empty.clone())).expect("JSON");
+        assert_eq!(decode_reply(&line).expect("decodes"), Ok(empty));
+        let other = Reply::CgroupDisabled { path: "/x".into() };
+        let line = serde_json::to_vec(&ResponseEnvelope::ok(other.clone())).expect("JSON");
+        assert_eq!(decode_reply(&line).expect("decodes"), Ok(other));
+        let line =
+            serde_json::to_vec(&ResponseEnvelope::error(ErrorKind::Datapath, "no")).expect("JSON");
+        let body = decode_reply(&line).expect("decodes").expect_err("an error");
+        assert_eq!(
+            (body.kind, body.message.as_str()),
+            (ErrorKind::Datapath, "no")
+        );
+    }
+
+    #[test]
+    fn a_bad_list_answer_is_a_protocol_violation() {
+        // Another version, whatever follows.
+        let v = decode_reply(br#"{"version":99,"ok":{"type":"connections","connections":7}}"#);
+        assert!(matches!(v, Err(ProtocolViolation::Version { found: 99 })));
+        // A list whose element is not a connection.
+        let v =
+            decode_reply(br#"{"version":1,"ok":{"type":"connections","connections":[{"id":1}]}}"#);
+        assert!(matches!(v, Err(ProtocolViolation::Malformed(_))), "{v:?}");
+        // Not JSON at all.
+        let v = decode_reply(b"connections");
+        assert!(matches!(v, Err(ProtocolViolation::Malformed(_))), "{v:?}");
+    }
 
     #[tokio::test]
     async fn unreachable_daemon_error_is_one_clear_sentence() {
