@@ -372,6 +372,11 @@ impl Subscription {
     }
 }
 
+#[derive(serde::Deserialize)]
+struct VersionOnly {
+    version: u32,
+}
+
 /// `Reply::Connections`'s tag on the wire.
 const CONNECTIONS_TYPE: &str = "connections";
 
@@ -380,16 +385,23 @@ const CONNECTIONS_TYPE: &str = "connections";
 fn decode_reply(answer: &[u8]) -> Result<Result<Reply, ErrorBody>, ProtocolViolation> {
     // Check the version before the shape, so a newer daemon's unknown
     // reply types are reported as a version mismatch, not as garbage.
-    let head = serde_json::from_slice::<AnswerHead>(answer).ok();
-    if let Some(v) = &head {
-        if v.version != PROTOCOL_VERSION {
-            return Err(ProtocolViolation::Version { found: v.version });
+    // The version and the reply's type in one pass; if what follows the
+    // version has a shape the head does not expect, the version alone.
+    let head = match serde_json::from_slice::<AnswerHead>(answer) {
+        Ok(h) => Some((h.version, h.ok.and_then(|t| t.kind))),
+        Err(_) => serde_json::from_slice::<VersionOnly>(answer)
+            .ok()
+            .map(|v| (v.version, None)),
+    };
+    if let Some((version, _)) = &head {
+        if *version != PROTOCOL_VERSION {
+            return Err(ProtocolViolation::Version { found: *version });
         }
     }
     // A list, which may hold 100,000 connections, is read straight into
     // its type (`ConnectionsAnswer`); everything else through the
     // envelope, whose internally tagged reply is read into a buffer first.
-    let kind = head.and_then(|h| h.ok).and_then(|t| t.kind);
+    let kind = head.and_then(|(_, kind)| kind);
     if kind.as_deref() == Some(CONNECTIONS_TYPE) {
         let list: ConnectionsAnswer =
             serde_json::from_slice(answer).map_err(ProtocolViolation::Malformed)?;
@@ -464,6 +476,16 @@ mod tests {
         // Another version, whatever follows.
         let v = decode_reply(br#"{"version":99,"ok":{"type":"connections","connections":7}}"#);
         assert!(matches!(v, Err(ProtocolViolation::Version { found: 99 })));
+        let v = decode_reply(br#"{"version":2,"ok":["a","reply","of","another","shape"]}"#);
+        assert!(
+            matches!(v, Err(ProtocolViolation::Version { found: 2 })),
+            "{v:?}"
+        );
+        let v = decode_reply(br#"{"version":2,"ok":{"type":7}}"#);
+        assert!(
+            matches!(v, Err(ProtocolViolation::Version { found: 2 })),
+            "{v:?}"
+        );
         // A list whose element is not a connection.
         let v =
             decode_reply(br#"{"version":1,"ok":{"type":"connections","connections":[{"id":1}]}}"#);
