@@ -72,6 +72,11 @@ def overhead(r, out):
          "Connection setup (paper Fig. 6-5)"),
     ]
     for name, kind, fields, title in specs:
+        # A kind left out (`--only`) has no rows: no plot, rather than an
+        # empty one over the last full run's.
+        if not any(c.get("by_size") for c in r.get(kind, {}).values()):
+            print(f"{name}: not measured in this run, not drawn")
+            continue
         fig, axes = plt.subplots(1, len(fields), figsize=(6 * len(fields), 4.2), squeeze=False)
         for ax, (field, ylabel) in zip(axes[0], fields):
             lines_by_size(ax, r, kind, field, ylabel)
