@@ -315,3 +315,125 @@ print("done", flush=True)
         "an owner entry outlived its socket"
     );
 }
+
+/// A simultaneous open (both ends connect() to each other, as TCP hole
+/// punching does): the end whose SYN_SENT socket meets its peer's SYN is
+/// established through SYN_RECV, by sock_ops' passive callback. Its
+/// connect() owner must still be taken out of the map and put on its
+/// record.
+#[test]
+fn a_simultaneous_open_keeps_its_owner_and_leaves_no_entry() {
+    use std::io::{BufRead, BufReader, Write};
+
+    let topo = SameLink::new("recsim", false);
+    let lap = Host::new(&topo.laptop, "recsim");
+    let (lap_ip, srv_ip) = (topo.laptop_addr.v4, topo.server_addr.v4);
+    let (lap_port, srv_port) = (7100u16, 7101u16);
+    let script = r#"
+import errno, select, socket, sys
+lip, lport, rip, rport = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((lip, lport))
+s.setblocking(False)
+err = s.connect_ex((rip, rport))
+if err != errno.EINPROGRESS:
+    sys.exit("connect: %s" % errno.errorcode.get(err, err))
+print("sent", flush=True)
+_, w, _ = select.select([], [s], [], 20)
+if not w:
+    sys.exit("never connected")
+err = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+if err:
+    sys.exit("connect failed: %s" % errno.errorcode.get(err, err))
+print("connected", flush=True)
+sys.stdin.readline()
+s.close()
+"#;
+    // Each end drops the other's bare SYNs until the test lets them in.
+    let drop_syns = |ns: &vnat_tests::Netns, port: u16| {
+        ns.run(&["nft", "add table inet simopen"]);
+        ns.run(&[
+            "nft",
+            "add chain inet simopen in { type filter hook input priority 0 ; }",
+        ]);
+        ns.run(&[
+            "nft",
+            &format!(
+                "add rule inet simopen in tcp dport {port} tcp flags & (syn | ack) == syn drop"
+            ),
+        ]);
+    };
+    drop_syns(&topo.laptop, lap_port);
+    drop_syns(&topo.server, srv_port);
+    let spawn = |mut cmd: std::process::Command, args: [String; 4]| {
+        cmd.arg("-c")
+            .arg(script)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        let mut child = Kill(cmd.spawn().expect("starting python3"));
+        let out = BufReader::new(child.0.stdout.take().expect("its stdout"));
+        (child, out)
+    };
+    let line = |out: &mut BufReader<std::process::ChildStdout>| {
+        let mut l = String::new();
+        out.read_line(&mut l).expect("reading python3");
+        l.trim().to_string()
+    };
+    let (mut lap_py, mut lap_out) = spawn(
+        lap.command("/usr/bin/python3"),
+        [
+            lap_ip.to_string(),
+            lap_port.to_string(),
+            srv_ip.to_string(),
+            srv_port.to_string(),
+        ],
+    );
+    let (mut srv_py, mut srv_out) = spawn(
+        topo.server.cmd("/usr/bin/python3"),
+        [
+            srv_ip.to_string(),
+            srv_port.to_string(),
+            lap_ip.to_string(),
+            lap_port.to_string(),
+        ],
+    );
+    assert_eq!(line(&mut lap_out), "sent");
+    assert_eq!(line(&mut srv_out), "sent");
+    assert_eq!(
+        connecting_owners(&lap).len(),
+        1,
+        "the laptop's connecting socket has its owner recorded"
+    );
+    // The server's next SYN reaches the laptop's socket in SYN_SENT: the
+    // laptop's end goes through SYN_RECV (the server's own SYN stays
+    // dropped, so the server's end completes as an ordinary connect).
+    topo.laptop.run(&["nft", "delete table inet simopen"]);
+    assert_eq!(
+        line(&mut lap_out),
+        "connected",
+        "the simultaneous open failed"
+    );
+    assert_eq!(line(&mut srv_out), "connected", "the server's end failed");
+    topo.server.run(&["nft", "delete table inet simopen"]);
+    assert_eq!(
+        connecting_owners(&lap),
+        Vec::<u32>::new(),
+        "the established socket's owner entry stayed behind"
+    );
+    let local = SocketAddr::new(lap_ip.into(), lap_port);
+    let c = lap.wait_connection("the simultaneous open", |c| c.virtual_local == local);
+    assert_eq!(
+        c.pid,
+        Some(lap_py.0.id()),
+        "the connection carries the process that called connect(): {c:?}"
+    );
+    for (py, who) in [(&mut lap_py, "laptop"), (&mut srv_py, "server")] {
+        writeln!(py.0.stdin.as_mut().expect("its stdin")).expect("telling python3 to end");
+        assert!(
+            py.0.wait().expect("python3's status").success(),
+            "the {who}'s python3 failed"
+        );
+    }
+}

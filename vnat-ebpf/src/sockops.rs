@@ -111,19 +111,18 @@ fn on_established(ctx: &SockOpsContext, origin: u8) {
     let Some(key) = key_of(ctx) else { return };
     // SAFETY: as above, the context pointer is the argument.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.ops as *mut _) };
-    // Who connected (nobody for an accepted connection, which never called
-    // connect(), so nothing is looked up for it), taken out of the map
-    // whatever becomes of the connection, and its charge given back.
-    let owner = if origin == ORIGIN_TCP_ACTIVE {
-        // SAFETY: the map is not preallocated: an element deleted while we
-        // hold the reference is freed only after an RCU grace period, which
-        // this program's run is inside. Keyed by this socket's cookie,
-        // written only by this socket's connect hook (before the handshake
-        // that ends here), and copied out at once.
-        unsafe { VNAT_CONNECTING.get(&cookie) }.copied()
-    } else {
-        None
-    };
+    // Who connected (nobody for an accepted connection), taken out of the
+    // map whatever becomes of the connection, and its charge given back.
+    // Looked up for a passive establishment too: a socket that called
+    // connect() and met its peer's SYN (a simultaneous open, as TCP hole
+    // punching does) is established through SYN_RECV, by the passive
+    // callback, and its entry must not stay behind.
+    // SAFETY: the map is not preallocated: an element deleted while we hold
+    // the reference is freed only after an RCU grace period, which this
+    // program's run is inside. Keyed by this socket's cookie, written only
+    // by this socket's connect hook (before the handshake that ends here),
+    // and copied out at once.
+    let owner = unsafe { VNAT_CONNECTING.get(&cookie) }.copied();
     if let Some(o) = owner {
         if VNAT_CONNECTING.remove(&cookie).is_ok() {
             uncharge(o.uid, Charge::Connecting);
