@@ -72,6 +72,13 @@ pub(crate) struct Conn {
     /// We send to `pending_remote` already, under the datapath's
     /// anti-amplification budget (`Event::SendUnvalidated`).
     pub sending_unvalidated: bool,
+    /// Our own move changed `local_phys`, and the peer has not yet shown
+    /// that it knows the new address: no UPD, UPD_R or SWITCHED of it has
+    /// arrived there. Until one does, its kernel may not take our packets
+    /// from there, so we send nothing to it before validation
+    /// (`update::send_unvalidated`), even once our move is over: an
+    /// update it sent to our old address can reach us after that.
+    pub local_unproven: bool,
     pub keyx: Option<KeyxState>,
     /// Our answer to the peer's last KEYX: (peer's value, ours).
     pub keyx_answer: Option<([u8; 32], [u8; 32])>,
@@ -763,6 +770,7 @@ impl Conn {
             pending_remote: None,
             nat_candidate: None,
             sending_unvalidated: false,
+            local_unproven: false,
             keyx: None,
             keyx_answer: None,
             keyx_answer_seq: 0,

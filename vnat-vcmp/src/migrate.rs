@@ -105,6 +105,7 @@ impl Endpoint {
         let own_old = c.local_phys.ip();
         let peer_old = c.remote_phys.ip();
         c.local_phys = new_local;
+        c.local_unproven = true;
         // A claim still unanswered is moot once we move.
         if c.claim_retry.take().is_some() {
             if let Some(s) = c.settling.as_mut() {

@@ -270,6 +270,15 @@ impl Endpoint {
             Ok(()) => {
                 if let Some(c) = self.conns.get_mut(&flow) {
                     c.replay.commit(rec.seq);
+                    // The peer sent this to where our move took us, and
+                    // made its receive side ready for that address first
+                    // (an update, its answer, or SWITCHED: not a RESPONSE,
+                    // which goes wherever our CHALLENGE came from).
+                    if matches!(kind, Kind::Upd | Kind::UpdR | Kind::Switched)
+                        && ctx.rx_to == Some(c.local_phys.ip())
+                    {
+                        c.local_unproven = false;
+                    }
                     // Under the keys that were current when it arrived: the
                     // peer has them (a KEYX changed them since, and says
                     // for itself where it stands).

@@ -6,11 +6,13 @@ use crate::stats::Counter;
 use std::time::Duration;
 
 use super::endpoint::{Config, Event};
-use super::sim::{reverse, Link};
+use super::sim::{ip, reverse, Link, Sim};
 use super::sim_tests::{
-    both_moved, claimed_where_nobody_answers, moved, resume, setup, setup_with_location_server,
+    assert_both_resumed_at, both_moved, claimed_where_nobody_answers, moved, resume, setup,
+    setup_with_location_server, B_IP,
 };
 use super::wire::Kind;
+use crate::flow::VirtualFlow;
 
 /// Both ends move: the first update to reach its receiver at the new
 /// address its own move took it to (the sender found that address through
@@ -56,6 +58,8 @@ fn when_both_ends_moved_an_update_to_our_new_address_is_sent_to_at_once() {
         flows.len(),
         "one end of each connection hears of the other's new address first, at its own new address"
     );
+    assert_early_sends_meet_a_ready_peer(&sim, 0, 1, &flows, "10.0.1.1");
+    assert_early_sends_meet_a_ready_peer(&sim, 1, 0, &b_flows, "10.0.2.2");
 }
 
 /// Our move is planned (the old address stays up) and the peer moves too:
@@ -198,4 +202,87 @@ fn an_early_switch_whose_address_never_answers_is_reverted() {
     );
     let v = sim.hosts[1].ep.connection(&b).expect("flow");
     assert_eq!((v.remote_phys, v.pending_remote), (f.local, None));
+}
+
+/// Every early send of host `h` to its peer (host `peer`) of `flows` went
+/// to a peer whose receive side was ready for it: the peer had prepared
+/// for (the address sent to, `h`'s address at `h_ip`) before. Otherwise
+/// the peer's kernel meets a packet of a connection it does not have and
+/// resets it.
+fn assert_early_sends_meet_a_ready_peer(
+    sim: &Sim,
+    h: usize,
+    peer: usize,
+    flows: &[VirtualFlow],
+    h_ip: &str,
+) {
+    let h_ip: std::net::IpAddr = h_ip.parse().expect("ip");
+    for f in flows {
+        let theirs = reverse(f);
+        for (t, e) in sim.events(
+            h,
+            |e| matches!(e, Event::SendUnvalidated { flow, .. } if flow == f),
+        ) {
+            let Event::SendUnvalidated { remote, .. } = e else {
+                unreachable!("filtered to SendUnvalidated")
+            };
+            let ready = sim
+                .events(peer, |e| {
+                    matches!(e, Event::PrepareReceive { flow, local, remote: r }
+                        if *flow == theirs && local == remote && r.ip() == h_ip)
+                })
+                .any(|(tp, _)| tp <= t);
+            assert!(
+                ready,
+                "host {h} sent {f:?} to {remote} from {h_ip} at {t:?}, before its peer was ready for that address"
+            );
+        }
+    }
+}
+
+/// Both ends move; the server's old address is routed to its new link, so
+/// the laptop's updates, sent to the server's old address before it knows
+/// the new one, arrive there, several in one burst (they waited in a
+/// router). The first ends the server's own move (the peer found it);
+/// the copies behind it must not make the server send from its new
+/// address, which the laptop does not know yet: its kernel would reset
+/// the connection (seen in `both_move_old_server_location_answers_v6`).
+#[test]
+fn updates_at_our_old_address_after_our_move_ended_wait_for_validation() {
+    let (mut sim, flows) = setup(47, Link::default(), Config::default(), 1);
+    let f = flows[0];
+    let b = reverse(&f);
+    let (laptop_new, server_old, server_new) = ("10.0.1.1", ip(B_IP), "10.0.2.2");
+    sim.move_host(0, laptop_new);
+    sim.move_host(1, server_new);
+    sim.hosts[1].routes.push(server_old);
+    // The server's update goes to the laptop's old address: lost.
+    resume(&mut sim, 1, &[b], server_new);
+    // The laptop's first update and its retransmission, held back.
+    let mut held = sim.capture(0, |ep, now, rng| {
+        ep.resume(now, rng, &[(f, moved(&f, laptop_new))])
+            .expect("resume")
+    });
+    sim.now = sim.hosts[0]
+        .ep
+        .poll_timeout()
+        .expect("a retransmission timer");
+    held.extend(sim.capture(0, |ep, now, rng| ep.handle_timeout(now, rng)));
+    let updates: Vec<_> = held
+        .iter()
+        .filter(|t| t.dst.ip() == server_old && t.payload.get(1) == Some(&(Kind::Upd as u8)))
+        .collect();
+    assert!(
+        updates.len() >= 2,
+        "the laptop must have sent its update twice to the server's old address"
+    );
+    let from = std::net::SocketAddr::new(ip(laptop_new), sim.hosts[0].ep.cfg.port);
+    sim.with(1, |ep, now, rng| {
+        for t in &updates {
+            ep.handle_datagram_at(now, rng, from, Some(server_old), &t.payload);
+        }
+    });
+    sim.run_for(Duration::from_secs(60));
+    assert_early_sends_meet_a_ready_peer(&sim, 1, 0, &[b], server_new);
+    assert_both_resumed_at(&sim, &flows, laptop_new, server_new);
 }

@@ -180,14 +180,18 @@ impl Endpoint {
     /// first), and not to an address that already answered (switched
     /// outright).
     ///
-    /// While our own end moves too, only for an update sent to our new
-    /// address (`Ctx::rx_to`, known when the caller gives the datagram's
+    /// After our own end moved, only once the peer has shown it knows our
+    /// new address (`Conn::local_unproven`), or for an update sent there
+    /// (`Ctx::rx_to`, known when the caller gives the datagram's
     /// destination): its sender knew where we went, and its vnatd made its
     /// receive side ready for that address before the update left, so our
     /// packets from there meet a translation, not a reset. An update that
     /// reached us elsewhere (our old address, still up during a planned
-    /// move) may come from a peer that does not know our new address yet:
-    /// the send side follows its validation then, as before.
+    /// move or routed to us) may come from a peer that does not know our
+    /// new address yet: the send side follows its validation then. That
+    /// holds after our move is over too: the peer's first update, arriving
+    /// at our old address, ends our move (it found us), and copies of it
+    /// that it sent there before may follow in the same burst.
     fn send_unvalidated(&mut self, ctx: &Ctx, flow: &VirtualFlow, addr: SocketAddr) {
         let Some(c) = self.conns.get_mut(flow) else {
             return;
@@ -195,7 +199,7 @@ impl Endpoint {
         if c.pending_remote.map(|(a, _)| a) != Some(addr) || addr.port() == 0 {
             return;
         }
-        if c.mig.is_some() && ctx.rx_to != Some(c.local_phys.ip()) {
+        if c.local_unproven && ctx.rx_to != Some(c.local_phys.ip()) {
             return;
         }
         c.sending_unvalidated = true;
