@@ -175,21 +175,35 @@ impl Handler {
             require_absolute(path).map_err(RequestError::InvalidArgument)?;
         }
         let req = request.clone();
-        let result = self
+        let asked = std::time::Instant::now();
+        let (result, waited) = self
             .datapath
-            .run_blocking(move |dp| match req {
-                Request::Status => dp.status().map(Done::Status),
-                Request::List => dp.connections().map(Done::Connections),
-                Request::EnableCgroup {
-                    path,
-                    hide_location,
-                } => enable(dp, path, hide_location),
-                Request::DisableCgroup { path } => {
-                    dp.disable_cgroup(&path).map(|()| Done::Disabled(path))
-                }
-                _ => Ok(Done::Misrouted),
+            .run_blocking(move |dp| {
+                // How long the datapath thread's other work kept us.
+                let waited = asked.elapsed();
+                let r = match req {
+                    Request::Status => dp.status().map(Done::Status),
+                    Request::List => dp.connections().map(Done::Connections),
+                    Request::EnableCgroup {
+                        path,
+                        hide_location,
+                    } => enable(dp, path, hide_location),
+                    Request::DisableCgroup { path } => {
+                        dp.disable_cgroup(&path).map(|()| Done::Disabled(path))
+                    }
+                    _ => Ok(Done::Misrouted),
+                };
+                (r, waited)
             })
             .map_err(|DatapathGone| RequestError::DatapathGone)?;
+        if let Ok(Done::Connections(c)) = &result {
+            tracing::debug!(
+                connections = c.len(),
+                waited_ms = waited.as_millis() as u64,
+                listed_ms = (asked.elapsed() - waited).as_millis() as u64,
+                "control: list read from the datapath"
+            );
+        }
         log_change(request, result.as_ref().err());
         let mut reply = match result.map_err(RequestError::Datapath)? {
             Done::Status(datapath) => {
@@ -253,9 +267,15 @@ impl Handler {
             }
             return;
         }
+        let asked = std::time::Instant::now();
         match self.ask(|reply| Command::Mobility { reply }) {
             Ok(mobility) => {
-                for c in connections {
+                tracing::debug!(
+                    flows = mobility.len(),
+                    took_ms = asked.elapsed().as_millis() as u64,
+                    "control: list's mobility from the driver"
+                );
+                for c in connections.iter_mut() {
                     let m = mobility.get(&flow_of(&c.info));
                     c.mobile = m.is_some_and(|m| m.mobile);
                     c.seen_by_peer_as = m.and_then(|m| m.seen_by_peer_as);

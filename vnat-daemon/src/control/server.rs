@@ -292,22 +292,44 @@ async fn serve_client(stream: UnixStream, handler: Handler) {
         }
         let h = handler.clone();
         // Datapath calls are synchronous syscalls: keep them off the reactor.
-        let response = tokio::task::spawn_blocking(move || h.handle_line(&line))
-            .await
-            .unwrap_or_else(|e| {
-                tracing::error!(error = %e, "control: request handler panicked");
-                ResponseEnvelope::error(
-                    ErrorKind::Internal,
-                    "vnatd failed while handling this request; see its log",
-                )
-            });
+        // So is writing the answer out: a listing of 100,000 connections is
+        // tens of megabytes of JSON, a few hundred milliseconds that the
+        // runtime's worker (which the driver's moves need) must not spend.
+        let answered = tokio::task::spawn_blocking(move || {
+            let response = h.handle_line(&line);
+            let monitoring = matches!(&response.outcome, Outcome::Ok(Reply::Monitoring));
+            (monitoring, encode(&response))
+        })
+        .await
+        .unwrap_or_else(|e| {
+            tracing::error!(error = %e, "control: request handler panicked");
+            let response = ResponseEnvelope::error(
+                ErrorKind::Internal,
+                "vnatd failed while handling this request; see its log",
+            );
+            (false, encode(&response))
+        });
+        let (monitoring, bytes) = answered;
         // A `monitor` request turns the connection into a subscription,
         // made before the answer leaves so that nothing after it is missed.
-        let subscription = match &response.outcome {
-            Outcome::Ok(Reply::Monitoring) => handler.subscribe(),
-            _ => None,
+        let subscription = if monitoring {
+            handler.subscribe()
+        } else {
+            None
         };
-        if let Err(e) = send(&mut write, &response).await {
+        let (size, started) = (
+            bytes.as_ref().map_or(0, Vec::len),
+            std::time::Instant::now(),
+        );
+        let written = write_answer(&mut write, bytes).await;
+        if size > 1 << 20 {
+            tracing::debug!(
+                bytes = size,
+                took_ms = started.elapsed().as_millis() as u64,
+                "control: a large answer written"
+            );
+        }
+        if let Err(e) = written {
             tracing::debug!(error = %e, "control: client write failed");
             return;
         }
@@ -344,8 +366,17 @@ async fn stream_events(
 }
 
 async fn send(write: &mut OwnedWriteHalf, response: &ResponseEnvelope) -> io::Result<()> {
+    write_answer(write, encode(response)).await
+}
+
+/// One answer as a JSON line.
+fn encode(response: &ResponseEnvelope) -> io::Result<Vec<u8>> {
     let mut bytes = serde_json::to_vec(response).map_err(io::Error::other)?;
     bytes.push(b'\n');
-    write.write_all(&bytes).await?;
+    Ok(bytes)
+}
+
+async fn write_answer(write: &mut OwnedWriteHalf, bytes: io::Result<Vec<u8>>) -> io::Result<()> {
+    write.write_all(&bytes?).await?;
     write.flush().await
 }

@@ -256,7 +256,8 @@ impl Driver {
                 let _ = reply.send(out);
             }
             Command::Mobility { reply } => {
-                let m = self
+                let started = std::time::Instant::now();
+                let m: HashMap<_, _> = self
                     .endpoint
                     .connections()
                     .filter_map(|f| {
@@ -302,6 +303,11 @@ impl Driver {
                         )
                     }))
                     .collect();
+                tracing::debug!(
+                    flows = m.len(),
+                    took_ms = started.elapsed().as_millis() as u64,
+                    "mobility of every connection, for a listing"
+                );
                 let _ = reply.send(m);
             }
             Command::Export { flows, to, reply } => {
