@@ -192,12 +192,13 @@ def vcmp(r, out):
 
 
 def scale(r, out):
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.5))
     times = r.get("times_s", {})
     axes[0].bar(list(times.keys()), [med(v) or 0 for v in times.values()])
     axes[0].set_ylabel("seconds")
-    axes[0].set_title("%s connections: times" % r.get("conns"))
-    plt.setp(axes[0].get_xticklabels(), rotation=15)
+    axes[0].set_yscale("log")
+    axes[0].set_title("%s connections: times (log scale)" % r.get("conns"))
+    plt.setp(axes[0].get_xticklabels(), rotation=30, ha="right")
     mem = r.get("memory_mib", {})
     axes[1].bar(list(mem.keys()), list(mem.values()))
     axes[1].set_ylabel("MiB")

@@ -325,7 +325,8 @@ fn scale_json(results: &[(usize, Vec<RunResult>)], restore: &Value) -> Value {
     serde_json::json!({
         "benchmark": "scale",
         "what": "N live TCP connections between two namespace hosts through vnatd: the time vnatctl ls takes \
-                 (table and --json) on both hosts, the daemons' resident memory and their BPF maps' kernel \
+                 (table and --json) on both hosts, with the harness's traffic running and with its clients paused \
+                 (_harness_quiet), the daemons' resident memory and their BPF maps' kernel \
                  memory (fdinfo memlock) with all N recorded, and the time to resume all N after the laptop \
                  moves (as the restore benchmark measures it)",
         "conns": runs.first().map(|r| r.conns),
@@ -335,6 +336,9 @@ fn scale_json(results: &[(usize, Vec<RunResult>)], restore: &Value) -> Value {
             "vnatctl_ls_laptop": pick(&|s: &Value| s["ls_laptop_s"].as_f64()),
             "vnatctl_ls_json_laptop": pick(&|s: &Value| s["ls_json_laptop_s"].as_f64()),
             "vnatctl_ls_server": pick(&|s: &Value| s["ls_server_s"].as_f64()),
+            "vnatctl_ls_laptop_harness_quiet": pick(&|s: &Value| s["ls_quiet_laptop_s"].as_f64()),
+            "vnatctl_ls_json_laptop_harness_quiet": pick(&|s: &Value| s["ls_quiet_json_laptop_s"].as_f64()),
+            "vnatctl_ls_server_harness_quiet": pick(&|s: &Value| s["ls_quiet_server_s"].as_f64()),
             "resume_all": resume,
         },
         "memory_mib": {
@@ -355,7 +359,7 @@ fn scale_table(s: &Value) -> String {
     for (k, v) in s["times_s"].as_object().into_iter().flatten() {
         let _ = writeln!(
             t,
-            "  {k:<28} {:>10} s",
+            "  {k:<38} {:>10} s",
             v["median"]
                 .as_f64()
                 .map_or("-".into(), |x| format!("{x:.3}"))
@@ -364,7 +368,7 @@ fn scale_table(s: &Value) -> String {
     for (k, v) in s["memory_mib"].as_object().into_iter().flatten() {
         let _ = writeln!(
             t,
-            "  {k:<28} {:>10} MiB",
+            "  {k:<38} {:>10} MiB",
             v.as_f64().map_or("-".into(), |x| format!("{x:.1}"))
         );
     }
@@ -429,7 +433,12 @@ fn time_ls(d: &Daemon, json: bool) -> Result<(f64, usize)> {
     Ok((secs, rows))
 }
 
-fn measure_scale(lapd: &Daemon, srvd: &Daemon, n: usize) -> Result<Value> {
+/// `vnatctl ls` on both hosts, the daemons' memory and their maps' with
+/// all `n` connections open: first with the harness's traffic running (each
+/// connection writes once a second, through the userspace delay line, which
+/// on a 2-core machine keeps up to both cores busy), then with the clients
+/// paused, which is what vnat's own share of the figure is.
+fn measure_scale(lapd: &Daemon, srvd: &Daemon, client: &mut Helpers, n: usize) -> Result<Value> {
     // A listing vnatctl gave up on (it waits 10 s) is a figure too, "over
     // 10 s", not the end of the run: the move is still to be measured.
     let timed = |d: &Daemon, json: bool, what: &str| match time_ls(d, json) {
@@ -439,14 +448,34 @@ fn measure_scale(lapd: &Daemon, srvd: &Daemon, n: usize) -> Result<Value> {
             (None, 0, Some(format!("{e:#}")))
         }
     };
+    let mark = cpu::Mark::now(lapd.pid(), srvd.pid());
     let (ls_laptop, rows_l, err_l) = timed(lapd, false, "vnatctl ls on the laptop");
     let (ls_json_laptop, rows_lj, err_lj) = timed(lapd, true, "vnatctl --json ls on the laptop");
     let (ls_server, rows_s, err_s) = timed(srvd, false, "vnatctl ls on the server");
+    let cpu_loaded = mark.to(&cpu::Mark::now(lapd.pid(), srvd.pid()));
     ensure!(
         err_lj.is_some() || rows_lj >= n,
         "vnatctl --json ls on the laptop listed {rows_lj} connections, fewer than the {n} open"
     );
+    // The harness quiet: no writes, so no echoes and nothing through the
+    // delay line (what is in flight drains in the first second).
+    client.send("pause")?;
+    vnat_bench::sleep_checked(Duration::from_secs(2))?;
+    let mark = cpu::Mark::now(lapd.pid(), srvd.pid());
+    let (quiet_laptop, _, _) = timed(lapd, false, "vnatctl ls on the laptop, harness quiet");
+    let (quiet_json_laptop, _, _) =
+        timed(lapd, true, "vnatctl --json ls on the laptop, harness quiet");
+    let (quiet_server, _, _) = timed(srvd, false, "vnatctl ls on the server, harness quiet");
+    let cpu_quiet = mark.to(&cpu::Mark::now(lapd.pid(), srvd.pid()));
+    client.send("go")?;
+    // Every connection writes again before anything is measured.
+    vnat_bench::sleep_checked(Duration::from_secs(2))?;
     Ok(serde_json::json!({
+        "ls_cpu_loaded": cpu_loaded,
+        "ls_quiet_laptop_s": quiet_laptop,
+        "ls_quiet_json_laptop_s": quiet_json_laptop,
+        "ls_quiet_server_s": quiet_server,
+        "ls_cpu_quiet": cpu_quiet,
         "ls_laptop_s": ls_laptop,
         "ls_laptop_rows": rows_l,
         "ls_laptop_error": err_l,
@@ -580,7 +609,7 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
     })?;
     wait_mobile(&lapd, &srvd, n, server, ports, setup)?;
     let scale = if args.scale {
-        Some(measure_scale(&lapd, &srvd, n)?)
+        Some(measure_scale(&lapd, &srvd, &mut client, n)?)
     } else {
         None
     };

@@ -18,6 +18,8 @@
 //!   connections still waiting should not compete with finished ones);
 //! - `verify`: write one more message on every connection and report how
 //!   many came back (the connections carry on, same sockets, bytes intact);
+//! - `pause` / `go`: stop writing at the ticks, and start again (the scale
+//!   benchmark times `vnatctl ls` with the harness quiet too);
 //! - `quit` or end of input: exit.
 //!
 //! On stdout, JSON lines:
@@ -112,6 +114,7 @@ fn client(to: &[SocketAddr], n: usize, interval: Duration) -> io::Result<()> {
     let (mut started, mut connected, mut echoing, mut measured, mut failed) =
         (0usize, 0usize, 0usize, 0usize, 0usize);
     let mut armed = false;
+    let mut paused = false;
     let mut mark: Option<u64> = None;
     // `verify`: (connections asked, echoes still due, echoes back).
     let mut verifying: Option<(usize, usize, usize)> = None;
@@ -137,7 +140,7 @@ fn client(to: &[SocketAddr], n: usize, interval: Duration) -> io::Result<()> {
             for (i, c) in conns
                 .iter_mut()
                 .enumerate()
-                .filter(|(_, c)| c.connected && !c.failed && !c.measured)
+                .filter(|(_, c)| !paused && c.connected && !c.failed && !c.measured)
             {
                 if let Err(e) = write_message(c, &mut stats) {
                     fail(i, c, &epoll, &mut out, &mut failed, &mut verifying, &e)?;
@@ -182,6 +185,8 @@ fn client(to: &[SocketAddr], n: usize, interval: Duration) -> io::Result<()> {
                     let mut words = cmd.split_whitespace();
                     match (words.next(), words.next()) {
                         (Some("arm"), _) => armed = true,
+                        (Some("pause"), _) => paused = true,
+                        (Some("go"), _) => paused = false,
                         (Some("mark"), Some(t)) => {
                             let t: u64 = t
                                 .parse()
