@@ -9,6 +9,7 @@ use crate::maps::count;
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86DD;
 /// Offsets inside the IPv4 header.
+const IP4_ID_OFF: usize = 4;
 pub(super) const IP4_FRAG_OFF: usize = 6;
 pub(super) const IP4_PROTO_OFF: usize = 9;
 pub(super) const IP4_CSUM_OFF: usize = 10;
@@ -25,6 +26,28 @@ pub(super) const IP6_FRAGHDR_LEN: usize = 8;
 /// Offsets of the checksum inside the L4 header.
 pub(super) const TCP_CSUM_OFF: usize = 16;
 pub(super) const UDP_CSUM_OFF: usize = 6;
+
+/// The byte at offset `off` of a header read as words (network order in
+/// memory, as on the wire). The offsets are constants: the indexing folds
+/// away.
+#[inline(always)]
+fn byte_at<const N: usize>(h: &[u32; N], off: usize) -> u8 {
+    h[off / 4].to_ne_bytes()[off % 4]
+}
+
+/// The big-endian 16-bit field at offset `off` of a header read as words.
+#[inline(always)]
+fn be16_at<const N: usize>(h: &[u32; N], off: usize) -> u16 {
+    u16::from_be_bytes([byte_at(h, off), byte_at(h, off + 1)])
+}
+
+/// The 16-byte address at offset `off` (a multiple of 4) of a header read
+/// as words, as the key holds it.
+#[inline(always)]
+fn words_at<const N: usize>(h: &[u32; N], off: usize) -> [u32; 4] {
+    let w = off / 4;
+    [h[w], h[w + 1], h[w + 2], h[w + 3]]
+}
 
 /// Where the interesting fields of a parsed packet are.
 ///
@@ -148,26 +171,24 @@ fn parse_ip(ctx: &TcContext, l2: usize) -> Option<Parsed> {
             // so that every read below is an aligned one (the verifier
             // refuses a misaligned stack access).
             let h: [u32; 5] = ctx.load(l3).ok()?;
-            let [vihl, _, _, _] = h[0].to_ne_bytes();
+            let vihl = byte_at(&h, 0);
             // Honour IHL: options move the L4 header.
             let ihl = (vihl & 0x0f) as usize;
             if vihl >> 4 != 4 || ihl < 5 {
                 count(STAT_PASS_TRUNCATED);
                 return None;
             }
-            let [_, proto, _, _] = h[2].to_ne_bytes();
-            key.proto = proto;
+            key.proto = byte_at(&h, IP4_PROTO_OFF);
             if key.proto != PROTO_TCP && key.proto != PROTO_UDP && key.proto != PROTO_ICMP {
                 return None;
             }
-            let [id_hi, id_lo, frag_hi, frag_lo] = h[1].to_ne_bytes();
-            let frag_field = u16::from_be_bytes([frag_hi, frag_lo]);
+            let frag_field = be16_at(&h, IP4_FRAG_OFF);
             key.family = AF_INET;
-            key.src_addr_be[0] = h[3];
-            key.dst_addr_be[0] = h[4];
+            key.src_addr_be[0] = h[IP4_SADDR_OFF / 4];
+            key.dst_addr_be[0] = h[IP4_DADDR_OFF / 4];
             // Offset and "more fragments": either makes it a fragment.
             if frag_field & 0x3fff != 0 {
-                let id = u32::from(u16::from_be_bytes([id_hi, id_lo]));
+                let id = u32::from(be16_at(&h, IP4_ID_OFF));
                 let more = frag_field & 0x2000 != 0;
                 if frag_field & 0x1fff != 0 {
                     // Not the first: no ports, matched by its datagram.
@@ -182,12 +203,11 @@ fn parse_ip(ctx: &TcContext, l2: usize) -> Option<Parsed> {
         }
         ETH_P_IPV6 => {
             key.family = AF_INET6;
-            // The fixed header in one call, as for IPv4: next header in
-            // the second word, the addresses in words 2-5 and 6-9.
+            // The fixed header in one call, as for IPv4.
             let h: [u32; 10] = ctx.load(l3).ok()?;
-            key.src_addr_be = [h[2], h[3], h[4], h[5]];
-            key.dst_addr_be = [h[6], h[7], h[8], h[9]];
-            let mut nh: u8 = h[1].to_ne_bytes()[IP6_NEXTHDR_OFF - 4];
+            key.src_addr_be = words_at(&h, IP6_SADDR_OFF);
+            key.dst_addr_be = words_at(&h, IP6_DADDR_OFF);
+            let mut nh: u8 = byte_at(&h, IP6_NEXTHDR_OFF);
             let mut off = l3 + IP6_HLEN;
             // The chain, one header a turn: its next header and length
             // (RFC 8200 section 4). A bounded loop (Linux 5.3).
