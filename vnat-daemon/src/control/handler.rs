@@ -275,7 +275,7 @@ impl Handler {
                     took_ms = asked.elapsed().as_millis() as u64,
                     "control: list's mobility from the driver"
                 );
-                for c in connections.iter_mut() {
+                for c in connections {
                     let m = mobility.get(&flow_of(&c.info));
                     c.mobile = m.is_some_and(|m| m.mobile);
                     c.seen_by_peer_as = m.and_then(|m| m.seen_by_peer_as);
