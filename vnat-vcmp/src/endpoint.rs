@@ -44,6 +44,12 @@ pub(crate) struct Conn {
     pub local_phys: SocketAddr,
     /// Current remote physical endpoint: the last validated one.
     pub remote_phys: SocketAddr,
+    /// Our end in the other IP family than `local_phys`, from before the
+    /// connection was last carried across families: where it returns
+    /// (`vcmp::family`).
+    pub local_alt: Option<SocketAddr>,
+    /// The peer's end in the other family than `remote_phys`, likewise.
+    pub remote_alt: Option<SocketAddr>,
     /// The host it is bound to (by a CLAIM, or an import): the only host
     /// whose pairing its keys derive from, for life.
     pub peer_key: Option<[u8; 32]>,
@@ -159,6 +165,10 @@ pub struct Endpoint {
     pub(crate) sessions: HashMap<[u8; 32], PairSecret>,
     /// The VCMP address each paired host paired from (where its claims go).
     pub(crate) peer_addrs: HashMap<[u8; 32], SocketAddr>,
+    /// This host's addresses, told in every PROBE (`vcmp::family`).
+    pub(crate) host_addrs: Vec<IpAddr>,
+    /// The addresses each paired host told us it has.
+    pub(crate) peer_host_addrs: HashMap<[u8; 32], Vec<IpAddr>>,
     /// Pairing's own state: handshakes, cookies, limits, retries
     /// (`vcmp::pairing`).
     pub(crate) pairing: super::pairing::Pairings,
@@ -238,6 +248,8 @@ impl Endpoint {
             pins: HashMap::new(),
             sessions: HashMap::new(),
             peer_addrs: HashMap::new(),
+            host_addrs: Vec::new(),
+            peer_host_addrs: HashMap::new(),
             pairing,
             claim_index: HashMap::new(),
             binds: Default::default(),
@@ -498,7 +510,12 @@ impl Endpoint {
         };
         let req = match kind {
             Kind::Lookup | Kind::Store => {
-                let cap = wire::records_per_datagram(self.cfg.mtu, Family::of(&flow.local), kind);
+                let family = if c.local_phys.is_ipv6() {
+                    Family::V6
+                } else {
+                    Family::of(&flow.local)
+                };
+                let cap = wire::records_per_datagram(self.cfg.mtu, family, kind);
                 // One request id per datagram: this call may put two records
                 // in it.
                 let per_call = 1 + usize::from(prev_lookup.is_some());
@@ -518,7 +535,10 @@ impl Endpoint {
         };
         // From where the connection is now, once it moved (see
         // `Transmit::src`).
-        let src = (c.local_phys.ip() != flow.local.ip()).then_some(c.local_phys.ip());
+        // (Not to an address of the other family: a LOOKUP to an IPv4
+        // location server while the connection is carried over IPv6.)
+        let src = (c.local_phys.ip() != flow.local.ip() && c.local_phys.is_ipv4() == dst.is_ipv4())
+            .then_some(c.local_phys.ip());
         let mut sent = true;
         for ext in std::iter::once(ext).chain(prev_lookup) {
             let Some(c) = self.conns.get_mut(flow) else {
@@ -738,7 +758,7 @@ impl Endpoint {
         }
         let mut ctx = Ctx::new(now, rng);
         for (f, new_local) in moves {
-            self.start_migration(&mut ctx, f, *new_local);
+            self.start_migration(&mut ctx, f, *new_local, None);
         }
         self.tx.flush(&mut self.stats);
         Ok(())
@@ -759,6 +779,8 @@ impl Conn {
             peer_named: None,
             local_phys,
             remote_phys,
+            local_alt: None,
+            remote_alt: None,
             peer_key: None,
             keys: None,
             prev_keys: None,

@@ -35,6 +35,7 @@ pub mod endpoint;
 pub mod event;
 pub mod export;
 pub mod extstore;
+mod family;
 pub mod flow;
 pub mod help;
 pub mod location;
@@ -98,6 +99,8 @@ pub mod sim;
 mod sim_early_switch_tests;
 #[cfg(test)]
 mod sim_extstore_tests;
+#[cfg(test)]
+mod sim_family_tests;
 #[cfg(test)]
 mod sim_keyx_tests;
 #[cfg(test)]

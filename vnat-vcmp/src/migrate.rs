@@ -95,6 +95,7 @@ impl Endpoint {
         ctx: &mut Ctx,
         flow: &VirtualFlow,
         new_local: SocketAddr,
+        across: Option<SocketAddr>,
     ) {
         let port = self.cfg.port;
         let servers = self.location_targets();
@@ -104,8 +105,14 @@ impl Endpoint {
         let local_at_start = c.local_phys;
         let own_old = c.local_phys.ip();
         let peer_old = c.remote_phys.ip();
+        if new_local.is_ipv4() != c.local_phys.is_ipv4() {
+            c.local_alt = Some(c.local_phys);
+        }
         c.local_phys = new_local;
         c.local_unproven = true;
+        // Into the other family (`vcmp::family`): the peer is where it
+        // told us it is in that family, not at its current address.
+        let across = across.filter(|p| *p != c.remote_phys);
         // A claim still unanswered is moot once we move.
         if c.claim_retry.take().is_some() {
             if let Some(s) = c.settling.as_mut() {
@@ -123,6 +130,11 @@ impl Endpoint {
         if let Some(p) = prepared_for.filter(|p| p.ip() != peer_old && p.port() != 0) {
             steps.insert(0, location::ChainStep::peer_at(role, p.ip(), port));
         }
+        if let Some(p) = across {
+            steps.insert(0, location::ChainStep::peer_at(role, p.ip(), port));
+        }
+        let validate_across = across.filter(|p| !c.validated.contains(&p.ip()));
+        let binding_seq = c.binding_seq;
         c.mig = Some(Migration {
             steps,
             idx: 0,
@@ -137,6 +149,13 @@ impl Endpoint {
             local_at_start,
         });
         self.tx.trusted.insert(own_old);
+        // Where the peer told us (in an authenticated PROBE) it is in the
+        // other family: we send there on our own account, as to the
+        // connection's remote address, not in answer to what came from
+        // there.
+        if let Some(p) = across {
+            self.tx.trusted.insert(p.ip());
+        }
         self.settle_if_done(flow);
         // A receive side prepared for the peer's announced address was for
         // our old end: it is needed again for the new one.
@@ -153,6 +172,16 @@ impl Endpoint {
         // again now, from the new one, not at the retransmission timeout.
         self.validations.hurry(flow, ctx.now);
         self.run_step(ctx, flow);
+        // The peer's address in the other family is validated right behind
+        // our update (as one found by a LOOKUP, `found`): it was told in a
+        // PROBE, which proves nothing about who receives there. An address
+        // it proved before is taken at its UPD_R.
+        if across.is_some() {
+            self.stats.count(Counter::FamilyChanged);
+        }
+        if let Some(p) = validate_across {
+            self.propose_binding(ctx, flow, p, binding_seq);
+        }
     }
 
     /// Whether a move of `flow` is under way and waits for its peer: an

@@ -10,7 +10,9 @@
 //! (to validate a new address, to answer an update). Both directions are
 //! tagged under the pairing's claim key; probes carry a sequence number,
 //! so a replayed one changes nothing, and only a fresh authenticated probe
-//! moves where this host sends to the peer.
+//! moves where this host sends to the peer. Both also tell the sender's
+//! own addresses, where its peer may reach it in the other IP family
+//! (`vcmp::family`).
 
 use crate::stats::{Counter, Reject};
 use std::net::SocketAddr;
@@ -51,6 +53,7 @@ impl Endpoint {
             static_pub: self.identity.public(),
             seq,
             observed: None,
+            addrs: self.host_addrs.clone(),
             tag: [0; PAIR_TAG_LEN],
         };
         if let Ok(b) = msg.encode() {
@@ -79,6 +82,7 @@ impl Endpoint {
     }
 
     /// A PROBE or its answer from `from`; `bytes` is the whole datagram.
+    /// True if it was authentic and fresh (what it tells may be taken).
     pub(crate) fn on_probe(
         &mut self,
         now: Timestamp,
@@ -87,22 +91,22 @@ impl Endpoint {
         seq: u64,
         observed: Option<SocketAddr>,
         bytes: &[u8],
-    ) {
+    ) -> bool {
         let Some(secret) = self.sessions.get(&peer) else {
             self.stats.reject(Reject::ProbeUnpaired);
-            return;
+            return false;
         };
         let key = secret.claim_key();
         if !crypto::datagram_tag_valid(&key, bytes) {
             self.stats.reject(Reject::ProbeBadTag);
-            return;
+            return false;
         }
         let st = self.probes.entry(peer).or_default();
         match observed {
             None => {
                 if seq <= st.recv_seq {
                     self.stats.reject(Reject::ProbeReplayed);
-                    return;
+                    return false;
                 }
                 st.recv_seq = seq;
                 st.last_heard = Some(now);
@@ -113,6 +117,7 @@ impl Endpoint {
                     static_pub: self.identity.public(),
                     seq,
                     observed: Some(from),
+                    addrs: self.host_addrs.clone(),
                     tag: [0; PAIR_TAG_LEN],
                 };
                 if let Ok(b) = answer.encode() {
@@ -123,7 +128,7 @@ impl Endpoint {
             Some(reflexive) => {
                 if seq != st.sent_seq || st.answered {
                     self.stats.reject(Reject::ProbeUnexpectedAnswer);
-                    return;
+                    return false;
                 }
                 st.answered = true;
                 st.reflexive = Some(reflexive);
@@ -132,6 +137,7 @@ impl Endpoint {
                 self.emit(crate::Event::ProbeAnswered { key: peer });
             }
         }
+        true
     }
 
     /// When `peer` (a paired host's key) was last heard from: a fresh,

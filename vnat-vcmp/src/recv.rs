@@ -123,10 +123,13 @@ impl Endpoint {
                 static_pub,
                 seq,
                 observed,
+                addrs,
                 ..
             } => {
                 let before = self.peer_addrs.get(&static_pub).copied();
-                self.on_probe(now, from, static_pub, seq, observed, bytes);
+                if self.on_probe(now, from, static_pub, seq, observed, bytes) {
+                    self.peer_told_addresses(static_pub, &addrs);
+                }
                 self.peer_vcmp_moved(static_pub, before);
             }
             Message::Error { code, .. } => {

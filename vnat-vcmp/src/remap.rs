@@ -108,7 +108,7 @@ impl Endpoint {
         let remote = SocketAddr::new(c.remote_phys.ip(), 0);
         self.binds.remapped.insert(*flow, now);
         if let Some(c) = self.conns.get_mut(flow) {
-            c.remote_phys = remote;
+            c.set_remote(remote);
         }
         self.stats.count(Counter::NatRemapSuspected);
         self.emit(Event::SetRemote {

@@ -21,6 +21,8 @@ pub struct Host {
     /// The host key's secret, for [`Sim::restart_host`].
     key: [u8; 32],
     pub ip: IpAddr,
+    /// More addresses that reach this host (one of the other family).
+    pub also: Vec<IpAddr>,
     /// Addresses that reach this host only from itself: the old address a
     /// moved vnatd keeps on `lo`, which the network no longer routes here.
     pub local_only: Vec<IpAddr>,
@@ -179,6 +181,7 @@ impl Sim {
             ep: Endpoint::new(cfg, HostIdentity::from_bytes(key)),
             key,
             ip: ip(ip_),
+            also: Vec::new(),
             local_only: Vec::new(),
             routes: Vec::new(),
             alive: true,
@@ -411,6 +414,7 @@ impl Sim {
                         h.alive
                             && h.nat.is_none_or(|n| n.ip() != to)
                             && (h.ip == to
+                                || h.also.contains(&to)
                                 || (h.local_only.contains(&to) && h.ip == by)
                                 || (h.routes.contains(&to) && d.to.port() == h.ep.cfg.port))
                     })

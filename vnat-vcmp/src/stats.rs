@@ -21,6 +21,7 @@ pub enum Counter {
     ClaimsBound,
     ClaimsSent,
     DatagramsReceived,
+    FamilyChanged,
     HelpAnswered,
     HelpRequested,
     HelpUnanswered,
@@ -72,7 +73,7 @@ pub enum Counter {
 
 impl Counter {
     /// Every value, in name order.
-    pub const ALL: [Counter; 61] = [
+    pub const ALL: [Counter; 62] = [
         Counter::BindAgain,
         Counter::BindDivertFailed,
         Counter::BindRequestsDropped,
@@ -87,6 +88,7 @@ impl Counter {
         Counter::ClaimsBound,
         Counter::ClaimsSent,
         Counter::DatagramsReceived,
+        Counter::FamilyChanged,
         Counter::HelpAnswered,
         Counter::HelpRequested,
         Counter::HelpUnanswered,
@@ -153,6 +155,7 @@ impl Counter {
             Counter::ClaimsBound => "claims_bound",
             Counter::ClaimsSent => "claims_sent",
             Counter::DatagramsReceived => "datagrams_received",
+            Counter::FamilyChanged => "family_changed",
             Counter::HelpAnswered => "help_answered",
             Counter::HelpRequested => "help_requested",
             Counter::HelpUnanswered => "help_unanswered",
@@ -243,6 +246,7 @@ pub enum Reject {
     LowOrderPoint,
     MixedFamilies,
     NoKeys,
+    NoLocalInFamily,
     OwnLocation,
     PairBadCookie,
     PairBadTag,
@@ -288,7 +292,7 @@ pub enum Reject {
 
 impl Reject {
     /// Every value, in name order.
-    pub const ALL: [Reject; 77] = [
+    pub const ALL: [Reject; 78] = [
         Reject::AmplificationLimit,
         Reject::BadCount,
         Reject::BadErrorCode,
@@ -325,6 +329,7 @@ impl Reject {
         Reject::LowOrderPoint,
         Reject::MixedFamilies,
         Reject::NoKeys,
+        Reject::NoLocalInFamily,
         Reject::OwnLocation,
         Reject::PairBadCookie,
         Reject::PairBadTag,
@@ -407,6 +412,7 @@ impl Reject {
             Reject::LowOrderPoint => "low_order_point",
             Reject::MixedFamilies => "mixed_families",
             Reject::NoKeys => "no_keys",
+            Reject::NoLocalInFamily => "no_local_in_family",
             Reject::OwnLocation => "own_location",
             Reject::PairBadCookie => "pair_bad_cookie",
             Reject::PairBadTag => "pair_bad_tag",

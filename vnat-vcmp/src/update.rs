@@ -23,7 +23,19 @@ impl Endpoint {
         flow: &VirtualFlow,
         rec: &Record,
     ) -> Result<(), Reject> {
+        // A peer that moved into the other IP family (`vcmp::family`):
+        // our end continues in that family too, at the address its update
+        // arrived at. Taken before our UPD_R, which names our end there.
+        let across = self.local_for_update(ctx, flow, rec.sender_phys)?;
         self.check_fresh(flow, rec.seq)?;
+        if let Some(local) = across {
+            if let Some(c) = self.conns.get_mut(flow) {
+                tracing::debug!(id = flow.id(), %flow, from = %c.local_phys, to = %local, "the peer moved into the other IP family: our end follows");
+                c.local_alt = Some(c.local_phys);
+                c.local_phys = local;
+                self.stats.count(Counter::FamilyChanged);
+            }
+        }
         // UPD_R leaves before the CHALLENGE of the peer's new address
         // (datagrams go out in the order they were started). When both ends
         // moved, UPD_R is how the peer learns our new address, and its
@@ -150,7 +162,7 @@ impl Endpoint {
         }
         if c.validated.contains(&addr.ip()) {
             c.pending_remote = None;
-            c.remote_phys = addr;
+            c.set_remote(addr);
             self.emit(Event::SetRemote {
                 flow: *flow,
                 remote: addr,
@@ -200,6 +212,14 @@ impl Endpoint {
             return;
         }
         if c.local_unproven && ctx.rx_to != Some(c.local_phys.ip()) {
+            return;
+        }
+        // Not while the connection crosses into the other IP family
+        // (`vcmp::family`): our end followed the peer's there, and the
+        // last validated address is of the family we left, so nothing
+        // could take over what the budget refuses. The send side waits for
+        // the validation.
+        if c.local_phys.is_ipv4() != c.remote_phys.is_ipv4() {
             return;
         }
         c.sending_unvalidated = true;
@@ -324,7 +344,7 @@ impl Endpoint {
         c.pending_remote = None;
         c.nat_candidate = None;
         c.sending_unvalidated = false;
-        c.remote_phys = remote;
+        c.set_remote(remote);
         if let Some(k) = c.peer_key {
             if self.sessions.contains_key(&k) {
                 self.peer_addrs.insert(k, nat);
@@ -391,7 +411,7 @@ impl Endpoint {
                     c.pending_remote = None;
                     c.nat_candidate = None;
                     c.sending_unvalidated = false;
-                    c.remote_phys = addr;
+                    c.set_remote(addr);
                     self.emit(Event::SetRemote {
                         flow: f,
                         remote: addr,
@@ -430,6 +450,9 @@ impl Endpoint {
                             c.pending_remote = None;
                             c.nat_candidate = None;
                             c.sending_unvalidated = false;
+                            // Our end had followed the peer into the other
+                            // family: back with it.
+                            c.align_local();
                             let remote = c.remote_phys;
                             self.emit(Event::Reverted {
                                 flow: f,

@@ -100,9 +100,13 @@ pub struct ClaimEntry {
 }
 /// CLAIM and PROBE flag: this answers one of the peer's (no answer to it).
 pub const CLAIM_F_ANSWER: u8 = 1;
-/// Length of a PROBE: header, host key, sequence number, the observed
-/// address (16 bytes, IPv4 as IPv4-mapped) and port, tag.
+/// Length of a PROBE without addresses: header, host key, sequence number,
+/// the observed address (16 bytes, IPv4 as IPv4-mapped) and port, tag.
+/// The sender's own addresses (header byte 3 says how many, 16 bytes each)
+/// come before the tag.
 pub const PROBE_LEN: usize = HEADER_LEN + 32 + 8 + 18 + PAIR_TAG_LEN;
+/// Most addresses a PROBE tells of its sender.
+pub const MAX_PROBE_ADDRS: usize = 8;
 /// IPv4 + UDP header overhead, subtracted from the path MTU.
 const V4_OVERHEAD: usize = 28;
 /// IPv6 + UDP header overhead.
@@ -231,10 +235,14 @@ pub enum Message {
     /// A keepalive (`observed: None`) or its answer, which carries the
     /// address and port the keepalive came from. Tagged under the
     /// pairing's claim key over every byte before the tag.
+    /// Both carry the sender's own addresses (at most
+    /// [`MAX_PROBE_ADDRS`]): where the peer may reach it in the other
+    /// family when a connection's own is gone (`vcmp::probe`).
     Probe {
         static_pub: [u8; 32],
         seq: u64,
         observed: Option<SocketAddr>,
+        addrs: Vec<IpAddr>,
         tag: [u8; PAIR_TAG_LEN],
     },
     Error {
@@ -272,7 +280,7 @@ pub enum WireError {
     Reserved,
     #[error("unknown error code {0}")]
     BadErrorCode(u16),
-    #[error("a record's addresses are not all of one family")]
+    #[error("a record's addresses mix families as no connection can (only an IPv4 connection is carried over IPv6)")]
     MixedFamilies,
     #[error("record extension does not match command {kind:?}")]
     BadExtension { kind: Kind },
@@ -352,13 +360,16 @@ impl Message {
                 begin_records(&mut out, *kind, *family, *request_id);
                 let mut buf = [0u8; MAX_SIGNED_LEN];
                 for r in records {
-                    if r.command != kind.record_command() || r.family() != *family {
+                    if r.command != kind.record_command() {
                         return Err(WireError::CommandMismatch {
                             kind: *kind,
                             got: r.command as u8,
                         });
                     }
                     let n = r.write_signed(&mut buf)?;
+                    if r.family() != *family {
+                        return Err(WireError::MixedFamilies);
+                    }
                     push_record(&mut out, &buf[..n], &r.tag)?;
                 }
                 if records.is_empty() {
@@ -426,6 +437,7 @@ impl Message {
                 static_pub,
                 seq,
                 observed,
+                addrs,
                 tag,
             } => {
                 let flags = if observed.is_some() {
@@ -433,7 +445,13 @@ impl Message {
                 } else {
                     0
                 };
-                header(&mut out, Kind::Probe, flags, 0, 0);
+                if addrs.len() > MAX_PROBE_ADDRS {
+                    return Err(WireError::BadCount {
+                        kind: Kind::Probe,
+                        count: addrs.len(),
+                    });
+                }
+                header(&mut out, Kind::Probe, flags, addrs.len() as u8, 0);
                 out.extend_from_slice(static_pub);
                 out.extend_from_slice(&seq.to_be_bytes());
                 match observed {
@@ -442,6 +460,9 @@ impl Message {
                         out.extend_from_slice(&a.port().to_be_bytes());
                     }
                     None => out.extend_from_slice(&[0; 18]),
+                }
+                for a in addrs {
+                    out.extend_from_slice(&v6_bytes(*a));
                 }
                 out.extend_from_slice(tag);
             }
@@ -586,8 +607,15 @@ impl Message {
                 })
             }
             Kind::Probe => {
-                exact(PROBE_LEN)?;
-                if b[2] & !CLAIM_F_ANSWER != 0 || b[3] != 0 || request_id != 0 {
+                let n = usize::from(b[3]);
+                if n > MAX_PROBE_ADDRS {
+                    return Err(WireError::BadCount {
+                        kind: Kind::Probe,
+                        count: n,
+                    });
+                }
+                exact(PROBE_LEN + 16 * n)?;
+                if b[2] & !CLAIM_F_ANSWER != 0 || request_id != 0 {
                     return Err(WireError::Reserved);
                 }
                 let at = HEADER_LEN + 32;
@@ -605,11 +633,20 @@ impl Message {
                     }
                     None
                 };
+                let addrs = b[at + 26..at + 26 + 16 * n]
+                    .chunks_exact(16)
+                    .map(|c| {
+                        let mut o = [0u8; 16];
+                        o.copy_from_slice(c);
+                        IpAddr::V6(Ipv6Addr::from(o)).to_canonical()
+                    })
+                    .collect();
                 Ok(Message::Probe {
                     static_pub: key(8),
                     seq: u64::from_be_bytes(seq),
                     observed,
-                    tag: key(PROBE_LEN - PAIR_TAG_LEN),
+                    addrs,
+                    tag: key(b.len() - PAIR_TAG_LEN),
                 })
             }
             Kind::Error => {

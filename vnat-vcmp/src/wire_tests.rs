@@ -327,10 +327,21 @@ fn rejects_malformed() {
 
 #[test]
 fn encode_refuses_inconsistent_records() {
+    // An IPv4 connection carried over IPv6 has an IPv6 record: not in an
+    // IPv4 datagram.
     let mut mixed = rec4(Kind::Upd, Ext::None, 1);
     mixed.sender_phys = sa("[::1]:5");
     assert_eq!(
         records(Kind::Upd, Family::V4, vec![mixed]).encode(),
+        Err(WireError::MixedFamilies)
+    );
+    // And an IPv6 connection is never carried over IPv4.
+    let mut v6 = mixed;
+    v6.receiver_vir = sa("[2001:db8::2]:22");
+    v6.sender_vir = sa("[2001:db8::1]:40000");
+    v6.sender_phys = sa("192.0.2.1:5");
+    assert_eq!(
+        records(Kind::Upd, Family::V6, vec![v6]).encode(),
         Err(WireError::MixedFamilies)
     );
     let wrong_ext = rec4(Kind::Upd, Ext::Key([0; 32]), 1);
@@ -474,6 +485,7 @@ fn golden_probe_and_its_answer() {
         static_pub: [0xAB; 32],
         seq: 7,
         observed: None,
+        addrs: vec![],
         tag: [0xCD; PAIR_TAG_LEN],
     };
     let bytes = cat(&[
@@ -488,6 +500,7 @@ fn golden_probe_and_its_answer() {
         static_pub: [0xAB; 32],
         seq: 7,
         observed: Some(sa("198.51.100.7:40001")),
+        addrs: vec![],
         tag: [0xCD; PAIR_TAG_LEN],
     };
     let mut mapped = [0u8; 16];
@@ -508,11 +521,137 @@ fn golden_probe_and_its_answer() {
     let mut stray = bytes.clone();
     stray[HEADER_LEN + 40] = 1;
     assert_eq!(Message::decode(&stray), Err(WireError::Reserved));
+    // Byte 3 counts the sender's addresses: one more than there are is a
+    // wrong length.
     let mut b3 = bytes.clone();
     b3[3] = 1;
-    assert_eq!(Message::decode(&b3), Err(WireError::Reserved));
+    assert!(matches!(
+        Message::decode(&b3),
+        Err(WireError::BadLength { .. })
+    ));
     let mut id = bytes.clone();
     id[4] = 1;
     assert_eq!(Message::decode(&id), Err(WireError::Reserved));
     assert!(Message::decode(&bytes[..bytes.len() - 1]).is_err());
+}
+
+/// 16 bytes of `::ffff:a.b.c.d`.
+fn mapped4(a: [u8; 4]) -> [u8; 16] {
+    let mut m = [0u8; 16];
+    m[10] = 0xff;
+    m[11] = 0xff;
+    m[12..].copy_from_slice(&a);
+    m
+}
+
+#[test]
+fn golden_probe_that_tells_the_senders_addresses() {
+    let probe = Message::Probe {
+        static_pub: [0xAB; 32],
+        seq: 9,
+        observed: None,
+        addrs: vec!["192.0.2.10".parse().unwrap(), "2001:db8::a".parse().unwrap()],
+        tag: [0xCD; PAIR_TAG_LEN],
+    };
+    let mut v6 = [0u8; 16];
+    v6[0..4].copy_from_slice(&[0x20, 0x01, 0x0d, 0xb8]);
+    v6[15] = 0x0a;
+    let bytes = cat(&[
+        &[1, 18, 0, 2, 0, 0, 0, 0],
+        &[0xAB; 32],
+        &9u64.to_be_bytes(),
+        &[0; 18],
+        &mapped4([192, 0, 2, 10]),
+        &v6,
+        &[0xCD; 32],
+    ]);
+    assert_eq!(bytes.len(), PROBE_LEN + 32);
+    golden(&probe, &bytes);
+    // More than MAX_PROBE_ADDRS is refused both ways.
+    let mut many = bytes.clone();
+    many[3] = (MAX_PROBE_ADDRS + 1) as u8;
+    assert!(matches!(
+        Message::decode(&many),
+        Err(WireError::BadCount { .. })
+    ));
+    let too_many = Message::Probe {
+        static_pub: [0xAB; 32],
+        seq: 9,
+        observed: None,
+        addrs: vec!["192.0.2.10".parse().unwrap(); MAX_PROBE_ADDRS + 1],
+        tag: [0xCD; PAIR_TAG_LEN],
+    };
+    assert!(too_many.encode().is_err());
+    // A count that disagrees with the length is refused.
+    assert!(Message::decode(&bytes[..bytes.len() - 16]).is_err());
+}
+
+/// An IPv4 connection whose sender is on a network with only IPv6: an
+/// IPv6 record whose virtual addresses are IPv4-mapped.
+fn rec_across() -> Record {
+    Record {
+        command: Kind::Upd,
+        proto: Proto::Tcp,
+        receiver_vir: sa("10.0.0.2:22"),
+        sender_vir: sa("10.0.0.1:40000"),
+        sender_phys: sa("[2001:db8::7]:40000"),
+        ext: Ext::None,
+        seq: 5,
+        tag: TAG,
+    }
+}
+
+#[test]
+fn golden_upd_of_an_ipv4_connection_carried_over_ipv6() {
+    let rec = rec_across();
+    assert_eq!(rec.family(), Family::V6);
+    let msg = records(Kind::Upd, Family::V6, vec![rec]);
+    let mut p = [0u8; 16];
+    p[0..4].copy_from_slice(&[0x20, 0x01, 0x0d, 0xb8]);
+    p[15] = 7;
+    let bytes = cat(&[
+        &[1, 3, 6, 1, 0, 0, 0, 0],
+        &[1, 3, 0x00, 0x16],
+        &mapped4([10, 0, 0, 2]),
+        &mapped4([10, 0, 0, 1]),
+        &p,
+        &[0x9c, 0x40, 0x9c, 0x40],
+        &[6, 0, 0, 0],
+        &5u64.to_be_bytes(),
+        &TAG,
+    ]);
+    golden(&msg, &bytes);
+}
+
+#[test]
+fn records_that_mix_families_otherwise_are_refused() {
+    let at = HEADER_LEN + 4;
+    let good = records(Kind::Upd, Family::V6, vec![rec_across()])
+        .encode()
+        .unwrap();
+    // One virtual address mapped, the other not.
+    let mut half = good.clone();
+    half[at..at + 16].copy_from_slice(&"2001:db8::2".parse::<Ipv6Addr>().unwrap().octets());
+    assert_eq!(Message::decode(&half), Err(WireError::MixedFamilies));
+    // An IPv4 physical address written mapped: a second encoding of an
+    // IPv4 record.
+    let mut phys = good.clone();
+    phys[at + 32..at + 48].copy_from_slice(&mapped4([192, 0, 2, 7]));
+    assert_eq!(Message::decode(&phys), Err(WireError::MixedFamilies));
+    // Nothing carries an IPv6 connection over IPv4, nor encodes one.
+    let mut v6_over_v4 = rec_across();
+    v6_over_v4.receiver_vir = sa("[2001:db8::2]:22");
+    v6_over_v4.sender_vir = sa("[2001:db8::1]:40000");
+    v6_over_v4.sender_phys = sa("192.0.2.7:40000");
+    let mut buf = [0u8; MAX_SIGNED_LEN];
+    assert_eq!(
+        v6_over_v4.write_signed(&mut buf),
+        Err(WireError::MixedFamilies)
+    );
+    let mut one_each = rec_across();
+    one_each.receiver_vir = sa("[2001:db8::2]:22");
+    assert_eq!(one_each.write_signed(&mut buf), Err(WireError::MixedFamilies));
+    // An IPv4 record stays one: all three addresses IPv4.
+    let v4 = rec4(Kind::Upd, Ext::None, 1);
+    assert_eq!(v4.family(), Family::V4);
 }

@@ -56,19 +56,30 @@ pub struct Record {
 pub const MAX_SIGNED_LEN: usize = 4 + 48 + 4 + 32 + TRAILER_LEN;
 
 impl Record {
+    /// The family the record is encoded in: IPv6 if any of its addresses
+    /// is. An IPv4 connection carried over IPv6 (its sender's end on a
+    /// network with only IPv6) has IPv4 virtual addresses and an IPv6
+    /// physical one; its record is an IPv6 record whose virtual addresses
+    /// are IPv4-mapped (`::ffff:a.b.c.d`, which no IPv6 packet carries, so
+    /// the two cannot be confused).
     pub fn family(&self) -> Family {
-        Family::of(&self.sender_vir)
+        if self.sender_vir.is_ipv6() || self.sender_phys.is_ipv6() {
+            Family::V6
+        } else {
+            Family::V4
+        }
     }
 
     /// Write the bytes covered by the tag into `buf` and return their length.
-    /// Fails when the addresses are not all of one family or the extension
-    /// does not match the command.
+    /// Fails when the virtual addresses are not of one family, or an IPv6
+    /// connection names an IPv4 physical address (nothing carries IPv6
+    /// over IPv4), or the extension does not match the command.
     pub fn write_signed(&self, buf: &mut [u8; MAX_SIGNED_LEN]) -> Result<usize, WireError> {
         let family = self.family();
-        for a in [&self.receiver_vir, &self.sender_phys] {
-            if Family::of(a) != family {
-                return Err(WireError::MixedFamilies);
-            }
+        if Family::of(&self.receiver_vir) != Family::of(&self.sender_vir)
+            || (self.sender_vir.is_ipv6() && self.sender_phys.is_ipv4())
+        {
+            return Err(WireError::MixedFamilies);
         }
         if !self.ext.fits(self.command)
             || !self.command.carries_records()
@@ -76,7 +87,7 @@ impl Record {
         {
             return Err(WireError::BadExtension { kind: self.command });
         }
-        let mut w = Writer { buf, at: 0 };
+        let mut w = Writer { buf, at: 0, family };
         w.put(&[VERSION, self.command as u8]);
         w.put(&self.receiver_vir.port().to_be_bytes());
         w.ip(self.receiver_vir.ip());
@@ -100,6 +111,7 @@ impl Record {
 struct Writer<'a> {
     buf: &'a mut [u8; MAX_SIGNED_LEN],
     at: usize,
+    family: Family,
 }
 
 impl Writer<'_> {
@@ -108,9 +120,10 @@ impl Writer<'_> {
         self.at += b.len();
     }
     fn ip(&mut self, ip: IpAddr) {
-        match ip {
-            IpAddr::V4(v4) => self.put(&v4.octets()),
-            IpAddr::V6(v6) => self.put(&v6.octets()),
+        match (ip, self.family) {
+            (IpAddr::V4(v4), Family::V4) => self.put(&v4.octets()),
+            (IpAddr::V4(v4), Family::V6) => self.put(&v4.to_ipv6_mapped().octets()),
+            (IpAddr::V6(v6), _) => self.put(&v6.octets()),
         }
     }
 }
@@ -137,9 +150,13 @@ pub(super) fn decode_record(c: &[u8], kind: Kind, family: Family) -> Result<Reco
     };
     let port = |at: usize| u16::from_be_bytes([c[at], c[at + 1]]);
     let r_vir_port = port(2);
-    let r_vir = ip(4);
-    let l_vir = ip(4 + al);
+    let (r_vir, l_vir) = virtual_pair(ip(4), ip(4 + al))?;
     let l_phys = ip(4 + 2 * al);
+    // A physical address that is IPv4 has an IPv4 record: written mapped
+    // in an IPv6 one, it would be a second encoding of the same record.
+    if matches!(l_phys, IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some()) {
+        return Err(WireError::MixedFamilies);
+    }
     let ports = 4 + 3 * al;
     let l_vir_port = port(ports);
     let l_phys_port = port(ports + 2);
@@ -186,4 +203,19 @@ pub(super) fn decode_record(c: &[u8], kind: Kind, family: Family) -> Result<Reco
         seq: u64::from_be_bytes(s),
         tag,
     })
+}
+
+/// The two virtual addresses of a decoded record: IPv4-mapped in an IPv6
+/// record, both are IPv4 (an IPv4 connection carried over IPv6); one
+/// mapped and the other not is refused.
+fn virtual_pair(r: IpAddr, l: IpAddr) -> Result<(IpAddr, IpAddr), WireError> {
+    let mapped = |ip: IpAddr| match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped(),
+        IpAddr::V4(_) => None,
+    };
+    match (mapped(r), mapped(l)) {
+        (Some(r4), Some(l4)) => Ok((IpAddr::V4(r4), IpAddr::V4(l4))),
+        (None, None) => Ok((r, l)),
+        _ => Err(WireError::MixedFamilies),
+    }
 }
