@@ -30,32 +30,6 @@ fn client(host: &Host, server: SocketAddr, proto: Proto) -> StreamClient {
     StreamClient::from_command(cmd)
 }
 
-/// The laptop leaves subnet A for B, where it gets only B's IPv6 address
-/// and an IPv6 default route (no IPv4 at all).
-fn move_laptop_to_v6_only(topo: &LaptopRouterServer) {
-    let l = &topo.laptop;
-    for (a, p) in topo.laptop_a_addr.with_prefixes() {
-        l.del_addr(&topo.laptop_if_a, a, p);
-    }
-    l.link_down(&topo.laptop_if_a);
-    l.link_up(&topo.laptop_if_b);
-    l.add_addr(&topo.laptop_if_b, topo.laptop_b_addr.v6().into(), 64);
-    l.default_route(topo.router_b_addr.v6().into(), &topo.laptop_if_b);
-}
-
-/// And back to A, both families, as it was.
-fn move_laptop_back_to_a(topo: &LaptopRouterServer) {
-    let l = &topo.laptop;
-    l.del_addr(&topo.laptop_if_b, topo.laptop_b_addr.v6().into(), 64);
-    l.link_down(&topo.laptop_if_b);
-    l.link_up(&topo.laptop_if_a);
-    for (a, p) in topo.laptop_a_addr.with_prefixes() {
-        l.add_addr(&topo.laptop_if_a, a, p);
-    }
-    l.default_route(topo.router_a_addr.v4.into(), &topo.laptop_if_a);
-    l.default_route(topo.router_a_addr.v6().into(), &topo.laptop_if_a);
-}
-
 /// Both ends' translations for the laptop at `laptop_phys` and the server
 /// at `server_phys` (of one family), receive sides first, as vnatd
 /// installs them; then, as vnatd does, the laptop's TCP socket is made to
@@ -144,7 +118,7 @@ fn v4_connection_moves_to_v6_only_and_back(proto: Proto, tag: &str) {
     };
 
     // To the IPv6-only network: carried over IPv6.
-    move_laptop_to_v6_only(&topo);
+    topo.move_laptop_to_b_v6_only();
     let moved = Instant::now();
     let laptop_v6: IpAddr = topo.laptop_b_addr.v6().into();
     let at = c.latest().expect("no status from the stream").verified;
@@ -191,7 +165,7 @@ fn v4_connection_moves_to_v6_only_and_back(proto: Proto, tag: &str) {
 
     // Back to A, where the laptop has its IPv4 address again: no
     // translation at either end.
-    move_laptop_back_to_a(&topo);
+    topo.move_laptop_to_a();
     let back = Instant::now();
     let at = c
         .latest()

@@ -323,6 +323,10 @@ pub struct PeerInfo {
     /// Unix epoch); absent if none did since vnatd started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_heard_ms: Option<u64>,
+    /// The addresses it told us it has (in its keepalives): where its
+    /// connections continue in the other IP family when theirs is gone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<IpAddr>,
 }
 
 /// The answer to [`Request::Suspend`].

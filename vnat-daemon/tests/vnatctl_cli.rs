@@ -182,6 +182,7 @@ async fn fake_driver(mut rx: tokio::sync::mpsc::Receiver<DriverCommand>) {
                     behind_nat: false,
                     reflexive: None,
                     last_heard_ms: None,
+                    addresses: vec![tcp.remote.ip(), "2001:db8:3::2".parse().unwrap()],
                 }]);
             }
             DriverCommand::Reconfigure { reply, .. } => {
@@ -688,7 +689,7 @@ fn planned_mode_commands_with_vcmp() {
     let v = json(&vnatctl(&d.socket, &["--json", "peers"]));
     assert_eq!(
         v,
-        serde_json::json!([{ "address": "198.18.3.2", "key": "ab".repeat(32), "connections": 1, "mobile": 1, "behind_nat": false, "reflexive": null, "last_heard_ms": null, "last_heard_secs": null }])
+        serde_json::json!([{ "address": "198.18.3.2", "key": "ab".repeat(32), "connections": 1, "mobile": 1, "behind_nat": false, "reflexive": null, "last_heard_ms": null, "last_heard_secs": null, "addresses": ["198.18.3.2", "2001:db8:3::2"] }])
     );
 
     // peers forget: the key goes; an unknown or malformed key is an error.

@@ -122,7 +122,8 @@ impl Endpoint {
     /// What the paired host `peer` told of its addresses, taken from an
     /// authentic, fresh PROBE or answer.
     pub(crate) fn peer_told_addresses(&mut self, peer: [u8; 32], addrs: &[IpAddr]) {
-        self.peer_host_addrs.insert(peer, to_tell(addrs.iter().copied()));
+        self.peer_host_addrs
+            .insert(peer, to_tell(addrs.iter().copied()));
     }
 
     /// Where `flow`'s peer is reached in the other IP family than where

@@ -24,7 +24,9 @@ fn dual_stack(seed: u64) -> (Sim, Vec<VirtualFlow>) {
     sim.with(0, |ep, _, _| {
         ep.set_host_addresses([ip(A_IP), ip(A6), ip("127.0.0.1"), ip("fe80::1")])
     });
-    sim.with(1, |ep, _, _| ep.set_host_addresses([ip(B6), ip(B_IP), ip("::1")]));
+    sim.with(1, |ep, _, _| {
+        ep.set_host_addresses([ip(B6), ip(B_IP), ip("::1")])
+    });
     sim.run_for(Duration::from_secs(1));
     (sim, flows)
 }
@@ -44,7 +46,8 @@ fn move_across(sim: &mut Sim, flows: &[VirtualFlow], to: &str) {
         })
         .collect();
     sim.with(0, |ep, now, rng| {
-        ep.resume_across(now, rng, &moves).expect("resume across families")
+        ep.resume_across(now, rng, &moves)
+            .expect("resume across families")
     });
 }
 
@@ -95,9 +98,11 @@ fn an_ipv4_connection_goes_on_over_ipv6_and_comes_back() {
                 if flow == f && *local == a_end && *remote == b_end)
         })
         .expect("A prepares its receive side for B's IPv6 end");
-        let a_sends = at(&sim, 0, |e| {
-            matches!(e, Event::SetRemote { flow, remote } if flow == f && *remote == b_end)
-        })
+        let a_sends = at(
+            &sim,
+            0,
+            |e| matches!(e, Event::SetRemote { flow, remote } if flow == f && *remote == b_end),
+        )
         .expect("A validates B's IPv6 address");
         let b_sends = at(&sim, 1, |e| {
             matches!(e, Event::SetRemote { flow, remote } if *flow == reverse(f) && *remote == a_end)
@@ -117,8 +122,16 @@ fn an_ipv4_connection_goes_on_over_ipv6_and_comes_back() {
         let a = sim.hosts[0].ep.connection(f).expect("flow on A");
         let b = sim.hosts[1].ep.connection(&reverse(f)).expect("flow on B");
         assert!(!a.migrating && a.pending_remote.is_none() && b.pending_remote.is_none());
-        assert_eq!((a.local_phys, a.remote_phys), (f.local, f.remote), "A: {f:?}");
-        assert_eq!((b.local_phys, b.remote_phys), (f.remote, f.local), "B: {f:?}");
+        assert_eq!(
+            (a.local_phys, a.remote_phys),
+            (f.local, f.remote),
+            "A: {f:?}"
+        );
+        assert_eq!(
+            (b.local_phys, b.remote_phys),
+            (f.remote, f.local),
+            "B: {f:?}"
+        );
     }
     assert_eq!(sim.hosts[1].ep.stats().rejected(Reject::NoLocalInFamily), 0);
 }
@@ -139,10 +152,19 @@ fn a_failed_validation_takes_the_peers_end_back_to_its_family() {
     for f in &flows {
         let b = sim.hosts[1].ep.connection(&reverse(f)).expect("flow on B");
         assert!(
-            at(&sim, 1, |e| matches!(e, Event::Reverted { flow, .. } if *flow == reverse(f))).is_some(),
+            at(
+                &sim,
+                1,
+                |e| matches!(e, Event::Reverted { flow, .. } if *flow == reverse(f))
+            )
+            .is_some(),
             "B gives A's IPv6 address up: {f:?}"
         );
-        assert_eq!((b.local_phys, b.remote_phys), (f.remote, f.local), "B: {f:?}");
+        assert_eq!(
+            (b.local_phys, b.remote_phys),
+            (f.remote, f.local),
+            "B: {f:?}"
+        );
         assert!(b.pending_remote.is_none());
     }
 }

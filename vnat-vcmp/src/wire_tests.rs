@@ -550,7 +550,10 @@ fn golden_probe_that_tells_the_senders_addresses() {
         static_pub: [0xAB; 32],
         seq: 9,
         observed: None,
-        addrs: vec!["192.0.2.10".parse().unwrap(), "2001:db8::a".parse().unwrap()],
+        addrs: vec![
+            "192.0.2.10".parse().unwrap(),
+            "2001:db8::a".parse().unwrap(),
+        ],
         tag: [0xCD; PAIR_TAG_LEN],
     };
     let mut v6 = [0u8; 16];
@@ -650,7 +653,10 @@ fn records_that_mix_families_otherwise_are_refused() {
     );
     let mut one_each = rec_across();
     one_each.receiver_vir = sa("[2001:db8::2]:22");
-    assert_eq!(one_each.write_signed(&mut buf), Err(WireError::MixedFamilies));
+    assert_eq!(
+        one_each.write_signed(&mut buf),
+        Err(WireError::MixedFamilies)
+    );
     // An IPv4 record stays one: all three addresses IPv4.
     let v4 = rec4(Kind::Upd, Ext::None, 1);
     assert_eq!(v4.family(), Family::V4);

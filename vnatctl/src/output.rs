@@ -551,6 +551,9 @@ pub struct PeerRow {
     /// started.
     pub last_heard_ms: Option<u64>,
     pub last_heard_secs: Option<u64>,
+    /// The addresses the host told us it has (its keepalives): where its
+    /// IPv4 connections continue over IPv6 when IPv4 is gone here.
+    pub addresses: Vec<String>,
 }
 
 impl From<&PeerInfo> for PeerRow {
@@ -567,6 +570,7 @@ impl From<&PeerInfo> for PeerRow {
                 vnat_control::monitor::unix_ms(std::time::SystemTime::now()).saturating_sub(t)
                     / 1000
             }),
+            addresses: p.addresses.iter().map(|a| a.to_string()).collect(),
         }
     }
 }

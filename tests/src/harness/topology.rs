@@ -10,7 +10,7 @@
 //!
 //! `SameLink` uses subnet A only: laptop .2 (moves to .9), server .3.
 use std::{
-    net::{Ipv4Addr, Ipv6Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     sync::OnceLock,
     time::Duration,
 };
@@ -214,11 +214,33 @@ impl LaptopRouterServer {
         }
     }
 
+    /// The laptop leaves A for B, where it gets only B's IPv6 address and
+    /// an IPv6 default route: no IPv4 at all (an IPv6-only network). Needs
+    /// the builder's `.ipv6(true)`.
+    pub fn move_laptop_to_b_v6_only(&self) {
+        let l = &self.laptop;
+        for (a, p) in self.laptop_a_addr.with_prefixes() {
+            l.del_addr(&self.laptop_if_a, a, p);
+        }
+        l.link_down(&self.laptop_if_a);
+        l.link_up(&self.laptop_if_b);
+        l.add_addr(&self.laptop_if_b, self.laptop_b_addr.v6().into(), 64);
+        l.default_route(self.router_b_addr.v6().into(), &self.laptop_if_b);
+    }
+
     /// The reverse move, from B back to A.
     pub fn move_laptop_to_a(&self) {
         let l = &self.laptop;
+        // (Those B gave it: both families, or IPv6 only.)
+        let on_b: Vec<IpAddr> = l
+            .addresses(&self.laptop_if_b)
+            .iter()
+            .map(|a| a.addr)
+            .collect();
         for (a, p) in self.laptop_b_addr.with_prefixes() {
-            l.del_addr(&self.laptop_if_b, a, p);
+            if on_b.contains(&a) {
+                l.del_addr(&self.laptop_if_b, a, p);
+            }
         }
         l.link_down(&self.laptop_if_b);
         l.link_up(&self.laptop_if_a);

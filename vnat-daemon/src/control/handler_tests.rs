@@ -195,6 +195,7 @@ impl FakeDriver {
                             behind_nat: false,
                             reflexive: None,
                             last_heard_ms: None,
+                            addresses: Vec::new(),
                         }]);
                     }
                     Command::Reconfigure { reply, .. } => {

@@ -27,9 +27,16 @@ pub struct Tracked {
     /// presence stands for the virtual address's. The network that routes
     /// the container's prefix to this host is the one that address is on.
     pub anchor: Option<IpAddr>,
+    /// Where its peer is reached in the other IP family than now (an IPv4
+    /// connection only: the peer's IPv6 address it told us, or, while the
+    /// connection is carried over IPv6, its IPv4 end;
+    /// `Endpoint::other_family_remote`).
+    pub across: Option<SocketAddr>,
 }
 
-/// A decided move: continue `flow` from `new_local`.
+/// A decided move: continue `flow` from `new_local`, with its peer at
+/// `remote_phys` (its current end, or its end in the other family when
+/// the move crosses between IPv4 and IPv6).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Move {
     pub flow: VirtualFlow,
@@ -92,25 +99,57 @@ pub fn plan_moves(
             && !(t.placed && here)
             && t.local_phys != t.flow.local
             && virtual_here;
-        let new_ip = if home {
-            Some(t.flow.local.ip())
+        // The peer's end in each family: where it is now, and where it is
+        // reached in the other one (an IPv4 connection carried over IPv6
+        // and back, `vcmp::family`).
+        let same = |ip: &IpAddr| ip.is_ipv4() == t.remote_phys.is_ipv4();
+        let target = if home {
+            let remote = if same(&t.flow.local.ip()) {
+                Some(t.remote_phys)
+            } else {
+                t.across
+            };
+            remote.map(|r| (t.flow.local.ip(), r))
         } else if !here {
-            source_for(t.remote_phys.ip())
-                .filter(|ip| addrs.contains(ip) && ip.is_ipv4() == t.flow.local.is_ipv4())
+            // Where the kernel would send to the peer from: in the
+            // connection's own family first (no translation between
+            // families), then in the other.
+            let via = |r: SocketAddr| {
+                source_for(r.ip())
+                    .filter(|ip| addrs.contains(ip) && ip.is_ipv4() == r.is_ipv4())
+                    .map(|ip| (ip, r))
+            };
+            let own_first = if t.remote_phys.is_ipv4() == t.flow.local.is_ipv4() {
+                [Some(t.remote_phys), t.across]
+            } else {
+                [t.across, Some(t.remote_phys)]
+            };
+            own_first.into_iter().flatten().find_map(via)
         } else {
             None
         };
-        if let Some(ip) = new_ip {
+        if let Some((ip, remote)) = target {
             if ip != t.local_phys.ip() {
                 out.push(Move {
                     flow: t.flow,
                     new_local: SocketAddr::new(ip, t.flow.local.port()),
-                    remote_phys: t.remote_phys,
+                    remote_phys: remote,
                 });
             }
         }
     }
     out
+}
+
+/// The remote addresses whose routes a plan over `tracked` needs (see
+/// [`plan_moves`]'s `source_for`).
+pub fn plan_remotes(tracked: &[Tracked]) -> HashSet<IpAddr> {
+    tracked
+        .iter()
+        .flat_map(|t| [Some(t.remote_phys), t.across])
+        .flatten()
+        .map(|r| r.ip())
+        .collect()
 }
 
 /// A suspended connection whose keepalive vnatd holds (turned off) until
@@ -187,11 +226,14 @@ pub fn old_address_receive_side(
     local: SocketAddr,
     remote: SocketAddr,
 ) -> Option<Translation> {
-    (local != flow.local && remote != flow.remote).then_some(Translation {
-        flow,
-        physical_local: flow.local,
-        physical_remote: remote,
-    })
+    // (Not for a connection carried in the other family: its virtual
+    // address cannot receive from there.)
+    (local != flow.local && remote != flow.remote && remote.is_ipv4() == flow.local.is_ipv4())
+        .then_some(Translation {
+            flow,
+            physical_local: flow.local,
+            physical_remote: remote,
+        })
 }
 
 #[cfg(test)]
@@ -215,6 +257,7 @@ mod tests {
             migrating: false,
             placed: false,
             anchor: None,
+            across: None,
         }
     }
 
@@ -240,6 +283,96 @@ mod tests {
                 remote_phys: sa("198.18.3.2:22")
             }]
         );
+    }
+
+    /// The kernel's source towards each destination, by family: IPv4
+    /// `v4` (None: no IPv4 route), IPv6 `v6`.
+    fn routes(v4: Option<&'static str>, v6: &'static str) -> impl Fn(IpAddr) -> Option<IpAddr> {
+        move |dst| match dst {
+            IpAddr::V4(_) => v4.map(|a| a.parse().unwrap()),
+            IpAddr::V6(_) => Some(v6.parse().unwrap()),
+        }
+    }
+
+    #[test]
+    fn an_ipv4_connection_with_no_ipv4_left_moves_to_the_peers_ipv6_address() {
+        let mut t = tracked("198.18.1.2:4000", "198.18.1.2:4000", "198.18.3.2:22");
+        t.across = Some(sa("[2001:db8:3::2]:22"));
+        // Only IPv6 here (a network without IPv4): across families.
+        let moves = plan_moves(
+            &[t],
+            &addrs(&["2001:db8:2::2"]),
+            routes(None, "2001:db8:2::2"),
+        );
+        assert_eq!(
+            moves,
+            vec![Move {
+                flow: t.flow,
+                new_local: sa("[2001:db8:2::2]:4000"),
+                remote_phys: sa("[2001:db8:3::2]:22")
+            }]
+        );
+        // IPv4 on the new network too: the connection's own family first.
+        let moves = plan_moves(
+            &[t],
+            &addrs(&["198.18.2.2", "2001:db8:2::2"]),
+            routes(Some("198.18.2.2"), "2001:db8:2::2"),
+        );
+        assert_eq!(moves[0].new_local, sa("198.18.2.2:4000"));
+        assert_eq!(moves[0].remote_phys, t.remote_phys);
+        // A peer that told no IPv6 address: no move, as before.
+        t.across = None;
+        assert!(plan_moves(
+            &[t],
+            &addrs(&["2001:db8:2::2"]),
+            routes(None, "2001:db8:2::2")
+        )
+        .is_empty());
+    }
+
+    #[test]
+    fn a_connection_carried_over_ipv6_returns_to_ipv4_when_it_can() {
+        // Carried over IPv6; its IPv4 end is the peer's virtual one.
+        let mut t = tracked("198.18.1.2:4000", "[2001:db8:2::2]:4000", "198.18.3.2:22");
+        t.remote_phys = sa("[2001:db8:3::2]:22");
+        t.across = Some(sa("198.18.3.2:22"));
+        // Home again: its own address is back.
+        let moves = plan_moves(
+            &[t],
+            &addrs(&["198.18.1.2", "2001:db8:2::2"]),
+            routes(Some("198.18.1.2"), "2001:db8:2::2"),
+        );
+        assert_eq!(
+            moves,
+            vec![Move {
+                flow: t.flow,
+                new_local: t.flow.local,
+                remote_phys: t.flow.remote
+            }]
+        );
+        // Its IPv6 address gone, IPv4 elsewhere: back to IPv4 from there.
+        let moves = plan_moves(
+            &[t],
+            &addrs(&["198.18.4.2"]),
+            routes(Some("198.18.4.2"), "2001:db8:9::9"),
+        );
+        assert_eq!(moves[0].new_local, sa("198.18.4.2:4000"));
+        assert_eq!(moves[0].remote_phys, sa("198.18.3.2:22"));
+        // Still on its IPv6 address, no IPv4: it stays.
+        assert!(plan_moves(
+            &[t],
+            &addrs(&["2001:db8:2::2"]),
+            routes(None, "2001:db8:2::2")
+        )
+        .is_empty());
+        assert_eq!(
+            plan_remotes(&[t]),
+            HashSet::from([ip("2001:db8:3::2"), ip("198.18.3.2")])
+        );
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
     }
 
     #[test]

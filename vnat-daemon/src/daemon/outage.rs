@@ -232,6 +232,7 @@ mod tests {
             migrating,
             placed: false,
             anchor: None,
+            across: None,
         }
     }
 

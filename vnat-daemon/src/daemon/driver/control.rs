@@ -489,6 +489,7 @@ impl Driver {
                 last_heard_ms: self.endpoint.last_heard(&key).map(|t| {
                     vnat_control::monitor::unix_ms(std::time::SystemTime::now() - now().since(t))
                 }),
+                addresses: self.endpoint.peer_addresses(&key).to_vec(),
             })
             .collect();
         out.extend(
@@ -502,6 +503,7 @@ impl Driver {
                     behind_nat: false,
                     reflexive: None,
                     last_heard_ms: None,
+                    addresses: Vec::new(),
                 }),
         );
         out.sort_by(|a, b| (a.address, &a.key).cmp(&(b.address, &b.key)));

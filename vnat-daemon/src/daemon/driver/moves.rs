@@ -39,9 +39,14 @@ impl Driver {
         let seen_at = std::time::Instant::now();
         let boot_secs = now().as_nanos() / 1_000_000_000;
         match listed.1 {
-            Ok(a) => self
-                .host_addrs
-                .update(boot_secs, a.into_iter().map(|(ip, _)| ip).collect()),
+            Ok(a) => {
+                // Told to paired hosts (a PROBE to each when they change):
+                // where they reach us in the other IP family.
+                self.endpoint
+                    .set_host_addresses(a.iter().map(|(ip, _)| *ip));
+                self.host_addrs
+                    .update(boot_secs, a.into_iter().map(|(ip, _)| ip).collect())
+            }
             Err(e) => tracing::warn!(error = %e, "cannot list this host's addresses"),
         }
         let endpoint = &self.endpoint;
@@ -223,12 +228,13 @@ impl Driver {
                 migrating: v.migrating,
                 placed: self.tracking.is_placed(&v.flow),
                 anchor: self.tracking.anchor(&v.flow),
+                across: self.endpoint.other_family_remote(&v.flow),
             })
             .collect();
         if tracked.is_empty() {
             return 0;
         }
-        let remotes: HashSet<IpAddr> = tracked.iter().map(|t| t.remote_phys.ip()).collect();
+        let remotes = mobility::plan_remotes(&tracked);
         let (addrs, sources) = with_dp(&self.dp, move |dp| {
             let addrs: HashSet<IpAddr> = match dp.interface_addresses() {
                 Ok(a) => a.into_iter().map(|(a, _)| a).collect(),
@@ -350,15 +356,35 @@ impl Driver {
                 outcomes.push((m.flow, Err(MoveRefused::Prepare(e.to_string()))));
                 continue;
             }
-            tracing::info!(id = m.flow.id(), flow = %m.flow, from = %from, to = %m.new_local, "resuming connection at a new address");
-            started.push((m.flow, from, m.new_local));
+            // A move into the other IP family finds the peer at its end in
+            // that family (`vcmp::family`).
+            let across = self
+                .endpoint
+                .connection(&m.flow)
+                .filter(|v| v.remote_phys != m.remote_phys)
+                .map(|_| m.remote_phys);
+            match across {
+                Some(peer) => {
+                    tracing::info!(id = m.flow.id(), flow = %m.flow, from = %from, to = %m.new_local, %peer, "resuming connection at a new address, its peer at its address in the other IP family")
+                }
+                None => {
+                    tracing::info!(id = m.flow.id(), flow = %m.flow, from = %from, to = %m.new_local, "resuming connection at a new address")
+                }
+            }
+            started.push((m.flow, from, m.new_local, across));
         }
         if started.is_empty() {
             return outcomes;
         }
-        let flows: Vec<(VirtualFlow, SocketAddr)> =
-            started.iter().map(|(f, _, to)| (*f, *to)).collect();
-        if let Err(e) = self.endpoint.resume(now(), &mut OsRng, &flows) {
+        let flows: Vec<(VirtualFlow, SocketAddr, Option<SocketAddr>)> = started
+            .iter()
+            .map(|(f, _, to, across)| (*f, *to, *across))
+            .collect();
+        let started: Vec<(VirtualFlow, SocketAddr, SocketAddr)> = started
+            .into_iter()
+            .map(|(f, from, to, _)| (f, from, to))
+            .collect();
+        if let Err(e) = self.endpoint.resume_across(now(), &mut OsRng, &flows) {
             tracing::warn!(error = %e, "cannot start the migration");
             let why = MoveRefused::Start(e);
             outcomes.extend(started.into_iter().map(|(f, _, _)| (f, Err(why.clone()))));

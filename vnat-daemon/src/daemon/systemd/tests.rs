@@ -43,6 +43,7 @@ fn peer(n: u8) -> PeerInfo {
         behind_nat: false,
         reflexive: None,
         last_heard_ms: None,
+        addresses: Vec::new(),
     }
 }
 

@@ -1,0 +1,167 @@
+//! Automatic mode carries an IPv4 connection over IPv6 (issue 32, item 3):
+//! real vnatd on both hosts, nobody gives a command. The laptop leaves for
+//! a network where it has only IPv6 (the server has both), and comes back.
+//! Its vnatd learnt the server's IPv6 address from the server's keepalives
+//! (`vnatctl peers` lists it), moves the connection there, and the
+//! server's vnatd follows into IPv6 at the address the update came to.
+//! Same socket, every byte in order, no error, TCP and UDP; both vnatds
+//! list the connection over IPv6 while it is there and untranslated once
+//! back. (`family_move.rs` tests the datapath's part alone.)
+
+use std::{
+    net::{IpAddr, SocketAddr},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use vnat_tests::{
+    EchoServer, Host, LaptopRouterServer, StreamClient, StreamOptions, TempDir, Vnatd,
+};
+
+/// Fast enough that a few hundred kB are in flight across each move.
+const RATE: u64 = 2_000_000;
+
+/// The one `ls` row of `proto` whose virtual remote end is `remote`.
+fn row(d: &Vnatd, proto: &str, remote: SocketAddr) -> Option<Value> {
+    d.ctl(&["ls", "--proto", proto])?
+        .as_array()?
+        .iter()
+        .find(|r| r["virtual_remote"].as_str() == Some(remote.to_string().as_str()))
+        .cloned()
+}
+
+/// Wait (at most `secs`) until the row of `proto` to `remote` is sent
+/// from `local` to `phys_remote` (physical addresses, ports aside).
+fn wait_placed(
+    d: &Vnatd,
+    what: &str,
+    proto: &str,
+    remote: SocketAddr,
+    local: IpAddr,
+    phys_remote: IpAddr,
+    secs: u64,
+) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let r = row(d, proto, remote);
+        let at = |k: &str| {
+            r.as_ref()
+                .and_then(|r| r[k].as_str())
+                .and_then(|s| s.parse::<SocketAddr>().ok())
+                .map(|a| a.ip())
+        };
+        if at("physical_local") == Some(local) && at("physical_remote") == Some(phys_remote) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: the {proto} connection to {remote} is not sent from {local} to {phys_remote}: {r:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn v4_connection_goes_over_v6_and_back(proto: &str, tag: &str) {
+    let topo = LaptopRouterServer::builder().tag(tag).ipv6(true).build();
+    let lap = Host::new(&topo.laptop, &format!("{tag}l"));
+    let srv = Host::new(&topo.server, &format!("{tag}s"));
+    let (lap_dir, srv_dir) = (
+        TempDir::new(&format!("{tag}l")),
+        TempDir::new(&format!("{tag}s")),
+    );
+    let server = SocketAddr::new(topo.server_addr.v4.into(), 5001);
+    let server_v6: IpAddr = topo.server_addr.v6().into();
+    let laptop_v4: IpAddr = topo.laptop_a_addr.v4.into();
+    let laptop_v6: IpAddr = topo.laptop_b_addr.v6().into();
+    let _echo = match proto {
+        "tcp" => EchoServer::tcp_in(&srv, server),
+        _ => EchoServer::udp_in(&srv, server),
+    };
+    let lapd = Vnatd::start(&lap, lap_dir.path());
+    let srvd = Vnatd::start(&srv, srv_dir.path());
+    let opts = match proto {
+        "tcp" => StreamOptions::tcp(server),
+        _ => StreamOptions::udp(server),
+    }
+    .rate(RATE);
+    let mut cmd = opts.command(lap.ns);
+    lap.cgroup.join_on_spawn(&mut cmd);
+    let client = StreamClient::from_command(cmd);
+    let before = client.wait_verified_at_least(200_000, Duration::from_secs(15));
+    lapd.wait_mobile_to(proto, server.ip());
+    srvd.wait_mobile_to(proto, laptop_v4);
+    // The server told the laptop its addresses, IPv6 included.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let peers = lapd.ctl(&["peers"]).unwrap_or(Value::Null);
+        let told = peers.as_array().is_some_and(|ps| {
+            ps.iter().any(|p| {
+                p["addresses"].as_array().is_some_and(|a| {
+                    a.iter()
+                        .any(|x| x.as_str() == Some(server_v6.to_string().as_str()))
+                })
+            })
+        });
+        if told {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the laptop never learnt the server's IPv6 address: {peers}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // To the IPv6-only network.
+    let t0 = Instant::now();
+    topo.move_laptop_to_b_v6_only();
+    let at = client.latest().expect("no status from the stream").verified;
+    let after = client.wait_verified_at_least(at + 1_000_000, Duration::from_secs(30));
+    eprintln!(
+        "{tag}: 1 MB verified {:?} after the laptop lost IPv4",
+        t0.elapsed()
+    );
+    wait_placed(&lapd, "laptop", proto, server, laptop_v6, server_v6, 10);
+    let laptop_end: SocketAddr = before.local.parse().expect("the stream's local address");
+    wait_placed(&srvd, "server", proto, laptop_end, server_v6, laptop_v6, 10);
+    let after = client.wait_verified_at_least(after.verified + 500_000, Duration::from_secs(20));
+
+    // Back to A: IPv4 again, no translation left at either end.
+    let t1 = Instant::now();
+    topo.move_laptop_to_a();
+    let at = client
+        .latest()
+        .expect("no status from the stream")
+        .verified
+        .max(after.verified);
+    let back = client.wait_verified_at_least(at + 1_000_000, Duration::from_secs(30));
+    eprintln!(
+        "{tag}: 1 MB verified {:?} after the laptop came back",
+        t1.elapsed()
+    );
+    wait_placed(&lapd, "laptop", proto, server, laptop_v4, server.ip(), 10);
+    wait_placed(
+        &srvd,
+        "server",
+        proto,
+        laptop_end,
+        server.ip(),
+        laptop_v4,
+        10,
+    );
+
+    let fin = client.stop();
+    assert_eq!(fin.error, None, "the stream broke: {:?}", fin.json);
+    assert_eq!(fin.local, before.local, "the client's socket changed");
+    assert!(fin.verified >= back.verified);
+}
+
+#[test]
+fn tcp_v4_connection_goes_over_v6_by_itself_and_back() {
+    v4_connection_goes_over_v6_and_back("tcp", "fat");
+}
+
+#[test]
+fn udp_v4_flow_goes_over_v6_by_itself_and_back() {
+    v4_connection_goes_over_v6_and_back("udp", "fau");
+}
