@@ -352,10 +352,15 @@ impl Endpoint {
         remote_phys: SocketAddr,
         binding: Binding,
     ) -> Result<(), EndpointError> {
+        // Its physical ends are of its own family, or, for an IPv4
+        // connection carried over IPv6 (taken up again after a restart,
+        // `vcmp::family`), both IPv6.
         let fam = Family::of(&flow.local);
-        if [flow.remote, local_phys, remote_phys]
-            .iter()
-            .any(|a| Family::of(a) != fam)
+        let phys = Family::of(&local_phys);
+        let carried = fam == Family::V4 && phys == Family::V6;
+        if Family::of(&flow.remote) != fam
+            || Family::of(&remote_phys) != phys
+            || (phys != fam && !carried)
         {
             return Err(EndpointError::MixedFamilies(flow));
         }

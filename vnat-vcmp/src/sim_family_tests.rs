@@ -168,3 +168,29 @@ fn a_failed_validation_takes_the_peers_end_back_to_its_family() {
         assert!(b.pending_remote.is_none());
     }
 }
+
+/// A vnatd that restarts finds such a connection translated in the
+/// datapath and takes it up again as it is; an end in each family is no
+/// connection.
+#[test]
+fn a_connection_carried_over_ipv6_can_be_taken_up_again() {
+    let mut sim = Sim::new(34, Link::default());
+    let a = sim.add_host(A_IP, Config::default());
+    let f = super::sim::tcp("10.0.0.1:40000", "10.0.0.2:22");
+    let binding = super::binding::Binding::endpoints(&f);
+    let (l6, r6) = (SocketAddr::new(ip(A6), 40000), SocketAddr::new(ip(B6), 22));
+    sim.with(a, |ep, now, rng| {
+        ep.connection_added(now, rng, f, l6, r6, binding)
+            .expect("an IPv4 connection carried over IPv6")
+    });
+    let g = super::sim::tcp("10.0.0.1:40001", "10.0.0.2:22");
+    let err = sim.with(a, |ep, now, rng| {
+        ep.connection_added(now, rng, g, l6, g.remote, binding)
+    });
+    assert!(err.is_err(), "one end in each family: {err:?}");
+    let v6 = super::sim::tcp("[2001:db8:a::1]:40000", "[2001:db8:b::2]:22");
+    let err = sim.with(a, |ep, now, rng| {
+        ep.connection_added(now, rng, v6, f.local, f.remote, binding)
+    });
+    assert!(err.is_err(), "an IPv6 connection over IPv4: {err:?}");
+}

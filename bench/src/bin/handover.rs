@@ -177,6 +177,12 @@ struct Args {
     /// connection's TCP BIND. One end moving only.
     #[arg(long, conflicts_with = "nat")]
     into_nat: bool,
+    /// The laptop moves to a network where it has only IPv6 (network B
+    /// without its IPv4 address); the server has both: its IPv4
+    /// connection goes on over IPv6 between the two hosts' IPv6 addresses.
+    /// One end moving only.
+    #[arg(long, conflicts_with_all = ["nat", "into_nat"])]
+    v6_only: bool,
     /// Junk and forged VCMP datagrams at the server's port 2031 from an
     /// off-path host, this many a second, from just before the move until
     /// the run ends (forged UPDs for the connection, PAIR_INITs, random
@@ -259,15 +265,18 @@ struct Case {
     nat: bool,
     /// The laptop moves from a routed address into a NAT (`--into-nat`).
     into_nat: bool,
+    /// The laptop moves to a network with only IPv6 (`--v6-only`).
+    v6_only: bool,
     /// Where both movers find each other.
     location: Location,
 }
 
 impl Case {
     fn key(self) -> String {
-        let nat = match (self.nat, self.into_nat) {
-            (true, _) => "nat_",
-            (_, true) => "into_nat_",
+        let nat = match (self.nat, self.into_nat, self.v6_only) {
+            (true, _, _) => "nat_",
+            (_, true, _) => "into_nat_",
+            (_, _, true) => "v6_only_",
             _ => "",
         };
         match (self.movers, self.location) {
@@ -278,9 +287,10 @@ impl Case {
     }
 
     fn label(self) -> String {
-        let nat = match (self.nat, self.into_nat) {
-            (true, _) => "behind NAT, ",
-            (_, true) => "into a NAT, ",
+        let nat = match (self.nat, self.into_nat, self.v6_only) {
+            (true, _, _) => "behind NAT, ",
+            (_, true, _) => "into a NAT, ",
+            (_, _, true) => "to IPv6 only, ",
             _ => "",
         };
         match (self.movers, self.location) {
@@ -412,6 +422,7 @@ fn run(args: &Args) -> Result<()> {
                             scenario: *scenario,
                             nat: args.nat,
                             into_nat: args.into_nat,
+                            v6_only: args.v6_only,
                             location,
                         },
                         *runs,
@@ -510,6 +521,7 @@ fn sweep(args: &Args) -> Result<()> {
             scenario,
             nat: args.nat,
             into_nat: args.into_nat,
+            v6_only: args.v6_only,
             location,
         };
         let runs = args.runs.unwrap_or(if outage_s == 0 { 3 } else { 1 });

@@ -55,6 +55,12 @@ pub const CORE_TESTS: &[(&str, &[&str])] = &[
         ],
     ),
     ("nat", &["tcp_moves_from_one_nat_to_another"]),
+    // Two real vnatd carry an IPv4 connection over IPv6 and back (the
+    // RFC 5549 route and the translators on this kernel; issue 32).
+    (
+        "family_auto",
+        &["tcp_v4_connection_goes_over_v6_by_itself_and_back"],
+    ),
     // A move's hold ends by itself in tc (bpf_ktime_get_boot_ns in the
     // translators), on a real socket.
     (

@@ -17,7 +17,10 @@ pub(super) fn measure(setup: &RunSetup) -> Result<RunResult> {
         flood_pps,
     } = setup;
     let (scenario, both) = (case.scenario, case.movers == Movers::Both);
-    let topo = LaptopRouterServer::builder().tag("hov").build();
+    let topo = LaptopRouterServer::builder()
+        .tag("hov")
+        .ipv6(case.v6_only)
+        .build();
     let delay = delayline::delay_server_link(&topo, "hovd", Duration::ZERO)?;
     if case.nat {
         ensure!(
@@ -26,6 +29,10 @@ pub(super) fn measure(setup: &RunSetup) -> Result<RunResult> {
         );
         vnat_tests::nat_router(&topo).map_err(anyhow::Error::msg)?;
     }
+    ensure!(
+        !(case.v6_only && both),
+        "--v6-only measures the laptop moving alone (--movers one)"
+    );
     if case.into_nat {
         ensure!(
             !both,
@@ -144,6 +151,9 @@ pub(super) fn measure(setup: &RunSetup) -> Result<RunResult> {
     let probe = Probe::spawn(&lap, server)?;
     let local = probe.wait_connected(Duration::from_secs(10))?;
     wait_mobile(&lapd, &srvd, local, case.nat)?;
+    if case.v6_only {
+        wait_told(&lapd, topo.server_addr.v6().into())?;
+    }
     // A second of steady probing: the echo round trip before the move.
     vnat_bench::sleep_checked(Duration::from_secs(1))?;
     let now = monotonic_ns();
@@ -222,7 +232,11 @@ pub(super) fn measure(setup: &RunSetup) -> Result<RunResult> {
             if let Some(e) = &link_e {
                 move_server_to_e(&topo, e, OldServerAddress::Gone);
             }
-            topo.move_laptop_to_b();
+            if case.v6_only {
+                topo.move_laptop_to_b_v6_only();
+            } else {
+                topo.move_laptop_to_b();
+            }
         }
         Scenario::Outage(d) => {
             t_start = monotonic_ns();
@@ -238,8 +252,14 @@ pub(super) fn measure(setup: &RunSetup) -> Result<RunResult> {
             if let Some(e) = &link_e {
                 plug_server_e(&topo, e);
             }
-            topo.plug_laptop_b();
-            l.default_route(topo.router_b_addr.v4.into(), &topo.laptop_if_b);
+            if case.v6_only {
+                l.link_up(&topo.laptop_if_b);
+                l.add_addr(&topo.laptop_if_b, topo.laptop_b_addr.v6().into(), 64);
+                l.default_route(topo.router_b_addr.v6().into(), &topo.laptop_if_b);
+            } else {
+                topo.plug_laptop_b();
+                l.default_route(topo.router_b_addr.v4.into(), &topo.laptop_if_b);
+            }
         }
     }
     let t_usable = monotonic_ns();
@@ -393,6 +413,32 @@ fn wait_mobile(lapd: &Daemon, srvd: &Daemon, local: SocketAddr, nat: bool) -> Re
             srvd.paired()
         );
         ensure!(!vnat_bench::interrupted(), "interrupted");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Wait (at most 10 s) until the laptop's vnatd lists `addr` among the
+/// addresses its peer told it (`vnatctl peers`): where it moves its
+/// connection when IPv4 is gone.
+fn wait_told(lapd: &Daemon, addr: std::net::IpAddr) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let want = addr.to_string();
+    loop {
+        let peers = lapd.ctl(&["peers"]).unwrap_or(Value::Null);
+        let told = peers.as_array().is_some_and(|ps| {
+            ps.iter().any(|p| {
+                p["addresses"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|x| x.as_str() == Some(want.as_str())))
+            })
+        });
+        if told {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the laptop's vnatd never learnt the server's IPv6 address {addr}: {peers}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
