@@ -125,6 +125,23 @@ fn v4_connection_goes_over_v6_and_back(proto: &str, tag: &str) {
     let laptop_end: SocketAddr = before.local.parse().expect("the stream's local address");
     wait_placed(&srvd, "server", proto, laptop_end, server_v6, laptop_v6, 10);
     let after = client.wait_verified_at_least(after.verified + 500_000, Duration::from_secs(20));
+    // The server's end is in IPv6 because the laptop moved there: its own
+    // IPv4 address never went, and its vnatd must not take that for a
+    // return home (it did: a move of its own to IPv4, where the laptop
+    // has nothing, held its packets for 2 s). Its plans run every second
+    // or so: after a few of them the row is as it was, moved by the peer.
+    std::thread::sleep(Duration::from_secs(3));
+    let r = row(&srvd, proto, laptop_end).expect("the server lists the connection");
+    let server_end = SocketAddr::new(server_v6, server.port()).to_string();
+    assert_eq!(
+        (
+            r["physical_local"].as_str(),
+            r["last_move"]["side"].as_str()
+        ),
+        (Some(server_end.as_str()), Some("peer")),
+        "the server moved its own end: {r}"
+    );
+    let after = client.wait_verified_at_least(after.verified + 500_000, Duration::from_secs(5));
 
     // Back to A: IPv4 again, no translation left at either end.
     let t1 = Instant::now();

@@ -50,6 +50,11 @@ pub(crate) struct Conn {
     pub local_alt: Option<SocketAddr>,
     /// The peer's end in the other family than `remote_phys`, likewise.
     pub remote_alt: Option<SocketAddr>,
+    /// Our end is in the other family than the connection's because the
+    /// peer's update took it there, not because we moved: our own
+    /// connection's address is still here, and the planner must not take
+    /// that for a return home (`ConnectionView::follows_peer`).
+    pub follows_peer: bool,
     /// The host it is bound to (by a CLAIM, or an import): the only host
     /// whose pairing its keys derive from, for life.
     pub peer_key: Option<[u8; 32]>,
@@ -226,6 +231,10 @@ pub struct ConnectionView {
     pub has_keys: bool,
     pub role: Option<Role>,
     pub migrating: bool,
+    /// Our end is carried in the other IP family because the peer moved
+    /// there (`vcmp::family`), not because our own address went: no move
+    /// of ours takes it back; the peer's next update does.
+    pub follows_peer: bool,
     pub binding_seq: u64,
     pub send_seq: u64,
 }
@@ -305,6 +314,7 @@ impl Endpoint {
             has_keys: c.keys.is_some(),
             role: c.role.negotiated,
             migrating: c.mig.is_some(),
+            follows_peer: c.follows_peer,
             binding_seq: c.binding_seq,
             send_seq: c.send_seq,
         })
@@ -786,6 +796,7 @@ impl Conn {
             remote_phys,
             local_alt: None,
             remote_alt: None,
+            follows_peer: false,
             peer_key: None,
             keys: None,
             prev_keys: None,

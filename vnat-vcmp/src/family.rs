@@ -91,6 +91,7 @@ impl Conn {
         {
             self.local_alt = Some(self.local_phys);
             self.local_phys = alt;
+            self.follows_peer = false;
         }
     }
 }

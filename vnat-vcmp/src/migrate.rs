@@ -110,6 +110,7 @@ impl Endpoint {
         }
         c.local_phys = new_local;
         c.local_unproven = true;
+        c.follows_peer = false;
         // Into the other family (`vcmp::family`): the peer is where it
         // told us it is in that family, not at its current address.
         let across = across.filter(|p| *p != c.remote_phys);

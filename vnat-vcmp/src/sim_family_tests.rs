@@ -86,6 +86,8 @@ fn an_ipv4_connection_goes_on_over_ipv6_and_comes_back() {
         // B's end followed into IPv6, at the address the update came to:
         // the two datapaths translate mirror images of one pair.
         assert_eq!((b.local_phys, b.remote_phys), (b_end, a_end), "B: {f:?}");
+        // B is there because A moved, A because it moved itself.
+        assert!(b.follows_peer && !a.follows_peer, "{f:?}");
         // Each end sends from its new pair only once the other end's
         // receive side is ready for it.
         let b_ready = at(&sim, 1, |e| {
@@ -132,6 +134,7 @@ fn an_ipv4_connection_goes_on_over_ipv6_and_comes_back() {
             (f.remote, f.local),
             "B: {f:?}"
         );
+        assert!(!b.follows_peer, "{f:?}");
     }
     assert_eq!(sim.hosts[1].ep.stats().rejected(Reject::NoLocalInFamily), 0);
 }
@@ -165,7 +168,7 @@ fn a_failed_validation_takes_the_peers_end_back_to_its_family() {
             (f.remote, f.local),
             "B: {f:?}"
         );
-        assert!(b.pending_remote.is_none());
+        assert!(b.pending_remote.is_none() && !b.follows_peer);
     }
 }
 

@@ -33,6 +33,7 @@ impl Endpoint {
                 tracing::debug!(id = flow.id(), %flow, from = %c.local_phys, to = %local, "the peer moved into the other IP family: our end follows");
                 c.local_alt = Some(c.local_phys);
                 c.local_phys = local;
+                c.follows_peer = local.is_ipv4() != flow.local.is_ipv4();
                 self.stats.count(Counter::FamilyChanged);
             }
         }

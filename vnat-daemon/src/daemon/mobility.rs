@@ -32,6 +32,10 @@ pub struct Tracked {
     /// connection is carried over IPv6, its IPv4 end;
     /// `Endpoint::other_family_remote`).
     pub across: Option<SocketAddr>,
+    /// Its end is in the other family because the peer moved there
+    /// (`ConnectionView::follows_peer`): its virtual address being here is
+    /// no return home, and it stays in that family while it can.
+    pub follows_peer: bool,
 }
 
 /// A decided move: continue `flow` from `new_local`, with its peer at
@@ -96,6 +100,7 @@ pub fn plan_moves(
         // its address is where nothing speaks VCMP, so the peer could not
         // validate it; it stays on this host's addresses.
         let home = t.anchor.is_none()
+            && !t.follows_peer
             && !(t.placed && here)
             && t.local_phys != t.flow.local
             && virtual_here;
@@ -119,7 +124,7 @@ pub fn plan_moves(
                     .filter(|ip| addrs.contains(ip) && ip.is_ipv4() == r.is_ipv4())
                     .map(|ip| (ip, r))
             };
-            let own_first = if t.remote_phys.is_ipv4() == t.flow.local.is_ipv4() {
+            let own_first = if t.follows_peer || t.remote_phys.is_ipv4() == t.flow.local.is_ipv4() {
                 [Some(t.remote_phys), t.across]
             } else {
                 [t.across, Some(t.remote_phys)]
@@ -258,6 +263,7 @@ mod tests {
             placed: false,
             anchor: None,
             across: None,
+            follows_peer: false,
         }
     }
 
@@ -363,6 +369,17 @@ mod tests {
             &[t],
             &addrs(&["2001:db8:2::2"]),
             routes(None, "2001:db8:2::2")
+        )
+        .is_empty());
+        // The peer's end of the same connection, carried over IPv6 because
+        // the peer moved there: its own IPv4 address never went, and
+        // nothing of ours takes it back.
+        let mut peer = t;
+        peer.follows_peer = true;
+        assert!(plan_moves(
+            &[peer],
+            &addrs(&["198.18.1.2", "2001:db8:2::2"]),
+            routes(Some("198.18.1.2"), "2001:db8:2::2"),
         )
         .is_empty());
         assert_eq!(

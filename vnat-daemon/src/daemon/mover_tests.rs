@@ -43,6 +43,7 @@ fn view(flow: VirtualFlow) -> ConnectionView {
         has_keys: true,
         role: None,
         migrating: false,
+        follows_peer: false,
         binding_seq: 0,
         send_seq: 0,
     }

@@ -233,6 +233,7 @@ mod tests {
             placed: false,
             anchor: None,
             across: None,
+            follows_peer: false,
         }
     }
 

@@ -229,6 +229,7 @@ impl Driver {
                 placed: self.tracking.is_placed(&v.flow),
                 anchor: self.tracking.anchor(&v.flow),
                 across: self.endpoint.other_family_remote(&v.flow),
+                follows_peer: v.follows_peer,
             })
             .collect();
         if tracked.is_empty() {
@@ -365,7 +366,7 @@ impl Driver {
                 .map(|_| m.remote_phys);
             match across {
                 Some(peer) => {
-                    tracing::info!(id = m.flow.id(), flow = %m.flow, from = %from, to = %m.new_local, %peer, "resuming connection at a new address, its peer at its address in the other IP family")
+                    tracing::info!(id = m.flow.id(), flow = %m.flow, from = %from, to = %m.new_local, peer_in_other_family = %peer, "resuming connection at a new address")
                 }
                 None => {
                     tracing::info!(id = m.flow.id(), flow = %m.flow, from = %from, to = %m.new_local, "resuming connection at a new address")
