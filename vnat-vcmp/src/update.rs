@@ -14,6 +14,11 @@ use crate::flow::{Proto, VirtualFlow};
 /// of what came from it (RFC 9000 section 8).
 const AMPLIFICATION_FACTOR: usize = 3;
 
+/// Least time a peer's named address is waited for once the address its
+/// update came from answered (see `on_response`): the named one may be
+/// answering on a path a few milliseconds longer.
+const NAMED_GRACE_MIN: std::time::Duration = std::time::Duration::from_millis(10);
+
 impl Endpoint {
     /// UPD (paper 3.3.2.3 (1)): the peer's end is now at `rec.sender_phys`.
     pub(crate) fn on_upd(
@@ -388,6 +393,8 @@ impl Endpoint {
             .answered(flow, &n)
             .ok_or(Reject::UnexpectedResponse)?;
         let ip = key.0;
+        // The round trip of this validation's last CHALLENGE.
+        let rtt = now.since(v.sent);
         self.tx.trusted.insert(ip);
         self.stats.count(Counter::PathValidated);
         // The peer's vnatd answered there: that is where it is reached now
@@ -418,6 +425,16 @@ impl Endpoint {
                         remote: addr,
                     });
                     self.ask_rebind(now, &f);
+                } else if c.nat_candidate.is_some_and(|n| n.ip() == ip) {
+                    // The address the update came from answered; the one
+                    // it named has not yet. A peer reachable there would
+                    // have answered about as fast (the two CHALLENGEs left
+                    // together): give it a little more than this round
+                    // trip, not the whole retransmission timeout, then
+                    // take the NAT's (`nat_fallback`).
+                    let grace = rtt.saturating_mul(2).max(NAMED_GRACE_MIN);
+                    self.validations
+                        .due_by(&(addr.ip(), key.1), now.plus(grace));
                 }
             }
         }

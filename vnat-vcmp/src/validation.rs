@@ -151,6 +151,17 @@ impl Validations {
         self.order.first().map(|(t, _)| *t)
     }
 
+    /// Make the validation of `key` due by `at` at the latest (no later
+    /// than it was).
+    pub fn due_by(&mut self, key: &ValidationKey, at: Timestamp) {
+        if self.live.get(key).is_some_and(|v| v.deadline > at) {
+            if let Some(mut v) = self.remove(key) {
+                v.deadline = at;
+                self.start(*key, v);
+            }
+        }
+    }
+
     /// Make every validation that covers `flow` due at `now`: its RESPONSE
     /// would come back to an address we just left.
     pub fn hurry(&mut self, flow: &VirtualFlow, now: Timestamp) {
