@@ -759,24 +759,8 @@ impl Endpoint {
         rng: &mut R,
         moves: &[(VirtualFlow, SocketAddr)],
     ) -> Result<(), EndpointError> {
-        for (f, new_local) in moves {
-            let c = self
-                .conns
-                .get(f)
-                .ok_or(EndpointError::UnknownConnection(*f))?;
-            if c.keys.is_none() {
-                return Err(EndpointError::NoKeys(*f));
-            }
-            if Family::of(new_local) != Family::of(&f.local) {
-                return Err(EndpointError::MixedFamilies(*f));
-            }
-        }
-        let mut ctx = Ctx::new(now, rng);
-        for (f, new_local) in moves {
-            self.start_migration(&mut ctx, f, *new_local, None);
-        }
-        self.tx.flush(&mut self.stats);
-        Ok(())
+        let moves: Vec<_> = moves.iter().map(|(f, to)| (*f, *to, None)).collect();
+        self.resume_across(now, rng, &moves)
     }
 }
 

@@ -408,6 +408,8 @@ the host's x25519 key (hex; kept in peers.json in vnatd's state directory),
 ADDRESS where it last paired from, CONNECTIONS the connections bound to it
 and MOBILE how many of them have keys and so can move. A row without a key
 counts connections at that address that no paired host has claimed yet.
+`--json` also lists the `addresses` each host told (in its keepalives):
+where its IPv4 connections continue over IPv6 when this host has no IPv4.
 
 A peer is its key, never its address: several hosts behind one NAT are
 several rows, and a host that gets another's old address (DHCP) is a new
