@@ -329,7 +329,7 @@ impl Endpoint {
         let Some(c) = self.conns.get_mut(flow) else {
             return;
         };
-        let before = c.peer_named.replace(named);
+        let before = c.peer_named.replace(Box::new(named)).map(|b| *b);
         let nat = c.remote_phys.ip();
         if let Some(old) = before {
             if old != named {
@@ -380,7 +380,7 @@ impl Endpoint {
 
     /// Forget the peer's names of `flow` (it is going away).
     pub(crate) fn drop_alias(&mut self, flow: &VirtualFlow) {
-        if let Some(named) = self.conns.get(flow).and_then(|c| c.peer_named) {
+        if let Some(named) = self.conns.get(flow).and_then(|c| c.peer_named()) {
             if self.aliases.get(&named) == Some(flow) {
                 self.aliases.remove(&named);
             }

@@ -40,7 +40,7 @@ pub(crate) struct Conn {
     /// How the peer names it, from our side (`local` is the peer's name for
     /// our end), learned from its CLAIM. Differs from `flow` when a NAT is
     /// between the ends.
-    pub peer_named: Option<VirtualFlow>,
+    pub peer_named: Option<Box<VirtualFlow>>,
     pub local_phys: SocketAddr,
     /// Current remote physical endpoint: the last validated one.
     pub remote_phys: SocketAddr,
@@ -61,7 +61,7 @@ pub(crate) struct Conn {
     pub keys: Option<ConnKeys>,
     /// Keys before the last suspend-time DH, kept to answer a retransmitted
     /// KEYX whose answer was lost.
-    pub prev_keys: Option<ConnKeys>,
+    pub prev_keys: Option<Box<ConnKeys>>,
     pub send_seq: u64,
     pub replay: ReplayWindow,
     /// Highest sequence number of an UPD/UPD_R that moved (or confirmed)
@@ -90,9 +90,9 @@ pub(crate) struct Conn {
     /// (`update::send_unvalidated`), even once our move is over: an
     /// update it sent to our old address can reach us after that.
     pub local_unproven: bool,
-    pub keyx: Option<KeyxState>,
+    pub keyx: Option<Box<KeyxState>>,
     /// Our answer to the peer's last KEYX: (peer's value, ours).
-    pub keyx_answer: Option<([u8; 32], [u8; 32])>,
+    pub keyx_answer: Option<Box<([u8; 32], [u8; 32])>>,
     /// The sequence number of the KEYX we answered last.
     pub keyx_answer_seq: u64,
     /// We answered a KEYX and ratcheted, and the peer has not been seen
@@ -107,15 +107,25 @@ pub(crate) struct Conn {
     /// A suspension under way until its claim and key agreement are over
     /// (`Event::SuspendSettled`).
     pub settling: Option<Settling>,
-    pub mig: Option<Migration>,
+    pub mig: Option<Box<Migration>>,
     /// Our HELP, until the peer echoes it.
-    pub help: Option<super::help::HelpOut>,
+    pub help: Option<Box<super::help::HelpOut>>,
     /// The sequence number of the newest HELP taken from the peer: an
     /// older one that arrives later (reordered, or resent) is not news.
     pub help_seq: u64,
 }
 
 impl Conn {
+    /// How the peer names the connection, if it told us (see `peer_named`).
+    pub(crate) fn peer_named(&self) -> Option<VirtualFlow> {
+        self.peer_named.as_deref().copied()
+    }
+
+    /// Our answer to the peer's last KEYX, if any (see `keyx_answer`).
+    pub(crate) fn keyx_answer(&self) -> Option<([u8; 32], [u8; 32])> {
+        self.keyx_answer.as_deref().copied()
+    }
+
     /// The first of its deadlines: migration, key agreement, role claim
     /// resend, CLAIM resend.
     pub(crate) fn deadline(&self) -> Option<Timestamp> {
@@ -309,8 +319,11 @@ impl Endpoint {
             pending_remote: c.pending_remote.map(|p| p.0),
             nat_candidate: c.nat_candidate,
             peer_key: c.peer_key,
-            seen_by_peer_as: c.peer_named.map(|n| n.local).filter(|a| *a != c.flow.local),
-            peer_behind_nat: c.peer_named.is_some_and(|n| n.remote != c.flow.remote),
+            seen_by_peer_as: c
+                .peer_named()
+                .map(|n| n.local)
+                .filter(|a| *a != c.flow.local),
+            peer_behind_nat: c.peer_named().is_some_and(|n| n.remote != c.flow.remote),
             has_keys: c.keys.is_some(),
             role: c.role.negotiated,
             migrating: c.mig.is_some(),

@@ -122,14 +122,14 @@ impl Endpoint {
             role: c.role,
             tcp_isns: c.binding.tcp_isns(),
             udp_ends: c.binding.ends().filter(|e| *e != [flow.local, flow.remote]),
-            peer_named: c.peer_named.filter(|n| n != flow),
+            peer_named: c.peer_named().filter(|n| n != flow),
             prev_root_key: c
                 .prev_keys
                 .as_ref()
                 .map(|k| HexKey(key_hex(k.root.expose()))),
             send_prev: c.send_prev && c.prev_keys.is_some(),
             keyx_answer: c
-                .keyx_answer
+                .keyx_answer()
                 .filter(|_| c.prev_keys.is_some())
                 .map(|(peer, ours)| (key_hex(&peer), key_hex(&ours), c.keyx_answer_seq)),
         };
@@ -172,16 +172,16 @@ impl Endpoint {
         ));
         if let Some(prev) = &e.prev_root_key {
             let prev = Zeroizing::new(parse_key_hex(&prev.0).ok_or(EndpointError::ExportKey)?);
-            c.prev_keys = Some(ConnKeys::from_root(
+            c.prev_keys = Some(Box::new(ConnKeys::from_root(
                 SecretKey::from_bytes(*prev),
                 &e.flow,
                 &binding,
-            ));
+            )));
             c.send_prev = e.send_prev;
             if let Some((peer, ours, seq)) = &e.keyx_answer {
                 let peer = parse_key_hex(peer).ok_or(EndpointError::ExportKey)?;
                 let ours = parse_key_hex(ours).ok_or(EndpointError::ExportKey)?;
-                c.keyx_answer = Some((peer, ours));
+                c.keyx_answer = Some(Box::new((peer, ours)));
                 c.keyx_answer_seq = *seq;
             }
         }

@@ -166,11 +166,11 @@ impl Endpoint {
         };
         let bytes = help.encode();
         if let Some(c) = self.conns.get_mut(flow) {
-            c.help = Some(HelpOut {
+            c.help = Some(Box::new(HelpOut {
                 bytes,
                 tries: 1,
                 deadline: ctx.now.plus(rto),
-            });
+            }));
         }
         if self.send_record(ctx, flow, Kind::Help, Ext::Help(bytes), dst) {
             self.stats.count(Counter::HelpRequested);

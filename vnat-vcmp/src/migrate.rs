@@ -136,7 +136,7 @@ impl Endpoint {
         }
         let validate_across = across.filter(|p| !c.validated.contains(&p.ip()));
         let binding_seq = c.binding_seq;
-        c.mig = Some(Migration {
+        c.mig = Some(Box::new(Migration {
             steps,
             idx: 0,
             round: 0,
@@ -148,7 +148,7 @@ impl Endpoint {
             early: Early::default(),
             peer_at_start: c.remote_phys,
             local_at_start,
-        });
+        }));
         self.tx.trusted.insert(own_old);
         // Where the peer told us (in an authenticated PROBE) it is in the
         // other family: we send there on our own account, as to the
@@ -361,7 +361,7 @@ impl Endpoint {
         // UDP through a NAT waits too: the peer cannot know our new NAT's
         // port before our BIND, and a datagram that reached it before its
         // datapath holds them would reach its application as a stranger's.
-        let through_nat = c.peer_named.is_some_and(|n| n.local != flow.local);
+        let through_nat = c.peer_named().is_some_and(|n| n.local != flow.local);
         let wait = peer_stayed && (flow.proto == Proto::Tcp || through_nat);
         self.rearm(flow);
         self.stats.count(Counter::MigrationCompleted);
@@ -497,7 +497,7 @@ impl Endpoint {
             };
             // Under the current keys, or those before the last ratchet,
             // which the peer signs with until it sees us use the new ones.
-            let genuine = [Some(keys), c.prev_keys.as_ref()]
+            let genuine = [Some(keys), c.prev_keys.as_deref()]
                 .into_iter()
                 .flatten()
                 .any(|k| crypto::verify_record(&k.recv, &buf[..n], &rec.tag));

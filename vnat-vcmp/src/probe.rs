@@ -161,7 +161,7 @@ impl Endpoint {
             .values()
             .filter(|c| c.peer_key.as_ref() == Some(peer));
         let named_otherwise = ours.clone().any(|c| {
-            c.peer_named
+            c.peer_named()
                 .is_some_and(|n| n.local.ip() != c.local_phys.ip())
         });
         let reflexive_foreign = self

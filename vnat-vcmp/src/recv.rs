@@ -418,7 +418,7 @@ impl Endpoint {
         let Ok(n) = rec.write_signed(&mut buf) else {
             return false;
         };
-        [c.keys.as_ref(), c.prev_keys.as_ref()]
+        [c.keys.as_ref(), c.prev_keys.as_deref()]
             .into_iter()
             .flatten()
             .any(|k| crypto::verify_record(&k.send, &buf[..n], &rec.tag))

@@ -91,7 +91,7 @@ impl Endpoint {
         let Some(c) = self.conns.get(flow) else {
             return false;
         };
-        let behind_nat = c.peer_named.is_some_and(|n| n.remote != c.flow.remote);
+        let behind_nat = c.peer_named().is_some_and(|n| n.remote != c.flow.remote);
         let busy = c.pending_remote.is_some() || c.mig.is_some();
         if c.peer_key.is_none() || c.keys.is_none() || !behind_nat || busy {
             return false;

@@ -32,11 +32,11 @@ impl Endpoint {
         if dh && has_keys && c.keyx.is_none() {
             let eph = Ephemeral::generate(&mut CryptoDyn(&mut ctx.rng));
             eph_pub = Some(eph.public());
-            c.keyx = Some(KeyxState {
+            c.keyx = Some(Box::new(KeyxState {
                 eph,
                 tries: 1,
                 deadline: ctx.now.plus(rto),
-            });
+            }));
         }
         // A suspension already under way goes on (one SuspendSettled).
         c.settling.get_or_insert_with(Settling::default);
@@ -203,14 +203,14 @@ impl Endpoint {
         if under_prev
             && c.send_prev
             && rec.seq > c.keyx_answer_seq
-            && c.keyx_answer.is_some_and(|(seen, _)| seen != peer_eph)
+            && c.keyx_answer().is_some_and(|(seen, _)| seen != peer_eph)
         {
             // A KEYX sent after the one we answered (not a late copy of an
             // older one), under the keys before our unconfirmed ratchet:
             // the peer never got our answer (it gave up), so that ratchet
             // never happened for it. Undo it and take this one as the
             // first.
-            c.keys = c.prev_keys.take();
+            c.keys = c.prev_keys.take().map(|b| *b);
             c.send_prev = false;
             c.keyx_answer = None;
             self.stats.count(Counter::KeyxRolledBack);
@@ -224,7 +224,7 @@ impl Endpoint {
             return self.on_keyx(ctx, from, flow, rec, false);
         }
         if under_prev {
-            let (Some((seen, mine)), Some(prev)) = (c.keyx_answer, &c.prev_keys) else {
+            let (Some((seen, mine)), Some(prev)) = (c.keyx_answer(), &c.prev_keys) else {
                 return Err(Reject::BadMac);
             };
             if seen != peer_eph {
@@ -254,7 +254,7 @@ impl Endpoint {
                 return Err(Reject::LowOrderPoint);
             };
             let new = keys.ratchet(&dh, &mine.eph.public(), &peer_eph, flow, &binding);
-            c.prev_keys = c.keys.replace(new);
+            c.prev_keys = c.keys.replace(new).map(Box::new);
             c.keyx_answer = None;
             // The peer answered, so it has the new keys.
             c.send_prev = false;
@@ -266,8 +266,8 @@ impl Endpoint {
             // Answer under the old keys: the peer has not ratcheted yet.
             self.send_record(ctx, flow, Kind::KeyX, Ext::Key(mine), from);
             let c = self.conns.get_mut(flow).ok_or(Reject::UnknownConnection)?;
-            c.prev_keys = c.keys.replace(new);
-            c.keyx_answer = Some((peer_eph, mine));
+            c.prev_keys = c.keys.replace(new).map(Box::new);
+            c.keyx_answer = Some(Box::new((peer_eph, mine)));
             c.keyx_answer_seq = rec.seq;
             c.send_prev = true;
         }

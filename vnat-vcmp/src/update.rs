@@ -62,7 +62,7 @@ impl Endpoint {
         let was_behind_nat = self
             .conns
             .get(flow)
-            .and_then(|c| c.peer_named)
+            .and_then(|c| c.peer_named())
             .is_some_and(|n| n.remote != flow.remote);
         let (addr, vcmp) = if rec.sender_phys.ip() == from.ip() || !was_behind_nat {
             (

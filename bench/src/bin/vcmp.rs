@@ -1,7 +1,8 @@
 //! VCMP micro-benchmark (issue 3, item 8): restore N connections (default
 //! 10,000) between two hosts whose protocol cores talk directly (no
 //! sockets), and report the local work per record, the cost of verifying
-//! one full batched datagram, the records per datagram and the round trips.
+//! one full batched datagram, the records per datagram, the round trips,
+//! and the protocol core's resident memory per paired connection.
 //!
 //! Run: `cargo run --release -p vnat-bench --bin vcmp -- [--connections N] [--json]`
 //! (wired as `cargo xtask bench vcmp`). The issue's targets (constant round
@@ -65,6 +66,20 @@ fn thread_cpu_ns() -> Option<u64> {
     s.split_whitespace().next()?.parse().ok()
 }
 
+/// This process's resident memory (VmRSS), bytes.
+fn rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: u64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
 fn cpu_us_since(start: Option<u64>) -> Option<f64> {
     Some((thread_cpu_ns()?.checked_sub(start?)?) as f64 / 1e3)
 }
@@ -84,6 +99,7 @@ fn main() -> Result<()> {
         bail!("--connections must be between 1 and 60000 (one port each)");
     }
     let mut rng = DrbgRng::from_seed(2031);
+    let rss_before = rss_bytes();
     let mut a = Endpoint::new(Config::default(), HostIdentity::generate(&mut rng));
     let mut b = Endpoint::new(Config::default(), HostIdentity::generate(&mut rng));
     let mut now = Timestamp(1_000_000_000);
@@ -125,6 +141,11 @@ fn main() -> Result<()> {
     }
     while a.poll_event().is_some() {}
     while b.poll_event().is_some() {}
+    // What the two cores hold per paired connection (the flows list and
+    // the allocator's slack included: an upper bound).
+    let core_bytes_per_connection = rss_before
+        .zip(rss_bytes())
+        .map(|(b0, b1)| b1.saturating_sub(b0) / (2 * u64::from(n)));
 
     // Restore: A moved to 10.1.0.1. Count flights until both sides are done.
     let moves: Vec<_> = flows
@@ -248,6 +269,7 @@ fn main() -> Result<()> {
         "receiver_us_per_connection": receiver_us,
         "verify_full_datagram_us": verify_us,
         "verify_us_per_record": verify_us / per_datagram as f64,
+        "core_bytes_per_connection": core_bytes_per_connection,
         "targets": {"local_us_per_record": 5.0, "verify_full_datagram_us": 50.0},
     });
     vnat_bench::write_json(&vnat_bench::results_path("vcmp"), &j)?;
@@ -310,6 +332,11 @@ fn main() -> Result<()> {
         row(
             "  per record, wall (us)",
             format!("{:.2}", verify_us / per_datagram as f64),
+            "",
+        );
+        row(
+            "protocol core's memory per paired connection (B)",
+            core_bytes_per_connection.map_or("n/a".into(), |b| b.to_string()),
             "",
         );
         println!("(per connection: LOOKUP, STORE, UPD from the mover; UPD_R and a LOOKUP_R record from the peer; one CHALLENGE/RESPONSE per batch)");
