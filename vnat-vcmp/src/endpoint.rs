@@ -170,7 +170,7 @@ pub(crate) struct KeyxState {
 pub struct Endpoint {
     pub(crate) cfg: Config,
     pub(crate) identity: HostIdentity,
-    pub(crate) conns: HashMap<VirtualFlow, Conn>,
+    pub(crate) conns: HashMap<VirtualFlow, Box<Conn>>,
     pub(crate) per_peer: HashMap<IpAddr, usize>,
     /// Host keys pre-configured for an address (`pin_peer`): pairing from
     /// there with any other key is refused. Keys learned by pairing are no
@@ -391,8 +391,10 @@ impl Endpoint {
             return Err(EndpointError::DuplicateConnection(flow));
         }
         self.admit(&flow)?;
-        self.conns
-            .insert(flow, Conn::new(flow, local_phys, remote_phys, binding));
+        self.conns.insert(
+            flow,
+            Box::new(Conn::new(flow, local_phys, remote_phys, binding)),
+        );
         self.index_connection(&flow, true);
         if flow.proto == crate::flow::Proto::Udp {
             self.binds.track_udp(flow, remote_phys.ip());
@@ -679,7 +681,7 @@ impl Endpoint {
     /// `flow`'s deadlines may have changed: put it where it now belongs in
     /// the timer table.
     pub(crate) fn rearm(&mut self, flow: &VirtualFlow) {
-        let d = self.conns.get(flow).and_then(Conn::deadline);
+        let d = self.conns.get(flow).and_then(|c| c.deadline());
         self.conn_timers.set(*flow, d);
     }
 

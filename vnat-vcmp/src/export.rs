@@ -192,7 +192,7 @@ impl Endpoint {
         c.location_seq = e.location_seq;
         c.role = e.role;
         self.tx.trusted.insert(e.remote_phys.ip());
-        self.conns.insert(e.flow, c);
+        self.conns.insert(e.flow, Box::new(c));
         if e.flow.proto == crate::flow::Proto::Udp {
             self.binds.track_udp(e.flow, e.remote_phys.ip());
         }
