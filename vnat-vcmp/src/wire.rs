@@ -33,7 +33,10 @@
 //! ```
 //!
 //! "L" is always the sender of the record and "R" its receiver, as in the
-//! paper. Parsing checks the version, the kind, the exact length for the
+//! paper. An IPv4 connection carried over IPv6 (`vcmp::family`) has an
+//! IPv6 record whose two virtual addresses are IPv4-mapped; no other mix
+//! of families is a record. A PROBE also tells its sender's addresses
+//! (see [`Message::Probe`]). Parsing checks the version, the kind, the exact length for the
 //! kind and count, and that reserved bits are zero, so that every accepted
 //! datagram has exactly one encoding (the MAC is computed over that
 //! encoding).
