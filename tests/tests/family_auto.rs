@@ -91,26 +91,7 @@ fn v4_connection_goes_over_v6_and_back(proto: &str, tag: &str) {
     lapd.wait_mobile_to(proto, server.ip());
     srvd.wait_mobile_to(proto, laptop_v4);
     // The server told the laptop its addresses, IPv6 included.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let peers = lapd.ctl(&["peers"]).unwrap_or(Value::Null);
-        let told = peers.as_array().is_some_and(|ps| {
-            ps.iter().any(|p| {
-                p["addresses"].as_array().is_some_and(|a| {
-                    a.iter()
-                        .any(|x| x.as_str() == Some(server_v6.to_string().as_str()))
-                })
-            })
-        });
-        if told {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the laptop never learnt the server's IPv6 address: {peers}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_told(&lapd, server_v6);
 
     // To the IPv6-only network.
     let t0 = Instant::now();
@@ -181,4 +162,122 @@ fn tcp_v4_connection_goes_over_v6_by_itself_and_back() {
 #[test]
 fn udp_v4_flow_goes_over_v6_by_itself_and_back() {
     v4_connection_goes_over_v6_and_back("udp", "fau");
+}
+
+/// `vnatctl migrate` puts one IPv4 connection onto the laptop's IPv6
+/// address while IPv4 stays up (a link that gives only IPv6, such as a
+/// cellular one, chosen for this connection), and back by the same
+/// command: carried over IPv6 between the two hosts' IPv6 addresses, the
+/// stream goes on byte-exact; `migrate --wait` reports each move done.
+#[test]
+fn migrate_puts_a_v4_connection_on_ipv6_and_back() {
+    let tag = "fam";
+    let topo = LaptopRouterServer::builder().tag(tag).ipv6(true).build();
+    let lap = Host::new(&topo.laptop, &format!("{tag}l"));
+    let srv = Host::new(&topo.server, &format!("{tag}s"));
+    let (lap_dir, srv_dir) = (
+        TempDir::new(&format!("{tag}l")),
+        TempDir::new(&format!("{tag}s")),
+    );
+    let server = SocketAddr::new(topo.server_addr.v4.into(), 5001);
+    let server_v6: IpAddr = topo.server_addr.v6().into();
+    let laptop_v4: IpAddr = topo.laptop_a_addr.v4.into();
+    let laptop_v6: IpAddr = topo.laptop_a_addr.v6().into();
+    let _echo = EchoServer::tcp_in(&srv, server);
+    let lapd = Vnatd::start(&lap, lap_dir.path());
+    let srvd = Vnatd::start(&srv, srv_dir.path());
+    let mut cmd = StreamOptions::tcp(server).rate(RATE).command(lap.ns);
+    lap.cgroup.join_on_spawn(&mut cmd);
+    let client = StreamClient::from_command(cmd);
+    let before = client.wait_verified_at_least(200_000, Duration::from_secs(15));
+    lapd.wait_mobile_to("tcp", server.ip());
+    srvd.wait_mobile_to("tcp", laptop_v4);
+    wait_told(&lapd, server_v6);
+    let laptop_end: SocketAddr = before.local.parse().expect("the stream's local address");
+    let id = row(&lapd, "tcp", server).expect("the laptop lists the connection")["id"].to_string();
+
+    for (to, server_to) in [(laptop_v6, server_v6), (laptop_v4, server.ip())] {
+        let out = lapd
+            .ctl(&["migrate", "--conn", &id, "--wait", "--to", &to.to_string()])
+            .expect("vnatd answers");
+        assert_eq!(
+            out["moves"][0]["outcome"], "moved",
+            "migrate --to {to}: {out}"
+        );
+        wait_placed(&lapd, "laptop", "tcp", server, to, server_to, 10);
+        wait_placed(&srvd, "server", "tcp", laptop_end, server_to, to, 10);
+        let at = client.latest().expect("no status from the stream").verified;
+        client.wait_verified_at_least(at + 500_000, Duration::from_secs(20));
+    }
+    let fin = client.stop();
+    assert_eq!(fin.error, None, "the stream broke: {:?}", fin.json);
+    assert_eq!(fin.local, before.local, "the client's socket changed");
+}
+
+/// Wait (at most 20 s) until `vnatctl peers` on `d` lists `addr` among the
+/// addresses a peer told.
+fn wait_told(d: &Vnatd, addr: IpAddr) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let want = addr.to_string();
+    loop {
+        let peers = d.ctl(&["peers"]).unwrap_or(Value::Null);
+        let told = peers.as_array().is_some_and(|ps| {
+            ps.iter().any(|p| {
+                p["addresses"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|x| x.as_str() == Some(want.as_str())))
+            })
+        });
+        if told {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{addr} never listed among the peer's addresses: {peers}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// An IPv4 connection told to move onto an IPv6 address whose peer has no
+/// IPv6 address: `migrate` refuses it in one sentence that says why, and
+/// the connection stays where it was, working.
+#[test]
+fn migrate_onto_ipv6_without_a_peer_address_there_says_so_and_changes_nothing() {
+    let tag = "fan";
+    let topo = LaptopRouterServer::builder().tag(tag).ipv6(true).build();
+    // The server has only IPv4: it tells no IPv6 address.
+    topo.server
+        .del_addr(&topo.server_if, topo.server_addr.v6().into(), 64);
+    let lap = Host::new(&topo.laptop, &format!("{tag}l"));
+    let srv = Host::new(&topo.server, &format!("{tag}s"));
+    let (lap_dir, srv_dir) = (
+        TempDir::new(&format!("{tag}l")),
+        TempDir::new(&format!("{tag}s")),
+    );
+    let server = SocketAddr::new(topo.server_addr.v4.into(), 5001);
+    let laptop_v4: IpAddr = topo.laptop_a_addr.v4.into();
+    let laptop_v6: IpAddr = topo.laptop_a_addr.v6().into();
+    let _echo = EchoServer::tcp_in(&srv, server);
+    let lapd = Vnatd::start(&lap, lap_dir.path());
+    let srvd = Vnatd::start(&srv, srv_dir.path());
+    let mut cmd = StreamOptions::tcp(server).rate(RATE).command(lap.ns);
+    lap.cgroup.join_on_spawn(&mut cmd);
+    let client = StreamClient::from_command(cmd);
+    let before = client.wait_verified_at_least(200_000, Duration::from_secs(15));
+    lapd.wait_mobile_to("tcp", server.ip());
+    srvd.wait_mobile_to("tcp", laptop_v4);
+    let id = row(&lapd, "tcp", server).expect("the laptop lists the connection")["id"].to_string();
+    let (code, out) = lapd.ctl_status(&["migrate", "--conn", &id, "--to", &laptop_v6.to_string()]);
+    let text = out.to_string();
+    assert!(
+        code != 0 && text.contains("has told no IPv6 address"),
+        "expected a refusal that says the peer has no IPv6 address, got {code}: {text}"
+    );
+    let r = row(&lapd, "tcp", server).expect("the laptop lists the connection");
+    assert_eq!(r["physical_local"], before.local.as_str(), "{r}");
+    let at = client.latest().expect("no status from the stream").verified;
+    client.wait_verified_at_least(at + 200_000, Duration::from_secs(10));
+    let fin = client.stop();
+    assert_eq!(fin.error, None, "the stream broke: {:?}", fin.json);
 }

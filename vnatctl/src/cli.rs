@@ -380,7 +380,9 @@ Migrating to the connection's original (virtual) address takes it back.
 
 Choose the connections with exactly one of --all, --conn ID..., --pid PID or
 --cgroup DIR, and the place with --to ADDR or --dev IFACE (its address of
-each connection's family). Only connections whose peer runs vnatd can move
+each connection's family; an IPv4 connection also goes to an IPv6 address
+when the place has no IPv4 one, carried over IPv6 if its peer told an IPv6
+address in `vnatctl peers`). Only connections whose peer runs vnatd can move
 (`vnatctl ls` shows them as mobile); the others are listed as skipped. It is
 an error if none moves.
 

@@ -134,6 +134,10 @@ pub enum MoveRefused {
     Prepare(String),
     #[error("cannot start the migration: {0}")]
     Start(EndpointError),
+    /// An IPv4 connection to an IPv6 address, whose peer told no IPv6
+    /// address of its own (`vnatctl peers`).
+    #[error("it is IPv4 and {0} is IPv6, but its peer has told no IPv6 address to carry it over")]
+    NoPeerAddressInFamily(IpAddr),
 }
 
 /// What VCMP says of one connection's mobility, for `list` and the

@@ -412,7 +412,9 @@ impl Handler {
     }
 
     /// `migrate`: each selected connection that can move goes to the
-    /// target's address of its family.
+    /// target's address of its family, or, for an IPv4 connection and a
+    /// target with only IPv6, to that (carried over IPv6 if its peer told
+    /// an IPv6 address; the driver says so if not).
     fn migrate(
         &self,
         selected: &[ConnectionInfo],
@@ -430,7 +432,9 @@ impl Handler {
         let (mobile, mut skipped) = split_mobile(selected, &mobility);
         let mut moves = Vec::new();
         for flow in mobile {
-            match targets.iter().find(|a| a.is_ipv4() == flow.local.is_ipv4()) {
+            let own = targets.iter().find(|a| a.is_ipv4() == flow.local.is_ipv4());
+            let carried = targets.iter().find(|a| flow.local.is_ipv4() && a.is_ipv6());
+            match own.or(carried) {
                 Some(a) => moves.push((flow, *a)),
                 None => skipped.push(Skipped {
                     id: flow.id(),

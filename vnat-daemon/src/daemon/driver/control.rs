@@ -535,10 +535,28 @@ impl Driver {
                 outcomes.push((flow, Err(MoveRefused::AlreadyThere(ip))));
                 continue;
             }
+            // To an address of the other family than the peer's end (an
+            // IPv4 connection onto an IPv6-only link, or back): its peer's
+            // end in that family (`vcmp::family`).
+            let remote_phys = if ip.is_ipv4() == v.remote_phys.is_ipv4() {
+                v.remote_phys
+            } else {
+                match self
+                    .endpoint
+                    .other_family_remote(&flow)
+                    .filter(|r| r.is_ipv4() == ip.is_ipv4())
+                {
+                    Some(r) => r,
+                    None => {
+                        outcomes.push((flow, Err(MoveRefused::NoPeerAddressInFamily(ip))));
+                        continue;
+                    }
+                }
+            };
             moves.push(Move {
                 flow,
                 new_local: SocketAddr::new(ip, flow.local.port()),
-                remote_phys: v.remote_phys,
+                remote_phys,
             });
         }
         for (flow, r) in self.start_moves(moves).await {
