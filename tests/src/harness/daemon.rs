@@ -326,6 +326,24 @@ impl Vnatd {
         }
     }
 
+    /// Wait (at most 20 s) until `vnatctl peers` lists `addr` among the
+    /// addresses a paired host told (its keepalives): where this host
+    /// carries an IPv4 connection over IPv6.
+    pub fn wait_told(&self, addr: std::net::IpAddr) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let peers = self.ctl(&["peers"]).unwrap_or(Value::Null);
+            if peers_told(&peers, addr) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{addr} never listed among the peers' addresses: {peers}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Wait (at most 15 s) until this vnatd has pinned a peer's key, i.e.
     /// paired with the other end of a connection.
     pub fn wait_paired(&self, what: &str) {
@@ -460,4 +478,17 @@ impl Drop for Vnatd {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Whether `vnatctl --json peers` output `peers` lists `addr` among the
+/// addresses a peer told (`addresses`).
+pub fn peers_told(peers: &Value, addr: std::net::IpAddr) -> bool {
+    let want = addr.to_string();
+    peers.as_array().is_some_and(|ps| {
+        ps.iter().any(|p| {
+            p["addresses"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|x| x.as_str() == Some(want.as_str())))
+        })
+    })
 }

@@ -44,7 +44,7 @@ pub use criu_move::{
     move_echo_server_with_criu, move_echo_server_with_criu_opts, CriuMove, CriuMoveOptions,
     CriuNet, CriuScene,
 };
-pub use daemon::{TempDir, Vnatd};
+pub use daemon::{peers_told, TempDir, Vnatd};
 pub use echo::{EchoServer, UDP_DATAGRAM_SIZE};
 pub use etcd::{CertKey, EtcdCluster, EtcdTls, ROLELESS_USER, TOKEN_TTL, VNAT_PASSWORD, VNAT_USER};
 pub use host::{move_flow, Host, LaptopAndServer, OnDatapath, OpenDatapath};

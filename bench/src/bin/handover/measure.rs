@@ -422,17 +422,9 @@ fn wait_mobile(lapd: &Daemon, srvd: &Daemon, local: SocketAddr, nat: bool) -> Re
 /// connection when IPv4 is gone.
 fn wait_told(lapd: &Daemon, addr: std::net::IpAddr) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(10);
-    let want = addr.to_string();
     loop {
         let peers = lapd.ctl(&["peers"]).unwrap_or(Value::Null);
-        let told = peers.as_array().is_some_and(|ps| {
-            ps.iter().any(|p| {
-                p["addresses"]
-                    .as_array()
-                    .is_some_and(|a| a.iter().any(|x| x.as_str() == Some(want.as_str())))
-            })
-        });
-        if told {
+        if vnat_tests::peers_told(&peers, addr) {
             return Ok(());
         }
         ensure!(
