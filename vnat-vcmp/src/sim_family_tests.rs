@@ -197,3 +197,59 @@ fn a_connection_carried_over_ipv6_can_be_taken_up_again() {
     });
     assert!(err.is_err(), "an IPv6 connection over IPv4: {err:?}");
 }
+
+/// A's addresses change twice in a row (its IPv4 address goes first, then
+/// the IPv6 address of the same network, then B's IPv6 address comes): its
+/// first update names the address it is losing and leaves, by the kernel's
+/// choice, from the new one. That is no NAT: B validates what each update
+/// names, never takes the address it came from with a port to learn (the
+/// rebind of a NAT is for the connection's own family), and ends at A's
+/// second IPv6 address.
+#[test]
+fn an_update_across_families_from_another_address_is_no_nat() {
+    let (mut sim, flows) = dual_stack(37);
+    let first = "2001:db8:a::1";
+    let second = "2001:db8:a::2";
+    // The update names `first` but A is already reached only at `second`.
+    sim.move_host(0, second);
+    let moves: Vec<_> = flows
+        .iter()
+        .map(|f| {
+            let peer = sim.hosts[0]
+                .ep
+                .other_family_remote(f)
+                .expect("B's IPv6 address");
+            (*f, SocketAddr::new(ip(first), f.local.port()), Some(peer))
+        })
+        .collect();
+    sim.with(0, |ep, now, rng| {
+        ep.resume_across(now, rng, &moves)
+            .expect("resume across families")
+    });
+    sim.run_for(Duration::from_millis(50));
+    // Then A moves on to `second` itself.
+    let moves: Vec<_> = flows
+        .iter()
+        .map(|f| (*f, SocketAddr::new(ip(second), f.local.port()), None))
+        .collect();
+    sim.with(0, |ep, now, rng| {
+        ep.resume_across(now, rng, &moves).expect("resume")
+    });
+    sim.run_for(Duration::from_secs(30));
+    for f in &flows {
+        assert!(
+            sim.events(1, |e| matches!(e, Event::SetRemote { flow, remote }
+                if *flow == reverse(f) && remote.port() == 0))
+                .next()
+                .is_none(),
+            "B took A for a NAT: {f:?}"
+        );
+        let b = sim.hosts[1].ep.connection(&reverse(f)).expect("flow on B");
+        assert_eq!(
+            b.remote_phys,
+            SocketAddr::new(ip(second), f.local.port()),
+            "B: {f:?}"
+        );
+    }
+    assert_eq!(sim.hosts[1].ep.stats().get(Counter::PeerBehindNat), 0);
+}

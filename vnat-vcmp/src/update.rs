@@ -64,6 +64,14 @@ impl Endpoint {
             .get(flow)
             .and_then(|c| c.peer_named())
             .is_some_and(|n| n.remote != flow.remote);
+        // No NAT is looked for in the other family (`vcmp::family`): a
+        // connection carried over IPv6 is between the two hosts' own
+        // addresses, and an update naming another address than it came
+        // from there is a host with several (its kernel chose another
+        // source while its addresses changed), not a NAT. (A rebind with a
+        // port to learn is for the connection's own family only.)
+        let other_family = rec.sender_phys.is_ipv4() != flow.local.is_ipv4();
+        let was_behind_nat = was_behind_nat && !other_family;
         let (addr, vcmp) = if rec.sender_phys.ip() == from.ip() || !was_behind_nat {
             (
                 rec.sender_phys,
@@ -83,7 +91,7 @@ impl Endpoint {
         // The named address is validated first; the one the update came
         // from is validated beside it, and taken only if the named one
         // stays silent (`nat_fallback`).
-        if rec.sender_phys.ip() != from.ip() && !was_behind_nat {
+        if rec.sender_phys.ip() != from.ip() && !was_behind_nat && !other_family {
             self.propose_nat_candidate(ctx, flow, from);
         }
         // If we were looking for the peer, it found us (P(1)/S(1) parked).
