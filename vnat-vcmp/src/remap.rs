@@ -91,7 +91,11 @@ impl Endpoint {
         let Some(c) = self.conns.get(flow) else {
             return false;
         };
-        let behind_nat = c.peer_named().is_some_and(|n| n.remote != c.flow.remote);
+        // (Not while the connection is carried in the other IP family: it
+        // is between the two hosts' own addresses there, and a rebind is
+        // for its own family only, as in `on_upd`.)
+        let behind_nat = c.peer_named().is_some_and(|n| n.remote != c.flow.remote)
+            && c.remote_phys.is_ipv4() == c.flow.remote.is_ipv4();
         let busy = c.pending_remote.is_some() || c.mig.is_some();
         if c.peer_key.is_none() || c.keys.is_none() || !behind_nat || busy {
             return false;
