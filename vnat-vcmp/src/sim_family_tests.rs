@@ -31,10 +31,16 @@ fn dual_stack(seed: u64) -> (Sim, Vec<VirtualFlow>) {
     (sim, flows)
 }
 
-/// Host 0 lost its IPv4 address and has `A6` only: each connection goes
-/// on from `A6` to where its peer told us it is over IPv6.
+/// Host 0 lost its IPv4 address and has `to` only: each connection goes
+/// on from `to` to where its peer told us it is over IPv6.
 fn move_across(sim: &mut Sim, flows: &[VirtualFlow], to: &str) {
-    sim.move_host(0, to);
+    move_across_naming(sim, flows, to, to);
+}
+
+/// [`move_across`], host 0 reached at `at` while its updates name `named`.
+fn move_across_naming(sim: &mut Sim, flows: &[VirtualFlow], at: &str, named: &str) {
+    sim.move_host(0, at);
+    let to = named;
     let moves: Vec<_> = flows
         .iter()
         .map(|f| {
@@ -211,21 +217,7 @@ fn an_update_across_families_from_another_address_is_no_nat() {
     let first = "2001:db8:a::1";
     let second = "2001:db8:a::2";
     // The update names `first` but A is already reached only at `second`.
-    sim.move_host(0, second);
-    let moves: Vec<_> = flows
-        .iter()
-        .map(|f| {
-            let peer = sim.hosts[0]
-                .ep
-                .other_family_remote(f)
-                .expect("B's IPv6 address");
-            (*f, SocketAddr::new(ip(first), f.local.port()), Some(peer))
-        })
-        .collect();
-    sim.with(0, |ep, now, rng| {
-        ep.resume_across(now, rng, &moves)
-            .expect("resume across families")
-    });
+    move_across_naming(&mut sim, &flows, second, first);
     sim.run_for(Duration::from_millis(50));
     // Then A moves on to `second` itself.
     let moves: Vec<_> = flows
