@@ -28,6 +28,10 @@ pub struct Collector {
     /// Tests that ran (passed or failed), from libtest's `test result:`
     /// lines.
     ran: u64,
+    /// libtest's `test NAME ... FAILED` lines: which tests failed, kept
+    /// apart from the panics (a panic line names a thread, not always the
+    /// test).
+    failed: Vec<String>,
 }
 
 impl Collector {
@@ -35,6 +39,12 @@ impl Collector {
         let line = line.trim_end_matches(['\n', '\r']);
         if let Some(n) = tests_in_result(line) {
             self.ran += n;
+        }
+        if line.starts_with("test ") && line.ends_with(" ... FAILED") {
+            if self.failed.len() < LINES_PER_FILE {
+                self.failed.push(line.chars().take(LINE_CHARS).collect());
+            }
+            return;
         }
         // `thread 'NAME' panicked at FILE:LINE:COL:`, with the thread's id
         // after its name since Rust 1.90 (`thread 'NAME' (4290) panicked`).
@@ -62,8 +72,12 @@ impl Collector {
         }
     }
 
-    pub fn into_lines(self) -> Vec<String> {
-        self.kept
+    /// The failed tests' lines first, then the panics; the count of tests
+    /// that ran stays (a caller may read it after this).
+    pub fn take_lines(&mut self) -> Vec<String> {
+        let mut lines = std::mem::take(&mut self.failed);
+        lines.append(&mut self.kept);
+        lines
     }
 }
 
@@ -147,9 +161,7 @@ pub fn finish(collectors: &[Arc<Mutex<Collector>>], done: mpsc::Receiver<()>) ->
     }
     collectors
         .iter()
-        .flat_map(|c| {
-            std::mem::take(&mut *c.lock().unwrap_or_else(|e| e.into_inner())).into_lines()
-        })
+        .flat_map(|c| c.lock().unwrap_or_else(|e| e.into_inner()).take_lines())
         .collect()
 }
 
@@ -195,7 +207,7 @@ mod tests {
         for l in text.lines() {
             c.line(l);
         }
-        c.into_lines()
+        c.take_lines()
     }
 
     #[test]
@@ -217,6 +229,25 @@ failures:
                 "thread 'server_killed_after_detaching_tc' (4290) panicked at tests/tests/crash_safety.rs:231:13:",
                 "remove:tc: the server still has, 30 s after the connection closed:",
                 "routes [], tc [\"veth0\"]",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_failed_tests_are_named_before_the_panics() {
+        let out = "\
+test vcmp::ok_one ... ok
+test vcmp::bad_one ... FAILED
+---- vcmp::bad_one stdout ----
+thread 'vcmp::bad_one' panicked at src/a.rs:3:5:
+assertion failed
+";
+        assert_eq!(
+            collect(out),
+            vec![
+                "test vcmp::bad_one ... FAILED",
+                "thread 'vcmp::bad_one' panicked at src/a.rs:3:5:",
+                "assertion failed",
             ]
         );
     }
@@ -248,6 +279,18 @@ failures:
         let kept = finish(&[c], rx);
         assert_eq!(&*sink.lock().unwrap(), input.as_bytes());
         assert_eq!(kept, vec!["thread 'x' panicked at b.rs:2:3:", "boom"]);
+    }
+
+    #[test]
+    fn the_count_of_tests_that_ran_survives_finish() {
+        // run_file reads it after waiting for a late tee (a loaded
+        // machine): taking the panics must not take the count with them.
+        let c = Arc::new(Mutex::new(Collector::default()));
+        let (tx, rx) = mpsc::channel();
+        let input = "test result: ok. 2 passed; 0 failed; 0 ignored; 0 measured; 5 filtered out\n";
+        tee(input.as_bytes(), Shared(Arc::default()), c.clone(), tx);
+        assert!(finish(std::slice::from_ref(&c), rx).is_empty());
+        assert_eq!(ran(&[c]), 2);
     }
 
     #[test]

@@ -56,6 +56,44 @@ fn status(cmd: &mut Command) -> Result<bool> {
     Ok(st.success())
 }
 
+/// Like [`status`], and keeps the lines that say which tests failed and
+/// why (`panics`), to be printed again where a CI log is read.
+fn status_keeping_failures(cmd: &mut Command) -> Result<(bool, Vec<String>)> {
+    use std::{
+        process::Stdio,
+        sync::{mpsc, Arc, Mutex},
+    };
+    let shown = describe(cmd);
+    println!("+ {shown}");
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot run `{shown}`"))?;
+    let collectors = [
+        Arc::new(Mutex::new(crate::panics::Collector::default())),
+        Arc::new(Mutex::new(crate::panics::Collector::default())),
+    ];
+    let (done_tx, done) = mpsc::channel();
+    if let Some(out) = child.stdout.take() {
+        crate::panics::tee(
+            out,
+            std::io::stdout(),
+            collectors[0].clone(),
+            done_tx.clone(),
+        );
+    }
+    if let Some(err) = child.stderr.take() {
+        crate::panics::tee(err, std::io::stderr(), collectors[1].clone(), done_tx);
+    }
+    let st = child
+        .wait()
+        .with_context(|| format!("waiting for `{shown}`"))?;
+    let why = crate::panics::finish(&collectors, done);
+    Ok((st.success(), why))
+}
+
 pub(crate) fn describe(cmd: &Command) -> String {
     let mut s = cmd.get_program().to_string_lossy().into_owned();
     for a in cmd.get_args() {
@@ -128,11 +166,20 @@ pub fn test(
         // would pull in vnat-ebpf and the privileged vnat-tests.
         // --no-fail-fast: one failing test binary must not hide the others'
         // results (CI shows every failure in one run).
-        let ok = status(
-            cargo(root)
-                .args(["test", "--no-fail-fast", "--"])
-                .args(args),
-        )?;
+        // Its output is passed through and its failures repeated at the
+        // end (a CI report keeps only the log's last screenful).
+        let mut cmd = cargo(root);
+        cmd.args(["test", "--no-fail-fast", "--"]).args(args);
+        let (ok, why) = status_keeping_failures(&mut cmd)?;
+        if !ok {
+            println!("==> why the unprivileged tests failed:");
+            if why.is_empty() {
+                println!("    (no failed test named: see the output above, a build error?)");
+            }
+            for line in &why {
+                println!("    {line}");
+            }
+        }
         phase_footer("unprivileged tests", t, ok);
         if !ok {
             failed.push("unprivileged tests");

@@ -594,7 +594,7 @@ impl Vm {
                     status,
                     dir,
                     log: log_path,
-                    panics: panics.into_lines(),
+                    panics: panics.take_lines(),
                 })
             }
             Err(_) if !seen_start => match killed {
