@@ -28,7 +28,7 @@ pub fn summary(results: &[(usize, Vec<RunResult>)], restore: &Value) -> Value {
         "benchmark": "scale",
         "what": "N live TCP connections between two namespace hosts through vnatd: the time vnatctl ls takes \
                  (table and --json) on both hosts, with the harness's traffic running and with its clients paused \
-                 (_harness_quiet), the daemons' resident memory and their BPF maps' kernel \
+                 (_harness_quiet), the daemons' resident memory (before the listings and after them) and their BPF maps' kernel \
                  memory (fdinfo memlock) with all N recorded, and the time to resume all N after the laptop \
                  moves (as the restore benchmark measures it)",
         "conns": runs.first().map(|r| r.conns),
@@ -44,6 +44,8 @@ pub fn summary(results: &[(usize, Vec<RunResult>)], restore: &Value) -> Value {
             "resume_all": resume,
         },
         "memory_mib": {
+            "vnatd_laptop_rss_before_ls": mem("rss_laptop_before_ls_mib"),
+            "vnatd_server_rss_before_ls": mem("rss_server_before_ls_mib"),
             "vnatd_laptop_rss": mem("rss_laptop_mib"),
             "vnatd_server_rss": mem("rss_server_mib"),
             "maps_laptop_kernel": mem("maps_laptop_mib"),
@@ -151,6 +153,9 @@ pub fn measure(lapd: &Daemon, srvd: &Daemon, client: &mut Helpers, n: usize) -> 
             (None, 0, Some(format!("{e:#}")))
         }
     };
+    // Before any listing: what the connections themselves cost, apart
+    // from what answering `ls` leaves behind.
+    let rss_before = (rss_mib(lapd.pid()), rss_mib(srvd.pid()));
     let mark = cpu::Mark::now(lapd.pid(), srvd.pid());
     let (ls_laptop, rows_l, err_l) = timed(lapd, false, "vnatctl ls on the laptop");
     let (ls_json_laptop, rows_lj, err_lj) = timed(lapd, true, "vnatctl --json ls on the laptop");
@@ -188,6 +193,8 @@ pub fn measure(lapd: &Daemon, srvd: &Daemon, client: &mut Helpers, n: usize) -> 
         "ls_server_s": ls_server,
         "ls_server_rows": rows_s,
         "ls_server_error": err_s,
+        "rss_laptop_before_ls_mib": rss_before.0,
+        "rss_server_before_ls_mib": rss_before.1,
         "rss_laptop_mib": rss_mib(lapd.pid()),
         "rss_server_mib": rss_mib(srvd.pid()),
         "maps_laptop_mib": maps_mib(lapd.pid()),
