@@ -40,6 +40,19 @@ pub struct Synced {
     pub not_ours: Vec<(VirtualFlow, Option<u32>)>,
 }
 
+/// What the listing says of a live connection.
+#[derive(Clone, Copy, Debug)]
+struct LiveFacts {
+    /// Its cgroup id (0: unknown), for its conflict policy.
+    cgroup: u64,
+    /// When it was recorded (CLOCK_BOOTTIME ns): its age, for the conflict
+    /// policy's "older".
+    recorded_ns: u64,
+    /// Its socket cookie, which names its socket in what outlasts a
+    /// restart of vnatd (`restart_state`).
+    cookie: u64,
+}
+
 #[derive(Default)]
 pub struct Tracking {
     /// Imported flows not yet seen in this host's records, since when: the
@@ -59,14 +72,10 @@ pub struct Tracking {
     /// NATed), with this host's address that stands for their network
     /// (`mobility::Tracked::anchor`).
     anchors: HashMap<VirtualFlow, IpAddr>,
-    /// Each tracked connection's cgroup id, for its conflict policy.
-    cgroup_of: HashMap<VirtualFlow, u64>,
-    /// When each live connection was recorded (CLOCK_BOOTTIME ns): its age,
-    /// for the conflict policy's "older".
-    recorded_at: HashMap<VirtualFlow, u64>,
-    /// Each live connection's socket cookie, which names its socket in
-    /// what outlasts a restart of vnatd (`restart_state`).
-    cookie_of: HashMap<VirtualFlow, u64>,
+    /// What the listing says of each live connection. One table, not one
+    /// per fact: at 100,000 connections each table keyed by a flow costs
+    /// about 10 MB (issue 33, item 1).
+    live: HashMap<VirtualFlow, LiveFacts>,
     /// Placements a previous vnatd left (`restart_state`), applied when
     /// the listing shows their socket where it was placed.
     left_placed: HashMap<VirtualFlow, Placed>,
@@ -105,9 +114,14 @@ impl Tracking {
                 continue;
             }
             out.live.insert(flow);
-            self.cgroup_of.insert(flow, c.cgroup_id);
-            self.cookie_of.insert(flow, c.cookie);
-            self.recorded_at.insert(flow, c.recorded_ns);
+            self.live.insert(
+                flow,
+                LiveFacts {
+                    cgroup: c.cgroup_id,
+                    recorded_ns: c.recorded_ns,
+                    cookie: c.cookie,
+                },
+            );
             if let Some(p) = self.left_placed.remove(&flow) {
                 // The same socket, still where it was put (not moved on by
                 // a vnatd that died in the middle of another move).
@@ -167,9 +181,7 @@ impl Tracking {
         self.imported
             .retain(|f, since| !live.contains(f) && now.since(*since) < IMPORT_GRACE);
         self.anchors.retain(|f, _| live.contains(f));
-        self.cgroup_of.retain(|f, _| live.contains(f));
-        self.cookie_of.retain(|f, _| live.contains(f));
-        self.recorded_at.retain(|f, _| live.contains(f));
+        self.live.retain(|f, _| live.contains(f));
         // A placement whose socket is not listed is gone with it.
         self.left_placed.clear();
         out
@@ -246,7 +258,7 @@ impl Tracking {
             .filter_map(|(f, at)| {
                 Some(Placed {
                     flow: *f,
-                    cookie: *self.cookie_of.get(f)?,
+                    cookie: self.live.get(f)?.cookie,
                     at: *at,
                 })
             })
@@ -257,12 +269,12 @@ impl Tracking {
 
     /// When the live connection `flow` was recorded (CLOCK_BOOTTIME ns).
     pub fn recorded_ns(&self, flow: &VirtualFlow) -> Option<u64> {
-        self.recorded_at.get(flow).copied()
+        self.live.get(flow).map(|l| l.recorded_ns)
     }
 
     /// The socket cookie of the live connection `flow`.
     pub fn cookie(&self, flow: &VirtualFlow) -> Option<u64> {
-        self.cookie_of.get(flow).copied()
+        self.live.get(flow).map(|l| l.cookie)
     }
 
     pub fn anchor(&self, flow: &VirtualFlow) -> Option<IpAddr> {
@@ -276,7 +288,7 @@ impl Tracking {
 
     /// Each live connection's cgroup id (0: unknown).
     pub fn cgroups(&self) -> impl Iterator<Item = (&VirtualFlow, u64)> {
-        self.cgroup_of.iter().map(|(f, id)| (f, *id))
+        self.live.iter().map(|(f, l)| (f, l.cgroup))
     }
 
     /// The connections refused, with why.
