@@ -219,7 +219,27 @@ fn cleanup(args: &Args) -> Result<ExitCode, DaemonError> {
     })
 }
 
+/// Blocks of 256 KiB and more are mapped apart and unmapped when freed.
+///
+/// glibc's default does that too, but raises the threshold to the size of
+/// the largest such block freed, up to 32 MiB. vnatd's big blocks are
+/// transient: a resync's listing of every record and `vnatctl ls`'s
+/// answer, tens of megabytes at 100,000 connections. After the first one
+/// is freed the next ones come from the heap, and glibc keeps what they
+/// leave resident: at 100,000 connections about a third of the daemon's
+/// memory (issue 33, item 1; see docs/RESULTS.md, Scale). A fixed
+/// threshold turns that adjustment off.
+fn large_allocations_go_back() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets a parameter of glibc's malloc; it is called
+    // before this process starts any thread.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 * 1024);
+    }
+}
+
 fn start(args: Args) -> Result<(), DaemonError> {
+    large_allocations_go_back();
     let settings = settings_of(&args)?;
     let log = daemon::init_logging(&settings)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
