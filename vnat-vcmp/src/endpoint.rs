@@ -250,6 +250,25 @@ pub struct ConnectionView {
 }
 
 impl Endpoint {
+    /// Gives back the room of tables a mass move filled and emptied (the
+    /// moves' requests, validations, SWITCHED waits and timers, the queued
+    /// events and datagrams), and of the connection table after many
+    /// closed. The driver calls it from time to time; it changes nothing
+    /// the endpoint does (`crate::room`).
+    pub fn shrink_sparse(&mut self) {
+        use crate::room::Shrink;
+        self.conns.shrink_sparse();
+        self.per_peer.shrink_sparse();
+        self.claims_due.shrink_sparse();
+        self.aliases.shrink_sparse();
+        self.requests.shrink_sparse();
+        self.events.shrink_sparse();
+        self.validations.shrink_sparse();
+        self.awaiting.shrink_sparse();
+        self.conn_timers.shrink_sparse();
+        self.tx.shrink_sparse();
+    }
+
     pub fn new(cfg: Config, identity: HostIdentity) -> Endpoint {
         let mut tx = TxQueue::new(cfg.mtu, cfg.max_queued_datagrams);
         let pairing = super::pairing::Pairings::new(&cfg);

@@ -47,6 +47,7 @@ mod recv;
 mod remap;
 pub mod replay;
 pub mod roles;
+pub mod room;
 pub mod stats;
 mod strangers;
 mod suspend;

@@ -68,6 +68,12 @@ struct AwaitingGroup {
 }
 
 impl Awaiting {
+    /// Gives back room a burst left (`crate::room`).
+    pub fn shrink_sparse(&mut self) {
+        use crate::room::Shrink;
+        self.groups.shrink_sparse();
+    }
+
     /// `flow` waits with its group, which waits until `deadline` if it is
     /// new.
     fn add(&mut self, key: AwaitKey, flow: VirtualFlow, deadline: Timestamp) {

@@ -34,6 +34,12 @@ impl<K> Default for TimerTable<K> {
 }
 
 impl<K: Copy + Ord + Hash> TimerTable<K> {
+    /// Gives back room a burst left (`crate::room`).
+    pub fn shrink_sparse(&mut self) {
+        use crate::room::Shrink;
+        self.at.shrink_sparse();
+    }
+
     /// `key`'s next deadline is now `deadline` (`None`: it has none).
     pub fn set(&mut self, key: K, deadline: Option<Timestamp>) {
         let old = self.at.get(&key).copied();

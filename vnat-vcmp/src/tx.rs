@@ -60,6 +60,14 @@ pub(crate) struct TxQueue {
 }
 
 impl TxQueue {
+    /// Gives back room a burst left (`crate::room`).
+    pub(crate) fn shrink_sparse(&mut self) {
+        use crate::room::Shrink;
+        self.open.shrink_sparse();
+        self.open_order.shrink_sparse();
+        self.ready.shrink_sparse();
+    }
+
     pub fn new(mtu: usize, max_queued: usize) -> TxQueue {
         TxQueue {
             mtu,

@@ -58,6 +58,13 @@ pub(crate) struct Validations {
 }
 
 impl Validations {
+    /// Gives back room a burst left (`crate::room`).
+    pub fn shrink_sparse(&mut self) {
+        use crate::room::Shrink;
+        self.live.shrink_sparse();
+        self.by_nonce.shrink_sparse();
+    }
+
     /// Add `flow` to the validation of `key` if one is under way.
     pub fn join(&mut self, key: &ValidationKey, flow: VirtualFlow) -> Join {
         let Some(v) = self.live.get_mut(key) else {

@@ -44,6 +44,14 @@ pub struct Journal {
 }
 
 impl Journal {
+    /// Gives back the room of the moves under way once they ended, and of
+    /// the last moves once their connections closed (`vnat_vcmp::room`).
+    pub fn shrink_sparse(&mut self) {
+        use vnat_vcmp::room::Shrink;
+        self.under_way.shrink_sparse();
+        self.last.shrink_sparse();
+    }
+
     /// A move of `flow`'s `side` from `from` to `to` started. A move of the
     /// same side still under way is continued (its start is kept: the
     /// handover counts from the first start), with its new target.

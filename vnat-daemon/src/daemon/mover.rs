@@ -158,6 +158,18 @@ impl Mover {
         Mover::default()
     }
 
+    /// Gives back the room a mass move's holds and retries left
+    /// (`vnat_vcmp::room`).
+    pub fn shrink_sparse(&mut self) {
+        use vnat_vcmp::room::Shrink;
+        self.retry.shrink_sparse();
+        self.prepare_failed.shrink_sparse();
+        self.to_restart.shrink_sparse();
+        self.holds.shrink_sparse();
+        self.hold_started.shrink_sparse();
+        self.limited.shrink_sparse();
+    }
+
     /// The receive sides to prepare for the peers' announced addresses
     /// that are still being validated (only sending waits for
     /// validation): those the core asked for in `events`

@@ -86,6 +86,18 @@ pub struct Tracking {
 }
 
 impl Tracking {
+    /// Gives back the room of connections that closed
+    /// (`vnat_vcmp::room`).
+    pub fn shrink_sparse(&mut self) {
+        use vnat_vcmp::room::Shrink;
+        self.imported.shrink_sparse();
+        self.exported.shrink_sparse();
+        self.refused.shrink_sparse();
+        self.placed.shrink_sparse();
+        self.anchors.shrink_sparse();
+        self.live.shrink_sparse();
+    }
+
     /// Look at the datapath's records `conns`. `vcmp_port`: vnatd's own
     /// (never moved). `in_core`: whether the core tracks a flow.
     /// `may_manage(ip, recorded_at)`: whether `ip` is (or was when the
