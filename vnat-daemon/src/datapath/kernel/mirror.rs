@@ -7,6 +7,9 @@ use vnat_common::{FlowKey, NatRewrite, NAT_F_LO_ADDR_OURS};
 
 use super::{translate, translation_of};
 
+/// A flow's ingress keys: one, or two while a move is under way.
+pub(super) type ReverseKeys = smallvec::SmallVec<[FlowKey; 2]>;
+
 #[derive(Default)]
 pub(super) struct Mirror {
     pub(super) egress: StdHashMap<FlowKey, NatRewrite>,
@@ -20,8 +23,9 @@ pub(super) struct Mirror {
     pub(super) prepared_lo: StdHashMap<[u32; 4], usize>,
     pub(super) interfaces: StdHashMap<u32, usize>,
     /// The ingress keys of each flow (by its egress key): during a move
-    /// there may be two (old and new placement).
-    pub(super) reverse: StdHashMap<FlowKey, Vec<FlowKey>>,
+    /// there may be two (old and new placement). Held inline: a `Vec` is a
+    /// 160-byte allocation per translated flow (issue 33, item 1).
+    pub(super) reverse: StdHashMap<FlowKey, ReverseKeys>,
 }
 
 impl Mirror {
@@ -162,7 +166,10 @@ mod mirror_tests {
         assert_eq!(m.prepared_lo.get(&words(&a)), Some(&2));
         assert_eq!(m.interfaces.get(&3), Some(&4));
         assert_eq!(m.interfaces.get(&4), Some(&2));
-        assert_eq!(m.reverse.get(&a.flow.to_key()), Some(&vec![pa.ingress_key]));
+        assert_eq!(
+            m.reverse.get(&a.flow.to_key()).map(|k| k.to_vec()),
+            Some(vec![pa.ingress_key])
+        );
 
         // `a` moves on to another interface: its old reverse entry stays
         // until the caller removes it, the new one is added.
@@ -175,11 +182,11 @@ mod mirror_tests {
         let pa2 = pair_for(&a2, 5, NAT_F_LO_ADDR_OURS);
         add(&mut m, &pa2);
         assert_eq!(m.local_moved.get(&ip("10.0.0.1")), Some(&2));
-        assert_eq!(m.reverse.get(&a.flow.to_key()).map(Vec::len), Some(2));
+        assert_eq!(m.reverse.get(&a.flow.to_key()).map(|k| k.len()), Some(2));
         m.remove(false, &pa.ingress_key);
         assert_eq!(
-            m.reverse.get(&a.flow.to_key()),
-            Some(&vec![pa2.ingress_key])
+            m.reverse.get(&a.flow.to_key()).map(|k| k.to_vec()),
+            Some(vec![pa2.ingress_key])
         );
         assert_eq!(m.interfaces.get(&3), Some(&2));
         assert_eq!(m.interfaces.get(&5), Some(&2));
