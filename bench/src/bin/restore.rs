@@ -500,6 +500,20 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
     } else {
         None
     };
+    // With every connection moved, 10 s after the check (the daemons give
+    // back a move's room at their next resync): the memory a move leaves.
+    let mut scale = scale;
+    if let Some(Value::Object(m)) = scale.as_mut() {
+        vnat_bench::sleep_checked(Duration::from_secs(10))?;
+        m.insert(
+            "rss_laptop_after_move_mib".into(),
+            scale::rss_mib(lapd.pid()).into(),
+        );
+        m.insert(
+            "rss_server_after_move_mib".into(),
+            scale::rss_mib(srvd.pid()).into(),
+        );
+    }
     let log = client.stop();
     drop(echo_servers);
     // A connection that failed during the check after the run is lost too.

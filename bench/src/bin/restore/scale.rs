@@ -28,7 +28,7 @@ pub fn summary(results: &[(usize, Vec<RunResult>)], restore: &Value) -> Value {
         "benchmark": "scale",
         "what": "N live TCP connections between two namespace hosts through vnatd: the time vnatctl ls takes \
                  (table and --json) on both hosts, with the harness's traffic running and with its clients paused \
-                 (_harness_quiet), the daemons' resident memory (before the listings and after them) and their BPF maps' kernel \
+                 (_harness_quiet), the daemons' resident memory (before the listings, after them, and 10 s after the move) and their BPF maps' kernel \
                  memory (fdinfo memlock) with all N recorded, and the time to resume all N after the laptop \
                  moves (as the restore benchmark measures it)",
         "conns": runs.first().map(|r| r.conns),
@@ -48,6 +48,8 @@ pub fn summary(results: &[(usize, Vec<RunResult>)], restore: &Value) -> Value {
             "vnatd_server_rss_before_ls": mem("rss_server_before_ls_mib"),
             "vnatd_laptop_rss": mem("rss_laptop_mib"),
             "vnatd_server_rss": mem("rss_server_mib"),
+            "vnatd_laptop_rss_after_move": mem("rss_laptop_after_move_mib"),
+            "vnatd_server_rss_after_move": mem("rss_server_after_move_mib"),
             "maps_laptop_kernel": mem("maps_laptop_mib"),
             "maps_server_kernel": mem("maps_server_mib"),
         },
@@ -81,7 +83,7 @@ pub fn table(s: &Value) -> String {
 }
 
 /// Resident memory of a process (VmRSS), MiB.
-fn rss_mib(pid: u32) -> Option<f64> {
+pub fn rss_mib(pid: u32) -> Option<f64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let kib: f64 = s
         .lines()
