@@ -366,7 +366,6 @@ impl Driver {
         self
     }
 
-    /// Run until `shutdown` completes.
     /// Gives back the room of tables a mass move or many closed
     /// connections left (`vnat_vcmp::room`): at 100,000 connections they
     /// hold tens of megabytes after a move (issue 33, item 1). Each table
@@ -378,6 +377,7 @@ impl Driver {
         self.tracking.shrink_sparse();
     }
 
+    /// Run until `shutdown` completes.
     pub async fn run(
         mut self,
         mut commands: mpsc::Receiver<Command>,
