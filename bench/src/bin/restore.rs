@@ -36,6 +36,13 @@
 //! levers follow after vnatd has sent what VCMP queued). See
 //! `restore/phases.rs`.
 //!
+//! How much of each figure is the harness's own: before the move, each run
+//! sends the client the same `mark` with the laptop staying put and times
+//! the echo of one message written after it on every connection
+//! (`harness_s`). That is what the client, the delay line and the echo
+//! server take by themselves on these 2 cores; a move cannot restore
+//! faster, and `vnat_s` = `total_s` - `harness_s` is vnat's share.
+//!
 //! Each run also says whose CPU the second of steady traffic before the
 //! move and the move itself used: the machine's busy time, each vnatd's,
 //! and the rest, the harness's (`restore/cpu.rs`). At tens of thousands of
@@ -230,6 +237,18 @@ pub struct RunResult {
     pub last_ms: Option<f64>,
     /// After the run: connections that echoed one more message.
     pub verified: Option<usize>,
+    /// The harness's own round, measured before the move on the same
+    /// connections: a `mark` with the laptop staying put, and the time
+    /// from it to the last connection's echo of a message written after
+    /// it (the client learning the mark, writing on every connection, the
+    /// delay line, the echo server, the client reading every echo). A move
+    /// cannot restore faster than this; the rest of `total_s` is vnat's.
+    pub harness_s: Option<f64>,
+    pub harness_median_ms: Option<f64>,
+    /// `total_s` less `harness_s`: vnat's share of the figure.
+    pub vnat_s: Option<f64>,
+    /// Whose CPU the harness's own round used.
+    pub cpu_harness: cpu::Share,
     /// vnatd's steps, from its logs.
     pub phases: Phases,
     /// With `--scale`: listing times and memory, before the move.
@@ -432,6 +451,11 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
     } else {
         None
     };
+    // What the harness alone takes to carry one message on every
+    // connection, then back to the steady ticks.
+    let harness_mark = cpu::Mark::now(lapd.pid(), srvd.pid());
+    let harness = harness_round(&mut client, n, setup)?;
+    let cpu_harness = harness_mark.to(&cpu::Mark::now(lapd.pid(), srvd.pid()));
     // A second of steady traffic: the echo round trip before the move.
     let steady_mark = cpu::Mark::now(lapd.pid(), srvd.pid());
     vnat_bench::sleep_checked(Duration::from_secs(1))?;
@@ -576,6 +600,10 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
         p90_ms: pick(0.9),
         last_ms: pick(1.0),
         verified,
+        harness_s: harness.last().map(|ms| ms / 1000.0),
+        harness_median_ms: harness.get(harness.len() / 2).copied(),
+        vnat_s: total_s.zip(harness.last()).map(|(t, h)| t - h / 1000.0),
+        cpu_harness,
         phases,
         scale,
         timeout_s: timeout.as_secs_f64(),
@@ -588,6 +616,41 @@ fn measure(n: usize, args: &Args, diag: &str) -> Result<RunResult> {
             line.stop()
         }),
     })
+}
+
+/// The harness's own round: `mark` sent with nothing moving, as the move
+/// sends it, and every connection's echo of a message written after it
+/// awaited. Returns the ms from the mark to each echo, sorted, and leaves
+/// the client writing at its ticks again.
+fn harness_round(client: &mut Helpers, n: usize, limit: Duration) -> Result<Vec<f64>> {
+    client.send("arm")?;
+    let t = monotonic_ns();
+    client.send(&format!("mark {t}"))?;
+    client.wait_for(
+        &format!("one echo on each of the {n} connections without a move"),
+        limit,
+        |h| h.sum(|l| l.restored.len() + l.conn_errors.len()) >= n,
+    )?;
+    let errors: Vec<String> = client
+        .0
+        .iter()
+        .flat_map(|h| h.log().conn_errors.clone())
+        .collect();
+    ensure!(
+        errors.is_empty(),
+        "{} connections failed before the move (first: {})",
+        errors.len(),
+        errors[0]
+    );
+    let mut times: Vec<f64> = client
+        .0
+        .iter()
+        .flat_map(|h| std::mem::take(&mut h.log().restored))
+        .map(|r| ms_signed(r.recv as i128 - t as i128))
+        .collect();
+    times.sort_by(f64::total_cmp);
+    client.send("reset")?;
+    Ok(times)
 }
 
 /// Copies vnatd's logs next to the results when a run ends, whichever way.

@@ -20,6 +20,9 @@
 //!   many came back (the connections carry on, same sockets, bytes intact);
 //! - `pause` / `go`: stop writing at the ticks, and start again (the scale
 //!   benchmark times `vnatctl ls` with the harness quiet too);
+//! - `reset`: forget `arm` and `mark` and which connections were reported,
+//!   and write on every connection at the ticks again (after the harness's
+//!   own round, a `mark` with no move, the real one can follow);
 //! - `quit` or end of input: exit.
 //!
 //! On stdout, JSON lines:
@@ -187,6 +190,15 @@ fn client(to: &[SocketAddr], n: usize, interval: Duration) -> io::Result<()> {
                         (Some("arm"), _) => armed = true,
                         (Some("pause"), _) => paused = true,
                         (Some("go"), _) => paused = false,
+                        (Some("reset"), _) => {
+                            armed = false;
+                            mark = None;
+                            measured = 0;
+                            for c in &mut conns {
+                                c.measured = false;
+                                c.armed = Vec::new();
+                            }
+                        }
                         (Some("mark"), Some(t)) => {
                             let t: u64 = t
                                 .parse()

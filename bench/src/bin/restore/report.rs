@@ -41,8 +41,17 @@ pub fn run_line(r: &RunResult) -> String {
     } else {
         String::new()
     };
+    let harness = match (r.harness_s, r.vnat_s) {
+        (Some(h), Some(v)) => format!(
+            "; the harness alone {:.1} ms, vnat's share {:.1} ms",
+            h * 1e3,
+            v * 1e3
+        ),
+        (Some(h), None) => format!("; the harness alone {:.1} ms", h * 1e3),
+        _ => String::new(),
+    };
     format!(
-        "rtt {:.2} ms; {status}{aborted}; first/median/last connection {}/{}/{} ms (messages written {}); \
+        "rtt {:.2} ms; {status}{harness}{aborted}; first/median/last connection {}/{}/{} ms (messages written {}); \
          vnatd: first resume {} ms, laptop installs {}..{} ms, server installs {}..{} ms; verified {}; \
          CPU before the move {}; during it {}; kernel backlog {} packets per CPU, {} dropped during the move",
         r.rtt_ms,
@@ -141,6 +150,8 @@ pub fn json(
                 "aborted_migrations_max": runs.iter().map(|r| r.phases.aborted).max(),
                 "total_s": summary_json(total.clone()),
                 "per_conn_ms": summary_json(summary(runs, |r| r.per_conn_ms)),
+                "harness_s": summary_json(summary(runs, |r| r.harness_s)),
+                "vnat_s": summary_json(summary(runs, |r| r.vnat_s)),
                 "first_conn_ms": summary_json(summary(runs, |r| r.first_ms)),
                 "median_conn_ms": summary_json(summary(runs, |r| r.median_ms)),
                 "p90_conn_ms": summary_json(summary(runs, |r| r.p90_ms)),
@@ -159,7 +170,8 @@ pub fn json(
         "benchmark": "restore",
         "what": "s from t0 (the laptop's new address configured: A removed, B up with address and default route) \
                  until every one of N TCP connections has echoed a message written at or after t0 (total_s); \
-                 per_conn_ms = total_s * 1000 / N, the paper's Table 1 column",
+                 per_conn_ms = total_s * 1000 / N, the paper's Table 1 column; harness_s: the same measure before the move \
+                 with nothing moving (the harness's own share), vnat_s = total_s - harness_s",
         "rtt_target_ms": args.rtt_ms,
         "delay": if args.rtt_ms > 0.0 { "userspace L2 delay line (AF_PACKET) on the router-server link, half the RTT each way" } else { "none" },
         "interval_ms": args.interval_ms,
@@ -214,15 +226,18 @@ pub fn table(args: &Args, results: &[(usize, Vec<RunResult>)]) -> String {
     let _ = writeln!(
         s,
         "total = new address usable -> every connection has echoed a message written after it; \
-         medians over runs (min-max); paper: VNAT tech report, Table 1"
+         medians over runs (min-max); harness alone = the same before the move, nothing moving \
+         (client, delay line, echo server); vnat's share = total - harness alone; paper: VNAT tech report, Table 1"
     );
     let _ = writeln!(
         s,
-        "{:>6} {:>7} {:>5} {:>26} {:>22} {:>24} {:>8} {:>9} {:>9}",
+        "{:>6} {:>7} {:>5} {:>26} {:>26} {:>26} {:>22} {:>24} {:>8} {:>9} {:>9}",
         "conns",
         "rtt ms",
         "done",
         "total s",
+        "harness alone s",
+        "vnat's share s",
         "per conn ms",
         "first/median/last ms",
         "paper s",
@@ -234,7 +249,7 @@ pub fn table(args: &Args, results: &[(usize, Vec<RunResult>)]) -> String {
         let p = paper(*n);
         let _ = writeln!(
             s,
-            "{:>6} {:>7} {:>5} {:>26} {:>22} {:>24} {:>8} {:>9} {:>9}",
+            "{:>6} {:>7} {:>5} {:>26} {:>26} {:>26} {:>22} {:>24} {:>8} {:>9} {:>9}",
             n,
             med(summary(runs, |r| Some(r.rtt_ms)), 2),
             format!(
@@ -243,6 +258,8 @@ pub fn table(args: &Args, results: &[(usize, Vec<RunResult>)]) -> String {
                 runs.len()
             ),
             fmt(total.clone(), 3),
+            fmt(summary(runs, |r| r.harness_s), 3),
+            fmt(summary(runs, |r| r.vnat_s), 3),
             fmt(summary(runs, |r| r.per_conn_ms), 2),
             format!(
                 "{}/{}/{}",

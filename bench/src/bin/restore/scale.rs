@@ -23,6 +23,7 @@ pub fn summary(results: &[(usize, Vec<RunResult>)], restore: &Value) -> Value {
         )
     };
     let resume = Summary::of(&runs.iter().filter_map(|r| r.total_s).collect::<Vec<_>>());
+    let harness = Summary::of(&runs.iter().filter_map(|r| r.harness_s).collect::<Vec<_>>());
     let mem = |k: &str| pick(&|s: &Value| s[k].as_f64()).map(|s| s.median);
     serde_json::json!({
         "benchmark": "scale",
@@ -42,6 +43,8 @@ pub fn summary(results: &[(usize, Vec<RunResult>)], restore: &Value) -> Value {
             "vnatctl_ls_json_laptop_harness_quiet": pick(&|s: &Value| s["ls_quiet_json_laptop_s"].as_f64()),
             "vnatctl_ls_server_harness_quiet": pick(&|s: &Value| s["ls_quiet_server_s"].as_f64()),
             "resume_all": resume,
+            // The same measure with nothing moving: the harness's own share.
+            "resume_all_harness_alone": harness,
         },
         "memory_mib": {
             "vnatd_laptop_rss_before_ls": mem("rss_laptop_before_ls_mib"),
