@@ -92,6 +92,10 @@ const STRANDED_GRACE: Duration = Duration::from_millis(250);
 /// (`Datapath::kick_flow`), or one backed-off socket after another would
 /// hold up a mass move by 20 ms to 1.2 s each.
 const VERIFIED_RESTARTS_MAX: usize = 16;
+/// Most unverified restart levers (a mass move's) run in one loop turn,
+/// after its flush; the rest wait for the next turns, which come at once,
+/// with the peer's datagrams handled between them.
+const RESTARTS_PER_TURN: usize = 64;
 /// How often vnatd looks for NAT entries whose socket is gone and that no
 /// connection of its own explains (what a vnatd killed mid-move left). An
 /// entry goes when two checks in a row found it so: one listing that
@@ -468,6 +472,9 @@ impl Driver {
                 // Moves planned but not started yet: a turn now, which
                 // starts the next share below.
                 _ = std::future::ready(()), if !self.queued_starts.is_empty() => {}
+                // Restart levers still queued: a turn now, which runs the
+                // next share of them below.
+                _ = std::future::ready(()), if self.mover.restarts_queued() => {}
                 _ = tokio::time::sleep_until(tokio::time::Instant::from_std(
                         self.stranded_check.unwrap_or(far))),
                     if self.stranded_check.is_some() => {

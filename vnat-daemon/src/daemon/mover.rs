@@ -411,9 +411,16 @@ impl Mover {
         }
     }
 
-    /// The restart levers queued by mass switches, to run after the flush.
-    pub fn take_restarts(&mut self) -> Vec<(VirtualFlow, bool)> {
-        std::mem::take(&mut self.to_restart)
+    /// The restart levers queued by mass switches, to run after the flush:
+    /// the `most` queued first (the rest wait for the next turn).
+    pub fn take_restarts(&mut self, most: usize) -> Vec<(VirtualFlow, bool)> {
+        let n = most.min(self.to_restart.len());
+        self.to_restart.drain(..n).collect()
+    }
+
+    /// Whether restart levers are still queued.
+    pub fn restarts_queued(&self) -> bool {
+        !self.to_restart.is_empty()
     }
 
     /// When the oldest hold reaches [`HOLD_LIMIT`], if any is kept.

@@ -355,11 +355,42 @@ fn mass_switches_queue_their_levers_and_solicit_only_where_the_peer_moved() {
         budget: Budget::None,
     };
     m.switched(&s(a, true), true);
-    assert!(m.take_restarts().is_empty(), "verified: levers ran already");
+    assert!(
+        m.take_restarts(usize::MAX).is_empty(),
+        "verified: levers ran already"
+    );
     m.switched(&s(a, true), false);
     m.switched(&s(b, false), false);
-    assert_eq!(m.take_restarts(), vec![(a, true), (b, false)]);
-    assert!(m.take_restarts().is_empty());
+    assert_eq!(m.take_restarts(usize::MAX), vec![(a, true), (b, false)]);
+    assert!(m.take_restarts(usize::MAX).is_empty());
+}
+
+#[test]
+fn queued_levers_are_taken_a_bounded_share_at_a_time_oldest_first() {
+    let flows: Vec<VirtualFlow> = (1..=5)
+        .map(|p| tcp(&format!("10.0.0.1:{p}"), "10.0.0.2:443"))
+        .collect();
+    let mut m = Mover::new();
+    for &f in &flows {
+        m.switched(
+            &Switch {
+                flow: f,
+                local: sa("10.0.5.1:1"),
+                remote: sa("10.0.0.2:443"),
+                peer_moved: true,
+                solicit: true,
+                budget: Budget::None,
+            },
+            false,
+        );
+    }
+    let first: Vec<VirtualFlow> = m.take_restarts(2).into_iter().map(|(f, _)| f).collect();
+    assert_eq!(first, flows[..2]);
+    assert!(m.restarts_queued(), "three are left for the next turn");
+    let rest: Vec<VirtualFlow> = m.take_restarts(8).into_iter().map(|(f, _)| f).collect();
+    assert_eq!(rest, flows[2..]);
+    assert!(!m.restarts_queued());
+    assert!(m.take_restarts(8).is_empty());
 }
 
 #[test]
@@ -539,7 +570,10 @@ fn an_unvalidated_address_is_sent_to_under_a_budget_until_validated() {
         "SWITCHED again: the first may be what was lost"
     );
     m.switched(&again, false);
-    assert!(m.take_restarts().is_empty(), "a repeat restarts nothing");
+    assert!(
+        m.take_restarts(usize::MAX).is_empty(),
+        "a repeat restarts nothing"
+    );
     let validated = Event::SetRemote {
         flow: f,
         remote: new_peer,
@@ -551,7 +585,10 @@ fn an_unvalidated_address_is_sent_to_under_a_budget_until_validated() {
     assert_eq!(lift.budget, Budget::Lift);
     assert!(!lift.confirms() && !lift.peer_moved && !lift.solicit);
     m.switched(&lift, false);
-    assert!(m.take_restarts().is_empty(), "a lift restarts nothing");
+    assert!(
+        m.take_restarts(usize::MAX).is_empty(),
+        "a lift restarts nothing"
+    );
 
     // Sent early, then not validated: back to the old address, unlimited.
     m.step(&early, Some(&view(f)));

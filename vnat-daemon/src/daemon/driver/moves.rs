@@ -747,9 +747,15 @@ impl Driver {
     }
 
     /// The restart levers, without waits, for the connections of a mass
-    /// move translated this turn (see [`Driver::translate_all`]).
+    /// move translated (see [`Driver::translate_all`]): at most
+    /// [`RESTARTS_PER_TURN`] a turn, oldest first, the rest in the turns
+    /// after. Each lever costs tens to hundreds of microseconds (the
+    /// injected packet's whole trip runs in the syscall), and thousands at
+    /// once kept the loop from the peer's next datagrams for 50-240 ms a
+    /// share: at 10,000 connections the exchange went one share per round
+    /// of levers, and moves overran the hold limit.
     pub(super) async fn restart_translated(&mut self) {
-        let items = self.mover.take_restarts();
+        let items = self.mover.take_restarts(RESTARTS_PER_TURN);
         if items.is_empty() {
             return;
         }
