@@ -142,7 +142,9 @@ pub struct Mover {
     prepare_failed: HashSet<(VirtualFlow, SocketAddr)>,
     /// Connections translated in a mass move whose sockets get the restart
     /// levers after the flush, with whether to solicit an ACK.
-    to_restart: Vec<(VirtualFlow, bool)>,
+    /// Oldest first, taken from the front a share at a time (a mass
+    /// move at 100,000 connections queues as many).
+    to_restart: std::collections::VecDeque<(VirtualFlow, bool)>,
     /// When each held flow was held, latest hold last; `hold_started` has
     /// the time of a flow's latest hold, so that an older entry does not
     /// end a newer hold.
@@ -407,7 +409,8 @@ impl Mover {
             return;
         }
         if !verified {
-            self.to_restart.push((s.flow, s.solicit && s.peer_moved));
+            self.to_restart
+                .push_back((s.flow, s.solicit && s.peer_moved));
         }
     }
 
