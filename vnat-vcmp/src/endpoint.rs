@@ -356,6 +356,16 @@ impl Endpoint {
         self.conns.keys()
     }
 
+    /// Whether `flow` is tracked (without building its view).
+    pub fn has_connection(&self, flow: &VirtualFlow) -> bool {
+        self.conns.contains_key(flow)
+    }
+
+    /// How many connections are tracked.
+    pub fn connection_count(&self) -> usize {
+        self.conns.len()
+    }
+
     /// Number of records stored in the location-server role.
     pub fn stored_locations(&self) -> usize {
         self.store.len()

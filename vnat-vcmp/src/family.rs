@@ -96,6 +96,22 @@ impl Conn {
     }
 }
 
+/// Where a connection is carried now ([`Endpoint::placements`]): what
+/// automatic mode needs of it to decide whether and where it moves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placement {
+    pub flow: VirtualFlow,
+    pub local_phys: SocketAddr,
+    pub remote_phys: SocketAddr,
+    /// A move of it is under way.
+    pub migrating: bool,
+    /// `ConnectionView::follows_peer`.
+    pub follows_peer: bool,
+    /// Its peer's end in the other IP family
+    /// ([`Endpoint::other_family_remote`]).
+    pub across: Option<SocketAddr>,
+}
+
 impl Endpoint {
     /// This host's addresses, as the driver sees them: told to every paired
     /// host in each PROBE and PROBE answer. When they changed, every paired
@@ -134,21 +150,47 @@ impl Endpoint {
     /// virtual one). None for an IPv6 connection (not carried over IPv4),
     /// or a peer that told no address of that family.
     pub fn other_family_remote(&self, flow: &VirtualFlow) -> Option<SocketAddr> {
-        let c = self.conns.get(flow)?;
-        if !flow.local.is_ipv4() {
+        self.across_of(self.conns.get(flow)?)
+    }
+
+    /// [`Endpoint::other_family_remote`] of a connection at hand.
+    fn across_of(&self, c: &Conn) -> Option<SocketAddr> {
+        if !c.flow.local.is_ipv4() {
             return None;
         }
         if c.remote_phys.is_ipv6() {
             return Some(
                 c.remote_alt
                     .filter(SocketAddr::is_ipv4)
-                    .unwrap_or(flow.remote),
+                    .unwrap_or(c.flow.remote),
             );
         }
         let told = self.peer_addresses(c.peer_key.as_ref()?);
         told.iter()
             .find(|a| a.is_ipv6())
             .map(|ip| SocketAddr::new(*ip, c.remote_phys.port()))
+    }
+
+    /// Every connection's placement, as automatic mode plans from it, in
+    /// one pass over the table: at 100,000 connections, looking each one
+    /// up again for its view ([`Endpoint::connection`]) and its
+    /// [`Endpoint::other_family_remote`] was most of the time between an
+    /// address change and the first move.
+    pub fn placements(&self) -> impl Iterator<Item = Placement> + '_ {
+        self.conns.values().map(|c| Placement {
+            flow: c.flow,
+            local_phys: c.local_phys,
+            remote_phys: c.remote_phys,
+            migrating: c.mig.is_some(),
+            follows_peer: c.follows_peer,
+            across: self.across_of(c),
+        })
+    }
+
+    /// Whether a move of `flow` is under way; None for a connection not
+    /// tracked.
+    pub fn is_migrating(&self, flow: &VirtualFlow) -> Option<bool> {
+        self.conns.get(flow).map(|c| c.mig.is_some())
     }
 
     /// Start the moves of `moves`: `flow` continues from `new_local`, and

@@ -87,6 +87,7 @@ impl Timestamp {
 }
 
 pub use binding::Binding;
+pub use family::Placement;
 pub use endpoint::{
     AbortReason, Config, ConnectionView, Endpoint, EndpointError, Event, DEFAULT_PORT,
 };

@@ -245,3 +245,45 @@ fn an_update_across_families_from_another_address_is_no_nat() {
     }
     assert_eq!(sim.hosts[1].ep.stats().get(Counter::PeerBehindNat), 0);
 }
+
+/// What `Endpoint::placements` (the planner's single pass over the table)
+/// says of each connection on host `h` is what its view and
+/// `other_family_remote` say. Returns how many it listed.
+fn placements_agree(sim: &Sim, h: usize) -> usize {
+    let ep = &sim.hosts[h].ep;
+    let mut n = 0;
+    for p in ep.placements() {
+        let v = ep.connection(&p.flow).expect("a tracked connection");
+        assert_eq!(
+            (p.local_phys, p.remote_phys, p.migrating, p.follows_peer),
+            (v.local_phys, v.remote_phys, v.migrating, v.follows_peer),
+            "{:?}",
+            p.flow
+        );
+        assert_eq!(p.across, ep.other_family_remote(&p.flow), "{:?}", p.flow);
+        assert_eq!(ep.is_migrating(&p.flow), Some(p.migrating));
+        assert!(ep.has_connection(&p.flow));
+        n += 1;
+    }
+    assert_eq!(n, ep.connection_count());
+    n
+}
+
+#[test]
+fn placements_agree_with_each_connections_view_through_a_move_across_families() {
+    let (mut sim, flows) = dual_stack(33);
+    assert_eq!(placements_agree(&sim, 0), flows.len());
+    assert_eq!(placements_agree(&sim, 1), flows.len());
+    assert!(sim.hosts[0].ep.placements().all(|p| p.across.is_some()));
+    move_across(&mut sim, &flows, A6);
+    assert!(sim.hosts[0].ep.placements().all(|p| p.migrating));
+    placements_agree(&sim, 0);
+    sim.run_for(Duration::from_secs(10));
+    assert!(sim.hosts[0].ep.placements().all(|p| !p.migrating));
+    assert!(sim.hosts[1].ep.placements().all(|p| p.follows_peer));
+    assert_eq!(placements_agree(&sim, 0), flows.len());
+    assert_eq!(placements_agree(&sim, 1), flows.len());
+    let gone = super::sim::tcp("198.51.100.9:1", "198.51.100.10:2");
+    assert!(!sim.hosts[0].ep.has_connection(&gone));
+    assert_eq!(sim.hosts[0].ep.is_migrating(&gone), None);
+}

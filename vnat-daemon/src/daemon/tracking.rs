@@ -246,6 +246,11 @@ impl Tracking {
         };
     }
 
+    /// Whether any connection is placed (see [`Tracking::place`]).
+    pub fn any_placed(&self) -> bool {
+        !self.placed.is_empty()
+    }
+
     pub fn is_placed(&self, flow: &VirtualFlow) -> bool {
         self.placed.contains_key(flow)
     }

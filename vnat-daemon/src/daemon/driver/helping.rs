@@ -249,7 +249,7 @@ impl Driver {
         }
         let known: Vec<VirtualFlow> = back
             .into_iter()
-            .filter(|f| self.endpoint.connection(f).is_some())
+            .filter(|f| self.endpoint.has_connection(f))
             .collect();
         if let Err(e) = self
             .endpoint
