@@ -87,10 +87,10 @@ impl Timestamp {
 }
 
 pub use binding::Binding;
-pub use family::Placement;
 pub use endpoint::{
     AbortReason, Config, ConnectionView, Endpoint, EndpointError, Event, DEFAULT_PORT,
 };
+pub use family::Placement;
 pub use tx::Transmit;
 
 #[cfg(test)]
