@@ -10,6 +10,7 @@ pub mod delayline;
 pub mod env;
 pub mod host;
 pub mod iperf;
+pub mod lines;
 pub mod stats;
 
 use std::path::PathBuf;

@@ -21,7 +21,7 @@
 //! what it prints.
 
 use std::{
-    io::{self, BufRead, BufReader, Read, Write},
+    io::{self, Read, Write},
     net::{SocketAddr, TcpStream},
     os::fd::AsRawFd,
     process::{Child, Stdio},
@@ -31,8 +31,8 @@ use std::{
 
 use anyhow::{bail, ensure, Context, Result};
 use nix::libc;
-use serde_json::Value;
 use vnat_bench::delayline::{monotonic_ns, precise_thread};
+use vnat_bench::lines::read_json_lines;
 use vnat_tests::Host;
 
 /// Bytes per probe: sequence number, send time.
@@ -240,14 +240,10 @@ impl Probe {
         let mut child = cmd.spawn().context("starting the probe client")?;
         let stdout = child.stdout.take().expect("piped");
         let log = Arc::new(Mutex::new(ProbeLog::default()));
-        let shared = log.clone();
-        let reader = std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                let Ok(v) = serde_json::from_str::<Value>(&line) else {
-                    continue;
-                };
-                let mut log = shared.lock().unwrap_or_else(|p| p.into_inner());
+        let reader = read_json_lines(
+            stdout,
+            log.clone(),
+            |log: &mut ProbeLog, v| {
                 if let (Some(sent), Some(recv)) = (v["sent_ns"].as_u64(), v["recv_ns"].as_u64()) {
                     log.echoes.push(Echo { sent, recv });
                 } else if let Some(s) = v["skipped"].as_u64() {
@@ -257,12 +253,13 @@ impl Probe {
                 } else if let Some(e) = v["error"].as_str() {
                     log.error = Some(e.to_string());
                 }
-            }
-            let mut log = shared.lock().unwrap_or_else(|p| p.into_inner());
-            if log.error.is_none() {
-                log.error = Some("the probe client exited".into());
-            }
-        });
+            },
+            |log| {
+                if log.error.is_none() {
+                    log.error = Some("the probe client exited".into());
+                }
+            },
+        );
         Ok(Probe {
             child,
             log,

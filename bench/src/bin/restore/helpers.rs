@@ -3,7 +3,7 @@
 //! read through their JSON lines on stdout.
 
 use std::{
-    io::{BufRead, BufReader, Write},
+    io::Write,
     net::SocketAddr,
     process::{Child, ChildStdin, Stdio},
     sync::{Arc, Mutex},
@@ -12,6 +12,7 @@ use std::{
 
 use anyhow::{bail, ensure, Context, Result};
 use serde_json::Value;
+use vnat_bench::lines::read_json_lines;
 use vnat_tests::Host;
 
 /// Helper processes of one kind that share the connections between them.
@@ -114,15 +115,11 @@ impl Helper {
         let stdout = child.stdout.take().expect("piped");
         let stdin = child.stdin.take();
         let log = Arc::new(Mutex::new(HelperLog::default()));
-        let shared = log.clone();
         let what = args[0].to_string();
-        let reader = std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                let Ok(v) = serde_json::from_str::<Value>(&line) else {
-                    continue;
-                };
-                let mut log = shared.lock().unwrap_or_else(|p| p.into_inner());
+        let reader = read_json_lines(
+            stdout,
+            log.clone(),
+            |log: &mut HelperLog, v| {
                 if v.get("conn").is_some() {
                     if let Some(e) = v["error"].as_str() {
                         log.conn_errors
@@ -146,12 +143,13 @@ impl Helper {
                 } else if let Some(e) = v["error"].as_str() {
                     log.error = Some(e.to_string());
                 }
-            }
-            let mut log = shared.lock().unwrap_or_else(|p| p.into_inner());
-            if log.error.is_none() {
-                log.error = Some(format!("`restore {what}` exited"));
-            }
-        });
+            },
+            move |log| {
+                if log.error.is_none() {
+                    log.error = Some(format!("`restore {what}` exited"));
+                }
+            },
+        );
         Ok(Helper {
             child,
             stdin,
