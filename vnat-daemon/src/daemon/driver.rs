@@ -30,6 +30,7 @@ mod moves;
 mod natguard;
 mod outage;
 mod persisted;
+mod plan;
 mod settling;
 mod socket;
 mod watch;
