@@ -125,6 +125,19 @@ impl FlowKey {
             _pad: [0; 2],
         }
     }
+
+    /// The [`MAP_GONE`] key of this flow's source address.
+    pub const fn gone_key(&self) -> FlowKey {
+        FlowKey {
+            src_addr_be: self.src_addr_be,
+            dst_addr_be: [0; 4],
+            src_port_be: 0,
+            dst_port_be: 0,
+            family: self.family,
+            proto: 0,
+            _pad: [0; 2],
+        }
+    }
 }
 
 /// Key of [`MAP_GUESTS`]: a connection of a socket in another network
@@ -436,6 +449,31 @@ pub fn hold_in_force(until: u32, now_ns: u64) -> bool {
 /// Some cgroup hides location ([`MAP_HIDE_CGROUPS`] is not empty): only
 /// then do the sock_addr programs look an address up in [`MAP_HIDE_ADDRS`].
 pub const CFG_F_HIDE: u32 = 16;
+/// Some address is gone ([`MAP_GONE`] is not empty): only then does an
+/// outgoing packet without translation look its source address up there.
+pub const CFG_F_GONE: u32 = 32;
+
+/// Addresses of mobile connections that this host no longer has on any
+/// interface but `lo`, where vnat keeps them (a move left their network),
+/// keyed by a [`FlowKey`] whose `family` and `src_addr_be` name the address
+/// and whose other fields are zero ([`FlowKey::gone_key`]); the value is the
+/// index of vnat's sink device (`vnat-sink`, a veth pair whose other end is
+/// down). On egress, a TCP or UDP packet from such an address that no
+/// translation or hold takes is redirected into that sink, where it is
+/// lost, and its socket sees it sent: until
+/// its connection's move reaches it, its socket behaves as over a link that
+/// went dark (data kept, retransmission timer backing off, the restart
+/// levers after the move) instead of sending into the new network with
+/// the old address, whose answers go to the old network and are lost. At
+/// 100,000 connections those packets and their answers filled both cores
+/// for seconds while the moves were being started. Not dropped
+/// (`TC_ACT_SHOT`): a socket whose sends fail locally probes every 500 ms
+/// and is ended after tcp_retries2 probes (about 7.5 s), and a mass move
+/// reaches its last connections later than that. Not `TC_ACT_STOLEN`,
+/// which TCX takes for "next".
+pub const MAP_GONE: &str = "VNAT_GONE";
+/// Capacity of [`MAP_GONE`].
+pub const GONE_MAX_ENTRIES: u32 = 64;
 
 /// Only record sockets of this network namespace (a program attached to a
 /// cgroup sees that cgroup's sockets in every namespace).

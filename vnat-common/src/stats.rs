@@ -165,4 +165,10 @@ counters! {
     /// placement instead (`UnvalidatedBudget::fallback`; counted besides
     /// `egress_translated` when that placement is translated).
     STAT_UNVALIDATED_FALLBACK = 46, "unvalidated_fallback";
+    /// An outgoing packet of a flow without translation, from an address
+    /// this host has only on `lo` now (it left the address's network,
+    /// [`crate::MAP_GONE`]), went nowhere: the sending socket sees a
+    /// transmission, as on a link that went dark, instead of the packet
+    /// leaving into the new network with the address of the old one.
+    STAT_GONE_DISCARDED = 47, "gone_discarded";
 }

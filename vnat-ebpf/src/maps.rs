@@ -36,6 +36,11 @@ pub static VNAT_EGRESS_NAT: HashMap<FlowKey, NatRewrite> =
 pub static VNAT_INGRESS_NAT: HashMap<FlowKey, NatRewrite> =
     HashMap::pinned(NAT_MAX_ENTRIES, NO_PREALLOC);
 
+/// Addresses this host has only on `lo` now (`vnat_common::MAP_GONE`).
+#[map]
+pub static VNAT_GONE: HashMap<FlowKey, u32> =
+    HashMap::pinned(vnat_common::GONE_MAX_ENTRIES, NO_PREALLOC);
+
 /// What flows sending to a peer address not validated yet may still send
 /// there (`vnat_common::NAT_F_BUDGET`), by egress key.
 #[map]
@@ -104,6 +109,12 @@ pub fn netns_is_ours(netns_cookie: u64) -> bool {
 #[inline(always)]
 pub fn nat_is_empty() -> bool {
     matches!(VNAT_CONFIG.get(0), Some(cfg) if cfg.flags & CFG_F_NAT_EMPTY != 0)
+}
+
+/// Whether userspace has said that some address is gone (CFG_F_GONE).
+#[inline(always)]
+pub fn some_gone() -> bool {
+    matches!(VNAT_CONFIG.get(0), Some(cfg) if cfg.flags & vnat_common::CFG_F_GONE != 0)
 }
 
 /// Whether userspace has said that some flow is rebinding

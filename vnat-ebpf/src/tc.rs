@@ -21,7 +21,7 @@ mod rewrite;
 
 use aya_ebpf::{
     bindings::{TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC},
-    helpers::{bpf_ktime_get_boot_ns, bpf_redirect_neigh},
+    helpers::{bpf_ktime_get_boot_ns, bpf_redirect, bpf_redirect_neigh},
     macros::classifier,
     maps::HashMap,
     programs::TcContext,
@@ -30,13 +30,13 @@ use vnat_common::{
     hold_in_force, FlowKey, NatRewrite, AF_INET, AF_INET6, AMPLIFICATION_FACTOR, NAT_F_BUDGET,
     NAT_F_FALLBACK, NAT_F_FAMILY, NAT_F_HOLD, NAT_F_REDIRECT, STAT_DROP_HELD,
     STAT_DROP_IPV6_EXTHDR, STAT_DROP_REDIRECT_FAILED, STAT_DROP_UNVALIDATED,
-    STAT_EGRESS_REDIRECTED, STAT_EGRESS_TRANSLATED, STAT_HOLD_EXPIRED, STAT_INGRESS_TRANSLATED,
-    STAT_PASS_IPV6_EXTHDR, STAT_UNVALIDATED_FALLBACK,
+    STAT_EGRESS_REDIRECTED, STAT_EGRESS_TRANSLATED, STAT_GONE_DISCARDED, STAT_HOLD_EXPIRED,
+    STAT_INGRESS_TRANSLATED, STAT_PASS_IPV6_EXTHDR, STAT_UNVALIDATED_FALLBACK,
 };
 
 use crate::maps::{
-    bind_divert_port, count, nat_is_empty, rebinding, VNAT_EGRESS_NAT, VNAT_INGRESS_NAT,
-    VNAT_UNVALIDATED,
+    bind_divert_port, count, nat_is_empty, rebinding, some_gone, VNAT_EGRESS_NAT, VNAT_GONE,
+    VNAT_INGRESS_NAT, VNAT_UNVALIDATED,
 };
 use family::translate_family;
 use frag::{remember_fragment, translate_fragment};
@@ -110,7 +110,7 @@ fn try_translate(ctx: &TcContext, dir: Dir, l2: usize) -> Result<i32, Drop> {
         Dir::Ingress => bind_divert_port(),
         Dir::Egress => None,
     };
-    if divert.is_none() && nat_is_empty() {
+    if divert.is_none() && nat_is_empty() && !(dir == Dir::Egress && some_gone()) {
         return Ok(PASS);
     }
     let Some(p) = parse(ctx, l2) else {
@@ -149,6 +149,11 @@ fn try_translate(ctx: &TcContext, dir: Dir, l2: usize) -> Result<i32, Drop> {
     if let Some(verdict) = flow(ctx, &p, dir)? {
         return Ok(verdict);
     }
+    if dir == Dir::Egress && some_gone() {
+        if let Some(verdict) = gone(&p) {
+            return Ok(verdict);
+        }
+    }
     if dir == Dir::Ingress && rebinding() {
         // A rebinding flow's first packet through its peer's new NAT: its
         // translations are installed, then it is translated by them.
@@ -161,6 +166,23 @@ fn try_translate(ctx: &TcContext, dir: Dir, l2: usize) -> Result<i32, Drop> {
         guard(ctx, &p)?;
     }
     Ok(PASS)
+}
+
+/// An outgoing packet without translation from an address this host has
+/// only on `lo` now (`vnat_common::MAP_GONE`): sent into the sink whose
+/// index the entry holds, where it is lost as on a link that went dark
+/// (`None`: its address is not gone). A redirect, not TC_ACT_STOLEN, which
+/// TCX takes for "next"; the socket sees a transmission either way.
+#[inline(always)]
+fn gone(p: &Parsed) -> Option<i32> {
+    // SAFETY: as in `translate_flow`: a non-preallocated map, the value
+    // copied out at once.
+    let sink = *unsafe { VNAT_GONE.get(&p.key.gone_key()) }?;
+    count(STAT_GONE_DISCARDED);
+    // SAFETY: a helper taking plain integers. It only records the target;
+    // the kernel drops the packet after this program if the index names
+    // no device that is up, and the socket sees it sent all the same.
+    Some(unsafe { bpf_redirect(sink, 0) } as i32)
 }
 
 /// What `translate_flow` answers for a flow carried in the other address

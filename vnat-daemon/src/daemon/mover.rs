@@ -26,8 +26,9 @@ use crate::vcmp::{ConnectionView, Event};
 /// A socket whose sends keep failing locally probes every 500 ms and the
 /// kernel gives up on it after some seconds (seen as aborts in a
 /// 100,000-connection move whose exchange took 15 s): after this, its
-/// packets leave with the old address as they did before the hold, until
-/// its move completes.
+/// packets leave untranslated until its move completes, which puts them
+/// into vnat's sink while the old address is only on `lo`
+/// (`vnat_common::MAP_GONE`): sent and lost, as on a link that went dark.
 pub const HOLD_LIMIT: Duration = Duration::from_secs(2);
 
 /// One connection's send side switched to (local, remote) physical

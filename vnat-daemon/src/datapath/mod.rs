@@ -49,6 +49,14 @@ pub trait Datapath {
         Ok(())
     }
 
+    /// After a listing: note which addresses this host now has only where
+    /// vnat keeps them (the kernel datapath sends what leaves untranslated
+    /// from them into a sink, `kernel/gone.rs`). The daemon's resync calls
+    /// it with `settle_guests`.
+    fn note_interfaces(&mut self) -> Result<(), DatapathError> {
+        Ok(())
+    }
+
     /// Start recording the sockets of processes in this cgroup v2 directory.
     fn enable_cgroup(&mut self, path: &std::path::Path) -> Result<(), DatapathError>;
 

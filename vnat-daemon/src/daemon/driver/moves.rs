@@ -108,7 +108,7 @@ impl Driver {
         tracing::info!(
             connections = n - failed,
             limit_ms = HOLD_LIMIT.as_millis() as u64,
-            "moves not done within the hold limit: their packets leave with the old address until they are"
+            "moves not done within the hold limit: their packets leave untranslated until they are (into the sink while the old address is only on lo)"
         );
     }
 

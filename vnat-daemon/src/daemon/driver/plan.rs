@@ -22,6 +22,9 @@ impl Driver {
             if let Err(e) = dp.settle_guests() {
                 tracing::warn!(error = %e, "cannot make containers' connections ready to move");
             }
+            if let Err(e) = dp.note_interfaces() {
+                tracing::warn!(error = %e, "cannot update which addresses this host has only on lo: packets from them may leave untranslated until the next resync");
+            }
             listed
         })
         .await;

@@ -61,9 +61,10 @@ impl KernelDatapath {
                 self.lo_ours.remove(&ip);
             }
         }
-        if self.kept.is_empty() {
+        if self.kept.is_empty() && !self.loaded.gone {
             net::remove_sink()?;
         }
+        self.sync_gone_or_warn();
         Ok(())
     }
 

@@ -12,6 +12,7 @@ mod clsact;
 mod conntrack;
 pub mod fault;
 pub mod features;
+mod gone;
 mod guests;
 mod hide;
 mod intercept;
@@ -804,6 +805,10 @@ impl Datapath for KernelDatapath {
 
     fn settle_guests(&mut self) -> Result<(), DatapathError> {
         self.pin_guests()
+    }
+
+    fn note_interfaces(&mut self) -> Result<(), DatapathError> {
+        self.sync_gone()
     }
 
     fn remove_translation(&mut self, flow: &VirtualFlow) -> Result<(), DatapathError> {

@@ -88,6 +88,9 @@ pub struct Maps {
     pub unvalidated: HashMap<MapData, FlowKey, UnvalidatedBudget>,
     /// NAT guards (`vnat_common::natguard`, `natguard.rs`).
     pub guard: HashMap<MapData, RebindKey, vnat_common::GuardValue>,
+    /// Addresses this host has only on `lo` now, to the sink's index
+    /// (`vnat_common::MAP_GONE`, `gone.rs`).
+    pub gone: HashMap<MapData, FlowKey, u32>,
     /// Hide location: the hiding cgroups, the addresses, the translated
     /// flows connect() and sendmsg() leave alone (`hide.rs`).
     pub hide_cgroups: HashMap<MapData, u64, u32>,
@@ -114,6 +117,8 @@ pub struct Loaded {
     pub netns_cookie: u64,
     /// Whether some cgroup hides location (`CFG_F_HIDE`), as last written.
     pub hide: bool,
+    /// Whether some address is gone (`CFG_F_GONE`), as last written.
+    pub gone: bool,
     /// Why hide location is off on this kernel (its programs were refused
     /// or `VNAT_KERNEL_LACKS` says so); None when it is available.
     pub hide_unavailable: Option<String>,
@@ -313,6 +318,8 @@ fn load_with(
             .map_err(map_err(vnat_common::MAP_UNVALIDATED))?,
         guard: HashMap::try_from(take(&mut ebpf, vnat_common::MAP_GUARD)?)
             .map_err(map_err(vnat_common::MAP_GUARD))?,
+        gone: HashMap::try_from(take(&mut ebpf, vnat_common::MAP_GONE)?)
+            .map_err(map_err(vnat_common::MAP_GONE))?,
         udp_count: Array::try_from(take(&mut ebpf, MAP_UDP_COUNT)?)
             .map_err(map_err(MAP_UDP_COUNT))?,
         udp_per_sock: HashMap::try_from(take(&mut ebpf, MAP_UDP_PER_SOCK)?)
@@ -335,12 +342,16 @@ fn load_with(
             .map_err(map_err(vnat_common::MAP_CONNECTING))?,
     };
     let hide = maps.hide_cgroups.keys().next().is_some();
+    // Entries a vnatd before this one left stand until the first
+    // `sync_gone`, which checks each against the interfaces.
+    let gone = maps.gone.keys().next().is_some();
     let mut loaded = Loaded {
         _lock: lock,
         ebpf,
         maps,
         netns_cookie: own_netns_cookie()?,
         hide,
+        gone,
         hide_unavailable,
         peek,
     };
@@ -486,7 +497,8 @@ pub fn set_config(
             | flag(nat_empty, CFG_F_NAT_EMPTY)
             | flag(rebinding, vnat_common::CFG_F_REBINDING)
             | flag(bind_divert_port != 0, vnat_common::CFG_F_BIND_DIVERT)
-            | flag(l.hide, CFG_F_HIDE),
+            | flag(l.hide, CFG_F_HIDE)
+            | flag(l.gone, vnat_common::CFG_F_GONE),
         abi_version: ABI_VERSION,
         vcmp_port_be: bind_divert_port.to_be(),
         _pad: [0; 3],

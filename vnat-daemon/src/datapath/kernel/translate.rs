@@ -51,6 +51,7 @@ impl KernelDatapath {
                 net::del_lo_addr(ip, true)?;
                 self.lo_ours.remove(&ip);
                 fault::after("remove:lo-address");
+                self.sync_gone_or_warn();
             }
         }
         self.detach_if_unused(v.redirect_ifindex)
@@ -189,6 +190,7 @@ impl KernelDatapath {
                         added_lo = Some(ip);
                         flags |= NAT_F_LO_ADDR_OURS;
                         fault::after("install:lo-address");
+                        self.sync_gone_or_warn();
                     }
                 }
             }
