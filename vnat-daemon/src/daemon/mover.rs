@@ -289,7 +289,16 @@ impl Mover {
                 remote,
                 allowed,
             } => {
-                self.prepared.remove(&flow);
+                // The switch installs the whole translation to `remote`,
+                // its receive side with the budget's bit (each packet from
+                // there adds to the allowance). A receive side prepared
+                // again for the same pair (the peer's update sent again,
+                // its first answer late) would replace that entry with one
+                // without the bit: the allowance would stop growing, and
+                // everything over it would go to the old address until the
+                // validation ended. So the pair counts as prepared.
+                let local = view.map_or(flow.local, |v| v.local_phys);
+                self.prepared.insert(flow, (local, remote));
                 // Also while our own move is under way: the core asks for
                 // this then only when the peer's update came to our new
                 // address, so the peer's receive side is ready for it

@@ -623,6 +623,53 @@ fn an_unvalidated_address_is_sent_to_under_a_budget_until_validated() {
     assert!(matches!(m.step(&done, Some(&moving)), Step::Wait(..)));
 }
 
+/// A peer's update that comes again while its address is sent to under a
+/// budget (our answer was late) prepares no receive side: that would
+/// replace the budgeted translation's receive side with one that no longer
+/// adds to the allowance (issue 32, item 5's candidate for the UDP
+/// blackhole). After our own move the pair differs and is prepared.
+#[test]
+fn a_repeated_update_does_not_prepare_again_the_receive_side_of_a_budgeted_switch() {
+    let f = udp("10.0.0.1:40000", "10.0.0.2:53");
+    let new_peer = sa("10.9.0.2:53");
+    let mut m = Mover::new();
+    let mut v = view(f);
+    v.pending_remote = Some(new_peer);
+    let ev = [prepare(f, v.local_phys, new_peer)];
+    assert_eq!(m.receive_sides(&ev, only(&v)).len(), 1);
+    for t in m.receive_sides(&[], only(&v)) {
+        panic!("prepared twice: {t:?}");
+    }
+    let want = Translation {
+        flow: f,
+        physical_local: v.local_phys,
+        physical_remote: new_peer,
+    };
+    m.receive_side_done(&want, &Ok(()));
+    let early = Event::SendUnvalidated {
+        flow: f,
+        remote: new_peer,
+        allowed: 450,
+    };
+    assert!(matches!(m.step(&early, Some(&v)), Step::Switch(..)));
+    assert!(
+        m.receive_sides(&ev, only(&v)).is_empty(),
+        "the repeated update prepared the budgeted pair's receive side again"
+    );
+    // Our own move: the pair is new and gets its receive side.
+    let mut moved = v;
+    moved.local_phys = sa("10.0.5.1:40000");
+    let after = [prepare(f, moved.local_phys, new_peer)];
+    assert_eq!(
+        m.receive_sides(&after, only(&moved)),
+        vec![Translation {
+            flow: f,
+            physical_local: moved.local_phys,
+            physical_remote: new_peer,
+        }]
+    );
+}
+
 /// The datapath installs a budgeted switch limited, and the next install
 /// (the validation's lift, or any other) unlimited.
 #[test]
