@@ -24,7 +24,7 @@ use std::{
     net::IpAddr,
 };
 
-use vnat_common::{FlowKey, MAP_GONE};
+use vnat_common::{FlowKey, CFG_F_GONE, MAP_GONE};
 
 use super::{map_err, net, object, KernelDatapath};
 use crate::datapath::{DatapathError, Proto};
@@ -87,12 +87,7 @@ impl KernelDatapath {
         let on = !wanted.is_empty();
         if on != self.loaded.gone {
             self.loaded.gone = on;
-            if let Err(e) = object::set_config(
-                &mut self.loaded,
-                self.nat_empty,
-                self.rebinding,
-                self.bind_divert_port,
-            ) {
+            if let Err(e) = object::set_config_flag(&mut self.loaded, CFG_F_GONE, on) {
                 self.loaded.gone = !on;
                 return Err(e);
             }

@@ -506,6 +506,16 @@ pub fn set_config(
     l.maps.config.set(0, cfg, 0).map_err(map_err(MAP_CONFIG))
 }
 
+/// Turn the config's `flag` on or off and leave every other field as the
+/// map holds it: a bit of this process's own, written without rewriting
+/// the others from what this process last knew of them (a test's
+/// datapath, or `vnatctl` in a tool's hands, may have written since).
+pub fn set_config_flag(l: &mut Loaded, flag: u32, on: bool) -> Result<(), DatapathError> {
+    let mut c = l.maps.config.get(&0, 0).map_err(map_err(MAP_CONFIG))?;
+    c.flags = if on { c.flags | flag } else { c.flags & !flag };
+    l.maps.config.set(0, c, 0).map_err(map_err(MAP_CONFIG))
+}
+
 /// Load tc translator `name` if this process has not yet (the ones of
 /// [`TC_L3`], at their first attachment); a refusal says why, as at open.
 pub fn load_tc_on_demand(ebpf: &mut Ebpf, name: &'static str) -> Result<(), DatapathError> {
