@@ -56,6 +56,9 @@ pub struct Host {
     pub mute: bool,
     /// This many of the next in-band datagrams (BINDs) it sends are lost.
     pub lose_in_band: u32,
+    /// The next datagram of this kind (its kind byte) it sends is lost,
+    /// and only that one: a single loss at a chosen point.
+    pub lose_next: Option<u8>,
     /// Every datagram its vnatd received: (source, bytes), to check what
     /// a host was told.
     pub inbox: Vec<(SocketAddr, Vec<u8>)>,
@@ -193,6 +196,7 @@ impl Sim {
             binds_to_app: 0,
             mute: false,
             lose_in_band: 0,
+            lose_next: None,
             inbox: Vec::new(),
             limited: std::collections::HashMap::new(),
         });
@@ -338,6 +342,12 @@ impl Sim {
         while let Some(t) = self.hosts[h].ep.poll_transmit(now) {
             self.wire_log
                 .push((now, from, t.dst, t.payload.get(1).copied().unwrap_or(0)));
+            let kind = t.payload.get(1).copied();
+            if kind.is_some() && self.hosts[h].lose_next == kind {
+                self.hosts[h].lose_next = None;
+                self.lost += 1;
+                continue;
+            }
             if !self.hosts[h].alive || self.hosts[h].mute || self.chance(self.link.loss_pct) {
                 self.lost += 1;
                 continue;

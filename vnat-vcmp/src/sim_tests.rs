@@ -483,6 +483,67 @@ fn a_retried_update_brings_the_lost_challenge_again() {
     assert_eq!(sim.hosts[1].ep.stats().get(Counter::ValidationFailed), 0);
 }
 
+/// One lost CHALLENGE, and nothing else lost: the mover heard UPD_R and
+/// sends no more updates, so the validation's own retry is all that can
+/// bring the CHALLENGE again. It must get past the anti-amplification
+/// limit on the address being validated (three times what came from it:
+/// one update), or the validation fails and the peer reverts a
+/// connection whose mover is there and answering.
+#[test]
+fn a_lost_challenge_is_tried_again_within_the_amplification_limit() {
+    // With the peer as the location server, the mover's STORE and LOOKUP
+    // come from its new address too; with a location server of their own,
+    // its update is all.
+    for (n, own_server) in [(1u16, false), (1, true), (40, true)] {
+        let (mut sim, flows) = if own_server {
+            let (sim, flows, _) = setup_with_location_server(61, n);
+            (sim, flows)
+        } else {
+            setup(61, Link::default(), Config::default(), n)
+        };
+        let f = flows[0];
+        let b = reverse(&f);
+        let a_new = moved(&f, "10.0.1.1");
+        let (a_ip, b_ip) = (a_new.ip(), ip(B_IP));
+        sim.move_host(0, "10.0.1.1");
+        sim.hosts[1].lose_next = Some(Kind::Challenge as u8);
+        resume(&mut sim, 0, &flows, "10.0.1.1");
+        sim.run_for(Duration::from_secs(60));
+
+        let challenges = sim
+            .wire_log
+            .iter()
+            .filter(|(_, fr, t, k)| {
+                *k == Kind::Challenge as u8 && fr.ip() == b_ip && t.ip() == a_ip
+            })
+            .count();
+        assert!(
+            challenges >= 2,
+            "{n} flows: B must send its CHALLENGE again after losing it, sent {challenges}"
+        );
+        assert_eq!(
+            sim.hosts[1].ep.stats().get(Counter::ValidationFailed),
+            0,
+            "{n} flows: a single lost CHALLENGE failed the validation"
+        );
+        assert_eq!(
+            sim.hosts[1].ep.stats().rejected(Reject::AmplificationLimit),
+            0,
+            "{n} flows: a CHALLENGE to a mover that sent its update was over the limit"
+        );
+        for f in &flows {
+            assert_remote(&sim, 1, &reverse(f), moved(f, "10.0.1.1"));
+        }
+        assert!(sim
+            .events(
+                1,
+                |e| matches!(e, Event::Reverted { flow, .. } if *flow == b)
+            )
+            .next()
+            .is_none());
+    }
+}
+
 #[test]
 fn failed_validation_reverts_to_the_last_validated_address() {
     // B must keep the old binding and report the revert.
