@@ -437,3 +437,63 @@ s.close()
         );
     }
 }
+
+/// A live UDP flow keeps its record while the host's other UDP sockets
+/// come and go by the thousand (a resolver, a game, a busy daemon). The
+/// record's socket is looked for at every pass; a reading of the sockets
+/// that skipped it dropped the record, and with it, after a move, the
+/// connection's translation. (/proc/net/udp, read a page at a time, skips
+/// a line whenever a socket ahead of the reader's place closes between two
+/// pages.)
+#[test]
+fn a_udp_record_outlives_other_sockets_opening_and_closing() {
+    let topo = SameLink::new("recchurn", false);
+    let lap = Host::new(&topo.laptop, "recchurn");
+    let server = SocketAddr::new(topo.server_addr.v4.into(), 7004);
+    let _echo = EchoServer::udp(&topo.server, server);
+    let target = format!("UDP4-CONNECT:{server}");
+    let _sender = lap.socat(
+        &["-u", "SYSTEM:while sleep 0.2; do echo x; done", &target],
+        Stdio::null(),
+    );
+    let flow = lap.wait_connection("the UDP flow", |c| {
+        c.proto == Proto::Udp && c.virtual_remote == server
+    });
+    // 3,000 unconnected UDP sockets, outside vnat's cgroup (none of them is
+    // recorded), one closed and another opened in its place without pause.
+    let churn = "import socket, random\n\
+        s = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(3000)]\n\
+        [x.bind(('0.0.0.0', 0)) for x in s]\n\
+        print('ready', flush=True)\n\
+        while True:\n\
+        \x20   i = random.randrange(len(s)); s[i].close()\n\
+        \x20   s[i] = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s[i].bind(('0.0.0.0', 0))\n";
+    let mut cmd = topo.laptop.cmd("python3");
+    cmd.args(["-c", churn])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut churner = Kill(cmd.spawn().expect("starting python3"));
+    let mut ready = String::new();
+    use std::io::BufRead;
+    std::io::BufReader::new(churner.0.stdout.take().expect("stdout"))
+        .read_line(&mut ready)
+        .expect("reading the churner");
+    assert_eq!(ready.trim(), "ready", "the churner did not start");
+    for pass in 0..200 {
+        // Each listing first runs the pass that drops records whose socket
+        // is gone (sync_udp).
+        let found = lap
+            .connections(Proto::Udp)
+            .iter()
+            .any(|c| c.cookie == flow.cookie && c.virtual_remote == server);
+        assert!(
+            found,
+            "pass {pass}: the live UDP flow lost its record while other sockets churned"
+        );
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    assert!(
+        churner.0.try_wait().expect("churner").is_none(),
+        "the churner ended early: the test churned nothing"
+    );
+}

