@@ -1,17 +1,17 @@
 //! Wakes the driver when addresses, links or routes change: an rtnetlink
 //! socket subscribed to those groups. Messages are only sorted into vnat's
-//! own changes (its host routes, the addresses it keeps on `lo`), which a
-//! move of many connections makes by the hundred and which must not each
-//! cost a full resync, and everything else; any other change (or an
-//! overflow, ENOBUFS, which means changes were lost) makes the driver re-read
-//! the full state, so nothing can be missed or misapplied.
+//! own changes (its host routes, the addresses it keeps on `lo`, its sink
+//! appearing), which a move of many connections makes by the hundred and
+//! which must not each cost a full resync, and everything else; any other
+//! change (or an overflow, ENOBUFS, which means changes were lost) makes the
+//! driver re-read the full state, so nothing can be missed or misapplied.
 
 use std::io;
 
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 use tokio::io::unix::AsyncFd;
 
-use crate::datapath::kernel::{notifications_matter, ROUTE_PROTO};
+use crate::datapath::kernel::{notifications_matter, ROUTE_PROTO, SINK_DEV, SINK_PEER};
 
 const RTMGRP_LINK: u32 = 0x1;
 const RTMGRP_IPV4_IFADDR: u32 = 0x10;
@@ -57,7 +57,14 @@ impl AddrWatch {
                     Ok(n) => {
                         // A datagram that filled the buffer may have been
                         // cut short, and what was cut off may matter.
-                        got = got || n >= BUF || notifications_matter(&buf, self.lo, ROUTE_PROTO);
+                        got = got
+                            || n >= BUF
+                            || notifications_matter(
+                                &buf,
+                                self.lo,
+                                ROUTE_PROTO,
+                                &[SINK_DEV, SINK_PEER],
+                            );
                         continue;
                     }
                     Err(e) => match e.raw_os_error() {

@@ -56,7 +56,7 @@ use vnat_common::{
 pub use attach::{cgroup2_mount, cgroup_id, cgroup_tree_ids};
 use mirror::Mirror;
 pub use nat::{pair_for, translation_of, NatPair};
-pub use net::ROUTE_PROTO;
+pub use net::{ROUTE_PROTO, SINK_DEV, SINK_PEER};
 pub use object::{own_netns_cookie, EBPF_OBJECT};
 pub use rtnl::notifications_matter;
 

@@ -23,7 +23,7 @@ use netlink_packet_core::{
 };
 use netlink_packet_route::{
     address::{AddressAttribute, AddressHeaderFlags, AddressMessage, AddressProtocol},
-    link::LinkMessage,
+    link::{LinkAttribute, LinkMessage},
     route::{
         RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteMessage, RouteProtocol,
         RouteVia,
@@ -588,10 +588,25 @@ pub fn del_host_route(dst: IpAddr, protocol: u8) -> io::Result<()> {
 /// Whether a datagram of change notifications (links, addresses, routes)
 /// can matter for mobility. Not: an address on `lo` (`lo_ifindex`), a route
 /// of the local table (it follows an address, whose own message comes too),
-/// and a route carrying `own_protocol`: vnat's own host routes and the
+/// a route carrying `own_protocol` (vnat's own host routes and the
 /// addresses it keeps on `lo`, which a move of thousands of connections
-/// changes over and over. Anything else, and anything unreadable, matters.
-pub fn notifications_matter(buf: &[u8], lo_ifindex: u32, own_protocol: u8) -> bool {
+/// changes over and over), and a link named in `own_links` appearing or
+/// changing (the sink, which the first move off a network creates: a resync
+/// for it would run while that move's updates are answered). A link of
+/// vnat's going away still matters: a resync puts back what it carried.
+/// Anything else, and anything unreadable, matters.
+pub fn notifications_matter(
+    buf: &[u8],
+    lo_ifindex: u32,
+    own_protocol: u8,
+    own_links: &[&str],
+) -> bool {
+    let own_link = |l: &LinkMessage| {
+        l.attributes.iter().any(|a| match a {
+            LinkAttribute::IfName(n) => own_links.contains(&n.as_str()),
+            _ => false,
+        })
+    };
     let msgs = messages::<RouteNetlinkMessage>(buf);
     msgs.is_empty()
         || msgs.iter().any(|(_, m)| match m {
@@ -605,6 +620,7 @@ pub fn notifications_matter(buf: &[u8], lo_ifindex: u32, own_protocol: u8) -> bo
                         let r = Route::from_message(r);
                         r.protocol != own_protocol && r.table != RT_TABLE_LOCAL
                     }
+                    RouteNetlinkMessage::NewLink(l) => !own_link(l),
                     _ => true,
                 },
                 _ => true,
@@ -733,6 +749,8 @@ mod tests {
         assert!(messages::<RouteNetlinkMessage>(&b)[0].1.is_err());
     }
 
+    const OWN: &[&str] = &["vnat-sink", "vnat-sinkp"];
+
     #[test]
     fn own_and_loopback_changes_do_not_matter() {
         let lo = 1;
@@ -746,28 +764,66 @@ mod tests {
             )))
         };
         // vnat's host route, a local-table route, an address on lo: no.
-        assert!(!notifications_matter(&route(157, RT_TABLE_MAIN), lo, 157));
-        assert!(!notifications_matter(&route(2, 255), lo, 157));
-        assert!(!notifications_matter(&addr(lo), lo, 157));
+        assert!(!notifications_matter(
+            &route(157, RT_TABLE_MAIN),
+            lo,
+            157,
+            OWN
+        ));
+        assert!(!notifications_matter(&route(2, 255), lo, 157, OWN));
+        assert!(!notifications_matter(&addr(lo), lo, 157, OWN));
         let mut both = route(157, RT_TABLE_MAIN);
         both.extend(addr(lo));
-        assert!(!notifications_matter(&both, lo, 157));
+        assert!(!notifications_matter(&both, lo, 157, OWN));
         // A kernel route of the main table, an address of a real link, a
         // link message, one relevant message among ours: yes.
-        assert!(notifications_matter(&route(2, RT_TABLE_MAIN), lo, 157));
-        assert!(notifications_matter(&addr(3), lo, 157));
+        assert!(notifications_matter(&route(2, RT_TABLE_MAIN), lo, 157, OWN));
+        assert!(notifications_matter(&addr(3), lo, 157, OWN));
         assert!(notifications_matter(
             &datagram(RouteNetlinkMessage::NewLink(LinkMessage::default())),
             lo,
-            157
+            157,
+            OWN
         ));
         both.extend(addr(3));
-        assert!(notifications_matter(&both, lo, 157));
+        assert!(notifications_matter(&both, lo, 157, OWN));
+        // vnat's sink appearing or coming up: no; going away, or another
+        // link: yes.
+        let link = |name: &str, gone: bool| {
+            let mut l = LinkMessage::default();
+            l.header.index = 7;
+            l.attributes.push(LinkAttribute::IfName(name.into()));
+            datagram(if gone {
+                RouteNetlinkMessage::DelLink(l)
+            } else {
+                RouteNetlinkMessage::NewLink(l)
+            })
+        };
+        assert!(!notifications_matter(
+            &link("vnat-sink", false),
+            lo,
+            157,
+            OWN
+        ));
+        assert!(!notifications_matter(
+            &link("vnat-sinkp", false),
+            lo,
+            157,
+            OWN
+        ));
+        assert!(notifications_matter(&link("vnat-sink", true), lo, 157, OWN));
+        assert!(notifications_matter(&link("wlan0", false), lo, 157, OWN));
+        assert!(notifications_matter(
+            &link("vnat-sink2", false),
+            lo,
+            157,
+            OWN
+        ));
         // Unreadable input counts as a change (a resync is always safe).
-        assert!(notifications_matter(&[1, 2, 3], lo, 157));
+        assert!(notifications_matter(&[1, 2, 3], lo, 157, OWN));
         let mut cut = route(157, RT_TABLE_MAIN);
         cut.truncate(20);
         cut[0..4].copy_from_slice(&20u32.to_ne_bytes());
-        assert!(notifications_matter(&cut, lo, 157));
+        assert!(notifications_matter(&cut, lo, 157, OWN));
     }
 }
