@@ -116,17 +116,7 @@ impl Driver {
                 self.move_ended(flow, Side::Local, Err(reason.to_string()));
                 Vec::new()
             }
-            (Event::SetRemote { flow, .. }, Step::Switch(_)) => vec![(*flow, Side::Peer)],
-            (Event::Resumed { flow, .. } | Event::PeerSwitched { flow, .. }, Step::Switch(_)) => {
-                let mut ends = vec![(*flow, Side::Local)];
-                // Both ends moved: the peer's validated address goes in
-                // with ours.
-                if view.is_some_and(|v| v.pending_remote.is_none()) {
-                    ends.push((*flow, Side::Peer));
-                }
-                ends
-            }
-            _ => Vec::new(),
+            _ => switch_ends(ev, step, view),
         }
     }
 
@@ -173,5 +163,135 @@ impl Driver {
             peer_address: Some(peer),
             ..MonitorEvent::new(EventKind::Paired, unix_ms(SystemTime::now()))
         });
+    }
+}
+
+/// The moves a switch completes once its translation is installed: the
+/// side whose event it answers, and the other side too when the switch
+/// carries it. Both ends moved and our own move was acknowledged first
+/// (`Resumed`, which waits for the peer's address): the switch that
+/// follows the peer's validation (`SetRemote`) or its unvalidated sending
+/// (`SendUnvalidated`) installs our new address as well, and no other
+/// event will end our move (`migrate --wait` would wait in vain).
+fn switch_ends(ev: &Event, step: &Step, view: Option<&vcmp::ConnectionView>) -> Vec<PendingEnd> {
+    let Step::Switch(s) = step else {
+        return Vec::new();
+    };
+    let ours_done = |v: &vcmp::ConnectionView| !v.migrating && s.local == v.local_phys;
+    match ev {
+        Event::SetRemote { flow, .. } => {
+            let mut ends = vec![(*flow, Side::Peer)];
+            if view.is_some_and(ours_done) {
+                ends.push((*flow, Side::Local));
+            }
+            ends
+        }
+        Event::SendUnvalidated { flow, .. } if view.is_some_and(ours_done) => {
+            vec![(*flow, Side::Local)]
+        }
+        Event::Resumed { flow, .. } | Event::PeerSwitched { flow, .. } => {
+            let mut ends = vec![(*flow, Side::Local)];
+            // Both ends moved: the peer's validated address goes in
+            // with ours.
+            if view.is_some_and(|v| v.pending_remote.is_none()) {
+                ends.push((*flow, Side::Peer));
+            }
+            ends
+        }
+        _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::mover::{Budget, Switch};
+    use crate::vcmp::flow::Proto;
+
+    fn sa(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    /// Our move to `new` acknowledged (`migrating` false) or not.
+    fn view(flow: VirtualFlow, new: SocketAddr, migrating: bool) -> vcmp::ConnectionView {
+        vcmp::ConnectionView {
+            flow,
+            local_phys: new,
+            remote_phys: flow.remote,
+            pending_remote: None,
+            nat_candidate: None,
+            peer_key: Some([7; 32]),
+            seen_by_peer_as: None,
+            peer_behind_nat: false,
+            has_keys: true,
+            role: None,
+            migrating,
+            follows_peer: false,
+            binding_seq: 0,
+            send_seq: 0,
+        }
+    }
+
+    fn switch(flow: VirtualFlow, local: SocketAddr, remote: SocketAddr) -> Step {
+        Step::Switch(Switch {
+            flow,
+            local,
+            remote,
+            peer_moved: true,
+            solicit: true,
+            budget: Budget::None,
+        })
+    }
+
+    /// Seen in `family_auto` (1 run in 3): our move onto IPv6 acknowledged
+    /// while the peer's IPv6 address was still being validated; the switch
+    /// that followed the validation installed both, and our move stayed
+    /// "moving" for ever.
+    #[test]
+    fn the_switch_after_the_peers_validation_ends_our_acknowledged_move_too() {
+        let flow = VirtualFlow {
+            proto: Proto::Tcp,
+            local: sa("198.18.1.2:33054"),
+            remote: sa("198.18.3.2:5001"),
+        };
+        let (ours, theirs) = (sa("[fd00:5e:1::2]:33054"), sa("[fd00:5e:3::2]:5001"));
+        let step = switch(flow, ours, theirs);
+        let validated = Event::SetRemote {
+            flow,
+            remote: theirs,
+        };
+        let acknowledged = view(flow, ours, false);
+        assert_eq!(
+            switch_ends(&validated, &step, Some(&acknowledged)),
+            vec![(flow, Side::Peer), (flow, Side::Local)]
+        );
+        let unvalidated = Event::SendUnvalidated {
+            flow,
+            remote: theirs,
+            allowed: 0,
+        };
+        assert_eq!(
+            switch_ends(&unvalidated, &step, Some(&acknowledged)),
+            vec![(flow, Side::Local)]
+        );
+        // Our move not acknowledged yet: only the peer's ends here; ours
+        // ends with its own `Resumed`.
+        let under_way = view(flow, ours, true);
+        assert_eq!(
+            switch_ends(&validated, &step, Some(&under_way)),
+            vec![(flow, Side::Peer)]
+        );
+        assert!(switch_ends(&unvalidated, &step, Some(&under_way)).is_empty());
+        // A switch that does not carry our placement: the peer's only.
+        assert_eq!(
+            switch_ends(
+                &validated,
+                &switch(flow, flow.local, theirs),
+                Some(&acknowledged)
+            ),
+            vec![(flow, Side::Peer)]
+        );
+        // No switch, no end.
+        assert!(switch_ends(&validated, &Step::NotAMove, Some(&acknowledged)).is_empty());
     }
 }
