@@ -30,7 +30,9 @@
 //!
 //! Also reported: the first echo of any probe after `t_usable`, vnatd's own
 //! steps from its logs (move started, translations installed) and the
-//! laptop socket's timers at `t_usable` (`ss -tino`). vnatd's logs of every
+//! laptop socket's timers at `t_usable` (`ss -tino`), and how many segments
+//! the laptop's TCP sent again in the run (none when nothing in flight was
+//! lost at the move). vnatd's logs of every
 //! run are kept in bench/results/ (`handover-SCENARIO-RUN-{laptop,server}.log`)
 //! and `--capture` adds a pcap of the router's view, to see where the time
 //! went. A missed target is a result (exit 0); a run that fails ends the
@@ -347,6 +349,11 @@ struct RunResult {
     echo_gap_ms: f64,
     /// Probes not written because the send buffer was full.
     probes_skipped: u64,
+    /// Segments the laptop's TCP retransmitted in the whole run (its
+    /// namespace's TcpRetransSegs): 0 when nothing in flight was lost at
+    /// the move, 1 or more when TCP had to send something again (about
+    /// one round trip more: see RESULTS.md, the forty-second session).
+    laptop_tcp_retransmits: Option<u64>,
     /// vnatd's steps relative to `t_usable`, from its logs: the laptop
     /// starts the move, the server installs its translation, the laptop
     /// installs its own (each log line follows the translation and the
@@ -447,13 +454,15 @@ fn run(args: &Args) -> Result<()> {
             })
             .with_context(|| format!("{}, run {}", case.label(), i + 1))?;
             eprintln!(
-                "  rtt {:.2} ms, first byte {:.1} ms, handover {:.1} ms (vnatd: move started {}, server translated {}, laptop translated {})",
+                "  rtt {:.2} ms, first byte {:.1} ms, handover {:.1} ms (vnatd: move started {}, server translated {}, laptop translated {}; laptop TCP retransmitted {})",
                 r.rtt_ms,
                 r.first_byte_ms,
                 r.handover_ms,
                 opt_ms(r.laptop_move_started_ms),
                 opt_ms(r.server_translated_ms),
                 opt_ms(r.laptop_translated_ms),
+                r.laptop_tcp_retransmits
+                    .map_or_else(|| "?".to_string(), |n| format!("{n} segment(s)")),
             );
             if let (Some(n), Some(pps)) = (r.flood_sent, r.flood_per_sec) {
                 eprintln!(

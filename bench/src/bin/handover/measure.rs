@@ -288,6 +288,7 @@ pub(super) fn measure(setup: &RunSetup) -> Result<RunResult> {
     // It carries on: more echoes, on the same socket, without an error.
     vnat_bench::sleep_checked(Duration::from_millis(500))?;
     let log = probe.stop();
+    let laptop_tcp_retransmits = tcp_retransmits(l);
     if let Some(err) = &log.error {
         bail!("the probe connection failed after the move: {err}");
     }
@@ -334,6 +335,7 @@ pub(super) fn measure(setup: &RunSetup) -> Result<RunResult> {
         first_byte_probe_written_ms: ms(first.sent - t_usable),
         echo_gap_ms: ms(first_echo.recv - last_before),
         probes_skipped: log.skipped,
+        laptop_tcp_retransmits,
         laptop_move_started_ms: after_start(lapd.events("resuming connection at a new address")),
         server_move_started_ms: both
             .then(|| after_start(srvd.events("resuming connection at a new address")))
@@ -433,4 +435,15 @@ fn wait_told(lapd: &Daemon, addr: std::net::IpAddr) -> Result<()> {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// The segments TCP retransmitted in `ns` since it was made (each run's
+/// laptop is a new namespace; `nstat -as` reads without keeping a
+/// history). `None` if nstat cannot tell.
+fn tcp_retransmits(ns: &vnat_tests::Netns) -> Option<u64> {
+    let out = ns.try_run(&["nstat", "-asz", "TcpRetransSegs"]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("TcpRetransSegs"))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
 }
