@@ -73,6 +73,15 @@ fn after_a_move_an_unmoved_connection_sends_nothing_with_the_old_address_until_t
         gone_discarded(&lapd) > 0,
         "the laptop's datapath counted none of them as sent to the sink"
     );
+    // The sink is up but has no IPv6 address of its own: a link-local
+    // address would send router solicitations and MLD reports into it,
+    // and wake vnatd's address watch in the middle of the move.
+    for dev in ["vnat-sink", "vnat-sinkp"] {
+        let out = topo
+            .laptop
+            .run_stdout(&["ip", "-6", "-o", "addr", "show", "dev", dev]);
+        assert_eq!(out.trim(), "", "{dev} has IPv6 addresses");
+    }
     assert_eq!(
         stay.wait_error(Duration::ZERO),
         None,

@@ -208,7 +208,10 @@ pub fn via_routes() -> Result<Vec<(VirtualFlow, u32)>, DatapathError> {
 /// `vnat-sink` without ARP, so that a packet routed there leaves at once,
 /// and its peer, where it arrives with a local source address and is
 /// dropped as a martian, never forwarded or answered. Both ends up, so
-/// that IPv6 uses the route (it skips routes over links without carrier).
+/// that IPv6 uses the route (it skips routes over links without carrier),
+/// and without IPv6 addresses of their own (no link-local address, so no
+/// traffic of the pair's own and no address changes that would wake the
+/// address watch while a move is under way).
 pub const SINK_DEV: &str = "vnat-sink";
 pub const SINK_PEER: &str = "vnat-sinkp";
 
@@ -228,6 +231,15 @@ pub fn ensure_sink() -> Result<bool, DatapathError> {
     }
     let sink = ifindex(SINK_DEV)?;
     let peer = ifindex(SINK_PEER)?;
+    if created {
+        // Before they come up. A kernel without IPv6 refuses it, and has
+        // nothing to generate anyway.
+        for i in [sink, peer] {
+            if let Err(e) = policy::set_no_ipv6_addr_gen(i) {
+                tracing::debug!(error = %e, "cannot turn off IPv6 address generation on the sink");
+            }
+        }
+    }
     policy::set_link_up(sink, true).map_err(what("setting up"))?;
     policy::set_link_up(peer, false).map_err(what("setting up the peer of"))?;
     for v6 in [false, true] {

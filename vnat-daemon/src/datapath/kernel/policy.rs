@@ -7,7 +7,10 @@ use std::{io, net::IpAddr};
 
 use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REPLACE};
 use netlink_packet_route::{
-    link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage},
+    link::{
+        AfSpecInet6, AfSpecUnspec, In6AddrGenMode, InfoData, InfoKind, InfoVeth, LinkAttribute,
+        LinkFlags, LinkInfo, LinkMessage,
+    },
     route::{
         RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteMetric, RouteProtocol,
         RouteScope, RouteType, RouteVia,
@@ -279,6 +282,20 @@ pub fn add_veth(name: &str, peer: &str) -> io::Result<()> {
         NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
     )
     .map(|_| ())
+}
+
+/// No IPv6 address generated for link `ifindex` when it comes up (address
+/// generation mode "none"): no link-local address, no duplicate address
+/// detection, router solicitations or MLD reports, and none of the address
+/// and route notifications they cause.
+pub fn set_no_ipv6_addr_gen(ifindex: u32) -> io::Result<()> {
+    let mut m = LinkMessage::default();
+    m.header.index = ifindex;
+    m.attributes
+        .push(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet6(
+            vec![AfSpecInet6::AddrGenMode(In6AddrGenMode::None)],
+        )]));
+    call(RouteNetlinkMessage::SetLink(m), NLM_F_ACK).map(|_| ())
 }
 
 /// Set link `ifindex` up, and without ARP (`noarp`: its neighbours are
