@@ -461,4 +461,4 @@ impl Mover {
 
 #[cfg(test)]
 #[path = "mover_tests.rs"]
-mod tests;
+pub(crate) mod tests;

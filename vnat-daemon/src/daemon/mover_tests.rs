@@ -30,7 +30,7 @@ fn udp(local: &str, remote: &str) -> VirtualFlow {
 }
 
 /// A connection at its own addresses, with keys, not moving.
-fn view(flow: VirtualFlow) -> ConnectionView {
+pub(crate) fn view(flow: VirtualFlow) -> ConnectionView {
     ConnectionView {
         flow,
         local_phys: flow.local,

@@ -215,20 +215,9 @@ mod tests {
     /// Our move to `new` acknowledged (`migrating` false) or not.
     fn view(flow: VirtualFlow, new: SocketAddr, migrating: bool) -> vcmp::ConnectionView {
         vcmp::ConnectionView {
-            flow,
             local_phys: new,
-            remote_phys: flow.remote,
-            pending_remote: None,
-            nat_candidate: None,
-            peer_key: Some([7; 32]),
-            seen_by_peer_as: None,
-            peer_behind_nat: false,
-            has_keys: true,
-            role: None,
             migrating,
-            follows_peer: false,
-            binding_seq: 0,
-            send_seq: 0,
+            ..crate::daemon::mover::tests::view(flow)
         }
     }
 
