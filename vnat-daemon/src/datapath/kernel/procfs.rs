@@ -24,30 +24,40 @@ pub fn socket_fds() -> HashMap<u64, (u32, i32)> {
         return out;
     };
     for p in procs.flatten() {
-        let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        let Ok(fds) = fs::read_dir(p.path().join("fd")) else {
-            continue;
-        };
-        for fd in fds.flatten() {
-            let Some(n) = fd.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-                continue;
-            };
-            let Ok(target) = fs::read_link(fd.path()) else {
-                continue;
-            };
-            let t = target.to_string_lossy();
-            if let Some(inode) = t
-                .strip_prefix("socket:[")
-                .and_then(|s| s.strip_suffix(']'))
-                .and_then(|s| s.parse::<u64>().ok())
-            {
-                out.entry(inode).or_insert((pid, n));
-            }
+        if let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) {
+            add_socket_fds(pid, &mut out);
         }
     }
     out
+}
+
+/// [`socket_fds`] of process `pid` alone.
+pub fn socket_fds_of(pid: u32) -> HashMap<u64, (u32, i32)> {
+    let mut out = HashMap::new();
+    add_socket_fds(pid, &mut out);
+    out
+}
+
+fn add_socket_fds(pid: u32, out: &mut HashMap<u64, (u32, i32)>) {
+    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return;
+    };
+    for fd in fds.flatten() {
+        let Some(n) = fd.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(target) = fs::read_link(fd.path()) else {
+            continue;
+        };
+        let t = target.to_string_lossy();
+        if let Some(inode) = t
+            .strip_prefix("socket:[")
+            .and_then(|s| s.strip_suffix(']'))
+            .and_then(|s| s.parse::<u64>().ok())
+        {
+            out.entry(inode).or_insert((pid, n));
+        }
+    }
 }
 
 /// Whether process `pid` holds the socket with `inode` (one of its

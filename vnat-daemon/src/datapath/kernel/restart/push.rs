@@ -24,12 +24,17 @@ use super::*;
 
 /// The socket with `inode`, taken from process `pid`, if it still holds it.
 pub(super) fn socket_of(pid: u32, inode: u64) -> io::Result<Option<OwnedFd>> {
-    // The shared table's descriptor first (checked by inode below): reading
-    // a 100,000-descriptor process's table once per connection is what a
-    // batch of levers must not do.
-    if let Some((p, fd)) = super::fds::holder(inode).filter(|(p, _)| *p == pid) {
+    // The shared table if it knows the socket already (the levers that
+    // found the process there), else the process's own, each kept between
+    // calls: reading a 100,000-descriptor process's table once per
+    // connection is what a batch of levers must not do.
+    let hint = super::fds::known(inode)
+        .filter(|(p, _)| *p == pid)
+        .map(|(_, fd)| fd)
+        .or_else(|| super::fds::holder_in(pid, inode));
+    if let Some(fd) = hint {
         // A stale entry (closed, reused, the process gone) is a miss.
-        if let Ok(Some(sock)) = take(p, fd, inode) {
+        if let Ok(Some(sock)) = take(pid, fd, inode) {
             return Ok(Some(sock));
         }
     }
