@@ -285,3 +285,100 @@ fn a_hold_nobody_releases_ends_by_itself_and_the_connection_lives() {
         dp.hold_send_side(&flow, false).expect("release");
     });
 }
+
+/// A write made during the move, once the old address is back on `lo`,
+/// while the new network's router is not resolved yet (a link just
+/// plugged): the hold must keep it in the socket, not let the kernel count
+/// it as sent. tc egress runs after the neighbour layer, so a segment sent
+/// towards a router still being resolved waits in its neighbour entry, as
+/// sent as far as TCP knows, and the hold drops it when the router answers.
+/// TCP then sends it again only at its retransmission timeout (200 ms or
+/// more; with traffic, a round trip later, on the peer's SACK: the one
+/// segment every run of `bench handover` sent again). vnatd resolves the
+/// new router before it puts the old address on `lo`, so the held send
+/// fails at once and the lever sends it as soon as the move is installed.
+#[test]
+fn a_write_held_while_the_new_router_is_resolved_leaves_at_the_lever() {
+    let topo = LaptopRouterServer::builder().tag("hnh").build();
+    let Setup {
+        lap,
+        _srv: srv,
+        _server,
+        _client,
+        mut input,
+        flow,
+    } = setup(&topo, "hnh");
+    let (srv_local, srv_remote) = (flow.remote, flow.local);
+    let (a_ip, b_ip) = (
+        std::net::IpAddr::from(topo.laptop_a_addr.v4),
+        std::net::IpAddr::from(topo.laptop_b_addr.v4),
+    );
+    // Both held open, as the daemons hold theirs: what follows is timed,
+    // and a datapath opened afresh loads its programs first.
+    let dp = lap.open();
+    let srv_dp = srv.open();
+    dp.call(move |dp| standby(dp, a_ip));
+    dp.call(move |dp| dp.hold_send_side(&flow, true))
+        .expect("hold");
+
+    // The roam: A gone, B plugged in with its router unresolved (nothing
+    // has been sent there yet), tc on B as vnatd keeps it.
+    topo.move_laptop_to_b();
+    assert!(
+        !topo
+            .laptop
+            .run_stdout(&["ip", "neigh", "show", "dev", &topo.laptop_if_b])
+            .contains("lladdr"),
+        "B's router is resolved before anything was sent there"
+    );
+    dp.call(move |dp| standby(dp, b_ip));
+    let t = vnat_daemon::datapath::Translation {
+        flow,
+        physical_local: SocketAddr::new(b_ip, flow.local.port()),
+        physical_remote: flow.remote,
+    };
+    dp.call(move |dp| dp.prepare_translation(&t))
+        .expect("prepare the receive side at B (the old address goes on lo)");
+
+    write_chunk(&mut input, "a chunk during the move");
+    let written = Instant::now();
+    thread::sleep(Duration::from_millis(60));
+    let held = ss(&topo.laptop, flow.local, flow.remote);
+    assert!(
+        held.contains("timer:(persist") && !held.contains("unacked"),
+        "the chunk written during the move should wait in the socket (probe timer, \
+         nothing in flight), not be counted as sent and lost: {held}"
+    );
+
+    // The peer switches, then the mover (ending the hold), and the lever.
+    let back = vnat_daemon::datapath::Translation {
+        flow: VirtualFlow {
+            proto: flow.proto,
+            local: flow.remote,
+            remote: flow.local,
+        },
+        physical_local: flow.remote,
+        physical_remote: t.physical_local,
+    };
+    srv_dp
+        .call(move |dp| dp.install_translation(&back))
+        .expect("the server's install");
+    dp.call(move |dp| dp.install_translation(&t))
+        .expect("the laptop's install");
+    let outcome = dp
+        .call(move |dp| dp.restart_flow(&flow))
+        .unwrap_or_else(|e| panic!("restart_flow({flow:?}): {e}"));
+    assert!(
+        matches!(outcome, RestartOutcome::Pushed { .. }),
+        "the lever must push the chunk written during the move, got {outcome:?}"
+    );
+    wait_received(&topo.server, srv_local, srv_remote, 2 * CHUNK);
+    let after = written.elapsed();
+    assert!(
+        after < Duration::from_millis(180),
+        "the chunk written during the move arrived {after:?} after it was written: \
+         that is TCP's retransmission timeout, not the lever"
+    );
+    write_chunk(&mut input, "a chunk after the move");
+    wait_received(&topo.server, srv_local, srv_remote, 3 * CHUNK);
+}

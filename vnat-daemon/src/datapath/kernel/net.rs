@@ -65,6 +65,19 @@ pub fn route_get(dst: IpAddr, from: Option<IpAddr>) -> Result<RouteInfo, Datapat
     })
 }
 
+/// See [`rtnl::neighbour_resolved`].
+pub fn neighbour_resolved(addr: IpAddr, ifindex: u32) -> Result<bool, DatapathError> {
+    rtnl::neighbour_resolved(addr, ifindex).map_err(kernel(format!(
+        "reading the neighbour entry of {addr} on interface {ifindex}"
+    )))
+}
+
+/// See [`rtnl::resolve_neighbour`].
+pub fn resolve_neighbour(addr: IpAddr, ifindex: u32) -> Result<(), DatapathError> {
+    rtnl::resolve_neighbour(addr, ifindex)
+        .map_err(kernel(format!("resolving {addr} on interface {ifindex}")))
+}
+
 /// The route for packets from `from` to `dst` that leave through interface
 /// `oif`: `ip route get DST from SRC oif DEV`, but None where no route of
 /// the tables leaves through `oif` (see [`rtnl::route_get_via`]).

@@ -24,6 +24,7 @@ use netlink_packet_core::{
 use netlink_packet_route::{
     address::{AddressAttribute, AddressHeaderFlags, AddressMessage, AddressProtocol},
     link::{LinkAttribute, LinkMessage},
+    neighbour::{NeighbourAttribute, NeighbourFlags, NeighbourMessage},
     route::{
         RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteMessage, RouteProtocol,
         RouteVia,
@@ -422,6 +423,52 @@ pub fn del_address(a: IpAddr, ifindex: u32) -> io::Result<()> {
     call(
         RouteNetlinkMessage::DelAddress(host_address(a, ifindex)),
         NLM_F_ACK,
+    )
+    .map(|_| ())
+}
+
+/// The neighbour states in which the kernel sends at once (NUD_VALID in
+/// `include/net/neighbour.h`): REACHABLE, STALE, DELAY, PROBE, NOARP and
+/// PERMANENT. In the others (none, INCOMPLETE, FAILED) a packet waits in
+/// the entry for an answer, or is dropped.
+const NUD_VALID: u16 = 0x02 | 0x04 | 0x08 | 0x10 | 0x40 | 0x80;
+
+fn neighbour_message(addr: IpAddr, ifindex: u32) -> NeighbourMessage {
+    let mut m = NeighbourMessage::default();
+    m.header.family = family(addr);
+    m.header.ifindex = ifindex;
+    m.attributes
+        .push(NeighbourAttribute::Destination(addr.into()));
+    m
+}
+
+/// Whether the kernel's neighbour entry for `addr` on `ifindex` sends at
+/// once (resolved, or a link without neighbours); false when there is no
+/// entry or it is still being resolved (or failed).
+pub fn neighbour_resolved(addr: IpAddr, ifindex: u32) -> io::Result<bool> {
+    match call(
+        RouteNetlinkMessage::GetNeighbour(neighbour_message(addr, ifindex)),
+        0,
+    ) {
+        Ok(answer) => Ok(answer.iter().any(|m| {
+            matches!(m, RouteNetlinkMessage::NewNeighbour(n)
+                if u16::from(n.header.state) & NUD_VALID != 0)
+        })),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Have the kernel resolve `addr` on `ifindex` as the first packet to it
+/// would (NTF_USE: the entry is created if missing and a solicitation
+/// sent; an entry already resolved is left as it is). The entry is the
+/// kernel's own, aged out like any other.
+pub fn resolve_neighbour(addr: IpAddr, ifindex: u32) -> io::Result<()> {
+    let mut m = neighbour_message(addr, ifindex);
+    m.header.flags = NeighbourFlags::Use;
+    call(
+        RouteNetlinkMessage::NewNeighbour(m),
+        NLM_F_ACK | NLM_F_CREATE,
     )
     .map(|_| ())
 }

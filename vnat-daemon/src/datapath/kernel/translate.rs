@@ -185,6 +185,7 @@ impl KernelDatapath {
                     // Someone else's: used, never removed.
                     Some((_, false)) => {}
                     None => {
+                        self.resolve_next_hop(t.flow.remote.ip());
                         self.routes_changed();
                         self.add_lo_addr(ip)?;
                         added_lo = Some(ip);
