@@ -37,8 +37,21 @@ pub enum StateError {
     BadPeers { path: PathBuf, reason: String },
 }
 
-/// Write `bytes` to `path` atomically with mode 0600.
+/// Write `bytes` to `path` atomically with mode 0600, on disk when this
+/// returns.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
+    write_replacing(path, bytes, true)
+}
+
+/// [`write_atomic`] without waiting for the disk: for state that only has
+/// to outlive the process, not the machine (two fsyncs cost a millisecond
+/// or more, which a move must not wait for). After a power loss the file
+/// may be missing or empty.
+pub fn write_atomic_unsynced(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
+    write_replacing(path, bytes, false)
+}
+
+fn write_replacing(path: &Path, bytes: &[u8], sync: bool) -> Result<(), StateError> {
     let err = |source| StateError::Write {
         path: path.to_path_buf(),
         source,
@@ -60,10 +73,12 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
         .open(&tmp)
         .map_err(err)?;
     f.write_all(bytes).map_err(err)?;
-    f.sync_all().map_err(err)?;
+    if sync {
+        f.sync_all().map_err(err)?;
+    }
     drop(f);
     fs::rename(&tmp, path).map_err(err)?;
-    if let Some(dir) = path.parent() {
+    if let (true, Some(dir)) = (sync, path.parent()) {
         fs::File::open(dir)
             .and_then(|d| d.sync_all())
             .map_err(err)?;

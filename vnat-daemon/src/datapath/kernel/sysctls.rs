@@ -66,6 +66,9 @@ fn write(key: &str, value: &str) -> Result<(), DatapathError> {
 fn load(path: &Path) -> Result<Record, DatapathError> {
     let what = || format!("reading {}", path.display());
     match std::fs::read(path) {
+        // What a power loss can leave of a record written without a sync;
+        // the values it held went back to the boot values with the power.
+        Ok(bytes) if bytes.is_empty() => Ok(Record::new()),
         Ok(bytes) => serde_json::from_slice(&bytes)
             .map_err(|e| kernel(what())(io::Error::new(io::ErrorKind::InvalidData, e))),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Record::new()),
@@ -98,7 +101,11 @@ fn remember(path: &Path, keys: &[(&str, &str)]) -> Result<(), DatapathError> {
     let what = || format!("recording sysctls in {}", path.display());
     let json =
         serde_json::to_vec_pretty(&record).map_err(|e| kernel(what())(io::Error::other(e)))?;
-    crate::daemon::identity::write_atomic(path, &json)
+    // Not synced to disk: the record only has to outlive vnatd (a crash,
+    // a restart), not the machine, whose sysctls go back to their boot
+    // values with it; and it is written on the way to a move's first
+    // message to the peer.
+    crate::daemon::identity::write_atomic_unsynced(path, &json)
         .map_err(|e| kernel(what())(io::Error::other(e)))
 }
 
@@ -221,6 +228,11 @@ mod tests {
         )
         .expect("write");
         assert!(load(&path).is_err());
+        // Empty, as a power loss can leave the unsynced write: no record
+        // (the machine's sysctls are at their boot values), not an error
+        // that would keep every later stop from putting anything back.
+        std::fs::write(&path, b"").expect("write");
+        assert_eq!(load(&path).expect("empty"), Record::new());
     }
 
     #[test]
