@@ -51,6 +51,15 @@ fn udp_sender_that_stops_at_its_first_send_error_survives(tag: &str, family: Fam
         topo.laptop.link("vnat-sink").is_some(),
         "no sink for the mobile flow's packets"
     );
+    // The sink is up but has no IPv6 address of its own: a link-local
+    // address would send router solicitations and MLD reports into it,
+    // and wake vnatd's address watch.
+    for dev in ["vnat-sink", "vnat-sinkp"] {
+        let out = topo
+            .laptop
+            .run_stdout(&["ip", "-6", "-o", "addr", "show", "dev", dev]);
+        assert_eq!(out.trim(), "", "{dev} has IPv6 addresses");
+    }
     assert_eq!(
         topo.laptop
             .rules()

@@ -457,10 +457,11 @@ pub const CFG_F_GONE: u32 = 32;
 /// interface but `lo`, where vnat keeps them (a move left their network),
 /// keyed by a [`FlowKey`] whose `family` and `src_addr_be` name the address
 /// and whose other fields are zero ([`FlowKey::gone_key`]); the value is the
-/// index of vnat's sink device (`vnat-sink`, a veth pair whose other end is
-/// down). On egress, a TCP or UDP packet from such an address that no
-/// translation or hold takes is redirected into that sink, where it is
-/// lost, and its socket sees it sent: until
+/// index of the device to redirect to, which vnatd makes 0, no device. On
+/// egress, a TCP or UDP packet from such an address that no translation or
+/// hold takes is redirected there: the kernel drops it after the program,
+/// and its socket sees it sent (tc's redirect verdict is a successful
+/// transmit, whatever becomes of the packet): until
 /// its connection's move reaches it, its socket behaves as over a link that
 /// went dark (data kept, retransmission timer backing off, the restart
 /// levers after the move) instead of sending into the new network with

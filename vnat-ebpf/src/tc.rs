@@ -169,10 +169,11 @@ fn try_translate(ctx: &TcContext, dir: Dir, l2: usize) -> Result<i32, Drop> {
 }
 
 /// An outgoing packet without translation from an address this host has
-/// only on `lo` now (`vnat_common::MAP_GONE`): sent into the sink whose
-/// index the entry holds, where it is lost as on a link that went dark
-/// (`None`: its address is not gone). A redirect, not TC_ACT_STOLEN, which
-/// TCX takes for "next"; the socket sees a transmission either way.
+/// only on `lo` now (`vnat_common::MAP_GONE`): redirected to the device
+/// whose index the entry holds (vnatd writes none), where it is lost as on
+/// a link that went dark (`None`: its address is not gone). A redirect,
+/// not TC_ACT_STOLEN, which TCX takes for "next"; the socket sees a
+/// transmission either way.
 #[inline(always)]
 fn gone(p: &Parsed) -> Option<i32> {
     // SAFETY: as in `translate_flow`: a non-preallocated map, the value

@@ -8,9 +8,9 @@
 //! did, would send there with the old address: its peer answers to the old
 //! network, where the answer is lost, and the retransmissions of both ends
 //! fill the new network and the hosts' CPUs for nothing. With the address
-//! in the map, the tc egress program sends such a packet into the sink
-//! instead, as the last-resort route does while the host has no route at
-//! all; the socket sees a transmission that was lost, as over a link that
+//! in the map, the tc egress program redirects such a packet to no device
+//! instead, where it is lost as in the last-resort route's sink while the
+//! host has no route at all; the socket sees a transmission that was lost, as over a link that
 //! went dark, and its move's restart levers resume it.
 //!
 //! An address that comes back to an interface (the host returns to the
@@ -18,6 +18,14 @@
 //! from it there are not discarded. Checked at every resync (each address
 //! notification brings one), and as soon as a translation adds an address
 //! to `lo` or removes the last one.
+//!
+//! The entries name no device ([`GONE_NO_DEVICE`]): the kernel drops a
+//! packet redirected to no device after the program, and its socket sees
+//! it sent all the same (tc's redirect verdict is a successful transmit).
+//! They used to name `vnat-sink`, created for the first gone address: a
+//! veth pair made on the way to a move's first message to the peer, 0.8 to
+//! 1 ms of it (the sink stays for the UDP flows' last-resort route,
+//! `kept.rs`, which needs a device).
 
 use std::{
     collections::{BTreeSet, HashSet},
@@ -28,6 +36,10 @@ use vnat_common::{FlowKey, CFG_F_GONE, MAP_GONE};
 
 use super::{map_err, net, object, KernelDatapath};
 use crate::datapath::{DatapathError, Proto};
+
+/// What a [`MAP_GONE`] entry redirects to: no device (interface indexes
+/// start at 1).
+const GONE_NO_DEVICE: u32 = 0;
 
 /// The [`MAP_GONE`] key of `ip`.
 fn gone_key(ip: IpAddr) -> FlowKey {
@@ -66,16 +78,12 @@ impl KernelDatapath {
         if wanted_keys == have && self.loaded.gone != have.is_empty() {
             return Ok(());
         }
-        if !wanted.is_empty() {
-            net::ensure_sink()?;
-            let sink = net::ifindex(net::SINK_DEV)?;
-            for k in &wanted_keys {
-                self.loaded
-                    .maps
-                    .gone
-                    .insert(k, sink, 0)
-                    .map_err(map_err(MAP_GONE))?;
-            }
+        for k in &wanted_keys {
+            self.loaded
+                .maps
+                .gone
+                .insert(k, GONE_NO_DEVICE, 0)
+                .map_err(map_err(MAP_GONE))?;
         }
         for k in have.difference(&wanted_keys) {
             match self.loaded.maps.gone.remove(k) {
@@ -92,10 +100,7 @@ impl KernelDatapath {
                 return Err(e);
             }
         }
-        if !on && self.kept.is_empty() {
-            net::remove_sink()?;
-        }
-        tracing::debug!(addresses = ?wanted, "addresses only on lo: untranslated packets from them go to the sink");
+        tracing::debug!(addresses = ?wanted, "addresses only on lo: untranslated packets from them are lost as sent");
         Ok(())
     }
 

@@ -61,7 +61,7 @@ impl KernelDatapath {
                 self.lo_ours.remove(&ip);
             }
         }
-        if self.kept.is_empty() && !self.loaded.gone {
+        if self.kept.is_empty() {
             net::remove_sink()?;
         }
         self.sync_gone_or_warn();

@@ -88,7 +88,8 @@ pub struct Maps {
     pub unvalidated: HashMap<MapData, FlowKey, UnvalidatedBudget>,
     /// NAT guards (`vnat_common::natguard`, `natguard.rs`).
     pub guard: HashMap<MapData, RebindKey, vnat_common::GuardValue>,
-    /// Addresses this host has only on `lo` now, to the sink's index
+    /// Addresses this host has only on `lo` now, to the device their
+    /// untranslated packets are redirected to: none
     /// (`vnat_common::MAP_GONE`, `gone.rs`).
     pub gone: HashMap<MapData, FlowKey, u32>,
     /// Hide location: the hiding cgroups, the addresses, the translated
