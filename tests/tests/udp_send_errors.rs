@@ -137,3 +137,78 @@ fn ipv4_udp_sender_never_sees_a_failed_send_across_moves() {
 fn ipv6_udp_sender_never_sees_a_failed_send_across_moves() {
     udp_sender_that_stops_at_its_first_send_error_survives("use6", Family::V6);
 }
+
+/// An interface named `vnat-sink` that vnat did not make (here a veth
+/// whose peer has another name) is not vnat's sink: vnatd neither routes
+/// into it nor removes it when the mobile UDP flow that wanted the sink
+/// ends, and says why in its log.
+#[test]
+fn an_interface_named_like_the_sink_that_vnat_did_not_make_is_left_alone() {
+    let tag = "usef";
+    let topo = LaptopRouterServer::builder().tag(tag).build();
+    let lap = Host::new(&topo.laptop, &format!("{tag}l"));
+    let srv = Host::new(&topo.server, &format!("{tag}s"));
+    let (dl, ds, work) = (
+        TempDir::new(&format!("{tag}l")),
+        TempDir::new(&format!("{tag}s")),
+        TempDir::new(&format!("{tag}w")),
+    );
+    topo.laptop.run_stdout(&[
+        "ip",
+        "link",
+        "add",
+        "vnat-sink",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "theirs",
+    ]);
+    let foreign = topo
+        .laptop
+        .link("vnat-sink")
+        .expect("the foreign vnat-sink");
+    let server = SocketAddr::new(topo.server_addr.v4.into(), 5001);
+    let _echo = EchoServer::udp_in(&srv, server);
+    let log = work.path().join("vnatd.log");
+    let lapd = Vnatd::start_logging(&lap, dl.path(), &[], &log);
+    let _srvd = Vnatd::start(&srv, ds.path());
+    let mut cmd = StreamOptions::udp(server).rate(200_000).command(lap.ns);
+    lap.cgroup.join_on_spawn(&mut cmd);
+    let client = StreamClient::from_command(cmd);
+    client.wait_verified_at_least(20_000, Duration::from_secs(15));
+    lapd.wait_mobile_to("udp", server.ip());
+    // No last-resort route into someone else's interface.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("that vnat did not make")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "vnatd never said why it does not use the foreign vnat-sink"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let routes = topo
+        .laptop
+        .run_stdout(&["ip", "route", "show", "table", "all"]);
+    assert!(
+        !routes.contains("dev vnat-sink"),
+        "vnatd routed into an interface it did not make: {routes}"
+    );
+    // The flow ends: what vnat would remove of its own sink stays.
+    client.stop();
+    std::thread::sleep(Duration::from_secs(8));
+    lapd.stop();
+    let after = topo
+        .laptop
+        .link("vnat-sink")
+        .expect("vnatd removed an interface it did not make");
+    assert_eq!(
+        (after.index, after.up),
+        (foreign.index, foreign.up),
+        "the foreign vnat-sink was replaced or brought up"
+    );
+    assert!(topo.laptop.link("theirs").is_some(), "its peer was removed");
+}

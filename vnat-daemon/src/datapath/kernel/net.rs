@@ -242,8 +242,10 @@ pub fn ensure_sink() -> Result<bool, DatapathError> {
     if created {
         policy::add_veth(SINK_DEV, SINK_PEER).map_err(what("creating"))?;
     }
-    let sink = ifindex(SINK_DEV)?;
-    let peer = ifindex(SINK_PEER)?;
+    let (sink, peer) = match sink_indexes()? {
+        Some(ours) => ours,
+        None => return Err(foreign_sink()),
+    };
     if created {
         // Before they come up. A kernel without IPv6 refuses it, and has
         // nothing to generate anyway.
@@ -274,13 +276,42 @@ pub fn refresh_sink_v6() -> Result<(), DatapathError> {
     )))
 }
 
-/// Remove the sink (its routes go with it); whether there was one.
+/// Remove the sink (its routes go with it); whether there was one of
+/// vnat's. A link of that name someone else made is left alone.
 pub fn remove_sink() -> Result<bool, DatapathError> {
-    match nix::net::if_::if_nametoindex(SINK_DEV) {
-        Ok(i) => policy::del_link(i)
+    if nix::net::if_::if_nametoindex(SINK_DEV).is_err() {
+        return Ok(false);
+    }
+    match sink_indexes()? {
+        Some((sink, _)) => policy::del_link(sink)
             .map(|()| true)
             .map_err(kernel(format!("removing {SINK_DEV}"))),
-        Err(_) => Ok(false),
+        None => {
+            tracing::warn!("{}", foreign_sink());
+            Ok(false)
+        }
+    }
+}
+
+/// The indexes of the sink and its peer if `SINK_DEV` is vnat's: a veth
+/// whose peer is `SINK_PEER` (None: a link of that name that is not).
+fn sink_indexes() -> Result<Option<(u32, u32)>, DatapathError> {
+    let sink = ifindex(SINK_DEV)?;
+    let Ok(peer) = nix::net::if_::if_nametoindex(SINK_PEER) else {
+        return Ok(None);
+    };
+    let ours = policy::is_veth_with_peer(sink, peer)
+        .map_err(kernel(format!("reading interface {SINK_DEV}")))?;
+    Ok(ours.then_some((sink, peer)))
+}
+
+fn foreign_sink() -> DatapathError {
+    DatapathError::Kernel {
+        what: format!(
+            "using {SINK_DEV}: an interface of that name is there that vnat did not make \
+             (not a veth pair with {SINK_PEER}); vnatd neither uses nor removes it: rename it"
+        ),
+        source: std::io::Error::from_raw_os_error(libc::EEXIST),
     }
 }
 
