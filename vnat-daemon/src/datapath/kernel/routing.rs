@@ -6,6 +6,7 @@
 use std::net::IpAddr;
 
 use super::{net, KernelDatapath};
+use crate::datapath::{DatapathError, Translation};
 
 /// How long a move waits for its new next hop to be resolved
 /// ([`KernelDatapath::resolve_next_hop`]) before it goes on without: an
@@ -15,7 +16,6 @@ use super::{net, KernelDatapath};
 /// answer.
 const NEXT_HOP_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
 const NEXT_HOP_POLL: std::time::Duration = std::time::Duration::from_micros(200);
-use crate::datapath::{DatapathError, Translation};
 
 impl KernelDatapath {
     /// `net::route_get`, answered from the batch's memory when it can be.
@@ -127,7 +127,7 @@ impl KernelDatapath {
             std::thread::sleep(NEXT_HOP_POLL);
             let done = matches!(resolved(), Ok(true));
             if done || started.elapsed() >= NEXT_HOP_WAIT {
-                tracing::debug!(next_hop = %hop, dev = %route.dev, resolved = done, waited_ms = started.elapsed().as_secs_f64() * 1e3, "next hop resolved before the old address goes on lo");
+                tracing::debug!(next_hop = %hop, dev = %route.dev, resolved = done, waited_ms = started.elapsed().as_secs_f64() * 1e3, "waited for the next hop before the old address goes on lo");
                 return;
             }
         }
