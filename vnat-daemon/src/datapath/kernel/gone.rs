@@ -9,9 +9,9 @@
 //! network, where the answer is lost, and the retransmissions of both ends
 //! fill the new network and the hosts' CPUs for nothing. With the address
 //! in the map, the tc egress program redirects such a packet to no device
-//! instead, where it is lost as in the last-resort route's sink while the
-//! host has no route at all; the socket sees a transmission that was lost, as over a link that
-//! went dark, and its move's restart levers resume it.
+//! instead, where it is lost; the socket sees a transmission that was
+//! lost, as over a link that went dark, and its move's restart levers
+//! resume it.
 //!
 //! An address that comes back to an interface (the host returns to the
 //! network) leaves the map at the next check, so that new connections made

@@ -300,8 +300,10 @@ fn sink_indexes() -> Result<Option<(u32, u32)>, DatapathError> {
     let Ok(peer) = nix::net::if_::if_nametoindex(SINK_PEER) else {
         return Ok(None);
     };
-    let ours = policy::is_veth_with_peer(sink, peer)
-        .map_err(kernel(format!("reading interface {SINK_DEV}")))?;
+    let link =
+        super::peerns::link(sink).map_err(kernel(format!("reading interface {SINK_DEV}")))?;
+    let ours =
+        link.kind == Some(netlink_packet_route::link::InfoKind::Veth) && link.lower == Some(peer);
     Ok(ours.then_some((sink, peer)))
 }
 

@@ -27,8 +27,10 @@ use super::rtnl::{self, RouteType};
 
 /// What the host's routing table says of one interface.
 #[derive(Debug, Default)]
-struct Link {
-    kind: Option<InfoKind>,
+pub(super) struct Link {
+    pub(super) kind: Option<InfoKind>,
+    /// `IFLA_LINK`: the link it is stacked on, or a veth's other end.
+    pub(super) lower: Option<u32>,
     /// `IFLA_LINK_NETNSID`: the namespace the other end is in (a veth's),
     /// as this namespace numbers it.
     peer_nsid: Option<i32>,
@@ -42,6 +44,7 @@ impl Link {
         for a in &m.attributes {
             match a {
                 LinkAttribute::LinkNetNsId(n) => l.peer_nsid = Some(*n),
+                LinkAttribute::Link(i) => l.lower = Some(*i),
                 LinkAttribute::Controller(c) => l.controller = Some(*c),
                 LinkAttribute::LinkInfo(infos) => {
                     for i in infos {
@@ -57,7 +60,7 @@ impl Link {
     }
 }
 
-fn link(ifindex: u32) -> io::Result<Link> {
+pub(super) fn link(ifindex: u32) -> io::Result<Link> {
     let mut m = LinkMessage::default();
     m.header.index = ifindex;
     rtnl::call(RouteNetlinkMessage::GetLink(m), 0)?

@@ -284,29 +284,6 @@ pub fn add_veth(name: &str, peer: &str) -> io::Result<()> {
     .map(|_| ())
 }
 
-/// Whether link `ifindex` is a veth whose peer is link `peer`: the shape of
-/// vnat's sink, by which vnatd tells its own pair from a link of the same
-/// name that someone else made.
-pub fn is_veth_with_peer(ifindex: u32, peer: u32) -> io::Result<bool> {
-    let mut m = LinkMessage::default();
-    m.header.index = ifindex;
-    Ok(call(RouteNetlinkMessage::GetLink(m), 0)?
-        .iter()
-        .any(|m| match m {
-            RouteNetlinkMessage::NewLink(l) => {
-                let veth = l.attributes.iter().any(|a| {
-                    matches!(a, LinkAttribute::LinkInfo(info)
-                        if info.iter().any(|i| matches!(i, LinkInfo::Kind(InfoKind::Veth))))
-                });
-                veth && l
-                    .attributes
-                    .iter()
-                    .any(|a| matches!(a, LinkAttribute::Link(p) if *p == peer))
-            }
-            _ => false,
-        }))
-}
-
 /// No IPv6 address generated for link `ifindex` when it comes up (address
 /// generation mode "none"): no link-local address, no duplicate address
 /// detection, router solicitations or MLD reports, and none of the address
