@@ -64,8 +64,19 @@ fn roam(
     let moved_at = Instant::now();
     let new_local = SocketAddr::new(new_ip, flow.local.port());
     move_flow(lap, srv, flow, new_local);
+    let dark = moved_at.elapsed();
+    eprintln!(
+        "{proto}: translated {dark:?} after the move; the socket then: {}",
+        c.socket_state()
+    );
     let at_move = c.latest().expect("no status from the stream").verified;
-    let after = c.wait_verified_at_least(at_move + 200_000, Duration::from_secs(30));
+    // Nothing pushes the socket here (vnatd's restart lever would): TCP
+    // resends by itself, and its timer doubled for every resend lost while
+    // the connection was dark, so the next one may come as long after the
+    // translation as the translation came after the move. Through the
+    // datapath API that is milliseconds on a host, but over 20 s in a VM
+    // without KVM on a loaded machine (backoff 6, RTO 13 s, seen on 6.1).
+    let after = c.wait_verified_at_least(at_move + 200_000, Duration::from_secs(30) + 2 * dark);
     eprintln!(
         "{proto}: {} bytes verified after the move, resumed within {:?}",
         after.verified - at_move,

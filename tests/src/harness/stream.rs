@@ -347,9 +347,10 @@ impl StreamClient {
             let now = Instant::now();
             if now >= deadline {
                 panic!(
-                    "{} did not reach {what} within {timeout:?}; latest status: {}",
+                    "{} did not reach {what} within {timeout:?}; latest status: {}; its socket: {}",
                     self.what,
-                    show(&s.latest)
+                    show(&s.latest),
+                    self.socket_state_at(&s.latest)
                 );
             }
             s = cv
@@ -408,6 +409,47 @@ impl StreamClient {
         final_status.unwrap_or_else(|| {
             panic!("{} printed no final summary within {timeout:?}; latest status: {latest}; stderr: {}", self.what, stderr.trim())
         })
+    }
+}
+
+impl StreamClient {
+    /// What the kernel says of the stream's socket (`ss` in the stream's
+    /// namespace: TCP's timers, backoff, retransmissions, window): a
+    /// stall's cause is in there, and a CI log is all there is of a run in
+    /// a VM.
+    pub fn socket_state(&self) -> String {
+        self.socket_state_at(&self.latest())
+    }
+
+    fn socket_state_at(&self, latest: &Option<StreamStatus>) -> String {
+        let Some(port) = latest
+            .as_ref()
+            .and_then(|s| s.local.parse::<SocketAddr>().ok())
+            .map(|a| a.port())
+        else {
+            return "unknown (no local address reported)".to_string();
+        };
+        let udp = latest
+            .as_ref()
+            .is_some_and(|s| s.json.get("proto").and_then(Value::as_str) == Some("udp"));
+        let out = Command::new("nsenter")
+            .arg(format!("--net=/proc/{}/ns/net", self.child.id()))
+            .args(["ss", if udp { "-Huinoem" } else { "-Htinoem" }])
+            .arg(format!("sport = :{port}"))
+            .output();
+        match out {
+            Ok(o) if o.status.success() => {
+                let text = String::from_utf8_lossy(&o.stdout);
+                let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+                if text.is_empty() {
+                    "ss lists none".to_string()
+                } else {
+                    text
+                }
+            }
+            Ok(o) => format!("ss failed: {}", String::from_utf8_lossy(&o.stderr).trim()),
+            Err(e) => format!("cannot run ss: {e}"),
+        }
     }
 }
 
