@@ -190,6 +190,25 @@ fn an_interface_named_like_the_sink_that_vnat_did_not_make_is_left_alone() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    // Each route change makes vnatd try again; the same failure is not
+    // warned again (it was at every route change).
+    for _ in 0..3 {
+        for verb in ["add", "del"] {
+            topo.laptop
+                .run_stdout(&["ip", "route", verb, "198.51.100.0/24", "dev", "lo"]);
+            std::thread::sleep(Duration::from_millis(700));
+        }
+    }
+    lapd.wait_mobile_to("udp", server.ip());
+    let warned = std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("that vnat did not make"))
+        .count();
+    assert_eq!(
+        warned, 1,
+        "the foreign vnat-sink was warned about {warned} times, not once"
+    );
     let routes = topo
         .laptop
         .run_stdout(&["ip", "route", "show", "table", "all"]);

@@ -194,6 +194,9 @@ pub struct Driver {
     /// until the first call, which also releases what a previous vnatd
     /// kept for connections that closed meanwhile.
     kept: Option<(Vec<IpAddr>, Vec<IpAddr>)>,
+    /// What the last failed `keep_local` said: the same failure again (a
+    /// foreign `vnat-sink`, at every route change) is not warned again.
+    kept_error: Option<String>,
     /// The address watch fired since `update_kept` last ran (see
     /// `Datapath::keep_local` on renewing).
     kept_renew_due: bool,
@@ -344,6 +347,7 @@ impl Driver {
             standby: Vec::new(),
             standby_due: true,
             kept: None,
+            kept_error: None,
             kept_renew_due: false,
             next_guard_poll: None,
             next_orphan_check: std::time::Instant::now(),
@@ -615,10 +619,17 @@ impl Driver {
         let wanted = list.clone();
         match with_dp(&self.dp, move |dp| dp.keep_local(&list, &used)).await {
             Ok(()) => {
+                self.kept_error = None;
                 tracing::debug!(addresses = ?wanted, "addresses kept local for mobile connections")
             }
             Err(e) => {
-                tracing::warn!(error = %e, "cannot keep the addresses of mobile connections local: their sends may fail while the host moves")
+                let e = e.to_string();
+                if self.kept_error.as_ref() == Some(&e) {
+                    tracing::debug!(error = %e, "still cannot keep the addresses of mobile connections local");
+                } else {
+                    tracing::warn!(error = %e, "cannot keep the addresses of mobile connections local: their sends may fail while the host moves");
+                    self.kept_error = Some(e);
+                }
             }
         }
         // Not again on every turn after a failure: the next change does.

@@ -208,8 +208,9 @@ fn sink(r: &mut Report) {
         net::SINK_PEER
     );
     match net::remove_sink() {
-        Ok(true) => r.done(Kind::Interface, format!("removed {what}")),
-        Ok(false) => {}
+        Ok(net::SinkRemoval::Removed) => r.done(Kind::Interface, format!("removed {what}")),
+        Ok(net::SinkRemoval::Absent) => {}
+        Ok(net::SinkRemoval::Foreign) => tracing::warn!("{}", net::foreign_sink_warning()),
         Err(e) => r.failed(Kind::Interface, format!("remove {what}"), e),
     }
 }

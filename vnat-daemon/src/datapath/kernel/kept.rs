@@ -61,8 +61,9 @@ impl KernelDatapath {
                 self.lo_ours.remove(&ip);
             }
         }
-        if self.kept.is_empty() {
-            net::remove_sink()?;
+        if self.kept.is_empty() && net::remove_sink()? == net::SinkRemoval::Foreign {
+            // Warned by the driver when a kept address needs the sink.
+            tracing::debug!("{}", net::foreign_sink_warning());
         }
         self.sync_gone_or_warn();
         Ok(())

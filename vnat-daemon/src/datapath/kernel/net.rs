@@ -276,21 +276,35 @@ pub fn refresh_sink_v6() -> Result<(), DatapathError> {
     )))
 }
 
-/// Remove the sink (its routes go with it); whether there was one of
-/// vnat's. A link of that name someone else made is left alone.
-pub fn remove_sink() -> Result<bool, DatapathError> {
+/// What [`remove_sink`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SinkRemoval {
+    /// vnat's sink was there and is gone (its routes with it).
+    Removed,
+    /// No link of that name.
+    Absent,
+    /// A link of that name someone else made: left alone.
+    Foreign,
+}
+
+/// Remove the sink (its routes go with it). A link of that name someone
+/// else made is left alone; saying so is the caller's (the datapath tries
+/// at every change of its kept addresses, `vnatd --cleanup` once).
+pub fn remove_sink() -> Result<SinkRemoval, DatapathError> {
     if nix::net::if_::if_nametoindex(SINK_DEV).is_err() {
-        return Ok(false);
+        return Ok(SinkRemoval::Absent);
     }
     match sink_indexes()? {
         Some((sink, _)) => policy::del_link(sink)
-            .map(|()| true)
+            .map(|()| SinkRemoval::Removed)
             .map_err(kernel(format!("removing {SINK_DEV}"))),
-        None => {
-            tracing::warn!("{}", foreign_sink());
-            Ok(false)
-        }
+        None => Ok(SinkRemoval::Foreign),
     }
+}
+
+/// Why a link named like the sink is not used (nor removed).
+pub fn foreign_sink_warning() -> String {
+    foreign_sink().to_string()
 }
 
 /// The indexes of the sink and its peer if `SINK_DEV` is vnat's: a veth
