@@ -135,8 +135,8 @@ impl KernelDatapath {
         self.write_owner_counts(&counts)
     }
 
-    /// Pending UDP connects matched to their now-bound socket: the socket in
-    /// /proc/net/udp* connected to the same peer and held by the same process
+    /// Pending UDP connects matched to their now-bound socket: the socket
+    /// (sock_diag) connected to the same peer and held by the same process
     /// (with `guests`, also those of other namespaces, in their process's
     /// /proc/PID/net).
     pub(super) fn completed_udp(&self, guests: bool) -> Vec<(u64, FlowKey, ConnRecord)> {
@@ -164,7 +164,7 @@ impl KernelDatapath {
             }
             m
         };
-        let sockets = by_peer(procfs::udp_socket_inodes());
+        let sockets = by_peer(connected_udp_inodes());
         let mut theirs: StdHashMap<u32, ByPeer> = StdHashMap::new();
         let owners = procfs::inode_owners();
         let mut out = Vec::new();
@@ -453,6 +453,23 @@ pub(super) fn udp_sockets_now() -> UdpSockets {
         Err(e) => {
             tracing::debug!(error = %e, "cannot list UDP sockets with sock_diag; reading /proc/net/udp");
             udp_sockets_by_port(procfs::udp_socket_inodes().into_keys())
+        }
+    }
+}
+
+/// This namespace's connected UDP sockets with their inodes, from
+/// sock_diag (see [`udp_sockets_now`] on why not /proc/net/udp), or from
+/// /proc/net/udp* if the kernel cannot list them so.
+fn connected_udp_inodes() -> StdHashMap<(Proto, SocketAddr, SocketAddr), u64> {
+    const ESTABLISHED: u32 = 1 << 1;
+    match super::restart::list_sockets(Proto::Udp, ESTABLISHED) {
+        Ok(listed) => listed
+            .into_iter()
+            .map(|s| ((Proto::Udp, s.local, s.remote), s.inode))
+            .collect(),
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot list UDP sockets with sock_diag; reading /proc/net/udp");
+            procfs::udp_socket_inodes()
         }
     }
 }
